@@ -1,0 +1,40 @@
+//! Tessera's kernel library, written in the Tessera DSL. Each kernel is a `#[kernel]`
+//! function (its module holds the reflection and the raw launcher) with a safe host function
+//! beside it that checks shapes and picks the grid.
+//!
+//! | host function | what it computes |
+//! |---|---|
+//! | [`axpy`] | `y ← a·x + y` over a 2-D f32 tensor |
+//! | [`row_sum`], [`row_max`] | per-row sum and maximum of a 2-D f32 tensor |
+//! | [`softmax`] | numerically stable softmax of each row of a 2-D f32 tensor |
+#![warn(missing_docs)]
+
+mod elementwise;
+mod reduce;
+mod softmax;
+
+pub use elementwise::{axpy, axpy_f32};
+pub use reduce::{row_max, row_max_f32, row_sum, row_sum_f32};
+pub use softmax::{softmax, softmax_f32};
+
+/// Every kernel of the library, for tools that check them all (ptxas, dumps).
+pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
+    vec![&axpy_f32::SPEC, &row_sum_f32::SPEC, &row_max_f32::SPEC, &softmax_f32::SPEC]
+}
+
+/// Checks that `t` is a 2-D tensor, naming the argument otherwise.
+pub(crate) fn check_2d<T: tessera::Element>(kernel: &'static str, arg: &str, t: &tessera::Tensor<T>) -> tessera::Result<(usize, usize)> {
+    match *t.shape() {
+        [m, n] => Ok((m, n)),
+        _ => Err(tessera::Error::Argument { kernel, arg: arg.into(), expected: "a 2-D tensor".into(), found: format!("shape {:?}", t.shape()) }),
+    }
+}
+
+/// Checks that `got` has the shape `want`, naming the argument otherwise.
+pub(crate) fn check_shape<T: tessera::Element>(kernel: &'static str, arg: &str, t: &tessera::Tensor<T>, want: &[usize]) -> tessera::Result<()> {
+    if t.shape() == want {
+        Ok(())
+    } else {
+        Err(tessera::Error::Argument { kernel, arg: arg.into(), expected: format!("shape {want:?}"), found: format!("shape {:?}", t.shape()) })
+    }
+}

@@ -1,0 +1,192 @@
+//! Writes the kernel's module: reflection, PTX per target, a typed launcher; or, on errors,
+//! the errors at their tokens and nothing else, so one mistake gives one message.
+
+use crate::parse::Frontend;
+use proc_macro2::{Span, TokenStream};
+use quote::{format_ident, quote};
+use std::path::PathBuf;
+use tessera_ptx::{CompileOptions, CompiledKernel, DType, ParamKind};
+
+pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let f: syn::ItemFn = match syn::parse2(item) {
+        Ok(f) => f,
+        Err(e) => return e.to_compile_error(),
+    };
+    let warpgroups = match parse_attr(attr) {
+        Ok(w) => w,
+        Err(e) => return e.to_compile_error(),
+    };
+    let mut fe = Frontend::new();
+    let ir = fe.kernel(&f, warpgroups);
+    let Some(ir) = ir else { return errors(fe.errors) };
+    match tessera_ptx::compile(ir, &CompileOptions::default()) {
+        Ok(k) => {
+            dump(&k);
+            module(&f, &k)
+        }
+        Err(errs) => errors(
+            errs.into_iter()
+                .map(|e| {
+                    let span = fe.spans.get(e.loc().span as usize).copied().unwrap_or_else(Span::call_site);
+                    syn::Error::new(span, e.to_string())
+                })
+                .collect(),
+        ),
+    }
+}
+
+fn errors(errs: Vec<syn::Error>) -> TokenStream {
+    let mut it = errs.into_iter();
+    let Some(mut first) = it.next() else { return TokenStream::new() };
+    for e in it {
+        first.combine(e);
+    }
+    first.to_compile_error()
+}
+
+fn parse_attr(attr: TokenStream) -> syn::Result<u32> {
+    let mut warpgroups = 1;
+    let parser = syn::meta::parser(|meta| {
+        if meta.path.is_ident("warpgroups") {
+            let lit: syn::LitInt = meta.value()?.parse()?;
+            let v: u32 = lit.base10_parse()?;
+            if !(1..=8).contains(&v) {
+                return Err(syn::Error::new_spanned(lit, format!("`warpgroups` is 1 to 8 (128 to 1024 threads), found {v}")));
+            }
+            warpgroups = v;
+            Ok(())
+        } else {
+            Err(meta.error("unknown kernel option: expected `warpgroups = N`"))
+        }
+    });
+    syn::parse::Parser::parse2(parser, attr)?;
+    Ok(warpgroups)
+}
+
+fn dtype_tokens(d: DType) -> TokenStream {
+    match d {
+        DType::F32 => quote!(::tessera::DType::F32),
+        DType::BF16 => quote!(::tessera::DType::BF16),
+        DType::F16 => quote!(::tessera::DType::F16),
+        DType::I32 => quote!(::tessera::DType::I32),
+    }
+}
+
+fn rust_elem(d: DType) -> TokenStream {
+    match d {
+        DType::F32 => quote!(f32),
+        DType::BF16 => quote!(::tessera::bf16),
+        DType::F16 => quote!(::tessera::f16),
+        DType::I32 => quote!(i32),
+    }
+}
+
+fn module(f: &syn::ItemFn, k: &CompiledKernel) -> TokenStream {
+    let vis = &f.vis;
+    let name = &f.sig.ident;
+    let name_str = name.to_string();
+    let docs: Vec<&syn::Attribute> = f.attrs.iter().filter(|a| a.path().is_ident("doc")).collect();
+    let params = k.params.iter().map(|(n, kind)| {
+        let kind = match kind {
+            ParamKind::Global { dtype, rank, writes } => {
+                let d = dtype_tokens(*dtype);
+                quote!(::tessera::ParamKind::Global { dtype: #d, rank: #rank, writes: #writes })
+            }
+            ParamKind::Scalar(d) => {
+                let d = dtype_tokens(*d);
+                quote!(::tessera::ParamKind::Scalar(#d))
+            }
+        };
+        quote!(::tessera::ParamInfo { name: #n, kind: #kind })
+    });
+    let variants = k.variants.iter().map(|v| {
+        let ptx = &v.ptx;
+        let target = match v.target {
+            tessera_ptx::Target::Sm90a => quote!(::tessera::Target::Sm90a),
+            tessera_ptx::Target::Sm80 => quote!(::tessera::Target::Sm80),
+        };
+        quote!(::tessera::PtxVariant { target: #target, ptx: #ptx })
+    });
+    let (threads, shared) = (k.threads, k.shared_bytes);
+    let mut args = Vec::new();
+    let mut pushes = Vec::new();
+    for (i, (pname, kind)) in k.params.iter().enumerate() {
+        let id = format_ident!("{}", pname);
+        let guard = format_ident!("__guard_{}", pname);
+        match kind {
+            ParamKind::Global { dtype, writes, .. } => {
+                let t = rust_elem(*dtype);
+                if *writes {
+                    args.push(quote!(#id: &mut impl ::tessera::GlobalArgMut<#t>));
+                    pushes.push(quote!(let #guard = __launch.global_mut(#i, #id)?;));
+                } else {
+                    args.push(quote!(#id: &impl ::tessera::GlobalArg<#t>));
+                    pushes.push(quote!(let #guard = __launch.global(#i, #id)?;));
+                }
+            }
+            ParamKind::Scalar(d) => {
+                let t = rust_elem(*d);
+                args.push(quote!(#id: #t));
+                pushes.push(quote!(__launch.scalar(#i, ::tessera::ScalarArg::from(#id))?;));
+            }
+        }
+    }
+    let launch_doc = format!(
+        "Launches `{name_str}` on `device` over `grid` blocks of {threads} threads.\n\n# Errors\n\nA [`tessera::Error`] naming the argument when a tensor's rank, dtype, alignment or device does not fit, when no PTX variant runs on the device, or when the driver fails."
+    );
+    quote! {
+        #(#docs)*
+        #[allow(non_snake_case, clippy::too_many_arguments)]
+        #vis mod #name {
+            /// Reflection and PTX of this kernel, embedded at build time.
+            pub static SPEC: ::tessera::KernelSpec = ::tessera::KernelSpec {
+                name: #name_str,
+                crate_name: ::core::env!("CARGO_PKG_NAME"),
+                params: &[#(#params),*],
+                threads: #threads,
+                shared_bytes: #shared,
+                variants: &[#(#variants),*],
+            };
+
+            #[doc = #launch_doc]
+            pub fn launch(device: &::tessera::Device, grid: impl ::core::convert::Into<::tessera::Grid>, #(#args),*) -> ::tessera::Result<()> {
+                let mut __launch = ::tessera::Launch::new(&SPEC, device)?;
+                #(#pushes)*
+                __launch.launch(grid.into())
+            }
+        }
+    }
+}
+
+/// Writes the stages named in `TESSERA_DUMP` under `target/tessera/<crate>/<kernel>/`.
+fn dump(k: &CompiledKernel) {
+    let Ok(spec) = std::env::var("TESSERA_DUMP") else { return };
+    let stages: Vec<&str> = spec.split(',').map(str::trim).collect();
+    let want = |s: &str| stages.contains(&s) || stages.contains(&"all");
+    let krate = std::env::var("CARGO_PKG_NAME").unwrap_or_else(|_| "unknown".into());
+    let dir = target_dir().join("tessera").join(krate).join(&k.name);
+    if std::fs::create_dir_all(&dir).is_err() {
+        return;
+    }
+    if want("tirh") {
+        let _ = std::fs::write(dir.join("default.tirh"), &k.tirh);
+    }
+    for v in &k.variants {
+        if want("tirt") {
+            let _ = std::fs::write(dir.join(format!("{}.tirt", v.target.name())), &v.tirt);
+        }
+        if want("ptx") {
+            let _ = std::fs::write(dir.join(format!("{}.ptx", v.target.name())), &v.ptx);
+        }
+    }
+}
+
+/// `$CARGO_TARGET_DIR`, or the `target/` beside the workspace's `Cargo.lock`.
+fn target_dir() -> PathBuf {
+    if let Ok(t) = std::env::var("CARGO_TARGET_DIR") {
+        return PathBuf::from(t);
+    }
+    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| ".".into()));
+    let root = manifest.ancestors().find(|d| d.join("Cargo.lock").exists()).unwrap_or(&manifest).to_path_buf();
+    root.join("target")
+}

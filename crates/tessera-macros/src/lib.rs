@@ -1,0 +1,29 @@
+//! `#[tessera::kernel]`: compiles a Rust function written in Tessera's tile language to PTX
+//! while `cargo build` runs, and generates a module with its reflection and a typed launcher.
+//!
+//! The macro is split as thiserror's is: [`parse`] turns the function into TIR-H (syntax and
+//! names), `tessera-ptx` checks and compiles it, [`expand`] writes the module. Every error
+//! points at the offending token; all are reported together.
+
+mod expand;
+mod parse;
+
+use proc_macro::TokenStream;
+
+/// Compiles a kernel. See the `tessera` crate's documentation for the language.
+///
+/// ```ignore
+/// #[tessera::kernel]
+/// pub fn axpy(a: f32, x: Global<f32, 2>, y: Global<f32, 2>) {
+///     let (r, c) = (block::id_y() * 16, block::id_x() * 256);
+///     let xt: Tile<f32, 16, 256> = x.load([r, c]);
+///     let yt: Tile<f32, 16, 256> = y.load([r, c]);
+///     y.store([r, c], a * xt + yt);
+/// }
+/// ```
+///
+/// Attribute options: `warpgroups = N` (threads per block = 128·N, default 1).
+#[proc_macro_attribute]
+pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
+    expand::kernel(attr.into(), item.into()).into()
+}

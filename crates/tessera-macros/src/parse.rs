@@ -1,0 +1,590 @@
+//! Rust function → TIR-H: syntax and names. Shapes and dtypes are checked in `tessera-ptx`.
+
+use proc_macro2::Span;
+use quote::ToTokens;
+use syn::spanned::Spanned;
+use syn::{BinOp as SynBinOp, Expr as SynExpr, Pat, Stmt as SynStmt, UnOp as SynUnOp};
+use tessera_ptx::tirh::{BinOp, Builtin, Expr, ExprKind, Param, ReduceOp, SourceLoc, Stmt, StmtKind, TileIr, TileType, Type, UnOp};
+use tessera_ptx::{DType, ScalarType};
+
+/// The frontend's state: the span table that [`SourceLoc::span`] indexes, and the errors.
+pub struct Frontend {
+    pub spans: Vec<Span>,
+    pub errors: Vec<syn::Error>,
+}
+
+type R<T> = Result<T, syn::Error>;
+
+const FUNCTIONS: &str = "`exp2`, `abs`, `sqrt`, `rsqrt`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`";
+const METHODS: &str = "`load`, `load_or`, `store`, `dim`, `cast`, `exp2`, `abs`, `sqrt`, `rsqrt`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`";
+
+fn err<T>(span: impl ToTokens, msg: impl std::fmt::Display) -> R<T> {
+    Err(syn::Error::new_spanned(span, msg))
+}
+
+impl Frontend {
+    pub fn new() -> Self {
+        Frontend { spans: Vec::new(), errors: Vec::new() }
+    }
+
+    fn loc(&mut self, span: Span) -> SourceLoc {
+        self.spans.push(span);
+        let start = span.start();
+        SourceLoc { span: (self.spans.len() - 1) as u32, line: start.line as u32, col: start.column as u32 }
+    }
+
+    /// Builds TIR-H from the function; syntax errors are collected in `self.errors`.
+    pub fn kernel(&mut self, f: &syn::ItemFn, warpgroups: u32) -> Option<TileIr> {
+        if !f.sig.generics.params.is_empty() {
+            self.errors.push(syn::Error::new_spanned(&f.sig.generics, "kernels take no generic parameters (use `dtypes(...)` variants instead)"));
+        }
+        if let syn::ReturnType::Type(_, ty) = &f.sig.output {
+            self.errors.push(syn::Error::new_spanned(ty, "kernels return nothing: store results into a `Global` parameter"));
+        }
+        let mut params = Vec::new();
+        for input in &f.sig.inputs {
+            match self.param(input) {
+                Ok(p) => params.push(p),
+                Err(e) => self.errors.push(e),
+            }
+        }
+        let body = self.block(&f.block.stmts);
+        if !self.errors.is_empty() {
+            return None;
+        }
+        let file = f.sig.ident.span().file();
+        Some(TileIr { name: f.sig.ident.to_string(), file, params, warpgroups, body })
+    }
+
+    fn param(&mut self, input: &syn::FnArg) -> R<Param> {
+        let syn::FnArg::Typed(pt) = input else {
+            return err(input, "kernels are free functions: `self` is not a parameter");
+        };
+        let Pat::Ident(id) = &*pt.pat else {
+            return err(&pt.pat, "expected a parameter name");
+        };
+        let ty = param_type(&pt.ty)?;
+        let loc = self.loc(id.ident.span());
+        Ok(Param { name: id.ident.to_string(), ty, loc })
+    }
+
+    fn block(&mut self, stmts: &[SynStmt]) -> Vec<Stmt> {
+        let mut out = Vec::new();
+        for s in stmts {
+            match self.stmt(s) {
+                Ok(Some(s)) => out.push(s),
+                Ok(None) => {}
+                Err(e) => self.errors.push(e),
+            }
+        }
+        out
+    }
+
+    fn stmt(&mut self, s: &SynStmt) -> R<Option<Stmt>> {
+        let text = statement_text(s);
+        let loc = self.loc(s.span());
+        let kind = match s {
+            SynStmt::Local(local) => {
+                let (pat, declared) = match &local.pat {
+                    Pat::Type(pt) => (&*pt.pat, Some(tile_type(&pt.ty)?)),
+                    other => (other, None),
+                };
+                let Pat::Ident(id) = pat else {
+                    return err(pat, "unsupported pattern: expected `let name` or `let mut name`");
+                };
+                let Some(init) = &local.init else {
+                    return err(local, "a `let` in a kernel needs a value");
+                };
+                if let Some((_, diverge)) = &init.diverge {
+                    return err(diverge, "unsupported Rust construct in a kernel: `let … else`");
+                }
+                StmtKind::Let { name: id.ident.to_string(), mutable: id.mutability.is_some(), declared, value: self.expr(&init.expr)? }
+            }
+            SynStmt::Expr(e, _) => return self.expr_stmt(e, loc, text),
+            SynStmt::Item(item) => return err(item, "unsupported Rust construct in a kernel: an item (fn, struct, use …)"),
+            SynStmt::Macro(m) => return err(&m.mac.path, "unsupported Rust construct in a kernel: a macro call"),
+        };
+        Ok(Some(Stmt { kind, loc, text }))
+    }
+
+    fn expr_stmt(&mut self, e: &SynExpr, loc: SourceLoc, text: String) -> R<Option<Stmt>> {
+        let kind = match e {
+            SynExpr::Assign(a) => StmtKind::Assign { name: assignee(&a.left)?, value: self.expr(&a.right)? },
+            SynExpr::Binary(b) if compound_op(&b.op).is_some() => {
+                let name = assignee(&b.left)?;
+                let op = compound_op(&b.op).unwrap_or(BinOp::Add);
+                let lhs_loc = self.loc(b.left.span());
+                let lhs = Expr::new(ExprKind::Var(name.clone()), lhs_loc);
+                let rhs = self.expr(&b.right)?;
+                let op_loc = self.loc(b.span());
+                StmtKind::Assign { name, value: Expr::new(ExprKind::Binary(op, Box::new(lhs), Box::new(rhs)), op_loc) }
+            }
+            SynExpr::MethodCall(m) if m.method == "store" => {
+                let tensor = receiver_name(&m.receiver)?;
+                if m.args.len() != 2 {
+                    return err(m, "`store` takes an origin and a tile: `tensor.store([i, j], tile)`");
+                }
+                StmtKind::Store { tensor, index: self.index(&m.args[0])?, value: self.expr(&m.args[1])? }
+            }
+            SynExpr::ForLoop(f) => {
+                let Pat::Ident(id) = &*f.pat else {
+                    return err(&f.pat, "expected a loop variable name");
+                };
+                let (start, end, step) = self.range(&f.expr)?;
+                let body = self.block(&f.body.stmts);
+                StmtKind::For { var: id.ident.to_string(), start, end, step, body }
+            }
+            SynExpr::If(i) => self.if_stmt(i)?,
+            SynExpr::Block(b) if b.label.is_none() => {
+                let body = self.block(&b.block.stmts);
+                let t = self.loc(b.span());
+                let always = Expr::new(ExprKind::Bool(true), t);
+                StmtKind::If { cond: always, then: body, otherwise: Vec::new() }
+            }
+            other => return Err(unsupported(other)),
+        };
+        Ok(Some(Stmt { kind, loc, text }))
+    }
+
+    fn if_stmt(&mut self, i: &syn::ExprIf) -> R<StmtKind> {
+        let cond = self.expr(&i.cond)?;
+        let then = self.block(&i.then_branch.stmts);
+        let otherwise = match &i.else_branch {
+            None => Vec::new(),
+            Some((_, e)) => match &**e {
+                SynExpr::Block(b) => self.block(&b.block.stmts),
+                SynExpr::If(nested) => {
+                    let loc = self.loc(nested.span());
+                    let kind = self.if_stmt(nested)?;
+                    vec![Stmt { kind, loc, text: "else if".into() }]
+                }
+                other => return Err(unsupported(other)),
+            },
+        };
+        Ok(StmtKind::If { cond, then, otherwise })
+    }
+
+    /// `a..b` or `(a..b).step_by(k)`.
+    fn range(&mut self, e: &SynExpr) -> R<(Expr, Expr, i64)> {
+        let (range, step) = match e {
+            SynExpr::MethodCall(m) if m.method == "step_by" && m.args.len() == 1 => {
+                let step = match &m.args[0] {
+                    SynExpr::Lit(syn::ExprLit { lit: syn::Lit::Int(i), .. }) => i.base10_parse::<i64>()?,
+                    other => return err(other, "`step_by` takes a positive integer constant"),
+                };
+                if step <= 0 {
+                    return err(&m.args[0], "`step_by` takes a positive integer constant, found 0");
+                }
+                (strip_paren(&m.receiver), step)
+            }
+            other => (strip_paren(other), 1),
+        };
+        match range {
+            SynExpr::Range(r) if matches!(r.limits, syn::RangeLimits::HalfOpen(_)) => match (&r.start, &r.end) {
+                (Some(a), Some(b)) => Ok((self.expr(a)?, self.expr(b)?, step)),
+                _ => err(r, "a kernel loop runs over `start..end`, with both bounds"),
+            },
+            other => err(other, "a kernel loop runs over `start..end` or `(start..end).step_by(k)`"),
+        }
+    }
+
+    fn index(&mut self, e: &SynExpr) -> R<Vec<Expr>> {
+        match e {
+            SynExpr::Array(a) => a.elems.iter().map(|x| self.expr(x)).collect(),
+            other => err(other, "expected the tile's origin as an array of indices, e.g. `[row, col]`"),
+        }
+    }
+
+    pub fn expr(&mut self, e: &SynExpr) -> R<Expr> {
+        let loc = self.loc(e.span());
+        let kind = match e {
+            SynExpr::Lit(l) => match &l.lit {
+                syn::Lit::Int(i) => ExprKind::Int(i.base10_parse()?),
+                syn::Lit::Float(f) => ExprKind::Float(f.base10_parse()?),
+                syn::Lit::Bool(b) => ExprKind::Bool(b.value),
+                other => return err(other, "unsupported literal: expected an integer, a float or a bool"),
+            },
+            SynExpr::Paren(p) => return self.expr(&p.expr),
+            SynExpr::Group(g) => return self.expr(&g.expr),
+            SynExpr::Path(p) => path_value(&p.path)?,
+            SynExpr::Binary(b) => {
+                let Some(op) = bin_op(&b.op) else {
+                    return err(b.op, "unsupported operator: expected `+ - * / %`, a comparison, `&&` or `||`");
+                };
+                let (l, r) = (self.expr(&b.left)?, self.expr(&b.right)?);
+                ExprKind::Binary(op, Box::new(l), Box::new(r))
+            }
+            SynExpr::Unary(u) => {
+                let op = match u.op {
+                    SynUnOp::Neg(_) => UnOp::Neg,
+                    SynUnOp::Not(_) => UnOp::Not,
+                    _ => return err(u.op, "unsupported operator: expected `-` or `!`"),
+                };
+                // `-1.5` is a literal, not an operation.
+                let inner = self.expr(&u.expr)?;
+                match (op, &inner.kind) {
+                    (UnOp::Neg, ExprKind::Int(v)) => ExprKind::Int(-v),
+                    (UnOp::Neg, ExprKind::Float(v)) => ExprKind::Float(-v),
+                    _ => ExprKind::Unary(op, Box::new(inner)),
+                }
+            }
+            SynExpr::Cast(c) => {
+                let to = scalar_dtype(&c.ty).ok_or_else(|| syn::Error::new_spanned(&c.ty, "`as` converts scalars to `f32` or `i32`"))?;
+                ExprKind::Cast { value: Box::new(self.expr(&c.expr)?), to }
+            }
+            SynExpr::Call(c) => self.call(c)?,
+            SynExpr::MethodCall(m) => self.method(m)?,
+            other => return Err(unsupported(other)),
+        };
+        Ok(Expr::new(kind, loc))
+    }
+
+    fn call(&mut self, c: &syn::ExprCall) -> R<ExprKind> {
+        let SynExpr::Path(p) = &*c.func else {
+            return Err(unsupported(&c.func));
+        };
+        let segs: Vec<String> = p.path.segments.iter().map(|s| s.ident.to_string()).collect();
+        let names: Vec<&str> = segs.iter().map(String::as_str).collect();
+        let nargs = c.args.len();
+        let args = |me: &mut Self, n: usize| -> R<Vec<Expr>> {
+            if nargs != n {
+                return err(c, format!("`{}` takes {n} argument{}, found {nargs}", segs.join("::"), if n == 1 { "" } else { "s" }));
+            }
+            c.args.iter().map(|a| me.expr(a)).collect()
+        };
+        let axis = |s: &str| -> u8 { match s { "id_x" | "dim_x" => 0, "id_y" | "dim_y" => 1, _ => 2 } };
+        Ok(match names.as_slice() {
+            ["block", f @ ("id_x" | "id_y" | "id_z")] => { args(self, 0)?; ExprKind::Builtin(Builtin::BlockId(axis(f))) }
+            ["grid", f @ ("dim_x" | "dim_y" | "dim_z")] => { args(self, 0)?; ExprKind::Builtin(Builtin::GridDim(axis(f))) }
+            ["warpgroup", "id"] => { args(self, 0)?; ExprKind::Builtin(Builtin::WarpgroupId) }
+            [f @ ("exp2" | "abs" | "sqrt" | "rsqrt")] => {
+                let mut a = args(self, 1)?;
+                ExprKind::Unary(unary_fn(f), Box::new(a.remove(0)))
+            }
+            [f @ ("max" | "min")] => {
+                let mut a = args(self, 2)?;
+                let b = a.remove(1);
+                ExprKind::Binary(if *f == "max" { BinOp::Max } else { BinOp::Min }, Box::new(a.remove(0)), Box::new(b))
+            }
+            [f @ ("row_sum" | "row_max" | "row_min" | "col_sum" | "col_max" | "col_min")] => {
+                let mut a = args(self, 1)?;
+                let axis = if f.starts_with("row") { 1 } else { 0 };
+                ExprKind::Reduce { op: reduce_op(&f[4..]), axis, value: Box::new(a.remove(0)) }
+            }
+            [t @ ("Tile" | "tile"), ctor] => {
+                let seg = &p.path.segments[0];
+                let tile = tile_args(seg, t)?;
+                match *ctor {
+                    "zeros" => {
+                        args(self, 0)?;
+                        let l = self.loc(c.span());
+                        ExprKind::Full { tile, value: Box::new(Expr::new(ExprKind::Float(0.0), l)) }
+                    }
+                    "full" => {
+                        let mut a = args(self, 1)?;
+                        ExprKind::Full { tile, value: Box::new(a.remove(0)) }
+                    }
+                    other => return err(&p.path.segments[1], format!("unknown tile constructor `{other}`: expected `zeros()` or `full(value)`")),
+                }
+            }
+            _ => return err(&c.func, format!("unknown function `{}`: expected one of {FUNCTIONS}", segs.join("::"))),
+        })
+    }
+
+    fn method(&mut self, m: &syn::ExprMethodCall) -> R<ExprKind> {
+        let name = m.method.to_string();
+        let nargs = m.args.len();
+        let want = |n: usize| -> R<()> {
+            if nargs != n {
+                return err(&m.method, format!("`{name}` takes {n} argument{}, found {nargs}", if n == 1 { "" } else { "s" }));
+            }
+            Ok(())
+        };
+        let recv = |me: &mut Self| me.expr(&m.receiver).map(Box::new);
+        Ok(match name.as_str() {
+            "load" | "load_or" => {
+                let tensor = receiver_name(&m.receiver)?;
+                want(if name == "load" { 1 } else { 2 })?;
+                let tile = match &m.turbofish {
+                    Some(tf) => Some(turbofish_tile(tf)?),
+                    None => None,
+                };
+                let fill = if name == "load_or" { Some(Box::new(self.expr(&m.args[1])?)) } else { None };
+                ExprKind::Load { tensor, index: self.index(&m.args[0])?, fill, tile }
+            }
+            "dim" => {
+                want(1)?;
+                let axis = int_const(&m.args[0], "`dim` takes a constant axis")?;
+                ExprKind::Dim { tensor: receiver_name(&m.receiver)?, axis }
+            }
+            "cast" => {
+                want(0)?;
+                let to = m.turbofish.as_ref().and_then(|tf| match tf.args.first() {
+                    Some(syn::GenericArgument::Type(t)) => Some(t),
+                    _ => None,
+                });
+                let Some(to) = to else { return err(&m.method, "`cast` names its target: `.cast::<bf16>()`") };
+                let dtype = dtype_of(to)?;
+                ExprKind::Cast { value: recv(self)?, to: dtype }
+            }
+            "exp2" | "abs" | "sqrt" | "rsqrt" => { want(0)?; ExprKind::Unary(unary_fn(&name), recv(self)?) }
+            "max" | "min" => {
+                want(1)?;
+                let op = if name == "max" { BinOp::Max } else { BinOp::Min };
+                ExprKind::Binary(op, recv(self)?, Box::new(self.expr(&m.args[0])?))
+            }
+            "sum" | "reduce_max" | "reduce_min" => {
+                want(1)?;
+                let axis = int_const(&m.args[0], "reductions take a constant axis: 0 or 1")?;
+                let op = reduce_op(name.trim_start_matches("reduce_"));
+                let value = recv(self)?;
+                return Ok(ExprKind::Reduce { op, axis, value }).and_then(|k| {
+                    // Point a bad axis at the axis itself.
+                    if axis > 1 { err(&m.args[0], format!("reduction over axis {axis}: a tile has 2 dimensions, expected axis 0 (down the rows) or 1 (along each row)")) } else { Ok(k) }
+                });
+            }
+            "row_sum" | "row_max" => { want(0)?; ExprKind::Reduce { op: reduce_op(&name[4..]), axis: 1, value: recv(self)? } }
+            _ => return err(&m.method, format!("unknown method `{name}`: expected one of {METHODS}")),
+        })
+    }
+}
+
+fn unsupported(e: &SynExpr) -> syn::Error {
+    let what = match e {
+        SynExpr::Closure(_) => "a closure",
+        SynExpr::Match(_) => "`match`",
+        SynExpr::While(w) if matches!(&*w.cond, SynExpr::Let(_)) => "`while let`",
+        SynExpr::While(_) => "`while` (use `for i in (a..b).step_by(k)`)",
+        SynExpr::Loop(_) => "`loop`",
+        SynExpr::Let(_) => "`if let`",
+        SynExpr::Return(_) => "`return`",
+        SynExpr::Break(_) | SynExpr::Continue(_) => "`break`/`continue`",
+        SynExpr::Index(_) => "indexing (load a tile with `tensor.load([i, j])`)",
+        SynExpr::Reference(_) => "a reference",
+        SynExpr::Unsafe(_) => "`unsafe`",
+        SynExpr::Async(_) | SynExpr::Await(_) => "async",
+        SynExpr::Tuple(_) => "a tuple",
+        SynExpr::Struct(_) => "a struct literal",
+        SynExpr::Field(_) => "a field access",
+        SynExpr::Macro(_) => "a macro call",
+        _ => "this expression",
+    };
+    syn::Error::new_spanned(e, format!("unsupported Rust construct in a kernel: {what}"))
+}
+
+fn strip_paren(e: &SynExpr) -> &SynExpr {
+    match e {
+        SynExpr::Paren(p) => strip_paren(&p.expr),
+        other => other,
+    }
+}
+
+fn statement_text(s: &SynStmt) -> String {
+    let text = match s {
+        SynStmt::Expr(SynExpr::ForLoop(f), _) => format!("for {} in {}", f.pat.to_token_stream(), f.expr.to_token_stream()),
+        SynStmt::Expr(SynExpr::If(i), _) => format!("if {}", i.cond.to_token_stream()),
+        other => other.to_token_stream().to_string(),
+    };
+    let mut t: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if t.len() > 120 {
+        let cut = (0..=117).rev().find(|&i| t.is_char_boundary(i)).unwrap_or(0);
+        t.truncate(cut);
+        t.push_str("...");
+    }
+    t
+}
+
+fn assignee(e: &SynExpr) -> R<String> {
+    match e {
+        SynExpr::Path(p) if p.path.get_ident().is_some() => Ok(p.path.segments[0].ident.to_string()),
+        other => err(other, "only a plain name can be assigned"),
+    }
+}
+
+fn receiver_name(e: &SynExpr) -> R<String> {
+    match e {
+        SynExpr::Path(p) if p.path.get_ident().is_some() => Ok(p.path.segments[0].ident.to_string()),
+        other => err(other, "expected a `Global` parameter's name"),
+    }
+}
+
+fn compound_op(op: &SynBinOp) -> Option<BinOp> {
+    Some(match op {
+        SynBinOp::AddAssign(_) => BinOp::Add,
+        SynBinOp::SubAssign(_) => BinOp::Sub,
+        SynBinOp::MulAssign(_) => BinOp::Mul,
+        SynBinOp::DivAssign(_) => BinOp::Div,
+        _ => return None,
+    })
+}
+
+fn bin_op(op: &SynBinOp) -> Option<BinOp> {
+    Some(match op {
+        SynBinOp::Add(_) => BinOp::Add,
+        SynBinOp::Sub(_) => BinOp::Sub,
+        SynBinOp::Mul(_) => BinOp::Mul,
+        SynBinOp::Div(_) => BinOp::Div,
+        SynBinOp::Rem(_) => BinOp::Rem,
+        SynBinOp::Lt(_) => BinOp::Lt,
+        SynBinOp::Le(_) => BinOp::Le,
+        SynBinOp::Gt(_) => BinOp::Gt,
+        SynBinOp::Ge(_) => BinOp::Ge,
+        SynBinOp::Eq(_) => BinOp::Eq,
+        SynBinOp::Ne(_) => BinOp::Ne,
+        SynBinOp::And(_) => BinOp::And,
+        SynBinOp::Or(_) => BinOp::Or,
+        _ => return None,
+    })
+}
+
+fn unary_fn(name: &str) -> UnOp {
+    match name {
+        "exp2" => UnOp::Exp2,
+        "abs" => UnOp::Abs,
+        "sqrt" => UnOp::Sqrt,
+        _ => UnOp::Rsqrt,
+    }
+}
+
+fn reduce_op(name: &str) -> ReduceOp {
+    match name {
+        "sum" => ReduceOp::Sum,
+        "max" => ReduceOp::Max,
+        _ => ReduceOp::Min,
+    }
+}
+
+fn int_const(e: &SynExpr, msg: &str) -> R<u32> {
+    match e {
+        SynExpr::Lit(syn::ExprLit { lit: syn::Lit::Int(i), .. }) => i.base10_parse(),
+        other => err(other, msg),
+    }
+}
+
+fn path_value(p: &syn::Path) -> R<ExprKind> {
+    if let Some(id) = p.get_ident() {
+        return Ok(ExprKind::Var(id.to_string()));
+    }
+    let segs: Vec<String> = p.segments.iter().map(|s| s.ident.to_string()).collect();
+    let v = match segs.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+        ["f32", "INFINITY"] => f64::INFINITY,
+        ["f32", "NEG_INFINITY"] => f64::NEG_INFINITY,
+        ["f32", "MAX"] => f64::from(f32::MAX),
+        ["f32", "MIN"] => f64::from(f32::MIN),
+        ["std" | "core", "f32", "consts", c] | ["f32", "consts", c] => match *c {
+            "LOG2_E" => std::f64::consts::LOG2_E,
+            "LN_2" => std::f64::consts::LN_2,
+            "PI" => std::f64::consts::PI,
+            "E" => std::f64::consts::E,
+            _ => return err(p, format!("unknown constant `{}`", segs.join("::"))),
+        },
+        _ => return err(p, format!("unknown name `{}`: expected a local, a parameter or an `f32` constant", segs.join("::"))),
+    };
+    Ok(ExprKind::Float(v))
+}
+
+fn dtype_of(t: &syn::Type) -> R<DType> {
+    let name = t.to_token_stream().to_string();
+    match DType::from_name(&name) {
+        Some(d) if d.is_float() => Ok(d),
+        _ => err(t, format!("unsupported dtype `{name}`: expected `f32`, `bf16` or `f16`")),
+    }
+}
+
+fn scalar_dtype(t: &syn::Type) -> Option<DType> {
+    match t.to_token_stream().to_string().as_str() {
+        "f32" => Some(DType::F32),
+        "i32" => Some(DType::I32),
+        _ => None,
+    }
+}
+
+fn param_type(t: &syn::Type) -> R<Type> {
+    let expected = "expected `Global<T, R>` (T: `f32`, `bf16`, `f16`; R: 1 to 4), `f32` or `i32`";
+    if let syn::Type::Path(tp) = t {
+        let last = tp.path.segments.last();
+        match last.map(|s| s.ident.to_string()).as_deref() {
+            Some("f32") if tp.path.segments.len() == 1 => return Ok(Type::Scalar(ScalarType::F32)),
+            Some("i32") if tp.path.segments.len() == 1 => return Ok(Type::Scalar(ScalarType::I32)),
+            Some("Global") => {
+                let seg = last.ok_or_else(|| syn::Error::new_spanned(t, expected))?;
+                let args = generic_args(seg, 2, "`Global<T, R>`")?;
+                let dtype = dtype_of(type_arg(args[0])?)?;
+                let rank = const_arg(args[1], "the rank")?;
+                if !(1..=4).contains(&rank) {
+                    return err(args[1], format!("unsupported rank {rank}: expected 1 to 4"));
+                }
+                return Ok(Type::Global { dtype, rank });
+            }
+            _ => {}
+        }
+    }
+    err(t, format!("unsupported parameter type `{}`: {expected}", t.to_token_stream()))
+}
+
+/// `Tile<T, M, N>` or `tile<T, M, N>` as a type.
+fn tile_type(t: &syn::Type) -> R<TileType> {
+    if let syn::Type::Path(tp) = t {
+        if let Some(seg) = tp.path.segments.last() {
+            let name = seg.ident.to_string();
+            if name == "Tile" || name == "tile" {
+                return tile_args(seg, &name);
+            }
+        }
+    }
+    err(t, format!("unsupported type `{}`: a `let` is annotated with `Tile<T, M, N>`", t.to_token_stream()))
+}
+
+fn turbofish_tile(tf: &syn::AngleBracketedGenericArguments) -> R<TileType> {
+    match tf.args.first() {
+        Some(syn::GenericArgument::Type(t)) if tf.args.len() == 1 => tile_type(t),
+        _ => err(tf, "expected `::<Tile<T, M, N>>`"),
+    }
+}
+
+fn tile_args(seg: &syn::PathSegment, name: &str) -> R<TileType> {
+    let args = generic_args(seg, 3, &format!("`{name}<T, M, N>`"))?;
+    let dtype = dtype_of(type_arg(args[0])?)?;
+    let rows = tile_dim(args[1])?;
+    let cols = tile_dim(args[2])?;
+    Ok(TileType { dtype, rows, cols })
+}
+
+fn tile_dim(a: &syn::GenericArgument) -> R<u32> {
+    let v = const_arg(a, "a tile dimension")?;
+    if v == 0 || !v.is_power_of_two() {
+        return err(a, format!("tile dimensions are powers of two, found {v}"));
+    }
+    Ok(v)
+}
+
+fn generic_args<'a>(seg: &'a syn::PathSegment, n: usize, what: &str) -> R<Vec<&'a syn::GenericArgument>> {
+    match &seg.arguments {
+        syn::PathArguments::AngleBracketed(a) if a.args.len() == n => Ok(a.args.iter().collect()),
+        syn::PathArguments::AngleBracketed(a) => err(a, format!("{what} takes {n} arguments, found {}", a.args.len())),
+        _ => err(seg, format!("expected {what}")),
+    }
+}
+
+fn type_arg(a: &syn::GenericArgument) -> R<&syn::Type> {
+    match a {
+        syn::GenericArgument::Type(t) => Ok(t),
+        other => err(other, "expected a dtype: `f32`, `bf16` or `f16`"),
+    }
+}
+
+/// A constant integer generic argument (a literal, possibly in braces).
+fn const_arg(a: &syn::GenericArgument, what: &str) -> R<u32> {
+    let lit = match a {
+        syn::GenericArgument::Const(SynExpr::Lit(l)) => Some(&l.lit),
+        syn::GenericArgument::Const(SynExpr::Block(b)) => match b.block.stmts.as_slice() {
+            [SynStmt::Expr(SynExpr::Lit(l), None)] => Some(&l.lit),
+            _ => None,
+        },
+        _ => None,
+    };
+    match lit {
+        Some(syn::Lit::Int(i)) => i.base10_parse(),
+        _ => err(a, format!("{what} must be a constant integer, found `{}`", a.to_token_stream())),
+    }
+}

@@ -1,0 +1,440 @@
+//! TIR-H → TIR-T: registers, tile layouts, memory operations and control flow.
+//!
+//! Assumes a type-checked kernel ([`crate::verify::typecheck`]). Every scalar is uniform
+//! across a warpgroup, so branches are `bra.uni`. Tiles get a [`Layout`] here: loads and
+//! constructors take the canonical blocked layout of their shape, elementwise results take
+//! their larger operand's, reductions collapse an axis of their input's. Where two layouts
+//! meet that differ, the value moves through the warpgroup's shared-memory scratch.
+//!
+//! Everything that depends only on the thread index (a layout's base row and column, owner
+//! predicates, the scratch address) is computed once in the prologue, so it dominates every
+//! use whatever the control flow.
+
+mod memory;
+mod scalar;
+mod tile;
+
+use crate::dtype::{DType, ScalarType};
+use crate::error::CompileError;
+use crate::layout::Layout;
+use crate::tirh::{Stmt, StmtKind, TileIr, TileType, Type};
+use crate::tirt::{Inst, Operand, PtxKernel, PtxParam, Reg, RegClass};
+use std::collections::HashMap;
+
+/// The symbol of the per-block shared scratch array.
+pub const SCRATCH: &str = "tessera_scratch";
+
+/// Lowers a type-checked kernel to TIR-T.
+pub fn lower(ir: &TileIr) -> Result<PtxKernel, CompileError> {
+    let mut lw = Lowerer::new(ir);
+    lw.params();
+    lw.block(&ir.body)?;
+    Ok(lw.finish())
+}
+
+/// A lowered value.
+#[derive(Clone, Debug)]
+pub(crate) enum Value {
+    Scalar(Operand, ScalarType),
+    Tile(TileVal),
+    Global(GlobalVal),
+}
+
+/// A tile in registers: one register per slot of its layout.
+#[derive(Clone, Debug)]
+pub(crate) struct TileVal {
+    pub ty: TileType,
+    pub layout: Layout,
+    pub regs: Vec<Reg>,
+}
+
+/// A global tensor parameter: its generic-to-global pointer, dims and strides.
+#[derive(Clone, Debug)]
+pub(crate) struct GlobalVal {
+    pub name: String,
+    pub ptr: Reg,
+    pub dims: Vec<Reg>,
+    pub strides: Vec<Reg>,
+}
+
+/// Per-thread registers of a layout, computed in the prologue.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LayoutRegs {
+    /// The thread's base row (0 if rows are collapsed).
+    pub row: Reg,
+    /// The thread's base column.
+    pub col: Reg,
+    /// Lane index along columns (`lane % tc`) and rows (`lane / tc`).
+    pub lc: Reg,
+    pub lr: Reg,
+    /// Warp index along columns and rows.
+    pub wc: Reg,
+    pub wr: Reg,
+    /// Whether this thread owns (stores, counts) its rows; its columns; both.
+    pub row_owner: Reg,
+    pub col_owner: Reg,
+    pub owner: Reg,
+}
+
+pub(crate) struct Lowerer<'a> {
+    pub ir: &'a TileIr,
+    regs: Vec<(RegClass, String)>,
+    names: HashMap<(RegClass, String), u32>,
+    pub prologue: Vec<Inst>,
+    pub body: Vec<Inst>,
+    pub params: Vec<PtxParam>,
+    scopes: Vec<HashMap<String, Value>>,
+    labels: u32,
+    /// Bytes of scratch each warpgroup needs.
+    pub scratch_bytes: u32,
+    pub lane: Reg,
+    pub warp: Reg,
+    pub wg: Reg,
+    pub barid: Reg,
+    pub scratch: Reg,
+    layouts: Vec<(Layout, LayoutRegs)>,
+}
+
+impl<'a> Lowerer<'a> {
+    fn new(ir: &'a TileIr) -> Self {
+        let placeholder = Reg { class: RegClass::B32, id: 0 };
+        let mut lw = Lowerer {
+            ir,
+            regs: Vec::new(),
+            names: HashMap::new(),
+            prologue: Vec::new(),
+            body: Vec::new(),
+            params: Vec::new(),
+            scopes: vec![HashMap::new()],
+            labels: 0,
+            scratch_bytes: 0,
+            lane: placeholder,
+            warp: placeholder,
+            wg: placeholder,
+            barid: placeholder,
+            scratch: placeholder,
+            layouts: Vec::new(),
+        };
+        lw.thread_indices();
+        lw
+    }
+
+    /// A fresh register named after `hint` (`%f_acc_3`).
+    pub fn reg(&mut self, class: RegClass, hint: &str) -> Reg {
+        let base: String = hint.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+        let n = self.names.entry((class, base.clone())).or_insert(0);
+        let name = format!("{}_{}_{}", class.prefix(), base, n);
+        *n += 1;
+        self.regs.push((class, name));
+        Reg { class, id: (self.regs.len() - 1) as u32 }
+    }
+
+    /// Appends `op args` to the body.
+    pub fn op(&mut self, op: &str, args: Vec<Operand>) {
+        self.body.push(Inst::Op { pred: None, op: op.to_string(), args });
+    }
+
+    /// Appends `@[!]p op args` to the body.
+    pub fn op_if(&mut self, pred: Reg, negate: bool, op: &str, args: Vec<Operand>) {
+        self.body.push(Inst::Op { pred: Some((pred, negate)), op: op.to_string(), args });
+    }
+
+    /// Appends `op args` to the prologue.
+    pub fn pro(&mut self, op: &str, args: Vec<Operand>) {
+        self.prologue.push(Inst::Op { pred: None, op: op.to_string(), args });
+    }
+
+    pub fn label(&mut self, hint: &str) -> String {
+        self.labels += 1;
+        format!("$L_{hint}_{}", self.labels)
+    }
+
+    /// Reserves `bytes` of the warpgroup's scratch.
+    pub fn need_scratch(&mut self, bytes: u32) {
+        self.scratch_bytes = self.scratch_bytes.max(bytes.next_multiple_of(16));
+    }
+
+    /// A barrier over this warpgroup's 128 threads.
+    pub fn warpgroup_barrier(&mut self) {
+        let id = self.barid;
+        self.op("bar.sync", vec![Operand::Reg(id), Operand::Imm(128)]);
+    }
+
+    fn thread_indices(&mut self) {
+        use Operand::{Imm, Reg as R, Sym};
+        let tid = self.reg(RegClass::B32, "tid");
+        let t = self.reg(RegClass::B32, "t");
+        self.wg = self.reg(RegClass::B32, "wg");
+        self.lane = self.reg(RegClass::B32, "lane");
+        self.warp = self.reg(RegClass::B32, "warp");
+        self.barid = self.reg(RegClass::B32, "barid");
+        self.scratch = self.reg(RegClass::B32, "scratch");
+        self.pro("mov.u32", vec![R(tid), Sym("%tid.x".into())]);
+        self.pro("shr.u32", vec![R(self.wg), R(tid), Imm(7)]);
+        self.pro("and.b32", vec![R(t), R(tid), Imm(127)]);
+        self.pro("and.b32", vec![R(self.lane), R(t), Imm(31)]);
+        self.pro("shr.u32", vec![R(self.warp), R(t), Imm(5)]);
+        // Barrier 0 is left for whole-block barriers; warpgroup w uses barrier w + 1.
+        self.pro("add.u32", vec![R(self.barid), R(self.wg), Imm(1)]);
+    }
+
+    fn params(&mut self) {
+        use Operand::{Reg as R, SymAddr};
+        for p in &self.ir.params {
+            match p.ty {
+                Type::Global { rank, .. } => {
+                    let ptr = self.reg(RegClass::B64, &p.name);
+                    let sym = format!("{}_ptr", p.name);
+                    self.params.push(PtxParam { name: sym.clone(), ty: ".u64" });
+                    self.pro("ld.param.u64", vec![R(ptr), SymAddr(sym)]);
+                    self.pro("cvta.to.global.u64", vec![R(ptr), R(ptr)]);
+                    let mut dims = Vec::new();
+                    let mut strides = Vec::new();
+                    for (kind, out) in [("dim", &mut dims), ("stride", &mut strides)] {
+                        for i in 0..rank {
+                            let sym = format!("{}_{kind}{i}", p.name);
+                            let r = self.reg(RegClass::B32, &format!("{}_{kind}{i}", p.name));
+                            self.params.push(PtxParam { name: sym.clone(), ty: ".u32" });
+                            self.prologue.push(Inst::Op { pred: None, op: "ld.param.u32".into(), args: vec![R(r), SymAddr(sym)] });
+                            out.push(r);
+                        }
+                    }
+                    let g = GlobalVal { name: p.name.clone(), ptr, dims, strides };
+                    self.bind(&p.name, Value::Global(g));
+                }
+                Type::Scalar(s) => {
+                    let (class, ty) = match s {
+                        ScalarType::F32 => (RegClass::F32, ".f32"),
+                        _ => (RegClass::B32, ".s32"),
+                    };
+                    let r = self.reg(class, &p.name);
+                    self.params.push(PtxParam { name: p.name.clone(), ty });
+                    self.pro(&format!("ld.param{ty}"), vec![R(r), SymAddr(p.name.clone())]);
+                    self.bind(&p.name, Value::Scalar(R(r), s));
+                }
+                Type::Tile(_) => {}
+            }
+        }
+    }
+
+    pub fn bind(&mut self, name: &str, v: Value) {
+        if let Some(s) = self.scopes.last_mut() {
+            s.insert(name.to_string(), v);
+        }
+    }
+
+    pub fn lookup(&self, name: &str) -> Value {
+        self.scopes
+            .iter()
+            .rev()
+            .find_map(|s| s.get(name).cloned())
+            .expect("verified TIR-H: every name is bound")
+    }
+
+    pub fn global(&self, name: &str) -> GlobalVal {
+        match self.lookup(name) {
+            Value::Global(g) => g,
+            _ => unreachable!("verified TIR-H: `{name}` is a global tensor"),
+        }
+    }
+
+    fn block(&mut self, body: &[Stmt]) -> Result<(), CompileError> {
+        self.scopes.push(HashMap::new());
+        for s in body {
+            self.stmt(s)?;
+        }
+        self.scopes.pop();
+        Ok(())
+    }
+
+    fn stmt(&mut self, s: &Stmt) -> Result<(), CompileError> {
+        let file = self.ir.file.rsplit('/').next().unwrap_or(&self.ir.file).to_string();
+        self.body.push(Inst::Comment(format!("{file}:{}  {}", s.loc.line, s.text)));
+        match &s.kind {
+            StmtKind::Let { name, mutable, value, .. } => {
+                let mut v = self.expr(value)?;
+                if *mutable {
+                    v = self.copy(&v, name);
+                }
+                self.bind(name, v);
+            }
+            StmtKind::Assign { name, value } => {
+                let target = self.lookup(name);
+                let v = self.expr(value)?;
+                self.assign(&target, v);
+            }
+            StmtKind::Store { tensor, index, value } => {
+                let g = self.global(tensor);
+                let idx = index.iter().map(|e| self.scalar(e)).collect::<Result<Vec<_>, _>>()?;
+                let t = self.tile(value)?;
+                self.store(&g, &idx, &t);
+            }
+            StmtKind::For { var, start, end, step, body } => self.for_loop(var, start, end, *step, body)?,
+            StmtKind::If { cond, then, otherwise } => {
+                let p = self.scalar(cond)?;
+                let p = self.in_reg(p, ScalarType::Bool, "cond");
+                let (l_else, l_end) = (self.label("else"), self.label("endif"));
+                self.op_if(p, true, "bra.uni", vec![Operand::Sym(l_else.clone())]);
+                self.block(then)?;
+                self.op("bra.uni", vec![Operand::Sym(l_end.clone())]);
+                self.body.push(Inst::Label(l_else));
+                self.block(otherwise)?;
+                self.body.push(Inst::Label(l_end));
+            }
+        }
+        Ok(())
+    }
+
+    fn for_loop(&mut self, var: &str, start: &crate::tirh::Expr, end: &crate::tirh::Expr, step: i64, body: &[Stmt]) -> Result<(), CompileError> {
+        use Operand::{Imm, Reg as R, Sym};
+        let i = self.reg(RegClass::B32, var);
+        let s = self.scalar(start)?;
+        self.op("mov.b32", vec![R(i), s]);
+        let e = self.scalar(end)?;
+        let e = self.in_reg(e, ScalarType::I32, "end");
+        let (head, exit) = (self.label("for"), self.label("endfor"));
+        let p = self.reg(RegClass::Pred, "done");
+        self.body.push(Inst::Label(head.clone()));
+        self.op("setp.ge.s32", vec![R(p), R(i), R(e)]);
+        self.op_if(p, false, "bra.uni", vec![Sym(exit.clone())]);
+        self.scopes.push(HashMap::new());
+        self.bind(var, Value::Scalar(R(i), ScalarType::I32));
+        self.block(body)?;
+        self.scopes.pop();
+        self.op("add.s32", vec![R(i), R(i), Imm(step)]);
+        self.op("bra.uni", vec![Sym(head)]);
+        self.body.push(Inst::Label(exit));
+        Ok(())
+    }
+
+    /// A copy of `v` in fresh registers, for a mutable binding.
+    fn copy(&mut self, v: &Value, name: &str) -> Value {
+        match v {
+            Value::Scalar(op, s) => {
+                let class = scalar_class(*s);
+                let r = self.reg(class, name);
+                self.op(mov_for(class), vec![Operand::Reg(r), op.clone()]);
+                Value::Scalar(Operand::Reg(r), *s)
+            }
+            Value::Tile(t) => {
+                let regs: Vec<Reg> = t.regs.iter().map(|&src| {
+                    let r = self.reg(src.class, name);
+                    self.op(mov_for(src.class), vec![Operand::Reg(r), Operand::Reg(src)]);
+                    r
+                }).collect();
+                Value::Tile(TileVal { regs, ..t.clone() })
+            }
+            Value::Global(_) => v.clone(),
+        }
+    }
+
+    /// Moves `v` into the registers of the mutable binding `target`.
+    fn assign(&mut self, target: &Value, v: Value) {
+        match (target, v) {
+            (Value::Scalar(Operand::Reg(dst), s), Value::Scalar(src, _)) => {
+                self.op(mov_for(scalar_class(*s)), vec![Operand::Reg(*dst), src]);
+            }
+            (Value::Tile(dst), Value::Tile(src)) => {
+                let src = self.convert(src, dst.layout);
+                for (&d, &s) in dst.regs.iter().zip(&src.regs) {
+                    self.op(mov_for(d.class), vec![Operand::Reg(d), Operand::Reg(s)]);
+                }
+            }
+            _ => unreachable!("verified TIR-H: assignments keep their binding's type"),
+        }
+    }
+
+    /// The per-thread registers of `layout`, computed once in the prologue.
+    pub fn layout_regs(&mut self, l: Layout) -> LayoutRegs {
+        if let Some((_, r)) = self.layouts.iter().find(|(k, _)| *k == l) {
+            return *r;
+        }
+        use Operand::{Imm, Reg as R};
+        let log2 = |x: u32| i64::from(x.trailing_zeros());
+        let b = |lw: &mut Self, h: &str| lw.reg(RegClass::B32, h);
+        let (lc, lr, wc, wr) = (b(self, "lc"), b(self, "lr"), b(self, "wc"), b(self, "wr"));
+        let (lane, warp) = (self.lane, self.warp);
+        self.pro("and.b32", vec![R(lc), R(lane), Imm(i64::from(l.tc - 1))]);
+        self.pro("shr.u32", vec![R(lr), R(lane), Imm(log2(l.tc))]);
+        self.pro("and.b32", vec![R(wc), R(warp), Imm(i64::from(l.wc - 1))]);
+        self.pro("shr.u32", vec![R(wr), R(warp), Imm(log2(l.wc))]);
+        let (urow, ucol) = (b(self, "urow"), b(self, "ucol"));
+        // urow = lr + wr * tr;  ucol = (lc + wc * tc) * v
+        self.pro("shl.b32", vec![R(urow), R(wr), Imm(log2(l.tr))]);
+        self.pro("add.u32", vec![R(urow), R(urow), R(lr)]);
+        self.pro("shl.b32", vec![R(ucol), R(wc), Imm(log2(l.tc))]);
+        self.pro("add.u32", vec![R(ucol), R(ucol), R(lc)]);
+        self.pro("shl.b32", vec![R(ucol), R(ucol), Imm(log2(l.v))]);
+        let (row, col) = (b(self, "row"), b(self, "col"));
+        for (dst, u, keep, extent) in [(row, urow, l.keep_rows, l.parent_rows), (col, ucol, l.keep_cols, l.parent_cols)] {
+            if keep {
+                self.pro("and.b32", vec![R(dst), R(u), Imm(i64::from(extent - 1))]);
+            } else {
+                self.pro("mov.u32", vec![R(dst), Imm(0)]);
+            }
+        }
+        let p = |lw: &mut Self, h: &str| lw.reg(RegClass::Pred, h);
+        let (row_owner, col_owner, owner) = (p(self, "row_owner"), p(self, "col_owner"), p(self, "owner"));
+        for (dst, u, keep, extent) in [(row_owner, urow, l.keep_rows, l.parent_rows), (col_owner, ucol, l.keep_cols, l.parent_cols)] {
+            let bound = if keep { extent } else { 1 };
+            self.pro("setp.lt.u32", vec![R(dst), R(u), Imm(i64::from(bound))]);
+        }
+        self.pro("and.pred", vec![R(owner), R(row_owner), R(col_owner)]);
+        let regs = LayoutRegs { row, col, lc, lr, wc, wr, row_owner, col_owner, owner };
+        self.layouts.push((l, regs));
+        regs
+    }
+
+    fn finish(mut self) -> PtxKernel {
+        use Operand::{Imm, Reg as R, Sym};
+        let bytes = self.scratch_bytes;
+        let (scratch, wg) = (self.scratch, self.wg);
+        if bytes > 0 {
+            self.pro("mov.u32", vec![R(scratch), Sym(SCRATCH.into())]);
+            self.pro("mad.lo.u32", vec![R(scratch), R(wg), Imm(i64::from(bytes)), R(scratch)]);
+        } else {
+            self.pro("mov.u32", vec![R(scratch), Imm(0)]);
+        }
+        let mut body = std::mem::take(&mut self.prologue);
+        body.insert(0, Inst::Comment("prologue: thread indices, parameters, layouts".into()));
+        body.append(&mut self.body);
+        body.push(Inst::Op { pred: None, op: "ret".into(), args: vec![] });
+        PtxKernel {
+            name: self.ir.name.clone(),
+            params: self.params,
+            threads: self.ir.warpgroups * 128,
+            shared_bytes: bytes * self.ir.warpgroups,
+            regs: self.regs,
+            body,
+        }
+    }
+}
+
+/// The register class holding a scalar type.
+pub(crate) fn scalar_class(s: ScalarType) -> RegClass {
+    match s {
+        ScalarType::F32 => RegClass::F32,
+        ScalarType::I32 => RegClass::B32,
+        ScalarType::Bool => RegClass::Pred,
+    }
+}
+
+/// The register class holding a tile element.
+pub(crate) fn elem_class(d: DType) -> RegClass {
+    match d {
+        DType::F32 => RegClass::F32,
+        DType::BF16 | DType::F16 => RegClass::B16,
+        DType::I32 => RegClass::B32,
+    }
+}
+
+/// The `mov` for a register class.
+pub(crate) fn mov_for(c: RegClass) -> &'static str {
+    match c {
+        RegClass::Pred => "mov.pred",
+        RegClass::B16 => "mov.b16",
+        RegClass::B32 => "mov.b32",
+        RegClass::F32 => "mov.f32",
+        RegClass::B64 => "mov.b64",
+    }
+}

@@ -1,0 +1,147 @@
+//! Scalar expressions, and the dispatch from expressions to values.
+
+use super::{scalar_class, Lowerer, Value};
+use crate::dtype::{DType, ScalarType};
+use crate::error::CompileError;
+use crate::tirh::{BinOp, Builtin, Expr, ExprKind, Type, UnOp};
+use crate::tirt::{Operand, Reg, RegClass};
+
+impl Lowerer<'_> {
+    /// Lowers any expression.
+    pub(crate) fn expr(&mut self, e: &Expr) -> Result<Value, CompileError> {
+        match e.checked_ty() {
+            Type::Tile(_) => Ok(Value::Tile(self.tile(e)?)),
+            Type::Scalar(s) => Ok(Value::Scalar(self.scalar(e)?, s)),
+            Type::Global { .. } => match &e.kind {
+                ExprKind::Var(n) => Ok(self.lookup(n)),
+                _ => unreachable!("verified TIR-H: globals are only named"),
+            },
+        }
+    }
+
+    /// Moves an operand into a register if it is an immediate.
+    pub(crate) fn in_reg(&mut self, op: Operand, s: ScalarType, hint: &str) -> Reg {
+        match op {
+            Operand::Reg(r) => r,
+            other if s == ScalarType::Bool => {
+                let t = self.reg(RegClass::B32, hint);
+                self.op("mov.b32", vec![Operand::Reg(t), other]);
+                let r = self.reg(RegClass::Pred, hint);
+                self.op("setp.ne.u32", vec![Operand::Reg(r), Operand::Reg(t), Operand::Imm(0)]);
+                r
+            }
+            other => {
+                let r = self.reg(scalar_class(s), hint);
+                self.op(super::mov_for(scalar_class(s)), vec![Operand::Reg(r), other]);
+                r
+            }
+        }
+    }
+
+    /// Lowers a scalar expression to an operand (a register or an immediate).
+    pub(crate) fn scalar(&mut self, e: &Expr) -> Result<Operand, CompileError> {
+        use Operand::{Imm, Reg as R, Sym};
+        let Type::Scalar(ty) = e.checked_ty() else { unreachable!("verified TIR-H: a scalar") };
+        Ok(match &e.kind {
+            ExprKind::Var(n) => match self.lookup(n) {
+                Value::Scalar(op, _) => op,
+                _ => unreachable!("verified TIR-H: `{n}` is a scalar"),
+            },
+            ExprKind::Int(v) => Imm(*v),
+            ExprKind::Float(v) => Operand::F32(*v as f32),
+            ExprKind::Bool(b) => Imm(i64::from(*b)),
+            ExprKind::Builtin(b) => match b {
+                Builtin::WarpgroupId => R(self.wg),
+                Builtin::BlockId(a) | Builtin::GridDim(a) => {
+                    let base = if matches!(b, Builtin::BlockId(_)) { "%ctaid" } else { "%nctaid" };
+                    let axis = ["x", "y", "z"][usize::from(*a).min(2)];
+                    let r = self.reg(RegClass::B32, &format!("{}_{axis}", &base[1..]));
+                    self.op("mov.u32", vec![R(r), Sym(format!("{base}.{axis}"))]);
+                    R(r)
+                }
+            },
+            ExprKind::Dim { tensor, axis } => R(self.global(tensor).dims[*axis as usize]),
+            ExprKind::Cast { value, to } => {
+                let Type::Scalar(from) = value.checked_ty() else { unreachable!("verified TIR-H: scalar cast") };
+                let v = self.scalar(value)?;
+                match (from, to) {
+                    (ScalarType::I32, DType::F32) => {
+                        let r = self.reg(RegClass::F32, "cvt");
+                        self.op("cvt.rn.f32.s32", vec![R(r), v]);
+                        R(r)
+                    }
+                    (ScalarType::F32, DType::I32) => {
+                        let r = self.reg(RegClass::B32, "cvt");
+                        self.op("cvt.rzi.s32.f32", vec![R(r), v]);
+                        R(r)
+                    }
+                    _ => v,
+                }
+            }
+            ExprKind::Unary(op, a) => {
+                let v = self.scalar(a)?;
+                let r = self.reg(scalar_class(ty), "t");
+                let inst = match (op, ty) {
+                    (UnOp::Not, _) => "not.pred",
+                    (UnOp::Neg, ScalarType::I32) => "neg.s32",
+                    _ => f32_unop(*op),
+                };
+                self.op(inst, vec![R(r), v]);
+                R(r)
+            }
+            ExprKind::Binary(op, a, b) => {
+                let Type::Scalar(operand_ty) = a.checked_ty() else { unreachable!("verified TIR-H: scalar operands") };
+                let va = self.scalar(a)?;
+                let va = R(self.in_reg(va, operand_ty, "lhs"));
+                let vb = self.scalar(b)?;
+                let r = self.reg(scalar_class(ty), "t");
+                self.op(&scalar_binop(*op, operand_ty), vec![R(r), va, vb]);
+                R(r)
+            }
+            ExprKind::Full { .. } | ExprKind::Load { .. } | ExprKind::Reduce { .. } => {
+                unreachable!("verified TIR-H: tile expressions are not scalars")
+            }
+        })
+    }
+}
+
+/// The PTX instruction for a unary float function.
+pub(crate) fn f32_unop(op: UnOp) -> &'static str {
+    match op {
+        UnOp::Neg => "neg.f32",
+        UnOp::Exp2 => "ex2.approx.f32",
+        UnOp::Abs => "abs.f32",
+        UnOp::Sqrt => "sqrt.rn.f32",
+        UnOp::Rsqrt => "rsqrt.approx.f32",
+        UnOp::Not => unreachable!("verified TIR-H: `!` takes a bool"),
+    }
+}
+
+/// The PTX instruction for a binary operator on scalars of type `t`.
+pub(crate) fn scalar_binop(op: BinOp, t: ScalarType) -> String {
+    let ty = match t {
+        ScalarType::F32 => "f32",
+        ScalarType::I32 => "s32",
+        ScalarType::Bool => "pred",
+    };
+    let name = match (op, t) {
+        (BinOp::Add, _) => "add",
+        (BinOp::Sub, _) => "sub",
+        (BinOp::Mul, ScalarType::I32) => "mul.lo",
+        (BinOp::Mul, _) => "mul",
+        (BinOp::Div, ScalarType::F32) => "div.rn",
+        (BinOp::Div, _) => "div",
+        (BinOp::Rem, _) => "rem",
+        (BinOp::Max, _) => "max",
+        (BinOp::Min, _) => "min",
+        (BinOp::And, _) => "and",
+        (BinOp::Or, _) => "or",
+        (BinOp::Lt, _) => "setp.lt",
+        (BinOp::Le, _) => "setp.le",
+        (BinOp::Gt, _) => "setp.gt",
+        (BinOp::Ge, _) => "setp.ge",
+        (BinOp::Eq, _) => "setp.eq",
+        (BinOp::Ne, _) => "setp.ne",
+    };
+    format!("{name}.{ty}")
+}

@@ -1,0 +1,311 @@
+//! Tile expressions: constructors, elementwise math with broadcasting, casts, reductions and
+//! layout conversions through shared memory.
+
+use super::{elem_class, Lowerer, TileVal};
+use crate::dtype::DType;
+use crate::error::CompileError;
+use crate::layout::Layout;
+use crate::tirh::{BinOp, Expr, ExprKind, ReduceOp, TileType, Type};
+use crate::tirt::{Operand, Reg, RegClass};
+
+impl Lowerer<'_> {
+    /// Lowers a tile expression.
+    pub(crate) fn tile(&mut self, e: &Expr) -> Result<TileVal, CompileError> {
+        let Type::Tile(ty) = e.checked_ty() else { unreachable!("verified TIR-H: a tile") };
+        Ok(match &e.kind {
+            ExprKind::Var(n) => match self.lookup(n) {
+                super::Value::Tile(t) => t,
+                _ => unreachable!("verified TIR-H: `{n}` is a tile"),
+            },
+            ExprKind::Full { value, .. } => {
+                let v = self.scalar(value)?;
+                let layout = Layout::blocked(ty.rows, ty.cols);
+                let src = self.from_f32(v, ty.dtype);
+                let regs = (0..layout.len())
+                    .map(|_| {
+                        let r = self.reg(elem_class(ty.dtype), "full");
+                        self.op(super::mov_for(r.class), vec![Operand::Reg(r), src.clone()]);
+                        r
+                    })
+                    .collect();
+                TileVal { ty, layout, regs }
+            }
+            ExprKind::Load { tensor, index, fill, .. } => {
+                let g = self.global(tensor);
+                let idx = index.iter().map(|i| self.scalar(i)).collect::<Result<Vec<_>, _>>()?;
+                let fill = match fill {
+                    Some(f) => self.scalar(f)?,
+                    None => Operand::F32(0.0),
+                };
+                let fill = self.from_f32(fill, ty.dtype);
+                self.load(&g, &idx, ty, fill)
+            }
+            ExprKind::Cast { value, to } => {
+                let t = self.tile(value)?;
+                self.cast(t, *to)
+            }
+            ExprKind::Unary(op, a) => {
+                let t = self.tile(a)?;
+                self.map_f32(&t, "u", |lw, x| {
+                    let r = lw.reg(RegClass::F32, op.name());
+                    lw.op(super::scalar::f32_unop(*op), vec![Operand::Reg(r), Operand::Reg(x)]);
+                    r
+                })
+            }
+            ExprKind::Binary(op, a, b) => self.binary(*op, a, b, ty)?,
+            ExprKind::Reduce { op, axis, value } => {
+                let t = self.tile(value)?;
+                self.reduce(t, *op, *axis)
+            }
+            ExprKind::Int(_) | ExprKind::Float(_) | ExprKind::Bool(_) | ExprKind::Builtin(_) | ExprKind::Dim { .. } => {
+                unreachable!("verified TIR-H: scalar expressions are not tiles")
+            }
+        })
+    }
+
+    /// An f32 operand as an element of `dtype` (an immediate or a register).
+    fn from_f32(&mut self, v: Operand, dtype: DType) -> Operand {
+        match dtype {
+            DType::F32 | DType::I32 => v,
+            DType::BF16 | DType::F16 => {
+                let f = match v {
+                    Operand::Reg(r) => r,
+                    other => {
+                        let r = self.reg(RegClass::F32, "c");
+                        self.op("mov.f32", vec![Operand::Reg(r), other]);
+                        r
+                    }
+                };
+                Operand::Reg(self.f32_to(f, dtype))
+            }
+        }
+    }
+
+    /// Converts an f32 register to an element of `dtype`, rounding to nearest even.
+    pub(crate) fn f32_to(&mut self, f: Reg, dtype: DType) -> Reg {
+        match dtype {
+            DType::F32 | DType::I32 => f,
+            DType::BF16 | DType::F16 => {
+                let h = self.reg(RegClass::B16, dtype.name());
+                self.op(&format!("cvt.rn.{}.f32", dtype.name()), vec![Operand::Reg(h), Operand::Reg(f)]);
+                h
+            }
+        }
+    }
+
+    /// Widens an element of `dtype` to f32 (exact).
+    pub(crate) fn to_f32(&mut self, r: Reg, dtype: DType) -> Reg {
+        use Operand::{Imm, Reg as R};
+        match dtype {
+            DType::F32 | DType::I32 => r,
+            DType::F16 => {
+                let f = self.reg(RegClass::F32, "wide");
+                self.op("cvt.f32.f16", vec![R(f), R(r)]);
+                f
+            }
+            DType::BF16 => {
+                // A bf16 is the high half of an f32: shift it there (valid on sm_80 too).
+                let u = self.reg(RegClass::B32, "bits");
+                self.op("cvt.u32.u16", vec![R(u), R(r)]);
+                self.op("shl.b32", vec![R(u), R(u), Imm(16)]);
+                let f = self.reg(RegClass::F32, "wide");
+                self.op("mov.b32", vec![R(f), R(u)]);
+                f
+            }
+        }
+    }
+
+    /// Applies `f` to each element, computing in f32 and rounding back to the tile's dtype.
+    fn map_f32(&mut self, t: &TileVal, _hint: &str, mut f: impl FnMut(&mut Self, Reg) -> Reg) -> TileVal {
+        let regs = t.regs.iter().map(|&r| {
+            let x = self.to_f32(r, t.ty.dtype);
+            let y = f(self, x);
+            self.f32_to(y, t.ty.dtype)
+        }).collect();
+        TileVal { regs, ..t.clone() }
+    }
+
+    fn cast(&mut self, t: TileVal, to: DType) -> TileVal {
+        if t.ty.dtype == to {
+            return t;
+        }
+        let regs = t.regs.iter().map(|&r| {
+            let f = self.to_f32(r, t.ty.dtype);
+            self.f32_to(f, to)
+        }).collect();
+        TileVal { ty: TileType { dtype: to, ..t.ty }, layout: t.layout, regs }
+    }
+
+    fn binary(&mut self, op: BinOp, a: &Expr, b: &Expr, ty: TileType) -> Result<TileVal, CompileError> {
+        let inst = super::scalar::scalar_binop(op, crate::dtype::ScalarType::F32);
+        let (a_tile, b_tile) = (matches!(a.checked_ty(), Type::Tile(_)), matches!(b.checked_ty(), Type::Tile(_)));
+        match (a_tile, b_tile) {
+            (true, true) => {
+                let (ta, tb) = (self.tile(a)?, self.tile(b)?);
+                // The operand with the result's shape sets the layout; the other broadcasts.
+                let (big, small, big_left) = if ta.ty.rows == ty.rows && ta.ty.cols == ty.cols { (ta, tb, true) } else { (tb, ta, false) };
+                let want = big.layout.broadcast_operand(small.ty.rows, small.ty.cols);
+                let small = self.convert(small, want);
+                let regs = (0..big.regs.len()).map(|i| {
+                    let j = big.layout.broadcast_slot(i, &small.layout);
+                    let x = self.to_f32(big.regs[i], ty.dtype);
+                    let y = self.to_f32(small.regs[j], ty.dtype);
+                    let (l, r) = if big_left { (x, y) } else { (y, x) };
+                    let out = self.reg(RegClass::F32, "t");
+                    self.op(&inst, vec![Operand::Reg(out), Operand::Reg(l), Operand::Reg(r)]);
+                    self.f32_to(out, ty.dtype)
+                }).collect();
+                Ok(TileVal { ty, layout: big.layout, regs })
+            }
+            (true, false) | (false, true) => {
+                let (t, s, tile_left) = if a_tile { (self.tile(a)?, self.scalar(b)?, true) } else { (self.tile(b)?, self.scalar(a)?, false) };
+                let s = Operand::Reg(self.in_reg(s, crate::dtype::ScalarType::F32, "s"));
+                Ok(self.map_f32(&t, "t", |lw, x| {
+                    let out = lw.reg(RegClass::F32, "t");
+                    let args = if tile_left { vec![Operand::Reg(out), Operand::Reg(x), s.clone()] } else { vec![Operand::Reg(out), s.clone(), Operand::Reg(x)] };
+                    lw.op(&inst, args);
+                    out
+                }))
+            }
+            (false, false) => unreachable!("verified TIR-H: a tile operation has a tile operand"),
+        }
+    }
+
+    /// Moves a tile into another layout of the same shape through shared memory.
+    pub(crate) fn convert(&mut self, t: TileVal, to: Layout) -> TileVal {
+        if t.layout == to {
+            return t;
+        }
+        use Operand::{Addr, Reg as R};
+        let es = t.ty.dtype.size();
+        let cols = t.ty.cols;
+        self.need_scratch(t.ty.rows * cols * es);
+        let st = format!("st.shared.b{}", es * 8);
+        let ld = format!("ld.shared.b{}", es * 8);
+        // Each owner writes its elements at [row][col]; then each thread reads its new ones.
+        self.warpgroup_barrier();
+        let from = self.layout_regs(t.layout);
+        let base = self.thread_offset(from, cols, es);
+        for (slot, &r) in t.layout.slots().iter().zip(&t.regs) {
+            let off = i64::from((slot.dr * cols + slot.dc) * es);
+            self.op_if(from.owner, false, &st, vec![Addr(base, off), R(r)]);
+        }
+        self.warpgroup_barrier();
+        let dst = self.layout_regs(to);
+        let base = self.thread_offset(dst, cols, es);
+        let regs = to.slots().iter().map(|slot| {
+            let r = self.reg(elem_class(t.ty.dtype), "cvt");
+            let off = i64::from((slot.dr * cols + slot.dc) * es);
+            self.op(&ld, vec![R(r), Addr(base, off)]);
+            r
+        }).collect();
+        self.warpgroup_barrier();
+        TileVal { ty: t.ty, layout: to, regs }
+    }
+
+    /// The shared address of this thread's base element in a row-major `?×cols` scratch tile.
+    fn thread_offset(&mut self, l: super::LayoutRegs, cols: u32, es: u32) -> Reg {
+        use Operand::{Imm, Reg as R};
+        let a = self.reg(RegClass::B32, "saddr");
+        self.op("mad.lo.u32", vec![R(a), R(l.row), Imm(i64::from(cols)), R(l.col)]);
+        let scratch = self.scratch;
+        self.op("mad.lo.u32", vec![R(a), R(a), Imm(i64::from(es)), R(scratch)]);
+        a
+    }
+
+    /// Reduces `axis` of a tile (0: down the rows, 1: along each row).
+    fn reduce(&mut self, t: TileVal, op: ReduceOp, axis: u32) -> TileVal {
+        use Operand::{Addr, Imm, Reg as R};
+        let l = t.layout;
+        let out_layout = l.reduced(axis);
+        let ty = if axis == 1 { TileType { cols: 1, ..t.ty } } else { TileType { rows: 1, ..t.ty } };
+        let kept = if axis == 1 { l.keep_cols } else { l.keep_rows };
+        if !kept {
+            return TileVal { ty, layout: out_layout, regs: t.regs };
+        }
+        let inst = match op {
+            ReduceOp::Sum => "add.f32",
+            ReduceOp::Max => "max.f32",
+            ReduceOp::Min => "min.f32",
+        };
+        let lr = self.layout_regs(l);
+        let (nrows, ncols) = (l.row_offsets().len(), l.col_offsets().len());
+        let (outer, inner) = if axis == 1 { (nrows, ncols) } else { (ncols, nrows) };
+        let slot = |o: usize, i: usize| if axis == 1 { o * ncols + i } else { i * ncols + o };
+        // 1. Within the thread.
+        let mut acc: Vec<Reg> = (0..outer).map(|o| {
+            let mut a = self.to_f32(t.regs[slot(o, 0)], t.ty.dtype);
+            for i in 1..inner {
+                let x = self.to_f32(t.regs[slot(o, i)], t.ty.dtype);
+                let r = self.reg(RegClass::F32, "red");
+                self.op(inst, vec![R(r), R(a), R(x)]);
+                a = r;
+            }
+            a
+        }).collect();
+        // Replicas must not count twice in a sum.
+        let (replicated, valid) = if axis == 1 { (l.cols_replicated(), lr.col_owner) } else { (l.rows_replicated(), lr.row_owner) };
+        if replicated && op == ReduceOp::Sum {
+            for a in acc.iter_mut() {
+                let r = self.reg(RegClass::F32, "red");
+                self.op("selp.f32", vec![R(r), R(*a), Operand::F32(0.0), R(valid)]);
+                *a = r;
+            }
+        }
+        // 2. Across the lanes of a warp: butterfly over the lane bits of the reduced axis.
+        let (lane_lo, lane_n) = if axis == 1 { (1, l.tc) } else { (l.tc, l.tr) };
+        let mut step = lane_lo * lane_n / 2;
+        while step >= lane_lo && lane_n > 1 {
+            for a in acc.iter_mut() {
+                let other = self.reg(RegClass::F32, "shfl");
+                self.op("shfl.sync.bfly.b32", vec![R(other), R(*a), Imm(i64::from(step)), Imm(31), Imm(-1)]);
+                let r = self.reg(RegClass::F32, "red");
+                self.op(inst, vec![R(r), R(*a), R(other)]);
+                *a = r;
+            }
+            step /= 2;
+        }
+        // 3. Across warps, through shared memory.
+        let nwarps = if axis == 1 { l.wc } else { l.wr };
+        if nwarps > 1 {
+            let extent = if axis == 1 { l.parent_rows } else { l.parent_cols };
+            self.need_scratch(nwarps * extent * 4);
+            let (lane_idx, warp_idx, pos, owner) = if axis == 1 { (lr.lc, lr.wc, lr.row, lr.row_owner) } else { (lr.lr, lr.wr, lr.col, lr.col_owner) };
+            let offsets: Vec<u32> = if axis == 1 { l.row_offsets() } else { l.col_offsets() };
+            let writer = self.reg(RegClass::Pred, "writer");
+            self.op("setp.eq.and.u32", vec![R(writer), R(lane_idx), Imm(0), R(owner)]);
+            let base = self.reg(RegClass::B32, "saddr");
+            // base = scratch + (warp_idx * extent + pos) * 4
+            self.op("mad.lo.u32", vec![R(base), R(warp_idx), Imm(i64::from(extent)), R(pos)]);
+            let scratch = self.scratch;
+            self.op("mad.lo.u32", vec![R(base), R(base), Imm(4), R(scratch)]);
+            self.warpgroup_barrier();
+            for (a, &off) in acc.iter().zip(&offsets) {
+                self.op_if(writer, false, "st.shared.f32", vec![Addr(base, i64::from(off * 4)), R(*a)]);
+            }
+            self.warpgroup_barrier();
+            let rbase = self.reg(RegClass::B32, "saddr");
+            self.op("mad.lo.u32", vec![R(rbase), R(pos), Imm(4), R(scratch)]);
+            for (a, &off) in acc.iter_mut().zip(&offsets) {
+                let mut total = None;
+                for w in 0..nwarps {
+                    let x = self.reg(RegClass::F32, "part");
+                    let o = i64::from((w * extent + off) * 4);
+                    self.op("ld.shared.f32", vec![R(x), Addr(rbase, o)]);
+                    total = Some(match total {
+                        None => x,
+                        Some(t) => {
+                            let r = self.reg(RegClass::F32, "red");
+                            self.op(inst, vec![R(r), R(t), R(x)]);
+                            r
+                        }
+                    });
+                }
+                *a = total.unwrap_or(*a);
+            }
+            self.warpgroup_barrier();
+        }
+        let regs = acc.into_iter().map(|a| self.f32_to(a, t.ty.dtype)).collect();
+        TileVal { ty, layout: out_layout, regs }
+    }
+}

@@ -1,0 +1,93 @@
+//! Reflection: what the runtime needs to know about a compiled kernel to check arguments and
+//! launch it. The macro embeds these as `'static` constants in the user's crate.
+
+use crate::dtype::DType;
+
+/// A PTX target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// Hopper (H100, H200): compute capability 9.0 only.
+    Sm90a,
+    /// The portable path: Ampere and later, JIT-compiled forward by the driver.
+    Sm80,
+}
+
+impl Target {
+    /// Every target the compiler emits, best first.
+    pub const ALL: [Target; 2] = [Target::Sm90a, Target::Sm80];
+
+    /// The `.target` name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Target::Sm90a => "sm_90a",
+            Target::Sm80 => "sm_80",
+        }
+    }
+
+    /// Whether PTX for this target can run on a device of compute capability `major.minor`.
+    pub const fn runs_on(self, major: i32, minor: i32) -> bool {
+        match self {
+            Target::Sm90a => major == 9 && minor == 0,
+            Target::Sm80 => major >= 8,
+        }
+    }
+}
+
+/// What a kernel parameter is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ParamKind {
+    /// A `Global<T, R>` tensor: ABI is pointer, then `rank` u32 dims, then `rank` u32 strides
+    /// (in elements).
+    Global {
+        /// Element type.
+        dtype: DType,
+        /// Rank.
+        rank: u32,
+        /// Whether the kernel stores into it.
+        writes: bool,
+    },
+    /// A scalar (`f32` or `i32`).
+    Scalar(DType),
+}
+
+/// One parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParamInfo {
+    /// The Rust name.
+    pub name: &'static str,
+    /// What it is.
+    pub kind: ParamKind,
+}
+
+/// The PTX of one variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PtxVariant {
+    /// Its target.
+    pub target: Target,
+    /// The PTX module text.
+    pub ptx: &'static str,
+}
+
+/// Everything known about a kernel at build time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelSpec {
+    /// The entry name.
+    pub name: &'static str,
+    /// The crate that defines it.
+    pub crate_name: &'static str,
+    /// Parameters in order.
+    pub params: &'static [ParamInfo],
+    /// Threads per block.
+    pub threads: u32,
+    /// Static shared memory per block in bytes.
+    pub shared_bytes: u32,
+    /// One PTX module per target, best first.
+    pub variants: &'static [PtxVariant],
+}
+
+impl KernelSpec {
+    /// The best variant that runs on compute capability `major.minor`.
+    pub fn variant_for(&self, major: i32, minor: i32) -> Option<&PtxVariant> {
+        self.variants.iter().find(|v| v.target.runs_on(major, minor))
+    }
+}

@@ -1,0 +1,108 @@
+//! The `tirh` dump.
+
+use super::*;
+use std::fmt::{self, Write};
+
+impl fmt::Display for TileIr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "kernel {}(", self.name)?;
+        for (i, p) in self.params.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{}: {}", p.name, p.ty)?;
+        }
+        writeln!(f, ") warpgroups={} {{", self.warpgroups)?;
+        write_block(f, &self.body, 1)?;
+        f.write_str("}\n")
+    }
+}
+
+fn write_block(f: &mut fmt::Formatter<'_>, body: &[Stmt], depth: usize) -> fmt::Result {
+    for s in body {
+        write_stmt(f, s, depth)?;
+    }
+    Ok(())
+}
+
+fn write_stmt(f: &mut fmt::Formatter<'_>, s: &Stmt, depth: usize) -> fmt::Result {
+    let pad = "    ".repeat(depth);
+    match &s.kind {
+        StmtKind::Let { name, mutable, value, .. } => {
+            let m = if *mutable { "mut " } else { "" };
+            writeln!(f, "{pad}let {m}{name}: {} = {};  // line {}", ty(value), value, s.loc.line)
+        }
+        StmtKind::Assign { name, value } => {
+            writeln!(f, "{pad}{name} = {};  // line {}", value, s.loc.line)
+        }
+        StmtKind::Store { tensor, index, value } => {
+            writeln!(f, "{pad}store {tensor}[{}] <- {};  // line {}", list(index), value, s.loc.line)
+        }
+        StmtKind::For { var, start, end, step, body } => {
+            writeln!(f, "{pad}for {var} in {start}..{end} step {step} {{  // line {}", s.loc.line)?;
+            write_block(f, body, depth + 1)?;
+            writeln!(f, "{pad}}}")
+        }
+        StmtKind::If { cond, then, otherwise } => {
+            writeln!(f, "{pad}if {cond} {{  // line {}", s.loc.line)?;
+            write_block(f, then, depth + 1)?;
+            if !otherwise.is_empty() {
+                writeln!(f, "{pad}}} else {{")?;
+                write_block(f, otherwise, depth + 1)?;
+            }
+            writeln!(f, "{pad}}}")
+        }
+    }
+}
+
+fn ty(e: &Expr) -> String {
+    e.ty.map_or_else(|| "?".to_string(), |t| t.to_string())
+}
+
+fn list(items: &[Expr]) -> String {
+    let mut s = String::new();
+    for (i, e) in items.iter().enumerate() {
+        if i > 0 {
+            s.push_str(", ");
+        }
+        let _ = write!(s, "{e}");
+    }
+    s
+}
+
+impl fmt::Display for Expr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            ExprKind::Var(n) => f.write_str(n),
+            ExprKind::Int(v) => write!(f, "{v}"),
+            ExprKind::Float(v) => write!(f, "{v:?}"),
+            ExprKind::Bool(v) => write!(f, "{v}"),
+            ExprKind::Binary(op @ (BinOp::Max | BinOp::Min), a, b) => {
+                write!(f, "{}({a}, {b})", op.symbol())
+            }
+            ExprKind::Binary(op, a, b) => write!(f, "({a} {} {b})", op.symbol()),
+            ExprKind::Unary(UnOp::Neg, a) => write!(f, "-{a}"),
+            ExprKind::Unary(UnOp::Not, a) => write!(f, "!{a}"),
+            ExprKind::Unary(op, a) => write!(f, "{}({a})", op.name()),
+            ExprKind::Builtin(Builtin::BlockId(a)) => write!(f, "block.id.{}", axis_name(*a)),
+            ExprKind::Builtin(Builtin::GridDim(a)) => write!(f, "grid.dim.{}", axis_name(*a)),
+            ExprKind::Builtin(Builtin::WarpgroupId) => f.write_str("warpgroup.id"),
+            ExprKind::Dim { tensor, axis } => write!(f, "{tensor}.dim({axis})"),
+            ExprKind::Full { tile, value } => write!(f, "full<{tile}>({value})"),
+            ExprKind::Load { tensor, index, fill, tile } => {
+                let t = tile.map_or_else(|| "?".to_string(), |t| t.to_string());
+                write!(f, "load<{t}> {tensor}[{}]", list(index))?;
+                if let Some(fill) = fill {
+                    write!(f, " or {fill}")?;
+                }
+                Ok(())
+            }
+            ExprKind::Cast { value, to } => write!(f, "cast<{to}>({value})"),
+            ExprKind::Reduce { op, axis, value } => write!(f, "reduce_{}<axis={axis}>({value})", op.name()),
+        }
+    }
+}
+
+fn axis_name(a: u8) -> char {
+    ['x', 'y', 'z'][usize::from(a.min(2))]
+}

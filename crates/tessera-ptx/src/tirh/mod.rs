@@ -1,0 +1,378 @@
+//! TIR-H: the high-level tile IR that the frontend builds from a kernel's Rust body.
+//!
+//! A [`TileIr`] describes what one thread block does. Values are uniform scalars (the same
+//! in every thread of a warpgroup), register tiles (a `Tile<T, M, N>` held by one warpgroup of
+//! 128 threads) and global tensors (kernel parameters). Every node carries a [`SourceLoc`] so
+//! that errors found in later stages point at the user's token.
+//!
+//! The frontend leaves [`Expr::ty`] empty; [`crate::verify::typecheck`] fills it and checks
+//! shapes, dtypes and ranks. Lowering assumes a type-checked kernel.
+//!
+//! `Display` prints the `tirh` dump.
+
+mod display;
+
+use crate::dtype::{DType, ScalarType};
+
+/// Where a node came from in the DSL source.
+///
+/// `span` indexes the frontend's table of spans; `line`/`col` are 1-based for dumps and
+/// PTX comments.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SourceLoc {
+    /// Index into the frontend's span table.
+    pub span: u32,
+    /// 1-based source line.
+    pub line: u32,
+    /// 0-based column.
+    pub col: u32,
+}
+
+/// The shape and element type of a register tile, `Tile<T, M, N>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TileType {
+    /// Element type.
+    pub dtype: DType,
+    /// Rows.
+    pub rows: u32,
+    /// Columns.
+    pub cols: u32,
+}
+
+impl std::fmt::Display for TileType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tile<{}, {}, {}>", self.dtype, self.rows, self.cols)
+    }
+}
+
+/// The type of a value in TIR-H.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Type {
+    /// A uniform scalar.
+    Scalar(ScalarType),
+    /// A register tile.
+    Tile(TileType),
+    /// A global tensor parameter, `Global<T, R>`.
+    Global {
+        /// Element type.
+        dtype: DType,
+        /// Rank.
+        rank: u32,
+    },
+}
+
+impl std::fmt::Display for Type {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Type::Scalar(s) => write!(f, "{s}"),
+            Type::Tile(t) => write!(f, "{t}"),
+            Type::Global { dtype, rank } => write!(f, "Global<{dtype}, {rank}>"),
+        }
+    }
+}
+
+/// A kernel parameter.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Param {
+    /// The Rust name.
+    pub name: String,
+    /// Its type: a scalar or a global tensor.
+    pub ty: Type,
+    /// Where it is declared.
+    pub loc: SourceLoc,
+}
+
+/// A kernel in TIR-H.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TileIr {
+    /// The kernel's name (the Rust function's).
+    pub name: String,
+    /// Source file name, for comments in dumps and PTX.
+    pub file: String,
+    /// Parameters in declaration order.
+    pub params: Vec<Param>,
+    /// Warpgroups per thread block (128 threads each).
+    pub warpgroups: u32,
+    /// The body.
+    pub body: Vec<Stmt>,
+}
+
+/// A statement.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Stmt {
+    /// What it does.
+    pub kind: StmtKind,
+    /// Where it is.
+    pub loc: SourceLoc,
+    /// Its source text, for comments in the PTX.
+    pub text: String,
+}
+
+/// The kinds of statement.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StmtKind {
+    /// `let [mut] name[: ty] = value;`
+    Let {
+        /// Bound name.
+        name: String,
+        /// Whether it may be assigned again.
+        mutable: bool,
+        /// The declared type, if written.
+        declared: Option<TileType>,
+        /// The value.
+        value: Expr,
+    },
+    /// `name = value;`
+    Assign {
+        /// Assigned name.
+        name: String,
+        /// The value.
+        value: Expr,
+    },
+    /// `tensor.store([i, j], value);`: out-of-bounds elements are skipped.
+    Store {
+        /// The global tensor parameter.
+        tensor: String,
+        /// The origin of the tile in the tensor, one index per dimension.
+        index: Vec<Expr>,
+        /// The tile to store.
+        value: Expr,
+    },
+    /// `for var in (start..end).step_by(step) { body }`
+    For {
+        /// Loop variable (i32).
+        var: String,
+        /// First value.
+        start: Expr,
+        /// Exclusive end.
+        end: Expr,
+        /// Increment (a positive constant).
+        step: i64,
+        /// Body.
+        body: Vec<Stmt>,
+    },
+    /// `if cond { then } else { otherwise }`
+    If {
+        /// A uniform boolean.
+        cond: Expr,
+        /// Taken when true.
+        then: Vec<Stmt>,
+        /// Taken when false.
+        otherwise: Vec<Stmt>,
+    },
+}
+
+/// An expression. `ty` is filled by the type checker.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Expr {
+    /// What it computes.
+    pub kind: ExprKind,
+    /// Where it is.
+    pub loc: SourceLoc,
+    /// Its type, once checked.
+    pub ty: Option<Type>,
+}
+
+impl Expr {
+    /// A new, unchecked expression.
+    pub fn new(kind: ExprKind, loc: SourceLoc) -> Self {
+        Expr { kind, loc, ty: None }
+    }
+
+    /// The checked type.
+    ///
+    /// # Panics
+    /// If the expression has not been through [`crate::verify::typecheck`]; lowering only
+    /// sees checked kernels.
+    pub fn checked_ty(&self) -> Type {
+        self.ty.expect("verified TIR-H: every expression has a type")
+    }
+}
+
+/// Binary operators.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinOp {
+    /// `+`
+    Add,
+    /// `-`
+    Sub,
+    /// `*`
+    Mul,
+    /// `/`
+    Div,
+    /// `%` (scalars only)
+    Rem,
+    /// `max(a, b)`
+    Max,
+    /// `min(a, b)`
+    Min,
+    /// `<`
+    Lt,
+    /// `<=`
+    Le,
+    /// `>`
+    Gt,
+    /// `>=`
+    Ge,
+    /// `==`
+    Eq,
+    /// `!=`
+    Ne,
+    /// `&&`
+    And,
+    /// `||`
+    Or,
+}
+
+impl BinOp {
+    /// Whether the result is a boolean.
+    pub fn is_comparison(self) -> bool {
+        matches!(self, BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge | BinOp::Eq | BinOp::Ne)
+    }
+
+    /// The operator's spelling.
+    pub fn symbol(self) -> &'static str {
+        match self {
+            BinOp::Add => "+",
+            BinOp::Sub => "-",
+            BinOp::Mul => "*",
+            BinOp::Div => "/",
+            BinOp::Rem => "%",
+            BinOp::Max => "max",
+            BinOp::Min => "min",
+            BinOp::Lt => "<",
+            BinOp::Le => "<=",
+            BinOp::Gt => ">",
+            BinOp::Ge => ">=",
+            BinOp::Eq => "==",
+            BinOp::Ne => "!=",
+            BinOp::And => "&&",
+            BinOp::Or => "||",
+        }
+    }
+}
+
+/// Unary elementwise functions and operators.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnOp {
+    /// `-x`
+    Neg,
+    /// `!x`
+    Not,
+    /// `exp2(x)`
+    Exp2,
+    /// `abs(x)`
+    Abs,
+    /// `sqrt(x)`
+    Sqrt,
+    /// `rsqrt(x)`
+    Rsqrt,
+}
+
+impl UnOp {
+    /// The spelling in the DSL.
+    pub fn name(self) -> &'static str {
+        match self {
+            UnOp::Neg => "-",
+            UnOp::Not => "!",
+            UnOp::Exp2 => "exp2",
+            UnOp::Abs => "abs",
+            UnOp::Sqrt => "sqrt",
+            UnOp::Rsqrt => "rsqrt",
+        }
+    }
+}
+
+/// Reductions over one axis of a tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Sum.
+    Sum,
+    /// Maximum.
+    Max,
+    /// Minimum.
+    Min,
+}
+
+impl ReduceOp {
+    /// The spelling in the DSL.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Max => "max",
+            ReduceOp::Min => "min",
+        }
+    }
+}
+
+/// Built-in uniform indices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Builtin {
+    /// `block::id_x()` (`y`, `z`): the block's index in the grid.
+    BlockId(u8),
+    /// `grid::dim_x()` (`y`, `z`): blocks in the grid.
+    GridDim(u8),
+    /// `warpgroup::id()`: the warpgroup's index in its block.
+    WarpgroupId,
+}
+
+/// The kinds of expression.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ExprKind {
+    /// A bound name: a `let`, a loop variable or a parameter.
+    Var(String),
+    /// An integer literal.
+    Int(i64),
+    /// A float literal.
+    Float(f64),
+    /// `true`/`false`.
+    Bool(bool),
+    /// A binary operator or `max`/`min`.
+    Binary(BinOp, Box<Expr>, Box<Expr>),
+    /// A unary operator or elementwise function.
+    Unary(UnOp, Box<Expr>),
+    /// A built-in index.
+    Builtin(Builtin),
+    /// `tensor.dim(axis)`: a global tensor's extent along an axis.
+    Dim {
+        /// The global tensor.
+        tensor: String,
+        /// The axis.
+        axis: u32,
+    },
+    /// `Tile::<T, M, N>::full(value)` (`zeros()` is `full(0.0)`).
+    Full {
+        /// The tile type.
+        tile: TileType,
+        /// A scalar fill value.
+        value: Box<Expr>,
+    },
+    /// `tensor.load([i, j])` or `tensor.load_or([i, j], fill)`: a tile from global memory;
+    /// out-of-bounds elements read as `fill` (zero by default).
+    Load {
+        /// The global tensor.
+        tensor: String,
+        /// The origin, one index per dimension.
+        index: Vec<Expr>,
+        /// Value for out-of-bounds elements.
+        fill: Option<Box<Expr>>,
+        /// The tile type, from `let t: Tile<…> =` or a turbofish.
+        tile: Option<TileType>,
+    },
+    /// `x.cast::<T>()` or `x as T`.
+    Cast {
+        /// The value.
+        value: Box<Expr>,
+        /// The element (tiles) or scalar type to convert to.
+        to: DType,
+    },
+    /// `row_sum(t)`, `t.sum(axis)`, …: reduces `axis` to extent 1.
+    Reduce {
+        /// The combining operator.
+        op: ReduceOp,
+        /// 0 reduces rows (a `1×N` result), 1 reduces columns (an `M×1` result).
+        axis: u32,
+        /// The tile.
+        value: Box<Expr>,
+    },
+}

@@ -1,0 +1,200 @@
+//! Typing of expressions.
+
+use super::{check_rank1, Checker, MAX_TILE_ELEMENTS};
+use crate::dtype::{DType, ScalarType};
+use crate::error::CompileError;
+use crate::tirh::{BinOp, Builtin, Expr, ExprKind, TileType, Type, UnOp};
+
+impl Checker {
+    pub(super) fn expr(&mut self, e: &mut Expr) -> Result<Type, CompileError> {
+        self.expr_expecting(e, None)
+    }
+
+    /// Types `e`; `expect` is the tile type the context wants (a `let` annotation), used to
+    /// give a `load` its shape.
+    pub(super) fn expr_expecting(&mut self, e: &mut Expr, expect: Option<TileType>) -> Result<Type, CompileError> {
+        let ty = self.infer(e, expect)?;
+        e.ty = Some(ty);
+        Ok(ty)
+    }
+
+    fn infer(&mut self, e: &mut Expr, expect: Option<TileType>) -> Result<Type, CompileError> {
+        let loc = e.loc;
+        Ok(match &mut e.kind {
+            ExprKind::Var(name) => match self.lookup(name) {
+                Some(b) => b.ty,
+                None => return Err(CompileError::ty(loc, format!("unknown name `{name}`"))),
+            },
+            ExprKind::Int(_) => Type::Scalar(ScalarType::I32),
+            ExprKind::Float(_) => Type::Scalar(ScalarType::F32),
+            ExprKind::Bool(_) => Type::Scalar(ScalarType::Bool),
+            ExprKind::Builtin(Builtin::BlockId(_) | Builtin::GridDim(_) | Builtin::WarpgroupId) => {
+                Type::Scalar(ScalarType::I32)
+            }
+            ExprKind::Dim { tensor, axis } => {
+                let (_, rank) = self.global(tensor, loc)?;
+                if *axis >= rank {
+                    return Err(CompileError::ty(loc, format!(
+                        "`{tensor}` has rank {rank}: expected an axis below {rank}, found {axis}")));
+                }
+                Type::Scalar(ScalarType::I32)
+            }
+            ExprKind::Full { tile, value } => {
+                check_tile_size(*tile, loc)?;
+                self.fill_value(value, tile.dtype)?;
+                Type::Tile(*tile)
+            }
+            ExprKind::Load { tensor, index, fill, tile } => {
+                let (dtype, rank) = self.global(tensor, loc)?;
+                let tensor = tensor.clone();
+                self.indices(&tensor, rank, index, loc)?;
+                let t = match (*tile, expect) {
+                    (Some(t), _) | (None, Some(t)) => t,
+                    (None, None) => {
+                        return Err(CompileError::ty(loc, format!(
+                            "cannot tell the shape of this load: annotate the binding, e.g. `let t: Tile<{dtype}, 16, 256> = {tensor}.load(…)`")))
+                    }
+                };
+                *tile = Some(t);
+                if t.dtype != dtype {
+                    return Err(CompileError::ty(loc, format!(
+                        "`{tensor}` is `Global<{dtype}, {rank}>`: a load gives a `{dtype}` tile, found `{t}` expected (load, then `.cast::<{}>()`)", t.dtype)));
+                }
+                check_tile_size(t, loc)?;
+                check_rank1(rank, t, loc)?;
+                if let Some(fill) = fill {
+                    self.fill_value(fill, dtype)?;
+                }
+                Type::Tile(t)
+            }
+            ExprKind::Cast { value, to } => match self.expr(value)? {
+                Type::Tile(t) => {
+                    if !to.is_float() {
+                        return Err(CompileError::ty(loc, format!("tiles cast to `f32`, `bf16` or `f16`, found `{to}`")));
+                    }
+                    Type::Tile(TileType { dtype: *to, ..t })
+                }
+                Type::Scalar(ScalarType::F32 | ScalarType::I32) => match to {
+                    DType::F32 => Type::Scalar(ScalarType::F32),
+                    DType::I32 => Type::Scalar(ScalarType::I32),
+                    other => return Err(CompileError::ty(loc, format!("scalars cast to `f32` or `i32`, found `{other}`"))),
+                },
+                other => return Err(CompileError::ty(loc, format!("cannot cast a `{other}`"))),
+            },
+            ExprKind::Reduce { op, axis, value } => {
+                let ty = self.expr(value)?;
+                let Type::Tile(t) = ty else {
+                    return Err(CompileError::ty(value.loc, format!("`{}` reduces a tile, found `{ty}`", op.name())));
+                };
+                if *axis > 1 {
+                    return Err(CompileError::ty(loc, format!(
+                        "`{t}` has 2 dimensions: expected axis 0 (down the rows) or 1 (along each row), found axis {axis}")));
+                }
+                if !t.dtype.is_float() {
+                    return Err(CompileError::ty(value.loc, format!("reductions take float tiles, found `{t}`")));
+                }
+                Type::Tile(if *axis == 1 { TileType { cols: 1, ..t } } else { TileType { rows: 1, ..t } })
+            }
+            ExprKind::Unary(op, a) => {
+                let op = *op;
+                let ty = self.expr(a)?;
+                match (op, ty) {
+                    (UnOp::Not, Type::Scalar(ScalarType::Bool)) => ty,
+                    (UnOp::Neg, Type::Scalar(ScalarType::I32 | ScalarType::F32)) => ty,
+                    (_, Type::Scalar(ScalarType::F32)) if op != UnOp::Not => ty,
+                    (_, Type::Tile(t)) if t.dtype.is_float() && op != UnOp::Not => ty,
+                    _ => return Err(CompileError::ty(a.loc, format!("`{}` does not apply to `{ty}`", op.name()))),
+                }
+            }
+            ExprKind::Binary(op, a, b) => {
+                let op = *op;
+                let ta = self.expr(a)?;
+                let tb = self.expr(b)?;
+                // An integer literal beside a float takes the float's type, as `2.0` would.
+                let (ta, tb) = (coerce_literal(a, tb, ta), coerce_literal(b, ta, tb));
+                binary(op, ta, tb, loc, b.loc)?
+            }
+        })
+    }
+
+    fn fill_value(&mut self, value: &mut Expr, dtype: DType) -> Result<(), CompileError> {
+        let ty = self.expr(value)?;
+        let ty = coerce_literal(value, Type::Scalar(ScalarType::F32), ty);
+        let want = if dtype.is_float() { ScalarType::F32 } else { ScalarType::I32 };
+        if ty != Type::Scalar(want) {
+            return Err(CompileError::ty(value.loc, format!("a `{dtype}` tile is filled with an `{want}` scalar, found `{ty}`")));
+        }
+        Ok(())
+    }
+}
+
+fn coerce_literal(e: &mut Expr, other: Type, ty: Type) -> Type {
+    let float_ctx = match other {
+        Type::Scalar(ScalarType::F32) => true,
+        Type::Tile(t) => t.dtype.is_float(),
+        _ => false,
+    };
+    if let (ExprKind::Int(v), true) = (&e.kind, float_ctx) {
+        e.kind = ExprKind::Float(*v as f64);
+        e.ty = Some(Type::Scalar(ScalarType::F32));
+        return Type::Scalar(ScalarType::F32);
+    }
+    ty
+}
+
+fn check_tile_size(t: TileType, loc: crate::tirh::SourceLoc) -> Result<(), CompileError> {
+    if t.rows * t.cols > MAX_TILE_ELEMENTS {
+        return Err(CompileError::ty(loc, format!(
+            "`{t}` holds {} elements, more than the {MAX_TILE_ELEMENTS} a warpgroup keeps in registers", t.rows * t.cols)));
+    }
+    Ok(())
+}
+
+/// The broadcast shape of two tiles, if they are compatible.
+pub fn broadcast(a: TileType, b: TileType) -> Option<TileType> {
+    let dim = |x: u32, y: u32| if x == y || y == 1 { Some(x) } else if x == 1 { Some(y) } else { None };
+    Some(TileType { dtype: a.dtype, rows: dim(a.rows, b.rows)?, cols: dim(a.cols, b.cols)? })
+}
+
+fn binary(op: BinOp, ta: Type, tb: Type, loc: crate::tirh::SourceLoc, rhs_loc: crate::tirh::SourceLoc) -> Result<Type, CompileError> {
+    use ScalarType as S;
+    let sym = op.symbol();
+    match (ta, tb) {
+        (Type::Scalar(a), Type::Scalar(b)) => {
+            if a != b {
+                return Err(CompileError::ty(rhs_loc, format!("`{sym}`: expected `{a}` to match the left side, found `{b}`")));
+            }
+            match op {
+                BinOp::And | BinOp::Or if a == S::Bool => Ok(Type::Scalar(S::Bool)),
+                _ if op.is_comparison() && a != S::Bool => Ok(Type::Scalar(S::Bool)),
+                BinOp::Rem if a == S::I32 => Ok(ta),
+                BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Max | BinOp::Min if a != S::Bool => Ok(ta),
+                _ => Err(CompileError::ty(loc, format!("`{sym}` does not apply to `{a}`"))),
+            }
+        }
+        (Type::Tile(a), Type::Tile(b)) => {
+            if a.dtype != b.dtype {
+                return Err(CompileError::ty(rhs_loc, format!(
+                    "`{sym}`: expected a `{}` tile to match `{a}`, found `{b}` (convert with `.cast::<{}>()`)", a.dtype, a.dtype)));
+            }
+            arith_only(op, loc)?;
+            broadcast(a, b).map(Type::Tile).ok_or_else(|| CompileError::ty(rhs_loc, format!(
+                "`{sym}`: shapes do not match: `{a}` and `{b}` (each dimension must be equal, or 1 to broadcast)")))
+        }
+        (Type::Tile(t), Type::Scalar(s)) | (Type::Scalar(s), Type::Tile(t)) => {
+            arith_only(op, loc)?;
+            if s != S::F32 || !t.dtype.is_float() {
+                return Err(CompileError::ty(rhs_loc, format!("`{sym}`: a `{t}` combines with an `f32` scalar, found `{s}`")));
+            }
+            Ok(Type::Tile(t))
+        }
+        (a, b) => Err(CompileError::ty(loc, format!("`{sym}` does not apply to `{a}` and `{b}`"))),
+    }
+}
+
+fn arith_only(op: BinOp, loc: crate::tirh::SourceLoc) -> Result<(), CompileError> {
+    match op {
+        BinOp::Add | BinOp::Sub | BinOp::Mul | BinOp::Div | BinOp::Max | BinOp::Min => Ok(()),
+        _ => Err(CompileError::ty(loc, format!("`{}` does not apply to tiles: expected `+ - * /`, `max` or `min`", op.symbol()))),
+    }
+}

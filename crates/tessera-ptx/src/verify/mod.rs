@@ -1,0 +1,164 @@
+//! The type checker of TIR-H: fills every [`Expr::ty`] and checks shapes, dtypes and ranks.
+//!
+//! Assumes: a kernel as the frontend builds it (names are plain strings, tile dimensions are
+//! constants). Guarantees: on success every expression has a type, every operation's operands
+//! agree in dtype and (broadcast) shape, every global access has one index per dimension,
+//! every store writes a tile of the tensor's dtype, and every mutable binding keeps its type.
+//! Lowering relies on all of this and does not check it again.
+
+mod expr;
+
+use crate::dtype::ScalarType;
+use crate::error::CompileError;
+use crate::tirh::{SourceLoc, Stmt, StmtKind, TileIr, TileType, Type};
+use std::collections::HashMap;
+
+/// The most elements a tile may hold: 128 registers per thread of a warpgroup.
+pub const MAX_TILE_ELEMENTS: u32 = 128 * 128;
+
+/// Type-checks a kernel. Returns the kernel with every expression typed, or every error found.
+pub fn typecheck(mut ir: TileIr) -> Result<TileIr, Vec<CompileError>> {
+    let mut cx = Checker { scopes: vec![HashMap::new()], errors: Vec::new() };
+    for p in &ir.params {
+        cx.bind(&p.name, p.ty, false);
+    }
+    let mut body = std::mem::take(&mut ir.body);
+    cx.block(&mut body);
+    ir.body = body;
+    if cx.errors.is_empty() {
+        Ok(ir)
+    } else {
+        Err(cx.errors)
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Binding {
+    ty: Type,
+    mutable: bool,
+}
+
+struct Checker {
+    scopes: Vec<HashMap<String, Binding>>,
+    errors: Vec<CompileError>,
+}
+
+impl Checker {
+    fn bind(&mut self, name: &str, ty: Type, mutable: bool) {
+        if let Some(scope) = self.scopes.last_mut() {
+            scope.insert(name.to_string(), Binding { ty, mutable });
+        }
+    }
+
+    fn lookup(&self, name: &str) -> Option<Binding> {
+        self.scopes.iter().rev().find_map(|s| s.get(name).copied())
+    }
+
+    fn global(&self, name: &str, loc: SourceLoc) -> Result<(crate::dtype::DType, u32), CompileError> {
+        match self.lookup(name).map(|b| b.ty) {
+            Some(Type::Global { dtype, rank }) => Ok((dtype, rank)),
+            Some(other) => Err(CompileError::ty(loc, format!("`{name}` is `{other}`, expected a `Global<T, R>` tensor parameter"))),
+            None => Err(CompileError::ty(loc, format!("unknown tensor `{name}`: expected a `Global<T, R>` parameter"))),
+        }
+    }
+
+    fn block(&mut self, body: &mut [Stmt]) {
+        self.scopes.push(HashMap::new());
+        for s in body.iter_mut() {
+            if let Err(e) = self.stmt(s) {
+                self.errors.push(e);
+            }
+        }
+        self.scopes.pop();
+    }
+
+    fn stmt(&mut self, s: &mut Stmt) -> Result<(), CompileError> {
+        let loc = s.loc;
+        match &mut s.kind {
+            StmtKind::Let { name, mutable, declared, value } => {
+                let declared = *declared;
+                let ty = self.expr_expecting(value, declared)?;
+                if let (Some(d), Type::Tile(t)) = (declared, ty) {
+                    if d != t {
+                        return Err(CompileError::ty(value.loc, format!("`{name}` is declared `{d}`, but its value is `{t}`")));
+                    }
+                }
+                if let Some(d) = declared {
+                    if !matches!(ty, Type::Tile(_)) {
+                        return Err(CompileError::ty(value.loc, format!("`{name}` is declared `{d}`, but its value is `{ty}`")));
+                    }
+                }
+                self.bind(name, ty, *mutable);
+            }
+            StmtKind::Assign { name, value } => {
+                let Some(b) = self.lookup(name) else {
+                    return Err(CompileError::ty(loc, format!("cannot assign to unknown name `{name}`")));
+                };
+                if !b.mutable {
+                    return Err(CompileError::ty(loc, format!("cannot assign twice to immutable binding `{name}`: declare it `let mut {name}`")));
+                }
+                let expect = if let Type::Tile(t) = b.ty { Some(t) } else { None };
+                let ty = self.expr_expecting(value, expect)?;
+                if ty != b.ty {
+                    return Err(CompileError::ty(value.loc, format!("`{name}` is `{}`, it cannot be assigned a `{ty}`", b.ty)));
+                }
+            }
+            StmtKind::Store { tensor, index, value } => {
+                let (dtype, rank) = self.global(tensor, loc)?;
+                self.indices(tensor, rank, index, loc)?;
+                let ty = self.expr(value)?;
+                let Type::Tile(t) = ty else {
+                    return Err(CompileError::ty(value.loc, format!("`{tensor}.store` takes a tile, found `{ty}`")));
+                };
+                if t.dtype != dtype {
+                    return Err(CompileError::ty(value.loc, format!(
+                        "`{tensor}` is `Global<{dtype}, {rank}>`: expected a `{dtype}` tile, found `{t}` (convert with `.cast::<{dtype}>()`)")));
+                }
+                check_rank1(rank, t, value.loc)?;
+            }
+            StmtKind::For { var, start, end, body, .. } => {
+                self.expect_scalar(start, ScalarType::I32, "a loop bound")?;
+                self.expect_scalar(end, ScalarType::I32, "a loop bound")?;
+                self.scopes.push(HashMap::new());
+                self.bind(var, Type::Scalar(ScalarType::I32), false);
+                self.block(body);
+                self.scopes.pop();
+            }
+            StmtKind::If { cond, then, otherwise } => {
+                self.expect_scalar(cond, ScalarType::Bool, "an `if` condition")?;
+                self.block(then);
+                self.block(otherwise);
+            }
+        }
+        Ok(())
+    }
+
+    fn indices(&mut self, tensor: &str, rank: u32, index: &mut [crate::tirh::Expr], loc: SourceLoc) -> Result<(), CompileError> {
+        if index.len() != rank as usize {
+            let at = index.first().map_or(loc, |e| e.loc);
+            return Err(CompileError::ty(at, format!(
+                "`{tensor}` has rank {rank}: expected {rank} indices, found {}", index.len())));
+        }
+        for e in index.iter_mut() {
+            self.expect_scalar(e, ScalarType::I32, "an index")?;
+        }
+        Ok(())
+    }
+
+    fn expect_scalar(&mut self, e: &mut crate::tirh::Expr, want: ScalarType, what: &str) -> Result<(), CompileError> {
+        let ty = self.expr(e)?;
+        if ty != Type::Scalar(want) {
+            return Err(CompileError::ty(e.loc, format!("{what} must be `{want}`, found `{ty}`")));
+        }
+        Ok(())
+    }
+}
+
+/// A tile stored to or loaded from a rank-1 tensor must be a row or a column.
+fn check_rank1(rank: u32, t: TileType, loc: SourceLoc) -> Result<(), CompileError> {
+    if rank == 1 && t.rows != 1 && t.cols != 1 {
+        return Err(CompileError::ty(loc, format!(
+            "a rank-1 tensor takes a `Tile<{}, M, 1>` or `Tile<{}, 1, N>`, found `{t}`", t.dtype, t.dtype)));
+    }
+    Ok(())
+}

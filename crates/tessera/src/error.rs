@@ -1,0 +1,70 @@
+//! The one error type of the runtime.
+
+use cudarc::driver::DriverError;
+
+/// Everything that can go wrong in `tessera`.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A kernel argument does not fit the kernel.
+    #[error("`{kernel}`: argument `{arg}` expects {expected}, got {found}")]
+    Argument {
+        /// The kernel (or host function) called.
+        kernel: &'static str,
+        /// The argument's name.
+        arg: String,
+        /// What the kernel needs.
+        expected: String,
+        /// What it was given.
+        found: String,
+    },
+    /// A tensor could not be made as asked.
+    #[error("{what}: expected {expected}, got {found}")]
+    Tensor {
+        /// What was being done.
+        what: &'static str,
+        /// What is needed.
+        expected: String,
+        /// What was given.
+        found: String,
+    },
+    /// No CUDA driver library could be loaded on this machine.
+    #[error("no CUDA driver: libcuda could not be loaded (is the NVIDIA driver installed?)")]
+    NoDriver,
+    /// The device ordinal does not exist.
+    #[error("CUDA device {ordinal} does not exist: {count} device(s) present")]
+    NoDevice {
+        /// The ordinal asked for.
+        ordinal: usize,
+        /// Devices present.
+        count: usize,
+    },
+    /// None of the kernel's PTX variants runs on this device.
+    #[error("`{kernel}` has no PTX variant for compute capability {major}.{minor}: it has {available} (sm_90a needs exactly 9.0, sm_80 needs 8.0 or later)")]
+    NoVariant {
+        /// The kernel.
+        kernel: &'static str,
+        /// Device compute capability.
+        major: i32,
+        /// Device compute capability.
+        minor: i32,
+        /// The targets it was compiled for.
+        available: String,
+    },
+    /// The driver rejected a kernel's PTX.
+    #[error("loading the {target} PTX of `{kernel}` failed")]
+    ModuleLoad {
+        /// The kernel.
+        kernel: &'static str,
+        /// The target.
+        target: &'static str,
+        /// The driver's error.
+        #[source]
+        source: DriverError,
+    },
+    /// A CUDA driver call failed.
+    #[error("CUDA driver call failed")]
+    Driver(#[from] DriverError),
+}
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,72 @@
+//! Tessera: GPU kernels written as annotated Rust functions.
+//!
+//! `#[tessera::kernel]` compiles a function written in a tile language to PTX while
+//! `cargo build` runs (no CUDA toolkit needed), and generates a module with a typed
+//! launcher. This crate is the runtime the launcher runs on: [`Device`], [`Tensor`],
+//! argument checks, a module cache, launch.
+//!
+//! ```ignore
+//! use tessera::{kernel, Device, Grid, Tensor};
+//!
+//! #[kernel]
+//! pub fn scale(a: f32, x: Global<f32, 2>, y: Global<f32, 2>) {
+//!     let (r, c) = (block::id_y() * 16, block::id_x() * 256);
+//!     let t: Tile<f32, 16, 256> = x.load([r, c]);
+//!     y.store([r, c], t * a);
+//! }
+//!
+//! let dev = Device::new(0)?;
+//! let x = Tensor::from_host(&dev, &vec![1.0f32; 100 * 300], &[100, 300])?;
+//! let mut y = Tensor::<f32>::zeros(&dev, &[100, 300])?;
+//! scale::launch(&dev, (Grid::tiles(300, 256), Grid::tiles(100, 16)), 2.0, &x, &mut y)?;
+//! ```
+//!
+//! # CUDA ↔ Tessera
+//!
+//! | CUDA | Tessera |
+//! |---|---|
+//! | `__global__ void k(float* x, int n)` | `#[kernel] fn k(x: Global<f32, 1>)` (dims travel with the tensor) |
+//! | `blockIdx.x` | `block::id_x()` |
+//! | `threadIdx.x` | none: a kernel speaks of tiles held by a warpgroup (128 threads) |
+//! | `warp specialization` | `warpgroup::id()` |
+//! | registers | `Tile<T, M, N>` |
+//! | bounds checks `if (i < n)` | implicit: `load` fills, `store` skips, out of bounds |
+//! | `expf` | `exp2` with the `log2(e)` scale folded in |
+//! | `__shfl_xor_sync` reductions | `row_sum`, `row_max`, `t.sum(axis)` |
+//! | `cudaLaunchKernel` | `kernel::launch(&device, grid, args…)` |
+//!
+//! # The language
+//!
+//! A kernel describes one thread block of `warpgroups × 128` threads (default one
+//! warpgroup; `#[kernel(warpgroups = 2)]` for more).
+//!
+//! - Parameters: `Global<T, R>` tensors (`T` = `f32`, `bf16`, `f16`; `R` = 1 to 4) and
+//!   scalars `f32`, `i32`.
+//! - Statements: `let`, `let mut`, assignment (`=`, `+=`, …), `for i in (a..b).step_by(k)`,
+//!   `if … else`, `tensor.store([i, j], tile)`.
+//! - Scalars: literals, `block::id_x()`/`_y`/`_z`, `grid::dim_x()`, `warpgroup::id()`,
+//!   `tensor.dim(axis)`, arithmetic, comparisons, `as f32`/`as i32`.
+//! - Tiles (`M`, `N` powers of two; `Tile` or `tile`): `Tile::<T, M, N>::zeros()`,
+//!   `::full(v)`, `let t: Tile<T, M, N> = x.load([i, j])`, `x.load_or([i, j], fill)`,
+//!   `+ - * /`, `max`, `min`, `exp2`, `abs`, `sqrt`, `rsqrt`, `.cast::<bf16>()`,
+//!   `row_sum`, `row_max`, `col_sum`, `t.sum(axis)`. `M×1` and `1×N` tiles broadcast.
+//!
+//! A misuse is a compile error at the offending token.
+#![warn(missing_docs)]
+
+mod device;
+mod error;
+mod launch;
+mod tensor;
+pub mod testing;
+
+pub use device::{driver_present, Device};
+pub use error::{Error, Result};
+pub use half::{bf16, f16};
+pub use launch::{Grid, Launch, ScalarArg};
+pub use tensor::{contiguous_strides, global, global_mut, CudaGlobal, Element, GlobalArg, GlobalArgMut, GlobalDesc, Tensor};
+pub use tessera_macros::kernel;
+pub use tessera_ptx::{DType, KernelSpec, ParamInfo, ParamKind, PtxVariant, Target};
+
+/// cudarc, as Tessera uses it, for sharing streams and buffers.
+pub use cudarc;

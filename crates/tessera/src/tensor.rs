@@ -1,0 +1,292 @@
+//! `Tensor<T>`: a device buffer with a shape and strides; and the traits through which a
+//! kernel takes tensors and raw cudarc buffers.
+
+use crate::{Device, Error, Result};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, SyncOnDrop, ValidAsZeroBits};
+use tessera_ptx::DType;
+
+/// An element type a kernel can read and write.
+pub trait Element: DeviceRepr + ValidAsZeroBits + Copy + Default + std::fmt::Debug + Send + Sync + 'static {
+    /// Its dtype in the DSL.
+    const DTYPE: DType;
+}
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+}
+impl Element for half::bf16 {
+    const DTYPE: DType = DType::BF16;
+}
+impl Element for half::f16 {
+    const DTYPE: DType = DType::F16;
+}
+impl Element for i32 {
+    const DTYPE: DType = DType::I32;
+}
+
+/// A tensor on a [`Device`]: a cudarc buffer, an element offset into it, a shape and strides
+/// (in elements, row-major by default).
+///
+/// ```no_run
+/// use tessera::{Device, Tensor};
+/// let dev = Device::new(0)?;
+/// let x = Tensor::from_host(&dev, &[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])?;
+/// assert_eq!(x.shape(), &[2, 3]);
+/// assert_eq!(x.to_host()?, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+/// # Ok::<(), tessera::Error>(())
+/// ```
+pub struct Tensor<T: Element> {
+    buf: CudaSlice<T>,
+    offset: usize,
+    shape: Vec<usize>,
+    strides: Vec<usize>,
+    device: Device,
+}
+
+impl<T: Element> std::fmt::Debug for Tensor<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor<{}>(shape {:?}, strides {:?}, offset {})", T::DTYPE, self.shape, self.strides, self.offset)
+    }
+}
+
+/// Row-major strides of `shape`.
+pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1];
+    }
+    strides
+}
+
+fn numel(shape: &[usize]) -> Result<usize> {
+    shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).ok_or_else(|| Error::Tensor {
+        what: "tensor shape",
+        expected: "a number of elements that fits in usize".into(),
+        found: format!("{shape:?}"),
+    })
+}
+
+impl<T: Element> Tensor<T> {
+    /// Uploads `data` as a row-major tensor of `shape`.
+    ///
+    /// # Errors
+    /// [`Error::Tensor`] if `data.len()` is not the product of `shape`.
+    pub fn from_host(device: &Device, data: &[T], shape: &[usize]) -> Result<Tensor<T>> {
+        let n = numel(shape)?;
+        if data.len() != n {
+            return Err(Error::Tensor { what: "Tensor::from_host", expected: format!("{n} elements for shape {shape:?}"), found: format!("{} elements", data.len()) });
+        }
+        let buf = device.stream().clone_htod(data)?;
+        Ok(Tensor { buf, offset: 0, shape: shape.to_vec(), strides: contiguous_strides(shape), device: device.clone() })
+    }
+
+    /// A row-major tensor of `shape` filled with zeros.
+    pub fn zeros(device: &Device, shape: &[usize]) -> Result<Tensor<T>> {
+        let n = numel(shape)?;
+        let buf = device.stream().alloc_zeros::<T>(n.max(1))?;
+        Ok(Tensor { buf, offset: 0, shape: shape.to_vec(), strides: contiguous_strides(shape), device: device.clone() })
+    }
+
+    /// A row-major tensor of `shape` with every element `value` (tests poison outputs so).
+    pub fn full(device: &Device, shape: &[usize], value: T) -> Result<Tensor<T>> {
+        Tensor::from_host(device, &vec![value; numel(shape)?], shape)
+    }
+
+    /// Wraps a cudarc buffer as a row-major tensor of `shape`.
+    ///
+    /// # Errors
+    /// [`Error::Tensor`] if the buffer holds fewer elements than `shape` needs.
+    pub fn from_cudarc(device: &Device, buf: CudaSlice<T>, shape: &[usize]) -> Result<Tensor<T>> {
+        Tensor { buf, offset: 0, shape: Vec::new(), strides: Vec::new(), device: device.clone() }.restride(0, shape, &contiguous_strides(shape))
+    }
+
+    /// The same buffer seen with another offset, shape and strides (elements).
+    ///
+    /// # Errors
+    /// [`Error::Tensor`] if the view reaches past the buffer or the ranks differ.
+    pub fn restride(mut self, offset: usize, shape: &[usize], strides: &[usize]) -> Result<Tensor<T>> {
+        if shape.len() != strides.len() {
+            return Err(Error::Tensor { what: "Tensor::restride", expected: format!("{} strides for shape {shape:?}", shape.len()), found: format!("{strides:?}") });
+        }
+        let last = shape.iter().zip(strides).try_fold(offset, |acc, (&d, &s)| {
+            if d == 0 { Some(acc) } else { acc.checked_add((d - 1).checked_mul(s)?) }
+        });
+        let empty = shape.contains(&0);
+        match last {
+            Some(last) if empty || last < self.buf.len() => {}
+            _ => {
+                return Err(Error::Tensor {
+                    what: "Tensor::restride",
+                    expected: format!("a view inside the buffer of {} elements", self.buf.len()),
+                    found: format!("offset {offset}, shape {shape:?}, strides {strides:?}"),
+                })
+            }
+        }
+        self.offset = offset;
+        self.shape = shape.to_vec();
+        self.strides = strides.to_vec();
+        Ok(self)
+    }
+
+    /// The underlying cudarc buffer (the view's offset, shape and strides are dropped).
+    pub fn into_cudarc(self) -> CudaSlice<T> {
+        self.buf
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The strides, in elements.
+    pub fn strides(&self) -> &[usize] {
+        &self.strides
+    }
+
+    /// The element offset into the buffer.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Elements in the view.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// The device holding it.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Whether the view is row-major and dense.
+    pub fn is_contiguous(&self) -> bool {
+        self.strides == contiguous_strides(&self.shape)
+    }
+
+    /// Downloads the view's elements in row-major order.
+    pub fn to_host(&self) -> Result<Vec<T>> {
+        let all: Vec<T> = self.device.stream().clone_dtoh(&self.buf)?;
+        if self.is_contiguous() {
+            return Ok(all[self.offset..self.offset + self.numel()].to_vec());
+        }
+        let mut out = Vec::with_capacity(self.numel());
+        let mut idx = vec![0usize; self.shape.len()];
+        for _ in 0..self.numel() {
+            let at = self.offset + idx.iter().zip(&self.strides).map(|(i, s)| i * s).sum::<usize>();
+            out.push(all[at]);
+            for d in (0..idx.len()).rev() {
+                idx[d] += 1;
+                if idx[d] < self.shape[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Overwrites a contiguous tensor with `data`.
+    pub fn copy_from_host(&mut self, data: &[T]) -> Result<()> {
+        if !self.is_contiguous() || self.offset != 0 || data.len() != self.numel() {
+            return Err(Error::Tensor { what: "Tensor::copy_from_host", expected: format!("{} elements into a contiguous tensor", self.numel()), found: format!("{} elements, strides {:?}", data.len(), self.strides) });
+        }
+        self.device.stream().clone().memcpy_htod(data, &mut self.buf)?;
+        Ok(())
+    }
+}
+
+/// What a kernel needs to know of a tensor argument.
+#[derive(Clone, Debug)]
+pub struct GlobalDesc {
+    /// Address of element `[0, …, 0]`.
+    pub ptr: u64,
+    /// Extent per dimension.
+    pub shape: Vec<usize>,
+    /// Stride per dimension, in elements.
+    pub strides: Vec<usize>,
+    /// The CUDA context that owns the memory.
+    pub context: usize,
+}
+
+/// A tensor a kernel reads: [`Tensor`], or a cudarc buffer through [`global`].
+pub trait GlobalArg<T: Element> {
+    /// The tensor's address, shape and strides, ordered after earlier writes on `stream`.
+    /// Keep the guard until the launch is queued.
+    fn global_desc<'a>(&'a self, stream: &'a CudaStream) -> (GlobalDesc, SyncOnDrop<'a>);
+}
+
+/// A tensor a kernel writes: [`Tensor`], or a cudarc buffer through [`global_mut`].
+pub trait GlobalArgMut<T: Element> {
+    /// As [`GlobalArg::global_desc`], ordered after earlier reads and writes.
+    fn global_desc_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (GlobalDesc, SyncOnDrop<'a>);
+}
+
+fn desc(ptr: u64, offset: usize, size: usize, shape: &[usize], strides: &[usize], ctx: usize) -> GlobalDesc {
+    GlobalDesc { ptr: ptr + (offset * size) as u64, shape: shape.to_vec(), strides: strides.to_vec(), context: ctx }
+}
+
+impl<T: Element> GlobalArg<T> for Tensor<T> {
+    fn global_desc<'a>(&'a self, stream: &'a CudaStream) -> (GlobalDesc, SyncOnDrop<'a>) {
+        let ctx = self.buf.context().cu_ctx() as usize;
+        let (ptr, guard) = self.buf.device_ptr(stream);
+        (desc(ptr, self.offset, std::mem::size_of::<T>(), &self.shape, &self.strides, ctx), guard)
+    }
+}
+
+impl<T: Element> GlobalArgMut<T> for Tensor<T> {
+    fn global_desc_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (GlobalDesc, SyncOnDrop<'a>) {
+        let ctx = self.buf.context().cu_ctx() as usize;
+        let (offset, shape, strides) = (self.offset, self.shape.clone(), self.strides.clone());
+        let (ptr, guard) = self.buf.device_ptr_mut(stream);
+        (desc(ptr, offset, std::mem::size_of::<T>(), &shape, &strides, ctx), guard)
+    }
+}
+
+/// A cudarc buffer seen as a row-major tensor of some shape: see [`global`] and
+/// [`global_mut`].
+pub struct CudaGlobal<S> {
+    buf: S,
+    shape: Vec<usize>,
+}
+
+/// Passes a cudarc buffer to a kernel as a row-major tensor of `shape`.
+///
+/// The launch checks that the buffer holds the shape's elements.
+pub fn global<'b, T: Element>(buf: &'b CudaSlice<T>, shape: &[usize]) -> CudaGlobal<&'b CudaSlice<T>> {
+    CudaGlobal { buf, shape: shape.to_vec() }
+}
+
+/// Passes a cudarc buffer to a kernel that writes it, as a row-major tensor of `shape`.
+pub fn global_mut<'b, T: Element>(buf: &'b mut CudaSlice<T>, shape: &[usize]) -> CudaGlobal<&'b mut CudaSlice<T>> {
+    CudaGlobal { buf, shape: shape.to_vec() }
+}
+
+/// A shape whose element count exceeds the buffer; the launch rejects it by its dims.
+fn clamp_shape(shape: &[usize], len: usize) -> Vec<usize> {
+    if shape.iter().product::<usize>() <= len {
+        shape.to_vec()
+    } else {
+        // Reported by the launch as a mismatch: the buffer is too small for the shape.
+        vec![usize::MAX; shape.len()]
+    }
+}
+
+impl<T: Element> GlobalArg<T> for CudaGlobal<&CudaSlice<T>> {
+    fn global_desc<'a>(&'a self, stream: &'a CudaStream) -> (GlobalDesc, SyncOnDrop<'a>) {
+        let ctx = self.buf.context().cu_ctx() as usize;
+        let shape = clamp_shape(&self.shape, self.buf.len());
+        let strides = contiguous_strides(&self.shape);
+        let (ptr, guard) = self.buf.device_ptr(stream);
+        (desc(ptr, 0, 0, &shape, &strides, ctx), guard)
+    }
+}
+
+impl<T: Element> GlobalArgMut<T> for CudaGlobal<&mut CudaSlice<T>> {
+    fn global_desc_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (GlobalDesc, SyncOnDrop<'a>) {
+        let ctx = self.buf.context().cu_ctx() as usize;
+        let shape = clamp_shape(&self.shape, self.buf.len());
+        let strides = contiguous_strides(&self.shape);
+        let (ptr, guard) = self.buf.device_ptr_mut(stream);
+        (desc(ptr, 0, 0, &shape, &strides, ctx), guard)
+    }
+}
