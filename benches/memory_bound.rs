@@ -1,1 +1,94 @@
-fn main() {}
+//! GB/s of the memory-bound library kernels beside a device-to-device copy of the same
+//! bytes, measured in the same run with CUDA events after warm-up.
+//!
+//! Bytes count each input read once and each output written once. The copy moves its buffer
+//! once: bytes read plus bytes written. Inputs are 16384×8192 f32 (512 MiB), far above L2.
+//!
+//! `cargo bench --bench memory_bound` (prints a skip where there is no GPU).
+
+use criterion::Criterion;
+use std::time::Duration;
+use tessera::cudarc::driver::sys::CUevent_flags;
+use tessera::{Device, Tensor};
+
+const M: usize = 16384;
+const N: usize = 8192;
+
+/// Milliseconds per call of `f`, by CUDA events around `iters` calls after `warm` calls.
+fn time_ms(dev: &Device, warm: usize, iters: usize, mut f: impl FnMut()) -> f64 {
+    for _ in 0..warm {
+        f();
+    }
+    let ctx = dev.context();
+    let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).expect("event");
+    let stop = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).expect("event");
+    start.record(dev.stream()).expect("record");
+    for _ in 0..iters {
+        f();
+    }
+    stop.record(dev.stream()).expect("record");
+    stop.synchronize().expect("sync");
+    f64::from(start.elapsed_ms(&stop).expect("elapsed")) / iters as f64
+}
+
+fn main() {
+    let Ok(dev) = Device::new(0) else {
+        println!("memory_bound: skipped, no GPU");
+        return;
+    };
+    let mut rng_state = 0x2545F4914F6CDD1Du64 ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1);
+    let mut random = |n: usize| -> Vec<f32> {
+        (0..n).map(|_| {
+            rng_state ^= rng_state << 13;
+            rng_state ^= rng_state >> 7;
+            rng_state ^= rng_state << 17;
+            (rng_state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        }).collect()
+    };
+    let x = Tensor::from_host(&dev, &random(M * N), &[M, N]).expect("x");
+    let mut y = Tensor::from_host(&dev, &random(M * N), &[M, N]).expect("y");
+    let mut out = Tensor::<f32>::zeros(&dev, &[M]).expect("out");
+    let src = dev.stream().clone_htod(&random(M * N)).expect("src");
+    let mut dst = dev.stream().alloc_zeros::<f32>(M * N).expect("dst");
+
+    let mut criterion = Criterion::default().configure_from_args().sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
+    let mut timed = |c: &mut Criterion, name: &str, f: &mut dyn FnMut()| {
+        c.bench_function(name, |b| {
+            b.iter_custom(|iters| Duration::from_secs_f64(time_ms(&dev, 0, iters as usize, &mut *f) * 1e-3 * iters as f64))
+        });
+    };
+    let mb = (M * N * 4) as f64;
+    let mut rows: Vec<(&str, f64, f64)> = Vec::new();
+    {
+        let mut f = || dev.stream().memcpy_dtod(&src, &mut dst).expect("copy");
+        timed(&mut criterion, "copy", &mut f);
+        rows.push(("copy (read+write)", 2.0 * mb, time_ms(&dev, 5, 20, f)));
+    }
+    {
+        let mut f = || tessera_kernels::axpy(&dev, 0.5, &x, &mut y).expect("axpy");
+        timed(&mut criterion, "axpy", &mut f);
+        rows.push(("axpy y=a*x+y", 3.0 * mb, time_ms(&dev, 5, 20, f)));
+    }
+    {
+        let mut f = || tessera_kernels::row_sum(&dev, &x, &mut out).expect("row_sum");
+        timed(&mut criterion, "row_sum", &mut f);
+        rows.push(("row_sum", mb + (M * 4) as f64, time_ms(&dev, 5, 20, f)));
+    }
+    {
+        let mut f = || tessera_kernels::row_max(&dev, &x, &mut out).expect("row_max");
+        timed(&mut criterion, "row_max", &mut f);
+        rows.push(("row_max", mb + (M * 4) as f64, time_ms(&dev, 5, 20, f)));
+    }
+    {
+        let mut f = || tessera_kernels::softmax(&dev, &x, &mut y).expect("softmax");
+        timed(&mut criterion, "softmax", &mut f);
+        rows.push(("softmax", 2.0 * mb, time_ms(&dev, 5, 20, f)));
+    }
+    let copy = rows[0].1 / rows[0].2 * 1e-6;
+    println!("\nmemory_bound on {} ({M}x{N} f32)", dev.name());
+    println!("{:<20} {:>10} {:>10} {:>10} {:>8}", "kernel", "MB", "ms", "GB/s", "x copy");
+    for (name, bytes, ms) in &rows {
+        let gbs = bytes / ms * 1e-6;
+        println!("{name:<20} {:>10.0} {ms:>10.3} {gbs:>10.0} {:>8.2}", bytes / 1e6, gbs / copy);
+    }
+}

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Builds the GPU test and bench executables here (release), gathers them in .gpu/ with the
+# runner. Carry `.gpu` to the GPU machine and run `bash .gpu/run.sh` there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rm -rf .gpu && mkdir -p .gpu/bin
+exes() { python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+        print(m["target"]["name"], m["executable"])'; }
+{
+  cargo test --release --workspace --no-run --message-format=json 2>/dev/null | exes
+  cargo bench --no-run --message-format=json 2>/dev/null | exes
+  cargo build --release --example quickstart --message-format=json 2>/dev/null | exes
+} | while read -r name path; do
+  case "$name" in
+    gpu_*|ptxas|memory_bound|quickstart) cp "$path" ".gpu/bin/$name"; strip ".gpu/bin/$name" ;;
+  esac
+done
+cp scripts/gpu-run.sh .gpu/run.sh
+du -sh .gpu
+ls .gpu/bin

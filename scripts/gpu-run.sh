@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine: every GPU test executable with TESSERA_REQUIRE_GPU=1, the ptxas
+# check with the machine's ptxas, the quickstart and the benches; prints a summary table last.
+# Logs go to $OUT (or .gpu/logs).
+set -uo pipefail
+cd "$(dirname "$0")"
+logs="${OUT:-logs}"; mkdir -p "$logs"
+export PATH="$PATH:/usr/local/cuda/bin" TESSERA_REQUIRE_GPU=1
+summary=()
+for t in bin/gpu_* bin/ptxas; do
+  [ -x "$t" ] || continue
+  name=$(basename "$t")
+  "$t" --test-threads=1 >"$logs/$name.log" 2>&1; rc=$?
+  line=$(grep -E '^test result:' "$logs/$name.log" | tail -1)
+  summary+=("$(printf '%-16s rc=%-3s %s' "$name" "$rc" "${line:-no result}")")
+  [ $rc -eq 0 ] || grep -E 'panicked|FAILED|failed' "$logs/$name.log" | head -20
+done
+if [ -x bin/quickstart ]; then bin/quickstart 2>&1 | tee "$logs/quickstart.log"; summary+=("$(printf '%-16s rc=%s' quickstart "${PIPESTATUS[0]}")"); fi
+if [ "${SKIP_BENCH:-0}" != 1 ] && [ -x bin/memory_bound ]; then
+  bin/memory_bound --bench >"$logs/memory_bound.log" 2>&1
+  sed -n '/^memory_bound on/,$p' "$logs/memory_bound.log"
+fi
+echo; echo "== summary"; printf '%s\n' "${summary[@]}"

@@ -1,0 +1,141 @@
+//! The library kernels on the GPU against float64 references: fresh random inputs, odd
+//! shapes, outputs poisoned with NaN before each launch. Skipped, with the reason printed,
+//! where no GPU is present; `TESSERA_REQUIRE_GPU=1` makes a skip a failure.
+
+mod common;
+
+use common::{random, wide, SHAPES};
+use tessera::testing::{gpu_or_skip, rel_error};
+use tessera::{Device, Tensor};
+
+fn poisoned(dev: &Device, shape: &[usize]) -> Tensor<f32> {
+    Tensor::full(dev, shape, f32::NAN).expect("allocate output")
+}
+
+#[test]
+fn gpu_axpy_matches_f64_reference() {
+    let Some(dev) = gpu_or_skip("gpu_axpy_matches_f64_reference") else { return };
+    for &(m, n) in SHAPES {
+        let (x, y0) = (random(m * n, -1.0, 1.0), random(m * n, -1.0, 1.0));
+        let a = random(1, -2.0, 2.0)[0];
+        let xt = Tensor::from_host(&dev, &x, &[m, n]).unwrap();
+        let mut yt = Tensor::from_host(&dev, &y0, &[m, n]).unwrap();
+        tessera_kernels::axpy(&dev, a, &xt, &mut yt).unwrap();
+        let got = wide(&yt.to_host().unwrap());
+        let want: Vec<f64> = x.iter().zip(&y0).map(|(&x, &y)| f64::from(a) * f64::from(x) + f64::from(y)).collect();
+        let err = rel_error(&got, &want);
+        assert!(err < 1e-6, "axpy {m}x{n}: relative error {err}");
+    }
+}
+
+fn check_rows(name: &str, f: fn(&Device, &Tensor<f32>, &mut Tensor<f32>) -> tessera::Result<()>, reference: fn(&[f64]) -> f64) {
+    let Some(dev) = gpu_or_skip(name) else { return };
+    for &(m, n) in SHAPES {
+        let x = random(m * n, -1.0, 1.0);
+        let xt = Tensor::from_host(&dev, &x, &[m, n]).unwrap();
+        let mut out = poisoned(&dev, &[m]);
+        f(&dev, &xt, &mut out).unwrap();
+        let got = wide(&out.to_host().unwrap());
+        let want: Vec<f64> = wide(&x).chunks(n).map(reference).collect();
+        let err = rel_error(&got, &want);
+        assert!(err < 1e-5, "{name} {m}x{n}: relative error {err}");
+    }
+}
+
+#[test]
+fn gpu_row_sum_matches_f64_reference() {
+    check_rows("gpu_row_sum", tessera_kernels::row_sum, |r| r.iter().sum());
+}
+
+#[test]
+fn gpu_row_max_matches_f64_reference() {
+    check_rows("gpu_row_max", tessera_kernels::row_max, |r| r.iter().cloned().fold(f64::NEG_INFINITY, f64::max));
+}
+
+fn softmax_ref(x: &[f64], n: usize) -> Vec<f64> {
+    x.chunks(n)
+        .flat_map(|r| {
+            let m = r.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let s: f64 = r.iter().map(|v| (v - m).exp()).sum();
+            r.iter().map(move |v| (v - m).exp() / s).collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn gpu_softmax_matches_f64_reference() {
+    let Some(dev) = gpu_or_skip("gpu_softmax_matches_f64_reference") else { return };
+    for &(m, n) in SHAPES {
+        let x = random(m * n, -8.0, 8.0);
+        let xt = Tensor::from_host(&dev, &x, &[m, n]).unwrap();
+        let mut y = poisoned(&dev, &[m, n]);
+        tessera_kernels::softmax(&dev, &xt, &mut y).unwrap();
+        let err = rel_error(&wide(&y.to_host().unwrap()), &softmax_ref(&wide(&x), n));
+        assert!(err < 1e-5, "softmax {m}x{n}: relative error {err}");
+    }
+}
+
+#[test]
+fn gpu_softmax_survives_huge_logits() {
+    let Some(dev) = gpu_or_skip("gpu_softmax_survives_huge_logits") else { return };
+    let (m, n) = (37, 700);
+    // Rows of ±1e4 plus noise: a naive exp overflows.
+    let mut x = random(m * n, -1.0, 1.0);
+    for (i, v) in x.iter_mut().enumerate() {
+        *v += if (i / n) % 2 == 0 { 1e4 } else { -1e4 };
+    }
+    let xt = Tensor::from_host(&dev, &x, &[m, n]).unwrap();
+    let mut y = poisoned(&dev, &[m, n]);
+    tessera_kernels::softmax(&dev, &xt, &mut y).unwrap();
+    let got = wide(&y.to_host().unwrap());
+    assert!(got.iter().all(|v| v.is_finite()), "softmax of ±1e4 rows produced a non-finite value");
+    let err = rel_error(&got, &softmax_ref(&wide(&x), n));
+    assert!(err < 1e-4, "softmax ±1e4: relative error {err}");
+}
+
+#[test]
+fn gpu_module_is_loaded_once_per_device() {
+    let Some(dev) = gpu_or_skip("gpu_module_is_loaded_once_per_device") else { return };
+    let x = Tensor::from_host(&dev, &random(64, -1.0, 1.0), &[8, 8]).unwrap();
+    let mut y = Tensor::<f32>::zeros(&dev, &[8, 8]).unwrap();
+    tessera_kernels::axpy(&dev, 1.0, &x, &mut y).unwrap();
+    let after_first = dev.loaded_modules();
+    assert!(after_first >= 1);
+    for _ in 0..3 {
+        tessera_kernels::axpy(&dev, 1.0, &x, &mut y).unwrap();
+    }
+    assert_eq!(dev.loaded_modules(), after_first, "a launch loaded the module again");
+    dev.synchronize().unwrap();
+}
+
+#[test]
+fn gpu_launch_rejects_mismatched_arguments() {
+    let Some(dev) = gpu_or_skip("gpu_launch_rejects_mismatched_arguments") else { return };
+    let x = Tensor::from_host(&dev, &random(12, -1.0, 1.0), &[3, 4]).unwrap();
+    let mut y = Tensor::<f32>::zeros(&dev, &[4, 3]).unwrap();
+    let e = tessera_kernels::axpy(&dev, 1.0, &x, &mut y).unwrap_err().to_string();
+    assert!(e.contains("`y`") && e.contains("[3, 4]") && e.contains("[4, 3]"), "{e}");
+    // Rank checked by the generated launcher itself.
+    let flat = Tensor::from_host(&dev, &random(12, -1.0, 1.0), &[12]).unwrap();
+    let e = tessera_kernels::axpy_f32::launch(&dev, 1, 1.0, &flat, &mut y).unwrap_err().to_string();
+    assert!(e.contains("`x`") && e.contains("rank-2"), "{e}");
+    // A view offset by one element is still aligned for f32 scalars; a zero grid is not launchable.
+    let e = tessera_kernels::axpy_f32::launch(&dev, (0, 1), 1.0, &x, &mut y).unwrap_err().to_string();
+    assert!(e.contains("grid"), "{e}");
+    // Nothing was written by the failed calls.
+    assert!(y.to_host().unwrap().iter().all(|&v| v == 0.0));
+}
+
+#[test]
+fn gpu_kernels_accept_cudarc_buffers() {
+    let Some(dev) = gpu_or_skip("gpu_kernels_accept_cudarc_buffers") else { return };
+    let (m, n) = (33, 65);
+    let x = random(m * n, -1.0, 1.0);
+    let xb = dev.stream().clone_htod(&x).unwrap();
+    let mut yb = dev.stream().clone_htod(&vec![1.0f32; m * n]).unwrap();
+    let grid = (tessera::Grid::tiles(n, 256), tessera::Grid::tiles(m, 16));
+    tessera_kernels::axpy_f32::launch(&dev, grid, 2.0, &tessera::global(&xb, &[m, n]), &mut tessera::global_mut(&mut yb, &[m, n])).unwrap();
+    let got: Vec<f32> = dev.stream().clone_dtoh(&yb).unwrap();
+    let want: Vec<f64> = x.iter().map(|&v| 2.0 * f64::from(v) + 1.0).collect();
+    assert!(rel_error(&wide(&got), &want) < 1e-6);
+}

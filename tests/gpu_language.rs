@@ -1,0 +1,159 @@
+//! Language features on the GPU, each through a small kernel: casts between f32, bf16 and
+//! f16; reductions down the columns; broadcasts; layout conversions; several warpgroups;
+//! uniform `if`; tiles smaller than a warpgroup's footprint.
+
+mod common;
+
+use common::{random, wide};
+use tessera::testing::{gpu_or_skip, rel_error};
+use tessera::{bf16, f16, kernel, Grid, Tensor};
+
+/// `y = 2·x` through bf16 → f32, and `z = bf16(x)·0.5` back to bf16.
+#[kernel]
+fn bf16_roundtrip(x: Global<bf16, 2>, y: Global<f32, 2>, z: Global<bf16, 2>) {
+    let r = block::id_y() * 32;
+    let c = block::id_x() * 64;
+    let t: Tile<bf16, 32, 64> = x.load([r, c]);
+    let w = t.cast::<f32>();
+    y.store([r, c], w * 2.0);
+    z.store([r, c], (w * 0.5).cast::<bf16>());
+}
+
+/// `y = f32(x) + 1` from f16.
+#[kernel]
+fn f16_to_f32(x: Global<f16, 2>, y: Global<f32, 2>) {
+    let r = block::id_y() * 16;
+    let c = block::id_x() * 128;
+    let t: tile<f16, 16, 128> = x.load([r, c]);
+    y.store([r, c], t.cast::<f32>() + 1);
+}
+
+/// Column sums of a 64×N slab per block, then `y = x − column mean` (a 1×N broadcast).
+#[kernel]
+fn col_center(x: Global<f32, 2>, sums: Global<f32, 1>, y: Global<f32, 2>) {
+    let c = block::id_x() * 32;
+    let t: Tile<f32, 64, 32> = x.load([0, c]);
+    let s = col_sum(t);
+    sums.store([c], s);
+    let mean = s * (1.0 / x.dim(0) as f32);
+    y.store([0, c], t - mean);
+}
+
+/// Adds a per-row bias loaded as its own `M×1` tile: its layout is not the row-slice of `t`'s,
+/// so the broadcast converts it through shared memory.
+#[kernel]
+fn add_row_bias(x: Global<f32, 2>, b: Global<f32, 1>, y: Global<f32, 2>) {
+    let r = block::id_x() * 16;
+    let bias: Tile<f32, 16, 1> = b.load([r]);
+    for c in (0..x.dim(1)).step_by(64) {
+        let t: Tile<f32, 16, 64> = x.load([r, c]);
+        y.store([r, c], t + bias);
+    }
+}
+
+/// Two warpgroups per block, each on its own 16 rows; negates odd blocks with a uniform `if`.
+#[kernel(warpgroups = 2)]
+fn two_warpgroups(x: Global<f32, 2>, y: Global<f32, 2>) {
+    let r = block::id_x() * 32 + warpgroup::id() * 16;
+    let t: Tile<f32, 16, 32> = x.load([r, 0]);
+    let m = row_max(t);
+    if block::id_x() % 2 == 1 {
+        y.store([r, 0], -(t - m));
+    } else {
+        y.store([r, 0], t - m);
+    }
+}
+
+/// Tiles smaller than the footprint (threads hold replicas): 4×4 sums both ways.
+#[kernel]
+fn tiny_tiles(x: Global<f32, 2>, rows: Global<f32, 1>, cols: Global<f32, 1>) {
+    let t: Tile<f32, 4, 4> = x.load([0, 0]);
+    rows.store([0], t.sum(1));
+    cols.store([0], t.sum(0));
+}
+
+#[test]
+fn gpu_bf16_and_f16_casts_round_to_nearest_even() {
+    let Some(dev) = gpu_or_skip("gpu_bf16_and_f16_casts") else { return };
+    let (m, n) = (70, 130);
+    let x: Vec<bf16> = random(m * n, -3.0, 3.0).into_iter().map(bf16::from_f32).collect();
+    let xt = Tensor::from_host(&dev, &x, &[m, n]).unwrap();
+    let mut y = Tensor::full(&dev, &[m, n], f32::NAN).unwrap();
+    let mut z = Tensor::full(&dev, &[m, n], bf16::NAN).unwrap();
+    bf16_roundtrip::launch(&dev, (Grid::tiles(n, 64), Grid::tiles(m, 32)), &xt, &mut y, &mut z).unwrap();
+    let y = y.to_host().unwrap();
+    let z = z.to_host().unwrap();
+    for i in 0..m * n {
+        assert_eq!(y[i], 2.0 * x[i].to_f32(), "bf16→f32 at {i}");
+        assert_eq!(z[i], bf16::from_f32(x[i].to_f32() * 0.5), "f32→bf16 at {i}");
+    }
+    let h: Vec<f16> = random(m * n, -3.0, 3.0).into_iter().map(f16::from_f32).collect();
+    let ht = Tensor::from_host(&dev, &h, &[m, n]).unwrap();
+    let mut y = Tensor::full(&dev, &[m, n], f32::NAN).unwrap();
+    f16_to_f32::launch(&dev, (Grid::tiles(n, 128), Grid::tiles(m, 16)), &ht, &mut y).unwrap();
+    let y = y.to_host().unwrap();
+    assert!(h.iter().zip(&y).all(|(a, b)| a.to_f32() + 1.0 == *b));
+}
+
+#[test]
+fn gpu_column_reduction_and_row_broadcast() {
+    let Some(dev) = gpu_or_skip("gpu_column_reduction_and_row_broadcast") else { return };
+    let (m, n) = (64, 100);
+    let x = random(m * n, -1.0, 1.0);
+    let xt = Tensor::from_host(&dev, &x, &[m, n]).unwrap();
+    let mut sums = Tensor::full(&dev, &[n], f32::NAN).unwrap();
+    let mut y = Tensor::full(&dev, &[m, n], f32::NAN).unwrap();
+    col_center::launch(&dev, Grid::tiles(n, 32), &xt, &mut sums, &mut y).unwrap();
+    let xs = wide(&x);
+    let want_sums: Vec<f64> = (0..n).map(|j| (0..m).map(|i| xs[i * n + j]).sum()).collect();
+    assert!(rel_error(&wide(&sums.to_host().unwrap()), &want_sums) < 1e-5);
+    let want_y: Vec<f64> = (0..m * n).map(|k| xs[k] - want_sums[k % n] / m as f64).collect();
+    assert!(rel_error(&wide(&y.to_host().unwrap()), &want_y) < 1e-5);
+}
+
+#[test]
+fn gpu_broadcast_converts_layouts() {
+    let Some(dev) = gpu_or_skip("gpu_broadcast_converts_layouts") else { return };
+    let (m, n) = (45, 150);
+    let (x, b) = (random(m * n, -1.0, 1.0), random(m, -1.0, 1.0));
+    let xt = Tensor::from_host(&dev, &x, &[m, n]).unwrap();
+    let bt = Tensor::from_host(&dev, &b, &[m]).unwrap();
+    let mut y = Tensor::full(&dev, &[m, n], f32::NAN).unwrap();
+    add_row_bias::launch(&dev, Grid::tiles(m, 16), &xt, &bt, &mut y).unwrap();
+    let want: Vec<f64> = (0..m * n).map(|k| f64::from(x[k]) + f64::from(b[k / n])).collect();
+    assert!(rel_error(&wide(&y.to_host().unwrap()), &want) < 1e-6);
+}
+
+#[test]
+fn gpu_two_warpgroups_and_uniform_if() {
+    let Some(dev) = gpu_or_skip("gpu_two_warpgroups_and_uniform_if") else { return };
+    let (m, n) = (100, 32);
+    let x = random(m * n, -1.0, 1.0);
+    let xt = Tensor::from_host(&dev, &x, &[m, n]).unwrap();
+    let mut y = Tensor::full(&dev, &[m, n], f32::NAN).unwrap();
+    two_warpgroups::launch(&dev, Grid::tiles(m, 32), &xt, &mut y).unwrap();
+    let want: Vec<f64> = (0..m * n)
+        .map(|k| {
+            let row = &x[(k / n) * n..(k / n + 1) * n];
+            let mx = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let v = f64::from(x[k]) - f64::from(mx);
+            if (k / n / 32) % 2 == 1 { -v } else { v }
+        })
+        .collect();
+    assert!(rel_error(&wide(&y.to_host().unwrap()), &want) < 1e-6);
+}
+
+#[test]
+fn gpu_tiles_smaller_than_the_footprint() {
+    let Some(dev) = gpu_or_skip("gpu_tiles_smaller_than_the_footprint") else { return };
+    let x = random(16, -1.0, 1.0);
+    let xt = Tensor::from_host(&dev, &x, &[4, 4]).unwrap();
+    let mut rows = Tensor::full(&dev, &[4], f32::NAN).unwrap();
+    let mut cols = Tensor::full(&dev, &[4], f32::NAN).unwrap();
+    tiny_tiles::launch(&dev, 1, &xt, &mut rows, &mut cols).unwrap();
+    let xs = wide(&x);
+    let want_rows: Vec<f64> = (0..4).map(|i| xs[i * 4..i * 4 + 4].iter().sum()).collect();
+    let want_cols: Vec<f64> = (0..4).map(|j| (0..4).map(|i| xs[i * 4 + j]).sum()).collect();
+    assert!(rel_error(&wide(&rows.to_host().unwrap()), &want_rows) < 1e-6, "rows");
+    assert!(rel_error(&wide(&cols.to_host().unwrap()), &want_cols) < 1e-6, "cols");
+}

@@ -1,0 +1,66 @@
+//! Assembles every PTX module the library emits, for each target, with ptxas: fails on an
+//! error, a warning (C7517/C7519 serialized MMAs, C7508 ignored setmaxnreg…) or a spill.
+//!
+//! ptxas comes from `TESSERA_PTXAS`, the `PATH`, or the pinned `nvidia-cuda-nvcc==13.0.88`
+//! wheel that `scripts/test.sh` unpacks under `.tools/`. Where none is found the test is
+//! skipped with a reason, except under CI (`CI=true`), where that is a failure.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn find_ptxas() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("TESSERA_PTXAS") {
+        return Some(PathBuf::from(p));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if let Some(p) = std::env::split_paths(&path).map(|d| d.join("ptxas")).find(|p| p.is_file()) {
+        return Some(p);
+    }
+    let tools = Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/nvidia/cu13/bin/ptxas");
+    tools.is_file().then_some(tools)
+}
+
+/// The `N bytes spill stores, M bytes spill loads` figures of a `-v` report.
+fn spills(report: &str) -> u64 {
+    report
+        .lines()
+        .filter(|l| l.contains("spill stores"))
+        .flat_map(|l| l.split(',').filter(|p| p.contains("spill")).filter_map(|p| p.split_whitespace().next()?.parse::<u64>().ok()))
+        .sum()
+}
+
+#[test]
+fn ptxas_assembles_every_kernel_without_spills() {
+    let Some(ptxas) = find_ptxas() else {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "CI: no ptxas found (set TESSERA_PTXAS or run scripts/test.sh)");
+        eprintln!("skipped ptxas check: no ptxas on PATH, in TESSERA_PTXAS or under .tools/ (scripts/test.sh installs it)");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("tessera-ptxas-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    for spec in tessera_kernels::all_kernels() {
+        for v in spec.variants {
+            let file = dir.join(format!("{}.{}.ptx", spec.name, v.target.name()));
+            std::fs::write(&file, v.ptx).expect("write ptx");
+            let out = Command::new(&ptxas)
+                .args(["-v", "--warning-as-error", &format!("-arch={}", v.target.name()), "-o"])
+                .arg(dir.join("out.cubin"))
+                .arg(&file)
+                .output()
+                .expect("run ptxas");
+            let report = String::from_utf8_lossy(&out.stderr).to_string();
+            let regs = report.lines().find(|l| l.contains("Used")).unwrap_or("").trim().to_string();
+            println!("{:<16} {:<7} {}", spec.name, v.target.name(), regs);
+            if !out.status.success() {
+                failures.push(format!("{} {}: ptxas failed (PTX kept at {}):\n{report}", spec.name, v.target.name(), file.display()));
+            } else if spills(&report) > 0 {
+                failures.push(format!("{} {}: spills\n{report}", spec.name, v.target.name()));
+            }
+            checked += 1;
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(checked >= 8, "expected every kernel for two targets, checked {checked}");
+}
