@@ -36,14 +36,17 @@ fn main() {
         println!("memory_bound: skipped, no GPU");
         return;
     };
-    let mut rng_state = 0x2545F4914F6CDD1Du64 ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1);
+    let mut rng_state = 0x2545F4914F6CDD1Du64
+        ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1);
     let mut random = |n: usize| -> Vec<f32> {
-        (0..n).map(|_| {
-            rng_state ^= rng_state << 13;
-            rng_state ^= rng_state >> 7;
-            rng_state ^= rng_state << 17;
-            (rng_state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        }).collect()
+        (0..n)
+            .map(|_| {
+                rng_state ^= rng_state << 13;
+                rng_state ^= rng_state >> 7;
+                rng_state ^= rng_state << 17;
+                (rng_state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+            })
+            .collect()
     };
     let x = Tensor::from_host(&dev, &random(M * N), &[M, N]).expect("x");
     let mut y = Tensor::from_host(&dev, &random(M * N), &[M, N]).expect("y");
@@ -51,8 +54,12 @@ fn main() {
     let src = dev.stream().clone_htod(&random(M * N)).expect("src");
     let mut dst = dev.stream().alloc_zeros::<f32>(M * N).expect("dst");
 
-    let mut criterion = Criterion::default().configure_from_args().sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
-    let mut timed = |c: &mut Criterion, name: &str, f: &mut dyn FnMut()| {
+    let mut criterion = Criterion::default()
+        .configure_from_args()
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    let timed = |c: &mut Criterion, name: &str, f: &mut dyn FnMut()| {
         c.bench_function(name, |b| {
             b.iter_custom(|iters| Duration::from_secs_f64(time_ms(&dev, 0, iters as usize, &mut *f) * 1e-3 * iters as f64))
         });

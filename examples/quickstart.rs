@@ -18,8 +18,14 @@ fn main() -> Result<(), tessera::Error> {
     let dev = match Device::new(0) {
         Ok(dev) => dev,
         Err(e) => {
-            println!("no GPU here ({e}); the kernel compiled to PTX for {:?}", axpy::SPEC.variants.iter().map(|v| v.target.name()).collect::<Vec<_>>());
-            println!("its sm_90a PTX has {} lines; run this example on a machine with an NVIDIA GPU to launch it", axpy::SPEC.variants[0].ptx.lines().count());
+            println!(
+                "no GPU here ({e}); the kernel compiled to PTX for {:?}",
+                axpy::SPEC.variants.iter().map(|v| v.target.name()).collect::<Vec<_>>()
+            );
+            println!(
+                "its sm_90a PTX has {} lines; run this example on a machine with an NVIDIA GPU to launch it",
+                axpy::SPEC.variants[0].ptx.lines().count()
+            );
             return Ok(());
         }
     };

@@ -137,7 +137,11 @@ fn gpu_two_warpgroups_and_uniform_if() {
             let row = &x[(k / n) * n..(k / n + 1) * n];
             let mx = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
             let v = f64::from(x[k]) - f64::from(mx);
-            if (k / n / 32) % 2 == 1 { -v } else { v }
+            if (k / n / 32) % 2 == 1 {
+                -v
+            } else {
+                v
+            }
         })
         .collect();
     assert!(rel_error(&wide(&y.to_host().unwrap()), &want) < 1e-6);

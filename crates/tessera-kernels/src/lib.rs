@@ -26,15 +26,30 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
 pub(crate) fn check_2d<T: tessera::Element>(kernel: &'static str, arg: &str, t: &tessera::Tensor<T>) -> tessera::Result<(usize, usize)> {
     match *t.shape() {
         [m, n] => Ok((m, n)),
-        _ => Err(tessera::Error::Argument { kernel, arg: arg.into(), expected: "a 2-D tensor".into(), found: format!("shape {:?}", t.shape()) }),
+        _ => Err(tessera::Error::Argument {
+            kernel,
+            arg: arg.into(),
+            expected: "a 2-D tensor".into(),
+            found: format!("shape {:?}", t.shape()),
+        }),
     }
 }
 
 /// Checks that `got` has the shape `want`, naming the argument otherwise.
-pub(crate) fn check_shape<T: tessera::Element>(kernel: &'static str, arg: &str, t: &tessera::Tensor<T>, want: &[usize]) -> tessera::Result<()> {
+pub(crate) fn check_shape<T: tessera::Element>(
+    kernel: &'static str,
+    arg: &str,
+    t: &tessera::Tensor<T>,
+    want: &[usize],
+) -> tessera::Result<()> {
     if t.shape() == want {
         Ok(())
     } else {
-        Err(tessera::Error::Argument { kernel, arg: arg.into(), expected: format!("shape {want:?}"), found: format!("shape {:?}", t.shape()) })
+        Err(tessera::Error::Argument {
+            kernel,
+            arg: arg.into(),
+            expected: format!("shape {want:?}"),
+            found: format!("shape {:?}", t.shape()),
+        })
     }
 }

@@ -29,7 +29,13 @@ pub fn row_max_f32(x: Global<f32, 2>, out: Global<f32, 1>) {
     out.store([r], row_max(acc));
 }
 
-fn launch_rows(name: &'static str, device: &Device, x: &Tensor<f32>, out: &mut Tensor<f32>, spec: fn(&Device, Grid, &Tensor<f32>, &mut Tensor<f32>) -> Result<()>) -> Result<()> {
+fn launch_rows(
+    name: &'static str,
+    device: &Device,
+    x: &Tensor<f32>,
+    out: &mut Tensor<f32>,
+    spec: fn(&Device, Grid, &Tensor<f32>, &mut Tensor<f32>) -> Result<()>,
+) -> Result<()> {
     let (m, _) = crate::check_2d(name, "x", x)?;
     crate::check_shape(name, "out", out, &[m])?;
     if m == 0 {
@@ -43,7 +49,7 @@ fn launch_rows(name: &'static str, device: &Device, x: &Tensor<f32>, out: &mut T
 /// # Errors
 /// [`tessera::Error::Argument`] if `x` is not 2-D or `out` is not `[rows]`.
 pub fn row_sum(device: &Device, x: &Tensor<f32>, out: &mut Tensor<f32>) -> Result<()> {
-    launch_rows("row_sum", device, x, out, |d, g, x, o| row_sum_f32::launch(d, g, x, o))
+    launch_rows("row_sum", device, x, out, row_sum_f32::launch)
 }
 
 /// `out[i] = max_j x[i, j]` (−∞ for an empty row).
@@ -51,5 +57,5 @@ pub fn row_sum(device: &Device, x: &Tensor<f32>, out: &mut Tensor<f32>) -> Resul
 /// # Errors
 /// As [`row_sum`].
 pub fn row_max(device: &Device, x: &Tensor<f32>, out: &mut Tensor<f32>) -> Result<()> {
-    launch_rows("row_max", device, x, out, |d, g, x, o| row_max_f32::launch(d, g, x, o))
+    launch_rows("row_max", device, x, out, row_max_f32::launch)
 }

@@ -36,7 +36,8 @@ impl Frontend {
     /// Builds TIR-H from the function; syntax errors are collected in `self.errors`.
     pub fn kernel(&mut self, f: &syn::ItemFn, warpgroups: u32) -> Option<TileIr> {
         if !f.sig.generics.params.is_empty() {
-            self.errors.push(syn::Error::new_spanned(&f.sig.generics, "kernels take no generic parameters (use `dtypes(...)` variants instead)"));
+            self.errors
+                .push(syn::Error::new_spanned(&f.sig.generics, "kernels take no generic parameters (use `dtypes(...)` variants instead)"));
         }
         if let syn::ReturnType::Type(_, ty) = &f.sig.output {
             self.errors.push(syn::Error::new_spanned(ty, "kernels return nothing: store results into a `Global` parameter"));
@@ -252,11 +253,26 @@ impl Frontend {
             }
             c.args.iter().map(|a| me.expr(a)).collect()
         };
-        let axis = |s: &str| -> u8 { match s { "id_x" | "dim_x" => 0, "id_y" | "dim_y" => 1, _ => 2 } };
+        let axis = |s: &str| -> u8 {
+            match s {
+                "id_x" | "dim_x" => 0,
+                "id_y" | "dim_y" => 1,
+                _ => 2,
+            }
+        };
         Ok(match names.as_slice() {
-            ["block", f @ ("id_x" | "id_y" | "id_z")] => { args(self, 0)?; ExprKind::Builtin(Builtin::BlockId(axis(f))) }
-            ["grid", f @ ("dim_x" | "dim_y" | "dim_z")] => { args(self, 0)?; ExprKind::Builtin(Builtin::GridDim(axis(f))) }
-            ["warpgroup", "id"] => { args(self, 0)?; ExprKind::Builtin(Builtin::WarpgroupId) }
+            ["block", f @ ("id_x" | "id_y" | "id_z")] => {
+                args(self, 0)?;
+                ExprKind::Builtin(Builtin::BlockId(axis(f)))
+            }
+            ["grid", f @ ("dim_x" | "dim_y" | "dim_z")] => {
+                args(self, 0)?;
+                ExprKind::Builtin(Builtin::GridDim(axis(f)))
+            }
+            ["warpgroup", "id"] => {
+                args(self, 0)?;
+                ExprKind::Builtin(Builtin::WarpgroupId)
+            }
             [f @ ("exp2" | "abs" | "sqrt" | "rsqrt")] => {
                 let mut a = args(self, 1)?;
                 ExprKind::Unary(unary_fn(f), Box::new(a.remove(0)))
@@ -284,7 +300,9 @@ impl Frontend {
                         let mut a = args(self, 1)?;
                         ExprKind::Full { tile, value: Box::new(a.remove(0)) }
                     }
-                    other => return err(&p.path.segments[1], format!("unknown tile constructor `{other}`: expected `zeros()` or `full(value)`")),
+                    other => {
+                        return err(&p.path.segments[1], format!("unknown tile constructor `{other}`: expected `zeros()` or `full(value)`"))
+                    }
                 }
             }
             _ => return err(&c.func, format!("unknown function `{}`: expected one of {FUNCTIONS}", segs.join("::"))),
@@ -327,7 +345,10 @@ impl Frontend {
                 let dtype = dtype_of(to)?;
                 ExprKind::Cast { value: recv(self)?, to: dtype }
             }
-            "exp2" | "abs" | "sqrt" | "rsqrt" => { want(0)?; ExprKind::Unary(unary_fn(&name), recv(self)?) }
+            "exp2" | "abs" | "sqrt" | "rsqrt" => {
+                want(0)?;
+                ExprKind::Unary(unary_fn(&name), recv(self)?)
+            }
             "max" | "min" => {
                 want(1)?;
                 let op = if name == "max" { BinOp::Max } else { BinOp::Min };
@@ -343,10 +364,18 @@ impl Frontend {
                     if axis > 1 { err(&m.args[0], format!("reduction over axis {axis}: a tile has 2 dimensions, expected axis 0 (down the rows) or 1 (along each row)")) } else { Ok(k) }
                 });
             }
-            "row_sum" | "row_max" => { want(0)?; ExprKind::Reduce { op: reduce_op(&name[4..]), axis: 1, value: recv(self)? } }
+            "row_sum" | "row_max" => {
+                want(0)?;
+                ExprKind::Reduce { op: reduce_op(&name[4..]), axis: 1, value: recv(self)? }
+            }
             _ => return err(&m.method, format!("unknown method `{name}`: expected one of {METHODS}")),
         })
     }
+}
+
+/// Tokens as a person writes them: `Vec<f32>`, not `Vec < f32 >`.
+fn compact(t: &impl ToTokens) -> String {
+    t.to_token_stream().to_string().replace(" < ", "<").replace("< ", "<").replace(" >", ">").replace(" ,", ",").replace(" :: ", "::")
 }
 
 fn unsupported(e: &SynExpr) -> syn::Error {
@@ -369,7 +398,15 @@ fn unsupported(e: &SynExpr) -> syn::Error {
         SynExpr::Macro(_) => "a macro call",
         _ => "this expression",
     };
-    syn::Error::new_spanned(e, format!("unsupported Rust construct in a kernel: {what}"))
+    let msg = format!("unsupported Rust construct in a kernel: {what}: expected `let`, an assignment, `store`, `for` or `if`");
+    // Point at the keyword, not the whole block.
+    match e {
+        SynExpr::Match(m) => syn::Error::new_spanned(m.match_token, msg),
+        SynExpr::While(w) => syn::Error::new_spanned(w.while_token, msg),
+        SynExpr::Loop(l) => syn::Error::new_spanned(l.loop_token, msg),
+        SynExpr::Unsafe(u) => syn::Error::new_spanned(u.unsafe_token, msg),
+        _ => syn::Error::new_spanned(e, msg),
+    }
 }
 
 fn strip_paren(e: &SynExpr) -> &SynExpr {
@@ -519,7 +556,7 @@ fn param_type(t: &syn::Type) -> R<Type> {
             _ => {}
         }
     }
-    err(t, format!("unsupported parameter type `{}`: {expected}", t.to_token_stream()))
+    err(t, format!("unsupported parameter type `{}`: {expected}", compact(t)))
 }
 
 /// `Tile<T, M, N>` or `tile<T, M, N>` as a type.
@@ -532,7 +569,7 @@ fn tile_type(t: &syn::Type) -> R<TileType> {
             }
         }
     }
-    err(t, format!("unsupported type `{}`: a `let` is annotated with `Tile<T, M, N>`", t.to_token_stream()))
+    err(t, format!("unsupported type `{}`: a `let` is annotated with `Tile<T, M, N>`", compact(t)))
 }
 
 fn turbofish_tile(tf: &syn::AngleBracketedGenericArguments) -> R<TileType> {

@@ -127,13 +127,7 @@ impl Layout {
     /// The layout that a `rows×cols` operand needs to broadcast against a tile of this layout
     /// for free.
     pub fn broadcast_operand(&self, rows: u32, cols: u32) -> Layout {
-        Layout {
-            rows,
-            cols,
-            keep_rows: self.keep_rows && rows != 1,
-            keep_cols: self.keep_cols && cols != 1,
-            ..*self
-        }
+        Layout { rows, cols, keep_rows: self.keep_rows && rows != 1, keep_cols: self.keep_cols && cols != 1, ..*self }
     }
 
     /// For register `slot` of this layout, the register of `operand` (a broadcast operand from

@@ -69,7 +69,14 @@ pub fn compile(ir: TileIr, opts: &CompileOptions) -> Result<CompiledKernel, Vec<
             (p.name.clone(), kind)
         })
         .collect();
-    Ok(CompiledKernel { name: ir.name.clone(), tirh: ir.to_string(), params, threads: tirt.threads, shared_bytes: tirt.shared_bytes, variants })
+    Ok(CompiledKernel {
+        name: ir.name.clone(),
+        tirh: ir.to_string(),
+        params,
+        threads: tirt.threads,
+        shared_bytes: tirt.shared_bytes,
+        variants,
+    })
 }
 
 fn writes_to(body: &[Stmt], name: &str) -> bool {

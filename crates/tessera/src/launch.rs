@@ -133,12 +133,16 @@ impl<'d> Launch<'d> {
             return Err(self.arg_err(index, format!("a tensor on {}", self.device.name()), "a tensor from another device or context"));
         }
         let size = dtype.size() as u64;
-        if d.ptr % size != 0 {
+        if !d.ptr.is_multiple_of(size) {
             return Err(self.arg_err(index, format!("an address aligned to {size} bytes"), format!("{:#x}", d.ptr)));
         }
         let limit = (i32::MAX as usize) / size as usize;
         if let Some(bad) = d.shape.iter().chain(&d.strides).find(|&&x| x > limit) {
-            return Err(self.arg_err(index, format!("dims and strides below {limit}"), format!("{bad} (shape {:?}, strides {:?})", d.shape, d.strides)));
+            return Err(self.arg_err(
+                index,
+                format!("dims and strides below {limit}"),
+                format!("{bad} (shape {:?}, strides {:?})", d.shape, d.strides),
+            ));
         }
         self.words.push(Word::U64(d.ptr));
         // `limit` above keeps every value in u32.
@@ -150,24 +154,48 @@ impl<'d> Launch<'d> {
     /// Queues the kernel on the device's stream.
     pub fn launch(mut self, grid: Grid) -> Result<()> {
         if grid.x == 0 || grid.y == 0 || grid.z == 0 {
-            return Err(Error::Argument { kernel: self.spec.name, arg: "grid".into(), expected: "at least one block along x, y and z".into(), found: format!("{grid:?}") });
+            return Err(Error::Argument {
+                kernel: self.spec.name,
+                arg: "grid".into(),
+                expected: "at least one block along x, y and z".into(),
+                found: format!("{grid:?}"),
+            });
         }
         if grid.y > 65535 || grid.z > 65535 {
-            return Err(Error::Argument { kernel: self.spec.name, arg: "grid".into(), expected: "y and z below 65536".into(), found: format!("{grid:?}") });
+            return Err(Error::Argument {
+                kernel: self.spec.name,
+                arg: "grid".into(),
+                expected: "y and z below 65536".into(),
+                found: format!("{grid:?}"),
+            });
         }
-        let expected_words: usize = self.spec.params.iter().map(|p| match p.kind {
-            ParamKind::Global { rank, .. } => 1 + 2 * rank as usize,
-            ParamKind::Scalar(_) => 1,
-        }).sum();
+        let expected_words: usize = self
+            .spec
+            .params
+            .iter()
+            .map(|p| match p.kind {
+                ParamKind::Global { rank, .. } => 1 + 2 * rank as usize,
+                ParamKind::Scalar(_) => 1,
+            })
+            .sum();
         if self.words.len() != expected_words {
-            return Err(Error::Argument { kernel: self.spec.name, arg: "arguments".into(), expected: format!("{} parameters", self.spec.params.len()), found: "fewer".into() });
+            return Err(Error::Argument {
+                kernel: self.spec.name,
+                arg: "arguments".into(),
+                expected: format!("{} parameters", self.spec.params.len()),
+                found: "fewer".into(),
+            });
         }
-        let mut ptrs: Vec<*mut c_void> = self.words.iter_mut().map(|w| match w {
-            Word::U64(x) => (x as *mut u64).cast(),
-            Word::U32(x) => (x as *mut u32).cast(),
-            Word::F32(x) => (x as *mut f32).cast(),
-            Word::I32(x) => (x as *mut i32).cast(),
-        }).collect();
+        let mut ptrs: Vec<*mut c_void> = self
+            .words
+            .iter_mut()
+            .map(|w| match w {
+                Word::U64(x) => (x as *mut u64).cast(),
+                Word::U32(x) => (x as *mut u32).cast(),
+                Word::F32(x) => (x as *mut f32).cast(),
+                Word::I32(x) => (x as *mut i32).cast(),
+            })
+            .collect();
         let stream = self.device.stream();
         stream.context().bind_to_thread()?;
         // SAFETY: the function was loaded into this context; `ptrs` point at one value per

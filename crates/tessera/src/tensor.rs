@@ -74,7 +74,11 @@ impl<T: Element> Tensor<T> {
     pub fn from_host(device: &Device, data: &[T], shape: &[usize]) -> Result<Tensor<T>> {
         let n = numel(shape)?;
         if data.len() != n {
-            return Err(Error::Tensor { what: "Tensor::from_host", expected: format!("{n} elements for shape {shape:?}"), found: format!("{} elements", data.len()) });
+            return Err(Error::Tensor {
+                what: "Tensor::from_host",
+                expected: format!("{n} elements for shape {shape:?}"),
+                found: format!("{} elements", data.len()),
+            });
         }
         let buf = device.stream().clone_htod(data)?;
         Ok(Tensor { buf, offset: 0, shape: shape.to_vec(), strides: contiguous_strides(shape), device: device.clone() })
@@ -97,7 +101,11 @@ impl<T: Element> Tensor<T> {
     /// # Errors
     /// [`Error::Tensor`] if the buffer holds fewer elements than `shape` needs.
     pub fn from_cudarc(device: &Device, buf: CudaSlice<T>, shape: &[usize]) -> Result<Tensor<T>> {
-        Tensor { buf, offset: 0, shape: Vec::new(), strides: Vec::new(), device: device.clone() }.restride(0, shape, &contiguous_strides(shape))
+        Tensor { buf, offset: 0, shape: Vec::new(), strides: Vec::new(), device: device.clone() }.restride(
+            0,
+            shape,
+            &contiguous_strides(shape),
+        )
     }
 
     /// The same buffer seen with another offset, shape and strides (elements).
@@ -106,11 +114,22 @@ impl<T: Element> Tensor<T> {
     /// [`Error::Tensor`] if the view reaches past the buffer or the ranks differ.
     pub fn restride(mut self, offset: usize, shape: &[usize], strides: &[usize]) -> Result<Tensor<T>> {
         if shape.len() != strides.len() {
-            return Err(Error::Tensor { what: "Tensor::restride", expected: format!("{} strides for shape {shape:?}", shape.len()), found: format!("{strides:?}") });
+            return Err(Error::Tensor {
+                what: "Tensor::restride",
+                expected: format!("{} strides for shape {shape:?}", shape.len()),
+                found: format!("{strides:?}"),
+            });
         }
-        let last = shape.iter().zip(strides).try_fold(offset, |acc, (&d, &s)| {
-            if d == 0 { Some(acc) } else { acc.checked_add((d - 1).checked_mul(s)?) }
-        });
+        let last = shape.iter().zip(strides).try_fold(
+            offset,
+            |acc, (&d, &s)| {
+                if d == 0 {
+                    Some(acc)
+                } else {
+                    acc.checked_add((d - 1).checked_mul(s)?)
+                }
+            },
+        );
         let empty = shape.contains(&0);
         match last {
             Some(last) if empty || last < self.buf.len() => {}
@@ -188,7 +207,11 @@ impl<T: Element> Tensor<T> {
     /// Overwrites a contiguous tensor with `data`.
     pub fn copy_from_host(&mut self, data: &[T]) -> Result<()> {
         if !self.is_contiguous() || self.offset != 0 || data.len() != self.numel() {
-            return Err(Error::Tensor { what: "Tensor::copy_from_host", expected: format!("{} elements into a contiguous tensor", self.numel()), found: format!("{} elements, strides {:?}", data.len(), self.strides) });
+            return Err(Error::Tensor {
+                what: "Tensor::copy_from_host",
+                expected: format!("{} elements into a contiguous tensor", self.numel()),
+                found: format!("{} elements, strides {:?}", data.len(), self.strides),
+            });
         }
         self.device.stream().clone().memcpy_htod(data, &mut self.buf)?;
         Ok(())

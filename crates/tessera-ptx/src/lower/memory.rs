@@ -22,12 +22,16 @@ impl Lowerer<'_> {
         let layout = Layout::blocked(ty.rows, ty.cols);
         let acc = self.access(g, idx, layout, ty, false);
         let es = ty.dtype.size() * 8;
-        let regs = acc.elems.iter().map(|&(addr, p)| {
-            let r = self.reg(elem_class(ty.dtype), &g.name);
-            self.op(super::mov_for(r.class), vec![Operand::Reg(r), fill.clone()]);
-            self.op_if(p, false, &format!("ld.global.b{es}"), vec![Operand::Reg(r), Operand::Addr(addr, 0)]);
-            r
-        }).collect();
+        let regs = acc
+            .elems
+            .iter()
+            .map(|&(addr, p)| {
+                let r = self.reg(elem_class(ty.dtype), &g.name);
+                self.op(super::mov_for(r.class), vec![Operand::Reg(r), fill.clone()]);
+                self.op_if(p, false, &format!("ld.global.b{es}"), vec![Operand::Reg(r), Operand::Addr(addr, 0)]);
+                r
+            })
+            .collect();
         TileVal { ty, layout, regs }
     }
 
@@ -62,11 +66,11 @@ impl Lowerer<'_> {
             Some(o) => self.op("mov.pred", vec![R(inb), R(o)]),
             None => self.op("setp.eq.u32", vec![R(inb), R(self.lane), R(self.lane)]),
         }
-        for k in 0..rank {
+        for (k, i) in idx.iter().enumerate() {
             if Some(k) == row_axis || Some(k) == col_axis {
                 continue;
             }
-            let i = idx[k].clone();
+            let i = i.clone();
             let ir = self.reg(RegClass::B32, "idx");
             self.op("mov.b32", vec![R(ir), i]);
             self.op("setp.lt.and.u32", vec![R(inb), R(ir), R(g.dims[k]), R(inb)]);
@@ -74,28 +78,31 @@ impl Lowerer<'_> {
         }
         // Per distinct row offset and column offset: the coordinate, its bound, its address term.
         let axis_terms = |lw: &mut Self, axis: Option<usize>, thread: Reg, offsets: Vec<u32>, hint: &str| -> Vec<(Reg, Reg)> {
-            offsets.iter().map(|&off| {
-                let off_reg = lw.reg(RegClass::B64, hint);
-                let p = lw.reg(RegClass::Pred, hint);
-                match axis {
-                    Some(a) => {
-                        let c = lw.reg(RegClass::B32, hint);
-                        lw.op("add.s32", vec![R(c), R(thread), idx[a].clone()]);
-                        if off > 0 {
-                            lw.op("add.s32", vec![R(c), R(c), Imm(i64::from(off))]);
+            offsets
+                .iter()
+                .map(|&off| {
+                    let off_reg = lw.reg(RegClass::B64, hint);
+                    let p = lw.reg(RegClass::Pred, hint);
+                    match axis {
+                        Some(a) => {
+                            let c = lw.reg(RegClass::B32, hint);
+                            lw.op("add.s32", vec![R(c), R(thread), idx[a].clone()]);
+                            if off > 0 {
+                                lw.op("add.s32", vec![R(c), R(c), Imm(i64::from(off))]);
+                            }
+                            lw.op("setp.lt.u32", vec![R(p), R(c), R(g.dims[a])]);
+                            lw.op("mov.b64", vec![R(off_reg), Imm(0)]);
+                            lw.term(off_reg, c, g.strides[a], es);
                         }
-                        lw.op("setp.lt.u32", vec![R(p), R(c), R(g.dims[a])]);
-                        lw.op("mov.b64", vec![R(off_reg), Imm(0)]);
-                        lw.term(off_reg, c, g.strides[a], es);
+                        None => {
+                            lw.op("mov.b64", vec![R(off_reg), Imm(0)]);
+                            let lane = lw.lane;
+                            lw.op("setp.eq.u32", vec![R(p), R(lane), R(lane)]);
+                        }
                     }
-                    None => {
-                        lw.op("mov.b64", vec![R(off_reg), Imm(0)]);
-                        let lane = lw.lane;
-                        lw.op("setp.eq.u32", vec![R(p), R(lane), R(lane)]);
-                    }
-                }
-                (off_reg, p)
-            }).collect()
+                    (off_reg, p)
+                })
+                .collect()
         };
         let rows = axis_terms(self, row_axis, lr.row, layout.row_offsets(), "r");
         let cols = axis_terms(self, col_axis, lr.col, layout.col_offsets(), "c");

@@ -224,11 +224,7 @@ impl<'a> Lowerer<'a> {
     }
 
     pub fn lookup(&self, name: &str) -> Value {
-        self.scopes
-            .iter()
-            .rev()
-            .find_map(|s| s.get(name).cloned())
-            .expect("verified TIR-H: every name is bound")
+        self.scopes.iter().rev().find_map(|s| s.get(name).cloned()).expect("verified TIR-H: every name is bound")
     }
 
     pub fn global(&self, name: &str) -> GlobalVal {
@@ -285,7 +281,14 @@ impl<'a> Lowerer<'a> {
         Ok(())
     }
 
-    fn for_loop(&mut self, var: &str, start: &crate::tirh::Expr, end: &crate::tirh::Expr, step: i64, body: &[Stmt]) -> Result<(), CompileError> {
+    fn for_loop(
+        &mut self,
+        var: &str,
+        start: &crate::tirh::Expr,
+        end: &crate::tirh::Expr,
+        step: i64,
+        body: &[Stmt],
+    ) -> Result<(), CompileError> {
         use Operand::{Imm, Reg as R, Sym};
         let i = self.reg(RegClass::B32, var);
         let s = self.scalar(start)?;
@@ -317,11 +320,15 @@ impl<'a> Lowerer<'a> {
                 Value::Scalar(Operand::Reg(r), *s)
             }
             Value::Tile(t) => {
-                let regs: Vec<Reg> = t.regs.iter().map(|&src| {
-                    let r = self.reg(src.class, name);
-                    self.op(mov_for(src.class), vec![Operand::Reg(r), Operand::Reg(src)]);
-                    r
-                }).collect();
+                let regs: Vec<Reg> = t
+                    .regs
+                    .iter()
+                    .map(|&src| {
+                        let r = self.reg(src.class, name);
+                        self.op(mov_for(src.class), vec![Operand::Reg(r), Operand::Reg(src)]);
+                        r
+                    })
+                    .collect();
                 Value::Tile(TileVal { regs, ..t.clone() })
             }
             Value::Global(_) => v.clone(),

@@ -20,7 +20,7 @@ impl Lowerer<'_> {
             ExprKind::Full { value, .. } => {
                 let v = self.scalar(value)?;
                 let layout = Layout::blocked(ty.rows, ty.cols);
-                let src = self.from_f32(v, ty.dtype);
+                let src = self.elem_from_f32(v, ty.dtype);
                 let regs = (0..layout.len())
                     .map(|_| {
                         let r = self.reg(elem_class(ty.dtype), "full");
@@ -37,7 +37,7 @@ impl Lowerer<'_> {
                     Some(f) => self.scalar(f)?,
                     None => Operand::F32(0.0),
                 };
-                let fill = self.from_f32(fill, ty.dtype);
+                let fill = self.elem_from_f32(fill, ty.dtype);
                 self.load(&g, &idx, ty, fill)
             }
             ExprKind::Cast { value, to } => {
@@ -64,7 +64,7 @@ impl Lowerer<'_> {
     }
 
     /// An f32 operand as an element of `dtype` (an immediate or a register).
-    fn from_f32(&mut self, v: Operand, dtype: DType) -> Operand {
+    fn elem_from_f32(&mut self, v: Operand, dtype: DType) -> Operand {
         match dtype {
             DType::F32 | DType::I32 => v,
             DType::BF16 | DType::F16 => {
@@ -94,7 +94,7 @@ impl Lowerer<'_> {
     }
 
     /// Widens an element of `dtype` to f32 (exact).
-    pub(crate) fn to_f32(&mut self, r: Reg, dtype: DType) -> Reg {
+    pub(crate) fn widen_f32(&mut self, r: Reg, dtype: DType) -> Reg {
         use Operand::{Imm, Reg as R};
         match dtype {
             DType::F32 | DType::I32 => r,
@@ -117,11 +117,15 @@ impl Lowerer<'_> {
 
     /// Applies `f` to each element, computing in f32 and rounding back to the tile's dtype.
     fn map_f32(&mut self, t: &TileVal, _hint: &str, mut f: impl FnMut(&mut Self, Reg) -> Reg) -> TileVal {
-        let regs = t.regs.iter().map(|&r| {
-            let x = self.to_f32(r, t.ty.dtype);
-            let y = f(self, x);
-            self.f32_to(y, t.ty.dtype)
-        }).collect();
+        let regs = t
+            .regs
+            .iter()
+            .map(|&r| {
+                let x = self.widen_f32(r, t.ty.dtype);
+                let y = f(self, x);
+                self.f32_to(y, t.ty.dtype)
+            })
+            .collect();
         TileVal { regs, ..t.clone() }
     }
 
@@ -129,10 +133,14 @@ impl Lowerer<'_> {
         if t.ty.dtype == to {
             return t;
         }
-        let regs = t.regs.iter().map(|&r| {
-            let f = self.to_f32(r, t.ty.dtype);
-            self.f32_to(f, to)
-        }).collect();
+        let regs = t
+            .regs
+            .iter()
+            .map(|&r| {
+                let f = self.widen_f32(r, t.ty.dtype);
+                self.f32_to(f, to)
+            })
+            .collect();
         TileVal { ty: TileType { dtype: to, ..t.ty }, layout: t.layout, regs }
     }
 
@@ -146,23 +154,30 @@ impl Lowerer<'_> {
                 let (big, small, big_left) = if ta.ty.rows == ty.rows && ta.ty.cols == ty.cols { (ta, tb, true) } else { (tb, ta, false) };
                 let want = big.layout.broadcast_operand(small.ty.rows, small.ty.cols);
                 let small = self.convert(small, want);
-                let regs = (0..big.regs.len()).map(|i| {
-                    let j = big.layout.broadcast_slot(i, &small.layout);
-                    let x = self.to_f32(big.regs[i], ty.dtype);
-                    let y = self.to_f32(small.regs[j], ty.dtype);
-                    let (l, r) = if big_left { (x, y) } else { (y, x) };
-                    let out = self.reg(RegClass::F32, "t");
-                    self.op(&inst, vec![Operand::Reg(out), Operand::Reg(l), Operand::Reg(r)]);
-                    self.f32_to(out, ty.dtype)
-                }).collect();
+                let regs = (0..big.regs.len())
+                    .map(|i| {
+                        let j = big.layout.broadcast_slot(i, &small.layout);
+                        let x = self.widen_f32(big.regs[i], ty.dtype);
+                        let y = self.widen_f32(small.regs[j], ty.dtype);
+                        let (l, r) = if big_left { (x, y) } else { (y, x) };
+                        let out = self.reg(RegClass::F32, "t");
+                        self.op(&inst, vec![Operand::Reg(out), Operand::Reg(l), Operand::Reg(r)]);
+                        self.f32_to(out, ty.dtype)
+                    })
+                    .collect();
                 Ok(TileVal { ty, layout: big.layout, regs })
             }
             (true, false) | (false, true) => {
-                let (t, s, tile_left) = if a_tile { (self.tile(a)?, self.scalar(b)?, true) } else { (self.tile(b)?, self.scalar(a)?, false) };
+                let (t, s, tile_left) =
+                    if a_tile { (self.tile(a)?, self.scalar(b)?, true) } else { (self.tile(b)?, self.scalar(a)?, false) };
                 let s = Operand::Reg(self.in_reg(s, crate::dtype::ScalarType::F32, "s"));
                 Ok(self.map_f32(&t, "t", |lw, x| {
                     let out = lw.reg(RegClass::F32, "t");
-                    let args = if tile_left { vec![Operand::Reg(out), Operand::Reg(x), s.clone()] } else { vec![Operand::Reg(out), s.clone(), Operand::Reg(x)] };
+                    let args = if tile_left {
+                        vec![Operand::Reg(out), Operand::Reg(x), s.clone()]
+                    } else {
+                        vec![Operand::Reg(out), s.clone(), Operand::Reg(x)]
+                    };
                     lw.op(&inst, args);
                     out
                 }))
@@ -193,12 +208,16 @@ impl Lowerer<'_> {
         self.warpgroup_barrier();
         let dst = self.layout_regs(to);
         let base = self.thread_offset(dst, cols, es);
-        let regs = to.slots().iter().map(|slot| {
-            let r = self.reg(elem_class(t.ty.dtype), "cvt");
-            let off = i64::from((slot.dr * cols + slot.dc) * es);
-            self.op(&ld, vec![R(r), Addr(base, off)]);
-            r
-        }).collect();
+        let regs = to
+            .slots()
+            .iter()
+            .map(|slot| {
+                let r = self.reg(elem_class(t.ty.dtype), "cvt");
+                let off = i64::from((slot.dr * cols + slot.dc) * es);
+                self.op(&ld, vec![R(r), Addr(base, off)]);
+                r
+            })
+            .collect();
         self.warpgroup_barrier();
         TileVal { ty: t.ty, layout: to, regs }
     }
@@ -233,16 +252,18 @@ impl Lowerer<'_> {
         let (outer, inner) = if axis == 1 { (nrows, ncols) } else { (ncols, nrows) };
         let slot = |o: usize, i: usize| if axis == 1 { o * ncols + i } else { i * ncols + o };
         // 1. Within the thread.
-        let mut acc: Vec<Reg> = (0..outer).map(|o| {
-            let mut a = self.to_f32(t.regs[slot(o, 0)], t.ty.dtype);
-            for i in 1..inner {
-                let x = self.to_f32(t.regs[slot(o, i)], t.ty.dtype);
-                let r = self.reg(RegClass::F32, "red");
-                self.op(inst, vec![R(r), R(a), R(x)]);
-                a = r;
-            }
-            a
-        }).collect();
+        let mut acc: Vec<Reg> = (0..outer)
+            .map(|o| {
+                let mut a = self.widen_f32(t.regs[slot(o, 0)], t.ty.dtype);
+                for i in 1..inner {
+                    let x = self.widen_f32(t.regs[slot(o, i)], t.ty.dtype);
+                    let r = self.reg(RegClass::F32, "red");
+                    self.op(inst, vec![R(r), R(a), R(x)]);
+                    a = r;
+                }
+                a
+            })
+            .collect();
         // Replicas must not count twice in a sum.
         let (replicated, valid) = if axis == 1 { (l.cols_replicated(), lr.col_owner) } else { (l.rows_replicated(), lr.row_owner) };
         if replicated && op == ReduceOp::Sum {
@@ -270,7 +291,8 @@ impl Lowerer<'_> {
         if nwarps > 1 {
             let extent = if axis == 1 { l.parent_rows } else { l.parent_cols };
             self.need_scratch(nwarps * extent * 4);
-            let (lane_idx, warp_idx, pos, owner) = if axis == 1 { (lr.lc, lr.wc, lr.row, lr.row_owner) } else { (lr.lr, lr.wr, lr.col, lr.col_owner) };
+            let (lane_idx, warp_idx, pos, owner) =
+                if axis == 1 { (lr.lc, lr.wc, lr.row, lr.row_owner) } else { (lr.lr, lr.wr, lr.col, lr.col_owner) };
             let offsets: Vec<u32> = if axis == 1 { l.row_offsets() } else { l.col_offsets() };
             let writer = self.reg(RegClass::Pred, "writer");
             self.op("setp.eq.and.u32", vec![R(writer), R(lane_idx), Imm(0), R(owner)]);

@@ -13,6 +13,12 @@ impl Checker {
     /// Types `e`; `expect` is the tile type the context wants (a `let` annotation), used to
     /// give a `load` its shape.
     pub(super) fn expr_expecting(&mut self, e: &mut Expr, expect: Option<TileType>) -> Result<Type, CompileError> {
+        if let ExprKind::Var(name) = &e.kind {
+            if self.poisoned.contains(name) {
+                // Already reported where it was bound.
+                return Err(CompileError::ty(e.loc, String::new()));
+            }
+        }
         let ty = self.infer(e, expect)?;
         e.ty = Some(ty);
         Ok(ty)
@@ -28,14 +34,11 @@ impl Checker {
             ExprKind::Int(_) => Type::Scalar(ScalarType::I32),
             ExprKind::Float(_) => Type::Scalar(ScalarType::F32),
             ExprKind::Bool(_) => Type::Scalar(ScalarType::Bool),
-            ExprKind::Builtin(Builtin::BlockId(_) | Builtin::GridDim(_) | Builtin::WarpgroupId) => {
-                Type::Scalar(ScalarType::I32)
-            }
+            ExprKind::Builtin(Builtin::BlockId(_) | Builtin::GridDim(_) | Builtin::WarpgroupId) => Type::Scalar(ScalarType::I32),
             ExprKind::Dim { tensor, axis } => {
                 let (_, rank) = self.global(tensor, loc)?;
                 if *axis >= rank {
-                    return Err(CompileError::ty(loc, format!(
-                        "`{tensor}` has rank {rank}: expected an axis below {rank}, found {axis}")));
+                    return Err(CompileError::ty(loc, format!("`{tensor}` has rank {rank}: expected an axis below {rank}, found {axis}")));
                 }
                 Type::Scalar(ScalarType::I32)
             }
@@ -58,7 +61,7 @@ impl Checker {
                 *tile = Some(t);
                 if t.dtype != dtype {
                     return Err(CompileError::ty(loc, format!(
-                        "`{tensor}` is `Global<{dtype}, {rank}>`: a load gives a `{dtype}` tile, found `{t}` expected (load, then `.cast::<{}>()`)", t.dtype)));
+                        "`{tensor}` is `Global<{dtype}, {rank}>`: expected a `{dtype}` tile, found `{t}` (load `{dtype}`, then `.cast::<{}>()`)", t.dtype)));
                 }
                 check_tile_size(t, loc)?;
                 check_rank1(rank, t, loc)?;
@@ -87,8 +90,10 @@ impl Checker {
                     return Err(CompileError::ty(value.loc, format!("`{}` reduces a tile, found `{ty}`", op.name())));
                 };
                 if *axis > 1 {
-                    return Err(CompileError::ty(loc, format!(
-                        "`{t}` has 2 dimensions: expected axis 0 (down the rows) or 1 (along each row), found axis {axis}")));
+                    return Err(CompileError::ty(
+                        loc,
+                        format!("`{t}` has 2 dimensions: expected axis 0 (down the rows) or 1 (along each row), found axis {axis}"),
+                    ));
                 }
                 if !t.dtype.is_float() {
                     return Err(CompileError::ty(value.loc, format!("reductions take float tiles, found `{t}`")));
@@ -144,15 +149,25 @@ fn coerce_literal(e: &mut Expr, other: Type, ty: Type) -> Type {
 
 fn check_tile_size(t: TileType, loc: crate::tirh::SourceLoc) -> Result<(), CompileError> {
     if t.rows * t.cols > MAX_TILE_ELEMENTS {
-        return Err(CompileError::ty(loc, format!(
-            "`{t}` holds {} elements, more than the {MAX_TILE_ELEMENTS} a warpgroup keeps in registers", t.rows * t.cols)));
+        return Err(CompileError::ty(
+            loc,
+            format!("`{t}` holds {} elements, more than the {MAX_TILE_ELEMENTS} a warpgroup keeps in registers", t.rows * t.cols),
+        ));
     }
     Ok(())
 }
 
 /// The broadcast shape of two tiles, if they are compatible.
 pub fn broadcast(a: TileType, b: TileType) -> Option<TileType> {
-    let dim = |x: u32, y: u32| if x == y || y == 1 { Some(x) } else if x == 1 { Some(y) } else { None };
+    let dim = |x: u32, y: u32| {
+        if x == y || y == 1 {
+            Some(x)
+        } else if x == 1 {
+            Some(y)
+        } else {
+            None
+        }
+    };
     Some(TileType { dtype: a.dtype, rows: dim(a.rows, b.rows)?, cols: dim(a.cols, b.cols)? })
 }
 
@@ -174,12 +189,18 @@ fn binary(op: BinOp, ta: Type, tb: Type, loc: crate::tirh::SourceLoc, rhs_loc: c
         }
         (Type::Tile(a), Type::Tile(b)) => {
             if a.dtype != b.dtype {
-                return Err(CompileError::ty(rhs_loc, format!(
-                    "`{sym}`: expected a `{}` tile to match `{a}`, found `{b}` (convert with `.cast::<{}>()`)", a.dtype, a.dtype)));
+                return Err(CompileError::ty(
+                    rhs_loc,
+                    format!("`{sym}`: expected a `{}` tile to match `{a}`, found `{b}` (convert with `.cast::<{}>()`)", a.dtype, a.dtype),
+                ));
             }
             arith_only(op, loc)?;
-            broadcast(a, b).map(Type::Tile).ok_or_else(|| CompileError::ty(rhs_loc, format!(
-                "`{sym}`: shapes do not match: `{a}` and `{b}` (each dimension must be equal, or 1 to broadcast)")))
+            broadcast(a, b).map(Type::Tile).ok_or_else(|| {
+                CompileError::ty(
+                    rhs_loc,
+                    format!("`{sym}`: shapes do not match: `{a}` and `{b}` (each dimension must be equal, or 1 to broadcast)"),
+                )
+            })
         }
         (Type::Tile(t), Type::Scalar(s)) | (Type::Scalar(s), Type::Tile(t)) => {
             arith_only(op, loc)?;

@@ -18,7 +18,7 @@ pub const MAX_TILE_ELEMENTS: u32 = 128 * 128;
 
 /// Type-checks a kernel. Returns the kernel with every expression typed, or every error found.
 pub fn typecheck(mut ir: TileIr) -> Result<TileIr, Vec<CompileError>> {
-    let mut cx = Checker { scopes: vec![HashMap::new()], errors: Vec::new() };
+    let mut cx = Checker { scopes: vec![HashMap::new()], errors: Vec::new(), poisoned: Vec::new() };
     for p in &ir.params {
         cx.bind(&p.name, p.ty, false);
     }
@@ -41,6 +41,8 @@ struct Binding {
 struct Checker {
     scopes: Vec<HashMap<String, Binding>>,
     errors: Vec<CompileError>,
+    /// Names whose `let` failed: uses of them report nothing more.
+    poisoned: Vec<String>,
 }
 
 impl Checker {
@@ -66,7 +68,14 @@ impl Checker {
         self.scopes.push(HashMap::new());
         for s in body.iter_mut() {
             if let Err(e) = self.stmt(s) {
-                self.errors.push(e);
+                // A `let` that failed binds its name as poisoned, so later uses stay quiet.
+                if let StmtKind::Let { name, .. } = &s.kind {
+                    self.bind(name, Type::Scalar(ScalarType::Bool), false);
+                    self.poisoned.push(name.clone());
+                }
+                if !e.to_string().is_empty() {
+                    self.errors.push(e);
+                }
             }
         }
         self.scopes.pop();
@@ -95,7 +104,10 @@ impl Checker {
                     return Err(CompileError::ty(loc, format!("cannot assign to unknown name `{name}`")));
                 };
                 if !b.mutable {
-                    return Err(CompileError::ty(loc, format!("cannot assign twice to immutable binding `{name}`: declare it `let mut {name}`")));
+                    return Err(CompileError::ty(
+                        loc,
+                        format!("cannot assign twice to immutable binding `{name}`: declare it `let mut {name}`"),
+                    ));
                 }
                 let expect = if let Type::Tile(t) = b.ty { Some(t) } else { None };
                 let ty = self.expr_expecting(value, expect)?;
@@ -136,8 +148,7 @@ impl Checker {
     fn indices(&mut self, tensor: &str, rank: u32, index: &mut [crate::tirh::Expr], loc: SourceLoc) -> Result<(), CompileError> {
         if index.len() != rank as usize {
             let at = index.first().map_or(loc, |e| e.loc);
-            return Err(CompileError::ty(at, format!(
-                "`{tensor}` has rank {rank}: expected {rank} indices, found {}", index.len())));
+            return Err(CompileError::ty(at, format!("`{tensor}` has rank {rank}: expected {rank} indices, found {}", index.len())));
         }
         for e in index.iter_mut() {
             self.expect_scalar(e, ScalarType::I32, "an index")?;
@@ -157,8 +168,10 @@ impl Checker {
 /// A tile stored to or loaded from a rank-1 tensor must be a row or a column.
 fn check_rank1(rank: u32, t: TileType, loc: SourceLoc) -> Result<(), CompileError> {
     if rank == 1 && t.rows != 1 && t.cols != 1 {
-        return Err(CompileError::ty(loc, format!(
-            "a rank-1 tensor takes a `Tile<{}, M, 1>` or `Tile<{}, 1, N>`, found `{t}`", t.dtype, t.dtype)));
+        return Err(CompileError::ty(
+            loc,
+            format!("a rank-1 tensor takes a `Tile<{}, M, 1>` or `Tile<{}, 1, N>`, found `{t}`", t.dtype, t.dtype),
+        ));
     }
     Ok(())
 }

@@ -1,0 +1,10 @@
+use tessera::kernel;
+
+#[kernel]
+fn k(x: Global<f32, 2>, y: Global<f32, 2>) {
+    let n = x.dim(2);
+    let a = Tile::<f32, 16, 16>::full(n as f32);
+    y.store([0, 0], a);
+}
+
+fn main() {}

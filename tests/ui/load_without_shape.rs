@@ -1,0 +1,9 @@
+use tessera::kernel;
+
+#[kernel]
+fn k(x: Global<f32, 2>, y: Global<f32, 2>) {
+    let a = x.load([0, 0]);
+    y.store([0, 0], a);
+}
+
+fn main() {}

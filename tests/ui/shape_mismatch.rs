@@ -1,0 +1,10 @@
+use tessera::kernel;
+
+#[kernel]
+fn k(x: Global<f32, 2>, y: Global<f32, 2>) {
+    let a: Tile<f32, 16, 32> = x.load([0, 0]);
+    let b: Tile<f32, 32, 16> = x.load([0, 0]);
+    y.store([0, 0], a + b);
+}
+
+fn main() {}
