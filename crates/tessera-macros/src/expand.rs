@@ -190,3 +190,82 @@ fn target_dir() -> PathBuf {
     let root = manifest.ancestors().find(|d| d.join("Cargo.lock").exists()).unwrap_or(&manifest).to_path_buf();
     root.join("target")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use syn::parse_quote;
+
+    fn compile(f: &syn::ItemFn) -> Result<CompiledKernel, Vec<String>> {
+        let mut fe = Frontend::new();
+        let ir = fe.kernel(f, 1).ok_or_else(|| fe.errors.iter().map(|e| e.to_string()).collect::<Vec<_>>())?;
+        tessera_ptx::compile(ir, &CompileOptions::default()).map_err(|es| es.iter().map(|e| e.to_string()).collect())
+    }
+
+    fn softmax_like() -> syn::ItemFn {
+        parse_quote! {
+            fn k(x: Global<f32, 2>, y: Global<bf16, 2>) {
+                let r = block::id_x() * 16;
+                let mut m = Tile::<f32, 16, 64>::full(f32::NEG_INFINITY);
+                for c in (0..x.dim(1)).step_by(64) {
+                    let t: Tile<f32, 16, 64> = x.load_or([r, c], f32::NEG_INFINITY);
+                    m = max(m, t);
+                }
+                let t: Tile<f32, 16, 64> = x.load([r, 0]);
+                y.store([r, 0], exp2(t - row_max(m)).cast::<bf16>());
+            }
+        }
+    }
+
+    #[test]
+    fn same_input_same_bytes() {
+        let (a, b) = (compile(&softmax_like()).expect("compiles"), compile(&softmax_like()).expect("compiles"));
+        assert_eq!(a.tirh, b.tirh);
+        for (x, y) in a.variants.iter().zip(&b.variants) {
+            assert_eq!(x.ptx, y.ptx);
+            assert_eq!(x.tirt, y.tirt);
+        }
+    }
+
+    #[test]
+    fn reflection_records_what_the_kernel_writes() {
+        let k = compile(&softmax_like()).expect("compiles");
+        assert_eq!(k.params.len(), 2);
+        assert!(matches!(k.params[0].1, ParamKind::Global { writes: false, rank: 2, dtype: DType::F32 }));
+        assert!(matches!(k.params[1].1, ParamKind::Global { writes: true, rank: 2, dtype: DType::BF16 }));
+        assert_eq!(k.threads, 128);
+        let ptx = &k.variants[0].ptx;
+        assert!(ptx.contains(".version 8.0") && ptx.contains(".target sm_90a") && ptx.contains(".reqntid 128, 1, 1"));
+        assert!(ptx.contains("cvt.rn.bf16.f32"), "the cast lowers to a round-to-nearest-even cvt");
+        assert!(ptx.contains("shfl.sync.bfly.b32"), "the row reduction crosses lanes");
+    }
+
+    #[test]
+    fn every_error_is_reported_together() {
+        let f: syn::ItemFn = parse_quote! {
+            fn k(x: Global<f32, 2>, y: Global<f32, 2>) {
+                let a: Tile<f32, 16, 32> = x.load([0]);
+                let b = Tile::<f32, 8, 8>::zeros();
+                y.store([0, 0], b.cast::<f16>());
+                y.store([0, 0], b + Tile::<f32, 4, 4>::zeros());
+            }
+        };
+        let errs = compile(&f).expect_err("three mistakes");
+        assert_eq!(errs.len(), 3, "{errs:?}");
+        assert!(errs[0].contains("expected 2 indices, found 1"));
+        assert!(errs[1].contains("expected a `f32` tile"), "{}", errs[1]);
+        assert!(errs[2].contains("shapes do not match"));
+    }
+
+    #[test]
+    fn syntax_errors_are_collected_before_checking() {
+        let f: syn::ItemFn = parse_quote! {
+            fn k(x: Vec<f32>, n: u64) {
+                let f = |v: f32| v;
+                while true {}
+            }
+        };
+        let errs = compile(&f).expect_err("four mistakes");
+        assert_eq!(errs.len(), 4, "{errs:?}");
+    }
+}
