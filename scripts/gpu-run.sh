@@ -15,6 +15,17 @@ for t in bin/gpu_* bin/ptxas; do
   summary+=("$(printf '%-16s rc=%-3s %s' "$name" "$rc" "${line:-no result}")")
   [ $rc -eq 0 ] || grep -E 'panicked|FAILED|failed' "$logs/$name.log" | head -20
 done
+if [ "${SANITIZE:-0}" = 1 ]; then
+  # compute-sanitizer over the GPU tests (racecheck covers the shared-memory scratch).
+  for tool in memcheck racecheck synccheck initcheck; do
+    for t in bin/gpu_*; do
+      out=$(compute-sanitizer --tool "$tool" --error-exitcode 9 "$t" --test-threads=1 2>&1); rc=$?
+      errs=$(printf '%s\n' "$out" | grep -Eo '(ERROR|RACECHECK) SUMMARY: [0-9]+ [a-z]+' | tail -1)
+      summary+=("$(printf 'sanitize %-10s %-14s rc=%-3s %s' "$tool" "$(basename "$t")" "$rc" "${errs:-no summary}")")
+      printf '%s\n' "$out" > "$logs/sanitize-$tool-$(basename "$t").log"
+    done
+  done
+fi
 if [ -x bin/quickstart ]; then bin/quickstart 2>&1 | tee "$logs/quickstart.log"; summary+=("$(printf '%-16s rc=%s' quickstart "${PIPESTATUS[0]}")"); fi
 if [ "${SKIP_BENCH:-0}" != 1 ] && [ -x bin/memory_bound ]; then
   bin/memory_bound --bench >"$logs/memory_bound.log" 2>&1

@@ -3,7 +3,7 @@
 use crate::emit::PtxEmitter;
 use crate::error::CompileError;
 use crate::reflect::{ParamKind, Target};
-use crate::tirh::{Stmt, StmtKind, TileIr, Type};
+use crate::tirh::{TileIr, Type};
 use crate::{lower, verify};
 
 /// Options for one compilation.
@@ -62,7 +62,7 @@ pub fn compile(ir: TileIr, opts: &CompileOptions) -> Result<CompiledKernel, Vec<
         .iter()
         .map(|p| {
             let kind = match p.ty {
-                Type::Global { dtype, rank } => ParamKind::Global { dtype, rank, writes: writes_to(&ir.body, &p.name) },
+                Type::Global { dtype, rank } => ParamKind::Global { dtype, rank, writes: ir.writes(&p.name) },
                 Type::Scalar(crate::dtype::ScalarType::F32) => ParamKind::Scalar(crate::dtype::DType::F32),
                 _ => ParamKind::Scalar(crate::dtype::DType::I32),
             };
@@ -76,14 +76,5 @@ pub fn compile(ir: TileIr, opts: &CompileOptions) -> Result<CompiledKernel, Vec<
         threads: tirt.threads,
         shared_bytes: tirt.shared_bytes,
         variants,
-    })
-}
-
-fn writes_to(body: &[Stmt], name: &str) -> bool {
-    body.iter().any(|s| match &s.kind {
-        StmtKind::Store { tensor, .. } => tensor == name,
-        StmtKind::For { body, .. } => writes_to(body, name),
-        StmtKind::If { then, otherwise, .. } => writes_to(then, name) || writes_to(otherwise, name),
-        _ => false,
     })
 }

@@ -14,6 +14,21 @@ use crate::tirt::{Operand, Reg, RegClass};
 struct Access {
     /// One per slot: the element's address and whether it is in bounds.
     elems: Vec<(Reg, Reg)>,
+    /// Runs of consecutive columns that may move as 16-byte (or 8-byte) vectors.
+    runs: Vec<Run>,
+    /// Bytes per vector access.
+    chunk_bytes: u32,
+}
+
+/// A thread's run of `layout.v` consecutive columns in one row.
+struct Run {
+    /// Its first slot.
+    first: usize,
+    /// True when the whole run is in bounds, the column stride is 1 and the address is
+    /// aligned: then it moves as vectors, otherwise element by element.
+    vector: Reg,
+    /// The negation of `vector`.
+    scalar: Reg,
 }
 
 impl Lowerer<'_> {
@@ -22,16 +37,23 @@ impl Lowerer<'_> {
         let layout = Layout::blocked(ty.rows, ty.cols);
         let acc = self.access(g, idx, layout, ty, false);
         let es = ty.dtype.size() * 8;
-        let regs = acc
+        let ld = if g.written { "ld.global" } else { "ld.global.nc" };
+        let regs: Vec<Reg> = acc
             .elems
             .iter()
-            .map(|&(addr, p)| {
+            .map(|_| {
                 let r = self.reg(elem_class(ty.dtype), &g.name);
                 self.op(super::mov_for(r.class), vec![Operand::Reg(r), fill.clone()]);
-                self.op_if(p, false, &format!("ld.global.b{es}"), vec![Operand::Reg(r), Operand::Addr(addr, 0)]);
                 r
             })
             .collect();
+        for run in &acc.runs {
+            self.vector_move(&acc, run, &regs[run.first..run.first + layout.v as usize], ty, ld, true);
+        }
+        for (i, &(addr, p)) in acc.elems.iter().enumerate() {
+            let p = self.scalar_pred(&acc, i, p, layout);
+            self.op_if(p, false, &format!("{ld}.b{es}"), vec![Operand::Reg(regs[i]), Operand::Addr(addr, 0)]);
+        }
         TileVal { ty, layout, regs }
     }
 
@@ -39,8 +61,54 @@ impl Lowerer<'_> {
     pub(crate) fn store(&mut self, g: &GlobalVal, idx: &[Operand], t: &TileVal) {
         let acc = self.access(g, idx, t.layout, t.ty, true);
         let es = t.ty.dtype.size() * 8;
-        for (&(addr, p), &r) in acc.elems.iter().zip(&t.regs) {
+        for run in &acc.runs {
+            self.vector_move(&acc, run, &t.regs[run.first..run.first + t.layout.v as usize], t.ty, "st.global", false);
+        }
+        for (i, (&(addr, p), &r)) in acc.elems.iter().zip(&t.regs).enumerate() {
+            let p = self.scalar_pred(&acc, i, p, t.layout);
             self.op_if(p, false, &format!("st.global.b{es}"), vec![Operand::Addr(addr, 0), Operand::Reg(r)]);
+        }
+    }
+
+    /// The predicate of element `i`'s scalar access: in bounds, and not moved by its run's
+    /// vector access.
+    fn scalar_pred(&mut self, acc: &Access, i: usize, inb: Reg, layout: Layout) -> Reg {
+        let Some(run) = acc.runs.get(i / layout.v as usize) else { return inb };
+        let p = self.reg(RegClass::Pred, "scalar");
+        self.op("and.pred", vec![Operand::Reg(p), Operand::Reg(inb), Operand::Reg(run.scalar)]);
+        p
+    }
+
+    /// Moves one run of registers with vector loads (`load`) or stores, guarded by the run's
+    /// vector predicate. 16-bit elements travel in pairs packed into b32 lanes.
+    fn vector_move(&mut self, acc: &Access, run: &Run, regs: &[Reg], ty: TileType, op: &str, load: bool) {
+        use Operand::{Reg as R, Vec as V};
+        let addr = acc.elems[run.first].0;
+        let per_chunk = (acc.chunk_bytes / ty.dtype.size()) as usize;
+        for (c, chunk) in regs.chunks(per_chunk).enumerate() {
+            let off = i64::from(acc.chunk_bytes) * c as i64;
+            let lanes = (acc.chunk_bytes / 4) as usize;
+            if ty.dtype.size() == 4 {
+                let args = if load {
+                    vec![V(chunk.to_vec()), Operand::Addr(addr, off)]
+                } else {
+                    vec![Operand::Addr(addr, off), V(chunk.to_vec())]
+                };
+                self.op_if(run.vector, false, &format!("{op}.v{lanes}.b32"), args);
+                continue;
+            }
+            let words: Vec<Reg> = (0..lanes).map(|_| self.reg(RegClass::B32, "pack")).collect();
+            if load {
+                self.op_if(run.vector, false, &format!("{op}.v{lanes}.b32"), vec![V(words.clone()), Operand::Addr(addr, off)]);
+                for (w, pair) in words.iter().zip(chunk.chunks(2)) {
+                    self.op_if(run.vector, false, "mov.b32", vec![V(pair.to_vec()), R(*w)]);
+                }
+            } else {
+                for (w, pair) in words.iter().zip(chunk.chunks(2)) {
+                    self.op("mov.b32", vec![R(*w), V(pair.to_vec())]);
+                }
+                self.op_if(run.vector, false, &format!("{op}.v{lanes}.b32"), vec![Operand::Addr(addr, off), V(words)]);
+            }
         }
     }
 
@@ -124,7 +192,29 @@ impl Lowerer<'_> {
                 elems.push((a, p));
             }
         }
-        Access { elems }
+        let run_bytes = layout.v * ty.dtype.size();
+        let chunk_bytes = run_bytes.min(16);
+        let mut runs = Vec::new();
+        if let (Some(ca), true) = (col_axis, layout.keep_cols && run_bytes >= 8) {
+            let unit = self.reg(RegClass::Pred, "unit_stride");
+            self.op("setp.eq.u32", vec![R(unit), R(g.strides[ca]), Imm(1)]);
+            let v = layout.v as usize;
+            for first in (0..elems.len()).step_by(v) {
+                let (addr, p_first) = elems[first];
+                let p_last = elems[first + v - 1].1;
+                let low = self.reg(RegClass::B32, "align");
+                self.op("cvt.u32.u64", vec![R(low), R(addr)]);
+                self.op("and.b32", vec![R(low), R(low), Imm(i64::from(chunk_bytes - 1))]);
+                let vector = self.reg(RegClass::Pred, "vec");
+                self.op("setp.eq.and.u32", vec![R(vector), R(low), Imm(0), R(unit)]);
+                self.op("and.pred", vec![R(vector), R(vector), R(p_first)]);
+                self.op("and.pred", vec![R(vector), R(vector), R(p_last)]);
+                let scalar = self.reg(RegClass::Pred, "novec");
+                self.op("not.pred", vec![R(scalar), R(vector)]);
+                runs.push(Run { first, vector, scalar });
+            }
+        }
+        Access { elems, runs, chunk_bytes }
     }
 
     /// `acc += (s64)index * stride * es`

@@ -52,6 +52,8 @@ pub(crate) struct TileVal {
 #[derive(Clone, Debug)]
 pub(crate) struct GlobalVal {
     pub name: String,
+    /// Whether the kernel stores into it (else loads may take the read-only path).
+    pub written: bool,
     pub ptr: Reg,
     pub dims: Vec<Reg>,
     pub strides: Vec<Reg>,
@@ -199,7 +201,7 @@ impl<'a> Lowerer<'a> {
                             out.push(r);
                         }
                     }
-                    let g = GlobalVal { name: p.name.clone(), ptr, dims, strides };
+                    let g = GlobalVal { name: p.name.clone(), written: self.ir.writes(&p.name), ptr, dims, strides };
                     self.bind(&p.name, Value::Global(g));
                 }
                 Type::Scalar(s) => {

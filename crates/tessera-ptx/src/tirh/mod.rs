@@ -97,6 +97,21 @@ pub struct TileIr {
     pub body: Vec<Stmt>,
 }
 
+impl TileIr {
+    /// Whether the kernel stores into the global `name` anywhere.
+    pub fn writes(&self, name: &str) -> bool {
+        fn any(body: &[Stmt], name: &str) -> bool {
+            body.iter().any(|s| match &s.kind {
+                StmtKind::Store { tensor, .. } => tensor == name,
+                StmtKind::For { body, .. } => any(body, name),
+                StmtKind::If { then, otherwise, .. } => any(then, name) || any(otherwise, name),
+                _ => false,
+            })
+        }
+        any(&self.body, name)
+    }
+}
+
 /// A statement.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Stmt {
