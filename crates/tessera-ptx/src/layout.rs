@@ -1,38 +1,59 @@
 //! Register layouts of tiles: which thread of a warpgroup holds which element.
 //!
-//! A tile `M×N` is spread over the 4 warps (128 threads) of a warpgroup in a *blocked*
-//! layout: each thread holds runs of `v` consecutive columns; `tc` lanes of a warp cover
-//! columns and `tr = 32 / tc` cover rows; `wc`×`wr` warps do the same one level up. The
-//! footprint `fr×fc` repeats to cover the tile; where the tile is smaller than the footprint,
-//! threads hold replicas, and only the *owner* of an element stores it or counts it in a sum.
+//! Every layout maps a thread to a *base* row and column and lists the thread's registers as
+//! *slots*, offsets from that base. Two kinds exist:
 //!
-//! A reduction keeps the parent's layout and collapses an axis (`keep_rows`/`keep_cols`), so
-//! that broadcasting the result back over its parent costs nothing: every thread already
-//! holds the reduced value of each row (or column) it owns.
+//! - [`LayoutKind::Blocked`], for tiles that come from global memory: each thread holds runs of
+//!   `v` consecutive columns; `tc` lanes of a warp cover columns and `tr = 32 / tc` cover rows;
+//!   `wc`×`wr` warps do the same one level up. The footprint repeats to cover the tile; where the
+//!   tile is smaller than the footprint, threads hold replicas, and only the *owner* of an
+//!   element stores it or counts it in a sum.
+//! - [`LayoutKind::Wgmma`], the f32 accumulator fragment of `wgmma.mma_async` m64nN: thread
+//!   `(w, g = lane/4, t = lane%4)` holds rows `16w + g` and `+8` and columns `2t, 2t+1` of every
+//!   8-column group, in the instruction's register order; `m_blocks` 64-row blocks stack.
+//!
+//! A reduction keeps the parent's layout and collapses an axis (`keep_rows`/`keep_cols`): the
+//! slots are the parent's projected onto the kept axes, so broadcasting the result back over its
+//! parent costs nothing.
 //!
 //! Tile dimensions are powers of two, so every split below is exact.
 
-/// A register layout: the blocked parameters of the parent tile and which axes are kept.
+/// How a layout spreads a tile over a warpgroup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LayoutKind {
+    /// Runs of `v` columns per thread; lanes and warps tile the rest.
+    Blocked {
+        /// Consecutive columns per thread.
+        v: u32,
+        /// Lanes along columns.
+        tc: u32,
+        /// Lanes along rows.
+        tr: u32,
+        /// Warps along columns.
+        wc: u32,
+        /// Warps along rows.
+        wr: u32,
+    },
+    /// The wgmma m64nN f32 accumulator, `m_blocks` blocks of 64 rows.
+    Wgmma {
+        /// 64-row blocks.
+        m_blocks: u32,
+    },
+}
+
+/// A register layout: the parent tile's layout and which axes are kept.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Layout {
     /// Rows of the tile with this layout (1 if the rows were reduced).
     pub rows: u32,
     /// Columns of the tile with this layout (1 if the columns were reduced).
     pub cols: u32,
-    /// Rows of the parent (blocked) tile.
+    /// Rows of the parent tile.
     pub parent_rows: u32,
-    /// Columns of the parent (blocked) tile.
+    /// Columns of the parent tile.
     pub parent_cols: u32,
-    /// Consecutive columns per thread.
-    pub v: u32,
-    /// Lanes along columns.
-    pub tc: u32,
-    /// Lanes along rows.
-    pub tr: u32,
-    /// Warps along columns.
-    pub wc: u32,
-    /// Warps along rows.
-    pub wr: u32,
+    /// How the parent is spread.
+    pub kind: LayoutKind,
     /// Whether the row axis is kept (false after a reduction down the rows).
     pub keep_rows: bool,
     /// Whether the column axis is kept (false after a reduction along each row).
@@ -56,58 +77,90 @@ impl Layout {
         let tr = 32 / tc;
         let wr = (rows / tr).clamp(1, 4);
         let wc = 4 / wr;
-        Layout { rows, cols, parent_rows: rows, parent_cols: cols, v, tc, tr, wc, wr, keep_rows: true, keep_cols: true }
+        Layout::full(rows, cols, LayoutKind::Blocked { v, tc, tr, wc, wr })
+    }
+
+    /// The wgmma accumulator layout of a `rows×cols` tile (`rows` a multiple of 64, `cols` of 8).
+    pub fn wgmma(rows: u32, cols: u32) -> Layout {
+        Layout::full(rows, cols, LayoutKind::Wgmma { m_blocks: rows / 64 })
+    }
+
+    fn full(rows: u32, cols: u32, kind: LayoutKind) -> Layout {
+        Layout { rows, cols, parent_rows: rows, parent_cols: cols, kind, keep_rows: true, keep_cols: true }
     }
 
     /// Rows covered by one pass of the warpgroup.
     pub fn footprint_rows(&self) -> u32 {
-        self.tr * self.wr
+        match self.kind {
+            LayoutKind::Blocked { tr, wr, .. } => tr * wr,
+            LayoutKind::Wgmma { .. } => 64,
+        }
     }
 
     /// Columns covered by one pass of the warpgroup.
     pub fn footprint_cols(&self) -> u32 {
-        self.v * self.tc * self.wc
-    }
-
-    /// Row offsets of a thread's registers.
-    pub fn row_offsets(&self) -> Vec<u32> {
-        if !self.keep_rows {
-            return vec![0];
+        match self.kind {
+            LayoutKind::Blocked { v, tc, wc, .. } => v * tc * wc,
+            LayoutKind::Wgmma { .. } => 8,
         }
-        let fr = self.footprint_rows();
-        (0..(self.parent_rows / fr).max(1)).map(|i| i * fr).collect()
     }
 
-    /// Column offsets of a thread's registers.
-    pub fn col_offsets(&self) -> Vec<u32> {
+    /// Consecutive columns a thread holds in consecutive slots (a vector access's run).
+    pub fn run_len(&self) -> u32 {
         if !self.keep_cols {
-            return vec![0];
+            return 1;
         }
-        let fc = self.footprint_cols();
+        match self.kind {
+            LayoutKind::Blocked { v, .. } => v,
+            LayoutKind::Wgmma { .. } => 2,
+        }
+    }
+
+    /// The parent's registers, in register order.
+    fn parent_slots(&self) -> Vec<Slot> {
         let mut out = Vec::new();
-        for j in 0..(self.parent_cols / fc).max(1) {
-            for v in 0..self.v {
-                out.push(j * fc + v);
+        match self.kind {
+            LayoutKind::Blocked { v, .. } => {
+                let (fr, fc) = (self.footprint_rows(), self.footprint_cols());
+                for i in 0..(self.parent_rows / fr).max(1) {
+                    for j in 0..(self.parent_cols / fc).max(1) {
+                        for k in 0..v {
+                            out.push(Slot { dr: i * fr, dc: j * fc + k });
+                        }
+                    }
+                }
+            }
+            LayoutKind::Wgmma { m_blocks } => {
+                for b in 0..m_blocks {
+                    for i in 0..self.parent_cols / 2 {
+                        out.push(Slot { dr: 64 * b + 8 * ((i >> 1) & 1), dc: 8 * (i >> 2) + (i & 1) });
+                    }
+                }
             }
         }
         out
     }
 
-    /// Every register of a thread, rows outer, columns inner.
+    /// Every register of a thread: the parent's, projected onto the kept axes, first
+    /// occurrences in register order.
     pub fn slots(&self) -> Vec<Slot> {
-        let cols = self.col_offsets();
-        let mut out = Vec::with_capacity(self.row_offsets().len() * cols.len());
-        for dr in self.row_offsets() {
-            for &dc in &cols {
-                out.push(Slot { dr, dc });
+        let mut out: Vec<Slot> = Vec::new();
+        for s in self.parent_slots() {
+            let p = self.project(s);
+            if !out.contains(&p) {
+                out.push(p);
             }
         }
         out
+    }
+
+    fn project(&self, s: Slot) -> Slot {
+        Slot { dr: if self.keep_rows { s.dr } else { 0 }, dc: if self.keep_cols { s.dc } else { 0 } }
     }
 
     /// Registers per thread.
     pub fn len(&self) -> usize {
-        self.row_offsets().len() * self.col_offsets().len()
+        self.slots().len()
     }
 
     /// Whether a thread holds no register (never: every layout has at least one).
@@ -133,11 +186,8 @@ impl Layout {
     /// For register `slot` of this layout, the register of `operand` (a broadcast operand from
     /// [`Layout::broadcast_operand`]) that holds the same row and column.
     pub fn broadcast_slot(&self, slot: usize, operand: &Layout) -> usize {
-        let ncols = self.col_offsets().len();
-        let (ri, ci) = (slot / ncols, slot % ncols);
-        let ri = if operand.keep_rows { ri } else { 0 };
-        let ci = if operand.keep_cols { ci } else { 0 };
-        ri * operand.col_offsets().len() + ci
+        let s = operand.project(self.slots()[slot]);
+        operand.slots().iter().position(|&o| o == s).unwrap_or(0)
     }
 
     /// Whether the footprint holds the rows more than once (threads hold replicas).
@@ -149,6 +199,37 @@ impl Layout {
     pub fn cols_replicated(&self) -> bool {
         self.footprint_cols() > self.parent_cols
     }
+
+    /// How the lanes of a warp split along `axis` (0: rows, 1: columns): the lane-index
+    /// stride between neighbours along it and how many lanes there are.
+    pub fn lane_split(&self, axis: u32) -> (u32, u32) {
+        match (self.kind, axis) {
+            (LayoutKind::Blocked { tc, .. }, 1) => (1, tc),
+            (LayoutKind::Blocked { tc, tr, .. }, _) => (tc, tr),
+            (LayoutKind::Wgmma { .. }, 1) => (1, 4),
+            (LayoutKind::Wgmma { .. }, _) => (4, 8),
+        }
+    }
+
+    /// How many warps split along `axis`.
+    pub fn warp_split(&self, axis: u32) -> u32 {
+        match (self.kind, axis) {
+            (LayoutKind::Blocked { wc, .. }, 1) => wc,
+            (LayoutKind::Blocked { wr, .. }, _) => wr,
+            (LayoutKind::Wgmma { .. }, 1) => 1,
+            (LayoutKind::Wgmma { .. }, _) => 4,
+        }
+    }
+
+    /// The thread's unwrapped base row and column, for thread `t` of the warpgroup; the base
+    /// is these modulo the parent's extent. Mirrors what lowering computes in PTX.
+    pub fn unwrapped_base(&self, t: u32) -> (u32, u32) {
+        let (lane, warp) = (t % 32, t / 32);
+        match self.kind {
+            LayoutKind::Blocked { v, tc, tr, wc, .. } => (lane / tc + (warp / wc) * tr, (lane % tc + (warp % wc) * tc) * v),
+            LayoutKind::Wgmma { .. } => (16 * warp + lane / 4, 2 * (lane % 4)),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -159,9 +240,7 @@ mod tests {
     fn owners(l: &Layout) -> Vec<u32> {
         let mut count = vec![0u32; (l.rows * l.cols) as usize];
         for t in 0..128u32 {
-            let (lane, warp) = (t % 32, t / 32);
-            let ur = lane / l.tc + (warp / l.wc) * l.tr;
-            let uc = (lane % l.tc + (warp % l.wc) * l.tc) * l.v;
+            let (ur, uc) = l.unwrapped_base(t);
             let row_owner = if l.keep_rows { ur < l.parent_rows } else { ur == 0 };
             let col_owner = if l.keep_cols { uc < l.parent_cols } else { uc == 0 };
             if !(row_owner && col_owner) {
@@ -178,11 +257,30 @@ mod tests {
 
     #[test]
     fn every_element_has_one_owner() {
+        let mut layouts = Vec::new();
         for &(m, n) in &[(1, 1), (1, 8), (16, 256), (32, 128), (64, 1), (4, 4), (128, 64), (2, 1024)] {
-            let l = Layout::blocked(m, n);
-            assert!(owners(&l).iter().all(|&c| c == 1), "{m}x{n}: {l:?}");
-            assert!(owners(&l.reduced(1)).iter().all(|&c| c == 1), "{m}x{n} row-reduced");
-            assert!(owners(&l.reduced(0)).iter().all(|&c| c == 1), "{m}x{n} col-reduced");
+            layouts.push(Layout::blocked(m, n));
         }
+        for &(m, n) in &[(64, 8), (64, 256), (128, 128)] {
+            layouts.push(Layout::wgmma(m, n));
+        }
+        for l in layouts {
+            assert!(owners(&l).iter().all(|&c| c == 1), "{l:?}");
+            assert!(owners(&l.reduced(1)).iter().all(|&c| c == 1), "{l:?} row-reduced");
+            assert!(owners(&l.reduced(0)).iter().all(|&c| c == 1), "{l:?} col-reduced");
+        }
+    }
+
+    #[test]
+    fn wgmma_slots_follow_the_accumulator_fragment() {
+        // d[i]: row = 16w + g + 8*((i>>1)&1), col = 8*(i>>2) + 2t + (i&1)
+        let l = Layout::wgmma(64, 16);
+        let s = l.slots();
+        assert_eq!(s.len(), 8);
+        assert_eq!(s[0], Slot { dr: 0, dc: 0 });
+        assert_eq!(s[1], Slot { dr: 0, dc: 1 });
+        assert_eq!(s[2], Slot { dr: 8, dc: 0 });
+        assert_eq!(s[5], Slot { dr: 0, dc: 9 });
+        assert_eq!(l.unwrapped_base(37), (16 + 1, 2));
     }
 }

@@ -20,7 +20,7 @@ struct Access {
     chunk_bytes: u32,
 }
 
-/// A thread's run of `layout.v` consecutive columns in one row.
+/// A thread's run of `layout.run_len()` consecutive columns in one row.
 struct Run {
     /// Its first slot.
     first: usize,
@@ -48,7 +48,7 @@ impl Lowerer<'_> {
             })
             .collect();
         for run in &acc.runs {
-            self.vector_move(&acc, run, &regs[run.first..run.first + layout.v as usize], ty, ld, true);
+            self.vector_move(&acc, run, &regs[run.first..run.first + layout.run_len() as usize], ty, ld, true);
         }
         for (i, &(addr, p)) in acc.elems.iter().enumerate() {
             let p = self.scalar_pred(&acc, i, p, layout);
@@ -62,7 +62,7 @@ impl Lowerer<'_> {
         let acc = self.access(g, idx, t.layout, t.ty, true);
         let es = t.ty.dtype.size() * 8;
         for run in &acc.runs {
-            self.vector_move(&acc, run, &t.regs[run.first..run.first + t.layout.v as usize], t.ty, "st.global", false);
+            self.vector_move(&acc, run, &t.regs[run.first..run.first + t.layout.run_len() as usize], t.ty, "st.global", false);
         }
         for (i, (&(addr, p), &r)) in acc.elems.iter().zip(&t.regs).enumerate() {
             let p = self.scalar_pred(&acc, i, p, t.layout);
@@ -73,7 +73,7 @@ impl Lowerer<'_> {
     /// The predicate of element `i`'s scalar access: in bounds, and not moved by its run's
     /// vector access.
     fn scalar_pred(&mut self, acc: &Access, i: usize, inb: Reg, layout: Layout) -> Reg {
-        let Some(run) = acc.runs.get(i / layout.v as usize) else { return inb };
+        let Some(run) = acc.runs.get(i / layout.run_len() as usize) else { return inb };
         let p = self.reg(RegClass::Pred, "scalar");
         self.op("and.pred", vec![Operand::Reg(p), Operand::Reg(inb), Operand::Reg(run.scalar)]);
         p
@@ -88,6 +88,7 @@ impl Lowerer<'_> {
         for (c, chunk) in regs.chunks(per_chunk).enumerate() {
             let off = i64::from(acc.chunk_bytes) * c as i64;
             let lanes = (acc.chunk_bytes / 4) as usize;
+            let vop = if lanes == 1 { format!("{op}.b32") } else { format!("{op}.v{lanes}.b32") };
             if ty.dtype.size() == 4 {
                 let args = if load {
                     vec![V(chunk.to_vec()), Operand::Addr(addr, off)]
@@ -99,7 +100,8 @@ impl Lowerer<'_> {
             }
             let words: Vec<Reg> = (0..lanes).map(|_| self.reg(RegClass::B32, "pack")).collect();
             if load {
-                self.op_if(run.vector, false, &format!("{op}.v{lanes}.b32"), vec![V(words.clone()), Operand::Addr(addr, off)]);
+                let dst = if lanes == 1 { R(words[0]) } else { V(words.clone()) };
+                self.op_if(run.vector, false, &vop, vec![dst, Operand::Addr(addr, off)]);
                 for (w, pair) in words.iter().zip(chunk.chunks(2)) {
                     self.op_if(run.vector, false, "mov.b32", vec![V(pair.to_vec()), R(*w)]);
                 }
@@ -107,7 +109,8 @@ impl Lowerer<'_> {
                 for (w, pair) in words.iter().zip(chunk.chunks(2)) {
                     self.op("mov.b32", vec![R(*w), V(pair.to_vec())]);
                 }
-                self.op_if(run.vector, false, &format!("{op}.v{lanes}.b32"), vec![Operand::Addr(addr, off), V(words)]);
+                let src = if lanes == 1 { R(words[0]) } else { V(words) };
+                self.op_if(run.vector, false, &vop, vec![Operand::Addr(addr, off), src]);
             }
         }
     }
@@ -172,8 +175,19 @@ impl Lowerer<'_> {
                 })
                 .collect()
         };
-        let rows = axis_terms(self, row_axis, lr.row, layout.row_offsets(), "r");
-        let cols = axis_terms(self, col_axis, lr.col, layout.col_offsets(), "c");
+        let slots = layout.slots();
+        let mut row_offs: Vec<u32> = Vec::new();
+        let mut col_offs: Vec<u32> = Vec::new();
+        for sl in &slots {
+            if !row_offs.contains(&sl.dr) {
+                row_offs.push(sl.dr);
+            }
+            if !col_offs.contains(&sl.dc) {
+                col_offs.push(sl.dc);
+            }
+        }
+        let rows = axis_terms(self, row_axis, lr.row, row_offs.clone(), "r");
+        let cols = axis_terms(self, col_axis, lr.col, col_offs.clone(), "c");
         let mut row_addr = Vec::new();
         for &(off, p) in &rows {
             let a = self.reg(RegClass::B64, "rowaddr");
@@ -183,22 +197,23 @@ impl Lowerer<'_> {
             row_addr.push((a, q));
         }
         let mut elems = Vec::new();
-        for &(ra, rp) in &row_addr {
-            for &(co, cp) in &cols {
-                let a = self.reg(RegClass::B64, "addr");
-                self.op("add.s64", vec![R(a), R(ra), R(co)]);
-                let p = self.reg(RegClass::Pred, "in");
-                self.op("and.pred", vec![R(p), R(rp), R(cp)]);
-                elems.push((a, p));
-            }
+        for sl in &slots {
+            let ri = row_offs.iter().position(|&d| d == sl.dr).unwrap_or(0);
+            let ci = col_offs.iter().position(|&d| d == sl.dc).unwrap_or(0);
+            let ((ra, rp), (co, cp)) = (row_addr[ri], cols[ci]);
+            let a = self.reg(RegClass::B64, "addr");
+            self.op("add.s64", vec![R(a), R(ra), R(co)]);
+            let p = self.reg(RegClass::Pred, "in");
+            self.op("and.pred", vec![R(p), R(rp), R(cp)]);
+            elems.push((a, p));
         }
-        let run_bytes = layout.v * ty.dtype.size();
+        let run_bytes = layout.run_len() * ty.dtype.size();
         let chunk_bytes = run_bytes.min(16);
         let mut runs = Vec::new();
-        if let (Some(ca), true) = (col_axis, layout.keep_cols && run_bytes >= 8) {
+        if let (Some(ca), true) = (col_axis, layout.run_len() > 1 && run_bytes >= 4) {
             let unit = self.reg(RegClass::Pred, "unit_stride");
             self.op("setp.eq.u32", vec![R(unit), R(g.strides[ca]), Imm(1)]);
-            let v = layout.v as usize;
+            let v = layout.run_len() as usize;
             for first in (0..elems.len()).step_by(v) {
                 let (addr, p_first) = elems[first];
                 let p_last = elems[first + v - 1].1;

@@ -16,7 +16,7 @@ mod tile;
 
 use crate::dtype::{DType, ScalarType};
 use crate::error::CompileError;
-use crate::layout::Layout;
+use crate::layout::{Layout, LayoutKind};
 use crate::tirh::{Stmt, StmtKind, TileIr, TileType, Type};
 use crate::tirt::{Inst, Operand, PtxKernel, PtxParam, Reg, RegClass};
 use std::collections::HashMap;
@@ -362,18 +362,32 @@ impl<'a> Lowerer<'a> {
         let log2 = |x: u32| i64::from(x.trailing_zeros());
         let b = |lw: &mut Self, h: &str| lw.reg(RegClass::B32, h);
         let (lc, lr, wc, wr) = (b(self, "lc"), b(self, "lr"), b(self, "wc"), b(self, "wr"));
-        let (lane, warp) = (self.lane, self.warp);
-        self.pro("and.b32", vec![R(lc), R(lane), Imm(i64::from(l.tc - 1))]);
-        self.pro("shr.u32", vec![R(lr), R(lane), Imm(log2(l.tc))]);
-        self.pro("and.b32", vec![R(wc), R(warp), Imm(i64::from(l.wc - 1))]);
-        self.pro("shr.u32", vec![R(wr), R(warp), Imm(log2(l.wc))]);
         let (urow, ucol) = (b(self, "urow"), b(self, "ucol"));
-        // urow = lr + wr * tr;  ucol = (lc + wc * tc) * v
-        self.pro("shl.b32", vec![R(urow), R(wr), Imm(log2(l.tr))]);
-        self.pro("add.u32", vec![R(urow), R(urow), R(lr)]);
-        self.pro("shl.b32", vec![R(ucol), R(wc), Imm(log2(l.tc))]);
-        self.pro("add.u32", vec![R(ucol), R(ucol), R(lc)]);
-        self.pro("shl.b32", vec![R(ucol), R(ucol), Imm(log2(l.v))]);
+        let (lane, warp) = (self.lane, self.warp);
+        match l.kind {
+            LayoutKind::Blocked { v, tc, tr, wc: nwc, .. } => {
+                self.pro("and.b32", vec![R(lc), R(lane), Imm(i64::from(tc - 1))]);
+                self.pro("shr.u32", vec![R(lr), R(lane), Imm(log2(tc))]);
+                self.pro("and.b32", vec![R(wc), R(warp), Imm(i64::from(nwc - 1))]);
+                self.pro("shr.u32", vec![R(wr), R(warp), Imm(log2(nwc))]);
+                // urow = lr + wr * tr;  ucol = (lc + wc * tc) * v
+                self.pro("shl.b32", vec![R(urow), R(wr), Imm(log2(tr))]);
+                self.pro("add.u32", vec![R(urow), R(urow), R(lr)]);
+                self.pro("shl.b32", vec![R(ucol), R(wc), Imm(log2(tc))]);
+                self.pro("add.u32", vec![R(ucol), R(ucol), R(lc)]);
+                self.pro("shl.b32", vec![R(ucol), R(ucol), Imm(log2(v))]);
+            }
+            LayoutKind::Wgmma { .. } => {
+                // Thread (w, g, t) holds row 16w + g and columns 2t, 2t + 1 of each 8.
+                self.pro("and.b32", vec![R(lc), R(lane), Imm(3)]);
+                self.pro("shr.u32", vec![R(lr), R(lane), Imm(2)]);
+                self.pro("mov.u32", vec![R(wc), Imm(0)]);
+                self.pro("mov.u32", vec![R(wr), R(warp)]);
+                self.pro("shl.b32", vec![R(urow), R(warp), Imm(4)]);
+                self.pro("add.u32", vec![R(urow), R(urow), R(lr)]);
+                self.pro("shl.b32", vec![R(ucol), R(lc), Imm(1)]);
+            }
+        }
         let (row, col) = (b(self, "row"), b(self, "col"));
         for (dst, u, keep, extent) in [(row, urow, l.keep_rows, l.parent_rows), (col, ucol, l.keep_cols, l.parent_cols)] {
             if keep {

@@ -248,22 +248,29 @@ impl Lowerer<'_> {
             ReduceOp::Min => "min.f32",
         };
         let lr = self.layout_regs(l);
-        let (nrows, ncols) = (l.row_offsets().len(), l.col_offsets().len());
-        let (outer, inner) = if axis == 1 { (nrows, ncols) } else { (ncols, nrows) };
-        let slot = |o: usize, i: usize| if axis == 1 { o * ncols + i } else { i * ncols + o };
-        // 1. Within the thread.
-        let mut acc: Vec<Reg> = (0..outer)
-            .map(|o| {
-                let mut a = self.widen_f32(t.regs[slot(o, 0)], t.ty.dtype);
-                for i in 1..inner {
-                    let x = self.widen_f32(t.regs[slot(o, i)], t.ty.dtype);
-                    let r = self.reg(RegClass::F32, "red");
-                    self.op(inst, vec![R(r), R(a), R(x)]);
-                    a = r;
+        // 1. Within the thread: combine the registers that share the kept coordinate.
+        let slots = l.slots();
+        let outs = out_layout.slots();
+        let mut acc: Vec<Reg> = Vec::with_capacity(outs.len());
+        for o in &outs {
+            let mut a: Option<Reg> = None;
+            for (i, s) in slots.iter().enumerate() {
+                let key = if axis == 1 { s.dr == o.dr } else { s.dc == o.dc };
+                if !key {
+                    continue;
                 }
-                a
-            })
-            .collect();
+                let x = self.widen_f32(t.regs[i], t.ty.dtype);
+                a = Some(match a {
+                    None => x,
+                    Some(prev) => {
+                        let r = self.reg(RegClass::F32, "red");
+                        self.op(inst, vec![R(r), R(prev), R(x)]);
+                        r
+                    }
+                });
+            }
+            acc.push(a.expect("every reduced slot has a parent slot"));
+        }
         // Replicas must not count twice in a sum.
         let (replicated, valid) = if axis == 1 { (l.cols_replicated(), lr.col_owner) } else { (l.rows_replicated(), lr.row_owner) };
         if replicated && op == ReduceOp::Sum {
@@ -274,7 +281,7 @@ impl Lowerer<'_> {
             }
         }
         // 2. Across the lanes of a warp: butterfly over the lane bits of the reduced axis.
-        let (lane_lo, lane_n) = if axis == 1 { (1, l.tc) } else { (l.tc, l.tr) };
+        let (lane_lo, lane_n) = l.lane_split(axis);
         let mut step = lane_lo * lane_n / 2;
         while step >= lane_lo && lane_n > 1 {
             for a in acc.iter_mut() {
@@ -287,13 +294,13 @@ impl Lowerer<'_> {
             step /= 2;
         }
         // 3. Across warps, through shared memory.
-        let nwarps = if axis == 1 { l.wc } else { l.wr };
+        let nwarps = l.warp_split(axis);
         if nwarps > 1 {
             let extent = if axis == 1 { l.parent_rows } else { l.parent_cols };
             self.need_scratch(nwarps * extent * 4);
             let (lane_idx, warp_idx, pos, owner) =
                 if axis == 1 { (lr.lc, lr.wc, lr.row, lr.row_owner) } else { (lr.lr, lr.wr, lr.col, lr.col_owner) };
-            let offsets: Vec<u32> = if axis == 1 { l.row_offsets() } else { l.col_offsets() };
+            let offsets: Vec<u32> = outs.iter().map(|o| if axis == 1 { o.dr } else { o.dc }).collect();
             let writer = self.reg(RegClass::Pred, "writer");
             self.op("setp.eq.and.u32", vec![R(writer), R(lane_idx), Imm(0), R(owner)]);
             let base = self.reg(RegClass::B32, "saddr");
