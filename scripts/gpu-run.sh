@@ -31,4 +31,8 @@ if [ "${SKIP_BENCH:-0}" != 1 ] && [ -x bin/memory_bound ]; then
   bin/memory_bound --bench >"$logs/memory_bound.log" 2>&1
   sed -n '/^memory_bound on/,$p' "$logs/memory_bound.log"
 fi
+if [ "${SKIP_BENCH:-0}" != 1 ] && [ -x bin/gemm ]; then
+  bin/gemm --bench >"$logs/gemm.log" 2>&1
+  sed -n '/^gemm bf16 on/,$p' "$logs/gemm.log"
+fi
 echo; echo "== summary"; printf '%s\n' "${summary[@]}"

@@ -12,7 +12,9 @@ fn ptx_snapshots() {
 #[test]
 fn ptx_targets_differ_only_in_target() {
     for spec in tessera_kernels::all_kernels() {
-        let [a, b] = spec.variants else { panic!("{}: expected two variants", spec.name) };
-        assert_eq!(a.ptx.replace(".target sm_90a", ".target sm_80"), b.ptx, "{}", spec.name);
+        // Kernels that use TMA or wgmma have no sm_80 variant.
+        if let [a, b] = spec.variants {
+            assert_eq!(a.ptx.replace(".target sm_90a", ".target sm_80"), b.ptx, "{}", spec.name);
+        }
     }
 }

@@ -88,9 +88,16 @@ fn module(f: &syn::ItemFn, k: &CompiledKernel) -> TokenStream {
     let docs: Vec<&syn::Attribute> = f.attrs.iter().filter(|a| a.path().is_ident("doc")).collect();
     let params = k.params.iter().map(|(n, kind)| {
         let kind = match kind {
-            ParamKind::Global { dtype, rank, writes } => {
+            ParamKind::Global { dtype, rank, writes, tma } => {
                 let d = dtype_tokens(*dtype);
-                quote!(::tessera::ParamKind::Global { dtype: #d, rank: #rank, writes: #writes })
+                let tma = match tma {
+                    Some(b) => {
+                        let (r, c, s) = (b.rows, b.cols, b.swizzle);
+                        quote!(::core::option::Option::Some(::tessera::TmaBox { rows: #r, cols: #c, swizzle: #s }))
+                    }
+                    None => quote!(::core::option::Option::None),
+                };
+                quote!(::tessera::ParamKind::Global { dtype: #d, rank: #rank, writes: #writes, tma: #tma })
             }
             ParamKind::Scalar(d) => {
                 let d = dtype_tokens(*d);
@@ -107,7 +114,7 @@ fn module(f: &syn::ItemFn, k: &CompiledKernel) -> TokenStream {
         };
         quote!(::tessera::PtxVariant { target: #target, ptx: #ptx })
     });
-    let (threads, shared) = (k.threads, k.shared_bytes);
+    let (threads, shared, dynamic) = (k.threads, k.shared_bytes, k.dynamic_shared_bytes);
     let mut args = Vec::new();
     let mut pushes = Vec::new();
     for (i, (pname, kind)) in k.params.iter().enumerate() {
@@ -145,6 +152,7 @@ fn module(f: &syn::ItemFn, k: &CompiledKernel) -> TokenStream {
                 params: &[#(#params),*],
                 threads: #threads,
                 shared_bytes: #shared,
+                dynamic_shared_bytes: #dynamic,
                 variants: &[#(#variants),*],
             };
 
@@ -170,6 +178,9 @@ fn dump(k: &CompiledKernel) {
     }
     if want("tirh") {
         let _ = std::fs::write(dir.join("default.tirh"), &k.tirh);
+    }
+    for (target, why) in &k.dropped {
+        let _ = std::fs::write(dir.join(format!("{}.dropped", target.name())), format!("{why}\n"));
     }
     for v in &k.variants {
         if want("tirt") {
@@ -231,8 +242,8 @@ mod tests {
     fn reflection_records_what_the_kernel_writes() {
         let k = compile(&softmax_like()).expect("compiles");
         assert_eq!(k.params.len(), 2);
-        assert!(matches!(k.params[0].1, ParamKind::Global { writes: false, rank: 2, dtype: DType::F32 }));
-        assert!(matches!(k.params[1].1, ParamKind::Global { writes: true, rank: 2, dtype: DType::BF16 }));
+        assert!(matches!(k.params[0].1, ParamKind::Global { writes: false, rank: 2, dtype: DType::F32, tma: None }));
+        assert!(matches!(k.params[1].1, ParamKind::Global { writes: true, rank: 2, dtype: DType::BF16, tma: None }));
         assert_eq!(k.threads, 128);
         let ptx = &k.variants[0].ptx;
         assert!(ptx.contains(".version 8.0") && ptx.contains(".target sm_90a") && ptx.contains(".reqntid 128, 1, 1"));

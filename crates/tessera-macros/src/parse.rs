@@ -15,8 +15,8 @@ pub struct Frontend {
 
 type R<T> = Result<T, syn::Error>;
 
-const FUNCTIONS: &str = "`exp2`, `abs`, `sqrt`, `rsqrt`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`";
-const METHODS: &str = "`load`, `load_or`, `store`, `dim`, `cast`, `exp2`, `abs`, `sqrt`, `rsqrt`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`";
+const FUNCTIONS: &str = "`exp2`, `abs`, `sqrt`, `rsqrt`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `tma::load`, `mma_sync`, `setmaxnreg`";
+const METHODS: &str = "`load`, `load_or`, `store`, `dim`, `cast`, `exp2`, `abs`, `sqrt`, `rsqrt`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `acquire`, `wait`, `commit`, `release`";
 
 fn err<T>(span: impl ToTokens, msg: impl std::fmt::Display) -> R<T> {
     Err(syn::Error::new_spanned(span, msg))
@@ -120,6 +120,18 @@ impl Frontend {
                 let op_loc = self.loc(b.span());
                 StmtKind::Assign { name, value: Expr::new(ExprKind::Binary(op, Box::new(lhs), Box::new(rhs)), op_loc) }
             }
+            SynExpr::Call(c) if self.is_stmt_call(c) => self.stmt_call(c)?,
+            SynExpr::MethodCall(m) if m.method == "commit" || m.method == "release" => {
+                let pipe = receiver_name(&m.receiver)?;
+                if m.args.len() > 1 {
+                    return err(&m.method, format!("`{}` takes the stage: `pipe.{}(s)`", m.method, m.method));
+                }
+                if m.method == "commit" {
+                    StmtKind::PipeCommit { pipe }
+                } else {
+                    StmtKind::PipeRelease { pipe }
+                }
+            }
             SynExpr::MethodCall(m) if m.method == "store" => {
                 let tensor = receiver_name(&m.receiver)?;
                 if m.args.len() != 2 {
@@ -145,6 +157,52 @@ impl Frontend {
             other => return Err(unsupported(other)),
         };
         Ok(Some(Stmt { kind, loc, text }))
+    }
+
+    fn is_stmt_call(&self, c: &syn::ExprCall) -> bool {
+        let SynExpr::Path(p) = &*c.func else { return false };
+        let segs: Vec<String> = p.path.segments.iter().map(|s| s.ident.to_string()).collect();
+        matches!(
+            segs.iter().map(String::as_str).collect::<Vec<_>>().as_slice(),
+            ["tma", "load"] | ["mma_sync"] | ["setmaxnreg"] | ["warpgroup", "setmaxnreg"]
+        )
+    }
+
+    /// `tma::load(view, tensor, [i, j], pipe)`, `mma_sync(acc, a, b)`, `setmaxnreg(n)`.
+    fn stmt_call(&mut self, c: &syn::ExprCall) -> R<StmtKind> {
+        let SynExpr::Path(p) = &*c.func else { return Err(unsupported(&c.func)) };
+        let last = p.path.segments.last().map(|s| s.ident.to_string()).unwrap_or_default();
+        let args: Vec<&SynExpr> = c.args.iter().collect();
+        match last.as_str() {
+            "load" => {
+                let [dst, tensor, index, pipe] = args.as_slice() else {
+                    return err(
+                        c,
+                        "`tma::load` takes a shared view, a tensor, an origin and a pipeline: `tma::load(ring.at(s), a, [i, j], pipe)`",
+                    );
+                };
+                Ok(StmtKind::TmaLoad {
+                    dst: self.expr(dst)?,
+                    tensor: receiver_name(tensor)?,
+                    index: self.index(index)?,
+                    pipe: receiver_name(pipe)?,
+                })
+            }
+            "mma_sync" => {
+                let [acc, a, b] = args.as_slice() else {
+                    return err(c, "`mma_sync` takes an accumulator and two shared views: `mma_sync(acc, a, b)`");
+                };
+                let acc = match acc {
+                    SynExpr::Reference(r) => &*r.expr,
+                    other => other,
+                };
+                Ok(StmtKind::Mma { acc: assignee(acc)?, a: self.expr(a)?, b: self.expr(b)? })
+            }
+            _ => {
+                let [n] = args.as_slice() else { return err(c, "`setmaxnreg` takes a register count") };
+                Ok(StmtKind::SetMaxNReg(int_const(n, "`setmaxnreg` takes a constant register count")?))
+            }
+        }
     }
 
     fn if_stmt(&mut self, i: &syn::ExprIf) -> R<StmtKind> {
@@ -287,6 +345,42 @@ impl Frontend {
                 let axis = if f.starts_with("row") { 1 } else { 0 };
                 ExprKind::Reduce { op: reduce_op(&f[4..]), axis, value: Box::new(a.remove(0)) }
             }
+            [t @ ("Smem" | "smem"), ctor @ ("ring" | "ring_swizzled")] => {
+                let seg = &p.path.segments[0];
+                let ga = generic_args(seg, 3, &format!("`{t}<T, M, N>`"))?;
+                let dtype = dtype_of(type_arg(ga[0])?)?;
+                let (rows, cols) = (tile_dim(ga[1])?, tile_dim(ga[2])?);
+                let want = if *ctor == "ring" { 1 } else { 2 };
+                if nargs != want {
+                    return err(
+                        c,
+                        format!(
+                            "`{ctor}` takes {}",
+                            if want == 1 { "the number of stages" } else { "the number of stages and the swizzle in bytes" }
+                        ),
+                    );
+                }
+                let stages = int_const(&c.args[0], "the number of stages must be a constant")?;
+                let row_bytes = cols * dtype.size();
+                let swizzle = if want == 2 {
+                    int_const(&c.args[1], "the swizzle must be a constant: 128, 64, 32 or 0")?
+                } else if matches!(row_bytes, 32 | 64 | 128) {
+                    row_bytes
+                } else {
+                    0
+                };
+                ExprKind::SmemRing(tessera_ptx::tirh::SmemType { dtype, rows, cols, stages, swizzle })
+            }
+            ["Pipeline", "new"] => {
+                let seg = &p.path.segments[0];
+                let ga = generic_args(seg, 1, "`Pipeline<STAGES>`")?;
+                let stages = const_arg(ga[0], "the number of stages")?;
+                if nargs != 1 {
+                    return err(c, "`Pipeline::<STAGES>::new` takes the number of consumer warpgroups");
+                }
+                let consumers = int_const(&c.args[0], "the number of consumer warpgroups must be a constant")?;
+                ExprKind::PipelineNew { stages, consumers }
+            }
             [t @ ("Tile" | "tile"), ctor] => {
                 let seg = &p.path.segments[0];
                 let tile = tile_args(seg, t)?;
@@ -329,6 +423,19 @@ impl Frontend {
                 };
                 let fill = if name == "load_or" { Some(Box::new(self.expr(&m.args[1])?)) } else { None };
                 ExprKind::Load { tensor, index: self.index(&m.args[0])?, fill, tile }
+            }
+            "at" => {
+                want(1)?;
+                ExprKind::SmemAt { ring: receiver_name(&m.receiver)?, stage: Box::new(self.expr(&m.args[0])?) }
+            }
+            "rows" => {
+                want(2)?;
+                let rows = int_const(&m.args[1], "`rows` takes a first row and a constant count")?;
+                ExprKind::SmemRows { view: recv(self)?, start: Box::new(self.expr(&m.args[0])?), rows }
+            }
+            "acquire" | "wait" => {
+                want(0)?;
+                ExprKind::PipeStage { pipe: receiver_name(&m.receiver)?, producer: name == "acquire" }
             }
             "dim" => {
                 want(1)?;

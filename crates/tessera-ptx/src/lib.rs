@@ -41,4 +41,4 @@ pub mod verify;
 pub use dtype::{DType, ScalarType};
 pub use error::CompileError;
 pub use pipeline::{compile, CompileOptions, CompiledKernel, CompiledVariant};
-pub use reflect::{KernelSpec, ParamInfo, ParamKind, PtxVariant, Target};
+pub use reflect::{KernelSpec, ParamInfo, ParamKind, PtxVariant, Target, TmaBox};

@@ -43,26 +43,48 @@ pub struct CompiledKernel {
     pub threads: u32,
     /// Static shared memory per block.
     pub shared_bytes: u32,
-    /// One per target, in the order asked.
+    /// Dynamic shared memory per block (rings, barriers, alignment slack).
+    pub dynamic_shared_bytes: u32,
+    /// One per target that the kernel fits, in the order asked.
     pub variants: Vec<CompiledVariant>,
+    /// Targets left out, and why (e.g. TMA on sm_80).
+    pub dropped: Vec<(Target, String)>,
 }
 
 /// Runs every stage: typecheck → lower → emit, once per target.
 pub fn compile(ir: TileIr, opts: &CompileOptions) -> Result<CompiledKernel, Vec<CompileError>> {
     let ir = verify::typecheck(ir)?;
-    let tirt = lower::lower(&ir).map_err(|e| vec![e])?;
-    let tirt_text = tirt.to_string();
-    let variants = opts
-        .targets
-        .iter()
-        .map(|&target| CompiledVariant { target, tirt: tirt_text.clone(), ptx: PtxEmitter::new(target).emit(&tirt, &ir.file) })
-        .collect();
+    let mut variants = Vec::new();
+    let mut dropped = Vec::new();
+    let mut first: Option<crate::tirt::PtxKernel> = None;
+    for &target in &opts.targets {
+        match lower::lower(&ir, target) {
+            Ok(tirt) => {
+                variants.push(CompiledVariant { target, tirt: tirt.to_string(), ptx: PtxEmitter::new(target).emit(&tirt, &ir.file) });
+                first.get_or_insert(tirt);
+            }
+            // A target that lacks a feature the kernel uses is left out, if another is built.
+            Err(e) if target == Target::Sm80 => dropped.push((target, e.to_string())),
+            Err(e) => return Err(vec![e]),
+        }
+    }
+    let Some(tirt) = first else {
+        let loc = ir.body.first().map(|s| s.loc).unwrap_or_default();
+        return Err(vec![CompileError::Lower { message: "no target can build this kernel".into(), loc }]);
+    };
     let params = ir
         .params
         .iter()
         .map(|p| {
             let kind = match p.ty {
-                Type::Global { dtype, rank } => ParamKind::Global { dtype, rank, writes: ir.writes(&p.name) },
+                Type::Global { dtype, rank } => {
+                    let tma = tirt.tma.iter().find(|(n, _)| *n == p.name).map(|(_, u)| crate::reflect::TmaBox {
+                        rows: u.rows,
+                        cols: u.cols,
+                        swizzle: u.swizzle,
+                    });
+                    ParamKind::Global { dtype, rank, writes: ir.writes(&p.name), tma }
+                }
                 Type::Scalar(crate::dtype::ScalarType::F32) => ParamKind::Scalar(crate::dtype::DType::F32),
                 _ => ParamKind::Scalar(crate::dtype::DType::I32),
             };
@@ -75,6 +97,8 @@ pub fn compile(ir: TileIr, opts: &CompileOptions) -> Result<CompiledKernel, Vec<
         params,
         threads: tirt.threads,
         shared_bytes: tirt.shared_bytes,
+        dynamic_shared_bytes: tirt.dynamic_shared_bytes,
         variants,
+        dropped,
     })
 }

@@ -33,11 +33,22 @@ impl Target {
     }
 }
 
+/// The box a kernel's TMA copies move of a tensor: the runtime builds its tensor map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TmaBox {
+    /// Rows of the box (its second-innermost extent).
+    pub rows: u32,
+    /// Columns of the box (innermost).
+    pub cols: u32,
+    /// Swizzle span in bytes: 128, 64, 32 or 0.
+    pub swizzle: u32,
+}
+
 /// What a kernel parameter is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ParamKind {
     /// A `Global<T, R>` tensor: ABI is pointer, then `rank` u32 dims, then `rank` u32 strides
-    /// (in elements).
+    /// (in elements), then a 128-byte tensor map if the kernel copies it by TMA.
     Global {
         /// Element type.
         dtype: DType,
@@ -45,6 +56,8 @@ pub enum ParamKind {
         rank: u32,
         /// Whether the kernel stores into it.
         writes: bool,
+        /// The TMA box, if the kernel copies it by TMA.
+        tma: Option<TmaBox>,
     },
     /// A scalar (`f32` or `i32`).
     Scalar(DType),
@@ -81,6 +94,8 @@ pub struct KernelSpec {
     pub threads: u32,
     /// Static shared memory per block in bytes.
     pub shared_bytes: u32,
+    /// Dynamic shared memory per block in bytes, passed at launch.
+    pub dynamic_shared_bytes: u32,
     /// One PTX module per target, best first.
     pub variants: &'static [PtxVariant],
 }

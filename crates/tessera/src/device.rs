@@ -24,6 +24,7 @@ struct Inner {
     cc: (i32, i32),
     name: String,
     modules: Mutex<HashMap<usize, Arc<LoadedKernel>>>,
+    tma: crate::tma::TmaDescriptorCache,
 }
 
 impl std::fmt::Debug for Device {
@@ -85,7 +86,7 @@ impl Device {
         let ctx = stream.context().clone();
         let cc = ctx.compute_capability()?;
         let name = ctx.name()?;
-        Ok(Device { inner: Arc::new(Inner { stream, cc, name, modules: Mutex::new(HashMap::new()) }) })
+        Ok(Device { inner: Arc::new(Inner { stream, cc, name, modules: Mutex::new(HashMap::new()), tma: Default::default() }) })
     }
 
     /// The stream kernels launch on.
@@ -149,9 +150,29 @@ impl Device {
                 return Err(load_err(e));
             }
         };
+        if spec.dynamic_shared_bytes > 48 * 1024 {
+            // SAFETY: the function belongs to the bound context.
+            let r = unsafe {
+                cudarc::driver::result::function::set_function_attribute(
+                    function,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    spec.dynamic_shared_bytes as i32,
+                )
+            };
+            if let Err(e) = r {
+                // SAFETY: nothing else holds the module.
+                let _ = unsafe { cudarc::driver::result::module::unload(module) };
+                return Err(load_err(e));
+            }
+        }
         let k = Arc::new(LoadedKernel { module, function, ctx });
         cache.insert(key, k.clone());
         Ok(k)
+    }
+
+    /// The device's cache of TMA tensor maps.
+    pub fn tma_cache(&self) -> &crate::tma::TmaDescriptorCache {
+        &self.inner.tma
     }
 
     /// How many kernel variants this device has loaded.

@@ -67,6 +67,7 @@ enum Word {
     U32(u32),
     F32(f32),
     I32(i32),
+    Map(Box<crate::tma::TensorMap>),
 }
 
 /// A launch being assembled: the typed launchers that `#[kernel]` generates use it.
@@ -120,7 +121,7 @@ impl<'d> Launch<'d> {
     }
 
     fn push_global<T: Element>(&mut self, index: usize, d: &GlobalDesc) -> Result<()> {
-        let Some(ParamKind::Global { dtype, rank, .. }) = self.spec.params.get(index).map(|p| p.kind) else {
+        let Some(ParamKind::Global { dtype, rank, tma, .. }) = self.spec.params.get(index).map(|p| p.kind) else {
             return Err(self.arg_err(index, "a scalar", format!("a tensor of {}", T::DTYPE)));
         };
         if T::DTYPE != dtype {
@@ -137,6 +138,7 @@ impl<'d> Launch<'d> {
             return Err(self.arg_err(index, format!("an address aligned to {size} bytes"), format!("{:#x}", d.ptr)));
         }
         let limit = (i32::MAX as usize) / size as usize;
+
         if let Some(bad) = d.shape.iter().chain(&d.strides).find(|&&x| x > limit) {
             return Err(self.arg_err(
                 index,
@@ -148,6 +150,12 @@ impl<'d> Launch<'d> {
         // `limit` above keeps every value in u32.
         self.words.extend(d.shape.iter().map(|&x| Word::U32(x as u32)));
         self.words.extend(d.strides.iter().map(|&x| Word::U32(x as u32)));
+        if let Some(b) = tma {
+            let map = self.device.tma_cache().get(d.ptr, dtype, &d.shape, &d.strides, b).map_err(|why| {
+                self.arg_err(index, "a tensor TMA can copy (16-byte aligned, unit last stride, other strides multiples of 16 bytes)", why)
+            })?;
+            self.words.push(Word::Map(Box::new(map)));
+        }
         Ok(())
     }
 
@@ -174,7 +182,7 @@ impl<'d> Launch<'d> {
             .params
             .iter()
             .map(|p| match p.kind {
-                ParamKind::Global { rank, .. } => 1 + 2 * rank as usize,
+                ParamKind::Global { rank, tma, .. } => 1 + 2 * rank as usize + usize::from(tma.is_some()),
                 ParamKind::Scalar(_) => 1,
             })
             .sum();
@@ -194,6 +202,7 @@ impl<'d> Launch<'d> {
                 Word::U32(x) => (x as *mut u32).cast(),
                 Word::F32(x) => (x as *mut f32).cast(),
                 Word::I32(x) => (x as *mut i32).cast(),
+                Word::Map(m) => (&mut **m as *mut crate::tma::TensorMap).cast(),
             })
             .collect();
         let stream = self.device.stream();
@@ -207,7 +216,7 @@ impl<'d> Launch<'d> {
                 self.kernel.function,
                 (grid.x, grid.y, grid.z),
                 (self.spec.threads, 1, 1),
-                0,
+                self.spec.dynamic_shared_bytes,
                 stream.cu_stream(),
                 &mut ptrs,
             )

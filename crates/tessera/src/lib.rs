@@ -59,6 +59,7 @@ mod error;
 mod launch;
 mod tensor;
 pub mod testing;
+mod tma;
 
 pub use device::{driver_present, Device};
 pub use error::{Error, Result};
@@ -66,7 +67,8 @@ pub use half::{bf16, f16};
 pub use launch::{Grid, Launch, ScalarArg};
 pub use tensor::{contiguous_strides, global, global_mut, CudaGlobal, Element, GlobalArg, GlobalArgMut, GlobalDesc, Tensor};
 pub use tessera_macros::kernel;
-pub use tessera_ptx::{DType, KernelSpec, ParamInfo, ParamKind, PtxVariant, Target};
+pub use tessera_ptx::{DType, KernelSpec, ParamInfo, ParamKind, PtxVariant, Target, TmaBox};
+pub use tma::{tma_unfit, TensorMap, TmaDescriptorCache};
 
 /// cudarc, as Tessera uses it, for sharing streams and buffers.
 pub use cudarc;

@@ -32,12 +32,27 @@ impl PtxEmitter {
         if k.shared_bytes > 0 {
             let _ = writeln!(s, ".shared .align 16 .b8 {SCRATCH}[{}];\n", k.shared_bytes);
         }
+        if k.dynamic_shared_bytes > 0 {
+            let _ = writeln!(s, ".extern .shared .align 1024 .b8 {}[];\n", crate::lower::hopper::DYN_SMEM);
+        }
         let _ = writeln!(s, ".visible .entry {}(", k.name);
         for (i, p) in k.params.iter().enumerate() {
             let comma = if i + 1 < k.params.len() { "," } else { "" };
-            let _ = writeln!(s, "    .param {} {}{comma}", p.ty, p.name);
+            match p.bytes {
+                Some(n) => {
+                    let _ = writeln!(s, "    .param {} {}[{n}]{comma}", p.ty, p.name);
+                }
+                None => {
+                    let _ = writeln!(s, "    .param {} {}{comma}", p.ty, p.name);
+                }
+            }
         }
-        let _ = writeln!(s, ")\n.reqntid {}, 1, 1\n{{", k.threads);
+        let _ = writeln!(s, ")\n.reqntid {}, 1, 1", k.threads);
+        if k.min_ctas_per_sm {
+            // setmaxnreg needs a register cap at entry.
+            let _ = writeln!(s, ".minnctapersm 1");
+        }
+        let _ = writeln!(s, "{{");
         for (class, name) in &k.regs {
             let _ = writeln!(s, "    .reg {} {name};", class.ptx_type());
         }
@@ -55,7 +70,7 @@ impl PtxEmitter {
                     if let Some((p, neg)) = pred {
                         let _ = write!(s, "@{}{} ", if *neg { "!" } else { "" }, k.regs[p.id as usize].1);
                     }
-                    let _ = write!(s, "{op:<20}");
+                    let _ = write!(s, "{op:<19} ");
                     for (i, a) in args.iter().enumerate() {
                         if i > 0 {
                             s.push_str(", ");

@@ -4,118 +4,57 @@
 //! columns run along the last two dimensions; for rank 1, along the one dimension (the tile is
 //! a row or a column). An element outside the tensor reads as the fill value and is never
 //! written. Indices compare unsigned, so a negative index is out of bounds too.
+//!
+//! Accesses stream: a few per-row terms are computed first, then each run of consecutive
+//! columns gets its address and predicate just before it moves, so that a 64×256 accumulator's
+//! store does not hold 128 addresses at once. A run moves as one vector (up to 16 bytes) when
+//! it is in bounds, the column stride is 1 and the address is aligned; otherwise element by
+//! element.
 
 use super::{elem_class, GlobalVal, Lowerer, TileVal};
 use crate::layout::Layout;
 use crate::tirh::TileType;
 use crate::tirt::{Operand, Reg, RegClass};
 
-/// Per-thread addresses and predicates of a tile access.
-struct Access {
-    /// One per slot: the element's address and whether it is in bounds.
-    elems: Vec<(Reg, Reg)>,
-    /// Runs of consecutive columns that may move as 16-byte (or 8-byte) vectors.
-    runs: Vec<Run>,
-    /// Bytes per vector access.
-    chunk_bytes: u32,
-}
-
-/// A thread's run of `layout.run_len()` consecutive columns in one row.
-struct Run {
-    /// Its first slot.
-    first: usize,
-    /// True when the whole run is in bounds, the column stride is 1 and the address is
-    /// aligned: then it moves as vectors, otherwise element by element.
-    vector: Reg,
-    /// The negation of `vector`.
-    scalar: Reg,
+/// What every element of an access shares.
+struct Plan {
+    /// Per distinct row offset: the row's address (`base + row·stride`), the address of the
+    /// thread's first column in that row if the column stride is 1, and whether the row is in
+    /// bounds (with the leading indices and, for stores, ownership).
+    rows: Vec<(u32, Reg, Reg, Reg)>,
+    /// The thread's first column coordinate, or `None` when the tile has no column axis.
+    col0: Option<Reg>,
+    /// The column bound and stride in bytes.
+    col_dim: Option<Reg>,
+    col_stride_bytes: Option<Reg>,
+    /// Whether the column stride is 1.
+    unit: Option<Reg>,
 }
 
 impl Lowerer<'_> {
     /// Loads a tile with origin `idx`; out-of-bounds elements take `fill`.
     pub(crate) fn load(&mut self, g: &GlobalVal, idx: &[Operand], ty: TileType, fill: Operand) -> TileVal {
         let layout = Layout::blocked(ty.rows, ty.cols);
-        let acc = self.access(g, idx, layout, ty, false);
-        let es = ty.dtype.size() * 8;
         let ld = if g.written { "ld.global" } else { "ld.global.nc" };
-        let regs: Vec<Reg> = acc
-            .elems
-            .iter()
+        let regs: Vec<Reg> = (0..layout.len())
             .map(|_| {
                 let r = self.reg(elem_class(ty.dtype), &g.name);
                 self.op(super::mov_for(r.class), vec![Operand::Reg(r), fill.clone()]);
                 r
             })
             .collect();
-        for run in &acc.runs {
-            self.vector_move(&acc, run, &regs[run.first..run.first + layout.run_len() as usize], ty, ld, true);
-        }
-        for (i, &(addr, p)) in acc.elems.iter().enumerate() {
-            let p = self.scalar_pred(&acc, i, p, layout);
-            self.op_if(p, false, &format!("{ld}.b{es}"), vec![Operand::Reg(regs[i]), Operand::Addr(addr, 0)]);
-        }
+        let plan = self.plan(g, idx, layout, ty, false);
+        self.stream(&plan, layout, ty, &regs, ld, true);
         TileVal { ty, layout, regs }
     }
 
     /// Stores a tile at origin `idx`; each element is written once, by its owner, if in bounds.
     pub(crate) fn store(&mut self, g: &GlobalVal, idx: &[Operand], t: &TileVal) {
-        let acc = self.access(g, idx, t.layout, t.ty, true);
-        let es = t.ty.dtype.size() * 8;
-        for run in &acc.runs {
-            self.vector_move(&acc, run, &t.regs[run.first..run.first + t.layout.run_len() as usize], t.ty, "st.global", false);
-        }
-        for (i, (&(addr, p), &r)) in acc.elems.iter().zip(&t.regs).enumerate() {
-            let p = self.scalar_pred(&acc, i, p, t.layout);
-            self.op_if(p, false, &format!("st.global.b{es}"), vec![Operand::Addr(addr, 0), Operand::Reg(r)]);
-        }
+        let plan = self.plan(g, idx, t.layout, t.ty, true);
+        self.stream(&plan, t.layout, t.ty, &t.regs, "st.global", false);
     }
 
-    /// The predicate of element `i`'s scalar access: in bounds, and not moved by its run's
-    /// vector access.
-    fn scalar_pred(&mut self, acc: &Access, i: usize, inb: Reg, layout: Layout) -> Reg {
-        let Some(run) = acc.runs.get(i / layout.run_len() as usize) else { return inb };
-        let p = self.reg(RegClass::Pred, "scalar");
-        self.op("and.pred", vec![Operand::Reg(p), Operand::Reg(inb), Operand::Reg(run.scalar)]);
-        p
-    }
-
-    /// Moves one run of registers with vector loads (`load`) or stores, guarded by the run's
-    /// vector predicate. 16-bit elements travel in pairs packed into b32 lanes.
-    fn vector_move(&mut self, acc: &Access, run: &Run, regs: &[Reg], ty: TileType, op: &str, load: bool) {
-        use Operand::{Reg as R, Vec as V};
-        let addr = acc.elems[run.first].0;
-        let per_chunk = (acc.chunk_bytes / ty.dtype.size()) as usize;
-        for (c, chunk) in regs.chunks(per_chunk).enumerate() {
-            let off = i64::from(acc.chunk_bytes) * c as i64;
-            let lanes = (acc.chunk_bytes / 4) as usize;
-            let vop = if lanes == 1 { format!("{op}.b32") } else { format!("{op}.v{lanes}.b32") };
-            if ty.dtype.size() == 4 {
-                let args = if load {
-                    vec![V(chunk.to_vec()), Operand::Addr(addr, off)]
-                } else {
-                    vec![Operand::Addr(addr, off), V(chunk.to_vec())]
-                };
-                self.op_if(run.vector, false, &format!("{op}.v{lanes}.b32"), args);
-                continue;
-            }
-            let words: Vec<Reg> = (0..lanes).map(|_| self.reg(RegClass::B32, "pack")).collect();
-            if load {
-                let dst = if lanes == 1 { R(words[0]) } else { V(words.clone()) };
-                self.op_if(run.vector, false, &vop, vec![dst, Operand::Addr(addr, off)]);
-                for (w, pair) in words.iter().zip(chunk.chunks(2)) {
-                    self.op_if(run.vector, false, "mov.b32", vec![V(pair.to_vec()), R(*w)]);
-                }
-            } else {
-                for (w, pair) in words.iter().zip(chunk.chunks(2)) {
-                    self.op("mov.b32", vec![R(*w), V(pair.to_vec())]);
-                }
-                let src = if lanes == 1 { R(words[0]) } else { V(words) };
-                self.op_if(run.vector, false, &vop, vec![Operand::Addr(addr, off), src]);
-            }
-        }
-    }
-
-    fn access(&mut self, g: &GlobalVal, idx: &[Operand], layout: Layout, ty: TileType, owners_only: bool) -> Access {
+    fn plan(&mut self, g: &GlobalVal, idx: &[Operand], layout: Layout, ty: TileType, owners_only: bool) -> Plan {
         use Operand::{Imm, Reg as R};
         let rank = g.dims.len();
         let es = i64::from(ty.dtype.size());
@@ -132,104 +71,169 @@ impl Lowerer<'_> {
         let base = self.reg(RegClass::B64, "base");
         self.op("mov.b64", vec![R(base), R(g.ptr)]);
         let inb = self.reg(RegClass::Pred, "inb");
-        let owner = if owners_only { layout_owner(lr.owner) } else { None };
-        match owner {
-            Some(o) => self.op("mov.pred", vec![R(inb), R(o)]),
-            None => self.op("setp.eq.u32", vec![R(inb), R(self.lane), R(self.lane)]),
+        if owners_only {
+            self.op("mov.pred", vec![R(inb), R(lr.owner)]);
+        } else {
+            self.op("setp.eq.u32", vec![R(inb), R(self.lane), R(self.lane)]);
         }
         for (k, i) in idx.iter().enumerate() {
             if Some(k) == row_axis || Some(k) == col_axis {
                 continue;
             }
-            let i = i.clone();
             let ir = self.reg(RegClass::B32, "idx");
-            self.op("mov.b32", vec![R(ir), i]);
+            self.op("mov.b32", vec![R(ir), i.clone()]);
             self.op("setp.lt.and.u32", vec![R(inb), R(ir), R(g.dims[k]), R(inb)]);
             self.term(base, ir, g.strides[k], es);
         }
-        // Per distinct row offset and column offset: the coordinate, its bound, its address term.
-        let axis_terms = |lw: &mut Self, axis: Option<usize>, thread: Reg, offsets: Vec<u32>, hint: &str| -> Vec<(Reg, Reg)> {
-            offsets
-                .iter()
-                .map(|&off| {
-                    let off_reg = lw.reg(RegClass::B64, hint);
-                    let p = lw.reg(RegClass::Pred, hint);
-                    match axis {
-                        Some(a) => {
-                            let c = lw.reg(RegClass::B32, hint);
-                            lw.op("add.s32", vec![R(c), R(thread), idx[a].clone()]);
-                            if off > 0 {
-                                lw.op("add.s32", vec![R(c), R(c), Imm(i64::from(off))]);
-                            }
-                            lw.op("setp.lt.u32", vec![R(p), R(c), R(g.dims[a])]);
-                            lw.op("mov.b64", vec![R(off_reg), Imm(0)]);
-                            lw.term(off_reg, c, g.strides[a], es);
-                        }
-                        None => {
-                            lw.op("mov.b64", vec![R(off_reg), Imm(0)]);
-                            let lane = lw.lane;
-                            lw.op("setp.eq.u32", vec![R(p), R(lane), R(lane)]);
-                        }
-                    }
-                    (off_reg, p)
-                })
-                .collect()
+        let (col0, col_dim, col_stride_bytes, unit) = match col_axis {
+            Some(a) => {
+                let c0 = self.reg(RegClass::B32, "c");
+                self.op("add.s32", vec![R(c0), R(lr.col), idx[a].clone()]);
+                let sb = self.reg(RegClass::B32, "csb");
+                self.op("mul.lo.s32", vec![R(sb), R(g.strides[a]), Imm(es)]);
+                let unit = self.reg(RegClass::Pred, "unit_stride");
+                self.op("setp.eq.u32", vec![R(unit), R(g.strides[a]), Imm(1)]);
+                (Some(c0), Some(g.dims[a]), Some(sb), Some(unit))
+            }
+            None => (None, None, None, None),
         };
+        let mut rows = Vec::new();
+        let mut seen: Vec<u32> = Vec::new();
+        for sl in layout.slots() {
+            if seen.contains(&sl.dr) {
+                continue;
+            }
+            seen.push(sl.dr);
+            let addr = self.reg(RegClass::B64, "row");
+            let p = self.reg(RegClass::Pred, "rowin");
+            match row_axis {
+                Some(a) => {
+                    let r = self.reg(RegClass::B32, "r");
+                    self.op("add.s32", vec![R(r), R(lr.row), idx[a].clone()]);
+                    if sl.dr > 0 {
+                        self.op("add.s32", vec![R(r), R(r), Imm(i64::from(sl.dr))]);
+                    }
+                    self.op("setp.lt.and.u32", vec![R(p), R(r), R(g.dims[a]), R(inb)]);
+                    self.op("mov.b64", vec![R(addr), R(base)]);
+                    self.term(addr, r, g.strides[a], es);
+                }
+                None => {
+                    self.op("mov.pred", vec![R(p), R(inb)]);
+                    self.op("mov.b64", vec![R(addr), R(base)]);
+                }
+            }
+            // Where the thread's first column is, if columns are dense.
+            let first = self.reg(RegClass::B64, "rowc");
+            match col0 {
+                Some(c0) => {
+                    let t = self.reg(RegClass::B64, "coff");
+                    self.op("mul.wide.s32", vec![R(t), R(c0), Imm(es)]);
+                    self.op("add.s64", vec![R(first), R(addr), R(t)]);
+                }
+                None => self.op("mov.b64", vec![R(first), R(addr)]),
+            }
+            rows.push((sl.dr, addr, first, p));
+        }
+        Plan { rows, col0, col_dim, col_stride_bytes, unit }
+    }
+
+    /// Moves every register of the tile: runs as vectors where they can, elements otherwise.
+    fn stream(&mut self, plan: &Plan, layout: Layout, ty: TileType, regs: &[Reg], op: &str, load: bool) {
+        use Operand::{Imm, Reg as R};
+        let es = ty.dtype.size();
         let slots = layout.slots();
-        let mut row_offs: Vec<u32> = Vec::new();
-        let mut col_offs: Vec<u32> = Vec::new();
-        for sl in &slots {
-            if !row_offs.contains(&sl.dr) {
-                row_offs.push(sl.dr);
-            }
-            if !col_offs.contains(&sl.dc) {
-                col_offs.push(sl.dc);
-            }
-        }
-        let rows = axis_terms(self, row_axis, lr.row, row_offs.clone(), "r");
-        let cols = axis_terms(self, col_axis, lr.col, col_offs.clone(), "c");
-        let mut row_addr = Vec::new();
-        for &(off, p) in &rows {
-            let a = self.reg(RegClass::B64, "rowaddr");
-            self.op("add.s64", vec![R(a), R(base), R(off)]);
-            let q = self.reg(RegClass::Pred, "rowin");
-            self.op("and.pred", vec![R(q), R(p), R(inb)]);
-            row_addr.push((a, q));
-        }
-        let mut elems = Vec::new();
-        for sl in &slots {
-            let ri = row_offs.iter().position(|&d| d == sl.dr).unwrap_or(0);
-            let ci = col_offs.iter().position(|&d| d == sl.dc).unwrap_or(0);
-            let ((ra, rp), (co, cp)) = (row_addr[ri], cols[ci]);
-            let a = self.reg(RegClass::B64, "addr");
-            self.op("add.s64", vec![R(a), R(ra), R(co)]);
-            let p = self.reg(RegClass::Pred, "in");
-            self.op("and.pred", vec![R(p), R(rp), R(cp)]);
-            elems.push((a, p));
-        }
-        let run_bytes = layout.run_len() * ty.dtype.size();
-        let chunk_bytes = run_bytes.min(16);
-        let mut runs = Vec::new();
-        if let (Some(ca), true) = (col_axis, layout.run_len() > 1 && run_bytes >= 4) {
-            let unit = self.reg(RegClass::Pred, "unit_stride");
-            self.op("setp.eq.u32", vec![R(unit), R(g.strides[ca]), Imm(1)]);
-            let v = layout.run_len() as usize;
-            for first in (0..elems.len()).step_by(v) {
-                let (addr, p_first) = elems[first];
-                let p_last = elems[first + v - 1].1;
+        let run = layout.run_len() as usize;
+        let run_bytes = run as u32 * es;
+        let vectorize = plan.col0.is_some() && run > 1 && run_bytes >= 4;
+        let mut i = 0;
+        while i < slots.len() {
+            let sl = slots[i];
+            let &(_, row_addr, row_first, row_in) = plan.rows.iter().find(|r| r.0 == sl.dr).expect("planned row");
+            let n = if vectorize { run } else { 1 };
+            // Elements i..i+n: columns dc..dc+n-1 of one row.
+            let (Some(c0), Some(dim), Some(sb), Some(unit)) = (plan.col0, plan.col_dim, plan.col_stride_bytes, plan.unit) else {
+                // No column axis: one element per row.
+                let p = row_in;
+                self.access(op, load, p, Operand::Addr(row_addr, 0), regs[i], es);
+                i += 1;
+                continue;
+            };
+            let mut vector = None;
+            if vectorize {
+                let chunk = run_bytes.min(16);
+                let last = self.reg(RegClass::B32, "clast");
+                self.op("add.s32", vec![R(last), R(c0), Imm(i64::from(sl.dc) + n as i64 - 1)]);
+                let first = self.reg(RegClass::B32, "cfirst");
+                self.op("add.s32", vec![R(first), R(c0), Imm(i64::from(sl.dc))]);
                 let low = self.reg(RegClass::B32, "align");
-                self.op("cvt.u32.u64", vec![R(low), R(addr)]);
-                self.op("and.b32", vec![R(low), R(low), Imm(i64::from(chunk_bytes - 1))]);
-                let vector = self.reg(RegClass::Pred, "vec");
-                self.op("setp.eq.and.u32", vec![R(vector), R(low), Imm(0), R(unit)]);
-                self.op("and.pred", vec![R(vector), R(vector), R(p_first)]);
-                self.op("and.pred", vec![R(vector), R(vector), R(p_last)]);
-                let scalar = self.reg(RegClass::Pred, "novec");
-                self.op("not.pred", vec![R(scalar), R(vector)]);
-                runs.push(Run { first, vector, scalar });
+                self.op("cvt.u32.u64", vec![R(low), R(row_first)]);
+                self.op("add.u32", vec![R(low), R(low), Imm(i64::from(sl.dc * es))]);
+                self.op("and.b32", vec![R(low), R(low), Imm(i64::from(chunk - 1))]);
+                let v = self.reg(RegClass::Pred, "vec");
+                self.op("setp.eq.and.u32", vec![R(v), R(low), Imm(0), R(unit)]);
+                self.op("setp.lt.and.u32", vec![R(v), R(last), R(dim), R(v)]);
+                self.op("setp.lt.and.u32", vec![R(v), R(first), R(dim), R(v)]);
+                self.op("and.pred", vec![R(v), R(v), R(row_in)]);
+                self.vector_move(v, row_first, i64::from(sl.dc * es), &regs[i..i + n], ty, op, load, chunk);
+                vector = Some(v);
+            }
+            for k in 0..n {
+                let dc = slots[i + k].dc;
+                let c = self.reg(RegClass::B32, "ck");
+                self.op("add.s32", vec![R(c), R(c0), Imm(i64::from(dc))]);
+                let p = self.reg(RegClass::Pred, "in");
+                self.op("setp.lt.and.u32", vec![R(p), R(c), R(dim), R(row_in)]);
+                if let Some(v) = vector {
+                    let nv = self.reg(RegClass::Pred, "novec");
+                    self.op("not.pred", vec![R(nv), R(v)]);
+                    self.op("and.pred", vec![R(p), R(p), R(nv)]);
+                }
+                let off = self.reg(RegClass::B64, "off");
+                self.op("mul.wide.s32", vec![R(off), R(c), R(sb)]);
+                let addr = self.reg(RegClass::B64, "addr");
+                self.op("add.s64", vec![R(addr), R(row_addr), R(off)]);
+                self.access(op, load, p, Operand::Addr(addr, 0), regs[i + k], es);
+            }
+            i += n;
+        }
+    }
+
+    fn access(&mut self, op: &str, load: bool, p: Reg, addr: Operand, r: Reg, es: u32) {
+        let inst = format!("{op}.b{}", es * 8);
+        let args = if load { vec![Operand::Reg(r), addr] } else { vec![addr, Operand::Reg(r)] };
+        self.op_if(p, false, &inst, args);
+    }
+
+    /// Moves one run of registers with vector loads or stores at `[base + off]`, guarded by
+    /// `pred`. 16-bit elements travel in pairs packed into b32 lanes.
+    #[allow(clippy::too_many_arguments)]
+    fn vector_move(&mut self, pred: Reg, base: Reg, off: i64, regs: &[Reg], ty: TileType, op: &str, load: bool, chunk_bytes: u32) {
+        use Operand::{Reg as R, Vec as V};
+        let per_chunk = (chunk_bytes / ty.dtype.size()) as usize;
+        for (c, chunk) in regs.chunks(per_chunk).enumerate() {
+            let addr = Operand::Addr(base, off + i64::from(chunk_bytes) * c as i64);
+            let lanes = (chunk_bytes / 4) as usize;
+            let vop = if lanes == 1 { format!("{op}.b32") } else { format!("{op}.v{lanes}.b32") };
+            if ty.dtype.size() == 4 {
+                let regs = if lanes == 1 { R(chunk[0]) } else { V(chunk.to_vec()) };
+                let args = if load { vec![regs, addr] } else { vec![addr, regs] };
+                self.op_if(pred, false, &vop, args);
+                continue;
+            }
+            let words: Vec<Reg> = (0..lanes).map(|_| self.reg(RegClass::B32, "pack")).collect();
+            let wop = |w: &[Reg]| if lanes == 1 { R(w[0]) } else { V(w.to_vec()) };
+            if load {
+                self.op_if(pred, false, &vop, vec![wop(&words), addr]);
+                for (w, pair) in words.iter().zip(chunk.chunks(2)) {
+                    self.op_if(pred, false, "mov.b32", vec![V(pair.to_vec()), R(*w)]);
+                }
+            } else {
+                for (w, pair) in words.iter().zip(chunk.chunks(2)) {
+                    self.op("mov.b32", vec![R(*w), V(pair.to_vec())]);
+                }
+                self.op_if(pred, false, &vop, vec![addr, wop(&words)]);
             }
         }
-        Access { elems, runs, chunk_bytes }
     }
 
     /// `acc += (s64)index * stride * es`
@@ -241,8 +245,4 @@ impl Lowerer<'_> {
         self.op("mul.wide.s32", vec![R(t), R(index), R(sb)]);
         self.op("add.s64", vec![R(acc), R(acc), R(t)]);
     }
-}
-
-fn layout_owner(owner: Reg) -> Option<Reg> {
-    Some(owner)
 }

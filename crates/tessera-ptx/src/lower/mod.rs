@@ -10,6 +10,7 @@
 //! predicates, the scratch address) is computed once in the prologue, so it dominates every
 //! use whatever the control flow.
 
+pub mod hopper;
 mod memory;
 mod scalar;
 mod tile;
@@ -24,12 +25,36 @@ use std::collections::HashMap;
 /// The symbol of the per-block shared scratch array.
 pub const SCRATCH: &str = "tessera_scratch";
 
-/// Lowers a type-checked kernel to TIR-T.
-pub fn lower(ir: &TileIr) -> Result<PtxKernel, CompileError> {
+/// Lowers a type-checked kernel to TIR-T for `target`.
+///
+/// # Errors
+/// [`CompileError::Lower`] when the kernel uses what `target` lacks (TMA, wgmma and
+/// pipelines need sm_90a), or one tensor is copied by TMA with two different boxes.
+pub fn lower(ir: &TileIr, target: crate::reflect::Target) -> Result<PtxKernel, CompileError> {
+    let mut scan = hopper::HopperScan::default();
+    hopper::scan(&ir.body, &mut scan);
+    hopper::check_target(&scan, target)?;
+    let mut tma: Vec<(String, hopper::TmaUse)> = Vec::new();
+    for (name, use_, loc) in &scan.tma {
+        match tma.iter().find(|(n, _)| n == name) {
+            Some((_, u)) if u != use_ => {
+                return Err(CompileError::Lower {
+                    message: format!("`{name}` is already copied by TMA with a {}x{} box; one box per tensor", u.rows, u.cols),
+                    loc: *loc,
+                })
+            }
+            Some(_) => {}
+            None => tma.push((name.clone(), *use_)),
+        }
+    }
     let mut lw = Lowerer::new(ir);
-    lw.params();
+    lw.mma_accs = scan.mma_accs;
+    lw.any_mma = scan.any_mma;
+    lw.params(&tma);
     lw.block(&ir.body)?;
-    Ok(lw.finish())
+    let mut k = lw.finish();
+    k.tma = tma;
+    Ok(k)
 }
 
 /// A lowered value.
@@ -38,6 +63,10 @@ pub(crate) enum Value {
     Scalar(Operand, ScalarType),
     Tile(TileVal),
     Global(GlobalVal),
+    /// A shared ring: its byte offset from the dynamic base, and its type.
+    Smem(u32, crate::tirh::SmemType),
+    View(hopper::ViewVal),
+    Pipe(hopper::PipeVal),
 }
 
 /// A tile in registers: one register per slot of its layout.
@@ -95,6 +124,18 @@ pub(crate) struct Lowerer<'a> {
     pub barid: Reg,
     pub scratch: Reg,
     layouts: Vec<(Layout, LayoutRegs)>,
+    pub tid: Reg,
+    /// Thread 0 of each warpgroup: it issues TMA and arrives on barriers.
+    pub leader: Reg,
+    pub dyn_base: Option<Reg>,
+    pub dyn_bytes: u32,
+    /// (base, offset, stages, arrival count) of each barrier ring, initialized at entry.
+    pub barrier_inits: Vec<(Reg, u32, u32, u32)>,
+    pub tma_maps: HashMap<String, Reg>,
+    pub mma_accs: Vec<String>,
+    pub any_mma: bool,
+    pub wgmma_pending: bool,
+    pub uses_setmaxnreg: bool,
 }
 
 impl<'a> Lowerer<'a> {
@@ -116,6 +157,16 @@ impl<'a> Lowerer<'a> {
             barid: placeholder,
             scratch: placeholder,
             layouts: Vec::new(),
+            tid: placeholder,
+            leader: placeholder,
+            dyn_base: None,
+            dyn_bytes: 0,
+            barrier_inits: Vec::new(),
+            tma_maps: HashMap::new(),
+            mma_accs: Vec::new(),
+            any_mma: false,
+            wgmma_pending: false,
+            uses_setmaxnreg: false,
         };
         lw.thread_indices();
         lw
@@ -178,16 +229,19 @@ impl<'a> Lowerer<'a> {
         self.pro("shr.u32", vec![R(self.warp), R(t), Imm(5)]);
         // Barrier 0 is left for whole-block barriers; warpgroup w uses barrier w + 1.
         self.pro("add.u32", vec![R(self.barid), R(self.wg), Imm(1)]);
+        self.tid = tid;
+        self.leader = self.reg(RegClass::Pred, "leader");
+        self.pro("setp.eq.u32", vec![R(self.leader), R(t), Imm(0)]);
     }
 
-    fn params(&mut self) {
-        use Operand::{Reg as R, SymAddr};
+    fn params(&mut self, tma: &[(String, hopper::TmaUse)]) {
+        use Operand::{Reg as R, Sym, SymAddr};
         for p in &self.ir.params {
             match p.ty {
                 Type::Global { rank, .. } => {
                     let ptr = self.reg(RegClass::B64, &p.name);
                     let sym = format!("{}_ptr", p.name);
-                    self.params.push(PtxParam { name: sym.clone(), ty: ".u64" });
+                    self.params.push(PtxParam { name: sym.clone(), ty: ".u64", bytes: None });
                     self.pro("ld.param.u64", vec![R(ptr), SymAddr(sym)]);
                     self.pro("cvta.to.global.u64", vec![R(ptr), R(ptr)]);
                     let mut dims = Vec::new();
@@ -196,10 +250,19 @@ impl<'a> Lowerer<'a> {
                         for i in 0..rank {
                             let sym = format!("{}_{kind}{i}", p.name);
                             let r = self.reg(RegClass::B32, &format!("{}_{kind}{i}", p.name));
-                            self.params.push(PtxParam { name: sym.clone(), ty: ".u32" });
+                            self.params.push(PtxParam { name: sym.clone(), ty: ".u32", bytes: None });
                             self.prologue.push(Inst::Op { pred: None, op: "ld.param.u32".into(), args: vec![R(r), SymAddr(sym)] });
                             out.push(r);
                         }
+                    }
+                    if tma.iter().any(|(n, _)| *n == p.name) {
+                        // The tensor map, used in place: TMA takes its generic address.
+                        let sym = format!("{}_tmap", p.name);
+                        self.params.push(PtxParam { name: sym.clone(), ty: ".align 64 .b8", bytes: Some(128) });
+                        let map = self.reg(RegClass::B64, &sym);
+                        self.pro("mov.u64", vec![R(map), Sym(sym)]);
+                        self.pro("cvta.param.u64", vec![R(map), R(map)]);
+                        self.tma_maps.insert(p.name.clone(), map);
                     }
                     let g = GlobalVal { name: p.name.clone(), written: self.ir.writes(&p.name), ptr, dims, strides };
                     self.bind(&p.name, Value::Global(g));
@@ -210,11 +273,11 @@ impl<'a> Lowerer<'a> {
                         _ => (RegClass::B32, ".s32"),
                     };
                     let r = self.reg(class, &p.name);
-                    self.params.push(PtxParam { name: p.name.clone(), ty });
+                    self.params.push(PtxParam { name: p.name.clone(), ty, bytes: None });
                     self.pro(&format!("ld.param{ty}"), vec![R(r), SymAddr(p.name.clone())]);
                     self.bind(&p.name, Value::Scalar(R(r), s));
                 }
-                Type::Tile(_) => {}
+                _ => {}
             }
         }
     }
@@ -227,6 +290,18 @@ impl<'a> Lowerer<'a> {
 
     pub fn lookup(&self, name: &str) -> Value {
         self.scopes.iter().rev().find_map(|s| s.get(name).cloned()).expect("verified TIR-H: every name is bound")
+    }
+
+    /// Replaces the binding of `name` where it is bound.
+    pub fn rebind(&mut self, name: &str, v: Value) {
+        if let Some(scope) = self.scopes.iter_mut().rev().find(|s| s.contains_key(name)) {
+            scope.insert(name.to_string(), v);
+        }
+    }
+
+    /// The PTX name of a register.
+    pub fn reg_name(&self, r: Reg) -> String {
+        self.regs[r.id as usize].1.clone()
     }
 
     pub fn global(&self, name: &str) -> GlobalVal {
@@ -247,10 +322,20 @@ impl<'a> Lowerer<'a> {
 
     fn stmt(&mut self, s: &Stmt) -> Result<(), CompileError> {
         let file = self.ir.file.rsplit('/').next().unwrap_or(&self.ir.file).to_string();
+        self.layouts.clear();
         self.body.push(Inst::Comment(format!("{file}:{}  {}", s.loc.line, s.text)));
+        if let Some(r) = self.hopper_stmt(s) {
+            return r;
+        }
         match &s.kind {
             StmtKind::Let { name, mutable, value, .. } => {
-                let mut v = self.expr(value)?;
+                let mut v = match (&value.kind, value.checked_ty()) {
+                    (crate::tirh::ExprKind::Full { .. }, Type::Tile(ty)) => {
+                        let layout = self.full_layout(Some(name), ty);
+                        Value::Tile(self.full(value, ty, layout)?)
+                    }
+                    _ => self.expr(value)?,
+                };
                 if *mutable {
                     v = self.copy(&v, name);
                 }
@@ -267,7 +352,12 @@ impl<'a> Lowerer<'a> {
                 let t = self.tile(value)?;
                 self.store(&g, &idx, &t);
             }
-            StmtKind::For { var, start, end, step, body } => self.for_loop(var, start, end, *step, body)?,
+            StmtKind::For { var, start, end, step, body } => {
+                let mma_inside = hopper::has_mma(body);
+                self.wgmma_pending |= mma_inside;
+                self.for_loop(var, start, end, *step, body)?;
+                self.wgmma_pending |= mma_inside;
+            }
             StmtKind::If { cond, then, otherwise } => {
                 let p = self.scalar(cond)?;
                 let p = self.in_reg(p, ScalarType::Bool, "cond");
@@ -279,6 +369,7 @@ impl<'a> Lowerer<'a> {
                 self.block(otherwise)?;
                 self.body.push(Inst::Label(l_end));
             }
+            _ => unreachable!("Hopper statements are lowered by hopper_stmt"),
         }
         Ok(())
     }
@@ -333,7 +424,7 @@ impl<'a> Lowerer<'a> {
                     .collect();
                 Value::Tile(TileVal { regs, ..t.clone() })
             }
-            Value::Global(_) => v.clone(),
+            _ => v.clone(),
         }
     }
 
@@ -353,7 +444,10 @@ impl<'a> Lowerer<'a> {
         }
     }
 
-    /// The per-thread registers of `layout`, computed once in the prologue.
+    /// The per-thread registers of `layout`, computed where first needed in a statement and
+    /// reused within it. Computing them at the point of use keeps them out of every other
+    /// warpgroup's live ranges (a producer at 40 registers would spill them); ptxas hoists them
+    /// out of loops.
     pub fn layout_regs(&mut self, l: Layout) -> LayoutRegs {
         if let Some((_, r)) = self.layouts.iter().find(|(k, _)| *k == l) {
             return *r;
@@ -366,43 +460,43 @@ impl<'a> Lowerer<'a> {
         let (lane, warp) = (self.lane, self.warp);
         match l.kind {
             LayoutKind::Blocked { v, tc, tr, wc: nwc, .. } => {
-                self.pro("and.b32", vec![R(lc), R(lane), Imm(i64::from(tc - 1))]);
-                self.pro("shr.u32", vec![R(lr), R(lane), Imm(log2(tc))]);
-                self.pro("and.b32", vec![R(wc), R(warp), Imm(i64::from(nwc - 1))]);
-                self.pro("shr.u32", vec![R(wr), R(warp), Imm(log2(nwc))]);
+                self.op("and.b32", vec![R(lc), R(lane), Imm(i64::from(tc - 1))]);
+                self.op("shr.u32", vec![R(lr), R(lane), Imm(log2(tc))]);
+                self.op("and.b32", vec![R(wc), R(warp), Imm(i64::from(nwc - 1))]);
+                self.op("shr.u32", vec![R(wr), R(warp), Imm(log2(nwc))]);
                 // urow = lr + wr * tr;  ucol = (lc + wc * tc) * v
-                self.pro("shl.b32", vec![R(urow), R(wr), Imm(log2(tr))]);
-                self.pro("add.u32", vec![R(urow), R(urow), R(lr)]);
-                self.pro("shl.b32", vec![R(ucol), R(wc), Imm(log2(tc))]);
-                self.pro("add.u32", vec![R(ucol), R(ucol), R(lc)]);
-                self.pro("shl.b32", vec![R(ucol), R(ucol), Imm(log2(v))]);
+                self.op("shl.b32", vec![R(urow), R(wr), Imm(log2(tr))]);
+                self.op("add.u32", vec![R(urow), R(urow), R(lr)]);
+                self.op("shl.b32", vec![R(ucol), R(wc), Imm(log2(tc))]);
+                self.op("add.u32", vec![R(ucol), R(ucol), R(lc)]);
+                self.op("shl.b32", vec![R(ucol), R(ucol), Imm(log2(v))]);
             }
             LayoutKind::Wgmma { .. } => {
                 // Thread (w, g, t) holds row 16w + g and columns 2t, 2t + 1 of each 8.
-                self.pro("and.b32", vec![R(lc), R(lane), Imm(3)]);
-                self.pro("shr.u32", vec![R(lr), R(lane), Imm(2)]);
-                self.pro("mov.u32", vec![R(wc), Imm(0)]);
-                self.pro("mov.u32", vec![R(wr), R(warp)]);
-                self.pro("shl.b32", vec![R(urow), R(warp), Imm(4)]);
-                self.pro("add.u32", vec![R(urow), R(urow), R(lr)]);
-                self.pro("shl.b32", vec![R(ucol), R(lc), Imm(1)]);
+                self.op("and.b32", vec![R(lc), R(lane), Imm(3)]);
+                self.op("shr.u32", vec![R(lr), R(lane), Imm(2)]);
+                self.op("mov.u32", vec![R(wc), Imm(0)]);
+                self.op("mov.u32", vec![R(wr), R(warp)]);
+                self.op("shl.b32", vec![R(urow), R(warp), Imm(4)]);
+                self.op("add.u32", vec![R(urow), R(urow), R(lr)]);
+                self.op("shl.b32", vec![R(ucol), R(lc), Imm(1)]);
             }
         }
         let (row, col) = (b(self, "row"), b(self, "col"));
         for (dst, u, keep, extent) in [(row, urow, l.keep_rows, l.parent_rows), (col, ucol, l.keep_cols, l.parent_cols)] {
             if keep {
-                self.pro("and.b32", vec![R(dst), R(u), Imm(i64::from(extent - 1))]);
+                self.op("and.b32", vec![R(dst), R(u), Imm(i64::from(extent - 1))]);
             } else {
-                self.pro("mov.u32", vec![R(dst), Imm(0)]);
+                self.op("mov.u32", vec![R(dst), Imm(0)]);
             }
         }
         let p = |lw: &mut Self, h: &str| lw.reg(RegClass::Pred, h);
         let (row_owner, col_owner, owner) = (p(self, "row_owner"), p(self, "col_owner"), p(self, "owner"));
         for (dst, u, keep, extent) in [(row_owner, urow, l.keep_rows, l.parent_rows), (col_owner, ucol, l.keep_cols, l.parent_cols)] {
             let bound = if keep { extent } else { 1 };
-            self.pro("setp.lt.u32", vec![R(dst), R(u), Imm(i64::from(bound))]);
+            self.op("setp.lt.u32", vec![R(dst), R(u), Imm(i64::from(bound))]);
         }
-        self.pro("and.pred", vec![R(owner), R(row_owner), R(col_owner)]);
+        self.op("and.pred", vec![R(owner), R(row_owner), R(col_owner)]);
         let regs = LayoutRegs { row, col, lc, lr, wc, wr, row_owner, col_owner, owner };
         self.layouts.push((l, regs));
         regs
@@ -410,6 +504,7 @@ impl<'a> Lowerer<'a> {
 
     fn finish(mut self) -> PtxKernel {
         use Operand::{Imm, Reg as R, Sym};
+        self.finish_hopper();
         let bytes = self.scratch_bytes;
         let (scratch, wg) = (self.scratch, self.wg);
         if bytes > 0 {
@@ -427,6 +522,10 @@ impl<'a> Lowerer<'a> {
             params: self.params,
             threads: self.ir.warpgroups * 128,
             shared_bytes: bytes * self.ir.warpgroups,
+            // The base is rounded up to 1024 at run time: ask for that much more.
+            dynamic_shared_bytes: if self.dyn_bytes > 0 { self.dyn_bytes + 1024 } else { 0 },
+            min_ctas_per_sm: self.uses_setmaxnreg,
+            tma: Vec::new(),
             regs: self.regs,
             body,
         }

@@ -9,12 +9,15 @@ use crate::tirt::{Operand, Reg, RegClass};
 impl Lowerer<'_> {
     /// Lowers any expression.
     pub(crate) fn expr(&mut self, e: &Expr) -> Result<Value, CompileError> {
+        if let Some(v) = self.hopper_expr(e) {
+            return v;
+        }
         match e.checked_ty() {
             Type::Tile(_) => Ok(Value::Tile(self.tile(e)?)),
             Type::Scalar(s) => Ok(Value::Scalar(self.scalar(e)?, s)),
-            Type::Global { .. } => match &e.kind {
+            _ => match &e.kind {
                 ExprKind::Var(n) => Ok(self.lookup(n)),
-                _ => unreachable!("verified TIR-H: globals are only named"),
+                _ => unreachable!("verified TIR-H: globals, rings and pipelines are only named"),
             },
         }
     }
@@ -98,9 +101,7 @@ impl Lowerer<'_> {
                 self.op(&scalar_binop(*op, operand_ty), vec![R(r), va, vb]);
                 R(r)
             }
-            ExprKind::Full { .. } | ExprKind::Load { .. } | ExprKind::Reduce { .. } => {
-                unreachable!("verified TIR-H: tile expressions are not scalars")
-            }
+            _ => unreachable!("verified TIR-H: not a scalar expression"),
         })
     }
 }

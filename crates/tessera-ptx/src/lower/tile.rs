@@ -14,22 +14,14 @@ impl Lowerer<'_> {
         let Type::Tile(ty) = e.checked_ty() else { unreachable!("verified TIR-H: a tile") };
         Ok(match &e.kind {
             ExprKind::Var(n) => match self.lookup(n) {
-                super::Value::Tile(t) => t,
+                super::Value::Tile(t) => {
+                    self.before_tile_read(&t);
+                    t
+                }
                 _ => unreachable!("verified TIR-H: `{n}` is a tile"),
             },
-            ExprKind::Full { value, .. } => {
-                let v = self.scalar(value)?;
-                let layout = Layout::blocked(ty.rows, ty.cols);
-                let src = self.elem_from_f32(v, ty.dtype);
-                let regs = (0..layout.len())
-                    .map(|_| {
-                        let r = self.reg(elem_class(ty.dtype), "full");
-                        self.op(super::mov_for(r.class), vec![Operand::Reg(r), src.clone()]);
-                        r
-                    })
-                    .collect();
-                TileVal { ty, layout, regs }
-            }
+            ExprKind::Full { .. } => self.full(e, ty, Layout::blocked(ty.rows, ty.cols))?,
+
             ExprKind::Load { tensor, index, fill, .. } => {
                 let g = self.global(tensor);
                 let idx = index.iter().map(|i| self.scalar(i)).collect::<Result<Vec<_>, _>>()?;
@@ -57,10 +49,23 @@ impl Lowerer<'_> {
                 let t = self.tile(value)?;
                 self.reduce(t, *op, *axis)
             }
-            ExprKind::Int(_) | ExprKind::Float(_) | ExprKind::Bool(_) | ExprKind::Builtin(_) | ExprKind::Dim { .. } => {
-                unreachable!("verified TIR-H: scalar expressions are not tiles")
-            }
+            _ => unreachable!("verified TIR-H: not a tile expression"),
         })
+    }
+
+    /// `Tile::full(v)` in `layout`.
+    pub(crate) fn full(&mut self, e: &Expr, ty: TileType, layout: Layout) -> Result<TileVal, CompileError> {
+        let ExprKind::Full { value, .. } = &e.kind else { unreachable!("a Full expression") };
+        let v = self.scalar(value)?;
+        let src = self.elem_from_f32(v, ty.dtype);
+        let regs = (0..layout.len())
+            .map(|_| {
+                let r = self.reg(elem_class(ty.dtype), "full");
+                self.op(super::mov_for(r.class), vec![Operand::Reg(r), src.clone()]);
+                r
+            })
+            .collect();
+        Ok(TileVal { ty, layout, regs })
     }
 
     /// An f32 operand as an element of `dtype` (an immediate or a register).

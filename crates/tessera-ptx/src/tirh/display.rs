@@ -43,6 +43,13 @@ fn write_stmt(f: &mut fmt::Formatter<'_>, s: &Stmt, depth: usize) -> fmt::Result
             write_block(f, body, depth + 1)?;
             writeln!(f, "{pad}}}")
         }
+        StmtKind::TmaLoad { dst, tensor, index, pipe } => {
+            writeln!(f, "{pad}tma.load {dst} <- {tensor}[{}] on {pipe};  // line {}", list(index), s.loc.line)
+        }
+        StmtKind::PipeCommit { pipe } => writeln!(f, "{pad}{pipe}.commit;  // line {}", s.loc.line),
+        StmtKind::PipeRelease { pipe } => writeln!(f, "{pad}{pipe}.release;  // line {}", s.loc.line),
+        StmtKind::Mma { acc, a, b } => writeln!(f, "{pad}mma {acc} += {a} * {b}^T;  // line {}", s.loc.line),
+        StmtKind::SetMaxNReg(n) => writeln!(f, "{pad}setmaxnreg {n};  // line {}", s.loc.line),
         StmtKind::If { cond, then, otherwise } => {
             writeln!(f, "{pad}if {cond} {{  // line {}", s.loc.line)?;
             write_block(f, then, depth + 1)?;
@@ -98,6 +105,14 @@ impl fmt::Display for Expr {
                 Ok(())
             }
             ExprKind::Cast { value, to } => write!(f, "cast<{to}>({value})"),
+            ExprKind::SmemRing(t) => {
+                write!(f, "smem_ring<{}, {}, {}>(stages={}, swizzle={})", t.dtype, t.rows, t.cols, t.stages, t.swizzle)
+            }
+            ExprKind::PipelineNew { stages, consumers } => write!(f, "pipeline<{stages}>(consumers={consumers})"),
+            ExprKind::SmemAt { ring, stage } => write!(f, "{ring}[{stage}]"),
+            ExprKind::SmemRows { view, start, rows } => write!(f, "{view}.rows({start}, {rows})"),
+            ExprKind::PipeStage { pipe, producer: true } => write!(f, "{pipe}.acquire()"),
+            ExprKind::PipeStage { pipe, producer: false } => write!(f, "{pipe}.wait()"),
             ExprKind::Reduce { op, axis, value } => write!(f, "reduce_{}<axis={axis}>({value})", op.name()),
         }
     }

@@ -45,6 +45,34 @@ impl std::fmt::Display for TileType {
     }
 }
 
+/// A ring of `stages` shared-memory tiles of `rows×cols` elements, swizzled as TMA and wgmma
+/// read them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SmemType {
+    /// Element type.
+    pub dtype: DType,
+    /// Rows of one stage's tile.
+    pub rows: u32,
+    /// Columns of one stage's tile.
+    pub cols: u32,
+    /// Stages in the ring.
+    pub stages: u32,
+    /// Swizzle span in bytes: 128, 64, 32, or 0 for none.
+    pub swizzle: u32,
+}
+
+impl SmemType {
+    /// Bytes of one stage.
+    pub fn stage_bytes(&self) -> u32 {
+        self.rows * self.cols * self.dtype.size()
+    }
+
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> u32 {
+        self.cols * self.dtype.size()
+    }
+}
+
 /// The type of a value in TIR-H.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Type {
@@ -52,6 +80,26 @@ pub enum Type {
     Scalar(ScalarType),
     /// A register tile.
     Tile(TileType),
+    /// A shared-memory ring, `Smem::<T, M, N>::ring(stages)`.
+    Smem(SmemType),
+    /// One stage of a ring, or some of its rows: an operand of TMA and of `mma_sync`.
+    SmemView {
+        /// Element type.
+        dtype: DType,
+        /// Rows seen.
+        rows: u32,
+        /// Columns.
+        cols: u32,
+        /// The ring's swizzle span in bytes.
+        swizzle: u32,
+    },
+    /// A ring of full/empty mbarriers, `Pipeline::<STAGES>::new(consumers)`.
+    Pipeline {
+        /// Stages.
+        stages: u32,
+        /// Consumer warpgroups that release each stage.
+        consumers: u32,
+    },
     /// A global tensor parameter, `Global<T, R>`.
     Global {
         /// Element type.
@@ -67,6 +115,9 @@ impl std::fmt::Display for Type {
             Type::Scalar(s) => write!(f, "{s}"),
             Type::Tile(t) => write!(f, "{t}"),
             Type::Global { dtype, rank } => write!(f, "Global<{dtype}, {rank}>"),
+            Type::Smem(t) => write!(f, "Smem<{}, {}, {}> x{} (swizzle {})", t.dtype, t.rows, t.cols, t.stages, t.swizzle),
+            Type::SmemView { dtype, rows, cols, .. } => write!(f, "SmemView<{dtype}, {rows}, {cols}>"),
+            Type::Pipeline { stages, consumers } => write!(f, "Pipeline<{stages}> ({consumers} consumers)"),
         }
     }
 }
@@ -166,6 +217,41 @@ pub enum StmtKind {
         /// Body.
         body: Vec<Stmt>,
     },
+    /// `tma::load(view, tensor, [i, j], pipe)`: a TMA copy of the box at `[i, j]` into `view`,
+    /// completing on the pipeline's full barrier of the view's stage. Out-of-bounds elements
+    /// land as zeros.
+    TmaLoad {
+        /// The destination view (one stage of a ring).
+        dst: Expr,
+        /// The global tensor.
+        tensor: String,
+        /// The box origin, one index per dimension.
+        index: Vec<Expr>,
+        /// The pipeline whose full barrier counts the bytes.
+        pipe: String,
+    },
+    /// `pipe.commit(s)`: the producer has issued stage `s`'s copies.
+    PipeCommit {
+        /// The pipeline.
+        pipe: String,
+    },
+    /// `pipe.release(s)`: this consumer warpgroup is done reading stage `s`.
+    PipeRelease {
+        /// The pipeline.
+        pipe: String,
+    },
+    /// `mma_sync(acc, a, b)`: `acc += a · bᵀ` with `a` (`M×K`) and `b` (`N×K`) in shared
+    /// memory, both K-major.
+    Mma {
+        /// The accumulator, a mutable `Tile<f32, M, N>`.
+        acc: String,
+        /// `M×K` operand.
+        a: Expr,
+        /// `N×K` operand.
+        b: Expr,
+    },
+    /// `setmaxnreg(n)`: this warpgroup's register budget from here on.
+    SetMaxNReg(u32),
     /// `if cond { then } else { otherwise }`
     If {
         /// A uniform boolean.
@@ -380,6 +466,39 @@ pub enum ExprKind {
         value: Box<Expr>,
         /// The element (tiles) or scalar type to convert to.
         to: DType,
+    },
+    /// `Smem::<T, M, N>::ring(stages)`: allocates a shared ring.
+    SmemRing(SmemType),
+    /// `Pipeline::<STAGES>::new(consumers)`: allocates and initializes a barrier ring.
+    PipelineNew {
+        /// Stages.
+        stages: u32,
+        /// Consumer warpgroups.
+        consumers: u32,
+    },
+    /// `ring.at(stage)`: one stage of a ring.
+    SmemAt {
+        /// The ring.
+        ring: String,
+        /// The stage (an i32).
+        stage: Box<Expr>,
+    },
+    /// `view.rows(start, n)`: `n` rows of a view from `start` (a multiple of 8).
+    SmemRows {
+        /// The view.
+        view: Box<Expr>,
+        /// First row.
+        start: Box<Expr>,
+        /// Rows.
+        rows: u32,
+    },
+    /// `pipe.acquire()` (producer) or `pipe.wait()` (consumer): waits for the current stage
+    /// to be empty or full and gives its index.
+    PipeStage {
+        /// The pipeline.
+        pipe: String,
+        /// True for the producer's `acquire`, false for the consumer's `wait`.
+        producer: bool,
     },
     /// `row_sum(t)`, `t.sum(axis)`, …: reduces `axis` to extent 1.
     Reduce {

@@ -93,8 +93,10 @@ pub enum Inst {
 pub struct PtxParam {
     /// Parameter symbol.
     pub name: String,
-    /// `.u64`, `.u32`, `.f32`, `.s32`.
+    /// `.u64`, `.u32`, `.f32`, `.s32`, or `.align 64 .b8` for a byte array.
     pub ty: &'static str,
+    /// For a byte array (a TMA tensor map), its size.
+    pub bytes: Option<u32>,
 }
 
 /// A kernel in TIR-T.
@@ -108,6 +110,12 @@ pub struct PtxKernel {
     pub threads: u32,
     /// Static shared memory in bytes.
     pub shared_bytes: u32,
+    /// Dynamic shared memory in bytes (rings and barriers, plus alignment slack).
+    pub dynamic_shared_bytes: u32,
+    /// Whether the entry needs `.minnctapersm 1` (a register cap for `setmaxnreg`).
+    pub min_ctas_per_sm: bool,
+    /// Globals copied by TMA, with their box.
+    pub tma: Vec<(String, crate::lower::hopper::TmaUse)>,
     /// Register names, indexed by [`Reg::id`].
     pub regs: Vec<(RegClass, String)>,
     /// The body.

@@ -25,6 +25,9 @@ impl Checker {
     }
 
     fn infer(&mut self, e: &mut Expr, expect: Option<TileType>) -> Result<Type, CompileError> {
+        if let Some(t) = self.hopper_expr(e) {
+            return t;
+        }
         let loc = e.loc;
         Ok(match &mut e.kind {
             ExprKind::Var(name) => match self.lookup(name) {
@@ -84,6 +87,13 @@ impl Checker {
                 },
                 other => return Err(CompileError::ty(loc, format!("cannot cast a `{other}`"))),
             },
+            ExprKind::SmemRing(_)
+            | ExprKind::PipelineNew { .. }
+            | ExprKind::SmemAt { .. }
+            | ExprKind::SmemRows { .. }
+            | ExprKind::PipeStage { .. } => {
+                unreachable!("typed by hopper_expr")
+            }
             ExprKind::Reduce { op, axis, value } => {
                 let ty = self.expr(value)?;
                 let Type::Tile(t) = ty else {

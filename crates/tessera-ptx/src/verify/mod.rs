@@ -7,6 +7,7 @@
 //! Lowering relies on all of this and does not check it again.
 
 mod expr;
+mod hopper;
 
 use crate::dtype::ScalarType;
 use crate::error::CompileError;
@@ -135,6 +136,22 @@ impl Checker {
                 self.bind(var, Type::Scalar(ScalarType::I32), false);
                 self.block(body);
                 self.scopes.pop();
+            }
+            StmtKind::TmaLoad { dst, tensor, index, pipe } => {
+                let (tensor, pipe) = (tensor.clone(), pipe.clone());
+                self.tma_load(dst, &tensor, index, &pipe, loc)?;
+            }
+            StmtKind::PipeCommit { pipe } | StmtKind::PipeRelease { pipe } => {
+                self.pipeline(pipe, loc)?;
+            }
+            StmtKind::Mma { acc, a, b } => {
+                let acc = acc.clone();
+                self.mma(&acc, a, b, loc)?;
+            }
+            StmtKind::SetMaxNReg(n) => {
+                if !(24..=256).contains(n) || *n % 8 != 0 {
+                    return Err(CompileError::ty(loc, format!("`setmaxnreg` takes 24 to 256 registers in steps of 8, found {n}")));
+                }
             }
             StmtKind::If { cond, then, otherwise } => {
                 self.expect_scalar(cond, ScalarType::Bool, "an `if` condition")?;

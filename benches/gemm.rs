@@ -1,0 +1,100 @@
+//! bf16 GEMM TFLOP/s beside cuBLAS (through cudarc) in the same process, CUDA-event timing
+//! after warm-up. `C = A·Bᵀ` with A M×K and B N×K row-major (cuBLAS: the same product,
+//! column-major as `Cᵀ = B·Aᵀ`).
+//!
+//! `cargo bench --bench gemm` (prints a skip where there is no GPU).
+
+use criterion::Criterion;
+use std::time::Duration;
+use tessera::cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
+use tessera::cudarc::driver::sys::CUevent_flags;
+use tessera::{bf16, Device, Tensor};
+
+fn time_ms(dev: &Device, warm: usize, iters: usize, mut f: impl FnMut()) -> f64 {
+    for _ in 0..warm {
+        f();
+    }
+    let ctx = dev.context();
+    let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).expect("event");
+    let stop = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).expect("event");
+    start.record(dev.stream()).expect("record");
+    for _ in 0..iters {
+        f();
+    }
+    stop.record(dev.stream()).expect("record");
+    stop.synchronize().expect("sync");
+    f64::from(start.elapsed_ms(&stop).expect("elapsed")) / iters as f64
+}
+
+fn main() {
+    let Ok(dev) = Device::new(0) else {
+        println!("gemm: skipped, no GPU");
+        return;
+    };
+    let blas = CudaBlas::new(dev.stream().clone()).expect("cublas");
+    let shapes: &[(usize, usize, usize)] = &[
+        (2048, 2048, 2048),
+        (4096, 4096, 4096),
+        (8192, 8192, 8192),
+        (8192, 4096, 4096),
+        (8192, 14336, 4096),
+        (8192, 4096, 14336),
+        (128, 4096, 4096),
+    ];
+    let mut criterion = Criterion::default()
+        .configure_from_args()
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1));
+    let mut seed = 0x9E3779B97F4A7C15u64;
+    let mut rows = Vec::new();
+    for &(m, n, k) in shapes {
+        let mut random = |len: usize| -> Vec<bf16> {
+            (0..len)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    bf16::from_f32((seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0)
+                })
+                .collect()
+        };
+        let a = Tensor::from_host(&dev, &random(m * k), &[m, k]).expect("a");
+        let b = Tensor::from_host(&dev, &random(n * k), &[n, k]).expect("b");
+        let mut c = Tensor::<bf16>::zeros(&dev, &[m, n]).expect("c");
+        let a_raw = dev.stream().clone_htod(&a.to_host().expect("a")).expect("a raw");
+        let b_raw = dev.stream().clone_htod(&b.to_host().expect("b")).expect("b raw");
+        let mut c_raw = dev.stream().alloc_zeros::<bf16>(m * n).expect("c raw");
+        let cfg = GemmConfig {
+            transa: cublasOperation_t::CUBLAS_OP_T,
+            transb: cublasOperation_t::CUBLAS_OP_N,
+            m: n as i32,
+            n: m as i32,
+            k: k as i32,
+            alpha: bf16::ONE,
+            lda: k as i32,
+            ldb: k as i32,
+            beta: bf16::ZERO,
+            ldc: n as i32,
+        };
+        let mut ours = || tessera_kernels::gemm_tn(&dev, &a, &b, &mut c).expect("gemm");
+        let mut theirs = || unsafe { blas.gemm(cfg, &b_raw, &a_raw, &mut c_raw) }.expect("cublas");
+        let name = format!("{m}x{n}x{k}");
+        criterion.bench_function(&format!("tessera {name}"), |bch| {
+            bch.iter_custom(|it| Duration::from_secs_f64(time_ms(&dev, 0, it as usize, &mut ours) * 1e-3 * it as f64))
+        });
+        let flop = 2.0 * m as f64 * n as f64 * k as f64;
+        let iters = if flop > 1e12 { 10 } else { 50 };
+        let t_cublas = time_ms(&dev, 3, iters, &mut theirs);
+        let t_ours = time_ms(&dev, 3, iters, &mut ours);
+        // Both compute the same C: compare a few entries.
+        let (x, y) = (c.to_host().expect("c"), dev.stream().clone_dtoh(&c_raw).expect("c raw"));
+        let diff = x.iter().zip(&y).take(4096).map(|(p, q)| (p.to_f32() - q.to_f32()).abs()).fold(0.0f32, f32::max);
+        rows.push((name, flop / t_cublas * 1e-9, flop / t_ours * 1e-9, diff));
+    }
+    println!("\ngemm bf16 on {} (TFLOP/s)", dev.name());
+    println!("{:<18} {:>9} {:>9} {:>7} {:>9}", "MxNxK", "cuBLAS", "tessera", "ratio", "max|dC|");
+    for (name, cb, us, diff) in rows {
+        println!("{name:<18} {cb:>9.0} {us:>9.0} {:>7.2} {diff:>9.3}", us / cb);
+    }
+}

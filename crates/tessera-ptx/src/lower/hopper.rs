@@ -1,0 +1,402 @@
+//! Hopper pieces: dynamic shared memory, mbarrier pipelines, TMA loads, `wgmma` and
+//! `setmaxnreg`. Instruction forms follow the device-verified examples in
+//! `shared/ptx-examples` (`mbarrier_ring.ptx`'s `ring_gemm`, `tma_load_128B.ptx`).
+//!
+//! Shared memory: rings are placed in order from a 1024-aligned base (the dynamic window's
+//! start rounded up at run time, with 1 KiB requested extra), each 1024-aligned; mbarriers
+//! follow. Thread 0 initializes every barrier in the prologue, then the block syncs.
+//!
+//! Pipelines: each role keeps `(stage, phase)` in registers, starting at `(0, 0)`. The producer
+//! waits on `empty[stage]` with parity `phase ^ 1` (its first lap passes), the consumers on
+//! `full[stage]` with parity `phase`; `commit`/`release` arrive and advance. One thread per
+//! warpgroup (its thread 0) issues TMA, `expect_tx` and arrivals.
+
+use super::{Lowerer, TileVal, Value};
+use crate::error::CompileError;
+use crate::layout::Layout;
+use crate::tirh::{Expr, ExprKind, SmemType, SourceLoc, Stmt, StmtKind, TileType, Type};
+use crate::tirt::{Inst, Operand, Reg, RegClass};
+
+/// The dynamic shared-memory symbol.
+pub const DYN_SMEM: &str = "tessera_dyn";
+
+/// What a kernel's TMA copies need of one global tensor: reflection tells the runtime.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TmaUse {
+    /// Box rows (the shared view's rows).
+    pub rows: u32,
+    /// Box columns.
+    pub cols: u32,
+    /// Swizzle span in bytes (0, 32, 64, 128).
+    pub swizzle: u32,
+}
+
+/// A pipeline's barriers and per-thread ring state.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PipeVal {
+    full: u32,
+    empty: u32,
+    stages: u32,
+    stage: Reg,
+    phase: Reg,
+}
+
+/// A shared view: its shared address and the ring stage it belongs to.
+#[derive(Clone, Debug)]
+pub(crate) struct ViewVal {
+    pub addr: Reg,
+    pub stage: Operand,
+    pub ty: SmemType,
+    pub rows: u32,
+}
+
+/// What the kernel uses, found before lowering.
+#[derive(Default)]
+pub(crate) struct HopperScan {
+    pub tma: Vec<(String, TmaUse, SourceLoc)>,
+    pub mma_accs: Vec<String>,
+    pub any_mma: bool,
+    pub hopper: Option<(SourceLoc, &'static str)>,
+}
+
+pub(crate) fn scan(body: &[Stmt], out: &mut HopperScan) {
+    for s in body {
+        match &s.kind {
+            StmtKind::TmaLoad { dst, tensor, .. } => {
+                if let Some(Type::SmemView { rows, cols, swizzle, .. }) = dst.ty {
+                    out.tma.push((tensor.clone(), TmaUse { rows, cols, swizzle }, s.loc));
+                }
+                out.hopper.get_or_insert((s.loc, "`tma::load`"));
+            }
+            StmtKind::Mma { acc, .. } => {
+                out.mma_accs.push(acc.clone());
+                out.any_mma = true;
+                out.hopper.get_or_insert((s.loc, "`mma_sync` (wgmma)"));
+            }
+            StmtKind::SetMaxNReg(_) => {
+                out.hopper.get_or_insert((s.loc, "`setmaxnreg`"));
+            }
+            StmtKind::Let { value, .. } if matches!(value.kind, ExprKind::PipelineNew { .. }) => {
+                out.hopper.get_or_insert((s.loc, "`Pipeline` (mbarrier try_wait and expect_tx)"));
+            }
+            StmtKind::For { body, .. } => scan(body, out),
+            StmtKind::If { then, otherwise, .. } => {
+                scan(then, out);
+                scan(otherwise, out);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Whether `body` issues an `mma_sync` anywhere.
+pub(crate) fn has_mma(body: &[Stmt]) -> bool {
+    let mut s = HopperScan::default();
+    scan(body, &mut s);
+    s.any_mma
+}
+
+fn align(x: u32, a: u32) -> u32 {
+    x.div_ceil(a) * a
+}
+
+impl Lowerer<'_> {
+    /// The 1024-aligned base of dynamic shared memory, computed once in the prologue.
+    fn dyn_base(&mut self) -> Reg {
+        if let Some(b) = self.dyn_base {
+            return b;
+        }
+        use Operand::{Imm, Reg as R, Sym};
+        let b = self.reg(RegClass::B32, "smem");
+        self.pro("mov.u32", vec![R(b), Sym(DYN_SMEM.into())]);
+        self.pro("add.u32", vec![R(b), R(b), Imm(1023)]);
+        self.pro("and.b32", vec![R(b), R(b), Imm(-1024)]);
+        self.dyn_base = Some(b);
+        b
+    }
+
+    /// Lowers a Hopper expression, or gives `None` for other expressions.
+    pub(crate) fn hopper_expr(&mut self, e: &Expr) -> Option<Result<Value, CompileError>> {
+        use Operand::{Imm, Reg as R};
+        Some(Ok(match &e.kind {
+            ExprKind::SmemRing(t) => {
+                let off = align(self.dyn_bytes, 1024);
+                self.dyn_bytes = off + t.stage_bytes() * t.stages;
+                Value::Smem(off, *t)
+            }
+            ExprKind::PipelineNew { stages, consumers } => {
+                let full = align(self.dyn_bytes, 8);
+                let empty = full + 8 * stages;
+                self.dyn_bytes = empty + 8 * stages;
+                let base = self.dyn_base();
+                self.barrier_inits.push((base, full, *stages, 1));
+                self.barrier_inits.push((base, empty, *stages, *consumers));
+                let (stage, phase) = (self.reg(RegClass::B32, "stage"), self.reg(RegClass::B32, "phase"));
+                self.pro("mov.u32", vec![R(stage), Imm(0)]);
+                self.pro("mov.u32", vec![R(phase), Imm(0)]);
+                Value::Pipe(PipeVal { full, empty, stages: *stages, stage, phase })
+            }
+            ExprKind::SmemAt { ring, stage } => {
+                let Value::Smem(off, ty) = self.lookup(ring) else { unreachable!("verified TIR-H: `{ring}` is a ring") };
+                let st = match self.scalar(stage) {
+                    Ok(s) => s,
+                    Err(err) => return Some(Err(err)),
+                };
+                let base = self.dyn_base();
+                let addr = self.reg(RegClass::B32, &format!("{ring}_at"));
+                let st_reg = self.in_reg(st.clone(), crate::dtype::ScalarType::I32, "stage");
+                self.op("mad.lo.u32", vec![R(addr), R(st_reg), Imm(i64::from(ty.stage_bytes())), R(base)]);
+                self.op("add.u32", vec![R(addr), R(addr), Imm(i64::from(off))]);
+                Value::View(ViewVal { addr, stage: st, ty, rows: ty.rows })
+            }
+            ExprKind::SmemRows { view, start, rows } => {
+                let v = match self.expr(view) {
+                    Ok(Value::View(v)) => v,
+                    Ok(_) => unreachable!("verified TIR-H: a view"),
+                    Err(err) => return Some(Err(err)),
+                };
+                let s = match self.scalar(start) {
+                    Ok(s) => s,
+                    Err(err) => return Some(Err(err)),
+                };
+                let s = self.in_reg(s, crate::dtype::ScalarType::I32, "row0");
+                let addr = self.reg(RegClass::B32, "rows_at");
+                self.op("mad.lo.u32", vec![R(addr), R(s), Imm(i64::from(v.ty.row_bytes())), R(v.addr)]);
+                Value::View(ViewVal { addr, rows: *rows, ..v })
+            }
+            ExprKind::PipeStage { pipe, producer } => {
+                let Value::Pipe(p) = self.lookup(pipe) else { unreachable!("verified TIR-H: `{pipe}` is a pipeline") };
+                let (bar_off, parity) = if *producer {
+                    let par = self.reg(RegClass::B32, "parity");
+                    self.op("xor.b32", vec![R(par), R(p.phase), Imm(1)]);
+                    (p.empty, par)
+                } else {
+                    (p.full, p.phase)
+                };
+                let bar = self.barrier_addr(bar_off, p.stage);
+                let (spin, ok) = (self.label("wait"), self.reg(RegClass::Pred, "ready"));
+                self.body.push(Inst::Label(spin.clone()));
+                self.op("mbarrier.try_wait.parity.shared::cta.b64", vec![R(ok), Operand::Addr(bar, 0), R(parity)]);
+                self.op_if(ok, true, "bra.uni", vec![Operand::Sym(spin)]);
+                let s = self.reg(RegClass::B32, "s");
+                self.op("mov.b32", vec![R(s), R(p.stage)]);
+                Value::Scalar(R(s), crate::dtype::ScalarType::I32)
+            }
+            _ => return None,
+        }))
+    }
+
+    fn barrier_addr(&mut self, off: u32, stage: Reg) -> Reg {
+        use Operand::{Imm, Reg as R};
+        let base = self.dyn_base();
+        let a = self.reg(RegClass::B32, "bar");
+        self.op("mad.lo.u32", vec![R(a), R(stage), Imm(8), R(base)]);
+        self.op("add.u32", vec![R(a), R(a), Imm(i64::from(off))]);
+        a
+    }
+
+    fn advance(&mut self, p: PipeVal) {
+        use Operand::{Imm, Reg as R};
+        let wrap = self.reg(RegClass::Pred, "wrap");
+        self.op("add.u32", vec![R(p.stage), R(p.stage), Imm(1)]);
+        self.op("setp.eq.u32", vec![R(wrap), R(p.stage), Imm(i64::from(p.stages))]);
+        self.op_if(wrap, false, "mov.u32", vec![R(p.stage), Imm(0)]);
+        self.op_if(wrap, false, "xor.b32", vec![R(p.phase), R(p.phase), Imm(1)]);
+    }
+
+    /// Lowers a Hopper statement, or gives `None` for other statements.
+    pub(crate) fn hopper_stmt(&mut self, s: &Stmt) -> Option<Result<(), CompileError>> {
+        Some(match &s.kind {
+            StmtKind::TmaLoad { dst, tensor, index, pipe } => self.tma_load(dst, tensor, index, pipe),
+            StmtKind::PipeCommit { pipe } | StmtKind::PipeRelease { pipe } => {
+                let Value::Pipe(p) = self.lookup(pipe) else { unreachable!("verified TIR-H: `{pipe}` is a pipeline") };
+                let release = matches!(s.kind, StmtKind::PipeRelease { .. });
+                if release && self.any_mma {
+                    // The stage's operands are read by wgmma until its group completes.
+                    self.op("wgmma.wait_group.sync.aligned", vec![Operand::Imm(0)]);
+                    self.wgmma_pending = false;
+                }
+                let bar = self.barrier_addr(if release { p.empty } else { p.full }, p.stage);
+                let leader = self.leader;
+                self.op_if(leader, false, "mbarrier.arrive.shared::cta.b64", vec![Operand::Sym("_".into()), Operand::Addr(bar, 0)]);
+                self.advance(p);
+                Ok(())
+            }
+            StmtKind::Mma { acc, a, b } => self.mma(acc, a, b),
+            StmtKind::SetMaxNReg(n) => {
+                let cap = (65536 / (self.ir.warpgroups * 128)).min(255) / 8 * 8;
+                let dir = if *n > cap { "inc" } else { "dec" };
+                self.op(&format!("setmaxnreg.{dir}.sync.aligned.u32"), vec![Operand::Imm(i64::from(*n))]);
+                self.uses_setmaxnreg = true;
+                Ok(())
+            }
+            _ => return None,
+        })
+    }
+
+    fn view(&mut self, e: &Expr) -> Result<ViewVal, CompileError> {
+        match self.expr(e)? {
+            Value::View(v) => Ok(v),
+            _ => unreachable!("verified TIR-H: a shared view"),
+        }
+    }
+
+    fn tma_load(&mut self, dst: &Expr, tensor: &str, index: &[Expr], pipe: &str) -> Result<(), CompileError> {
+        use Operand::Imm;
+        let v = self.view(dst)?;
+        let Value::Pipe(p) = self.lookup(pipe) else { unreachable!("verified TIR-H: `{pipe}` is a pipeline") };
+        let map = *self.tma_maps.get(tensor).expect("scanned: every TMA tensor has a map");
+        let idx = index.iter().map(|i| self.scalar(i)).collect::<Result<Vec<_>, _>>()?;
+        let stage = self.in_reg(v.stage.clone(), crate::dtype::ScalarType::I32, "stage");
+        let bar = self.barrier_addr(p.full, stage);
+        let bytes = v.rows * v.ty.cols * v.ty.dtype.size();
+        let leader = self.leader;
+        self.op_if(leader, false, "mbarrier.expect_tx.relaxed.cta.shared::cta.b64", vec![Operand::Addr(bar, 0), Imm(i64::from(bytes))]);
+        // Coordinates go innermost first.
+        let coords: Vec<Reg> = idx.iter().rev().map(|i| self.in_reg(i.clone(), crate::dtype::ScalarType::I32, "coord")).collect();
+        let dim = coords.len();
+        self.body.push(Inst::Op {
+            pred: Some((leader, false)),
+            op: format!("cp.async.bulk.tensor.{dim}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"),
+            args: vec![
+                Operand::Addr(v.addr, 0),
+                Operand::Sym(format!(
+                    "[{}, {{{}}}]",
+                    self.reg_name(map),
+                    coords.iter().map(|r| self.reg_name(*r)).collect::<Vec<_>>().join(", ")
+                )),
+                Operand::Addr(bar, 0),
+            ],
+        });
+        Ok(())
+    }
+
+    /// A wgmma shared-memory descriptor for a K-major tile at `addr` with `swizzle`.
+    fn descriptor(&mut self, addr: Reg, swizzle: u32) -> Reg {
+        use Operand::{Imm, Reg as R};
+        // bits 0-13: address >> 4; 16-29: LBO (unused for K-major swizzled: 1);
+        // 32-45: SBO = 8 rows of one swizzle span; 62-63: swizzle mode (1: 128B, 2: 64B, 3: 32B).
+        let (mode, sbo) = match swizzle {
+            128 => (1u64, 1024u64),
+            64 => (2, 512),
+            _ => (3, 256),
+        };
+        let hi = (mode << 30) | (sbo >> 4);
+        let lo = self.reg(RegClass::B32, "desc_lo");
+        self.op("shr.u32", vec![R(lo), R(addr), Imm(4)]);
+        self.op("and.b32", vec![R(lo), R(lo), Imm(0x3FFF)]);
+        self.op("or.b32", vec![R(lo), R(lo), Imm(0x10000)]);
+        let d = self.reg(RegClass::B64, "desc");
+        self.op("mov.b64", vec![R(d), Operand::Sym(format!("{{{}, {}}}", self.reg_name(lo), hi as i64))]);
+        d
+    }
+
+    fn mma(&mut self, acc: &str, a: &Expr, b: &Expr) -> Result<(), CompileError> {
+        use Operand::{Imm, Reg as R};
+        let Value::Tile(t) = self.lookup(acc) else { unreachable!("verified TIR-H: `{acc}` is a tile") };
+        let want = Layout::wgmma(t.ty.rows, t.ty.cols);
+        let t = if t.layout == want { t } else { self.adopt(acc, t, want) };
+        let (va, vb) = (self.view(a)?, self.view(b)?);
+        let ab = match va.ty.dtype {
+            crate::dtype::DType::F16 => "f16.f16",
+            _ => "bf16.bf16",
+        };
+        let n = t.ty.cols;
+        let per_block = (n / 2) as usize;
+        let k_steps = va.ty.cols / 16;
+        let desc_b = self.descriptor(vb.addr, vb.ty.swizzle);
+        self.op("wgmma.fence.sync.aligned", vec![]);
+        for mb in 0..(t.ty.rows / 64) {
+            let a_addr = self.reg(RegClass::B32, "a_slab");
+            self.op("add.u32", vec![R(a_addr), R(va.addr), Imm(i64::from(mb * 64 * va.ty.row_bytes()))]);
+            let desc_a = self.descriptor(a_addr, va.ty.swizzle);
+            let regs = t.regs[mb as usize * per_block..(mb as usize + 1) * per_block].to_vec();
+            for k in 0..k_steps {
+                let (da, db) = if k == 0 {
+                    (desc_a, desc_b)
+                } else {
+                    let (da, db) = (self.reg(RegClass::B64, "desc_a"), self.reg(RegClass::B64, "desc_b"));
+                    // Each k16 step is 32 bytes further along the swizzled row: +2 encoded.
+                    self.op("add.s64", vec![R(da), R(desc_a), Imm(2 * i64::from(k))]);
+                    self.op("add.s64", vec![R(db), R(desc_b), Imm(2 * i64::from(k))]);
+                    (da, db)
+                };
+                self.op(
+                    &format!("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}"),
+                    vec![Operand::Vec(regs.clone()), R(da), R(db), Imm(1), Imm(1), Imm(1), Imm(0), Imm(0)],
+                );
+            }
+        }
+        self.op("wgmma.commit_group.sync.aligned", vec![]);
+        self.wgmma_pending = true;
+        Ok(())
+    }
+
+    /// Rebinds a mutable tile in another layout (moving its value), so that `mma_sync` can
+    /// accumulate into it.
+    fn adopt(&mut self, name: &str, t: TileVal, layout: Layout) -> TileVal {
+        let moved = self.convert(t, layout);
+        let regs = moved
+            .regs
+            .iter()
+            .map(|&r| {
+                let n = self.reg(r.class, name);
+                self.op(super::mov_for(r.class), vec![Operand::Reg(n), Operand::Reg(r)]);
+                n
+            })
+            .collect();
+        let v = TileVal { regs, ..moved };
+        self.rebind(name, Value::Tile(v.clone()));
+        v
+    }
+
+    /// Waits for outstanding wgmma groups before an accumulator is read.
+    pub(crate) fn before_tile_read(&mut self, t: &TileVal) {
+        if self.wgmma_pending && matches!(t.layout.kind, crate::layout::LayoutKind::Wgmma { .. }) {
+            self.op("wgmma.wait_group.sync.aligned", vec![Operand::Imm(0)]);
+            self.wgmma_pending = false;
+        }
+    }
+
+    /// The layout a `let` of `name` = `Full` gets: the wgmma accumulator's if `name` feeds
+    /// `mma_sync`.
+    pub(crate) fn full_layout(&self, name: Option<&str>, ty: TileType) -> Layout {
+        match name {
+            Some(n) if self.mma_accs.iter().any(|a| a == n) && ty.rows.is_multiple_of(64) && ty.cols.is_multiple_of(8) => {
+                Layout::wgmma(ty.rows, ty.cols)
+            }
+            _ => Layout::blocked(ty.rows, ty.cols),
+        }
+    }
+
+    /// Barrier initialization by thread 0, then a block-wide barrier: appended to the prologue.
+    pub(crate) fn finish_hopper(&mut self) {
+        use Operand::{Imm, Reg as R};
+        if self.barrier_inits.is_empty() {
+            return;
+        }
+        let done = self.label("init_done");
+        let t0 = self.reg(RegClass::Pred, "thread0");
+        let tid = self.tid;
+        self.pro("setp.ne.u32", vec![R(t0), R(tid), Imm(0)]);
+        self.prologue.push(Inst::Op { pred: Some((t0, false)), op: "bra.uni".into(), args: vec![Operand::Sym(done.clone())] });
+        for (base, off, stages, count) in std::mem::take(&mut self.barrier_inits) {
+            for s in 0..stages {
+                self.pro("mbarrier.init.shared::cta.b64", vec![Operand::Addr(base, i64::from(off + 8 * s)), Imm(i64::from(count))]);
+            }
+        }
+        self.pro("fence.proxy.async.shared::cta", vec![]);
+        self.prologue.push(Inst::Label(done));
+        self.pro("bar.sync", vec![Imm(0)]);
+    }
+}
+
+/// Checks that a kernel fits `target`; Hopper pieces need sm_90a.
+pub(crate) fn check_target(scan: &HopperScan, target: crate::reflect::Target) -> Result<(), CompileError> {
+    match (scan.hopper, target) {
+        (Some((loc, what)), crate::reflect::Target::Sm80) => {
+            Err(CompileError::Lower { message: format!("{what} needs sm_90a; the sm_80 variant is not built"), loc })
+        }
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,173 @@
+//! Typing of the Hopper pieces: shared rings and views, pipelines, TMA loads, `mma_sync`.
+
+use super::Checker;
+use crate::dtype::{DType, ScalarType};
+use crate::error::CompileError;
+use crate::tirh::{Expr, SmemType, SourceLoc, Type};
+
+/// Shapes `mma_sync` accepts: `wgmma.mma_async` m64nNk16.
+fn check_mma_shapes(
+    acc: crate::tirh::TileType,
+    a: (DType, u32, u32),
+    b: (DType, u32, u32),
+    at: [SourceLoc; 3],
+) -> Result<(), CompileError> {
+    let [acc_loc, a_loc, b_loc] = at;
+    if acc.dtype != DType::F32 {
+        return Err(CompileError::ty(acc_loc, format!("`mma_sync` accumulates in f32: expected a `Tile<f32, M, N>`, found `{acc}`")));
+    }
+    let (at, am, ak) = a;
+    let (bt, bn, bk) = b;
+    if !matches!(at, DType::BF16 | DType::F16) {
+        return Err(CompileError::ty(a_loc, format!("`mma_sync` takes bf16 or f16 operands, found `{at}`")));
+    }
+    if bt != at {
+        return Err(CompileError::ty(b_loc, format!("`mma_sync`: `b` must be `{at}` like `a`, found `{bt}`")));
+    }
+    if am != acc.rows || am % 64 != 0 {
+        return Err(CompileError::ty(
+            a_loc,
+            format!("`mma_sync`: `a` must have the accumulator's {} rows, a multiple of 64, found {am}", acc.rows),
+        ));
+    }
+    if bn != acc.cols || !(8..=256).contains(&bn) || bn % 8 != 0 {
+        return Err(CompileError::ty(
+            b_loc,
+            format!("`mma_sync`: `b` (N×K) must have the accumulator's {} columns as rows, 8 to 256 in steps of 8, found {bn}", acc.cols),
+        ));
+    }
+    if bk != ak || ak % 16 != 0 {
+        return Err(CompileError::ty(b_loc, format!("`mma_sync`: `b` must have {ak} columns (K) like `a`, a multiple of 16, found {bk}")));
+    }
+    Ok(())
+}
+
+impl Checker {
+    /// The type of a Hopper expression, or `None` if `e` is not one.
+    pub(super) fn hopper_expr(&mut self, e: &mut Expr) -> Option<Result<Type, CompileError>> {
+        use crate::tirh::ExprKind as K;
+        let loc = e.loc;
+        Some(match &mut e.kind {
+            K::SmemRing(t) => check_ring(*t, loc).map(Type::Smem),
+            K::PipelineNew { stages, consumers } => {
+                if *stages == 0 || *consumers == 0 {
+                    Err(CompileError::ty(loc, "a pipeline needs at least one stage and one consumer warpgroup"))
+                } else {
+                    Ok(Type::Pipeline { stages: *stages, consumers: *consumers })
+                }
+            }
+            K::SmemAt { ring, stage } => {
+                let ring = ring.clone();
+                match self.lookup(&ring).map(|b| b.ty) {
+                    Some(Type::Smem(t)) => self.expect_scalar(stage, ScalarType::I32, "a stage").map(|_| Type::SmemView {
+                        dtype: t.dtype,
+                        rows: t.rows,
+                        cols: t.cols,
+                        swizzle: t.swizzle,
+                    }),
+                    other => Err(CompileError::ty(
+                        loc,
+                        format!("`{ring}` is {}, expected a shared ring (`Smem::<T, M, N>::ring(stages)`)", describe(other)),
+                    )),
+                }
+            }
+            K::SmemRows { view, start, rows } => {
+                let rows = *rows;
+                match self.expr(view) {
+                    Ok(Type::SmemView { dtype, rows: have, cols, swizzle }) => {
+                        if rows == 0 || rows > have || rows % 8 != 0 {
+                            Err(CompileError::ty(loc, format!("`rows`: expected a multiple of 8 up to {have}, found {rows}")))
+                        } else {
+                            self.expect_scalar(start, ScalarType::I32, "a first row").map(|_| Type::SmemView { dtype, rows, cols, swizzle })
+                        }
+                    }
+                    Ok(other) => Err(CompileError::ty(view.loc, format!("`rows` takes a shared view, found `{other}`"))),
+                    Err(e) => Err(e),
+                }
+            }
+            K::PipeStage { pipe, .. } => self.pipeline(pipe, loc).map(|_| Type::Scalar(ScalarType::I32)),
+            _ => return None,
+        })
+    }
+
+    pub(super) fn pipeline(&self, name: &str, loc: SourceLoc) -> Result<(u32, u32), CompileError> {
+        match self.lookup(name).map(|b| b.ty) {
+            Some(Type::Pipeline { stages, consumers }) => Ok((stages, consumers)),
+            other => Err(CompileError::ty(loc, format!("`{name}` is {}, expected a `Pipeline`", describe(other)))),
+        }
+    }
+
+    pub(super) fn tma_load(
+        &mut self,
+        dst: &mut Expr,
+        tensor: &str,
+        index: &mut [Expr],
+        pipe: &str,
+        loc: SourceLoc,
+    ) -> Result<(), CompileError> {
+        let (dtype, rank) = self.global(tensor, loc)?;
+        self.pipeline(pipe, loc)?;
+        self.indices(tensor, rank, index, loc)?;
+        if !(2..=3).contains(&rank) {
+            return Err(CompileError::ty(loc, format!("`tma::load` copies from a rank-2 or rank-3 tensor, `{tensor}` has rank {rank}")));
+        }
+        match self.expr(dst)? {
+            Type::SmemView { dtype: d, rows, .. } if d == dtype && rows <= 256 => Ok(()),
+            Type::SmemView { dtype: d, .. } if d != dtype => {
+                Err(CompileError::ty(dst.loc, format!("`tma::load`: `{tensor}` is `{dtype}`, the shared tile is `{d}`")))
+            }
+            Type::SmemView { rows, .. } => Err(CompileError::ty(dst.loc, format!("`tma::load`: a box has at most 256 rows, found {rows}"))),
+            other => Err(CompileError::ty(dst.loc, format!("`tma::load` copies into a shared view (`ring.at(stage)`), found `{other}`"))),
+        }
+    }
+
+    pub(super) fn mma(&mut self, acc: &str, a: &mut Expr, b: &mut Expr, loc: SourceLoc) -> Result<(), CompileError> {
+        let Some(binding) = self.lookup(acc) else {
+            return Err(CompileError::ty(loc, format!("unknown accumulator `{acc}`")));
+        };
+        let Type::Tile(acc_ty) = binding.ty else {
+            return Err(CompileError::ty(loc, format!("`mma_sync` accumulates into a tile, `{acc}` is `{}`", binding.ty)));
+        };
+        if !binding.mutable {
+            return Err(CompileError::ty(loc, format!("`mma_sync` writes `{acc}`: declare it `let mut {acc}`")));
+        }
+        let view = |t: Type, at: SourceLoc, which: &str| {
+            match t {
+            Type::SmemView { dtype, rows, cols, swizzle } if swizzle > 0 && cols * dtype.size() == swizzle => Ok((dtype, rows, cols)),
+            Type::SmemView { dtype, cols, swizzle, .. } => Err(CompileError::ty(at, format!(
+                "`mma_sync`: `{which}` must be a swizzled shared tile whose rows are one swizzle span ({} bytes), found rows of {} bytes with swizzle {swizzle}",
+                swizzle.max(32), cols * dtype.size()))),
+            other => Err(CompileError::ty(at, format!("`mma_sync`: `{which}` must be a shared view, found `{other}`"))),
+        }
+        };
+        let ta = self.expr(a)?;
+        let tb = self.expr(b)?;
+        let va = view(ta, a.loc, "a")?;
+        let vb = view(tb, b.loc, "b")?;
+        check_mma_shapes(acc_ty, va, vb, [loc, a.loc, b.loc])
+    }
+}
+
+fn describe(t: Option<Type>) -> String {
+    t.map_or_else(|| "not defined".to_string(), |t| format!("`{t}`"))
+}
+
+fn check_ring(t: SmemType, loc: SourceLoc) -> Result<SmemType, CompileError> {
+    if t.stages == 0 || t.stages > 16 {
+        return Err(CompileError::ty(loc, format!("a ring has 1 to 16 stages, found {}", t.stages)));
+    }
+    if !matches!(t.swizzle, 0 | 32 | 64 | 128) {
+        return Err(CompileError::ty(loc, format!("swizzle is 128, 64, 32 or 0 bytes, found {}", t.swizzle)));
+    }
+    let row = t.row_bytes();
+    if t.swizzle > 0 && row > t.swizzle {
+        return Err(CompileError::ty(
+            loc,
+            format!("a row of `Smem<{}, {}, {}>` is {row} bytes, wider than its {}-byte swizzle span", t.dtype, t.rows, t.cols, t.swizzle),
+        ));
+    }
+    if !row.is_multiple_of(16) {
+        return Err(CompileError::ty(loc, format!("shared tile rows are multiples of 16 bytes for TMA, found {row}")));
+    }
+    Ok(t)
+}
