@@ -8,38 +8,61 @@ const BM: usize = 128;
 const BN: usize = 256;
 
 /// `C = A·Bᵀ`: A is M×K, B is N×K (the "TN" layout of LLM weights), both bf16 row-major;
-/// C is M×N bf16. One block computes a 128×256 tile of C.
+/// C is M×N bf16. A persistent grid walks 128×256 tiles of C in groups of 8 tile-rows, so
+/// that neighbouring blocks share B's columns in L2.
 ///
 /// Warpgroup 0 produces: for each 64-wide K step it waits for a free stage, copies A's
 /// 128×64 and B's 256×64 boxes there by TMA (edges zero-filled) and commits. Warpgroups 1
-/// and 2 consume: each waits for a full stage, multiplies its 64 rows of A by B into a
-/// 64×256 f32 accumulator, and releases the stage. Then each stores its rows of C.
+/// and 2 consume: each waits for a full stage and multiplies its 64 rows of A by B into a
+/// 64×256 f32 accumulator, keeping one MMA group in flight and releasing the stage before it.
+/// Then each stores its rows of C, while the producer already fills the next tile's stages.
 #[kernel(warpgroups = 3)]
 pub fn gemm_tn_bf16(a: Global<bf16, 2>, b: Global<bf16, 2>, c: Global<bf16, 2>) {
     let sa = Smem::<bf16, 128, 64>::ring(4);
     let sb = Smem::<bf16, 256, 64>::ring(4);
     let pipe = Pipeline::<4>::new(2);
-    let m0 = block::id_y() * 128;
-    let n0 = block::id_x() * 256;
     let k_steps = (a.dim(1) + 63) / 64;
+    let tiles_m = (c.dim(0) + 127) / 128;
+    let tiles_n = (c.dim(1) + 255) / 256;
+    let group = 8 * tiles_n;
     if warpgroup::id() == 0 {
         setmaxnreg(40);
-        for k in 0..k_steps {
-            let s = pipe.acquire();
-            tma::load(sa.at(s), a, [m0, k * 64], pipe);
-            tma::load(sb.at(s), b, [n0, k * 64], pipe);
-            pipe.commit(s);
+        for tile in (block::id_x()..tiles_m * tiles_n).step_by(grid::dim_x()) {
+            let first = (tile / group) * 8;
+            let height = min(tiles_m - first, 8);
+            let m0 = (first + (tile % group) % height) * 128;
+            let n0 = ((tile % group) / height) * 256;
+            for k in 0..k_steps {
+                let s = pipe.acquire();
+                tma::load(sa.at(s), a, [m0, k * 64], pipe);
+                tma::load(sb.at(s), b, [n0, k * 64], pipe);
+                pipe.commit(s);
+            }
         }
     } else {
         setmaxnreg(232);
         let row = (warpgroup::id() - 1) * 64;
         let mut acc = Tile::<f32, 64, 256>::zeros();
-        for k in 0..k_steps {
-            let s = pipe.wait();
-            mma_sync(acc, sa.at(s).rows(row, 64), sb.at(s));
-            pipe.release(s);
+        for tile in (block::id_x()..tiles_m * tiles_n).step_by(grid::dim_x()) {
+            let first = (tile / group) * 8;
+            let height = min(tiles_m - first, 8);
+            let m0 = (first + (tile % group) % height) * 128;
+            let n0 = ((tile % group) / height) * 256;
+            acc = Tile::<f32, 64, 256>::zeros();
+            let mut prev = 0;
+            for k in 0..k_steps {
+                let s = pipe.wait();
+                mma_sync(acc, sa.at(s).rows(row, 64), sb.at(s));
+                mma_wait(1);
+                if k > 0 {
+                    pipe.release(prev);
+                }
+                prev = s;
+            }
+            mma_wait(0);
+            pipe.release(prev);
+            c.store([m0 + row, n0], acc.cast::<bf16>());
         }
-        c.store([m0 + row, n0], acc.cast::<bf16>());
     }
 }
 
@@ -98,5 +121,6 @@ pub fn gemm_tn(device: &Device, a: &Tensor<bf16>, b: &Tensor<bf16>, c: &mut Tens
     let a = tma_ready(device, a, &mut sa)?;
     let b = tma_ready(device, b, &mut sb)?;
     debug_assert!(tma_unfit(0, tessera::DType::BF16, a.shape(), a.strides()).is_none());
-    gemm_tn_bf16::launch(device, (Grid::tiles(n, BN), Grid::tiles(m, BM)), a, b, c)
+    let tiles = Grid::tiles(m, BM).saturating_mul(Grid::tiles(n, BN));
+    gemm_tn_bf16::launch(device, tiles.min(device.sm_count()), a, b, c)
 }

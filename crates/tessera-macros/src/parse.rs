@@ -15,7 +15,7 @@ pub struct Frontend {
 
 type R<T> = Result<T, syn::Error>;
 
-const FUNCTIONS: &str = "`exp2`, `abs`, `sqrt`, `rsqrt`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `tma::load`, `mma_sync`, `setmaxnreg`";
+const FUNCTIONS: &str = "`exp2`, `abs`, `sqrt`, `rsqrt`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `tma::load`, `mma_sync`, `mma_wait`, `setmaxnreg`";
 const METHODS: &str = "`load`, `load_or`, `store`, `dim`, `cast`, `exp2`, `abs`, `sqrt`, `rsqrt`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `acquire`, `wait`, `commit`, `release`";
 
 fn err<T>(span: impl ToTokens, msg: impl std::fmt::Display) -> R<T> {
@@ -123,13 +123,14 @@ impl Frontend {
             SynExpr::Call(c) if self.is_stmt_call(c) => self.stmt_call(c)?,
             SynExpr::MethodCall(m) if m.method == "commit" || m.method == "release" => {
                 let pipe = receiver_name(&m.receiver)?;
-                if m.args.len() > 1 {
+                if m.args.len() != 1 {
                     return err(&m.method, format!("`{}` takes the stage: `pipe.{}(s)`", m.method, m.method));
                 }
+                let stage = self.expr(&m.args[0])?;
                 if m.method == "commit" {
-                    StmtKind::PipeCommit { pipe }
+                    StmtKind::PipeCommit { pipe, stage }
                 } else {
-                    StmtKind::PipeRelease { pipe }
+                    StmtKind::PipeRelease { pipe, stage }
                 }
             }
             SynExpr::MethodCall(m) if m.method == "store" => {
@@ -164,7 +165,7 @@ impl Frontend {
         let segs: Vec<String> = p.path.segments.iter().map(|s| s.ident.to_string()).collect();
         matches!(
             segs.iter().map(String::as_str).collect::<Vec<_>>().as_slice(),
-            ["tma", "load"] | ["mma_sync"] | ["setmaxnreg"] | ["warpgroup", "setmaxnreg"]
+            ["tma", "load"] | ["mma_sync"] | ["mma_wait"] | ["setmaxnreg"] | ["warpgroup", "setmaxnreg"]
         )
     }
 
@@ -198,6 +199,10 @@ impl Frontend {
                 };
                 Ok(StmtKind::Mma { acc: assignee(acc)?, a: self.expr(a)?, b: self.expr(b)? })
             }
+            "mma_wait" => {
+                let [n] = args.as_slice() else { return err(c, "`mma_wait` takes how many MMA groups may stay in flight") };
+                Ok(StmtKind::MmaWait(int_const(n, "`mma_wait` takes a constant")?))
+            }
             _ => {
                 let [n] = args.as_slice() else { return err(c, "`setmaxnreg` takes a register count") };
                 Ok(StmtKind::SetMaxNReg(int_const(n, "`setmaxnreg` takes a constant register count")?))
@@ -224,23 +229,24 @@ impl Frontend {
     }
 
     /// `a..b` or `(a..b).step_by(k)`.
-    fn range(&mut self, e: &SynExpr) -> R<(Expr, Expr, i64)> {
+    fn range(&mut self, e: &SynExpr) -> R<(Expr, Expr, Box<Expr>)> {
         let (range, step) = match e {
             SynExpr::MethodCall(m) if m.method == "step_by" && m.args.len() == 1 => {
-                let step = match &m.args[0] {
-                    SynExpr::Lit(syn::ExprLit { lit: syn::Lit::Int(i), .. }) => i.base10_parse::<i64>()?,
-                    other => return err(other, "`step_by` takes a positive integer constant"),
-                };
-                if step <= 0 {
-                    return err(&m.args[0], "`step_by` takes a positive integer constant, found 0");
+                if let SynExpr::Lit(syn::ExprLit { lit: syn::Lit::Int(i), .. }) = &m.args[0] {
+                    if i.base10_parse::<i64>()? <= 0 {
+                        return err(&m.args[0], "`step_by` takes a positive step, found 0");
+                    }
                 }
-                (strip_paren(&m.receiver), step)
+                (strip_paren(&m.receiver), self.expr(&m.args[0])?)
             }
-            other => (strip_paren(other), 1),
+            other => {
+                let one = Expr::new(ExprKind::Int(1), self.loc(other.span()));
+                (strip_paren(other), one)
+            }
         };
         match range {
             SynExpr::Range(r) if matches!(r.limits, syn::RangeLimits::HalfOpen(_)) => match (&r.start, &r.end) {
-                (Some(a), Some(b)) => Ok((self.expr(a)?, self.expr(b)?, step)),
+                (Some(a), Some(b)) => Ok((self.expr(a)?, self.expr(b)?, Box::new(step))),
                 _ => err(r, "a kernel loop runs over `start..end`, with both bounds"),
             },
             other => err(other, "a kernel loop runs over `start..end` or `(start..end).step_by(k)`"),

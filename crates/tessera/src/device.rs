@@ -22,6 +22,7 @@ pub struct Device {
 struct Inner {
     stream: Arc<CudaStream>,
     cc: (i32, i32),
+    sm_count: u32,
     name: String,
     modules: Mutex<HashMap<usize, Arc<LoadedKernel>>>,
     tma: crate::tma::TmaDescriptorCache,
@@ -86,7 +87,9 @@ impl Device {
         let ctx = stream.context().clone();
         let cc = ctx.compute_capability()?;
         let name = ctx.name()?;
-        Ok(Device { inner: Arc::new(Inner { stream, cc, name, modules: Mutex::new(HashMap::new()), tma: Default::default() }) })
+        let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let sm_count = u32::try_from(sms).unwrap_or(1).max(1);
+        Ok(Device { inner: Arc::new(Inner { stream, cc, sm_count, name, modules: Mutex::new(HashMap::new()), tma: Default::default() }) })
     }
 
     /// The stream kernels launch on.
@@ -102,6 +105,11 @@ impl Device {
     /// Compute capability `(major, minor)`.
     pub fn compute_capability(&self) -> (i32, i32) {
         self.inner.cc
+    }
+
+    /// Streaming multiprocessors: the size of a persistent grid.
+    pub fn sm_count(&self) -> u32 {
+        self.inner.sm_count
     }
 
     /// The device's name, as the driver reports it.

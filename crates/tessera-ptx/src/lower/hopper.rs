@@ -180,6 +180,7 @@ impl Lowerer<'_> {
                 self.op_if(ok, true, "bra.uni", vec![Operand::Sym(spin)]);
                 let s = self.reg(RegClass::B32, "s");
                 self.op("mov.b32", vec![R(s), R(p.stage)]);
+                self.advance(p);
                 Value::Scalar(R(s), crate::dtype::ScalarType::I32)
             }
             _ => return None,
@@ -208,18 +209,28 @@ impl Lowerer<'_> {
     pub(crate) fn hopper_stmt(&mut self, s: &Stmt) -> Option<Result<(), CompileError>> {
         Some(match &s.kind {
             StmtKind::TmaLoad { dst, tensor, index, pipe } => self.tma_load(dst, tensor, index, pipe),
-            StmtKind::PipeCommit { pipe } | StmtKind::PipeRelease { pipe } => {
+            StmtKind::PipeCommit { pipe, stage } | StmtKind::PipeRelease { pipe, stage } => {
                 let Value::Pipe(p) = self.lookup(pipe) else { unreachable!("verified TIR-H: `{pipe}` is a pipeline") };
                 let release = matches!(s.kind, StmtKind::PipeRelease { .. });
-                if release && self.any_mma {
-                    // The stage's operands are read by wgmma until its group completes.
+                if release && self.wgmma_pending {
+                    // The stage's operands are read by wgmma until its group completes; an
+                    // explicit `mma_wait` before the release says which groups may still run.
                     self.op("wgmma.wait_group.sync.aligned", vec![Operand::Imm(0)]);
                     self.wgmma_pending = false;
                 }
-                let bar = self.barrier_addr(if release { p.empty } else { p.full }, p.stage);
+                let st = match self.scalar(stage) {
+                    Ok(v) => v,
+                    Err(e) => return Some(Err(e)),
+                };
+                let st = self.in_reg(st, crate::dtype::ScalarType::I32, "stage");
+                let bar = self.barrier_addr(if release { p.empty } else { p.full }, st);
                 let leader = self.leader;
                 self.op_if(leader, false, "mbarrier.arrive.shared::cta.b64", vec![Operand::Sym("_".into()), Operand::Addr(bar, 0)]);
-                self.advance(p);
+                Ok(())
+            }
+            StmtKind::MmaWait(n) => {
+                self.op("wgmma.wait_group.sync.aligned", vec![Operand::Imm(i64::from(*n))]);
+                self.wgmma_pending = false;
                 Ok(())
             }
             StmtKind::Mma { acc, a, b } => self.mma(acc, a, b),

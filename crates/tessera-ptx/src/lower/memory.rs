@@ -29,6 +29,8 @@ struct Plan {
     col_stride_bytes: Option<Reg>,
     /// Whether the column stride is 1.
     unit: Option<Reg>,
+    /// The row stride in bytes (for the fast path's alignment check).
+    row_stride_bytes: Option<Reg>,
 }
 
 impl Lowerer<'_> {
@@ -85,6 +87,11 @@ impl Lowerer<'_> {
             self.op("setp.lt.and.u32", vec![R(inb), R(ir), R(g.dims[k]), R(inb)]);
             self.term(base, ir, g.strides[k], es);
         }
+        let row_stride_bytes = row_axis.map(|a| {
+            let rb = self.reg(RegClass::B32, "rsb");
+            self.op("mul.lo.s32", vec![R(rb), R(g.strides[a]), Imm(es)]);
+            rb
+        });
         let (col0, col_dim, col_stride_bytes, unit) = match col_axis {
             Some(a) => {
                 let c0 = self.reg(RegClass::B32, "c");
@@ -134,11 +141,62 @@ impl Lowerer<'_> {
             }
             rows.push((sl.dr, addr, first, p));
         }
-        Plan { rows, col0, col_dim, col_stride_bytes, unit }
+        Plan { rows, col0, col_dim, col_stride_bytes, unit, row_stride_bytes }
     }
 
-    /// Moves every register of the tile: runs as vectors where they can, elements otherwise.
+    /// Moves every register of the tile. A thread whose elements are all in bounds, dense and
+    /// aligned takes the fast path: unpredicated vectors at immediate offsets from its first
+    /// element of each row. Others (edge tiles, strided or misaligned views) take the general
+    /// path, run by run.
     fn stream(&mut self, plan: &Plan, layout: Layout, ty: TileType, regs: &[Reg], op: &str, load: bool) {
+        use Operand::{Imm, Reg as R, Sym};
+        let es = ty.dtype.size();
+        let run = layout.run_len();
+        let run_bytes = run * es;
+        let (Some(c0), Some(dim), Some(unit)) = (plan.col0, plan.col_dim, plan.unit) else {
+            return self.stream_general(plan, layout, ty, regs, op, load);
+        };
+        if run < 2 || run_bytes < 4 {
+            return self.stream_general(plan, layout, ty, regs, op, load);
+        }
+        let chunk = run_bytes.min(16);
+        let slots = layout.slots();
+        let max_dc = slots.iter().map(|s| s.dc).max().unwrap_or(0);
+        // fast = unit stride ∧ every row in bounds ∧ last column in bounds ∧ first column ≥ 0
+        //        ∧ first element and row stride aligned to a chunk.
+        let fast = self.reg(RegClass::Pred, "fast");
+        self.op("mov.pred", vec![R(fast), R(unit)]);
+        for &(_, _, _, row_in) in &plan.rows {
+            self.op("and.pred", vec![R(fast), R(fast), R(row_in)]);
+        }
+        let last = self.reg(RegClass::B32, "clast");
+        self.op("add.s32", vec![R(last), R(c0), Imm(i64::from(max_dc))]);
+        self.op("setp.lt.and.u32", vec![R(fast), R(last), R(dim), R(fast)]);
+        self.op("setp.lt.and.u32", vec![R(fast), R(c0), R(dim), R(fast)]);
+        let low = self.reg(RegClass::B32, "align");
+        self.op("cvt.u32.u64", vec![R(low), R(plan.rows[0].2)]);
+        if let Some(rb) = plan.row_stride_bytes {
+            self.op("or.b32", vec![R(low), R(low), R(rb)]);
+        }
+        self.op("and.b32", vec![R(low), R(low), Imm(i64::from(chunk - 1))]);
+        self.op("setp.eq.and.u32", vec![R(fast), R(low), Imm(0), R(fast)]);
+        let (slow, done) = (self.label("slow"), self.label("moved"));
+        self.op_if(fast, true, "bra", vec![Sym(slow.clone())]);
+        let mut i = 0;
+        while i < slots.len() {
+            let sl = slots[i];
+            let first = plan.rows.iter().find(|r| r.0 == sl.dr).expect("planned row").2;
+            self.vector_move(None, first, i64::from(sl.dc * es), &regs[i..i + run as usize], ty, op, load, chunk);
+            i += run as usize;
+        }
+        self.op("bra", vec![Sym(done.clone())]);
+        self.body.push(crate::tirt::Inst::Label(slow));
+        self.stream_general(plan, layout, ty, regs, op, load);
+        self.body.push(crate::tirt::Inst::Label(done));
+    }
+
+    /// The general path: each run as a vector if it can, else element by element.
+    fn stream_general(&mut self, plan: &Plan, layout: Layout, ty: TileType, regs: &[Reg], op: &str, load: bool) {
         use Operand::{Imm, Reg as R};
         let es = ty.dtype.size();
         let slots = layout.slots();
@@ -174,7 +232,7 @@ impl Lowerer<'_> {
                 self.op("setp.lt.and.u32", vec![R(v), R(last), R(dim), R(v)]);
                 self.op("setp.lt.and.u32", vec![R(v), R(first), R(dim), R(v)]);
                 self.op("and.pred", vec![R(v), R(v), R(row_in)]);
-                self.vector_move(v, row_first, i64::from(sl.dc * es), &regs[i..i + n], ty, op, load, chunk);
+                self.vector_move(Some(v), row_first, i64::from(sl.dc * es), &regs[i..i + n], ty, op, load, chunk);
                 vector = Some(v);
             }
             for k in 0..n {
@@ -207,8 +265,12 @@ impl Lowerer<'_> {
     /// Moves one run of registers with vector loads or stores at `[base + off]`, guarded by
     /// `pred`. 16-bit elements travel in pairs packed into b32 lanes.
     #[allow(clippy::too_many_arguments)]
-    fn vector_move(&mut self, pred: Reg, base: Reg, off: i64, regs: &[Reg], ty: TileType, op: &str, load: bool, chunk_bytes: u32) {
+    fn vector_move(&mut self, pred: Option<Reg>, base: Reg, off: i64, regs: &[Reg], ty: TileType, op: &str, load: bool, chunk_bytes: u32) {
         use Operand::{Reg as R, Vec as V};
+        let emit = |lw: &mut Self, inst: &str, args: Vec<Operand>| match pred {
+            Some(p) => lw.op_if(p, false, inst, args),
+            None => lw.op(inst, args),
+        };
         let per_chunk = (chunk_bytes / ty.dtype.size()) as usize;
         for (c, chunk) in regs.chunks(per_chunk).enumerate() {
             let addr = Operand::Addr(base, off + i64::from(chunk_bytes) * c as i64);
@@ -217,21 +279,21 @@ impl Lowerer<'_> {
             if ty.dtype.size() == 4 {
                 let regs = if lanes == 1 { R(chunk[0]) } else { V(chunk.to_vec()) };
                 let args = if load { vec![regs, addr] } else { vec![addr, regs] };
-                self.op_if(pred, false, &vop, args);
+                emit(self, &vop, args);
                 continue;
             }
             let words: Vec<Reg> = (0..lanes).map(|_| self.reg(RegClass::B32, "pack")).collect();
             let wop = |w: &[Reg]| if lanes == 1 { R(w[0]) } else { V(w.to_vec()) };
             if load {
-                self.op_if(pred, false, &vop, vec![wop(&words), addr]);
+                emit(self, &vop, vec![wop(&words), addr]);
                 for (w, pair) in words.iter().zip(chunk.chunks(2)) {
-                    self.op_if(pred, false, "mov.b32", vec![V(pair.to_vec()), R(*w)]);
+                    emit(self, "mov.b32", vec![V(pair.to_vec()), R(*w)]);
                 }
             } else {
                 for (w, pair) in words.iter().zip(chunk.chunks(2)) {
                     self.op("mov.b32", vec![R(*w), V(pair.to_vec())]);
                 }
-                self.op_if(pred, false, &vop, vec![addr, wop(&words)]);
+                emit(self, &vop, vec![addr, wop(&words)]);
             }
         }
     }

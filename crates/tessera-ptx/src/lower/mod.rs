@@ -343,7 +343,11 @@ impl<'a> Lowerer<'a> {
             }
             StmtKind::Assign { name, value } => {
                 let target = self.lookup(name);
-                let v = self.expr(value)?;
+                // `acc = Tile::zeros()` fills the binding's registers in its own layout.
+                let v = match (&value.kind, &target) {
+                    (crate::tirh::ExprKind::Full { .. }, Value::Tile(t)) => Value::Tile(self.full(value, t.ty, t.layout)?),
+                    _ => self.expr(value)?,
+                };
                 self.assign(&target, v);
             }
             StmtKind::Store { tensor, index, value } => {
@@ -355,7 +359,7 @@ impl<'a> Lowerer<'a> {
             StmtKind::For { var, start, end, step, body } => {
                 let mma_inside = hopper::has_mma(body);
                 self.wgmma_pending |= mma_inside;
-                self.for_loop(var, start, end, *step, body)?;
+                self.for_loop(var, start, end, step, body)?;
                 self.wgmma_pending |= mma_inside;
             }
             StmtKind::If { cond, then, otherwise } => {
@@ -379,15 +383,20 @@ impl<'a> Lowerer<'a> {
         var: &str,
         start: &crate::tirh::Expr,
         end: &crate::tirh::Expr,
-        step: i64,
+        step: &crate::tirh::Expr,
         body: &[Stmt],
     ) -> Result<(), CompileError> {
-        use Operand::{Imm, Reg as R, Sym};
+        use Operand::{Reg as R, Sym};
         let i = self.reg(RegClass::B32, var);
         let s = self.scalar(start)?;
         self.op("mov.b32", vec![R(i), s]);
         let e = self.scalar(end)?;
         let e = self.in_reg(e, ScalarType::I32, "end");
+        let step = self.scalar(step)?;
+        let step = match step {
+            Operand::Imm(v) => Operand::Imm(v),
+            other => Operand::Reg(self.in_reg(other, ScalarType::I32, "step")),
+        };
         let (head, exit) = (self.label("for"), self.label("endfor"));
         let p = self.reg(RegClass::Pred, "done");
         self.body.push(Inst::Label(head.clone()));
@@ -397,7 +406,7 @@ impl<'a> Lowerer<'a> {
         self.bind(var, Value::Scalar(R(i), ScalarType::I32));
         self.block(body)?;
         self.scopes.pop();
-        self.op("add.s32", vec![R(i), R(i), Imm(step)]);
+        self.op("add.s32", vec![R(i), R(i), step]);
         self.op("bra.uni", vec![Sym(head)]);
         self.body.push(Inst::Label(exit));
         Ok(())

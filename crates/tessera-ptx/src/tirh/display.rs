@@ -46,8 +46,9 @@ fn write_stmt(f: &mut fmt::Formatter<'_>, s: &Stmt, depth: usize) -> fmt::Result
         StmtKind::TmaLoad { dst, tensor, index, pipe } => {
             writeln!(f, "{pad}tma.load {dst} <- {tensor}[{}] on {pipe};  // line {}", list(index), s.loc.line)
         }
-        StmtKind::PipeCommit { pipe } => writeln!(f, "{pad}{pipe}.commit;  // line {}", s.loc.line),
-        StmtKind::PipeRelease { pipe } => writeln!(f, "{pad}{pipe}.release;  // line {}", s.loc.line),
+        StmtKind::PipeCommit { pipe, stage } => writeln!(f, "{pad}{pipe}.commit({stage});  // line {}", s.loc.line),
+        StmtKind::PipeRelease { pipe, stage } => writeln!(f, "{pad}{pipe}.release({stage});  // line {}", s.loc.line),
+        StmtKind::MmaWait(n) => writeln!(f, "{pad}mma_wait {n};  // line {}", s.loc.line),
         StmtKind::Mma { acc, a, b } => writeln!(f, "{pad}mma {acc} += {a} * {b}^T;  // line {}", s.loc.line),
         StmtKind::SetMaxNReg(n) => writeln!(f, "{pad}setmaxnreg {n};  // line {}", s.loc.line),
         StmtKind::If { cond, then, otherwise } => {

@@ -212,8 +212,8 @@ pub enum StmtKind {
         start: Expr,
         /// Exclusive end.
         end: Expr,
-        /// Increment (a positive constant).
-        step: i64,
+        /// Increment: a positive constant, or a uniform `i32` that must be positive at run time.
+        step: Box<Expr>,
         /// Body.
         body: Vec<Stmt>,
     },
@@ -234,12 +234,20 @@ pub enum StmtKind {
     PipeCommit {
         /// The pipeline.
         pipe: String,
+        /// The stage.
+        stage: Expr,
     },
-    /// `pipe.release(s)`: this consumer warpgroup is done reading stage `s`.
+    /// `pipe.release(s)`: this consumer warpgroup is done reading stage `s` (which may be
+    /// an earlier stage than the one last waited for).
     PipeRelease {
         /// The pipeline.
         pipe: String,
+        /// The stage.
+        stage: Expr,
     },
+    /// `mma_wait(n)`: waits until at most `n` groups of this warpgroup's `mma_sync`s are in
+    /// flight (`wgmma.wait_group n`).
+    MmaWait(u32),
     /// `mma_sync(acc, a, b)`: `acc += a · bᵀ` with `a` (`M×K`) and `b` (`N×K`) in shared
     /// memory, both K-major.
     Mma {

@@ -129,9 +129,10 @@ impl Checker {
                 }
                 check_rank1(rank, t, value.loc)?;
             }
-            StmtKind::For { var, start, end, body, .. } => {
+            StmtKind::For { var, start, end, step, body } => {
                 self.expect_scalar(start, ScalarType::I32, "a loop bound")?;
                 self.expect_scalar(end, ScalarType::I32, "a loop bound")?;
+                self.expect_scalar(step, ScalarType::I32, "a loop step")?;
                 self.scopes.push(HashMap::new());
                 self.bind(var, Type::Scalar(ScalarType::I32), false);
                 self.block(body);
@@ -141,9 +142,11 @@ impl Checker {
                 let (tensor, pipe) = (tensor.clone(), pipe.clone());
                 self.tma_load(dst, &tensor, index, &pipe, loc)?;
             }
-            StmtKind::PipeCommit { pipe } | StmtKind::PipeRelease { pipe } => {
+            StmtKind::PipeCommit { pipe, stage } | StmtKind::PipeRelease { pipe, stage } => {
                 self.pipeline(pipe, loc)?;
+                self.expect_scalar(stage, ScalarType::I32, "a stage")?;
             }
+            StmtKind::MmaWait(_) => {}
             StmtKind::Mma { acc, a, b } => {
                 let acc = acc.clone();
                 self.mma(&acc, a, b, loc)?;
