@@ -65,3 +65,121 @@ fn gpu_gemm_rejects_mismatched_shapes() {
     let e = tessera_kernels::gemm_tn(&dev, &a, &b, &mut c).unwrap_err().to_string();
     assert!(e.contains("`b`") && e.contains("K = 3"), "{e}");
 }
+
+/// The reference epilogue in f64: `act(alpha·ab + beta·c_in + bias) + residual`.
+struct Epi {
+    alpha: f64,
+    beta: Option<Vec<bf16>>,
+    beta_v: f64,
+    bias: Option<(Vec<bf16>, bool)>,
+    act: tessera_kernels::Activation,
+    residual: Option<Vec<bf16>>,
+}
+
+fn gelu_tanh(x: f64) -> f64 {
+    0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
+}
+
+fn erf(x: f64) -> f64 {
+    // Series/continued fraction free: a high-precision rational approximation (W. J. Cody)
+    // is overkill here; integrate numerically with Simpson's rule on [0, |x|].
+    let n = 2000;
+    let h = x.abs() / n as f64;
+    let f = |t: f64| (-t * t).exp();
+    let mut s = f(0.0) + f(x.abs());
+    for i in 1..n {
+        s += f(i as f64 * h) * if i % 2 == 1 { 4.0 } else { 2.0 };
+    }
+    (s * h / 3.0 * 2.0 / std::f64::consts::PI.sqrt()).copysign(x)
+}
+
+fn check_epilogue(dev: &Device, m: usize, n: usize, k: usize, epi: Epi) {
+    use tessera_kernels::{gemm, Activation, Bias};
+    let (a, b) = (random_bf16(m * k), random_bf16(n * k));
+    let at = Tensor::from_host(dev, &a, &[m, k]).unwrap();
+    let bt = Tensor::from_host(dev, &b, &[n, k]).unwrap();
+    let mut c = Tensor::full(dev, &[m, n], bf16::NAN).unwrap();
+    let c_in = epi.beta.as_ref().map(|v| Tensor::from_host(dev, v, &[m, n]).unwrap());
+    let bias = epi.bias.as_ref().map(|(v, per_col)| (Tensor::from_host(dev, v, &[v.len()]).unwrap(), *per_col));
+    let residual = epi.residual.as_ref().map(|v| Tensor::from_host(dev, v, &[m, n]).unwrap());
+    let mut g = gemm(&at, &bt).alpha(epi.alpha as f32).activation(epi.act);
+    if let Some(t) = &c_in {
+        g = g.beta(epi.beta_v as f32, t);
+    }
+    if let Some((t, per_col)) = &bias {
+        g = g.bias(if *per_col { Bias::PerColumn(t) } else { Bias::PerRow(t) });
+    }
+    if let Some(t) = &residual {
+        g = g.residual(t);
+    }
+    g.run(dev, &mut c).unwrap();
+    let got = c.to_host().unwrap();
+    let mut want = Vec::with_capacity(m * n);
+    for i in 0..m {
+        for j in 0..n {
+            let mut v = epi.alpha * dot(&a, &b, k, i, j);
+            if let Some(ci) = &epi.beta {
+                v += epi.beta_v * ci[i * n + j].to_f64();
+            }
+            if let Some((bv, per_col)) = &epi.bias {
+                v += bv[if *per_col { j } else { i }].to_f64();
+            }
+            v = match epi.act {
+                Activation::None => v,
+                Activation::GeluTanh => gelu_tanh(v),
+                Activation::GeluErf => 0.5 * v * (1.0 + erf(v / std::f64::consts::SQRT_2)),
+                Activation::Silu => v / (1.0 + (-v).exp()),
+            };
+            if let Some(r) = &epi.residual {
+                v += r[i * n + j].to_f64();
+            }
+            want.push(v);
+        }
+    }
+    let have: Vec<f64> = got.iter().map(|x| x.to_f64()).collect();
+    let err = rel_error(&have, &want);
+    assert!(err < 1e-2, "epilogue {m}x{n}x{k}: relative error {err}");
+}
+
+#[test]
+fn gpu_gemm_epilogues_match_f64_reference() {
+    use tessera_kernels::Activation;
+    let Some(dev) = gpu_or_skip("gpu_gemm_epilogues") else { return };
+    for &(m, n, k) in &[(200, 300, 100), (129, 520, 72)] {
+        let plain = || Epi { alpha: 1.0, beta: None, beta_v: 0.0, bias: None, act: Activation::None, residual: None };
+        check_epilogue(&dev, m, n, k, Epi { alpha: 0.5, ..plain() });
+        check_epilogue(&dev, m, n, k, Epi { beta: Some(random_bf16(m * n)), beta_v: -2.0, ..plain() });
+        check_epilogue(&dev, m, n, k, Epi { bias: Some((random_bf16(n), true)), act: Activation::GeluTanh, ..plain() });
+        check_epilogue(&dev, m, n, k, Epi { bias: Some((random_bf16(m), false)), act: Activation::GeluErf, ..plain() });
+        check_epilogue(&dev, m, n, k, Epi { act: Activation::Silu, alpha: 3.0, ..plain() });
+        check_epilogue(&dev, m, n, k, Epi { residual: Some(random_bf16(m * n)), ..plain() });
+        check_epilogue(
+            &dev,
+            m,
+            n,
+            k,
+            Epi {
+                alpha: 0.75,
+                beta: Some(random_bf16(m * n)),
+                beta_v: 0.5,
+                bias: Some((random_bf16(n), true)),
+                act: Activation::GeluTanh,
+                residual: Some(random_bf16(m * n)),
+            },
+        );
+    }
+}
+
+#[test]
+fn gpu_bias_gelu_matches_f64_reference() {
+    let Some(dev) = gpu_or_skip("gpu_bias_gelu") else { return };
+    let (m, n) = (77, 1000);
+    let (x, b) = (random_bf16(m * n), random_bf16(n));
+    let xt = Tensor::from_host(&dev, &x, &[m, n]).unwrap();
+    let bt = Tensor::from_host(&dev, &b, &[n]).unwrap();
+    let mut y = Tensor::full(&dev, &[m, n], bf16::NAN).unwrap();
+    tessera_kernels::bias_gelu(&dev, &xt, &bt, &mut y).unwrap();
+    let want: Vec<f64> = (0..m * n).map(|i| gelu_tanh(x[i].to_f64() + b[i % n].to_f64())).collect();
+    let have: Vec<f64> = y.to_host().unwrap().iter().map(|v| v.to_f64()).collect();
+    assert!(rel_error(&have, &want) < 1e-2);
+}

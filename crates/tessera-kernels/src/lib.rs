@@ -7,7 +7,8 @@
 //! | [`axpy`] | `y ← a·x + y` over a 2-D f32 tensor |
 //! | [`row_sum`], [`row_max`] | per-row sum and maximum of a 2-D f32 tensor |
 //! | [`softmax`] | numerically stable softmax of each row of a 2-D f32 tensor |
-//! | [`gemm_tn`] | `C = A·Bᵀ` in bf16 on Hopper (TMA, mbarrier pipeline, wgmma) |
+//! | [`gemm`], [`gemm_tn`] | `C = act(alpha·A·Bᵀ + beta·C_in + bias) + residual` in bf16 on Hopper (TMA, mbarrier pipeline, wgmma) |
+//! | [`bias_gelu`] | `y = gelu(x + bias)`, the unfused epilogue |
 #![warn(missing_docs)]
 
 mod elementwise;
@@ -16,13 +17,22 @@ mod reduce;
 mod softmax;
 
 pub use elementwise::{axpy, axpy_f32};
-pub use gemm::{gemm_tn, gemm_tn_bf16, pad_copy_bf16};
+pub use gemm::{bias_gelu, bias_gelu_bf16, gemm, gemm_tn, gemm_tn_bf16, gemm_tn_full_bf16, pad_copy_bf16, Activation, Bias, GemmBuilder};
 pub use reduce::{row_max, row_max_f32, row_sum, row_sum_f32};
 pub use softmax::{softmax, softmax_f32};
 
 /// Every kernel of the library, for tools that check them all (ptxas, dumps).
 pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
-    vec![&axpy_f32::SPEC, &row_sum_f32::SPEC, &row_max_f32::SPEC, &softmax_f32::SPEC, &gemm_tn_bf16::SPEC, &pad_copy_bf16::SPEC]
+    vec![
+        &axpy_f32::SPEC,
+        &row_sum_f32::SPEC,
+        &row_max_f32::SPEC,
+        &softmax_f32::SPEC,
+        &gemm_tn_bf16::SPEC,
+        &gemm_tn_full_bf16::SPEC,
+        &pad_copy_bf16::SPEC,
+        &bias_gelu_bf16::SPEC,
+    ]
 }
 
 /// Checks that `t` is a 2-D tensor, naming the argument otherwise.

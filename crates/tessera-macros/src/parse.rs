@@ -15,8 +15,8 @@ pub struct Frontend {
 
 type R<T> = Result<T, syn::Error>;
 
-const FUNCTIONS: &str = "`exp2`, `abs`, `sqrt`, `rsqrt`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `tma::load`, `mma_sync`, `mma_wait`, `setmaxnreg`";
-const METHODS: &str = "`load`, `load_or`, `store`, `dim`, `cast`, `exp2`, `abs`, `sqrt`, `rsqrt`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `acquire`, `wait`, `commit`, `release`";
+const FUNCTIONS: &str = "`exp2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `tma::load`, `mma_sync`, `mma_wait`, `setmaxnreg`";
+const METHODS: &str = "`load`, `load_or`, `store`, `dim`, `cast`, `exp2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
 
 fn err<T>(span: impl ToTokens, msg: impl std::fmt::Display) -> R<T> {
     Err(syn::Error::new_spanned(span, msg))
@@ -140,7 +140,11 @@ impl Frontend {
                 }
                 StmtKind::Store { tensor, index: self.index(&m.args[0])?, value: self.expr(&m.args[1])? }
             }
+            SynExpr::ForLoop(f) if f.attrs.iter().any(|a| a.path().is_ident("unroll")) => return self.unrolled(f, loc, text),
             SynExpr::ForLoop(f) => {
+                if let Some(a) = f.attrs.first() {
+                    return err(a, "unknown loop attribute: expected `#[unroll]`");
+                }
                 let Pat::Ident(id) = &*f.pat else {
                     return err(&f.pat, "expected a loop variable name");
                 };
@@ -158,6 +162,38 @@ impl Frontend {
             other => return Err(unsupported(other)),
         };
         Ok(Some(Stmt { kind, loc, text }))
+    }
+
+    /// `#[unroll] for j in a..b { body }` with constant bounds: the body once per value, with
+    /// `j` replaced by the value, each copy in its own scope.
+    fn unrolled(&mut self, f: &syn::ExprForLoop, loc: SourceLoc, text: String) -> R<Option<Stmt>> {
+        let Pat::Ident(id) = &*f.pat else {
+            return err(&f.pat, "expected a loop variable name");
+        };
+        let SynExpr::Range(r) = strip_paren(&f.expr) else {
+            return err(&f.expr, "`#[unroll]` loops run over a constant range `a..b`");
+        };
+        let bound = |e: &Option<Box<SynExpr>>| e.as_deref().and_then(const_eval);
+        let (Some(a), Some(b)) = (bound(&r.start), bound(&r.end)) else {
+            return err(r, "`#[unroll]` loops run over a constant range `a..b`");
+        };
+        if b - a > 64 {
+            return err(r, format!("`#[unroll]` expands at most 64 copies, found {}", b - a));
+        }
+        let mut copies = Vec::new();
+        for v in a..b {
+            let mut block = f.body.clone();
+            syn::visit_mut::VisitMut::visit_block_mut(&mut Substitute { name: id.ident.to_string(), value: v }, &mut block);
+            let body = self.block(&block.stmts);
+            let always = Expr::new(ExprKind::Bool(true), loc);
+            copies.push(Stmt {
+                kind: StmtKind::If { cond: always, then: body, otherwise: Vec::new() },
+                loc,
+                text: format!("{text} [{} = {v}]", id.ident),
+            });
+        }
+        let always = Expr::new(ExprKind::Bool(true), loc);
+        Ok(Some(Stmt { kind: StmtKind::If { cond: always, then: copies, otherwise: Vec::new() }, loc, text }))
     }
 
     fn is_stmt_call(&self, c: &syn::ExprCall) -> bool {
@@ -337,7 +373,7 @@ impl Frontend {
                 args(self, 0)?;
                 ExprKind::Builtin(Builtin::WarpgroupId)
             }
-            [f @ ("exp2" | "abs" | "sqrt" | "rsqrt")] => {
+            [f @ ("exp2" | "abs" | "sqrt" | "rsqrt" | "tanh" | "erf")] => {
                 let mut a = args(self, 1)?;
                 ExprKind::Unary(unary_fn(f), Box::new(a.remove(0)))
             }
@@ -434,6 +470,14 @@ impl Frontend {
                 want(1)?;
                 ExprKind::SmemAt { ring: receiver_name(&m.receiver)?, stage: Box::new(self.expr(&m.args[0])?) }
             }
+            "cols" => {
+                want(2)?;
+                let start = const_eval(&m.args[0]).filter(|v| *v >= 0).ok_or_else(|| {
+                    syn::Error::new_spanned(&m.args[0], "`cols` takes a constant first column (an `#[unroll]` loop variable works)")
+                })?;
+                let cols = int_const(&m.args[1], "`cols` takes a constant count")?;
+                ExprKind::TileCols { value: recv(self)?, start: start as u32, cols }
+            }
             "rows" => {
                 want(2)?;
                 let rows = int_const(&m.args[1], "`rows` takes a first row and a constant count")?;
@@ -458,7 +502,7 @@ impl Frontend {
                 let dtype = dtype_of(to)?;
                 ExprKind::Cast { value: recv(self)?, to: dtype }
             }
-            "exp2" | "abs" | "sqrt" | "rsqrt" => {
+            "exp2" | "abs" | "sqrt" | "rsqrt" | "tanh" | "erf" => {
                 want(0)?;
                 ExprKind::Unary(unary_fn(&name), recv(self)?)
             }
@@ -489,6 +533,46 @@ impl Frontend {
 /// Tokens as a person writes them: `Vec<f32>`, not `Vec < f32 >`.
 fn compact(t: &impl ToTokens) -> String {
     t.to_token_stream().to_string().replace(" < ", "<").replace("< ", "<").replace(" >", ">").replace(" ,", ",").replace(" :: ", "::")
+}
+
+/// Replaces a loop variable by its value.
+struct Substitute {
+    name: String,
+    value: i64,
+}
+
+impl syn::visit_mut::VisitMut for Substitute {
+    fn visit_expr_mut(&mut self, e: &mut SynExpr) {
+        if let SynExpr::Path(p) = e {
+            if p.path.is_ident(&self.name) {
+                let lit = syn::LitInt::new(&self.value.to_string(), p.path.segments[0].ident.span());
+                *e = SynExpr::Lit(syn::ExprLit { attrs: Vec::new(), lit: syn::Lit::Int(lit) });
+                return;
+            }
+        }
+        syn::visit_mut::visit_expr_mut(self, e);
+    }
+}
+
+/// The value of a constant integer expression: literals, `+ - * /`, parentheses.
+fn const_eval(e: &SynExpr) -> Option<i64> {
+    match e {
+        SynExpr::Lit(syn::ExprLit { lit: syn::Lit::Int(i), .. }) => i.base10_parse().ok(),
+        SynExpr::Paren(p) => const_eval(&p.expr),
+        SynExpr::Group(g) => const_eval(&g.expr),
+        SynExpr::Unary(syn::ExprUnary { op: SynUnOp::Neg(_), expr, .. }) => const_eval(expr).map(|v| -v),
+        SynExpr::Binary(b) => {
+            let (x, y) = (const_eval(&b.left)?, const_eval(&b.right)?);
+            match b.op {
+                SynBinOp::Add(_) => x.checked_add(y),
+                SynBinOp::Sub(_) => x.checked_sub(y),
+                SynBinOp::Mul(_) => x.checked_mul(y),
+                SynBinOp::Div(_) if y != 0 => Some(x / y),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
 }
 
 fn unsupported(e: &SynExpr) -> syn::Error {
@@ -592,6 +676,8 @@ fn unary_fn(name: &str) -> UnOp {
         "exp2" => UnOp::Exp2,
         "abs" => UnOp::Abs,
         "sqrt" => UnOp::Sqrt,
+        "tanh" => UnOp::Tanh,
+        "erf" => UnOp::Erf,
         _ => UnOp::Rsqrt,
     }
 }

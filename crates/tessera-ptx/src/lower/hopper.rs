@@ -256,7 +256,7 @@ impl Lowerer<'_> {
         use Operand::Imm;
         let v = self.view(dst)?;
         let Value::Pipe(p) = self.lookup(pipe) else { unreachable!("verified TIR-H: `{pipe}` is a pipeline") };
-        let map = *self.tma_maps.get(tensor).expect("scanned: every TMA tensor has a map");
+        let map = self.tma_map(tensor);
         let idx = index.iter().map(|i| self.scalar(i)).collect::<Result<Vec<_>, _>>()?;
         let stage = self.in_reg(v.stage.clone(), crate::dtype::ScalarType::I32, "stage");
         let bar = self.barrier_addr(p.full, stage);

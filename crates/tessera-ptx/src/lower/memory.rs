@@ -35,8 +35,7 @@ struct Plan {
 
 impl Lowerer<'_> {
     /// Loads a tile with origin `idx`; out-of-bounds elements take `fill`.
-    pub(crate) fn load(&mut self, g: &GlobalVal, idx: &[Operand], ty: TileType, fill: Operand) -> TileVal {
-        let layout = Layout::blocked(ty.rows, ty.cols);
+    pub(crate) fn load(&mut self, g: &GlobalVal, idx: &[Operand], ty: TileType, fill: Operand, layout: Layout) -> TileVal {
         let ld = if g.written { "ld.global" } else { "ld.global.nc" };
         let regs: Vec<Reg> = (0..layout.len())
             .map(|_| {
@@ -58,8 +57,9 @@ impl Lowerer<'_> {
 
     fn plan(&mut self, g: &GlobalVal, idx: &[Operand], layout: Layout, ty: TileType, owners_only: bool) -> Plan {
         use Operand::{Imm, Reg as R};
-        let rank = g.dims.len();
+        let rank = g.rank;
         let es = i64::from(ty.dtype.size());
+        let gr = self.global_regs(g);
         let lr = self.layout_regs(layout);
         // Which tensor axis the tile's rows and columns run along.
         let (row_axis, col_axis) = if rank >= 2 {
@@ -71,7 +71,7 @@ impl Lowerer<'_> {
         };
         // The uniform part: leading indices and their bounds.
         let base = self.reg(RegClass::B64, "base");
-        self.op("mov.b64", vec![R(base), R(g.ptr)]);
+        self.op("mov.b64", vec![R(base), R(gr.ptr)]);
         let inb = self.reg(RegClass::Pred, "inb");
         if owners_only {
             self.op("mov.pred", vec![R(inb), R(lr.owner)]);
@@ -84,12 +84,12 @@ impl Lowerer<'_> {
             }
             let ir = self.reg(RegClass::B32, "idx");
             self.op("mov.b32", vec![R(ir), i.clone()]);
-            self.op("setp.lt.and.u32", vec![R(inb), R(ir), R(g.dims[k]), R(inb)]);
-            self.term(base, ir, g.strides[k], es);
+            self.op("setp.lt.and.u32", vec![R(inb), R(ir), R(gr.dims[k]), R(inb)]);
+            self.term(base, ir, gr.strides[k], es);
         }
         let row_stride_bytes = row_axis.map(|a| {
             let rb = self.reg(RegClass::B32, "rsb");
-            self.op("mul.lo.s32", vec![R(rb), R(g.strides[a]), Imm(es)]);
+            self.op("mul.lo.s32", vec![R(rb), R(gr.strides[a]), Imm(es)]);
             rb
         });
         let (col0, col_dim, col_stride_bytes, unit) = match col_axis {
@@ -97,10 +97,10 @@ impl Lowerer<'_> {
                 let c0 = self.reg(RegClass::B32, "c");
                 self.op("add.s32", vec![R(c0), R(lr.col), idx[a].clone()]);
                 let sb = self.reg(RegClass::B32, "csb");
-                self.op("mul.lo.s32", vec![R(sb), R(g.strides[a]), Imm(es)]);
+                self.op("mul.lo.s32", vec![R(sb), R(gr.strides[a]), Imm(es)]);
                 let unit = self.reg(RegClass::Pred, "unit_stride");
-                self.op("setp.eq.u32", vec![R(unit), R(g.strides[a]), Imm(1)]);
-                (Some(c0), Some(g.dims[a]), Some(sb), Some(unit))
+                self.op("setp.eq.u32", vec![R(unit), R(gr.strides[a]), Imm(1)]);
+                (Some(c0), Some(gr.dims[a]), Some(sb), Some(unit))
             }
             None => (None, None, None, None),
         };
@@ -120,9 +120,9 @@ impl Lowerer<'_> {
                     if sl.dr > 0 {
                         self.op("add.s32", vec![R(r), R(r), Imm(i64::from(sl.dr))]);
                     }
-                    self.op("setp.lt.and.u32", vec![R(p), R(r), R(g.dims[a]), R(inb)]);
+                    self.op("setp.lt.and.u32", vec![R(p), R(r), R(gr.dims[a]), R(inb)]);
                     self.op("mov.b64", vec![R(addr), R(base)]);
-                    self.term(addr, r, g.strides[a], es);
+                    self.term(addr, r, gr.strides[a], es);
                 }
                 None => {
                     self.op("mov.pred", vec![R(p), R(inb)]);

@@ -77,12 +77,20 @@ pub(crate) struct TileVal {
     pub regs: Vec<Reg>,
 }
 
-/// A global tensor parameter: its generic-to-global pointer, dims and strides.
+/// A global tensor parameter. Its pointer, dims and strides are loaded from the parameter
+/// space where a statement needs them ([`Lowerer::global_regs`]): kept in registers from the
+/// prologue on, a dozen tensors' worth would stay live through every loop.
 #[derive(Clone, Debug)]
 pub(crate) struct GlobalVal {
     pub name: String,
     /// Whether the kernel stores into it (else loads may take the read-only path).
     pub written: bool,
+    pub rank: usize,
+}
+
+/// A global tensor's parameters in registers, for one statement.
+#[derive(Clone, Debug)]
+pub(crate) struct GlobalRegs {
     pub ptr: Reg,
     pub dims: Vec<Reg>,
     pub strides: Vec<Reg>,
@@ -131,11 +139,15 @@ pub(crate) struct Lowerer<'a> {
     pub dyn_bytes: u32,
     /// (base, offset, stages, arrival count) of each barrier ring, initialized at entry.
     pub barrier_inits: Vec<(Reg, u32, u32, u32)>,
-    pub tma_maps: HashMap<String, Reg>,
+    pub tma_maps: HashMap<String, String>,
+    /// Parameters loaded in the current statement.
+    param_cache: HashMap<String, Reg>,
     pub mma_accs: Vec<String>,
     pub any_mma: bool,
     pub wgmma_pending: bool,
     pub uses_setmaxnreg: bool,
+    /// The layout the next load should take (set while lowering an elementwise operand).
+    pub layout_hint: Option<Layout>,
 }
 
 impl<'a> Lowerer<'a> {
@@ -163,10 +175,12 @@ impl<'a> Lowerer<'a> {
             dyn_bytes: 0,
             barrier_inits: Vec::new(),
             tma_maps: HashMap::new(),
+            param_cache: HashMap::new(),
             mma_accs: Vec::new(),
             any_mma: false,
             wgmma_pending: false,
             uses_setmaxnreg: false,
+            layout_hint: None,
         };
         lw.thread_indices();
         lw
@@ -235,36 +249,23 @@ impl<'a> Lowerer<'a> {
     }
 
     fn params(&mut self, tma: &[(String, hopper::TmaUse)]) {
-        use Operand::{Reg as R, Sym, SymAddr};
+        use Operand::{Reg as R, SymAddr};
         for p in &self.ir.params {
             match p.ty {
                 Type::Global { rank, .. } => {
-                    let ptr = self.reg(RegClass::B64, &p.name);
-                    let sym = format!("{}_ptr", p.name);
-                    self.params.push(PtxParam { name: sym.clone(), ty: ".u64", bytes: None });
-                    self.pro("ld.param.u64", vec![R(ptr), SymAddr(sym)]);
-                    self.pro("cvta.to.global.u64", vec![R(ptr), R(ptr)]);
-                    let mut dims = Vec::new();
-                    let mut strides = Vec::new();
-                    for (kind, out) in [("dim", &mut dims), ("stride", &mut strides)] {
+                    self.params.push(PtxParam { name: format!("{}_ptr", p.name), ty: ".u64", bytes: None });
+                    for kind in ["dim", "stride"] {
                         for i in 0..rank {
-                            let sym = format!("{}_{kind}{i}", p.name);
-                            let r = self.reg(RegClass::B32, &format!("{}_{kind}{i}", p.name));
-                            self.params.push(PtxParam { name: sym.clone(), ty: ".u32", bytes: None });
-                            self.prologue.push(Inst::Op { pred: None, op: "ld.param.u32".into(), args: vec![R(r), SymAddr(sym)] });
-                            out.push(r);
+                            self.params.push(PtxParam { name: format!("{}_{kind}{i}", p.name), ty: ".u32", bytes: None });
                         }
                     }
                     if tma.iter().any(|(n, _)| *n == p.name) {
                         // The tensor map, used in place: TMA takes its generic address.
                         let sym = format!("{}_tmap", p.name);
                         self.params.push(PtxParam { name: sym.clone(), ty: ".align 64 .b8", bytes: Some(128) });
-                        let map = self.reg(RegClass::B64, &sym);
-                        self.pro("mov.u64", vec![R(map), Sym(sym)]);
-                        self.pro("cvta.param.u64", vec![R(map), R(map)]);
-                        self.tma_maps.insert(p.name.clone(), map);
+                        self.tma_maps.insert(p.name.clone(), sym);
                     }
-                    let g = GlobalVal { name: p.name.clone(), written: self.ir.writes(&p.name), ptr, dims, strides };
+                    let g = GlobalVal { name: p.name.clone(), written: self.ir.writes(&p.name), rank: rank as usize };
                     self.bind(&p.name, Value::Global(g));
                 }
                 Type::Scalar(s) => {
@@ -290,6 +291,46 @@ impl<'a> Lowerer<'a> {
 
     pub fn lookup(&self, name: &str) -> Value {
         self.scopes.iter().rev().find_map(|s| s.get(name).cloned()).expect("verified TIR-H: every name is bound")
+    }
+
+    /// A parameter of the kernel in a register, loaded once per statement.
+    fn param_reg(&mut self, sym: &str, class: RegClass, load: &[&str]) -> Reg {
+        if let Some(r) = self.param_cache.get(sym) {
+            return *r;
+        }
+        let r = self.reg(class, sym);
+        for (i, op) in load.iter().enumerate() {
+            let src = if i == 0 { Operand::SymAddr(sym.to_string()) } else { Operand::Reg(r) };
+            let src = if op.starts_with("mov") || op.starts_with("cvta.param") {
+                if i == 0 {
+                    Operand::Sym(sym.to_string())
+                } else {
+                    Operand::Reg(r)
+                }
+            } else {
+                src
+            };
+            self.op(op, vec![Operand::Reg(r), src]);
+        }
+        self.param_cache.insert(sym.to_string(), r);
+        r
+    }
+
+    /// A global tensor's pointer, dims and strides, for this statement.
+    pub(crate) fn global_regs(&mut self, g: &GlobalVal) -> GlobalRegs {
+        let ptr = self.param_reg(&format!("{}_ptr", g.name), RegClass::B64, &["ld.param.u64", "cvta.to.global.u64"]);
+        let field = |lw: &mut Self, kind: &str| -> Vec<Reg> {
+            (0..g.rank).map(|i| lw.param_reg(&format!("{}_{kind}{i}", g.name), RegClass::B32, &["ld.param.u32"])).collect()
+        };
+        let dims = field(self, "dim");
+        let strides = field(self, "stride");
+        GlobalRegs { ptr, dims, strides }
+    }
+
+    /// The generic address of a tensor's TMA map.
+    pub(crate) fn tma_map(&mut self, tensor: &str) -> Reg {
+        let sym = self.tma_maps.get(tensor).cloned().expect("scanned: every TMA tensor has a map");
+        self.param_reg(&sym, RegClass::B64, &["mov.u64", "cvta.param.u64"])
     }
 
     /// Replaces the binding of `name` where it is bound.
@@ -323,6 +364,7 @@ impl<'a> Lowerer<'a> {
     fn stmt(&mut self, s: &Stmt) -> Result<(), CompileError> {
         let file = self.ir.file.rsplit('/').next().unwrap_or(&self.ir.file).to_string();
         self.layouts.clear();
+        self.param_cache.clear();
         self.body.push(Inst::Comment(format!("{file}:{}  {}", s.loc.line, s.text)));
         if let Some(r) = self.hopper_stmt(s) {
             return r;

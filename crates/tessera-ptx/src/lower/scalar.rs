@@ -63,7 +63,15 @@ impl Lowerer<'_> {
                     R(r)
                 }
             },
-            ExprKind::Dim { tensor, axis } => R(self.global(tensor).dims[*axis as usize]),
+            ExprKind::Dim { tensor, axis } => {
+                let g = self.global(tensor);
+                let sym = format!("{}_dim{axis}", g.name);
+                // Copied: the cached register is only valid within this statement.
+                let d = self.global_regs(&g).dims[*axis as usize];
+                let r = self.reg(RegClass::B32, &sym);
+                self.op("mov.b32", vec![R(r), R(d)]);
+                R(r)
+            }
             ExprKind::Cast { value, to } => {
                 let Type::Scalar(from) = value.checked_ty() else { unreachable!("verified TIR-H: scalar cast") };
                 let v = self.scalar(value)?;
@@ -83,14 +91,18 @@ impl Lowerer<'_> {
             }
             ExprKind::Unary(op, a) => {
                 let v = self.scalar(a)?;
-                let r = self.reg(scalar_class(ty), "t");
-                let inst = match (op, ty) {
-                    (UnOp::Not, _) => "not.pred",
-                    (UnOp::Neg, ScalarType::I32) => "neg.s32",
-                    _ => f32_unop(*op),
-                };
-                self.op(inst, vec![R(r), v]);
-                R(r)
+                match (op, ty) {
+                    (UnOp::Not, _) | (UnOp::Neg, ScalarType::I32) => {
+                        let r = self.reg(scalar_class(ty), "t");
+                        let inst = if *op == UnOp::Not { "not.pred" } else { "neg.s32" };
+                        self.op(inst, vec![R(r), v]);
+                        R(r)
+                    }
+                    _ => {
+                        let x = self.in_reg(v, ScalarType::F32, "x");
+                        R(self.f32_unary(*op, x))
+                    }
+                }
             }
             ExprKind::Binary(op, a, b) => {
                 let Type::Scalar(operand_ty) = a.checked_ty() else { unreachable!("verified TIR-H: scalar operands") };
@@ -106,15 +118,54 @@ impl Lowerer<'_> {
     }
 }
 
-/// The PTX instruction for a unary float function.
-pub(crate) fn f32_unop(op: UnOp) -> &'static str {
-    match op {
-        UnOp::Neg => "neg.f32",
-        UnOp::Exp2 => "ex2.approx.f32",
-        UnOp::Abs => "abs.f32",
-        UnOp::Sqrt => "sqrt.rn.f32",
-        UnOp::Rsqrt => "rsqrt.approx.f32",
-        UnOp::Not => unreachable!("verified TIR-H: `!` takes a bool"),
+impl Lowerer<'_> {
+    /// A unary float function of `x`.
+    pub(crate) fn f32_unary(&mut self, op: UnOp, x: Reg) -> Reg {
+        use Operand::{Reg as R, F32};
+        let one = |lw: &mut Self, inst: &str| {
+            let r = lw.reg(RegClass::F32, op.name());
+            lw.op(inst, vec![R(r), R(x)]);
+            r
+        };
+        match op {
+            UnOp::Neg => one(self, "neg.f32"),
+            UnOp::Exp2 => one(self, "ex2.approx.f32"),
+            UnOp::Abs => one(self, "abs.f32"),
+            UnOp::Sqrt => one(self, "sqrt.rn.f32"),
+            UnOp::Rsqrt => one(self, "rsqrt.approx.f32"),
+            UnOp::Tanh => one(self, "tanh.approx.f32"),
+            UnOp::Erf => {
+                // erf(x) = sign(x)·(1 − t·P(t)·exp(−x²)), t = 1 / (1 + p·|x|)
+                let f = |lw: &mut Self| lw.reg(RegClass::F32, "erf");
+                let ax = one(self, "abs.f32");
+                let d = f(self);
+                self.op("fma.rn.f32", vec![R(d), R(ax), F32(0.327_591_1), F32(1.0)]);
+                let t = f(self);
+                self.op("rcp.rn.f32", vec![R(t), R(d)]);
+                let mut p = f(self);
+                self.op("mov.f32", vec![R(p), F32(1.061_405_4)]);
+                for c in [-1.453_152_1f32, 1.421_413_8, -0.284_496_74, 0.254_829_6] {
+                    let q = f(self);
+                    self.op("fma.rn.f32", vec![R(q), R(p), R(t), F32(c)]);
+                    p = q;
+                }
+                let pt = f(self);
+                self.op("mul.f32", vec![R(pt), R(p), R(t)]);
+                let sq = f(self);
+                self.op("mul.f32", vec![R(sq), R(ax), R(ax)]);
+                self.op("mul.f32", vec![R(sq), R(sq), F32(-std::f32::consts::LOG2_E)]);
+                let e = f(self);
+                self.op("ex2.approx.f32", vec![R(e), R(sq)]);
+                let y = f(self);
+                // y = 1 − pt·e
+                self.op("neg.f32", vec![R(pt), R(pt)]);
+                self.op("fma.rn.f32", vec![R(y), R(pt), R(e), F32(1.0)]);
+                let r = f(self);
+                self.op("copysign.f32", vec![R(r), R(x), R(y)]);
+                r
+            }
+            UnOp::Not => unreachable!("verified TIR-H: `!` takes a bool"),
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 use super::{elem_class, Lowerer, TileVal};
 use crate::dtype::DType;
 use crate::error::CompileError;
-use crate::layout::Layout;
+use crate::layout::{Layout, LayoutKind};
 use crate::tirh::{BinOp, Expr, ExprKind, ReduceOp, TileType, Type};
 use crate::tirt::{Operand, Reg, RegClass};
 
@@ -30,7 +30,12 @@ impl Lowerer<'_> {
                     None => Operand::F32(0.0),
                 };
                 let fill = self.elem_from_f32(fill, ty.dtype);
-                self.load(&g, &idx, ty, fill)
+                // A load feeding an operation on a tile in registers takes that tile's layout.
+                let layout = match self.layout_hint.take() {
+                    Some(h) if h.rows == ty.rows && h.cols == ty.cols => h,
+                    _ => Layout::blocked(ty.rows, ty.cols),
+                };
+                self.load(&g, &idx, ty, fill, layout)
             }
             ExprKind::Cast { value, to } => {
                 let t = self.tile(value)?;
@@ -38,16 +43,27 @@ impl Lowerer<'_> {
             }
             ExprKind::Unary(op, a) => {
                 let t = self.tile(a)?;
-                self.map_f32(&t, "u", |lw, x| {
-                    let r = lw.reg(RegClass::F32, op.name());
-                    lw.op(super::scalar::f32_unop(*op), vec![Operand::Reg(r), Operand::Reg(x)]);
-                    r
-                })
+                self.map_f32(&t, "u", |lw, x| lw.f32_unary(*op, x))
             }
             ExprKind::Binary(op, a, b) => self.binary(*op, a, b, ty)?,
             ExprKind::Reduce { op, axis, value } => {
                 let t = self.tile(value)?;
                 self.reduce(t, *op, *axis)
+            }
+            ExprKind::TileCols { value, start, cols } => {
+                let t = self.tile(value)?;
+                let LayoutKind::Wgmma { m_blocks } = t.layout.kind else {
+                    return Err(CompileError::Lower {
+                        message: "`cols` takes an MMA accumulator (a tile that `mma_sync` wrote)".into(),
+                        loc: e.loc,
+                    });
+                };
+                // Block b's registers for columns [start, start + cols) are a contiguous run of
+                // the m64nN fragment: 4 registers per 8 columns.
+                let per_block = (t.ty.cols / 2) as usize;
+                let (from, n) = ((*start / 2) as usize, (*cols / 2) as usize);
+                let regs = (0..m_blocks as usize).flat_map(|b| t.regs[b * per_block + from..b * per_block + from + n].to_vec()).collect();
+                TileVal { ty, layout: Layout::wgmma(t.ty.rows, *cols), regs }
             }
             _ => unreachable!("verified TIR-H: not a tile expression"),
         })
@@ -154,7 +170,7 @@ impl Lowerer<'_> {
         let (a_tile, b_tile) = (matches!(a.checked_ty(), Type::Tile(_)), matches!(b.checked_ty(), Type::Tile(_)));
         match (a_tile, b_tile) {
             (true, true) => {
-                let (ta, tb) = (self.tile(a)?, self.tile(b)?);
+                let (ta, tb) = self.operands(a, b, ty)?;
                 // The operand with the result's shape sets the layout; the other broadcasts.
                 let (big, small, big_left) = if ta.ty.rows == ty.rows && ta.ty.cols == ty.cols { (ta, tb, true) } else { (tb, ta, false) };
                 let want = big.layout.broadcast_operand(small.ty.rows, small.ty.cols);
@@ -189,6 +205,34 @@ impl Lowerer<'_> {
             }
             (false, false) => unreachable!("verified TIR-H: a tile operation has a tile operand"),
         }
+    }
+
+    /// Lowers the two tile operands of an elementwise operation. An operand whose layout is
+    /// free (a load, possibly under casts, unary functions and scalar factors) is lowered
+    /// second, in the layout the other operand needs, so that nothing moves through shared
+    /// memory.
+    fn operands(&mut self, a: &Expr, b: &Expr, ty: TileType) -> Result<(TileVal, TileVal), CompileError> {
+        let shape = |e: &Expr| match e.checked_ty() {
+            Type::Tile(t) => (t.rows, t.cols),
+            _ => (0, 0),
+        };
+        let full = |e: &Expr| shape(e) == (ty.rows, ty.cols);
+        if layout_free(a) && !layout_free(b) && full(b) {
+            let tb = self.tile(b)?;
+            let (r, c) = shape(a);
+            self.layout_hint = Some(tb.layout.broadcast_operand(r, c));
+            let ta = self.tile(a);
+            self.layout_hint = None;
+            return Ok((ta?, tb));
+        }
+        let ta = self.tile(a)?;
+        if layout_free(b) && full(a) {
+            let (r, c) = shape(b);
+            self.layout_hint = Some(ta.layout.broadcast_operand(r, c));
+        }
+        let tb = self.tile(b);
+        self.layout_hint = None;
+        Ok((ta, tb?))
     }
 
     /// Moves a tile into another layout of the same shape through shared memory.
@@ -341,5 +385,20 @@ impl Lowerer<'_> {
         }
         let regs = acc.into_iter().map(|a| self.f32_to(a, t.ty.dtype)).collect();
         TileVal { ty, layout: out_layout, regs }
+    }
+}
+
+/// Whether an expression's layout is decided by its use: a load, under casts, unary functions
+/// and scalar factors.
+fn layout_free(e: &Expr) -> bool {
+    match &e.kind {
+        ExprKind::Load { .. } => true,
+        ExprKind::Cast { value, .. } | ExprKind::Unary(_, value) => layout_free(value),
+        ExprKind::Binary(_, x, y) => match (x.checked_ty(), y.checked_ty()) {
+            (Type::Tile(_), Type::Scalar(_)) => layout_free(x),
+            (Type::Scalar(_), Type::Tile(_)) => layout_free(y),
+            _ => false,
+        },
+        _ => false,
     }
 }

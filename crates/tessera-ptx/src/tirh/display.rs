@@ -106,6 +106,7 @@ impl fmt::Display for Expr {
                 Ok(())
             }
             ExprKind::Cast { value, to } => write!(f, "cast<{to}>({value})"),
+            ExprKind::TileCols { value, start, cols } => write!(f, "{value}.cols({start}, {cols})"),
             ExprKind::SmemRing(t) => {
                 write!(f, "smem_ring<{}, {}, {}>(stages={}, swizzle={})", t.dtype, t.rows, t.cols, t.stages, t.swizzle)
             }

@@ -376,6 +376,10 @@ pub enum UnOp {
     Sqrt,
     /// `rsqrt(x)`
     Rsqrt,
+    /// `tanh(x)` (the hardware's approximation, |error| < 2⁻¹⁰·⁹⁹)
+    Tanh,
+    /// `erf(x)` (Abramowitz–Stegun 7.1.26, |error| < 1.5·10⁻⁷)
+    Erf,
 }
 
 impl UnOp {
@@ -388,6 +392,8 @@ impl UnOp {
             UnOp::Abs => "abs",
             UnOp::Sqrt => "sqrt",
             UnOp::Rsqrt => "rsqrt",
+            UnOp::Tanh => "tanh",
+            UnOp::Erf => "erf",
         }
     }
 }
@@ -507,6 +513,16 @@ pub enum ExprKind {
         pipe: String,
         /// True for the producer's `acquire`, false for the consumer's `wait`.
         producer: bool,
+    },
+    /// `t.cols(start, n)`: columns `start..start + n` of an MMA accumulator (`start` a
+    /// constant multiple of `n`): a view of its registers, no data moves.
+    TileCols {
+        /// The tile.
+        value: Box<Expr>,
+        /// First column.
+        start: u32,
+        /// Columns.
+        cols: u32,
     },
     /// `row_sum(t)`, `t.sum(axis)`, …: reduces `axis` to extent 1.
     Reduce {

@@ -94,6 +94,17 @@ impl Checker {
             | ExprKind::PipeStage { .. } => {
                 unreachable!("typed by hopper_expr")
             }
+            ExprKind::TileCols { value, start, cols } => {
+                let ty = self.expr(value)?;
+                let Type::Tile(t) = ty else {
+                    return Err(CompileError::ty(value.loc, format!("`cols` takes a tile, found `{ty}`")));
+                };
+                if *cols == 0 || *cols % 8 != 0 || *start % *cols != 0 || *start + *cols > t.cols {
+                    return Err(CompileError::ty(loc, format!(
+                        "`cols({start}, {cols})` of `{t}`: expected a multiple of 8 columns starting at a multiple of the count, inside {} columns", t.cols)));
+                }
+                Type::Tile(TileType { cols: *cols, ..t })
+            }
             ExprKind::Reduce { op, axis, value } => {
                 let ty = self.expr(value)?;
                 let Type::Tile(t) = ty else {
