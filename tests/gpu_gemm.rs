@@ -183,3 +183,28 @@ fn gpu_bias_gelu_matches_f64_reference() {
     let have: Vec<f64> = y.to_host().unwrap().iter().map(|v| v.to_f64()).collect();
     assert!(rel_error(&have, &want) < 1e-2);
 }
+
+#[test]
+fn gpu_gemm_f16_matches_f64_reference() {
+    use tessera::f16;
+    use tessera_kernels::{gemm, Activation, Bias};
+    let Some(dev) = gpu_or_skip("gpu_gemm_f16") else { return };
+    let (m, n, k) = (130, 250, 96);
+    let rnd = |len: usize| -> Vec<f16> { common::random(len, -1.0, 1.0).into_iter().map(f16::from_f32).collect() };
+    let (a, b, bias) = (rnd(m * k), rnd(n * k), rnd(n));
+    let at = Tensor::from_host(&dev, &a, &[m, k]).unwrap();
+    let bt = Tensor::from_host(&dev, &b, &[n, k]).unwrap();
+    let biast = Tensor::from_host(&dev, &bias, &[n]).unwrap();
+    let mut c = Tensor::full(&dev, &[m, n], f16::NAN).unwrap();
+    gemm(&at, &bt).bias(Bias::PerColumn(&biast)).activation(Activation::Silu).run(&dev, &mut c).unwrap();
+    let got: Vec<f64> = c.to_host().unwrap().iter().map(|v| v.to_f64()).collect();
+    let want: Vec<f64> = (0..m * n)
+        .map(|x| {
+            let (i, j) = (x / n, x % n);
+            let v: f64 = (0..k).map(|p| a[i * k + p].to_f64() * b[j * k + p].to_f64()).sum::<f64>() + bias[j].to_f64();
+            v / (1.0 + (-v).exp())
+        })
+        .collect();
+    let err = rel_error(&got, &want);
+    assert!(err < 1e-2, "f16 gemm: relative error {err}");
+}

@@ -1,14 +1,14 @@
 //! GEMM on Hopper: TMA into a 4-stage shared ring, one producer and two consumer warpgroups,
 //! wgmma m64n256k16 accumulating in f32, masked stores of C.
 
-use tessera::{bf16, kernel, Device, Error, Grid, Result, Tensor};
+use tessera::{bf16, f16, kernel, Device, Element, Error, Grid, Result, Tensor};
 
 /// Rows and columns of C per block, and the K step.
 const BM: usize = 128;
 const BN: usize = 256;
 
-/// `C = epilogue(A·Bᵀ)`: A is M×K, B is N×K (the "TN" layout of LLM weights), both bf16
-/// row-major; C is M×N bf16. A persistent grid walks 128×256 tiles of C in groups of 8
+/// `C = epilogue(A·Bᵀ)`: A is M×K, B is N×K (the "TN" layout of LLM weights), both bf16 (or
+/// f16) row-major; C is M×N of the same type. Compiled as `gemm_tn_bf16` and `gemm_tn_f16`. A persistent grid walks 128×256 tiles of C in groups of 8
 /// tile-rows, so that neighbouring blocks share B's columns in L2.
 ///
 /// Warpgroup 0 produces: for each 64-wide K step it waits for a free stage, copies A's
@@ -19,18 +19,10 @@ const BN: usize = 256;
 /// bias per column (`bias_kind` 1) or per row (2), an activation (`act` 1: GELU tanh, 2: GELU
 /// erf, 3: SiLU) — and stores its rows of C, while the producer already fills the next tile's
 /// stages. [`gemm_tn_full_bf16`] adds `beta·C_in` and a residual.
-#[kernel(warpgroups = 3)]
-pub fn gemm_tn_bf16(
-    a: Global<bf16, 2>,
-    b: Global<bf16, 2>,
-    c: Global<bf16, 2>,
-    bias: Global<bf16, 1>,
-    alpha: f32,
-    bias_kind: i32,
-    act: i32,
-) {
-    let sa = Smem::<bf16, 128, 64>::ring(4);
-    let sb = Smem::<bf16, 256, 64>::ring(4);
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]))]
+pub fn gemm_tn(a: Global<T, 2>, b: Global<T, 2>, c: Global<T, 2>, bias: Global<T, 1>, alpha: f32, bias_kind: i32, act: i32) {
+    let sa = Smem::<T, 128, 64>::ring(4);
+    let sb = Smem::<T, 256, 64>::ring(4);
     let pipe = Pipeline::<4>::new(2);
     let k_steps = (a.dim(1) + 63) / 64;
     let tiles_m = (c.dim(0) + 127) / 128;
@@ -78,10 +70,10 @@ pub fn gemm_tn_bf16(
                 let n = n0 + j * 64;
                 let mut out = acc.cols(j * 64, 64) * alpha;
                 if bias_kind == 1 {
-                    out = out + bias.load::<Tile<bf16, 1, 64>>([n]).cast::<f32>();
+                    out = out + bias.load::<Tile<T, 1, 64>>([n]).cast::<f32>();
                 }
                 if bias_kind == 2 {
-                    out = out + bias.load::<Tile<bf16, 64, 1>>([m0]).cast::<f32>();
+                    out = out + bias.load::<Tile<T, 64, 1>>([m0]).cast::<f32>();
                 }
                 if act == 1 {
                     out = 0.5 * out * (1.0 + tanh(0.7978845608 * (out + 0.044715 * out * out * out)));
@@ -92,18 +84,18 @@ pub fn gemm_tn_bf16(
                 if act == 3 {
                     out = out / (1.0 + exp2(out * -1.4426950408889634));
                 }
-                c.store([m0, n], out.cast::<bf16>());
+                c.store([m0, n], out.cast::<T>());
             }
         }
     }
 }
 
-/// [`gemm_tn_bf16`] with the whole epilogue, `alpha·acc + beta·C_in + bias`, activation,
+/// [`gemm_tn_bf16`] (and `_f16`) with the whole epilogue, `alpha·acc + beta·C_in + bias`, activation,
 /// residual, on 128×128 tiles: the two extra M×N operands need the registers that a 64×256
 /// accumulator would take.
 ///
-/// `C = epilogue(A·Bᵀ)`: A is M×K, B is N×K (the "TN" layout of LLM weights), both bf16
-/// row-major; C is M×N bf16. A persistent grid walks 128×128 tiles of C in groups of 8
+/// `C = epilogue(A·Bᵀ)`: A is M×K, B is N×K (the "TN" layout of LLM weights), both bf16 (or
+/// f16) row-major; C is M×N of the same type. Compiled as `gemm_tn_bf16` and `gemm_tn_f16`. A persistent grid walks 128×128 tiles of C in groups of 8
 /// tile-rows, so that neighbouring blocks share B's columns in L2.
 ///
 /// Warpgroup 0 produces: for each 64-wide K step it waits for a free stage, copies A's
@@ -114,22 +106,22 @@ pub fn gemm_tn_bf16(
 /// column (`bias_kind` 1) or per row (2), an activation (`act` 1: GELU tanh, 2: GELU erf,
 /// 3: SiLU), a residual — and stores its rows of C, while the producer already fills the next
 /// tile's stages. Operands it does not use are not read.
-#[kernel(warpgroups = 3)]
-pub fn gemm_tn_full_bf16(
-    a: Global<bf16, 2>,
-    b: Global<bf16, 2>,
-    c: Global<bf16, 2>,
-    c_in: Global<bf16, 2>,
-    bias: Global<bf16, 1>,
-    residual: Global<bf16, 2>,
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]))]
+pub fn gemm_tn_full(
+    a: Global<T, 2>,
+    b: Global<T, 2>,
+    c: Global<T, 2>,
+    c_in: Global<T, 2>,
+    bias: Global<T, 1>,
+    residual: Global<T, 2>,
     alpha: f32,
     beta: f32,
     bias_kind: i32,
     act: i32,
     add_residual: i32,
 ) {
-    let sa = Smem::<bf16, 128, 64>::ring(4);
-    let sb = Smem::<bf16, 128, 64>::ring(4);
+    let sa = Smem::<T, 128, 64>::ring(4);
+    let sb = Smem::<T, 128, 64>::ring(4);
     let pipe = Pipeline::<4>::new(2);
     let k_steps = (a.dim(1) + 63) / 64;
     let tiles_m = (c.dim(0) + 127) / 128;
@@ -177,13 +169,13 @@ pub fn gemm_tn_full_bf16(
                 let n = n0 + j * 32;
                 let mut out = acc.cols(j * 32, 32) * alpha;
                 if beta != 0.0 {
-                    out = out + c_in.load::<Tile<bf16, 64, 32>>([m0, n]).cast::<f32>() * beta;
+                    out = out + c_in.load::<Tile<T, 64, 32>>([m0, n]).cast::<f32>() * beta;
                 }
                 if bias_kind == 1 {
-                    out = out + bias.load::<Tile<bf16, 1, 32>>([n]).cast::<f32>();
+                    out = out + bias.load::<Tile<T, 1, 32>>([n]).cast::<f32>();
                 }
                 if bias_kind == 2 {
-                    out = out + bias.load::<Tile<bf16, 64, 1>>([m0]).cast::<f32>();
+                    out = out + bias.load::<Tile<T, 64, 1>>([m0]).cast::<f32>();
                 }
                 if act == 1 {
                     out = 0.5 * out * (1.0 + tanh(0.7978845608 * (out + 0.044715 * out * out * out)));
@@ -195,9 +187,9 @@ pub fn gemm_tn_full_bf16(
                     out = out / (1.0 + exp2(out * -1.4426950408889634));
                 }
                 if add_residual == 1 {
-                    out = out + residual.load::<Tile<bf16, 64, 32>>([m0, n]).cast::<f32>();
+                    out = out + residual.load::<Tile<T, 64, 32>>([m0, n]).cast::<f32>();
                 }
-                c.store([m0, n], out.cast::<bf16>());
+                c.store([m0, n], out.cast::<T>());
             }
         }
     }
@@ -216,24 +208,24 @@ pub fn bias_gelu_bf16(x: Global<bf16, 2>, bias: Global<bf16, 1>, y: Global<bf16,
 }
 
 /// Copies `x` into the top-left of `y`; the rest of `y` (the padding) gets zeros.
-#[kernel]
-pub fn pad_copy_bf16(x: Global<bf16, 2>, y: Global<bf16, 2>) {
+#[kernel(dtypes(T = [bf16, f16]))]
+pub fn pad_copy(x: Global<T, 2>, y: Global<T, 2>) {
     let r = block::id_y() * 16;
     let c = block::id_x() * 128;
-    let t: Tile<bf16, 16, 128> = x.load([r, c]);
+    let t: Tile<T, 16, 128> = x.load([r, c]);
     y.store([r, c], t);
 }
 
 /// `x` as a tensor TMA can copy: itself, or a copy whose rows are padded with zeros to a
 /// multiple of 8 elements (16 bytes).
-fn tma_ready<'t>(device: &Device, x: &'t Tensor<bf16>, scratch: &'t mut Option<Tensor<bf16>>) -> Result<&'t Tensor<bf16>> {
+fn tma_ready<'t, T: GemmElement>(device: &Device, x: &'t Tensor<T>, scratch: &'t mut Option<Tensor<T>>) -> Result<&'t Tensor<T>> {
     let (r, k) = (x.shape()[0], x.shape()[1]);
     let ptr_ok = (x.offset() * 2).is_multiple_of(16);
     if ptr_ok && x.strides()[1] == 1 && (x.strides()[0] * 2).is_multiple_of(16) {
         return Ok(x);
     }
-    let mut padded = Tensor::<bf16>::zeros(device, &[r, k.next_multiple_of(8)])?;
-    pad_copy_bf16::launch(device, (Grid::tiles(k.next_multiple_of(8), 128), Grid::tiles(r, 16)), x, &mut padded)?;
+    let mut padded = Tensor::<T>::zeros(device, &[r, k.next_multiple_of(8)])?;
+    T::pad_copy(device, (Grid::tiles(k.next_multiple_of(8), 128), Grid::tiles(r, 16)).into(), x, &mut padded)?;
     Ok(scratch.insert(padded))
 }
 
@@ -253,12 +245,88 @@ pub enum Activation {
 
 /// A bias added in a GEMM's epilogue.
 #[derive(Clone, Copy, Debug)]
-pub enum Bias<'t> {
+pub enum Bias<'t, T: Element = bf16> {
     /// One value per column of C (length N): the usual linear-layer bias.
-    PerColumn(&'t Tensor<bf16>),
+    PerColumn(&'t Tensor<T>),
     /// One value per row of C (length M).
-    PerRow(&'t Tensor<bf16>),
+    PerRow(&'t Tensor<T>),
 }
+
+/// An element type the GEMM takes: `bf16` or `f16` (each has its compiled kernels).
+pub trait GemmElement: Element + sealed::Sealed {
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        d: &Device,
+        g: Grid,
+        a: &Tensor<Self>,
+        b: &Tensor<Self>,
+        c: &mut Tensor<Self>,
+        bias: &Tensor<Self>,
+        alpha: f32,
+        bias_kind: i32,
+        act: i32,
+    ) -> Result<()>;
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_full(
+        d: &Device,
+        g: Grid,
+        a: &Tensor<Self>,
+        b: &Tensor<Self>,
+        c: &mut Tensor<Self>,
+        c_in: &Tensor<Self>,
+        bias: &Tensor<Self>,
+        residual: &Tensor<Self>,
+        scalars: (f32, f32, i32, i32, i32),
+    ) -> Result<()>;
+    #[doc(hidden)]
+    fn pad_copy(d: &Device, g: Grid, x: &Tensor<Self>, y: &mut Tensor<Self>) -> Result<()>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for tessera::bf16 {}
+    impl Sealed for tessera::f16 {}
+}
+
+macro_rules! gemm_element {
+    ($t:ty, $main:ident, $full:ident, $pad:ident) => {
+        impl GemmElement for $t {
+            fn gemm(
+                d: &Device,
+                g: Grid,
+                a: &Tensor<Self>,
+                b: &Tensor<Self>,
+                c: &mut Tensor<Self>,
+                bias: &Tensor<Self>,
+                alpha: f32,
+                bias_kind: i32,
+                act: i32,
+            ) -> Result<()> {
+                $main::launch(d, g, a, b, c, bias, alpha, bias_kind, act)
+            }
+            fn gemm_full(
+                d: &Device,
+                g: Grid,
+                a: &Tensor<Self>,
+                b: &Tensor<Self>,
+                c: &mut Tensor<Self>,
+                c_in: &Tensor<Self>,
+                bias: &Tensor<Self>,
+                residual: &Tensor<Self>,
+                (alpha, beta, bias_kind, act, add_residual): (f32, f32, i32, i32, i32),
+            ) -> Result<()> {
+                $full::launch(d, g, a, b, c, c_in, bias, residual, alpha, beta, bias_kind, act, add_residual)
+            }
+            fn pad_copy(d: &Device, g: Grid, x: &Tensor<Self>, y: &mut Tensor<Self>) -> Result<()> {
+                $pad::launch(d, g, x, y)
+            }
+        }
+    };
+}
+gemm_element!(bf16, gemm_tn_bf16, gemm_tn_full_bf16, pad_copy_bf16);
+gemm_element!(f16, gemm_tn_f16, gemm_tn_full_f16, pad_copy_f16);
 
 /// A GEMM `C = act(alpha·A·Bᵀ + beta·C_in + bias) + residual`, built with [`gemm`] and run
 /// with [`GemmBuilder::run`]. Every epilogue step is fused on the accumulator in registers.
@@ -275,23 +343,23 @@ pub enum Bias<'t> {
 /// # Ok::<(), tessera::Error>(())
 /// ```
 #[derive(Clone, Copy, Debug)]
-pub struct GemmBuilder<'t> {
-    a: &'t Tensor<bf16>,
-    b: &'t Tensor<bf16>,
+pub struct GemmBuilder<'t, T: GemmElement = bf16> {
+    a: &'t Tensor<T>,
+    b: &'t Tensor<T>,
     alpha: f32,
     beta: f32,
-    c_in: Option<&'t Tensor<bf16>>,
-    bias: Option<Bias<'t>>,
+    c_in: Option<&'t Tensor<T>>,
+    bias: Option<Bias<'t, T>>,
     activation: Activation,
-    residual: Option<&'t Tensor<bf16>>,
+    residual: Option<&'t Tensor<T>>,
 }
 
-/// Starts a GEMM `C = A·Bᵀ` with A (M×K) and B (N×K), bf16, accumulating in f32.
-pub fn gemm<'t>(a: &'t Tensor<bf16>, b: &'t Tensor<bf16>) -> GemmBuilder<'t> {
+/// Starts a GEMM `C = A·Bᵀ` with A (M×K) and B (N×K), bf16 or f16, accumulating in f32.
+pub fn gemm<'t, T: GemmElement>(a: &'t Tensor<T>, b: &'t Tensor<T>) -> GemmBuilder<'t, T> {
     GemmBuilder { a, b, alpha: 1.0, beta: 0.0, c_in: None, bias: None, activation: Activation::None, residual: None }
 }
 
-impl<'t> GemmBuilder<'t> {
+impl<'t, T: GemmElement> GemmBuilder<'t, T> {
     /// Scales the product: `alpha·A·Bᵀ`.
     pub fn alpha(mut self, alpha: f32) -> Self {
         self.alpha = alpha;
@@ -299,14 +367,14 @@ impl<'t> GemmBuilder<'t> {
     }
 
     /// Adds `beta·c_in` (an M×N tensor, not the output).
-    pub fn beta(mut self, beta: f32, c_in: &'t Tensor<bf16>) -> Self {
+    pub fn beta(mut self, beta: f32, c_in: &'t Tensor<T>) -> Self {
         self.beta = beta;
         self.c_in = Some(c_in);
         self
     }
 
     /// Adds a bias per column or per row.
-    pub fn bias(mut self, bias: Bias<'t>) -> Self {
+    pub fn bias(mut self, bias: Bias<'t, T>) -> Self {
         self.bias = Some(bias);
         self
     }
@@ -318,7 +386,7 @@ impl<'t> GemmBuilder<'t> {
     }
 
     /// Adds an M×N residual after the activation.
-    pub fn residual(mut self, residual: &'t Tensor<bf16>) -> Self {
+    pub fn residual(mut self, residual: &'t Tensor<T>) -> Self {
         self.residual = Some(residual);
         self
     }
@@ -333,7 +401,7 @@ impl<'t> GemmBuilder<'t> {
     /// # Errors
     /// [`Error::Argument`] naming the tensor when a shape does not match or is empty, and the
     /// launch's own checks.
-    pub fn run(self, device: &Device, c: &mut Tensor<bf16>) -> Result<()> {
+    pub fn run(self, device: &Device, c: &mut Tensor<T>) -> Result<()> {
         let arg = |arg: &str, expected: String, found: String| Error::Argument { kernel: "gemm", arg: arg.into(), expected, found };
         let (m, k) = crate::check_2d("gemm", "a", self.a)?;
         let (n, kb) = crate::check_2d("gemm", "b", self.b)?;
@@ -365,8 +433,8 @@ impl<'t> GemmBuilder<'t> {
         let a = tma_ready(device, self.a, &mut sa)?;
         let b = tma_ready(device, self.b, &mut sb)?;
         // Operands the epilogue does not read: a one-element stand-in.
-        let unused = Tensor::<bf16>::zeros(device, &[1, 1])?;
-        let unused1 = Tensor::<bf16>::zeros(device, &[1])?;
+        let unused = Tensor::<T>::zeros(device, &[1, 1])?;
+        let unused1 = Tensor::<T>::zeros(device, &[1])?;
         let act = match self.activation {
             Activation::None => 0,
             Activation::GeluTanh => 1,
@@ -377,24 +445,11 @@ impl<'t> GemmBuilder<'t> {
         let grid = tiles.min(device.sm_count());
         let bias = bias.unwrap_or(&unused1);
         if self.c_in.is_none() && self.residual.is_none() {
-            return gemm_tn_bf16::launch(device, grid, a, b, c, bias, self.alpha, bias_kind, act);
+            return T::gemm(device, grid.into(), a, b, c, bias, self.alpha, bias_kind, act);
         }
         let full_grid = Grid::tiles(m, BM).saturating_mul(Grid::tiles(n, 128)).min(device.sm_count());
-        gemm_tn_full_bf16::launch(
-            device,
-            full_grid,
-            a,
-            b,
-            c,
-            self.c_in.unwrap_or(&unused),
-            bias,
-            self.residual.unwrap_or(&unused),
-            self.alpha,
-            if self.c_in.is_some() { self.beta } else { 0.0 },
-            bias_kind,
-            act,
-            i32::from(self.residual.is_some()),
-        )
+        let scalars = (self.alpha, if self.c_in.is_some() { self.beta } else { 0.0 }, bias_kind, act, i32::from(self.residual.is_some()));
+        T::gemm_full(device, full_grid.into(), a, b, c, self.c_in.unwrap_or(&unused), bias, self.residual.unwrap_or(&unused), scalars)
     }
 }
 
@@ -412,11 +467,11 @@ pub fn bias_gelu(device: &Device, x: &Tensor<bf16>, bias: &Tensor<bf16>, y: &mut
     bias_gelu_bf16::launch(device, (Grid::tiles(n, 256), Grid::tiles(m, 16)), x, bias, y)
 }
 
-/// `C = A·Bᵀ` for bf16 A (M×K), B (N×K) and C (M×N), accumulating in f32: [`gemm`] with no
-/// epilogue.
+/// `C = A·Bᵀ` for bf16 or f16 A (M×K), B (N×K) and C (M×N), accumulating in f32: [`gemm`]
+/// with no epilogue.
 ///
 /// # Errors
 /// As [`GemmBuilder::run`].
-pub fn gemm_tn(device: &Device, a: &Tensor<bf16>, b: &Tensor<bf16>, c: &mut Tensor<bf16>) -> Result<()> {
+pub fn gemm_tn<T: GemmElement>(device: &Device, a: &Tensor<T>, b: &Tensor<T>, c: &mut Tensor<T>) -> Result<()> {
     gemm(a, b).run(device, c)
 }

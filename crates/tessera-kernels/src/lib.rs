@@ -17,7 +17,10 @@ mod reduce;
 mod softmax;
 
 pub use elementwise::{axpy, axpy_f32};
-pub use gemm::{bias_gelu, bias_gelu_bf16, gemm, gemm_tn, gemm_tn_bf16, gemm_tn_full_bf16, pad_copy_bf16, Activation, Bias, GemmBuilder};
+pub use gemm::{
+    bias_gelu, bias_gelu_bf16, gemm, gemm_tn, gemm_tn_bf16, gemm_tn_f16, gemm_tn_full_bf16, gemm_tn_full_f16, pad_copy_bf16, pad_copy_f16,
+    Activation, Bias, GemmBuilder, GemmElement,
+};
 pub use reduce::{row_max, row_max_f32, row_sum, row_sum_f32};
 pub use softmax::{softmax, softmax_f32};
 

@@ -8,12 +8,48 @@ use std::path::PathBuf;
 use tessera_ptx::{CompileOptions, CompiledKernel, DType, ParamKind};
 
 pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
-    let f: syn::ItemFn = match syn::parse2(item) {
-        Ok(f) => f,
+    let opts = match parse_attr(attr) {
+        Ok(o) => o,
         Err(e) => return e.to_compile_error(),
     };
-    let warpgroups = match parse_attr(attr) {
-        Ok(w) => w,
+    let Some((param, types)) = opts.dtypes else {
+        return compile_one(item, opts.warpgroups);
+    };
+    // `dtypes(T = [bf16, f16])`: one kernel per type, named `<fn>_<type>`, with `T` replaced.
+    let mut out = TokenStream::new();
+    for ty in types {
+        let body = substitute(item.clone(), &param, &ty);
+        let body = match syn::parse2::<syn::ItemFn>(body) {
+            Ok(mut f) => {
+                f.sig.ident = format_ident!("{}_{}", f.sig.ident, ty);
+                quote!(#f)
+            }
+            Err(e) => return e.to_compile_error(),
+        };
+        out.extend(compile_one(body, opts.warpgroups));
+    }
+    out
+}
+
+/// Replaces every identifier `from` by `to` in a token stream.
+fn substitute(ts: TokenStream, from: &syn::Ident, to: &syn::Ident) -> TokenStream {
+    use proc_macro2::{Group, TokenTree};
+    ts.into_iter()
+        .map(|tt| match tt {
+            TokenTree::Ident(i) if i == *from => TokenTree::Ident(syn::Ident::new(&to.to_string(), i.span())),
+            TokenTree::Group(g) => {
+                let mut n = Group::new(g.delimiter(), substitute(g.stream(), from, to));
+                n.set_span(g.span());
+                TokenTree::Group(n)
+            }
+            other => other,
+        })
+        .collect()
+}
+
+fn compile_one(item: TokenStream, warpgroups: u32) -> TokenStream {
+    let f: syn::ItemFn = match syn::parse2(item) {
+        Ok(f) => f,
         Err(e) => return e.to_compile_error(),
     };
     let mut fe = Frontend::new();
@@ -44,10 +80,39 @@ fn errors(errs: Vec<syn::Error>) -> TokenStream {
     first.to_compile_error()
 }
 
-fn parse_attr(attr: TokenStream) -> syn::Result<u32> {
+/// The kernel attribute's options.
+struct Options {
+    warpgroups: u32,
+    /// `dtypes(T = [bf16, f16])`: the type parameter and its values.
+    dtypes: Option<(syn::Ident, Vec<syn::Ident>)>,
+}
+
+fn parse_attr(attr: TokenStream) -> syn::Result<Options> {
     let mut warpgroups = 1;
+    let mut dtypes = None;
     let parser = syn::meta::parser(|meta| {
-        if meta.path.is_ident("warpgroups") {
+        if meta.path.is_ident("dtypes") {
+            meta.parse_nested_meta(|inner| {
+                let param = inner.path.get_ident().cloned().ok_or_else(|| inner.error("expected a type parameter name, e.g. `T`"))?;
+                let list: syn::ExprArray = inner.value()?.parse()?;
+                let mut types = Vec::new();
+                for e in &list.elems {
+                    match e {
+                        syn::Expr::Path(p)
+                            if p.path.get_ident().is_some_and(|i| DType::from_name(&i.to_string()).is_some_and(DType::is_float)) =>
+                        {
+                            types.push(p.path.segments[0].ident.clone());
+                        }
+                        other => return Err(syn::Error::new_spanned(other, "`dtypes` lists `f32`, `bf16` or `f16`")),
+                    }
+                }
+                if types.is_empty() {
+                    return Err(syn::Error::new_spanned(&list, "`dtypes` needs at least one type"));
+                }
+                dtypes = Some((param, types));
+                Ok(())
+            })
+        } else if meta.path.is_ident("warpgroups") {
             let lit: syn::LitInt = meta.value()?.parse()?;
             let v: u32 = lit.base10_parse()?;
             if !(1..=8).contains(&v) {
@@ -56,11 +121,11 @@ fn parse_attr(attr: TokenStream) -> syn::Result<u32> {
             warpgroups = v;
             Ok(())
         } else {
-            Err(meta.error("unknown kernel option: expected `warpgroups = N`"))
+            Err(meta.error("unknown kernel option: expected `warpgroups = N` or `dtypes(T = [bf16, f16])`"))
         }
     });
     syn::parse::Parser::parse2(parser, attr)?;
-    Ok(warpgroups)
+    Ok(Options { warpgroups, dtypes })
 }
 
 fn dtype_tokens(d: DType) -> TokenStream {
