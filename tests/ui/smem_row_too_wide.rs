@@ -1,0 +1,8 @@
+use tessera::kernel;
+
+#[kernel]
+fn k(a: Global<bf16, 2>) {
+    let sa = Smem::<bf16, 64, 128>::ring_swizzled(2, 128);
+}
+
+fn main() {}
