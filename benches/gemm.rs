@@ -94,21 +94,17 @@ fn main() {
     }
     // GEMM + bias + GELU: fused in the epilogue, against cuBLAS then a separate bias+GELU kernel.
     let (m, n, k) = (8192usize, 4096usize, 4096usize);
-    let a = Tensor::from_host(&dev, &vec![bf16::from_f32(0.01); m * k], &[m, k]).expect("a");
-    let a = {
-        let mut s = 0x1234567u64;
-        let v: Vec<bf16> = (0..m * k)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                bf16::from_f32((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0)
-            })
-            .collect();
-        drop(a);
-        Tensor::from_host(&dev, &v, &[m, k]).expect("a")
-    };
-    let b = Tensor::from_host(&dev, &a.to_host().expect("a")[..n * k], &[n, k]).expect("b");
+    let mut s = 0x1234_5678u64;
+    let data: Vec<bf16> = (0..m * k)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            bf16::from_f32((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0)
+        })
+        .collect();
+    let a = Tensor::from_host(&dev, &data, &[m, k]).expect("a");
+    let b = Tensor::from_host(&dev, &data[..n * k], &[n, k]).expect("b");
     let bias = Tensor::from_host(&dev, &vec![bf16::from_f32(0.5); n], &[n]).expect("bias");
     let mut c = Tensor::<bf16>::zeros(&dev, &[m, n]).expect("c");
     let mut c2 = Tensor::<bf16>::zeros(&dev, &[m, n]).expect("c2");

@@ -51,6 +51,29 @@
 //!   `+ - * /`, `max`, `min`, `exp2`, `abs`, `sqrt`, `rsqrt`, `.cast::<bf16>()`,
 //!   `row_sum`, `row_max`, `col_sum`, `t.sum(axis)`. `M×1` and `1×N` tiles broadcast.
 //!
+//! - `#[unroll] for j in 0..4 { … }` repeats a body with `j` a constant; `acc.cols(j * 64, 64)`
+//!   is a constant column slice of an MMA accumulator (no data moves).
+//! - Attributes: `#[kernel(warpgroups = 3)]`, `#[kernel(dtypes(T = [bf16, f16]))]` (one
+//!   kernel per type, named `<fn>_bf16`, `<fn>_f16`, with `T` replaced).
+//!
+//! ## Hopper (sm_90a)
+//!
+//! - `Smem::<T, M, N>::ring(stages)`: a ring of shared tiles, swizzled by the row width (128,
+//!   64 or 32 bytes; `ring_swizzled(stages, bytes)` to choose), placed 1024-aligned in dynamic
+//!   shared memory (the launcher raises the limit above 48 KiB).
+//! - `Pipeline::<STAGES>::new(consumers)`: full/empty mbarriers per stage. The producer
+//!   `let s = pipe.acquire();` … `pipe.commit(s);`, each consumer `let s = pipe.wait();` …
+//!   `pipe.release(s);`.
+//! - `tma::load(ring.at(s), tensor, [i, j], pipe)`: a TMA box copy completing on the stage's
+//!   barrier; the runtime builds and caches the tensor map. Out-of-bounds elements land as 0.
+//! - `mma_sync(acc, a, b)`: `acc += a·bᵀ` with `wgmma.mma_async` m64nNk16 from shared
+//!   views `a` (M×K) and `b` (N×K); `view.rows(r, 64)` selects rows; `mma_wait(n)` leaves
+//!   at most `n` groups in flight.
+//! - `setmaxnreg(n)` in each role's branch of `if warpgroup::id() == 0 { … } else { … }`.
+//!
+//! Kernels that use these have no `sm_80` variant (the dump records why); see
+//! `tessera_kernels::gemm_tn_bf16` for a whole warp-specialized GEMM.
+//!
 //! A misuse is a compile error at the offending token.
 #![warn(missing_docs)]
 
