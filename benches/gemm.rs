@@ -7,23 +7,27 @@
 use criterion::Criterion;
 use std::time::Duration;
 use tessera::cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
-use tessera::cudarc::driver::sys::CUevent_flags;
+use tessera::testing::Uniform;
 use tessera::{bf16, Device, Tensor};
 
-fn time_ms(dev: &Device, warm: usize, iters: usize, mut f: impl FnMut()) -> f64 {
-    for _ in 0..warm {
-        f();
+fn time_ms(dev: &Device, warm: usize, iters: usize, f: impl FnMut()) -> f64 {
+    tessera::testing::time_ms(dev, warm, iters, f).expect("CUDA event timing")
+}
+
+/// cuBLAS's column-major form of the row-major `C (M×N) = A (M×K) · B (N×K)ᵀ`: `Cᵀ = B·Aᵀ`.
+fn cublas_tn(m: usize, n: usize, k: usize) -> GemmConfig<bf16> {
+    GemmConfig {
+        transa: cublasOperation_t::CUBLAS_OP_T,
+        transb: cublasOperation_t::CUBLAS_OP_N,
+        m: n as i32,
+        n: m as i32,
+        k: k as i32,
+        alpha: bf16::ONE,
+        lda: k as i32,
+        ldb: k as i32,
+        beta: bf16::ZERO,
+        ldc: n as i32,
     }
-    let ctx = dev.context();
-    let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).expect("event");
-    let stop = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).expect("event");
-    start.record(dev.stream()).expect("record");
-    for _ in 0..iters {
-        f();
-    }
-    stop.record(dev.stream()).expect("record");
-    stop.synchronize().expect("sync");
-    f64::from(start.elapsed_ms(&stop).expect("elapsed")) / iters as f64
 }
 
 fn main() {
@@ -46,37 +50,17 @@ fn main() {
         .sample_size(10)
         .warm_up_time(Duration::from_millis(300))
         .measurement_time(Duration::from_secs(1));
-    let mut seed = 0x9E3779B97F4A7C15u64;
+    let mut rng = Uniform::new();
     let mut rows = Vec::new();
     for &(m, n, k) in shapes {
-        let mut random = |len: usize| -> Vec<bf16> {
-            (0..len)
-                .map(|_| {
-                    seed ^= seed << 13;
-                    seed ^= seed >> 7;
-                    seed ^= seed << 17;
-                    bf16::from_f32((seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0)
-                })
-                .collect()
-        };
+        let mut random = |len: usize| rng.vec(len, bf16::from_f32);
         let a = Tensor::from_host(&dev, &random(m * k), &[m, k]).expect("a");
         let b = Tensor::from_host(&dev, &random(n * k), &[n, k]).expect("b");
         let mut c = Tensor::<bf16>::zeros(&dev, &[m, n]).expect("c");
         let a_raw = dev.stream().clone_htod(&a.to_host().expect("a")).expect("a raw");
         let b_raw = dev.stream().clone_htod(&b.to_host().expect("b")).expect("b raw");
         let mut c_raw = dev.stream().alloc_zeros::<bf16>(m * n).expect("c raw");
-        let cfg = GemmConfig {
-            transa: cublasOperation_t::CUBLAS_OP_T,
-            transb: cublasOperation_t::CUBLAS_OP_N,
-            m: n as i32,
-            n: m as i32,
-            k: k as i32,
-            alpha: bf16::ONE,
-            lda: k as i32,
-            ldb: k as i32,
-            beta: bf16::ZERO,
-            ldc: n as i32,
-        };
+        let cfg = cublas_tn(m, n, k);
         let mut ours = || tessera_kernels::gemm_tn(&dev, &a, &b, &mut c).expect("gemm");
         let mut theirs = || unsafe { blas.gemm(cfg, &b_raw, &a_raw, &mut c_raw) }.expect("cublas");
         let name = format!("{m}x{n}x{k}");
@@ -94,35 +78,16 @@ fn main() {
     }
     // GEMM + bias + GELU: fused in the epilogue, against cuBLAS then a separate bias+GELU kernel.
     let (m, n, k) = (8192usize, 4096usize, 4096usize);
-    let mut s = 0x1234_5678u64;
-    let data: Vec<bf16> = (0..m * k)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            bf16::from_f32((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0)
-        })
-        .collect();
+    let data: Vec<bf16> = rng.vec(m * k, bf16::from_f32);
     let a = Tensor::from_host(&dev, &data, &[m, k]).expect("a");
     let b = Tensor::from_host(&dev, &data[..n * k], &[n, k]).expect("b");
     let bias = Tensor::from_host(&dev, &vec![bf16::from_f32(0.5); n], &[n]).expect("bias");
     let mut c = Tensor::<bf16>::zeros(&dev, &[m, n]).expect("c");
     let mut c2 = Tensor::<bf16>::zeros(&dev, &[m, n]).expect("c2");
-    let a_raw = dev.stream().clone_htod(&a.to_host().expect("a")).expect("a raw");
-    let b_raw = dev.stream().clone_htod(&b.to_host().expect("b")).expect("b raw");
+    let a_raw = dev.stream().clone_htod(&data).expect("a raw");
+    let b_raw = dev.stream().clone_htod(&data[..n * k]).expect("b raw");
     let mut c_raw = dev.stream().alloc_zeros::<bf16>(m * n).expect("c raw");
-    let cfg = GemmConfig {
-        transa: cublasOperation_t::CUBLAS_OP_T,
-        transb: cublasOperation_t::CUBLAS_OP_N,
-        m: n as i32,
-        n: m as i32,
-        k: k as i32,
-        alpha: bf16::ONE,
-        lda: k as i32,
-        ldb: k as i32,
-        beta: bf16::ZERO,
-        ldc: n as i32,
-    };
+    let cfg = cublas_tn(m, n, k);
     let mut unfused = || {
         unsafe { blas.gemm(cfg, &b_raw, &a_raw, &mut c_raw) }.expect("cublas");
         let tmp = Tensor::from_cudarc(&dev, c_raw.clone(), &[m, n]).expect("view");

@@ -8,46 +8,23 @@
 
 use criterion::Criterion;
 use std::time::Duration;
-use tessera::cudarc::driver::sys::CUevent_flags;
+use tessera::testing::Uniform;
 use tessera::{Device, Tensor};
+
+fn time_ms(dev: &Device, warm: usize, iters: usize, f: impl FnMut()) -> f64 {
+    tessera::testing::time_ms(dev, warm, iters, f).expect("CUDA event timing")
+}
 
 const M: usize = 16384;
 const N: usize = 8192;
-
-/// Milliseconds per call of `f`, by CUDA events around `iters` calls after `warm` calls.
-fn time_ms(dev: &Device, warm: usize, iters: usize, mut f: impl FnMut()) -> f64 {
-    for _ in 0..warm {
-        f();
-    }
-    let ctx = dev.context();
-    let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).expect("event");
-    let stop = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).expect("event");
-    start.record(dev.stream()).expect("record");
-    for _ in 0..iters {
-        f();
-    }
-    stop.record(dev.stream()).expect("record");
-    stop.synchronize().expect("sync");
-    f64::from(start.elapsed_ms(&stop).expect("elapsed")) / iters as f64
-}
 
 fn main() {
     let Ok(dev) = Device::new(0) else {
         println!("memory_bound: skipped, no GPU");
         return;
     };
-    let mut rng_state = 0x2545F4914F6CDD1Du64
-        ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1);
-    let mut random = |n: usize| -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                rng_state ^= rng_state << 13;
-                rng_state ^= rng_state >> 7;
-                rng_state ^= rng_state << 17;
-                (rng_state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-            })
-            .collect()
-    };
+    let mut rng = Uniform::new();
+    let mut random = |n: usize| rng.vec(n, |v| v);
     let x = Tensor::from_host(&dev, &random(M * N), &[M, N]).expect("x");
     let mut y = Tensor::from_host(&dev, &random(M * N), &[M, N]).expect("y");
     let mut out = Tensor::<f32>::zeros(&dev, &[M]).expect("out");

@@ -3,7 +3,7 @@
 //!
 //! `cargo run --release --example gemm_probe`
 
-use tessera::cudarc::driver::sys::CUevent_flags;
+use tessera::testing::{time_ms, Uniform};
 use tessera::{bf16, kernel, Device, Grid, Tensor};
 
 /// The library's GEMM with `if store == 1` around the epilogue.
@@ -59,37 +59,12 @@ pub fn gemm_probe(a: Global<bf16, 2>, b: Global<bf16, 2>, c: Global<bf16, 2>, st
     }
 }
 
-fn time_ms(dev: &Device, iters: usize, mut f: impl FnMut()) -> f64 {
-    for _ in 0..3 {
-        f();
-    }
-    let ctx = dev.context();
-    let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).expect("event");
-    let stop = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).expect("event");
-    start.record(dev.stream()).expect("record");
-    for _ in 0..iters {
-        f();
-    }
-    stop.record(dev.stream()).expect("record");
-    stop.synchronize().expect("sync");
-    f64::from(start.elapsed_ms(&stop).expect("elapsed")) / iters as f64
-}
-
 fn main() -> Result<(), tessera::Error> {
     let dev = Device::new(0)?;
     for &(m, n, k) in &[(8192usize, 8192usize, 8192usize), (8192, 14336, 4096), (4096, 4096, 4096)] {
         // Random data: constant inputs draw less power and run at higher clocks.
-        let mut seed = 0x2545F4914F6CDD1Du64;
-        let mut random = |len: usize| -> Vec<bf16> {
-            (0..len)
-                .map(|_| {
-                    seed ^= seed << 13;
-                    seed ^= seed >> 7;
-                    seed ^= seed << 17;
-                    bf16::from_f32((seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0)
-                })
-                .collect()
-        };
+        let mut rng = Uniform::new();
+        let mut random = |len: usize| rng.vec(len, bf16::from_f32);
         let a = Tensor::from_host(&dev, &random(m * k), &[m, k])?;
         let b = Tensor::from_host(&dev, &random(n * k), &[n, k])?;
         let mut c = Tensor::<bf16>::zeros(&dev, &[m, n])?;
@@ -97,7 +72,7 @@ fn main() -> Result<(), tessera::Error> {
         let flop = 2.0 * (m * n * k) as f64;
         let mut row = format!("{m}x{n}x{k}:");
         for store in [1, 0] {
-            let ms = time_ms(&dev, 10, || gemm_probe::launch(&dev, grid, &a, &b, &mut c, store).expect("launch"));
+            let ms = time_ms(&dev, 3, 10, || gemm_probe::launch(&dev, grid, &a, &b, &mut c, store).expect("launch"))?;
             row += &format!("  store={store} {:.0} TFLOP/s", flop / ms * 1e-9);
         }
         println!("{row}");

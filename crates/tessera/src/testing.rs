@@ -1,4 +1,5 @@
-//! Helpers for tests that need a GPU: a device or a printed reason to skip, and error norms.
+//! Helpers for tests and benches that need a GPU: a device or a printed reason to skip, error
+//! norms, CUDA-event timing and random inputs.
 
 use crate::Device;
 
@@ -38,5 +39,58 @@ pub fn rel_error(got: &[f64], want: &[f64]) -> f64 {
         num.sqrt()
     } else {
         (num / den).sqrt()
+    }
+}
+
+/// Milliseconds per call of `f` on `device`'s stream: `warm` calls first, then CUDA events
+/// around `iters` calls (timing events, created with the default flags).
+///
+/// # Errors
+/// A driver error from creating, recording or reading the events.
+pub fn time_ms(device: &Device, warm: usize, iters: usize, mut f: impl FnMut()) -> crate::Result<f64> {
+    use cudarc::driver::sys::CUevent_flags;
+    for _ in 0..warm {
+        f();
+    }
+    let ctx = device.context();
+    let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+    let stop = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+    start.record(device.stream())?;
+    for _ in 0..iters.max(1) {
+        f();
+    }
+    stop.record(device.stream())?;
+    stop.synchronize()?;
+    Ok(f64::from(start.elapsed_ms(&stop)?) / iters.max(1) as f64)
+}
+
+/// A small xorshift generator for benchmark inputs: uniform values in `[-1, 1)`, seeded from
+/// the clock, so every run times fresh random data (never zeros, never constants).
+pub struct Uniform(u64);
+
+impl Uniform {
+    /// A generator seeded from the clock.
+    pub fn new() -> Uniform {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1);
+        Uniform(t | 1)
+    }
+
+    /// The next value in `[-1, 1)`.
+    pub fn next_f32(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+
+    /// `n` values converted by `f` (e.g. `bf16::from_f32`).
+    pub fn vec<T>(&mut self, n: usize, f: impl Fn(f32) -> T) -> Vec<T> {
+        (0..n).map(|_| f(self.next_f32())).collect()
+    }
+}
+
+impl Default for Uniform {
+    fn default() -> Self {
+        Uniform::new()
     }
 }
