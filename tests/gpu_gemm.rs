@@ -208,3 +208,48 @@ fn gpu_gemm_f16_matches_f64_reference() {
     let err = rel_error(&got, &want);
     assert!(err < 1e-2, "f16 gemm: relative error {err}");
 }
+
+/// Checks a batched GEMM with B in either layout against f64, on sampled entries when large.
+fn check_layout(dev: &Device, batch: usize, m: usize, n: usize, k: usize, kn: bool) {
+    use tessera_kernels::{gemm, BLayout};
+    let (a, b) = (random_bf16(batch * m * k), random_bf16(batch * n * k));
+    let (sa, sb, sc) = if batch == 1 {
+        (vec![m, k], if kn { vec![k, n] } else { vec![n, k] }, vec![m, n])
+    } else {
+        (vec![batch, m, k], if kn { vec![batch, k, n] } else { vec![batch, n, k] }, vec![batch, m, n])
+    };
+    let at = Tensor::from_host(dev, &a, &sa).unwrap();
+    let bt = Tensor::from_host(dev, &b, &sb).unwrap();
+    let mut c = Tensor::full(dev, &sc, bf16::NAN).unwrap();
+    gemm(&at, &bt).b_layout(if kn { BLayout::KxN } else { BLayout::NxK }).run(dev, &mut c).unwrap();
+    let got = c.to_host().unwrap();
+    let mut rng = rand::rng();
+    let samples: Vec<(usize, usize, usize)> = if batch * m * n <= 200_000 {
+        (0..batch * m * n).map(|x| (x / (m * n), (x / n) % m, x % n)).collect()
+    } else {
+        (0..3000).map(|_| (rng.random_range(0..batch), rng.random_range(0..m), rng.random_range(0..n))).collect()
+    };
+    let bval = |q: usize, p: usize, j: usize| if kn { b[q * k * n + p * n + j] } else { b[q * n * k + j * k + p] };
+    let want: Vec<f64> =
+        samples.iter().map(|&(q, i, j)| (0..k).map(|p| a[q * m * k + i * k + p].to_f64() * bval(q, p, j).to_f64()).sum()).collect();
+    let have: Vec<f64> = samples.iter().map(|&(q, i, j)| got[q * m * n + i * n + j].to_f64()).collect();
+    let err = rel_error(&have, &want);
+    assert!(err < 1e-2, "gemm batch {batch} {m}x{n}x{k} kn={kn}: relative error {err}");
+}
+
+#[test]
+fn gpu_gemm_b_stored_k_by_n_matches_f64_reference() {
+    let Some(dev) = gpu_or_skip("gpu_gemm_b_kxn") else { return };
+    for &(m, n, k) in &[(1, 1, 1), (17, 33, 65), (127, 129, 255), (200, 300, 100), (1, 4096, 4096), (1000, 2048, 1024)] {
+        check_layout(&dev, 1, m, n, k, true);
+    }
+}
+
+#[test]
+fn gpu_gemm_strided_batches_match_f64_reference() {
+    let Some(dev) = gpu_or_skip("gpu_gemm_batches") else { return };
+    for &(batch, m, n, k) in &[(3, 100, 130, 70), (5, 256, 256, 128), (2, 17, 300, 33)] {
+        check_layout(&dev, batch, m, n, k, false);
+        check_layout(&dev, batch, m, n, k, true);
+    }
+}

@@ -18,8 +18,8 @@ mod softmax;
 
 pub use elementwise::{axpy, axpy_f32};
 pub use gemm::{
-    bias_gelu, bias_gelu_bf16, gemm, gemm_tn, gemm_tn_bf16, gemm_tn_f16, gemm_tn_full_bf16, gemm_tn_full_f16, pad_copy_bf16, pad_copy_f16,
-    Activation, Bias, GemmBuilder, GemmElement,
+    bias_gelu, bias_gelu_bf16, gemm, gemm_nn_bf16, gemm_nn_f16, gemm_tn, gemm_tn_bf16, gemm_tn_f16, gemm_tn_full_bf16, gemm_tn_full_f16,
+    pad_copy_bf16, pad_copy_f16, Activation, BLayout, Bias, GemmBuilder, GemmElement,
 };
 pub use reduce::{row_max, row_max_f32, row_sum, row_sum_f32};
 pub use softmax::{softmax, softmax_f32};
@@ -32,8 +32,13 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         &row_max_f32::SPEC,
         &softmax_f32::SPEC,
         &gemm_tn_bf16::SPEC,
+        &gemm_tn_f16::SPEC,
+        &gemm_nn_bf16::SPEC,
+        &gemm_nn_f16::SPEC,
         &gemm_tn_full_bf16::SPEC,
+        &gemm_tn_full_f16::SPEC,
         &pad_copy_bf16::SPEC,
+        &pad_copy_f16::SPEC,
         &bias_gelu_bf16::SPEC,
     ]
 }

@@ -15,7 +15,7 @@ pub struct Frontend {
 
 type R<T> = Result<T, syn::Error>;
 
-const FUNCTIONS: &str = "`exp2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `tma::load`, `mma_sync`, `mma_wait`, `setmaxnreg`";
+const FUNCTIONS: &str = "`exp2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `tma::load`, `mma_sync`, `mma_sync_kn`, `mma_wait`, `setmaxnreg`";
 const METHODS: &str = "`load`, `load_or`, `store`, `dim`, `cast`, `exp2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
 
 fn err<T>(span: impl ToTokens, msg: impl std::fmt::Display) -> R<T> {
@@ -201,7 +201,7 @@ impl Frontend {
         let segs: Vec<String> = p.path.segments.iter().map(|s| s.ident.to_string()).collect();
         matches!(
             segs.iter().map(String::as_str).collect::<Vec<_>>().as_slice(),
-            ["tma", "load"] | ["mma_sync"] | ["mma_wait"] | ["setmaxnreg"] | ["warpgroup", "setmaxnreg"]
+            ["tma", "load"] | ["mma_sync"] | ["mma_sync_kn"] | ["mma_wait"] | ["setmaxnreg"] | ["warpgroup", "setmaxnreg"]
         )
     }
 
@@ -225,15 +225,15 @@ impl Frontend {
                     pipe: receiver_name(pipe)?,
                 })
             }
-            "mma_sync" => {
+            "mma_sync" | "mma_sync_kn" => {
                 let [acc, a, b] = args.as_slice() else {
-                    return err(c, "`mma_sync` takes an accumulator and two shared views: `mma_sync(acc, a, b)`");
+                    return err(c, format!("`{last}` takes an accumulator and two shared views: `{last}(acc, a, b)`"));
                 };
                 let acc = match acc {
                     SynExpr::Reference(r) => &*r.expr,
                     other => other,
                 };
-                Ok(StmtKind::Mma { acc: assignee(acc)?, a: self.expr(a)?, b: self.expr(b)? })
+                Ok(StmtKind::Mma { acc: assignee(acc)?, a: self.expr(a)?, b: self.expr(b)?, b_kn: last == "mma_sync_kn" })
             }
             "mma_wait" => {
                 let [n] = args.as_slice() else { return err(c, "`mma_wait` takes how many MMA groups may stay in flight") };
@@ -408,6 +408,9 @@ impl Frontend {
                     int_const(&c.args[1], "the swizzle must be a constant: 128, 64, 32 or 0")?
                 } else if matches!(row_bytes, 32 | 64 | 128) {
                     row_bytes
+                } else if row_bytes % 128 == 0 {
+                    // Wider rows: 128-byte panels.
+                    128
                 } else {
                     0
                 };

@@ -88,7 +88,9 @@ pub use device::{driver_present, Device};
 pub use error::{Error, Result};
 pub use half::{bf16, f16};
 pub use launch::{Grid, Launch, ScalarArg};
-pub use tensor::{contiguous_strides, global, global_mut, CudaGlobal, Element, GlobalArg, GlobalArgMut, GlobalDesc, Tensor};
+pub use tensor::{
+    contiguous_strides, global, global_mut, CudaGlobal, Element, GlobalArg, GlobalArgMut, GlobalDesc, Tensor, TensorView, TensorViewMut,
+};
 pub use tessera_macros::kernel;
 pub use tessera_ptx::{DType, KernelSpec, ParamInfo, ParamKind, PtxVariant, Target, TmaBox};
 pub use tma::{tma_unfit, TensorMap, TmaDescriptorCache};

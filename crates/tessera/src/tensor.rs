@@ -218,6 +218,96 @@ impl<T: Element> Tensor<T> {
     }
 }
 
+/// Checks that a view of `len` elements' buffer stays inside it.
+fn check_view(what: &'static str, len: usize, offset: usize, shape: &[usize], strides: &[usize]) -> Result<()> {
+    if shape.len() != strides.len() {
+        return Err(Error::Tensor {
+            what,
+            expected: format!("{} strides for shape {shape:?}", shape.len()),
+            found: format!("{strides:?}"),
+        });
+    }
+    let last = shape
+        .iter()
+        .zip(strides)
+        .try_fold(offset, |acc, (&d, &s)| if d == 0 { Some(acc) } else { acc.checked_add((d - 1).checked_mul(s)?) });
+    match last {
+        Some(last) if shape.contains(&0) || last < len => Ok(()),
+        _ => Err(Error::Tensor {
+            what,
+            expected: format!("a view inside the buffer of {len} elements"),
+            found: format!("offset {offset}, shape {shape:?}, strides {strides:?}"),
+        }),
+    }
+}
+
+impl<T: Element> Tensor<T> {
+    /// A borrowed view of the same elements with another shape and strides (elements), from
+    /// the tensor's offset: e.g. a matrix as a batch of one.
+    ///
+    /// # Errors
+    /// [`Error::Tensor`] if the view reaches past the buffer.
+    pub fn view(&self, shape: &[usize], strides: &[usize]) -> Result<TensorView<'_, T>> {
+        check_view("Tensor::view", self.buf.len(), self.offset, shape, strides)?;
+        Ok(TensorView { t: self, shape: shape.to_vec(), strides: strides.to_vec() })
+    }
+
+    /// As [`Tensor::view`], for a kernel that writes it.
+    ///
+    /// # Errors
+    /// [`Error::Tensor`] if the view reaches past the buffer.
+    pub fn view_mut(&mut self, shape: &[usize], strides: &[usize]) -> Result<TensorViewMut<'_, T>> {
+        check_view("Tensor::view_mut", self.buf.len(), self.offset, shape, strides)?;
+        Ok(TensorViewMut { t: self, shape: shape.to_vec(), strides: strides.to_vec() })
+    }
+}
+
+/// A borrowed view of a [`Tensor`] with its own shape and strides.
+#[derive(Debug)]
+pub struct TensorView<'a, T: Element> {
+    t: &'a Tensor<T>,
+    shape: Vec<usize>,
+    strides: Vec<usize>,
+}
+
+/// A mutably borrowed view of a [`Tensor`] with its own shape and strides.
+#[derive(Debug)]
+pub struct TensorViewMut<'a, T: Element> {
+    t: &'a mut Tensor<T>,
+    shape: Vec<usize>,
+    strides: Vec<usize>,
+}
+
+impl<T: Element> TensorView<'_, T> {
+    /// The view's shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The view's strides.
+    pub fn strides(&self) -> &[usize] {
+        &self.strides
+    }
+}
+
+impl<T: Element> GlobalArg<T> for TensorView<'_, T> {
+    fn global_desc<'a>(&'a self, stream: &'a CudaStream) -> (GlobalDesc, SyncOnDrop<'a>) {
+        let (mut d, g) = self.t.global_desc(stream);
+        d.shape.clone_from(&self.shape);
+        d.strides.clone_from(&self.strides);
+        (d, g)
+    }
+}
+
+impl<T: Element> GlobalArgMut<T> for TensorViewMut<'_, T> {
+    fn global_desc_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (GlobalDesc, SyncOnDrop<'a>) {
+        let (mut d, g) = self.t.global_desc_mut(stream);
+        d.shape.clone_from(&self.shape);
+        d.strides.clone_from(&self.strides);
+        (d, g)
+    }
+}
+
 /// What a kernel needs to know of a tensor argument.
 #[derive(Clone, Debug)]
 pub struct GlobalDesc {

@@ -63,7 +63,9 @@ pub(crate) fn scan(body: &[Stmt], out: &mut HopperScan) {
     for s in body {
         match &s.kind {
             StmtKind::TmaLoad { dst, tensor, .. } => {
-                if let Some(Type::SmemView { rows, cols, swizzle, .. }) = dst.ty {
+                if let Some(Type::SmemView { rows, cols, swizzle, dtype }) = dst.ty {
+                    // One box per 128-byte panel of a wide row.
+                    let cols = if swizzle > 0 { cols.min(swizzle / dtype.size()) } else { cols };
                     out.tma.push((tensor.clone(), TmaUse { rows, cols, swizzle }, s.loc));
                 }
                 out.hopper.get_or_insert((s.loc, "`tma::load`"));
@@ -233,7 +235,7 @@ impl Lowerer<'_> {
                 self.wgmma_pending = false;
                 Ok(())
             }
-            StmtKind::Mma { acc, a, b } => self.mma(acc, a, b),
+            StmtKind::Mma { acc, a, b, b_kn } => self.mma(acc, a, b, *b_kn),
             StmtKind::SetMaxNReg(n) => {
                 let cap = (65536 / (self.ir.warpgroups * 128)).min(255) / 8 * 8;
                 let dir = if *n > cap { "inc" } else { "dec" };
@@ -260,25 +262,42 @@ impl Lowerer<'_> {
         let idx = index.iter().map(|i| self.scalar(i)).collect::<Result<Vec<_>, _>>()?;
         let stage = self.in_reg(v.stage.clone(), crate::dtype::ScalarType::I32, "stage");
         let bar = self.barrier_addr(p.full, stage);
-        let bytes = v.rows * v.ty.cols * v.ty.dtype.size();
         let leader = self.leader;
-        self.op_if(leader, false, "mbarrier.expect_tx.relaxed.cta.shared::cta.b64", vec![Operand::Addr(bar, 0), Imm(i64::from(bytes))]);
-        // Coordinates go innermost first.
-        let coords: Vec<Reg> = idx.iter().rev().map(|i| self.in_reg(i.clone(), crate::dtype::ScalarType::I32, "coord")).collect();
+        // Coordinates go innermost first; one box per panel of a wide row. A panel whose first
+        // column lies past the tensor is not issued (nor counted): a box entirely out of bounds
+        // is not relied on to complete.
+        let mut coords: Vec<Reg> = idx.iter().rev().map(|i| self.in_reg(i.clone(), crate::dtype::ScalarType::I32, "coord")).collect();
         let dim = coords.len();
-        self.body.push(Inst::Op {
-            pred: Some((leader, false)),
-            op: format!("cp.async.bulk.tensor.{dim}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"),
-            args: vec![
-                Operand::Addr(v.addr, 0),
-                Operand::Sym(format!(
-                    "[{}, {{{}}}]",
-                    self.reg_name(map),
-                    coords.iter().map(|r| self.reg_name(*r)).collect::<Vec<_>>().join(", ")
-                )),
-                Operand::Addr(bar, 0),
-            ],
-        });
+        let col0 = coords[0];
+        let box_bytes = v.rows * v.ty.panel_cols() * v.ty.dtype.size();
+        let g = self.global(tensor);
+        let cols_dim = self.global_regs(&g).dims[dim - 1];
+        for p in 0..v.ty.panels() {
+            let (dst, issue) = if p == 0 {
+                (v.addr, leader)
+            } else {
+                let d = self.reg(RegClass::B32, "panel");
+                self.op("add.u32", vec![Operand::Reg(d), Operand::Reg(v.addr), Imm(i64::from(p * v.ty.rows * v.ty.swizzle))]);
+                let c = self.reg(RegClass::B32, "coord");
+                self.op("add.s32", vec![Operand::Reg(c), Operand::Reg(col0), Imm(i64::from(p * v.ty.panel_cols()))]);
+                coords[0] = c;
+                let q = self.reg(RegClass::Pred, "issue");
+                self.op("setp.lt.and.s32", vec![Operand::Reg(q), Operand::Reg(c), Operand::Reg(cols_dim), Operand::Reg(leader)]);
+                (d, q)
+            };
+            self.op_if(
+                issue,
+                false,
+                "mbarrier.expect_tx.relaxed.cta.shared::cta.b64",
+                vec![Operand::Addr(bar, 0), Imm(i64::from(box_bytes))],
+            );
+            let names = coords.iter().map(|r| self.reg_name(*r)).collect::<Vec<_>>().join(", ");
+            self.body.push(Inst::Op {
+                pred: Some((issue, false)),
+                op: format!("cp.async.bulk.tensor.{dim}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"),
+                args: vec![Operand::Addr(dst, 0), Operand::Sym(format!("[{}, {{{names}}}]", self.reg_name(map))), Operand::Addr(bar, 0)],
+            });
+        }
         Ok(())
     }
 
@@ -302,7 +321,22 @@ impl Lowerer<'_> {
         d
     }
 
-    fn mma(&mut self, acc: &str, a: &Expr, b: &Expr) -> Result<(), CompileError> {
+    /// An MN-major wgmma descriptor for a K×N tile in 128-byte panels at `addr`: LBO is the
+    /// panel stride (unused, and 16, when N fits one panel), SBO 1024 (8 K-rows).
+    fn descriptor_mn(&mut self, addr: Reg, panel_stride: u32, n_panels: u32) -> Reg {
+        use Operand::{Imm, Reg as R};
+        let lbo = if n_panels > 1 { panel_stride } else { 16 };
+        let hi: u64 = (1u64 << 30) | (1024 >> 4);
+        let lo = self.reg(RegClass::B32, "desc_lo");
+        self.op("shr.u32", vec![R(lo), R(addr), Imm(4)]);
+        self.op("and.b32", vec![R(lo), R(lo), Imm(0x3FFF)]);
+        self.op("or.b32", vec![R(lo), R(lo), Imm(i64::from(((lbo >> 4) & 0x3FFF) << 16))]);
+        let d = self.reg(RegClass::B64, "desc");
+        self.op("mov.b64", vec![R(d), Operand::Sym(format!("{{{}, {}}}", self.reg_name(lo), hi as i64))]);
+        d
+    }
+
+    fn mma(&mut self, acc: &str, a: &Expr, b: &Expr, b_kn: bool) -> Result<(), CompileError> {
         use Operand::{Imm, Reg as R};
         let Value::Tile(t) = self.lookup(acc) else { unreachable!("verified TIR-H: `{acc}` is a tile") };
         let want = Layout::wgmma(t.ty.rows, t.ty.cols);
@@ -315,7 +349,11 @@ impl Lowerer<'_> {
         let n = t.ty.cols;
         let per_block = (n / 2) as usize;
         let k_steps = va.ty.cols / 16;
-        let desc_b = self.descriptor(vb.addr, vb.ty.swizzle);
+        let desc_b =
+            if b_kn { self.descriptor_mn(vb.addr, vb.ty.rows * 128, vb.ty.panels()) } else { self.descriptor(vb.addr, vb.ty.swizzle) };
+        // A k16 step moves 32 bytes along a K-major row (+2 encoded) or 16 rows of 128 bytes
+        // down an N-major panel (+128 encoded).
+        let (b_step, tnsp_b) = if b_kn { (128, 1) } else { (2, 0) };
         self.op("wgmma.fence.sync.aligned", vec![]);
         for mb in 0..(t.ty.rows / 64) {
             let a_addr = self.reg(RegClass::B32, "a_slab");
@@ -329,12 +367,12 @@ impl Lowerer<'_> {
                     let (da, db) = (self.reg(RegClass::B64, "desc_a"), self.reg(RegClass::B64, "desc_b"));
                     // Each k16 step is 32 bytes further along the swizzled row: +2 encoded.
                     self.op("add.s64", vec![R(da), R(desc_a), Imm(2 * i64::from(k))]);
-                    self.op("add.s64", vec![R(db), R(desc_b), Imm(2 * i64::from(k))]);
+                    self.op("add.s64", vec![R(db), R(desc_b), Imm(b_step * i64::from(k))]);
                     (da, db)
                 };
                 self.op(
                     &format!("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}"),
-                    vec![Operand::Vec(regs.clone()), R(da), R(db), Imm(1), Imm(1), Imm(1), Imm(0), Imm(0)],
+                    vec![Operand::Vec(regs.clone()), R(da), R(db), Imm(1), Imm(1), Imm(1), Imm(0), Imm(tnsp_b)],
                 );
             }
         }

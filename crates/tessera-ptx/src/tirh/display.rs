@@ -49,7 +49,8 @@ fn write_stmt(f: &mut fmt::Formatter<'_>, s: &Stmt, depth: usize) -> fmt::Result
         StmtKind::PipeCommit { pipe, stage } => writeln!(f, "{pad}{pipe}.commit({stage});  // line {}", s.loc.line),
         StmtKind::PipeRelease { pipe, stage } => writeln!(f, "{pad}{pipe}.release({stage});  // line {}", s.loc.line),
         StmtKind::MmaWait(n) => writeln!(f, "{pad}mma_wait {n};  // line {}", s.loc.line),
-        StmtKind::Mma { acc, a, b } => writeln!(f, "{pad}mma {acc} += {a} * {b}^T;  // line {}", s.loc.line),
+        StmtKind::Mma { acc, a, b, b_kn: false } => writeln!(f, "{pad}mma {acc} += {a} * {b}^T;  // line {}", s.loc.line),
+        StmtKind::Mma { acc, a, b, b_kn: true } => writeln!(f, "{pad}mma {acc} += {a} * {b};  // line {}", s.loc.line),
         StmtKind::SetMaxNReg(n) => writeln!(f, "{pad}setmaxnreg {n};  // line {}", s.loc.line),
         StmtKind::If { cond, then, otherwise } => {
             writeln!(f, "{pad}if {cond} {{  // line {}", s.loc.line)?;

@@ -71,6 +71,22 @@ impl SmemType {
     pub fn row_bytes(&self) -> u32 {
         self.cols * self.dtype.size()
     }
+
+    /// Column panels: a row wider than the swizzle span is stored as panels of one span each
+    /// (all rows of panel 0, then all rows of panel 1, …), as TMA boxes and MN-major wgmma
+    /// operands want.
+    pub fn panels(&self) -> u32 {
+        if self.swizzle == 0 {
+            1
+        } else {
+            self.row_bytes().div_ceil(self.swizzle)
+        }
+    }
+
+    /// Columns in one panel.
+    pub fn panel_cols(&self) -> u32 {
+        self.cols / self.panels()
+    }
 }
 
 /// The type of a value in TIR-H.
@@ -249,14 +265,17 @@ pub enum StmtKind {
     /// flight (`wgmma.wait_group n`).
     MmaWait(u32),
     /// `mma_sync(acc, a, b)`: `acc += a · bᵀ` with `a` (`M×K`) and `b` (`N×K`) in shared
-    /// memory, both K-major.
+    /// memory, both K-major; `mma_sync_kn(acc, a, b)`: `acc += a · b` with `b` (`K×N`)
+    /// N-major, in 64-column panels.
     Mma {
         /// The accumulator, a mutable `Tile<f32, M, N>`.
         acc: String,
         /// `M×K` operand.
         a: Expr,
-        /// `N×K` operand.
+        /// `N×K` operand, or `K×N` if `b_kn`.
         b: Expr,
+        /// Whether `b` is stored K×N.
+        b_kn: bool,
     },
     /// `setmaxnreg(n)`: this warpgroup's register budget from here on.
     SetMaxNReg(u32),

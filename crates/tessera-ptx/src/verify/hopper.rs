@@ -121,7 +121,7 @@ impl Checker {
         }
     }
 
-    pub(super) fn mma(&mut self, acc: &str, a: &mut Expr, b: &mut Expr, loc: SourceLoc) -> Result<(), CompileError> {
+    pub(super) fn mma(&mut self, acc: &str, a: &mut Expr, b: &mut Expr, b_kn: bool, loc: SourceLoc) -> Result<(), CompileError> {
         let Some(binding) = self.lookup(acc) else {
             return Err(CompileError::ty(loc, format!("unknown accumulator `{acc}`")));
         };
@@ -143,6 +143,18 @@ impl Checker {
         let ta = self.expr(a)?;
         let tb = self.expr(b)?;
         let va = view(ta, a.loc, "a")?;
+        if b_kn {
+            // b is K×N, N-major, in 128-byte panels.
+            let Type::SmemView { dtype, rows, cols, swizzle } = tb else {
+                return Err(CompileError::ty(b.loc, format!("`mma_sync_kn`: `b` must be a shared view, found `{tb}`")));
+            };
+            if swizzle != 128 || (cols * dtype.size()) % 128 != 0 {
+                return Err(CompileError::ty(b.loc, format!(
+                    "`mma_sync_kn`: `b` (K×N) must be 128-byte swizzled with rows a multiple of 128 bytes, found swizzle {swizzle}, rows of {} bytes",
+                    cols * dtype.size())));
+            }
+            return check_mma_shapes(acc_ty, va, (dtype, cols, rows), [loc, a.loc, b.loc]);
+        }
         let vb = view(tb, b.loc, "b")?;
         check_mma_shapes(acc_ty, va, vb, [loc, a.loc, b.loc])
     }
@@ -160,7 +172,9 @@ fn check_ring(t: SmemType, loc: SourceLoc) -> Result<SmemType, CompileError> {
         return Err(CompileError::ty(loc, format!("swizzle is 128, 64, 32 or 0 bytes, found {}", t.swizzle)));
     }
     let row = t.row_bytes();
-    if t.swizzle > 0 && row > t.swizzle {
+    // Rows wider than the span are stored as 128-byte panels (for N-major wgmma operands).
+    let panelized = t.swizzle == 128 && row % 128 == 0;
+    if t.swizzle > 0 && row > t.swizzle && !panelized {
         return Err(CompileError::ty(
             loc,
             format!("a row of `Smem<{}, {}, {}>` is {row} bytes, wider than its {}-byte swizzle span", t.dtype, t.rows, t.cols, t.swizzle),

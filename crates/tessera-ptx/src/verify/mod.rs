@@ -147,9 +147,9 @@ impl Checker {
                 self.expect_scalar(stage, ScalarType::I32, "a stage")?;
             }
             StmtKind::MmaWait(_) => {}
-            StmtKind::Mma { acc, a, b } => {
+            StmtKind::Mma { acc, a, b, b_kn } => {
                 let acc = acc.clone();
-                self.mma(&acc, a, b, loc)?;
+                self.mma(&acc, a, b, *b_kn, loc)?;
             }
             StmtKind::SetMaxNReg(n) => {
                 if !(24..=256).contains(n) || *n % 8 != 0 {

@@ -1,0 +1,287 @@
+//! The GEMM kernels, in the DSL. Each is compiled for bf16 and f16 (`dtypes`).
+//!
+//! All take rank-3 tensors `[batch, rows, cols]` (a plain matrix is a batch of one) and run a
+//! persistent grid over `batch × tiles`, tiles in groups of 8 tile-rows so that neighbouring
+//! blocks share B's columns in L2. Warpgroup 0 produces: for each 64-wide K step it waits for
+//! a free stage, copies A's and B's boxes there by TMA (edges zero-filled) and commits.
+//! Warpgroups 1 and 2 consume: each waits for a full stage and multiplies its 64 rows of A by B
+//! into an f32 accumulator, keeping one MMA group in flight and releasing the stage before it.
+//! The epilogue runs on the accumulator in registers, a few columns at a time, and stores C
+//! while the producer already fills the next tile's stages.
+//!
+//! The three kernels share their structure; they differ in B's layout and in the epilogue's
+//! operands (the DSL has no functions yet to factor the rest out).
+
+use tessera::kernel;
+
+/// `C = act(alpha·A·Bᵀ + bias)`: A `[batch, M, K]`, B `[batch, N, K]` (the "TN" layout of
+/// LLM weights), C `[batch, M, N]`; 128×256 tiles. `bias_kind` 1: per column, 2: per row;
+/// `act` 1: GELU tanh, 2: GELU erf, 3: SiLU.
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]))]
+pub fn gemm_tn(a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, bias: Global<T, 1>, alpha: f32, bias_kind: i32, act: i32) {
+    let sa = Smem::<T, 128, 64>::ring(4);
+    let sb = Smem::<T, 256, 64>::ring(4);
+    let pipe = Pipeline::<4>::new(2);
+    let k_steps = (a.dim(2) + 63) / 64;
+    let tiles_m = (c.dim(1) + 127) / 128;
+    let tiles_n = (c.dim(2) + 255) / 256;
+    let per_batch = tiles_m * tiles_n;
+    let group = 8 * tiles_n;
+    if warpgroup::id() == 0 {
+        setmaxnreg(40);
+        for tile in (block::id_x()..per_batch * c.dim(0)).step_by(grid::dim_x()) {
+            let bt = tile / per_batch;
+            let t = tile % per_batch;
+            let first = (t / group) * 8;
+            let height = min(tiles_m - first, 8);
+            let m0 = (first + (t % group) % height) * 128;
+            let n0 = ((t % group) / height) * 256;
+            for k in 0..k_steps {
+                let s = pipe.acquire();
+                tma::load(sa.at(s), a, [bt, m0, k * 64], pipe);
+                tma::load(sb.at(s), b, [bt, n0, k * 64], pipe);
+                pipe.commit(s);
+            }
+        }
+    } else {
+        setmaxnreg(232);
+        let row = (warpgroup::id() - 1) * 64;
+        let mut acc = Tile::<f32, 64, 256>::zeros();
+        for tile in (block::id_x()..per_batch * c.dim(0)).step_by(grid::dim_x()) {
+            let bt = tile / per_batch;
+            let t = tile % per_batch;
+            let first = (t / group) * 8;
+            let height = min(tiles_m - first, 8);
+            let m0 = (first + (t % group) % height) * 128 + row;
+            let n0 = ((t % group) / height) * 256;
+            acc = Tile::<f32, 64, 256>::zeros();
+            let mut prev = 0;
+            for k in 0..k_steps {
+                let s = pipe.wait();
+                mma_sync(acc, sa.at(s).rows(row, 64), sb.at(s));
+                mma_wait(1);
+                if k > 0 {
+                    pipe.release(prev);
+                }
+                prev = s;
+            }
+            mma_wait(0);
+            pipe.release(prev);
+            // The epilogue, 64 columns at a time so that loaded operands fit in registers.
+            #[unroll]
+            for j in 0..4 {
+                let n = n0 + j * 64;
+                let mut out = acc.cols(j * 64, 64) * alpha;
+                if bias_kind == 1 {
+                    out = out + bias.load::<Tile<T, 1, 64>>([n]).cast::<f32>();
+                }
+                if bias_kind == 2 {
+                    out = out + bias.load::<Tile<T, 64, 1>>([m0]).cast::<f32>();
+                }
+                if act == 1 {
+                    out = 0.5 * out * (1.0 + tanh(0.7978845608 * (out + 0.044715 * out * out * out)));
+                }
+                if act == 2 {
+                    out = 0.5 * out * (1.0 + erf(out * 0.70710678118));
+                }
+                if act == 3 {
+                    out = out / (1.0 + exp2(out * -1.4426950408889634));
+                }
+                c.store([bt, m0, n], out.cast::<T>());
+            }
+        }
+    }
+}
+
+/// [`gemm_tn`] with B stored `[batch, K, N]` (row-major K×N): B's stage is a 64×256 tile in
+/// four 128-byte panels (one TMA box each) that wgmma reads N-major.
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]))]
+pub fn gemm_nn(a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, bias: Global<T, 1>, alpha: f32, bias_kind: i32, act: i32) {
+    let sa = Smem::<T, 128, 64>::ring(4);
+    let sb = Smem::<T, 64, 256>::ring(4);
+    let pipe = Pipeline::<4>::new(2);
+    let k_steps = (a.dim(2) + 63) / 64;
+    let tiles_m = (c.dim(1) + 127) / 128;
+    let tiles_n = (c.dim(2) + 255) / 256;
+    let per_batch = tiles_m * tiles_n;
+    let group = 8 * tiles_n;
+    if warpgroup::id() == 0 {
+        setmaxnreg(40);
+        for tile in (block::id_x()..per_batch * c.dim(0)).step_by(grid::dim_x()) {
+            let bt = tile / per_batch;
+            let t = tile % per_batch;
+            let first = (t / group) * 8;
+            let height = min(tiles_m - first, 8);
+            let m0 = (first + (t % group) % height) * 128;
+            let n0 = ((t % group) / height) * 256;
+            for k in 0..k_steps {
+                let s = pipe.acquire();
+                tma::load(sa.at(s), a, [bt, m0, k * 64], pipe);
+                tma::load(sb.at(s), b, [bt, k * 64, n0], pipe);
+                pipe.commit(s);
+            }
+        }
+    } else {
+        setmaxnreg(232);
+        let row = (warpgroup::id() - 1) * 64;
+        let mut acc = Tile::<f32, 64, 256>::zeros();
+        for tile in (block::id_x()..per_batch * c.dim(0)).step_by(grid::dim_x()) {
+            let bt = tile / per_batch;
+            let t = tile % per_batch;
+            let first = (t / group) * 8;
+            let height = min(tiles_m - first, 8);
+            let m0 = (first + (t % group) % height) * 128 + row;
+            let n0 = ((t % group) / height) * 256;
+            acc = Tile::<f32, 64, 256>::zeros();
+            let mut prev = 0;
+            for k in 0..k_steps {
+                let s = pipe.wait();
+                mma_sync_kn(acc, sa.at(s).rows(row, 64), sb.at(s));
+                mma_wait(1);
+                if k > 0 {
+                    pipe.release(prev);
+                }
+                prev = s;
+            }
+            mma_wait(0);
+            pipe.release(prev);
+            #[unroll]
+            for j in 0..4 {
+                let n = n0 + j * 64;
+                let mut out = acc.cols(j * 64, 64) * alpha;
+                if bias_kind == 1 {
+                    out = out + bias.load::<Tile<T, 1, 64>>([n]).cast::<f32>();
+                }
+                if bias_kind == 2 {
+                    out = out + bias.load::<Tile<T, 64, 1>>([m0]).cast::<f32>();
+                }
+                if act == 1 {
+                    out = 0.5 * out * (1.0 + tanh(0.7978845608 * (out + 0.044715 * out * out * out)));
+                }
+                if act == 2 {
+                    out = 0.5 * out * (1.0 + erf(out * 0.70710678118));
+                }
+                if act == 3 {
+                    out = out / (1.0 + exp2(out * -1.4426950408889634));
+                }
+                c.store([bt, m0, n], out.cast::<T>());
+            }
+        }
+    }
+}
+
+/// [`gemm_tn`] with the whole epilogue, `act(alpha·acc + beta·C_in + bias) + residual`, on
+/// 128×128 tiles: the two extra M×N operands need the registers a 64×256 accumulator takes.
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]))]
+pub fn gemm_tn_full(
+    a: Global<T, 3>,
+    b: Global<T, 3>,
+    c: Global<T, 3>,
+    c_in: Global<T, 3>,
+    bias: Global<T, 1>,
+    residual: Global<T, 3>,
+    alpha: f32,
+    beta: f32,
+    bias_kind: i32,
+    act: i32,
+    add_residual: i32,
+) {
+    let sa = Smem::<T, 128, 64>::ring(4);
+    let sb = Smem::<T, 128, 64>::ring(4);
+    let pipe = Pipeline::<4>::new(2);
+    let k_steps = (a.dim(2) + 63) / 64;
+    let tiles_m = (c.dim(1) + 127) / 128;
+    let tiles_n = (c.dim(2) + 127) / 128;
+    let per_batch = tiles_m * tiles_n;
+    let group = 8 * tiles_n;
+    if warpgroup::id() == 0 {
+        setmaxnreg(40);
+        for tile in (block::id_x()..per_batch * c.dim(0)).step_by(grid::dim_x()) {
+            let bt = tile / per_batch;
+            let t = tile % per_batch;
+            let first = (t / group) * 8;
+            let height = min(tiles_m - first, 8);
+            let m0 = (first + (t % group) % height) * 128;
+            let n0 = ((t % group) / height) * 128;
+            for k in 0..k_steps {
+                let s = pipe.acquire();
+                tma::load(sa.at(s), a, [bt, m0, k * 64], pipe);
+                tma::load(sb.at(s), b, [bt, n0, k * 64], pipe);
+                pipe.commit(s);
+            }
+        }
+    } else {
+        setmaxnreg(232);
+        let row = (warpgroup::id() - 1) * 64;
+        let mut acc = Tile::<f32, 64, 128>::zeros();
+        for tile in (block::id_x()..per_batch * c.dim(0)).step_by(grid::dim_x()) {
+            let bt = tile / per_batch;
+            let t = tile % per_batch;
+            let first = (t / group) * 8;
+            let height = min(tiles_m - first, 8);
+            let m0 = (first + (t % group) % height) * 128 + row;
+            let n0 = ((t % group) / height) * 128;
+            acc = Tile::<f32, 64, 128>::zeros();
+            let mut prev = 0;
+            for k in 0..k_steps {
+                let s = pipe.wait();
+                mma_sync(acc, sa.at(s).rows(row, 64), sb.at(s));
+                mma_wait(1);
+                if k > 0 {
+                    pipe.release(prev);
+                }
+                prev = s;
+            }
+            mma_wait(0);
+            pipe.release(prev);
+            #[unroll]
+            for j in 0..4 {
+                let n = n0 + j * 32;
+                let mut out = acc.cols(j * 32, 32) * alpha;
+                if beta != 0.0 {
+                    out = out + c_in.load::<Tile<T, 64, 32>>([bt, m0, n]).cast::<f32>() * beta;
+                }
+                if bias_kind == 1 {
+                    out = out + bias.load::<Tile<T, 1, 32>>([n]).cast::<f32>();
+                }
+                if bias_kind == 2 {
+                    out = out + bias.load::<Tile<T, 64, 1>>([m0]).cast::<f32>();
+                }
+                if act == 1 {
+                    out = 0.5 * out * (1.0 + tanh(0.7978845608 * (out + 0.044715 * out * out * out)));
+                }
+                if act == 2 {
+                    out = 0.5 * out * (1.0 + erf(out * 0.70710678118));
+                }
+                if act == 3 {
+                    out = out / (1.0 + exp2(out * -1.4426950408889634));
+                }
+                if add_residual == 1 {
+                    out = out + residual.load::<Tile<T, 64, 32>>([bt, m0, n]).cast::<f32>();
+                }
+                c.store([bt, m0, n], out.cast::<T>());
+            }
+        }
+    }
+}
+
+/// `y = gelu_tanh(x + bias)` with a bias per column: the unfused epilogue that the GEMM
+/// bench compares the fused one against.
+#[kernel]
+pub fn bias_gelu_bf16(x: Global<bf16, 2>, bias: Global<bf16, 1>, y: Global<bf16, 2>) {
+    let r = block::id_y() * 16;
+    let c = block::id_x() * 256;
+    let t: Tile<bf16, 16, 256> = x.load([r, c]);
+    let v = t.cast::<f32>() + bias.load::<Tile<bf16, 1, 256>>([c]).cast::<f32>();
+    let g = 0.5 * v * (1.0 + tanh(0.7978845608 * (v + 0.044715 * v * v * v)));
+    y.store([r, c], g.cast::<bf16>());
+}
+
+/// Copies `x` into the top-left of `y`; the rest of `y` (the padding) gets zeros.
+#[kernel(dtypes(T = [bf16, f16]))]
+pub fn pad_copy(x: Global<T, 2>, y: Global<T, 2>) {
+    let r = block::id_y() * 16;
+    let c = block::id_x() * 128;
+    let t: Tile<T, 16, 128> = x.load([r, c]);
+    y.store([r, c], t);
+}

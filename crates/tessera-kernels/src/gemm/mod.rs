@@ -1,0 +1,392 @@
+//! GEMM on Hopper: TMA into a 4-stage shared ring, one producer and two consumer warpgroups,
+//! wgmma m64n256k16 accumulating in f32, the epilogue fused in registers. The kernels are in
+//! [`kernels`](self) (DSL source: `gemm/kernels.rs`); this is the host side: shapes, batches,
+//! B's layout, padding for TMA, the epilogue's options.
+
+mod kernels;
+
+pub use kernels::{
+    bias_gelu_bf16, gemm_nn_bf16, gemm_nn_f16, gemm_tn_bf16, gemm_tn_f16, gemm_tn_full_bf16, gemm_tn_full_f16, pad_copy_bf16, pad_copy_f16,
+};
+
+use tessera::{bf16, f16, Device, Element, Error, Grid, Result, Tensor, TensorView};
+
+/// The activation of a GEMM's epilogue.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Activation {
+    /// None.
+    #[default]
+    None,
+    /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
+    GeluTanh,
+    /// `0.5·x·(1 + erf(x/√2))`.
+    GeluErf,
+    /// `x·σ(x)`.
+    Silu,
+}
+
+impl Activation {
+    fn code(self) -> i32 {
+        match self {
+            Activation::None => 0,
+            Activation::GeluTanh => 1,
+            Activation::GeluErf => 2,
+            Activation::Silu => 3,
+        }
+    }
+}
+
+/// A bias added in a GEMM's epilogue.
+#[derive(Clone, Copy, Debug)]
+pub enum Bias<'t, T: Element = bf16> {
+    /// One value per column of C (length N): the usual linear-layer bias.
+    PerColumn(&'t Tensor<T>),
+    /// One value per row of C (length M).
+    PerRow(&'t Tensor<T>),
+}
+
+/// How B is stored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BLayout {
+    /// N×K row-major, `C = A·Bᵀ` (the "TN" layout of LLM weights).
+    #[default]
+    NxK,
+    /// K×N row-major, `C = A·B`.
+    KxN,
+}
+
+type View<'a, T> = TensorView<'a, T>;
+
+/// An element type the GEMM takes: `bf16` or `f16` (each has its compiled kernels).
+pub trait GemmElement: Element + sealed::Sealed {
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        d: &Device,
+        g: Grid,
+        kn: bool,
+        a: &View<Self>,
+        b: &View<Self>,
+        c: &mut Tensor<Self>,
+        c_shape: [usize; 3],
+        bias: &Tensor<Self>,
+        epi: (f32, i32, i32),
+    ) -> Result<()>;
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_full(
+        d: &Device,
+        g: Grid,
+        a: &View<Self>,
+        b: &View<Self>,
+        c: &mut Tensor<Self>,
+        c_shape: [usize; 3],
+        c_in: &View<Self>,
+        bias: &Tensor<Self>,
+        residual: &View<Self>,
+        scalars: (f32, f32, i32, i32, i32),
+    ) -> Result<()>;
+    #[doc(hidden)]
+    fn pad_copy(d: &Device, g: Grid, x: &View<Self>, y: &mut Tensor<Self>) -> Result<()>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for tessera::bf16 {}
+    impl Sealed for tessera::f16 {}
+}
+
+/// `[batch, rows, cols]` row-major strides.
+fn strides3(s: [usize; 3]) -> [usize; 3] {
+    [s[1] * s[2], s[2], 1]
+}
+
+macro_rules! gemm_element {
+    ($t:ty, $tn:ident, $nn:ident, $full:ident, $pad:ident) => {
+        impl GemmElement for $t {
+            fn gemm(
+                d: &Device,
+                g: Grid,
+                kn: bool,
+                a: &View<Self>,
+                b: &View<Self>,
+                c: &mut Tensor<Self>,
+                c_shape: [usize; 3],
+                bias: &Tensor<Self>,
+                epi: (f32, i32, i32),
+            ) -> Result<()> {
+                let mut c = c.view_mut(&c_shape, &strides3(c_shape))?;
+                let (alpha, bias_kind, act) = epi;
+                if kn {
+                    $nn::launch(d, g, a, b, &mut c, bias, alpha, bias_kind, act)
+                } else {
+                    $tn::launch(d, g, a, b, &mut c, bias, alpha, bias_kind, act)
+                }
+            }
+            fn gemm_full(
+                d: &Device,
+                g: Grid,
+                a: &View<Self>,
+                b: &View<Self>,
+                c: &mut Tensor<Self>,
+                c_shape: [usize; 3],
+                c_in: &View<Self>,
+                bias: &Tensor<Self>,
+                residual: &View<Self>,
+                (alpha, beta, bias_kind, act, add_residual): (f32, f32, i32, i32, i32),
+            ) -> Result<()> {
+                let mut c = c.view_mut(&c_shape, &strides3(c_shape))?;
+                $full::launch(d, g, a, b, &mut c, c_in, bias, residual, alpha, beta, bias_kind, act, add_residual)
+            }
+            fn pad_copy(d: &Device, g: Grid, x: &View<Self>, y: &mut Tensor<Self>) -> Result<()> {
+                $pad::launch(d, g, x, y)
+            }
+        }
+    };
+}
+gemm_element!(bf16, gemm_tn_bf16, gemm_nn_bf16, gemm_tn_full_bf16, pad_copy_bf16);
+gemm_element!(f16, gemm_tn_f16, gemm_nn_f16, gemm_tn_full_f16, pad_copy_f16);
+
+/// A GEMM `C = act(alpha·A·Bᵀ + beta·C_in + bias) + residual` (or `A·B` with
+/// [`BLayout::KxN`]), built with [`gemm`] and run with [`GemmBuilder::run`]. Every epilogue step
+/// is fused on the accumulator in registers.
+///
+/// Matrices are 2-D; 3-D tensors `[batch, rows, cols]` make a strided batch (each of A, B, C,
+/// C_in and the residual with the same batch).
+///
+/// ```no_run
+/// use tessera::{bf16, Device, Tensor};
+/// use tessera_kernels::{gemm, Activation, Bias};
+/// let dev = Device::new(0)?;
+/// let x = Tensor::<bf16>::zeros(&dev, &[512, 1024])?; // activations, M×K
+/// let w = Tensor::<bf16>::zeros(&dev, &[4096, 1024])?; // weights, N×K
+/// let b = Tensor::<bf16>::zeros(&dev, &[4096])?;
+/// let mut y = Tensor::<bf16>::zeros(&dev, &[512, 4096])?;
+/// gemm(&x, &w).bias(Bias::PerColumn(&b)).activation(Activation::GeluTanh).run(&dev, &mut y)?;
+/// # Ok::<(), tessera::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct GemmBuilder<'t, T: GemmElement = bf16> {
+    a: &'t Tensor<T>,
+    b: &'t Tensor<T>,
+    b_layout: BLayout,
+    alpha: f32,
+    beta: f32,
+    c_in: Option<&'t Tensor<T>>,
+    bias: Option<Bias<'t, T>>,
+    activation: Activation,
+    residual: Option<&'t Tensor<T>>,
+}
+
+/// Starts a GEMM `C = A·Bᵀ` with A (M×K) and B (N×K), bf16 or f16, accumulating in f32.
+pub fn gemm<'t, T: GemmElement>(a: &'t Tensor<T>, b: &'t Tensor<T>) -> GemmBuilder<'t, T> {
+    GemmBuilder {
+        a,
+        b,
+        b_layout: BLayout::NxK,
+        alpha: 1.0,
+        beta: 0.0,
+        c_in: None,
+        bias: None,
+        activation: Activation::None,
+        residual: None,
+    }
+}
+
+fn arg(name: &str, expected: String, found: String) -> Error {
+    Error::Argument { kernel: "gemm", arg: name.into(), expected, found }
+}
+
+/// A 2-D or 3-D tensor as `[batch, rows, cols]`.
+fn dims3<T: Element>(name: &str, t: &Tensor<T>) -> Result<[usize; 3]> {
+    match *t.shape() {
+        [r, c] => Ok([1, r, c]),
+        [b, r, c] => Ok([b, r, c]),
+        _ => Err(arg(name, "a 2-D matrix or a 3-D batch".into(), format!("shape {:?}", t.shape()))),
+    }
+}
+
+/// `t` as a rank-3 view `[batch, rows, cols]` with its own strides.
+fn view3<'t, T: Element>(t: &'t Tensor<T>, s: [usize; 3]) -> Result<View<'t, T>> {
+    let st = t.strides();
+    // A batch of one never moves along its first axis; any 16-byte multiple keeps TMA happy.
+    let batch_stride = if st.len() == 3 { st[0] } else { (s[1] * st[0]).next_multiple_of(8).max(8) };
+    let row_stride = st[st.len() - 2];
+    t.view(&s, &[batch_stride, row_stride, st[st.len() - 1]])
+}
+
+/// `x` as a rank-3 view TMA can copy: itself, or a contiguous copy whose rows are padded with
+/// zeros to a multiple of 8 elements (16 bytes).
+fn tma_ready<'t, T: GemmElement>(
+    device: &Device,
+    name: &str,
+    x: &'t Tensor<T>,
+    s: [usize; 3],
+    scratch: &'t mut Option<Tensor<T>>,
+) -> Result<View<'t, T>> {
+    let v = view3(x, s)?;
+    let es = std::mem::size_of::<T>();
+    let aligned = (x.offset() * es) % 16 == 0 && v.strides()[2] == 1 && (v.strides()[1] * es) % 16 == 0 && (v.strides()[0] * es) % 16 == 0;
+    if aligned {
+        return Ok(v);
+    }
+    if !x.is_contiguous() {
+        return Err(arg(
+            name,
+            "a tensor TMA can copy: 16-byte aligned rows (or a contiguous one, which is padded)".into(),
+            format!("strides {:?} at offset {}", x.strides(), x.offset()),
+        ));
+    }
+    let [b, r, c] = s;
+    let c8 = c.next_multiple_of(8);
+    let flat = x.view(&[b * r, c], &[c, 1])?;
+    let mut padded = Tensor::<T>::zeros(device, &[b * r, c8])?;
+    T::pad_copy(device, (Grid::tiles(c8, 128), Grid::tiles(b * r, 16)).into(), &flat, &mut padded)?;
+    let p = scratch.insert(padded);
+    p.view(&[b, r, c8], &[r * c8, c8, 1])
+}
+
+impl<'t, T: GemmElement> GemmBuilder<'t, T> {
+    /// How B is stored (default [`BLayout::NxK`]).
+    pub fn b_layout(mut self, layout: BLayout) -> Self {
+        self.b_layout = layout;
+        self
+    }
+
+    /// Scales the product: `alpha·A·Bᵀ`.
+    pub fn alpha(mut self, alpha: f32) -> Self {
+        self.alpha = alpha;
+        self
+    }
+
+    /// Adds `beta·c_in` (shaped as C, not the output itself).
+    pub fn beta(mut self, beta: f32, c_in: &'t Tensor<T>) -> Self {
+        self.beta = beta;
+        self.c_in = Some(c_in);
+        self
+    }
+
+    /// Adds a bias per column or per row (shared by every batch).
+    pub fn bias(mut self, bias: Bias<'t, T>) -> Self {
+        self.bias = Some(bias);
+        self
+    }
+
+    /// Applies an activation after the bias.
+    pub fn activation(mut self, activation: Activation) -> Self {
+        self.activation = activation;
+        self
+    }
+
+    /// Adds a residual (shaped as C) after the activation.
+    pub fn residual(mut self, residual: &'t Tensor<T>) -> Self {
+        self.residual = Some(residual);
+        self
+    }
+
+    /// Runs it into `c` (M×N, or `[batch, M, N]`).
+    ///
+    /// Any M, N, K ≥ 1: edges are handled by TMA's zero fill and masked loads and stores;
+    /// operands whose rows TMA cannot address (a row of A or B not a multiple of 16 bytes, a
+    /// misaligned view) are first copied into zero-padded buffers. Runs on compute capability
+    /// 9.0 (H100, H200).
+    ///
+    /// # Errors
+    /// [`Error::Argument`] naming the tensor when a shape does not match or is empty, when a
+    /// strided operand cannot be padded, or for [`BLayout::KxN`] with `beta` or a residual
+    /// (not compiled yet); and the launch's own checks.
+    pub fn run(self, device: &Device, c: &mut Tensor<T>) -> Result<()> {
+        let [batch, m, k] = dims3("a", self.a)?;
+        let sb = dims3("b", self.b)?;
+        let kn = self.b_layout == BLayout::KxN;
+        let (n, kb) = if kn { (sb[2], sb[1]) } else { (sb[1], sb[2]) };
+        let rank = self.a.shape().len();
+        if self.b.shape().len() != rank || c.shape().len() != rank {
+            return Err(arg("b", format!("the rank of a ({rank})"), format!("shapes {:?} and {:?}", self.b.shape(), c.shape())));
+        }
+        if sb[0] != batch || kb != k {
+            let want = if kn { format!("[{batch}, {k}, N]") } else { format!("[{batch}, N, {k}]") };
+            return Err(arg("b", format!("{want} to match a {:?}", self.a.shape()), format!("shape {:?}", self.b.shape())));
+        }
+        let c_shape = [batch, m, n];
+        let c_dims = if rank == 2 { vec![m, n] } else { c_shape.to_vec() };
+        crate::check_shape("gemm", "c", c, &c_dims)?;
+        if m == 0 || n == 0 || k == 0 || batch == 0 {
+            return Err(arg("a", "M, N, K and batch ≥ 1".into(), format!("M={m}, N={n}, K={k}, batch={batch}")));
+        }
+        if !c.is_contiguous() {
+            return Err(arg("c", "a contiguous output".into(), format!("strides {:?}", c.strides())));
+        }
+        let (bias, bias_kind) = match self.bias {
+            None => (None, 0),
+            Some(Bias::PerColumn(t)) => {
+                crate::check_shape("gemm", "bias", t, &[n])?;
+                (Some(t), 1)
+            }
+            Some(Bias::PerRow(t)) => {
+                crate::check_shape("gemm", "bias", t, &[m])?;
+                (Some(t), 2)
+            }
+        };
+        for (name, t) in [("c_in", self.c_in), ("residual", self.residual)] {
+            if let Some(t) = t {
+                crate::check_shape("gemm", name, t, &c_dims)?;
+            }
+        }
+        let (mut pa, mut pb) = (None, None);
+        let a = tma_ready(device, "a", self.a, [batch, m, k], &mut pa)?;
+        let b = tma_ready(device, "b", self.b, sb, &mut pb)?;
+        // Operands the epilogue does not read: a one-element stand-in.
+        let unused = Tensor::<T>::zeros(device, &[1, 1, 1])?;
+        let unused1 = Tensor::<T>::zeros(device, &[1])?;
+        let bias = bias.unwrap_or(&unused1);
+        let full = self.c_in.is_some() || self.residual.is_some();
+        let tiles =
+            |bn: usize| (Grid::tiles(m, 128).saturating_mul(Grid::tiles(n, bn)).saturating_mul(batch as u32)).min(device.sm_count());
+        if !full {
+            return T::gemm(device, tiles(256).into(), kn, &a, &b, c, c_shape, bias, (self.alpha, bias_kind, self.activation.code()));
+        }
+        if kn {
+            return Err(arg("b", "an N×K B for an epilogue with beta·C_in or a residual".into(), "a K×N B".into()));
+        }
+        let c_in = match self.c_in {
+            Some(t) => view3(t, c_shape)?,
+            None => unused.view(&[1, 1, 1], &[1, 1, 1])?,
+        };
+        let residual = match self.residual {
+            Some(t) => view3(t, c_shape)?,
+            None => unused.view(&[1, 1, 1], &[1, 1, 1])?,
+        };
+        let scalars = (
+            self.alpha,
+            if self.c_in.is_some() { self.beta } else { 0.0 },
+            bias_kind,
+            self.activation.code(),
+            i32::from(self.residual.is_some()),
+        );
+        T::gemm_full(device, tiles(128).into(), &a, &b, c, c_shape, &c_in, bias, &residual, scalars)
+    }
+}
+
+/// `y = gelu_tanh(x + bias)` with `bias` per column: the unfused form of the GEMM epilogue.
+///
+/// # Errors
+/// [`Error::Argument`] if shapes do not match.
+pub fn bias_gelu(device: &Device, x: &Tensor<bf16>, bias: &Tensor<bf16>, y: &mut Tensor<bf16>) -> Result<()> {
+    let (m, n) = crate::check_2d("bias_gelu", "x", x)?;
+    crate::check_shape("bias_gelu", "bias", bias, &[n])?;
+    crate::check_shape("bias_gelu", "y", y, &[m, n])?;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    bias_gelu_bf16::launch(device, (Grid::tiles(n, 256), Grid::tiles(m, 16)), x, bias, y)
+}
+
+/// `C = A·Bᵀ` for bf16 or f16 A (M×K), B (N×K) and C (M×N), accumulating in f32: [`gemm`]
+/// with no epilogue.
+///
+/// # Errors
+/// As [`GemmBuilder::run`].
+pub fn gemm_tn<T: GemmElement>(device: &Device, a: &Tensor<T>, b: &Tensor<T>, c: &mut Tensor<T>) -> Result<()> {
+    gemm(a, b).run(device, c)
+}
