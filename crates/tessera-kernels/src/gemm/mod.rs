@@ -226,7 +226,10 @@ fn tma_ready<'t, T: GemmElement>(
 ) -> Result<View<'t, T>> {
     let v = view3(x, s)?;
     let es = std::mem::size_of::<T>();
-    let aligned = (x.offset() * es) % 16 == 0 && v.strides()[2] == 1 && (v.strides()[1] * es) % 16 == 0 && (v.strides()[0] * es) % 16 == 0;
+    let aligned = (x.offset() * es).is_multiple_of(16)
+        && v.strides()[2] == 1
+        && (v.strides()[1] * es).is_multiple_of(16)
+        && (v.strides()[0] * es).is_multiple_of(16);
     if aligned {
         return Ok(v);
     }

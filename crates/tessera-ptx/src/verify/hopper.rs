@@ -173,7 +173,7 @@ fn check_ring(t: SmemType, loc: SourceLoc) -> Result<SmemType, CompileError> {
     }
     let row = t.row_bytes();
     // Rows wider than the span are stored as 128-byte panels (for N-major wgmma operands).
-    let panelized = t.swizzle == 128 && row % 128 == 0;
+    let panelized = t.swizzle == 128 && row.is_multiple_of(128);
     if t.swizzle > 0 && row > t.swizzle && !panelized {
         return Err(CompileError::ty(
             loc,
