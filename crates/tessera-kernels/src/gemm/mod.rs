@@ -308,8 +308,13 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
             return Err(arg("b", format!("the rank of a ({rank})"), format!("shapes {:?} and {:?}", self.b.shape(), c.shape())));
         }
         if sb[0] != batch || kb != k {
-            let want = if kn { format!("[{batch}, {k}, N]") } else { format!("[{batch}, N, {k}]") };
-            return Err(arg("b", format!("{want} to match a {:?}", self.a.shape()), format!("shape {:?}", self.b.shape())));
+            let want = match (rank, kn) {
+                (2, false) => format!("N×{k}"),
+                (2, true) => format!("{k}×N"),
+                (_, false) => format!("[{batch}, N, {k}]"),
+                (_, true) => format!("[{batch}, {k}, N]"),
+            };
+            return Err(arg("b", format!("{want} (K = {k}) to match a {:?}", self.a.shape()), format!("shape {:?}", self.b.shape())));
         }
         let c_shape = [batch, m, n];
         let c_dims = if rank == 2 { vec![m, n] } else { c_shape.to_vec() };
