@@ -7,6 +7,7 @@ cd "$(dirname "$0")"
 logs="${OUT:-logs}"; mkdir -p "$logs"
 export PATH="$PATH:/usr/local/cuda/bin" TESSERA_REQUIRE_GPU=1
 summary=()
+mkdir -p "$logs/sass"; export TESSERA_SASS_DIR="$logs/sass"
 for t in bin/gpu_* bin/ptxas; do
   [ -x "$t" ] || continue
   name=$(basename "$t")
@@ -15,6 +16,12 @@ for t in bin/gpu_* bin/ptxas; do
   summary+=("$(printf '%-16s rc=%-3s %s' "$name" "$rc" "${line:-no result}")")
   [ $rc -eq 0 ] || grep -E 'panicked|FAILED|failed' "$logs/$name.log" | head -20
 done
+# The GEMM's machine code must use the tensor cores (HGMMA) and the TMA engine (UTMALDG).
+if [ -f "$logs/sass/gemm_tn_bf16.sm_90a.cubin" ] && command -v cuobjdump >/dev/null; then
+  sass=$(cuobjdump -sass "$logs/sass/gemm_tn_bf16.sm_90a.cubin")
+  summary+=("$(printf 'sass gemm_tn_bf16   HGMMA=%s UTMALDG=%s' "$(grep -c HGMMA <<<"$sass")" "$(grep -c UTMALDG <<<"$sass")")")
+fi
+rm -rf "$logs/sass"
 if [ "${SANITIZE:-0}" = 1 ]; then
   # compute-sanitizer over the GPU tests (racecheck covers the shared-memory scratch).
   for tool in memcheck racecheck synccheck initcheck; do

@@ -44,9 +44,14 @@ fn ptxas_assembles_every_kernel_without_spills() {
         for v in spec.variants {
             let file = dir.join(format!("{}.{}.ptx", spec.name, v.target.name()));
             std::fs::write(&file, v.ptx).expect("write ptx");
+            // With TESSERA_SASS_DIR set, keep each cubin there for cuobjdump.
+            let cubin = match std::env::var_os("TESSERA_SASS_DIR") {
+                Some(d) => Path::new(&d).join(format!("{}.{}.cubin", spec.name, v.target.name())),
+                None => dir.join("out.cubin"),
+            };
             let out = Command::new(&ptxas)
                 .args(["-v", "--warning-as-error", &format!("-arch={}", v.target.name()), "-o"])
-                .arg(dir.join("out.cubin"))
+                .arg(&cubin)
                 .arg(&file)
                 .output()
                 .expect("run ptxas");
