@@ -177,7 +177,10 @@ fn check_ring(t: SmemType, loc: SourceLoc) -> Result<SmemType, CompileError> {
     if t.swizzle > 0 && row > t.swizzle && !panelized {
         return Err(CompileError::ty(
             loc,
-            format!("a row of `Smem<{}, {}, {}>` is {row} bytes, wider than its {}-byte swizzle span", t.dtype, t.rows, t.cols, t.swizzle),
+            format!(
+                "a row of `Smem<{}, {}, {}>` is {row} bytes, wider than its {}-byte swizzle span (only 128-byte swizzle stores wider rows, as 128-byte panels)",
+                t.dtype, t.rows, t.cols, t.swizzle
+            ),
         ));
     }
     if !row.is_multiple_of(16) {
