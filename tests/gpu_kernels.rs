@@ -139,3 +139,28 @@ fn gpu_kernels_accept_cudarc_buffers() {
     let want: Vec<f64> = x.iter().map(|&v| 2.0 * f64::from(v) + 1.0).collect();
     assert!(rel_error(&wide(&got), &want) < 1e-6);
 }
+
+#[test]
+fn gpu_sm80_variants_run_forward_on_newer_gpus() {
+    let Some(dev) = gpu_or_skip("gpu_sm80_variants") else { return };
+    let dev = dev.with_target(tessera::Target::Sm80);
+    let (m, n) = (257, 1000);
+    let x = random(m * n, -4.0, 4.0);
+    let xt = Tensor::from_host(&dev, &x, &[m, n]).unwrap();
+    let mut y = poisoned(&dev, &[m, n]);
+    tessera_kernels::softmax(&dev, &xt, &mut y).unwrap();
+    assert!(rel_error(&wide(&y.to_host().unwrap()), &softmax_ref(&wide(&x), n)) < 1e-5, "sm_80 softmax");
+    let mut out = poisoned(&dev, &[m]);
+    tessera_kernels::row_sum(&dev, &xt, &mut out).unwrap();
+    let want: Vec<f64> = wide(&x).chunks(n).map(|r| r.iter().sum()).collect();
+    assert!(rel_error(&wide(&out.to_host().unwrap()), &want) < 1e-5, "sm_80 row_sum");
+    let mut yt = Tensor::from_host(&dev, &x, &[m, n]).unwrap();
+    tessera_kernels::axpy(&dev, 2.0, &xt, &mut yt).unwrap();
+    let want: Vec<f64> = x.iter().map(|&v| 3.0 * f64::from(v)).collect();
+    assert!(rel_error(&wide(&yt.to_host().unwrap()), &want) < 1e-6, "sm_80 axpy");
+    // The Hopper GEMM has no sm_80 variant: a clear error, not a crash.
+    let a = Tensor::<tessera::bf16>::zeros(&dev, &[64, 64]).unwrap();
+    let mut c = Tensor::<tessera::bf16>::zeros(&dev, &[64, 64]).unwrap();
+    let e = tessera_kernels::gemm_tn(&dev, &a, &a, &mut c).unwrap_err().to_string();
+    assert!(e.contains("no sm_80 PTX") && e.contains("it has sm_90a"), "{e}");
+}

@@ -26,6 +26,8 @@ struct Inner {
     name: String,
     modules: Mutex<HashMap<usize, Arc<LoadedKernel>>>,
     tma: crate::tma::TmaDescriptorCache,
+    /// A target to load instead of the best one (see [`Device::with_target`]).
+    target: Option<tessera_ptx::Target>,
 }
 
 impl std::fmt::Debug for Device {
@@ -89,7 +91,39 @@ impl Device {
         let name = ctx.name()?;
         let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let sm_count = u32::try_from(sms).unwrap_or(1).max(1);
-        Ok(Device { inner: Arc::new(Inner { stream, cc, sm_count, name, modules: Mutex::new(HashMap::new()), tma: Default::default() }) })
+        Ok(Device {
+            inner: Arc::new(Inner {
+                stream,
+                cc,
+                sm_count,
+                name,
+                modules: Mutex::new(HashMap::new()),
+                tma: Default::default(),
+                target: None,
+            }),
+        })
+    }
+
+    /// A device on the same stream that loads `target`'s PTX wherever a kernel has it, e.g.
+    /// the portable `sm_80` PTX on a Hopper GPU (the driver compiles it forward), to test that
+    /// path where only newer GPUs are at hand. It has its own module cache.
+    ///
+    /// # Errors
+    /// [`Error::NoVariant`]-style checks happen at launch: a kernel without `target`'s PTX, or
+    /// a target that cannot run on this device, is an error then.
+    pub fn with_target(&self, target: tessera_ptx::Target) -> Device {
+        let i = &self.inner;
+        Device {
+            inner: Arc::new(Inner {
+                stream: i.stream.clone(),
+                cc: i.cc,
+                sm_count: i.sm_count,
+                name: i.name.clone(),
+                modules: Mutex::new(HashMap::new()),
+                tma: Default::default(),
+                target: Some(target),
+            }),
+        }
     }
 
     /// The stream kernels launch on.
@@ -125,8 +159,15 @@ impl Device {
     /// The kernel's best variant for this device, loaded once per device.
     pub(crate) fn kernel(&self, spec: &'static tessera_ptx::KernelSpec) -> Result<Arc<LoadedKernel>> {
         let (major, minor) = self.inner.cc;
-        let Some(variant) = spec.variant_for(major, minor) else {
+        let chosen = match self.inner.target {
+            Some(t) => spec.variants.iter().find(|v| v.target == t && t.runs_on(major, minor)),
+            None => spec.variant_for(major, minor),
+        };
+        let Some(variant) = chosen else {
             let available = spec.variants.iter().map(|v| v.target.name()).collect::<Vec<_>>().join(", ");
+            if let Some(t) = self.inner.target {
+                return Err(Error::TargetUnavailable { kernel: spec.name, target: t.name(), available });
+            }
             return Err(Error::NoVariant { kernel: spec.name, major, minor, available });
         };
         let key = variant.ptx.as_ptr() as usize;

@@ -50,6 +50,17 @@ pub enum Error {
         /// The targets it was compiled for.
         available: String,
     },
+    /// The target a device was asked to load (`Device::with_target`) is not among the kernel's
+    /// variants, or cannot run on the device.
+    #[error("`{kernel}` has no {target} PTX that runs here (asked for by `Device::with_target`): it has {available}")]
+    TargetUnavailable {
+        /// The kernel.
+        kernel: &'static str,
+        /// The target asked for.
+        target: &'static str,
+        /// The targets it was compiled for.
+        available: String,
+    },
     /// The driver rejected a kernel's PTX.
     #[error("loading the {target} PTX of `{kernel}` failed")]
     ModuleLoad {
