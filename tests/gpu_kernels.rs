@@ -158,9 +158,11 @@ fn gpu_sm80_variants_run_forward_on_newer_gpus() {
     tessera_kernels::axpy(&dev, 2.0, &xt, &mut yt).unwrap();
     let want: Vec<f64> = x.iter().map(|&v| 3.0 * f64::from(v)).collect();
     assert!(rel_error(&wide(&yt.to_host().unwrap()), &want) < 1e-6, "sm_80 axpy");
-    // The Hopper GEMM has no sm_80 variant: a clear error, not a crash.
+    // A Hopper-only kernel asked for sm_80: a clear error, not a crash.
     let a = Tensor::<tessera::bf16>::zeros(&dev, &[64, 64]).unwrap();
-    let mut c = Tensor::<tessera::bf16>::zeros(&dev, &[64, 64]).unwrap();
-    let e = tessera_kernels::gemm_tn(&dev, &a, &a, &mut c).unwrap_err().to_string();
+    let mut c = Tensor::<tessera::bf16>::zeros(&dev, &[1, 64, 64]).unwrap();
+    let (a3, b3) = (a.view(&[1, 64, 64], &[4096, 64, 1]).unwrap(), a.view(&[1, 64, 64], &[4096, 64, 1]).unwrap());
+    let one = Tensor::<tessera::bf16>::zeros(&dev, &[1]).unwrap();
+    let e = tessera_kernels::gemm_tn_bf16::launch(&dev, 1, &a3, &b3, &mut c, &one, 1.0, 0, 0).unwrap_err().to_string();
     assert!(e.contains("no sm_80 PTX") && e.contains("it has sm_90a"), "{e}");
 }

@@ -12,9 +12,12 @@ fn ptx_snapshots() {
 #[test]
 fn ptx_targets_differ_only_in_target() {
     for spec in tessera_kernels::all_kernels() {
-        // Kernels that use TMA or wgmma have no sm_80 variant.
+        // Kernels with pipelines lower them differently per target (TMA and wgmma, or
+        // cp.async and mma.sync); the others differ only in `.target`.
         if let [a, b] = spec.variants {
-            assert_eq!(a.ptx.replace(".target sm_90a", ".target sm_80"), b.ptx, "{}", spec.name);
+            if !a.ptx.contains("mbarrier") {
+                assert_eq!(a.ptx.replace(".target sm_90a", ".target sm_80"), b.ptx, "{}", spec.name);
+            }
         }
     }
 }

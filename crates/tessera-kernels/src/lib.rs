@@ -7,7 +7,7 @@
 //! | [`axpy`] | `y ← a·x + y` over a 2-D f32 tensor |
 //! | [`row_sum`], [`row_max`] | per-row sum and maximum of a 2-D f32 tensor |
 //! | [`softmax`] | numerically stable softmax of each row of a 2-D f32 tensor |
-//! | [`gemm`], [`gemm_tn`] | `C = act(alpha·A·Bᵀ + beta·C_in + bias) + residual` in bf16 on Hopper (TMA, mbarrier pipeline, wgmma) |
+//! | [`gemm`], [`gemm_tn`] | `C = act(alpha·A·Bᵀ + beta·C_in + bias) + residual`, bf16/f16, B N×K or K×N, batches: TMA + wgmma on Hopper, cp.async + mma.sync on sm_80 and later |
 //! | [`bias_gelu`] | `y = gelu(x + bias)`, the unfused epilogue |
 #![warn(missing_docs)]
 
@@ -18,8 +18,8 @@ mod softmax;
 
 pub use elementwise::{axpy, axpy_f32};
 pub use gemm::{
-    bias_gelu, bias_gelu_bf16, gemm, gemm_nn_bf16, gemm_nn_f16, gemm_tn, gemm_tn_bf16, gemm_tn_f16, gemm_tn_full_bf16, gemm_tn_full_f16,
-    pad_copy_bf16, pad_copy_f16, Activation, BLayout, Bias, GemmBuilder, GemmElement,
+    bias_gelu, bias_gelu_bf16, gemm, gemm_nn_bf16, gemm_nn_f16, gemm_nn_full_bf16, gemm_nn_full_f16, gemm_tn, gemm_tn_bf16, gemm_tn_f16,
+    gemm_tn_full_bf16, gemm_tn_full_f16, pad_copy_bf16, pad_copy_f16, Activation, BLayout, Bias, GemmBuilder, GemmElement,
 };
 pub use reduce::{row_max, row_max_f32, row_sum, row_sum_f32};
 pub use softmax::{softmax, softmax_f32};
@@ -37,6 +37,8 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         &gemm_nn_f16::SPEC,
         &gemm_tn_full_bf16::SPEC,
         &gemm_tn_full_f16::SPEC,
+        &gemm_nn_full_bf16::SPEC,
+        &gemm_nn_full_f16::SPEC,
         &pad_copy_bf16::SPEC,
         &pad_copy_f16::SPEC,
         &bias_gelu_bf16::SPEC,

@@ -13,7 +13,7 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
         Err(e) => return e.to_compile_error(),
     };
     let Some((param, types)) = opts.dtypes else {
-        return compile_one(item, opts.warpgroups);
+        return compile_one(item, opts.warpgroups, &opts.targets);
     };
     // `dtypes(T = [bf16, f16])`: one kernel per type, named `<fn>_<type>`, with `T` replaced.
     let mut out = TokenStream::new();
@@ -26,7 +26,7 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
             }
             Err(e) => return e.to_compile_error(),
         };
-        out.extend(compile_one(body, opts.warpgroups));
+        out.extend(compile_one(body, opts.warpgroups, &opts.targets));
     }
     out
 }
@@ -47,7 +47,7 @@ fn substitute(ts: TokenStream, from: &syn::Ident, to: &syn::Ident) -> TokenStrea
         .collect()
 }
 
-fn compile_one(item: TokenStream, warpgroups: u32) -> TokenStream {
+fn compile_one(item: TokenStream, warpgroups: u32, targets: &[tessera_ptx::Target]) -> TokenStream {
     let f: syn::ItemFn = match syn::parse2(item) {
         Ok(f) => f,
         Err(e) => return e.to_compile_error(),
@@ -55,7 +55,7 @@ fn compile_one(item: TokenStream, warpgroups: u32) -> TokenStream {
     let mut fe = Frontend::new();
     let ir = fe.kernel(&f, warpgroups);
     let Some(ir) = ir else { return errors(fe.errors) };
-    match tessera_ptx::compile(ir, &CompileOptions::default()) {
+    match tessera_ptx::compile(ir, &CompileOptions { targets: targets.to_vec() }) {
         Ok(k) => {
             dump(&k);
             module(&f, &k)
@@ -83,6 +83,8 @@ fn errors(errs: Vec<syn::Error>) -> TokenStream {
 /// The kernel attribute's options.
 struct Options {
     warpgroups: u32,
+    /// `targets(sm_90a)`: the targets to build (default: every target).
+    targets: Vec<tessera_ptx::Target>,
     /// `dtypes(T = [bf16, f16])`: the type parameter and its values.
     dtypes: Option<(syn::Ident, Vec<syn::Ident>)>,
 }
@@ -90,8 +92,21 @@ struct Options {
 fn parse_attr(attr: TokenStream) -> syn::Result<Options> {
     let mut warpgroups = 1;
     let mut dtypes = None;
+    let mut targets = tessera_ptx::Target::ALL.to_vec();
     let parser = syn::meta::parser(|meta| {
-        if meta.path.is_ident("dtypes") {
+        if meta.path.is_ident("targets") {
+            targets.clear();
+            meta.parse_nested_meta(|inner| {
+                let name = inner.path.get_ident().map(|i| i.to_string()).unwrap_or_default();
+                match tessera_ptx::Target::ALL.iter().find(|t| t.name() == name) {
+                    Some(t) => {
+                        targets.push(*t);
+                        Ok(())
+                    }
+                    None => Err(inner.error(format!("unknown target `{name}`: expected `sm_90a` or `sm_80`"))),
+                }
+            })
+        } else if meta.path.is_ident("dtypes") {
             meta.parse_nested_meta(|inner| {
                 let param = inner.path.get_ident().cloned().ok_or_else(|| inner.error("expected a type parameter name, e.g. `T`"))?;
                 let list: syn::ExprArray = inner.value()?.parse()?;
@@ -121,11 +136,11 @@ fn parse_attr(attr: TokenStream) -> syn::Result<Options> {
             warpgroups = v;
             Ok(())
         } else {
-            Err(meta.error("unknown kernel option: expected `warpgroups = N` or `dtypes(T = [bf16, f16])`"))
+            Err(meta.error("unknown kernel option: expected `warpgroups = N`, `dtypes(T = [bf16, f16])` or `targets(sm_90a, sm_80)`"))
         }
     });
     syn::parse::Parser::parse2(parser, attr)?;
-    Ok(Options { warpgroups, dtypes })
+    Ok(Options { warpgroups, targets, dtypes })
 }
 
 fn dtype_tokens(d: DType) -> TokenStream {

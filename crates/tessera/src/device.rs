@@ -40,6 +40,8 @@ impl std::fmt::Debug for Device {
 pub(crate) struct LoadedKernel {
     pub module: sys::CUmodule,
     pub function: sys::CUfunction,
+    /// The target of the PTX loaded.
+    pub target: tessera_ptx::Target,
     ctx: Arc<CudaContext>,
 }
 
@@ -156,6 +158,15 @@ impl Device {
         Ok(self.inner.stream.synchronize()?)
     }
 
+    /// The target whose PTX this device loads for `spec`, if any fits.
+    pub fn target_for(&self, spec: &tessera_ptx::KernelSpec) -> Option<tessera_ptx::Target> {
+        let (major, minor) = self.inner.cc;
+        match self.inner.target {
+            Some(t) => spec.variants.iter().find(|v| v.target == t && t.runs_on(major, minor)).map(|v| v.target),
+            None => spec.variant_for(major, minor).map(|v| v.target),
+        }
+    }
+
     /// The kernel's best variant for this device, loaded once per device.
     pub(crate) fn kernel(&self, spec: &'static tessera_ptx::KernelSpec) -> Result<Arc<LoadedKernel>> {
         let (major, minor) = self.inner.cc;
@@ -214,7 +225,7 @@ impl Device {
                 return Err(load_err(e));
             }
         }
-        let k = Arc::new(LoadedKernel { module, function, ctx });
+        let k = Arc::new(LoadedKernel { module, function, target: variant.target, ctx });
         cache.insert(key, k.clone());
         Ok(k)
     }

@@ -150,7 +150,10 @@ impl<'d> Launch<'d> {
         // `limit` above keeps every value in u32.
         self.words.extend(d.shape.iter().map(|&x| Word::U32(x as u32)));
         self.words.extend(d.strides.iter().map(|&x| Word::U32(x as u32)));
-        if let Some(b) = tma {
+        if tma.is_some() && self.kernel.target == tessera_ptx::Target::Sm80 {
+            // The sm_80 lowering copies with cp.async: the map is passed but never read.
+            self.words.push(Word::Map(Box::new(crate::tma::TensorMap([0; 16]))));
+        } else if let Some(b) = tma {
             let map = self.device.tma_cache().get(d.ptr, dtype, &d.shape, &d.strides, b).map_err(|why| {
                 self.arg_err(index, "a tensor TMA can copy (16-byte aligned, unit last stride, other strides multiples of 16 bytes)", why)
             })?;

@@ -15,9 +15,10 @@
 use tessera::kernel;
 
 /// `C = act(alpha·A·Bᵀ + bias)`: A `[batch, M, K]`, B `[batch, N, K]` (the "TN" layout of
-/// LLM weights), C `[batch, M, N]`; 128×256 tiles. `bias_kind` 1: per column, 2: per row;
+/// LLM weights), C `[batch, M, N]`; 128×256 tiles. Hopper only: without `setmaxnreg` the
+/// 64×256 accumulators do not fit sm_80's 168 registers; [`gemm_tn_full`] runs there. `bias_kind` 1: per column, 2: per row;
 /// `act` 1: GELU tanh, 2: GELU erf, 3: SiLU.
-#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]))]
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), targets(sm_90a))]
 pub fn gemm_tn(a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, bias: Global<T, 1>, alpha: f32, bias_kind: i32, act: i32) {
     let sa = Smem::<T, 128, 64>::ring(4);
     let sb = Smem::<T, 256, 64>::ring(4);
@@ -95,7 +96,7 @@ pub fn gemm_tn(a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, bias: Global<T
 
 /// [`gemm_tn`] with B stored `[batch, K, N]` (row-major K×N): B's stage is a 64×256 tile in
 /// four 128-byte panels (one TMA box each) that wgmma reads N-major.
-#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]))]
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), targets(sm_90a))]
 pub fn gemm_nn(a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, bias: Global<T, 1>, alpha: f32, bias_kind: i32, act: i32) {
     let sa = Smem::<T, 128, 64>::ring(4);
     let sb = Smem::<T, 64, 256>::ring(4);
@@ -172,6 +173,7 @@ pub fn gemm_nn(a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, bias: Global<T
 
 /// [`gemm_tn`] with the whole epilogue, `act(alpha·acc + beta·C_in + bias) + residual`, on
 /// 128×128 tiles: the two extra M×N operands need the registers a 64×256 accumulator takes.
+/// Built for sm_90a and sm_80 (ldmatrix + mma.sync, cp.async): the portable GEMM.
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]))]
 pub fn gemm_tn_full(
     a: Global<T, 3>,
@@ -235,14 +237,14 @@ pub fn gemm_tn_full(
             mma_wait(0);
             pipe.release(prev);
             #[unroll]
-            for j in 0..4 {
-                let n = n0 + j * 32;
-                let mut out = acc.cols(j * 32, 32) * alpha;
+            for j in 0..8 {
+                let n = n0 + j * 16;
+                let mut out = acc.cols(j * 16, 16) * alpha;
                 if beta != 0.0 {
-                    out = out + c_in.load::<Tile<T, 64, 32>>([bt, m0, n]).cast::<f32>() * beta;
+                    out = out + c_in.load::<Tile<T, 64, 16>>([bt, m0, n]).cast::<f32>() * beta;
                 }
                 if bias_kind == 1 {
-                    out = out + bias.load::<Tile<T, 1, 32>>([n]).cast::<f32>();
+                    out = out + bias.load::<Tile<T, 1, 16>>([n]).cast::<f32>();
                 }
                 if bias_kind == 2 {
                     out = out + bias.load::<Tile<T, 64, 1>>([m0]).cast::<f32>();
@@ -257,7 +259,101 @@ pub fn gemm_tn_full(
                     out = out / (1.0 + exp2(out * -1.4426950408889634));
                 }
                 if add_residual == 1 {
-                    out = out + residual.load::<Tile<T, 64, 32>>([bt, m0, n]).cast::<f32>();
+                    out = out + residual.load::<Tile<T, 64, 16>>([bt, m0, n]).cast::<f32>();
+                }
+                c.store([bt, m0, n], out.cast::<T>());
+            }
+        }
+    }
+}
+
+/// [`gemm_tn_full`] with B stored `[batch, K, N]`.
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]))]
+pub fn gemm_nn_full(
+    a: Global<T, 3>,
+    b: Global<T, 3>,
+    c: Global<T, 3>,
+    c_in: Global<T, 3>,
+    bias: Global<T, 1>,
+    residual: Global<T, 3>,
+    alpha: f32,
+    beta: f32,
+    bias_kind: i32,
+    act: i32,
+    add_residual: i32,
+) {
+    let sa = Smem::<T, 128, 64>::ring(4);
+    let sb = Smem::<T, 64, 128>::ring(4);
+    let pipe = Pipeline::<4>::new(2);
+    let k_steps = (a.dim(2) + 63) / 64;
+    let tiles_m = (c.dim(1) + 127) / 128;
+    let tiles_n = (c.dim(2) + 127) / 128;
+    let per_batch = tiles_m * tiles_n;
+    let group = 8 * tiles_n;
+    if warpgroup::id() == 0 {
+        setmaxnreg(40);
+        for tile in (block::id_x()..per_batch * c.dim(0)).step_by(grid::dim_x()) {
+            let bt = tile / per_batch;
+            let t = tile % per_batch;
+            let first = (t / group) * 8;
+            let height = min(tiles_m - first, 8);
+            let m0 = (first + (t % group) % height) * 128;
+            let n0 = ((t % group) / height) * 128;
+            for k in 0..k_steps {
+                let s = pipe.acquire();
+                tma::load(sa.at(s), a, [bt, m0, k * 64], pipe);
+                tma::load(sb.at(s), b, [bt, k * 64, n0], pipe);
+                pipe.commit(s);
+            }
+        }
+    } else {
+        setmaxnreg(232);
+        let row = (warpgroup::id() - 1) * 64;
+        let mut acc = Tile::<f32, 64, 128>::zeros();
+        for tile in (block::id_x()..per_batch * c.dim(0)).step_by(grid::dim_x()) {
+            let bt = tile / per_batch;
+            let t = tile % per_batch;
+            let first = (t / group) * 8;
+            let height = min(tiles_m - first, 8);
+            let m0 = (first + (t % group) % height) * 128 + row;
+            let n0 = ((t % group) / height) * 128;
+            acc = Tile::<f32, 64, 128>::zeros();
+            let mut prev = 0;
+            for k in 0..k_steps {
+                let s = pipe.wait();
+                mma_sync_kn(acc, sa.at(s).rows(row, 64), sb.at(s));
+                mma_wait(1);
+                if k > 0 {
+                    pipe.release(prev);
+                }
+                prev = s;
+            }
+            mma_wait(0);
+            pipe.release(prev);
+            #[unroll]
+            for j in 0..8 {
+                let n = n0 + j * 16;
+                let mut out = acc.cols(j * 16, 16) * alpha;
+                if beta != 0.0 {
+                    out = out + c_in.load::<Tile<T, 64, 16>>([bt, m0, n]).cast::<f32>() * beta;
+                }
+                if bias_kind == 1 {
+                    out = out + bias.load::<Tile<T, 1, 16>>([n]).cast::<f32>();
+                }
+                if bias_kind == 2 {
+                    out = out + bias.load::<Tile<T, 64, 1>>([m0]).cast::<f32>();
+                }
+                if act == 1 {
+                    out = 0.5 * out * (1.0 + tanh(0.7978845608 * (out + 0.044715 * out * out * out)));
+                }
+                if act == 2 {
+                    out = 0.5 * out * (1.0 + erf(out * 0.70710678118));
+                }
+                if act == 3 {
+                    out = out / (1.0 + exp2(out * -1.4426950408889634));
+                }
+                if add_residual == 1 {
+                    out = out + residual.load::<Tile<T, 64, 16>>([bt, m0, n]).cast::<f32>();
                 }
                 c.store([bt, m0, n], out.cast::<T>());
             }

@@ -6,10 +6,11 @@
 mod kernels;
 
 pub use kernels::{
-    bias_gelu_bf16, gemm_nn_bf16, gemm_nn_f16, gemm_tn_bf16, gemm_tn_f16, gemm_tn_full_bf16, gemm_tn_full_f16, pad_copy_bf16, pad_copy_f16,
+    bias_gelu_bf16, gemm_nn_bf16, gemm_nn_f16, gemm_nn_full_bf16, gemm_nn_full_f16, gemm_tn_bf16, gemm_tn_f16, gemm_tn_full_bf16,
+    gemm_tn_full_f16, pad_copy_bf16, pad_copy_f16,
 };
 
-use tessera::{bf16, f16, Device, Element, Error, Grid, Result, Tensor, TensorView};
+use tessera::{bf16, f16, Device, Element, Error, Grid, KernelSpec, Result, Target, Tensor, TensorView};
 
 /// The activation of a GEMM's epilogue.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -60,6 +61,8 @@ type View<'a, T> = TensorView<'a, T>;
 /// An element type the GEMM takes: `bf16` or `f16` (each has its compiled kernels).
 pub trait GemmElement: Element + sealed::Sealed {
     #[doc(hidden)]
+    fn fast_kernel(kn: bool) -> &'static KernelSpec;
+    #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     fn gemm(
         d: &Device,
@@ -77,6 +80,7 @@ pub trait GemmElement: Element + sealed::Sealed {
     fn gemm_full(
         d: &Device,
         g: Grid,
+        kn: bool,
         a: &View<Self>,
         b: &View<Self>,
         c: &mut Tensor<Self>,
@@ -102,8 +106,15 @@ fn strides3(s: [usize; 3]) -> [usize; 3] {
 }
 
 macro_rules! gemm_element {
-    ($t:ty, $tn:ident, $nn:ident, $full:ident, $pad:ident) => {
+    ($t:ty, $tn:ident, $nn:ident, $full:ident, $nn_full:ident, $pad:ident) => {
         impl GemmElement for $t {
+            fn fast_kernel(kn: bool) -> &'static KernelSpec {
+                if kn {
+                    &$nn::SPEC
+                } else {
+                    &$tn::SPEC
+                }
+            }
             fn gemm(
                 d: &Device,
                 g: Grid,
@@ -126,6 +137,7 @@ macro_rules! gemm_element {
             fn gemm_full(
                 d: &Device,
                 g: Grid,
+                kn: bool,
                 a: &View<Self>,
                 b: &View<Self>,
                 c: &mut Tensor<Self>,
@@ -136,7 +148,11 @@ macro_rules! gemm_element {
                 (alpha, beta, bias_kind, act, add_residual): (f32, f32, i32, i32, i32),
             ) -> Result<()> {
                 let mut c = c.view_mut(&c_shape, &strides3(c_shape))?;
-                $full::launch(d, g, a, b, &mut c, c_in, bias, residual, alpha, beta, bias_kind, act, add_residual)
+                if kn {
+                    $nn_full::launch(d, g, a, b, &mut c, c_in, bias, residual, alpha, beta, bias_kind, act, add_residual)
+                } else {
+                    $full::launch(d, g, a, b, &mut c, c_in, bias, residual, alpha, beta, bias_kind, act, add_residual)
+                }
             }
             fn pad_copy(d: &Device, g: Grid, x: &View<Self>, y: &mut Tensor<Self>) -> Result<()> {
                 $pad::launch(d, g, x, y)
@@ -144,8 +160,8 @@ macro_rules! gemm_element {
         }
     };
 }
-gemm_element!(bf16, gemm_tn_bf16, gemm_nn_bf16, gemm_tn_full_bf16, pad_copy_bf16);
-gemm_element!(f16, gemm_tn_f16, gemm_nn_f16, gemm_tn_full_f16, pad_copy_f16);
+gemm_element!(bf16, gemm_tn_bf16, gemm_nn_bf16, gemm_tn_full_bf16, gemm_nn_full_bf16, pad_copy_bf16);
+gemm_element!(f16, gemm_tn_f16, gemm_nn_f16, gemm_tn_full_f16, gemm_nn_full_f16, pad_copy_f16);
 
 /// A GEMM `C = act(alpha·A·Bᵀ + beta·C_in + bias) + residual` (or `A·B` with
 /// [`BLayout::KxN`]), built with [`gemm`] and run with [`GemmBuilder::run`]. Every epilogue step
@@ -292,12 +308,12 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
     /// Any M, N, K ≥ 1: edges are handled by TMA's zero fill and masked loads and stores;
     /// operands whose rows TMA cannot address (a row of A or B not a multiple of 16 bytes, a
     /// misaligned view) are first copied into zero-padded buffers. Runs on compute capability
-    /// 9.0 (H100, H200).
+    /// 9.0 (H100, H200: TMA and wgmma) and on 8.0 and later (cp.async and mma.sync, 128×128
+    /// tiles; correct, not tuned).
     ///
     /// # Errors
-    /// [`Error::Argument`] naming the tensor when a shape does not match or is empty, when a
-    /// strided operand cannot be padded, or for [`BLayout::KxN`] with `beta` or a residual
-    /// (not compiled yet); and the launch's own checks.
+    /// [`Error::Argument`] naming the tensor when a shape does not match or is empty, or when a
+    /// strided operand cannot be padded; and the launch's own checks.
     pub fn run(self, device: &Device, c: &mut Tensor<T>) -> Result<()> {
         let [batch, m, k] = dims3("a", self.a)?;
         let sb = dims3("b", self.b)?;
@@ -348,14 +364,14 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
         let unused = Tensor::<T>::zeros(device, &[1, 1, 1])?;
         let unused1 = Tensor::<T>::zeros(device, &[1])?;
         let bias = bias.unwrap_or(&unused1);
+        // The 128×256 kernels run on Hopper when the epilogue needs no extra M×N operand; the
+        // 128×128 ones take everything else, and every sm_80 device.
         let full = self.c_in.is_some() || self.residual.is_some();
+        let hopper = device.target_for(T::fast_kernel(kn)) == Some(Target::Sm90a);
         let tiles =
             |bn: usize| (Grid::tiles(m, 128).saturating_mul(Grid::tiles(n, bn)).saturating_mul(batch as u32)).min(device.sm_count());
-        if !full {
+        if !full && hopper {
             return T::gemm(device, tiles(256).into(), kn, &a, &b, c, c_shape, bias, (self.alpha, bias_kind, self.activation.code()));
-        }
-        if kn {
-            return Err(arg("b", "an N×K B for an epilogue with beta·C_in or a residual".into(), "a K×N B".into()));
         }
         let c_in = match self.c_in {
             Some(t) => view3(t, c_shape)?,
@@ -372,7 +388,7 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
             self.activation.code(),
             i32::from(self.residual.is_some()),
         );
-        T::gemm_full(device, tiles(128).into(), &a, &b, c, c_shape, &c_in, bias, &residual, scalars)
+        T::gemm_full(device, tiles(128).into(), kn, &a, &b, c, c_shape, &c_in, bias, &residual, scalars)
     }
 }
 

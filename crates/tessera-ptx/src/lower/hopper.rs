@@ -131,7 +131,10 @@ impl Lowerer<'_> {
                 let empty = full + 8 * stages;
                 self.dyn_bytes = empty + 8 * stages;
                 let base = self.dyn_base();
-                self.barrier_inits.push((base, full, *stages, 1));
+                // sm_90a: the producer's leader arrives once (TMA counts bytes); sm_80: each of
+                // the producer's 128 threads arrives when its cp.async copies land.
+                let full_count = if self.sm90() { 1 } else { 128 };
+                self.barrier_inits.push((base, full, *stages, full_count));
                 self.barrier_inits.push((base, empty, *stages, *consumers));
                 let (stage, phase) = (self.reg(RegClass::B32, "stage"), self.reg(RegClass::B32, "phase"));
                 self.pro("mov.u32", vec![R(stage), Imm(0)]);
@@ -178,7 +181,8 @@ impl Lowerer<'_> {
                 let bar = self.barrier_addr(bar_off, p.stage);
                 let (spin, ok) = (self.label("wait"), self.reg(RegClass::Pred, "ready"));
                 self.body.push(Inst::Label(spin.clone()));
-                self.op("mbarrier.try_wait.parity.shared::cta.b64", vec![R(ok), Operand::Addr(bar, 0), R(parity)]);
+                let wait = if self.sm90() { "mbarrier.try_wait.parity.shared::cta.b64" } else { "mbarrier.test_wait.parity.shared.b64" };
+                self.op(wait, vec![R(ok), Operand::Addr(bar, 0), R(parity)]);
                 self.op_if(ok, true, "bra.uni", vec![Operand::Sym(spin)]);
                 let s = self.reg(RegClass::B32, "s");
                 self.op("mov.b32", vec![R(s), R(p.stage)]);
@@ -214,7 +218,7 @@ impl Lowerer<'_> {
             StmtKind::PipeCommit { pipe, stage } | StmtKind::PipeRelease { pipe, stage } => {
                 let Value::Pipe(p) = self.lookup(pipe) else { unreachable!("verified TIR-H: `{pipe}` is a pipeline") };
                 let release = matches!(s.kind, StmtKind::PipeRelease { .. });
-                if release && self.wgmma_pending {
+                if release && self.wgmma_pending && self.sm90() {
                     // The stage's operands are read by wgmma until its group completes; an
                     // explicit `mma_wait` before the release says which groups may still run.
                     self.op("wgmma.wait_group.sync.aligned", vec![Operand::Imm(0)]);
@@ -227,15 +231,25 @@ impl Lowerer<'_> {
                 let st = self.in_reg(st, crate::dtype::ScalarType::I32, "stage");
                 let bar = self.barrier_addr(if release { p.empty } else { p.full }, st);
                 let leader = self.leader;
-                self.op_if(leader, false, "mbarrier.arrive.shared::cta.b64", vec![Operand::Sym("_".into()), Operand::Addr(bar, 0)]);
+                if self.sm90() {
+                    self.op_if(leader, false, "mbarrier.arrive.shared::cta.b64", vec![Operand::Sym("_".into()), Operand::Addr(bar, 0)]);
+                } else if release {
+                    let state = self.reg(RegClass::B64, "state");
+                    self.op_if(leader, false, "mbarrier.arrive.shared.b64", vec![Operand::Reg(state), Operand::Addr(bar, 0)]);
+                } else {
+                    self.op("cp.async.mbarrier.arrive.noinc.shared.b64", vec![Operand::Addr(bar, 0)]);
+                }
                 Ok(())
             }
             StmtKind::MmaWait(n) => {
-                self.op("wgmma.wait_group.sync.aligned", vec![Operand::Imm(i64::from(*n))]);
+                if self.sm90() {
+                    self.op("wgmma.wait_group.sync.aligned", vec![Operand::Imm(i64::from(*n))]);
+                }
                 self.wgmma_pending = false;
                 Ok(())
             }
             StmtKind::Mma { acc, a, b, b_kn } => self.mma(acc, a, b, *b_kn),
+            StmtKind::SetMaxNReg(_) if !self.sm90() => Ok(()),
             StmtKind::SetMaxNReg(n) => {
                 let cap = (65536 / (self.ir.warpgroups * 128)).min(255) / 8 * 8;
                 let dir = if *n > cap { "inc" } else { "dec" };
@@ -260,6 +274,10 @@ impl Lowerer<'_> {
         let Value::Pipe(p) = self.lookup(pipe) else { unreachable!("verified TIR-H: `{pipe}` is a pipeline") };
         let map = self.tma_map(tensor);
         let idx = index.iter().map(|i| self.scalar(i)).collect::<Result<Vec<_>, _>>()?;
+        if !self.sm90() {
+            self.tma_load_sm80(&v, tensor, &idx);
+            return Ok(());
+        }
         let stage = self.in_reg(v.stage.clone(), crate::dtype::ScalarType::I32, "stage");
         let bar = self.barrier_addr(p.full, stage);
         let leader = self.leader;
@@ -347,6 +365,16 @@ impl Lowerer<'_> {
             _ => "bf16.bf16",
         };
         let n = t.ty.cols;
+        if !self.sm90() {
+            if n % 16 != 0 {
+                return Err(CompileError::Lower {
+                    message: format!("`mma_sync` on sm_80 needs N a multiple of 16, found {n}"),
+                    loc: a.loc,
+                });
+            }
+            self.mma_sm80(&t.regs, t.ty.rows / 64, n, &va, &vb, b_kn, ab);
+            return Ok(());
+        }
         let per_block = (n / 2) as usize;
         let k_steps = va.ty.cols / 16;
         let desc_b =
@@ -399,9 +427,14 @@ impl Lowerer<'_> {
         v
     }
 
+    /// Whether the target is Hopper's (else the sm_80 lowering applies).
+    pub(crate) fn sm90(&self) -> bool {
+        self.target == crate::reflect::Target::Sm90a
+    }
+
     /// Waits for outstanding wgmma groups before an accumulator is read.
     pub(crate) fn before_tile_read(&mut self, t: &TileVal) {
-        if self.wgmma_pending && matches!(t.layout.kind, crate::layout::LayoutKind::Wgmma { .. }) {
+        if self.sm90() && self.wgmma_pending && matches!(t.layout.kind, crate::layout::LayoutKind::Wgmma { .. }) {
             self.op("wgmma.wait_group.sync.aligned", vec![Operand::Imm(0)]);
             self.wgmma_pending = false;
         }
@@ -434,18 +467,16 @@ impl Lowerer<'_> {
                 self.pro("mbarrier.init.shared::cta.b64", vec![Operand::Addr(base, i64::from(off + 8 * s)), Imm(i64::from(count))]);
             }
         }
-        self.pro("fence.proxy.async.shared::cta", vec![]);
+        if self.sm90() {
+            // TMA (the async proxy) writes where the barriers live.
+            self.pro("fence.proxy.async.shared::cta", vec![]);
+        }
         self.prologue.push(Inst::Label(done));
         self.pro("bar.sync", vec![Imm(0)]);
     }
 }
 
-/// Checks that a kernel fits `target`; Hopper pieces need sm_90a.
-pub(crate) fn check_target(scan: &HopperScan, target: crate::reflect::Target) -> Result<(), CompileError> {
-    match (scan.hopper, target) {
-        (Some((loc, what)), crate::reflect::Target::Sm80) => {
-            Err(CompileError::Lower { message: format!("{what} needs sm_90a; the sm_80 variant is not built"), loc })
-        }
-        _ => Ok(()),
-    }
+/// Checks that a kernel fits `target`: every piece has an sm_90a and an sm_80 lowering.
+pub(crate) fn check_target(_scan: &HopperScan, _target: crate::reflect::Target) -> Result<(), CompileError> {
+    Ok(())
 }

@@ -10,6 +10,7 @@
 //! predicates, the scratch address) is computed once in the prologue, so it dominates every
 //! use whatever the control flow.
 
+mod ampere;
 pub mod hopper;
 mod memory;
 mod scalar;
@@ -48,6 +49,7 @@ pub fn lower(ir: &TileIr, target: crate::reflect::Target) -> Result<PtxKernel, C
         }
     }
     let mut lw = Lowerer::new(ir);
+    lw.target = target;
     lw.mma_accs = scan.mma_accs;
     lw.any_mma = scan.any_mma;
     lw.params(&tma);
@@ -148,6 +150,8 @@ pub(crate) struct Lowerer<'a> {
     pub uses_setmaxnreg: bool,
     /// The layout the next load should take (set while lowering an elementwise operand).
     pub layout_hint: Option<Layout>,
+    /// The target being lowered for.
+    pub target: crate::reflect::Target,
 }
 
 impl<'a> Lowerer<'a> {
@@ -181,6 +185,7 @@ impl<'a> Lowerer<'a> {
             wgmma_pending: false,
             uses_setmaxnreg: false,
             layout_hint: None,
+            target: crate::reflect::Target::Sm90a,
         };
         lw.thread_indices();
         lw
