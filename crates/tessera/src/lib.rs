@@ -71,8 +71,11 @@
 //!   at most `n` groups in flight.
 //! - `setmaxnreg(n)` in each role's branch of `if warpgroup::id() == 0 { … } else { … }`.
 //!
-//! Kernels that use these have no `sm_80` variant (the dump records why); see
-//! `tessera_kernels::gemm_tn_bf16` for a whole warp-specialized GEMM.
+//! The same statements lower to `sm_80` too: TMA loads to `cp.async` by the producer
+//! warpgroup, the pipeline's waits to `mbarrier.test_wait`, `mma_sync` to `ldmatrix` +
+//! `mma.sync.m16n8k16` (whose accumulator fragment matches wgmma's, so epilogues are shared),
+//! `setmaxnreg` and `mma_wait` to nothing. `#[kernel(targets(sm_90a))]` builds one target only.
+//! See `tessera_kernels::gemm_tn_bf16` for a whole warp-specialized GEMM.
 //!
 //! A misuse is a compile error at the offending token.
 #![warn(missing_docs)]
