@@ -1,8 +1,8 @@
 //! `#[tessera::kernel]`: compiles a Rust function written in Tessera's tile language to PTX
 //! while `cargo build` runs, and generates a module with its reflection and a typed launcher.
 //!
-//! The macro is split as thiserror's is: [`parse`] turns the function into TIR-H (syntax and
-//! names), `tessera-ptx` checks and compiles it, [`expand`] writes the module. Every error
+//! The macro is split as thiserror's is: `parse` turns the function into TIR-H (syntax and
+//! names), `tessera-ptx` checks and compiles it, `expand` writes the module. Every error
 //! points at the offending token; all are reported together.
 
 mod expand;

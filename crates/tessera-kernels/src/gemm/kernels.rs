@@ -16,7 +16,7 @@ use tessera::kernel;
 
 /// `C = act(alpha·A·Bᵀ + bias)`: A `[batch, M, K]`, B `[batch, N, K]` (the "TN" layout of
 /// LLM weights), C `[batch, M, N]`; 128×256 tiles. Hopper only: without `setmaxnreg` the
-/// 64×256 accumulators do not fit sm_80's 168 registers; [`gemm_tn_full`] runs there. `bias_kind` 1: per column, 2: per row;
+/// 64×256 accumulators do not fit sm_80's 168 registers; `gemm_tn_full_*` runs there. `bias_kind` 1: per column, 2: per row;
 /// `act` 1: GELU tanh, 2: GELU erf, 3: SiLU.
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), targets(sm_90a))]
 pub fn gemm_tn(a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, bias: Global<T, 1>, alpha: f32, bias_kind: i32, act: i32) {
@@ -94,7 +94,7 @@ pub fn gemm_tn(a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, bias: Global<T
     }
 }
 
-/// [`gemm_tn`] with B stored `[batch, K, N]` (row-major K×N): B's stage is a 64×256 tile in
+/// `gemm_tn_*` with B stored `[batch, K, N]` (row-major K×N): B's stage is a 64×256 tile in
 /// four 128-byte panels (one TMA box each) that wgmma reads N-major.
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), targets(sm_90a))]
 pub fn gemm_nn(a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, bias: Global<T, 1>, alpha: f32, bias_kind: i32, act: i32) {
@@ -171,7 +171,7 @@ pub fn gemm_nn(a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, bias: Global<T
     }
 }
 
-/// [`gemm_tn`] with the whole epilogue, `act(alpha·acc + beta·C_in + bias) + residual`, on
+/// `gemm_tn_*` with the whole epilogue, `act(alpha·acc + beta·C_in + bias) + residual`, on
 /// 128×128 tiles: the two extra M×N operands need the registers a 64×256 accumulator takes.
 /// Built for sm_90a and sm_80 (ldmatrix + mma.sync, cp.async): the portable GEMM.
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]))]
@@ -267,7 +267,7 @@ pub fn gemm_tn_full(
     }
 }
 
-/// [`gemm_tn_full`] with B stored `[batch, K, N]`.
+/// `gemm_tn_full_*` with B stored `[batch, K, N]`.
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]))]
 pub fn gemm_nn_full(
     a: Global<T, 3>,

@@ -6,10 +6,14 @@
 //! start rounded up at run time, with 1 KiB requested extra), each 1024-aligned; mbarriers
 //! follow. Thread 0 initializes every barrier in the prologue, then the block syncs.
 //!
-//! Pipelines: each role keeps `(stage, phase)` in registers, starting at `(0, 0)`. The producer
-//! waits on `empty[stage]` with parity `phase ^ 1` (its first lap passes), the consumers on
-//! `full[stage]` with parity `phase`; `commit`/`release` arrive and advance. One thread per
-//! warpgroup (its thread 0) issues TMA, `expect_tx` and arrivals.
+//! Pipelines: each role keeps `(stage, phase)` in registers, starting at `(0, 0)`. The producer's
+//! `acquire` waits on `empty[stage]` with parity `phase ^ 1` (its first lap passes), a consumer's
+//! `wait` on `full[stage]` with parity `phase`; both advance. `commit(s)`/`release(s)` arrive on
+//! stage `s`'s barrier. One thread per warpgroup (its thread 0) issues TMA, `expect_tx` and
+//! arrivals.
+//!
+//! For sm_80 each statement here defers to the `ampere` lowering: cp.async instead of TMA,
+//! `mma.sync` instead of wgmma, `test_wait` instead of `try_wait`.
 
 use super::{Lowerer, TileVal, Value};
 use crate::error::CompileError;
@@ -56,7 +60,6 @@ pub(crate) struct HopperScan {
     pub tma: Vec<(String, TmaUse, SourceLoc)>,
     pub mma_accs: Vec<String>,
     pub any_mma: bool,
-    pub hopper: Option<(SourceLoc, &'static str)>,
 }
 
 pub(crate) fn scan(body: &[Stmt], out: &mut HopperScan) {
@@ -68,18 +71,10 @@ pub(crate) fn scan(body: &[Stmt], out: &mut HopperScan) {
                     let cols = if swizzle > 0 { cols.min(swizzle / dtype.size()) } else { cols };
                     out.tma.push((tensor.clone(), TmaUse { rows, cols, swizzle }, s.loc));
                 }
-                out.hopper.get_or_insert((s.loc, "`tma::load`"));
             }
             StmtKind::Mma { acc, .. } => {
                 out.mma_accs.push(acc.clone());
                 out.any_mma = true;
-                out.hopper.get_or_insert((s.loc, "`mma_sync` (wgmma)"));
-            }
-            StmtKind::SetMaxNReg(_) => {
-                out.hopper.get_or_insert((s.loc, "`setmaxnreg`"));
-            }
-            StmtKind::Let { value, .. } if matches!(value.kind, ExprKind::PipelineNew { .. }) => {
-                out.hopper.get_or_insert((s.loc, "`Pipeline` (mbarrier try_wait and expect_tx)"));
             }
             StmtKind::For { body, .. } => scan(body, out),
             StmtKind::If { then, otherwise, .. } => {
@@ -474,9 +469,4 @@ impl Lowerer<'_> {
         self.prologue.push(Inst::Label(done));
         self.pro("bar.sync", vec![Imm(0)]);
     }
-}
-
-/// Checks that a kernel fits `target`: every piece has an sm_90a and an sm_80 lowering.
-pub(crate) fn check_target(_scan: &HopperScan, _target: crate::reflect::Target) -> Result<(), CompileError> {
-    Ok(())
 }

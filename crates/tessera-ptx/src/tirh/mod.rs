@@ -5,7 +5,7 @@
 //! 128 threads) and global tensors (kernel parameters). Every node carries a [`SourceLoc`] so
 //! that errors found in later stages point at the user's token.
 //!
-//! The frontend leaves [`Expr::ty`] empty; [`crate::verify::typecheck`] fills it and checks
+//! The frontend leaves [`Expr::ty`](crate::tirh::Expr::ty) empty; [`crate::verify::typecheck`] fills it and checks
 //! shapes, dtypes and ranks. Lowering assumes a type-checked kernel.
 //!
 //! `Display` prints the `tirh` dump.

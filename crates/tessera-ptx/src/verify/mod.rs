@@ -1,4 +1,4 @@
-//! The type checker of TIR-H: fills every [`Expr::ty`] and checks shapes, dtypes and ranks.
+//! The type checker of TIR-H: fills every [`Expr::ty`](crate::tirh::Expr::ty) and checks shapes, dtypes and ranks.
 //!
 //! Assumes: a kernel as the frontend builds it (names are plain strings, tile dimensions are
 //! constants). Guarantees: on success every expression has a type, every operation's operands
