@@ -370,7 +370,10 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
         let hopper = device.target_for(T::fast_kernel(kn)) == Some(Target::Sm90a);
         let tiles =
             |bn: usize| (Grid::tiles(m, 128).saturating_mul(Grid::tiles(n, bn)).saturating_mul(batch as u32)).min(device.sm_count());
-        if !full && hopper {
+        // Too few 128×256 tiles to fill the GPU (M = 128 decode shapes): 128×128 tiles give
+        // twice the blocks.
+        let few = (tiles(256) as usize) * 4 < device.sm_count() as usize;
+        if !full && hopper && !few {
             return T::gemm(device, tiles(256).into(), kn, &a, &b, c, c_shape, bias, (self.alpha, bias_kind, self.activation.code()));
         }
         let c_in = match self.c_in {
