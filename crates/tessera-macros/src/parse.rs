@@ -15,7 +15,7 @@ pub struct Frontend {
 
 type R<T> = Result<T, syn::Error>;
 
-const FUNCTIONS: &str = "`exp2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `tma::load`, `mma_sync`, `mma_sync_kn`, `mma_wait`, `setmaxnreg`";
+const FUNCTIONS: &str = "`exp2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `tma::load`, `tma::store`, `tma::store_wait`, `mma_sync`, `mma_sync_kn`, `mma_wait`, `setmaxnreg`";
 const METHODS: &str = "`load`, `load_or`, `store`, `dim`, `cast`, `exp2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
 
 fn err<T>(span: impl ToTokens, msg: impl std::fmt::Display) -> R<T> {
@@ -133,6 +133,9 @@ impl Frontend {
                     StmtKind::PipeRelease { pipe, stage }
                 }
             }
+            SynExpr::MethodCall(m) if m.method == "store" && m.args.len() == 1 => {
+                StmtKind::SmemStore { view: self.expr(&m.receiver)?, value: self.expr(&m.args[0])? }
+            }
             SynExpr::MethodCall(m) if m.method == "store" => {
                 let tensor = receiver_name(&m.receiver)?;
                 if m.args.len() != 2 {
@@ -201,7 +204,14 @@ impl Frontend {
         let segs: Vec<String> = p.path.segments.iter().map(|s| s.ident.to_string()).collect();
         matches!(
             segs.iter().map(String::as_str).collect::<Vec<_>>().as_slice(),
-            ["tma", "load"] | ["mma_sync"] | ["mma_sync_kn"] | ["mma_wait"] | ["setmaxnreg"] | ["warpgroup", "setmaxnreg"]
+            ["tma", "load"]
+                | ["tma", "store"]
+                | ["tma", "store_wait"]
+                | ["mma_sync"]
+                | ["mma_sync_kn"]
+                | ["mma_wait"]
+                | ["setmaxnreg"]
+                | ["warpgroup", "setmaxnreg"]
         )
     }
 
@@ -211,6 +221,16 @@ impl Frontend {
         let last = p.path.segments.last().map(|s| s.ident.to_string()).unwrap_or_default();
         let args: Vec<&SynExpr> = c.args.iter().collect();
         match last.as_str() {
+            "store" => {
+                let [tensor, index, src] = args.as_slice() else {
+                    return err(c, "`tma::store` takes a tensor, an origin and a shared view: `tma::store(c, [i, j], ring.at(s))`");
+                };
+                Ok(StmtKind::TmaStore { tensor: receiver_name(tensor)?, index: self.index(index)?, src: self.expr(src)? })
+            }
+            "store_wait" => {
+                let [n] = args.as_slice() else { return err(c, "`tma::store_wait` takes how many stores may still read shared memory") };
+                Ok(StmtKind::TmaStoreWait(int_const(n, "`tma::store_wait` takes a constant")?))
+            }
             "load" => {
                 let [dst, tensor, index, pipe] = args.as_slice() else {
                     return err(

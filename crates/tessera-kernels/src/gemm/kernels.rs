@@ -15,13 +15,16 @@
 use tessera::kernel;
 
 /// `C = act(alpha·A·Bᵀ + bias)`: A `[batch, M, K]`, B `[batch, N, K]` (the "TN" layout of
-/// LLM weights), C `[batch, M, N]`; 128×256 tiles. Hopper only: without `setmaxnreg` the
+/// LLM weights), C `[batch, M, N]`; 128×256 tiles; C leaves through shared memory and TMA
+/// stores (its rows must be 16-byte aligned). Hopper only: without `setmaxnreg` the
 /// 64×256 accumulators do not fit sm_80's 168 registers; `gemm_tn_full_*` runs there. `bias_kind` 1: per column, 2: per row;
 /// `act` 1: GELU tanh, 2: GELU erf, 3: SiLU.
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), targets(sm_90a))]
 pub fn gemm_tn(a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, bias: Global<T, 1>, alpha: f32, bias_kind: i32, act: i32) {
     let sa = Smem::<T, 128, 64>::ring(4);
     let sb = Smem::<T, 256, 64>::ring(4);
+    // C's staging: two 64×64 buffers per consumer warpgroup, stored by TMA.
+    let sc = Smem::<T, 64, 64>::ring(4);
     let pipe = Pipeline::<4>::new(2);
     let k_steps = (a.dim(2) + 63) / 64;
     let tiles_m = (c.dim(1) + 127) / 128;
@@ -88,9 +91,15 @@ pub fn gemm_tn(a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, bias: Global<T
                 if act == 3 {
                     out = out / (1.0 + exp2(out * -1.4426950408889634));
                 }
-                c.store([bt, m0, n], out.cast::<T>());
+                // Stage the chunk in shared memory and store it with TMA (asynchronously,
+                // whole lines); the buffer written two chunks ago must have been read first.
+                let buf = (warpgroup::id() - 1) * 2 + j % 2;
+                tma::store_wait(1);
+                sc.at(buf).store(out.cast::<T>());
+                tma::store(c, [bt, m0, n], sc.at(buf));
             }
         }
+        tma::store_wait(0);
     }
 }
 

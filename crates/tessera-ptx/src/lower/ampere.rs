@@ -26,6 +26,10 @@ fn swizzle_mask(swizzle: u32) -> i64 {
 
 impl Lowerer<'_> {
     /// `dst = off ^ (((off >> 7) & mask) << 4)`: the swizzled byte offset.
+    pub(crate) fn swizzled_offset(&mut self, off: Reg, swizzle: u32) -> Reg {
+        self.swizzled(off, swizzle)
+    }
+
     fn swizzled(&mut self, off: Reg, swizzle: u32) -> Reg {
         use Operand::{Imm, Reg as R};
         let mask = swizzle_mask(swizzle);

@@ -72,6 +72,12 @@ pub(crate) fn scan(body: &[Stmt], out: &mut HopperScan) {
                     out.tma.push((tensor.clone(), TmaUse { rows, cols, swizzle }, s.loc));
                 }
             }
+            StmtKind::TmaStore { tensor, src, .. } => {
+                if let Some(Type::SmemView { rows, cols, swizzle, dtype }) = src.ty {
+                    let cols = if swizzle > 0 { cols.min(swizzle / dtype.size()) } else { cols };
+                    out.tma.push((tensor.clone(), TmaUse { rows, cols, swizzle }, s.loc));
+                }
+            }
             StmtKind::Mma { acc, .. } => {
                 out.mma_accs.push(acc.clone());
                 out.any_mma = true;
@@ -244,6 +250,19 @@ impl Lowerer<'_> {
                 Ok(())
             }
             StmtKind::Mma { acc, a, b, b_kn } => self.mma(acc, a, b, *b_kn),
+            StmtKind::SmemStore { view, value } => self.smem_store(view, value),
+            StmtKind::TmaStore { .. } | StmtKind::TmaStoreWait(_) if !self.sm90() => Err(CompileError::Lower {
+                message: "`tma::store` needs sm_90a: build the kernel with `targets(sm_90a)`".into(),
+                loc: s.loc,
+            }),
+            StmtKind::TmaStore { tensor, index, src } => self.tma_store(tensor, index, src),
+            StmtKind::TmaStoreWait(n) => {
+                let leader = self.leader;
+                self.op_if(leader, false, "cp.async.bulk.wait_group.read", vec![Operand::Imm(i64::from(*n))]);
+                // Nobody writes the staging buffer before its store has read it.
+                self.warpgroup_barrier();
+                Ok(())
+            }
             StmtKind::SetMaxNReg(_) if !self.sm90() => Ok(()),
             StmtKind::SetMaxNReg(n) => {
                 let cap = (65536 / (self.ir.warpgroups * 128)).min(255) / 8 * 8;
@@ -311,6 +330,62 @@ impl Lowerer<'_> {
                 args: vec![Operand::Addr(dst, 0), Operand::Sym(format!("[{}, {{{names}}}]", self.reg_name(map))), Operand::Addr(bar, 0)],
             });
         }
+        Ok(())
+    }
+
+    /// Writes a register tile into a shared view, swizzled as TMA and wgmma read it: each
+    /// owner writes its elements, 16-bit pairs packed into one 32-bit store.
+    fn smem_store(&mut self, view: &Expr, value: &Expr) -> Result<(), CompileError> {
+        use Operand::{Imm, Reg as R};
+        let v = self.view(view)?;
+        let t = self.tile(value)?;
+        let es = t.ty.dtype.size();
+        let lr = self.layout_regs(t.layout);
+        let base = self.reg(RegClass::B32, "soff");
+        // base = row·row_bytes + col·es
+        self.op("mul.lo.u32", vec![R(base), R(lr.row), Imm(i64::from(v.ty.row_bytes()))]);
+        let c = self.reg(RegClass::B32, "scol");
+        self.op("mul.lo.u32", vec![R(c), R(lr.col), Imm(i64::from(es))]);
+        self.op("add.u32", vec![R(base), R(base), R(c)]);
+        let slots = t.layout.slots();
+        let pair = es == 2 && t.layout.run_len() >= 2;
+        let step = if pair { 2 } else { 1 };
+        let mut i = 0;
+        while i < slots.len() {
+            let off = self.reg(RegClass::B32, "soff");
+            self.op("add.u32", vec![R(off), R(base), Imm(i64::from(slots[i].dr * v.ty.row_bytes() + slots[i].dc * es))]);
+            let off = self.swizzled_offset(off, v.ty.swizzle);
+            let addr = self.reg(RegClass::B32, "saddr");
+            self.op("add.u32", vec![R(addr), R(v.addr), R(off)]);
+            if pair {
+                let w = self.reg(RegClass::B32, "pack");
+                self.op("mov.b32", vec![R(w), Operand::Vec(vec![t.regs[i], t.regs[i + 1]])]);
+                self.op_if(lr.owner, false, "st.shared.b32", vec![Operand::Addr(addr, 0), R(w)]);
+            } else {
+                self.op_if(lr.owner, false, &format!("st.shared.b{}", es * 8), vec![Operand::Addr(addr, 0), R(t.regs[i])]);
+            }
+            i += step;
+        }
+        Ok(())
+    }
+
+    /// A TMA bulk store of a shared view: every writer fences its shared writes for the async
+    /// proxy, the warpgroup syncs, and its leader issues and commits the copy.
+    fn tma_store(&mut self, tensor: &str, index: &[Expr], src: &Expr) -> Result<(), CompileError> {
+        let v = self.view(src)?;
+        let idx = index.iter().map(|i| self.scalar(i)).collect::<Result<Vec<_>, _>>()?;
+        let map = self.tma_map(tensor);
+        self.op("fence.proxy.async.shared::cta", vec![]);
+        self.warpgroup_barrier();
+        let coords: Vec<Reg> = idx.iter().rev().map(|i| self.in_reg(i.clone(), crate::dtype::ScalarType::I32, "coord")).collect();
+        let names = coords.iter().map(|r| self.reg_name(*r)).collect::<Vec<_>>().join(", ");
+        let leader = self.leader;
+        self.body.push(Inst::Op {
+            pred: Some((leader, false)),
+            op: format!("cp.async.bulk.tensor.{}d.global.shared::cta.tile.bulk_group", coords.len()),
+            args: vec![Operand::Sym(format!("[{}, {{{names}}}]", self.reg_name(map))), Operand::Addr(v.addr, 0)],
+        });
+        self.op_if(leader, false, "cp.async.bulk.commit_group", vec![]);
         Ok(())
     }
 

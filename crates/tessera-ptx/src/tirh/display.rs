@@ -48,6 +48,11 @@ fn write_stmt(f: &mut fmt::Formatter<'_>, s: &Stmt, depth: usize) -> fmt::Result
         }
         StmtKind::PipeCommit { pipe, stage } => writeln!(f, "{pad}{pipe}.commit({stage});  // line {}", s.loc.line),
         StmtKind::PipeRelease { pipe, stage } => writeln!(f, "{pad}{pipe}.release({stage});  // line {}", s.loc.line),
+        StmtKind::SmemStore { view, value } => writeln!(f, "{pad}{view} <- {value};  // line {}", s.loc.line),
+        StmtKind::TmaStore { tensor, index, src } => {
+            writeln!(f, "{pad}tma.store {tensor}[{}] <- {src};  // line {}", list(index), s.loc.line)
+        }
+        StmtKind::TmaStoreWait(n) => writeln!(f, "{pad}tma.store_wait {n};  // line {}", s.loc.line),
         StmtKind::MmaWait(n) => writeln!(f, "{pad}mma_wait {n};  // line {}", s.loc.line),
         StmtKind::Mma { acc, a, b, b_kn: false } => writeln!(f, "{pad}mma {acc} += {a} * {b}^T;  // line {}", s.loc.line),
         StmtKind::Mma { acc, a, b, b_kn: true } => writeln!(f, "{pad}mma {acc} += {a} * {b};  // line {}", s.loc.line),

@@ -169,7 +169,7 @@ impl TileIr {
     pub fn writes(&self, name: &str) -> bool {
         fn any(body: &[Stmt], name: &str) -> bool {
             body.iter().any(|s| match &s.kind {
-                StmtKind::Store { tensor, .. } => tensor == name,
+                StmtKind::Store { tensor, .. } | StmtKind::TmaStore { tensor, .. } => tensor == name,
                 StmtKind::For { body, .. } => any(body, name),
                 StmtKind::If { then, otherwise, .. } => any(then, name) || any(otherwise, name),
                 _ => false,
@@ -246,6 +246,27 @@ pub enum StmtKind {
         /// The pipeline whose full barrier counts the bytes.
         pipe: String,
     },
+    /// `view.store(tile)`: writes a register tile into a shared view (swizzled as TMA reads it).
+    SmemStore {
+        /// The shared view.
+        view: Expr,
+        /// The tile, of the view's shape and dtype.
+        value: Expr,
+    },
+    /// `tma::store(tensor, [i, j], view)`: a TMA bulk store of a shared view into the tensor at
+    /// `[i, j]` (out-of-bounds elements are skipped), issued once every thread's shared writes
+    /// are visible to the copy engine.
+    TmaStore {
+        /// The global tensor.
+        tensor: String,
+        /// The box origin.
+        index: Vec<Expr>,
+        /// The shared view to copy from.
+        src: Expr,
+    },
+    /// `tma::store_wait(n)`: waits until at most `n` of this warpgroup's TMA stores still read
+    /// shared memory.
+    TmaStoreWait(u32),
     /// `pipe.commit(s)`: the producer has issued stage `s`'s copies.
     PipeCommit {
         /// The pipeline.

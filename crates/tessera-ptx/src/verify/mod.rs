@@ -146,7 +146,41 @@ impl Checker {
                 self.pipeline(pipe, loc)?;
                 self.expect_scalar(stage, ScalarType::I32, "a stage")?;
             }
-            StmtKind::MmaWait(_) => {}
+            StmtKind::MmaWait(_) | StmtKind::TmaStoreWait(_) => {}
+            StmtKind::SmemStore { view, value } => {
+                let vt = self.expr(view)?;
+                let tt = self.expr(value)?;
+                match (vt, tt) {
+                    (Type::SmemView { dtype, rows, cols, .. }, Type::Tile(t)) if t.dtype == dtype && t.rows == rows && t.cols == cols => {}
+                    (Type::SmemView { dtype, rows, cols, .. }, other) => {
+                        return Err(CompileError::ty(
+                            value.loc,
+                            format!("a `{rows}×{cols}` `{dtype}` shared view stores a `Tile<{dtype}, {rows}, {cols}>`, found `{other}`"),
+                        ))
+                    }
+                    (other, _) => return Err(CompileError::ty(view.loc, format!("`store(tile)` writes a shared view, found `{other}`"))),
+                }
+            }
+            StmtKind::TmaStore { tensor, index, src } => {
+                let (dtype, rank) = self.global(tensor, loc)?;
+                let tensor = tensor.clone();
+                self.indices(&tensor, rank, index, loc)?;
+                if !(2..=3).contains(&rank) {
+                    return Err(CompileError::ty(
+                        loc,
+                        format!("`tma::store` writes a rank-2 or rank-3 tensor, `{tensor}` has rank {rank}"),
+                    ));
+                }
+                match self.expr(src)? {
+                    Type::SmemView { dtype: d, .. } if d == dtype => {}
+                    other => {
+                        return Err(CompileError::ty(
+                            src.loc,
+                            format!("`tma::store` into `{tensor}` (`{dtype}`) copies a `{dtype}` shared view, found `{other}`"),
+                        ))
+                    }
+                }
+            }
             StmtKind::Mma { acc, a, b, b_kn } => {
                 let acc = acc.clone();
                 self.mma(&acc, a, b, *b_kn, loc)?;
