@@ -375,7 +375,7 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
         let few = (tiles(256) as usize) * 4 < device.sm_count() as usize;
         // The TN kernel stores C by TMA: its rows must be 16-byte aligned.
         let es = std::mem::size_of::<T>();
-        let c_tma = kn || ((n * es) % 16 == 0 && (c.offset() * es) % 16 == 0);
+        let c_tma = kn || ((n * es).is_multiple_of(16) && (c.offset() * es).is_multiple_of(16));
         if !full && hopper && !few && c_tma {
             return T::gemm(device, tiles(256).into(), kn, &a, &b, c, c_shape, bias, (self.alpha, bias_kind, self.activation.code()));
         }
