@@ -298,3 +298,16 @@ fn gpu_gemm_k_by_n_with_full_epilogue() {
         .collect();
     assert!(rel_error(&got, &want) < 1e-2);
 }
+
+#[test]
+fn gpu_gemm_tma_store_path_with_epilogues() {
+    // Shapes with enough 128×256 tiles and 16-byte aligned rows of C take the kernels that
+    // store C through shared memory and TMA; M = 1000 leaves a partial last tile-row.
+    use tessera_kernels::Activation;
+    let Some(dev) = gpu_or_skip("gpu_gemm_tma_store") else { return };
+    let plain = || Epi { alpha: 1.0, beta: None, beta_v: 0.0, bias: None, act: Activation::None, residual: None };
+    check_epilogue(&dev, 1000, 2048, 128, Epi { alpha: 0.5, bias: Some((random_bf16(2048), true)), act: Activation::GeluTanh, ..plain() });
+    check_epilogue(&dev, 1000, 2048, 128, Epi { bias: Some((random_bf16(1000), false)), act: Activation::Silu, ..plain() });
+    check_layout(&dev, 1, 1000, 2048, 200, false);
+    check_layout(&dev, 1, 1000, 2048, 200, true);
+}

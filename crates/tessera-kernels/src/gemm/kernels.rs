@@ -109,6 +109,7 @@ pub fn gemm_tn(a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, bias: Global<T
 pub fn gemm_nn(a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, bias: Global<T, 1>, alpha: f32, bias_kind: i32, act: i32) {
     let sa = Smem::<T, 128, 64>::ring(4);
     let sb = Smem::<T, 64, 256>::ring(4);
+    let sc = Smem::<T, 64, 64>::ring(4);
     let pipe = Pipeline::<4>::new(2);
     let k_steps = (a.dim(2) + 63) / 64;
     let tiles_m = (c.dim(1) + 127) / 128;
@@ -174,9 +175,13 @@ pub fn gemm_nn(a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, bias: Global<T
                 if act == 3 {
                     out = out / (1.0 + exp2(out * -1.4426950408889634));
                 }
-                c.store([bt, m0, n], out.cast::<T>());
+                let buf = (warpgroup::id() - 1) * 2 + j % 2;
+                tma::store_wait(1);
+                sc.at(buf).store(out.cast::<T>());
+                tma::store(c, [bt, m0, n], sc.at(buf));
             }
         }
+        tma::store_wait(0);
     }
 }
 

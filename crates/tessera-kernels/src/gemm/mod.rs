@@ -373,9 +373,9 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
         // Too few 128×256 tiles to fill the GPU (M = 128 decode shapes): 128×128 tiles give
         // twice the blocks.
         let few = (tiles(256) as usize) * 4 < device.sm_count() as usize;
-        // The TN kernel stores C by TMA: its rows must be 16-byte aligned.
+        // The 128×256 kernels store C by TMA: its rows must be 16-byte aligned.
         let es = std::mem::size_of::<T>();
-        let c_tma = kn || ((n * es).is_multiple_of(16) && (c.offset() * es).is_multiple_of(16));
+        let c_tma = (n * es).is_multiple_of(16) && (c.offset() * es).is_multiple_of(16);
         if !full && hopper && !few && c_tma {
             return T::gemm(device, tiles(256).into(), kn, &a, &b, c, c_shape, bias, (self.alpha, bias_kind, self.activation.code()));
         }
