@@ -70,6 +70,9 @@
 //!   views `a` (M×K) and `b` (N×K); `view.rows(r, 64)` selects rows; `mma_wait(n)` leaves
 //!   at most `n` groups in flight.
 //! - `setmaxnreg(n)` in each role's branch of `if warpgroup::id() == 0 { … } else { … }`.
+//! - `view.store(tile)` writes a register tile into a shared view (swizzled);
+//!   `tma::store(tensor, [i, j], view)` stores it with a TMA bulk copy (out-of-bounds elements
+//!   skipped), `tma::store_wait(n)` waits until at most `n` such stores still read shared memory.
 //!
 //! The same statements lower to `sm_80` too: TMA loads to `cp.async` by the producer
 //! warpgroup, the pipeline's waits to `mbarrier.test_wait`, `mma_sync` to `ldmatrix` +
