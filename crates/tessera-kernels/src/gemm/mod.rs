@@ -72,7 +72,7 @@ pub trait GemmElement: Element + sealed::Sealed {
         b: &View<Self>,
         c: &mut Tensor<Self>,
         c_shape: [usize; 3],
-        bias: &Tensor<Self>,
+        bias: &View<Self>,
         epi: (f32, i32, i32),
     ) -> Result<()>;
     #[doc(hidden)]
@@ -86,7 +86,7 @@ pub trait GemmElement: Element + sealed::Sealed {
         c: &mut Tensor<Self>,
         c_shape: [usize; 3],
         c_in: &View<Self>,
-        bias: &Tensor<Self>,
+        bias: &View<Self>,
         residual: &View<Self>,
         scalars: (f32, f32, i32, i32, i32),
     ) -> Result<()>;
@@ -123,7 +123,7 @@ macro_rules! gemm_element {
                 b: &View<Self>,
                 c: &mut Tensor<Self>,
                 c_shape: [usize; 3],
-                bias: &Tensor<Self>,
+                bias: &View<Self>,
                 epi: (f32, i32, i32),
             ) -> Result<()> {
                 let mut c = c.view_mut(&c_shape, &strides3(c_shape))?;
@@ -143,7 +143,7 @@ macro_rules! gemm_element {
                 c: &mut Tensor<Self>,
                 c_shape: [usize; 3],
                 c_in: &View<Self>,
-                bias: &Tensor<Self>,
+                bias: &View<Self>,
                 residual: &View<Self>,
                 (alpha, beta, bias_kind, act, add_residual): (f32, f32, i32, i32, i32),
             ) -> Result<()> {
@@ -360,10 +360,13 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
         let (mut pa, mut pb) = (None, None);
         let a = tma_ready(device, "a", self.a, [batch, m, k], &mut pa)?;
         let b = tma_ready(device, "b", self.b, sb, &mut pb)?;
-        // Operands the epilogue does not read: a one-element stand-in.
-        let unused = Tensor::<T>::zeros(device, &[1, 1, 1])?;
-        let unused1 = Tensor::<T>::zeros(device, &[1])?;
-        let bias = bias.unwrap_or(&unused1);
+        // Operands the epilogue does not read get a one-element view of `a` (never read, so
+        // no allocation on every call).
+        let bias = match bias {
+            Some(t) => t.view(t.shape(), t.strides())?,
+            None => self.a.view(&[1], &[1])?,
+        };
+        let bias = &bias;
         // The 128×256 kernels run on Hopper when the epilogue needs no extra M×N operand; the
         // 128×128 ones take everything else, and every sm_80 device.
         let full = self.c_in.is_some() || self.residual.is_some();
@@ -381,11 +384,11 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
         }
         let c_in = match self.c_in {
             Some(t) => view3(t, c_shape)?,
-            None => unused.view(&[1, 1, 1], &[1, 1, 1])?,
+            None => self.a.view(&[1, 1, 1], &[1, 1, 1])?,
         };
         let residual = match self.residual {
             Some(t) => view3(t, c_shape)?,
-            None => unused.view(&[1, 1, 1], &[1, 1, 1])?,
+            None => self.a.view(&[1, 1, 1], &[1, 1, 1])?,
         };
         let scalars = (
             self.alpha,
