@@ -35,7 +35,7 @@ fn main() {
         println!("gemm: skipped, no GPU");
         return;
     };
-    let blas = CudaBlas::new(dev.stream().clone()).expect("cublas");
+    let blas = CudaBlas::new(dev.stream().expect("a CUDA stream").clone()).expect("cublas");
     let shapes: &[(usize, usize, usize)] = &[
         (2048, 2048, 2048),
         (4096, 4096, 4096),
@@ -57,9 +57,9 @@ fn main() {
         let a = Tensor::from_host(&dev, &random(m * k), &[m, k]).expect("a");
         let b = Tensor::from_host(&dev, &random(n * k), &[n, k]).expect("b");
         let mut c = Tensor::<bf16>::zeros(&dev, &[m, n]).expect("c");
-        let a_raw = dev.stream().clone_htod(&a.to_host().expect("a")).expect("a raw");
-        let b_raw = dev.stream().clone_htod(&b.to_host().expect("b")).expect("b raw");
-        let mut c_raw = dev.stream().alloc_zeros::<bf16>(m * n).expect("c raw");
+        let a_raw = dev.stream().expect("a CUDA stream").clone_htod(&a.to_host().expect("a")).expect("a raw");
+        let b_raw = dev.stream().expect("a CUDA stream").clone_htod(&b.to_host().expect("b")).expect("b raw");
+        let mut c_raw = dev.stream().expect("a CUDA stream").alloc_zeros::<bf16>(m * n).expect("c raw");
         let cfg = cublas_tn(m, n, k);
         let mut ours = || tessera_kernels::gemm_tn(&dev, &a, &b, &mut c).expect("gemm");
         let mut theirs = || unsafe { blas.gemm(cfg, &b_raw, &a_raw, &mut c_raw) }.expect("cublas");
@@ -72,7 +72,7 @@ fn main() {
         let t_cublas = time_ms(&dev, 3, iters, &mut theirs);
         let t_ours = time_ms(&dev, 3, iters, &mut ours);
         // Both compute the same C: compare a few entries.
-        let (x, y) = (c.to_host().expect("c"), dev.stream().clone_dtoh(&c_raw).expect("c raw"));
+        let (x, y) = (c.to_host().expect("c"), dev.stream().expect("a CUDA stream").clone_dtoh(&c_raw).expect("c raw"));
         let diff = x.iter().zip(&y).take(4096).map(|(p, q)| (p.to_f32() - q.to_f32()).abs()).fold(0.0f32, f32::max);
         rows.push((name, flop / t_cublas * 1e-9, flop / t_ours * 1e-9, diff));
     }
@@ -81,16 +81,16 @@ fn main() {
         let a = Tensor::from_host(&dev, &rng.vec(m * k, bf16::from_f32), &[m, k]).expect("a");
         let b = Tensor::from_host(&dev, &rng.vec(k * n, bf16::from_f32), &[k, n]).expect("b");
         let mut c = Tensor::<bf16>::zeros(&dev, &[m, n]).expect("c");
-        let a_raw = dev.stream().clone_htod(&a.to_host().expect("a")).expect("a raw");
-        let b_raw = dev.stream().clone_htod(&b.to_host().expect("b")).expect("b raw");
-        let mut c_raw = dev.stream().alloc_zeros::<bf16>(m * n).expect("c raw");
+        let a_raw = dev.stream().expect("a CUDA stream").clone_htod(&a.to_host().expect("a")).expect("a raw");
+        let b_raw = dev.stream().expect("a CUDA stream").clone_htod(&b.to_host().expect("b")).expect("b raw");
+        let mut c_raw = dev.stream().expect("a CUDA stream").alloc_zeros::<bf16>(m * n).expect("c raw");
         let cfg = GemmConfig { transa: cublasOperation_t::CUBLAS_OP_N, lda: n as i32, ..cublas_tn(m, n, k) };
         let mut ours = || tessera_kernels::gemm(&a, &b).b_layout(tessera_kernels::BLayout::KxN).run(&dev, &mut c).expect("gemm kn");
         let mut theirs = || unsafe { blas.gemm(cfg, &b_raw, &a_raw, &mut c_raw) }.expect("cublas");
         let flop = 2.0 * (m * n * k) as f64;
         let t_cublas = time_ms(&dev, 3, 10, &mut theirs);
         let t_ours = time_ms(&dev, 3, 10, &mut ours);
-        let (x, y) = (c.to_host().expect("c"), dev.stream().clone_dtoh(&c_raw).expect("c raw"));
+        let (x, y) = (c.to_host().expect("c"), dev.stream().expect("a CUDA stream").clone_dtoh(&c_raw).expect("c raw"));
         let diff = x.iter().zip(&y).take(4096).map(|(p, q)| (p.to_f32() - q.to_f32()).abs()).fold(0.0f32, f32::max);
         rows.push((format!("{m}x{n}x{k} B:KxN"), flop / t_cublas * 1e-9, flop / t_ours * 1e-9, diff));
     }
@@ -103,9 +103,9 @@ fn main() {
     let bias = Tensor::from_host(&dev, &vec![bf16::from_f32(0.5); n], &[n]).expect("bias");
     let mut c = Tensor::<bf16>::zeros(&dev, &[m, n]).expect("c");
     let mut c2 = Tensor::<bf16>::zeros(&dev, &[m, n]).expect("c2");
-    let a_raw = dev.stream().clone_htod(&data).expect("a raw");
-    let b_raw = dev.stream().clone_htod(&data[..n * k]).expect("b raw");
-    let mut c_raw = dev.stream().alloc_zeros::<bf16>(m * n).expect("c raw");
+    let a_raw = dev.stream().expect("a CUDA stream").clone_htod(&data).expect("a raw");
+    let b_raw = dev.stream().expect("a CUDA stream").clone_htod(&data[..n * k]).expect("b raw");
+    let mut c_raw = dev.stream().expect("a CUDA stream").alloc_zeros::<bf16>(m * n).expect("c raw");
     let cfg = cublas_tn(m, n, k);
     let mut unfused = || {
         unsafe { blas.gemm(cfg, &b_raw, &a_raw, &mut c_raw) }.expect("cublas");

@@ -28,8 +28,8 @@ fn main() {
     let x = Tensor::from_host(&dev, &random(M * N), &[M, N]).expect("x");
     let mut y = Tensor::from_host(&dev, &random(M * N), &[M, N]).expect("y");
     let mut out = Tensor::<f32>::zeros(&dev, &[M]).expect("out");
-    let src = dev.stream().clone_htod(&random(M * N)).expect("src");
-    let mut dst = dev.stream().alloc_zeros::<f32>(M * N).expect("dst");
+    let src = dev.stream().expect("a CUDA stream").clone_htod(&random(M * N)).expect("src");
+    let mut dst = dev.stream().expect("a CUDA stream").alloc_zeros::<f32>(M * N).expect("dst");
 
     let mut criterion = Criterion::default()
         .configure_from_args()
@@ -44,7 +44,7 @@ fn main() {
     let mb = (M * N * 4) as f64;
     let mut rows: Vec<(&str, f64, f64)> = Vec::new();
     {
-        let mut f = || dev.stream().memcpy_dtod(&src, &mut dst).expect("copy");
+        let mut f = || dev.stream().expect("a CUDA stream").memcpy_dtod(&src, &mut dst).expect("copy");
         timed(&mut criterion, "copy", &mut f);
         rows.push(("copy (read+write)", 2.0 * mb, time_ms(&dev, 5, 20, f)));
     }

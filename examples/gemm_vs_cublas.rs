@@ -18,16 +18,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         _ => return Err("usage: gemm_vs_cublas M N K [ITERS]".into()),
     };
     let dev = Device::new(0)?;
-    let blas = CudaBlas::new(dev.stream().clone())?;
+    let blas = CudaBlas::new(dev.stream()?.clone())?;
     let mut rng = Uniform::new();
     let a_host = rng.vec(m * k, bf16::from_f32);
     let b_host = rng.vec(n * k, bf16::from_f32);
     let a = Tensor::from_host(&dev, &a_host, &[m, k])?;
     let b = Tensor::from_host(&dev, &b_host, &[n, k])?;
     let mut c = Tensor::<bf16>::zeros(&dev, &[m, n])?;
-    let a_raw = dev.stream().clone_htod(&a_host)?;
-    let b_raw = dev.stream().clone_htod(&b_host)?;
-    let mut c_raw = dev.stream().alloc_zeros::<bf16>(m * n)?;
+    let a_raw = dev.stream()?.clone_htod(&a_host)?;
+    let b_raw = dev.stream()?.clone_htod(&b_host)?;
+    let mut c_raw = dev.stream()?.alloc_zeros::<bf16>(m * n)?;
     // cuBLAS is column-major: the row-major C (M×N) = A·Bᵀ is Cᵀ (N×M) = B·Aᵀ there.
     let cfg = GemmConfig {
         transa: cublasOperation_t::CUBLAS_OP_T,

@@ -131,11 +131,11 @@ fn gpu_kernels_accept_cudarc_buffers() {
     let Some(dev) = gpu_or_skip("gpu_kernels_accept_cudarc_buffers") else { return };
     let (m, n) = (33, 65);
     let x = random(m * n, -1.0, 1.0);
-    let xb = dev.stream().clone_htod(&x).unwrap();
-    let mut yb = dev.stream().clone_htod(&vec![1.0f32; m * n]).unwrap();
+    let xb = dev.stream().expect("a CUDA stream").clone_htod(&x).unwrap();
+    let mut yb = dev.stream().expect("a CUDA stream").clone_htod(&vec![1.0f32; m * n]).unwrap();
     let grid = (tessera::Grid::tiles(n, 256), tessera::Grid::tiles(m, 16));
     tessera_kernels::axpy_f32::launch(&dev, grid, 2.0, &tessera::global(&xb, &[m, n]), &mut tessera::global_mut(&mut yb, &[m, n])).unwrap();
-    let got: Vec<f32> = dev.stream().clone_dtoh(&yb).unwrap();
+    let got: Vec<f32> = dev.stream().expect("a CUDA stream").clone_dtoh(&yb).unwrap();
     let want: Vec<f64> = x.iter().map(|&v| 2.0 * f64::from(v) + 1.0).collect();
     assert!(rel_error(&wide(&got), &want) < 1e-6);
 }

@@ -195,6 +195,7 @@ fn module(f: &syn::ItemFn, k: &CompiledKernel) -> TokenStream {
         quote!(::tessera::PtxVariant { target: #target, ptx: #ptx })
     });
     let (threads, shared, dynamic) = (k.threads, k.shared_bytes, k.dynamic_shared_bytes);
+    let tirh = &k.tirh_json;
     let mut args = Vec::new();
     let mut pushes = Vec::new();
     for (i, (pname, kind)) in k.params.iter().enumerate() {
@@ -234,6 +235,7 @@ fn module(f: &syn::ItemFn, k: &CompiledKernel) -> TokenStream {
                 shared_bytes: #shared,
                 dynamic_shared_bytes: #dynamic,
                 variants: &[#(#variants),*],
+                tirh: #tirh,
             };
 
             #[doc = #launch_doc]

@@ -3,7 +3,7 @@
 use std::fmt;
 
 /// The element type of a tile or a global tensor.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub enum DType {
     /// IEEE binary32.
     F32,
@@ -58,7 +58,7 @@ impl fmt::Display for DType {
 }
 
 /// The type of a uniform scalar value (the same in every thread of a warpgroup).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum ScalarType {
     /// 32-bit float.
     F32,

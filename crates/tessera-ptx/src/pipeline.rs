@@ -37,6 +37,8 @@ pub struct CompiledKernel {
     pub name: String,
     /// The `tirh` dump of the checked kernel.
     pub tirh: String,
+    /// The checked kernel as JSON, for the CPU interpreter.
+    pub tirh_json: String,
     /// Parameters and what they are.
     pub params: Vec<(String, ParamKind)>,
     /// Threads per block.
@@ -94,6 +96,7 @@ pub fn compile(ir: TileIr, opts: &CompileOptions) -> Result<CompiledKernel, Vec<
     Ok(CompiledKernel {
         name: ir.name.clone(),
         tirh: ir.to_string(),
+        tirh_json: ir.to_json(),
         params,
         threads: tirt.threads,
         shared_bytes: tirt.shared_bytes,

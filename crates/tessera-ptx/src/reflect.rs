@@ -98,6 +98,9 @@ pub struct KernelSpec {
     pub dynamic_shared_bytes: u32,
     /// One PTX module per target, best first.
     pub variants: &'static [PtxVariant],
+    /// The checked TIR-H as JSON ([`crate::tirh::TileIr::from_json`]): what the CPU
+    /// interpreter runs.
+    pub tirh: &'static str,
 }
 
 impl KernelSpec {

@@ -5,7 +5,9 @@ use cudarc::driver::{sys, CudaContext, CudaStream};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// A GPU to launch kernels on: a CUDA context, a stream, and the kernels loaded into it.
+/// Where kernels run: a GPU (a CUDA context, a stream, and the kernels loaded into it), or
+/// the CPU interpreter of TIR-H ([`Device::cpu`]), which takes the same launcher calls and
+/// the same [`Tensor`](crate::Tensor)s.
 ///
 /// Cloning is cheap and shares the stream and the module cache.
 ///
@@ -20,19 +22,35 @@ pub struct Device {
 }
 
 struct Inner {
-    stream: Arc<CudaStream>,
-    cc: (i32, i32),
+    backend: Backend,
     sm_count: u32,
     name: String,
-    modules: Mutex<HashMap<usize, Arc<LoadedKernel>>>,
     tma: crate::tma::TmaDescriptorCache,
     /// A target to load instead of the best one (see [`Device::with_target`]).
     target: Option<tessera_ptx::Target>,
 }
 
+/// Loaded kernels by the address of their PTX text.
+type ModuleCache = Mutex<HashMap<usize, Arc<LoadedKernel>>>;
+
+enum Backend {
+    Cuda {
+        stream: Arc<CudaStream>,
+        cc: (i32, i32),
+        modules: Mutex<HashMap<usize, Arc<LoadedKernel>>>,
+    },
+    /// The interpreter, running blocks on this many threads.
+    Cpu {
+        threads: usize,
+    },
+}
+
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Device({}, sm_{}{})", self.inner.name, self.inner.cc.0, self.inner.cc.1)
+        match &self.inner.backend {
+            Backend::Cuda { cc, .. } => write!(f, "Device({}, sm_{}{})", self.inner.name, cc.0, cc.1),
+            Backend::Cpu { .. } => write!(f, "Device({})", self.inner.name),
+        }
     }
 }
 
@@ -93,17 +111,60 @@ impl Device {
         let name = ctx.name()?;
         let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let sm_count = u32::try_from(sms).unwrap_or(1).max(1);
-        Ok(Device {
-            inner: Arc::new(Inner {
-                stream,
-                cc,
-                sm_count,
-                name,
-                modules: Mutex::new(HashMap::new()),
-                tma: Default::default(),
-                target: None,
-            }),
-        })
+        let backend = Backend::Cuda { stream, cc, modules: Mutex::new(HashMap::new()) };
+        Ok(Device { inner: Arc::new(Inner { backend, sm_count, name, tma: Default::default(), target: None }) })
+    }
+
+    /// The CPU interpreter of TIR-H, running a grid's blocks on as many threads as the machine
+    /// has cores. Kernels launch through the same calls as on a GPU, on tensors in host
+    /// memory made on this device; a launch returns when the kernel has finished.
+    ///
+    /// ```
+    /// let cpu = tessera::Device::cpu();
+    /// let x = tessera::Tensor::from_host(&cpu, &[1.0f32, 2.0], &[2])?;
+    /// assert_eq!(x.to_host()?, vec![1.0, 2.0]);
+    /// # Ok::<(), tessera::Error>(())
+    /// ```
+    pub fn cpu() -> Device {
+        Device::cpu_with_threads(std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+
+    /// The CPU interpreter on `threads` threads (at least one). Results do not depend on it.
+    pub fn cpu_with_threads(threads: usize) -> Device {
+        let threads = threads.max(1);
+        let name = format!("CPU interpreter ({threads} thread{})", if threads == 1 { "" } else { "s" });
+        let sm_count = u32::try_from(threads).unwrap_or(u32::MAX);
+        Device { inner: Arc::new(Inner { backend: Backend::Cpu { threads }, sm_count, name, tma: Default::default(), target: None }) }
+    }
+
+    /// GPU 0 if this machine has a usable one, else the CPU interpreter.
+    pub fn gpu_or_cpu() -> Device {
+        Device::new(0).unwrap_or_else(|_| Device::cpu())
+    }
+
+    /// The target asked for by [`Device::with_target`], if any.
+    pub fn asked_target(&self) -> Option<tessera_ptx::Target> {
+        self.inner.target
+    }
+
+    /// Whether this is the CPU interpreter.
+    pub fn is_cpu(&self) -> bool {
+        matches!(self.inner.backend, Backend::Cpu { .. })
+    }
+
+    /// Threads the interpreter runs blocks on (`None` on a GPU).
+    pub(crate) fn cpu_threads(&self) -> Option<usize> {
+        match self.inner.backend {
+            Backend::Cpu { threads } => Some(threads),
+            Backend::Cuda { .. } => None,
+        }
+    }
+
+    fn cuda(&self, what: &'static str) -> Result<(&Arc<CudaStream>, (i32, i32), &ModuleCache)> {
+        match &self.inner.backend {
+            Backend::Cuda { stream, cc, modules } => Ok((stream, *cc, modules)),
+            Backend::Cpu { .. } => Err(Error::NotCuda { what }),
+        }
     }
 
     /// A device on the same stream that loads `target`'s PTX wherever a kernel has it, e.g.
@@ -113,37 +174,45 @@ impl Device {
     /// # Errors
     /// [`Error::NoVariant`]-style checks happen at launch: a kernel without `target`'s PTX, or
     /// a target that cannot run on this device, is an error then.
+    /// On the CPU interpreter, the launchers choose kernels as they would for a GPU that
+    /// runs `target` (the interpreter runs any kernel's TIR-H).
     pub fn with_target(&self, target: tessera_ptx::Target) -> Device {
         let i = &self.inner;
+        let backend = match &i.backend {
+            Backend::Cuda { stream, cc, .. } => Backend::Cuda { stream: stream.clone(), cc: *cc, modules: Mutex::new(HashMap::new()) },
+            Backend::Cpu { threads } => Backend::Cpu { threads: *threads },
+        };
         Device {
-            inner: Arc::new(Inner {
-                stream: i.stream.clone(),
-                cc: i.cc,
-                sm_count: i.sm_count,
-                name: i.name.clone(),
-                modules: Mutex::new(HashMap::new()),
-                tma: Default::default(),
-                target: Some(target),
-            }),
+            inner: Arc::new(Inner { backend, sm_count: i.sm_count, name: i.name.clone(), tma: Default::default(), target: Some(target) }),
         }
     }
 
     /// The stream kernels launch on.
-    pub fn stream(&self) -> &Arc<CudaStream> {
-        &self.inner.stream
+    ///
+    /// # Errors
+    /// [`Error::NotCuda`] on the CPU interpreter.
+    pub fn stream(&self) -> Result<&Arc<CudaStream>> {
+        Ok(self.cuda("a CUDA stream")?.0)
     }
 
     /// The CUDA context.
-    pub fn context(&self) -> &Arc<CudaContext> {
-        self.inner.stream.context()
+    ///
+    /// # Errors
+    /// [`Error::NotCuda`] on the CPU interpreter.
+    pub fn context(&self) -> Result<&Arc<CudaContext>> {
+        Ok(self.cuda("a CUDA context")?.0.context())
     }
 
-    /// Compute capability `(major, minor)`.
+    /// Compute capability `(major, minor)`; `(0, 0)` on the CPU interpreter.
     pub fn compute_capability(&self) -> (i32, i32) {
-        self.inner.cc
+        match &self.inner.backend {
+            Backend::Cuda { cc, .. } => *cc,
+            Backend::Cpu { .. } => (0, 0),
+        }
     }
 
-    /// Streaming multiprocessors: the size of a persistent grid.
+    /// Streaming multiprocessors: the size of a persistent grid (the interpreter's threads on
+    /// the CPU).
     pub fn sm_count(&self) -> u32 {
         self.inner.sm_count
     }
@@ -155,12 +224,23 @@ impl Device {
 
     /// Waits for all work on the stream.
     pub fn synchronize(&self) -> Result<()> {
-        Ok(self.inner.stream.synchronize()?)
+        match &self.inner.backend {
+            Backend::Cuda { stream, .. } => Ok(stream.synchronize()?),
+            Backend::Cpu { .. } => Ok(()),
+        }
     }
 
     /// The target whose PTX this device loads for `spec`, if any fits.
+    ///
+    /// On the CPU interpreter: the target asked for by [`Device::with_target`] if the kernel
+    /// has it, else the kernel's best.
     pub fn target_for(&self, spec: &tessera_ptx::KernelSpec) -> Option<tessera_ptx::Target> {
-        let (major, minor) = self.inner.cc;
+        let Backend::Cuda { cc: (major, minor), .. } = self.inner.backend else {
+            return match self.inner.target {
+                Some(t) => spec.variants.iter().find(|v| v.target == t).map(|v| v.target),
+                None => spec.variants.first().map(|v| v.target),
+            };
+        };
         match self.inner.target {
             Some(t) => spec.variants.iter().find(|v| v.target == t && t.runs_on(major, minor)).map(|v| v.target),
             None => spec.variant_for(major, minor).map(|v| v.target),
@@ -169,7 +249,7 @@ impl Device {
 
     /// The kernel's best variant for this device, loaded once per device.
     pub(crate) fn kernel(&self, spec: &'static tessera_ptx::KernelSpec) -> Result<Arc<LoadedKernel>> {
-        let (major, minor) = self.inner.cc;
+        let (stream, (major, minor), modules) = self.cuda("loading PTX")?;
         let chosen = match self.inner.target {
             Some(t) => spec.variants.iter().find(|v| v.target == t && t.runs_on(major, minor)),
             None => spec.variant_for(major, minor),
@@ -182,11 +262,11 @@ impl Device {
             return Err(Error::NoVariant { kernel: spec.name, major, minor, available });
         };
         let key = variant.ptx.as_ptr() as usize;
-        let mut cache = self.inner.modules.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = modules.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(k) = cache.get(&key) {
             return Ok(k.clone());
         }
-        let ctx = self.context().clone();
+        let ctx = stream.context().clone();
         ctx.bind_to_thread()?;
         let load_err = |source| Error::ModuleLoad { kernel: spec.name, target: variant.target.name(), source };
         let src = std::ffi::CString::new(variant.ptx).map_err(|_| Error::Tensor {
@@ -237,6 +317,9 @@ impl Device {
 
     /// How many kernel variants this device has loaded.
     pub fn loaded_modules(&self) -> usize {
-        self.inner.modules.lock().map(|m| m.len()).unwrap_or(0)
+        match &self.inner.backend {
+            Backend::Cuda { modules, .. } => modules.lock().map(|m| m.len()).unwrap_or(0),
+            Backend::Cpu { .. } => 0,
+        }
     }
 }

@@ -72,6 +72,25 @@ pub enum Error {
         #[source]
         source: DriverError,
     },
+    /// Something only a GPU has was asked of the CPU interpreter.
+    #[error("{what} needs a CUDA device, and this one is the CPU interpreter")]
+    NotCuda {
+        /// What was asked for.
+        what: &'static str,
+    },
+    /// The CPU interpreter stopped a kernel: a deadlock, an access out of bounds, a read of
+    /// shared memory nothing wrote, a stage past its ring.
+    #[error("`{kernel}`, line {line} (`{text}`): {message}")]
+    Kernel {
+        /// The kernel.
+        kernel: &'static str,
+        /// The DSL source line.
+        line: u32,
+        /// The statement's text.
+        text: String,
+        /// What went wrong, naming the tensor, ring or barrier.
+        message: String,
+    },
     /// A CUDA driver call failed.
     #[error("CUDA driver call failed")]
     Driver(#[from] DriverError),

@@ -1,9 +1,8 @@
 //! Launching a kernel: argument checks against its reflection, then `cuLaunchKernel`.
 
 use crate::device::LoadedKernel;
-use crate::tensor::{Element, GlobalArg, GlobalArgMut, GlobalDesc};
+use crate::tensor::{ArgGuard, Element, GlobalArg, GlobalArgMut, GlobalDesc};
 use crate::{Device, Error, Result};
-use cudarc::driver::SyncOnDrop;
 use std::ffi::c_void;
 use std::sync::Arc;
 use tessera_ptx::{DType, KernelSpec, ParamKind};
@@ -68,20 +67,39 @@ enum Word {
     F32(f32),
     I32(i32),
     Map(Box<crate::tma::TensorMap>),
+    /// A tensor in host memory, for the CPU interpreter.
+    Host(GlobalDesc),
 }
 
 /// A launch being assembled: the typed launchers that `#[kernel]` generates use it.
 pub struct Launch<'d> {
     spec: &'static KernelSpec,
     device: &'d Device,
-    kernel: Arc<LoadedKernel>,
+    /// The loaded function; `None` on the CPU interpreter.
+    kernel: Option<Arc<LoadedKernel>>,
     words: Vec<Word>,
 }
 
 impl<'d> Launch<'d> {
     /// Starts a launch of `spec` on `device`, loading its module on first use.
+    ///
+    /// # Errors
+    /// No PTX variant for the device, a driver failure loading it; on the CPU interpreter, a
+    /// target asked for by [`Device::with_target`] that the kernel lacks.
     pub fn new(spec: &'static KernelSpec, device: &'d Device) -> Result<Self> {
-        let kernel = device.kernel(spec)?;
+        let kernel = if device.is_cpu() {
+            if device.target_for(spec).is_none() {
+                let available = spec.variants.iter().map(|v| v.target.name()).collect::<Vec<_>>().join(", ");
+                return Err(Error::TargetUnavailable {
+                    kernel: spec.name,
+                    target: device.asked_target().map_or("any", |t| t.name()),
+                    available,
+                });
+            }
+            None
+        } else {
+            Some(device.kernel(spec)?)
+        };
         Ok(Launch { spec, device, kernel, words: Vec::new() })
     }
 
@@ -101,26 +119,28 @@ impl<'d> Launch<'d> {
     }
 
     /// Adds a tensor the kernel reads. Keep the returned guard until [`Launch::launch`].
-    pub fn global<'a, T: Element>(&mut self, index: usize, arg: &'a impl GlobalArg<T>) -> Result<SyncOnDrop<'a>>
+    pub fn global<'a, T: Element>(&mut self, index: usize, arg: &'a impl GlobalArg<T>) -> Result<ArgGuard<'a>>
     where
         'd: 'a,
     {
-        let (desc, guard) = arg.global_desc(self.device.stream());
-        self.push_global::<T>(index, &desc)?;
+        let (desc, guard) =
+            arg.global_desc(self.device).map_err(|e| self.arg_err(index, "a tensor this device can read", e.to_string()))?;
+        self.push_global::<T>(index, desc)?;
         Ok(guard)
     }
 
     /// Adds a tensor the kernel writes. Keep the returned guard until [`Launch::launch`].
-    pub fn global_mut<'a, T: Element>(&mut self, index: usize, arg: &'a mut impl GlobalArgMut<T>) -> Result<SyncOnDrop<'a>>
+    pub fn global_mut<'a, T: Element>(&mut self, index: usize, arg: &'a mut impl GlobalArgMut<T>) -> Result<ArgGuard<'a>>
     where
         'd: 'a,
     {
-        let (desc, guard) = arg.global_desc_mut(self.device.stream());
-        self.push_global::<T>(index, &desc)?;
+        let (desc, guard) =
+            arg.global_desc_mut(self.device).map_err(|e| self.arg_err(index, "a tensor this device can write", e.to_string()))?;
+        self.push_global::<T>(index, desc)?;
         Ok(guard)
     }
 
-    fn push_global<T: Element>(&mut self, index: usize, d: &GlobalDesc) -> Result<()> {
+    fn push_global<T: Element>(&mut self, index: usize, d: GlobalDesc) -> Result<()> {
         let Some(ParamKind::Global { dtype, rank, tma, .. }) = self.spec.params.get(index).map(|p| p.kind) else {
             return Err(self.arg_err(index, "a scalar", format!("a tensor of {}", T::DTYPE)));
         };
@@ -130,8 +150,15 @@ impl<'d> Launch<'d> {
         if d.shape.len() != rank as usize {
             return Err(self.arg_err(index, format!("a rank-{rank} tensor"), format!("shape {:?} (rank {})", d.shape, d.shape.len())));
         }
-        if d.context != self.device.context().cu_ctx() as usize {
-            return Err(self.arg_err(index, format!("a tensor on {}", self.device.name()), "a tensor from another device or context"));
+        match (self.kernel.is_none(), d.host.is_some()) {
+            (true, false) => return Err(self.arg_err(index, "a tensor in host memory, made on the CPU interpreter", "a GPU tensor")),
+            (false, true) => {
+                return Err(self.arg_err(index, format!("a tensor on {}", self.device.name()), "a tensor of the CPU interpreter"))
+            }
+            (false, false) if d.context != self.device.context()?.cu_ctx() as usize => {
+                return Err(self.arg_err(index, format!("a tensor on {}", self.device.name()), "a tensor from another device or context"))
+            }
+            _ => {}
         }
         let size = dtype.size() as u64;
         if !d.ptr.is_multiple_of(size) {
@@ -146,11 +173,16 @@ impl<'d> Launch<'d> {
                 format!("{bad} (shape {:?}, strides {:?})", d.shape, d.strides),
             ));
         }
+        let Some(kernel) = &self.kernel else {
+            self.words.push(Word::Host(d));
+            return Ok(());
+        };
+        let sm80 = kernel.target == tessera_ptx::Target::Sm80;
         self.words.push(Word::U64(d.ptr));
         // `limit` above keeps every value in u32.
         self.words.extend(d.shape.iter().map(|&x| Word::U32(x as u32)));
         self.words.extend(d.strides.iter().map(|&x| Word::U32(x as u32)));
-        if tma.is_some() && self.kernel.target == tessera_ptx::Target::Sm80 {
+        if tma.is_some() && sm80 {
             // The sm_80 lowering copies with cp.async: the map is passed but never read.
             self.words.push(Word::Map(Box::new(crate::tma::TensorMap([0; 16]))));
         } else if let Some(b) = tma {
@@ -185,6 +217,7 @@ impl<'d> Launch<'d> {
             .params
             .iter()
             .map(|p| match p.kind {
+                ParamKind::Global { .. } if self.kernel.is_none() => 1,
                 ParamKind::Global { rank, tma, .. } => 1 + 2 * rank as usize + usize::from(tma.is_some()),
                 ParamKind::Scalar(_) => 1,
             })
@@ -197,6 +230,20 @@ impl<'d> Launch<'d> {
                 found: "fewer".into(),
             });
         }
+        let Some(kernel) = self.kernel.clone() else {
+            let args = self
+                .words
+                .into_iter()
+                .map(|w| match w {
+                    Word::F32(x) => crate::interp::Arg::F32(x),
+                    Word::I32(x) => crate::interp::Arg::I32(x),
+                    Word::Host(d) => crate::interp::Arg::Global(d),
+                    // Only scalars and host tensors are pushed for the interpreter.
+                    Word::U64(_) | Word::U32(_) | Word::Map(_) => crate::interp::Arg::I32(0),
+                })
+                .collect();
+            return crate::interp::launch(self.spec, self.device, grid, args);
+        };
         let mut ptrs: Vec<*mut c_void> = self
             .words
             .iter_mut()
@@ -206,9 +253,10 @@ impl<'d> Launch<'d> {
                 Word::F32(x) => (x as *mut f32).cast(),
                 Word::I32(x) => (x as *mut i32).cast(),
                 Word::Map(m) => (&mut **m as *mut crate::tma::TensorMap).cast(),
+                Word::Host(d) => (&mut d.ptr as *mut u64).cast(),
             })
             .collect();
-        let stream = self.device.stream();
+        let stream = self.device.stream()?;
         stream.context().bind_to_thread()?;
         // SAFETY: the function was loaded into this context; `ptrs` point at one value per
         // PTX parameter, in order and of the declared sizes (checked above against the
@@ -216,7 +264,7 @@ impl<'d> Launch<'d> {
         // passed, which were checked against their buffers.
         unsafe {
             cudarc::driver::result::launch_kernel(
-                self.kernel.function,
+                kernel.function,
                 (grid.x, grid.y, grid.z),
                 (self.spec.threads, 1, 1),
                 self.spec.dynamic_shared_bytes,

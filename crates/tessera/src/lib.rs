@@ -85,6 +85,7 @@
 
 mod device;
 mod error;
+mod interp;
 mod launch;
 mod tensor;
 pub mod testing;
@@ -95,7 +96,8 @@ pub use error::{Error, Result};
 pub use half::{bf16, f16};
 pub use launch::{Grid, Launch, ScalarArg};
 pub use tensor::{
-    contiguous_strides, global, global_mut, CudaGlobal, Element, GlobalArg, GlobalArgMut, GlobalDesc, Tensor, TensorView, TensorViewMut,
+    contiguous_strides, global, global_mut, ArgGuard, CudaGlobal, Element, GlobalArg, GlobalArgMut, GlobalDesc, HostBuffer, Tensor,
+    TensorView, TensorViewMut,
 };
 pub use tessera_macros::kernel;
 pub use tessera_ptx::{DType, KernelSpec, ParamInfo, ParamKind, PtxVariant, Target, TmaBox};

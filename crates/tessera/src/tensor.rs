@@ -6,7 +6,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr,
 use tessera_ptx::DType;
 
 /// An element type a kernel can read and write.
-pub trait Element: DeviceRepr + ValidAsZeroBits + Copy + Default + std::fmt::Debug + Send + Sync + 'static {
+pub trait Element: DeviceRepr + ValidAsZeroBits + bytemuck::Pod + Default + std::fmt::Debug + Send + Sync + 'static {
     /// Its dtype in the DSL.
     const DTYPE: DType;
 }
@@ -36,7 +36,7 @@ impl Element for i32 {
 /// # Ok::<(), tessera::Error>(())
 /// ```
 pub struct Tensor<T: Element> {
-    buf: CudaSlice<T>,
+    buf: Storage<T>,
     offset: usize,
     shape: Vec<usize>,
     strides: Vec<usize>,
@@ -46,6 +46,47 @@ pub struct Tensor<T: Element> {
 impl<T: Element> std::fmt::Debug for Tensor<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Tensor<{}>(shape {:?}, strides {:?}, offset {})", T::DTYPE, self.shape, self.strides, self.offset)
+    }
+}
+
+/// Where a tensor's elements live.
+enum Storage<T> {
+    Cuda(CudaSlice<T>),
+    Host(HostBuffer),
+}
+
+impl<T> Storage<T> {
+    fn len(&self) -> usize {
+        match self {
+            Storage::Cuda(b) => b.len(),
+            Storage::Host(h) => h.len,
+        }
+    }
+}
+
+/// A tensor's elements in host memory, for the CPU interpreter: bytes behind a lock, shared
+/// by the tensor and the launches that use it.
+#[derive(Clone)]
+pub struct HostBuffer {
+    pub(crate) bytes: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    /// Elements.
+    pub(crate) len: usize,
+}
+
+impl std::fmt::Debug for HostBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HostBuffer({} elements)", self.len)
+    }
+}
+
+impl HostBuffer {
+    fn new<T: Element>(data: &[T]) -> HostBuffer {
+        HostBuffer { bytes: std::sync::Arc::new(std::sync::Mutex::new(bytemuck::cast_slice(data).to_vec())), len: data.len() }
+    }
+
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
+        // A panic elsewhere while holding the lock leaves plain bytes: still usable.
+        self.bytes.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -80,14 +121,18 @@ impl<T: Element> Tensor<T> {
                 found: format!("{} elements", data.len()),
             });
         }
-        let buf = device.stream().clone_htod(data)?;
+        let buf = if device.is_cpu() { Storage::Host(HostBuffer::new(data)) } else { Storage::Cuda(device.stream()?.clone_htod(data)?) };
         Ok(Tensor { buf, offset: 0, shape: shape.to_vec(), strides: contiguous_strides(shape), device: device.clone() })
     }
 
     /// A row-major tensor of `shape` filled with zeros.
     pub fn zeros(device: &Device, shape: &[usize]) -> Result<Tensor<T>> {
         let n = numel(shape)?;
-        let buf = device.stream().alloc_zeros::<T>(n.max(1))?;
+        let buf = if device.is_cpu() {
+            Storage::Host(HostBuffer::new(&vec![T::zeroed(); n.max(1)]))
+        } else {
+            Storage::Cuda(device.stream()?.alloc_zeros::<T>(n.max(1))?)
+        };
         Ok(Tensor { buf, offset: 0, shape: shape.to_vec(), strides: contiguous_strides(shape), device: device.clone() })
     }
 
@@ -99,9 +144,11 @@ impl<T: Element> Tensor<T> {
     /// Wraps a cudarc buffer as a row-major tensor of `shape`.
     ///
     /// # Errors
-    /// [`Error::Tensor`] if the buffer holds fewer elements than `shape` needs.
+    /// [`Error::Tensor`] if the buffer holds fewer elements than `shape` needs;
+    /// [`Error::NotCuda`] if `device` is the CPU interpreter.
     pub fn from_cudarc(device: &Device, buf: CudaSlice<T>, shape: &[usize]) -> Result<Tensor<T>> {
-        Tensor { buf, offset: 0, shape: Vec::new(), strides: Vec::new(), device: device.clone() }.restride(
+        device.stream()?;
+        Tensor { buf: Storage::Cuda(buf), offset: 0, shape: Vec::new(), strides: Vec::new(), device: device.clone() }.restride(
             0,
             shape,
             &contiguous_strides(shape),
@@ -148,8 +195,14 @@ impl<T: Element> Tensor<T> {
     }
 
     /// The underlying cudarc buffer (the view's offset, shape and strides are dropped).
-    pub fn into_cudarc(self) -> CudaSlice<T> {
-        self.buf
+    ///
+    /// # Errors
+    /// [`Error::NotCuda`] for a tensor of the CPU interpreter.
+    pub fn into_cudarc(self) -> Result<CudaSlice<T>> {
+        match self.buf {
+            Storage::Cuda(b) => Ok(b),
+            Storage::Host(_) => Err(Error::NotCuda { what: "Tensor::into_cudarc" }),
+        }
     }
 
     /// The shape.
@@ -184,7 +237,10 @@ impl<T: Element> Tensor<T> {
 
     /// Downloads the view's elements in row-major order.
     pub fn to_host(&self) -> Result<Vec<T>> {
-        let all: Vec<T> = self.device.stream().clone_dtoh(&self.buf)?;
+        let all: Vec<T> = match &self.buf {
+            Storage::Cuda(b) => self.device.stream()?.clone_dtoh(b)?,
+            Storage::Host(h) => bytemuck::pod_collect_to_vec(&h.lock()),
+        };
         if self.is_contiguous() {
             return Ok(all[self.offset..self.offset + self.numel()].to_vec());
         }
@@ -213,7 +269,10 @@ impl<T: Element> Tensor<T> {
                 found: format!("{} elements, strides {:?}", data.len(), self.strides),
             });
         }
-        self.device.stream().clone().memcpy_htod(data, &mut self.buf)?;
+        match &mut self.buf {
+            Storage::Cuda(b) => self.device.stream()?.clone().memcpy_htod(data, b)?,
+            Storage::Host(h) => h.lock().copy_from_slice(bytemuck::cast_slice(data)),
+        }
         Ok(())
     }
 }
@@ -291,20 +350,20 @@ impl<T: Element> TensorView<'_, T> {
 }
 
 impl<T: Element> GlobalArg<T> for TensorView<'_, T> {
-    fn global_desc<'a>(&'a self, stream: &'a CudaStream) -> (GlobalDesc, SyncOnDrop<'a>) {
-        let (mut d, g) = self.t.global_desc(stream);
+    fn global_desc<'a>(&'a self, device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)> {
+        let (mut d, g) = self.t.global_desc(device)?;
         d.shape.clone_from(&self.shape);
         d.strides.clone_from(&self.strides);
-        (d, g)
+        Ok((d, g))
     }
 }
 
 impl<T: Element> GlobalArgMut<T> for TensorViewMut<'_, T> {
-    fn global_desc_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (GlobalDesc, SyncOnDrop<'a>) {
-        let (mut d, g) = self.t.global_desc_mut(stream);
+    fn global_desc_mut<'a>(&'a mut self, device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)> {
+        let (mut d, g) = self.t.global_desc_mut(device)?;
         d.shape.clone_from(&self.shape);
         d.strides.clone_from(&self.strides);
-        (d, g)
+        Ok((d, g))
     }
 }
 
@@ -317,41 +376,75 @@ pub struct GlobalDesc {
     pub shape: Vec<usize>,
     /// Stride per dimension, in elements.
     pub strides: Vec<usize>,
-    /// The CUDA context that owns the memory.
+    /// The CUDA context that owns the memory (0 for host memory).
     pub context: usize,
+    /// The host buffer, for a tensor of the CPU interpreter (`ptr` is then a byte offset
+    /// into it).
+    pub host: Option<HostBuffer>,
 }
+
+/// Keeps a launch ordered after the stream's earlier use of a buffer (cudarc's event guard);
+/// nothing for host memory. Hold it until the launch is queued.
+pub struct ArgGuard<'a>(#[allow(dead_code)] Option<SyncOnDrop<'a>>);
 
 /// A tensor a kernel reads: [`Tensor`], or a cudarc buffer through [`global`].
 pub trait GlobalArg<T: Element> {
-    /// The tensor's address, shape and strides, ordered after earlier writes on `stream`.
-    /// Keep the guard until the launch is queued.
-    fn global_desc<'a>(&'a self, stream: &'a CudaStream) -> (GlobalDesc, SyncOnDrop<'a>);
+    /// The tensor's address, shape and strides, ordered after earlier writes on `device`'s
+    /// stream. Keep the guard until the launch is queued.
+    ///
+    /// # Errors
+    /// A cudarc buffer given to the CPU interpreter.
+    fn global_desc<'a>(&'a self, device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)>;
 }
 
 /// A tensor a kernel writes: [`Tensor`], or a cudarc buffer through [`global_mut`].
 pub trait GlobalArgMut<T: Element> {
     /// As [`GlobalArg::global_desc`], ordered after earlier reads and writes.
-    fn global_desc_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (GlobalDesc, SyncOnDrop<'a>);
+    ///
+    /// # Errors
+    /// A cudarc buffer given to the CPU interpreter.
+    fn global_desc_mut<'a>(&'a mut self, device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)>;
 }
 
 fn desc(ptr: u64, offset: usize, size: usize, shape: &[usize], strides: &[usize], ctx: usize) -> GlobalDesc {
-    GlobalDesc { ptr: ptr + (offset * size) as u64, shape: shape.to_vec(), strides: strides.to_vec(), context: ctx }
+    GlobalDesc { ptr: ptr + (offset * size) as u64, shape: shape.to_vec(), strides: strides.to_vec(), context: ctx, host: None }
+}
+
+/// The stream that orders a GPU buffer's use: the launch device's, or the buffer's own
+/// device's when the launch is on the CPU (the launch then rejects the tensor).
+fn order_on<'a>(launch: &'a Device, own: &'a Device) -> Result<&'a CudaStream> {
+    Ok(launch.stream().or_else(|_| own.stream())?.as_ref())
 }
 
 impl<T: Element> GlobalArg<T> for Tensor<T> {
-    fn global_desc<'a>(&'a self, stream: &'a CudaStream) -> (GlobalDesc, SyncOnDrop<'a>) {
-        let ctx = self.buf.context().cu_ctx() as usize;
-        let (ptr, guard) = self.buf.device_ptr(stream);
-        (desc(ptr, self.offset, std::mem::size_of::<T>(), &self.shape, &self.strides, ctx), guard)
+    fn global_desc<'a>(&'a self, device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)> {
+        let size = std::mem::size_of::<T>();
+        match &self.buf {
+            Storage::Cuda(buf) => {
+                let ctx = buf.context().cu_ctx() as usize;
+                let (ptr, guard) = buf.device_ptr(order_on(device, &self.device)?);
+                Ok((desc(ptr, self.offset, size, &self.shape, &self.strides, ctx), ArgGuard(Some(guard))))
+            }
+            Storage::Host(h) => {
+                let d = GlobalDesc { host: Some(h.clone()), ..desc(0, self.offset, size, &self.shape, &self.strides, 0) };
+                Ok((d, ArgGuard(None)))
+            }
+        }
     }
 }
 
 impl<T: Element> GlobalArgMut<T> for Tensor<T> {
-    fn global_desc_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (GlobalDesc, SyncOnDrop<'a>) {
-        let ctx = self.buf.context().cu_ctx() as usize;
+    fn global_desc_mut<'a>(&'a mut self, device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)> {
+        let size = std::mem::size_of::<T>();
         let (offset, shape, strides) = (self.offset, self.shape.clone(), self.strides.clone());
-        let (ptr, guard) = self.buf.device_ptr_mut(stream);
-        (desc(ptr, offset, std::mem::size_of::<T>(), &shape, &strides, ctx), guard)
+        match &mut self.buf {
+            Storage::Cuda(buf) => {
+                let ctx = buf.context().cu_ctx() as usize;
+                let (ptr, guard) = buf.device_ptr_mut(order_on(device, &self.device)?);
+                Ok((desc(ptr, offset, size, &shape, &strides, ctx), ArgGuard(Some(guard))))
+            }
+            Storage::Host(h) => Ok((GlobalDesc { host: Some(h.clone()), ..desc(0, offset, size, &shape, &strides, 0) }, ArgGuard(None))),
+        }
     }
 }
 
@@ -385,21 +478,21 @@ fn clamp_shape(shape: &[usize], len: usize) -> Vec<usize> {
 }
 
 impl<T: Element> GlobalArg<T> for CudaGlobal<&CudaSlice<T>> {
-    fn global_desc<'a>(&'a self, stream: &'a CudaStream) -> (GlobalDesc, SyncOnDrop<'a>) {
+    fn global_desc<'a>(&'a self, device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)> {
         let ctx = self.buf.context().cu_ctx() as usize;
         let shape = clamp_shape(&self.shape, self.buf.len());
         let strides = contiguous_strides(&self.shape);
-        let (ptr, guard) = self.buf.device_ptr(stream);
-        (desc(ptr, 0, 0, &shape, &strides, ctx), guard)
+        let (ptr, guard) = self.buf.device_ptr(device.stream()?);
+        Ok((desc(ptr, 0, 0, &shape, &strides, ctx), ArgGuard(Some(guard))))
     }
 }
 
 impl<T: Element> GlobalArgMut<T> for CudaGlobal<&mut CudaSlice<T>> {
-    fn global_desc_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (GlobalDesc, SyncOnDrop<'a>) {
+    fn global_desc_mut<'a>(&'a mut self, device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)> {
         let ctx = self.buf.context().cu_ctx() as usize;
         let shape = clamp_shape(&self.shape, self.buf.len());
         let strides = contiguous_strides(&self.shape);
-        let (ptr, guard) = self.buf.device_ptr_mut(stream);
-        (desc(ptr, 0, 0, &shape, &strides, ctx), guard)
+        let (ptr, guard) = self.buf.device_ptr_mut(device.stream()?);
+        Ok((desc(ptr, 0, 0, &shape, &strides, ctx), ArgGuard(Some(guard))))
     }
 }

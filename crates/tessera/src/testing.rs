@@ -47,19 +47,28 @@ pub fn rel_error(got: &[f64], want: &[f64]) -> f64 {
 ///
 /// # Errors
 /// A driver error from creating, recording or reading the events.
+///
+/// On the CPU interpreter, wall-clock time (launches there return when done).
 pub fn time_ms(device: &Device, warm: usize, iters: usize, mut f: impl FnMut()) -> crate::Result<f64> {
     use cudarc::driver::sys::CUevent_flags;
     for _ in 0..warm {
         f();
     }
-    let ctx = device.context();
+    if device.is_cpu() {
+        let t = std::time::Instant::now();
+        for _ in 0..iters.max(1) {
+            f();
+        }
+        return Ok(t.elapsed().as_secs_f64() * 1e3 / iters.max(1) as f64);
+    }
+    let ctx = device.context()?;
     let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
     let stop = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-    start.record(device.stream())?;
+    start.record(device.stream()?)?;
     for _ in 0..iters.max(1) {
         f();
     }
-    stop.record(device.stream())?;
+    stop.record(device.stream()?)?;
     stop.synchronize()?;
     Ok(f64::from(start.elapsed_ms(&stop)?) / iters.max(1) as f64)
 }

@@ -13,12 +13,13 @@
 mod display;
 
 use crate::dtype::{DType, ScalarType};
+use serde::{Deserialize, Serialize};
 
 /// Where a node came from in the DSL source.
 ///
 /// `span` indexes the frontend's table of spans; `line`/`col` are 1-based for dumps and
 /// PTX comments.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct SourceLoc {
     /// Index into the frontend's span table.
     pub span: u32,
@@ -29,7 +30,7 @@ pub struct SourceLoc {
 }
 
 /// The shape and element type of a register tile, `Tile<T, M, N>`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct TileType {
     /// Element type.
     pub dtype: DType,
@@ -47,7 +48,7 @@ impl std::fmt::Display for TileType {
 
 /// A ring of `stages` shared-memory tiles of `rows×cols` elements, swizzled as TMA and wgmma
 /// read them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct SmemType {
     /// Element type.
     pub dtype: DType,
@@ -90,7 +91,7 @@ impl SmemType {
 }
 
 /// The type of a value in TIR-H.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Type {
     /// A uniform scalar.
     Scalar(ScalarType),
@@ -139,7 +140,7 @@ impl std::fmt::Display for Type {
 }
 
 /// A kernel parameter.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Param {
     /// The Rust name.
     pub name: String,
@@ -150,7 +151,7 @@ pub struct Param {
 }
 
 /// A kernel in TIR-H.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TileIr {
     /// The kernel's name (the Rust function's).
     pub name: String,
@@ -165,6 +166,20 @@ pub struct TileIr {
 }
 
 impl TileIr {
+    /// The kernel as JSON: the macro embeds it for the CPU interpreter.
+    pub fn to_json(&self) -> String {
+        // Serializing plain data with string keys cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Reads a kernel back from [`TileIr::to_json`]'s text.
+    ///
+    /// # Errors
+    /// The parser's message, if `text` is not such a kernel (e.g. written by another version).
+    pub fn from_json(text: &str) -> Result<TileIr, String> {
+        serde_json::from_str(text).map_err(|e| e.to_string())
+    }
+
     /// Whether the kernel stores into the global `name` anywhere.
     pub fn writes(&self, name: &str) -> bool {
         fn any(body: &[Stmt], name: &str) -> bool {
@@ -180,7 +195,7 @@ impl TileIr {
 }
 
 /// A statement.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Stmt {
     /// What it does.
     pub kind: StmtKind,
@@ -191,7 +206,7 @@ pub struct Stmt {
 }
 
 /// The kinds of statement.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum StmtKind {
     /// `let [mut] name[: ty] = value;`
     Let {
@@ -312,7 +327,7 @@ pub enum StmtKind {
 }
 
 /// An expression. `ty` is filled by the type checker.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Expr {
     /// What it computes.
     pub kind: ExprKind,
@@ -339,7 +354,7 @@ impl Expr {
 }
 
 /// Binary operators.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum BinOp {
     /// `+`
     Add,
@@ -402,7 +417,7 @@ impl BinOp {
 }
 
 /// Unary elementwise functions and operators.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum UnOp {
     /// `-x`
     Neg,
@@ -439,7 +454,7 @@ impl UnOp {
 }
 
 /// Reductions over one axis of a tile.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ReduceOp {
     /// Sum.
     Sum,
@@ -461,7 +476,7 @@ impl ReduceOp {
 }
 
 /// Built-in uniform indices.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Builtin {
     /// `block::id_x()` (`y`, `z`): the block's index in the grid.
     BlockId(u8),
@@ -472,14 +487,14 @@ pub enum Builtin {
 }
 
 /// The kinds of expression.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum ExprKind {
     /// A bound name: a `let`, a loop variable or a parameter.
     Var(String),
     /// An integer literal.
     Int(i64),
-    /// A float literal.
-    Float(f64),
+    /// A float literal (carried as its bits in JSON, which has no infinities).
+    Float(#[serde(with = "f64_bits")] f64),
     /// `true`/`false`.
     Bool(bool),
     /// A binary operator or `max`/`min`.
@@ -573,4 +588,17 @@ pub enum ExprKind {
         /// The tile.
         value: Box<Expr>,
     },
+}
+
+/// `f64` as its IEEE bits, so that infinities and NaN survive JSON.
+mod f64_bits {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(v.to_bits())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        u64::deserialize(d).map(f64::from_bits)
+    }
 }

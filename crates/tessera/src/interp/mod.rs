@@ -1,0 +1,898 @@
+//! The CPU interpreter of TIR-H: what [`Device::cpu`](crate::Device::cpu) runs kernels on.
+//!
+//! A kernel's checked TIR-H travels in its [`KernelSpec`] as JSON; the first launch parses it
+//! once. The semantics are the GPU's, at the granularity TIR-H speaks of:
+//!
+//! - **Blocks** of the grid are independent; they run on a pool of threads, taking block
+//!   indices in order. Results do not depend on the number of threads (a kernel whose blocks
+//!   write the same element races on the GPU too).
+//! - **Warpgroups** of a block run concurrently as coroutines: each runs until it must wait
+//!   on a pipeline barrier, then the next one runs. If every live warpgroup waits and none
+//!   can arrive, the launch ends with [`Error::Kernel`] naming the barrier, its stage and
+//!   phase, and each warpgroup's statement — where the GPU would hang.
+//! - **Pipelines** are mbarriers as the hardware keeps them: a pending-arrival count, a
+//!   transaction-byte count and a phase. `acquire` waits on the stage's empty barrier with
+//!   parity `phase ^ 1`, `wait` on its full barrier with parity `phase`; each warpgroup keeps
+//!   its own `(stage, phase)`, as each thread does in registers on the GPU. A TMA load
+//!   expects and completes its bytes on the stage's full barrier at once (a schedule the
+//!   hardware may take); a panel of a wide box that starts past the tensor is not copied
+//!   (nor counted), as on the GPU.
+//! - **Values**: scalars are `i32` (wrapping), `f32` and `bool`; tile elements are kept in
+//!   their dtype (bf16 and f16 rounded to nearest even, saturating to infinity, as `cvt.rn`
+//!   does) and computed in f32. `mma_sync` multiplies exactly and accumulates in f32.
+//!   `exp2`, `tanh` and `rsqrt` are exact here where the GPU uses approximations (a few ulp).
+//! - **Shared memory** is kept unswizzled (swizzle is a physical layout TIR-H never sees)
+//!   with a written flag per element. An MMA that reads an element nothing wrote taints the
+//!   accumulator entries it feeds; storing a tainted entry to global memory, or TMA-storing a
+//!   shared element nothing wrote, is an error naming the ring and the line that read it.
+//!   (Tainted entries that are never stored are fine: on the GPU they are the garbage columns
+//!   past a tensor's edge.) Writing a shared view while a TMA store still reads it — before
+//!   `tma::store_wait` — is an error too.
+//! - **Global memory** accesses are masked as on the GPU (loads fill, stores skip); an access
+//!   that still falls outside a tensor's buffer is an error naming the tensor and the line.
+
+mod value;
+
+use crate::tensor::{GlobalDesc, HostBuffer};
+use crate::{Device, Error, Grid, Result};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use tessera_ptx::tirh::{Builtin, Expr, ExprKind, SmemType, Stmt, StmtKind, TileIr, Type};
+use tessera_ptx::{DType, KernelSpec};
+use value::{Poison, Tile, Val};
+
+/// A launch argument, in parameter order.
+pub(crate) enum Arg {
+    F32(f32),
+    I32(i32),
+    Global(GlobalDesc),
+}
+
+/// A kernel parsed for the interpreter: its TIR-H and the shared objects it allocates.
+struct Program {
+    ir: TileIr,
+    /// `(name, type)` of each `Smem::ring`, in the order the body mentions them.
+    rings: Vec<(String, SmemType)>,
+    /// `(name, stages, consumers)` of each `Pipeline::new`.
+    pipes: Vec<(String, u32, u32)>,
+    /// The ring or pipeline index of each allocating expression, by its address in `ir`.
+    slots: HashMap<usize, usize>,
+}
+
+fn program(spec: &'static KernelSpec) -> Result<Arc<Program>> {
+    static PROGRAMS: OnceLock<Mutex<HashMap<usize, Arc<Program>>>> = OnceLock::new();
+    let key = spec.tirh.as_ptr() as usize;
+    let mut cache = PROGRAMS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(p) = cache.get(&key) {
+        return Ok(p.clone());
+    }
+    let ir = TileIr::from_json(spec.tirh).map_err(|why| Error::Tensor {
+        what: "reading a kernel's TIR-H for the CPU interpreter",
+        expected: format!("the JSON that this version of tessera embeds (kernel `{}`)", spec.name),
+        found: why,
+    })?;
+    // Box the IR first, so that the addresses scanned stay valid.
+    let mut p = Arc::new(Program { ir, rings: Vec::new(), pipes: Vec::new(), slots: HashMap::new() });
+    let scanned = scan(&p.ir);
+    if let Some(p) = Arc::get_mut(&mut p) {
+        (p.rings, p.pipes, p.slots) = scanned;
+    }
+    cache.insert(key, p.clone());
+    Ok(p)
+}
+
+type Scanned = (Vec<(String, SmemType)>, Vec<(String, u32, u32)>, HashMap<usize, usize>);
+
+fn scan(ir: &TileIr) -> Scanned {
+    fn walk(body: &[Stmt], out: &mut Scanned) {
+        for s in body {
+            match &s.kind {
+                StmtKind::Let { name, value, .. } => match &value.kind {
+                    ExprKind::SmemRing(t) => {
+                        out.2.insert(value as *const Expr as usize, out.0.len());
+                        out.0.push((name.clone(), *t));
+                    }
+                    ExprKind::PipelineNew { stages, consumers } => {
+                        out.2.insert(value as *const Expr as usize, out.1.len());
+                        out.1.push((name.clone(), *stages, *consumers));
+                    }
+                    _ => {}
+                },
+                StmtKind::For { body, .. } => walk(body, out),
+                StmtKind::If { then, otherwise, .. } => {
+                    walk(then, out);
+                    walk(otherwise, out);
+                }
+                _ => {}
+            }
+        }
+    }
+    let mut out = Scanned::default();
+    walk(&ir.body, &mut out);
+    out
+}
+
+/// A global tensor argument.
+struct Global {
+    name: String,
+    dtype: DType,
+    shape: Vec<i64>,
+    strides: Vec<i64>,
+    /// Element offset of `[0, …, 0]` in the buffer.
+    base: i64,
+    buf: HostBuffer,
+}
+
+/// Everything a launch shares between its blocks.
+struct Kernel<'p> {
+    name: &'static str,
+    prog: &'p Program,
+    args: Vec<Val>,
+    globals: Vec<Global>,
+    grid: [u32; 3],
+}
+
+/// Runs `spec` over `grid` on the CPU; returns when every block has finished.
+pub(crate) fn launch(spec: &'static KernelSpec, device: &Device, grid: Grid, args: Vec<Arg>) -> Result<()> {
+    let prog = program(spec)?;
+    let mut k = Kernel { name: spec.name, prog: &prog, args: Vec::new(), globals: Vec::new(), grid: [grid.x, grid.y, grid.z] };
+    for (p, a) in prog.ir.params.iter().zip(args) {
+        let v = match a {
+            Arg::F32(x) => Val::F(x),
+            Arg::I32(x) => Val::I(x),
+            Arg::Global(d) => {
+                let (Type::Global { dtype, .. }, Some(buf)) = (p.ty, d.host) else {
+                    return Err(Error::Argument {
+                        kernel: spec.name,
+                        arg: p.name.clone(),
+                        expected: "a tensor in host memory".into(),
+                        found: "another argument".into(),
+                    });
+                };
+                let to_i64 = |v: &[usize]| v.iter().map(|&x| x as i64).collect::<Vec<_>>();
+                k.globals.push(Global {
+                    name: p.name.clone(),
+                    dtype,
+                    shape: to_i64(&d.shape),
+                    strides: to_i64(&d.strides),
+                    base: (d.ptr / u64::from(dtype.size())) as i64,
+                    buf,
+                });
+                Val::Global(k.globals.len() - 1)
+            }
+        };
+        k.args.push(v);
+    }
+    let total = grid.x as usize * grid.y as usize * grid.z as usize;
+    let workers = device.cpu_threads().unwrap_or(1).min(total).max(1);
+    let next = AtomicUsize::new(0);
+    // The failure of the lowest-numbered block, so that the error does not depend on timing.
+    let failure: Mutex<Option<(usize, Error)>> = Mutex::new(None);
+    let work = || loop {
+        let b = next.fetch_add(1, Ordering::Relaxed);
+        if b >= total || failure.lock().map(|f| f.is_some()).unwrap_or(true) {
+            return;
+        }
+        if let Err(e) = k.run_block(b) {
+            let mut f = failure.lock().unwrap_or_else(|p| p.into_inner());
+            if f.as_ref().is_none_or(|(at, _)| b < *at) {
+                *f = Some((b, e));
+            }
+        }
+    };
+    if workers == 1 {
+        work();
+    } else {
+        std::thread::scope(|s| {
+            for _ in 0..workers {
+                s.spawn(work);
+            }
+        });
+    }
+    match failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some((_, e)) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// An mbarrier: arrivals still expected in this phase, transaction bytes outstanding, and
+/// phases completed.
+#[derive(Clone, Copy, Debug)]
+struct Barrier {
+    count: u32,
+    pending: u32,
+    tx: i64,
+    phase: u32,
+}
+
+impl Barrier {
+    fn new(count: u32) -> Barrier {
+        Barrier { count, pending: count, tx: 0, phase: 0 }
+    }
+
+    fn settle(&mut self) {
+        if self.pending == 0 && self.tx == 0 {
+            self.phase += 1;
+            self.pending = self.count;
+        }
+    }
+
+    fn arrive(&mut self) {
+        self.pending = self.pending.saturating_sub(1);
+        self.settle();
+    }
+
+    /// `try_wait.parity`: whether the phase of this parity has completed.
+    fn passed(&self, parity: u32) -> bool {
+        self.phase % 2 != parity
+    }
+}
+
+struct Ring {
+    data: Vec<f32>,
+    written: Vec<bool>,
+}
+
+struct Pipe {
+    full: Vec<Barrier>,
+    empty: Vec<Barrier>,
+}
+
+/// A shared view: rows `row0..row0 + rows` of one stage of a ring.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct View {
+    ring: usize,
+    stage: u32,
+    row0: u32,
+    rows: u32,
+}
+
+/// A TMA store whose shared source may still be read (until `tma::store_wait`).
+struct PendingStore {
+    view: View,
+    line: u32,
+}
+
+/// Why a statement did not complete.
+enum Flow {
+    /// A pipeline wait that is not satisfied yet: the statement runs again later.
+    Blocked(Wait),
+    /// An error, to be reported with the statement's line.
+    Fail(String),
+}
+
+impl From<String> for Flow {
+    fn from(s: String) -> Flow {
+        Flow::Fail(s)
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Wait {
+    pipe: usize,
+    producer: bool,
+    stage: u32,
+    parity: u32,
+}
+
+type Flowing<T> = std::result::Result<T, Flow>;
+
+enum Frame<'p> {
+    Body { stmts: &'p [Stmt], pc: usize, mark: usize },
+    Loop { var: &'p str, next: i64, end: i64, step: i64, body: &'p [Stmt], mark: usize },
+}
+
+/// One warpgroup's execution state.
+struct Wg<'p> {
+    id: u32,
+    env: Vec<(&'p str, Val)>,
+    frames: Vec<Frame<'p>>,
+    /// `(stage, phase)` per pipeline.
+    pipe_state: Vec<(u32, u32)>,
+    stores: VecDeque<PendingStore>,
+    /// The statement it waits at, and on what.
+    waiting: Option<(&'p Stmt, Wait)>,
+}
+
+/// One block: its shared memory and barriers.
+struct Block {
+    id: [u32; 3],
+    rings: Vec<Ring>,
+    pipes: Vec<Pipe>,
+}
+
+enum Step {
+    Ran,
+    Blocked,
+    Done,
+}
+
+impl<'p> Kernel<'p> {
+    fn fail(&self, s: &Stmt, message: String) -> Error {
+        Error::Kernel { kernel: self.name, line: s.loc.line, text: s.text.clone(), message }
+    }
+
+    fn run_block(&self, b: usize) -> Result<()> {
+        let [gx, gy, _] = self.grid.map(|g| g as usize);
+        let id = [(b % gx) as u32, ((b / gx) % gy) as u32, (b / (gx * gy)) as u32];
+        let prog = self.prog;
+        let mut blk = Block {
+            id,
+            rings: prog
+                .rings
+                .iter()
+                .map(|(_, t)| {
+                    let n = (t.rows * t.cols * t.stages) as usize;
+                    Ring { data: vec![0.0; n], written: vec![false; n] }
+                })
+                .collect(),
+            pipes: prog
+                .pipes
+                .iter()
+                .map(|&(_, stages, consumers)| Pipe {
+                    // sm_90a: the producer's commit is the one arrival; TMA counts the bytes.
+                    full: vec![Barrier::new(1); stages as usize],
+                    empty: vec![Barrier::new(consumers); stages as usize],
+                })
+                .collect(),
+        };
+        let mut wgs: Vec<Wg<'p>> = (0..prog.ir.warpgroups)
+            .map(|id| Wg {
+                id,
+                env: prog.ir.params.iter().map(|p| p.name.as_str()).zip(self.args.iter().cloned()).collect(),
+                frames: vec![Frame::Body { stmts: &prog.ir.body, pc: 0, mark: self.args.len() }],
+                pipe_state: vec![(0, 0); prog.pipes.len()],
+                stores: VecDeque::new(),
+                waiting: None,
+            })
+            .collect();
+        let mut live = wgs.len();
+        while live > 0 {
+            let mut progress = false;
+            for wg in wgs.iter_mut().filter(|w| !w.frames.is_empty()) {
+                loop {
+                    match self.step(wg, &mut blk)? {
+                        Step::Ran => progress = true,
+                        Step::Blocked => break,
+                        Step::Done => {
+                            progress = true;
+                            live -= 1;
+                            break;
+                        }
+                    }
+                }
+            }
+            if !progress && live > 0 {
+                return Err(self.deadlock(&wgs, &blk));
+            }
+        }
+        Ok(())
+    }
+
+    fn deadlock(&self, wgs: &[Wg<'p>], blk: &Block) -> Error {
+        let mut first = None;
+        let mut parts = Vec::new();
+        for wg in wgs {
+            match wg.waiting {
+                Some((s, w)) if !wg.frames.is_empty() => {
+                    let (name, _, _) = &self.prog.pipes[w.pipe];
+                    let pipe = &blk.pipes[w.pipe];
+                    let (kind, bar) =
+                        if w.producer { ("empty", pipe.empty[w.stage as usize]) } else { ("full", pipe.full[w.stage as usize]) };
+                    parts.push(format!(
+                        "warpgroup {} waits at line {} for the {kind} barrier of stage {} of pipeline `{name}` (parity {}; the barrier has completed {} phase(s) and still expects {} arrival(s))",
+                        wg.id, s.loc.line, w.stage, w.parity, bar.phase, bar.pending
+                    ));
+                    first.get_or_insert(s);
+                }
+                _ => parts.push(format!("warpgroup {} has finished", wg.id)),
+            }
+        }
+        let [x, y, z] = blk.id;
+        let message = format!("deadlock in block ({x}, {y}, {z}): {}; nothing left can arrive", parts.join("; "));
+        match first {
+            Some(s) => self.fail(s, message),
+            None => Error::Kernel { kernel: self.name, line: 0, text: String::new(), message },
+        }
+    }
+
+    /// Runs one statement of `wg` (or enters or leaves a loop or branch).
+    fn step(&self, wg: &mut Wg<'p>, blk: &mut Block) -> Result<Step> {
+        let Some(frame) = wg.frames.last_mut() else {
+            return Ok(Step::Done);
+        };
+        match frame {
+            Frame::Body { stmts, pc, mark } => {
+                let (stmts, pc, mark): (&'p [Stmt], usize, usize) = (stmts, *pc, *mark);
+                let Some(s) = stmts.get(pc) else {
+                    wg.env.truncate(mark);
+                    wg.frames.pop();
+                    if wg.frames.is_empty() {
+                        // The kernel's end: bulk stores complete.
+                        wg.stores.clear();
+                        return Ok(Step::Done);
+                    }
+                    return Ok(Step::Ran);
+                };
+                let s: &'p Stmt = s;
+                let depth = wg.frames.len();
+                let saved = wg.pipe_state.clone();
+                match self.exec(s, wg, blk) {
+                    Ok(()) => {
+                        wg.waiting = None;
+                        // `exec` may have pushed a frame above the one that holds `s`.
+                        if let Some(Frame::Body { pc, .. }) = wg.frames.get_mut(depth - 1) {
+                            *pc += 1;
+                        }
+                        Ok(Step::Ran)
+                    }
+                    Err(Flow::Blocked(w)) => {
+                        wg.pipe_state = saved;
+                        wg.waiting = Some((s, w));
+                        Ok(Step::Blocked)
+                    }
+                    Err(Flow::Fail(m)) => Err(self.fail(s, m)),
+                }
+            }
+            Frame::Loop { var, next, end, step, body, mark } => {
+                if *next < *end {
+                    let (var, body, mark, v) = (*var, *body, *mark, *next);
+                    *next += *step;
+                    wg.env.truncate(mark);
+                    wg.env.push((var, Val::I(v as i32)));
+                    let inner = wg.env.len();
+                    wg.frames.push(Frame::Body { stmts: body, pc: 0, mark: inner });
+                } else {
+                    let mark = *mark;
+                    wg.env.truncate(mark);
+                    wg.frames.pop();
+                }
+                Ok(Step::Ran)
+            }
+        }
+    }
+
+    fn exec(&self, s: &'p Stmt, wg: &mut Wg<'p>, blk: &mut Block) -> Flowing<()> {
+        match &s.kind {
+            StmtKind::Let { name, value, .. } => {
+                let v = self.eval(value, wg, blk)?;
+                wg.env.push((name.as_str(), v));
+            }
+            StmtKind::Assign { name, value } => {
+                let v = self.eval(value, wg, blk)?;
+                match wg.env.iter_mut().rev().find(|(n, _)| *n == name.as_str()) {
+                    Some(slot) => slot.1 = v,
+                    None => return Err(format!("assigns `{name}`, which is not bound").into()),
+                }
+            }
+            StmtKind::Store { tensor, index, value } => {
+                let g = self.global(tensor, wg)?;
+                let idx = self.indices(index, wg, blk)?;
+                let Val::T(t) = self.eval(value, wg, blk)? else { return Err("stores a tile".to_string().into()) };
+                self.store_tile(g, &idx, &t)?;
+            }
+            StmtKind::For { var, start, end, step, body } => {
+                let start = i64::from(self.int(start, wg, blk)?);
+                let end = i64::from(self.int(end, wg, blk)?);
+                let step = i64::from(self.int(step, wg, blk)?);
+                if step <= 0 {
+                    return Err(format!("`step_by` must be positive, found {step}").into());
+                }
+                let mark = wg.env.len();
+                wg.frames.push(Frame::Loop { var: var.as_str(), next: start, end, step, body, mark });
+            }
+            StmtKind::If { cond, then, otherwise } => {
+                let Val::B(c) = self.eval(cond, wg, blk)? else { return Err("`if` takes a bool".to_string().into()) };
+                let body = if c { then } else { otherwise };
+                let mark = wg.env.len();
+                wg.frames.push(Frame::Body { stmts: body, pc: 0, mark });
+            }
+            StmtKind::TmaLoad { dst, tensor, index, pipe } => {
+                let view = self.view(dst, wg, blk)?;
+                let g = self.global(tensor, wg)?;
+                let idx = self.indices(index, wg, blk)?;
+                let p = self.pipe(pipe, wg)?;
+                self.tma_load(view, g, &idx, p, blk)?;
+            }
+            StmtKind::SmemStore { view, value } => {
+                let view = self.view(view, wg, blk)?;
+                let Val::T(t) = self.eval(value, wg, blk)? else { return Err("stores a tile".to_string().into()) };
+                if let Some(st) = wg.stores.iter().find(|st| overlaps(st.view, view)) {
+                    return Err(format!(
+                        "writes stage {} of ring `{}` while the TMA store issued at line {} still reads it: `tma::store_wait` first",
+                        view.stage, self.prog.rings[view.ring].0, st.line
+                    )
+                    .into());
+                }
+                let ty = self.prog.rings[view.ring].1;
+                let ring = &mut blk.rings[view.ring];
+                for r in 0..t.ty.rows {
+                    for c in 0..t.ty.cols {
+                        let at = ring_index(ty, view, r, c);
+                        let i = (r * t.ty.cols + c) as usize;
+                        ring.data[at] = t.v[i];
+                        ring.written[at] = !t.poisoned(i);
+                    }
+                }
+            }
+            StmtKind::TmaStore { tensor, index, src } => {
+                let view = self.view(src, wg, blk)?;
+                let g = self.global(tensor, wg)?;
+                let idx = self.indices(index, wg, blk)?;
+                self.tma_store(g, &idx, view, blk)?;
+                wg.stores.push_back(PendingStore { view, line: s.loc.line });
+            }
+            StmtKind::TmaStoreWait(n) => {
+                while wg.stores.len() > *n as usize {
+                    wg.stores.pop_front();
+                }
+            }
+            StmtKind::PipeCommit { pipe, stage } | StmtKind::PipeRelease { pipe, stage } => {
+                let p = self.pipe(pipe, wg)?;
+                let st = self.int(stage, wg, blk)?;
+                let (name, stages, _) = &self.prog.pipes[p];
+                if st < 0 || st as u32 >= *stages {
+                    return Err(format!("stage {st} of pipeline `{name}`, which has {stages}").into());
+                }
+                let pipe = &mut blk.pipes[p];
+                let bars = if matches!(s.kind, StmtKind::PipeCommit { .. }) { &mut pipe.full } else { &mut pipe.empty };
+                bars[st as usize].arrive();
+            }
+            StmtKind::MmaWait(_) | StmtKind::SetMaxNReg(_) => {}
+            StmtKind::Mma { acc, a, b, b_kn } => {
+                let (va, vb) = (self.view(a, wg, blk)?, self.view(b, wg, blk)?);
+                let line = s.loc.line;
+                let prod = self.mma_product(va, vb, *b_kn, blk, line);
+                let Some((_, Val::T(t))) = wg.env.iter_mut().rev().find(|(n, _)| *n == acc.as_str()) else {
+                    return Err(format!("`{acc}` is not a tile").into());
+                };
+                let (m, ab_poison) = prod;
+                for (x, y) in t.v.iter_mut().zip(&m) {
+                    *x = (f64::from(*x) + *y) as f32;
+                }
+                if let Some(p) = ab_poison {
+                    t.merge_poison(p);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn global(&self, name: &str, wg: &Wg<'p>) -> Flowing<&Global> {
+        match lookup(wg, name)? {
+            Val::Global(i) => Ok(&self.globals[*i]),
+            _ => Err(format!("`{name}` is not a tensor").into()),
+        }
+    }
+
+    fn pipe(&self, name: &str, wg: &Wg<'p>) -> Flowing<usize> {
+        match lookup(wg, name)? {
+            Val::Pipe(i) => Ok(*i),
+            _ => Err(format!("`{name}` is not a pipeline").into()),
+        }
+    }
+
+    fn int(&self, e: &Expr, wg: &mut Wg<'p>, blk: &mut Block) -> Flowing<i32> {
+        match self.eval(e, wg, blk)? {
+            Val::I(i) => Ok(i),
+            _ => Err("expected an i32".to_string().into()),
+        }
+    }
+
+    fn indices(&self, index: &[Expr], wg: &mut Wg<'p>, blk: &mut Block) -> Flowing<Vec<i64>> {
+        index.iter().map(|e| self.int(e, wg, blk).map(i64::from)).collect()
+    }
+
+    fn view(&self, e: &Expr, wg: &mut Wg<'p>, blk: &mut Block) -> Flowing<View> {
+        match self.eval(e, wg, blk)? {
+            Val::View(v) => Ok(v),
+            _ => Err("expected a shared view".to_string().into()),
+        }
+    }
+
+    fn eval(&self, e: &Expr, wg: &mut Wg<'p>, blk: &mut Block) -> Flowing<Val> {
+        Ok(match &e.kind {
+            ExprKind::Var(n) => lookup(wg, n)?.clone(),
+            ExprKind::Int(v) => Val::I(*v as i32),
+            ExprKind::Float(v) => Val::F(*v as f32),
+            ExprKind::Bool(b) => Val::B(*b),
+            ExprKind::Builtin(b) => Val::I(match b {
+                Builtin::BlockId(a) => blk.id[usize::from(*a).min(2)] as i32,
+                Builtin::GridDim(a) => self.grid[usize::from(*a).min(2)] as i32,
+                Builtin::WarpgroupId => wg.id as i32,
+            }),
+            ExprKind::Dim { tensor, axis } => {
+                let g = self.global(tensor, wg)?;
+                Val::I(g.shape.get(*axis as usize).copied().unwrap_or(0) as i32)
+            }
+            ExprKind::Full { tile, value } => {
+                let v = self.eval(value, wg, blk)?;
+                Val::T(Tile::full(*tile, value::element_of(&v, tile.dtype)))
+            }
+            ExprKind::Load { tensor, index, fill, tile } => {
+                let Some(ty) = tile else { return Err("a load without a shape".to_string().into()) };
+                let idx = self.indices(index, wg, blk)?;
+                let fill = match fill {
+                    Some(f) => {
+                        let v = self.eval(f, wg, blk)?;
+                        value::element_of(&v, ty.dtype)
+                    }
+                    None => 0.0,
+                };
+                let g = self.global(tensor, wg)?;
+                Val::T(self.load_tile(g, &idx, *ty, fill)?)
+            }
+            ExprKind::Cast { value, to } => value::cast(self.eval(value, wg, blk)?, *to)?,
+            ExprKind::Unary(op, a) => value::unary(*op, self.eval(a, wg, blk)?)?,
+            ExprKind::Binary(op, a, b) => {
+                let x = self.eval(a, wg, blk)?;
+                let y = self.eval(b, wg, blk)?;
+                value::binary(*op, x, y)?
+            }
+            ExprKind::TileCols { value, start, cols } => match self.eval(value, wg, blk)? {
+                Val::T(t) => Val::T(t.cols(*start, *cols)),
+                _ => return Err("`cols` takes a tile".to_string().into()),
+            },
+            ExprKind::Reduce { op, axis, value } => match self.eval(value, wg, blk)? {
+                Val::T(t) => Val::T(t.reduce(*op, *axis)),
+                _ => return Err("reductions take a tile".to_string().into()),
+            },
+            ExprKind::SmemRing(_) | ExprKind::PipelineNew { .. } => {
+                let slot = self.prog.slots.get(&(e as *const Expr as usize)).copied();
+                match (slot, &e.kind) {
+                    (Some(i), ExprKind::SmemRing(_)) => Val::Ring(i),
+                    (Some(i), _) => Val::Pipe(i),
+                    (None, _) => return Err("a ring or pipeline is allocated by a `let` of its own".to_string().into()),
+                }
+            }
+            ExprKind::SmemAt { ring, stage } => {
+                let Val::Ring(r) = lookup(wg, ring)?.clone() else { return Err(format!("`{ring}` is not a ring").into()) };
+                let st = self.int(stage, wg, blk)?;
+                let (name, ty) = &self.prog.rings[r];
+                if st < 0 || st as u32 >= ty.stages {
+                    return Err(format!("stage {st} of ring `{name}`, which has {} stages", ty.stages).into());
+                }
+                Val::View(View { ring: r, stage: st as u32, row0: 0, rows: ty.rows })
+            }
+            ExprKind::SmemRows { view, start, rows } => {
+                let v = self.view(view, wg, blk)?;
+                let st = self.int(start, wg, blk)?;
+                if st < 0 || st as u32 + rows > v.rows {
+                    return Err(format!("rows {st}..{} of a view of {} rows", i64::from(st) + i64::from(*rows), v.rows).into());
+                }
+                Val::View(View { row0: v.row0 + st as u32, rows: *rows, ..v })
+            }
+            ExprKind::PipeStage { pipe, producer } => {
+                let p = self.pipe(pipe, wg)?;
+                let (stage, phase) = wg.pipe_state[p];
+                let pipes = &blk.pipes[p];
+                let (bar, parity) = if *producer { (pipes.empty[stage as usize], phase ^ 1) } else { (pipes.full[stage as usize], phase) };
+                if !bar.passed(parity) {
+                    return Err(Flow::Blocked(Wait { pipe: p, producer: *producer, stage, parity }));
+                }
+                let stages = self.prog.pipes[p].1;
+                wg.pipe_state[p] = if stage + 1 == stages { (0, phase ^ 1) } else { (stage + 1, phase) };
+                Val::I(stage as i32)
+            }
+        })
+    }
+
+    /// The element offset of `coords` in `g`'s buffer, or `None` out of bounds.
+    fn offset(g: &Global, coords: &[i64]) -> Option<i64> {
+        let mut at = g.base;
+        for ((&c, &d), &s) in coords.iter().zip(&g.shape).zip(&g.strides) {
+            if c < 0 || c >= d {
+                return None;
+            }
+            at += c * s;
+        }
+        Some(at)
+    }
+
+    /// Coordinates of tile element `(r, c)` from origin `idx`, as `load` and `store` place it.
+    fn coords(idx: &[i64], rank: usize, cols: u32, r: u32, c: u32, out: &mut Vec<i64>) {
+        out.clear();
+        out.extend_from_slice(idx);
+        if rank >= 2 {
+            out[rank - 2] += i64::from(r);
+            out[rank - 1] += i64::from(c);
+        } else if cols == 1 {
+            out[0] += i64::from(r);
+        } else {
+            out[0] += i64::from(c);
+        }
+    }
+
+    fn outside(g: &Global, at: i64, len: usize) -> Option<String> {
+        (at < 0 || at as usize >= len).then(|| format!("`{}` at element {at}, outside its buffer of {len} elements", g.name))
+    }
+
+    fn load_tile(&self, g: &Global, idx: &[i64], ty: tessera_ptx::tirh::TileType, fill: f32) -> Flowing<Tile> {
+        let bytes = g.buf.lock();
+        let len = g.buf.len;
+        let mut t = Tile::full(ty, fill);
+        let mut co = Vec::with_capacity(idx.len());
+        for r in 0..ty.rows {
+            for c in 0..ty.cols {
+                Self::coords(idx, g.shape.len(), ty.cols, r, c, &mut co);
+                if let Some(at) = Self::offset(g, &co) {
+                    if let Some(m) = Self::outside(g, at, len) {
+                        return Err(format!("reads {m}").into());
+                    }
+                    t.v[(r * ty.cols + c) as usize] = value::read(&bytes, g.dtype, at as usize);
+                }
+            }
+        }
+        Ok(t)
+    }
+
+    fn store_tile(&self, g: &Global, idx: &[i64], t: &Tile) -> Flowing<()> {
+        let mut bytes = g.buf.lock();
+        let len = g.buf.len;
+        let mut co = Vec::with_capacity(idx.len());
+        for r in 0..t.ty.rows {
+            for c in 0..t.ty.cols {
+                Self::coords(idx, g.shape.len(), t.ty.cols, r, c, &mut co);
+                if let Some(at) = Self::offset(g, &co) {
+                    if let Some(m) = Self::outside(g, at, len) {
+                        return Err(format!("writes {m}").into());
+                    }
+                    let i = (r * t.ty.cols + c) as usize;
+                    if t.poisoned(i) {
+                        let what = t.poison.as_ref().map_or(String::new(), |p| p.what.clone());
+                        return Err(format!("stores into `{}` a value computed from shared memory nothing wrote ({what})", g.name).into());
+                    }
+                    value::write(&mut bytes, g.dtype, at as usize, t.v[i]);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn tma_load(&self, view: View, g: &Global, idx: &[i64], pipe: usize, blk: &mut Block) -> Flowing<()> {
+        let (name, ty) = &self.prog.rings[view.ring];
+        let rank = g.shape.len();
+        let col_dim = g.shape[rank - 1];
+        let (panels, pcols) = (ty.panels(), ty.panel_cols());
+        let bytes = g.buf.lock();
+        let len = g.buf.len;
+        let ring = &mut blk.rings[view.ring];
+        let bar = &mut blk.pipes[pipe].full[view.stage as usize];
+        let mut co = Vec::with_capacity(rank);
+        for p in 0..panels {
+            let c0 = p * pcols;
+            // A panel starting past the tensor's columns is not issued (nor counted).
+            if p > 0 && (idx[rank - 1] + i64::from(c0) >= col_dim) {
+                continue;
+            }
+            let box_bytes = i64::from(view.rows * pcols * ty.dtype.size());
+            bar.tx += box_bytes;
+            for r in 0..view.rows {
+                for c in c0..c0 + pcols {
+                    Self::coords(idx, rank, 2, r, c, &mut co);
+                    let v = match Self::offset(g, &co) {
+                        Some(at) => {
+                            if let Some(m) = Self::outside(g, at, len) {
+                                return Err(format!("TMA reads {m} (ring `{name}`)").into());
+                            }
+                            value::read(&bytes, g.dtype, at as usize)
+                        }
+                        None => 0.0,
+                    };
+                    let at = ring_index(*ty, view, r, c);
+                    ring.data[at] = v;
+                    ring.written[at] = true;
+                }
+            }
+            bar.tx -= box_bytes;
+            bar.settle();
+        }
+        Ok(())
+    }
+
+    fn tma_store(&self, g: &Global, idx: &[i64], view: View, blk: &Block) -> Flowing<()> {
+        let (name, ty) = &self.prog.rings[view.ring];
+        if ty.panels() > 1 {
+            return Err(format!(
+                "`tma::store` of a view of ring `{name}`, whose rows ({} bytes) are wider than its {}-byte swizzle span: the GPU stores one box of one span",
+                ty.row_bytes(),
+                ty.swizzle
+            )
+            .into());
+        }
+        let rank = g.shape.len();
+        let ring = &blk.rings[view.ring];
+        let mut bytes = g.buf.lock();
+        let len = g.buf.len;
+        let mut co = Vec::with_capacity(rank);
+        for r in 0..view.rows {
+            for c in 0..ty.cols {
+                Self::coords(idx, rank, 2, r, c, &mut co);
+                if let Some(at) = Self::offset(g, &co) {
+                    if let Some(m) = Self::outside(g, at, len) {
+                        return Err(format!("TMA writes {m}").into());
+                    }
+                    let s = ring_index(*ty, view, r, c);
+                    if !ring.written[s] {
+                        return Err(format!(
+                            "TMA-stores into `{}` row {} column {c} of stage {} of ring `{name}`, which nothing wrote",
+                            g.name,
+                            view.row0 + r,
+                            view.stage
+                        )
+                        .into());
+                    }
+                    value::write(&mut bytes, g.dtype, at as usize, ring.data[s]);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `a · bᵀ` (or `a · b` when `b` is K×N) in f64, and the taint of entries fed by shared
+    /// elements nothing wrote.
+    fn mma_product(&self, a: View, b: View, b_kn: bool, blk: &Block, line: u32) -> (Vec<f64>, Option<Poison>) {
+        let (ta, tb) = (self.prog.rings[a.ring].1, self.prog.rings[b.ring].1);
+        let (m, k) = (a.rows, ta.cols);
+        let n = if b_kn { tb.cols } else { b.rows };
+        let (ra, rb) = (&blk.rings[a.ring], &blk.rings[b.ring]);
+        let a_el = |i: u32, kk: u32| ring_index(ta, a, i, kk);
+        let b_el = |j: u32, kk: u32| if b_kn { ring_index(tb, b, kk, j) } else { ring_index(tb, b, j, kk) };
+        // Gather the operands densely: rows of A and rows of Bᵀ, K contiguous.
+        let mut av = vec![0f64; (m * k) as usize];
+        let mut bv = vec![0f64; (n * k) as usize];
+        let mut bad_rows = vec![false; m as usize];
+        let mut bad_cols = vec![false; n as usize];
+        let mut first_bad: Option<(usize, u32)> = None;
+        for i in 0..m {
+            for kk in 0..k {
+                let at = a_el(i, kk);
+                av[(i * k + kk) as usize] = f64::from(ra.data[at]);
+                if !ra.written[at] {
+                    bad_rows[i as usize] = true;
+                    first_bad.get_or_insert((a.ring, a.stage));
+                }
+            }
+        }
+        for j in 0..n {
+            for kk in 0..k {
+                let at = b_el(j, kk);
+                bv[(j * k + kk) as usize] = f64::from(rb.data[at]);
+                if !rb.written[at] {
+                    bad_cols[j as usize] = true;
+                    first_bad.get_or_insert((b.ring, b.stage));
+                }
+            }
+        }
+        let mut out = vec![0f64; (m * n) as usize];
+        for i in 0..m as usize {
+            let arow = &av[i * k as usize..(i + 1) * k as usize];
+            for j in 0..n as usize {
+                let brow = &bv[j * k as usize..(j + 1) * k as usize];
+                out[i * n as usize + j] = arow.iter().zip(brow).map(|(x, y)| x * y).sum();
+            }
+        }
+        let poison = first_bad.map(|(ring, stage)| Poison {
+            mask: (0..m as usize).flat_map(|i| (0..n as usize).map(move |j| (i, j))).map(|(i, j)| bad_rows[i] || bad_cols[j]).collect(),
+            what: format!("stage {stage} of ring `{}`, read by `mma_sync` at line {line}", self.prog.rings[ring].0),
+        });
+        (out, poison)
+    }
+}
+
+fn lookup<'a>(wg: &'a Wg<'_>, name: &str) -> Flowing<&'a Val> {
+    match wg.env.iter().rev().find(|(n, _)| *n == name) {
+        Some((_, v)) => Ok(v),
+        None => Err(format!("`{name}` is not bound").into()),
+    }
+}
+
+/// The element index of view row `r`, column `c` in its ring.
+fn ring_index(ty: SmemType, v: View, r: u32, c: u32) -> usize {
+    ((v.stage * ty.rows + v.row0 + r) * ty.cols + c) as usize
+}
+
+fn overlaps(a: View, b: View) -> bool {
+    a.ring == b.ring && a.stage == b.stage && a.row0 < b.row0 + b.rows && b.row0 < a.row0 + a.rows
+}

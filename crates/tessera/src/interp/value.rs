@@ -1,0 +1,264 @@
+//! Values of the interpreter and the arithmetic on them, rounding as the GPU's lowering does:
+//! tile elements are held in their dtype and computed in f32 (`cvt.rn` back to bf16/f16).
+
+use super::View;
+use half::{bf16, f16};
+use tessera_ptx::tirh::{BinOp, ReduceOp, TileType, UnOp};
+use tessera_ptx::DType;
+
+/// A value bound to a name.
+#[derive(Clone, Debug)]
+pub(crate) enum Val {
+    I(i32),
+    F(f32),
+    B(bool),
+    T(Tile),
+    Ring(usize),
+    View(View),
+    Pipe(usize),
+    Global(usize),
+}
+
+/// Which entries of a tile were computed from shared memory nothing wrote, and where that
+/// was read.
+#[derive(Clone, Debug)]
+pub(crate) struct Poison {
+    pub mask: Vec<bool>,
+    pub what: String,
+}
+
+/// A register tile: row-major elements, each already rounded to the dtype (an `i32` tile
+/// keeps its bits in an f32, as the GPU's registers do).
+#[derive(Clone, Debug)]
+pub(crate) struct Tile {
+    pub ty: TileType,
+    pub v: Vec<f32>,
+    pub poison: Option<Box<Poison>>,
+}
+
+/// Rounds an f32 to `dtype` (to nearest even; beyond the range to infinity).
+pub(crate) fn round(dtype: DType, x: f32) -> f32 {
+    match dtype {
+        DType::BF16 => bf16::from_f32(x).to_f32(),
+        DType::F16 => f16::from_f32(x).to_f32(),
+        DType::F32 | DType::I32 => x,
+    }
+}
+
+/// A scalar as an element of a `dtype` tile.
+pub(crate) fn element_of(v: &Val, dtype: DType) -> f32 {
+    match (v, dtype) {
+        (Val::I(i), DType::I32) => f32::from_bits(*i as u32),
+        (Val::I(i), d) => round(d, *i as f32),
+        (Val::F(x), DType::I32) => f32::from_bits(*x as i32 as u32),
+        (Val::F(x), d) => round(d, *x),
+        _ => 0.0,
+    }
+}
+
+/// Element `i` of a buffer of `dtype`, widened to f32 (an i32's bits kept).
+pub(crate) fn read(bytes: &[u8], dtype: DType, i: usize) -> f32 {
+    let n = dtype.size() as usize;
+    let b = &bytes[i * n..(i + 1) * n];
+    match dtype {
+        DType::F32 | DType::I32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        DType::BF16 => bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+        DType::F16 => f16::from_le_bytes([b[0], b[1]]).to_f32(),
+    }
+}
+
+/// Writes element `i` of a buffer of `dtype`.
+pub(crate) fn write(bytes: &mut [u8], dtype: DType, i: usize, x: f32) {
+    let n = dtype.size() as usize;
+    let b = &mut bytes[i * n..(i + 1) * n];
+    match dtype {
+        DType::F32 | DType::I32 => b.copy_from_slice(&x.to_le_bytes()),
+        DType::BF16 => b.copy_from_slice(&bf16::from_f32(x).to_le_bytes()),
+        DType::F16 => b.copy_from_slice(&f16::from_f32(x).to_le_bytes()),
+    }
+}
+
+impl Tile {
+    pub fn full(ty: TileType, x: f32) -> Tile {
+        Tile { ty, v: vec![x; (ty.rows * ty.cols) as usize], poison: None }
+    }
+
+    pub fn poisoned(&self, i: usize) -> bool {
+        self.poison.as_ref().is_some_and(|p| p.mask[i])
+    }
+
+    pub fn merge_poison(&mut self, p: Poison) {
+        match &mut self.poison {
+            Some(mine) => mine.mask.iter_mut().zip(&p.mask).for_each(|(a, b)| *a |= *b),
+            None => self.poison = Some(Box::new(p)),
+        }
+    }
+
+    fn map(mut self, f: impl Fn(f32) -> f32) -> Tile {
+        let d = self.ty.dtype;
+        self.v.iter_mut().for_each(|x| *x = round(d, f(*x)));
+        self
+    }
+
+    /// Columns `start..start + cols`.
+    pub fn cols(&self, start: u32, cols: u32) -> Tile {
+        let (w, rows) = (self.ty.cols as usize, self.ty.rows as usize);
+        let pick = |i: usize| (i / cols as usize) * w + start as usize + i % cols as usize;
+        let n = rows * cols as usize;
+        Tile {
+            ty: TileType { cols, ..self.ty },
+            v: (0..n).map(|i| self.v[pick(i)]).collect(),
+            poison: self
+                .poison
+                .as_ref()
+                .map(|p| Box::new(Poison { mask: (0..n).map(|i| p.mask[pick(i)]).collect(), what: p.what.clone() })),
+        }
+    }
+
+    /// Reduces `axis` (0: down the rows, 1: along each row) to extent 1, in f32.
+    pub fn reduce(&self, op: ReduceOp, axis: u32) -> Tile {
+        let (rows, cols) = (self.ty.rows as usize, self.ty.cols as usize);
+        let (outer, inner) = if axis == 1 { (rows, cols) } else { (cols, rows) };
+        let at = |o: usize, i: usize| if axis == 1 { o * cols + i } else { i * cols + o };
+        let combine = |a: f32, b: f32| match op {
+            ReduceOp::Sum => a + b,
+            ReduceOp::Max => a.max(b),
+            ReduceOp::Min => a.min(b),
+        };
+        let v =
+            (0..outer).map(|o| round(self.ty.dtype, (1..inner).fold(self.v[at(o, 0)], |acc, i| combine(acc, self.v[at(o, i)])))).collect();
+        let ty = if axis == 1 { TileType { cols: 1, ..self.ty } } else { TileType { rows: 1, ..self.ty } };
+        let poison = self
+            .poison
+            .as_ref()
+            .map(|p| Box::new(Poison { mask: (0..outer).map(|o| (0..inner).any(|i| p.mask[at(o, i)])).collect(), what: p.what.clone() }));
+        Tile { ty, v, poison }
+    }
+}
+
+/// `x.cast::<to>()` / `x as to`.
+pub(crate) fn cast(v: Val, to: DType) -> Result<Val, String> {
+    Ok(match (v, to) {
+        (Val::T(t), _) => {
+            let mut t = t.map(|x| x);
+            t.ty.dtype = to;
+            t.v.iter_mut().for_each(|x| *x = round(to, *x));
+            Val::T(t)
+        }
+        // cvt.rn.f32.s32 and cvt.rzi.s32.f32 (saturating, NaN to 0).
+        (Val::I(i), DType::F32) => Val::F(i as f32),
+        (Val::F(x), DType::I32) => Val::I(x as i32),
+        (v @ (Val::I(_) | Val::F(_)), _) => v,
+        (v, _) => return Err(format!("cannot cast {v:?}")),
+    })
+}
+
+/// The erf of the lowering (Abramowitz–Stegun 7.1.26), step for step.
+fn erf(x: f32) -> f32 {
+    let ax = x.abs();
+    let t = 1.0 / ax.mul_add(0.327_591_1, 1.0);
+    let mut p = 1.061_405_4f32;
+    for c in [-1.453_152_1f32, 1.421_413_8, -0.284_496_74, 0.254_829_6] {
+        p = p.mul_add(t, c);
+    }
+    let e = ((ax * ax) * -std::f32::consts::LOG2_E).exp2();
+    (-(p * t)).mul_add(e, 1.0).copysign(x)
+}
+
+fn f32_unary(op: UnOp, x: f32) -> f32 {
+    match op {
+        UnOp::Neg => -x,
+        UnOp::Exp2 => x.exp2(),
+        UnOp::Abs => x.abs(),
+        UnOp::Sqrt => x.sqrt(),
+        UnOp::Rsqrt => 1.0 / x.sqrt(),
+        UnOp::Tanh => x.tanh(),
+        UnOp::Erf => erf(x),
+        UnOp::Not => x,
+    }
+}
+
+pub(crate) fn unary(op: UnOp, v: Val) -> Result<Val, String> {
+    Ok(match (op, v) {
+        (UnOp::Not, Val::B(b)) => Val::B(!b),
+        (UnOp::Neg, Val::I(i)) => Val::I(i.wrapping_neg()),
+        (op, Val::F(x)) => Val::F(f32_unary(op, x)),
+        (op, Val::T(t)) => Val::T(t.map(|x| f32_unary(op, x))),
+        (op, v) => return Err(format!("`{}` of {v:?}", op.name())),
+    })
+}
+
+fn f32_binary(op: BinOp, a: f32, b: f32) -> f32 {
+    match op {
+        BinOp::Add => a + b,
+        BinOp::Sub => a - b,
+        BinOp::Mul => a * b,
+        BinOp::Div => a / b,
+        BinOp::Max => a.max(b),
+        BinOp::Min => a.min(b),
+        _ => f32::NAN,
+    }
+}
+
+pub(crate) fn binary(op: BinOp, x: Val, y: Val) -> Result<Val, String> {
+    use BinOp as O;
+    Ok(match (x, y) {
+        (Val::I(a), Val::I(b)) => match op {
+            O::Add => Val::I(a.wrapping_add(b)),
+            O::Sub => Val::I(a.wrapping_sub(b)),
+            O::Mul => Val::I(a.wrapping_mul(b)),
+            O::Div | O::Rem if b == 0 => return Err(format!("integer division by zero ({a} {} 0)", op.symbol())),
+            O::Div => Val::I(a.wrapping_div(b)),
+            O::Rem => Val::I(a.wrapping_rem(b)),
+            O::Max => Val::I(a.max(b)),
+            O::Min => Val::I(a.min(b)),
+            O::Lt => Val::B(a < b),
+            O::Le => Val::B(a <= b),
+            O::Gt => Val::B(a > b),
+            O::Ge => Val::B(a >= b),
+            O::Eq => Val::B(a == b),
+            O::Ne => Val::B(a != b),
+            O::And | O::Or => return Err(format!("`{}` of integers", op.symbol())),
+        },
+        (Val::F(a), Val::F(b)) => match op {
+            O::Lt => Val::B(a < b),
+            O::Le => Val::B(a <= b),
+            O::Gt => Val::B(a > b),
+            O::Ge => Val::B(a >= b),
+            O::Eq => Val::B(a == b),
+            O::Ne => Val::B(a != b),
+            O::Rem | O::And | O::Or => return Err(format!("`{}` of floats", op.symbol())),
+            _ => Val::F(f32_binary(op, a, b)),
+        },
+        (Val::B(a), Val::B(b)) => match op {
+            O::And => Val::B(a && b),
+            O::Or => Val::B(a || b),
+            _ => return Err(format!("`{}` of bools", op.symbol())),
+        },
+        (Val::T(t), Val::F(s)) => Val::T(t.map(|x| f32_binary(op, x, s))),
+        (Val::F(s), Val::T(t)) => Val::T(t.map(|x| f32_binary(op, s, x))),
+        (Val::T(a), Val::T(b)) => Val::T(tile_binary(op, &a, &b)),
+        (x, y) => return Err(format!("`{}` of {x:?} and {y:?}", op.symbol())),
+    })
+}
+
+/// Elementwise `a op b`, an `M×1` or `1×N` operand broadcasting.
+fn tile_binary(op: BinOp, a: &Tile, b: &Tile) -> Tile {
+    let rows = a.ty.rows.max(b.ty.rows) as usize;
+    let cols = a.ty.cols.max(b.ty.cols) as usize;
+    let at = |t: &Tile, r: usize, c: usize| (if t.ty.rows == 1 { 0 } else { r }) * t.ty.cols as usize + if t.ty.cols == 1 { 0 } else { c };
+    let d = a.ty.dtype;
+    let mut v = Vec::with_capacity(rows * cols);
+    let mut mask = (a.poison.is_some() || b.poison.is_some()).then(|| Vec::with_capacity(rows * cols));
+    for r in 0..rows {
+        for c in 0..cols {
+            let (i, j) = (at(a, r, c), at(b, r, c));
+            v.push(round(d, f32_binary(op, a.v[i], b.v[j])));
+            if let Some(m) = &mut mask {
+                m.push(a.poisoned(i) || b.poisoned(j));
+            }
+        }
+    }
+    let what = a.poison.as_ref().or(b.poison.as_ref()).map(|p| p.what.clone()).unwrap_or_default();
+    Tile { ty: TileType { dtype: d, rows: rows as u32, cols: cols as u32 }, v, poison: mask.map(|mask| Box::new(Poison { mask, what })) }
+}
