@@ -56,14 +56,24 @@ fn gpu_gemm_large_shapes_match_f64_reference() {
     }
 }
 
-#[test]
-fn gpu_gemm_rejects_mismatched_shapes() {
-    let Some(dev) = gpu_or_skip("gpu_gemm_rejects_mismatched_shapes") else { return };
+fn gemm_rejects_mismatched_shapes(dev: &Device) {
     let a = Tensor::from_host(&dev, &random_bf16(6), &[2, 3]).unwrap();
     let b = Tensor::from_host(&dev, &random_bf16(8), &[2, 4]).unwrap();
     let mut c = Tensor::<bf16>::zeros(&dev, &[2, 2]).unwrap();
     let e = tessera_kernels::gemm_tn(&dev, &a, &b, &mut c).unwrap_err().to_string();
     assert!(e.contains("`b`") && e.contains("K = 3"), "{e}");
+}
+
+#[test]
+fn gpu_gemm_rejects_mismatched_shapes() {
+    if let Some(dev) = gpu_or_skip("gpu_gemm_rejects_mismatched_shapes") {
+        gemm_rejects_mismatched_shapes(&dev);
+    }
+}
+
+#[test]
+fn interp_gemm_rejects_mismatched_shapes() {
+    gemm_rejects_mismatched_shapes(&Device::cpu());
 }
 
 /// The reference epilogue in f64: `act(alpha·ab + beta·c_in + bias) + residual`.
@@ -170,9 +180,7 @@ fn gpu_gemm_epilogues_match_f64_reference() {
     }
 }
 
-#[test]
-fn gpu_bias_gelu_matches_f64_reference() {
-    let Some(dev) = gpu_or_skip("gpu_bias_gelu") else { return };
+fn bias_gelu_matches_f64_reference(dev: &Device) {
     let (m, n) = (77, 1000);
     let (x, b) = (random_bf16(m * n), random_bf16(n));
     let xt = Tensor::from_host(&dev, &x, &[m, n]).unwrap();
@@ -185,10 +193,20 @@ fn gpu_bias_gelu_matches_f64_reference() {
 }
 
 #[test]
-fn gpu_gemm_f16_matches_f64_reference() {
+fn gpu_bias_gelu_matches_f64_reference() {
+    if let Some(dev) = gpu_or_skip("gpu_bias_gelu") {
+        bias_gelu_matches_f64_reference(&dev);
+    }
+}
+
+#[test]
+fn interp_bias_gelu_matches_f64_reference() {
+    bias_gelu_matches_f64_reference(&Device::cpu());
+}
+
+fn gemm_f16_matches_f64_reference(dev: &Device) {
     use tessera::f16;
     use tessera_kernels::{gemm, Activation, Bias};
-    let Some(dev) = gpu_or_skip("gpu_gemm_f16") else { return };
     let (m, n, k) = (130, 250, 96);
     let rnd = |len: usize| -> Vec<f16> { common::random(len, -1.0, 1.0).into_iter().map(f16::from_f32).collect() };
     let (a, b, bias) = (rnd(m * k), rnd(n * k), rnd(n));
@@ -207,6 +225,18 @@ fn gpu_gemm_f16_matches_f64_reference() {
         .collect();
     let err = rel_error(&got, &want);
     assert!(err < 1e-2, "f16 gemm: relative error {err}");
+}
+
+#[test]
+fn gpu_gemm_f16_matches_f64_reference() {
+    if let Some(dev) = gpu_or_skip("gpu_gemm_f16") {
+        gemm_f16_matches_f64_reference(&dev);
+    }
+}
+
+#[test]
+fn interp_gemm_f16_matches_f64_reference() {
+    gemm_f16_matches_f64_reference(&Device::cpu());
 }
 
 /// Checks a batched GEMM with B in either layout against f64, on sampled entries when large.
@@ -277,10 +307,8 @@ fn gpu_gemm_sm80_path_matches_f64_reference() {
     );
 }
 
-#[test]
-fn gpu_gemm_k_by_n_with_full_epilogue() {
+fn gemm_k_by_n_with_full_epilogue(dev: &Device) {
     use tessera_kernels::{gemm, BLayout};
-    let Some(dev) = gpu_or_skip("gpu_gemm_kn_full") else { return };
     let (m, n, k) = (130, 250, 96);
     let (a, b, cin, res) = (random_bf16(m * k), random_bf16(k * n), random_bf16(m * n), random_bf16(m * n));
     let at = Tensor::from_host(&dev, &a, &[m, k]).unwrap();
@@ -300,6 +328,18 @@ fn gpu_gemm_k_by_n_with_full_epilogue() {
 }
 
 #[test]
+fn gpu_gemm_k_by_n_with_full_epilogue() {
+    if let Some(dev) = gpu_or_skip("gpu_gemm_kn_full") {
+        gemm_k_by_n_with_full_epilogue(&dev);
+    }
+}
+
+#[test]
+fn interp_gemm_k_by_n_with_full_epilogue() {
+    gemm_k_by_n_with_full_epilogue(&Device::cpu());
+}
+
+#[test]
 fn gpu_gemm_tma_store_path_with_epilogues() {
     // Shapes with enough 128×256 tiles and 16-byte aligned rows of C take the kernels that
     // store C through shared memory and TMA; M = 1000 leaves a partial last tile-row.
@@ -310,4 +350,101 @@ fn gpu_gemm_tma_store_path_with_epilogues() {
     check_epilogue(&dev, 1000, 2048, 128, Epi { bias: Some((random_bf16(1000), false)), act: Activation::Silu, ..plain() });
     check_layout(&dev, 1, 1000, 2048, 200, false);
     check_layout(&dev, 1, 1000, 2048, 200, true);
+}
+
+// The same checks on the CPU interpreter, on shapes small enough for it. With a 2-thread
+// "device" the host picks the 128×256 TMA-store kernels wherever C's rows are 16-byte
+// aligned and the 128×128 ones elsewhere; `with_target(Sm80)` picks the portable ones.
+
+#[test]
+fn interp_gemm_odd_shapes_match_f64_reference() {
+    let dev = Device::cpu();
+    for &(m, n, k) in &[(1, 1, 1), (17, 33, 65), (127, 129, 255), (128, 256, 64), (130, 264, 100), (3, 500, 31)] {
+        check(&dev, m, n, k, None);
+    }
+}
+
+#[test]
+fn interp_gemm_epilogues_match_f64_reference() {
+    use tessera_kernels::Activation;
+    let dev = Device::cpu();
+    // 136 columns take the TMA-store kernels (aligned rows), 70 the 128×128 ones.
+    for &(m, n, k) in &[(129, 136, 72), (65, 70, 40)] {
+        let plain = || Epi { alpha: 1.0, beta: None, beta_v: 0.0, bias: None, act: Activation::None, residual: None };
+        check_epilogue(&dev, m, n, k, Epi { alpha: 0.5, ..plain() });
+        check_epilogue(&dev, m, n, k, Epi { beta: Some(random_bf16(m * n)), beta_v: -2.0, ..plain() });
+        check_epilogue(&dev, m, n, k, Epi { bias: Some((random_bf16(n), true)), act: Activation::GeluTanh, ..plain() });
+        check_epilogue(&dev, m, n, k, Epi { bias: Some((random_bf16(m), false)), act: Activation::GeluErf, ..plain() });
+        check_epilogue(&dev, m, n, k, Epi { act: Activation::Silu, alpha: 3.0, ..plain() });
+        check_epilogue(&dev, m, n, k, Epi { residual: Some(random_bf16(m * n)), ..plain() });
+        let all = Epi {
+            alpha: 0.75,
+            beta: Some(random_bf16(m * n)),
+            beta_v: 0.5,
+            bias: Some((random_bf16(n), true)),
+            act: Activation::GeluTanh,
+            residual: Some(random_bf16(m * n)),
+        };
+        check_epilogue(&dev, m, n, k, all);
+    }
+}
+
+#[test]
+fn interp_gemm_b_layouts_and_batches_match_f64_reference() {
+    let dev = Device::cpu();
+    for &(m, n, k) in &[(1, 1, 1), (17, 33, 65), (100, 264, 70)] {
+        check_layout(&dev, 1, m, n, k, true);
+    }
+    for &(batch, m, n, k) in &[(3, 50, 70, 40), (2, 17, 136, 33)] {
+        check_layout(&dev, batch, m, n, k, false);
+        check_layout(&dev, batch, m, n, k, true);
+    }
+}
+
+#[test]
+fn interp_gemm_sm80_path_matches_f64_reference() {
+    use tessera_kernels::Activation;
+    let dev = Device::cpu().with_target(tessera::Target::Sm80);
+    for &(m, n, k) in &[(1, 1, 1), (17, 33, 65), (130, 136, 100)] {
+        check(&dev, m, n, k, None);
+        check_layout(&dev, 1, m, n, k, true);
+    }
+    check_layout(&dev, 3, 50, 70, 40, false);
+    let plain = || Epi { alpha: 1.0, beta: None, beta_v: 0.0, bias: None, act: Activation::None, residual: None };
+    let epi = Epi { bias: Some((random_bf16(72), true)), act: Activation::GeluTanh, residual: Some(random_bf16(65 * 72)), ..plain() };
+    check_epilogue(&dev, 65, 72, 40, epi);
+}
+
+#[test]
+fn interp_results_do_not_depend_on_threads() {
+    use tessera_kernels::{gemm, Activation, Bias};
+    let (m, n, k) = (300, 520, 70);
+    let (a, b, bias) = (random_bf16(m * k), random_bf16(n * k), random_bf16(n));
+    let run = |dev: &Device| {
+        let at = Tensor::from_host(dev, &a, &[m, k]).unwrap();
+        let bt = Tensor::from_host(dev, &b, &[n, k]).unwrap();
+        let biast = Tensor::from_host(dev, &bias, &[n]).unwrap();
+        let mut c = Tensor::full(dev, &[m, n], bf16::NAN).unwrap();
+        gemm(&at, &bt).bias(Bias::PerColumn(&biast)).activation(Activation::GeluErf).run(dev, &mut c).unwrap();
+        c.to_host().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<u16>>()
+    };
+    // A persistent grid of 1, 3 or 8 blocks: each block takes other tiles.
+    let one = run(&Device::cpu_with_threads(1));
+    assert_eq!(one, run(&Device::cpu_with_threads(3)), "1 vs 3 threads");
+    assert_eq!(one, run(&Device::cpu_with_threads(8)), "1 vs 8 threads");
+}
+
+#[test]
+fn interp_gemm_256_cubed_time() {
+    // The yardstick: a 256×256×256 GEMM in well under a second (release build).
+    let dev = Device::cpu();
+    let n = 256;
+    let a = Tensor::from_host(&dev, &random_bf16(n * n), &[n, n]).unwrap();
+    let b = Tensor::from_host(&dev, &random_bf16(n * n), &[n, n]).unwrap();
+    let mut c = Tensor::full(&dev, &[n, n], bf16::NAN).unwrap();
+    let ms = tessera::testing::time_ms(&dev, 1, 3, || tessera_kernels::gemm_tn(&dev, &a, &b, &mut c).unwrap()).unwrap();
+    println!("interpreter: 256x256x256 GEMM in {ms:.1} ms on {}", dev.name());
+    if !cfg!(debug_assertions) {
+        assert!(ms < 1000.0, "256³ GEMM took {ms:.0} ms on the interpreter");
+    }
 }

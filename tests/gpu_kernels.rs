@@ -12,10 +12,29 @@ fn poisoned(dev: &Device, shape: &[usize]) -> Tensor<f32> {
     Tensor::full(dev, shape, f32::NAN).expect("allocate output")
 }
 
+/// The shapes for `dev`: all of them on a GPU, the smaller ones on the interpreter.
+fn shapes(dev: &Device) -> &'static [(usize, usize)] {
+    if dev.is_cpu() {
+        &SHAPES[..5]
+    } else {
+        SHAPES
+    }
+}
+
 #[test]
 fn gpu_axpy_matches_f64_reference() {
-    let Some(dev) = gpu_or_skip("gpu_axpy_matches_f64_reference") else { return };
-    for &(m, n) in SHAPES {
+    if let Some(dev) = gpu_or_skip("gpu_axpy_matches_f64_reference") {
+        axpy_matches_f64_reference(&dev);
+    }
+}
+
+#[test]
+fn interp_axpy_matches_f64_reference() {
+    axpy_matches_f64_reference(&Device::cpu());
+}
+
+fn axpy_matches_f64_reference(dev: &Device) {
+    for &(m, n) in shapes(dev) {
         let (x, y0) = (random(m * n, -1.0, 1.0), random(m * n, -1.0, 1.0));
         let a = random(1, -2.0, 2.0)[0];
         let xt = Tensor::from_host(&dev, &x, &[m, n]).unwrap();
@@ -28,9 +47,14 @@ fn gpu_axpy_matches_f64_reference() {
     }
 }
 
-fn check_rows(name: &str, f: fn(&Device, &Tensor<f32>, &mut Tensor<f32>) -> tessera::Result<()>, reference: fn(&[f64]) -> f64) {
-    let Some(dev) = gpu_or_skip(name) else { return };
-    for &(m, n) in SHAPES {
+fn check_rows_on(
+    dev: &Device,
+    name: &str,
+    f: fn(&Device, &Tensor<f32>, &mut Tensor<f32>) -> tessera::Result<()>,
+    reference: fn(&[f64]) -> f64,
+) {
+    let dev = dev.clone();
+    for &(m, n) in shapes(&dev) {
         let x = random(m * n, -1.0, 1.0);
         let xt = Tensor::from_host(&dev, &x, &[m, n]).unwrap();
         let mut out = poisoned(&dev, &[m]);
@@ -42,14 +66,32 @@ fn check_rows(name: &str, f: fn(&Device, &Tensor<f32>, &mut Tensor<f32>) -> tess
     }
 }
 
+fn row_max_ref(r: &[f64]) -> f64 {
+    r.iter().cloned().fold(f64::NEG_INFINITY, f64::max)
+}
+
 #[test]
 fn gpu_row_sum_matches_f64_reference() {
-    check_rows("gpu_row_sum", tessera_kernels::row_sum, |r| r.iter().sum());
+    if let Some(dev) = gpu_or_skip("gpu_row_sum") {
+        check_rows_on(&dev, "row_sum", tessera_kernels::row_sum, |r| r.iter().sum());
+    }
+}
+
+#[test]
+fn interp_row_sum_matches_f64_reference() {
+    check_rows_on(&Device::cpu(), "row_sum", tessera_kernels::row_sum, |r| r.iter().sum());
 }
 
 #[test]
 fn gpu_row_max_matches_f64_reference() {
-    check_rows("gpu_row_max", tessera_kernels::row_max, |r| r.iter().cloned().fold(f64::NEG_INFINITY, f64::max));
+    if let Some(dev) = gpu_or_skip("gpu_row_max") {
+        check_rows_on(&dev, "row_max", tessera_kernels::row_max, row_max_ref);
+    }
+}
+
+#[test]
+fn interp_row_max_matches_f64_reference() {
+    check_rows_on(&Device::cpu(), "row_max", tessera_kernels::row_max, row_max_ref);
 }
 
 fn softmax_ref(x: &[f64], n: usize) -> Vec<f64> {
@@ -64,8 +106,18 @@ fn softmax_ref(x: &[f64], n: usize) -> Vec<f64> {
 
 #[test]
 fn gpu_softmax_matches_f64_reference() {
-    let Some(dev) = gpu_or_skip("gpu_softmax_matches_f64_reference") else { return };
-    for &(m, n) in SHAPES {
+    if let Some(dev) = gpu_or_skip("gpu_softmax_matches_f64_reference") {
+        softmax_matches_f64_reference(&dev);
+    }
+}
+
+#[test]
+fn interp_softmax_matches_f64_reference() {
+    softmax_matches_f64_reference(&Device::cpu());
+}
+
+fn softmax_matches_f64_reference(dev: &Device) {
+    for &(m, n) in shapes(dev) {
         let x = random(m * n, -8.0, 8.0);
         let xt = Tensor::from_host(&dev, &x, &[m, n]).unwrap();
         let mut y = poisoned(&dev, &[m, n]);
@@ -75,9 +127,7 @@ fn gpu_softmax_matches_f64_reference() {
     }
 }
 
-#[test]
-fn gpu_softmax_survives_huge_logits() {
-    let Some(dev) = gpu_or_skip("gpu_softmax_survives_huge_logits") else { return };
+fn softmax_survives_huge_logits(dev: &Device) {
     let (m, n) = (37, 700);
     // Rows of ±1e4 plus noise: a naive exp overflows.
     let mut x = random(m * n, -1.0, 1.0);
@@ -91,6 +141,18 @@ fn gpu_softmax_survives_huge_logits() {
     assert!(got.iter().all(|v| v.is_finite()), "softmax of ±1e4 rows produced a non-finite value");
     let err = rel_error(&got, &softmax_ref(&wide(&x), n));
     assert!(err < 1e-4, "softmax ±1e4: relative error {err}");
+}
+
+#[test]
+fn gpu_softmax_survives_huge_logits() {
+    if let Some(dev) = gpu_or_skip("gpu_softmax_survives_huge_logits") {
+        softmax_survives_huge_logits(&dev);
+    }
+}
+
+#[test]
+fn interp_softmax_survives_huge_logits() {
+    softmax_survives_huge_logits(&Device::cpu());
 }
 
 #[test]
@@ -108,9 +170,7 @@ fn gpu_module_is_loaded_once_per_device() {
     dev.synchronize().unwrap();
 }
 
-#[test]
-fn gpu_launch_rejects_mismatched_arguments() {
-    let Some(dev) = gpu_or_skip("gpu_launch_rejects_mismatched_arguments") else { return };
+fn launch_rejects_mismatched_arguments(dev: &Device) {
     let x = Tensor::from_host(&dev, &random(12, -1.0, 1.0), &[3, 4]).unwrap();
     let mut y = Tensor::<f32>::zeros(&dev, &[4, 3]).unwrap();
     let e = tessera_kernels::axpy(&dev, 1.0, &x, &mut y).unwrap_err().to_string();
@@ -127,6 +187,18 @@ fn gpu_launch_rejects_mismatched_arguments() {
 }
 
 #[test]
+fn gpu_launch_rejects_mismatched_arguments() {
+    if let Some(dev) = gpu_or_skip("gpu_launch_rejects_mismatched_arguments") {
+        launch_rejects_mismatched_arguments(&dev);
+    }
+}
+
+#[test]
+fn interp_launch_rejects_mismatched_arguments() {
+    launch_rejects_mismatched_arguments(&Device::cpu());
+}
+
+#[test]
 fn gpu_kernels_accept_cudarc_buffers() {
     let Some(dev) = gpu_or_skip("gpu_kernels_accept_cudarc_buffers") else { return };
     let (m, n) = (33, 65);
@@ -140,9 +212,7 @@ fn gpu_kernels_accept_cudarc_buffers() {
     assert!(rel_error(&wide(&got), &want) < 1e-6);
 }
 
-#[test]
-fn gpu_sm80_variants_run_forward_on_newer_gpus() {
-    let Some(dev) = gpu_or_skip("gpu_sm80_variants") else { return };
+fn sm80_variants_run_forward_on_newer_gpus(dev: &Device) {
     let dev = dev.with_target(tessera::Target::Sm80);
     let (m, n) = (257, 1000);
     let x = random(m * n, -4.0, 4.0);
@@ -165,4 +235,16 @@ fn gpu_sm80_variants_run_forward_on_newer_gpus() {
     let one = Tensor::<tessera::bf16>::zeros(&dev, &[1]).unwrap();
     let e = tessera_kernels::gemm_tn_bf16::launch(&dev, 1, &a3, &b3, &mut c, &one, 1.0, 0, 0).unwrap_err().to_string();
     assert!(e.contains("no sm_80 PTX") && e.contains("it has sm_90a"), "{e}");
+}
+
+#[test]
+fn gpu_sm80_variants_run_forward_on_newer_gpus() {
+    if let Some(dev) = gpu_or_skip("gpu_sm80_variants") {
+        sm80_variants_run_forward_on_newer_gpus(&dev);
+    }
+}
+
+#[test]
+fn interp_sm80_variants_run_forward_on_newer_gpus() {
+    sm80_variants_run_forward_on_newer_gpus(&Device::cpu());
 }

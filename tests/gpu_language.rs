@@ -6,7 +6,7 @@ mod common;
 
 use common::{random, wide};
 use tessera::testing::{gpu_or_skip, rel_error};
-use tessera::{bf16, f16, kernel, Grid, Tensor};
+use tessera::{bf16, f16, kernel, Device, Grid, Tensor};
 
 /// `y = 2·x` through bf16 → f32, and `z = bf16(x)·0.5` back to bf16.
 #[kernel]
@@ -72,9 +72,7 @@ fn tiny_tiles(x: Global<f32, 2>, rows: Global<f32, 1>, cols: Global<f32, 1>) {
     cols.store([0], t.sum(0));
 }
 
-#[test]
-fn gpu_bf16_and_f16_casts_round_to_nearest_even() {
-    let Some(dev) = gpu_or_skip("gpu_bf16_and_f16_casts") else { return };
+fn bf16_and_f16_casts_round_to_nearest_even(dev: &Device) {
     let (m, n) = (70, 130);
     let x: Vec<bf16> = random(m * n, -3.0, 3.0).into_iter().map(bf16::from_f32).collect();
     let xt = Tensor::from_host(&dev, &x, &[m, n]).unwrap();
@@ -96,8 +94,18 @@ fn gpu_bf16_and_f16_casts_round_to_nearest_even() {
 }
 
 #[test]
-fn gpu_column_reduction_and_row_broadcast() {
-    let Some(dev) = gpu_or_skip("gpu_column_reduction_and_row_broadcast") else { return };
+fn gpu_bf16_and_f16_casts_round_to_nearest_even() {
+    if let Some(dev) = gpu_or_skip("gpu_bf16_and_f16_casts") {
+        bf16_and_f16_casts_round_to_nearest_even(&dev);
+    }
+}
+
+#[test]
+fn interp_bf16_and_f16_casts_round_to_nearest_even() {
+    bf16_and_f16_casts_round_to_nearest_even(&Device::cpu());
+}
+
+fn column_reduction_and_row_broadcast(dev: &Device) {
     let (m, n) = (64, 100);
     let x = random(m * n, -1.0, 1.0);
     let xt = Tensor::from_host(&dev, &x, &[m, n]).unwrap();
@@ -112,8 +120,18 @@ fn gpu_column_reduction_and_row_broadcast() {
 }
 
 #[test]
-fn gpu_broadcast_converts_layouts() {
-    let Some(dev) = gpu_or_skip("gpu_broadcast_converts_layouts") else { return };
+fn gpu_column_reduction_and_row_broadcast() {
+    if let Some(dev) = gpu_or_skip("gpu_column_reduction_and_row_broadcast") {
+        column_reduction_and_row_broadcast(&dev);
+    }
+}
+
+#[test]
+fn interp_column_reduction_and_row_broadcast() {
+    column_reduction_and_row_broadcast(&Device::cpu());
+}
+
+fn broadcast_converts_layouts(dev: &Device) {
     let (m, n) = (45, 150);
     let (x, b) = (random(m * n, -1.0, 1.0), random(m, -1.0, 1.0));
     let xt = Tensor::from_host(&dev, &x, &[m, n]).unwrap();
@@ -125,8 +143,18 @@ fn gpu_broadcast_converts_layouts() {
 }
 
 #[test]
-fn gpu_two_warpgroups_and_uniform_if() {
-    let Some(dev) = gpu_or_skip("gpu_two_warpgroups_and_uniform_if") else { return };
+fn gpu_broadcast_converts_layouts() {
+    if let Some(dev) = gpu_or_skip("gpu_broadcast_converts_layouts") {
+        broadcast_converts_layouts(&dev);
+    }
+}
+
+#[test]
+fn interp_broadcast_converts_layouts() {
+    broadcast_converts_layouts(&Device::cpu());
+}
+
+fn two_warpgroups_and_uniform_if(dev: &Device) {
     let (m, n) = (100, 32);
     let x = random(m * n, -1.0, 1.0);
     let xt = Tensor::from_host(&dev, &x, &[m, n]).unwrap();
@@ -148,8 +176,18 @@ fn gpu_two_warpgroups_and_uniform_if() {
 }
 
 #[test]
-fn gpu_tiles_smaller_than_the_footprint() {
-    let Some(dev) = gpu_or_skip("gpu_tiles_smaller_than_the_footprint") else { return };
+fn gpu_two_warpgroups_and_uniform_if() {
+    if let Some(dev) = gpu_or_skip("gpu_two_warpgroups_and_uniform_if") {
+        two_warpgroups_and_uniform_if(&dev);
+    }
+}
+
+#[test]
+fn interp_two_warpgroups_and_uniform_if() {
+    two_warpgroups_and_uniform_if(&Device::cpu());
+}
+
+fn tiles_smaller_than_the_footprint(dev: &Device) {
     let x = random(16, -1.0, 1.0);
     let xt = Tensor::from_host(&dev, &x, &[4, 4]).unwrap();
     let mut rows = Tensor::full(&dev, &[4], f32::NAN).unwrap();
@@ -160,4 +198,16 @@ fn gpu_tiles_smaller_than_the_footprint() {
     let want_cols: Vec<f64> = (0..4).map(|j| (0..4).map(|i| xs[i * 4 + j]).sum()).collect();
     assert!(rel_error(&wide(&rows.to_host().unwrap()), &want_rows) < 1e-6, "rows");
     assert!(rel_error(&wide(&cols.to_host().unwrap()), &want_cols) < 1e-6, "cols");
+}
+
+#[test]
+fn gpu_tiles_smaller_than_the_footprint() {
+    if let Some(dev) = gpu_or_skip("gpu_tiles_smaller_than_the_footprint") {
+        tiles_smaller_than_the_footprint(&dev);
+    }
+}
+
+#[test]
+fn interp_tiles_smaller_than_the_footprint() {
+    tiles_smaller_than_the_footprint(&Device::cpu());
 }

@@ -21,6 +21,8 @@
 //!   their dtype (bf16 and f16 rounded to nearest even, saturating to infinity, as `cvt.rn`
 //!   does) and computed in f32. `mma_sync` multiplies exactly and accumulates in f32.
 //!   `exp2`, `tanh` and `rsqrt` are exact here where the GPU uses approximations (a few ulp).
+//!   An f32 product under an add or subtract is fused (one rounding), as ptxas contracts
+//!   `mul.f32` + `add.f32` into `fma.rn.f32`.
 //! - **Shared memory** is kept unswizzled (swizzle is a physical layout TIR-H never sees)
 //!   with a written flag per element. An MMA that reads an element nothing wrote taints the
 //!   accumulator entries it feeds; storing a tainted entry to global memory, or TMA-storing a
@@ -38,7 +40,7 @@ use crate::{Device, Error, Grid, Result};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use tessera_ptx::tirh::{Builtin, Expr, ExprKind, SmemType, Stmt, StmtKind, TileIr, Type};
+use tessera_ptx::tirh::{BinOp, Builtin, Expr, ExprKind, SmemType, Stmt, StmtKind, TileIr, Type};
 use tessera_ptx::{DType, KernelSpec};
 use value::{Poison, Tile, Val};
 
@@ -625,6 +627,16 @@ impl<'p> Kernel<'p> {
             }
             ExprKind::Cast { value, to } => value::cast(self.eval(value, wg, blk)?, *to)?,
             ExprKind::Unary(op, a) => value::unary(*op, self.eval(a, wg, blk)?)?,
+            ExprKind::Binary(op @ (BinOp::Add | BinOp::Sub), a, b) if f32_product(a).is_some() || f32_product(b).is_some() => {
+                let (product_left, (px, py), other) = match f32_product(a) {
+                    Some(p) => (true, p, b),
+                    None => (false, f32_product(b).unwrap_or((a, b)), a),
+                };
+                let x = self.eval(px, wg, blk)?;
+                let y = self.eval(py, wg, blk)?;
+                let z = self.eval(other, wg, blk)?;
+                value::fused(*op, product_left, x, y, z)?
+            }
             ExprKind::Binary(op, a, b) => {
                 let x = self.eval(a, wg, blk)?;
                 let y = self.eval(b, wg, blk)?;
@@ -878,6 +890,20 @@ impl<'p> Kernel<'p> {
             what: format!("stage {stage} of ring `{}`, read by `mma_sync` at line {line}", self.prog.rings[ring].0),
         });
         (out, poison)
+    }
+}
+
+/// The operands of `e` if it is an f32 product (scalar or tile), which ptxas fuses with an
+/// add or subtract around it.
+fn f32_product(e: &Expr) -> Option<(&Expr, &Expr)> {
+    let f32_typed = match e.ty {
+        Some(Type::Scalar(tessera_ptx::ScalarType::F32)) => true,
+        Some(Type::Tile(t)) => t.dtype == DType::F32,
+        _ => false,
+    };
+    match &e.kind {
+        ExprKind::Binary(BinOp::Mul, x, y) if f32_typed => Some((x, y)),
+        _ => None,
     }
 }
 

@@ -262,3 +262,48 @@ fn tile_binary(op: BinOp, a: &Tile, b: &Tile) -> Tile {
     let what = a.poison.as_ref().or(b.poison.as_ref()).map(|p| p.what.clone()).unwrap_or_default();
     Tile { ty: TileType { dtype: d, rows: rows as u32, cols: cols as u32 }, v, poison: mask.map(|mask| Box::new(Poison { mask, what })) }
 }
+
+/// `x·y + z` (or `x·y − z`, `z − x·y`) on f32 values with one rounding, as ptxas contracts
+/// `mul.f32` and `add.f32` into `fma.rn.f32`. Tiles broadcast as in [`binary`].
+pub(crate) fn fused(op: BinOp, product_left: bool, x: Val, y: Val, z: Val) -> Result<Val, String> {
+    let f = |a: f32, b: f32, c: f32| -> f32 {
+        let p = f64::from(a) * f64::from(b);
+        let c = f64::from(c);
+        (match (op, product_left) {
+            (BinOp::Sub, true) => p - c,
+            (BinOp::Sub, false) => c - p,
+            _ => p + c,
+        }) as f32
+    };
+    let tiles: Vec<&Tile> = [&x, &y, &z].into_iter().filter_map(|v| if let Val::T(t) = v { Some(t) } else { None }).collect();
+    if tiles.is_empty() {
+        return match (x, y, z) {
+            (Val::F(a), Val::F(b), Val::F(c)) => Ok(Val::F(f(a, b, c))),
+            (x, y, z) => Err(format!("fused multiply-add of {x:?}, {y:?}, {z:?}")),
+        };
+    }
+    let rows = tiles.iter().map(|t| t.ty.rows).max().unwrap_or(1);
+    let cols = tiles.iter().map(|t| t.ty.cols).max().unwrap_or(1);
+    let dtype = tiles[0].ty.dtype;
+    let what = tiles.iter().find_map(|t| t.poison.as_ref().map(|p| p.what.clone()));
+    let at = |v: &Val, r: u32, c: u32| -> (f32, bool) {
+        match v {
+            Val::T(t) => {
+                let i = ((if t.ty.rows == 1 { 0 } else { r }) * t.ty.cols + if t.ty.cols == 1 { 0 } else { c }) as usize;
+                (t.v[i], t.poisoned(i))
+            }
+            Val::F(s) => (*s, false),
+            _ => (f32::NAN, false),
+        }
+    };
+    let n = (rows * cols) as usize;
+    let (mut v, mut mask) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for r in 0..rows {
+        for c in 0..cols {
+            let ((a, pa), (b, pb), (d, pd)) = (at(&x, r, c), at(&y, r, c), at(&z, r, c));
+            v.push(round(dtype, f(a, b, d)));
+            mask.push(pa || pb || pd);
+        }
+    }
+    Ok(Val::T(Tile { ty: TileType { dtype, rows, cols }, v, poison: what.map(|what| Box::new(Poison { mask, what })) }))
+}
