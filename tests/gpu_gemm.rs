@@ -57,10 +57,10 @@ fn gpu_gemm_large_shapes_match_f64_reference() {
 }
 
 fn gemm_rejects_mismatched_shapes(dev: &Device) {
-    let a = Tensor::from_host(&dev, &random_bf16(6), &[2, 3]).unwrap();
-    let b = Tensor::from_host(&dev, &random_bf16(8), &[2, 4]).unwrap();
-    let mut c = Tensor::<bf16>::zeros(&dev, &[2, 2]).unwrap();
-    let e = tessera_kernels::gemm_tn(&dev, &a, &b, &mut c).unwrap_err().to_string();
+    let a = Tensor::from_host(dev, &random_bf16(6), &[2, 3]).unwrap();
+    let b = Tensor::from_host(dev, &random_bf16(8), &[2, 4]).unwrap();
+    let mut c = Tensor::<bf16>::zeros(dev, &[2, 2]).unwrap();
+    let e = tessera_kernels::gemm_tn(dev, &a, &b, &mut c).unwrap_err().to_string();
     assert!(e.contains("`b`") && e.contains("K = 3"), "{e}");
 }
 
@@ -183,10 +183,10 @@ fn gpu_gemm_epilogues_match_f64_reference() {
 fn bias_gelu_matches_f64_reference(dev: &Device) {
     let (m, n) = (77, 1000);
     let (x, b) = (random_bf16(m * n), random_bf16(n));
-    let xt = Tensor::from_host(&dev, &x, &[m, n]).unwrap();
-    let bt = Tensor::from_host(&dev, &b, &[n]).unwrap();
-    let mut y = Tensor::full(&dev, &[m, n], bf16::NAN).unwrap();
-    tessera_kernels::bias_gelu(&dev, &xt, &bt, &mut y).unwrap();
+    let xt = Tensor::from_host(dev, &x, &[m, n]).unwrap();
+    let bt = Tensor::from_host(dev, &b, &[n]).unwrap();
+    let mut y = Tensor::full(dev, &[m, n], bf16::NAN).unwrap();
+    tessera_kernels::bias_gelu(dev, &xt, &bt, &mut y).unwrap();
     let want: Vec<f64> = (0..m * n).map(|i| gelu_tanh(x[i].to_f64() + b[i % n].to_f64())).collect();
     let have: Vec<f64> = y.to_host().unwrap().iter().map(|v| v.to_f64()).collect();
     assert!(rel_error(&have, &want) < 1e-2);
@@ -210,11 +210,11 @@ fn gemm_f16_matches_f64_reference(dev: &Device) {
     let (m, n, k) = (130, 250, 96);
     let rnd = |len: usize| -> Vec<f16> { common::random(len, -1.0, 1.0).into_iter().map(f16::from_f32).collect() };
     let (a, b, bias) = (rnd(m * k), rnd(n * k), rnd(n));
-    let at = Tensor::from_host(&dev, &a, &[m, k]).unwrap();
-    let bt = Tensor::from_host(&dev, &b, &[n, k]).unwrap();
-    let biast = Tensor::from_host(&dev, &bias, &[n]).unwrap();
-    let mut c = Tensor::full(&dev, &[m, n], f16::NAN).unwrap();
-    gemm(&at, &bt).bias(Bias::PerColumn(&biast)).activation(Activation::Silu).run(&dev, &mut c).unwrap();
+    let at = Tensor::from_host(dev, &a, &[m, k]).unwrap();
+    let bt = Tensor::from_host(dev, &b, &[n, k]).unwrap();
+    let biast = Tensor::from_host(dev, &bias, &[n]).unwrap();
+    let mut c = Tensor::full(dev, &[m, n], f16::NAN).unwrap();
+    gemm(&at, &bt).bias(Bias::PerColumn(&biast)).activation(Activation::Silu).run(dev, &mut c).unwrap();
     let got: Vec<f64> = c.to_host().unwrap().iter().map(|v| v.to_f64()).collect();
     let want: Vec<f64> = (0..m * n)
         .map(|x| {
@@ -311,12 +311,12 @@ fn gemm_k_by_n_with_full_epilogue(dev: &Device) {
     use tessera_kernels::{gemm, BLayout};
     let (m, n, k) = (130, 250, 96);
     let (a, b, cin, res) = (random_bf16(m * k), random_bf16(k * n), random_bf16(m * n), random_bf16(m * n));
-    let at = Tensor::from_host(&dev, &a, &[m, k]).unwrap();
-    let bt = Tensor::from_host(&dev, &b, &[k, n]).unwrap();
-    let cint = Tensor::from_host(&dev, &cin, &[m, n]).unwrap();
-    let rest = Tensor::from_host(&dev, &res, &[m, n]).unwrap();
-    let mut c = Tensor::full(&dev, &[m, n], bf16::NAN).unwrap();
-    gemm(&at, &bt).b_layout(BLayout::KxN).beta(0.5, &cint).residual(&rest).run(&dev, &mut c).unwrap();
+    let at = Tensor::from_host(dev, &a, &[m, k]).unwrap();
+    let bt = Tensor::from_host(dev, &b, &[k, n]).unwrap();
+    let cint = Tensor::from_host(dev, &cin, &[m, n]).unwrap();
+    let rest = Tensor::from_host(dev, &res, &[m, n]).unwrap();
+    let mut c = Tensor::full(dev, &[m, n], bf16::NAN).unwrap();
+    gemm(&at, &bt).b_layout(BLayout::KxN).beta(0.5, &cint).residual(&rest).run(dev, &mut c).unwrap();
     let got: Vec<f64> = c.to_host().unwrap().iter().map(|v| v.to_f64()).collect();
     let want: Vec<f64> = (0..m * n)
         .map(|x| {

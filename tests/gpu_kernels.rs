@@ -37,9 +37,9 @@ fn axpy_matches_f64_reference(dev: &Device) {
     for &(m, n) in shapes(dev) {
         let (x, y0) = (random(m * n, -1.0, 1.0), random(m * n, -1.0, 1.0));
         let a = random(1, -2.0, 2.0)[0];
-        let xt = Tensor::from_host(&dev, &x, &[m, n]).unwrap();
-        let mut yt = Tensor::from_host(&dev, &y0, &[m, n]).unwrap();
-        tessera_kernels::axpy(&dev, a, &xt, &mut yt).unwrap();
+        let xt = Tensor::from_host(dev, &x, &[m, n]).unwrap();
+        let mut yt = Tensor::from_host(dev, &y0, &[m, n]).unwrap();
+        tessera_kernels::axpy(dev, a, &xt, &mut yt).unwrap();
         let got = wide(&yt.to_host().unwrap());
         let want: Vec<f64> = x.iter().zip(&y0).map(|(&x, &y)| f64::from(a) * f64::from(x) + f64::from(y)).collect();
         let err = rel_error(&got, &want);
@@ -119,9 +119,9 @@ fn interp_softmax_matches_f64_reference() {
 fn softmax_matches_f64_reference(dev: &Device) {
     for &(m, n) in shapes(dev) {
         let x = random(m * n, -8.0, 8.0);
-        let xt = Tensor::from_host(&dev, &x, &[m, n]).unwrap();
-        let mut y = poisoned(&dev, &[m, n]);
-        tessera_kernels::softmax(&dev, &xt, &mut y).unwrap();
+        let xt = Tensor::from_host(dev, &x, &[m, n]).unwrap();
+        let mut y = poisoned(dev, &[m, n]);
+        tessera_kernels::softmax(dev, &xt, &mut y).unwrap();
         let err = rel_error(&wide(&y.to_host().unwrap()), &softmax_ref(&wide(&x), n));
         assert!(err < 1e-5, "softmax {m}x{n}: relative error {err}");
     }
@@ -134,9 +134,9 @@ fn softmax_survives_huge_logits(dev: &Device) {
     for (i, v) in x.iter_mut().enumerate() {
         *v += if (i / n) % 2 == 0 { 1e4 } else { -1e4 };
     }
-    let xt = Tensor::from_host(&dev, &x, &[m, n]).unwrap();
-    let mut y = poisoned(&dev, &[m, n]);
-    tessera_kernels::softmax(&dev, &xt, &mut y).unwrap();
+    let xt = Tensor::from_host(dev, &x, &[m, n]).unwrap();
+    let mut y = poisoned(dev, &[m, n]);
+    tessera_kernels::softmax(dev, &xt, &mut y).unwrap();
     let got = wide(&y.to_host().unwrap());
     assert!(got.iter().all(|v| v.is_finite()), "softmax of ±1e4 rows produced a non-finite value");
     let err = rel_error(&got, &softmax_ref(&wide(&x), n));
@@ -171,16 +171,16 @@ fn gpu_module_is_loaded_once_per_device() {
 }
 
 fn launch_rejects_mismatched_arguments(dev: &Device) {
-    let x = Tensor::from_host(&dev, &random(12, -1.0, 1.0), &[3, 4]).unwrap();
-    let mut y = Tensor::<f32>::zeros(&dev, &[4, 3]).unwrap();
-    let e = tessera_kernels::axpy(&dev, 1.0, &x, &mut y).unwrap_err().to_string();
+    let x = Tensor::from_host(dev, &random(12, -1.0, 1.0), &[3, 4]).unwrap();
+    let mut y = Tensor::<f32>::zeros(dev, &[4, 3]).unwrap();
+    let e = tessera_kernels::axpy(dev, 1.0, &x, &mut y).unwrap_err().to_string();
     assert!(e.contains("`y`") && e.contains("[3, 4]") && e.contains("[4, 3]"), "{e}");
     // Rank checked by the generated launcher itself.
-    let flat = Tensor::from_host(&dev, &random(12, -1.0, 1.0), &[12]).unwrap();
-    let e = tessera_kernels::axpy_f32::launch(&dev, 1, 1.0, &flat, &mut y).unwrap_err().to_string();
+    let flat = Tensor::from_host(dev, &random(12, -1.0, 1.0), &[12]).unwrap();
+    let e = tessera_kernels::axpy_f32::launch(dev, 1, 1.0, &flat, &mut y).unwrap_err().to_string();
     assert!(e.contains("`x`") && e.contains("rank-2"), "{e}");
     // A view offset by one element is still aligned for f32 scalars; a zero grid is not launchable.
-    let e = tessera_kernels::axpy_f32::launch(&dev, (0, 1), 1.0, &x, &mut y).unwrap_err().to_string();
+    let e = tessera_kernels::axpy_f32::launch(dev, (0, 1), 1.0, &x, &mut y).unwrap_err().to_string();
     assert!(e.contains("grid"), "{e}");
     // Nothing was written by the failed calls.
     assert!(y.to_host().unwrap().iter().all(|&v| v == 0.0));

@@ -75,10 +75,10 @@ fn tiny_tiles(x: Global<f32, 2>, rows: Global<f32, 1>, cols: Global<f32, 1>) {
 fn bf16_and_f16_casts_round_to_nearest_even(dev: &Device) {
     let (m, n) = (70, 130);
     let x: Vec<bf16> = random(m * n, -3.0, 3.0).into_iter().map(bf16::from_f32).collect();
-    let xt = Tensor::from_host(&dev, &x, &[m, n]).unwrap();
-    let mut y = Tensor::full(&dev, &[m, n], f32::NAN).unwrap();
-    let mut z = Tensor::full(&dev, &[m, n], bf16::NAN).unwrap();
-    bf16_roundtrip::launch(&dev, (Grid::tiles(n, 64), Grid::tiles(m, 32)), &xt, &mut y, &mut z).unwrap();
+    let xt = Tensor::from_host(dev, &x, &[m, n]).unwrap();
+    let mut y = Tensor::full(dev, &[m, n], f32::NAN).unwrap();
+    let mut z = Tensor::full(dev, &[m, n], bf16::NAN).unwrap();
+    bf16_roundtrip::launch(dev, (Grid::tiles(n, 64), Grid::tiles(m, 32)), &xt, &mut y, &mut z).unwrap();
     let y = y.to_host().unwrap();
     let z = z.to_host().unwrap();
     for i in 0..m * n {
@@ -86,9 +86,9 @@ fn bf16_and_f16_casts_round_to_nearest_even(dev: &Device) {
         assert_eq!(z[i], bf16::from_f32(x[i].to_f32() * 0.5), "f32→bf16 at {i}");
     }
     let h: Vec<f16> = random(m * n, -3.0, 3.0).into_iter().map(f16::from_f32).collect();
-    let ht = Tensor::from_host(&dev, &h, &[m, n]).unwrap();
-    let mut y = Tensor::full(&dev, &[m, n], f32::NAN).unwrap();
-    f16_to_f32::launch(&dev, (Grid::tiles(n, 128), Grid::tiles(m, 16)), &ht, &mut y).unwrap();
+    let ht = Tensor::from_host(dev, &h, &[m, n]).unwrap();
+    let mut y = Tensor::full(dev, &[m, n], f32::NAN).unwrap();
+    f16_to_f32::launch(dev, (Grid::tiles(n, 128), Grid::tiles(m, 16)), &ht, &mut y).unwrap();
     let y = y.to_host().unwrap();
     assert!(h.iter().zip(&y).all(|(a, b)| a.to_f32() + 1.0 == *b));
 }
@@ -108,10 +108,10 @@ fn interp_bf16_and_f16_casts_round_to_nearest_even() {
 fn column_reduction_and_row_broadcast(dev: &Device) {
     let (m, n) = (64, 100);
     let x = random(m * n, -1.0, 1.0);
-    let xt = Tensor::from_host(&dev, &x, &[m, n]).unwrap();
-    let mut sums = Tensor::full(&dev, &[n], f32::NAN).unwrap();
-    let mut y = Tensor::full(&dev, &[m, n], f32::NAN).unwrap();
-    col_center::launch(&dev, Grid::tiles(n, 32), &xt, &mut sums, &mut y).unwrap();
+    let xt = Tensor::from_host(dev, &x, &[m, n]).unwrap();
+    let mut sums = Tensor::full(dev, &[n], f32::NAN).unwrap();
+    let mut y = Tensor::full(dev, &[m, n], f32::NAN).unwrap();
+    col_center::launch(dev, Grid::tiles(n, 32), &xt, &mut sums, &mut y).unwrap();
     let xs = wide(&x);
     let want_sums: Vec<f64> = (0..n).map(|j| (0..m).map(|i| xs[i * n + j]).sum()).collect();
     assert!(rel_error(&wide(&sums.to_host().unwrap()), &want_sums) < 1e-5);
@@ -134,10 +134,10 @@ fn interp_column_reduction_and_row_broadcast() {
 fn broadcast_converts_layouts(dev: &Device) {
     let (m, n) = (45, 150);
     let (x, b) = (random(m * n, -1.0, 1.0), random(m, -1.0, 1.0));
-    let xt = Tensor::from_host(&dev, &x, &[m, n]).unwrap();
-    let bt = Tensor::from_host(&dev, &b, &[m]).unwrap();
-    let mut y = Tensor::full(&dev, &[m, n], f32::NAN).unwrap();
-    add_row_bias::launch(&dev, Grid::tiles(m, 16), &xt, &bt, &mut y).unwrap();
+    let xt = Tensor::from_host(dev, &x, &[m, n]).unwrap();
+    let bt = Tensor::from_host(dev, &b, &[m]).unwrap();
+    let mut y = Tensor::full(dev, &[m, n], f32::NAN).unwrap();
+    add_row_bias::launch(dev, Grid::tiles(m, 16), &xt, &bt, &mut y).unwrap();
     let want: Vec<f64> = (0..m * n).map(|k| f64::from(x[k]) + f64::from(b[k / n])).collect();
     assert!(rel_error(&wide(&y.to_host().unwrap()), &want) < 1e-6);
 }
@@ -157,9 +157,9 @@ fn interp_broadcast_converts_layouts() {
 fn two_warpgroups_and_uniform_if(dev: &Device) {
     let (m, n) = (100, 32);
     let x = random(m * n, -1.0, 1.0);
-    let xt = Tensor::from_host(&dev, &x, &[m, n]).unwrap();
-    let mut y = Tensor::full(&dev, &[m, n], f32::NAN).unwrap();
-    two_warpgroups::launch(&dev, Grid::tiles(m, 32), &xt, &mut y).unwrap();
+    let xt = Tensor::from_host(dev, &x, &[m, n]).unwrap();
+    let mut y = Tensor::full(dev, &[m, n], f32::NAN).unwrap();
+    two_warpgroups::launch(dev, Grid::tiles(m, 32), &xt, &mut y).unwrap();
     let want: Vec<f64> = (0..m * n)
         .map(|k| {
             let row = &x[(k / n) * n..(k / n + 1) * n];
@@ -189,10 +189,10 @@ fn interp_two_warpgroups_and_uniform_if() {
 
 fn tiles_smaller_than_the_footprint(dev: &Device) {
     let x = random(16, -1.0, 1.0);
-    let xt = Tensor::from_host(&dev, &x, &[4, 4]).unwrap();
-    let mut rows = Tensor::full(&dev, &[4], f32::NAN).unwrap();
-    let mut cols = Tensor::full(&dev, &[4], f32::NAN).unwrap();
-    tiny_tiles::launch(&dev, 1, &xt, &mut rows, &mut cols).unwrap();
+    let xt = Tensor::from_host(dev, &x, &[4, 4]).unwrap();
+    let mut rows = Tensor::full(dev, &[4], f32::NAN).unwrap();
+    let mut cols = Tensor::full(dev, &[4], f32::NAN).unwrap();
+    tiny_tiles::launch(dev, 1, &xt, &mut rows, &mut cols).unwrap();
     let xs = wide(&x);
     let want_rows: Vec<f64> = (0..4).map(|i| xs[i * 4..i * 4 + 4].iter().sum()).collect();
     let want_cols: Vec<f64> = (0..4).map(|j| (0..4).map(|i| xs[i * 4 + j]).sum()).collect();
