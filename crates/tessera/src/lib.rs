@@ -3,7 +3,9 @@
 //! `#[tessera::kernel]` compiles a function written in a tile language to PTX while
 //! `cargo build` runs (no CUDA toolkit needed), and generates a module with a typed
 //! launcher. This crate is the runtime the launcher runs on: [`Device`], [`Tensor`],
-//! argument checks, a module cache, launch.
+//! argument checks, a module cache, launch — on a GPU, or on the CPU interpreter of the
+//! kernel's TIR-H ([`Device::cpu`]), which takes the same calls and reports deadlocks and
+//! reads of unwritten shared memory as [`Error::Kernel`] at the DSL line.
 //!
 //! ```ignore
 //! use tessera::{kernel, Device, Grid, Tensor};
