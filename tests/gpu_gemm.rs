@@ -448,3 +448,28 @@ fn interp_gemm_256_cubed_time() {
         assert!(ms < 1000.0, "256³ GEMM took {ms:.0} ms on the interpreter");
     }
 }
+
+#[test]
+fn interp_gemm_f16_kernels_match_f64_reference() {
+    // f16 through the 128×256 kernels (C rows 16-byte aligned) and the 128×128 ones (odd N,
+    // and odd K, which pads the operands first), B in both layouts.
+    use tessera::f16;
+    use tessera_kernels::{gemm, BLayout};
+    let dev = Device::cpu();
+    let rnd = |len: usize| -> Vec<f16> { common::random(len, -1.0, 1.0).into_iter().map(f16::from_f32).collect() };
+    for (m, n, k) in [(70, 136, 48), (33, 70, 45)] {
+        let (a, b) = (rnd(m * k), rnd(n * k));
+        for kn in [false, true] {
+            let at = Tensor::from_host(&dev, &a, &[m, k]).unwrap();
+            let shape = if kn { [k, n] } else { [n, k] };
+            let bt = Tensor::from_host(&dev, &b, &shape).unwrap();
+            let mut c = Tensor::full(&dev, &[m, n], f16::NAN).unwrap();
+            gemm(&at, &bt).b_layout(if kn { BLayout::KxN } else { BLayout::NxK }).run(&dev, &mut c).unwrap();
+            let got: Vec<f64> = c.to_host().unwrap().iter().map(|v| v.to_f64()).collect();
+            let bval = |p: usize, j: usize| if kn { b[p * n + j] } else { b[j * k + p] };
+            let want: Vec<f64> = (0..m * n).map(|x| (0..k).map(|p| a[(x / n) * k + p].to_f64() * bval(p, x % n).to_f64()).sum()).collect();
+            let err = rel_error(&got, &want);
+            assert!(err < 1e-2, "f16 gemm {m}x{n}x{k} kn={kn}: relative error {err}");
+        }
+    }
+}
