@@ -153,31 +153,31 @@ fn check_epilogue(dev: &Device, m: usize, n: usize, k: usize, epi: Epi) {
 
 #[test]
 fn gpu_gemm_epilogues_match_f64_reference() {
-    use tessera_kernels::Activation;
     let Some(dev) = gpu_or_skip("gpu_gemm_epilogues") else { return };
     for &(m, n, k) in &[(200, 300, 100), (129, 520, 72)] {
-        let plain = || Epi { alpha: 1.0, beta: None, beta_v: 0.0, bias: None, act: Activation::None, residual: None };
-        check_epilogue(&dev, m, n, k, Epi { alpha: 0.5, ..plain() });
-        check_epilogue(&dev, m, n, k, Epi { beta: Some(random_bf16(m * n)), beta_v: -2.0, ..plain() });
-        check_epilogue(&dev, m, n, k, Epi { bias: Some((random_bf16(n), true)), act: Activation::GeluTanh, ..plain() });
-        check_epilogue(&dev, m, n, k, Epi { bias: Some((random_bf16(m), false)), act: Activation::GeluErf, ..plain() });
-        check_epilogue(&dev, m, n, k, Epi { act: Activation::Silu, alpha: 3.0, ..plain() });
-        check_epilogue(&dev, m, n, k, Epi { residual: Some(random_bf16(m * n)), ..plain() });
-        check_epilogue(
-            &dev,
-            m,
-            n,
-            k,
-            Epi {
-                alpha: 0.75,
-                beta: Some(random_bf16(m * n)),
-                beta_v: 0.5,
-                bias: Some((random_bf16(n), true)),
-                act: Activation::GeluTanh,
-                residual: Some(random_bf16(m * n)),
-            },
-        );
+        check_every_epilogue(&dev, m, n, k);
     }
+}
+
+/// Each epilogue alone, then all of them at once.
+fn check_every_epilogue(dev: &Device, m: usize, n: usize, k: usize) {
+    use tessera_kernels::Activation;
+    let plain = || Epi { alpha: 1.0, beta: None, beta_v: 0.0, bias: None, act: Activation::None, residual: None };
+    check_epilogue(dev, m, n, k, Epi { alpha: 0.5, ..plain() });
+    check_epilogue(dev, m, n, k, Epi { beta: Some(random_bf16(m * n)), beta_v: -2.0, ..plain() });
+    check_epilogue(dev, m, n, k, Epi { bias: Some((random_bf16(n), true)), act: Activation::GeluTanh, ..plain() });
+    check_epilogue(dev, m, n, k, Epi { bias: Some((random_bf16(m), false)), act: Activation::GeluErf, ..plain() });
+    check_epilogue(dev, m, n, k, Epi { act: Activation::Silu, alpha: 3.0, ..plain() });
+    check_epilogue(dev, m, n, k, Epi { residual: Some(random_bf16(m * n)), ..plain() });
+    let all = Epi {
+        alpha: 0.75,
+        beta: Some(random_bf16(m * n)),
+        beta_v: 0.5,
+        bias: Some((random_bf16(n), true)),
+        act: Activation::GeluTanh,
+        residual: Some(random_bf16(m * n)),
+    };
+    check_epilogue(dev, m, n, k, all);
 }
 
 fn bias_gelu_matches_f64_reference(dev: &Device) {
@@ -366,26 +366,10 @@ fn interp_gemm_odd_shapes_match_f64_reference() {
 
 #[test]
 fn interp_gemm_epilogues_match_f64_reference() {
-    use tessera_kernels::Activation;
     let dev = Device::cpu();
     // 136 columns take the TMA-store kernels (aligned rows), 70 the 128×128 ones.
     for &(m, n, k) in &[(129, 136, 72), (65, 70, 40)] {
-        let plain = || Epi { alpha: 1.0, beta: None, beta_v: 0.0, bias: None, act: Activation::None, residual: None };
-        check_epilogue(&dev, m, n, k, Epi { alpha: 0.5, ..plain() });
-        check_epilogue(&dev, m, n, k, Epi { beta: Some(random_bf16(m * n)), beta_v: -2.0, ..plain() });
-        check_epilogue(&dev, m, n, k, Epi { bias: Some((random_bf16(n), true)), act: Activation::GeluTanh, ..plain() });
-        check_epilogue(&dev, m, n, k, Epi { bias: Some((random_bf16(m), false)), act: Activation::GeluErf, ..plain() });
-        check_epilogue(&dev, m, n, k, Epi { act: Activation::Silu, alpha: 3.0, ..plain() });
-        check_epilogue(&dev, m, n, k, Epi { residual: Some(random_bf16(m * n)), ..plain() });
-        let all = Epi {
-            alpha: 0.75,
-            beta: Some(random_bf16(m * n)),
-            beta_v: 0.5,
-            bias: Some((random_bf16(n), true)),
-            act: Activation::GeluTanh,
-            residual: Some(random_bf16(m * n)),
-        };
-        check_epilogue(&dev, m, n, k, all);
+        check_every_epilogue(&dev, m, n, k);
     }
 }
 

@@ -851,32 +851,29 @@ impl<'p> Kernel<'p> {
         let (ra, rb) = (&blk.rings[a.ring], &blk.rings[b.ring]);
         let a_el = |i: u32, kk: u32| ring_index(ta, a, i, kk);
         let b_el = |j: u32, kk: u32| if b_kn { ring_index(tb, b, kk, j) } else { ring_index(tb, b, j, kk) };
-        // Gather the operands densely: rows of A and rows of Bᵀ, K contiguous.
-        let mut av = vec![0f64; (m * k) as usize];
-        let mut bv = vec![0f64; (n * k) as usize];
-        let mut bad_rows = vec![false; m as usize];
-        let mut bad_cols = vec![false; n as usize];
-        let mut first_bad: Option<(usize, u32)> = None;
-        for i in 0..m {
-            for kk in 0..k {
-                let at = a_el(i, kk);
-                av[(i * k + kk) as usize] = f64::from(ra.data[at]);
-                if !ra.written[at] {
-                    bad_rows[i as usize] = true;
-                    first_bad.get_or_insert((a.ring, a.stage));
+        // Gather the operands densely (rows of A and rows of Bᵀ, K contiguous), noting the
+        // rows that hold an element nothing wrote.
+        let gather = |ring: &Ring, rows: u32, el: &dyn Fn(u32, u32) -> usize| {
+            let mut v = vec![0f64; (rows * k) as usize];
+            let mut bad = vec![false; rows as usize];
+            for i in 0..rows {
+                for kk in 0..k {
+                    let at = el(i, kk);
+                    v[(i * k + kk) as usize] = f64::from(ring.data[at]);
+                    bad[i as usize] |= !ring.written[at];
                 }
             }
-        }
-        for j in 0..n {
-            for kk in 0..k {
-                let at = b_el(j, kk);
-                bv[(j * k + kk) as usize] = f64::from(rb.data[at]);
-                if !rb.written[at] {
-                    bad_cols[j as usize] = true;
-                    first_bad.get_or_insert((b.ring, b.stage));
-                }
-            }
-        }
+            (v, bad)
+        };
+        let (av, bad_rows) = gather(ra, m, &a_el);
+        let (bv, bad_cols) = gather(rb, n, &b_el);
+        let first_bad = if bad_rows.contains(&true) {
+            Some((a.ring, a.stage))
+        } else if bad_cols.contains(&true) {
+            Some((b.ring, b.stage))
+        } else {
+            None
+        };
         let mut out = vec![0f64; (m * n) as usize];
         for i in 0..m as usize {
             let arow = &av[i * k as usize..(i + 1) * k as usize];

@@ -200,6 +200,18 @@ fn f32_binary(op: BinOp, a: f32, b: f32) -> f32 {
     }
 }
 
+/// A comparison (`setp`; false when a float operand is NaN, except `!=`).
+fn compare<T: PartialOrd>(op: BinOp, a: T, b: T) -> bool {
+    match op {
+        BinOp::Lt => a < b,
+        BinOp::Le => a <= b,
+        BinOp::Gt => a > b,
+        BinOp::Ge => a >= b,
+        BinOp::Eq => a == b,
+        _ => a != b,
+    }
+}
+
 pub(crate) fn binary(op: BinOp, x: Val, y: Val) -> Result<Val, String> {
     use BinOp as O;
     Ok(match (x, y) {
@@ -212,22 +224,12 @@ pub(crate) fn binary(op: BinOp, x: Val, y: Val) -> Result<Val, String> {
             O::Rem => Val::I(a.wrapping_rem(b)),
             O::Max => Val::I(a.max(b)),
             O::Min => Val::I(a.min(b)),
-            O::Lt => Val::B(a < b),
-            O::Le => Val::B(a <= b),
-            O::Gt => Val::B(a > b),
-            O::Ge => Val::B(a >= b),
-            O::Eq => Val::B(a == b),
-            O::Ne => Val::B(a != b),
             O::And | O::Or => return Err(format!("`{}` of integers", op.symbol())),
+            _ => Val::B(compare(op, a, b)),
         },
         (Val::F(a), Val::F(b)) => match op {
-            O::Lt => Val::B(a < b),
-            O::Le => Val::B(a <= b),
-            O::Gt => Val::B(a > b),
-            O::Ge => Val::B(a >= b),
-            O::Eq => Val::B(a == b),
-            O::Ne => Val::B(a != b),
             O::Rem | O::And | O::Or => return Err(format!("`{}` of floats", op.symbol())),
+            _ if op.is_comparison() => Val::B(compare(op, a, b)),
             _ => Val::F(f32_binary(op, a, b)),
         },
         (Val::B(a), Val::B(b)) => match op {
