@@ -25,6 +25,8 @@ fn main() {
     };
     let mut rng = Uniform::new();
     let mut random = |n: usize| rng.vec(n, |v| v);
+    let mut rng2 = Uniform::new();
+    let mut rng_bf16 = |n: usize| rng2.vec(n, tessera::bf16::from_f32);
     let x = Tensor::from_host(&dev, &random(M * N), &[M, N]).expect("x");
     let mut y = Tensor::from_host(&dev, &random(M * N), &[M, N]).expect("y");
     let mut out = Tensor::<f32>::zeros(&dev, &[M]).expect("out");
@@ -68,8 +70,18 @@ fn main() {
         timed(&mut criterion, "softmax", &mut f);
         rows.push(("softmax", 2.0 * mb, time_ms(&dev, 5, 20, f)));
     }
+    {
+        // RMSNorm in bf16 with a weight: x read once, y written once (the weight is 16 KiB).
+        use tessera::bf16;
+        let xb = Tensor::from_host(&dev, &rng_bf16(M * N), &[M, N]).expect("x bf16");
+        let wb = Tensor::from_host(&dev, &rng_bf16(N), &[N]).expect("w bf16");
+        let mut yb = Tensor::<bf16>::zeros(&dev, &[M, N]).expect("y bf16");
+        let mut f = || tessera_kernels::rms_norm(&dev, &xb, Some(&wb), 1e-6, &mut yb).expect("rms_norm");
+        timed(&mut criterion, "rms_norm bf16", &mut f);
+        rows.push(("rms_norm bf16", (2 * M * N * 2 + N * 2) as f64, time_ms(&dev, 5, 20, f)));
+    }
     let copy = rows[0].1 / rows[0].2 * 1e-6;
-    println!("\nmemory_bound on {} ({M}x{N} f32)", dev.name());
+    println!("\nmemory_bound on {} ({M}x{N} f32; rms_norm in bf16)", dev.name());
     println!("{:<20} {:>10} {:>10} {:>10} {:>8}", "kernel", "MB", "ms", "GB/s", "x copy");
     for (name, bytes, ms) in &rows {
         let gbs = bytes / ms * 1e-6;

@@ -248,3 +248,51 @@ fn gpu_sm80_variants_run_forward_on_newer_gpus() {
 fn interp_sm80_variants_run_forward_on_newer_gpus() {
     sm80_variants_run_forward_on_newer_gpus(&Device::cpu());
 }
+
+/// RMSNorm in `T` against f64 on the values `T` holds: each shape with and without a weight.
+fn rms_norm_case<T: tessera_kernels::NormElement>(dev: &Device, to: fn(f32) -> T, from: fn(T) -> f64, tol: f64) {
+    let mut shapes = vec![(1, 1), (7, 129), (37, 1536), (3, 5000), (20, 2304)];
+    if !dev.is_cpu() {
+        shapes.extend([(4097, 5000), (64, 16384), (1000, 11008)]);
+    }
+    for (m, n) in shapes {
+        let x: Vec<T> = random(m * n, -3.0, 3.0).into_iter().map(to).collect();
+        let w: Vec<T> = random(n, 0.5, 1.5).into_iter().map(to).collect();
+        let xt = Tensor::from_host(dev, &x, &[m, n]).unwrap();
+        let wt = Tensor::from_host(dev, &w, &[n]).unwrap();
+        for with_weight in [true, false] {
+            let mut y = Tensor::full(dev, &[m, n], to(f32::NAN)).unwrap();
+            tessera_kernels::rms_norm(dev, &xt, with_weight.then_some(&wt), 1e-5, &mut y).unwrap();
+            let got: Vec<f64> = y.to_host().unwrap().into_iter().map(from).collect();
+            let want: Vec<f64> = (0..m)
+                .flat_map(|i| {
+                    let row: Vec<f64> = x[i * n..(i + 1) * n].iter().map(|&v| from(v)).collect();
+                    let inv = 1.0 / (row.iter().map(|v| v * v).sum::<f64>() / n as f64 + 1e-5).sqrt();
+                    let w = &w;
+                    row.into_iter().enumerate().map(move |(j, v)| v * inv * if with_weight { from(w[j]) } else { 1.0 })
+                })
+                .collect();
+            let err = rel_error(&got, &want);
+            assert!(err < tol, "rms_norm {m}x{n} weight={with_weight}: relative error {err}");
+        }
+    }
+}
+
+fn rms_norm_matches_f64_reference(dev: &Device) {
+    use tessera::{bf16, f16};
+    rms_norm_case::<bf16>(dev, bf16::from_f32, |v| v.to_f64(), 1e-2);
+    rms_norm_case::<f16>(dev, f16::from_f32, |v| v.to_f64(), 2e-3);
+    rms_norm_case::<f32>(dev, |v| v, f64::from, 1e-5);
+}
+
+#[test]
+fn gpu_rms_norm_matches_f64_reference() {
+    if let Some(dev) = gpu_or_skip("gpu_rms_norm") {
+        rms_norm_matches_f64_reference(&dev);
+    }
+}
+
+#[test]
+fn interp_rms_norm_matches_f64_reference() {
+    rms_norm_matches_f64_reference(&Device::cpu());
+}

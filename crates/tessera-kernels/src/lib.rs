@@ -9,10 +9,12 @@
 //! | [`softmax`] | numerically stable softmax of each row of a 2-D f32 tensor |
 //! | [`gemm`], [`gemm_tn`] | `C = act(alpha·A·Bᵀ + beta·C_in + bias) + residual`, bf16/f16, B N×K or K×N, batches: TMA + wgmma on Hopper, cp.async + mma.sync on sm_80 and later |
 //! | [`bias_gelu`] | `y = gelu(x + bias)`, the unfused epilogue |
+//! | [`rms_norm`] | `y = x / sqrt(mean(x²) + eps) · weight` per row, bf16/f16/f32, f32 statistics |
 #![warn(missing_docs)]
 
 mod elementwise;
 mod gemm;
+mod norm;
 mod reduce;
 mod softmax;
 
@@ -21,6 +23,7 @@ pub use gemm::{
     bias_gelu, bias_gelu_bf16, gemm, gemm_nn_bf16, gemm_nn_f16, gemm_nn_full_bf16, gemm_nn_full_f16, gemm_tn, gemm_tn_bf16, gemm_tn_f16,
     gemm_tn_full_bf16, gemm_tn_full_f16, pad_copy_bf16, pad_copy_f16, Activation, BLayout, Bias, GemmBuilder, GemmElement,
 };
+pub use norm::{rms_norm, rms_norm_bf16, rms_norm_f16, rms_norm_f32, NormElement};
 pub use reduce::{row_max, row_max_f32, row_sum, row_sum_f32};
 pub use softmax::{softmax, softmax_f32};
 
@@ -42,6 +45,9 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         &pad_copy_bf16::SPEC,
         &pad_copy_f16::SPEC,
         &bias_gelu_bf16::SPEC,
+        &rms_norm_bf16::SPEC,
+        &rms_norm_f16::SPEC,
+        &rms_norm_f32::SPEC,
     ]
 }
 
