@@ -6,28 +6,15 @@
 
 use criterion::Criterion;
 use std::time::Duration;
+mod common;
+
+use common::cublas_tn;
 use tessera::cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
 use tessera::testing::Uniform;
 use tessera::{bf16, Device, Tensor};
 
 fn time_ms(dev: &Device, warm: usize, iters: usize, f: impl FnMut()) -> f64 {
     tessera::testing::time_ms(dev, warm, iters, f).expect("CUDA event timing")
-}
-
-/// cuBLAS's column-major form of the row-major `C (M×N) = A (M×K) · B (N×K)ᵀ`: `Cᵀ = B·Aᵀ`.
-fn cublas_tn(m: usize, n: usize, k: usize) -> GemmConfig<bf16> {
-    GemmConfig {
-        transa: cublasOperation_t::CUBLAS_OP_T,
-        transb: cublasOperation_t::CUBLAS_OP_N,
-        m: n as i32,
-        n: m as i32,
-        k: k as i32,
-        alpha: bf16::ONE,
-        lda: k as i32,
-        ldb: k as i32,
-        beta: bf16::ZERO,
-        ldc: n as i32,
-    }
 }
 
 fn main() {

@@ -6,7 +6,10 @@
 //!
 //! C = A·Bᵀ with A M×K and B N×K row-major, bf16 (the LLM-weight layout).
 
-use tessera::cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
+#[path = "../benches/common/mod.rs"]
+mod common;
+
+use tessera::cudarc::cublas::{CudaBlas, Gemm};
 use tessera::testing::{time_ms, Uniform};
 use tessera::{bf16, Device, Tensor};
 
@@ -28,19 +31,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a_raw = dev.stream()?.clone_htod(&a_host)?;
     let b_raw = dev.stream()?.clone_htod(&b_host)?;
     let mut c_raw = dev.stream()?.alloc_zeros::<bf16>(m * n)?;
-    // cuBLAS is column-major: the row-major C (M×N) = A·Bᵀ is Cᵀ (N×M) = B·Aᵀ there.
-    let cfg = GemmConfig {
-        transa: cublasOperation_t::CUBLAS_OP_T,
-        transb: cublasOperation_t::CUBLAS_OP_N,
-        m: n as i32,
-        n: m as i32,
-        k: k as i32,
-        alpha: bf16::ONE,
-        lda: k as i32,
-        ldb: k as i32,
-        beta: bf16::ZERO,
-        ldc: n as i32,
-    };
+    let cfg = common::cublas_tn(m, n, k);
     let mut failure = None;
     let t_cublas = time_ms(&dev, 1, iters, || {
         if let Err(e) = unsafe { blas.gemm(cfg, &b_raw, &a_raw, &mut c_raw) } {

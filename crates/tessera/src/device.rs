@@ -160,9 +160,9 @@ impl Device {
         }
     }
 
-    fn cuda(&self, what: &'static str) -> Result<(&Arc<CudaStream>, (i32, i32), &ModuleCache)> {
+    fn cuda(&self, what: &'static str) -> Result<(&Arc<CudaStream>, &ModuleCache)> {
         match &self.inner.backend {
-            Backend::Cuda { stream, cc, modules } => Ok((stream, *cc, modules)),
+            Backend::Cuda { stream, modules, .. } => Ok((stream, modules)),
             Backend::Cpu { .. } => Err(Error::NotCuda { what }),
         }
     }
@@ -247,20 +247,22 @@ impl Device {
         }
     }
 
+    /// The variant [`Device::target_for`] picks, or the error that says why there is none.
+    pub(crate) fn variant(&self, spec: &tessera_ptx::KernelSpec) -> Result<&'static tessera_ptx::PtxVariant> {
+        let chosen = self.target_for(spec).and_then(|t| spec.variants.iter().find(|v| v.target == t));
+        chosen.ok_or_else(|| {
+            let available = spec.variants.iter().map(|v| v.target.name()).collect::<Vec<_>>().join(", ");
+            match (self.inner.target, self.compute_capability()) {
+                (Some(t), _) => Error::TargetUnavailable { kernel: spec.name, target: t.name(), available },
+                (None, (major, minor)) => Error::NoVariant { kernel: spec.name, major, minor, available },
+            }
+        })
+    }
+
     /// The kernel's best variant for this device, loaded once per device.
     pub(crate) fn kernel(&self, spec: &'static tessera_ptx::KernelSpec) -> Result<Arc<LoadedKernel>> {
-        let (stream, (major, minor), modules) = self.cuda("loading PTX")?;
-        let chosen = match self.inner.target {
-            Some(t) => spec.variants.iter().find(|v| v.target == t && t.runs_on(major, minor)),
-            None => spec.variant_for(major, minor),
-        };
-        let Some(variant) = chosen else {
-            let available = spec.variants.iter().map(|v| v.target.name()).collect::<Vec<_>>().join(", ");
-            if let Some(t) = self.inner.target {
-                return Err(Error::TargetUnavailable { kernel: spec.name, target: t.name(), available });
-            }
-            return Err(Error::NoVariant { kernel: spec.name, major, minor, available });
-        };
+        let (stream, modules) = self.cuda("loading PTX")?;
+        let variant = self.variant(spec)?;
         let key = variant.ptx.as_ptr() as usize;
         let mut cache = modules.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(k) = cache.get(&key) {

@@ -88,14 +88,7 @@ impl<'d> Launch<'d> {
     /// target asked for by [`Device::with_target`] that the kernel lacks.
     pub fn new(spec: &'static KernelSpec, device: &'d Device) -> Result<Self> {
         let kernel = if device.is_cpu() {
-            if device.target_for(spec).is_none() {
-                let available = spec.variants.iter().map(|v| v.target.name()).collect::<Vec<_>>().join(", ");
-                return Err(Error::TargetUnavailable {
-                    kernel: spec.name,
-                    target: device.asked_target().map_or("any", |t| t.name()),
-                    available,
-                });
-            }
+            device.variant(spec)?;
             None
         } else {
             Some(device.kernel(spec)?)

@@ -295,6 +295,9 @@ struct Wg<'p> {
     stores: VecDeque<PendingStore>,
     /// The statement it waits at, and on what.
     waiting: Option<(&'p Stmt, Wait)>,
+    /// `(pipeline, state before)` of each wait the current statement passed: undone if a
+    /// later wait in the same statement blocks, so that the statement can run again.
+    undo: Vec<(usize, (u32, u32))>,
 }
 
 /// One block: its shared memory and barriers.
@@ -347,6 +350,7 @@ impl<'p> Kernel<'p> {
                 pipe_state: vec![(0, 0); prog.pipes.len()],
                 stores: VecDeque::new(),
                 waiting: None,
+                undo: Vec::new(),
             })
             .collect();
         let mut live = wgs.len();
@@ -419,7 +423,7 @@ impl<'p> Kernel<'p> {
                 };
                 let s: &'p Stmt = s;
                 let depth = wg.frames.len();
-                let saved = wg.pipe_state.clone();
+                wg.undo.clear();
                 match self.exec(s, wg, blk) {
                     Ok(()) => {
                         wg.waiting = None;
@@ -430,7 +434,9 @@ impl<'p> Kernel<'p> {
                         Ok(Step::Ran)
                     }
                     Err(Flow::Blocked(w)) => {
-                        wg.pipe_state = saved;
+                        while let Some((p, state)) = wg.undo.pop() {
+                            wg.pipe_state[p] = state;
+                        }
                         wg.waiting = Some((s, w));
                         Ok(Step::Blocked)
                     }
@@ -684,6 +690,7 @@ impl<'p> Kernel<'p> {
                     return Err(Flow::Blocked(Wait { pipe: p, producer: *producer, stage, parity }));
                 }
                 let stages = self.prog.pipes[p].1;
+                wg.undo.push((p, (stage, phase)));
                 wg.pipe_state[p] = if stage + 1 == stages { (0, phase ^ 1) } else { (stage + 1, phase) };
                 Val::I(stage as i32)
             }

@@ -139,8 +139,7 @@ impl Tile {
 /// `x.cast::<to>()` / `x as to`.
 pub(crate) fn cast(v: Val, to: DType) -> Result<Val, String> {
     Ok(match (v, to) {
-        (Val::T(t), _) => {
-            let mut t = t.map(|x| x);
+        (Val::T(mut t), _) => {
             t.ty.dtype = to;
             t.v.iter_mut().for_each(|x| *x = round(to, *x));
             Val::T(t)
