@@ -1,5 +1,6 @@
 //! bf16 GEMM TFLOP/s beside cuBLAS (through cudarc) in the same process, CUDA-event timing
-//! after warm-up. `C = A·Bᵀ` with A M×K and B N×K row-major (cuBLAS: the same product,
+//! after warm-up, the two alternating over 5 rounds (medians) so that clock drift falls on
+//! both. `C = A·Bᵀ` with A M×K and B N×K row-major (cuBLAS: the same product,
 //! column-major as `Cᵀ = B·Aᵀ`).
 //!
 //! `cargo bench --bench gemm` (prints a skip where there is no GPU).
@@ -15,6 +16,11 @@ use tessera::{bf16, Device, Tensor};
 
 fn time_ms(dev: &Device, warm: usize, iters: usize, f: impl FnMut()) -> f64 {
     tessera::testing::time_ms(dev, warm, iters, f).expect("CUDA event timing")
+}
+
+/// Median ms per call of cuBLAS (`theirs`) and Tessera (`ours`) over 5 alternating rounds.
+fn time_pair(dev: &Device, iters: usize, theirs: impl FnMut(), ours: impl FnMut()) -> (f64, f64) {
+    tessera::testing::time_pair_ms(dev, 2, iters, 5, theirs, ours).expect("CUDA event timing")
 }
 
 fn main() {
@@ -56,8 +62,7 @@ fn main() {
         });
         let flop = 2.0 * m as f64 * n as f64 * k as f64;
         let iters = if flop > 1e12 { 10 } else { 50 };
-        let t_cublas = time_ms(&dev, 3, iters, &mut theirs);
-        let t_ours = time_ms(&dev, 3, iters, &mut ours);
+        let (t_cublas, t_ours) = time_pair(&dev, iters, &mut theirs, &mut ours);
         // Both compute the same C: compare a few entries.
         let (x, y) = (c.to_host().expect("c"), dev.stream().expect("a CUDA stream").clone_dtoh(&c_raw).expect("c raw"));
         let diff = x.iter().zip(&y).take(4096).map(|(p, q)| (p.to_f32() - q.to_f32()).abs()).fold(0.0f32, f32::max);
@@ -75,8 +80,7 @@ fn main() {
         let mut ours = || tessera_kernels::gemm(&a, &b).b_layout(tessera_kernels::BLayout::KxN).run(&dev, &mut c).expect("gemm kn");
         let mut theirs = || unsafe { blas.gemm(cfg, &b_raw, &a_raw, &mut c_raw) }.expect("cublas");
         let flop = 2.0 * (m * n * k) as f64;
-        let t_cublas = time_ms(&dev, 3, 10, &mut theirs);
-        let t_ours = time_ms(&dev, 3, 10, &mut ours);
+        let (t_cublas, t_ours) = time_pair(&dev, 10, &mut theirs, &mut ours);
         let (x, y) = (c.to_host().expect("c"), dev.stream().expect("a CUDA stream").clone_dtoh(&c_raw).expect("c raw"));
         let diff = x.iter().zip(&y).take(4096).map(|(p, q)| (p.to_f32() - q.to_f32()).abs()).fold(0.0f32, f32::max);
         rows.push((format!("{m}x{n}x{k} B:KxN"), flop / t_cublas * 1e-9, flop / t_ours * 1e-9, diff));
@@ -107,8 +111,7 @@ fn main() {
             .expect("fused")
     };
     let flop = 2.0 * (m * n * k) as f64;
-    let t_unfused = time_ms(&dev, 3, 10, &mut unfused);
-    let t_fused = time_ms(&dev, 3, 10, &mut fused);
+    let (t_unfused, t_fused) = time_pair(&dev, 10, &mut unfused, &mut fused);
 
     println!("\ngemm bf16 on {} (TFLOP/s)", dev.name());
     println!("{:<18} {:>9} {:>9} {:>7} {:>9}", "MxNxK", "cuBLAS", "tessera", "ratio", "max|dC|");

@@ -10,7 +10,7 @@
 mod common;
 
 use tessera::cudarc::cublas::{CudaBlas, Gemm};
-use tessera::testing::{time_ms, Uniform};
+use tessera::testing::{time_pair_ms, Uniform};
 use tessera::{bf16, Device, Tensor};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -32,18 +32,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let b_raw = dev.stream()?.clone_htod(&b_host)?;
     let mut c_raw = dev.stream()?.alloc_zeros::<bf16>(m * n)?;
     let cfg = common::cublas_tn(m, n, k);
-    let mut failure = None;
-    let t_cublas = time_ms(&dev, 1, iters, || {
-        if let Err(e) = unsafe { blas.gemm(cfg, &b_raw, &a_raw, &mut c_raw) } {
-            failure = Some(e.to_string());
-        }
-    })?;
-    let t_ours = time_ms(&dev, 1, iters, || {
-        if let Err(e) = tessera_kernels::gemm_tn(&dev, &a, &b, &mut c) {
-            failure = Some(e.to_string());
-        }
-    })?;
-    if let Some(e) = failure {
+    let (mut theirs_failed, mut ours_failed) = (None, None);
+    // Alternating rounds (medians), so that clock drift falls on both.
+    let (t_cublas, t_ours) = time_pair_ms(
+        &dev,
+        1,
+        iters,
+        5,
+        || {
+            if let Err(e) = unsafe { blas.gemm(cfg, &b_raw, &a_raw, &mut c_raw) } {
+                theirs_failed = Some(e.to_string());
+            }
+        },
+        || {
+            if let Err(e) = tessera_kernels::gemm_tn(&dev, &a, &b, &mut c) {
+                ours_failed = Some(e.to_string());
+            }
+        },
+    )?;
+    if let Some(e) = theirs_failed.or(ours_failed) {
         return Err(e.into());
     }
     let flop = 2.0 * (m * n * k) as f64;

@@ -233,7 +233,8 @@ fn sm80_variants_run_forward_on_newer_gpus(dev: &Device) {
     let mut c = Tensor::<tessera::bf16>::zeros(&dev, &[1, 64, 64]).unwrap();
     let (a3, b3) = (a.view(&[1, 64, 64], &[4096, 64, 1]).unwrap(), a.view(&[1, 64, 64], &[4096, 64, 1]).unwrap());
     let one = Tensor::<tessera::bf16>::zeros(&dev, &[1]).unwrap();
-    let e = tessera_kernels::gemm_tn_bf16::launch(&dev, 1, &a3, &b3, &mut c, &one, 1.0, 0, 0).unwrap_err().to_string();
+    let mut counter = dev.tile_counter().unwrap();
+    let e = tessera_kernels::gemm_tn_bf16::launch(&dev, 1, &a3, &b3, &mut c, &one, &mut counter, 1.0, 0, 0).unwrap_err().to_string();
     assert!(e.contains("no sm_80 PTX") && e.contains("it has sm_90a"), "{e}");
 }
 

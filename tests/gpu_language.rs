@@ -64,6 +64,23 @@ fn two_warpgroups(x: Global<f32, 2>, y: Global<f32, 2>) {
     }
 }
 
+/// Work claimed at run time: warpgroup 0 draws 16-row slabs from a `TileQueue`; the two
+/// consumers each scale their 8 rows of every slab handed to them.
+#[kernel(warpgroups = 3)]
+fn queue_rows(x: Global<f32, 2>, y: Global<f32, 2>, counter: Global<i32, 1>) {
+    let queue = TileQueue::<2>::new(counter, 2);
+    let slabs = (x.dim(0) + 15) / 16;
+    if warpgroup::id() == 0 {
+        for s in queue.fetch(slabs) {}
+    } else {
+        let r = (warpgroup::id() - 1) * 8;
+        for s in queue.take() {
+            let t: Tile<f32, 8, 64> = x.load([s * 16 + r, 0]);
+            y.store([s * 16 + r, 0], t * 2.0);
+        }
+    }
+}
+
 /// Tiles smaller than the footprint (threads hold replicas): 4×4 sums both ways.
 #[kernel]
 fn tiny_tiles(x: Global<f32, 2>, rows: Global<f32, 1>, cols: Global<f32, 1>) {
@@ -210,4 +227,37 @@ fn gpu_tiles_smaller_than_the_footprint() {
 #[test]
 fn interp_tiles_smaller_than_the_footprint() {
     tiles_smaller_than_the_footprint(&Device::cpu());
+}
+
+fn tile_queue_hands_out_every_slab(dev: &Device) {
+    // 7 slabs over 3 blocks, and 1 slab over 4 blocks (three find the queue empty at once).
+    for (m, blocks) in [(100usize, 3u32), (9, 4), (300, 19)] {
+        let x = random(m * 64, -1.0, 1.0);
+        let xt = Tensor::from_host(dev, &x, &[m, 64]).unwrap();
+        let want: Vec<f64> = x.iter().map(|&v| 2.0 * f64::from(v)).collect();
+        let mut counter = Tensor::<i32>::zeros(dev, &[1]).unwrap();
+        // Twice on the same counter: the first launch must leave it at 0.
+        for launch in 0..2 {
+            let mut y = Tensor::full(dev, &[m, 64], f32::NAN).unwrap();
+            queue_rows::launch(dev, blocks, &xt, &mut y, &mut counter).unwrap();
+            assert!(rel_error(&wide(&y.to_host().unwrap()), &want) < 1e-7, "m {m}, {blocks} blocks, launch {launch}");
+            assert_eq!(counter.to_host().unwrap(), vec![0], "the counter after launch {launch}");
+        }
+        // The device's own counter.
+        let mut y = Tensor::full(dev, &[m, 64], f32::NAN).unwrap();
+        queue_rows::launch(dev, blocks, &xt, &mut y, &mut dev.tile_counter().unwrap()).unwrap();
+        assert!(rel_error(&wide(&y.to_host().unwrap()), &want) < 1e-7, "m {m}, device counter");
+    }
+}
+
+#[test]
+fn gpu_tile_queue_hands_out_every_slab() {
+    if let Some(dev) = gpu_or_skip("gpu_tile_queue_hands_out_every_slab") {
+        tile_queue_hands_out_every_slab(&dev);
+    }
+}
+
+#[test]
+fn interp_tile_queue_hands_out_every_slab() {
+    tile_queue_hands_out_every_slab(&Device::cpu());
 }

@@ -15,7 +15,7 @@ pub struct Frontend {
 
 type R<T> = Result<T, syn::Error>;
 
-const FUNCTIONS: &str = "`exp2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `tma::load`, `tma::store`, `tma::store_wait`, `mma_sync`, `mma_sync_kn`, `mma_wait`, `setmaxnreg`";
+const FUNCTIONS: &str = "`exp2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `TileQueue::<S>::new`, `tma::load`, `tma::store`, `tma::store_wait`, `mma_sync`, `mma_sync_kn`, `mma_wait`, `setmaxnreg`";
 const METHODS: &str = "`load`, `load_or`, `store`, `dim`, `cast`, `exp2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
 
 fn err<T>(span: impl ToTokens, msg: impl std::fmt::Display) -> R<T> {
@@ -151,9 +151,15 @@ impl Frontend {
                 let Pat::Ident(id) = &*f.pat else {
                     return err(&f.pat, "expected a loop variable name");
                 };
-                let (start, end, step) = self.range(&f.expr)?;
-                let body = self.block(&f.body.stmts);
-                StmtKind::For { var: id.ident.to_string(), start, end, step, body }
+                let var = id.ident.to_string();
+                if let Some((queue, total)) = self.queue_source(&f.expr)? {
+                    let body = self.block(&f.body.stmts);
+                    StmtKind::QueueFor { var, queue, total, body }
+                } else {
+                    let (start, end, step) = self.range(&f.expr)?;
+                    let body = self.block(&f.body.stmts);
+                    StmtKind::For { var, start, end, step, body }
+                }
             }
             SynExpr::If(i) => self.if_stmt(i)?,
             SynExpr::Block(b) if b.label.is_none() => {
@@ -285,6 +291,19 @@ impl Frontend {
     }
 
     /// `a..b` or `(a..b).step_by(k)`.
+    /// `queue.fetch(total)` or `queue.take()` as a loop's source: the queue and `Some(total)`
+    /// for `fetch`.
+    fn queue_source(&mut self, e: &SynExpr) -> R<Option<(String, Option<Expr>)>> {
+        let SynExpr::MethodCall(m) = strip_paren(e) else { return Ok(None) };
+        match m.method.to_string().as_str() {
+            "fetch" if m.args.len() == 1 => Ok(Some((receiver_name(&m.receiver)?, Some(self.expr(&m.args[0])?)))),
+            "fetch" => err(&m.method, "`fetch` takes the number of indices: `for t in queue.fetch(total)`"),
+            "take" if m.args.is_empty() => Ok(Some((receiver_name(&m.receiver)?, None))),
+            "take" => err(&m.method, "`take` takes no arguments: `for t in queue.take()`"),
+            _ => Ok(None),
+        }
+    }
+
     fn range(&mut self, e: &SynExpr) -> R<(Expr, Expr, Box<Expr>)> {
         let (range, step) = match e {
             SynExpr::MethodCall(m) if m.method == "step_by" && m.args.len() == 1 => {
@@ -445,6 +464,20 @@ impl Frontend {
                 }
                 let consumers = int_const(&c.args[0], "the number of consumer warpgroups must be a constant")?;
                 ExprKind::PipelineNew { stages, consumers }
+            }
+            ["TileQueue", "new"] => {
+                let seg = &p.path.segments[0];
+                let ga = generic_args(seg, 1, "`TileQueue<STAGES>`")?;
+                let stages = const_arg(ga[0], "the number of slots")?;
+                if nargs != 2 {
+                    return err(
+                        c,
+                        "`TileQueue::<STAGES>::new` takes the counter (a `Global<i32, 1>` parameter) and the number of consumer warpgroups",
+                    );
+                }
+                let counter = receiver_name(&c.args[0])?;
+                let consumers = int_const(&c.args[1], "the number of consumer warpgroups must be a constant")?;
+                ExprKind::QueueNew { stages, consumers, counter }
             }
             [t @ ("Tile" | "tile"), ctor] => {
                 let seg = &p.path.segments[0];
@@ -759,7 +792,7 @@ fn scalar_dtype(t: &syn::Type) -> Option<DType> {
 }
 
 fn param_type(t: &syn::Type) -> R<Type> {
-    let expected = "expected `Global<T, R>` (T: `f32`, `bf16`, `f16`; R: 1 to 4), `f32` or `i32`";
+    let expected = "expected `Global<T, R>` (T: `f32`, `bf16`, `f16`, or `i32` for a tile queue's counter; R: 1 to 4), `f32` or `i32`";
     if let syn::Type::Path(tp) = t {
         let last = tp.path.segments.last();
         match last.map(|s| s.ident.to_string()).as_deref() {
@@ -768,7 +801,20 @@ fn param_type(t: &syn::Type) -> R<Type> {
             Some("Global") => {
                 let seg = last.ok_or_else(|| syn::Error::new_spanned(t, expected))?;
                 let args = generic_args(seg, 2, "`Global<T, R>`")?;
-                let dtype = dtype_of(type_arg(args[0])?)?;
+                let ta = type_arg(args[0])?;
+                // `i32` tensors exist for tile queues' counters.
+                let dtype = match DType::from_name(&ta.to_token_stream().to_string()) {
+                    Some(d) => d,
+                    None => {
+                        return err(
+                            ta,
+                            format!(
+                                "unsupported dtype `{}`: expected `f32`, `bf16`, `f16`, or `i32` for a tile queue's counter",
+                                compact(ta)
+                            ),
+                        )
+                    }
+                };
                 let rank = const_arg(args[1], "the rank")?;
                 if !(1..=4).contains(&rank) {
                     return err(args[1], format!("unsupported rank {rank}: expected 1 to 4"));

@@ -28,6 +28,8 @@ struct Inner {
     tma: crate::tma::TmaDescriptorCache,
     /// A target to load instead of the best one (see [`Device::with_target`]).
     target: Option<tessera_ptx::Target>,
+    /// The counter tile queues draw from (see [`Device::tile_counter`]), made on first use.
+    counter: Mutex<Option<crate::tensor::CounterBuf>>,
 }
 
 /// Loaded kernels by the address of their PTX text.
@@ -112,7 +114,7 @@ impl Device {
         let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let sm_count = u32::try_from(sms).unwrap_or(1).max(1);
         let backend = Backend::Cuda { stream, cc, modules: Mutex::new(HashMap::new()) };
-        Ok(Device { inner: Arc::new(Inner { backend, sm_count, name, tma: Default::default(), target: None }) })
+        Ok(Device { inner: Arc::new(Inner { backend, sm_count, name, tma: Default::default(), target: None, counter: Mutex::new(None) }) })
     }
 
     /// The CPU interpreter of TIR-H, running a grid's blocks on as many threads as the machine
@@ -134,7 +136,16 @@ impl Device {
         let threads = threads.max(1);
         let name = format!("CPU interpreter ({threads} thread{})", if threads == 1 { "" } else { "s" });
         let sm_count = u32::try_from(threads).unwrap_or(u32::MAX);
-        Device { inner: Arc::new(Inner { backend: Backend::Cpu { threads }, sm_count, name, tma: Default::default(), target: None }) }
+        Device {
+            inner: Arc::new(Inner {
+                backend: Backend::Cpu { threads },
+                sm_count,
+                name,
+                tma: Default::default(),
+                target: None,
+                counter: Mutex::new(None),
+            }),
+        }
     }
 
     /// GPU 0 if this machine has a usable one, else the CPU interpreter.
@@ -183,8 +194,34 @@ impl Device {
             Backend::Cpu { threads } => Backend::Cpu { threads: *threads },
         };
         Device {
-            inner: Arc::new(Inner { backend, sm_count: i.sm_count, name: i.name.clone(), tma: Default::default(), target: Some(target) }),
+            inner: Arc::new(Inner {
+                backend,
+                sm_count: i.sm_count,
+                name: i.name.clone(),
+                tma: Default::default(),
+                target: Some(target),
+                counter: Mutex::new(None),
+            }),
         }
+    }
+
+    /// A zeroed `i32` counter of shape `[1]` for kernels whose `TileQueue` claims tiles at
+    /// run time. Such a kernel leaves it at 0 when it finishes, so launches on this device's
+    /// stream (which run one after another) share it; the guard keeps other host threads
+    /// from passing it to a launch at the same time.
+    ///
+    /// # Errors
+    /// A CUDA error allocating its 4 bytes on first use.
+    pub fn tile_counter(&self) -> Result<crate::tensor::TileCounter<'_>> {
+        let mut slot = self.inner.counter.lock().unwrap_or_else(|p| p.into_inner());
+        match (&mut *slot, &self.inner.backend) {
+            // The interpreter's kernels run to the end or fail: start each launch from 0.
+            (Some(crate::tensor::CounterBuf::Host(h)), _) => h.lock().fill(0),
+            (Some(_), _) => {}
+            (None, Backend::Cuda { stream, .. }) => *slot = Some(crate::tensor::CounterBuf::Cuda(stream.alloc_zeros::<i32>(1)?)),
+            (None, Backend::Cpu { .. }) => *slot = Some(crate::tensor::CounterBuf::Host(crate::tensor::HostBuffer::zeroed::<i32>(1))),
+        }
+        Ok(crate::tensor::TileCounter { slot, device: self })
     }
 
     /// The stream kernels launch on.

@@ -99,7 +99,7 @@ pub use half::{bf16, f16};
 pub use launch::{Grid, Launch, ScalarArg};
 pub use tensor::{
     contiguous_strides, global, global_mut, ArgGuard, CudaGlobal, Element, GlobalArg, GlobalArgMut, GlobalDesc, HostBuffer, Tensor,
-    TensorView, TensorViewMut,
+    TensorView, TensorViewMut, TileCounter,
 };
 pub use tessera_macros::kernel;
 pub use tessera_ptx::{DType, KernelSpec, ParamInfo, ParamKind, PtxVariant, Target, TmaBox};

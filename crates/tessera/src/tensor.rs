@@ -84,6 +84,10 @@ impl HostBuffer {
         HostBuffer { bytes: std::sync::Arc::new(std::sync::Mutex::new(bytemuck::cast_slice(data).to_vec())), len: data.len() }
     }
 
+    pub(crate) fn zeroed<T: Element>(n: usize) -> HostBuffer {
+        HostBuffer::new(&vec![T::zeroed(); n])
+    }
+
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
         // A panic elsewhere while holding the lock leaves plain bytes: still usable.
         self.bytes.lock().unwrap_or_else(|p| p.into_inner())
@@ -494,5 +498,37 @@ impl<T: Element> GlobalArgMut<T> for CudaGlobal<&mut CudaSlice<T>> {
         let strides = contiguous_strides(&self.shape);
         let (ptr, guard) = self.buf.device_ptr_mut(device.stream()?);
         Ok((desc(ptr, 0, 0, &shape, &strides, ctx), ArgGuard(Some(guard))))
+    }
+}
+
+/// The storage of a device's tile counter.
+pub(crate) enum CounterBuf {
+    Cuda(CudaSlice<i32>),
+    Host(HostBuffer),
+}
+
+/// A device's tile counter, held for one launch: [`Device::tile_counter`]. Passes as a
+/// `Global<i32, 1>` of one element.
+pub struct TileCounter<'d> {
+    pub(crate) slot: std::sync::MutexGuard<'d, Option<CounterBuf>>,
+    pub(crate) device: &'d Device,
+}
+
+impl GlobalArgMut<i32> for TileCounter<'_> {
+    fn global_desc_mut<'a>(&'a mut self, device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)> {
+        let own = self.device;
+        match self.slot.as_mut() {
+            Some(CounterBuf::Cuda(buf)) => {
+                let ctx = buf.context().cu_ctx() as usize;
+                let (ptr, guard) = buf.device_ptr_mut(order_on(device, own)?);
+                Ok((desc(ptr, 0, 4, &[1], &[1], ctx), ArgGuard(Some(guard))))
+            }
+            Some(CounterBuf::Host(h)) => Ok((GlobalDesc { host: Some(h.clone()), ..desc(0, 0, 4, &[1], &[1], 0) }, ArgGuard(None))),
+            None => Err(Error::Tensor {
+                what: "tile counter",
+                expected: "a counter made by `Device::tile_counter`".into(),
+                found: "none".into(),
+            }),
+        }
     }
 }

@@ -73,6 +73,32 @@ pub fn time_ms(device: &Device, warm: usize, iters: usize, mut f: impl FnMut()) 
     Ok(f64::from(start.elapsed_ms(&stop)?) / iters.max(1) as f64)
 }
 
+/// Times two implementations of the same work fairly: `rounds` rounds, each timing `iters`
+/// calls of `a` and then of `b` ([`time_ms`], `warm` calls first), so that clock and thermal
+/// drift fall on both alike. Gives the median milliseconds per call of `a` and of `b`.
+///
+/// # Errors
+/// As [`time_ms`].
+pub fn time_pair_ms(
+    device: &Device,
+    warm: usize,
+    iters: usize,
+    rounds: usize,
+    mut a: impl FnMut(),
+    mut b: impl FnMut(),
+) -> crate::Result<(f64, f64)> {
+    let (mut ta, mut tb) = (Vec::new(), Vec::new());
+    for _ in 0..rounds.max(1) {
+        ta.push(time_ms(device, warm, iters, &mut a)?);
+        tb.push(time_ms(device, warm, iters, &mut b)?);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    Ok((median(&mut ta), median(&mut tb)))
+}
+
 /// A small xorshift generator for benchmark inputs: uniform values in `[-1, 1)`, seeded from
 /// the clock, so every run times fresh random data (never zeros, never constants).
 pub struct Uniform(u64);

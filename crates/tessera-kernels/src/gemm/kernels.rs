@@ -2,7 +2,8 @@
 //!
 //! All take rank-3 tensors `[batch, rows, cols]` (a plain matrix is a batch of one) and run a
 //! persistent grid over `batch × tiles`, tiles in groups of 8 tile-rows so that neighbouring
-//! blocks share B's columns in L2. Warpgroup 0 produces: for each 64-wide K step it waits for
+//! blocks share B's columns in L2. The Hopper kernels claim tiles from a `TileQueue` (a global
+//! counter) so that SMs that run ahead take more; the portable ones take every grid-th tile. Warpgroup 0 produces: for each 64-wide K step it waits for
 //! a free stage, copies A's and B's boxes there by TMA (edges zero-filled) and commits.
 //! Warpgroups 1 and 2 consume: each waits for a full stage and multiplies its 64 rows of A by B
 //! into an f32 accumulator, keeping one MMA group in flight and releasing the stage before it.
@@ -20,7 +21,16 @@ use tessera::kernel;
 /// 64×256 accumulators do not fit sm_80's 168 registers; `gemm_tn_full_*` runs there. `bias_kind` 1: per column, 2: per row;
 /// `act` 1: GELU tanh, 2: GELU erf, 3: SiLU.
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), targets(sm_90a))]
-pub fn gemm_tn(a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, bias: Global<T, 1>, alpha: f32, bias_kind: i32, act: i32) {
+pub fn gemm_tn(
+    a: Global<T, 3>,
+    b: Global<T, 3>,
+    c: Global<T, 3>,
+    bias: Global<T, 1>,
+    counter: Global<i32, 1>,
+    alpha: f32,
+    bias_kind: i32,
+    act: i32,
+) {
     let sa = Smem::<T, 128, 64>::ring(4);
     let sb = Smem::<T, 256, 64>::ring(4);
     // C's staging: two 64×64 buffers per consumer warpgroup, stored by TMA.
@@ -31,9 +41,12 @@ pub fn gemm_tn(a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, bias: Global<T
     let tiles_n = (c.dim(2) + 255) / 256;
     let per_batch = tiles_m * tiles_n;
     let group = 8 * tiles_n;
+    // Tiles are claimed at run time, so that blocks that finish early take more of the last
+    // wave; the producer hands each tile's index to both consumers.
+    let queue = TileQueue::<2>::new(counter, 2);
     if warpgroup::id() == 0 {
         setmaxnreg(40);
-        for tile in (block::id_x()..per_batch * c.dim(0)).step_by(grid::dim_x()) {
+        for tile in queue.fetch(per_batch * c.dim(0)) {
             let bt = tile / per_batch;
             let t = tile % per_batch;
             let first = (t / group) * 8;
@@ -51,7 +64,7 @@ pub fn gemm_tn(a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, bias: Global<T
         setmaxnreg(232);
         let row = (warpgroup::id() - 1) * 64;
         let mut acc = Tile::<f32, 64, 256>::zeros();
-        for tile in (block::id_x()..per_batch * c.dim(0)).step_by(grid::dim_x()) {
+        for tile in queue.take() {
             let bt = tile / per_batch;
             let t = tile % per_batch;
             let first = (t / group) * 8;
@@ -106,7 +119,16 @@ pub fn gemm_tn(a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, bias: Global<T
 /// `gemm_tn_*` with B stored `[batch, K, N]` (row-major K×N): B's stage is a 64×256 tile in
 /// four 128-byte panels (one TMA box each) that wgmma reads N-major.
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), targets(sm_90a))]
-pub fn gemm_nn(a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, bias: Global<T, 1>, alpha: f32, bias_kind: i32, act: i32) {
+pub fn gemm_nn(
+    a: Global<T, 3>,
+    b: Global<T, 3>,
+    c: Global<T, 3>,
+    bias: Global<T, 1>,
+    counter: Global<i32, 1>,
+    alpha: f32,
+    bias_kind: i32,
+    act: i32,
+) {
     let sa = Smem::<T, 128, 64>::ring(4);
     let sb = Smem::<T, 64, 256>::ring(4);
     let sc = Smem::<T, 64, 64>::ring(4);
@@ -116,9 +138,12 @@ pub fn gemm_nn(a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, bias: Global<T
     let tiles_n = (c.dim(2) + 255) / 256;
     let per_batch = tiles_m * tiles_n;
     let group = 8 * tiles_n;
+    // Tiles are claimed at run time, so that blocks that finish early take more of the last
+    // wave; the producer hands each tile's index to both consumers.
+    let queue = TileQueue::<2>::new(counter, 2);
     if warpgroup::id() == 0 {
         setmaxnreg(40);
-        for tile in (block::id_x()..per_batch * c.dim(0)).step_by(grid::dim_x()) {
+        for tile in queue.fetch(per_batch * c.dim(0)) {
             let bt = tile / per_batch;
             let t = tile % per_batch;
             let first = (t / group) * 8;
@@ -136,7 +161,7 @@ pub fn gemm_nn(a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, bias: Global<T
         setmaxnreg(232);
         let row = (warpgroup::id() - 1) * 64;
         let mut acc = Tile::<f32, 64, 256>::zeros();
-        for tile in (block::id_x()..per_batch * c.dim(0)).step_by(grid::dim_x()) {
+        for tile in queue.take() {
             let bt = tile / per_batch;
             let t = tile % per_batch;
             let first = (t / group) * 8;

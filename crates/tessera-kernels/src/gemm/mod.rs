@@ -128,10 +128,11 @@ macro_rules! gemm_element {
             ) -> Result<()> {
                 let mut c = c.view_mut(&c_shape, &strides3(c_shape))?;
                 let (alpha, bias_kind, act) = epi;
+                let mut counter = d.tile_counter()?;
                 if kn {
-                    $nn::launch(d, g, a, b, &mut c, bias, alpha, bias_kind, act)
+                    $nn::launch(d, g, a, b, &mut c, bias, &mut counter, alpha, bias_kind, act)
                 } else {
-                    $tn::launch(d, g, a, b, &mut c, bias, alpha, bias_kind, act)
+                    $tn::launch(d, g, a, b, &mut c, bias, &mut counter, alpha, bias_kind, act)
                 }
             }
             fn gemm_full(

@@ -35,14 +35,16 @@ pub struct TmaUse {
     pub swizzle: u32,
 }
 
-/// A pipeline's barriers and per-thread ring state.
+/// A ring of full and empty mbarriers (a pipeline's, a tile queue's) and the thread's
+/// `(stage, phase)` in it.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct PipeVal {
-    full: u32,
-    empty: u32,
-    stages: u32,
-    stage: Reg,
-    phase: Reg,
+pub(crate) struct Ring {
+    /// Byte offsets of the full and empty barriers from the dynamic base.
+    pub full: u32,
+    pub empty: u32,
+    pub stages: u32,
+    pub stage: Reg,
+    pub phase: Reg,
 }
 
 /// A shared view: its shared address and the ring stage it belongs to.
@@ -82,7 +84,7 @@ pub(crate) fn scan(body: &[Stmt], out: &mut HopperScan) {
                 out.mma_accs.push(acc.clone());
                 out.any_mma = true;
             }
-            StmtKind::For { body, .. } => scan(body, out),
+            StmtKind::For { body, .. } | StmtKind::QueueFor { body, .. } => scan(body, out),
             StmtKind::If { then, otherwise, .. } => {
                 scan(then, out);
                 scan(otherwise, out);
@@ -105,7 +107,7 @@ fn align(x: u32, a: u32) -> u32 {
 
 impl Lowerer<'_> {
     /// The 1024-aligned base of dynamic shared memory, computed once in the prologue.
-    fn dyn_base(&mut self) -> Reg {
+    pub(crate) fn dyn_base(&mut self) -> Reg {
         if let Some(b) = self.dyn_base {
             return b;
         }
@@ -128,20 +130,12 @@ impl Lowerer<'_> {
                 Value::Smem(off, *t)
             }
             ExprKind::PipelineNew { stages, consumers } => {
-                let full = align(self.dyn_bytes, 8);
-                let empty = full + 8 * stages;
-                self.dyn_bytes = empty + 8 * stages;
-                let base = self.dyn_base();
                 // sm_90a: the producer's leader arrives once (TMA counts bytes); sm_80: each of
                 // the producer's 128 threads arrives when its cp.async copies land.
                 let full_count = if self.sm90() { 1 } else { 128 };
-                self.barrier_inits.push((base, full, *stages, full_count));
-                self.barrier_inits.push((base, empty, *stages, *consumers));
-                let (stage, phase) = (self.reg(RegClass::B32, "stage"), self.reg(RegClass::B32, "phase"));
-                self.pro("mov.u32", vec![R(stage), Imm(0)]);
-                self.pro("mov.u32", vec![R(phase), Imm(0)]);
-                Value::Pipe(PipeVal { full, empty, stages: *stages, stage, phase })
+                Value::Pipe(self.barrier_ring(*stages, full_count, *consumers))
             }
+            ExprKind::QueueNew { stages, consumers, counter } => self.queue_new(*stages, *consumers, counter),
             ExprKind::SmemAt { ring, stage } => {
                 let Value::Smem(off, ty) = self.lookup(ring) else { unreachable!("verified TIR-H: `{ring}` is a ring") };
                 let st = match self.scalar(stage) {
@@ -172,26 +166,63 @@ impl Lowerer<'_> {
             }
             ExprKind::PipeStage { pipe, producer } => {
                 let Value::Pipe(p) = self.lookup(pipe) else { unreachable!("verified TIR-H: `{pipe}` is a pipeline") };
-                let (bar_off, parity) = if *producer {
-                    let par = self.reg(RegClass::B32, "parity");
-                    self.op("xor.b32", vec![R(par), R(p.phase), Imm(1)]);
-                    (p.empty, par)
-                } else {
-                    (p.full, p.phase)
-                };
-                let bar = self.barrier_addr(bar_off, p.stage);
-                let (spin, ok) = (self.label("wait"), self.reg(RegClass::Pred, "ready"));
-                self.body.push(Inst::Label(spin.clone()));
-                let wait = if self.sm90() { "mbarrier.try_wait.parity.shared::cta.b64" } else { "mbarrier.test_wait.parity.shared.b64" };
-                self.op(wait, vec![R(ok), Operand::Addr(bar, 0), R(parity)]);
-                self.op_if(ok, true, "bra.uni", vec![Operand::Sym(spin)]);
+                self.ring_wait(p, *producer);
                 let s = self.reg(RegClass::B32, "s");
                 self.op("mov.b32", vec![R(s), R(p.stage)]);
-                self.advance(p);
+                self.ring_advance(p);
                 Value::Scalar(R(s), crate::dtype::ScalarType::I32)
             }
             _ => return None,
         }))
+    }
+
+    /// Allocates `stages` full barriers expecting `full_count` arrivals and as many empty ones
+    /// expecting `empty_count`, initialized in the prologue; the thread's state starts at
+    /// `(0, 0)`.
+    pub(crate) fn barrier_ring(&mut self, stages: u32, full_count: u32, empty_count: u32) -> Ring {
+        use Operand::{Imm, Reg as R};
+        let full = align(self.dyn_bytes, 8);
+        let empty = full + 8 * stages;
+        self.dyn_bytes = empty + 8 * stages;
+        let base = self.dyn_base();
+        self.barrier_inits.push((base, full, stages, full_count));
+        self.barrier_inits.push((base, empty, stages, empty_count));
+        let (stage, phase) = (self.reg(RegClass::B32, "stage"), self.reg(RegClass::B32, "phase"));
+        self.pro("mov.u32", vec![R(stage), Imm(0)]);
+        self.pro("mov.u32", vec![R(phase), Imm(0)]);
+        Ring { full, empty, stages, stage, phase }
+    }
+
+    /// Spins until the current stage is empty (`producer`: parity `phase ^ 1`, so the first
+    /// lap passes) or full (parity `phase`).
+    pub(crate) fn ring_wait(&mut self, p: Ring, producer: bool) {
+        use Operand::{Imm, Reg as R};
+        let (bar_off, parity) = if producer {
+            let par = self.reg(RegClass::B32, "parity");
+            self.op("xor.b32", vec![R(par), R(p.phase), Imm(1)]);
+            (p.empty, par)
+        } else {
+            (p.full, p.phase)
+        };
+        let bar = self.barrier_addr(bar_off, p.stage);
+        let (spin, ok) = (self.label("wait"), self.reg(RegClass::Pred, "ready"));
+        self.body.push(Inst::Label(spin.clone()));
+        let wait = if self.sm90() { "mbarrier.try_wait.parity.shared::cta.b64" } else { "mbarrier.test_wait.parity.shared.b64" };
+        self.op(wait, vec![R(ok), Operand::Addr(bar, 0), R(parity)]);
+        self.op_if(ok, true, "bra.uni", vec![Operand::Sym(spin)]);
+    }
+
+    /// The warpgroup leader's arrival on the barrier at `off` of `stage` (a release of the
+    /// warpgroup's earlier shared writes).
+    pub(crate) fn ring_arrive(&mut self, off: u32, stage: Reg) {
+        let bar = self.barrier_addr(off, stage);
+        let leader = self.leader;
+        if self.sm90() {
+            self.op_if(leader, false, "mbarrier.arrive.shared::cta.b64", vec![Operand::Sym("_".into()), Operand::Addr(bar, 0)]);
+        } else {
+            let state = self.reg(RegClass::B64, "state");
+            self.op_if(leader, false, "mbarrier.arrive.shared.b64", vec![Operand::Reg(state), Operand::Addr(bar, 0)]);
+        }
     }
 
     fn barrier_addr(&mut self, off: u32, stage: Reg) -> Reg {
@@ -203,7 +234,7 @@ impl Lowerer<'_> {
         a
     }
 
-    fn advance(&mut self, p: PipeVal) {
+    pub(crate) fn ring_advance(&mut self, p: Ring) {
         use Operand::{Imm, Reg as R};
         let wrap = self.reg(RegClass::Pred, "wrap");
         self.op("add.u32", vec![R(p.stage), R(p.stage), Imm(1)]);
@@ -230,14 +261,10 @@ impl Lowerer<'_> {
                     Err(e) => return Some(Err(e)),
                 };
                 let st = self.in_reg(st, crate::dtype::ScalarType::I32, "stage");
-                let bar = self.barrier_addr(if release { p.empty } else { p.full }, st);
-                let leader = self.leader;
-                if self.sm90() {
-                    self.op_if(leader, false, "mbarrier.arrive.shared::cta.b64", vec![Operand::Sym("_".into()), Operand::Addr(bar, 0)]);
-                } else if release {
-                    let state = self.reg(RegClass::B64, "state");
-                    self.op_if(leader, false, "mbarrier.arrive.shared.b64", vec![Operand::Reg(state), Operand::Addr(bar, 0)]);
+                if self.sm90() || release {
+                    self.ring_arrive(if release { p.empty } else { p.full }, st);
                 } else {
+                    let bar = self.barrier_addr(p.full, st);
                     self.op("cp.async.mbarrier.arrive.noinc.shared.b64", vec![Operand::Addr(bar, 0)]);
                 }
                 Ok(())

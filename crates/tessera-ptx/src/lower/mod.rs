@@ -13,6 +13,7 @@
 mod ampere;
 pub mod hopper;
 mod memory;
+mod queue;
 mod scalar;
 mod tile;
 
@@ -67,7 +68,8 @@ pub(crate) enum Value {
     /// A shared ring: its byte offset from the dynamic base, and its type.
     Smem(u32, crate::tirh::SmemType),
     View(hopper::ViewVal),
-    Pipe(hopper::PipeVal),
+    Pipe(hopper::Ring),
+    Queue(queue::QueueVal),
 }
 
 /// A tile in registers: one register per slot of its layout.
@@ -406,6 +408,12 @@ impl<'a> Lowerer<'a> {
                 let mma_inside = hopper::has_mma(body);
                 self.wgmma_pending |= mma_inside;
                 self.for_loop(var, start, end, step, body)?;
+                self.wgmma_pending |= mma_inside;
+            }
+            StmtKind::QueueFor { var, queue, total, body } => {
+                let mma_inside = hopper::has_mma(body);
+                self.wgmma_pending |= mma_inside;
+                self.queue_for(var, queue, total.as_ref(), body)?;
                 self.wgmma_pending |= mma_inside;
             }
             StmtKind::If { cond, then, otherwise } => {

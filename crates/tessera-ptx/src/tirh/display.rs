@@ -43,6 +43,14 @@ fn write_stmt(f: &mut fmt::Formatter<'_>, s: &Stmt, depth: usize) -> fmt::Result
             write_block(f, body, depth + 1)?;
             writeln!(f, "{pad}}}")
         }
+        StmtKind::QueueFor { var, queue, total, body } => {
+            match total {
+                Some(t) => writeln!(f, "{pad}for {var} in {queue}.fetch({t}) {{  // line {}", s.loc.line)?,
+                None => writeln!(f, "{pad}for {var} in {queue}.take() {{  // line {}", s.loc.line)?,
+            }
+            write_block(f, body, depth + 1)?;
+            writeln!(f, "{pad}}}")
+        }
         StmtKind::TmaLoad { dst, tensor, index, pipe } => {
             writeln!(f, "{pad}tma.load {dst} <- {tensor}[{}] on {pipe};  // line {}", list(index), s.loc.line)
         }
@@ -117,6 +125,7 @@ impl fmt::Display for Expr {
                 write!(f, "smem_ring<{}, {}, {}>(stages={}, swizzle={})", t.dtype, t.rows, t.cols, t.stages, t.swizzle)
             }
             ExprKind::PipelineNew { stages, consumers } => write!(f, "pipeline<{stages}>(consumers={consumers})"),
+            ExprKind::QueueNew { stages, consumers, counter } => write!(f, "tile_queue<{stages}>({counter}, consumers={consumers})"),
             ExprKind::SmemAt { ring, stage } => write!(f, "{ring}[{stage}]"),
             ExprKind::SmemRows { view, start, rows } => write!(f, "{view}.rows({start}, {rows})"),
             ExprKind::PipeStage { pipe, producer: true } => write!(f, "{pipe}.acquire()"),

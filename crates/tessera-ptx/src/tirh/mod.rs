@@ -117,6 +117,14 @@ pub enum Type {
         /// Consumer warpgroups that release each stage.
         consumers: u32,
     },
+    /// A queue of tile indices fed from a global counter, `TileQueue::<STAGES>::new(counter,
+    /// consumers)`.
+    Queue {
+        /// Slots in flight.
+        stages: u32,
+        /// Consumer warpgroups that take each index.
+        consumers: u32,
+    },
     /// A global tensor parameter, `Global<T, R>`.
     Global {
         /// Element type.
@@ -135,6 +143,7 @@ impl std::fmt::Display for Type {
             Type::Smem(t) => write!(f, "Smem<{}, {}, {}> x{} (swizzle {})", t.dtype, t.rows, t.cols, t.stages, t.swizzle),
             Type::SmemView { dtype, rows, cols, .. } => write!(f, "SmemView<{dtype}, {rows}, {cols}>"),
             Type::Pipeline { stages, consumers } => write!(f, "Pipeline<{stages}> ({consumers} consumers)"),
+            Type::Queue { stages, consumers } => write!(f, "TileQueue<{stages}> ({consumers} consumers)"),
         }
     }
 }
@@ -185,7 +194,9 @@ impl TileIr {
         fn any(body: &[Stmt], name: &str) -> bool {
             body.iter().any(|s| match &s.kind {
                 StmtKind::Store { tensor, .. } | StmtKind::TmaStore { tensor, .. } => tensor == name,
-                StmtKind::For { body, .. } => any(body, name),
+                // A tile queue's counter is atomically incremented.
+                StmtKind::Let { value: Expr { kind: ExprKind::QueueNew { counter, .. }, .. }, .. } => counter == name,
+                StmtKind::For { body, .. } | StmtKind::QueueFor { body, .. } => any(body, name),
                 StmtKind::If { then, otherwise, .. } => any(then, name) || any(otherwise, name),
                 _ => false,
             })
@@ -245,6 +256,21 @@ pub enum StmtKind {
         end: Expr,
         /// Increment: a positive constant, or a uniform `i32` that must be positive at run time.
         step: Box<Expr>,
+        /// Body.
+        body: Vec<Stmt>,
+    },
+    /// `for var in queue.fetch(total) { body }` (the producer: it draws indices from the
+    /// queue's global counter until one reaches `total`, handing each to the consumers) or
+    /// `for var in queue.take() { body }` (a consumer: the producer's indices in order, until
+    /// the producer runs out). Indices are claimed at run time, so blocks that finish early
+    /// take more; the counter must be 0 at launch and is 0 again when the grid ends.
+    QueueFor {
+        /// Loop variable (i32).
+        var: String,
+        /// The queue.
+        queue: String,
+        /// `Some(total)` for `fetch`, `None` for `take`.
+        total: Option<Expr>,
         /// Body.
         body: Vec<Stmt>,
     },
@@ -544,6 +570,16 @@ pub enum ExprKind {
         stages: u32,
         /// Consumer warpgroups.
         consumers: u32,
+    },
+    /// `TileQueue::<STAGES>::new(counter, consumers)`: a ring of `STAGES` index slots with
+    /// full and empty barriers; `counter` is a `Global<i32, 1>` parameter.
+    QueueNew {
+        /// Slots.
+        stages: u32,
+        /// Consumer warpgroups.
+        consumers: u32,
+        /// The global counter the producer draws from.
+        counter: String,
     },
     /// `ring.at(stage)`: one stage of a ring.
     SmemAt {

@@ -52,6 +52,12 @@ impl Checker {
             }
             ExprKind::Load { tensor, index, fill, tile } => {
                 let (dtype, rank) = self.global(tensor, loc)?;
+                if dtype == DType::I32 {
+                    return Err(CompileError::ty(
+                        loc,
+                        format!("`{tensor}` is `Global<i32, {rank}>`, a tile queue's counter: tiles load `f32`, `bf16` or `f16` tensors"),
+                    ));
+                }
                 let tensor = tensor.clone();
                 self.indices(&tensor, rank, index, loc)?;
                 let t = match (*tile, expect) {
@@ -89,6 +95,7 @@ impl Checker {
             },
             ExprKind::SmemRing(_)
             | ExprKind::PipelineNew { .. }
+            | ExprKind::QueueNew { .. }
             | ExprKind::SmemAt { .. }
             | ExprKind::SmemRows { .. }
             | ExprKind::PipeStage { .. } => {

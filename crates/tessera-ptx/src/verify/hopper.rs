@@ -56,6 +56,20 @@ impl Checker {
                     Ok(Type::Pipeline { stages: *stages, consumers: *consumers })
                 }
             }
+            K::QueueNew { stages, consumers, counter } => {
+                if *stages == 0 || *stages > 16 || *consumers == 0 {
+                    Err(CompileError::ty(loc, "a tile queue needs 1 to 16 slots and at least one consumer warpgroup"))
+                } else {
+                    match self.global(counter, loc) {
+                        Ok((DType::I32, 1)) => Ok(Type::Queue { stages: *stages, consumers: *consumers }),
+                        Ok((dtype, rank)) => Err(CompileError::ty(
+                            loc,
+                            format!("a tile queue counts in a `Global<i32, 1>`, `{counter}` is `Global<{dtype}, {rank}>`"),
+                        )),
+                        Err(e) => Err(e),
+                    }
+                }
+            }
             K::SmemAt { ring, stage } => {
                 let ring = ring.clone();
                 match self.lookup(&ring).map(|b| b.ty) {
@@ -91,9 +105,23 @@ impl Checker {
     }
 
     pub(super) fn pipeline(&self, name: &str, loc: SourceLoc) -> Result<(u32, u32), CompileError> {
+        if self.poisoned.iter().any(|p| p == name) {
+            // Already reported where it was bound.
+            return Err(CompileError::ty(loc, String::new()));
+        }
         match self.lookup(name).map(|b| b.ty) {
             Some(Type::Pipeline { stages, consumers }) => Ok((stages, consumers)),
             other => Err(CompileError::ty(loc, format!("`{name}` is {}, expected a `Pipeline`", describe(other)))),
+        }
+    }
+
+    pub(super) fn queue(&self, name: &str, loc: SourceLoc) -> Result<(u32, u32), CompileError> {
+        if self.poisoned.iter().any(|p| p == name) {
+            return Err(CompileError::ty(loc, String::new()));
+        }
+        match self.lookup(name).map(|b| b.ty) {
+            Some(Type::Queue { stages, consumers }) => Ok((stages, consumers)),
+            other => Err(CompileError::ty(loc, format!("`{name}` is {}, expected a `TileQueue`", describe(other)))),
         }
     }
 

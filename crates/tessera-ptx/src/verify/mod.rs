@@ -138,6 +138,16 @@ impl Checker {
                 self.block(body);
                 self.scopes.pop();
             }
+            StmtKind::QueueFor { var, queue, total, body } => {
+                self.queue(queue, loc)?;
+                if let Some(total) = total {
+                    self.expect_scalar(total, ScalarType::I32, "the number of indices")?;
+                }
+                self.scopes.push(HashMap::new());
+                self.bind(var, Type::Scalar(ScalarType::I32), false);
+                self.block(body);
+                self.scopes.pop();
+            }
             StmtKind::TmaLoad { dst, tensor, index, pipe } => {
                 let (tensor, pipe) = (tensor.clone(), pipe.clone());
                 self.tma_load(dst, &tensor, index, &pipe, loc)?;

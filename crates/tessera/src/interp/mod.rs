@@ -56,8 +56,10 @@ struct Program {
     ir: TileIr,
     /// `(name, type)` of each `Smem::ring`, in the order the body mentions them.
     rings: Vec<(String, SmemType)>,
-    /// `(name, stages, consumers)` of each `Pipeline::new`.
+    /// `(name, stages, consumers)` of each `Pipeline::new` and `TileQueue::new`.
     pipes: Vec<(String, u32, u32)>,
+    /// The counter of each pipeline that is a tile queue, by pipeline index.
+    counters: HashMap<usize, String>,
     /// The ring or pipeline index of each allocating expression, by its address in `ir`.
     slots: HashMap<usize, usize>,
 }
@@ -75,16 +77,16 @@ fn program(spec: &'static KernelSpec) -> Result<Arc<Program>> {
         found: why,
     })?;
     // Box the IR first, so that the addresses scanned stay valid.
-    let mut p = Arc::new(Program { ir, rings: Vec::new(), pipes: Vec::new(), slots: HashMap::new() });
+    let mut p = Arc::new(Program { ir, rings: Vec::new(), pipes: Vec::new(), counters: HashMap::new(), slots: HashMap::new() });
     let scanned = scan(&p.ir);
     if let Some(p) = Arc::get_mut(&mut p) {
-        (p.rings, p.pipes, p.slots) = scanned;
+        (p.rings, p.pipes, p.slots, p.counters) = scanned;
     }
     cache.insert(key, p.clone());
     Ok(p)
 }
 
-type Scanned = (Vec<(String, SmemType)>, Vec<(String, u32, u32)>, HashMap<usize, usize>);
+type Scanned = (Vec<(String, SmemType)>, Vec<(String, u32, u32)>, HashMap<usize, usize>, HashMap<usize, String>);
 
 fn scan(ir: &TileIr) -> Scanned {
     fn walk(body: &[Stmt], out: &mut Scanned) {
@@ -99,9 +101,14 @@ fn scan(ir: &TileIr) -> Scanned {
                         out.2.insert(value as *const Expr as usize, out.1.len());
                         out.1.push((name.clone(), *stages, *consumers));
                     }
+                    ExprKind::QueueNew { stages, consumers, counter } => {
+                        out.2.insert(value as *const Expr as usize, out.1.len());
+                        out.3.insert(out.1.len(), counter.clone());
+                        out.1.push((name.clone(), *stages, *consumers));
+                    }
                     _ => {}
                 },
-                StmtKind::For { body, .. } => walk(body, out),
+                StmtKind::For { body, .. } | StmtKind::QueueFor { body, .. } => walk(body, out),
                 StmtKind::If { then, otherwise, .. } => {
                     walk(then, out);
                     walk(otherwise, out);
@@ -239,6 +246,8 @@ struct Ring {
 struct Pipe {
     full: Vec<Barrier>,
     empty: Vec<Barrier>,
+    /// A tile queue's slots (empty for a pipeline).
+    slots: Vec<i32>,
 }
 
 /// A shared view: rows `row0..row0 + rows` of one stage of a ring.
@@ -281,8 +290,24 @@ struct Wait {
 type Flowing<T> = std::result::Result<T, Flow>;
 
 enum Frame<'p> {
-    Body { stmts: &'p [Stmt], pc: usize, mark: usize },
-    Loop { var: &'p str, next: i64, end: i64, step: i64, body: &'p [Stmt], mark: usize },
+    Body {
+        stmts: &'p [Stmt],
+        pc: usize,
+        mark: usize,
+    },
+    Loop {
+        var: &'p str,
+        next: i64,
+        end: i64,
+        step: i64,
+        body: &'p [Stmt],
+        mark: usize,
+    },
+    /// A `for` over a tile queue: each lap draws (or takes) the next index first.
+    Queue {
+        stmt: &'p Stmt,
+        mark: usize,
+    },
 }
 
 /// One warpgroup's execution state.
@@ -339,6 +364,7 @@ impl<'p> Kernel<'p> {
                     // sm_90a: the producer's commit is the one arrival; TMA counts the bytes.
                     full: vec![Barrier::new(1); stages as usize],
                     empty: vec![Barrier::new(consumers); stages as usize],
+                    slots: vec![0; stages as usize],
                 })
                 .collect(),
         };
@@ -443,6 +469,30 @@ impl<'p> Kernel<'p> {
                     Err(Flow::Fail(m)) => Err(self.fail(s, m)),
                 }
             }
+            Frame::Queue { stmt, mark } => {
+                let (stmt, mark) = (*stmt, *mark);
+                let StmtKind::QueueFor { var, body, .. } = &stmt.kind else { return Ok(Step::Done) };
+                wg.env.truncate(mark);
+                wg.undo.clear();
+                match self.queue_next(stmt, wg, blk) {
+                    Ok(Some(v)) => {
+                        wg.waiting = None;
+                        wg.env.push((var.as_str(), Val::I(v)));
+                        let inner = wg.env.len();
+                        wg.frames.push(Frame::Body { stmts: body, pc: 0, mark: inner });
+                    }
+                    Ok(None) => {
+                        wg.waiting = None;
+                        wg.frames.pop();
+                    }
+                    Err(Flow::Blocked(w)) => {
+                        wg.waiting = Some((stmt, w));
+                        return Ok(Step::Blocked);
+                    }
+                    Err(Flow::Fail(m)) => return Err(self.fail(stmt, m)),
+                }
+                Ok(Step::Ran)
+            }
             Frame::Loop { var, next, end, step, body, mark } => {
                 if *next < *end {
                     let (var, body, mark, v) = (*var, *body, *mark, *next);
@@ -489,6 +539,10 @@ impl<'p> Kernel<'p> {
                 }
                 let mark = wg.env.len();
                 wg.frames.push(Frame::Loop { var: var.as_str(), next: start, end, step, body, mark });
+            }
+            StmtKind::QueueFor { .. } => {
+                let mark = wg.env.len();
+                wg.frames.push(Frame::Queue { stmt: s, mark });
             }
             StmtKind::If { cond, then, otherwise } => {
                 let Val::B(c) = self.eval(cond, wg, blk)? else { return Err("`if` takes a bool".to_string().into()) };
@@ -565,6 +619,53 @@ impl<'p> Kernel<'p> {
             }
         }
         Ok(())
+    }
+
+    /// The next index of a `for` over a tile queue, or `None` when the producer has run out.
+    /// The producer draws from the global counter (and puts it back to 0 on the grid's last
+    /// draw), as the lowering does; both sides wait on the queue's barriers like a pipeline.
+    fn queue_next(&self, s: &'p Stmt, wg: &mut Wg<'p>, blk: &mut Block) -> Flowing<Option<i32>> {
+        let StmtKind::QueueFor { queue, total, .. } = &s.kind else { return Ok(None) };
+        let p = self.pipe(queue, wg)?;
+        let (stage, phase) = wg.pipe_state[p];
+        let producer = total.is_some();
+        let bar = if producer { blk.pipes[p].empty[stage as usize] } else { blk.pipes[p].full[stage as usize] };
+        let parity = if producer { phase ^ 1 } else { phase };
+        if !bar.passed(parity) {
+            return Err(Flow::Blocked(Wait { pipe: p, producer, stage, parity }));
+        }
+        let value = match total {
+            Some(total) => {
+                let total = self.int(total, wg, blk)?;
+                let counter = self.prog.counters.get(&p).ok_or_else(|| format!("`{queue}` is not a tile queue"))?;
+                let g = self.global(counter, wg)?;
+                let drawn = {
+                    let mut bytes = g.buf.lock();
+                    let at = usize::try_from(g.base).unwrap_or(usize::MAX).saturating_mul(4);
+                    let Some(word) = bytes.get_mut(at..at + 4) else {
+                        return Err(format!("the counter `{counter}` of tile queue `{queue}` has no element 0").into());
+                    };
+                    let drawn = i32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+                    let blocks = self.grid.iter().map(|&g| i64::from(g)).product::<i64>();
+                    let next = if i64::from(drawn) == i64::from(total) + blocks - 1 { 0 } else { drawn.wrapping_add(1) };
+                    word.copy_from_slice(&next.to_le_bytes());
+                    drawn
+                };
+                let publish = if drawn < total { drawn } else { -1 };
+                let pipe = &mut blk.pipes[p];
+                pipe.slots[stage as usize] = publish;
+                pipe.full[stage as usize].arrive();
+                publish
+            }
+            None => {
+                let pipe = &mut blk.pipes[p];
+                pipe.empty[stage as usize].arrive();
+                pipe.slots[stage as usize]
+            }
+        };
+        let stages = self.prog.pipes[p].1;
+        wg.pipe_state[p] = if stage + 1 == stages { (0, phase ^ 1) } else { (stage + 1, phase) };
+        Ok((value >= 0).then_some(value))
     }
 
     fn global(&self, name: &str, wg: &Wg<'p>) -> Flowing<&Global> {
@@ -656,7 +757,7 @@ impl<'p> Kernel<'p> {
                 Val::T(t) => Val::T(t.reduce(*op, *axis)),
                 _ => return Err("reductions take a tile".to_string().into()),
             },
-            ExprKind::SmemRing(_) | ExprKind::PipelineNew { .. } => {
+            ExprKind::SmemRing(_) | ExprKind::PipelineNew { .. } | ExprKind::QueueNew { .. } => {
                 let slot = self.prog.slots.get(&(e as *const Expr as usize)).copied();
                 match (slot, &e.kind) {
                     (Some(i), ExprKind::SmemRing(_)) => Val::Ring(i),
