@@ -70,15 +70,46 @@ fn main() {
         timed(&mut criterion, "softmax", &mut f);
         rows.push(("softmax", 2.0 * mb, time_ms(&dev, 5, 20, f)));
     }
-    {
-        // RMSNorm in bf16 with a weight: x read once, y written once (the weight is 16 KiB).
+    // The norms in bf16 with weight (and bias): x read once, y written once, the [hidden]
+    // parameters once. 16384×8192 first (the shape), then hidden sizes around it with
+    // rows chosen for 256 MiB of input, far above L2.
+    let mut norm_rows: Vec<(String, f64, f64)> = Vec::new();
+    for (i, &n) in [8192usize, 1536, 2048, 2304, 4096, 5120, 11008, 16384].iter().enumerate() {
         use tessera::bf16;
-        let xb = Tensor::from_host(&dev, &rng_bf16(M * N), &[M, N]).expect("x bf16");
-        let wb = Tensor::from_host(&dev, &rng_bf16(N), &[N]).expect("w bf16");
-        let mut yb = Tensor::<bf16>::zeros(&dev, &[M, N]).expect("y bf16");
-        let mut f = || tessera_kernels::rms_norm(&dev, &xb, Some(&wb), 1e-6, &mut yb).expect("rms_norm");
-        timed(&mut criterion, "rms_norm bf16", &mut f);
-        rows.push(("rms_norm bf16", (2 * M * N * 2 + N * 2) as f64, time_ms(&dev, 5, 20, f)));
+        let m = if i == 0 { M } else { (1usize << 27) / n };
+        let xb = Tensor::from_host(&dev, &rng_bf16(m * n), &[m, n]).expect("x bf16");
+        let wb = Tensor::from_host(&dev, &rng_bf16(n), &[n]).expect("w bf16");
+        let bb = Tensor::from_host(&dev, &rng_bf16(n), &[n]).expect("b bf16");
+        let mut yb = Tensor::<bf16>::zeros(&dev, &[m, n]).expect("y bf16");
+        let bytes = (2 * m * n * 2 + n * 2) as f64;
+        let mut rms = || tessera_kernels::rms_norm(&dev, &xb, Some(&wb), 1e-6, &mut yb).expect("rms_norm");
+        if i == 0 {
+            timed(&mut criterion, "rms_norm bf16", &mut rms);
+        }
+        norm_rows.push((format!("rms_norm {m}x{n}"), bytes, time_ms(&dev, 5, 20, &mut rms)));
+        let mut ln = || tessera_kernels::layer_norm(&dev, &xb, Some(&wb), Some(&bb), 1e-5, &mut yb).expect("layer_norm");
+        if i == 0 {
+            timed(&mut criterion, "layer_norm bf16", &mut ln);
+        }
+        norm_rows.push((format!("layer_norm {m}x{n}"), bytes + (n * 2) as f64, time_ms(&dev, 5, 20, &mut ln)));
+    }
+    // Small shapes, where launch latency dominates: microseconds per call.
+    let mut small: Vec<(String, f64)> = Vec::new();
+    {
+        use tessera::bf16;
+        let (m, n) = (4usize, 4096usize);
+        let xb = Tensor::from_host(&dev, &rng_bf16(m * n), &[m, n]).expect("x bf16");
+        let wb = Tensor::from_host(&dev, &rng_bf16(n), &[n]).expect("w bf16");
+        let mut yb = Tensor::<bf16>::zeros(&dev, &[m, n]).expect("y bf16");
+        let us = 1e3 * time_ms(&dev, 20, 200, || tessera_kernels::rms_norm(&dev, &xb, Some(&wb), 1e-6, &mut yb).expect("rms_norm"));
+        small.push((format!("rms_norm {m}x{n} bf16"), us));
+        let us = 1e3 * time_ms(&dev, 20, 200, || tessera_kernels::layer_norm(&dev, &xb, Some(&wb), Some(&wb), 1e-5, &mut yb).expect("ln"));
+        small.push((format!("layer_norm {m}x{n} bf16"), us));
+        let stream = dev.stream().expect("a CUDA stream");
+        let src = stream.clone_htod(&rng_bf16(m * n)).expect("src");
+        let mut dst = stream.alloc_zeros::<bf16>(m * n).expect("dst");
+        let us = 1e3 * time_ms(&dev, 20, 200, || stream.memcpy_dtod(&src, &mut dst).expect("copy"));
+        small.push((format!("copy {m}x{n} bf16"), us));
     }
     let copy = rows[0].1 / rows[0].2 * 1e-6;
     println!("\nmemory_bound on {} ({M}x{N} f32; rms_norm in bf16)", dev.name());
@@ -86,5 +117,14 @@ fn main() {
     for (name, bytes, ms) in &rows {
         let gbs = bytes / ms * 1e-6;
         println!("{name:<20} {:>10.0} {ms:>10.3} {gbs:>10.0} {:>8.2}", bytes / 1e6, gbs / copy);
+    }
+    println!("\nnorms, bf16 with weight (and bias), M x hidden");
+    for (name, bytes, ms) in &norm_rows {
+        let gbs = bytes / ms * 1e-6;
+        println!("{name:<24} {:>10.0} {ms:>10.3} {gbs:>10.0} {:>8.2}", bytes / 1e6, gbs / copy);
+    }
+    println!("\nsmall shapes (launch latency), microseconds per call");
+    for (name, us) in &small {
+        println!("{name:<24} {us:>8.1}");
     }
 }

@@ -250,13 +250,19 @@ fn interp_sm80_variants_run_forward_on_newer_gpus() {
     sm80_variants_run_forward_on_newer_gpus(&Device::cpu());
 }
 
+/// Row counts and hidden sizes for the norms: odd ones, non-powers of two, both sides of
+/// `ROW_IN_REGISTERS` (the one-read and the tiled kernels).
+fn norm_shapes(dev: &Device) -> Vec<(usize, usize)> {
+    let mut shapes = vec![(1, 1), (7, 129), (37, 1536), (3, 5000), (20, 2304), (2, 8192), (3, 9000)];
+    if !dev.is_cpu() {
+        shapes.extend([(4097, 5000), (64, 16384), (1000, 11008), (300, 2560), (64, 5120)]);
+    }
+    shapes
+}
+
 /// RMSNorm in `T` against f64 on the values `T` holds: each shape with and without a weight.
 fn rms_norm_case<T: tessera_kernels::NormElement>(dev: &Device, to: fn(f32) -> T, from: fn(T) -> f64, tol: f64) {
-    let mut shapes = vec![(1, 1), (7, 129), (37, 1536), (3, 5000), (20, 2304)];
-    if !dev.is_cpu() {
-        shapes.extend([(4097, 5000), (64, 16384), (1000, 11008)]);
-    }
-    for (m, n) in shapes {
+    for (m, n) in norm_shapes(dev) {
         let x: Vec<T> = random(m * n, -3.0, 3.0).into_iter().map(to).collect();
         let w: Vec<T> = random(n, 0.5, 1.5).into_iter().map(to).collect();
         let xt = Tensor::from_host(dev, &x, &[m, n]).unwrap();
@@ -277,6 +283,83 @@ fn rms_norm_case<T: tessera_kernels::NormElement>(dev: &Device, to: fn(f32) -> T
             assert!(err < tol, "rms_norm {m}x{n} weight={with_weight}: relative error {err}");
         }
     }
+}
+
+/// LayerNorm in `T` against f64: each shape with every combination of weight and bias, on
+/// rows centred far from 0 (a variance taken as `E[x²] − E[x]²` would lose it), and on rows of
+/// equal values (variance 0: the output is the bias).
+fn layer_norm_case<T: tessera_kernels::NormElement>(dev: &Device, to: fn(f32) -> T, from: fn(T) -> f64, tol: f64) {
+    for (m, n) in norm_shapes(dev) {
+        // A multiple of 1/8, so that the constant row's f32 sum is exact and its mean within an
+        // ulp: with an inexact mean the constant row's output is off by (mean error)/sqrt(eps)
+        // in any f32 implementation.
+        let offset = (random(1, -8.0, 8.0)[0] * 8.0).round() / 8.0;
+        let mut x: Vec<T> = random(m * n, -1.0, 1.0).into_iter().map(|v| to(v + offset)).collect();
+        // The last row is constant.
+        for v in &mut x[(m - 1) * n..] {
+            *v = to(offset);
+        }
+        let w: Vec<T> = random(n, 0.5, 1.5).into_iter().map(to).collect();
+        let b: Vec<T> = random(n, -1.0, 1.0).into_iter().map(to).collect();
+        let xt = Tensor::from_host(dev, &x, &[m, n]).unwrap();
+        let (wt, bt) = (Tensor::from_host(dev, &w, &[n]).unwrap(), Tensor::from_host(dev, &b, &[n]).unwrap());
+        for (with_w, with_b) in [(true, true), (true, false), (false, true), (false, false)] {
+            let mut y = Tensor::full(dev, &[m, n], to(f32::NAN)).unwrap();
+            tessera_kernels::layer_norm(dev, &xt, with_w.then_some(&wt), with_b.then_some(&bt), 1e-5, &mut y).unwrap();
+            let got: Vec<f64> = y.to_host().unwrap().into_iter().map(from).collect();
+            let mut want = Vec::with_capacity(m * n);
+            for i in 0..m {
+                let row: Vec<f64> = x[i * n..(i + 1) * n].iter().map(|&v| from(v)).collect();
+                let mean = row.iter().sum::<f64>() / n as f64;
+                let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n as f64;
+                let rstd = 1.0 / (var + 1e-5).sqrt();
+                for (j, v) in row.iter().enumerate() {
+                    let wj = if with_w { from(w[j]) } else { 1.0 };
+                    let bj = if with_b { from(b[j]) } else { 0.0 };
+                    want.push((v - mean) * rstd * wj + bj);
+                }
+            }
+            let what = format!("layer_norm {m}x{n} weight={with_w} bias={with_b} offset={offset}");
+            assert!(got.iter().all(|v| v.is_finite()), "{what}: non-finite output");
+            // The constant row: the bias, or zeros (f32 rounding of the mean leaves ~1e-4).
+            let last = &got[(m - 1) * n..];
+            let (worst, dev_from_bias) = last
+                .iter()
+                .enumerate()
+                .map(|(j, v)| (j, (v - want[(m - 1) * n + j]).abs()))
+                .fold((0, 0.0), |a, b| if b.1 > a.1 { b } else { a });
+            assert!(
+                dev_from_bias < 2e-2,
+                "{what}: constant row is off by {dev_from_bias} at column {worst} (got {}, want {})",
+                last[worst],
+                want[(m - 1) * n + worst]
+            );
+            if m > 1 {
+                let err = rel_error(&got[..(m - 1) * n], &want[..(m - 1) * n]);
+                assert!(err < tol, "{what}: relative error {err}");
+            }
+        }
+    }
+}
+
+fn layer_norm_matches_f64_reference(dev: &Device) {
+    use tessera::{bf16, f16};
+    layer_norm_case::<bf16>(dev, bf16::from_f32, |v| v.to_f64(), 1e-2);
+    layer_norm_case::<f16>(dev, f16::from_f32, |v| v.to_f64(), 5e-3);
+    // The mean's f32 rounding (|x| up to 9) moves every output by mean error · rstd.
+    layer_norm_case::<f32>(dev, |v| v, f64::from, 5e-4);
+}
+
+#[test]
+fn gpu_layer_norm_matches_f64_reference() {
+    if let Some(dev) = gpu_or_skip("gpu_layer_norm") {
+        layer_norm_matches_f64_reference(&dev);
+    }
+}
+
+#[test]
+fn interp_layer_norm_matches_f64_reference() {
+    layer_norm_matches_f64_reference(&Device::cpu());
 }
 
 fn rms_norm_matches_f64_reference(dev: &Device) {

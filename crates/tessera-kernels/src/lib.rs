@@ -10,6 +10,7 @@
 //! | [`gemm`], [`gemm_tn`] | `C = act(alpha·A·Bᵀ + beta·C_in + bias) + residual`, bf16/f16, B N×K or K×N, batches: TMA + wgmma on Hopper, cp.async + mma.sync on sm_80 and later |
 //! | [`bias_gelu`] | `y = gelu(x + bias)`, the unfused epilogue |
 //! | [`rms_norm`] | `y = x / sqrt(mean(x²) + eps) · weight` per row, bf16/f16/f32, f32 statistics |
+//! | [`layer_norm`] | `y = (x − mean) / sqrt(var + eps) · weight + bias` per row, bf16/f16/f32, f32 statistics |
 #![warn(missing_docs)]
 
 mod elementwise;
@@ -23,7 +24,10 @@ pub use gemm::{
     bias_gelu, bias_gelu_bf16, gemm, gemm_nn_bf16, gemm_nn_f16, gemm_nn_full_bf16, gemm_nn_full_f16, gemm_tn, gemm_tn_bf16, gemm_tn_f16,
     gemm_tn_full_bf16, gemm_tn_full_f16, pad_copy_bf16, pad_copy_f16, Activation, BLayout, Bias, GemmBuilder, GemmElement,
 };
-pub use norm::{rms_norm, rms_norm_bf16, rms_norm_f16, rms_norm_f32, NormElement};
+pub use norm::{
+    layer_norm, layer_norm_bf16, layer_norm_f16, layer_norm_f32, layer_norm_row_bf16, layer_norm_row_f16, layer_norm_row_f32, rms_norm,
+    rms_norm_bf16, rms_norm_f16, rms_norm_f32, rms_norm_row_bf16, rms_norm_row_f16, rms_norm_row_f32, NormElement, ROW_IN_REGISTERS,
+};
 pub use reduce::{row_max, row_max_f32, row_sum, row_sum_f32};
 pub use softmax::{softmax, softmax_f32};
 
@@ -48,6 +52,15 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         &rms_norm_bf16::SPEC,
         &rms_norm_f16::SPEC,
         &rms_norm_f32::SPEC,
+        &rms_norm_row_bf16::SPEC,
+        &rms_norm_row_f16::SPEC,
+        &rms_norm_row_f32::SPEC,
+        &layer_norm_bf16::SPEC,
+        &layer_norm_f16::SPEC,
+        &layer_norm_f32::SPEC,
+        &layer_norm_row_bf16::SPEC,
+        &layer_norm_row_f16::SPEC,
+        &layer_norm_row_f32::SPEC,
     ]
 }
 

@@ -1,15 +1,85 @@
-//! RMSNorm over the last dimension.
+//! RMSNorm and LayerNorm over the last dimension.
+//!
+//! Rows up to [`ROW_IN_REGISTERS`] wide are read once: a block holds its row in registers (a
+//! `Tile<f32, 1, 8192>` is 64 registers a thread), reduces it, and writes the result; columns
+//! past the row's end are loaded as zeros and masked out of the statistics. Wider rows take
+//! the tiled kernels, which read each row once per pass (from L2 where it is still there).
 
 use tessera::{kernel, Device, Element, GlobalArg, Grid, Result, Tensor};
 
-/// Rows each block normalizes.
+/// Rows each block of the tiled kernels normalizes.
 const BM: usize = 16;
+
+/// The widest row the one-read kernels hold in registers.
+pub const ROW_IN_REGISTERS: usize = 8192;
+
+/// `rms_norm_*` for rows of at most 8192 elements, one row per block, read once.
+#[kernel(dtypes(T = [bf16, f16, f32]))]
+pub fn rms_norm_row(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f32, has_weight: i32) {
+    let r = block::id_x();
+    let t = x.load::<Tile<T, 1, 8192>>([r, 0]).cast::<f32>();
+    let inv = rsqrt(row_sum(t * t) * (1.0 / x.dim(1) as f32) + eps);
+    let mut o = t * inv;
+    if has_weight == 1 {
+        o = o * w.load::<Tile<T, 1, 8192>>([0]).cast::<f32>();
+    }
+    y.store([r, 0], o.cast::<T>());
+}
+
+/// `y = (x − mean) / sqrt(var + eps) · w + b` for rows of at most 8192 elements, one row per
+/// block, read once; the variance is the mean of the centred squares (columns past the row
+/// masked out), so rows of equal values give exactly 0.
+#[kernel(dtypes(T = [bf16, f16, f32]))]
+pub fn layer_norm_row(x: Global<T, 2>, w: Global<T, 1>, b: Global<T, 1>, y: Global<T, 2>, eps: f32, has_weight: i32, has_bias: i32) {
+    let r = block::id_x();
+    let n = x.dim(1);
+    let t = x.load::<Tile<T, 1, 8192>>([r, 0]).cast::<f32>();
+    let mean = row_sum(t) * (1.0 / n as f32);
+    let d = (t - mean).mask_cols(n, 0.0);
+    let mut o = d * rsqrt(row_sum(d * d) * (1.0 / n as f32) + eps);
+    if has_weight == 1 {
+        o = o * w.load::<Tile<T, 1, 8192>>([0]).cast::<f32>();
+    }
+    if has_bias == 1 {
+        o = o + b.load::<Tile<T, 1, 8192>>([0]).cast::<f32>();
+    }
+    y.store([r, 0], o.cast::<T>());
+}
+
+/// LayerNorm for any row width in three passes over 16-row blocks: the mean, the centred
+/// squares (masked past the row), then the output.
+#[kernel(dtypes(T = [bf16, f16, f32]))]
+pub fn layer_norm(x: Global<T, 2>, w: Global<T, 1>, b: Global<T, 1>, y: Global<T, 2>, eps: f32, has_weight: i32, has_bias: i32) {
+    let r = block::id_x() * 16;
+    let n = x.dim(1);
+    let mut s = Tile::<f32, 16, 256>::zeros();
+    for c in (0..n).step_by(256) {
+        s = s + x.load::<Tile<T, 16, 256>>([r, c]).cast::<f32>();
+    }
+    let mean = row_sum(s) * (1.0 / n as f32);
+    let mut ss = Tile::<f32, 16, 256>::zeros();
+    for c in (0..n).step_by(256) {
+        let d = (x.load::<Tile<T, 16, 256>>([r, c]).cast::<f32>() - mean).mask_cols(n - c, 0.0);
+        ss = ss + d * d;
+    }
+    let rstd = rsqrt(row_sum(ss) * (1.0 / n as f32) + eps);
+    for c in (0..n).step_by(256) {
+        let mut o = (x.load::<Tile<T, 16, 256>>([r, c]).cast::<f32>() - mean) * rstd;
+        if has_weight == 1 {
+            o = o * w.load::<Tile<T, 1, 256>>([c]).cast::<f32>();
+        }
+        if has_bias == 1 {
+            o = o + b.load::<Tile<T, 1, 256>>([c]).cast::<f32>();
+        }
+        y.store([r, c], o.cast::<T>());
+    }
+}
 
 /// `y = x / sqrt(mean(x²) + eps) · w`, per row, with f32 statistics.
 ///
-/// Pass 1 accumulates `x²` in a 16×256 f32 tile over the columns and reduces it once per row;
-/// pass 2 reads the rows again (from L2: a block's 16 rows are at most 512 KiB) and scales
-/// them. `has_weight` 0 skips `w` (then any rank-1 tensor).
+/// Any row width. Pass 1 accumulates `x²` in a 16×256 f32 tile over the columns and reduces
+/// it once per row; pass 2 reads the rows again and scales them. `has_weight` 0 skips `w`
+/// (then any rank-1 tensor).
 #[kernel(dtypes(T = [bf16, f16, f32]))]
 pub fn rms_norm(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f32, has_weight: i32) {
     let r = block::id_x() * 16;
@@ -29,43 +99,100 @@ pub fn rms_norm(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f32, has
     }
 }
 
-/// Element types RMSNorm takes: bf16, f16, f32 (statistics in f32 for all).
+/// Element types the norms take: bf16, f16, f32 (statistics in f32 for all).
 pub trait NormElement: Element {
     #[doc(hidden)]
     fn rms_norm_launch(
         dev: &Device,
-        grid: Grid,
+        row: bool,
         x: &Tensor<Self>,
         w: &impl GlobalArg<Self>,
         y: &mut Tensor<Self>,
         eps: f32,
         has_w: i32,
     ) -> Result<()>;
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn layer_norm_launch(
+        dev: &Device,
+        row: bool,
+        x: &Tensor<Self>,
+        w: &impl GlobalArg<Self>,
+        b: &impl GlobalArg<Self>,
+        y: &mut Tensor<Self>,
+        eps: f32,
+        flags: (i32, i32),
+    ) -> Result<()>;
+}
+
+/// One block per row for the one-read kernels, 16 rows per block for the tiled ones.
+fn grid(rows: usize, row: bool) -> Grid {
+    Grid::from(Grid::tiles(rows, if row { 1 } else { BM }))
 }
 
 macro_rules! norm_element {
-    ($t:ty, $k:ident) => {
+    ($t:ty, $rms_row:ident, $rms:ident, $ln_row:ident, $ln:ident) => {
         impl NormElement for $t {
             fn rms_norm_launch(
                 dev: &Device,
-                grid: Grid,
+                row: bool,
                 x: &Tensor<Self>,
                 w: &impl GlobalArg<Self>,
                 y: &mut Tensor<Self>,
                 eps: f32,
                 has_w: i32,
             ) -> Result<()> {
-                $k::launch(dev, grid, x, w, y, eps, has_w)
+                let g = grid(x.shape()[0], row);
+                if row {
+                    $rms_row::launch(dev, g, x, w, y, eps, has_w)
+                } else {
+                    $rms::launch(dev, g, x, w, y, eps, has_w)
+                }
+            }
+            fn layer_norm_launch(
+                dev: &Device,
+                row: bool,
+                x: &Tensor<Self>,
+                w: &impl GlobalArg<Self>,
+                b: &impl GlobalArg<Self>,
+                y: &mut Tensor<Self>,
+                eps: f32,
+                (has_w, has_b): (i32, i32),
+            ) -> Result<()> {
+                let g = grid(x.shape()[0], row);
+                if row {
+                    $ln_row::launch(dev, g, x, w, b, y, eps, has_w, has_b)
+                } else {
+                    $ln::launch(dev, g, x, w, b, y, eps, has_w, has_b)
+                }
             }
         }
     };
 }
-norm_element!(tessera::bf16, rms_norm_bf16);
-norm_element!(tessera::f16, rms_norm_f16);
-norm_element!(f32, rms_norm_f32);
+norm_element!(tessera::bf16, rms_norm_row_bf16, rms_norm_bf16, layer_norm_row_bf16, layer_norm_bf16);
+norm_element!(tessera::f16, rms_norm_row_f16, rms_norm_f16, layer_norm_row_f16, layer_norm_f16);
+norm_element!(f32, rms_norm_row_f32, rms_norm_f32, layer_norm_row_f32, layer_norm_f32);
+
+/// Checks `x`, `y` and the optional `[hidden]` parameters; gives `(rows, hidden)`.
+fn check_norm<T: Element>(
+    op: &'static str,
+    x: &Tensor<T>,
+    y: &Tensor<T>,
+    params: [(&'static str, Option<&Tensor<T>>); 2],
+) -> Result<(usize, usize)> {
+    let (m, n) = crate::check_2d(op, "x", x)?;
+    crate::check_shape(op, "y", y, &[m, n])?;
+    for (name, p) in params {
+        if let Some(p) = p {
+            crate::check_shape(op, name, p, &[n])?;
+        }
+    }
+    Ok((m, n))
+}
 
 /// `y[i, :] = x[i, :] / sqrt(mean(x[i, :]²) + eps) · weight` for a 2-D `x` (any rows, any
 /// hidden size), with f32 statistics; `weight` of shape `[hidden]`, or `None` for none.
+/// Rows of up to [`ROW_IN_REGISTERS`] elements are read from memory once.
 ///
 /// ```no_run
 /// # use tessera::{Device, Tensor, bf16};
@@ -81,18 +208,46 @@ norm_element!(f32, rms_norm_f32);
 /// [`tessera::Error::Argument`] naming `x`, `weight` or `y` if a shape does not fit, or a
 /// launch error.
 pub fn rms_norm<T: NormElement>(device: &Device, x: &Tensor<T>, weight: Option<&Tensor<T>>, eps: f32, y: &mut Tensor<T>) -> Result<()> {
-    let (m, n) = crate::check_2d("rms_norm", "x", x)?;
-    crate::check_shape("rms_norm", "y", y, &[m, n])?;
-    if let Some(w) = weight {
-        crate::check_shape("rms_norm", "weight", w, &[n])?;
-    }
+    let (m, n) = check_norm("rms_norm", x, y, [("weight", weight), ("weight", None)])?;
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let grid = Grid::from(Grid::tiles(m, BM));
+    let row = n <= ROW_IN_REGISTERS;
+    // Without a weight the kernel never reads `w`: pass `x` itself as a stand-in.
+    let none = x.view(&[1], &[1])?;
     match weight {
-        Some(w) => T::rms_norm_launch(device, grid, x, w, y, eps, 1),
-        // Without a weight the kernel never reads `w`: pass `x` itself as a stand-in.
-        None => T::rms_norm_launch(device, grid, x, &x.view(&[1], &[1])?, y, eps, 0),
+        Some(w) => T::rms_norm_launch(device, row, x, w, y, eps, 1),
+        None => T::rms_norm_launch(device, row, x, &none, y, eps, 0),
+    }
+}
+
+/// `y[i, :] = (x[i, :] − mean) / sqrt(var + eps) · weight + bias` per row of a 2-D `x` (any
+/// rows, any hidden size), with f32 statistics (the biased variance, as PyTorch's
+/// `layer_norm`); `weight` and `bias` of shape `[hidden]`, each optional. Rows of up to
+/// [`ROW_IN_REGISTERS`] elements are read from memory once.
+///
+/// # Errors
+/// [`tessera::Error::Argument`] naming `x`, `weight`, `bias` or `y` if a shape does not fit,
+/// or a launch error.
+pub fn layer_norm<T: NormElement>(
+    device: &Device,
+    x: &Tensor<T>,
+    weight: Option<&Tensor<T>>,
+    bias: Option<&Tensor<T>>,
+    eps: f32,
+    y: &mut Tensor<T>,
+) -> Result<()> {
+    let (m, n) = check_norm("layer_norm", x, y, [("weight", weight), ("bias", bias)])?;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let row = n <= ROW_IN_REGISTERS;
+    let none = x.view(&[1], &[1])?;
+    let flags = (i32::from(weight.is_some()), i32::from(bias.is_some()));
+    match (weight, bias) {
+        (Some(w), Some(b)) => T::layer_norm_launch(device, row, x, w, b, y, eps, flags),
+        (Some(w), None) => T::layer_norm_launch(device, row, x, w, &none, y, eps, flags),
+        (None, Some(b)) => T::layer_norm_launch(device, row, x, &none, b, y, eps, flags),
+        (None, None) => T::layer_norm_launch(device, row, x, &none, &none, y, eps, flags),
     }
 }

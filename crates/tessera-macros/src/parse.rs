@@ -543,6 +543,10 @@ impl Frontend {
                 want(0)?;
                 ExprKind::PipeStage { pipe: receiver_name(&m.receiver)?, producer: name == "acquire" }
             }
+            "mask_cols" => {
+                want(2)?;
+                ExprKind::MaskCols { value: recv(self)?, limit: Box::new(self.expr(&m.args[0])?), fill: Box::new(self.expr(&m.args[1])?) }
+            }
             "dim" => {
                 want(1)?;
                 let axis = int_const(&m.args[0], "`dim` takes a constant axis")?;

@@ -50,6 +50,10 @@ impl Lowerer<'_> {
                 let t = self.tile(value)?;
                 self.reduce(t, *op, *axis)
             }
+            ExprKind::MaskCols { value, limit, fill } => {
+                let t = self.tile(value)?;
+                self.mask_cols(t, limit, fill)?
+            }
             ExprKind::TileCols { value, start, cols } => {
                 let t = self.tile(value)?;
                 let LayoutKind::Wgmma { m_blocks } = t.layout.kind else {
@@ -67,6 +71,35 @@ impl Lowerer<'_> {
             }
             _ => unreachable!("verified TIR-H: not a tile expression"),
         })
+    }
+
+    /// `t.mask_cols(limit, fill)`: each register whose column (the thread's base column plus
+    /// the slot's offset) is at or past `limit` becomes `fill`.
+    fn mask_cols(&mut self, t: TileVal, limit: &Expr, fill: &Expr) -> Result<TileVal, CompileError> {
+        use Operand::{Imm, Reg as R};
+        let lim = self.scalar(limit)?;
+        let lim = self.in_reg(lim, crate::dtype::ScalarType::I32, "limit");
+        let f = self.scalar(fill)?;
+        let f = self.elem_from_f32(f, t.ty.dtype);
+        let class = elem_class(t.ty.dtype);
+        let fr = self.reg(class, "fill");
+        self.op(super::mov_for(class), vec![R(fr), f]);
+        let lr = self.layout_regs(t.layout);
+        let sel = if class == RegClass::F32 { "selp.f32" } else { "selp.b16" };
+        let regs = t
+            .layout
+            .slots()
+            .iter()
+            .zip(&t.regs)
+            .map(|(slot, &r)| {
+                let (col, keep, out) = (self.reg(RegClass::B32, "col"), self.reg(RegClass::Pred, "keep"), self.reg(class, "masked"));
+                self.op("add.s32", vec![R(col), R(lr.col), Imm(i64::from(slot.dc))]);
+                self.op("setp.lt.s32", vec![R(keep), R(col), R(lim)]);
+                self.op(sel, vec![R(out), R(r), R(fr), R(keep)]);
+                out
+            })
+            .collect();
+        Ok(TileVal { regs, ..t })
     }
 
     /// `Tile::full(v)` in `layout`.

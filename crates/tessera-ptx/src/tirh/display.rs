@@ -130,6 +130,7 @@ impl fmt::Display for Expr {
             ExprKind::SmemRows { view, start, rows } => write!(f, "{view}.rows({start}, {rows})"),
             ExprKind::PipeStage { pipe, producer: true } => write!(f, "{pipe}.acquire()"),
             ExprKind::PipeStage { pipe, producer: false } => write!(f, "{pipe}.wait()"),
+            ExprKind::MaskCols { value, limit, fill } => write!(f, "{value}.mask_cols({limit}, {fill})"),
             ExprKind::Reduce { op, axis, value } => write!(f, "reduce_{}<axis={axis}>({value})", op.name()),
         }
     }

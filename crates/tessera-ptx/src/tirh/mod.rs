@@ -615,6 +615,17 @@ pub enum ExprKind {
         /// Columns.
         cols: u32,
     },
+    /// `t.mask_cols(limit, fill)`: `t` with every element in a column at or past `limit`
+    /// (counted from the tile's first column) replaced by `fill`, e.g. to keep the padding of
+    /// a row wider than the tensor out of a sum.
+    MaskCols {
+        /// The tile.
+        value: Box<Expr>,
+        /// The first column replaced (an i32; columns `0..limit` are kept).
+        limit: Box<Expr>,
+        /// The value of the replaced elements (a scalar).
+        fill: Box<Expr>,
+    },
     /// `row_sum(t)`, `t.sum(axis)`, …: reduces `axis` to extent 1.
     Reduce {
         /// The combining operator.

@@ -101,6 +101,15 @@ impl Checker {
             | ExprKind::PipeStage { .. } => {
                 unreachable!("typed by hopper_expr")
             }
+            ExprKind::MaskCols { value, limit, fill } => {
+                let ty = self.expr(value)?;
+                let Type::Tile(t) = ty else {
+                    return Err(CompileError::ty(value.loc, format!("`mask_cols` takes a tile, found `{ty}`")));
+                };
+                self.expect_scalar(limit, ScalarType::I32, "`mask_cols`'s first column to replace")?;
+                self.fill_value(fill, t.dtype)?;
+                Type::Tile(t)
+            }
             ExprKind::TileCols { value, start, cols } => {
                 let ty = self.expr(value)?;
                 let Type::Tile(t) = ty else {

@@ -749,6 +749,18 @@ impl<'p> Kernel<'p> {
                 let y = self.eval(b, wg, blk)?;
                 value::binary(*op, x, y)?
             }
+            ExprKind::MaskCols { value, limit, fill } => {
+                let Val::T(mut t) = self.eval(value, wg, blk)? else { return Err("`mask_cols` takes a tile".to_string().into()) };
+                let limit = i64::from(self.int(limit, wg, blk)?);
+                let fill = value::element_of(&self.eval(fill, wg, blk)?, t.ty.dtype);
+                let cols = t.ty.cols as usize;
+                for (i, x) in t.v.iter_mut().enumerate() {
+                    if (i % cols) as i64 >= limit {
+                        *x = fill;
+                    }
+                }
+                Val::T(t)
+            }
             ExprKind::TileCols { value, start, cols } => match self.eval(value, wg, blk)? {
                 Val::T(t) => Val::T(t.cols(*start, *cols)),
                 _ => return Err("`cols` takes a tile".to_string().into()),
