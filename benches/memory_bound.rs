@@ -82,16 +82,27 @@ fn main() {
         let bb = Tensor::from_host(&dev, &rng_bf16(n), &[n]).expect("b bf16");
         let mut yb = Tensor::<bf16>::zeros(&dev, &[m, n]).expect("y bf16");
         let bytes = (2 * m * n * 2 + n * 2) as f64;
-        let mut rms = || tessera_kernels::rms_norm(&dev, &xb, Some(&wb), 1e-6, &mut yb).expect("rms_norm");
-        if i == 0 {
-            timed(&mut criterion, "rms_norm bf16", &mut rms);
+        // Every kernel that takes this width (`TESSERA_NORM_PATH`), so the dispatch can be
+        // checked against the alternatives; the default path is marked `*`.
+        let default = format!("{:?}", tessera_kernels::NormPath::for_width(n)).to_lowercase();
+        for path in ["rows4", "tiled"] {
+            if path == "rows4" && n > tessera_kernels::ROW_IN_REGISTERS {
+                continue;
+            }
+            std::env::set_var("TESSERA_NORM_PATH", path);
+            let mark = if path == default { "*" } else { "" };
+            let mut rms = || tessera_kernels::rms_norm(&dev, &xb, Some(&wb), 1e-6, &mut yb).expect("rms_norm");
+            if i == 0 && path == default {
+                timed(&mut criterion, "rms_norm bf16", &mut rms);
+            }
+            norm_rows.push((format!("rms_norm {m}x{n} {path}{mark}"), bytes, time_ms(&dev, 5, 20, &mut rms)));
+            let mut ln = || tessera_kernels::layer_norm(&dev, &xb, Some(&wb), Some(&bb), 1e-5, &mut yb).expect("layer_norm");
+            if i == 0 && path == default {
+                timed(&mut criterion, "layer_norm bf16", &mut ln);
+            }
+            norm_rows.push((format!("layer_norm {m}x{n} {path}{mark}"), bytes + (n * 2) as f64, time_ms(&dev, 5, 20, &mut ln)));
         }
-        norm_rows.push((format!("rms_norm {m}x{n}"), bytes, time_ms(&dev, 5, 20, &mut rms)));
-        let mut ln = || tessera_kernels::layer_norm(&dev, &xb, Some(&wb), Some(&bb), 1e-5, &mut yb).expect("layer_norm");
-        if i == 0 {
-            timed(&mut criterion, "layer_norm bf16", &mut ln);
-        }
-        norm_rows.push((format!("layer_norm {m}x{n}"), bytes + (n * 2) as f64, time_ms(&dev, 5, 20, &mut ln)));
+        std::env::remove_var("TESSERA_NORM_PATH");
     }
     // Small shapes, where launch latency dominates: microseconds per call.
     let mut small: Vec<(String, f64)> = Vec::new();

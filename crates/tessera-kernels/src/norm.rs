@@ -1,9 +1,11 @@
 //! RMSNorm and LayerNorm over the last dimension.
 //!
-//! Rows up to [`ROW_IN_REGISTERS`] wide are read once: a block holds its row in registers (a
-//! `Tile<f32, 1, 8192>` is 64 registers a thread), reduces it, and writes the result; columns
+//! Rows up to [`ROW_IN_REGISTERS`] wide are read once: each warp holds a row in registers
+//! (`Tile<T, 4, 2048>` per block), reduces it within the warp, and writes the result; columns
 //! past the row's end are loaded as zeros and masked out of the statistics. Wider rows take
 //! the tiled kernels, which read each row once per pass (from L2 where it is still there).
+//! (A block per 8192-wide row, read once, measured slower than the tiled kernels: its
+//! cross-warp reduction serializes each block; see notes/MEASUREMENTS.md run 31.)
 
 use tessera::{kernel, Device, Element, GlobalArg, Grid, Result, Tensor};
 
@@ -11,37 +13,40 @@ use tessera::{kernel, Device, Element, GlobalArg, Grid, Result, Tensor};
 const BM: usize = 16;
 
 /// The widest row the one-read kernels hold in registers.
-pub const ROW_IN_REGISTERS: usize = 8192;
+pub const ROW_IN_REGISTERS: usize = 2048;
 
-/// `rms_norm_*` for rows of at most 8192 elements, one row per block, read once.
+/// `rms_norm_*` for rows of at most 2048 elements: four rows per block, one per warp, so
+/// the reductions stay within a warp.
 #[kernel(dtypes(T = [bf16, f16, f32]))]
-pub fn rms_norm_row(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f32, has_weight: i32) {
-    let r = block::id_x();
-    let t = x.load::<Tile<T, 1, 8192>>([r, 0]).cast::<f32>();
-    let inv = rsqrt(row_sum(t * t) * (1.0 / x.dim(1) as f32) + eps);
-    let mut o = t * inv;
+pub fn rms_norm_rows4(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f32, has_weight: i32) {
+    let r = block::id_x() * 4;
+    let t = x.load::<Tile<T, 4, 2048>>([r, 0]);
+    let f = t.cast::<f32>();
+    let inv = rsqrt(row_sum(f * f) * (1.0 / x.dim(1) as f32) + eps);
+    let mut o = t.cast::<f32>() * inv;
     if has_weight == 1 {
-        o = o * w.load::<Tile<T, 1, 8192>>([0]).cast::<f32>();
+        o = o * w.load::<Tile<T, 1, 2048>>([0]).cast::<f32>();
     }
     y.store([r, 0], o.cast::<T>());
 }
 
-/// `y = (x − mean) / sqrt(var + eps) · w + b` for rows of at most 8192 elements, one row per
-/// block, read once; the variance is the mean of the centred squares (columns past the row
-/// masked out), so rows of equal values give exactly 0.
+/// `y = (x − mean) / sqrt(var + eps) · w + b` for rows of at most 2048 elements, four rows
+/// per block (one per warp), read once; the variance is the mean of the centred squares
+/// (columns past the row masked out), so it is never negative and rows of equal values give
+/// the bias.
 #[kernel(dtypes(T = [bf16, f16, f32]))]
-pub fn layer_norm_row(x: Global<T, 2>, w: Global<T, 1>, b: Global<T, 1>, y: Global<T, 2>, eps: f32, has_weight: i32, has_bias: i32) {
-    let r = block::id_x();
+pub fn layer_norm_rows4(x: Global<T, 2>, w: Global<T, 1>, b: Global<T, 1>, y: Global<T, 2>, eps: f32, has_weight: i32, has_bias: i32) {
+    let r = block::id_x() * 4;
     let n = x.dim(1);
-    let t = x.load::<Tile<T, 1, 8192>>([r, 0]).cast::<f32>();
-    let mean = row_sum(t) * (1.0 / n as f32);
-    let d = (t - mean).mask_cols(n, 0.0);
+    let t = x.load::<Tile<T, 4, 2048>>([r, 0]);
+    let mean = row_sum(t.cast::<f32>()) * (1.0 / n as f32);
+    let d = (t.cast::<f32>() - mean).mask_cols(n, 0.0);
     let mut o = d * rsqrt(row_sum(d * d) * (1.0 / n as f32) + eps);
     if has_weight == 1 {
-        o = o * w.load::<Tile<T, 1, 8192>>([0]).cast::<f32>();
+        o = o * w.load::<Tile<T, 1, 2048>>([0]).cast::<f32>();
     }
     if has_bias == 1 {
-        o = o + b.load::<Tile<T, 1, 8192>>([0]).cast::<f32>();
+        o = o + b.load::<Tile<T, 1, 2048>>([0]).cast::<f32>();
     }
     y.store([r, 0], o.cast::<T>());
 }
@@ -104,7 +109,7 @@ pub trait NormElement: Element {
     #[doc(hidden)]
     fn rms_norm_launch(
         dev: &Device,
-        row: bool,
+        path: NormPath,
         x: &Tensor<Self>,
         w: &impl GlobalArg<Self>,
         y: &mut Tensor<Self>,
@@ -115,7 +120,7 @@ pub trait NormElement: Element {
     #[allow(clippy::too_many_arguments)]
     fn layer_norm_launch(
         dev: &Device,
-        row: bool,
+        path: NormPath,
         x: &Tensor<Self>,
         w: &impl GlobalArg<Self>,
         b: &impl GlobalArg<Self>,
@@ -125,33 +130,60 @@ pub trait NormElement: Element {
     ) -> Result<()>;
 }
 
-/// One block per row for the one-read kernels, 16 rows per block for the tiled ones.
-fn grid(rows: usize, row: bool) -> Grid {
-    Grid::from(Grid::tiles(rows, if row { 1 } else { BM }))
+/// Which kernel normalizes rows of a given width.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[doc(hidden)]
+pub enum NormPath {
+    /// Four rows per block, read once (hidden ≤ 2048).
+    Rows4,
+    /// 16 rows per block, a pass over the columns per statistic (any width).
+    Tiled,
+}
+
+impl NormPath {
+    /// The path for rows of `n` elements; `TESSERA_NORM_PATH=rows4|tiled` overrides it
+    /// where the kernel can take the width (for benchmarking the alternatives).
+    pub fn for_width(n: usize) -> NormPath {
+        let forced = match std::env::var("TESSERA_NORM_PATH").as_deref() {
+            Ok("rows4") if n <= ROW_IN_REGISTERS => Some(NormPath::Rows4),
+            Ok("tiled") => Some(NormPath::Tiled),
+            _ => None,
+        };
+        forced.unwrap_or(if n <= ROW_IN_REGISTERS { NormPath::Rows4 } else { NormPath::Tiled })
+    }
+
+    fn grid(self, rows: usize) -> Grid {
+        Grid::from(Grid::tiles(
+            rows,
+            match self {
+                NormPath::Rows4 => 4,
+                NormPath::Tiled => BM,
+            },
+        ))
+    }
 }
 
 macro_rules! norm_element {
-    ($t:ty, $rms_row:ident, $rms:ident, $ln_row:ident, $ln:ident) => {
+    ($t:ty, $rms4:ident, $rms:ident, $ln4:ident, $ln:ident) => {
         impl NormElement for $t {
             fn rms_norm_launch(
                 dev: &Device,
-                row: bool,
+                path: NormPath,
                 x: &Tensor<Self>,
                 w: &impl GlobalArg<Self>,
                 y: &mut Tensor<Self>,
                 eps: f32,
                 has_w: i32,
             ) -> Result<()> {
-                let g = grid(x.shape()[0], row);
-                if row {
-                    $rms_row::launch(dev, g, x, w, y, eps, has_w)
-                } else {
-                    $rms::launch(dev, g, x, w, y, eps, has_w)
+                let g = path.grid(x.shape()[0]);
+                match path {
+                    NormPath::Rows4 => $rms4::launch(dev, g, x, w, y, eps, has_w),
+                    NormPath::Tiled => $rms::launch(dev, g, x, w, y, eps, has_w),
                 }
             }
             fn layer_norm_launch(
                 dev: &Device,
-                row: bool,
+                path: NormPath,
                 x: &Tensor<Self>,
                 w: &impl GlobalArg<Self>,
                 b: &impl GlobalArg<Self>,
@@ -159,19 +191,18 @@ macro_rules! norm_element {
                 eps: f32,
                 (has_w, has_b): (i32, i32),
             ) -> Result<()> {
-                let g = grid(x.shape()[0], row);
-                if row {
-                    $ln_row::launch(dev, g, x, w, b, y, eps, has_w, has_b)
-                } else {
-                    $ln::launch(dev, g, x, w, b, y, eps, has_w, has_b)
+                let g = path.grid(x.shape()[0]);
+                match path {
+                    NormPath::Rows4 => $ln4::launch(dev, g, x, w, b, y, eps, has_w, has_b),
+                    NormPath::Tiled => $ln::launch(dev, g, x, w, b, y, eps, has_w, has_b),
                 }
             }
         }
     };
 }
-norm_element!(tessera::bf16, rms_norm_row_bf16, rms_norm_bf16, layer_norm_row_bf16, layer_norm_bf16);
-norm_element!(tessera::f16, rms_norm_row_f16, rms_norm_f16, layer_norm_row_f16, layer_norm_f16);
-norm_element!(f32, rms_norm_row_f32, rms_norm_f32, layer_norm_row_f32, layer_norm_f32);
+norm_element!(tessera::bf16, rms_norm_rows4_bf16, rms_norm_bf16, layer_norm_rows4_bf16, layer_norm_bf16);
+norm_element!(tessera::f16, rms_norm_rows4_f16, rms_norm_f16, layer_norm_rows4_f16, layer_norm_f16);
+norm_element!(f32, rms_norm_rows4_f32, rms_norm_f32, layer_norm_rows4_f32, layer_norm_f32);
 
 /// Checks `x`, `y` and the optional `[hidden]` parameters; gives `(rows, hidden)`.
 fn check_norm<T: Element>(
@@ -212,7 +243,7 @@ pub fn rms_norm<T: NormElement>(device: &Device, x: &Tensor<T>, weight: Option<&
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let row = n <= ROW_IN_REGISTERS;
+    let row = NormPath::for_width(n);
     // Without a weight the kernel never reads `w`: pass `x` itself as a stand-in.
     let none = x.view(&[1], &[1])?;
     match weight {
@@ -241,7 +272,7 @@ pub fn layer_norm<T: NormElement>(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let row = n <= ROW_IN_REGISTERS;
+    let row = NormPath::for_width(n);
     let none = x.view(&[1], &[1])?;
     let flags = (i32::from(weight.is_some()), i32::from(bias.is_some()));
     match (weight, bias) {

@@ -233,7 +233,15 @@ impl Lowerer<'_> {
                 self.op("setp.lt.and.u32", vec![R(v), R(first), R(dim), R(v)]);
                 self.op("and.pred", vec![R(v), R(v), R(row_in)]);
                 self.vector_move(Some(v), row_first, i64::from(sl.dc * es), &regs[i..i + n], ty, op, load, chunk);
-                vector = Some(v);
+                // A run moved as a vector, or wholly past the row's end (or outside the rows),
+                // needs nothing element by element: only runs that straddle the end do.
+                let (skip, outside) = (self.reg(RegClass::Pred, "skip"), self.reg(RegClass::Pred, "outside"));
+                self.op("setp.ge.or.u32", vec![R(skip), R(first), R(dim), R(v)]);
+                self.op("not.pred", vec![R(outside), R(row_in)]);
+                self.op("or.pred", vec![R(skip), R(skip), R(outside)]);
+                let label = self.label("run_done");
+                self.op_if(skip, false, "bra", vec![Operand::Sym(label.clone())]);
+                vector = Some(label);
             }
             for k in 0..n {
                 let dc = slots[i + k].dc;
@@ -241,16 +249,14 @@ impl Lowerer<'_> {
                 self.op("add.s32", vec![R(c), R(c0), Imm(i64::from(dc))]);
                 let p = self.reg(RegClass::Pred, "in");
                 self.op("setp.lt.and.u32", vec![R(p), R(c), R(dim), R(row_in)]);
-                if let Some(v) = vector {
-                    let nv = self.reg(RegClass::Pred, "novec");
-                    self.op("not.pred", vec![R(nv), R(v)]);
-                    self.op("and.pred", vec![R(p), R(p), R(nv)]);
-                }
                 let off = self.reg(RegClass::B64, "off");
                 self.op("mul.wide.s32", vec![R(off), R(c), R(sb)]);
                 let addr = self.reg(RegClass::B64, "addr");
                 self.op("add.s64", vec![R(addr), R(row_addr), R(off)]);
                 self.access(op, load, p, Operand::Addr(addr, 0), regs[i + k], es);
+            }
+            if let Some(label) = vector {
+                self.body.push(crate::tirt::Inst::Label(label));
             }
             i += n;
         }
