@@ -84,9 +84,9 @@ fn main() {
         let bytes = (2 * m * n * 2 + n * 2) as f64;
         // Every kernel that takes this width (`TESSERA_NORM_PATH`), so the dispatch can be
         // checked against the alternatives; the default path is marked `*`.
-        let default = format!("{:?}", tessera_kernels::NormPath::for_width(n)).to_lowercase();
-        for path in ["rows4", "tiled"] {
-            if path == "rows4" && n > tessera_kernels::ROW_IN_REGISTERS {
+        let default = format!("{:?}", tessera_kernels::NormPath::choose(m, n, dev.sm_count() as usize)).to_lowercase();
+        for path in ["rows4", "row", "tiled"] {
+            if (path == "rows4" && n > tessera_kernels::ROW_IN_REGISTERS) || (path == "row" && n > 8192) {
                 continue;
             }
             std::env::set_var("TESSERA_NORM_PATH", path);

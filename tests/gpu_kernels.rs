@@ -253,9 +253,11 @@ fn interp_sm80_variants_run_forward_on_newer_gpus() {
 /// Row counts and hidden sizes for the norms: odd ones, non-powers of two, both sides of
 /// `ROW_IN_REGISTERS` (the one-read and the tiled kernels).
 fn norm_shapes(dev: &Device) -> Vec<(usize, usize)> {
-    let mut shapes = vec![(1, 1), (7, 129), (37, 1536), (3, 5000), (20, 2304), (2, 8192), (3, 9000)];
+    // Few rows take a block per row, many rows of 1793..=2048 four rows per block, the rest
+    // the tiled kernels (`NormPath::choose`); each appears here on both devices.
+    let mut shapes = vec![(1, 1), (7, 129), (37, 1536), (3, 5000), (20, 2304), (2, 8192), (3, 9000), (41, 2000)];
     if !dev.is_cpu() {
-        shapes.extend([(4097, 5000), (64, 16384), (1000, 11008), (300, 2560), (64, 5120)]);
+        shapes.extend([(4097, 5000), (64, 16384), (1000, 11008), (300, 2560), (64, 5120), (4001, 2048), (3000, 1900)]);
     }
     shapes
 }

@@ -25,8 +25,9 @@ pub use gemm::{
     gemm_tn_full_bf16, gemm_tn_full_f16, pad_copy_bf16, pad_copy_f16, Activation, BLayout, Bias, GemmBuilder, GemmElement,
 };
 pub use norm::{
-    layer_norm, layer_norm_bf16, layer_norm_f16, layer_norm_f32, layer_norm_rows4_bf16, layer_norm_rows4_f16, layer_norm_rows4_f32,
-    rms_norm, rms_norm_bf16, rms_norm_f16, rms_norm_f32, rms_norm_rows4_bf16, rms_norm_rows4_f16, rms_norm_rows4_f32, NormElement,
+    layer_norm, layer_norm_bf16, layer_norm_f16, layer_norm_f32, layer_norm_row_bf16, layer_norm_row_f16, layer_norm_row_f32,
+    layer_norm_rows4_bf16, layer_norm_rows4_f16, layer_norm_rows4_f32, rms_norm, rms_norm_bf16, rms_norm_f16, rms_norm_f32,
+    rms_norm_row_bf16, rms_norm_row_f16, rms_norm_row_f32, rms_norm_rows4_bf16, rms_norm_rows4_f16, rms_norm_rows4_f32, NormElement,
     NormPath, ROW_IN_REGISTERS,
 };
 pub use reduce::{row_max, row_max_f32, row_sum, row_sum_f32};
@@ -56,6 +57,12 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         &layer_norm_bf16::SPEC,
         &layer_norm_f16::SPEC,
         &layer_norm_f32::SPEC,
+        &rms_norm_row_bf16::SPEC,
+        &rms_norm_row_f16::SPEC,
+        &rms_norm_row_f32::SPEC,
+        &layer_norm_row_bf16::SPEC,
+        &layer_norm_row_f16::SPEC,
+        &layer_norm_row_f32::SPEC,
         &rms_norm_rows4_bf16::SPEC,
         &rms_norm_rows4_f16::SPEC,
         &rms_norm_rows4_f32::SPEC,

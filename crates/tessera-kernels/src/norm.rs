@@ -4,8 +4,9 @@
 //! (`Tile<T, 4, 2048>` per block), reduces it within the warp, and writes the result; columns
 //! past the row's end are loaded as zeros and masked out of the statistics. Wider rows take
 //! the tiled kernels, which read each row once per pass (from L2 where it is still there).
-//! (A block per 8192-wide row, read once, measured slower than the tiled kernels: its
-//! cross-warp reduction serializes each block; see notes/MEASUREMENTS.md run 31.)
+//! A block per row (up to 8192 wide, read once) serves few rows, where latency matters more
+//! than bandwidth; on many rows it is slower than the tiled kernels, its cross-warp reduction
+//! serializing each block (notes/MEASUREMENTS.md runs 30–32).
 
 use tessera::{kernel, Device, Element, GlobalArg, Grid, Result, Tensor};
 
@@ -14,6 +15,19 @@ const BM: usize = 16;
 
 /// The widest row the one-read kernels hold in registers.
 pub const ROW_IN_REGISTERS: usize = 2048;
+
+/// `rms_norm_*` for rows of at most 8192 elements, one row per block, read once.
+#[kernel(dtypes(T = [bf16, f16, f32]))]
+pub fn rms_norm_row(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f32, has_weight: i32) {
+    let r = block::id_x();
+    let t = x.load::<Tile<T, 1, 8192>>([r, 0]).cast::<f32>();
+    let inv = rsqrt(row_sum(t * t) * (1.0 / x.dim(1) as f32) + eps);
+    let mut o = t * inv;
+    if has_weight == 1 {
+        o = o * w.load::<Tile<T, 1, 8192>>([0]).cast::<f32>();
+    }
+    y.store([r, 0], o.cast::<T>());
+}
 
 /// `rms_norm_*` for rows of at most 2048 elements: four rows per block, one per warp, so
 /// the reductions stay within a warp.
@@ -26,6 +40,26 @@ pub fn rms_norm_rows4(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f3
     let mut o = t.cast::<f32>() * inv;
     if has_weight == 1 {
         o = o * w.load::<Tile<T, 1, 2048>>([0]).cast::<f32>();
+    }
+    y.store([r, 0], o.cast::<T>());
+}
+
+/// `y = (x − mean) / sqrt(var + eps) · w + b` for rows of at most 8192 elements, one row per
+/// block, read once; the variance is the mean of the centred squares (columns past the row
+/// masked out), so it is never negative.
+#[kernel(dtypes(T = [bf16, f16, f32]))]
+pub fn layer_norm_row(x: Global<T, 2>, w: Global<T, 1>, b: Global<T, 1>, y: Global<T, 2>, eps: f32, has_weight: i32, has_bias: i32) {
+    let r = block::id_x();
+    let n = x.dim(1);
+    let t = x.load::<Tile<T, 1, 8192>>([r, 0]).cast::<f32>();
+    let mean = row_sum(t) * (1.0 / n as f32);
+    let d = (t - mean).mask_cols(n, 0.0);
+    let mut o = d * rsqrt(row_sum(d * d) * (1.0 / n as f32) + eps);
+    if has_weight == 1 {
+        o = o * w.load::<Tile<T, 1, 8192>>([0]).cast::<f32>();
+    }
+    if has_bias == 1 {
+        o = o + b.load::<Tile<T, 1, 8192>>([0]).cast::<f32>();
     }
     y.store([r, 0], o.cast::<T>());
 }
@@ -136,20 +170,32 @@ pub trait NormElement: Element {
 pub enum NormPath {
     /// Four rows per block, read once (hidden ≤ 2048).
     Rows4,
+    /// One row per block, read once (hidden ≤ 8192): for few rows.
+    Row,
     /// 16 rows per block, a pass over the columns per statistic (any width).
     Tiled,
 }
 
 impl NormPath {
-    /// The path for rows of `n` elements; `TESSERA_NORM_PATH=rows4|tiled` overrides it
-    /// where the kernel can take the width (for benchmarking the alternatives).
-    pub fn for_width(n: usize) -> NormPath {
+    /// The path for `m` rows of `n` elements on a device of `sms` SMs, from run 32's
+    /// measurements: a block per row for fewer rows than blocks the GPU runs at once; four rows
+    /// per block where the row fills more than 7/8 of the 2048-wide tile; else the tiled
+    /// kernels. `TESSERA_NORM_PATH=rows4|row|tiled` overrides it where the kernel can take the
+    /// width (for benchmarking the alternatives).
+    pub fn choose(m: usize, n: usize, sms: usize) -> NormPath {
         let forced = match std::env::var("TESSERA_NORM_PATH").as_deref() {
             Ok("rows4") if n <= ROW_IN_REGISTERS => Some(NormPath::Rows4),
+            Ok("row") if n <= 8192 => Some(NormPath::Row),
             Ok("tiled") => Some(NormPath::Tiled),
             _ => None,
         };
-        forced.unwrap_or(if n <= ROW_IN_REGISTERS { NormPath::Rows4 } else { NormPath::Tiled })
+        forced.unwrap_or(if n <= 8192 && m <= 4 * sms {
+            NormPath::Row
+        } else if n <= ROW_IN_REGISTERS && n > ROW_IN_REGISTERS / 8 * 7 {
+            NormPath::Rows4
+        } else {
+            NormPath::Tiled
+        })
     }
 
     fn grid(self, rows: usize) -> Grid {
@@ -157,6 +203,7 @@ impl NormPath {
             rows,
             match self {
                 NormPath::Rows4 => 4,
+                NormPath::Row => 1,
                 NormPath::Tiled => BM,
             },
         ))
@@ -164,7 +211,7 @@ impl NormPath {
 }
 
 macro_rules! norm_element {
-    ($t:ty, $rms4:ident, $rms:ident, $ln4:ident, $ln:ident) => {
+    ($t:ty, $rms4:ident, $rms_row:ident, $rms:ident, $ln4:ident, $ln_row:ident, $ln:ident) => {
         impl NormElement for $t {
             fn rms_norm_launch(
                 dev: &Device,
@@ -178,6 +225,7 @@ macro_rules! norm_element {
                 let g = path.grid(x.shape()[0]);
                 match path {
                     NormPath::Rows4 => $rms4::launch(dev, g, x, w, y, eps, has_w),
+                    NormPath::Row => $rms_row::launch(dev, g, x, w, y, eps, has_w),
                     NormPath::Tiled => $rms::launch(dev, g, x, w, y, eps, has_w),
                 }
             }
@@ -194,15 +242,24 @@ macro_rules! norm_element {
                 let g = path.grid(x.shape()[0]);
                 match path {
                     NormPath::Rows4 => $ln4::launch(dev, g, x, w, b, y, eps, has_w, has_b),
+                    NormPath::Row => $ln_row::launch(dev, g, x, w, b, y, eps, has_w, has_b),
                     NormPath::Tiled => $ln::launch(dev, g, x, w, b, y, eps, has_w, has_b),
                 }
             }
         }
     };
 }
-norm_element!(tessera::bf16, rms_norm_rows4_bf16, rms_norm_bf16, layer_norm_rows4_bf16, layer_norm_bf16);
-norm_element!(tessera::f16, rms_norm_rows4_f16, rms_norm_f16, layer_norm_rows4_f16, layer_norm_f16);
-norm_element!(f32, rms_norm_rows4_f32, rms_norm_f32, layer_norm_rows4_f32, layer_norm_f32);
+norm_element!(
+    tessera::bf16,
+    rms_norm_rows4_bf16,
+    rms_norm_row_bf16,
+    rms_norm_bf16,
+    layer_norm_rows4_bf16,
+    layer_norm_row_bf16,
+    layer_norm_bf16
+);
+norm_element!(tessera::f16, rms_norm_rows4_f16, rms_norm_row_f16, rms_norm_f16, layer_norm_rows4_f16, layer_norm_row_f16, layer_norm_f16);
+norm_element!(f32, rms_norm_rows4_f32, rms_norm_row_f32, rms_norm_f32, layer_norm_rows4_f32, layer_norm_row_f32, layer_norm_f32);
 
 /// Checks `x`, `y` and the optional `[hidden]` parameters; gives `(rows, hidden)`.
 fn check_norm<T: Element>(
@@ -243,7 +300,7 @@ pub fn rms_norm<T: NormElement>(device: &Device, x: &Tensor<T>, weight: Option<&
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let row = NormPath::for_width(n);
+    let row = NormPath::choose(m, n, device.sm_count() as usize);
     // Without a weight the kernel never reads `w`: pass `x` itself as a stand-in.
     let none = x.view(&[1], &[1])?;
     match weight {
@@ -272,7 +329,7 @@ pub fn layer_norm<T: NormElement>(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let row = NormPath::for_width(n);
+    let row = NormPath::choose(m, n, device.sm_count() as usize);
     let none = x.view(&[1], &[1])?;
     let flags = (i32::from(weight.is_some()), i32::from(bias.is_some()));
     match (weight, bias) {
