@@ -60,12 +60,17 @@ impl Lowerer<'_> {
         // The producer's first draw, before the loop: each later draw is issued as soon as the
         // previous index is published, so its latency hides behind the body.
         let drawn = match total {
-            Some(_) => {
+            Some(total) => {
                 let g = self.global(&q.counter);
                 let ptr = self.global_regs(&g).ptr;
                 let v = self.reg(RegClass::B32, "drawn");
                 self.op_if(leader, false, "atom.global.add.u32", vec![R(v), Operand::Addr(ptr, 0), Imm(1)]);
-                Some((ptr, v))
+                // The grid's last draw (`total + blocks - 1`) puts the counter back to 0.
+                let last = self.reg(RegClass::B32, "last");
+                self.grid_blocks(last);
+                self.op("add.u32", vec![R(last), R(last), R(total)]);
+                self.op("sub.u32", vec![R(last), R(last), Imm(1)]);
+                Some((ptr, v, last))
             }
             None => None,
         };
@@ -76,7 +81,7 @@ impl Lowerer<'_> {
         self.op("mad.lo.u32", vec![R(slot), R(q.ring.stage), Imm(4), R(base)]);
         let i = self.reg(RegClass::B32, var);
         match (total, drawn) {
-            (Some(total), Some((ptr, v))) => {
+            (Some(total), Some((ptr, v, last))) => {
                 self.ring_wait(q.ring, true);
                 let more = self.reg(RegClass::Pred, "more");
                 self.op("setp.lt.s32", vec![R(more), R(v), R(total)]);
@@ -84,11 +89,6 @@ impl Lowerer<'_> {
                 self.op("selp.b32", vec![R(publish), R(v), Imm(-1), R(more)]);
                 self.op_if(leader, false, "st.shared.u32", vec![Operand::Addr(slot, i64::from(q.slots)), R(publish)]);
                 self.ring_arrive(q.ring.full, q.ring.stage);
-                // The grid's last draw (`total + blocks - 1`) puts the counter back to 0.
-                let last = self.reg(RegClass::B32, "last");
-                self.grid_blocks(last);
-                self.op("add.u32", vec![R(last), R(last), R(total)]);
-                self.op("sub.u32", vec![R(last), R(last), Imm(1)]);
                 let reset = self.reg(RegClass::Pred, "reset");
                 self.op("setp.eq.and.u32", vec![R(reset), R(v), R(last), R(leader)]);
                 self.op_if(reset, false, "st.global.u32", vec![Operand::Addr(ptr, 0), Imm(0)]);

@@ -105,23 +105,27 @@ impl Checker {
     }
 
     pub(super) fn pipeline(&self, name: &str, loc: SourceLoc) -> Result<(u32, u32), CompileError> {
+        self.barrier_ring(name, loc, false)
+    }
+
+    pub(super) fn queue(&self, name: &str, loc: SourceLoc) -> Result<(u32, u32), CompileError> {
+        self.barrier_ring(name, loc, true)
+    }
+
+    /// `(stages, consumers)` of the pipeline (or, with `queue`, the tile queue) `name`.
+    fn barrier_ring(&self, name: &str, loc: SourceLoc, queue: bool) -> Result<(u32, u32), CompileError> {
         if self.poisoned.iter().any(|p| p == name) {
             // Already reported where it was bound.
             return Err(CompileError::ty(loc, String::new()));
         }
-        match self.lookup(name).map(|b| b.ty) {
-            Some(Type::Pipeline { stages, consumers }) => Ok((stages, consumers)),
-            other => Err(CompileError::ty(loc, format!("`{name}` is {}, expected a `Pipeline`", describe(other)))),
-        }
-    }
-
-    pub(super) fn queue(&self, name: &str, loc: SourceLoc) -> Result<(u32, u32), CompileError> {
-        if self.poisoned.iter().any(|p| p == name) {
-            return Err(CompileError::ty(loc, String::new()));
-        }
-        match self.lookup(name).map(|b| b.ty) {
-            Some(Type::Queue { stages, consumers }) => Ok((stages, consumers)),
-            other => Err(CompileError::ty(loc, format!("`{name}` is {}, expected a `TileQueue`", describe(other)))),
+        match (self.lookup(name).map(|b| b.ty), queue) {
+            (Some(Type::Pipeline { stages, consumers }), false) | (Some(Type::Queue { stages, consumers }), true) => {
+                Ok((stages, consumers))
+            }
+            (other, _) => {
+                let want = if queue { "TileQueue" } else { "Pipeline" };
+                Err(CompileError::ty(loc, format!("`{name}` is {}, expected a `{want}`", describe(other))))
+            }
         }
     }
 

@@ -627,13 +627,7 @@ impl<'p> Kernel<'p> {
     fn queue_next(&self, s: &'p Stmt, wg: &mut Wg<'p>, blk: &mut Block) -> Flowing<Option<i32>> {
         let StmtKind::QueueFor { queue, total, .. } = &s.kind else { return Ok(None) };
         let p = self.pipe(queue, wg)?;
-        let (stage, phase) = wg.pipe_state[p];
-        let producer = total.is_some();
-        let bar = if producer { blk.pipes[p].empty[stage as usize] } else { blk.pipes[p].full[stage as usize] };
-        let parity = if producer { phase ^ 1 } else { phase };
-        if !bar.passed(parity) {
-            return Err(Flow::Blocked(Wait { pipe: p, producer, stage, parity }));
-        }
+        let stage = self.ring_wait(p, total.is_some(), wg, blk)?;
         let value = match total {
             Some(total) => {
                 let total = self.int(total, wg, blk)?;
@@ -663,9 +657,23 @@ impl<'p> Kernel<'p> {
                 pipe.slots[stage as usize]
             }
         };
-        let stages = self.prog.pipes[p].1;
-        wg.pipe_state[p] = if stage + 1 == stages { (0, phase ^ 1) } else { (stage + 1, phase) };
         Ok((value >= 0).then_some(value))
+    }
+
+    /// Waits for the current stage of barrier ring `p` to be empty (`producer`) or full, and
+    /// advances the warpgroup's `(stage, phase)` past it (undone if the statement blocks
+    /// later); gives the stage.
+    fn ring_wait(&self, p: usize, producer: bool, wg: &mut Wg<'p>, blk: &Block) -> Flowing<u32> {
+        let (stage, phase) = wg.pipe_state[p];
+        let ring = &blk.pipes[p];
+        let (bar, parity) = if producer { (ring.empty[stage as usize], phase ^ 1) } else { (ring.full[stage as usize], phase) };
+        if !bar.passed(parity) {
+            return Err(Flow::Blocked(Wait { pipe: p, producer, stage, parity }));
+        }
+        let stages = self.prog.pipes[p].1;
+        wg.undo.push((p, (stage, phase)));
+        wg.pipe_state[p] = if stage + 1 == stages { (0, phase ^ 1) } else { (stage + 1, phase) };
+        Ok(stage)
     }
 
     fn global(&self, name: &str, wg: &Wg<'p>) -> Flowing<&Global> {
@@ -796,16 +804,7 @@ impl<'p> Kernel<'p> {
             }
             ExprKind::PipeStage { pipe, producer } => {
                 let p = self.pipe(pipe, wg)?;
-                let (stage, phase) = wg.pipe_state[p];
-                let pipes = &blk.pipes[p];
-                let (bar, parity) = if *producer { (pipes.empty[stage as usize], phase ^ 1) } else { (pipes.full[stage as usize], phase) };
-                if !bar.passed(parity) {
-                    return Err(Flow::Blocked(Wait { pipe: p, producer: *producer, stage, parity }));
-                }
-                let stages = self.prog.pipes[p].1;
-                wg.undo.push((p, (stage, phase)));
-                wg.pipe_state[p] = if stage + 1 == stages { (0, phase ^ 1) } else { (stage + 1, phase) };
-                Val::I(stage as i32)
+                Val::I(self.ring_wait(p, *producer, wg, blk)? as i32)
             }
         })
     }
