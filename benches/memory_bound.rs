@@ -104,6 +104,42 @@ fn main() {
         }
         std::env::remove_var("TESSERA_NORM_PATH");
     }
+    // RoPE in bf16: the shape (batch 8, seq 4096, 32 heads, dim 128) in each
+    // convention, layout, angle source, and in place; then 16384 tokens of 64×128 heads.
+    {
+        use tessera::bf16;
+        use tessera_kernels::{HeadLayout, Rope, RopeStyle};
+        for (b, s, h, d) in [(8usize, 4096usize, 32usize, 128usize), (1, 16384, 64, 128)] {
+            let numel = b * s * h * d;
+            let xb = Tensor::from_host(&dev, &rng_bf16(numel), &[b, s, h, d]).expect("x bf16");
+            let mut yb = Tensor::<bf16>::zeros(&dev, &[b, s, h, d]).expect("y bf16");
+            let bytes = (2 * numel * 2) as f64;
+            let shape = format!("{b}x{s}x{h}x{d}");
+            for style in [RopeStyle::HalfSplit, RopeStyle::Interleaved] {
+                let (cos, sin) = tessera_kernels::rope_cache(&dev, style, s, d, 10_000.0).expect("rope cache");
+                for (layout, cached) in [(HeadLayout::Bshd, false), (HeadLayout::Bshd, true), (HeadLayout::Bhsd, false)] {
+                    if b == 1 && (cached || layout == HeadLayout::Bhsd) {
+                        continue;
+                    }
+                    let mut rope = Rope::new(style, layout);
+                    if cached {
+                        rope = rope.cache(&cos, &sin);
+                    }
+                    let mut f = || tessera_kernels::rope(&dev, &rope, &xb, &mut yb).expect("rope");
+                    if b == 8 && style == RopeStyle::HalfSplit && !cached && layout == HeadLayout::Bshd {
+                        timed(&mut criterion, "rope bf16", &mut f);
+                    }
+                    let src = if cached { "cache" } else { "computed" };
+                    norm_rows.push((format!("rope {shape} {style:?} {layout:?} {src}"), bytes, time_ms(&dev, 5, 20, &mut f)));
+                }
+            }
+            if b == 8 {
+                let rope = Rope::new(RopeStyle::HalfSplit, HeadLayout::Bshd);
+                let mut f = || tessera_kernels::rope_in_place(&dev, &rope, &mut yb).expect("rope in place");
+                norm_rows.push((format!("rope {shape} in place"), bytes, time_ms(&dev, 5, 20, &mut f)));
+            }
+        }
+    }
     // Small shapes, where launch latency dominates: microseconds per call.
     let mut small: Vec<(String, f64)> = Vec::new();
     {
@@ -129,10 +165,10 @@ fn main() {
         let gbs = bytes / ms * 1e-6;
         println!("{name:<20} {:>10.0} {ms:>10.3} {gbs:>10.0} {:>8.2}", bytes / 1e6, gbs / copy);
     }
-    println!("\nnorms, bf16 with weight (and bias), M x hidden");
+    println!("\nbf16: norms with weight (and bias), M x hidden; RoPE, batch x seq x heads x dim");
     for (name, bytes, ms) in &norm_rows {
         let gbs = bytes / ms * 1e-6;
-        println!("{name:<24} {:>10.0} {ms:>10.3} {gbs:>10.0} {:>8.2}", bytes / 1e6, gbs / copy);
+        println!("{name:<44} {:>10.0} {ms:>10.3} {gbs:>10.0} {:>8.2}", bytes / 1e6, gbs / copy);
     }
     println!("\nsmall shapes (launch latency), microseconds per call");
     for (name, us) in &small {

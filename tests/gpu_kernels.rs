@@ -382,3 +382,123 @@ fn gpu_rms_norm_matches_f64_reference() {
 fn interp_rms_norm_matches_f64_reference() {
     rms_norm_matches_f64_reference(&Device::cpu());
 }
+
+/// RoPE shapes `(batch, seq, heads, dim)`: more heads than a block's 32, a dimension the
+/// 64-column tiles do not divide, and every tuned head dimension.
+fn rope_shapes(dev: &Device) -> Vec<(usize, usize, usize, usize)> {
+    if dev.is_cpu() {
+        vec![(1, 3, 3, 64), (1, 2, 33, 128), (2, 1, 2, 96)]
+    } else {
+        vec![(2, 37, 3, 64), (1, 9, 40, 128), (3, 5, 8, 256), (1, 3, 2, 96), (2, 65, 32, 128)]
+    }
+}
+
+/// `rope(x)` in f64 for the tensor `x` of logical axes `[b, s, h, d]` (`at` maps them to the
+/// flat index); `sign` −1 for the inverse.
+#[allow(clippy::too_many_arguments)]
+fn rope_reference(
+    x: &[f64],
+    (b, s, h, d): (usize, usize, usize, usize),
+    at: &dyn Fn(usize, usize, usize, usize) -> usize,
+    style: tessera_kernels::RopeStyle,
+    pos: &dyn Fn(usize, usize) -> usize,
+    base: f64,
+    sign: f64,
+) -> Vec<f64> {
+    let mut y = vec![0.0; x.len()];
+    for bi in 0..b {
+        for si in 0..s {
+            let p = pos(bi, si) as f64;
+            for hi in 0..h {
+                for c in 0..d {
+                    let (i, partner, sin_sign) = match style {
+                        tessera_kernels::RopeStyle::HalfSplit if c < d / 2 => (c, c + d / 2, -1.0),
+                        tessera_kernels::RopeStyle::HalfSplit => (c - d / 2, c - d / 2, 1.0),
+                        tessera_kernels::RopeStyle::Interleaved => (c / 2, c ^ 1, if c % 2 == 0 { -1.0 } else { 1.0 }),
+                    };
+                    let theta = p * base.powf(-2.0 * i as f64 / d as f64);
+                    let v = x[at(bi, si, hi, c)] * theta.cos() + sign * sin_sign * x[at(bi, si, hi, partner)] * theta.sin();
+                    y[at(bi, si, hi, c)] = v;
+                }
+            }
+        }
+    }
+    y
+}
+
+/// RoPE in `T` for both conventions and layouts, angles computed and cached, positions from
+/// an offset and from a tensor: out of place against f64, in place equal to out of place, and
+/// the backward pass against the inverse rotation in f64.
+fn rope_case<T: tessera_kernels::RopeElement>(dev: &Device, to: fn(f32) -> T, from: fn(T) -> f64, tol: f64) {
+    use tessera_kernels::{HeadLayout, Positions, Rope, RopeStyle};
+    let base = 10_000.0f32;
+    for (b, s, h, d) in rope_shapes(dev) {
+        let max_pos = 4096;
+        let offset = (random(1, 0.0, 3000.0)[0]) as usize;
+        let table: Vec<i32> = random(b * s, 0.0, max_pos as f32).into_iter().map(|v| v as i32).collect();
+        let pos_t = Tensor::from_host(dev, &table, &[b, s]).unwrap();
+        for style in [RopeStyle::HalfSplit, RopeStyle::Interleaved] {
+            let (cos, sin) = tessera_kernels::rope_cache(dev, style, max_pos, d, base).unwrap();
+            for layout in [HeadLayout::Bshd, HeadLayout::Bhsd] {
+                let shape = match layout {
+                    HeadLayout::Bshd => [b, s, h, d],
+                    HeadLayout::Bhsd => [b, h, s, d],
+                };
+                let at = move |bi: usize, si: usize, hi: usize, c: usize| match layout {
+                    HeadLayout::Bshd => ((bi * s + si) * h + hi) * d + c,
+                    HeadLayout::Bhsd => ((bi * h + hi) * s + si) * d + c,
+                };
+                let x: Vec<T> = random(b * s * h * d, -2.0, 2.0).into_iter().map(to).collect();
+                let xw: Vec<f64> = x.iter().map(|&v| from(v)).collect();
+                let xt = Tensor::from_host(dev, &x, &shape).unwrap();
+                for (cached, by_tensor) in [(false, false), (true, false), (false, true), (true, true)] {
+                    let mut rope = Rope::new(style, layout).base(base);
+                    rope = if by_tensor { rope.positions(Positions::Tensor(&pos_t)) } else { rope.positions(Positions::Offset(offset)) };
+                    if cached {
+                        rope = rope.cache(&cos, &sin);
+                    }
+                    let pos = |bi: usize, si: usize| if by_tensor { table[bi * s + si] as usize } else { offset + si };
+                    let what = format!("rope {style:?} {layout:?} {shape:?} cached={cached} positions_tensor={by_tensor}");
+                    let mut y = Tensor::full(dev, &shape, to(f32::NAN)).unwrap();
+                    tessera_kernels::rope(dev, &rope, &xt, &mut y).unwrap();
+                    let got: Vec<f64> = y.to_host().unwrap().into_iter().map(from).collect();
+                    let want = rope_reference(&xw, (b, s, h, d), &at, style, &pos, f64::from(base), 1.0);
+                    let err = rel_error(&got, &want);
+                    assert!(err < tol, "{what}: relative error {err}");
+
+                    let mut inplace = Tensor::from_host(dev, &x, &shape).unwrap();
+                    tessera_kernels::rope_in_place(dev, &rope, &mut inplace).unwrap();
+                    let same = inplace.to_host().unwrap().into_iter().map(from).zip(&got).all(|(a, b)| a == *b);
+                    assert!(same, "{what}: in place differs from out of place");
+
+                    let mut dx = Tensor::full(dev, &shape, to(f32::NAN)).unwrap();
+                    tessera_kernels::rope_backward(dev, &rope, &xt, &mut dx).unwrap();
+                    let got: Vec<f64> = dx.to_host().unwrap().into_iter().map(from).collect();
+                    let want = rope_reference(&xw, (b, s, h, d), &at, style, &pos, f64::from(base), -1.0);
+                    let err = rel_error(&got, &want);
+                    assert!(err < tol, "{what} backward: relative error {err}");
+                }
+            }
+        }
+    }
+}
+
+fn rope_matches_f64_reference(dev: &Device) {
+    use tessera::{bf16, f16};
+    rope_case::<bf16>(dev, bf16::from_f32, |v| v.to_f64(), 1e-2);
+    rope_case::<f16>(dev, f16::from_f32, |v| v.to_f64(), 3e-3);
+    // Angles up to ~7000 rad computed in f32: ~1e-4 of error from the angle alone.
+    rope_case::<f32>(dev, |v| v, f64::from, 2e-3);
+}
+
+#[test]
+fn gpu_rope_matches_f64_reference() {
+    if let Some(dev) = gpu_or_skip("gpu_rope") {
+        rope_matches_f64_reference(&dev);
+    }
+}
+
+#[test]
+fn interp_rope_matches_f64_reference() {
+    rope_matches_f64_reference(&Device::cpu());
+}

@@ -10,6 +10,7 @@
 //! | [`gemm`], [`gemm_tn`] | `C = act(alpha·A·Bᵀ + beta·C_in + bias) + residual`, bf16/f16, B N×K or K×N, batches: TMA + wgmma on Hopper, cp.async + mma.sync on sm_80 and later |
 //! | [`bias_gelu`] | `y = gelu(x + bias)`, the unfused epilogue |
 //! | [`rms_norm`] | `y = x / sqrt(mean(x²) + eps) · weight` per row, bf16/f16/f32, f32 statistics |
+//! | [`rope`], [`rope_in_place`], [`rope_backward`] | rotary position embedding of query/key heads, half-split or interleaved, `[b, s, h, d]` or `[b, h, s, d]`, angles computed or from [`rope_cache`] |
 //! | [`layer_norm`] | `y = (x − mean) / sqrt(var + eps) · weight + bias` per row, bf16/f16/f32, f32 statistics |
 #![warn(missing_docs)]
 
@@ -17,6 +18,7 @@ mod elementwise;
 mod gemm;
 mod norm;
 mod reduce;
+mod rope;
 mod softmax;
 
 pub use elementwise::{axpy, axpy_f32};
@@ -31,6 +33,10 @@ pub use norm::{
     NormPath, ROW_IN_REGISTERS,
 };
 pub use reduce::{row_max, row_max_f32, row_sum, row_sum_f32};
+pub use rope::{
+    rope, rope_backward, rope_backward_in_place, rope_cache, rope_half_bf16, rope_half_f16, rope_half_f32, rope_in_place, rope_pairs_bf16,
+    rope_pairs_f16, rope_pairs_f32, HeadLayout, Positions, Rope, RopeElement, RopeStyle,
+};
 pub use softmax::{softmax, softmax_f32};
 
 /// Every kernel of the library, for tools that check them all (ptxas, dumps).
@@ -69,6 +75,12 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         &layer_norm_rows4_bf16::SPEC,
         &layer_norm_rows4_f16::SPEC,
         &layer_norm_rows4_f32::SPEC,
+        &rope_half_bf16::SPEC,
+        &rope_half_f16::SPEC,
+        &rope_half_f32::SPEC,
+        &rope_pairs_bf16::SPEC,
+        &rope_pairs_f16::SPEC,
+        &rope_pairs_f32::SPEC,
     ]
 }
 

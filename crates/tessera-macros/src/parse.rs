@@ -15,8 +15,8 @@ pub struct Frontend {
 
 type R<T> = Result<T, syn::Error>;
 
-const FUNCTIONS: &str = "`exp2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `TileQueue::<S>::new`, `tma::load`, `tma::store`, `tma::store_wait`, `mma_sync`, `mma_sync_kn`, `mma_wait`, `setmaxnreg`";
-const METHODS: &str = "`load`, `load_or`, `store`, `dim`, `cast`, `exp2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
+const FUNCTIONS: &str = "`exp2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Tile::<f32, M, N>::col_index`, `Tile::<f32, M, N>::row_index`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `TileQueue::<S>::new`, `tma::load`, `tma::store`, `tma::store_wait`, `mma_sync`, `mma_sync_kn`, `mma_wait`, `setmaxnreg`";
+const METHODS: &str = "`load`, `load_or`, `get`, `store`, `dim`, `cast`, `exp2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `mask_cols`, `swap_pairs`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
 
 fn err<T>(span: impl ToTokens, msg: impl std::fmt::Display) -> R<T> {
     Err(syn::Error::new_spanned(span, msg))
@@ -412,7 +412,7 @@ impl Frontend {
                 args(self, 0)?;
                 ExprKind::Builtin(Builtin::WarpgroupId)
             }
-            [f @ ("exp2" | "abs" | "sqrt" | "rsqrt" | "tanh" | "erf")] => {
+            [f @ ("exp2" | "abs" | "sqrt" | "rsqrt" | "tanh" | "erf" | "sin" | "cos" | "floor")] => {
                 let mut a = args(self, 1)?;
                 ExprKind::Unary(unary_fn(f), Box::new(a.remove(0)))
             }
@@ -492,8 +492,17 @@ impl Frontend {
                         let mut a = args(self, 1)?;
                         ExprKind::Full { tile, value: Box::new(a.remove(0)) }
                     }
+                    axis @ ("col_index" | "row_index") => {
+                        args(self, 0)?;
+                        ExprKind::Iota { tile, axis: u32::from(axis == "col_index") }
+                    }
                     other => {
-                        return err(&p.path.segments[1], format!("unknown tile constructor `{other}`: expected `zeros()` or `full(value)`"))
+                        return err(
+                            &p.path.segments[1],
+                            format!(
+                                "unknown tile constructor `{other}`: expected `zeros()`, `full(value)`, `col_index()` or `row_index()`"
+                            ),
+                        )
                     }
                 }
             }
@@ -543,6 +552,14 @@ impl Frontend {
                 want(0)?;
                 ExprKind::PipeStage { pipe: receiver_name(&m.receiver)?, producer: name == "acquire" }
             }
+            "get" => {
+                want(1)?;
+                ExprKind::Get { tensor: receiver_name(&m.receiver)?, index: self.index(&m.args[0])? }
+            }
+            "swap_pairs" => {
+                want(0)?;
+                ExprKind::SwapPairs(recv(self)?)
+            }
             "mask_cols" => {
                 want(2)?;
                 ExprKind::MaskCols { value: recv(self)?, limit: Box::new(self.expr(&m.args[0])?), fill: Box::new(self.expr(&m.args[1])?) }
@@ -562,7 +579,7 @@ impl Frontend {
                 let dtype = dtype_of(to)?;
                 ExprKind::Cast { value: recv(self)?, to: dtype }
             }
-            "exp2" | "abs" | "sqrt" | "rsqrt" | "tanh" | "erf" => {
+            "exp2" | "abs" | "sqrt" | "rsqrt" | "tanh" | "erf" | "sin" | "cos" | "floor" => {
                 want(0)?;
                 ExprKind::Unary(unary_fn(&name), recv(self)?)
             }
@@ -738,6 +755,9 @@ fn unary_fn(name: &str) -> UnOp {
         "sqrt" => UnOp::Sqrt,
         "tanh" => UnOp::Tanh,
         "erf" => UnOp::Erf,
+        "sin" => UnOp::Sin,
+        "cos" => UnOp::Cos,
+        "floor" => UnOp::Floor,
         _ => UnOp::Rsqrt,
     }
 }
@@ -820,8 +840,8 @@ fn param_type(t: &syn::Type) -> R<Type> {
                     }
                 };
                 let rank = const_arg(args[1], "the rank")?;
-                if !(1..=4).contains(&rank) {
-                    return err(args[1], format!("unsupported rank {rank}: expected 1 to 4"));
+                if !(1..=5).contains(&rank) {
+                    return err(args[1], format!("unsupported rank {rank}: expected 1 to 5"));
                 }
                 return Ok(Type::Global { dtype, rank });
             }

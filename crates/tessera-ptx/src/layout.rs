@@ -221,6 +221,37 @@ impl Layout {
         }
     }
 
+    /// The tile coordinates of each register of thread `t` (0 along an axis not kept).
+    fn elements(&self, t: u32) -> Vec<(u32, u32)> {
+        let (ur, uc) = self.unwrapped_base(t);
+        self.slots()
+            .iter()
+            .map(|s| {
+                let r = if self.keep_rows { ur % self.parent_rows + s.dr } else { 0 };
+                let c = if self.keep_cols { uc % self.parent_cols + s.dc } else { 0 };
+                (r, c)
+            })
+            .collect()
+    }
+
+    /// If every thread's registers in layout `to` are registers it holds in this layout, at
+    /// the same register index in every thread, the index in this layout of each register
+    /// of `to`: the conversion is then a renaming.
+    pub fn local_map(&self, to: &Layout) -> Option<Vec<usize>> {
+        let mut map: Vec<Option<usize>> = vec![None; to.len()];
+        for t in 0..128 {
+            let have = self.elements(t);
+            for (j, e) in to.elements(t).iter().enumerate() {
+                let i = have.iter().position(|h| h == e)?;
+                match map[j] {
+                    Some(prev) if prev != i => return None,
+                    _ => map[j] = Some(i),
+                }
+            }
+        }
+        map.into_iter().collect()
+    }
+
     /// The thread's unwrapped base row and column, for thread `t` of the warpgroup; the base
     /// is these modulo the parent's extent. Mirrors what lowering computes in PTX.
     pub fn unwrapped_base(&self, t: u32) -> (u32, u32) {
@@ -269,6 +300,15 @@ mod tests {
             assert!(owners(&l.reduced(1)).iter().all(|&c| c == 1), "{l:?} row-reduced");
             assert!(owners(&l.reduced(0)).iter().all(|&c| c == 1), "{l:?} col-reduced");
         }
+    }
+
+    #[test]
+    fn a_row_broadcast_against_its_tile_is_a_renaming() {
+        let big = Layout::blocked(32, 64);
+        let map = Layout::blocked(1, 64).local_map(&big.broadcast_operand(1, 64));
+        assert_eq!(map, Some((0..8).collect()));
+        // A column vector's elements are spread differently: it moves through shared memory.
+        assert_eq!(Layout::blocked(32, 1).local_map(&big.broadcast_operand(32, 1)), None);
     }
 
     #[test]

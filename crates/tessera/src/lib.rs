@@ -98,8 +98,8 @@ pub use error::{Error, Result};
 pub use half::{bf16, f16};
 pub use launch::{Grid, Launch, ScalarArg};
 pub use tensor::{
-    contiguous_strides, global, global_mut, ArgGuard, CudaGlobal, Element, GlobalArg, GlobalArgMut, GlobalDesc, HostBuffer, Tensor,
-    TensorView, TensorViewMut, TileCounter,
+    contiguous_strides, global, global_mut, in_place, Absent, ArgGuard, CudaGlobal, Element, GlobalArg, GlobalArgMut, GlobalDesc,
+    HostBuffer, InPlace, Tensor, TensorView, TensorViewMut, TileCounter,
 };
 pub use tessera_macros::kernel;
 pub use tessera_ptx::{DType, KernelSpec, ParamInfo, ParamKind, PtxVariant, Target, TmaBox};

@@ -501,6 +501,51 @@ impl<T: Element> GlobalArgMut<T> for CudaGlobal<&mut CudaSlice<T>> {
     }
 }
 
+/// One tensor passed to a kernel as two parameters, one read and one written: an update in
+/// place. Made by [`in_place`]; the guard it comes with orders the launch after the tensor's
+/// earlier uses, so keep it until the launch is queued.
+///
+/// Sound only for kernels in which each element is read, if at all, before it is written and
+/// by the thread that writes it (elementwise updates such as RoPE); the read parameter may take
+/// the read-only cache path.
+#[derive(Clone, Debug)]
+pub struct InPlace(GlobalDesc);
+
+/// `t` as an [`InPlace`] pair of parameters for a launch on `device`.
+///
+/// # Errors
+/// As [`GlobalArgMut::global_desc_mut`].
+pub fn in_place<'a, T: Element>(t: &'a mut impl GlobalArgMut<T>, device: &'a Device) -> Result<(InPlace, ArgGuard<'a>)> {
+    let (d, g) = t.global_desc_mut(device)?;
+    Ok((InPlace(d), g))
+}
+
+impl<T: Element> GlobalArg<T> for InPlace {
+    fn global_desc<'a>(&'a self, _device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)> {
+        Ok((self.0.clone(), ArgGuard(None)))
+    }
+}
+
+impl<T: Element> GlobalArgMut<T> for InPlace {
+    fn global_desc_mut<'a>(&'a mut self, _device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)> {
+        Ok((self.0.clone(), ArgGuard(None)))
+    }
+}
+
+/// An empty tensor of some rank: stands in for an optional tensor parameter the kernel does
+/// not read (a flag tells it so). Every access to it is out of bounds, so a kernel that does
+/// read it reads zeros and writes nothing.
+#[derive(Clone, Copy, Debug)]
+pub struct Absent(pub usize);
+
+impl<T: Element> GlobalArg<T> for Absent {
+    fn global_desc<'a>(&'a self, device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)> {
+        let (context, host) =
+            if device.is_cpu() { (0, Some(HostBuffer::zeroed::<T>(0))) } else { (device.context()?.cu_ctx() as usize, None) };
+        Ok((GlobalDesc { ptr: 0, shape: vec![0; self.0], strides: vec![0; self.0], context, host }, ArgGuard(None)))
+    }
+}
+
 /// The storage of a device's tile counter.
 pub(crate) enum CounterBuf {
     Cuda(CudaSlice<i32>),

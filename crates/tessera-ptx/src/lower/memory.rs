@@ -305,6 +305,28 @@ impl Lowerer<'_> {
     }
 
     /// `acc += (s64)index * stride * es`
+    /// `tensor.get(idx)`: one 4-byte element, 0 where `idx` is out of bounds.
+    pub(crate) fn get(&mut self, g: &GlobalVal, idx: &[Operand], ty: crate::dtype::ScalarType) -> Reg {
+        use Operand::{Addr, Imm, Reg as R};
+        let gr = self.global_regs(g);
+        let addr = self.reg(RegClass::B64, "at");
+        self.op("mov.b64", vec![R(addr), R(gr.ptr)]);
+        let inb = self.reg(RegClass::Pred, "inb");
+        self.op("setp.eq.u32", vec![R(inb), R(self.lane), R(self.lane)]);
+        for (k, i) in idx.iter().enumerate() {
+            let ir = self.reg(RegClass::B32, "idx");
+            self.op("mov.b32", vec![R(ir), i.clone()]);
+            self.op("setp.lt.and.u32", vec![R(inb), R(ir), R(gr.dims[k]), R(inb)]);
+            self.term(addr, ir, gr.strides[k], 4);
+        }
+        let class = super::scalar_class(ty);
+        let r = self.reg(class, &g.name);
+        self.op("mov.b32", vec![R(r), Imm(0)]);
+        let ld = if g.written { "ld.global.b32" } else { "ld.global.nc.b32" };
+        self.op_if(inb, false, ld, vec![R(r), Addr(addr, 0)]);
+        r
+    }
+
     fn term(&mut self, acc: Reg, index: Reg, stride: Reg, es: i64) {
         use Operand::{Imm, Reg as R};
         let sb = self.reg(RegClass::B32, "sbytes");

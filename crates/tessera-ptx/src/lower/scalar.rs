@@ -113,6 +113,11 @@ impl Lowerer<'_> {
                 self.op(&scalar_binop(*op, operand_ty), vec![R(r), va, vb]);
                 R(r)
             }
+            ExprKind::Get { tensor, index } => {
+                let g = self.global(tensor);
+                let idx = index.iter().map(|i| self.scalar(i)).collect::<Result<Vec<_>, _>>()?;
+                R(self.get(&g, &idx, ty))
+            }
             _ => unreachable!("verified TIR-H: not a scalar expression"),
         })
     }
@@ -134,6 +139,24 @@ impl Lowerer<'_> {
             UnOp::Sqrt => one(self, "sqrt.rn.f32"),
             UnOp::Rsqrt => one(self, "rsqrt.approx.f32"),
             UnOp::Tanh => one(self, "tanh.approx.f32"),
+            UnOp::Floor => one(self, "cvt.rmi.f32.f32"),
+            UnOp::Sin | UnOp::Cos => {
+                // The hardware's sin/cos are accurate near 0 only: subtract the nearest multiple
+                // of 2π first, 2π split in two f32s so that k·2π is nearly exact (Cody–Waite).
+                const TWO_PI_HI: f32 = 6.283_185_5;
+                const TWO_PI_LO: f32 = -1.748_455_5e-7;
+                let f = |lw: &mut Self| lw.reg(RegClass::F32, "trig");
+                let k = f(self);
+                self.op("mul.f32", vec![R(k), R(x), F32(1.0 / std::f32::consts::TAU)]);
+                self.op("cvt.rni.f32.f32", vec![R(k), R(k)]);
+                self.op("neg.f32", vec![R(k), R(k)]);
+                let r = f(self);
+                self.op("fma.rn.f32", vec![R(r), R(k), F32(TWO_PI_HI), R(x)]);
+                self.op("fma.rn.f32", vec![R(r), R(k), F32(TWO_PI_LO), R(r)]);
+                let y = f(self);
+                self.op(if op == UnOp::Sin { "sin.approx.f32" } else { "cos.approx.f32" }, vec![R(y), R(r)]);
+                y
+            }
             UnOp::Erf => {
                 // erf(x) = sign(x)·(1 − t·P(t)·exp(−x²)), t = 1 / (1 + p·|x|)
                 let f = |lw: &mut Self| lw.reg(RegClass::F32, "erf");

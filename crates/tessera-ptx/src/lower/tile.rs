@@ -20,7 +20,18 @@ impl Lowerer<'_> {
                 }
                 _ => unreachable!("verified TIR-H: `{n}` is a tile"),
             },
-            ExprKind::Full { .. } => self.full(e, ty, Layout::blocked(ty.rows, ty.cols))?,
+            ExprKind::Full { .. } => {
+                let layout = self.hinted_layout(ty);
+                self.full(e, ty, layout)?
+            }
+            ExprKind::Iota { axis, .. } => {
+                let layout = self.hinted_layout(ty);
+                self.iota(ty, layout, *axis)
+            }
+            ExprKind::SwapPairs(value) => {
+                let t = self.tile(value)?;
+                swap_pairs(t)
+            }
 
             ExprKind::Load { tensor, index, fill, .. } => {
                 let g = self.global(tensor);
@@ -30,11 +41,7 @@ impl Lowerer<'_> {
                     None => Operand::F32(0.0),
                 };
                 let fill = self.elem_from_f32(fill, ty.dtype);
-                // A load feeding an operation on a tile in registers takes that tile's layout.
-                let layout = match self.layout_hint.take() {
-                    Some(h) if h.rows == ty.rows && h.cols == ty.cols => h,
-                    _ => Layout::blocked(ty.rows, ty.cols),
-                };
+                let layout = self.hinted_layout(ty);
                 self.load(&g, &idx, ty, fill, layout)
             }
             ExprKind::Cast { value, to } => {
@@ -71,6 +78,35 @@ impl Lowerer<'_> {
             }
             _ => unreachable!("verified TIR-H: not a tile expression"),
         })
+    }
+
+    /// The layout for a tile whose layout is free (a load or a constructor): that of the tile
+    /// in registers it feeds, if there is one, else the canonical blocked layout.
+    fn hinted_layout(&mut self, ty: TileType) -> Layout {
+        match self.layout_hint.take() {
+            Some(h) if h.rows == ty.rows && h.cols == ty.cols => h,
+            _ => Layout::blocked(ty.rows, ty.cols),
+        }
+    }
+
+    /// `Tile::col_index()` (`axis` 1) or `row_index()` (0) in `layout`: each register holds its
+    /// element's column (row) as an f32.
+    fn iota(&mut self, ty: TileType, layout: Layout, axis: u32) -> TileVal {
+        use Operand::{Imm, Reg as R};
+        let lr = self.layout_regs(layout);
+        let base = if axis == 1 { lr.col } else { lr.row };
+        let regs = layout
+            .slots()
+            .iter()
+            .map(|slot| {
+                let i = self.reg(RegClass::B32, "iota");
+                self.op("add.s32", vec![R(i), R(base), Imm(i64::from(if axis == 1 { slot.dc } else { slot.dr }))]);
+                let f = self.reg(RegClass::F32, "iota");
+                self.op("cvt.rn.f32.s32", vec![R(f), R(i)]);
+                f
+            })
+            .collect();
+        TileVal { ty, layout, regs }
     }
 
     /// `t.mask_cols(limit, fill)`: each register whose column (the thread's base column plus
@@ -268,10 +304,14 @@ impl Lowerer<'_> {
         Ok((ta, tb?))
     }
 
-    /// Moves a tile into another layout of the same shape through shared memory.
+    /// Moves a tile into another layout of the same shape: by renaming registers where every
+    /// thread already holds the elements it needs, else through shared memory.
     pub(crate) fn convert(&mut self, t: TileVal, to: Layout) -> TileVal {
         if t.layout == to {
             return t;
+        }
+        if let Some(map) = t.layout.local_map(&to) {
+            return TileVal { ty: t.ty, layout: to, regs: map.iter().map(|&i| t.regs[i]).collect() };
         }
         use Operand::{Addr, Reg as R};
         let es = t.ty.dtype.size();
@@ -421,11 +461,25 @@ impl Lowerer<'_> {
     }
 }
 
-/// Whether an expression's layout is decided by its use: a load, under casts, unary functions
-/// and scalar factors.
+/// `t.swap_pairs()`: each register takes the one of the column next to it in its pair, which
+/// the same thread holds (runs of columns start at even columns).
+fn swap_pairs(t: TileVal) -> TileVal {
+    let slots = t.layout.slots();
+    let regs = slots
+        .iter()
+        .map(|s| {
+            let partner = slots.iter().position(|o| o.dr == s.dr && o.dc == (s.dc ^ 1)).expect("a run holds both columns of a pair");
+            t.regs[partner]
+        })
+        .collect();
+    TileVal { regs, ..t }
+}
+
+/// Whether an expression's layout is decided by its use: a load or a constructor, under
+/// casts, unary functions and scalar factors.
 fn layout_free(e: &Expr) -> bool {
     match &e.kind {
-        ExprKind::Load { .. } => true,
+        ExprKind::Load { .. } | ExprKind::Full { .. } | ExprKind::Iota { .. } => true,
         ExprKind::Cast { value, .. } | ExprKind::Unary(_, value) => layout_free(value),
         ExprKind::Binary(_, x, y) => match (x.checked_ty(), y.checked_ty()) {
             (Type::Tile(_), Type::Scalar(_)) => layout_free(x),

@@ -461,6 +461,12 @@ pub enum UnOp {
     Tanh,
     /// `erf(x)` (Abramowitz–Stegun 7.1.26, |error| < 1.5·10⁻⁷)
     Erf,
+    /// `sin(x)` (reduced to [−π, π] in f32, then the hardware's approximation)
+    Sin,
+    /// `cos(x)` (as `sin`)
+    Cos,
+    /// `floor(x)`: the largest integer not above `x`
+    Floor,
 }
 
 impl UnOp {
@@ -475,6 +481,9 @@ impl UnOp {
             UnOp::Rsqrt => "rsqrt",
             UnOp::Tanh => "tanh",
             UnOp::Erf => "erf",
+            UnOp::Sin => "sin",
+            UnOp::Cos => "cos",
+            UnOp::Floor => "floor",
         }
     }
 }
@@ -625,6 +634,25 @@ pub enum ExprKind {
         limit: Box<Expr>,
         /// The value of the replaced elements (a scalar).
         fill: Box<Expr>,
+    },
+    /// `Tile::<f32, M, N>::col_index()` (`axis` 1) or `row_index()` (`axis` 0): each element
+    /// holds its column (row) within the tile, as an f32.
+    Iota {
+        /// The tile type (f32).
+        tile: TileType,
+        /// 0 for the row index, 1 for the column index.
+        axis: u32,
+    },
+    /// `t.swap_pairs()`: columns `2k` and `2k + 1` exchanged (moves no data: both are in one
+    /// thread's registers).
+    SwapPairs(Box<Expr>),
+    /// `tensor.get([i, j])`: one element of an `i32` or `f32` tensor as a scalar, the same in
+    /// every thread; 0 out of bounds.
+    Get {
+        /// The global tensor.
+        tensor: String,
+        /// One index per dimension.
+        index: Vec<Expr>,
     },
     /// `row_sum(t)`, `t.sum(axis)`, …: reduces `axis` to extent 1.
     Reduce {

@@ -55,7 +55,7 @@ impl Checker {
                 if dtype == DType::I32 {
                     return Err(CompileError::ty(
                         loc,
-                        format!("`{tensor}` is `Global<i32, {rank}>`, a tile queue's counter: tiles load `f32`, `bf16` or `f16` tensors"),
+                        format!("`{tensor}` is `Global<i32, {rank}>`: tiles load `f32`, `bf16` or `f16` tensors (read one `i32` with `{tensor}.get([…])`)"),
                     ));
                 }
                 let tensor = tensor.clone();
@@ -109,6 +109,43 @@ impl Checker {
                 self.expect_scalar(limit, ScalarType::I32, "`mask_cols`'s first column to replace")?;
                 self.fill_value(fill, t.dtype)?;
                 Type::Tile(t)
+            }
+            ExprKind::Iota { tile, axis } => {
+                if tile.dtype != DType::F32 {
+                    let what = if *axis == 1 { "col_index" } else { "row_index" };
+                    return Err(CompileError::ty(loc, format!("`{what}` makes an `f32` tile, found `{tile}`")));
+                }
+                check_tile_size(*tile, loc)?;
+                Type::Tile(*tile)
+            }
+            ExprKind::SwapPairs(value) => {
+                let ty = self.expr(value)?;
+                match ty {
+                    Type::Tile(t) if t.cols % 2 == 0 => Type::Tile(t),
+                    _ => {
+                        return Err(CompileError::ty(
+                            value.loc,
+                            format!("`swap_pairs` takes a tile with an even number of columns, found `{ty}`"),
+                        ))
+                    }
+                }
+            }
+            ExprKind::Get { tensor, index } => {
+                let (dtype, rank) = self.global(tensor, loc)?;
+                let tensor = tensor.clone();
+                self.indices(&tensor, rank, index, loc)?;
+                match dtype {
+                    DType::I32 => Type::Scalar(ScalarType::I32),
+                    DType::F32 => Type::Scalar(ScalarType::F32),
+                    other => {
+                        return Err(CompileError::ty(
+                            loc,
+                            format!(
+                                "`{tensor}` is `Global<{other}, {rank}>`: `get` reads `i32` or `f32` elements (load a tile of `{other}`)"
+                            ),
+                        ))
+                    }
+                }
             }
             ExprKind::TileCols { value, start, cols } => {
                 let ty = self.expr(value)?;

@@ -769,6 +769,47 @@ impl<'p> Kernel<'p> {
                 }
                 Val::T(t)
             }
+            ExprKind::Iota { tile, axis } => {
+                let mut t = Tile::full(*tile, 0.0);
+                let cols = tile.cols as usize;
+                for (i, x) in t.v.iter_mut().enumerate() {
+                    *x = if *axis == 1 { (i % cols) as f32 } else { (i / cols) as f32 };
+                }
+                Val::T(t)
+            }
+            ExprKind::SwapPairs(value) => match self.eval(value, wg, blk)? {
+                Val::T(mut t) => {
+                    for pair in t.v.chunks_exact_mut(2) {
+                        pair.swap(0, 1);
+                    }
+                    if let Some(p) = t.poison.as_mut() {
+                        for pair in p.mask.chunks_exact_mut(2) {
+                            pair.swap(0, 1);
+                        }
+                    }
+                    Val::T(t)
+                }
+                _ => return Err("`swap_pairs` takes a tile".to_string().into()),
+            },
+            ExprKind::Get { tensor, index } => {
+                let idx = self.indices(index, wg, blk)?;
+                let g = self.global(tensor, wg)?;
+                let bytes = g.buf.lock();
+                let x = match Self::offset(g, &idx) {
+                    Some(at) => {
+                        if let Some(m) = Self::outside(g, at, g.buf.len) {
+                            return Err(format!("reads {m}").into());
+                        }
+                        value::read(&bytes, g.dtype, at as usize)
+                    }
+                    None => 0.0,
+                };
+                if g.dtype == tessera_ptx::DType::I32 {
+                    Val::I(x.to_bits() as i32)
+                } else {
+                    Val::F(x)
+                }
+            }
             ExprKind::TileCols { value, start, cols } => match self.eval(value, wg, blk)? {
                 Val::T(t) => Val::T(t.cols(*start, *cols)),
                 _ => return Err("`cols` takes a tile".to_string().into()),

@@ -173,6 +173,9 @@ fn f32_unary(op: UnOp, x: f32) -> f32 {
         UnOp::Rsqrt => 1.0 / x.sqrt(),
         UnOp::Tanh => x.tanh(),
         UnOp::Erf => erf(x),
+        UnOp::Sin => x.sin(),
+        UnOp::Cos => x.cos(),
+        UnOp::Floor => x.floor(),
         UnOp::Not => x,
     }
 }
