@@ -101,8 +101,19 @@ fn main() {
                 timed(&mut criterion, "layer_norm bf16", &mut ln);
             }
             norm_rows.push((format!("layer_norm {m}x{n} {path}{mark}"), bytes + (n * 2) as f64, time_ms(&dev, 5, 20, &mut ln)));
+            let mut sm = || tessera_kernels::softmax(&dev, &xb, &mut yb).expect("softmax");
+            if i == 0 && path == default {
+                timed(&mut criterion, "softmax bf16", &mut sm);
+            }
+            norm_rows.push((format!("softmax {m}x{n} {path}{mark}"), bytes - (n * 2) as f64, time_ms(&dev, 5, 20, &mut sm)));
         }
         std::env::remove_var("TESSERA_NORM_PATH");
+        if n <= 8192 {
+            // y, dy read, dx written.
+            let mut dx = Tensor::<bf16>::zeros(&dev, &[m, n]).expect("dx bf16");
+            let mut bwd = || tessera_kernels::softmax_backward(&dev, &xb, &xb, &mut dx, 1.0).expect("softmax_backward");
+            norm_rows.push((format!("softmax_backward {m}x{n}"), (3 * m * n * 2) as f64, time_ms(&dev, 5, 20, &mut bwd)));
+        }
     }
     // RoPE in bf16: the shape (batch 8, seq 4096, 32 heads, dim 128) in each
     // convention, layout, angle source, and in place; then 16384 tokens of 64×128 heads.

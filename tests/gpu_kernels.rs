@@ -502,3 +502,89 @@ fn gpu_rope_matches_f64_reference() {
 fn interp_rope_matches_f64_reference() {
     rope_matches_f64_reference(&Device::cpu());
 }
+
+/// `softmax(scale·x)` in f64 with the causal mask (column `j` of row `i mod period` kept
+/// where `j ≤ i mod period`).
+fn softmax_options_ref(x: &[f64], n: usize, period: usize, scale: f64, causal: bool) -> Vec<f64> {
+    x.chunks(n)
+        .enumerate()
+        .flat_map(|(r, row)| {
+            let keep = |j: usize| !causal || j <= r % period;
+            let m = row.iter().enumerate().filter(|(j, _)| keep(*j)).map(|(_, v)| v * scale).fold(f64::NEG_INFINITY, f64::max);
+            let s: f64 = row.iter().enumerate().filter(|(j, _)| keep(*j)).map(|(_, v)| (v * scale - m).exp()).sum();
+            row.iter().enumerate().map(move |(j, v)| if keep(j) { (v * scale - m).exp() / s } else { 0.0 }).collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Softmax in `T` with a scale, with and without the causal mask, on every path's shapes (2-D
+/// and a 3-D batch), rows of ±1e4, then the backward pass against f64.
+fn softmax_options_case<T: tessera_kernels::SoftmaxElement>(dev: &Device, to: fn(f32) -> T, from: fn(T) -> f64, tol: f64) {
+    use tessera_kernels::SoftmaxOptions;
+    let mut shapes: Vec<Vec<usize>> = norm_shapes(dev).into_iter().map(|(m, n)| vec![m, n]).collect();
+    shapes.push(vec![3, 50, 70]);
+    shapes.push(vec![2, 129, 129]);
+    for shape in shapes {
+        let n = *shape.last().unwrap();
+        let rows: usize = shape.iter().product::<usize>() / n;
+        let period = if shape.len() == 3 { shape[1] } else { rows };
+        let mut x: Vec<f32> = random(rows * n, -4.0, 4.0);
+        // Every third row sits at ±1e4: exp of the raw logits would overflow.
+        for (i, v) in x.iter_mut().enumerate() {
+            if (i / n) % 3 == 1 {
+                *v += if (i / n) % 2 == 0 { 1e4 } else { -1e4 };
+            }
+        }
+        let x: Vec<T> = x.into_iter().map(to).collect();
+        let xw: Vec<f64> = x.iter().map(|&v| from(v)).collect();
+        let xt = Tensor::from_host(dev, &x, &shape).unwrap();
+        for causal in [false, true] {
+            let scale = random(1, 0.25, 1.5)[0];
+            let what = format!("softmax {shape:?} scale={scale} causal={causal}");
+            let mut y = Tensor::full(dev, &shape, to(f32::NAN)).unwrap();
+            tessera_kernels::softmax_with(dev, &xt, &mut y, SoftmaxOptions { scale, causal }).unwrap();
+            let got: Vec<f64> = y.to_host().unwrap().into_iter().map(from).collect();
+            assert!(got.iter().all(|v| v.is_finite()), "{what}: non-finite output");
+            let want = softmax_options_ref(&xw, n, period, f64::from(scale), causal);
+            let err = rel_error(&got, &want);
+            assert!(err < tol, "{what}: relative error {err}");
+
+            // Backward from the kernel's own y (as training does) against f64 on the same y.
+            let dy: Vec<T> = random(rows * n, -1.0, 1.0).into_iter().map(to).collect();
+            let dyt = Tensor::from_host(dev, &dy, &shape).unwrap();
+            let mut dx = Tensor::full(dev, &shape, to(f32::NAN)).unwrap();
+            tessera_kernels::softmax_backward(dev, &y, &dyt, &mut dx, scale).unwrap();
+            let dxg: Vec<f64> = dx.to_host().unwrap().into_iter().map(from).collect();
+            let dyw: Vec<f64> = dy.iter().map(|&v| from(v)).collect();
+            let want: Vec<f64> = got
+                .chunks(n)
+                .zip(dyw.chunks(n))
+                .flat_map(|(yr, gr)| {
+                    let dot: f64 = yr.iter().zip(gr).map(|(a, b)| a * b).sum();
+                    yr.iter().zip(gr).map(move |(a, b)| f64::from(scale) * a * (b - dot)).collect::<Vec<_>>()
+                })
+                .collect();
+            let err = rel_error(&dxg, &want);
+            assert!(err < tol, "{what} backward: relative error {err}");
+        }
+    }
+}
+
+fn softmax_options_match_f64_reference(dev: &Device) {
+    use tessera::{bf16, f16};
+    softmax_options_case::<bf16>(dev, bf16::from_f32, |v| v.to_f64(), 1e-2);
+    softmax_options_case::<f16>(dev, f16::from_f32, |v| v.to_f64(), 2e-3);
+    softmax_options_case::<f32>(dev, |v| v, f64::from, 1e-5);
+}
+
+#[test]
+fn gpu_softmax_options_match_f64_reference() {
+    if let Some(dev) = gpu_or_skip("gpu_softmax_options") {
+        softmax_options_match_f64_reference(&dev);
+    }
+}
+
+#[test]
+fn interp_softmax_options_match_f64_reference() {
+    softmax_options_match_f64_reference(&Device::cpu());
+}

@@ -6,7 +6,7 @@
 //! |---|---|
 //! | [`axpy`] | `y ← a·x + y` over a 2-D f32 tensor |
 //! | [`row_sum`], [`row_max`] | per-row sum and maximum of a 2-D f32 tensor |
-//! | [`softmax`] | numerically stable softmax of each row of a 2-D f32 tensor |
+//! | [`softmax`], [`softmax_with`], [`softmax_backward`] | numerically stable softmax of each row (bf16/f16/f32), optional scale and causal mask, and its backward pass |
 //! | [`gemm`], [`gemm_tn`] | `C = act(alpha·A·Bᵀ + beta·C_in + bias) + residual`, bf16/f16, B N×K or K×N, batches: TMA + wgmma on Hopper, cp.async + mma.sync on sm_80 and later |
 //! | [`bias_gelu`] | `y = gelu(x + bias)`, the unfused epilogue |
 //! | [`rms_norm`] | `y = x / sqrt(mean(x²) + eps) · weight` per row, bf16/f16/f32, f32 statistics |
@@ -37,7 +37,11 @@ pub use rope::{
     rope, rope_backward, rope_backward_in_place, rope_cache, rope_half_bf16, rope_half_f16, rope_half_f32, rope_in_place, rope_pairs_bf16,
     rope_pairs_f16, rope_pairs_f32, HeadLayout, Positions, Rope, RopeElement, RopeStyle,
 };
-pub use softmax::{softmax, softmax_f32};
+pub use softmax::{
+    softmax, softmax_backward, softmax_backward_bf16, softmax_backward_f16, softmax_backward_f32, softmax_backward_row_bf16,
+    softmax_backward_row_f16, softmax_backward_row_f32, softmax_bf16, softmax_f16, softmax_f32, softmax_row_bf16, softmax_row_f16,
+    softmax_row_f32, softmax_rows4_bf16, softmax_rows4_f16, softmax_rows4_f32, softmax_with, SoftmaxElement, SoftmaxOptions,
+};
 
 /// Every kernel of the library, for tools that check them all (ptxas, dumps).
 pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
@@ -45,7 +49,21 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         &axpy_f32::SPEC,
         &row_sum_f32::SPEC,
         &row_max_f32::SPEC,
+        &softmax_bf16::SPEC,
+        &softmax_f16::SPEC,
         &softmax_f32::SPEC,
+        &softmax_row_bf16::SPEC,
+        &softmax_row_f16::SPEC,
+        &softmax_row_f32::SPEC,
+        &softmax_rows4_bf16::SPEC,
+        &softmax_rows4_f16::SPEC,
+        &softmax_rows4_f32::SPEC,
+        &softmax_backward_bf16::SPEC,
+        &softmax_backward_f16::SPEC,
+        &softmax_backward_f32::SPEC,
+        &softmax_backward_row_bf16::SPEC,
+        &softmax_backward_row_f16::SPEC,
+        &softmax_backward_row_f32::SPEC,
         &gemm_tn_bf16::SPEC,
         &gemm_tn_f16::SPEC,
         &gemm_nn_bf16::SPEC,

@@ -198,7 +198,7 @@ impl NormPath {
         })
     }
 
-    fn grid(self, rows: usize) -> Grid {
+    pub(crate) fn grid(self, rows: usize) -> Grid {
         Grid::from(Grid::tiles(
             rows,
             match self {

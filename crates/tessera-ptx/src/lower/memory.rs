@@ -144,10 +144,12 @@ impl Lowerer<'_> {
         Plan { rows, col0, col_dim, col_stride_bytes, unit, row_stride_bytes }
     }
 
-    /// Moves every register of the tile. A thread whose elements are all in bounds, dense and
-    /// aligned takes the fast path: unpredicated vectors at immediate offsets from its first
-    /// element of each row. Others (edge tiles, strided or misaligned views) take the general
-    /// path, run by run.
+    /// Moves every register of the tile. A thread whose rows are in bounds, whose columns are
+    /// dense and aligned, and whose runs each lie wholly inside or wholly past the row's end
+    /// (the row's length minus its first column a multiple of the run) takes the fast path:
+    /// vectors at immediate offsets from its first element of each row, each guarded by its
+    /// run's column test, no branches (for MMA accumulators: every column inside, unguarded). Others (edge rows, strided or misaligned views, runs
+    /// straddling the end) take the general path, run by run.
     fn stream(&mut self, plan: &Plan, layout: Layout, ty: TileType, regs: &[Reg], op: &str, load: bool) {
         use Operand::{Imm, Reg as R, Sym};
         let es = ty.dtype.size();
@@ -161,18 +163,29 @@ impl Lowerer<'_> {
         }
         let chunk = run_bytes.min(16);
         let slots = layout.slots();
-        let max_dc = slots.iter().map(|s| s.dc).max().unwrap_or(0);
-        // fast = unit stride ∧ every row in bounds ∧ last column in bounds ∧ first column ≥ 0
-        //        ∧ first element and row stride aligned to a chunk.
+        // fast = unit stride ∧ every row in bounds ∧ first column ≥ 0 ∧ (dim − first column) a
+        //        multiple of the run ∧ first element and row stride aligned to a chunk.
         let fast = self.reg(RegClass::Pred, "fast");
         self.op("mov.pred", vec![R(fast), R(unit)]);
         for &(_, _, _, row_in) in &plan.rows {
             self.op("and.pred", vec![R(fast), R(fast), R(row_in)]);
         }
-        let last = self.reg(RegClass::B32, "clast");
-        self.op("add.s32", vec![R(last), R(c0), Imm(i64::from(max_dc))]);
-        self.op("setp.lt.and.u32", vec![R(fast), R(last), R(dim), R(fast)]);
-        self.op("setp.lt.and.u32", vec![R(fast), R(c0), R(dim), R(fast)]);
+        // MMA accumulators (the GEMM epilogues, where registers are scarce) take the fast path
+        // only when every column is in bounds, and move unguarded.
+        let guarded = matches!(layout.kind, crate::layout::LayoutKind::Blocked { .. });
+        if guarded {
+            self.op("setp.ge.and.s32", vec![R(fast), R(c0), Imm(0), R(fast)]);
+            let rest = self.reg(RegClass::B32, "rest");
+            self.op("sub.s32", vec![R(rest), R(dim), R(c0)]);
+            self.op("and.b32", vec![R(rest), R(rest), Imm(i64::from(run - 1))]);
+            self.op("setp.eq.and.u32", vec![R(fast), R(rest), Imm(0), R(fast)]);
+        } else {
+            let max_dc = slots.iter().map(|s| s.dc).max().unwrap_or(0);
+            let last = self.reg(RegClass::B32, "clast");
+            self.op("add.s32", vec![R(last), R(c0), Imm(i64::from(max_dc))]);
+            self.op("setp.lt.and.u32", vec![R(fast), R(last), R(dim), R(fast)]);
+            self.op("setp.lt.and.u32", vec![R(fast), R(c0), R(dim), R(fast)]);
+        }
         let low = self.reg(RegClass::B32, "align");
         self.op("cvt.u32.u64", vec![R(low), R(plan.rows[0].2)]);
         if let Some(rb) = plan.row_stride_bytes {
@@ -186,7 +199,13 @@ impl Lowerer<'_> {
         while i < slots.len() {
             let sl = slots[i];
             let first = plan.rows.iter().find(|r| r.0 == sl.dr).expect("planned row").2;
-            self.vector_move(None, first, i64::from(sl.dc * es), &regs[i..i + run as usize], ty, op, load, chunk);
+            let inside = guarded.then(|| {
+                let (c, inside) = (self.reg(RegClass::B32, "crun"), self.reg(RegClass::Pred, "runin"));
+                self.op("add.s32", vec![R(c), R(c0), Imm(i64::from(sl.dc))]);
+                self.op("setp.lt.u32", vec![R(inside), R(c), R(dim)]);
+                inside
+            });
+            self.vector_move(inside, first, i64::from(sl.dc * es), &regs[i..i + run as usize], ty, op, load, chunk);
             i += run as usize;
         }
         self.op("bra", vec![Sym(done.clone())]);
@@ -304,7 +323,6 @@ impl Lowerer<'_> {
         }
     }
 
-    /// `acc += (s64)index * stride * es`
     /// `tensor.get(idx)`: one 4-byte element, 0 where `idx` is out of bounds.
     pub(crate) fn get(&mut self, g: &GlobalVal, idx: &[Operand], ty: crate::dtype::ScalarType) -> Reg {
         use Operand::{Addr, Imm, Reg as R};
@@ -327,6 +345,7 @@ impl Lowerer<'_> {
         r
     }
 
+    /// `acc += (s64)index * stride * es`
     fn term(&mut self, acc: Reg, index: Reg, stride: Reg, es: i64) {
         use Operand::{Imm, Reg as R};
         let sb = self.reg(RegClass::B32, "sbytes");

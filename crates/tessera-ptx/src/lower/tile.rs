@@ -110,11 +110,29 @@ impl Lowerer<'_> {
     }
 
     /// `t.mask_cols(limit, fill)`: each register whose column (the thread's base column plus
-    /// the slot's offset) is at or past `limit` becomes `fill`.
+    /// the slot's offset) is at or past `limit` becomes `fill`; `limit` is an i32 for every
+    /// row or an f32 column tile of one per row (laid out beside `t`, so each register finds
+    /// its row's limit in its own thread).
     fn mask_cols(&mut self, t: TileVal, limit: &Expr, fill: &Expr) -> Result<TileVal, CompileError> {
         use Operand::{Imm, Reg as R};
-        let lim = self.scalar(limit)?;
-        let lim = self.in_reg(lim, crate::dtype::ScalarType::I32, "limit");
+        let per_row = match limit.checked_ty() {
+            Type::Tile(lt) => {
+                self.layout_hint = Some(t.layout.broadcast_operand(lt.rows, 1));
+                let l = self.tile(limit);
+                self.layout_hint = None;
+                let l = l?;
+                let want = t.layout.broadcast_operand(l.ty.rows, 1);
+                Some(self.convert(l, want))
+            }
+            _ => None,
+        };
+        let lim = match per_row {
+            Some(_) => None,
+            None => {
+                let v = self.scalar(limit)?;
+                Some(self.in_reg(v, crate::dtype::ScalarType::I32, "limit"))
+            }
+        };
         let f = self.scalar(fill)?;
         let f = self.elem_from_f32(f, t.ty.dtype);
         let class = elem_class(t.ty.dtype);
@@ -122,16 +140,22 @@ impl Lowerer<'_> {
         self.op(super::mov_for(class), vec![R(fr), f]);
         let lr = self.layout_regs(t.layout);
         let sel = if class == RegClass::F32 { "selp.f32" } else { "selp.b16" };
-        let regs = t
-            .layout
-            .slots()
-            .iter()
-            .zip(&t.regs)
-            .map(|(slot, &r)| {
+        let regs = (0..t.regs.len())
+            .map(|i| {
+                let slot = t.layout.slots()[i];
                 let (col, keep, out) = (self.reg(RegClass::B32, "col"), self.reg(RegClass::Pred, "keep"), self.reg(class, "masked"));
                 self.op("add.s32", vec![R(col), R(lr.col), Imm(i64::from(slot.dc))]);
-                self.op("setp.lt.s32", vec![R(keep), R(col), R(lim)]);
-                self.op(sel, vec![R(out), R(r), R(fr), R(keep)]);
+                match (&per_row, lim) {
+                    (Some(l), _) => {
+                        let fc = self.reg(RegClass::F32, "colf");
+                        self.op("cvt.rn.f32.s32", vec![R(fc), R(col)]);
+                        let j = t.layout.broadcast_slot(i, &l.layout);
+                        self.op("setp.lt.f32", vec![R(keep), R(fc), R(l.regs[j])]);
+                    }
+                    (None, Some(lim)) => self.op("setp.lt.s32", vec![R(keep), R(col), R(lim)]),
+                    (None, None) => unreachable!("a limit"),
+                }
+                self.op(sel, vec![R(out), R(t.regs[i]), R(fr), R(keep)]);
                 out
             })
             .collect();
@@ -476,7 +500,8 @@ fn swap_pairs(t: TileVal) -> TileVal {
 }
 
 /// Whether an expression's layout is decided by its use: a load or a constructor, under
-/// casts, unary functions and scalar factors.
+/// casts, unary functions, scalar factors and elementwise operations between such tiles of
+/// one shape.
 fn layout_free(e: &Expr) -> bool {
     match &e.kind {
         ExprKind::Load { .. } | ExprKind::Full { .. } | ExprKind::Iota { .. } => true,
@@ -484,6 +509,8 @@ fn layout_free(e: &Expr) -> bool {
         ExprKind::Binary(_, x, y) => match (x.checked_ty(), y.checked_ty()) {
             (Type::Tile(_), Type::Scalar(_)) => layout_free(x),
             (Type::Scalar(_), Type::Tile(_)) => layout_free(y),
+            // The first operand takes the hint, the second the first's layout.
+            (Type::Tile(a), Type::Tile(b)) => a.rows == b.rows && a.cols == b.cols && layout_free(x) && layout_free(y),
             _ => false,
         },
         _ => false,

@@ -630,7 +630,8 @@ pub enum ExprKind {
     MaskCols {
         /// The tile.
         value: Box<Expr>,
-        /// The first column replaced (an i32; columns `0..limit` are kept).
+        /// The first column replaced: an i32 for every row, or a `Tile<f32, M, 1>` of one per
+        /// row (columns `0..limit` are kept).
         limit: Box<Expr>,
         /// The value of the replaced elements (a scalar).
         fill: Box<Expr>,

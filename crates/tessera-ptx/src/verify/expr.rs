@@ -106,7 +106,17 @@ impl Checker {
                 let Type::Tile(t) = ty else {
                     return Err(CompileError::ty(value.loc, format!("`mask_cols` takes a tile, found `{ty}`")));
                 };
-                self.expect_scalar(limit, ScalarType::I32, "`mask_cols`'s first column to replace")?;
+                // One first column for every row (an i32), or one per row (an f32 column tile).
+                match self.expr(limit)? {
+                    Type::Scalar(ScalarType::I32) => {}
+                    Type::Tile(l) if l.dtype == DType::F32 && l.cols == 1 && l.rows == t.rows => {}
+                    other => {
+                        return Err(CompileError::ty(
+                            limit.loc,
+                            format!("`mask_cols`'s first column to replace must be an `i32`, or a `Tile<f32, {}, 1>` of one per row, found `{other}`", t.rows),
+                        ))
+                    }
+                }
                 self.fill_value(fill, t.dtype)?;
                 Type::Tile(t)
             }

@@ -759,11 +759,16 @@ impl<'p> Kernel<'p> {
             }
             ExprKind::MaskCols { value, limit, fill } => {
                 let Val::T(mut t) = self.eval(value, wg, blk)? else { return Err("`mask_cols` takes a tile".to_string().into()) };
-                let limit = i64::from(self.int(limit, wg, blk)?);
+                // One limit for every row, or one per row (an f32 column tile).
+                let limits: Vec<f64> = match self.eval(limit, wg, blk)? {
+                    Val::I(l) => vec![f64::from(l); t.ty.rows as usize],
+                    Val::T(l) => l.v.iter().map(|&v| f64::from(v)).collect(),
+                    _ => return Err("`mask_cols` takes an i32 or a column tile".to_string().into()),
+                };
                 let fill = value::element_of(&self.eval(fill, wg, blk)?, t.ty.dtype);
                 let cols = t.ty.cols as usize;
                 for (i, x) in t.v.iter_mut().enumerate() {
-                    if (i % cols) as i64 >= limit {
+                    if (i % cols) as f64 >= limits[i / cols] {
                         *x = fill;
                     }
                 }
