@@ -74,7 +74,7 @@ fn main() {
     // parameters once. 16384×8192 first (the shape), then hidden sizes around it with
     // rows chosen for 256 MiB of input, far above L2.
     let mut norm_rows: Vec<(String, f64, f64)> = Vec::new();
-    for (i, &n) in [8192usize, 1536, 2048, 2304, 4096, 5120, 11008, 16384].iter().enumerate() {
+    for (i, &n) in [8192usize, 768, 1024, 1536, 2048, 2304, 3072, 4096, 5120, 11008, 16384].iter().enumerate() {
         use tessera::bf16;
         let m = if i == 0 { M } else { (1usize << 27) / n };
         let xb = Tensor::from_host(&dev, &rng_bf16(m * n), &[m, n]).expect("x bf16");
@@ -111,7 +111,8 @@ fn main() {
         if n <= 8192 {
             // y, dy read, dx written.
             let mut dx = Tensor::<bf16>::zeros(&dev, &[m, n]).expect("dx bf16");
-            let mut bwd = || tessera_kernels::softmax_backward(&dev, &xb, &xb, &mut dx, 1.0).expect("softmax_backward");
+            let dy = Tensor::from_host(&dev, &rng_bf16(m * n), &[m, n]).expect("dy bf16");
+            let mut bwd = || tessera_kernels::softmax_backward(&dev, &xb, &dy, &mut dx, 1.0).expect("softmax_backward");
             norm_rows.push((format!("softmax_backward {m}x{n}"), (3 * m * n * 2) as f64, time_ms(&dev, 5, 20, &mut bwd)));
         }
     }

@@ -253,7 +253,8 @@ fn interp_sm80_variants_run_forward_on_newer_gpus() {
 /// Row counts and hidden sizes for the norms: odd ones, non-powers of two, both sides of
 /// `ROW_IN_REGISTERS` (the one-read and the tiled kernels).
 fn norm_shapes(dev: &Device) -> Vec<(usize, usize)> {
-    // Few rows take a block per row, many rows of 1793..=2048 four rows per block, the rest
+    // Few rows take a block per row, as do many rows of 3585..=8192; many rows of 1025..=2048
+    // four rows per block; the rest
     // the tiled kernels (`NormPath::choose`); each appears here on both devices.
     let mut shapes = vec![(1, 1), (7, 129), (37, 1536), (3, 5000), (20, 2304), (2, 8192), (3, 9000), (41, 2000)];
     if !dev.is_cpu() {
@@ -587,4 +588,46 @@ fn gpu_softmax_options_match_f64_reference() {
 #[test]
 fn interp_softmax_options_match_f64_reference() {
     softmax_options_match_f64_reference(&Device::cpu());
+}
+
+/// Column reductions, and the means of both axes, against f64 on every shape.
+fn reductions_match_f64_reference(dev: &Device) {
+    type Op = fn(&Device, &Tensor<f32>, &mut Tensor<f32>) -> tessera::Result<()>;
+    let cases: [(&str, Op, bool, fn(&[f64]) -> f64); 4] = [
+        ("col_sum", tessera_kernels::col_sum, false, |v| v.iter().sum()),
+        ("col_max", tessera_kernels::col_max, false, row_max_ref),
+        ("col_mean", tessera_kernels::col_mean, false, |v| v.iter().sum::<f64>() / v.len() as f64),
+        ("row_mean", tessera_kernels::row_mean, true, |v| v.iter().sum::<f64>() / v.len() as f64),
+    ];
+    for &(m, n) in shapes(dev) {
+        // Centred away from 0 so that a mean is not a relative error of noise.
+        let x = random(m * n, 0.5, 1.5);
+        let xt = Tensor::from_host(dev, &x, &[m, n]).unwrap();
+        let xw = wide(&x);
+        for (name, f, rows, reference) in cases {
+            let len = if rows { m } else { n };
+            let mut out = poisoned(dev, &[len]);
+            f(dev, &xt, &mut out).unwrap();
+            let got = wide(&out.to_host().unwrap());
+            let want: Vec<f64> = if rows {
+                xw.chunks(n).map(reference).collect()
+            } else {
+                (0..n).map(|j| reference(&(0..m).map(|i| xw[i * n + j]).collect::<Vec<_>>())).collect()
+            };
+            let err = rel_error(&got, &want);
+            assert!(err < 1e-5, "{name} {m}x{n}: relative error {err}");
+        }
+    }
+}
+
+#[test]
+fn gpu_reductions_match_f64_reference() {
+    if let Some(dev) = gpu_or_skip("gpu_reductions") {
+        reductions_match_f64_reference(&dev);
+    }
+}
+
+#[test]
+fn interp_reductions_match_f64_reference() {
+    reductions_match_f64_reference(&Device::cpu());
 }

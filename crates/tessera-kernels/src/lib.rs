@@ -5,7 +5,7 @@
 //! | host function | what it computes |
 //! |---|---|
 //! | [`axpy`] | `y ← a·x + y` over a 2-D f32 tensor |
-//! | [`row_sum`], [`row_max`] | per-row sum and maximum of a 2-D f32 tensor |
+//! | [`row_sum`], [`row_max`], [`row_mean`], [`col_sum`], [`col_max`], [`col_mean`] | per-row and per-column sum, maximum and mean of a 2-D f32 tensor |
 //! | [`softmax`], [`softmax_with`], [`softmax_backward`] | numerically stable softmax of each row (bf16/f16/f32), optional scale and causal mask, and its backward pass |
 //! | [`gemm`], [`gemm_tn`] | `C = act(alpha·A·Bᵀ + beta·C_in + bias) + residual`, bf16/f16, B N×K or K×N, batches: TMA + wgmma on Hopper, cp.async + mma.sync on sm_80 and later |
 //! | [`bias_gelu`] | `y = gelu(x + bias)`, the unfused epilogue |
@@ -32,7 +32,7 @@ pub use norm::{
     rms_norm_row_bf16, rms_norm_row_f16, rms_norm_row_f32, rms_norm_rows4_bf16, rms_norm_rows4_f16, rms_norm_rows4_f32, NormElement,
     NormPath, ROW_IN_REGISTERS,
 };
-pub use reduce::{row_max, row_max_f32, row_sum, row_sum_f32};
+pub use reduce::{col_max, col_max_f32, col_mean, col_sum, col_sum_f32, row_max, row_max_f32, row_mean, row_sum, row_sum_f32, scale_f32};
 pub use rope::{
     rope, rope_backward, rope_backward_in_place, rope_cache, rope_half_bf16, rope_half_f16, rope_half_f32, rope_in_place, rope_pairs_bf16,
     rope_pairs_f16, rope_pairs_f32, HeadLayout, Positions, Rope, RopeElement, RopeStyle,
@@ -49,6 +49,9 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         &axpy_f32::SPEC,
         &row_sum_f32::SPEC,
         &row_max_f32::SPEC,
+        &col_sum_f32::SPEC,
+        &col_max_f32::SPEC,
+        &scale_f32::SPEC,
         &softmax_bf16::SPEC,
         &softmax_f16::SPEC,
         &softmax_f32::SPEC,

@@ -177,11 +177,11 @@ pub enum NormPath {
 }
 
 impl NormPath {
-    /// The path for `m` rows of `n` elements on a device of `sms` SMs, from run 32's
-    /// measurements: a block per row for fewer rows than blocks the GPU runs at once; four rows
-    /// per block where the row fills more than 7/8 of the 2048-wide tile; else the tiled
-    /// kernels. `TESSERA_NORM_PATH=rows4|row|tiled` overrides it where the kernel can take the
-    /// width (for benchmarking the alternatives).
+    /// The path for `m` rows of `n` elements on a device of `sms` SMs, from run 36's
+    /// measurements: a block per row for fewer rows than blocks the GPU runs at once, and for
+    /// rows of 3585..=8192 (where it fills most of its 8192-wide tile); four rows per block for
+    /// 1025..=2048; else the tiled kernels. `TESSERA_NORM_PATH=rows4|row|tiled` overrides it
+    /// where the kernel can take the width (for benchmarking the alternatives).
     pub fn choose(m: usize, n: usize, sms: usize) -> NormPath {
         let forced = match std::env::var("TESSERA_NORM_PATH").as_deref() {
             Ok("rows4") if n <= ROW_IN_REGISTERS => Some(NormPath::Rows4),
@@ -189,9 +189,9 @@ impl NormPath {
             Ok("tiled") => Some(NormPath::Tiled),
             _ => None,
         };
-        forced.unwrap_or(if n <= 8192 && m <= 4 * sms {
+        forced.unwrap_or(if n <= 8192 && (m <= 4 * sms || n > 3584) {
             NormPath::Row
-        } else if n <= ROW_IN_REGISTERS && n > ROW_IN_REGISTERS / 8 * 7 {
+        } else if n <= ROW_IN_REGISTERS && n > ROW_IN_REGISTERS / 2 {
             NormPath::Rows4
         } else {
             NormPath::Tiled

@@ -1,4 +1,4 @@
-//! Row reductions.
+//! Row and column reductions of 2-D f32 tensors: sum, maximum, mean.
 
 use tessera::{kernel, Device, Grid, Result, Tensor};
 
@@ -29,6 +29,62 @@ pub fn row_max_f32(x: Global<f32, 2>, out: Global<f32, 1>) {
     out.store([r], row_max(acc));
 }
 
+/// Sums each column: 16×256 tiles down the rows, then one reduction down the tile.
+#[kernel]
+pub fn col_sum_f32(x: Global<f32, 2>, out: Global<f32, 1>) {
+    let c = block::id_x() * 256;
+    let mut acc = Tile::<f32, 16, 256>::zeros();
+    for r in (0..x.dim(0)).step_by(16) {
+        let t: Tile<f32, 16, 256> = x.load([r, c]);
+        acc += t;
+    }
+    out.store([c], col_sum(acc));
+}
+
+/// The maximum of each column; masked elements read as −∞.
+#[kernel]
+pub fn col_max_f32(x: Global<f32, 2>, out: Global<f32, 1>) {
+    let c = block::id_x() * 256;
+    let mut acc = Tile::<f32, 16, 256>::full(f32::NEG_INFINITY);
+    for r in (0..x.dim(0)).step_by(16) {
+        let t: Tile<f32, 16, 256> = x.load_or([r, c], f32::NEG_INFINITY);
+        acc = max(acc, t);
+    }
+    out.store([c], col_max(acc));
+}
+
+/// Scales a vector in place: `v ← a·v` (the means divide the sums).
+#[kernel]
+pub fn scale_f32(v: Global<f32, 1>, a: f32) {
+    let i = block::id_x() * 256;
+    let t: Tile<f32, 1, 256> = v.load([i]);
+    v.store([i], t * a);
+}
+
+fn launch_cols(
+    name: &'static str,
+    device: &Device,
+    x: &Tensor<f32>,
+    out: &mut Tensor<f32>,
+    spec: fn(&Device, Grid, &Tensor<f32>, &mut Tensor<f32>) -> Result<()>,
+) -> Result<()> {
+    let (_, n) = crate::check_2d(name, "x", x)?;
+    crate::check_shape(name, "out", out, &[n])?;
+    if n == 0 {
+        return Ok(());
+    }
+    spec(device, Grid::from(Grid::tiles(n, 256)), x, out)
+}
+
+/// `out ← out / count` after a sum: the mean (NaN for an empty axis, as 0/0).
+fn divide(device: &Device, out: &mut Tensor<f32>, count: usize) -> Result<()> {
+    let len = out.shape()[0];
+    if len == 0 {
+        return Ok(());
+    }
+    scale_f32::launch(device, Grid::from(Grid::tiles(len, 256)), out, if count == 0 { f32::NAN } else { 1.0 / count as f32 })
+}
+
 fn launch_rows(
     name: &'static str,
     device: &Device,
@@ -42,6 +98,40 @@ fn launch_rows(
         return Ok(());
     }
     spec(device, Grid::from(Grid::tiles(m, BM)), x, out)
+}
+
+/// `out[i] = mean_j x[i, j]`.
+///
+/// # Errors
+/// As [`row_sum`].
+pub fn row_mean(device: &Device, x: &Tensor<f32>, out: &mut Tensor<f32>) -> Result<()> {
+    row_sum(device, x, out)?;
+    divide(device, out, x.shape()[1])
+}
+
+/// `out[j] = Σ_i x[i, j]` for a 2-D f32 tensor `x` and `out` of shape `[cols]`.
+///
+/// # Errors
+/// [`tessera::Error::Argument`] if `x` is not 2-D or `out` is not `[cols]`.
+pub fn col_sum(device: &Device, x: &Tensor<f32>, out: &mut Tensor<f32>) -> Result<()> {
+    launch_cols("col_sum", device, x, out, col_sum_f32::launch)
+}
+
+/// `out[j] = max_i x[i, j]` (−∞ for an empty column).
+///
+/// # Errors
+/// As [`col_sum`].
+pub fn col_max(device: &Device, x: &Tensor<f32>, out: &mut Tensor<f32>) -> Result<()> {
+    launch_cols("col_max", device, x, out, col_max_f32::launch)
+}
+
+/// `out[j] = mean_i x[i, j]`.
+///
+/// # Errors
+/// As [`col_sum`].
+pub fn col_mean(device: &Device, x: &Tensor<f32>, out: &mut Tensor<f32>) -> Result<()> {
+    col_sum(device, x, out)?;
+    divide(device, out, x.shape()[0])
 }
 
 /// `out[i] = Σ_j x[i, j]` for a 2-D f32 tensor `x` and `out` of shape `[rows]`.

@@ -144,12 +144,12 @@ impl Lowerer<'_> {
         Plan { rows, col0, col_dim, col_stride_bytes, unit, row_stride_bytes }
     }
 
-    /// Moves every register of the tile. A thread whose rows are in bounds, whose columns are
-    /// dense and aligned, and whose runs each lie wholly inside or wholly past the row's end
-    /// (the row's length minus its first column a multiple of the run) takes the fast path:
-    /// vectors at immediate offsets from its first element of each row, each guarded by its
-    /// run's column test, no branches (for MMA accumulators: every column inside, unguarded). Others (edge rows, strided or misaligned views, runs
-    /// straddling the end) take the general path, run by run.
+    /// Moves every register of the tile, by one of three paths chosen per thread at run time:
+    /// every element in bounds, dense and aligned: unguarded vectors at immediate offsets from
+    /// the thread's first element of each row; runs that each lie wholly inside or wholly past
+    /// the row's end (the row's length minus the first column a multiple of the run): the same
+    /// vectors, each guarded by its run's column test, no branches; anything else (edge rows,
+    /// strided or misaligned views, runs straddling the end): the general path, run by run.
     fn stream(&mut self, plan: &Plan, layout: Layout, ty: TileType, regs: &[Reg], op: &str, load: bool) {
         use Operand::{Imm, Reg as R, Sym};
         let es = ty.dtype.size();
@@ -163,28 +163,11 @@ impl Lowerer<'_> {
         }
         let chunk = run_bytes.min(16);
         let slots = layout.slots();
-        // fast = unit stride ∧ every row in bounds ∧ first column ≥ 0 ∧ (dim − first column) a
-        //        multiple of the run ∧ first element and row stride aligned to a chunk.
-        let fast = self.reg(RegClass::Pred, "fast");
-        self.op("mov.pred", vec![R(fast), R(unit)]);
+        // dense = unit stride ∧ every row in bounds ∧ first element and row stride aligned.
+        let dense = self.reg(RegClass::Pred, "dense");
+        self.op("mov.pred", vec![R(dense), R(unit)]);
         for &(_, _, _, row_in) in &plan.rows {
-            self.op("and.pred", vec![R(fast), R(fast), R(row_in)]);
-        }
-        // MMA accumulators (the GEMM epilogues, where registers are scarce) take the fast path
-        // only when every column is in bounds, and move unguarded.
-        let guarded = matches!(layout.kind, crate::layout::LayoutKind::Blocked { .. });
-        if guarded {
-            self.op("setp.ge.and.s32", vec![R(fast), R(c0), Imm(0), R(fast)]);
-            let rest = self.reg(RegClass::B32, "rest");
-            self.op("sub.s32", vec![R(rest), R(dim), R(c0)]);
-            self.op("and.b32", vec![R(rest), R(rest), Imm(i64::from(run - 1))]);
-            self.op("setp.eq.and.u32", vec![R(fast), R(rest), Imm(0), R(fast)]);
-        } else {
-            let max_dc = slots.iter().map(|s| s.dc).max().unwrap_or(0);
-            let last = self.reg(RegClass::B32, "clast");
-            self.op("add.s32", vec![R(last), R(c0), Imm(i64::from(max_dc))]);
-            self.op("setp.lt.and.u32", vec![R(fast), R(last), R(dim), R(fast)]);
-            self.op("setp.lt.and.u32", vec![R(fast), R(c0), R(dim), R(fast)]);
+            self.op("and.pred", vec![R(dense), R(dense), R(row_in)]);
         }
         let low = self.reg(RegClass::B32, "align");
         self.op("cvt.u32.u64", vec![R(low), R(plan.rows[0].2)]);
@@ -192,26 +175,68 @@ impl Lowerer<'_> {
             self.op("or.b32", vec![R(low), R(low), R(rb)]);
         }
         self.op("and.b32", vec![R(low), R(low), Imm(i64::from(chunk - 1))]);
-        self.op("setp.eq.and.u32", vec![R(fast), R(low), Imm(0), R(fast)]);
-        let (slow, done) = (self.label("slow"), self.label("moved"));
-        self.op_if(fast, true, "bra", vec![Sym(slow.clone())]);
+        self.op("setp.eq.and.u32", vec![R(dense), R(low), Imm(0), R(dense)]);
+        // all in = dense ∧ first and last columns in bounds: unguarded vectors.
+        let all_in = self.reg(RegClass::Pred, "allin");
+        let max_dc = slots.iter().map(|s| s.dc).max().unwrap_or(0);
+        let last = self.reg(RegClass::B32, "clast");
+        self.op("add.s32", vec![R(last), R(c0), Imm(i64::from(max_dc))]);
+        self.op("setp.lt.and.u32", vec![R(all_in), R(last), R(dim), R(dense)]);
+        self.op("setp.lt.and.u32", vec![R(all_in), R(c0), R(dim), R(all_in)]);
+        let (partial, slow, done) = (self.label("partial"), self.label("slow"), self.label("moved"));
+        self.op_if(all_in, true, "bra", vec![Sym(partial.clone())]);
+        self.vector_runs(plan, layout, None, ty, regs, op, load, chunk);
+        self.op("bra", vec![Sym(done.clone())]);
+        self.body.push(crate::tirt::Inst::Label(partial));
+        // Runs wholly inside or wholly past the row's end (dense ∧ first column ≥ 0 ∧ dim −
+        // first column a multiple of the run): each vector guarded by its run's column test.
+        // Not for MMA accumulators (the GEMM epilogues, where registers are scarce).
+        if matches!(layout.kind, crate::layout::LayoutKind::Blocked { .. }) {
+            let runs = self.reg(RegClass::Pred, "runs");
+            self.op("setp.ge.and.s32", vec![R(runs), R(c0), Imm(0), R(dense)]);
+            let rest = self.reg(RegClass::B32, "rest");
+            self.op("sub.s32", vec![R(rest), R(dim), R(c0)]);
+            self.op("and.b32", vec![R(rest), R(rest), Imm(i64::from(run - 1))]);
+            self.op("setp.eq.and.u32", vec![R(runs), R(rest), Imm(0), R(runs)]);
+            self.op_if(runs, true, "bra", vec![Sym(slow.clone())]);
+            self.vector_runs(plan, layout, Some((c0, dim)), ty, regs, op, load, chunk);
+            self.op("bra", vec![Sym(done.clone())]);
+        }
+        self.body.push(crate::tirt::Inst::Label(slow));
+        self.stream_general(plan, layout, ty, regs, op, load);
+        self.body.push(crate::tirt::Inst::Label(done));
+    }
+
+    /// Moves every run as vectors at immediate offsets from the thread's first element of its
+    /// row; with `guard = (first column, dim)`, each run only where its first column is inside.
+    #[allow(clippy::too_many_arguments)]
+    fn vector_runs(
+        &mut self,
+        plan: &Plan,
+        layout: Layout,
+        guard: Option<(Reg, Reg)>,
+        ty: TileType,
+        regs: &[Reg],
+        op: &str,
+        load: bool,
+        chunk: u32,
+    ) {
+        use Operand::{Imm, Reg as R};
+        let es = ty.dtype.size();
+        let (slots, run) = (layout.slots(), layout.run_len() as usize);
         let mut i = 0;
         while i < slots.len() {
             let sl = slots[i];
             let first = plan.rows.iter().find(|r| r.0 == sl.dr).expect("planned row").2;
-            let inside = guarded.then(|| {
+            let inside = guard.map(|(c0, dim)| {
                 let (c, inside) = (self.reg(RegClass::B32, "crun"), self.reg(RegClass::Pred, "runin"));
                 self.op("add.s32", vec![R(c), R(c0), Imm(i64::from(sl.dc))]);
                 self.op("setp.lt.u32", vec![R(inside), R(c), R(dim)]);
                 inside
             });
-            self.vector_move(inside, first, i64::from(sl.dc * es), &regs[i..i + run as usize], ty, op, load, chunk);
-            i += run as usize;
+            self.vector_move(inside, first, i64::from(sl.dc * es), &regs[i..i + run], ty, op, load, chunk);
+            i += run;
         }
-        self.op("bra", vec![Sym(done.clone())]);
-        self.body.push(crate::tirt::Inst::Label(slow));
-        self.stream_general(plan, layout, ty, regs, op, load);
-        self.body.push(crate::tirt::Inst::Label(done));
     }
 
     /// The general path: each run as a vector if it can, else element by element.
