@@ -593,7 +593,8 @@ fn interp_softmax_options_match_f64_reference() {
 /// Column reductions, and the means of both axes, against f64 on every shape.
 fn reductions_match_f64_reference(dev: &Device) {
     type Op = fn(&Device, &Tensor<f32>, &mut Tensor<f32>) -> tessera::Result<()>;
-    let cases: [(&str, Op, bool, fn(&[f64]) -> f64); 4] = [
+    type Reference = fn(&[f64]) -> f64;
+    let cases: [(&str, Op, bool, Reference); 4] = [
         ("col_sum", tessera_kernels::col_sum, false, |v| v.iter().sum()),
         ("col_max", tessera_kernels::col_max, false, row_max_ref),
         ("col_mean", tessera_kernels::col_mean, false, |v| v.iter().sum::<f64>() / v.len() as f64),
