@@ -61,21 +61,6 @@ pub fn scale_f32(v: Global<f32, 1>, a: f32) {
     v.store([i], t * a);
 }
 
-fn launch_cols(
-    name: &'static str,
-    device: &Device,
-    x: &Tensor<f32>,
-    out: &mut Tensor<f32>,
-    spec: fn(&Device, Grid, &Tensor<f32>, &mut Tensor<f32>) -> Result<()>,
-) -> Result<()> {
-    let (_, n) = crate::check_2d(name, "x", x)?;
-    crate::check_shape(name, "out", out, &[n])?;
-    if n == 0 {
-        return Ok(());
-    }
-    spec(device, Grid::from(Grid::tiles(n, 256)), x, out)
-}
-
 /// `out ← out / count` after a sum: the mean (NaN for an empty axis, as 0/0).
 fn divide(device: &Device, out: &mut Tensor<f32>, count: usize) -> Result<()> {
     let len = out.shape()[0];
@@ -85,19 +70,23 @@ fn divide(device: &Device, out: &mut Tensor<f32>, count: usize) -> Result<()> {
     scale_f32::launch(device, Grid::from(Grid::tiles(len, 256)), out, if count == 0 { f32::NAN } else { 1.0 / count as f32 })
 }
 
-fn launch_rows(
+/// Checks `x` (2-D) and `out` (one element per row, or per column when `cols`) and launches
+/// `spec` over the rows in blocks of 16 or the columns in blocks of 256.
+fn launch_reduce(
     name: &'static str,
+    cols: bool,
     device: &Device,
     x: &Tensor<f32>,
     out: &mut Tensor<f32>,
     spec: fn(&Device, Grid, &Tensor<f32>, &mut Tensor<f32>) -> Result<()>,
 ) -> Result<()> {
-    let (m, _) = crate::check_2d(name, "x", x)?;
-    crate::check_shape(name, "out", out, &[m])?;
-    if m == 0 {
+    let (m, n) = crate::check_2d(name, "x", x)?;
+    let (len, per_block) = if cols { (n, 256) } else { (m, BM) };
+    crate::check_shape(name, "out", out, &[len])?;
+    if len == 0 {
         return Ok(());
     }
-    spec(device, Grid::from(Grid::tiles(m, BM)), x, out)
+    spec(device, Grid::from(Grid::tiles(len, per_block)), x, out)
 }
 
 /// `out[i] = mean_j x[i, j]`.
@@ -114,7 +103,7 @@ pub fn row_mean(device: &Device, x: &Tensor<f32>, out: &mut Tensor<f32>) -> Resu
 /// # Errors
 /// [`tessera::Error::Argument`] if `x` is not 2-D or `out` is not `[cols]`.
 pub fn col_sum(device: &Device, x: &Tensor<f32>, out: &mut Tensor<f32>) -> Result<()> {
-    launch_cols("col_sum", device, x, out, col_sum_f32::launch)
+    launch_reduce("col_sum", true, device, x, out, col_sum_f32::launch)
 }
 
 /// `out[j] = max_i x[i, j]` (−∞ for an empty column).
@@ -122,7 +111,7 @@ pub fn col_sum(device: &Device, x: &Tensor<f32>, out: &mut Tensor<f32>) -> Resul
 /// # Errors
 /// As [`col_sum`].
 pub fn col_max(device: &Device, x: &Tensor<f32>, out: &mut Tensor<f32>) -> Result<()> {
-    launch_cols("col_max", device, x, out, col_max_f32::launch)
+    launch_reduce("col_max", true, device, x, out, col_max_f32::launch)
 }
 
 /// `out[j] = mean_i x[i, j]`.
@@ -139,7 +128,7 @@ pub fn col_mean(device: &Device, x: &Tensor<f32>, out: &mut Tensor<f32>) -> Resu
 /// # Errors
 /// [`tessera::Error::Argument`] if `x` is not 2-D or `out` is not `[rows]`.
 pub fn row_sum(device: &Device, x: &Tensor<f32>, out: &mut Tensor<f32>) -> Result<()> {
-    launch_rows("row_sum", device, x, out, row_sum_f32::launch)
+    launch_reduce("row_sum", false, device, x, out, row_sum_f32::launch)
 }
 
 /// `out[i] = max_j x[i, j]` (−∞ for an empty row).
@@ -147,5 +136,5 @@ pub fn row_sum(device: &Device, x: &Tensor<f32>, out: &mut Tensor<f32>) -> Resul
 /// # Errors
 /// As [`row_sum`].
 pub fn row_max(device: &Device, x: &Tensor<f32>, out: &mut Tensor<f32>) -> Result<()> {
-    launch_rows("row_max", device, x, out, row_max_f32::launch)
+    launch_reduce("row_max", false, device, x, out, row_max_f32::launch)
 }
