@@ -42,16 +42,21 @@
 //! A kernel describes one thread block of `warpgroups × 128` threads (default one
 //! warpgroup; `#[kernel(warpgroups = 2)]` for more).
 //!
-//! - Parameters: `Global<T, R>` tensors (`T` = `f32`, `bf16`, `f16`; `R` = 1 to 4) and
-//!   scalars `f32`, `i32`.
+//! - Parameters: `Global<T, R>` tensors (`T` = `f32`, `bf16`, `f16`, or `i32` for counters
+//!   and indices; `R` = 1 to 5) and scalars `f32`, `i32`.
 //! - Statements: `let`, `let mut`, assignment (`=`, `+=`, …), `for i in (a..b).step_by(k)`,
 //!   `if … else`, `tensor.store([i, j], tile)`.
 //! - Scalars: literals, `block::id_x()`/`_y`/`_z`, `grid::dim_x()`, `warpgroup::id()`,
-//!   `tensor.dim(axis)`, arithmetic, comparisons, `as f32`/`as i32`.
+//!   `tensor.dim(axis)`, `tensor.get([i, j])` (one `i32` or `f32` element; 0 out of bounds),
+//!   arithmetic, comparisons, `as f32`/`as i32`.
 //! - Tiles (`M`, `N` powers of two; `Tile` or `tile`): `Tile::<T, M, N>::zeros()`,
 //!   `::full(v)`, `let t: Tile<T, M, N> = x.load([i, j])`, `x.load_or([i, j], fill)`,
-//!   `+ - * /`, `max`, `min`, `exp2`, `abs`, `sqrt`, `rsqrt`, `.cast::<bf16>()`,
-//!   `row_sum`, `row_max`, `col_sum`, `t.sum(axis)`. `M×1` and `1×N` tiles broadcast.
+//!   `+ - * /`, `max`, `min`, `exp2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`,
+//!   `floor`, `.cast::<bf16>()`, `row_sum`, `row_max`, `col_sum`, `t.sum(axis)`,
+//!   `Tile::<f32, M, N>::col_index()` / `row_index()` (each element's column or row),
+//!   `t.swap_pairs()` (columns 2k and 2k+1 exchanged, in registers), `t.mask_cols(limit, fill)`
+//!   (columns from `limit` on replaced; `limit` an `i32`, or a `Tile<f32, M, 1>` of one per
+//!   row). `M×1` and `1×N` tiles broadcast.
 //!
 //! - `#[unroll] for j in 0..4 { … }` repeats a body with `j` a constant; `acc.cols(j * 64, 64)`
 //!   is a constant column slice of an MMA accumulator (no data moves).
