@@ -140,9 +140,10 @@ impl Lowerer<'_> {
         self.op(super::mov_for(class), vec![R(fr), f]);
         let lr = self.layout_regs(t.layout);
         let sel = if class == RegClass::F32 { "selp.f32" } else { "selp.b16" };
+        let slots = t.layout.slots();
         let regs = (0..t.regs.len())
             .map(|i| {
-                let slot = t.layout.slots()[i];
+                let slot = slots[i];
                 let (col, keep, out) = (self.reg(RegClass::B32, "col"), self.reg(RegClass::Pred, "keep"), self.reg(class, "masked"));
                 self.op("add.s32", vec![R(col), R(lr.col), Imm(i64::from(slot.dc))]);
                 match (&per_row, lim) {
