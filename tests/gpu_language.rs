@@ -82,6 +82,20 @@ fn queue_rows(x: Global<f32, 2>, y: Global<f32, 2>, counter: Global<i32, 1>) {
 }
 
 /// Tiles smaller than the footprint (threads hold replicas): 4×4 sums both ways.
+/// Philox draws in a blocked layout of 8-column runs (one call per 4 registers), the mask
+/// `step(u − p)` of them, and draws in 2-column runs at origins that are not multiples of 4
+/// (a call per register).
+#[kernel]
+fn philox_draws(y: Global<f32, 2>, keep: Global<f32, 2>, narrow: Global<f32, 2>, seed_lo: i32, seed_hi: i32, offset: i32, p: f32) {
+    let r = block::id_y() * 16;
+    let c = block::id_x() * 64;
+    let u = Tile::<f32, 16, 64>::uniform(seed_lo, seed_hi, offset, [r, c]);
+    y.store([r, c], u);
+    keep.store([r, c], step(u - p));
+    let n = Tile::<f32, 16, 2>::uniform(seed_lo, seed_hi, offset, [r, block::id_x() * 2]);
+    narrow.store([r, block::id_x() * 2], n);
+}
+
 #[kernel]
 fn tiny_tiles(x: Global<f32, 2>, rows: Global<f32, 1>, cols: Global<f32, 1>) {
     let t: Tile<f32, 4, 4> = x.load([0, 0]);
@@ -227,6 +241,51 @@ fn gpu_tiles_smaller_than_the_footprint() {
 #[test]
 fn interp_tiles_smaller_than_the_footprint() {
     tiles_smaller_than_the_footprint(&Device::cpu());
+}
+
+fn philox_matches_the_host(dev: &Device) {
+    use tessera::random::{uniform, uniform_at};
+    let (m, n) = (80usize, 1000usize);
+    let seed: u64 = rand::random();
+    let offset: u32 = rand::random();
+    let p = 0.3f32;
+    let grid = (Grid::tiles(n, 64), Grid::tiles(m, 16));
+    let mut y = Tensor::full(dev, &[m, n], f32::NAN).unwrap();
+    let mut keep = Tensor::full(dev, &[m, n], f32::NAN).unwrap();
+    let nc = n.div_ceil(64) * 2;
+    let mut narrow = Tensor::full(dev, &[m, nc], f32::NAN).unwrap();
+    let (lo, hi) = (seed as u32 as i32, (seed >> 32) as u32 as i32);
+    philox_draws::launch(dev, grid, &mut y, &mut keep, &mut narrow, lo, hi, offset as i32, p).unwrap();
+    let (y, keep, narrow) = (y.to_host().unwrap(), keep.to_host().unwrap(), narrow.to_host().unwrap());
+    for (i, (&u, &k)) in y.iter().zip(&keep).enumerate() {
+        let want = uniform(seed, offset, i / n, i % n);
+        assert_eq!(u.to_bits(), want.to_bits(), "element {i}: seed {seed:#x}, offset {offset}");
+        assert_eq!(k, if want >= p { 1.0 } else { 0.0 }, "mask element {i}");
+    }
+    let s = [seed as u32, (seed >> 32) as u32];
+    for (i, &u) in narrow.iter().enumerate() {
+        let (r, c) = (i / nc, i % nc);
+        let want = uniform_at(s, offset, (r / 16 * 16) as i32, (c / 2 * 2) as i32, (r % 16) as u32, (c % 2) as u32);
+        assert_eq!(u.to_bits(), want.to_bits(), "narrow element {i}");
+    }
+    // Uniform in [0, 1): the mean and the keep rate within 6 standard deviations.
+    let count = (m * n) as f64;
+    let mean = y.iter().map(|&u| f64::from(u)).sum::<f64>() / count;
+    assert!((mean - 0.5).abs() < 6.0 * (1.0 / 12.0 / count).sqrt(), "mean {mean}");
+    let rate = keep.iter().map(|&k| f64::from(k)).sum::<f64>() / count;
+    assert!((rate - 0.7).abs() < 6.0 * (0.21 / count).sqrt(), "keep rate {rate}");
+}
+
+#[test]
+fn gpu_philox_matches_the_host() {
+    if let Some(dev) = gpu_or_skip("gpu_philox_matches_the_host") {
+        philox_matches_the_host(&dev);
+    }
+}
+
+#[test]
+fn interp_philox_matches_the_host() {
+    philox_matches_the_host(&Device::cpu());
 }
 
 fn tile_queue_hands_out_every_slab(dev: &Device) {

@@ -15,8 +15,8 @@ pub struct Frontend {
 
 type R<T> = Result<T, syn::Error>;
 
-const FUNCTIONS: &str = "`exp2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Tile::<f32, M, N>::col_index`, `Tile::<f32, M, N>::row_index`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `TileQueue::<S>::new`, `tma::load`, `tma::store`, `tma::store_wait`, `mma_sync`, `mma_sync_kn`, `mma_wait`, `setmaxnreg`";
-const METHODS: &str = "`load`, `load_or`, `get`, `store`, `dim`, `cast`, `exp2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `mask_cols`, `swap_pairs`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
+const FUNCTIONS: &str = "`exp2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Tile::<f32, M, N>::col_index`, `Tile::<f32, M, N>::row_index`, `Tile::<f32, M, N>::uniform`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `TileQueue::<S>::new`, `tma::load`, `tma::store`, `tma::store_wait`, `mma_sync`, `mma_sync_kn`, `mma_wait`, `setmaxnreg`";
+const METHODS: &str = "`load`, `load_or`, `get`, `store`, `dim`, `cast`, `exp2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `mask_cols`, `swap_pairs`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
 
 fn err<T>(span: impl ToTokens, msg: impl std::fmt::Display) -> R<T> {
     Err(syn::Error::new_spanned(span, msg))
@@ -412,7 +412,7 @@ impl Frontend {
                 args(self, 0)?;
                 ExprKind::Builtin(Builtin::WarpgroupId)
             }
-            [f @ ("exp2" | "abs" | "sqrt" | "rsqrt" | "tanh" | "erf" | "sin" | "cos" | "floor")] => {
+            [f @ ("exp2" | "abs" | "sqrt" | "rsqrt" | "tanh" | "erf" | "sin" | "cos" | "floor" | "step")] => {
                 let mut a = args(self, 1)?;
                 ExprKind::Unary(unary_fn(f), Box::new(a.remove(0)))
             }
@@ -496,11 +496,24 @@ impl Frontend {
                         args(self, 0)?;
                         ExprKind::Iota { tile, axis: u32::from(axis == "col_index") }
                     }
+                    "uniform" => {
+                        if c.args.len() != 4 {
+                            return err(
+                                &p.path.segments[1],
+                                format!(
+                                    "`uniform` takes the seed's two words, an offset and an origin `[row, col]`, found {} arguments",
+                                    c.args.len()
+                                ),
+                            );
+                        }
+                        let seed = c.args.iter().take(3).map(|a| self.expr(a)).collect::<R<Vec<_>>>()?;
+                        ExprKind::Uniform { tile, seed, origin: self.index(&c.args[3])? }
+                    }
                     other => {
                         return err(
                             &p.path.segments[1],
                             format!(
-                                "unknown tile constructor `{other}`: expected `zeros()`, `full(value)`, `col_index()` or `row_index()`"
+                                "unknown tile constructor `{other}`: expected `zeros()`, `full(value)`, `col_index()`, `row_index()` or `uniform(seed_lo, seed_hi, offset, [row, col])`"
                             ),
                         )
                     }
@@ -579,7 +592,7 @@ impl Frontend {
                 let dtype = dtype_of(to)?;
                 ExprKind::Cast { value: recv(self)?, to: dtype }
             }
-            "exp2" | "abs" | "sqrt" | "rsqrt" | "tanh" | "erf" | "sin" | "cos" | "floor" => {
+            "exp2" | "abs" | "sqrt" | "rsqrt" | "tanh" | "erf" | "sin" | "cos" | "floor" | "step" => {
                 want(0)?;
                 ExprKind::Unary(unary_fn(&name), recv(self)?)
             }
@@ -758,6 +771,7 @@ fn unary_fn(name: &str) -> UnOp {
         "sin" => UnOp::Sin,
         "cos" => UnOp::Cos,
         "floor" => UnOp::Floor,
+        "step" => UnOp::Step,
         _ => UnOp::Rsqrt,
     }
 }

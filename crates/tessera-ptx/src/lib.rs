@@ -33,6 +33,7 @@ pub mod error;
 pub mod layout;
 pub mod lower;
 pub mod pipeline;
+pub mod random;
 pub mod reflect;
 pub mod tirh;
 pub mod tirt;

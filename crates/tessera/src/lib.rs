@@ -107,6 +107,7 @@ pub use tensor::{
     HostBuffer, InPlace, Tensor, TensorView, TensorViewMut, TileCounter,
 };
 pub use tessera_macros::kernel;
+pub use tessera_ptx::random;
 pub use tessera_ptx::{DType, KernelSpec, ParamInfo, ParamKind, PtxVariant, Target, TmaBox};
 pub use tma::{tma_unfit, TensorMap, TmaDescriptorCache};
 

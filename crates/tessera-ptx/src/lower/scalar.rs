@@ -140,6 +140,12 @@ impl Lowerer<'_> {
             UnOp::Rsqrt => one(self, "rsqrt.approx.f32"),
             UnOp::Tanh => one(self, "tanh.approx.f32"),
             UnOp::Floor => one(self, "cvt.rmi.f32.f32"),
+            UnOp::Step => {
+                // `set` with an f32 destination writes 1.0 or 0.0 (false for NaN).
+                let r = self.reg(RegClass::F32, "step");
+                self.op("set.ge.f32.f32", vec![R(r), R(x), F32(0.0)]);
+                r
+            }
             UnOp::Sin | UnOp::Cos => {
                 // The hardware's sin/cos are accurate near 0 only: subtract the nearest multiple
                 // of 2π first, 2π split in two f32s so that k·2π is nearly exact (Cody–Waite).

@@ -28,6 +28,10 @@ impl Lowerer<'_> {
                 let layout = self.hinted_layout(ty);
                 self.iota(ty, layout, *axis)
             }
+            ExprKind::Uniform { seed, origin, .. } => {
+                let layout = self.hinted_layout(ty);
+                self.uniform(ty, layout, seed, origin)?
+            }
             ExprKind::SwapPairs(value) => {
                 let t = self.tile(value)?;
                 swap_pairs(t)
@@ -107,6 +111,111 @@ impl Lowerer<'_> {
             })
             .collect();
         TileVal { ty, layout, regs }
+    }
+
+    /// `Tile::<f32, M, N>::uniform(seed_lo, seed_hi, offset, [row, col])` in `layout` (the
+    /// numbers of [`crate::random`]). Where a thread holds its columns in aligned runs of 4
+    /// (blocked layouts of 4 or 8 columns a run), one Philox call serves a run's four
+    /// registers; elsewhere each register makes its own call and picks its word at run time.
+    fn uniform(&mut self, ty: TileType, layout: Layout, seed: &[Expr], origin: &[Expr]) -> Result<TileVal, CompileError> {
+        use crate::dtype::ScalarType;
+        use Operand::{Imm, Reg as R};
+        let mut args = Vec::new();
+        for e in seed.iter().chain(origin) {
+            let v = self.scalar(e)?;
+            args.push(self.in_reg(v, ScalarType::I32, "rng"));
+        }
+        let [k0, k1, offset, row, col] = args[..] else { unreachable!("verified TIR-H: three seed words and two indices") };
+        let lr = self.layout_regs(layout);
+        // The counter's first two words before the slot's offsets: (col >> 2) + (thread col >> 2)
+        // and row + thread row.
+        let (c0_base, c1_base, col_q) = (self.reg(RegClass::B32, "ctr"), self.reg(RegClass::B32, "ctr"), self.reg(RegClass::B32, "ctr"));
+        self.op("shr.u32", vec![R(col_q), R(col), Imm(2)]);
+        self.op("add.u32", vec![R(c1_base), R(row), R(lr.row)]);
+        let grouped =
+            matches!(layout.kind, LayoutKind::Blocked { v, .. } if v % 4 == 0) && (!layout.keep_cols || layout.parent_cols % 4 == 0);
+        if grouped {
+            let tq = self.reg(RegClass::B32, "ctr");
+            self.op("shr.u32", vec![R(tq), R(lr.col), Imm(2)]);
+            self.op("add.u32", vec![R(c0_base), R(col_q), R(tq)]);
+        }
+        let slots = layout.slots();
+        let mut regs = vec![None; slots.len()];
+        for (i, s) in slots.iter().enumerate() {
+            if regs[i].is_some() {
+                continue;
+            }
+            let c1 = self.reg(RegClass::B32, "ctr");
+            self.op("add.u32", vec![R(c1), R(c1_base), Imm(i64::from(s.dr))]);
+            let c0 = self.reg(RegClass::B32, "ctr");
+            if grouped {
+                self.op("add.u32", vec![R(c0), R(c0_base), Imm(i64::from(s.dc >> 2))]);
+                let words = self.philox([c0, c1, offset], [k0, k1]);
+                // Every register of this aligned run of 4 takes its word.
+                for (j, o) in slots.iter().enumerate() {
+                    if o.dr == s.dr && o.dc >> 2 == s.dc >> 2 {
+                        regs[j] = Some(self.unit_float(words[(o.dc & 3) as usize]));
+                    }
+                }
+            } else {
+                let jj = self.reg(RegClass::B32, "ctr");
+                self.op("add.u32", vec![R(jj), R(lr.col), Imm(i64::from(s.dc))]);
+                self.op("shr.u32", vec![R(c0), R(jj), Imm(2)]);
+                self.op("add.u32", vec![R(c0), R(c0), R(col_q)]);
+                let words = self.philox([c0, c1, offset], [k0, k1]);
+                let w = self.reg(RegClass::B32, "word");
+                self.op("and.b32", vec![R(jj), R(jj), Imm(3)]);
+                self.op("mov.b32", vec![R(w), R(words[0])]);
+                for (k, &word) in words.iter().enumerate().skip(1) {
+                    let p = self.reg(RegClass::Pred, "word");
+                    self.op("setp.eq.u32", vec![R(p), R(jj), Imm(k as i64)]);
+                    self.op("selp.b32", vec![R(w), R(word), R(w), R(p)]);
+                }
+                regs[i] = Some(self.unit_float(w));
+            }
+        }
+        let regs = regs.into_iter().map(|r| r.expect("every slot drew its number")).collect();
+        Ok(TileVal { ty, layout, regs })
+    }
+
+    /// Philox4x32-10 of the counter `(c0, c1, c2, 0)` under the key `(k0, k1)`: four words.
+    fn philox(&mut self, c: [Reg; 3], key: [Reg; 2]) -> [Reg; 4] {
+        use crate::random::{PHILOX_M, PHILOX_ROUNDS, PHILOX_W};
+        use Operand::{Imm, Reg as R};
+        let zero = self.reg(RegClass::B32, "ph");
+        self.op("mov.u32", vec![R(zero), Imm(0)]);
+        let mut x = [c[0], c[1], c[2], zero];
+        for r in 0..PHILOX_ROUNDS {
+            // Round r's key: the seed plus r times Weyl's increments (wrapping).
+            let k = [0, 1].map(|w| {
+                let kr = self.reg(RegClass::B32, "phk");
+                self.op("add.u32", vec![R(kr), R(key[w]), Imm(i64::from(PHILOX_W[w].wrapping_mul(r)))]);
+                kr
+            });
+            let new = [(); 4].map(|_| self.reg(RegClass::B32, "ph"));
+            let (hi0, hi1) = (self.reg(RegClass::B32, "ph"), self.reg(RegClass::B32, "ph"));
+            self.op("mul.hi.u32", vec![R(hi0), R(x[0]), Imm(i64::from(PHILOX_M[0]))]);
+            self.op("mul.lo.u32", vec![R(new[3]), R(x[0]), Imm(i64::from(PHILOX_M[0]))]);
+            self.op("mul.hi.u32", vec![R(hi1), R(x[2]), Imm(i64::from(PHILOX_M[1]))]);
+            self.op("mul.lo.u32", vec![R(new[1]), R(x[2]), Imm(i64::from(PHILOX_M[1]))]);
+            self.op("xor.b32", vec![R(new[0]), R(hi1), R(x[1])]);
+            self.op("xor.b32", vec![R(new[0]), R(new[0]), R(k[0])]);
+            self.op("xor.b32", vec![R(new[2]), R(hi0), R(x[3])]);
+            self.op("xor.b32", vec![R(new[2]), R(new[2]), R(k[1])]);
+            x = new;
+        }
+        x
+    }
+
+    /// A Philox word as an f32 in `[0, 1)`: its top 24 bits times 2⁻²⁴.
+    fn unit_float(&mut self, w: Reg) -> Reg {
+        use Operand::{Imm, Reg as R, F32};
+        let t = self.reg(RegClass::B32, "u24");
+        self.op("shr.u32", vec![R(t), R(w), Imm(8)]);
+        let f = self.reg(RegClass::F32, "unif");
+        self.op("cvt.rn.f32.u32", vec![R(f), R(t)]);
+        self.op("mul.f32", vec![R(f), R(f), F32(1.0 / 16_777_216.0)]);
+        f
     }
 
     /// `t.mask_cols(limit, fill)`: each register whose column (the thread's base column plus
@@ -505,7 +614,7 @@ fn swap_pairs(t: TileVal) -> TileVal {
 /// one shape.
 fn layout_free(e: &Expr) -> bool {
     match &e.kind {
-        ExprKind::Load { .. } | ExprKind::Full { .. } | ExprKind::Iota { .. } => true,
+        ExprKind::Load { .. } | ExprKind::Full { .. } | ExprKind::Iota { .. } | ExprKind::Uniform { .. } => true,
         ExprKind::Cast { value, .. } | ExprKind::Unary(_, value) => layout_free(value),
         ExprKind::Binary(_, x, y) => match (x.checked_ty(), y.checked_ty()) {
             (Type::Tile(_), Type::Scalar(_)) => layout_free(x),

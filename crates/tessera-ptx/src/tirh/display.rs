@@ -132,6 +132,9 @@ impl fmt::Display for Expr {
             ExprKind::PipeStage { pipe, producer: false } => write!(f, "{pipe}.wait()"),
             ExprKind::MaskCols { value, limit, fill } => write!(f, "{value}.mask_cols({limit}, {fill})"),
             ExprKind::Iota { tile, axis } => write!(f, "{}<{tile}>()", if *axis == 1 { "col_index" } else { "row_index" }),
+            ExprKind::Uniform { tile, seed, origin } => {
+                write!(f, "uniform<{tile}>({}, {}, {}, [{}, {}])", seed[0], seed[1], seed[2], origin[0], origin[1])
+            }
             ExprKind::SwapPairs(value) => write!(f, "{value}.swap_pairs()"),
             ExprKind::Get { tensor, index } => write!(f, "{tensor}.get[{}]", list(index)),
             ExprKind::Reduce { op, axis, value } => write!(f, "reduce_{}<axis={axis}>({value})", op.name()),

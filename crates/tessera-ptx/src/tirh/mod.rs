@@ -467,6 +467,9 @@ pub enum UnOp {
     Cos,
     /// `floor(x)`: the largest integer not above `x`
     Floor,
+    /// `step(x)`: 1.0 where `x ≥ 0`, else 0.0 (NaN gives 0.0), e.g. a dropout mask
+    /// `step(u - p)` that keeps exactly the draws `u ≥ p`
+    Step,
 }
 
 impl UnOp {
@@ -484,6 +487,7 @@ impl UnOp {
             UnOp::Sin => "sin",
             UnOp::Cos => "cos",
             UnOp::Floor => "floor",
+            UnOp::Step => "step",
         }
     }
 }
@@ -643,6 +647,19 @@ pub enum ExprKind {
         tile: TileType,
         /// 0 for the row index, 1 for the column index.
         axis: u32,
+    },
+    /// `Tile::<f32, M, N>::uniform(seed_lo, seed_hi, offset, [row, col])`: Philox4x32-10
+    /// numbers in `[0, 1)`, element `(i, j)` word `j % 4` of the counter
+    /// `((col >> 2) + (j >> 2), row + i, offset, 0)` under the key `(seed_lo, seed_hi)` (see
+    /// [`crate::random`]): a pure function of the seed, the offset and, for `col` a multiple
+    /// of 4, the element's place in the tensor.
+    Uniform {
+        /// The tile type (f32).
+        tile: TileType,
+        /// The key's two words, then the offset: `i32` scalars (their bits).
+        seed: Vec<Expr>,
+        /// The origin `[row, col]` (i32 scalars).
+        origin: Vec<Expr>,
     },
     /// `t.swap_pairs()`: columns `2k` and `2k + 1` exchanged (moves no data: both are in one
     /// thread's registers).

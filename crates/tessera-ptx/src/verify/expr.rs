@@ -128,6 +128,23 @@ impl Checker {
                 check_tile_size(*tile, loc)?;
                 Type::Tile(*tile)
             }
+            ExprKind::Uniform { tile, seed, origin } => {
+                if tile.dtype != DType::F32 {
+                    return Err(CompileError::ty(loc, format!("`uniform` makes an `f32` tile, found `{tile}`")));
+                }
+                check_tile_size(*tile, loc)?;
+                if origin.len() != 2 {
+                    return Err(CompileError::ty(loc, format!("`uniform`'s origin is `[row, col]`, found {} indices", origin.len())));
+                }
+                let names = ["the seed's low word", "the seed's high word", "the offset", "the origin's row", "the origin's column"];
+                for (what, a) in names.iter().zip(seed.iter_mut().chain(origin.iter_mut())) {
+                    let ty = self.expr(a)?;
+                    if ty != Type::Scalar(ScalarType::I32) {
+                        return Err(CompileError::ty(a.loc, format!("`uniform` takes {what} as an `i32`, found `{ty}`")));
+                    }
+                }
+                Type::Tile(*tile)
+            }
             ExprKind::SwapPairs(value) => {
                 let ty = self.expr(value)?;
                 match ty {

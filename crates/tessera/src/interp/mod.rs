@@ -782,6 +782,20 @@ impl<'p> Kernel<'p> {
                 }
                 Val::T(t)
             }
+            ExprKind::Uniform { tile, seed, origin } => {
+                let mut w = [0u32; 5];
+                for (slot, e) in w.iter_mut().zip(seed.iter().chain(origin)) {
+                    let Val::I(v) = self.eval(e, wg, blk)? else { return Err("`uniform` takes i32 scalars".to_string().into()) };
+                    *slot = v as u32;
+                }
+                let mut t = Tile::full(*tile, 0.0);
+                let cols = tile.cols as usize;
+                for (i, x) in t.v.iter_mut().enumerate() {
+                    let (r, c) = ((i / cols) as u32, (i % cols) as u32);
+                    *x = tessera_ptx::random::uniform_at([w[0], w[1]], w[2], w[3] as i32, w[4] as i32, r, c);
+                }
+                Val::T(t)
+            }
             ExprKind::SwapPairs(value) => match self.eval(value, wg, blk)? {
                 Val::T(mut t) => {
                     for pair in t.v.chunks_exact_mut(2) {

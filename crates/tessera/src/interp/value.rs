@@ -176,6 +176,13 @@ fn f32_unary(op: UnOp, x: f32) -> f32 {
         UnOp::Sin => x.sin(),
         UnOp::Cos => x.cos(),
         UnOp::Floor => x.floor(),
+        UnOp::Step => {
+            if x >= 0.0 {
+                1.0
+            } else {
+                0.0
+            }
+        }
         UnOp::Not => x,
     }
 }
