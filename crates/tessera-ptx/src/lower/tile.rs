@@ -132,8 +132,8 @@ impl Lowerer<'_> {
         let (c0_base, c1_base, col_q) = (self.reg(RegClass::B32, "ctr"), self.reg(RegClass::B32, "ctr"), self.reg(RegClass::B32, "ctr"));
         self.op("shr.u32", vec![R(col_q), R(col), Imm(2)]);
         self.op("add.u32", vec![R(c1_base), R(row), R(lr.row)]);
-        let grouped =
-            matches!(layout.kind, LayoutKind::Blocked { v, .. } if v % 4 == 0) && (!layout.keep_cols || layout.parent_cols % 4 == 0);
+        let grouped = matches!(layout.kind, LayoutKind::Blocked { v, .. } if v.is_multiple_of(4))
+            && (!layout.keep_cols || layout.parent_cols.is_multiple_of(4));
         if grouped {
             let tq = self.reg(RegClass::B32, "ctr");
             self.op("shr.u32", vec![R(tq), R(lr.col), Imm(2)]);
