@@ -115,6 +115,22 @@ fn main() {
             let mut bwd = || tessera_kernels::softmax_backward(&dev, &xb, &dy, &mut dx, 1.0).expect("softmax_backward");
             norm_rows.push((format!("softmax_backward {m}x{n}"), (3 * m * n * 2) as f64, time_ms(&dev, 5, 20, &mut bwd)));
         }
+        if i == 0 || n == 2048 || n == 11008 {
+            // Fused RMSNorm: dropout + residual + weight, the new residual returned (x, res read;
+            // y, h written), then its backward (h, dy, dres read; dh, dx written; dweight).
+            use tessera_kernels::{Dropout, Norm, NormGrads};
+            let res = Tensor::from_host(&dev, &rng_bf16(m * n), &[m, n]).expect("res bf16");
+            let [mut h, mut dh, mut dx] = [(); 3].map(|_| Tensor::<bf16>::zeros(&dev, &[m, n]).expect("bf16"));
+            let mut dw = Tensor::<bf16>::zeros(&dev, &[n]).expect("dw");
+            let norm = Norm::rms(1e-6).weight(&wb).residual(&res).dropout(Dropout::new(0.1, 42, 0));
+            let mut fwd = || norm.forward(&dev, &xb, &mut yb, Some(&mut h)).expect("fused norm");
+            norm_rows.push((format!("rms fused drop+res {m}x{n}"), (4 * m * n * 2) as f64, time_ms(&dev, 5, 20, &mut fwd)));
+            let mut bwd = || {
+                let grads = NormGrads { dh: &mut dh, dx: Some(&mut dx), dweight: Some(&mut dw), dbias: None };
+                norm.backward(&dev, &xb, &res, Some(&yb), grads).expect("fused norm backward");
+            };
+            norm_rows.push((format!("rms fused backward {m}x{n}"), (5 * m * n * 2) as f64, time_ms(&dev, 5, 20, &mut bwd)));
+        }
     }
     // RoPE in bf16: the shape (batch 8, seq 4096, 32 heads, dim 128) in each
     // convention, layout, angle source, and in place; then 16384 tokens of 64×128 heads.

@@ -632,3 +632,164 @@ fn gpu_reductions_match_f64_reference() {
 fn interp_reductions_match_f64_reference() {
     reductions_match_f64_reference(&Device::cpu());
 }
+
+/// The f64 reference of a norm of `h` (`m × n`): `norm(h) · w + b`, then `· (1 + scale[g]) +
+/// shift[g]` with `g = row / (m / groups)`.
+#[allow(clippy::too_many_arguments)]
+fn norm_ref(
+    layer: bool,
+    h: &[f64],
+    n: usize,
+    w: Option<&[f64]>,
+    b: Option<&[f64]>,
+    modulation: Option<(&[f64], &[f64], usize)>,
+    eps: f64,
+) -> Vec<f64> {
+    let m = h.len() / n.max(1);
+    let mut out = Vec::with_capacity(h.len());
+    for (i, row) in h.chunks(n).enumerate() {
+        let mean = if layer { row.iter().sum::<f64>() / n as f64 } else { 0.0 };
+        let rstd = 1.0 / (row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n as f64 + eps).sqrt();
+        for (j, v) in row.iter().enumerate() {
+            let mut o = (v - mean) * rstd * w.map_or(1.0, |w| w[j]) + b.map_or(0.0, |b| b[j]);
+            if let Some((scale, shift, groups)) = modulation {
+                let g = i / (m / groups);
+                o = o * (1.0 + scale[g * n + j]) + shift[g * n + j];
+            }
+            out.push(o);
+        }
+    }
+    out
+}
+
+/// The f64 backward of a norm of `h`: `(dh, dweight, dbias)`, `dh` including `dres`.
+fn norm_backward_ref(layer: bool, h: &[f64], dy: &[f64], dres: &[f64], n: usize, w: &[f64], eps: f64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (mut dh, mut dw, mut db) = (Vec::with_capacity(h.len()), vec![0.0; n], vec![0.0; n]);
+    for (i, row) in h.chunks(n).enumerate() {
+        let g = &dy[i * n..(i + 1) * n];
+        let mean = if layer { row.iter().sum::<f64>() / n as f64 } else { 0.0 };
+        let rstd = 1.0 / (row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n as f64 + eps).sqrt();
+        let xhat: Vec<f64> = row.iter().map(|v| (v - mean) * rstd).collect();
+        let gw: Vec<f64> = g.iter().zip(w).map(|(a, b)| a * b).collect();
+        let ma = gw.iter().zip(&xhat).map(|(a, b)| a * b).sum::<f64>() / n as f64;
+        let mb = if layer { gw.iter().sum::<f64>() / n as f64 } else { 0.0 };
+        for j in 0..n {
+            dh.push(rstd * (gw[j] - mb - xhat[j] * ma) + dres[i * n + j]);
+            dw[j] += g[j] * xhat[j];
+            db[j] += g[j];
+        }
+    }
+    (dh, dw, db)
+}
+
+/// The fused norms in `T`: dropout, residual, weight, bias, scale and shift forward (`y` and
+/// the new residual `h`, twice: the same bits), then the backward pass from that `h` (`dh`
+/// with a residual gradient, `dx` through the same mask, `dweight`, `dbias`).
+fn fused_norm_case<T: tessera_kernels::NormElement>(dev: &Device, to: fn(f32) -> T, from: fn(T) -> f64, tol: f64) {
+    use tessera_kernels::{Dropout, Norm, NormGrads};
+    let mut shapes = vec![(1, 1), (7, 129), (6, 1536), (3, 9000), (4, 8192)];
+    if !dev.is_cpu() {
+        shapes.extend([(300, 8192), (130, 16384), (1000, 2304), (2, 20000)]);
+    }
+    let host = |v: Vec<f32>| -> Vec<T> { v.into_iter().map(to).collect() };
+    let wide64 = |v: &[T]| -> Vec<f64> { v.iter().map(|&x| from(x)).collect() };
+    for (m, n) in shapes {
+        for layer in [false, true] {
+            let groups = if m % 2 == 0 { 2 } else { 1 };
+            let (x, res, dy, dres) = (
+                host(random(m * n, -2.0, 2.0)),
+                host(random(m * n, -1.0, 1.0)),
+                host(random(m * n, -1.0, 1.0)),
+                host(random(m * n, -1.0, 1.0)),
+            );
+            let (w, b) = (host(random(n, 0.5, 1.5)), host(random(n, -1.0, 1.0)));
+            let (scale, shift) = (host(random(groups * n, -0.5, 0.5)), host(random(groups * n, -1.0, 1.0)));
+            let t = |v: &[T], shape: &[usize]| Tensor::from_host(dev, v, shape).unwrap();
+            let (xt, rt, dyt, drt, wt, bt, st, sht) = (
+                t(&x, &[m, n]),
+                t(&res, &[m, n]),
+                t(&dy, &[m, n]),
+                t(&dres, &[m, n]),
+                t(&w, &[n]),
+                t(&b, &[n]),
+                t(&scale, &[groups, n]),
+                t(&shift, &[groups, n]),
+            );
+            let drop = Dropout::new(0.2, rand::random(), rand::random());
+            let base = if layer { Norm::layer(1e-5) } else { Norm::rms(1e-5) };
+            let norm = base.weight(&wt).bias(&bt).residual(&rt).dropout(drop);
+            let what = format!("{} {m}x{n} seed {:#x} offset {}", if layer { "layer" } else { "rms" }, drop.seed, drop.offset);
+            let run = || {
+                let (mut y, mut h) = (Tensor::full(dev, &[m, n], to(f32::NAN)).unwrap(), Tensor::full(dev, &[m, n], to(f32::NAN)).unwrap());
+                norm.modulate(&st, &sht).forward(dev, &xt, &mut y, Some(&mut h)).unwrap();
+                (y.to_host().unwrap(), h.to_host().unwrap())
+            };
+            let (y, h) = run();
+            let (y2, h2) = run();
+            assert!(
+                y.iter().zip(&y2).chain(h.iter().zip(&h2)).all(|(a, b)| from(*a).to_bits() == from(*b).to_bits()),
+                "{what}: two runs differ"
+            );
+            let keep_scale = f64::from(1.0 / (1.0 - drop.p));
+            let h_want: Vec<f64> =
+                (0..m * n).map(|k| from(x[k]) * if drop.keeps(k / n, k % n) { keep_scale } else { 0.0 } + from(res[k])).collect();
+            let err = rel_error(&wide64(&h), &h_want);
+            assert!(err < tol, "{what}: h relative error {err}");
+            let (w64, b64, s64, sh64) = (wide64(&w), wide64(&b), wide64(&scale), wide64(&shift));
+            let y_want = norm_ref(layer, &h_want, n, Some(&w64), Some(&b64), Some((&s64, &sh64, groups)), 1e-5);
+            let err = rel_error(&wide64(&y), &y_want);
+            assert!(err < tol, "{what}: y relative error {err}");
+
+            // Backward from the h the forward pass returned.
+            let ht = t(&h, &[m, n]);
+            let [mut dh, mut dx] = [(); 2].map(|_| Tensor::full(dev, &[m, n], to(f32::NAN)).unwrap());
+            let [mut dw, mut db] = [(); 2].map(|_| Tensor::full(dev, &[n], to(f32::NAN)).unwrap());
+            let grads = NormGrads { dh: &mut dh, dx: Some(&mut dx), dweight: Some(&mut dw), dbias: Some(&mut db) };
+            norm.backward(dev, &ht, &dyt, Some(&drt), grads).unwrap();
+            let (dh_want, dw_want, db_want) = norm_backward_ref(layer, &wide64(&h), &wide64(&dy), &wide64(&dres), n, &w64, 1e-5);
+            let dx_want: Vec<f64> =
+                dh_want.iter().enumerate().map(|(k, v)| v * if drop.keeps(k / n, k % n) { keep_scale } else { 0.0 }).collect();
+            for (name, got, want) in [("dh", &dh, &dh_want), ("dx", &dx, &dx_want), ("dweight", &dw, &dw_want), ("dbias", &db, &db_want)] {
+                let err = rel_error(&wide64(&got.to_host().unwrap()), want);
+                assert!(err < tol, "{what}: {name} relative error {err}");
+            }
+            // The backward pass takes no scale and shift yet: an error naming them.
+            let mut dh = Tensor::full(dev, &[m, n], to(f32::NAN)).unwrap();
+            let e = norm.modulate(&st, &sht).backward(
+                dev,
+                &ht,
+                &dyt,
+                None,
+                NormGrads { dh: &mut dh, dx: Some(&mut dx), dweight: None, dbias: None },
+            );
+            assert!(matches!(e, Err(tessera::Error::Argument { ref arg, .. }) if arg == "scale"), "{what}: {e:?}");
+        }
+    }
+    // The keep rate over many draws, within 6 standard deviations of 1 − p.
+    let (m, n) = if dev.is_cpu() { (16, 1000) } else { (512, 4096) };
+    let x: Vec<T> = random(m * n, 0.5, 2.0).into_iter().map(to).collect();
+    let xt = Tensor::from_host(dev, &x, &[m, n]).unwrap();
+    let (mut y, mut h) = (Tensor::full(dev, &[m, n], to(f32::NAN)).unwrap(), Tensor::full(dev, &[m, n], to(f32::NAN)).unwrap());
+    Norm::rms(1e-5).dropout(Dropout::new(0.25, rand::random(), 7)).forward(dev, &xt, &mut y, Some(&mut h)).unwrap();
+    let count = (m * n) as f64;
+    let rate = h.to_host().unwrap().iter().filter(|&&v| from(v) != 0.0).count() as f64 / count;
+    assert!((rate - 0.75).abs() < 6.0 * (0.75 * 0.25 / count).sqrt(), "keep rate {rate}");
+}
+
+fn fused_norms_match_f64_reference(dev: &Device) {
+    use tessera::bf16;
+    fused_norm_case::<bf16>(dev, bf16::from_f32, |v| v.to_f64(), 1e-2);
+    fused_norm_case::<f32>(dev, |v| v, f64::from, 5e-4);
+}
+
+#[test]
+fn gpu_fused_norms_match_f64_reference() {
+    if let Some(dev) = gpu_or_skip("gpu_fused_norms") {
+        fused_norms_match_f64_reference(&dev);
+    }
+}
+
+#[test]
+fn interp_fused_norms_match_f64_reference() {
+    fused_norms_match_f64_reference(&Device::cpu());
+}

@@ -11,12 +11,14 @@
 //! | [`bias_gelu`] | `y = gelu(x + bias)`, the unfused epilogue |
 //! | [`rms_norm`] | `y = x / sqrt(mean(x²) + eps) · weight` per row, bf16/f16/f32, f32 statistics |
 //! | [`rope`], [`rope_in_place`], [`rope_backward`] | rotary position embedding of query/key heads, half-split or interleaved, `[b, s, h, d]` or `[b, h, s, d]`, angles computed or from [`rope_cache`] |
+//! | [`Norm`] | fused RMSNorm/LayerNorm: Philox dropout, residual add returning the new residual, weight, bias, scale and shift; forward and backward (`dx`, `dweight`, `dbias`) |
 //! | [`layer_norm`] | `y = (x − mean) / sqrt(var + eps) · weight + bias` per row, bf16/f16/f32, f32 statistics |
 #![warn(missing_docs)]
 
 mod elementwise;
 mod gemm;
 mod norm;
+mod norm_fused;
 mod reduce;
 mod rope;
 mod softmax;
@@ -31,6 +33,12 @@ pub use norm::{
     layer_norm_rows4_bf16, layer_norm_rows4_f16, layer_norm_rows4_f32, rms_norm, rms_norm_bf16, rms_norm_f16, rms_norm_f32,
     rms_norm_row_bf16, rms_norm_row_f16, rms_norm_row_f32, rms_norm_rows4_bf16, rms_norm_rows4_f16, rms_norm_rows4_f32, NormElement,
     NormPath, ROW_IN_REGISTERS,
+};
+pub use norm_fused::{
+    norm_backward_row_bf16, norm_backward_row_f16, norm_backward_row_f32, norm_backward_wide_bf16, norm_backward_wide_f16,
+    norm_backward_wide_f32, norm_fused_row_bf16, norm_fused_row_f16, norm_fused_row_f32, norm_fused_wide_bf16, norm_fused_wide_f16,
+    norm_fused_wide_f32, sum_partials_bf16, sum_partials_f16, sum_partials_f32, Dropout, FusedSpecs, Norm, NormGrads, NormKind,
+    FUSED_BACKWARD_ROW_IN_REGISTERS, FUSED_ROW_IN_REGISTERS,
 };
 pub use reduce::{col_max, col_max_f32, col_mean, col_sum, col_sum_f32, row_max, row_max_f32, row_mean, row_sum, row_sum_f32, scale_f32};
 pub use rope::{
@@ -96,6 +104,21 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         &layer_norm_rows4_bf16::SPEC,
         &layer_norm_rows4_f16::SPEC,
         &layer_norm_rows4_f32::SPEC,
+        &norm_fused_row_bf16::SPEC,
+        &norm_fused_row_f16::SPEC,
+        &norm_fused_row_f32::SPEC,
+        &norm_fused_wide_bf16::SPEC,
+        &norm_fused_wide_f16::SPEC,
+        &norm_fused_wide_f32::SPEC,
+        &norm_backward_row_bf16::SPEC,
+        &norm_backward_row_f16::SPEC,
+        &norm_backward_row_f32::SPEC,
+        &norm_backward_wide_bf16::SPEC,
+        &norm_backward_wide_f16::SPEC,
+        &norm_backward_wide_f32::SPEC,
+        &sum_partials_bf16::SPEC,
+        &sum_partials_f16::SPEC,
+        &sum_partials_f32::SPEC,
         &rope_half_bf16::SPEC,
         &rope_half_f16::SPEC,
         &rope_half_f32::SPEC,

@@ -162,6 +162,8 @@ pub trait NormElement: Element {
         eps: f32,
         flags: (i32, i32),
     ) -> Result<()>;
+    #[doc(hidden)]
+    fn fused_specs() -> crate::norm_fused::FusedSpecs;
 }
 
 /// Which kernel normalizes rows of a given width.
@@ -211,8 +213,18 @@ impl NormPath {
 }
 
 macro_rules! norm_element {
-    ($t:ty, $rms4:ident, $rms_row:ident, $rms:ident, $ln4:ident, $ln_row:ident, $ln:ident) => {
+    ($t:ty, $rms4:ident, $rms_row:ident, $rms:ident, $ln4:ident, $ln_row:ident, $ln:ident, [$row:ident, $wide:ident, $brow:ident, $bwide:ident, $sum:ident]) => {
         impl NormElement for $t {
+            fn fused_specs() -> crate::norm_fused::FusedSpecs {
+                use crate::norm_fused::*;
+                FusedSpecs {
+                    row: &$row::SPEC,
+                    wide: &$wide::SPEC,
+                    backward_row: &$brow::SPEC,
+                    backward_wide: &$bwide::SPEC,
+                    sum_partials: &$sum::SPEC,
+                }
+            }
             fn rms_norm_launch(
                 dev: &Device,
                 path: NormPath,
@@ -256,10 +268,29 @@ norm_element!(
     rms_norm_bf16,
     layer_norm_rows4_bf16,
     layer_norm_row_bf16,
-    layer_norm_bf16
+    layer_norm_bf16,
+    [norm_fused_row_bf16, norm_fused_wide_bf16, norm_backward_row_bf16, norm_backward_wide_bf16, sum_partials_bf16]
 );
-norm_element!(tessera::f16, rms_norm_rows4_f16, rms_norm_row_f16, rms_norm_f16, layer_norm_rows4_f16, layer_norm_row_f16, layer_norm_f16);
-norm_element!(f32, rms_norm_rows4_f32, rms_norm_row_f32, rms_norm_f32, layer_norm_rows4_f32, layer_norm_row_f32, layer_norm_f32);
+norm_element!(
+    tessera::f16,
+    rms_norm_rows4_f16,
+    rms_norm_row_f16,
+    rms_norm_f16,
+    layer_norm_rows4_f16,
+    layer_norm_row_f16,
+    layer_norm_f16,
+    [norm_fused_row_f16, norm_fused_wide_f16, norm_backward_row_f16, norm_backward_wide_f16, sum_partials_f16]
+);
+norm_element!(
+    f32,
+    rms_norm_rows4_f32,
+    rms_norm_row_f32,
+    rms_norm_f32,
+    layer_norm_rows4_f32,
+    layer_norm_row_f32,
+    layer_norm_f32,
+    [norm_fused_row_f32, norm_fused_wide_f32, norm_backward_row_f32, norm_backward_wide_f32, sum_partials_f32]
+);
 
 /// Checks `x`, `y` and the optional `[hidden]` parameters; gives `(rows, hidden)`.
 fn check_norm<T: Element>(

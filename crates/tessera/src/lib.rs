@@ -104,7 +104,7 @@ pub use half::{bf16, f16};
 pub use launch::{Grid, Launch, ScalarArg};
 pub use tensor::{
     contiguous_strides, global, global_mut, in_place, Absent, ArgGuard, CudaGlobal, Element, GlobalArg, GlobalArgMut, GlobalDesc,
-    HostBuffer, InPlace, Tensor, TensorView, TensorViewMut, TileCounter,
+    HostBuffer, InPlace, Optional, OptionalMut, Tensor, TensorView, TensorViewMut, TileCounter,
 };
 pub use tessera_macros::kernel;
 pub use tessera_ptx::random;

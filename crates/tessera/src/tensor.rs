@@ -538,11 +538,48 @@ impl<T: Element> GlobalArgMut<T> for InPlace {
 #[derive(Clone, Copy, Debug)]
 pub struct Absent(pub usize);
 
-impl<T: Element> GlobalArg<T> for Absent {
-    fn global_desc<'a>(&'a self, device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)> {
+impl Absent {
+    fn desc<T: Element>(self, device: &Device) -> Result<GlobalDesc> {
         let (context, host) =
             if device.is_cpu() { (0, Some(HostBuffer::zeroed::<T>(0))) } else { (device.context()?.cu_ctx() as usize, None) };
-        Ok((GlobalDesc { ptr: 0, shape: vec![0; self.0], strides: vec![0; self.0], context, host }, ArgGuard(None)))
+        Ok(GlobalDesc { ptr: 0, shape: vec![0; self.0], strides: vec![0; self.0], context, host })
+    }
+}
+
+impl<T: Element> GlobalArg<T> for Absent {
+    fn global_desc<'a>(&'a self, device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)> {
+        Ok((self.desc::<T>(device)?, ArgGuard(None)))
+    }
+}
+
+impl<T: Element> GlobalArgMut<T> for Absent {
+    fn global_desc_mut<'a>(&'a mut self, device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)> {
+        Ok((self.desc::<T>(device)?, ArgGuard(None)))
+    }
+}
+
+/// An optional tensor argument of rank `.1`: the tensor, or an [`Absent`] one for `None`.
+pub struct Optional<'t, A>(pub Option<&'t A>, pub usize);
+
+impl<T: Element, A: GlobalArg<T>> GlobalArg<T> for Optional<'_, A> {
+    fn global_desc<'a>(&'a self, device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)> {
+        match self.0 {
+            Some(a) => a.global_desc(device),
+            None => Ok((Absent(self.1).desc::<T>(device)?, ArgGuard(None))),
+        }
+    }
+}
+
+/// An optional output of rank `.1`: the tensor, or an [`Absent`] one (nothing written) for
+/// `None`.
+pub struct OptionalMut<'t, A>(pub Option<&'t mut A>, pub usize);
+
+impl<T: Element, A: GlobalArgMut<T>> GlobalArgMut<T> for OptionalMut<'_, A> {
+    fn global_desc_mut<'a>(&'a mut self, device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)> {
+        match &mut self.0 {
+            Some(a) => a.global_desc_mut(device),
+            None => Ok((Absent(self.1).desc::<T>(device)?, ArgGuard(None))),
+        }
     }
 }
 

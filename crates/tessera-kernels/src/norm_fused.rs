@@ -1,0 +1,625 @@
+//! Fused RMSNorm and LayerNorm, forward and backward: dropout of the input (Philox, from a
+//! seed and an offset), a residual added after it (the sum returned as the new residual),
+//! weight and bias, and a per-group scale and shift (`y · (1 + scale) + shift`, as adaLN).
+//!
+//! Rows up to [`FUSED_ROW_IN_REGISTERS`] wide (backward: [`FUSED_BACKWARD_ROW_IN_REGISTERS`])
+//! are read once, a row per block in registers;
+//! wider rows take kernels that pass over 2048-column chunks (recomputing the dropout and the
+//! residual sum in each pass rather than storing them). The backward kernels stride over
+//! rows, summing `dy · x̂` and `dy` into one row of f32 partials per block, which a last
+//! kernel adds down the columns into `dweight` and `dbias`.
+
+use crate::norm::NormElement;
+use tessera::{kernel, Device, Element, Error, Grid, Launch, Optional, OptionalMut, Result, ScalarArg, Tensor};
+
+/// The widest row the fused forward kernel holds in registers (a block per row).
+pub const FUSED_ROW_IN_REGISTERS: usize = 8192;
+
+/// The widest row the fused backward kernel holds in registers.
+pub const FUSED_BACKWARD_ROW_IN_REGISTERS: usize = 2048;
+
+/// `h = dropout(x) + res` (each optional), stored to `h_out` if asked; `y = norm(h) · w + b`,
+/// then `y · (1 + scale[g]) + shift[g]` for the row's group `g`; rows of at most 8192, one
+/// per block, read once.
+#[kernel(dtypes(T = [bf16, f16, f32]))]
+pub fn norm_fused_row(
+    x: Global<T, 2>,
+    res: Global<T, 2>,
+    w: Global<T, 1>,
+    b: Global<T, 1>,
+    scale: Global<T, 2>,
+    shift: Global<T, 2>,
+    y: Global<T, 2>,
+    h_out: Global<T, 2>,
+    eps: f32,
+    layer: i32,
+    has_w: i32,
+    has_b: i32,
+    has_res: i32,
+    drop_p: f32,
+    drop_scale: f32,
+    seed_lo: i32,
+    seed_hi: i32,
+    offset: i32,
+    group_rows: i32,
+) {
+    let r = block::id_x();
+    let n = x.dim(1);
+    let inv_n = 1.0 / n as f32;
+    let mut h = x.load::<Tile<T, 1, 8192>>([r, 0]).cast::<f32>();
+    if drop_p > 0.0 {
+        h = h * step(Tile::<f32, 1, 8192>::uniform(seed_lo, seed_hi, offset, [r, 0]) - drop_p) * drop_scale;
+    }
+    if has_res == 1 {
+        h = h + res.load::<Tile<T, 1, 8192>>([r, 0]).cast::<f32>();
+    }
+    h_out.store([r, 0], h.cast::<T>());
+    let mut d = h;
+    if layer == 1 {
+        d = (h - row_sum(h) * inv_n).mask_cols(n, 0.0);
+    }
+    let mut o = d * rsqrt(row_sum(d * d) * inv_n + eps);
+    if has_w == 1 {
+        o = o * w.load::<Tile<T, 1, 8192>>([0]).cast::<f32>();
+    }
+    if has_b == 1 {
+        o = o + b.load::<Tile<T, 1, 8192>>([0]).cast::<f32>();
+    }
+    if group_rows > 0 {
+        let g = r / group_rows;
+        o = o * (scale.load::<Tile<T, 1, 8192>>([g, 0]).cast::<f32>() + 1.0) + shift.load::<Tile<T, 1, 8192>>([g, 0]).cast::<f32>();
+    }
+    y.store([r, 0], o.cast::<T>());
+}
+
+/// [`norm_fused_row`] for any width: a row per block in 2048-column chunks, one pass for the
+/// mean (LayerNorm), one for the variance, one for the output; each recomputes `h`.
+#[kernel(dtypes(T = [bf16, f16, f32]))]
+pub fn norm_fused_wide(
+    x: Global<T, 2>,
+    res: Global<T, 2>,
+    w: Global<T, 1>,
+    b: Global<T, 1>,
+    scale: Global<T, 2>,
+    shift: Global<T, 2>,
+    y: Global<T, 2>,
+    h_out: Global<T, 2>,
+    eps: f32,
+    layer: i32,
+    has_w: i32,
+    has_b: i32,
+    has_res: i32,
+    drop_p: f32,
+    drop_scale: f32,
+    seed_lo: i32,
+    seed_hi: i32,
+    offset: i32,
+    group_rows: i32,
+) {
+    let r = block::id_x();
+    let n = x.dim(1);
+    let inv_n = 1.0 / n as f32;
+    let mut s = Tile::<f32, 1, 2048>::zeros();
+    if layer == 1 {
+        for c in (0..n).step_by(2048) {
+            let mut h = x.load::<Tile<T, 1, 2048>>([r, c]).cast::<f32>();
+            if drop_p > 0.0 {
+                h = h * step(Tile::<f32, 1, 2048>::uniform(seed_lo, seed_hi, offset, [r, c]) - drop_p) * drop_scale;
+            }
+            if has_res == 1 {
+                h = h + res.load::<Tile<T, 1, 2048>>([r, c]).cast::<f32>();
+            }
+            s = s + h;
+        }
+    }
+    let mean = row_sum(s) * inv_n;
+    let mut ss = Tile::<f32, 1, 2048>::zeros();
+    for c in (0..n).step_by(2048) {
+        let mut h = x.load::<Tile<T, 1, 2048>>([r, c]).cast::<f32>();
+        if drop_p > 0.0 {
+            h = h * step(Tile::<f32, 1, 2048>::uniform(seed_lo, seed_hi, offset, [r, c]) - drop_p) * drop_scale;
+        }
+        if has_res == 1 {
+            h = h + res.load::<Tile<T, 1, 2048>>([r, c]).cast::<f32>();
+        }
+        let d = (h - mean).mask_cols(n - c, 0.0);
+        ss = ss + d * d;
+    }
+    let rstd = rsqrt(row_sum(ss) * inv_n + eps);
+    for c in (0..n).step_by(2048) {
+        let mut h = x.load::<Tile<T, 1, 2048>>([r, c]).cast::<f32>();
+        if drop_p > 0.0 {
+            h = h * step(Tile::<f32, 1, 2048>::uniform(seed_lo, seed_hi, offset, [r, c]) - drop_p) * drop_scale;
+        }
+        if has_res == 1 {
+            h = h + res.load::<Tile<T, 1, 2048>>([r, c]).cast::<f32>();
+        }
+        h_out.store([r, c], h.cast::<T>());
+        let mut o = (h - mean) * rstd;
+        if has_w == 1 {
+            o = o * w.load::<Tile<T, 1, 2048>>([c]).cast::<f32>();
+        }
+        if has_b == 1 {
+            o = o + b.load::<Tile<T, 1, 2048>>([c]).cast::<f32>();
+        }
+        if group_rows > 0 {
+            let g = r / group_rows;
+            o = o * (scale.load::<Tile<T, 1, 2048>>([g, c]).cast::<f32>() + 1.0) + shift.load::<Tile<T, 1, 2048>>([g, c]).cast::<f32>();
+        }
+        y.store([r, c], o.cast::<T>());
+    }
+}
+
+/// The backward pass for rows of at most 2048 (five rows of state per thread: the row, `dy`,
+/// the weight and the two sums), striding over rows: from the norm's input `h`
+/// and `dy`, `dh = rstd · (dy·w − mean(dy·w) − x̂ · mean(dy·w·x̂))` (no mean term for RMSNorm)
+/// plus `dres` if given, and `dx = dh · mask / (1 − p)` under dropout; each block's sums of
+/// `dy · x̂` and `dy` go to its row of `dw_part` and `db_part`.
+#[kernel(dtypes(T = [bf16, f16, f32]))]
+pub fn norm_backward_row(
+    h: Global<T, 2>,
+    dy: Global<T, 2>,
+    dres: Global<T, 2>,
+    w: Global<T, 1>,
+    dh: Global<T, 2>,
+    dx: Global<T, 2>,
+    dw_part: Global<f32, 2>,
+    db_part: Global<f32, 2>,
+    eps: f32,
+    layer: i32,
+    has_w: i32,
+    has_dres: i32,
+    drop_p: f32,
+    drop_scale: f32,
+    seed_lo: i32,
+    seed_hi: i32,
+    offset: i32,
+) {
+    let n = h.dim(1);
+    let inv_n = 1.0 / n as f32;
+    let mut wt = Tile::<f32, 1, 2048>::full(1.0);
+    if has_w == 1 {
+        wt = w.load::<Tile<T, 1, 2048>>([0]).cast::<f32>();
+    }
+    let mut dw = Tile::<f32, 1, 2048>::zeros();
+    let mut db = Tile::<f32, 1, 2048>::zeros();
+    for r in (block::id_x()..h.dim(0)).step_by(grid::dim_x()) {
+        let x = h.load::<Tile<T, 1, 2048>>([r, 0]).cast::<f32>();
+        let g = dy.load::<Tile<T, 1, 2048>>([r, 0]).cast::<f32>();
+        let mut d = x;
+        if layer == 1 {
+            d = (x - row_sum(x) * inv_n).mask_cols(n, 0.0);
+        }
+        let rstd = rsqrt(row_sum(d * d) * inv_n + eps);
+        let xhat = d * rstd;
+        dw = dw + g * xhat;
+        db = db + g;
+        let gw = g * wt;
+        let mut t = gw - xhat * (row_sum(gw * xhat) * inv_n);
+        if layer == 1 {
+            t = t - row_sum(gw) * inv_n;
+        }
+        let mut o = t * rstd;
+        if has_dres == 1 {
+            o = o + dres.load::<Tile<T, 1, 2048>>([r, 0]).cast::<f32>();
+        }
+        dh.store([r, 0], o.cast::<T>());
+        if drop_p > 0.0 {
+            dx.store([r, 0], (o * step(Tile::<f32, 1, 2048>::uniform(seed_lo, seed_hi, offset, [r, 0]) - drop_p) * drop_scale).cast::<T>());
+        }
+    }
+    dw_part.store([block::id_x(), 0], dw);
+    db_part.store([block::id_x(), 0], db);
+}
+
+/// [`norm_backward_row`] for any width, in 2048-column chunks: passes for the mean
+/// (LayerNorm), the variance, the two sums the gradient needs, then the output; the block's
+/// partial sums of `dy · x̂` and `dy` are added into its rows of `dw_part` and `db_part` in
+/// place (each element by the thread that holds it, in one layout throughout).
+#[kernel(dtypes(T = [bf16, f16, f32]))]
+pub fn norm_backward_wide(
+    h: Global<T, 2>,
+    dy: Global<T, 2>,
+    dres: Global<T, 2>,
+    w: Global<T, 1>,
+    dh: Global<T, 2>,
+    dx: Global<T, 2>,
+    dw_part: Global<f32, 2>,
+    db_part: Global<f32, 2>,
+    eps: f32,
+    layer: i32,
+    has_w: i32,
+    has_dres: i32,
+    drop_p: f32,
+    drop_scale: f32,
+    seed_lo: i32,
+    seed_hi: i32,
+    offset: i32,
+) {
+    let n = h.dim(1);
+    let inv_n = 1.0 / n as f32;
+    let bid = block::id_x();
+    for c in (0..n).step_by(2048) {
+        dw_part.store([bid, c], Tile::<f32, 1, 2048>::zeros());
+        db_part.store([bid, c], Tile::<f32, 1, 2048>::zeros());
+    }
+    for r in (bid..h.dim(0)).step_by(grid::dim_x()) {
+        let mut s = Tile::<f32, 1, 2048>::zeros();
+        if layer == 1 {
+            for c in (0..n).step_by(2048) {
+                s = s + h.load::<Tile<T, 1, 2048>>([r, c]).cast::<f32>();
+            }
+        }
+        let mean = row_sum(s) * inv_n;
+        let mut ss = Tile::<f32, 1, 2048>::zeros();
+        for c in (0..n).step_by(2048) {
+            let d = (h.load::<Tile<T, 1, 2048>>([r, c]).cast::<f32>() - mean).mask_cols(n - c, 0.0);
+            ss = ss + d * d;
+        }
+        let rstd = rsqrt(row_sum(ss) * inv_n + eps);
+        let mut a = Tile::<f32, 1, 2048>::zeros();
+        let mut bsum = Tile::<f32, 1, 2048>::zeros();
+        for c in (0..n).step_by(2048) {
+            let xhat = (h.load::<Tile<T, 1, 2048>>([r, c]).cast::<f32>() - mean) * rstd;
+            let mut gw = dy.load::<Tile<T, 1, 2048>>([r, c]).cast::<f32>();
+            if has_w == 1 {
+                gw = gw * w.load::<Tile<T, 1, 2048>>([c]).cast::<f32>();
+            }
+            a = a + gw * xhat;
+            bsum = bsum + gw;
+        }
+        let ma = row_sum(a) * inv_n;
+        let mut mb = row_sum(bsum) * inv_n;
+        if layer == 0 {
+            mb = mb * 0.0;
+        }
+        for c in (0..n).step_by(2048) {
+            let xhat = (h.load::<Tile<T, 1, 2048>>([r, c]).cast::<f32>() - mean) * rstd;
+            let g = dy.load::<Tile<T, 1, 2048>>([r, c]).cast::<f32>();
+            let mut gw = g;
+            if has_w == 1 {
+                gw = g * w.load::<Tile<T, 1, 2048>>([c]).cast::<f32>();
+            }
+            let mut o = (gw - mb - xhat * ma) * rstd;
+            if has_dres == 1 {
+                o = o + dres.load::<Tile<T, 1, 2048>>([r, c]).cast::<f32>();
+            }
+            dh.store([r, c], o.cast::<T>());
+            if drop_p > 0.0 {
+                dx.store(
+                    [r, c],
+                    (o * step(Tile::<f32, 1, 2048>::uniform(seed_lo, seed_hi, offset, [r, c]) - drop_p) * drop_scale).cast::<T>(),
+                );
+            }
+            dw_part.store([bid, c], dw_part.load::<Tile<f32, 1, 2048>>([bid, c]) + g * xhat);
+            db_part.store([bid, c], db_part.load::<Tile<f32, 1, 2048>>([bid, c]) + g);
+        }
+    }
+}
+
+/// `out[c] = Σ_r part[r, c]`, rounded to `T`: the last step of `dweight` and `dbias`.
+#[kernel(dtypes(T = [bf16, f16, f32]))]
+pub fn sum_partials(part: Global<f32, 2>, out: Global<T, 1>) {
+    let c = block::id_x() * 256;
+    let mut s = Tile::<f32, 16, 256>::zeros();
+    for r in (0..part.dim(0)).step_by(16) {
+        s = s + part.load::<Tile<f32, 16, 256>>([r, c]);
+    }
+    out.store([c], col_sum(s).cast::<T>());
+}
+
+/// Which normalization a [`Norm`] computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormKind {
+    /// `x / sqrt(mean(x²) + eps)`.
+    Rms,
+    /// `(x − mean) / sqrt(var + eps)` (the biased variance).
+    Layer,
+}
+
+/// Dropout of a norm's input: element `[i, j]` is kept when Philox4x32-10's uniform number
+/// for it ([`tessera::random::uniform`]`(seed, offset, i, j)`) is at least `p`, and scaled by
+/// `1 / (1 − p)`. The same seed and offset give the same mask on the GPU, in the interpreter
+/// and in the backward pass; advance `offset` (or change the seed) between steps.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Dropout {
+    /// The probability of dropping an element, in `[0, 1)`.
+    pub p: f32,
+    /// Philox's key.
+    pub seed: u64,
+    /// Philox's third counter word.
+    pub offset: u32,
+}
+
+impl Dropout {
+    /// Drops with probability `p` under `seed` and `offset`.
+    pub fn new(p: f32, seed: u64, offset: u32) -> Dropout {
+        Dropout { p, seed, offset }
+    }
+
+    /// Whether element `[row, col]` is kept: the mask the kernels apply, on the host.
+    pub fn keeps(&self, row: usize, col: usize) -> bool {
+        tessera::random::uniform(self.seed, self.offset, row, col) >= self.p
+    }
+}
+
+/// A fused RMSNorm or LayerNorm over the last dimension of a 2-D `x` (`rows × hidden`, any
+/// sizes), with f32 statistics:
+///
+/// ```text
+/// h = dropout(x) + residual          (each optional; h is returned if asked)
+/// y = norm(h) · weight + bias        (each optional)
+/// y = y · (1 + scale[g]) + shift[g]  (optional; g = row / (rows / groups))
+/// ```
+///
+/// ```no_run
+/// # use tessera::{Device, Tensor, bf16};
+/// # use tessera_kernels::{Dropout, Norm};
+/// let dev = Device::gpu_or_cpu();
+/// let x = Tensor::from_host(&dev, &vec![bf16::ONE; 8 * 1024], &[8, 1024])?;
+/// let res = Tensor::from_host(&dev, &vec![bf16::ONE; 8 * 1024], &[8, 1024])?;
+/// let w = Tensor::from_host(&dev, &vec![bf16::ONE; 1024], &[1024])?;
+/// let (mut y, mut h) = (Tensor::<bf16>::zeros(&dev, &[8, 1024])?, Tensor::<bf16>::zeros(&dev, &[8, 1024])?);
+/// let norm = Norm::rms(1e-6).weight(&w).residual(&res).dropout(Dropout::new(0.1, 1234, 0));
+/// norm.forward(&dev, &x, &mut y, Some(&mut h))?;
+/// # Ok::<(), tessera::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct Norm<'a, T: Element> {
+    kind: NormKind,
+    eps: f32,
+    weight: Option<&'a Tensor<T>>,
+    bias: Option<&'a Tensor<T>>,
+    residual: Option<&'a Tensor<T>>,
+    dropout: Option<Dropout>,
+    modulation: Option<(&'a Tensor<T>, &'a Tensor<T>)>,
+}
+
+/// The outputs of [`Norm::backward`].
+#[derive(Debug)]
+pub struct NormGrads<'g, T: Element> {
+    /// The gradient of the norm's input `h` (the residual's gradient), `rows × hidden`.
+    pub dh: &'g mut Tensor<T>,
+    /// The gradient of `x` through the dropout, `rows × hidden`: needed with dropout (without
+    /// it, `dx` is `dh`).
+    pub dx: Option<&'g mut Tensor<T>>,
+    /// The gradient of the weight, `[hidden]` (needs a weight).
+    pub dweight: Option<&'g mut Tensor<T>>,
+    /// The gradient of the bias, `[hidden]` (needs a bias).
+    pub dbias: Option<&'g mut Tensor<T>>,
+}
+
+/// Element types the fused norms take: their kernels' specs.
+#[doc(hidden)]
+pub struct FusedSpecs {
+    pub row: &'static tessera::KernelSpec,
+    pub wide: &'static tessera::KernelSpec,
+    pub backward_row: &'static tessera::KernelSpec,
+    pub backward_wide: &'static tessera::KernelSpec,
+    pub sum_partials: &'static tessera::KernelSpec,
+}
+
+impl<'a, T: NormElement> Norm<'a, T> {
+    /// RMSNorm with `eps` added to the mean square.
+    pub fn rms(eps: f32) -> Self {
+        Norm { kind: NormKind::Rms, eps, weight: None, bias: None, residual: None, dropout: None, modulation: None }
+    }
+
+    /// LayerNorm with `eps` added to the variance.
+    pub fn layer(eps: f32) -> Self {
+        Norm { kind: NormKind::Layer, ..Norm::rms(eps) }
+    }
+
+    /// Multiplies by `weight` (`[hidden]`).
+    pub fn weight(self, weight: &'a Tensor<T>) -> Self {
+        Norm { weight: Some(weight), ..self }
+    }
+
+    /// Adds `bias` (`[hidden]`).
+    pub fn bias(self, bias: &'a Tensor<T>) -> Self {
+        Norm { bias: Some(bias), ..self }
+    }
+
+    /// Adds `residual` (`rows × hidden`) to the (dropped-out) input before normalizing.
+    pub fn residual(self, residual: &'a Tensor<T>) -> Self {
+        Norm { residual: Some(residual), ..self }
+    }
+
+    /// Drops elements of the input (before the residual is added).
+    pub fn dropout(self, dropout: Dropout) -> Self {
+        Norm { dropout: Some(dropout), ..self }
+    }
+
+    /// Then `y · (1 + scale[g]) + shift[g]`: `scale` and `shift` are `groups × hidden`, the
+    /// rows split into `groups` runs of equal length (a batch of sequences, say).
+    pub fn modulate(self, scale: &'a Tensor<T>, shift: &'a Tensor<T>) -> Self {
+        Norm { modulation: Some((scale, shift)), ..self }
+    }
+
+    fn op(&self) -> &'static str {
+        match self.kind {
+            NormKind::Rms => "Norm::rms",
+            NormKind::Layer => "Norm::layer",
+        }
+    }
+
+    /// The dropout's kernel arguments: `(p, 1 / (1 − p), seed_lo, seed_hi, offset)`.
+    fn dropout_args(&self) -> Result<(f32, f32, i32, i32, i32)> {
+        let Some(d) = self.dropout else { return Ok((0.0, 1.0, 0, 0, 0)) };
+        if !(0.0..1.0).contains(&d.p) {
+            return Err(Error::Argument {
+                kernel: self.op(),
+                arg: "dropout.p".into(),
+                expected: "a probability in [0, 1)".into(),
+                found: format!("{}", d.p),
+            });
+        }
+        Ok((d.p, 1.0 / (1.0 - d.p), d.seed as u32 as i32, (d.seed >> 32) as u32 as i32, d.offset as i32))
+    }
+
+    /// Checks the parameters against `rows × hidden`; gives the rows per modulation group (0
+    /// for none).
+    fn check(&self, m: usize, n: usize) -> Result<i32> {
+        let op = self.op();
+        for (name, p) in [("weight", self.weight), ("bias", self.bias)] {
+            if let Some(p) = p {
+                crate::check_shape(op, name, p, &[n])?;
+            }
+        }
+        if let Some(r) = self.residual {
+            crate::check_shape(op, "residual", r, &[m, n])?;
+        }
+        let Some((scale, shift)) = self.modulation else { return Ok(0) };
+        let (g, _) = crate::check_2d(op, "scale", scale)?;
+        if g == 0 || !m.is_multiple_of(g) {
+            return Err(Error::Argument {
+                kernel: op,
+                arg: "scale".into(),
+                expected: format!("a number of groups that divides the {m} rows"),
+                found: format!("shape {:?}", scale.shape()),
+            });
+        }
+        crate::check_shape(op, "scale", scale, &[g, n])?;
+        crate::check_shape(op, "shift", shift, &[g, n])?;
+        Ok(i32::try_from(m / g).unwrap_or(i32::MAX))
+    }
+
+    /// Normalizes `x` into `y`; `h` (if given) receives `dropout(x) + residual`, the input the
+    /// norm saw (the next residual, and what [`Norm::backward`] takes).
+    ///
+    /// # Errors
+    /// [`tessera::Error::Argument`] naming the tensor whose shape does not fit (`x`, `y`, `h`,
+    /// `weight`, `bias`, `residual`, `scale`, `shift`) or a dropout probability outside
+    /// `[0, 1)`; a launch error.
+    pub fn forward(&self, device: &Device, x: &Tensor<T>, y: &mut Tensor<T>, h: Option<&mut Tensor<T>>) -> Result<()> {
+        let op = self.op();
+        let (m, n) = crate::check_2d(op, "x", x)?;
+        crate::check_shape(op, "y", y, &[m, n])?;
+        if let Some(h) = &h {
+            crate::check_shape(op, "h", h, &[m, n])?;
+        }
+        let group_rows = self.check(m, n)?;
+        let (p, keep_scale, seed_lo, seed_hi, offset) = self.dropout_args()?;
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let specs = T::fused_specs();
+        let mut l = Launch::new(if n <= FUSED_ROW_IN_REGISTERS { specs.row } else { specs.wide }, device)?;
+        let (scale, shift) = (self.modulation.map(|(s, _)| s), self.modulation.map(|(_, s)| s));
+        let ins = [Optional(self.residual, 2), Optional(self.weight, 1), Optional(self.bias, 1), Optional(scale, 2), Optional(shift, 2)];
+        let _g0 = l.global(0, x)?;
+        let _g = ins.iter().enumerate().map(|(i, t)| l.global(1 + i, t)).collect::<Result<Vec<_>>>()?;
+        let _g6 = l.global_mut(6, y)?;
+        let mut h = OptionalMut(h, 2);
+        let _g7 = l.global_mut(7, &mut h)?;
+        let scalars: [ScalarArg; 11] = [
+            self.eps.into(),
+            i32::from(self.kind == NormKind::Layer).into(),
+            i32::from(self.weight.is_some()).into(),
+            i32::from(self.bias.is_some()).into(),
+            i32::from(self.residual.is_some()).into(),
+            p.into(),
+            keep_scale.into(),
+            seed_lo.into(),
+            seed_hi.into(),
+            offset.into(),
+            group_rows.into(),
+        ];
+        for (i, s) in scalars.into_iter().enumerate() {
+            l.scalar(8 + i, s)?;
+        }
+        l.launch(Grid::from(Grid::tiles(m, 1)))
+    }
+
+    /// The backward pass from the norm's input `h` (`x` itself without dropout or residual,
+    /// else the `h` the forward pass returned) and the output's gradient `dy`; `dresidual`
+    /// (optional) is the gradient reaching `h` by another path (the residual stream's), added
+    /// into `grads.dh`. The dropout mask is the forward pass's (same seed and offset).
+    ///
+    /// # Errors
+    /// [`tessera::Error::Argument`] naming a tensor whose shape does not fit; `grads.dx`
+    /// missing under dropout; `grads.dweight` (`dbias`) without a weight (bias); a scale and
+    /// shift (their backward pass is not implemented). A launch error.
+    pub fn backward(
+        &self,
+        device: &Device,
+        h: &Tensor<T>,
+        dy: &Tensor<T>,
+        dresidual: Option<&Tensor<T>>,
+        grads: NormGrads<'_, T>,
+    ) -> Result<()> {
+        let op = self.op();
+        let (m, n) = crate::check_2d(op, "h", h)?;
+        let missing = |arg: &str, expected: &str, found: &str| Error::Argument {
+            kernel: op,
+            arg: arg.into(),
+            expected: expected.into(),
+            found: found.into(),
+        };
+        if self.modulation.is_some() {
+            return Err(missing("scale", "no scale and shift: their backward pass is not implemented", "a scale and shift"));
+        }
+        crate::check_shape(op, "dy", dy, &[m, n])?;
+        if let Some(d) = dresidual {
+            crate::check_shape(op, "dresidual", d, &[m, n])?;
+        }
+        self.check(m, n)?;
+        crate::check_shape(op, "dh", grads.dh, &[m, n])?;
+        match (&grads.dx, self.dropout) {
+            (Some(dx), _) => crate::check_shape(op, "dx", dx, &[m, n])?,
+            (None, Some(_)) => return Err(missing("dx", "a gradient for `x` under dropout", "none")),
+            (None, None) => {}
+        }
+        for (name, g, p) in [("dweight", &grads.dweight, self.weight), ("dbias", &grads.dbias, self.bias)] {
+            match (g, p) {
+                (Some(g), Some(_)) => crate::check_shape(op, name, g, &[n])?,
+                (Some(_), None) => return Err(missing(name, "a norm with that parameter", "a norm without it")),
+                (None, _) => {}
+            }
+        }
+        let (p, keep_scale, seed_lo, seed_hi, offset) = self.dropout_args()?;
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let specs = T::fused_specs();
+        let blocks = m.min(2 * device.sm_count().max(1) as usize);
+        let mut dw_part = Tensor::<f32>::zeros(device, &[blocks, n])?;
+        let mut db_part = Tensor::<f32>::zeros(device, &[blocks, n])?;
+        {
+            let mut l = Launch::new(if n <= FUSED_BACKWARD_ROW_IN_REGISTERS { specs.backward_row } else { specs.backward_wide }, device)?;
+            let _g0 = l.global(0, h)?;
+            let _g1 = l.global(1, dy)?;
+            let ins = [Optional(dresidual, 2), Optional(self.weight, 1)];
+            let _g = ins.iter().enumerate().map(|(i, t)| l.global(2 + i, t)).collect::<Result<Vec<_>>>()?;
+            let _g4 = l.global_mut(4, grads.dh)?;
+            let mut dx = OptionalMut(grads.dx, 2);
+            let _g5 = l.global_mut(5, &mut dx)?;
+            let _g6 = l.global_mut(6, &mut dw_part)?;
+            let _g7 = l.global_mut(7, &mut db_part)?;
+            let scalars: [ScalarArg; 9] = [
+                self.eps.into(),
+                i32::from(self.kind == NormKind::Layer).into(),
+                i32::from(self.weight.is_some()).into(),
+                i32::from(dresidual.is_some()).into(),
+                p.into(),
+                keep_scale.into(),
+                seed_lo.into(),
+                seed_hi.into(),
+                offset.into(),
+            ];
+            for (i, s) in scalars.into_iter().enumerate() {
+                l.scalar(8 + i, s)?;
+            }
+            l.launch(Grid::from(blocks as u32))?;
+        }
+        for (part, out) in [(&dw_part, grads.dweight), (&db_part, grads.dbias)] {
+            if let Some(out) = out {
+                let mut l = Launch::new(specs.sum_partials, device)?;
+                let _g0 = l.global(0, part)?;
+                let _g1 = l.global_mut(1, out)?;
+                l.launch(Grid::from(Grid::tiles(n, 256)))?;
+            }
+        }
+        Ok(())
+    }
+}
