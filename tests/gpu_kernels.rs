@@ -687,9 +687,9 @@ fn norm_backward_ref(layer: bool, h: &[f64], dy: &[f64], dres: &[f64], n: usize,
 /// with a residual gradient, `dx` through the same mask, `dweight`, `dbias`).
 fn fused_norm_case<T: tessera_kernels::NormElement>(dev: &Device, to: fn(f32) -> T, from: fn(T) -> f64, tol: f64) {
     use tessera_kernels::{Dropout, Norm, NormGrads};
-    let mut shapes = vec![(1, 1), (7, 129), (6, 1536), (3, 9000), (4, 8192)];
+    let mut shapes = vec![(1, 1), (7, 129), (6, 1536), (3, 9000), (4, 8192), (72, 1024)];
     if !dev.is_cpu() {
-        shapes.extend([(300, 8192), (130, 16384), (1000, 2304), (2, 20000)]);
+        shapes.extend([(300, 8192), (130, 16384), (1000, 2304), (2, 20000), (1000, 1536), (1002, 2048)]);
     }
     let host = |v: Vec<f32>| -> Vec<T> { v.into_iter().map(to).collect() };
     let wide64 = |v: &[T]| -> Vec<f64> { v.iter().map(|&x| from(x)).collect() };

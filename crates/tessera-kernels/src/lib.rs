@@ -36,9 +36,9 @@ pub use norm::{
 };
 pub use norm_fused::{
     norm_backward_row_bf16, norm_backward_row_f16, norm_backward_row_f32, norm_backward_wide_bf16, norm_backward_wide_f16,
-    norm_backward_wide_f32, norm_fused_row_bf16, norm_fused_row_f16, norm_fused_row_f32, norm_fused_wide_bf16, norm_fused_wide_f16,
-    norm_fused_wide_f32, sum_partials_bf16, sum_partials_f16, sum_partials_f32, Dropout, FusedSpecs, Norm, NormGrads, NormKind,
-    FUSED_BACKWARD_ROW_IN_REGISTERS, FUSED_ROW_IN_REGISTERS,
+    norm_backward_wide_f32, norm_fused_row_bf16, norm_fused_row_f16, norm_fused_row_f32, norm_fused_rows4_bf16, norm_fused_rows4_f16,
+    norm_fused_rows4_f32, norm_fused_wide_bf16, norm_fused_wide_f16, norm_fused_wide_f32, sum_partials_bf16, sum_partials_f16,
+    sum_partials_f32, Dropout, FusedSpecs, Norm, NormGrads, NormKind, FUSED_BACKWARD_ROW_IN_REGISTERS, FUSED_ROW_IN_REGISTERS,
 };
 pub use reduce::{col_max, col_max_f32, col_mean, col_sum, col_sum_f32, row_max, row_max_f32, row_mean, row_sum, row_sum_f32, scale_f32};
 pub use rope::{
@@ -104,6 +104,9 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         &layer_norm_rows4_bf16::SPEC,
         &layer_norm_rows4_f16::SPEC,
         &layer_norm_rows4_f32::SPEC,
+        &norm_fused_rows4_bf16::SPEC,
+        &norm_fused_rows4_f16::SPEC,
+        &norm_fused_rows4_f32::SPEC,
         &norm_fused_row_bf16::SPEC,
         &norm_fused_row_f16::SPEC,
         &norm_fused_row_f32::SPEC,

@@ -213,11 +213,12 @@ impl NormPath {
 }
 
 macro_rules! norm_element {
-    ($t:ty, $rms4:ident, $rms_row:ident, $rms:ident, $ln4:ident, $ln_row:ident, $ln:ident, [$row:ident, $wide:ident, $brow:ident, $bwide:ident, $sum:ident]) => {
+    ($t:ty, $rms4:ident, $rms_row:ident, $rms:ident, $ln4:ident, $ln_row:ident, $ln:ident, [$rows4:ident, $row:ident, $wide:ident, $brow:ident, $bwide:ident, $sum:ident]) => {
         impl NormElement for $t {
             fn fused_specs() -> crate::norm_fused::FusedSpecs {
                 use crate::norm_fused::*;
                 FusedSpecs {
+                    rows4: &$rows4::SPEC,
                     row: &$row::SPEC,
                     wide: &$wide::SPEC,
                     backward_row: &$brow::SPEC,
@@ -269,7 +270,7 @@ norm_element!(
     layer_norm_rows4_bf16,
     layer_norm_row_bf16,
     layer_norm_bf16,
-    [norm_fused_row_bf16, norm_fused_wide_bf16, norm_backward_row_bf16, norm_backward_wide_bf16, sum_partials_bf16]
+    [norm_fused_rows4_bf16, norm_fused_row_bf16, norm_fused_wide_bf16, norm_backward_row_bf16, norm_backward_wide_bf16, sum_partials_bf16]
 );
 norm_element!(
     tessera::f16,
@@ -279,7 +280,7 @@ norm_element!(
     layer_norm_rows4_f16,
     layer_norm_row_f16,
     layer_norm_f16,
-    [norm_fused_row_f16, norm_fused_wide_f16, norm_backward_row_f16, norm_backward_wide_f16, sum_partials_f16]
+    [norm_fused_rows4_f16, norm_fused_row_f16, norm_fused_wide_f16, norm_backward_row_f16, norm_backward_wide_f16, sum_partials_f16]
 );
 norm_element!(
     f32,
@@ -289,7 +290,7 @@ norm_element!(
     layer_norm_rows4_f32,
     layer_norm_row_f32,
     layer_norm_f32,
-    [norm_fused_row_f32, norm_fused_wide_f32, norm_backward_row_f32, norm_backward_wide_f32, sum_partials_f32]
+    [norm_fused_rows4_f32, norm_fused_row_f32, norm_fused_wide_f32, norm_backward_row_f32, norm_backward_wide_f32, sum_partials_f32]
 );
 
 /// Checks `x`, `y` and the optional `[hidden]` parameters; gives `(rows, hidden)`.

@@ -72,6 +72,60 @@ pub fn norm_fused_row(
     y.store([r, 0], o.cast::<T>());
 }
 
+/// [`norm_fused_row`] for rows of at most 2048, four per block (one per warp, so the
+/// reductions stay within a warp); the four rows share one scale and shift row, so the
+/// launcher takes it only when groups are multiples of 4 rows.
+#[kernel(dtypes(T = [bf16, f16, f32]))]
+pub fn norm_fused_rows4(
+    x: Global<T, 2>,
+    res: Global<T, 2>,
+    w: Global<T, 1>,
+    b: Global<T, 1>,
+    scale: Global<T, 2>,
+    shift: Global<T, 2>,
+    y: Global<T, 2>,
+    h_out: Global<T, 2>,
+    eps: f32,
+    layer: i32,
+    has_w: i32,
+    has_b: i32,
+    has_res: i32,
+    drop_p: f32,
+    drop_scale: f32,
+    seed_lo: i32,
+    seed_hi: i32,
+    offset: i32,
+    group_rows: i32,
+) {
+    let r = block::id_x() * 4;
+    let n = x.dim(1);
+    let inv_n = 1.0 / n as f32;
+    let mut h = x.load::<Tile<T, 4, 2048>>([r, 0]).cast::<f32>();
+    if drop_p > 0.0 {
+        h = h * step(Tile::<f32, 4, 2048>::uniform(seed_lo, seed_hi, offset, [r, 0]) - drop_p) * drop_scale;
+    }
+    if has_res == 1 {
+        h = h + res.load::<Tile<T, 4, 2048>>([r, 0]).cast::<f32>();
+    }
+    h_out.store([r, 0], h.cast::<T>());
+    let mut d = h;
+    if layer == 1 {
+        d = (h - row_sum(h) * inv_n).mask_cols(n, 0.0);
+    }
+    let mut o = d * rsqrt(row_sum(d * d) * inv_n + eps);
+    if has_w == 1 {
+        o = o * w.load::<Tile<T, 1, 2048>>([0]).cast::<f32>();
+    }
+    if has_b == 1 {
+        o = o + b.load::<Tile<T, 1, 2048>>([0]).cast::<f32>();
+    }
+    if group_rows > 0 {
+        let g = r / group_rows;
+        o = o * (scale.load::<Tile<T, 1, 2048>>([g, 0]).cast::<f32>() + 1.0) + shift.load::<Tile<T, 1, 2048>>([g, 0]).cast::<f32>();
+    }
+    y.store([r, 0], o.cast::<T>());
+}
+
 /// [`norm_fused_row`] for any width: a row per block in 2048-column chunks, one pass for the
 /// mean (LayerNorm), one for the variance, one for the output; each recomputes `h`.
 #[kernel(dtypes(T = [bf16, f16, f32]))]
@@ -392,6 +446,7 @@ pub struct NormGrads<'g, T: Element> {
 /// Element types the fused norms take: their kernels' specs.
 #[doc(hidden)]
 pub struct FusedSpecs {
+    pub rows4: &'static tessera::KernelSpec,
     pub row: &'static tessera::KernelSpec,
     pub wide: &'static tessera::KernelSpec,
     pub backward_row: &'static tessera::KernelSpec,
@@ -504,7 +559,14 @@ impl<'a, T: NormElement> Norm<'a, T> {
             return Ok(());
         }
         let specs = T::fused_specs();
-        let mut l = Launch::new(if n <= FUSED_ROW_IN_REGISTERS { specs.row } else { specs.wide }, device)?;
+        // Four rows per block where they fit (and share their scale and shift row).
+        let rows4 = n <= crate::ROW_IN_REGISTERS && m >= 4 * device.sm_count() as usize && group_rows % 4 == 0;
+        let (spec, rows_per_block) = match () {
+            _ if rows4 => (specs.rows4, 4),
+            _ if n <= FUSED_ROW_IN_REGISTERS => (specs.row, 1),
+            _ => (specs.wide, 1),
+        };
+        let mut l = Launch::new(spec, device)?;
         let (scale, shift) = (self.modulation.map(|(s, _)| s), self.modulation.map(|(_, s)| s));
         let ins = [Optional(self.residual, 2), Optional(self.weight, 1), Optional(self.bias, 1), Optional(scale, 2), Optional(shift, 2)];
         let _g0 = l.global(0, x)?;
@@ -528,7 +590,7 @@ impl<'a, T: NormElement> Norm<'a, T> {
         for (i, s) in scalars.into_iter().enumerate() {
             l.scalar(8 + i, s)?;
         }
-        l.launch(Grid::from(Grid::tiles(m, 1)))
+        l.launch(Grid::from(Grid::tiles(m, rows_per_block)))
     }
 
     /// The backward pass from the norm's input `h` (`x` itself without dropout or residual,
@@ -582,11 +644,15 @@ impl<'a, T: NormElement> Norm<'a, T> {
             return Ok(());
         }
         let specs = T::fused_specs();
-        let blocks = m.min(2 * device.sm_count().max(1) as usize);
+        // Blocks stride over the rows: as many as fit on the GPU at once (ptxas: about 165
+        // registers for the row kernel, 250 for the wide one), each summing into its own row
+        // of partials.
+        let row = n <= FUSED_BACKWARD_ROW_IN_REGISTERS;
+        let blocks = m.min(if row { 3 } else { 2 } * device.sm_count().max(1) as usize);
         let mut dw_part = Tensor::<f32>::zeros(device, &[blocks, n])?;
         let mut db_part = Tensor::<f32>::zeros(device, &[blocks, n])?;
         {
-            let mut l = Launch::new(if n <= FUSED_BACKWARD_ROW_IN_REGISTERS { specs.backward_row } else { specs.backward_wide }, device)?;
+            let mut l = Launch::new(if row { specs.backward_row } else { specs.backward_wide }, device)?;
             let _g0 = l.global(0, h)?;
             let _g1 = l.global(1, dy)?;
             let ins = [Optional(dresidual, 2), Optional(self.weight, 1)];
