@@ -12,8 +12,8 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
         Ok(o) => o,
         Err(e) => return e.to_compile_error(),
     };
-    let Some((param, types)) = opts.dtypes else {
-        return compile_one(item, opts.warpgroups, &opts.targets);
+    let Some((param, types)) = opts.dtypes.clone() else {
+        return compile_one(item, &opts);
     };
     // `dtypes(T = [bf16, f16])`: one kernel per type, named `<fn>_<type>`, with `T` replaced.
     let mut out = TokenStream::new();
@@ -26,7 +26,7 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
             }
             Err(e) => return e.to_compile_error(),
         };
-        out.extend(compile_one(body, opts.warpgroups, &opts.targets));
+        out.extend(compile_one(body, &opts));
     }
     out
 }
@@ -47,15 +47,16 @@ fn substitute(ts: TokenStream, from: &syn::Ident, to: &syn::Ident) -> TokenStrea
         .collect()
 }
 
-fn compile_one(item: TokenStream, warpgroups: u32, targets: &[tessera_ptx::Target]) -> TokenStream {
+fn compile_one(item: TokenStream, opts: &Options) -> TokenStream {
     let f: syn::ItemFn = match syn::parse2(item) {
         Ok(f) => f,
         Err(e) => return e.to_compile_error(),
     };
     let mut fe = Frontend::new();
-    let ir = fe.kernel(&f, warpgroups);
-    let Some(ir) = ir else { return errors(fe.errors) };
-    match tessera_ptx::compile(ir, &CompileOptions { targets: targets.to_vec() }) {
+    let ir = fe.kernel(&f, opts.warpgroups);
+    let Some(mut ir) = ir else { return errors(fe.errors) };
+    ir.blocks_per_sm = opts.blocks_per_sm;
+    match tessera_ptx::compile(ir, &CompileOptions { targets: opts.targets.clone() }) {
         Ok(k) => {
             dump(&k);
             module(&f, &k)
@@ -87,10 +88,13 @@ struct Options {
     targets: Vec<tessera_ptx::Target>,
     /// `dtypes(T = [bf16, f16])`: the type parameter and its values.
     dtypes: Option<(syn::Ident, Vec<syn::Ident>)>,
+    /// `blocks_per_sm = N`: an occupancy request (0: none).
+    blocks_per_sm: u32,
 }
 
 fn parse_attr(attr: TokenStream) -> syn::Result<Options> {
     let mut warpgroups = 1;
+    let mut blocks_per_sm = 0;
     let mut dtypes = None;
     let mut targets = tessera_ptx::Target::ALL.to_vec();
     let parser = syn::meta::parser(|meta| {
@@ -135,12 +139,22 @@ fn parse_attr(attr: TokenStream) -> syn::Result<Options> {
             }
             warpgroups = v;
             Ok(())
+        } else if meta.path.is_ident("blocks_per_sm") {
+            let lit: syn::LitInt = meta.value()?.parse()?;
+            let v: u32 = lit.base10_parse()?;
+            if !(1..=32).contains(&v) {
+                return Err(syn::Error::new_spanned(lit, format!("`blocks_per_sm` is 1 to 32, found {v}")));
+            }
+            blocks_per_sm = v;
+            Ok(())
         } else {
-            Err(meta.error("unknown kernel option: expected `warpgroups = N`, `dtypes(T = [bf16, f16])` or `targets(sm_90a, sm_80)`"))
+            Err(meta.error(
+                "unknown kernel option: expected `warpgroups = N`, `blocks_per_sm = N`, `dtypes(T = [bf16, f16])` or `targets(sm_90a, sm_80)`",
+            ))
         }
     });
     syn::parse::Parser::parse2(parser, attr)?;
-    Ok(Options { warpgroups, targets, dtypes })
+    Ok(Options { warpgroups, targets, dtypes, blocks_per_sm })
 }
 
 fn dtype_tokens(d: DType) -> TokenStream {

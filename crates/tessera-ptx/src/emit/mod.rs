@@ -48,9 +48,9 @@ impl PtxEmitter {
             }
         }
         let _ = writeln!(s, ")\n.reqntid {}, 1, 1", k.threads);
-        if k.min_ctas_per_sm {
-            // setmaxnreg needs a register cap at entry.
-            let _ = writeln!(s, ".minnctapersm 1");
+        if k.min_ctas_per_sm > 0 {
+            // An occupancy request, or the register cap at entry that setmaxnreg needs.
+            let _ = writeln!(s, ".minnctapersm {}", k.min_ctas_per_sm);
         }
         let _ = writeln!(s, "{{");
         for (class, name) in &k.regs {

@@ -587,7 +587,7 @@ impl<'a> Lowerer<'a> {
             shared_bytes: bytes * self.ir.warpgroups,
             // The base is rounded up to 1024 at run time: ask for that much more.
             dynamic_shared_bytes: if self.dyn_bytes > 0 { self.dyn_bytes + 1024 } else { 0 },
-            min_ctas_per_sm: self.uses_setmaxnreg,
+            min_ctas_per_sm: self.ir.blocks_per_sm.max(u32::from(self.uses_setmaxnreg)),
             tma: Vec::new(),
             regs: self.regs,
             body,

@@ -170,6 +170,10 @@ pub struct TileIr {
     pub params: Vec<Param>,
     /// Warpgroups per thread block (128 threads each).
     pub warpgroups: u32,
+    /// `blocks_per_sm = N`: blocks each SM should hold at once (ptxas caps the registers to
+    /// fit them); 0 for no hint.
+    #[serde(default)]
+    pub blocks_per_sm: u32,
     /// The body.
     pub body: Vec<Stmt>,
 }

@@ -112,8 +112,9 @@ pub struct PtxKernel {
     pub shared_bytes: u32,
     /// Dynamic shared memory in bytes (rings and barriers, plus alignment slack).
     pub dynamic_shared_bytes: u32,
-    /// Whether the entry needs `.minnctapersm 1` (a register cap for `setmaxnreg`).
-    pub min_ctas_per_sm: bool,
+    /// `.minnctapersm` (0 for none): the kernel's `blocks_per_sm`, or 1 where `setmaxnreg`
+    /// needs a register cap at entry.
+    pub min_ctas_per_sm: u32,
     /// Globals copied by TMA, with their box.
     pub tma: Vec<(String, crate::lower::hopper::TmaUse)>,
     /// Register names, indexed by [`Reg::id`].
