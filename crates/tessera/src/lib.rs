@@ -52,8 +52,11 @@
 //! - Tiles (`M`, `N` powers of two; `Tile` or `tile`): `Tile::<T, M, N>::zeros()`,
 //!   `::full(v)`, `let t: Tile<T, M, N> = x.load([i, j])`, `x.load_or([i, j], fill)`,
 //!   `+ - * /`, `max`, `min`, `exp2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`,
-//!   `floor`, `.cast::<bf16>()`, `row_sum`, `row_max`, `col_sum`, `t.sum(axis)`,
+//!   `floor`, `step` (1.0 where `x ≥ 0`, else 0.0), `.cast::<bf16>()`, `row_sum`, `row_max`,
+//!   `col_sum`, `t.sum(axis)`,
 //!   `Tile::<f32, M, N>::col_index()` / `row_index()` (each element's column or row),
+//!   `Tile::<f32, M, N>::uniform(seed_lo, seed_hi, offset, [row, col])` (Philox4x32-10 numbers
+//!   in [0, 1): see [`random`] for the exact definition and the host's copy),
 //!   `t.swap_pairs()` (columns 2k and 2k+1 exchanged, in registers), `t.mask_cols(limit, fill)`
 //!   (columns from `limit` on replaced; `limit` an `i32`, or a `Tile<f32, M, 1>` of one per
 //!   row). `M×1` and `1×N` tiles broadcast.
@@ -61,7 +64,8 @@
 //! - `#[unroll] for j in 0..4 { … }` repeats a body with `j` a constant; `acc.cols(j * 64, 64)`
 //!   is a constant column slice of an MMA accumulator (no data moves).
 //! - Attributes: `#[kernel(warpgroups = 3)]`, `#[kernel(dtypes(T = [bf16, f16]))]` (one
-//!   kernel per type, named `<fn>_bf16`, `<fn>_f16`, with `T` replaced).
+//!   kernel per type, named `<fn>_bf16`, `<fn>_f16`, with `T` replaced),
+//!   `#[kernel(blocks_per_sm = 6)]` (ptxas caps the registers so that six blocks fit an SM).
 //!
 //! ## Hopper (sm_90a)
 //!
