@@ -72,7 +72,7 @@ pub fn norm_fused_row(
     y.store([r, 0], o.cast::<T>());
 }
 
-/// [`norm_fused_row`] for rows of at most 2048, four per block (one per warp, so the
+/// `norm_fused_row` for rows of at most 2048, four per block (one per warp, so the
 /// reductions stay within a warp); the four rows share one scale and shift row, so the
 /// launcher takes it only when groups are multiples of 4 rows.
 #[kernel(dtypes(T = [bf16, f16, f32]))]
@@ -126,7 +126,7 @@ pub fn norm_fused_rows4(
     y.store([r, 0], o.cast::<T>());
 }
 
-/// [`norm_fused_row`] for any width: a row per block in 2048-column chunks, one pass for the
+/// `norm_fused_row` for any width: a row per block in 2048-column chunks, one pass for the
 /// mean (LayerNorm), one for the variance, one for the output; each recomputes `h`.
 #[kernel(dtypes(T = [bf16, f16, f32]))]
 pub fn norm_fused_wide(
@@ -266,7 +266,7 @@ pub fn norm_backward_row(
     db_part.store([block::id_x(), 0], db);
 }
 
-/// [`norm_backward_row`] for any width, in 2048-column chunks: passes for the mean
+/// `norm_backward_row` for any width, in 2048-column chunks: passes for the mean
 /// (LayerNorm), the variance, the two sums the gradient needs, then the output; the block's
 /// partial sums of `dy · x̂` and `dy` are added into its rows of `dw_part` and `db_part` in
 /// place (each element by the thread that holds it, in one layout throughout).
