@@ -92,6 +92,16 @@ struct Options {
     blocks_per_sm: u32,
 }
 
+/// An integer option `name = N` with `N` in `range`; `what` states the range in the error.
+fn int_option(meta: &syn::meta::ParseNestedMeta, range: std::ops::RangeInclusive<u32>, what: &str) -> syn::Result<u32> {
+    let lit: syn::LitInt = meta.value()?.parse()?;
+    let v: u32 = lit.base10_parse()?;
+    if !range.contains(&v) {
+        return Err(syn::Error::new_spanned(lit, format!("{what}, found {v}")));
+    }
+    Ok(v)
+}
+
 fn parse_attr(attr: TokenStream) -> syn::Result<Options> {
     let mut warpgroups = 1;
     let mut blocks_per_sm = 0;
@@ -132,20 +142,10 @@ fn parse_attr(attr: TokenStream) -> syn::Result<Options> {
                 Ok(())
             })
         } else if meta.path.is_ident("warpgroups") {
-            let lit: syn::LitInt = meta.value()?.parse()?;
-            let v: u32 = lit.base10_parse()?;
-            if !(1..=8).contains(&v) {
-                return Err(syn::Error::new_spanned(lit, format!("`warpgroups` is 1 to 8 (128 to 1024 threads), found {v}")));
-            }
-            warpgroups = v;
+            warpgroups = int_option(&meta, 1..=8, "`warpgroups` is 1 to 8 (128 to 1024 threads)")?;
             Ok(())
         } else if meta.path.is_ident("blocks_per_sm") {
-            let lit: syn::LitInt = meta.value()?.parse()?;
-            let v: u32 = lit.base10_parse()?;
-            if !(1..=32).contains(&v) {
-                return Err(syn::Error::new_spanned(lit, format!("`blocks_per_sm` is 1 to 32, found {v}")));
-            }
-            blocks_per_sm = v;
+            blocks_per_sm = int_option(&meta, 1..=32, "`blocks_per_sm` is 1 to 32")?;
             Ok(())
         } else {
             Err(meta.error(
