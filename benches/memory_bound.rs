@@ -74,7 +74,7 @@ fn main() {
     // parameters once. 16384×8192 first (the shape), then hidden sizes around it with
     // rows chosen for 256 MiB of input, far above L2.
     let mut norm_rows: Vec<(String, f64, f64)> = Vec::new();
-    for (i, &n) in [8192usize, 768, 1024, 1536, 2048, 2304, 3072, 4096, 5120, 11008, 16384].iter().enumerate() {
+    for (i, &n) in [8192usize, 768, 1024, 1536, 2048, 2304, 2560, 3072, 4096, 5120, 11008, 16384].iter().enumerate() {
         use tessera::bf16;
         let m = if i == 0 { M } else { (1usize << 27) / n };
         let xb = Tensor::from_host(&dev, &rng_bf16(m * n), &[m, n]).expect("x bf16");
@@ -85,8 +85,11 @@ fn main() {
         // Every kernel that takes this width (`TESSERA_NORM_PATH`), so the dispatch can be
         // checked against the alternatives; the default path is marked `*`.
         let default = format!("{:?}", tessera_kernels::NormPath::choose(m, n, dev.sm_count() as usize)).to_lowercase();
-        for path in ["rows4", "row", "tiled"] {
-            if (path == "rows4" && n > tessera_kernels::ROW_IN_REGISTERS) || (path == "row" && n > 8192) {
+        for path in ["rows4", "rows2", "row", "tiled"] {
+            if (path == "rows4" && n > tessera_kernels::ROW_IN_REGISTERS)
+                || (path == "rows2" && !(2048..=4096).contains(&n))
+                || (path == "row" && n > 8192)
+            {
                 continue;
             }
             std::env::set_var("TESSERA_NORM_PATH", path);

@@ -30,9 +30,10 @@ pub use gemm::{
 };
 pub use norm::{
     layer_norm, layer_norm_bf16, layer_norm_f16, layer_norm_f32, layer_norm_row_bf16, layer_norm_row_f16, layer_norm_row_f32,
-    layer_norm_rows4_bf16, layer_norm_rows4_f16, layer_norm_rows4_f32, rms_norm, rms_norm_bf16, rms_norm_f16, rms_norm_f32,
-    rms_norm_row_bf16, rms_norm_row_f16, rms_norm_row_f32, rms_norm_rows4_bf16, rms_norm_rows4_f16, rms_norm_rows4_f32, NormElement,
-    NormPath, ROW_IN_REGISTERS,
+    layer_norm_rows2_bf16, layer_norm_rows2_f16, layer_norm_rows2_f32, layer_norm_rows4_bf16, layer_norm_rows4_f16, layer_norm_rows4_f32,
+    rms_norm, rms_norm_bf16, rms_norm_f16, rms_norm_f32, rms_norm_row_bf16, rms_norm_row_f16, rms_norm_row_f32, rms_norm_rows2_bf16,
+    rms_norm_rows2_f16, rms_norm_rows2_f32, rms_norm_rows4_bf16, rms_norm_rows4_f16, rms_norm_rows4_f32, NormElement, NormPath,
+    ROW_IN_REGISTERS,
 };
 pub use norm_fused::{
     norm_backward_row_bf16, norm_backward_row_f16, norm_backward_row_f32, norm_backward_wide_bf16, norm_backward_wide_f16,
@@ -104,6 +105,12 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         &layer_norm_rows4_bf16::SPEC,
         &layer_norm_rows4_f16::SPEC,
         &layer_norm_rows4_f32::SPEC,
+        &rms_norm_rows2_bf16::SPEC,
+        &rms_norm_rows2_f16::SPEC,
+        &rms_norm_rows2_f32::SPEC,
+        &layer_norm_rows2_bf16::SPEC,
+        &layer_norm_rows2_f16::SPEC,
+        &layer_norm_rows2_f32::SPEC,
         &norm_fused_rows4_bf16::SPEC,
         &norm_fused_rows4_f16::SPEC,
         &norm_fused_rows4_f32::SPEC,

@@ -8,7 +8,7 @@
 //! than bandwidth; on many rows it is slower than the tiled kernels, its cross-warp reduction
 //! serializing each block (notes/MEASUREMENTS.md runs 30–32).
 
-use tessera::{kernel, Device, Element, GlobalArg, Grid, Result, Tensor};
+use tessera::{kernel, Device, Element, GlobalArg, Grid, Optional, Result, Tensor};
 
 /// Rows each block of the tiled kernels normalizes.
 const BM: usize = 16;
@@ -45,16 +45,23 @@ pub fn rms_norm_rows4(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f3
 }
 
 /// `y = (x − mean) / sqrt(var + eps) · w + b` for rows of at most 8192 elements, one row per
-/// block, read once; the variance is the mean of the centred squares (columns past the row
-/// masked out), so it is never negative.
+/// block, read once. The statistics come from one exchange across warps: the sums of
+/// `x − k` and of its squares, `k` the row's first element — shifted so that a row far from
+/// zero keeps its variance (rows of equal values give exactly 0), clamped at 0.
 #[kernel(dtypes(T = [bf16, f16, f32]))]
 pub fn layer_norm_row(x: Global<T, 2>, w: Global<T, 1>, b: Global<T, 1>, y: Global<T, 2>, eps: f32, has_weight: i32, has_bias: i32) {
     let r = block::id_x();
     let n = x.dim(1);
     let t = x.load::<Tile<T, 1, 8192>>([r, 0]).cast::<f32>();
-    let mean = row_sum(t) * (1.0 / n as f32);
-    let d = (t - mean).mask_cols(n, 0.0);
-    let mut o = d * rsqrt(row_sum(d * d) * (1.0 / n as f32) + eps);
+    let k = x.get([r, 0]);
+    let d = (t - k).mask_cols(n, 0.0);
+    let s1 = row_sum(d);
+    let s2 = row_sum(d * d);
+    let dm = s1 * (1.0 / n as f32);
+    let var = max(s2 * (1.0 / n as f32) - dm * dm, 0.0);
+    let mut o = (t - (dm + k)) * rsqrt(var + eps);
+    // One parameter row at a time: both in flight at once cost 60 registers, a block per SM
+    // (run 42: 0.61× copy against 0.79).
     if has_weight == 1 {
         o = o * w.load::<Tile<T, 1, 8192>>([0]).cast::<f32>();
     }
@@ -81,6 +88,39 @@ pub fn layer_norm_rows4(x: Global<T, 2>, w: Global<T, 1>, b: Global<T, 1>, y: Gl
     }
     if has_bias == 1 {
         o = o + b.load::<Tile<T, 1, 2048>>([0]).cast::<f32>();
+    }
+    y.store([r, 0], o.cast::<T>());
+}
+
+/// `rms_norm_*` for rows of 2049..=4096 elements: two rows per block, two warps per row
+/// (a block per row would leave half its 8192-wide tile idle).
+#[kernel(dtypes(T = [bf16, f16, f32]))]
+pub fn rms_norm_rows2(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f32, has_weight: i32) {
+    let r = block::id_x() * 2;
+    let t = x.load::<Tile<T, 2, 4096>>([r, 0]).cast::<f32>();
+    let inv = rsqrt(row_sum(t * t) * (1.0 / x.dim(1) as f32) + eps);
+    let mut o = t * inv;
+    if has_weight == 1 {
+        o = o * w.load::<Tile<T, 1, 4096>>([0]).cast::<f32>();
+    }
+    y.store([r, 0], o.cast::<T>());
+}
+
+/// `layer_norm_*` for rows of 2049..=4096 elements: two rows per block, two warps per row;
+/// the variance is the mean of the centred squares (columns past the row masked out).
+#[kernel(dtypes(T = [bf16, f16, f32]))]
+pub fn layer_norm_rows2(x: Global<T, 2>, w: Global<T, 1>, b: Global<T, 1>, y: Global<T, 2>, eps: f32, has_weight: i32, has_bias: i32) {
+    let r = block::id_x() * 2;
+    let n = x.dim(1);
+    let t = x.load::<Tile<T, 2, 4096>>([r, 0]).cast::<f32>();
+    let mean = row_sum(t) * (1.0 / n as f32);
+    let d = (t - mean).mask_cols(n, 0.0);
+    let mut o = d * rsqrt(row_sum(d * d) * (1.0 / n as f32) + eps);
+    if has_weight == 1 {
+        o = o * w.load::<Tile<T, 1, 4096>>([0]).cast::<f32>();
+    }
+    if has_bias == 1 {
+        o = o + b.load::<Tile<T, 1, 4096>>([0]).cast::<f32>();
     }
     y.store([r, 0], o.cast::<T>());
 }
@@ -172,6 +212,8 @@ pub trait NormElement: Element {
 pub enum NormPath {
     /// Four rows per block, read once (hidden ≤ 2048).
     Rows4,
+    /// Two rows per block, read once (hidden ≤ 4096; softmax takes `Row` here).
+    Rows2,
     /// One row per block, read once (hidden ≤ 8192): for few rows.
     Row,
     /// 16 rows per block, a pass over the columns per statistic (any width).
@@ -179,20 +221,23 @@ pub enum NormPath {
 }
 
 impl NormPath {
-    /// The path for `m` rows of `n` elements on a device of `sms` SMs, from run 36's
-    /// measurements: a block per row for fewer rows than blocks the GPU runs at once, and for
-    /// rows of 3585..=8192 (where it fills most of its 8192-wide tile); four rows per block for
-    /// 1025..=2048; else the tiled kernels. `TESSERA_NORM_PATH=rows4|row|tiled` overrides it
-    /// where the kernel can take the width (for benchmarking the alternatives).
+    /// The path for `m` rows of `n` elements on a device of `sms` SMs, from runs 36 and 42: a
+    /// block per row for fewer rows than blocks the GPU runs at once, and for rows of
+    /// 4097..=8192; two rows per block for 2049..=4096; four for 1025..=2048; else the tiled
+    /// kernels. `TESSERA_NORM_PATH=rows4|rows2|row|tiled` overrides it where the kernel can
+    /// take the width (for benchmarking the alternatives).
     pub fn choose(m: usize, n: usize, sms: usize) -> NormPath {
         let forced = match std::env::var("TESSERA_NORM_PATH").as_deref() {
             Ok("rows4") if n <= ROW_IN_REGISTERS => Some(NormPath::Rows4),
+            Ok("rows2") if n <= 4096 => Some(NormPath::Rows2),
             Ok("row") if n <= 8192 => Some(NormPath::Row),
             Ok("tiled") => Some(NormPath::Tiled),
             _ => None,
         };
-        forced.unwrap_or(if n <= 8192 && (m <= 4 * sms || n > 3584) {
+        forced.unwrap_or(if n <= 8192 && (m <= 4 * sms || n > 4096) {
             NormPath::Row
+        } else if n <= 4096 && n > ROW_IN_REGISTERS {
+            NormPath::Rows2
         } else if n <= ROW_IN_REGISTERS && n > ROW_IN_REGISTERS / 2 {
             NormPath::Rows4
         } else {
@@ -205,6 +250,7 @@ impl NormPath {
             rows,
             match self {
                 NormPath::Rows4 => 4,
+                NormPath::Rows2 => 2,
                 NormPath::Row => 1,
                 NormPath::Tiled => BM,
             },
@@ -213,7 +259,7 @@ impl NormPath {
 }
 
 macro_rules! norm_element {
-    ($t:ty, $rms4:ident, $rms_row:ident, $rms:ident, $ln4:ident, $ln_row:ident, $ln:ident, [$rows4:ident, $row:ident, $wide:ident, $brow:ident, $bwide:ident, $sum:ident]) => {
+    ($t:ty, $rms4:ident, $rms2:ident, $rms_row:ident, $rms:ident, $ln4:ident, $ln2:ident, $ln_row:ident, $ln:ident, [$rows4:ident, $row:ident, $wide:ident, $brow:ident, $bwide:ident, $sum:ident]) => {
         impl NormElement for $t {
             fn fused_specs() -> crate::norm_fused::FusedSpecs {
                 use crate::norm_fused::*;
@@ -238,6 +284,7 @@ macro_rules! norm_element {
                 let g = path.grid(x.shape()[0]);
                 match path {
                     NormPath::Rows4 => $rms4::launch(dev, g, x, w, y, eps, has_w),
+                    NormPath::Rows2 => $rms2::launch(dev, g, x, w, y, eps, has_w),
                     NormPath::Row => $rms_row::launch(dev, g, x, w, y, eps, has_w),
                     NormPath::Tiled => $rms::launch(dev, g, x, w, y, eps, has_w),
                 }
@@ -255,6 +302,7 @@ macro_rules! norm_element {
                 let g = path.grid(x.shape()[0]);
                 match path {
                     NormPath::Rows4 => $ln4::launch(dev, g, x, w, b, y, eps, has_w, has_b),
+                    NormPath::Rows2 => $ln2::launch(dev, g, x, w, b, y, eps, has_w, has_b),
                     NormPath::Row => $ln_row::launch(dev, g, x, w, b, y, eps, has_w, has_b),
                     NormPath::Tiled => $ln::launch(dev, g, x, w, b, y, eps, has_w, has_b),
                 }
@@ -265,9 +313,11 @@ macro_rules! norm_element {
 norm_element!(
     tessera::bf16,
     rms_norm_rows4_bf16,
+    rms_norm_rows2_bf16,
     rms_norm_row_bf16,
     rms_norm_bf16,
     layer_norm_rows4_bf16,
+    layer_norm_rows2_bf16,
     layer_norm_row_bf16,
     layer_norm_bf16,
     [norm_fused_rows4_bf16, norm_fused_row_bf16, norm_fused_wide_bf16, norm_backward_row_bf16, norm_backward_wide_bf16, sum_partials_bf16]
@@ -275,9 +325,11 @@ norm_element!(
 norm_element!(
     tessera::f16,
     rms_norm_rows4_f16,
+    rms_norm_rows2_f16,
     rms_norm_row_f16,
     rms_norm_f16,
     layer_norm_rows4_f16,
+    layer_norm_rows2_f16,
     layer_norm_row_f16,
     layer_norm_f16,
     [norm_fused_rows4_f16, norm_fused_row_f16, norm_fused_wide_f16, norm_backward_row_f16, norm_backward_wide_f16, sum_partials_f16]
@@ -285,9 +337,11 @@ norm_element!(
 norm_element!(
     f32,
     rms_norm_rows4_f32,
+    rms_norm_rows2_f32,
     rms_norm_row_f32,
     rms_norm_f32,
     layer_norm_rows4_f32,
+    layer_norm_rows2_f32,
     layer_norm_row_f32,
     layer_norm_f32,
     [norm_fused_rows4_f32, norm_fused_row_f32, norm_fused_wide_f32, norm_backward_row_f32, norm_backward_wide_f32, sum_partials_f32]
@@ -333,12 +387,7 @@ pub fn rms_norm<T: NormElement>(device: &Device, x: &Tensor<T>, weight: Option<&
         return Ok(());
     }
     let row = NormPath::choose(m, n, device.sm_count() as usize);
-    // Without a weight the kernel never reads `w`: pass `x` itself as a stand-in.
-    let none = x.view(&[1], &[1])?;
-    match weight {
-        Some(w) => T::rms_norm_launch(device, row, x, w, y, eps, 1),
-        None => T::rms_norm_launch(device, row, x, &none, y, eps, 0),
-    }
+    T::rms_norm_launch(device, row, x, &Optional(weight, 1), y, eps, i32::from(weight.is_some()))
 }
 
 /// `y[i, :] = (x[i, :] − mean) / sqrt(var + eps) · weight + bias` per row of a 2-D `x` (any
@@ -362,12 +411,6 @@ pub fn layer_norm<T: NormElement>(
         return Ok(());
     }
     let row = NormPath::choose(m, n, device.sm_count() as usize);
-    let none = x.view(&[1], &[1])?;
     let flags = (i32::from(weight.is_some()), i32::from(bias.is_some()));
-    match (weight, bias) {
-        (Some(w), Some(b)) => T::layer_norm_launch(device, row, x, w, b, y, eps, flags),
-        (Some(w), None) => T::layer_norm_launch(device, row, x, w, &none, y, eps, flags),
-        (None, Some(b)) => T::layer_norm_launch(device, row, x, &none, b, y, eps, flags),
-        (None, None) => T::layer_norm_launch(device, row, x, &none, &none, y, eps, flags),
-    }
+    T::layer_norm_launch(device, row, x, &Optional(weight, 1), &Optional(bias, 1), y, eps, flags)
 }

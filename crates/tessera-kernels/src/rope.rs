@@ -1,8 +1,9 @@
 //! Rotary position embedding (RoPE) on query and key heads.
 //!
-//! Each block rotates the heads of one token, 32 heads by 64 columns at a time, so that the
-//! token's angles are computed (or read from the cache) once per block and broadcast over its
-//! heads. Both layouts go through one kernel per convention: the host passes the tensor as a
+//! Each block rotates the heads of one token, 32 heads at a time, so that the token's angles
+//! are computed (or read from the cache) once per block and broadcast over its heads; the
+//! tiles a step needs load together (run 41: two tokens per block cost more registers than
+//! they won in flight). Both layouts go through one kernel per convention: the host passes the tensor as a
 //! view whose axes are `[batch, seq, heads, dim]` whatever the order in memory, and for the
 //! half-split convention splits `dim` into its two halves, `[batch, seq, 2, heads, dim/2]`.
 
@@ -14,7 +15,8 @@ const HEADS: usize = 32;
 /// RoPE with the half-split (GPT-NeoX) convention: column `j` of the first half pairs with
 /// column `j` of the second, `y₁ = x₁·cos θ − x₂·sin θ`, `y₂ = x₂·cos θ + x₁·sin θ`, with
 /// `θ_j = p·exp2(j·freq_exp)` (`freq_exp = −2·log2(base)/dim`) or `cos_cache[p, j]`,
-/// `sin_cache[p, j]`. `sign` −1 rotates back (the backward pass).
+/// `sin_cache[p, j]`. `sign` −1 rotates back (the backward pass). The two halves' tiles load
+/// together (consecutive `let`s of loads issue as one group).
 #[kernel(dtypes(T = [bf16, f16, f32]))]
 pub fn rope_half(
     x: Global<T, 5>,
@@ -41,8 +43,10 @@ pub fn rope_half(
         let mut cs = Tile::<f32, 1, 64>::zeros();
         let mut sn = Tile::<f32, 1, 64>::zeros();
         if has_cache == 1 {
-            cs = cos_cache.load::<Tile<f32, 1, 64>>([p, c]);
-            sn = sin_cache.load::<Tile<f32, 1, 64>>([p, c]) * sign;
+            let cc = cos_cache.load::<Tile<f32, 1, 64>>([p, c]);
+            let sc = sin_cache.load::<Tile<f32, 1, 64>>([p, c]);
+            cs = cc;
+            sn = sc * sign;
         } else {
             let theta = exp2((Tile::<f32, 1, 64>::col_index() + c as f32) * freq_exp) * p as f32;
             cs = cos(theta);
@@ -56,9 +60,9 @@ pub fn rope_half(
 /// RoPE with the interleaved (GPT-J) convention: columns `2i` and `2i + 1` form a pair,
 /// `y₂ᵢ = x₂ᵢ·cos θᵢ − x₂ᵢ₊₁·sin θᵢ`, `y₂ᵢ₊₁ = x₂ᵢ₊₁·cos θᵢ + x₂ᵢ·sin θᵢ`; the partner of each
 /// column is in the same thread's registers (`swap_pairs`). The cache holds each angle twice,
-/// at `2i` and `2i + 1`. Six blocks per SM (80 registers, no spills) measured no faster than
-/// four (run 40: 0.78× copy either way), so occupancy is not what bounds it.
-#[kernel(dtypes(T = [bf16, f16, f32]), blocks_per_sm = 6)]
+/// at `2i` and `2i + 1`. 128 columns at a time: one load per head row in flight, where 64
+/// columns a step took two round trips for a 128-wide head (run 40: 0.78× copy).
+#[kernel(dtypes(T = [bf16, f16, f32]))]
 pub fn rope_pairs(
     x: Global<T, 4>,
     y: Global<T, 4>,
@@ -78,17 +82,19 @@ pub fn rope_pairs(
     if has_positions == 1 {
         p = positions.get([b, s]);
     }
-    for c in (0..x.dim(3)).step_by(64) {
-        let t = x.load::<Tile<T, 32, 64>>([b, s, h, c]).cast::<f32>();
-        let j = Tile::<f32, 1, 64>::col_index() + c as f32;
+    for c in (0..x.dim(3)).step_by(128) {
+        let t = x.load::<Tile<T, 32, 128>>([b, s, h, c]).cast::<f32>();
+        let j = Tile::<f32, 1, 128>::col_index() + c as f32;
         let pair = floor(j * 0.5);
         // −1 on the even column of each pair, +1 on the odd one.
         let alt = (j - pair * 2.0) * 2.0 - 1.0;
-        let mut cs = Tile::<f32, 1, 64>::zeros();
-        let mut sn = Tile::<f32, 1, 64>::zeros();
+        let mut cs = Tile::<f32, 1, 128>::zeros();
+        let mut sn = Tile::<f32, 1, 128>::zeros();
         if has_cache == 1 {
-            cs = cos_cache.load::<Tile<f32, 1, 64>>([p, c]);
-            sn = sin_cache.load::<Tile<f32, 1, 64>>([p, c]) * alt * sign;
+            let cc = cos_cache.load::<Tile<f32, 1, 128>>([p, c]);
+            let sc = sin_cache.load::<Tile<f32, 1, 128>>([p, c]);
+            cs = cc;
+            sn = sc * alt * sign;
         } else {
             let theta = exp2(pair * freq_exp) * p as f32;
             cs = cos(theta);

@@ -163,7 +163,7 @@ macro_rules! softmax_element {
             ) -> Result<()> {
                 let (g, causal) = (path.grid(m), i32::from(o.causal));
                 match path {
-                    NormPath::Row => $row::launch(dev, g, x, y, o.scale, causal, period),
+                    NormPath::Row | NormPath::Rows2 => $row::launch(dev, NormPath::Row.grid(m), x, y, o.scale, causal, period),
                     NormPath::Rows4 => $rows4::launch(dev, g, x, y, o.scale, causal, period),
                     NormPath::Tiled => $tiled::launch(dev, g, x, y, o.scale, causal, period),
                 }
@@ -278,8 +278,8 @@ pub fn softmax_backward<T: SoftmaxElement>(device: &Device, y: &Tensor<T>, dy: &
     let (dys, dxs) = (as_rows("softmax_backward", "dy", dy)?.1, as_rows("softmax_backward", "dx", dx)?.1);
     let (yv, dyv) = (y.view(&[m, n], &ys)?, dy.view(&[m, n], &dys)?);
     let mut dxv = dx.view_mut(&[m, n], &dxs)?;
-    // A block per row where the forward takes one (run 37: 1.01× copy at 16384×8192, 0.19× at
-    // 768 wide), else the tiled kernel.
-    let row = NormPath::choose(m, n, device.sm_count() as usize) == NormPath::Row;
+    // A block per row where the norms take one or two (run 37: 1.01× copy at 16384×8192,
+    // 0.19× at 768 wide), else the tiled kernel.
+    let row = matches!(NormPath::choose(m, n, device.sm_count() as usize), NormPath::Row | NormPath::Rows2);
     T::softmax_backward_launch(device, row, m, &yv, &dyv, &mut dxv, scale)
 }

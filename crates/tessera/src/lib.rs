@@ -47,7 +47,7 @@
 //! - Statements: `let`, `let mut`, assignment (`=`, `+=`, …), `for i in (a..b).step_by(k)`,
 //!   `if … else`, `tensor.store([i, j], tile)`.
 //! - Scalars: literals, `block::id_x()`/`_y`/`_z`, `grid::dim_x()`, `warpgroup::id()`,
-//!   `tensor.dim(axis)`, `tensor.get([i, j])` (one `i32` or `f32` element; 0 out of bounds),
+//!   `tensor.dim(axis)`, `tensor.get([i, j])` (one element, 16-bit floats widened to `f32`; 0 out of bounds),
 //!   arithmetic, comparisons, `as f32`/`as i32`.
 //! - Tiles (`M`, `N` powers of two; `Tile` or `tile`): `Tile::<T, M, N>::zeros()`,
 //!   `::full(v)`, `let t: Tile<T, M, N> = x.load([i, j])`, `x.load_or([i, j], fill)`,
@@ -60,6 +60,10 @@
 //!   `t.swap_pairs()` (columns 2k and 2k+1 exchanged, in registers), `t.mask_cols(limit, fill)`
 //!   (columns from `limit` on replaced; `limit` an `i32`, or a `Tile<f32, M, 1>` of one per
 //!   row). `M×1` and `1×N` tiles broadcast.
+//! - Scheduling: consecutive `let`s of tile loads (each maybe `.cast`) whose indices do not use
+//!   each other issue as one group, every vector in flight before any is used; consecutive
+//!   `let`s of independent reductions (`let a = row_sum(x); let b = row_sum(x * x);`) share
+//!   one exchange across warps.
 //!
 //! - `#[unroll] for j in 0..4 { … }` repeats a body with `j` a constant; `acc.cols(j * 64, 64)`
 //!   is a constant column slice of an MMA accumulator (no data moves).

@@ -49,6 +49,52 @@ impl Lowerer<'_> {
         TileVal { ty, layout, regs }
     }
 
+    /// Loads several tiles at once: where every one of them takes the fast path, all their
+    /// vectors go out in one straight run, so that none waits for another's data (a branch per
+    /// tile would make each wait at its join); else each tile by its own paths.
+    pub(crate) fn load_group(&mut self, loads: Vec<(GlobalVal, Vec<Operand>, TileType, Operand, Layout)>) -> Vec<TileVal> {
+        use Operand::{Reg as R, Sym};
+        let mut prepared = Vec::with_capacity(loads.len());
+        for (g, idx, ty, fill, layout) in loads {
+            let ld = if g.written { "ld.global" } else { "ld.global.nc" };
+            let regs: Vec<Reg> = (0..layout.len())
+                .map(|_| {
+                    let r = self.reg(elem_class(ty.dtype), &g.name);
+                    self.op(super::mov_for(r.class), vec![R(r), fill.clone()]);
+                    r
+                })
+                .collect();
+            let plan = self.plan(&g, &idx, layout, ty, false);
+            let fast = self.fast_path(&plan, layout, ty);
+            prepared.push((plan, layout, ty, regs, ld, fast));
+        }
+        if prepared.iter().all(|p| p.5.is_some()) {
+            let all = self.reg(RegClass::Pred, "allin");
+            self.op("setp.eq.u32", vec![R(all), R(self.lane), R(self.lane)]);
+            for p in &prepared {
+                let (_, all_in, _) = p.5.expect("checked");
+                self.op("and.pred", vec![R(all), R(all), R(all_in)]);
+            }
+            let (each, done) = (self.label("each"), self.label("loaded"));
+            self.op_if(all, true, "bra", vec![Sym(each.clone())]);
+            for (plan, layout, ty, regs, ld, fast) in &prepared {
+                let (_, _, chunk) = fast.expect("checked");
+                self.vector_runs(plan, *layout, None, *ty, regs, ld, true, chunk);
+            }
+            self.op("bra", vec![Sym(done.clone())]);
+            self.body.push(crate::tirt::Inst::Label(each));
+            for (plan, layout, ty, regs, ld, _) in &prepared {
+                self.stream(plan, *layout, *ty, regs, ld, true);
+            }
+            self.body.push(crate::tirt::Inst::Label(done));
+        } else {
+            for (plan, layout, ty, regs, ld, _) in &prepared {
+                self.stream(plan, *layout, *ty, regs, ld, true);
+            }
+        }
+        prepared.into_iter().map(|(_, layout, ty, regs, _, _)| TileVal { ty, layout, regs }).collect()
+    }
+
     /// Stores a tile at origin `idx`; each element is written once, by its owner, if in bounds.
     pub(crate) fn store(&mut self, g: &GlobalVal, idx: &[Operand], t: &TileVal) {
         let plan = self.plan(g, idx, t.layout, t.ty, true);
@@ -161,28 +207,7 @@ impl Lowerer<'_> {
         if run < 2 || run_bytes < 4 {
             return self.stream_general(plan, layout, ty, regs, op, load);
         }
-        let chunk = run_bytes.min(16);
-        let slots = layout.slots();
-        // dense = unit stride ∧ every row in bounds ∧ first element and row stride aligned.
-        let dense = self.reg(RegClass::Pred, "dense");
-        self.op("mov.pred", vec![R(dense), R(unit)]);
-        for &(_, _, _, row_in) in &plan.rows {
-            self.op("and.pred", vec![R(dense), R(dense), R(row_in)]);
-        }
-        let low = self.reg(RegClass::B32, "align");
-        self.op("cvt.u32.u64", vec![R(low), R(plan.rows[0].2)]);
-        if let Some(rb) = plan.row_stride_bytes {
-            self.op("or.b32", vec![R(low), R(low), R(rb)]);
-        }
-        self.op("and.b32", vec![R(low), R(low), Imm(i64::from(chunk - 1))]);
-        self.op("setp.eq.and.u32", vec![R(dense), R(low), Imm(0), R(dense)]);
-        // all in = dense ∧ first and last columns in bounds: unguarded vectors.
-        let all_in = self.reg(RegClass::Pred, "allin");
-        let max_dc = slots.iter().map(|s| s.dc).max().unwrap_or(0);
-        let last = self.reg(RegClass::B32, "clast");
-        self.op("add.s32", vec![R(last), R(c0), Imm(i64::from(max_dc))]);
-        self.op("setp.lt.and.u32", vec![R(all_in), R(last), R(dim), R(dense)]);
-        self.op("setp.lt.and.u32", vec![R(all_in), R(c0), R(dim), R(all_in)]);
+        let (dense, all_in, chunk) = self.fast_pred(plan, layout, ty, (c0, dim, unit));
         let (partial, slow, done) = (self.label("partial"), self.label("slow"), self.label("moved"));
         self.op_if(all_in, true, "bra", vec![Sym(partial.clone())]);
         self.vector_runs(plan, layout, None, ty, regs, op, load, chunk);
@@ -205,6 +230,45 @@ impl Lowerer<'_> {
         self.body.push(crate::tirt::Inst::Label(slow));
         self.stream_general(plan, layout, ty, regs, op, load);
         self.body.push(crate::tirt::Inst::Label(done));
+    }
+
+    /// Whether a tile can take the fast path (`stream`'s first), and if so the predicates
+    /// `dense` (unit stride, rows in bounds, aligned) and `all in` (dense and every column in
+    /// bounds), and the vector size in bytes.
+    fn fast_path(&mut self, plan: &Plan, layout: Layout, ty: TileType) -> Option<(Reg, Reg, u32)> {
+        let (Some(c0), Some(dim), Some(unit)) = (plan.col0, plan.col_dim, plan.unit) else { return None };
+        let run = layout.run_len();
+        if run < 2 || run * ty.dtype.size() < 4 {
+            return None;
+        }
+        Some(self.fast_pred(plan, layout, ty, (c0, dim, unit)))
+    }
+
+    fn fast_pred(&mut self, plan: &Plan, layout: Layout, ty: TileType, (c0, dim, unit): (Reg, Reg, Reg)) -> (Reg, Reg, u32) {
+        use Operand::{Imm, Reg as R};
+        let chunk = (layout.run_len() * ty.dtype.size()).min(16);
+        let slots = layout.slots();
+        // dense = unit stride ∧ every row in bounds ∧ first element and row stride aligned.
+        let dense = self.reg(RegClass::Pred, "dense");
+        self.op("mov.pred", vec![R(dense), R(unit)]);
+        for &(_, _, _, row_in) in &plan.rows {
+            self.op("and.pred", vec![R(dense), R(dense), R(row_in)]);
+        }
+        let low = self.reg(RegClass::B32, "align");
+        self.op("cvt.u32.u64", vec![R(low), R(plan.rows[0].2)]);
+        if let Some(rb) = plan.row_stride_bytes {
+            self.op("or.b32", vec![R(low), R(low), R(rb)]);
+        }
+        self.op("and.b32", vec![R(low), R(low), Imm(i64::from(chunk - 1))]);
+        self.op("setp.eq.and.u32", vec![R(dense), R(low), Imm(0), R(dense)]);
+        // all in = dense ∧ first and last columns in bounds: unguarded vectors.
+        let all_in = self.reg(RegClass::Pred, "allin");
+        let max_dc = slots.iter().map(|s| s.dc).max().unwrap_or(0);
+        let last = self.reg(RegClass::B32, "clast");
+        self.op("add.s32", vec![R(last), R(c0), Imm(i64::from(max_dc))]);
+        self.op("setp.lt.and.u32", vec![R(all_in), R(last), R(dim), R(dense)]);
+        self.op("setp.lt.and.u32", vec![R(all_in), R(c0), R(dim), R(all_in)]);
+        (dense, all_in, chunk)
     }
 
     /// Moves every run as vectors at immediate offsets from the thread's first element of its
@@ -356,17 +420,24 @@ impl Lowerer<'_> {
         self.op("mov.b64", vec![R(addr), R(gr.ptr)]);
         let inb = self.reg(RegClass::Pred, "inb");
         self.op("setp.eq.u32", vec![R(inb), R(self.lane), R(self.lane)]);
+        let es = i64::from(g.dtype.size());
         for (k, i) in idx.iter().enumerate() {
             let ir = self.reg(RegClass::B32, "idx");
             self.op("mov.b32", vec![R(ir), i.clone()]);
             self.op("setp.lt.and.u32", vec![R(inb), R(ir), R(gr.dims[k]), R(inb)]);
-            self.term(addr, ir, gr.strides[k], 4);
+            self.term(addr, ir, gr.strides[k], es);
         }
-        let class = super::scalar_class(ty);
-        let r = self.reg(class, &g.name);
+        let nc = if g.written { "" } else { ".nc" };
+        if es == 2 {
+            // A 16-bit float, widened: zero bits are 0.0 in both formats.
+            let h = self.reg(RegClass::B16, &g.name);
+            self.op("mov.b16", vec![R(h), Imm(0)]);
+            self.op_if(inb, false, &format!("ld.global{nc}.b16"), vec![R(h), Addr(addr, 0)]);
+            return self.widen_f32(h, g.dtype);
+        }
+        let r = self.reg(super::scalar_class(ty), &g.name);
         self.op("mov.b32", vec![R(r), Imm(0)]);
-        let ld = if g.written { "ld.global.b32" } else { "ld.global.nc.b32" };
-        self.op_if(inb, false, ld, vec![R(r), Addr(addr, 0)]);
+        self.op_if(inb, false, &format!("ld.global{nc}.b32"), vec![R(r), Addr(addr, 0)]);
         r
     }
 

@@ -89,6 +89,8 @@ pub(crate) struct GlobalVal {
     /// Whether the kernel stores into it (else loads may take the read-only path).
     pub written: bool,
     pub rank: usize,
+    /// The element type.
+    pub dtype: DType,
 }
 
 /// A global tensor's parameters in registers, for one statement.
@@ -258,7 +260,7 @@ impl<'a> Lowerer<'a> {
         use Operand::{Reg as R, SymAddr};
         for p in &self.ir.params {
             match p.ty {
-                Type::Global { rank, .. } => {
+                Type::Global { rank, dtype } => {
                     self.params.push(PtxParam { name: format!("{}_ptr", p.name), ty: ".u64", bytes: None });
                     for kind in ["dim", "stride"] {
                         for i in 0..rank {
@@ -271,7 +273,7 @@ impl<'a> Lowerer<'a> {
                         self.params.push(PtxParam { name: sym.clone(), ty: ".align 64 .b8", bytes: Some(128) });
                         self.tma_maps.insert(p.name.clone(), sym);
                     }
-                    let g = GlobalVal { name: p.name.clone(), written: self.ir.writes(&p.name), rank: rank as usize };
+                    let g = GlobalVal { name: p.name.clone(), written: self.ir.writes(&p.name), rank: rank as usize, dtype };
                     self.bind(&p.name, Value::Global(g));
                 }
                 Type::Scalar(s) => {
@@ -360,18 +362,70 @@ impl<'a> Lowerer<'a> {
 
     fn block(&mut self, body: &[Stmt]) -> Result<(), CompileError> {
         self.scopes.push(HashMap::new());
-        for s in body {
-            self.stmt(s)?;
+        let mut i = 0;
+        while i < body.len() {
+            let (loads, reductions) = (load_run(&body[i..]), reduction_run(&body[i..]));
+            let n = if loads > 1 {
+                self.loads(&body[i..i + loads])?;
+                loads
+            } else if reductions > 1 {
+                self.reductions(&body[i..i + reductions])?;
+                reductions
+            } else {
+                self.stmt(&body[i])?;
+                1
+            };
+            i += n;
         }
         self.scopes.pop();
         Ok(())
     }
 
-    fn stmt(&mut self, s: &Stmt) -> Result<(), CompileError> {
+    /// `let`s of independent reductions, reduced in one exchange across warps.
+    fn reductions(&mut self, run: &[Stmt]) -> Result<(), CompileError> {
+        let mut tiles = Vec::with_capacity(run.len());
+        for s in run {
+            self.stmt_start(s);
+            let StmtKind::Let { value, .. } = &s.kind else { unreachable!("a reduction run holds `let`s") };
+            let crate::tirh::ExprKind::Reduce { op, axis, value } = &value.kind else { unreachable!("a reduction run reduces") };
+            tiles.push((self.tile(value)?, *op, *axis));
+        }
+        for (s, t) in run.iter().zip(self.reduce_many(tiles)) {
+            let StmtKind::Let { name, .. } = &s.kind else { unreachable!("a reduction run holds `let`s") };
+            self.bind(name, Value::Tile(t));
+        }
+        Ok(())
+    }
+
+    /// `let`s of independent tile loads (each maybe cast), issued together.
+    fn loads(&mut self, run: &[Stmt]) -> Result<(), CompileError> {
+        let mut args = Vec::with_capacity(run.len());
+        for s in run {
+            self.stmt_start(s);
+            let StmtKind::Let { value, .. } = &s.kind else { unreachable!("a load run holds `let`s") };
+            args.push(self.load_args(loaded(value).expect("a load run loads"))?);
+        }
+        for (s, t) in run.iter().zip(self.load_group(args)) {
+            let StmtKind::Let { name, value, .. } = &s.kind else { unreachable!("a load run holds `let`s") };
+            let t = match &value.kind {
+                crate::tirh::ExprKind::Cast { to, .. } => self.cast(t, *to),
+                _ => t,
+            };
+            self.bind(name, Value::Tile(t));
+        }
+        Ok(())
+    }
+
+    /// What every statement starts with: its source line as a comment, fresh caches.
+    fn stmt_start(&mut self, s: &Stmt) {
         let file = self.ir.file.rsplit('/').next().unwrap_or(&self.ir.file).to_string();
         self.layouts.clear();
         self.param_cache.clear();
         self.body.push(Inst::Comment(format!("{file}:{}  {}", s.loc.line, s.text)));
+    }
+
+    fn stmt(&mut self, s: &Stmt) -> Result<(), CompileError> {
+        self.stmt_start(s);
         if let Some(r) = self.hopper_stmt(s) {
             return r;
         }
@@ -622,4 +676,45 @@ pub(crate) fn mov_for(c: RegClass) -> &'static str {
         RegClass::F32 => "mov.f32",
         RegClass::B64 => "mov.b64",
     }
+}
+
+/// The load of `let x = load` or `let x = load.cast()`.
+fn loaded(e: &crate::tirh::Expr) -> Option<&crate::tirh::Expr> {
+    use crate::tirh::ExprKind;
+    match &e.kind {
+        ExprKind::Load { .. } => Some(e),
+        ExprKind::Cast { value, .. } if matches!(value.kind, ExprKind::Load { .. }) => Some(value),
+        _ => None,
+    }
+}
+
+/// How many statements from the first are `let`s of tile loads (maybe cast) whose indices do
+/// not use the names the earlier ones bind: those can be issued together.
+fn load_run(body: &[Stmt]) -> usize {
+    independent_run(body, loaded)
+}
+
+/// How many statements from the first are `let`s of reductions (`let a = row_sum(x);`) whose
+/// operands do not use the names the earlier ones bind: those can share one exchange.
+fn reduction_run(body: &[Stmt]) -> usize {
+    independent_run(body, |value| match &value.kind {
+        crate::tirh::ExprKind::Reduce { value, .. } => Some(value),
+        _ => None,
+    })
+}
+
+/// How many statements from the first are immutable `let`s whose value `pick` accepts, the
+/// part it picks using none of the names the earlier ones bind.
+fn independent_run(body: &[Stmt], pick: impl Fn(&crate::tirh::Expr) -> Option<&crate::tirh::Expr>) -> usize {
+    let mut bound: Vec<String> = Vec::new();
+    for s in body {
+        let StmtKind::Let { name, mutable: false, value, .. } = &s.kind else { break };
+        let Some(operand) = pick(value) else { break };
+        let json = serde_json::to_string(operand).unwrap_or_default();
+        if json.is_empty() || bound.iter().any(|b| json.contains(&format!("{{\"Var\":{}}}", serde_json::Value::from(b.as_str())))) {
+            break;
+        }
+        bound.push(name.clone());
+    }
+    bound.len()
 }

@@ -37,15 +37,8 @@ impl Lowerer<'_> {
                 swap_pairs(t)
             }
 
-            ExprKind::Load { tensor, index, fill, .. } => {
-                let g = self.global(tensor);
-                let idx = index.iter().map(|i| self.scalar(i)).collect::<Result<Vec<_>, _>>()?;
-                let fill = match fill {
-                    Some(f) => self.scalar(f)?,
-                    None => Operand::F32(0.0),
-                };
-                let fill = self.elem_from_f32(fill, ty.dtype);
-                let layout = self.hinted_layout(ty);
+            ExprKind::Load { .. } => {
+                let (g, idx, ty, fill, layout) = self.load_args(e)?;
                 self.load(&g, &idx, ty, fill, layout)
             }
             ExprKind::Cast { value, to } => {
@@ -82,6 +75,23 @@ impl Lowerer<'_> {
             }
             _ => unreachable!("verified TIR-H: not a tile expression"),
         })
+    }
+
+    /// What a load expression loads: the tensor, the origin, the tile type, the fill and the
+    /// layout.
+    pub(crate) fn load_args(&mut self, e: &Expr) -> Result<(super::GlobalVal, Vec<Operand>, TileType, Operand, Layout), CompileError> {
+        let (ExprKind::Load { tensor, index, fill, .. }, Type::Tile(ty)) = (&e.kind, e.checked_ty()) else {
+            unreachable!("verified TIR-H: a load gives a tile")
+        };
+        let g = self.global(tensor);
+        let idx = index.iter().map(|i| self.scalar(i)).collect::<Result<Vec<_>, _>>()?;
+        let fill = match fill {
+            Some(f) => self.scalar(f)?,
+            None => Operand::F32(0.0),
+        };
+        let fill = self.elem_from_f32(fill, ty.dtype);
+        let layout = self.hinted_layout(ty);
+        Ok((g, idx, ty, fill, layout))
     }
 
     /// The layout for a tile whose layout is free (a load or a constructor): that of the tile
@@ -353,7 +363,7 @@ impl Lowerer<'_> {
         TileVal { regs, ..t.clone() }
     }
 
-    fn cast(&mut self, t: TileVal, to: DType) -> TileVal {
+    pub(crate) fn cast(&mut self, t: TileVal, to: DType) -> TileVal {
         if t.ty.dtype == to {
             return t;
         }
@@ -474,7 +484,7 @@ impl Lowerer<'_> {
                 r
             })
             .collect();
-        self.warpgroup_barrier();
+        // No barrier after the reads: every scratch user starts with one.
         TileVal { ty: t.ty, layout: to, regs }
     }
 
@@ -490,25 +500,35 @@ impl Lowerer<'_> {
 
     /// Reduces `axis` of a tile (0: down the rows, 1: along each row).
     fn reduce(&mut self, t: TileVal, op: ReduceOp, axis: u32) -> TileVal {
-        use Operand::{Addr, Imm, Reg as R};
+        let mut p = [self.reduce_in_warps(t, op, axis)];
+        self.reduce_across_warps(&mut p);
+        let [p] = p;
+        self.reduce_finish(p)
+    }
+
+    /// Reduces the tiles of independent `let`s (`let a = row_sum(x); let b = row_sum(y);`)
+    /// with one exchange across warps: one pair of barriers for them all.
+    pub(crate) fn reduce_many(&mut self, tiles: Vec<(TileVal, ReduceOp, u32)>) -> Vec<TileVal> {
+        let mut parts: Vec<Partial> = tiles.into_iter().map(|(t, op, axis)| self.reduce_in_warps(t, op, axis)).collect();
+        self.reduce_across_warps(&mut parts);
+        parts.into_iter().map(|p| self.reduce_finish(p)).collect()
+    }
+
+    /// Steps 1 and 2 of a reduction: within each thread, then across the lanes of each warp.
+    fn reduce_in_warps(&mut self, t: TileVal, op: ReduceOp, axis: u32) -> Partial {
+        use Operand::{Imm, Reg as R};
         let l = t.layout;
         let out_layout = l.reduced(axis);
         let ty = if axis == 1 { TileType { cols: 1, ..t.ty } } else { TileType { rows: 1, ..t.ty } };
         let kept = if axis == 1 { l.keep_cols } else { l.keep_rows };
         if !kept {
-            return TileVal { ty, layout: out_layout, regs: t.regs };
+            return Partial { op, axis, layout: l, ty, out_layout, acc: t.regs, done: true };
         }
-        let inst = match op {
-            ReduceOp::Sum => "add.f32",
-            ReduceOp::Max => "max.f32",
-            ReduceOp::Min => "min.f32",
-        };
-        let lr = self.layout_regs(l);
+        let inst = op.f32_inst();
         // 1. Within the thread: combine the registers that share the kept coordinate.
         let slots = l.slots();
-        let outs = out_layout.slots();
-        let mut acc: Vec<Reg> = Vec::with_capacity(outs.len());
-        for o in &outs {
+        let mut acc: Vec<Reg> = Vec::new();
+        for o in &out_layout.slots() {
             let mut a: Option<Reg> = None;
             for (i, s) in slots.iter().enumerate() {
                 let key = if axis == 1 { s.dr == o.dr } else { s.dc == o.dc };
@@ -528,6 +548,7 @@ impl Lowerer<'_> {
             acc.push(a.expect("every reduced slot has a parent slot"));
         }
         // Replicas must not count twice in a sum.
+        let lr = self.layout_regs(l);
         let (replicated, valid) = if axis == 1 { (l.cols_replicated(), lr.col_owner) } else { (l.rows_replicated(), lr.row_owner) };
         if replicated && op == ReduceOp::Sum {
             for a in acc.iter_mut() {
@@ -549,33 +570,59 @@ impl Lowerer<'_> {
             }
             step /= 2;
         }
-        // 3. Across warps, through shared memory.
-        let nwarps = l.warp_split(axis);
-        if nwarps > 1 {
+        Partial { op, axis, layout: l, ty, out_layout, acc, done: false }
+    }
+
+    /// Step 3: across warps, through shared memory, every partial in one exchange. Each
+    /// scratch user starts with a barrier, so none is needed after the reads.
+    fn reduce_across_warps(&mut self, parts: &mut [Partial]) {
+        use Operand::{Addr, Imm, Reg as R};
+        let cross: Vec<usize> = (0..parts.len()).filter(|&i| !parts[i].done && parts[i].layout.warp_split(parts[i].axis) > 1).collect();
+        if cross.is_empty() {
+            return;
+        }
+        // Partial k's slots start at `at[k]` bytes: `nwarps × extent` f32s each.
+        let mut at = Vec::with_capacity(cross.len());
+        let mut bytes = 0;
+        for &i in &cross {
+            let p = &parts[i];
+            at.push(bytes);
+            let extent = if p.axis == 1 { p.layout.parent_rows } else { p.layout.parent_cols };
+            bytes += p.layout.warp_split(p.axis) * extent * 4;
+        }
+        self.need_scratch(bytes);
+        self.warpgroup_barrier();
+        let scratch = self.scratch;
+        let mut reads = Vec::with_capacity(cross.len());
+        for (&i, &at) in cross.iter().zip(&at) {
+            let p = &parts[i];
+            let (l, axis) = (p.layout, p.axis);
+            let lr = self.layout_regs(l);
             let extent = if axis == 1 { l.parent_rows } else { l.parent_cols };
-            self.need_scratch(nwarps * extent * 4);
             let (lane_idx, warp_idx, pos, owner) =
                 if axis == 1 { (lr.lc, lr.wc, lr.row, lr.row_owner) } else { (lr.lr, lr.wr, lr.col, lr.col_owner) };
-            let offsets: Vec<u32> = outs.iter().map(|o| if axis == 1 { o.dr } else { o.dc }).collect();
+            let offsets: Vec<u32> = p.out_layout.slots().iter().map(|o| if axis == 1 { o.dr } else { o.dc }).collect();
             let writer = self.reg(RegClass::Pred, "writer");
             self.op("setp.eq.and.u32", vec![R(writer), R(lane_idx), Imm(0), R(owner)]);
+            // base = scratch + at + (warp_idx * extent + pos) * 4
             let base = self.reg(RegClass::B32, "saddr");
-            // base = scratch + (warp_idx * extent + pos) * 4
             self.op("mad.lo.u32", vec![R(base), R(warp_idx), Imm(i64::from(extent)), R(pos)]);
-            let scratch = self.scratch;
             self.op("mad.lo.u32", vec![R(base), R(base), Imm(4), R(scratch)]);
-            self.warpgroup_barrier();
-            for (a, &off) in acc.iter().zip(&offsets) {
-                self.op_if(writer, false, "st.shared.f32", vec![Addr(base, i64::from(off * 4)), R(*a)]);
+            for (a, &off) in p.acc.iter().zip(&offsets) {
+                self.op_if(writer, false, "st.shared.f32", vec![Addr(base, i64::from(at + off * 4)), R(*a)]);
             }
-            self.warpgroup_barrier();
             let rbase = self.reg(RegClass::B32, "saddr");
             self.op("mad.lo.u32", vec![R(rbase), R(pos), Imm(4), R(scratch)]);
-            for (a, &off) in acc.iter_mut().zip(&offsets) {
+            reads.push((rbase, extent, offsets));
+        }
+        self.warpgroup_barrier();
+        for ((&i, &at), (rbase, extent, offsets)) in cross.iter().zip(&at).zip(reads) {
+            let (inst, nwarps) = (parts[i].op.f32_inst(), parts[i].layout.warp_split(parts[i].axis));
+            for (a, &off) in parts[i].acc.iter_mut().zip(&offsets) {
                 let mut total = None;
                 for w in 0..nwarps {
                     let x = self.reg(RegClass::F32, "part");
-                    let o = i64::from((w * extent + off) * 4);
+                    let o = i64::from(at + (w * extent + off) * 4);
                     self.op("ld.shared.f32", vec![R(x), Addr(rbase, o)]);
                     total = Some(match total {
                         None => x,
@@ -588,10 +635,38 @@ impl Lowerer<'_> {
                 }
                 *a = total.unwrap_or(*a);
             }
-            self.warpgroup_barrier();
         }
-        let regs = acc.into_iter().map(|a| self.f32_to(a, t.ty.dtype)).collect();
-        TileVal { ty, layout: out_layout, regs }
+    }
+
+    /// The reduced tile, in the input's element type.
+    fn reduce_finish(&mut self, p: Partial) -> TileVal {
+        let regs = if p.done { p.acc } else { p.acc.into_iter().map(|a| self.f32_to(a, p.ty.dtype)).collect() };
+        TileVal { ty: p.ty, layout: p.out_layout, regs }
+    }
+}
+
+/// A reduction part way: each warp's result, before the exchange across warps.
+pub(crate) struct Partial {
+    op: ReduceOp,
+    axis: u32,
+    /// The input's layout.
+    layout: Layout,
+    /// The result's type and layout.
+    ty: TileType,
+    out_layout: Layout,
+    /// One f32 per result slot (or, when `done`, the result's registers as they are).
+    acc: Vec<Reg>,
+    /// Nothing to reduce: the axis is not spread over threads.
+    done: bool,
+}
+
+impl ReduceOp {
+    fn f32_inst(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "add.f32",
+            ReduceOp::Max => "max.f32",
+            ReduceOp::Min => "min.f32",
+        }
     }
 }
 

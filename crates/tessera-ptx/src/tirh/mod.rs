@@ -668,7 +668,7 @@ pub enum ExprKind {
     /// `t.swap_pairs()`: columns `2k` and `2k + 1` exchanged (moves no data: both are in one
     /// thread's registers).
     SwapPairs(Box<Expr>),
-    /// `tensor.get([i, j])`: one element of an `i32` or `f32` tensor as a scalar, the same in
+    /// `tensor.get([i, j])`: one element as a scalar (`i32`, or `f32` for any float tensor), the same in
     /// every thread; 0 out of bounds.
     Get {
         /// The global tensor.

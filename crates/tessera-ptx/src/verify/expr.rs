@@ -163,15 +163,8 @@ impl Checker {
                 self.indices(&tensor, rank, index, loc)?;
                 match dtype {
                     DType::I32 => Type::Scalar(ScalarType::I32),
-                    DType::F32 => Type::Scalar(ScalarType::F32),
-                    other => {
-                        return Err(CompileError::ty(
-                            loc,
-                            format!(
-                                "`{tensor}` is `Global<{other}, {rank}>`: `get` reads `i32` or `f32` elements (load a tile of `{other}`)"
-                            ),
-                        ))
-                    }
+                    // 16-bit floats widen to f32 (the DSL has no 16-bit scalars).
+                    DType::F32 | DType::F16 | DType::BF16 => Type::Scalar(ScalarType::F32),
                 }
             }
             ExprKind::TileCols { value, start, cols } => {
