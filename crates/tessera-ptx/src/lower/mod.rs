@@ -383,35 +383,49 @@ impl<'a> Lowerer<'a> {
 
     /// `let`s of independent reductions, reduced in one exchange across warps.
     fn reductions(&mut self, run: &[Stmt]) -> Result<(), CompileError> {
-        let mut tiles = Vec::with_capacity(run.len());
-        for s in run {
-            self.stmt_start(s);
-            let StmtKind::Let { value, .. } = &s.kind else { unreachable!("a reduction run holds `let`s") };
-            let crate::tirh::ExprKind::Reduce { op, axis, value } = &value.kind else { unreachable!("a reduction run reduces") };
-            tiles.push((self.tile(value)?, *op, *axis));
-        }
-        for (s, t) in run.iter().zip(self.reduce_many(tiles)) {
-            let StmtKind::Let { name, .. } = &s.kind else { unreachable!("a reduction run holds `let`s") };
-            self.bind(name, Value::Tile(t));
-        }
-        Ok(())
+        self.lets_together(
+            run,
+            |lw, value| {
+                let crate::tirh::ExprKind::Reduce { op, axis, value } = &value.kind else { unreachable!("a reduction run reduces") };
+                Ok((lw.tile(value)?, *op, *axis))
+            },
+            |lw, tiles| lw.reduce_many(tiles),
+        )
     }
 
     /// `let`s of independent tile loads (each maybe cast), issued together.
     fn loads(&mut self, run: &[Stmt]) -> Result<(), CompileError> {
-        let mut args = Vec::with_capacity(run.len());
+        self.lets_together(
+            run,
+            |lw, value| lw.load_args(loaded(value).expect("a load run loads")),
+            |lw, args| {
+                let tiles = lw.load_group(args);
+                run.iter()
+                    .zip(tiles)
+                    .map(|(s, t)| match &let_parts(s).1.kind {
+                        crate::tirh::ExprKind::Cast { to, .. } => lw.cast(t, *to),
+                        _ => t,
+                    })
+                    .collect()
+            },
+        )
+    }
+
+    /// Lowers a run of `let`s together: `each` takes a value's operands (after its statement's
+    /// comment), `all` the whole run's; each result is bound to its name.
+    fn lets_together<A>(
+        &mut self,
+        run: &[Stmt],
+        each: impl Fn(&mut Self, &crate::tirh::Expr) -> Result<A, CompileError>,
+        all: impl FnOnce(&mut Self, Vec<A>) -> Vec<TileVal>,
+    ) -> Result<(), CompileError> {
+        let mut parts = Vec::with_capacity(run.len());
         for s in run {
             self.stmt_start(s);
-            let StmtKind::Let { value, .. } = &s.kind else { unreachable!("a load run holds `let`s") };
-            args.push(self.load_args(loaded(value).expect("a load run loads"))?);
+            parts.push(each(self, let_parts(s).1)?);
         }
-        for (s, t) in run.iter().zip(self.load_group(args)) {
-            let StmtKind::Let { name, value, .. } = &s.kind else { unreachable!("a load run holds `let`s") };
-            let t = match &value.kind {
-                crate::tirh::ExprKind::Cast { to, .. } => self.cast(t, *to),
-                _ => t,
-            };
-            self.bind(name, Value::Tile(t));
+        for (s, t) in run.iter().zip(all(self, parts)) {
+            self.bind(let_parts(s).0, Value::Tile(t));
         }
         Ok(())
     }
@@ -676,6 +690,12 @@ pub(crate) fn mov_for(c: RegClass) -> &'static str {
         RegClass::F32 => "mov.f32",
         RegClass::B64 => "mov.b64",
     }
+}
+
+/// The name and value of a `let` in a run (runs hold only `let`s).
+fn let_parts(s: &Stmt) -> (&str, &crate::tirh::Expr) {
+    let StmtKind::Let { name, value, .. } = &s.kind else { unreachable!("a run holds `let`s") };
+    (name, value)
 }
 
 /// The load of `let x = load` or `let x = load.cast()`.
