@@ -198,16 +198,11 @@ impl Lowerer<'_> {
     /// strided or misaligned views, runs straddling the end): the general path, run by run.
     fn stream(&mut self, plan: &Plan, layout: Layout, ty: TileType, regs: &[Reg], op: &str, load: bool) {
         use Operand::{Imm, Reg as R, Sym};
-        let es = ty.dtype.size();
-        let run = layout.run_len();
-        let run_bytes = run * es;
-        let (Some(c0), Some(dim), Some(unit)) = (plan.col0, plan.col_dim, plan.unit) else {
+        let Some((dense, all_in, chunk)) = self.fast_path(plan, layout, ty) else {
             return self.stream_general(plan, layout, ty, regs, op, load);
         };
-        if run < 2 || run_bytes < 4 {
-            return self.stream_general(plan, layout, ty, regs, op, load);
-        }
-        let (dense, all_in, chunk) = self.fast_pred(plan, layout, ty, (c0, dim, unit));
+        let run = layout.run_len();
+        let (c0, dim) = (plan.col0.expect("a fast path has columns"), plan.col_dim.expect("a fast path has columns"));
         let (partial, slow, done) = (self.label("partial"), self.label("slow"), self.label("moved"));
         self.op_if(all_in, true, "bra", vec![Sym(partial.clone())]);
         self.vector_runs(plan, layout, None, ty, regs, op, load, chunk);
@@ -241,12 +236,8 @@ impl Lowerer<'_> {
         if run < 2 || run * ty.dtype.size() < 4 {
             return None;
         }
-        Some(self.fast_pred(plan, layout, ty, (c0, dim, unit)))
-    }
-
-    fn fast_pred(&mut self, plan: &Plan, layout: Layout, ty: TileType, (c0, dim, unit): (Reg, Reg, Reg)) -> (Reg, Reg, u32) {
         use Operand::{Imm, Reg as R};
-        let chunk = (layout.run_len() * ty.dtype.size()).min(16);
+        let chunk = (run * ty.dtype.size()).min(16);
         let slots = layout.slots();
         // dense = unit stride ∧ every row in bounds ∧ first element and row stride aligned.
         let dense = self.reg(RegClass::Pred, "dense");
@@ -268,7 +259,7 @@ impl Lowerer<'_> {
         self.op("add.s32", vec![R(last), R(c0), Imm(i64::from(max_dc))]);
         self.op("setp.lt.and.u32", vec![R(all_in), R(last), R(dim), R(dense)]);
         self.op("setp.lt.and.u32", vec![R(all_in), R(c0), R(dim), R(all_in)]);
-        (dense, all_in, chunk)
+        Some((dense, all_in, chunk))
     }
 
     /// Moves every run as vectors at immediate offsets from the thread's first element of its
