@@ -17,9 +17,10 @@ for line in sys.stdin:
   cargo build --release --example quickstart --example gemm_vs_cublas --message-format=json 2>/dev/null | exes
 } | while read -r name path; do
   case "$name" in
-    gpu_*|ptxas|memory_bound|gemm|gemm_vs_cublas|quickstart) cp "$path" ".gpu/bin/$name"; strip ".gpu/bin/$name" ;;
+    gpu_*|ptxas|memory_bound|gemm|attention|gemm_vs_cublas|quickstart) cp "$path" ".gpu/bin/$name"; strip ".gpu/bin/$name" ;;
   esac
 done
 cp scripts/gpu-run.sh .gpu/run.sh
+cp benches/attention_cudnn.py .gpu/bin/
 du -sh .gpu
 ls .gpu/bin

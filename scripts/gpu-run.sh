@@ -42,4 +42,8 @@ if [ "${SKIP_BENCH:-0}" != 1 ] && [ -x bin/gemm ]; then
   bin/gemm --bench >"$logs/gemm.log" 2>&1
   sed -n '/^gemm bf16 on/,$p' "$logs/gemm.log"
 fi
+if [ "${SKIP_BENCH:-0}" != 1 ] && [ -x bin/attention ]; then
+  TESSERA_CUDNN_SCRIPT=bin/attention_cudnn.py bin/attention --bench >"$logs/attention.log" 2>&1
+  sed -n '/^attention bf16 forward on/,$p' "$logs/attention.log"
+fi
 echo; echo "== summary"; printf '%s\n' "${summary[@]}"

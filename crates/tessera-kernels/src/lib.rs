@@ -12,9 +12,11 @@
 //! | [`rms_norm`] | `y = x / sqrt(mean(x²) + eps) · weight` per row, bf16/f16/f32, f32 statistics |
 //! | [`rope`], [`rope_in_place`], [`rope_backward`] | rotary position embedding of query/key heads, half-split or interleaved, `[b, s, h, d]` or `[b, h, s, d]`, angles computed or from [`rope_cache`] |
 //! | [`Norm`] | fused RMSNorm/LayerNorm: Philox dropout, residual add returning the new residual, weight, bias, scale and shift; forward and backward (`dx`, `dweight`, `dbias`) |
+//! | [`attention`], [`attention_with_lse`] | FlashAttention forward: bf16/f16, `[b, s, h, d]` or `[b, h, s, d]`, causal or not, grouped-query heads, different query and key lengths, the log-sum-exp for a backward pass (Hopper) |
 //! | [`layer_norm`] | `y = (x − mean) / sqrt(var + eps) · weight + bias` per row, bf16/f16/f32, f32 statistics |
 #![warn(missing_docs)]
 
+mod attention;
 mod elementwise;
 mod gemm;
 mod norm;
@@ -23,6 +25,7 @@ mod reduce;
 mod rope;
 mod softmax;
 
+pub use attention::{attention, attention_d128_bf16, attention_d128_f16, attention_with_lse, Attention, AttentionElement, AttentionLayout};
 pub use elementwise::{axpy, axpy_f32};
 pub use gemm::{
     bias_gelu, bias_gelu_bf16, gemm, gemm_nn_bf16, gemm_nn_f16, gemm_nn_full_bf16, gemm_nn_full_f16, gemm_tn, gemm_tn_bf16, gemm_tn_f16,
@@ -135,6 +138,8 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         &rope_pairs_bf16::SPEC,
         &rope_pairs_f16::SPEC,
         &rope_pairs_f32::SPEC,
+        &attention_d128_bf16::SPEC,
+        &attention_d128_f16::SPEC,
     ]
 }
 

@@ -15,7 +15,7 @@ pub struct Frontend {
 
 type R<T> = Result<T, syn::Error>;
 
-const FUNCTIONS: &str = "`exp2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Tile::<f32, M, N>::col_index`, `Tile::<f32, M, N>::row_index`, `Tile::<f32, M, N>::uniform`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `TileQueue::<S>::new`, `tma::load`, `tma::store`, `tma::store_wait`, `mma_sync`, `mma_sync_kn`, `mma_wait`, `setmaxnreg`";
+const FUNCTIONS: &str = "`exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Tile::<f32, M, N>::col_index`, `Tile::<f32, M, N>::row_index`, `Tile::<f32, M, N>::uniform`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `TileQueue::<S>::new`, `tma::load`, `tma::store`, `tma::store_wait`, `mma_sync`, `mma_sync_kn`, `mma_wait`, `setmaxnreg`";
 const METHODS: &str = "`load`, `load_or`, `get`, `store`, `dim`, `cast`, `exp2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `mask_cols`, `swap_pairs`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
 
 fn err<T>(span: impl ToTokens, msg: impl std::fmt::Display) -> R<T> {
@@ -412,7 +412,7 @@ impl Frontend {
                 args(self, 0)?;
                 ExprKind::Builtin(Builtin::WarpgroupId)
             }
-            [f @ ("exp2" | "abs" | "sqrt" | "rsqrt" | "tanh" | "erf" | "sin" | "cos" | "floor" | "step")] => {
+            [f @ ("exp2" | "log2" | "abs" | "sqrt" | "rsqrt" | "tanh" | "erf" | "sin" | "cos" | "floor" | "step")] => {
                 let mut a = args(self, 1)?;
                 ExprKind::Unary(unary_fn(f), Box::new(a.remove(0)))
             }
@@ -592,7 +592,7 @@ impl Frontend {
                 let dtype = dtype_of(to)?;
                 ExprKind::Cast { value: recv(self)?, to: dtype }
             }
-            "exp2" | "abs" | "sqrt" | "rsqrt" | "tanh" | "erf" | "sin" | "cos" | "floor" | "step" => {
+            "exp2" | "log2" | "abs" | "sqrt" | "rsqrt" | "tanh" | "erf" | "sin" | "cos" | "floor" | "step" => {
                 want(0)?;
                 ExprKind::Unary(unary_fn(&name), recv(self)?)
             }
@@ -764,6 +764,7 @@ fn bin_op(op: &SynBinOp) -> Option<BinOp> {
 fn unary_fn(name: &str) -> UnOp {
     match name {
         "exp2" => UnOp::Exp2,
+        "log2" => UnOp::Log2,
         "abs" => UnOp::Abs,
         "sqrt" => UnOp::Sqrt,
         "tanh" => UnOp::Tanh,

@@ -10,7 +10,7 @@
 //!   wgmma m64nN accumulator's, so tiles and epilogues are shared;
 //! - `mma_wait`, `setmaxnreg` → nothing.
 
-use super::hopper::ViewVal;
+use super::hopper::{k_major_bytes, MmaA, ViewVal};
 use super::Lowerer;
 use crate::tirt::{Operand, Reg, RegClass};
 
@@ -160,22 +160,25 @@ impl Lowerer<'_> {
     /// rest at 384 threads), so each lane keeps two offsets and fragments are loaded just before
     /// use: A as one `ldmatrix.x4` per k16 step, B as one `ldmatrix.x2` per 8 columns.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn mma_sm80(&mut self, acc: &[Reg], m_blocks: u32, n: u32, va: &ViewVal, vb: &ViewVal, b_kn: bool, ab: &str) {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn mma_sm80(&mut self, acc: &[Reg], m_blocks: u32, n: u32, k: u32, a: &MmaA, vb: &ViewVal, b_kn: bool, ab: &str) {
         use Operand::{Imm, Reg as R, Vec as V};
         let (lane, warp) = (self.lane, self.warp);
-        let k_steps = va.ty.cols / 16;
+        let k_steps = k / 16;
         let per_block = (n / 2) as usize;
         // A: lane l reads row 16w + l%16 of the slab at 16-byte chunk 2kk + l/16; as a byte
-        // offset before swizzling: a_lane = row·row_bytes + 16·(l/16).
+        // offset before swizzling: a_lane = row·pitch + 16·(l/16).
         let a_lane = self.reg(RegClass::B32, "alane");
-        self.op("and.b32", vec![R(a_lane), R(lane), Imm(15)]);
-        let t = self.reg(RegClass::B32, "t");
-        self.op("shl.b32", vec![R(t), R(warp), Imm(4)]);
-        self.op("add.u32", vec![R(a_lane), R(a_lane), R(t)]);
-        self.op("mul.lo.u32", vec![R(a_lane), R(a_lane), Imm(i64::from(va.ty.row_bytes()))]);
-        self.op("shr.u32", vec![R(t), R(lane), Imm(4)]);
-        self.op("shl.b32", vec![R(t), R(t), Imm(4)]);
-        self.op("add.u32", vec![R(a_lane), R(a_lane), R(t)]);
+        if let MmaA::Smem(va) = a {
+            self.op("and.b32", vec![R(a_lane), R(lane), Imm(15)]);
+            let t = self.reg(RegClass::B32, "t");
+            self.op("shl.b32", vec![R(t), R(warp), Imm(4)]);
+            self.op("add.u32", vec![R(a_lane), R(a_lane), R(t)]);
+            self.op("mul.lo.u32", vec![R(a_lane), R(a_lane), Imm(i64::from(va.ty.pitch()))]);
+            self.op("shr.u32", vec![R(t), R(lane), Imm(4)]);
+            self.op("shl.b32", vec![R(t), R(t), Imm(4)]);
+            self.op("add.u32", vec![R(a_lane), R(a_lane), R(t)]);
+        }
         // B (x2: lanes 0-15 give addresses): lane l reads 8-row matrix l/8, row l%8.
         // N×K: row n = 8j + l%8 at chunk 2kk + (l/8)%2 → b_lane = (l%8)·row_bytes + 16·((l/8)%2).
         // K×N: row k = 16kk + 8·((l/8)%2) + l%8 at chunk j → b_lane = (8·((l/8)%2) + l%8)·128.
@@ -189,20 +192,28 @@ impl Lowerer<'_> {
             self.op("add.u32", vec![R(b_lane), R(b_lane), R(hi)]);
             self.op("shl.b32", vec![R(b_lane), R(b_lane), Imm(7)]);
         } else {
-            self.op("mul.lo.u32", vec![R(b_lane), R(b_lane), Imm(i64::from(vb.ty.row_bytes()))]);
+            self.op("mul.lo.u32", vec![R(b_lane), R(b_lane), Imm(i64::from(vb.ty.pitch()))]);
             self.op("shl.b32", vec![R(hi), R(hi), Imm(4)]);
             self.op("add.u32", vec![R(b_lane), R(b_lane), R(hi)]);
         }
         for mb in 0..m_blocks {
             for kk in 0..k_steps {
-                // A fragment: offset = a_lane + 64·mb rows + 32·kk bytes, swizzled.
-                let off = self.reg(RegClass::B32, "aoff");
-                self.op("add.u32", vec![R(off), R(a_lane), Imm(i64::from(mb * 64 * va.ty.row_bytes() + 32 * kk))]);
-                let off = self.swizzled(off, va.ty.swizzle);
-                let addr = self.reg(RegClass::B32, "aaddr");
-                self.op("add.u32", vec![R(addr), R(va.addr), R(off)]);
-                let a: Vec<Reg> = (0..4).map(|_| self.reg(RegClass::B32, "afrag")).collect();
-                self.op("ldmatrix.sync.aligned.m8n8.x4.shared.b16", vec![V(a.clone()), Operand::Addr(addr, 0)]);
+                let a: Vec<Reg> = match a {
+                    MmaA::Smem(va) => {
+                        // A fragment: offset = a_lane + 64·mb rows + step kk's bytes, swizzled.
+                        let off = self.reg(RegClass::B32, "aoff");
+                        let at = mb * 64 * va.ty.pitch() + k_major_bytes(&va.ty, kk, va.ty.rows);
+                        self.op("add.u32", vec![R(off), R(a_lane), Imm(i64::from(at))]);
+                        let off = self.swizzled(off, va.ty.swizzle);
+                        let addr = self.reg(RegClass::B32, "aaddr");
+                        self.op("add.u32", vec![R(addr), R(va.addr), R(off)]);
+                        let a: Vec<Reg> = (0..4).map(|_| self.reg(RegClass::B32, "afrag")).collect();
+                        self.op("ldmatrix.sync.aligned.m8n8.x4.shared.b16", vec![V(a.clone()), Operand::Addr(addr, 0)]);
+                        a
+                    }
+                    // mma.sync's A fragment is wgmma's, warp by warp.
+                    MmaA::Regs(frags) => frags[(mb * k_steps + kk) as usize].to_vec(),
+                };
                 for j in 0..n / 8 {
                     let off = self.reg(RegClass::B32, "boff");
                     let base = if b_kn {
@@ -210,7 +221,8 @@ impl Lowerer<'_> {
                         self.op("add.u32", vec![R(off), R(b_lane), Imm(i64::from(16 * kk * 128 + 16 * (j % 8)))]);
                         (j / 8) * vb.ty.rows * 128
                     } else {
-                        self.op("add.u32", vec![R(off), R(b_lane), Imm(i64::from(8 * j * vb.ty.row_bytes() + 32 * kk))]);
+                        let at = 8 * j * vb.ty.pitch() + k_major_bytes(&vb.ty, kk, vb.ty.rows);
+                        self.op("add.u32", vec![R(off), R(b_lane), Imm(i64::from(at))]);
                         0
                     };
                     let off = self.swizzled(off, vb.ty.swizzle);

@@ -56,6 +56,26 @@ pub(crate) struct ViewVal {
     pub rows: u32,
 }
 
+/// The A operand of an `mma_sync`: a shared view, or register fragments (per 64-row block
+/// and k16 step, four packed registers).
+pub(crate) enum MmaA {
+    Smem(ViewVal),
+    Regs(Vec<[Reg; 4]>),
+}
+
+/// The encoded descriptor advance (bytes / 16) of k16 step `kk` along a K-major tile of
+/// `ty` whose panels hold `rows` rows: 32 bytes a step, the next panel every span.
+fn k_major_step(ty: &SmemType, kk: u32, rows: u32) -> i64 {
+    i64::from(k_major_bytes(ty, kk, rows) / 16)
+}
+
+/// The byte offset of k16 step `kk` along a K-major tile of `ty` whose panels hold `rows`
+/// rows.
+pub(crate) fn k_major_bytes(ty: &SmemType, kk: u32, rows: u32) -> u32 {
+    let per_panel = ty.pitch() / 32;
+    (kk / per_panel) * rows * ty.pitch() + 32 * (kk % per_panel)
+}
+
 /// What the kernel uses, found before lowering.
 #[derive(Default)]
 pub(crate) struct HopperScan {
@@ -90,6 +110,40 @@ pub(crate) fn scan(body: &[Stmt], out: &mut HopperScan) {
                 scan(otherwise, out);
             }
             _ => {}
+        }
+    }
+}
+
+/// The names bound or assigned from values computed from an accumulator (`mma_accs`), directly
+/// or through other such names: a per-row vector among them (the running max of an online
+/// softmax, say) lives in the accumulator's row layout, so that it meets its accumulator
+/// without moving.
+pub(crate) fn acc_derived(body: &[Stmt], accs: &[String]) -> Vec<String> {
+    fn defs<'a>(body: &'a [Stmt], out: &mut Vec<(&'a str, &'a Expr)>) {
+        for s in body {
+            match &s.kind {
+                StmtKind::Let { name, value, .. } | StmtKind::Assign { name, value } => out.push((name, value)),
+                StmtKind::For { body, .. } | StmtKind::QueueFor { body, .. } => defs(body, out),
+                StmtKind::If { then, otherwise, .. } => {
+                    defs(then, out);
+                    defs(otherwise, out);
+                }
+                _ => {}
+            }
+        }
+    }
+    let mut all = Vec::new();
+    defs(body, &mut all);
+    let mut derived: Vec<String> = accs.to_vec();
+    loop {
+        let before = derived.len();
+        for &(name, value) in &all {
+            if !derived.iter().any(|d| d == name) && derived.iter().any(|d| value.uses(d)) {
+                derived.push(name.to_string());
+            }
+        }
+        if derived.len() == before {
+            return derived;
         }
     }
 }
@@ -161,7 +215,7 @@ impl Lowerer<'_> {
                 };
                 let s = self.in_reg(s, crate::dtype::ScalarType::I32, "row0");
                 let addr = self.reg(RegClass::B32, "rows_at");
-                self.op("mad.lo.u32", vec![R(addr), R(s), Imm(i64::from(v.ty.row_bytes())), R(v.addr)]);
+                self.op("mad.lo.u32", vec![R(addr), R(s), Imm(i64::from(v.ty.pitch())), R(v.addr)]);
                 Value::View(ViewVal { addr, rows: *rows, ..v })
             }
             ExprKind::PipeStage { pipe, producer } => {
@@ -456,8 +510,17 @@ impl Lowerer<'_> {
         let Value::Tile(t) = self.lookup(acc) else { unreachable!("verified TIR-H: `{acc}` is a tile") };
         let want = Layout::wgmma(t.ty.rows, t.ty.cols);
         let t = if t.layout == want { t } else { self.adopt(acc, t, want) };
-        let (va, vb) = (self.view(a)?, self.view(b)?);
-        let ab = match va.ty.dtype {
+        let a_op = match a.checked_ty() {
+            Type::Tile(_) => MmaA::Regs(self.a_fragments(a)?),
+            _ => MmaA::Smem(self.view(a)?),
+        };
+        let vb = self.view(b)?;
+        let (a_dtype, k) = match (&a_op, a.checked_ty()) {
+            (MmaA::Smem(va), _) => (va.ty.dtype, va.ty.cols),
+            (MmaA::Regs(_), Type::Tile(ta)) => (ta.dtype, ta.cols),
+            _ => unreachable!("verified TIR-H: a tile operand"),
+        };
+        let ab = match a_dtype {
             crate::dtype::DType::F16 => "f16.f16",
             _ => "bf16.bf16",
         };
@@ -469,41 +532,93 @@ impl Lowerer<'_> {
                     loc: a.loc,
                 });
             }
-            self.mma_sm80(&t.regs, t.ty.rows / 64, n, &va, &vb, b_kn, ab);
+            self.mma_sm80(&t.regs, t.ty.rows / 64, n, k, &a_op, &vb, b_kn, ab);
             return Ok(());
         }
         let per_block = (n / 2) as usize;
-        let k_steps = va.ty.cols / 16;
+        let k_steps = k / 16;
         let desc_b =
             if b_kn { self.descriptor_mn(vb.addr, vb.ty.rows * 128, vb.ty.panels()) } else { self.descriptor(vb.addr, vb.ty.swizzle) };
-        // A k16 step moves 32 bytes along a K-major row (+2 encoded) or 16 rows of 128 bytes
-        // down an N-major panel (+128 encoded).
-        let (b_step, tnsp_b) = if b_kn { (128, 1) } else { (2, 0) };
         self.op("wgmma.fence.sync.aligned", vec![]);
         for mb in 0..(t.ty.rows / 64) {
-            let a_addr = self.reg(RegClass::B32, "a_slab");
-            self.op("add.u32", vec![R(a_addr), R(va.addr), Imm(i64::from(mb * 64 * va.ty.row_bytes()))]);
-            let desc_a = self.descriptor(a_addr, va.ty.swizzle);
+            let desc_a = match &a_op {
+                MmaA::Smem(va) => {
+                    let a_addr = self.reg(RegClass::B32, "a_slab");
+                    self.op("add.u32", vec![R(a_addr), R(va.addr), Imm(i64::from(mb * 64 * va.ty.pitch()))]);
+                    Some(self.descriptor(a_addr, va.ty.swizzle))
+                }
+                MmaA::Regs(_) => None,
+            };
             let regs = t.regs[mb as usize * per_block..(mb as usize + 1) * per_block].to_vec();
-            for k in 0..k_steps {
-                let (da, db) = if k == 0 {
-                    (desc_a, desc_b)
+            for kk in 0..k_steps {
+                let db = if kk == 0 {
+                    desc_b
                 } else {
-                    let (da, db) = (self.reg(RegClass::B64, "desc_a"), self.reg(RegClass::B64, "desc_b"));
-                    // Each k16 step is 32 bytes further along the swizzled row: +2 encoded.
-                    self.op("add.s64", vec![R(da), R(desc_a), Imm(2 * i64::from(k))]);
-                    self.op("add.s64", vec![R(db), R(desc_b), Imm(b_step * i64::from(k))]);
-                    (da, db)
+                    // A k16 step: 16 rows of 128 bytes down an N-major panel (+128 encoded), or
+                    // 32 bytes along a K-major row, into the next panel every span.
+                    let step = if b_kn { 128 * i64::from(kk) } else { k_major_step(&vb.ty, kk, vb.ty.rows) };
+                    let db = self.reg(RegClass::B64, "desc_b");
+                    self.op("add.s64", vec![R(db), R(desc_b), Imm(step)]);
+                    db
                 };
-                self.op(
-                    &format!("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}"),
-                    vec![Operand::Vec(regs.clone()), R(da), R(db), Imm(1), Imm(1), Imm(1), Imm(0), Imm(tnsp_b)],
-                );
+                let tnsp_b = Imm(i64::from(b_kn));
+                let args = match (&a_op, desc_a) {
+                    (MmaA::Smem(va), Some(desc_a)) => {
+                        let da = if kk == 0 {
+                            desc_a
+                        } else {
+                            let da = self.reg(RegClass::B64, "desc_a");
+                            self.op("add.s64", vec![R(da), R(desc_a), Imm(k_major_step(&va.ty, kk, va.ty.rows))]);
+                            da
+                        };
+                        vec![Operand::Vec(regs.clone()), R(da), R(db), Imm(1), Imm(1), Imm(1), Imm(0), tnsp_b]
+                    }
+                    (MmaA::Regs(frags), _) => {
+                        let f = frags[(mb * k_steps + kk) as usize].to_vec();
+                        vec![Operand::Vec(regs.clone()), Operand::Vec(f), R(db), Imm(1), Imm(1), Imm(1), tnsp_b]
+                    }
+                    _ => unreachable!("a shared A has a descriptor"),
+                };
+                self.op(&format!("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}"), args);
             }
         }
         self.op("wgmma.commit_group.sync.aligned", vec![]);
         self.wgmma_pending = true;
         Ok(())
+    }
+
+    /// A register A operand in fragments: for each 64-row block and k16 step, the four
+    /// 32-bit registers of `wgmma`'s (and `mma.sync`'s) A, each two 16-bit elements. That
+    /// fragment is the accumulator layout of a 64×16 tile, so the tile moves into the
+    /// accumulator layout (a renaming for a tile computed from an accumulator) and its pairs
+    /// are packed; an f32 tile under `.cast` packs with one `cvt` per pair.
+    fn a_fragments(&mut self, a: &Expr) -> Result<Vec<[Reg; 4]>, CompileError> {
+        use Operand::Reg as R;
+        let (src, to) = match &a.kind {
+            ExprKind::Cast { value, to } if matches!(value.checked_ty(), Type::Tile(t) if t.dtype == crate::dtype::DType::F32) => {
+                (value.as_ref(), Some(*to))
+            }
+            _ => (a, None),
+        };
+        let t = self.tile(src)?;
+        let want = Layout::wgmma(t.ty.rows, t.ty.cols);
+        let t = self.convert(t, want);
+        let mut frags = Vec::new();
+        for chunk in t.regs.chunks(8) {
+            let mut f = [chunk[0]; 4];
+            for (r, slot) in f.iter_mut().enumerate() {
+                let (lo, hi) = (chunk[2 * r], chunk[2 * r + 1]);
+                let w = self.reg(RegClass::B32, "afrag");
+                match to {
+                    Some(crate::dtype::DType::F16) => self.op("cvt.rn.f16x2.f32", vec![R(w), R(hi), R(lo)]),
+                    Some(_) => self.op("cvt.rn.bf16x2.f32", vec![R(w), R(hi), R(lo)]),
+                    None => self.op("mov.b32", vec![R(w), Operand::Vec(vec![lo, hi])]),
+                }
+                *slot = w;
+            }
+            frags.push(f);
+        }
+        Ok(frags)
     }
 
     /// Rebinds a mutable tile in another layout (moving its value), so that `mma_sync` can
@@ -543,6 +658,9 @@ impl Lowerer<'_> {
         match name {
             Some(n) if self.mma_accs.iter().any(|a| a == n) && ty.rows.is_multiple_of(64) && ty.cols.is_multiple_of(8) => {
                 Layout::wgmma(ty.rows, ty.cols)
+            }
+            Some(n) if self.acc_derived.iter().any(|a| a == n) && ty.rows.is_multiple_of(64) && ty.cols == 1 => {
+                Layout::wgmma(ty.rows, 8).reduced(1)
             }
             _ => Layout::blocked(ty.rows, ty.cols),
         }

@@ -50,6 +50,7 @@ pub fn lower(ir: &TileIr, target: crate::reflect::Target) -> Result<PtxKernel, C
     }
     let mut lw = Lowerer::new(ir);
     lw.target = target;
+    lw.acc_derived = hopper::acc_derived(&ir.body, &scan.mma_accs);
     lw.mma_accs = scan.mma_accs;
     lw.any_mma = scan.any_mma;
     lw.params(&tma);
@@ -148,6 +149,8 @@ pub(crate) struct Lowerer<'a> {
     /// Parameters loaded in the current statement.
     param_cache: HashMap<String, Reg>,
     pub mma_accs: Vec<String>,
+    /// Names computed from accumulators (see [`hopper::acc_derived`]).
+    pub acc_derived: Vec<String>,
     pub any_mma: bool,
     pub wgmma_pending: bool,
     pub uses_setmaxnreg: bool,
@@ -184,6 +187,7 @@ impl<'a> Lowerer<'a> {
             tma_maps: HashMap::new(),
             param_cache: HashMap::new(),
             mma_accs: Vec::new(),
+            acc_derived: Vec::new(),
             any_mma: false,
             wgmma_pending: false,
             uses_setmaxnreg: false,
@@ -730,8 +734,7 @@ fn independent_run(body: &[Stmt], pick: impl Fn(&crate::tirh::Expr) -> Option<&c
     for s in body {
         let StmtKind::Let { name, mutable: false, value, .. } = &s.kind else { break };
         let Some(operand) = pick(value) else { break };
-        let json = serde_json::to_string(operand).unwrap_or_default();
-        if json.is_empty() || bound.iter().any(|b| json.contains(&format!("{{\"Var\":{}}}", serde_json::Value::from(b.as_str())))) {
+        if bound.iter().any(|b| operand.uses(b)) {
             break;
         }
         bound.push(name.clone());

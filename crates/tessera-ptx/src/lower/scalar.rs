@@ -135,6 +135,7 @@ impl Lowerer<'_> {
         match op {
             UnOp::Neg => one(self, "neg.f32"),
             UnOp::Exp2 => one(self, "ex2.approx.f32"),
+            UnOp::Log2 => one(self, "lg2.approx.f32"),
             UnOp::Abs => one(self, "abs.f32"),
             UnOp::Sqrt => one(self, "sqrt.rn.f32"),
             UnOp::Rsqrt => one(self, "rsqrt.approx.f32"),

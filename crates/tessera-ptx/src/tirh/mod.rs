@@ -88,6 +88,11 @@ impl SmemType {
     pub fn panel_cols(&self) -> u32 {
         self.cols / self.panels()
     }
+
+    /// Bytes from one row to the next within a panel.
+    pub fn pitch(&self) -> u32 {
+        self.row_bytes() / self.panels()
+    }
 }
 
 /// The type of a value in TIR-H.
@@ -373,6 +378,40 @@ impl Expr {
         Expr { kind, loc, ty: None }
     }
 
+    /// The sub-expressions of this expression.
+    pub fn children(&self) -> Vec<&Expr> {
+        use ExprKind as K;
+        match &self.kind {
+            K::Binary(_, a, b) => vec![a, b],
+            K::Unary(_, a) | K::Cast { value: a, .. } | K::SwapPairs(a) | K::TileCols { value: a, .. } | K::Reduce { value: a, .. } => {
+                vec![a]
+            }
+            K::Full { value, .. } => vec![value],
+            K::Load { index, fill, .. } => index.iter().chain(fill.as_deref()).collect(),
+            K::SmemAt { stage, .. } => vec![stage],
+            K::SmemRows { view, start, .. } => vec![view, start],
+            K::MaskCols { value, limit, fill } => vec![value, limit, fill],
+            K::Uniform { seed, origin, .. } => seed.iter().chain(origin).collect(),
+            K::Get { index, .. } => index.iter().collect(),
+            K::Var(_)
+            | K::Int(_)
+            | K::Float(_)
+            | K::Bool(_)
+            | K::Builtin(_)
+            | K::Dim { .. }
+            | K::SmemRing(_)
+            | K::PipelineNew { .. }
+            | K::QueueNew { .. }
+            | K::PipeStage { .. }
+            | K::Iota { .. } => vec![],
+        }
+    }
+
+    /// Whether the local `name` is read anywhere in this expression.
+    pub fn uses(&self, name: &str) -> bool {
+        matches!(&self.kind, ExprKind::Var(n) if n == name) || self.children().iter().any(|c| c.uses(name))
+    }
+
     /// The checked type.
     ///
     /// # Panics
@@ -455,6 +494,8 @@ pub enum UnOp {
     Not,
     /// `exp2(x)`
     Exp2,
+    /// `log2(x)` (the hardware's approximation; `log2(0)` is −∞)
+    Log2,
     /// `abs(x)`
     Abs,
     /// `sqrt(x)`
@@ -483,6 +524,7 @@ impl UnOp {
             UnOp::Neg => "-",
             UnOp::Not => "!",
             UnOp::Exp2 => "exp2",
+            UnOp::Log2 => "log2",
             UnOp::Abs => "abs",
             UnOp::Sqrt => "sqrt",
             UnOp::Rsqrt => "rsqrt",

@@ -165,11 +165,19 @@ impl Checker {
         }
         let view = |t: Type, at: SourceLoc, which: &str| {
             match t {
-            Type::SmemView { dtype, rows, cols, swizzle } if swizzle > 0 && cols * dtype.size() == swizzle => Ok((dtype, rows, cols)),
+            // One swizzle span per row, or 128-byte panels of one (K past 64 bf16 columns).
+            Type::SmemView { dtype, rows, cols, swizzle }
+                if swizzle > 0 && (cols * dtype.size() == swizzle || (swizzle == 128 && (cols * dtype.size()) % 128 == 0)) =>
+            {
+                Ok((dtype, rows, cols))
+            }
             Type::SmemView { dtype, cols, swizzle, .. } => Err(CompileError::ty(at, format!(
-                "`mma_sync`: `{which}` must be a swizzled shared tile whose rows are one swizzle span ({} bytes), found rows of {} bytes with swizzle {swizzle}",
+                "`mma_sync`: `{which}` must be a swizzled shared tile whose rows are one swizzle span ({} bytes) or 128-byte panels, found rows of {} bytes with swizzle {swizzle}",
                 swizzle.max(32), cols * dtype.size()))),
-            other => Err(CompileError::ty(at, format!("`mma_sync`: `{which}` must be a shared view, found `{other}`"))),
+            // A from registers (`b` always comes from shared memory).
+            Type::Tile(t) if which == "a" => Ok((t.dtype, t.rows, t.cols)),
+            other => Err(CompileError::ty(at, format!("`mma_sync`: `{which}` must be a shared view{}, found `{other}`",
+                if which == "a" { " or a register tile" } else { "" }))),
         }
         };
         let ta = self.expr(a)?;

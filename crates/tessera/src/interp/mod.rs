@@ -259,6 +259,12 @@ pub(crate) struct View {
     rows: u32,
 }
 
+/// The A operand of an `mma_sync`: a shared view or a register tile.
+enum MmaA {
+    View(View),
+    Tile(Tile),
+}
+
 /// A TMA store whose shared source may still be read (until `tma::store_wait`).
 struct PendingStore {
     view: View,
@@ -603,7 +609,12 @@ impl<'p> Kernel<'p> {
             }
             StmtKind::MmaWait(_) | StmtKind::SetMaxNReg(_) => {}
             StmtKind::Mma { acc, a, b, b_kn } => {
-                let (va, vb) = (self.view(a, wg, blk)?, self.view(b, wg, blk)?);
+                let va = match self.eval(a, wg, blk)? {
+                    Val::View(v) => MmaA::View(v),
+                    Val::T(t) => MmaA::Tile(t),
+                    _ => return Err("`mma_sync`: `a` must be a shared view or a register tile".to_string().into()),
+                };
+                let vb = self.view(b, wg, blk)?;
                 let line = s.loc.line;
                 let prod = self.mma_product(va, vb, *b_kn, blk, line);
                 let Some((_, Val::T(t))) = wg.env.iter_mut().rev().find(|(n, _)| *n == acc.as_str()) else {
@@ -1023,12 +1034,14 @@ impl<'p> Kernel<'p> {
 
     /// `a · bᵀ` (or `a · b` when `b` is K×N) in f64, and the taint of entries fed by shared
     /// elements nothing wrote.
-    fn mma_product(&self, a: View, b: View, b_kn: bool, blk: &Block, line: u32) -> (Vec<f64>, Option<Poison>) {
-        let (ta, tb) = (self.prog.rings[a.ring].1, self.prog.rings[b.ring].1);
-        let (m, k) = (a.rows, ta.cols);
+    fn mma_product(&self, a: MmaA, b: View, b_kn: bool, blk: &Block, line: u32) -> (Vec<f64>, Option<Poison>) {
+        let tb = self.prog.rings[b.ring].1;
+        let (m, k) = match &a {
+            MmaA::View(a) => (a.rows, self.prog.rings[a.ring].1.cols),
+            MmaA::Tile(t) => (t.ty.rows, t.ty.cols),
+        };
         let n = if b_kn { tb.cols } else { b.rows };
-        let (ra, rb) = (&blk.rings[a.ring], &blk.rings[b.ring]);
-        let a_el = |i: u32, kk: u32| ring_index(ta, a, i, kk);
+        let rb = &blk.rings[b.ring];
         let b_el = |j: u32, kk: u32| if b_kn { ring_index(tb, b, kk, j) } else { ring_index(tb, b, j, kk) };
         // Gather the operands densely (rows of A and rows of Bᵀ, K contiguous), noting the
         // rows that hold an element nothing wrote.
@@ -1044,12 +1057,25 @@ impl<'p> Kernel<'p> {
             }
             (v, bad)
         };
-        let (av, bad_rows) = gather(ra, m, &a_el);
+        let (av, bad_rows, a_what) = match &a {
+            MmaA::View(a) => {
+                let ta = self.prog.rings[a.ring].1;
+                let (v, bad) = gather(&blk.rings[a.ring], m, &|i, kk| ring_index(ta, *a, i, kk));
+                (v, bad, format!("stage {} of ring `{}`", a.stage, self.prog.rings[a.ring].0))
+            }
+            MmaA::Tile(t) => {
+                let bad = (0..m as usize)
+                    .map(|i| t.poison.as_ref().is_some_and(|p| p.mask[i * k as usize..(i + 1) * k as usize].contains(&true)))
+                    .collect();
+                let what = t.poison.as_ref().map_or_else(String::new, |p| p.what.clone());
+                (t.v.iter().map(|&x| f64::from(x)).collect(), bad, what)
+            }
+        };
         let (bv, bad_cols) = gather(rb, n, &b_el);
         let first_bad = if bad_rows.contains(&true) {
-            Some((a.ring, a.stage))
+            Some(a_what)
         } else if bad_cols.contains(&true) {
-            Some((b.ring, b.stage))
+            Some(format!("stage {} of ring `{}`", b.stage, self.prog.rings[b.ring].0))
         } else {
             None
         };
@@ -1061,9 +1087,9 @@ impl<'p> Kernel<'p> {
                 out[i * n as usize + j] = arow.iter().zip(brow).map(|(x, y)| x * y).sum();
             }
         }
-        let poison = first_bad.map(|(ring, stage)| Poison {
+        let poison = first_bad.map(|what| Poison {
             mask: (0..m as usize).flat_map(|i| (0..n as usize).map(move |j| (i, j))).map(|(i, j)| bad_rows[i] || bad_cols[j]).collect(),
-            what: format!("stage {stage} of ring `{}`, read by `mma_sync` at line {line}", self.prog.rings[ring].0),
+            what: format!("{what}, read by `mma_sync` at line {line}"),
         });
         (out, poison)
     }

@@ -168,6 +168,7 @@ fn f32_unary(op: UnOp, x: f32) -> f32 {
     match op {
         UnOp::Neg => -x,
         UnOp::Exp2 => x.exp2(),
+        UnOp::Log2 => x.log2(),
         UnOp::Abs => x.abs(),
         UnOp::Sqrt => x.sqrt(),
         UnOp::Rsqrt => 1.0 / x.sqrt(),

@@ -1,0 +1,108 @@
+//! FlashAttention forward TFLOP/s beside cuDNN's (PyTorch's scaled-dot-product attention,
+//! `benches/attention_cudnn.py`, run as a child process on the same GPU in the same run).
+//! TFLOP/s count 4·B·H·Sq·Sk·D, half of that when causal; CUDA-event timing after warm-up;
+//! bf16, `[batch, heads, seq, dim]` as PyTorch takes it.
+//!
+//! `cargo bench --bench attention` (prints a skip where there is no GPU; the baseline column
+//! says why where PyTorch or cuDNN is missing). `TESSERA_CUDNN_SCRIPT` overrides the script's
+//! path.
+
+use criterion::Criterion;
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use tessera::testing::Uniform;
+use tessera::{bf16, Device, Tensor};
+use tessera_kernels::{Attention, AttentionLayout};
+
+/// The shapes: batch 4, 16 heads, these sequence lengths, head dims and masks.
+fn shapes() -> Vec<(usize, usize, usize, usize, bool)> {
+    let mut v = Vec::new();
+    for d in [128] {
+        for s in [1024, 4096, 8192, 16384] {
+            for causal in [false, true] {
+                v.push((4, 16, s, d, causal));
+            }
+        }
+    }
+    v
+}
+
+/// cuDNN's TFLOP/s per shape from the Python script, or the reason there are none.
+fn cudnn(shapes: &[(usize, usize, usize, usize, bool)]) -> Result<Vec<f64>, String> {
+    let script = std::env::var("TESSERA_CUDNN_SCRIPT").ok().unwrap_or_else(|| {
+        ["benches/attention_cudnn.py", "attention_cudnn.py", "bin/attention_cudnn.py"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+            .unwrap_or("benches/attention_cudnn.py")
+            .to_string()
+    });
+    let mut child = Command::new("python3")
+        .arg(&script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("python3 {script}: {e}"))?;
+    let mut input = String::new();
+    for &(b, h, s, d, c) in shapes {
+        input += &format!("{b} {h} {s} {d} {}\n", u8::from(c));
+    }
+    child.stdin.take().ok_or("no stdin")?.write_all(input.as_bytes()).map_err(|e| e.to_string())?;
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if let Some(err) = text.lines().find(|l| l.starts_with("error")) {
+        return Err(err.to_string());
+    }
+    let v: Vec<f64> = text.lines().filter_map(|l| l.split_whitespace().nth(5)?.parse().ok()).collect();
+    if v.len() == shapes.len() {
+        Ok(v)
+    } else {
+        Err(format!("{script} printed {} figures for {} shapes", v.len(), shapes.len()))
+    }
+}
+
+fn main() {
+    let Ok(dev) = Device::new(0) else {
+        println!("attention: skipped, no GPU");
+        return;
+    };
+    let shapes = shapes();
+    let baseline = cudnn(&shapes);
+    let mut criterion = Criterion::default()
+        .configure_from_args()
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(200))
+        .measurement_time(Duration::from_millis(800));
+    let mut rng = Uniform::new();
+    let mut rows = Vec::new();
+    for &(b, h, s, d, causal) in &shapes {
+        let shape = [b, h, s, d];
+        let mut t = || Tensor::from_host(&dev, &rng.vec(b * h * s * d, bf16::from_f32), &shape).expect("input");
+        let (q, k, v) = (t(), t(), t());
+        let mut o = Tensor::<bf16>::zeros(&dev, &shape).expect("o");
+        let mut lse = Tensor::<f32>::zeros(&dev, &[b, h, s]).expect("lse");
+        let opts = Attention::new().layout(AttentionLayout::Bhsd).causal(causal);
+        let mut ours = || tessera_kernels::attention_with_lse(&dev, &opts, &q, &k, &v, &mut o, &mut lse).expect("attention");
+        let name = format!("b{b} h{h} s{s} d{d}{}", if causal { " causal" } else { "" });
+        criterion.bench_function(&format!("tessera attention {name}"), |bch| {
+            bch.iter_custom(|it| {
+                Duration::from_secs_f64(tessera::testing::time_ms(&dev, 0, it as usize, &mut ours).expect("timing") * 1e-3 * it as f64)
+            })
+        });
+        let ms = (0..3).map(|_| tessera::testing::time_ms(&dev, 2, 10, &mut ours).expect("timing")).fold(f64::INFINITY, f64::min);
+        let flop = 4.0 * (b * h * s * s * d) as f64 / if causal { 2.0 } else { 1.0 };
+        rows.push((name, flop / ms * 1e-9));
+    }
+    println!("\nattention bf16 forward on {} (TFLOP/s; baseline: cuDNN through PyTorch, same run)", dev.name());
+    println!("| shape | cuDNN | tessera | × cuDNN |");
+    println!("|---|---|---|---|");
+    for (i, (name, ours)) in rows.iter().enumerate() {
+        match &baseline {
+            Ok(v) => println!("| {name} | {:.0} | {ours:.0} | {:.2} |", v[i], ours / v[i]),
+            Err(_) => println!("| {name} | — | {ours:.0} | — |"),
+        }
+    }
+    if let Err(why) = &baseline {
+        println!("no cuDNN baseline: {why}");
+    }
+}

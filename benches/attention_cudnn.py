@@ -1,0 +1,41 @@
+"""cuDNN's scaled-dot-product attention forward, the baseline of `benches/attention.rs`.
+
+Reads lines `batch heads seq dim causal` on stdin and prints `batch heads seq dim causal
+tflops` for each: bf16 Q, K, V in [batch, heads, seq, dim], CUDA-event timing after warm-up,
+TFLOP/s counting 4·B·H·S²·D (half of that when causal). Prints `error <reason>` and exits 0
+where PyTorch or cuDNN attention is missing, so the bench can say why it has no baseline.
+"""
+import sys
+
+try:
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+except Exception as e:  # no PyTorch here
+    print(f"error {type(e).__name__}: {e}")
+    sys.exit(0)
+
+
+def time_ms(f, warm=3, iters=10):
+    for _ in range(warm):
+        f()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        f()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+for line in sys.stdin:
+    b, h, s, d, causal = (int(x) for x in line.split())
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    try:
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            ms = min(time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))) for _ in range(3))
+    except Exception as e:
+        print(f"error {type(e).__name__}: {e}")
+        sys.exit(0)
+    flop = 4.0 * b * h * s * s * d / (2 if causal else 1)
+    print(b, h, s, d, causal, f"{flop / ms * 1e-9:.1f}", flush=True)

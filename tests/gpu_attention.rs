@@ -1,0 +1,165 @@
+//! FlashAttention forward against a float64 softmax(Q·Kᵀ·scale)·V: fresh random inputs, odd
+//! sequence lengths, both layouts, causal and not, grouped-query heads, cross-attention and
+//! decoding shapes, logits that overflow a naive softmax; outputs poisoned before each launch.
+//! On the GPU (Hopper) and, on small shapes, in the interpreter.
+
+mod common;
+
+use common::random;
+use tessera::testing::{gpu_or_skip, rel_error};
+use tessera::{bf16, f16, Device, Tensor};
+use tessera_kernels::{Attention, AttentionElement, AttentionLayout};
+
+/// One problem: batch, query length, key length, query heads, key/value heads, head dim.
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    b: usize,
+    sq: usize,
+    sk: usize,
+    h: usize,
+    hk: usize,
+    d: usize,
+}
+
+/// The f64 reference: `o` and the natural-log LSE (−∞ where every key is masked, `o` 0 there).
+fn reference(c: Case, layout: AttentionLayout, causal: bool, scale: f64, q: &[f64], k: &[f64], v: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    let at = |s_len: usize, heads: usize, bi: usize, si: usize, hi: usize| match layout {
+        AttentionLayout::Bshd => ((bi * s_len + si) * heads + hi) * c.d,
+        AttentionLayout::Bhsd => ((bi * heads + hi) * s_len + si) * c.d,
+    };
+    let mut o = vec![0.0; c.b * c.sq * c.h * c.d];
+    let mut lse = vec![0.0; c.b * c.h * c.sq];
+    let group = c.h / c.hk;
+    let mut s = vec![0.0; c.sk];
+    for bi in 0..c.b {
+        for hi in 0..c.h {
+            let kh = hi / group;
+            for i in 0..c.sq {
+                let qi = at(c.sq, c.h, bi, i, hi);
+                let mut mx = f64::NEG_INFINITY;
+                for (j, sj) in s.iter_mut().enumerate() {
+                    let visible = !causal || j + c.sq <= i + c.sk;
+                    *sj = if visible {
+                        let kj = at(c.sk, c.hk, bi, j, kh);
+                        (0..c.d).map(|x| q[qi + x] * k[kj + x]).sum::<f64>() * scale
+                    } else {
+                        f64::NEG_INFINITY
+                    };
+                    mx = mx.max(*sj);
+                }
+                let out = &mut o[qi..qi + c.d];
+                if mx == f64::NEG_INFINITY {
+                    lse[(bi * c.h + hi) * c.sq + i] = f64::NEG_INFINITY;
+                    continue;
+                }
+                let mut sum = 0.0;
+                for (j, &sj) in s.iter().enumerate() {
+                    let p = (sj - mx).exp();
+                    sum += p;
+                    if p > 0.0 {
+                        let vj = at(c.sk, c.hk, bi, j, kh);
+                        for x in 0..c.d {
+                            out[x] += p * v[vj + x];
+                        }
+                    }
+                }
+                out.iter_mut().for_each(|x| *x /= sum);
+                lse[(bi * c.h + hi) * c.sq + i] = mx + sum.ln();
+            }
+        }
+    }
+    (o, lse)
+}
+
+/// Runs one case in `T` and checks O by relative error and the LSE elementwise.
+fn check<T: AttentionElement>(
+    dev: &Device,
+    c: Case,
+    layout: AttentionLayout,
+    causal: bool,
+    spread: f32,
+    tol: f64,
+    to: fn(f32) -> T,
+    from: fn(T) -> f64,
+) {
+    let (qs, ks) = match layout {
+        AttentionLayout::Bshd => ([c.b, c.sq, c.h, c.d], [c.b, c.sk, c.hk, c.d]),
+        AttentionLayout::Bhsd => ([c.b, c.h, c.sq, c.d], [c.b, c.hk, c.sk, c.d]),
+    };
+    let gen = |n: usize, r: f32| -> (Vec<T>, Vec<f64>) {
+        let x: Vec<T> = random(n, -r, r).into_iter().map(to).collect();
+        let w = x.iter().map(|&v| from(v)).collect();
+        (x, w)
+    };
+    let (q, qw) = gen(qs.iter().product(), spread);
+    let (k, kw) = gen(ks.iter().product(), spread);
+    let (v, vw) = gen(ks.iter().product(), 1.0);
+    let scale = 1.0 / (c.d as f32).sqrt() * random(1, 0.5, 1.5)[0];
+    let opts = Attention::new().layout(layout).causal(causal).scale(scale);
+    let (qt, kt, vt) =
+        (Tensor::from_host(dev, &q, &qs).unwrap(), Tensor::from_host(dev, &k, &ks).unwrap(), Tensor::from_host(dev, &v, &ks).unwrap());
+    let mut o = Tensor::full(dev, &qs, to(f32::NAN)).unwrap();
+    let mut lse = Tensor::full(dev, &[c.b, c.h, c.sq], f32::NAN).unwrap();
+    tessera_kernels::attention_with_lse(dev, &opts, &qt, &kt, &vt, &mut o, &mut lse).unwrap();
+    let (want_o, want_lse) = reference(c, layout, causal, f64::from(scale), &qw, &kw, &vw);
+    let got: Vec<f64> = o.to_host().unwrap().into_iter().map(from).collect();
+    let what = format!("{c:?} {layout:?} causal={causal} spread={spread}");
+    let err = rel_error(&got, &want_o);
+    assert!(err < tol, "{what}: O relative error {err}");
+    for (i, (g, w)) in lse.to_host().unwrap().into_iter().zip(&want_lse).enumerate() {
+        let g = f64::from(g);
+        let ok = if w.is_infinite() { g == *w } else { (g - w).abs() <= 1e-3 * w.abs().max(1.0) };
+        assert!(ok, "{what}: lse[{i}] = {g}, expected {w}");
+    }
+}
+
+fn cases(dev: &Device) -> Vec<Case> {
+    let c = |b, sq, sk, h, hk| Case { b, sq, sk, h, hk, d: 128 };
+    if dev.is_cpu() {
+        vec![c(1, 5, 7, 2, 1), c(1, 130, 140, 1, 1)]
+    } else {
+        vec![
+            c(1, 1, 1, 1, 1),
+            c(2, 200, 333, 4, 2),
+            c(1, 1, 1000, 8, 2),
+            c(1, 300, 129, 2, 1),
+            c(2, 384, 384, 3, 3),
+            c(1, 1031, 1031, 2, 1),
+        ]
+    }
+}
+
+fn attention_matches_f64_reference(dev: &Device) {
+    for c in cases(dev) {
+        for layout in [AttentionLayout::Bshd, AttentionLayout::Bhsd] {
+            for causal in [false, true] {
+                check::<bf16>(dev, c, layout, causal, 2.0, 2e-2, bf16::from_f32, |v| v.to_f64());
+                check::<f16>(dev, c, layout, causal, 2.0, 4e-3, f16::from_f32, |v| v.to_f64());
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_attention_matches_f64_reference() {
+    if let Some(dev) = gpu_or_skip("gpu_attention_matches_f64_reference") {
+        attention_matches_f64_reference(&dev);
+    }
+}
+
+#[test]
+fn interp_attention_matches_f64_reference() {
+    attention_matches_f64_reference(&Device::cpu());
+}
+
+/// Logits in the hundreds: `exp` of them overflows f32, the online softmax must not.
+#[test]
+fn gpu_attention_survives_large_logits() {
+    if let Some(dev) = gpu_or_skip("gpu_attention_survives_large_logits") {
+        let c = Case { b: 1, sq: 257, sk: 519, h: 2, hk: 2, d: 128 };
+        for causal in [false, true] {
+            check::<bf16>(&dev, c, AttentionLayout::Bshd, causal, 12.0, 3e-2, bf16::from_f32, |v| v.to_f64());
+            check::<f16>(&dev, c, AttentionLayout::Bhsd, causal, 12.0, 1e-2, f16::from_f32, |v| v.to_f64());
+        }
+    }
+}
