@@ -18,7 +18,7 @@ use tessera_kernels::{Attention, AttentionLayout};
 /// The shapes: batch 4, 16 heads, these sequence lengths, head dims and masks.
 fn shapes() -> Vec<(usize, usize, usize, usize, bool)> {
     let mut v = Vec::new();
-    for d in [128] {
+    for d in [128, 64] {
         for s in [1024, 4096, 8192, 16384] {
             for causal in [false, true] {
                 v.push((4, 16, s, d, causal));

@@ -114,17 +114,21 @@ fn check<T: AttentionElement>(
 }
 
 fn cases(dev: &Device) -> Vec<Case> {
-    let c = |b, sq, sk, h, hk| Case { b, sq, sk, h, hk, d: 128 };
+    let c = |b, sq, sk, h, hk, d| Case { b, sq, sk, h, hk, d };
     if dev.is_cpu() {
-        vec![c(1, 5, 7, 2, 1), c(1, 130, 140, 1, 1)]
+        vec![c(1, 5, 7, 2, 1, 128), c(1, 130, 140, 1, 1, 128), c(2, 9, 200, 2, 2, 64)]
     } else {
         vec![
-            c(1, 1, 1, 1, 1),
-            c(2, 200, 333, 4, 2),
-            c(1, 1, 1000, 8, 2),
-            c(1, 300, 129, 2, 1),
-            c(2, 384, 384, 3, 3),
-            c(1, 1031, 1031, 2, 1),
+            c(1, 1, 1, 1, 1, 128),
+            c(2, 200, 333, 4, 2, 128),
+            c(1, 1, 1000, 8, 2, 128),
+            c(1, 300, 129, 2, 1, 128),
+            c(2, 384, 384, 3, 3, 128),
+            c(1, 1031, 1031, 2, 1, 128),
+            c(1, 1, 1, 1, 1, 64),
+            c(2, 200, 333, 4, 2, 64),
+            c(1, 300, 129, 2, 1, 64),
+            c(3, 700, 517, 4, 1, 64),
         ]
     }
 }
@@ -156,8 +160,8 @@ fn interp_attention_matches_f64_reference() {
 #[test]
 fn gpu_attention_survives_large_logits() {
     if let Some(dev) = gpu_or_skip("gpu_attention_survives_large_logits") {
-        let c = Case { b: 1, sq: 257, sk: 519, h: 2, hk: 2, d: 128 };
-        for causal in [false, true] {
+        for (causal, d) in [(false, 128), (true, 128), (false, 64), (true, 64)] {
+            let c = Case { b: 1, sq: 257, sk: 519, h: 2, hk: 2, d };
             check::<bf16>(&dev, c, AttentionLayout::Bshd, causal, 12.0, 3e-2, bf16::from_f32, |v| v.to_f64());
             check::<f16>(&dev, c, AttentionLayout::Bhsd, causal, 12.0, 1e-2, f16::from_f32, |v| v.to_f64());
         }

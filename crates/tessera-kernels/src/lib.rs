@@ -25,7 +25,10 @@ mod reduce;
 mod rope;
 mod softmax;
 
-pub use attention::{attention, attention_d128_bf16, attention_d128_f16, attention_with_lse, Attention, AttentionElement, AttentionLayout};
+pub use attention::{
+    attention, attention_d128_bf16, attention_d128_f16, attention_d64_bf16, attention_d64_f16, attention_with_lse, Attention,
+    AttentionElement, AttentionLayout,
+};
 pub use elementwise::{axpy, axpy_f32};
 pub use gemm::{
     bias_gelu, bias_gelu_bf16, gemm, gemm_nn_bf16, gemm_nn_f16, gemm_nn_full_bf16, gemm_nn_full_f16, gemm_tn, gemm_tn_bf16, gemm_tn_f16,
@@ -140,6 +143,8 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         &rope_pairs_f32::SPEC,
         &attention_d128_bf16::SPEC,
         &attention_d128_f16::SPEC,
+        &attention_d64_bf16::SPEC,
+        &attention_d64_f16::SPEC,
     ]
 }
 

@@ -29,6 +29,7 @@ pub fn attention_d128(
     v: Global<T, 3>,
     o: Global<T, 3>,
     lse: Global<f32, 3>,
+    counter: Global<i32, 1>,
     heads: i32,
     group: i32,
     q_bm: i32,
@@ -38,37 +39,41 @@ pub fn attention_d128(
     causal: i32,
     scale_log2: f32,
 ) {
-    let sq = Smem::<T, 128, 128>::ring(1);
+    let sq = Smem::<T, 128, 128>::ring(2);
     let sk = Smem::<T, 128, 128>::ring(2);
     let sv = Smem::<T, 128, 128>::ring(2);
     let so = Smem::<T, 64, 64>::ring(4);
-    let qpipe = Pipeline::<1>::new(2);
+    let qpipe = Pipeline::<2>::new(2);
     let pipe = Pipeline::<2>::new(2);
-    let bh = block::id_y();
-    let b = bh / heads;
-    let h = bh % heads;
-    let kvh = h / group;
-    // Heaviest (causal: last) query tiles first.
-    let q0 = (grid::dim_x() - 1 - block::id_x()) * 128;
     let seq_q = q.dim(1);
     let seq_k = k.dim(1);
     // Causally, key j is visible to query i when j ≤ i + seq_k − seq_q (aligned at the end).
     let shift = seq_k - seq_q;
-    let mut kv_end = seq_k;
-    if causal == 1 {
-        kv_end = min(seq_k, q0 + 128 + shift);
-    }
-    let n_blocks = (kv_end + 127) / 128;
+    let m_tiles = (seq_q + 127) / 128;
+    // Tiles are claimed at run time, head by head, each head's heaviest (causal: last) query
+    // tile first; K and V stream on across tiles, so the pipeline never drains.
+    let queue = TileQueue::<2>::new(counter, 2);
     if warpgroup::id() == 0 {
         setmaxnreg(24);
-        let s = qpipe.acquire();
-        tma::load(sq.at(s), q, [b * q_bm + h * hm, q0, h * cm], qpipe);
-        qpipe.commit(s);
-        for j in 0..n_blocks {
-            let s = pipe.acquire();
-            tma::load(sk.at(s), k, [b * k_bm + kvh * hm, j * 128, kvh * cm], pipe);
-            tma::load(sv.at(s), v, [b * k_bm + kvh * hm, j * 128, kvh * cm], pipe);
-            pipe.commit(s);
+        for tile in queue.fetch(m_tiles * lse.dim(0)) {
+            let bh = tile / m_tiles;
+            let q0 = (m_tiles - 1 - tile % m_tiles) * 128;
+            let b = bh / heads;
+            let h = bh % heads;
+            let kvh = h / group;
+            let mut kv_end = seq_k;
+            if causal == 1 {
+                kv_end = min(seq_k, q0 + 128 + shift);
+            }
+            let s = qpipe.acquire();
+            tma::load(sq.at(s), q, [b * q_bm + h * hm, q0, h * cm], qpipe);
+            qpipe.commit(s);
+            for j in 0..(kv_end + 127) / 128 {
+                let s = pipe.acquire();
+                tma::load(sk.at(s), k, [b * k_bm + kvh * hm, j * 128, kvh * cm], pipe);
+                tma::load(sv.at(s), v, [b * k_bm + kvh * hm, j * 128, kvh * cm], pipe);
+                pipe.commit(s);
+            }
         }
     } else {
         setmaxnreg(240);
@@ -77,39 +82,170 @@ pub fn attention_d128(
         // Finite, so that a row with every key masked keeps a scale of exp2(0) = 1 and sums 0.
         let mut m = Tile::<f32, 64, 1>::full(f32::MIN);
         let mut l = Tile::<f32, 64, 1>::zeros();
-        // The last key the block's first row sees, plus one.
-        let diag = q0 + row + 1 + shift;
-        let qs = qpipe.wait();
-        for j in 0..n_blocks {
-            let st = pipe.wait();
-            let k0 = j * 128;
-            let mut s = Tile::<f32, 64, 128>::zeros();
-            mma_sync(s, sq.at(qs).rows(row, 64), sk.at(st));
-            mma_wait(0);
-            if k0 + 128 > seq_k {
-                s = s.mask_cols(seq_k - k0, f32::NEG_INFINITY);
+        for tile in queue.take() {
+            let bh = tile / m_tiles;
+            let q0 = (m_tiles - 1 - tile % m_tiles) * 128;
+            let b = bh / heads;
+            let h = bh % heads;
+            let mut kv_end = seq_k;
+            if causal == 1 {
+                kv_end = min(seq_k, q0 + 128 + shift);
             }
-            if causal == 1 && k0 + 128 > diag {
-                s = s.mask_cols(Tile::<f32, 64, 1>::row_index() + (diag - k0) as f32, f32::NEG_INFINITY);
+            acc = Tile::<f32, 64, 128>::zeros();
+            m = Tile::<f32, 64, 1>::full(f32::MIN);
+            l = Tile::<f32, 64, 1>::zeros();
+            // The last key the warpgroup's first row sees, plus one.
+            let diag = q0 + row + 1 + shift;
+            let qs = qpipe.wait();
+            for j in 0..(kv_end + 127) / 128 {
+                let st = pipe.wait();
+                let k0 = j * 128;
+                let mut s = Tile::<f32, 64, 128>::zeros();
+                mma_sync(s, sq.at(qs).rows(row, 64), sk.at(st));
+                mma_wait(0);
+                if k0 + 128 > seq_k {
+                    s = s.mask_cols(seq_k - k0, f32::NEG_INFINITY);
+                }
+                if causal == 1 && k0 + 128 > diag {
+                    s = s.mask_cols(Tile::<f32, 64, 1>::row_index() + (diag - k0) as f32, f32::NEG_INFINITY);
+                }
+                let m_new = max(m, row_max(s) * scale_log2);
+                let p = exp2(s * scale_log2 - m_new);
+                let c = exp2(m - m_new);
+                l = l * c + row_sum(p);
+                acc = acc * c;
+                m = m_new;
+                mma_sync_kn(acc, p.cast::<T>(), sv.at(st));
+                mma_wait(0);
+                pipe.release(st);
             }
-            let m_new = max(m, row_max(s) * scale_log2);
-            let p = exp2(s * scale_log2 - m_new);
-            let c = exp2(m - m_new);
-            l = l * c + row_sum(p);
-            acc = acc * c;
-            m = m_new;
-            mma_sync_kn(acc, p.cast::<T>(), sv.at(st));
-            mma_wait(0);
-            pipe.release(st);
+            qpipe.release(qs);
+            let inv = 1.0 / max(l, 1e-30);
+            lse.store([bh, q0 + row, 0], (m + log2(l)) * 0.6931471805599453);
+            // O leaves by TMA through two staging buffers per warpgroup; the one written two
+            // chunks ago must have been read first.
+            #[unroll]
+            for jj in 0..2 {
+                let buf = (warpgroup::id() - 1) * 2 + jj;
+                tma::store_wait(1);
+                so.at(buf).store((acc.cols(jj * 64, 64) * inv).cast::<T>());
+                tma::store(o, [b * q_bm + h * hm, q0 + row, h * cm + jj * 64], so.at(buf));
+            }
         }
-        qpipe.release(qs);
-        let inv = 1.0 / max(l, 1e-30);
-        lse.store([bh, q0 + row, 0], (m + log2(l)) * 0.6931471805599453);
-        #[unroll]
-        for jj in 0..2 {
-            let buf = (warpgroup::id() - 1) * 2 + jj;
-            so.at(buf).store((acc.cols(jj * 64, 64) * inv).cast::<T>());
-            tma::store(o, [b * q_bm + h * hm, q0 + row, h * cm + jj * 64], so.at(buf));
+        tma::store_wait(0);
+    }
+}
+
+/// FlashAttention forward, head dim 64: `attention_d128` with 64-wide Q, K, V and O tiles and
+/// four pipeline stages (the same shared memory).
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), targets(sm_90a))]
+pub fn attention_d64(
+    q: Global<T, 3>,
+    k: Global<T, 3>,
+    v: Global<T, 3>,
+    o: Global<T, 3>,
+    lse: Global<f32, 3>,
+    counter: Global<i32, 1>,
+    heads: i32,
+    group: i32,
+    q_bm: i32,
+    k_bm: i32,
+    hm: i32,
+    cm: i32,
+    causal: i32,
+    scale_log2: f32,
+) {
+    let sq = Smem::<T, 128, 64>::ring(2);
+    let sk = Smem::<T, 128, 64>::ring(4);
+    let sv = Smem::<T, 128, 64>::ring(4);
+    let so = Smem::<T, 64, 64>::ring(4);
+    let qpipe = Pipeline::<2>::new(2);
+    let pipe = Pipeline::<4>::new(2);
+    let seq_q = q.dim(1);
+    let seq_k = k.dim(1);
+    // Causally, key j is visible to query i when j ≤ i + seq_k − seq_q (aligned at the end).
+    let shift = seq_k - seq_q;
+    let m_tiles = (seq_q + 127) / 128;
+    // Tiles are claimed at run time, head by head, each head's heaviest (causal: last) query
+    // tile first; K and V stream on across tiles, so the pipeline never drains.
+    let queue = TileQueue::<2>::new(counter, 2);
+    if warpgroup::id() == 0 {
+        setmaxnreg(24);
+        for tile in queue.fetch(m_tiles * lse.dim(0)) {
+            let bh = tile / m_tiles;
+            let q0 = (m_tiles - 1 - tile % m_tiles) * 128;
+            let b = bh / heads;
+            let h = bh % heads;
+            let kvh = h / group;
+            let mut kv_end = seq_k;
+            if causal == 1 {
+                kv_end = min(seq_k, q0 + 128 + shift);
+            }
+            let s = qpipe.acquire();
+            tma::load(sq.at(s), q, [b * q_bm + h * hm, q0, h * cm], qpipe);
+            qpipe.commit(s);
+            for j in 0..(kv_end + 127) / 128 {
+                let s = pipe.acquire();
+                tma::load(sk.at(s), k, [b * k_bm + kvh * hm, j * 128, kvh * cm], pipe);
+                tma::load(sv.at(s), v, [b * k_bm + kvh * hm, j * 128, kvh * cm], pipe);
+                pipe.commit(s);
+            }
+        }
+    } else {
+        setmaxnreg(240);
+        let row = (warpgroup::id() - 1) * 64;
+        let mut acc = Tile::<f32, 64, 64>::zeros();
+        // Finite, so that a row with every key masked keeps a scale of exp2(0) = 1 and sums 0.
+        let mut m = Tile::<f32, 64, 1>::full(f32::MIN);
+        let mut l = Tile::<f32, 64, 1>::zeros();
+        let mut nt = 0;
+        for tile in queue.take() {
+            let bh = tile / m_tiles;
+            let q0 = (m_tiles - 1 - tile % m_tiles) * 128;
+            let b = bh / heads;
+            let h = bh % heads;
+            let mut kv_end = seq_k;
+            if causal == 1 {
+                kv_end = min(seq_k, q0 + 128 + shift);
+            }
+            acc = Tile::<f32, 64, 64>::zeros();
+            m = Tile::<f32, 64, 1>::full(f32::MIN);
+            l = Tile::<f32, 64, 1>::zeros();
+            // The last key the warpgroup's first row sees, plus one.
+            let diag = q0 + row + 1 + shift;
+            let qs = qpipe.wait();
+            for j in 0..(kv_end + 127) / 128 {
+                let st = pipe.wait();
+                let k0 = j * 128;
+                let mut s = Tile::<f32, 64, 128>::zeros();
+                mma_sync(s, sq.at(qs).rows(row, 64), sk.at(st));
+                mma_wait(0);
+                if k0 + 128 > seq_k {
+                    s = s.mask_cols(seq_k - k0, f32::NEG_INFINITY);
+                }
+                if causal == 1 && k0 + 128 > diag {
+                    s = s.mask_cols(Tile::<f32, 64, 1>::row_index() + (diag - k0) as f32, f32::NEG_INFINITY);
+                }
+                let m_new = max(m, row_max(s) * scale_log2);
+                let p = exp2(s * scale_log2 - m_new);
+                let c = exp2(m - m_new);
+                l = l * c + row_sum(p);
+                acc = acc * c;
+                m = m_new;
+                mma_sync_kn(acc, p.cast::<T>(), sv.at(st));
+                mma_wait(0);
+                pipe.release(st);
+            }
+            qpipe.release(qs);
+            let inv = 1.0 / max(l, 1e-30);
+            lse.store([bh, q0 + row, 0], (m + log2(l)) * 0.6931471805599453);
+            // O leaves by TMA through two staging buffers per warpgroup, one per tile in turn;
+            // the one written two tiles ago must have been read first.
+            let buf = (warpgroup::id() - 1) * 2 + nt % 2;
+            nt = nt + 1;
+            tma::store_wait(1);
+            so.at(buf).store((acc * inv).cast::<T>());
+            tma::store(o, [b * q_bm + h * hm, q0 + row, h * cm], so.at(buf));
         }
         tma::store_wait(0);
     }

@@ -5,7 +5,7 @@
 
 mod kernels;
 
-pub use kernels::{attention_d128_bf16, attention_d128_f16};
+pub use kernels::{attention_d128_bf16, attention_d128_f16, attention_d64_bf16, attention_d64_f16};
 
 use tessera::{bf16, f16, Device, Element, Error, Grid, KernelSpec, Result, Tensor, TensorView, TensorViewMut};
 
@@ -87,10 +87,11 @@ mod sealed {
 }
 
 macro_rules! attention_element {
-    ($t:ty, $d128:ident) => {
+    ($t:ty, $d64:ident, $d128:ident) => {
         impl AttentionElement for $t {
             fn spec(dim: usize) -> Option<&'static KernelSpec> {
                 match dim {
+                    64 => Some(&$d64::SPEC),
                     128 => Some(&$d128::SPEC),
                     _ => None,
                 }
@@ -105,16 +106,18 @@ macro_rules! attention_element {
                 [heads, group, q_bm, k_bm, hm, cm, causal]: [i32; 7],
                 scale_log2: f32,
             ) -> Result<()> {
+                let mut counter = d.tile_counter()?;
                 match dim {
-                    128 => $d128::launch(d, g, q, k, v, o, lse, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2),
-                    _ => Err(arg("q", "head_dim 128".into(), format!("head_dim {dim}"))),
+                    64 => $d64::launch(d, g, q, k, v, o, lse, &mut counter, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2),
+                    128 => $d128::launch(d, g, q, k, v, o, lse, &mut counter, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2),
+                    _ => Err(arg("q", "head_dim 64 or 128".into(), format!("head_dim {dim}"))),
                 }
             }
         }
     };
 }
-attention_element!(bf16, attention_d128_bf16);
-attention_element!(f16, attention_d128_f16);
+attention_element!(bf16, attention_d64_bf16, attention_d128_bf16);
+attention_element!(f16, attention_d64_f16, attention_d128_f16);
 
 fn arg(name: &str, expected: String, found: String) -> Error {
     Error::Argument { kernel: "attention", arg: name.into(), expected, found }
@@ -149,11 +152,11 @@ fn view3(layout: AttentionLayout, [b, s, h, d]: [usize; 4]) -> ([usize; 3], [usi
 /// `q` and `o` are `[batch, seq_q, heads, dim]` (or `[batch, heads, seq_q, dim]` with
 /// [`AttentionLayout::Bhsd`]); `k` and `v` the same with `seq_k` and `kv_heads`, where
 /// `kv_heads` divides `heads` (grouped-query attention; query head `h` reads key/value head
-/// `h / (heads / kv_heads)`). Any sequence lengths ≥ 1; head_dim 128. Hopper (sm_90) only.
+/// `h / (heads / kv_heads)`). Any sequence lengths ≥ 1; head_dim 64 or 128. Hopper (sm_90) only.
 ///
 /// # Errors
 /// [`Error::Argument`] naming the tensor whose rank, shape, contiguity or head count does not
-/// fit, or a head_dim other than 128; the launch's own checks (device, target).
+/// fit, or a head_dim other than 64 or 128; the launch's own checks (device, target).
 pub fn attention_with_lse<T: AttentionElement>(
     device: &Device,
     opts: &Attention,
@@ -167,7 +170,7 @@ pub fn attention_with_lse<T: AttentionElement>(
     let [b, sq, h, d] = dims("q", q, layout)?;
     let [bk, sk, hk, dk] = dims("k", k, layout)?;
     if T::spec(d).is_none() {
-        return Err(arg("q", "head_dim 128".into(), format!("head_dim {d}")));
+        return Err(arg("q", "head_dim 64 or 128".into(), format!("head_dim {d}")));
     }
     if bk != b || dk != d || hk == 0 || h % hk != 0 {
         return Err(arg(
@@ -206,7 +209,8 @@ pub fn attention_with_lse<T: AttentionElement>(
     };
     let scale = opts.scale.unwrap_or(1.0 / (d as f32).sqrt());
     let ints = [h, h / hk, q_bm, k_bm, hm, cm, usize::from(opts.causal)].map(|x| x as i32);
-    let grid = (Grid::tiles(sq, 128), (b * h) as u32);
+    // A persistent grid: one block per SM at most.
+    let grid = Grid::tiles(sq, 128).saturating_mul((b * h) as u32).min(device.sm_count());
     T::forward(device, grid.into(), d, [&qv, &kv, &vv], &mut ov, &mut lv, ints, scale * std::f32::consts::LOG2_E)
 }
 
