@@ -97,18 +97,12 @@ pub fn attention_d128(
             // The last key the warpgroup's first row sees, plus one.
             let diag = q0 + row + 1 + shift;
             let qs = qpipe.wait();
-            let mut prev = -1;
             for j in 0..(kv_end + 127) / 128 {
                 let st = pipe.wait();
                 let k0 = j * 128;
                 let mut s = Tile::<f32, 64, 128>::zeros();
-                // Issued behind the previous block's P·V, which runs on meanwhile: one wait
-                // for both, then that block's stage goes back to the producer.
                 mma_sync(s, sq.at(qs).rows(row, 64), sk.at(st));
                 mma_wait(0);
-                if prev >= 0 {
-                    pipe.release(prev);
-                }
                 if k0 + 128 > seq_k {
                     s = s.mask_cols(seq_k - k0, f32::NEG_INFINITY);
                 }
@@ -122,11 +116,8 @@ pub fn attention_d128(
                 acc = acc * c;
                 m = m_new;
                 mma_sync_kn(acc, p.cast::<T>(), sv.at(st));
-                prev = st;
-            }
-            mma_wait(0);
-            if prev >= 0 {
-                pipe.release(prev);
+                mma_wait(0);
+                pipe.release(st);
             }
             qpipe.release(qs);
             let inv = 1.0 / max(l, 1e-30);
@@ -223,18 +214,12 @@ pub fn attention_d64(
             // The last key the warpgroup's first row sees, plus one.
             let diag = q0 + row + 1 + shift;
             let qs = qpipe.wait();
-            let mut prev = -1;
             for j in 0..(kv_end + 127) / 128 {
                 let st = pipe.wait();
                 let k0 = j * 128;
                 let mut s = Tile::<f32, 64, 128>::zeros();
-                // Issued behind the previous block's P·V, which runs on meanwhile: one wait
-                // for both, then that block's stage goes back to the producer.
                 mma_sync(s, sq.at(qs).rows(row, 64), sk.at(st));
                 mma_wait(0);
-                if prev >= 0 {
-                    pipe.release(prev);
-                }
                 if k0 + 128 > seq_k {
                     s = s.mask_cols(seq_k - k0, f32::NEG_INFINITY);
                 }
@@ -248,11 +233,8 @@ pub fn attention_d64(
                 acc = acc * c;
                 m = m_new;
                 mma_sync_kn(acc, p.cast::<T>(), sv.at(st));
-                prev = st;
-            }
-            mma_wait(0);
-            if prev >= 0 {
-                pipe.release(prev);
+                mma_wait(0);
+                pipe.release(st);
             }
             qpipe.release(qs);
             let inv = 1.0 / max(l, 1e-30);
