@@ -1,8 +1,7 @@
 //! The FlashAttention forward kernels, in the DSL, one per head dimension (the DSL has no
-//! const knobs yet). A persistent grid claims tiles of 128 query rows of one (batch, head)
-//! from a tile queue. Warpgroup 0 produces: per tile it copies Q, then streams K and V tiles
-//! of 128 keys through two TMA pipelines (K's stage is free again as soon as `S` is computed,
-//! V's after `P·V`). Warpgroups 1 and 2 consume, each owning 64 query rows:
+//! const knobs yet). Each block computes 128 query rows of one (batch, head): warpgroup 0
+//! produces — it copies the block's Q once, then streams K and V tiles of 128 keys through a
+//! two-stage TMA pipeline; warpgroups 1 and 2 consume, each owning 64 query rows:
 //!
 //! - `S = Q·Kᵀ` by wgmma from shared memory into an f32 accumulator;
 //! - keys past the sequence (and, causally, past each row's diagonal) masked to −∞ on the
@@ -45,15 +44,14 @@ pub fn attention_d128(
     let sv = Smem::<T, 128, 128>::ring(2);
     let so = Smem::<T, 64, 64>::ring(4);
     let qpipe = Pipeline::<2>::new(2);
-    let kpipe = Pipeline::<2>::new(2);
-    let vpipe = Pipeline::<2>::new(2);
+    let pipe = Pipeline::<2>::new(2);
     let seq_q = q.dim(1);
     let seq_k = k.dim(1);
     // Causally, key j is visible to query i when j ≤ i + seq_k − seq_q (aligned at the end).
     let shift = seq_k - seq_q;
     let m_tiles = (seq_q + 127) / 128;
     // Tiles are claimed at run time, head by head, each head's heaviest (causal: last) query
-    // tile first; K and V stream on across tiles, so the pipelines never drain.
+    // tile first; K and V stream on across tiles, so the pipeline never drains.
     let queue = TileQueue::<2>::new(counter, 2);
     if warpgroup::id() == 0 {
         setmaxnreg(24);
@@ -71,12 +69,10 @@ pub fn attention_d128(
             tma::load(sq.at(s), q, [b * q_bm + h * hm, q0, h * cm], qpipe);
             qpipe.commit(s);
             for j in 0..(kv_end + 127) / 128 {
-                let s = kpipe.acquire();
-                tma::load(sk.at(s), k, [b * k_bm + kvh * hm, j * 128, kvh * cm], kpipe);
-                kpipe.commit(s);
-                let s = vpipe.acquire();
-                tma::load(sv.at(s), v, [b * k_bm + kvh * hm, j * 128, kvh * cm], vpipe);
-                vpipe.commit(s);
+                let s = pipe.acquire();
+                tma::load(sk.at(s), k, [b * k_bm + kvh * hm, j * 128, kvh * cm], pipe);
+                tma::load(sv.at(s), v, [b * k_bm + kvh * hm, j * 128, kvh * cm], pipe);
+                pipe.commit(s);
             }
         }
     } else {
@@ -102,13 +98,11 @@ pub fn attention_d128(
             let diag = q0 + row + 1 + shift;
             let qs = qpipe.wait();
             for j in 0..(kv_end + 127) / 128 {
-                let ks = kpipe.wait();
+                let st = pipe.wait();
                 let k0 = j * 128;
                 let mut s = Tile::<f32, 64, 128>::zeros();
-                mma_sync(s, sq.at(qs).rows(row, 64), sk.at(ks));
+                mma_sync(s, sq.at(qs).rows(row, 64), sk.at(st));
                 mma_wait(0);
-                // K's stage goes back at once: the producer refills it during the softmax.
-                kpipe.release(ks);
                 if k0 + 128 > seq_k {
                     s = s.mask_cols(seq_k - k0, f32::NEG_INFINITY);
                 }
@@ -121,10 +115,9 @@ pub fn attention_d128(
                 l = l * c + row_sum(p);
                 acc = acc * c;
                 m = m_new;
-                let vs = vpipe.wait();
-                mma_sync_kn(acc, p.cast::<T>(), sv.at(vs));
+                mma_sync_kn(acc, p.cast::<T>(), sv.at(st));
                 mma_wait(0);
-                vpipe.release(vs);
+                pipe.release(st);
             }
             qpipe.release(qs);
             let inv = 1.0 / max(l, 1e-30);
@@ -167,15 +160,14 @@ pub fn attention_d64(
     let sv = Smem::<T, 128, 64>::ring(4);
     let so = Smem::<T, 64, 64>::ring(4);
     let qpipe = Pipeline::<2>::new(2);
-    let kpipe = Pipeline::<4>::new(2);
-    let vpipe = Pipeline::<4>::new(2);
+    let pipe = Pipeline::<4>::new(2);
     let seq_q = q.dim(1);
     let seq_k = k.dim(1);
     // Causally, key j is visible to query i when j ≤ i + seq_k − seq_q (aligned at the end).
     let shift = seq_k - seq_q;
     let m_tiles = (seq_q + 127) / 128;
     // Tiles are claimed at run time, head by head, each head's heaviest (causal: last) query
-    // tile first; K and V stream on across tiles, so the pipelines never drain.
+    // tile first; K and V stream on across tiles, so the pipeline never drains.
     let queue = TileQueue::<2>::new(counter, 2);
     if warpgroup::id() == 0 {
         setmaxnreg(24);
@@ -193,12 +185,10 @@ pub fn attention_d64(
             tma::load(sq.at(s), q, [b * q_bm + h * hm, q0, h * cm], qpipe);
             qpipe.commit(s);
             for j in 0..(kv_end + 127) / 128 {
-                let s = kpipe.acquire();
-                tma::load(sk.at(s), k, [b * k_bm + kvh * hm, j * 128, kvh * cm], kpipe);
-                kpipe.commit(s);
-                let s = vpipe.acquire();
-                tma::load(sv.at(s), v, [b * k_bm + kvh * hm, j * 128, kvh * cm], vpipe);
-                vpipe.commit(s);
+                let s = pipe.acquire();
+                tma::load(sk.at(s), k, [b * k_bm + kvh * hm, j * 128, kvh * cm], pipe);
+                tma::load(sv.at(s), v, [b * k_bm + kvh * hm, j * 128, kvh * cm], pipe);
+                pipe.commit(s);
             }
         }
     } else {
@@ -225,13 +215,11 @@ pub fn attention_d64(
             let diag = q0 + row + 1 + shift;
             let qs = qpipe.wait();
             for j in 0..(kv_end + 127) / 128 {
-                let ks = kpipe.wait();
+                let st = pipe.wait();
                 let k0 = j * 128;
                 let mut s = Tile::<f32, 64, 128>::zeros();
-                mma_sync(s, sq.at(qs).rows(row, 64), sk.at(ks));
+                mma_sync(s, sq.at(qs).rows(row, 64), sk.at(st));
                 mma_wait(0);
-                // K's stage goes back at once: the producer refills it during the softmax.
-                kpipe.release(ks);
                 if k0 + 128 > seq_k {
                     s = s.mask_cols(seq_k - k0, f32::NEG_INFINITY);
                 }
@@ -244,10 +232,9 @@ pub fn attention_d64(
                 l = l * c + row_sum(p);
                 acc = acc * c;
                 m = m_new;
-                let vs = vpipe.wait();
-                mma_sync_kn(acc, p.cast::<T>(), sv.at(vs));
+                mma_sync_kn(acc, p.cast::<T>(), sv.at(st));
                 mma_wait(0);
-                vpipe.release(vs);
+                pipe.release(st);
             }
             qpipe.release(qs);
             let inv = 1.0 / max(l, 1e-30);
