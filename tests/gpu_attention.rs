@@ -72,6 +72,7 @@ fn reference(c: Case, layout: AttentionLayout, causal: bool, scale: f64, q: &[f6
 }
 
 /// Runs one case in `T` and checks O by relative error and the LSE elementwise.
+#[allow(clippy::too_many_arguments)]
 fn check<T: AttentionElement>(
     dev: &Device,
     c: Case,

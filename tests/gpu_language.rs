@@ -103,6 +103,38 @@ fn tiny_tiles(x: Global<f32, 2>, rows: Global<f32, 1>, cols: Global<f32, 1>) {
     cols.store([0], t.sum(0));
 }
 
+#[kernel]
+fn log2_exp2(x: Global<f32, 2>, y: Global<f32, 2>) {
+    let t: Tile<f32, 32, 64> = x.load([block::id_y() * 32, block::id_x() * 64]);
+    y.store([block::id_y() * 32, block::id_x() * 64], exp2(log2(t) * 0.5));
+}
+
+/// `exp2(log2(x) / 2)` is `√x` to a few ulps; `log2(0)` is −∞, so 0 comes back as 0.
+fn log2_and_exp2(dev: &Device) {
+    let (m, n) = (40, 70);
+    let mut x = random(m * n, 1e-3, 1e3);
+    x[5] = 0.0;
+    let xt = Tensor::from_host(dev, &x, &[m, n]).unwrap();
+    let mut y = Tensor::full(dev, &[m, n], f32::NAN).unwrap();
+    log2_exp2::launch(dev, (Grid::tiles(n, 64), Grid::tiles(m, 32)), &xt, &mut y).unwrap();
+    for (i, (&a, b)) in x.iter().zip(y.to_host().unwrap()).enumerate() {
+        let want = f64::from(a).sqrt();
+        assert!((f64::from(b) - want).abs() <= 1e-5 * want, "√{a} at {i}: got {b}");
+    }
+}
+
+#[test]
+fn gpu_log2_and_exp2() {
+    if let Some(dev) = gpu_or_skip("gpu_log2_and_exp2") {
+        log2_and_exp2(&dev);
+    }
+}
+
+#[test]
+fn interp_log2_and_exp2() {
+    log2_and_exp2(&Device::cpu());
+}
+
 fn bf16_and_f16_casts_round_to_nearest_even(dev: &Device) {
     let (m, n) = (70, 130);
     let x: Vec<bf16> = random(m * n, -3.0, 3.0).into_iter().map(bf16::from_f32).collect();
