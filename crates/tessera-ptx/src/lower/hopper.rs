@@ -537,6 +537,7 @@ impl Lowerer<'_> {
         }
         let per_block = (n / 2) as usize;
         let k_steps = k / 16;
+        let zero = std::mem::take(&mut self.mma_zero);
         let desc_b =
             if b_kn { self.descriptor_mn(vb.addr, vb.ty.rows * 128, vb.ty.panels()) } else { self.descriptor(vb.addr, vb.ty.swizzle) };
         self.op("wgmma.fence.sync.aligned", vec![]);
@@ -562,6 +563,8 @@ impl Lowerer<'_> {
                     db
                 };
                 let tnsp_b = Imm(i64::from(b_kn));
+                // scale-d: 0 on the first step of an accumulator that starts from zero.
+                let scale_d = Imm(i64::from(!(zero && kk == 0)));
                 let args = match (&a_op, desc_a) {
                     (MmaA::Smem(va), Some(desc_a)) => {
                         let da = if kk == 0 {
@@ -571,11 +574,11 @@ impl Lowerer<'_> {
                             self.op("add.s64", vec![R(da), R(desc_a), Imm(k_major_step(&va.ty, kk, va.ty.rows))]);
                             da
                         };
-                        vec![Operand::Vec(regs.clone()), R(da), R(db), Imm(1), Imm(1), Imm(1), Imm(0), tnsp_b]
+                        vec![Operand::Vec(regs.clone()), R(da), R(db), scale_d, Imm(1), Imm(1), Imm(0), tnsp_b]
                     }
                     (MmaA::Regs(frags), _) => {
                         let f = frags[(mb * k_steps + kk) as usize].to_vec();
-                        vec![Operand::Vec(regs.clone()), Operand::Vec(f), R(db), Imm(1), Imm(1), Imm(1), tnsp_b]
+                        vec![Operand::Vec(regs.clone()), Operand::Vec(f), R(db), scale_d, Imm(1), Imm(1), tnsp_b]
                     }
                     _ => unreachable!("a shared A has a descriptor"),
                 };

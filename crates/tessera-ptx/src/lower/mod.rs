@@ -153,6 +153,8 @@ pub(crate) struct Lowerer<'a> {
     pub acc_derived: Vec<String>,
     pub any_mma: bool,
     pub wgmma_pending: bool,
+    /// The next `mma_sync` starts from zero (scale-d = 0 on its first step).
+    pub mma_zero: bool,
     pub uses_setmaxnreg: bool,
     /// The layout the next load should take (set while lowering an elementwise operand).
     pub layout_hint: Option<Layout>,
@@ -190,6 +192,7 @@ impl<'a> Lowerer<'a> {
             acc_derived: Vec::new(),
             any_mma: false,
             wgmma_pending: false,
+            mma_zero: false,
             uses_setmaxnreg: false,
             layout_hint: None,
             target: crate::reflect::Target::Sm90a,
@@ -369,7 +372,11 @@ impl<'a> Lowerer<'a> {
         let mut i = 0;
         while i < body.len() {
             let (loads, reductions) = (load_run(&body[i..]), reduction_run(&body[i..]));
-            let n = if loads > 1 {
+            let n = if self.zero_then_mma(&body[i..]) {
+                self.stmt_start(&body[i]);
+                self.stmt(&body[i + 1])?;
+                2
+            } else if loads > 1 {
                 self.loads(&body[i..i + loads])?;
                 loads
             } else if reductions > 1 {
@@ -383,6 +390,33 @@ impl<'a> Lowerer<'a> {
         }
         self.scopes.pop();
         Ok(())
+    }
+
+    /// On sm_90a, `let mut acc = Tile::zeros();` (or `acc = Tile::zeros();`) right before
+    /// `mma_sync(acc, …)`: the accumulator is not filled; the MMA's first step ignores it
+    /// instead (wgmma's scale-d = 0). Binds a `let`'s registers and tells `mma` so.
+    fn zero_then_mma(&mut self, run: &[Stmt]) -> bool {
+        let [first, StmtKind::Mma { acc, .. }, ..] = run.iter().map(|s| &s.kind).collect::<Vec<_>>()[..] else { return false };
+        let (name, value) = match first {
+            StmtKind::Let { name, mutable: true, value, .. } | StmtKind::Assign { name, value } => (name, value),
+            _ => return false,
+        };
+        let zero =
+            matches!(&value.kind, crate::tirh::ExprKind::Full { value, .. } if matches!(value.kind, crate::tirh::ExprKind::Float(0.0)));
+        if !self.sm90() || name != acc || !zero {
+            return false;
+        }
+        let Type::Tile(ty) = value.checked_ty() else { return false };
+        if !ty.rows.is_multiple_of(64) || !ty.cols.is_multiple_of(8) {
+            return false;
+        }
+        if matches!(first, StmtKind::Let { .. }) {
+            let layout = Layout::wgmma(ty.rows, ty.cols);
+            let regs = (0..layout.len()).map(|_| self.reg(RegClass::F32, name)).collect();
+            self.bind(name, Value::Tile(TileVal { ty, layout, regs }));
+        }
+        self.mma_zero = true;
+        true
     }
 
     /// `let`s of independent reductions, reduced in one exchange across warps.
