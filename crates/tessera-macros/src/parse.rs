@@ -15,7 +15,7 @@ pub struct Frontend {
 
 type R<T> = Result<T, syn::Error>;
 
-const FUNCTIONS: &str = "`exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Tile::<f32, M, N>::col_index`, `Tile::<f32, M, N>::row_index`, `Tile::<f32, M, N>::uniform`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `TileQueue::<S>::new`, `tma::load`, `tma::store`, `tma::store_wait`, `mma_sync`, `mma_sync_kn`, `mma_wait`, `setmaxnreg`";
+const FUNCTIONS: &str = "`exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Tile::<f32, M, N>::col_index`, `Tile::<f32, M, N>::row_index`, `Tile::<f32, M, N>::uniform`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `TileQueue::<S>::new`, `tma::load`, `tma::store`, `tma::store_wait`, `mma_sync`, `mma_sync_kn`, `mma_wait`, `setmaxnreg`, `barrier::sync`, `barrier::arrive`";
 const METHODS: &str = "`load`, `load_or`, `get`, `store`, `dim`, `cast`, `exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `mask_cols`, `swap_pairs`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
 
 fn err<T>(span: impl ToTokens, msg: impl std::fmt::Display) -> R<T> {
@@ -218,6 +218,8 @@ impl Frontend {
                 | ["mma_wait"]
                 | ["setmaxnreg"]
                 | ["warpgroup", "setmaxnreg"]
+                | ["barrier", "sync"]
+                | ["barrier", "arrive"]
         )
     }
 
@@ -260,6 +262,17 @@ impl Frontend {
                     other => other,
                 };
                 Ok(StmtKind::Mma { acc: assignee(acc)?, a: self.expr(a)?, b: self.expr(b)?, b_kn: last == "mma_sync_kn" })
+            }
+            "sync" | "arrive" => {
+                let [id, warpgroups] = args.as_slice() else {
+                    return err(c, format!("`barrier::{last}` takes a barrier id and a warpgroup count: `barrier::{last}(0, 2)`"));
+                };
+                Ok(StmtKind::NamedBarrier {
+                    id: int_const(id, "a named barrier's id is a constant")?,
+                    warpgroups: int_const(warpgroups, "a named barrier's warpgroup count is a constant")?,
+                    wait: last == "sync",
+                    loc: self.loc(id.span()),
+                })
             }
             "mma_wait" => {
                 let [n] = args.as_slice() else { return err(c, "`mma_wait` takes how many MMA groups may stay in flight") };

@@ -344,6 +344,12 @@ impl Lowerer<'_> {
                 self.warpgroup_barrier();
                 Ok(())
             }
+            StmtKind::NamedBarrier { id, warpgroups, wait, .. } => {
+                // Hardware barriers 9..15: 0 is the block's, 1..=8 the warpgroups' own.
+                let op = if *wait { "bar.sync" } else { "bar.arrive" };
+                self.op(op, vec![Operand::Imm(i64::from(9 + id)), Operand::Imm(i64::from(warpgroups * 128))]);
+                Ok(())
+            }
             StmtKind::SetMaxNReg(_) if !self.sm90() => Ok(()),
             StmtKind::SetMaxNReg(n) => {
                 let cap = (65536 / (self.ir.warpgroups * 128)).min(255) / 8 * 8;
@@ -656,7 +662,7 @@ impl Lowerer<'_> {
     }
 
     /// The layout a `let` of `name` = `Full` gets: the wgmma accumulator's if `name` feeds
-    /// `mma_sync`.
+    /// `mma_sync` or is computed from an accumulator (a vector: the accumulator's rows).
     pub(crate) fn full_layout(&self, name: Option<&str>, ty: TileType) -> Layout {
         match name {
             Some(n) if self.mma_accs.iter().any(|a| a == n) && ty.rows.is_multiple_of(64) && ty.cols.is_multiple_of(8) => {
@@ -664,6 +670,9 @@ impl Lowerer<'_> {
             }
             Some(n) if self.acc_derived.iter().any(|a| a == n) && ty.rows.is_multiple_of(64) && ty.cols == 1 => {
                 Layout::wgmma(ty.rows, 8).reduced(1)
+            }
+            Some(n) if self.acc_derived.iter().any(|a| a == n) && ty.rows.is_multiple_of(64) && ty.cols.is_multiple_of(8) => {
+                Layout::wgmma(ty.rows, ty.cols)
             }
             _ => Layout::blocked(ty.rows, ty.cols),
         }

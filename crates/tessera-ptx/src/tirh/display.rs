@@ -61,6 +61,9 @@ fn write_stmt(f: &mut fmt::Formatter<'_>, s: &Stmt, depth: usize) -> fmt::Result
             writeln!(f, "{pad}tma.store {tensor}[{}] <- {src};  // line {}", list(index), s.loc.line)
         }
         StmtKind::TmaStoreWait(n) => writeln!(f, "{pad}tma.store_wait {n};  // line {}", s.loc.line),
+        StmtKind::NamedBarrier { id, warpgroups, wait, .. } => {
+            writeln!(f, "{pad}barrier.{} {id}, {warpgroups};  // line {}", if *wait { "sync" } else { "arrive" }, s.loc.line)
+        }
         StmtKind::MmaWait(n) => writeln!(f, "{pad}mma_wait {n};  // line {}", s.loc.line),
         StmtKind::Mma { acc, a, b, b_kn: false } => writeln!(f, "{pad}mma {acc} += {a} * {b}^T;  // line {}", s.loc.line),
         StmtKind::Mma { acc, a, b, b_kn: true } => writeln!(f, "{pad}mma {acc} += {a} * {b};  // line {}", s.loc.line),

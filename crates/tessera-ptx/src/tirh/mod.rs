@@ -332,6 +332,20 @@ pub enum StmtKind {
         /// The stage.
         stage: Expr,
     },
+    /// `barrier::sync(id, warpgroups)` (`wait`) or `barrier::arrive(id, warpgroups)`: named
+    /// barrier `id` (0 to 6) completes when `warpgroups` warpgroups have arrived at it; `sync`
+    /// arrives and waits for that, `arrive` only arrives. Two consumers can take turns with
+    /// two barriers, each arriving at the other's after its turn (ping-pong scheduling).
+    NamedBarrier {
+        /// The barrier (0 to 6; the lowering's own barriers use other hardware ids).
+        id: u32,
+        /// Warpgroups that complete it.
+        warpgroups: u32,
+        /// `sync` (arrive and wait) rather than `arrive`.
+        wait: bool,
+        /// Where the id is written, for errors.
+        loc: SourceLoc,
+    },
     /// `mma_wait(n)`: waits until at most `n` groups of this warpgroup's `mma_sync`s are in
     /// flight (`wgmma.wait_group n`).
     MmaWait(u32),

@@ -19,7 +19,7 @@ pub const MAX_TILE_ELEMENTS: u32 = 128 * 128;
 
 /// Type-checks a kernel. Returns the kernel with every expression typed, or every error found.
 pub fn typecheck(mut ir: TileIr) -> Result<TileIr, Vec<CompileError>> {
-    let mut cx = Checker { scopes: vec![HashMap::new()], errors: Vec::new(), poisoned: Vec::new() };
+    let mut cx = Checker { scopes: vec![HashMap::new()], errors: Vec::new(), poisoned: Vec::new(), warpgroups: ir.warpgroups };
     for p in &ir.params {
         cx.bind(&p.name, p.ty, false);
     }
@@ -44,6 +44,8 @@ struct Checker {
     errors: Vec<CompileError>,
     /// Names whose `let` failed: uses of them report nothing more.
     poisoned: Vec<String>,
+    /// The kernel's warpgroups.
+    warpgroups: u32,
 }
 
 impl Checker {
@@ -157,6 +159,17 @@ impl Checker {
                 self.expect_scalar(stage, ScalarType::I32, "a stage")?;
             }
             StmtKind::MmaWait(_) | StmtKind::TmaStoreWait(_) => {}
+            StmtKind::NamedBarrier { id, warpgroups, loc: at, .. } => {
+                if *id > 6 {
+                    return Err(CompileError::ty(*at, format!("named barriers are 0 to 6, found {id}")));
+                }
+                if *warpgroups == 0 || *warpgroups > self.warpgroups {
+                    return Err(CompileError::ty(
+                        *at,
+                        format!("a named barrier counts 1 to {} warpgroups (the kernel's), found {warpgroups}", self.warpgroups),
+                    ));
+                }
+            }
             StmtKind::SmemStore { view, value } => {
                 let vt = self.expr(view)?;
                 let tt = self.expr(value)?;

@@ -291,6 +291,8 @@ struct Wait {
     producer: bool,
     stage: u32,
     parity: u32,
+    /// A named barrier's id instead of a pipeline's barrier.
+    named: Option<u32>,
 }
 
 type Flowing<T> = std::result::Result<T, Flow>;
@@ -329,6 +331,8 @@ struct Wg<'p> {
     /// `(pipeline, state before)` of each wait the current statement passed: undone if a
     /// later wait in the same statement blocks, so that the statement can run again.
     undo: Vec<(usize, (u32, u32))>,
+    /// Per named barrier, the phase this warpgroup waits for after arriving.
+    named: [Option<u32>; 7],
 }
 
 /// One block: its shared memory and barriers.
@@ -336,6 +340,8 @@ struct Block {
     id: [u32; 3],
     rings: Vec<Ring>,
     pipes: Vec<Pipe>,
+    /// Named barriers: `(warpgroups arrived, phases completed)`.
+    named: [(u32, u32); 7],
 }
 
 enum Step {
@@ -373,6 +379,7 @@ impl<'p> Kernel<'p> {
                     slots: vec![0; stages as usize],
                 })
                 .collect(),
+            named: [(0, 0); 7],
         };
         let mut wgs: Vec<Wg<'p>> = (0..prog.ir.warpgroups)
             .map(|id| Wg {
@@ -383,6 +390,7 @@ impl<'p> Kernel<'p> {
                 stores: VecDeque::new(),
                 waiting: None,
                 undo: Vec::new(),
+                named: [None; 7],
             })
             .collect();
         let mut live = wgs.len();
@@ -413,6 +421,15 @@ impl<'p> Kernel<'p> {
         let mut parts = Vec::new();
         for wg in wgs {
             match wg.waiting {
+                Some((s, w)) if !wg.frames.is_empty() && w.named.is_some() => {
+                    let id = w.named.unwrap_or(0);
+                    let (arrived, phase) = blk.named[id as usize];
+                    parts.push(format!(
+                        "warpgroup {} waits at line {} at named barrier {id} (it has completed {phase} phase(s); {arrived} warpgroup(s) have arrived since)",
+                        wg.id, s.loc.line
+                    ));
+                    first.get_or_insert(s);
+                }
                 Some((s, w)) if !wg.frames.is_empty() => {
                     let (name, _, _) = &self.prog.pipes[w.pipe];
                     let pipe = &blk.pipes[w.pipe];
@@ -591,6 +608,31 @@ impl<'p> Kernel<'p> {
                 self.tma_store(g, &idx, view, blk)?;
                 wg.stores.push_back(PendingStore { view, line: s.loc.line });
             }
+            StmtKind::NamedBarrier { id, warpgroups, wait, .. } => {
+                let i = *id as usize;
+                if i >= blk.named.len() {
+                    return Err(format!("named barrier {id} does not exist (0 to 6)").into());
+                }
+                // Arrive once (a blocked `sync` runs again: it has arrived already).
+                let target = match wg.named[i] {
+                    Some(t) => t,
+                    None => {
+                        let (arrived, phase) = &mut blk.named[i];
+                        *arrived += 1;
+                        let target = *phase + 1;
+                        if *arrived >= *warpgroups {
+                            *arrived = 0;
+                            *phase += 1;
+                        }
+                        target
+                    }
+                };
+                if *wait && blk.named[i].1 < target {
+                    wg.named[i] = Some(target);
+                    return Err(Flow::Blocked(Wait { pipe: 0, producer: false, stage: 0, parity: 0, named: Some(*id) }));
+                }
+                wg.named[i] = None;
+            }
             StmtKind::TmaStoreWait(n) => {
                 while wg.stores.len() > *n as usize {
                     wg.stores.pop_front();
@@ -679,7 +721,7 @@ impl<'p> Kernel<'p> {
         let ring = &blk.pipes[p];
         let (bar, parity) = if producer { (ring.empty[stage as usize], phase ^ 1) } else { (ring.full[stage as usize], phase) };
         if !bar.passed(parity) {
-            return Err(Flow::Blocked(Wait { pipe: p, producer, stage, parity }));
+            return Err(Flow::Blocked(Wait { pipe: p, producer, stage, parity, named: None }));
         }
         let stages = self.prog.pipes[p].1;
         wg.undo.push((p, (stage, phase)));
