@@ -113,8 +113,8 @@ pub fn attention_d128(
             let diag = q0 + row + 1 + shift;
             let qs = qpipe.wait();
             let mut vprev = 0;
-            // Block j's turn issues the previous block's P·V and this block's S = Q·Kᵀ; the
-            // softmax of S follows outside the turn.
+            // Block j's turn issues this block's S = Q·Kᵀ and the previous block's P·V; the
+            // softmax of S follows outside the turn, beside that P·V.
             for j in 0..n {
                 let ks = kpipe.wait();
                 if j > 0 {
@@ -125,21 +125,23 @@ pub fn attention_d128(
                 } else {
                     barrier::sync(1, 2);
                 }
+                let mut s = Tile::<f32, 64, 128>::zeros();
+                mma_sync(s, sq.at(qs).rows(row, 64), sk.at(ks));
                 if j > 0 {
                     mma_sync_kn(acc, p.cast::<T>(), sv.at(vprev));
                 }
-                let mut s = Tile::<f32, 64, 128>::zeros();
-                mma_sync(s, sq.at(qs).rows(row, 64), sk.at(ks));
                 if me == 0 {
                     barrier::arrive(1, 2);
                 } else {
                     barrier::arrive(0, 2);
                 }
-                mma_wait(0);
-                kpipe.release(ks);
+                // S is done when at most the P·V behind it still runs.
                 if j > 0 {
-                    vpipe.release(vprev);
+                    mma_wait(1);
+                } else {
+                    mma_wait(0);
                 }
+                kpipe.release(ks);
                 let k0 = j * 128;
                 if k0 + 128 > seq_k {
                     s = s.mask_cols(seq_k - k0, f32::NEG_INFINITY);
@@ -151,6 +153,11 @@ pub fn attention_d128(
                 p = exp2(s * scale_log2 - m_new);
                 let c = exp2(m - m_new);
                 l = l * c + row_sum(p);
+                // The previous P·V must be done before O is rescaled.
+                if j > 0 {
+                    mma_wait(0);
+                    vpipe.release(vprev);
+                }
                 acc = acc * c;
                 m = m_new;
             }
@@ -278,8 +285,8 @@ pub fn attention_d64(
             let diag = q0 + row + 1 + shift;
             let qs = qpipe.wait();
             let mut vprev = 0;
-            // Block j's turn issues the previous block's P·V and this block's S = Q·Kᵀ; the
-            // softmax of S follows outside the turn.
+            // Block j's turn issues this block's S = Q·Kᵀ and the previous block's P·V; the
+            // softmax of S follows outside the turn, beside that P·V.
             for j in 0..n {
                 let ks = kpipe.wait();
                 if j > 0 {
@@ -290,21 +297,23 @@ pub fn attention_d64(
                 } else {
                     barrier::sync(1, 2);
                 }
+                let mut s = Tile::<f32, 64, 128>::zeros();
+                mma_sync(s, sq.at(qs).rows(row, 64), sk.at(ks));
                 if j > 0 {
                     mma_sync_kn(acc, p.cast::<T>(), sv.at(vprev));
                 }
-                let mut s = Tile::<f32, 64, 128>::zeros();
-                mma_sync(s, sq.at(qs).rows(row, 64), sk.at(ks));
                 if me == 0 {
                     barrier::arrive(1, 2);
                 } else {
                     barrier::arrive(0, 2);
                 }
-                mma_wait(0);
-                kpipe.release(ks);
+                // S is done when at most the P·V behind it still runs.
                 if j > 0 {
-                    vpipe.release(vprev);
+                    mma_wait(1);
+                } else {
+                    mma_wait(0);
                 }
+                kpipe.release(ks);
                 let k0 = j * 128;
                 if k0 + 128 > seq_k {
                     s = s.mask_cols(seq_k - k0, f32::NEG_INFINITY);
@@ -316,6 +325,11 @@ pub fn attention_d64(
                 p = exp2(s * scale_log2 - m_new);
                 let c = exp2(m - m_new);
                 l = l * c + row_sum(p);
+                // The previous P·V must be done before O is rescaled.
+                if j > 0 {
+                    mma_wait(0);
+                    vpipe.release(vprev);
+                }
                 acc = acc * c;
                 m = m_new;
             }

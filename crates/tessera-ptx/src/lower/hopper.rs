@@ -148,13 +148,6 @@ pub(crate) fn acc_derived(body: &[Stmt], accs: &[String]) -> Vec<String> {
     }
 }
 
-/// Whether `body` issues an `mma_sync` anywhere.
-pub(crate) fn has_mma(body: &[Stmt]) -> bool {
-    let mut s = HopperScan::default();
-    scan(body, &mut s);
-    s.any_mma
-}
-
 fn align(x: u32, a: u32) -> u32 {
     x.div_ceil(a) * a
 }
@@ -304,11 +297,12 @@ impl Lowerer<'_> {
             StmtKind::PipeCommit { pipe, stage } | StmtKind::PipeRelease { pipe, stage } => {
                 let Value::Pipe(p) = self.lookup(pipe) else { unreachable!("verified TIR-H: `{pipe}` is a pipeline") };
                 let release = matches!(s.kind, StmtKind::PipeRelease { .. });
-                if release && self.wgmma_pending && self.sm90() {
+                if release && (self.wgmma_pending || !self.pending_accs.is_empty()) && self.sm90() {
                     // The stage's operands are read by wgmma until its group completes; an
                     // explicit `mma_wait` before the release says which groups may still run.
                     self.op("wgmma.wait_group.sync.aligned", vec![Operand::Imm(0)]);
                     self.wgmma_pending = false;
+                    self.pending_accs.clear();
                 }
                 let st = match self.scalar(stage) {
                     Ok(v) => v,
@@ -327,7 +321,9 @@ impl Lowerer<'_> {
                 if self.sm90() {
                     self.op("wgmma.wait_group.sync.aligned", vec![Operand::Imm(i64::from(*n))]);
                 }
+                // With n > 0 the kernel says that what it reads next is done.
                 self.wgmma_pending = false;
+                self.pending_accs.clear();
                 Ok(())
             }
             StmtKind::Mma { acc, a, b, b_kn } => self.mma(acc, a, b, *b_kn),
@@ -592,7 +588,7 @@ impl Lowerer<'_> {
             }
         }
         self.op("wgmma.commit_group.sync.aligned", vec![]);
-        self.wgmma_pending = true;
+        self.pending_accs.extend(t.regs.iter().copied());
         Ok(())
     }
 
@@ -653,11 +649,14 @@ impl Lowerer<'_> {
         self.target == crate::reflect::Target::Sm90a
     }
 
-    /// Waits for outstanding wgmma groups before an accumulator is read.
+    /// Waits for outstanding wgmma groups before an accumulator they write is read (any
+    /// accumulator after a loop that issued some).
     pub(crate) fn before_tile_read(&mut self, t: &TileVal) {
-        if self.sm90() && self.wgmma_pending && matches!(t.layout.kind, crate::layout::LayoutKind::Wgmma { .. }) {
+        let written = self.wgmma_pending || t.regs.iter().any(|r| self.pending_accs.contains(r));
+        if self.sm90() && written && matches!(t.layout.kind, crate::layout::LayoutKind::Wgmma { .. }) {
             self.op("wgmma.wait_group.sync.aligned", vec![Operand::Imm(0)]);
             self.wgmma_pending = false;
+            self.pending_accs.clear();
         }
     }
 

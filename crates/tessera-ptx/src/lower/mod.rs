@@ -153,6 +153,8 @@ pub(crate) struct Lowerer<'a> {
     pub acc_derived: Vec<String>,
     pub any_mma: bool,
     pub wgmma_pending: bool,
+    /// Registers of accumulators that issued wgmma groups may still write.
+    pub pending_accs: Vec<Reg>,
     /// The next `mma_sync` starts from zero (scale-d = 0 on its first step).
     pub mma_zero: bool,
     pub uses_setmaxnreg: bool,
@@ -192,6 +194,7 @@ impl<'a> Lowerer<'a> {
             acc_derived: Vec::new(),
             any_mma: false,
             wgmma_pending: false,
+            pending_accs: Vec::new(),
             mma_zero: false,
             uses_setmaxnreg: false,
             layout_hint: None,
@@ -419,6 +422,19 @@ impl<'a> Lowerer<'a> {
         true
     }
 
+    /// Around a loop that issues `mma_sync`s, the accumulators it writes may still be written
+    /// (by the last iteration's groups, or by earlier ones on the way back to the loop's head):
+    /// a read of one waits first.
+    fn loop_pending(&mut self, body: &[Stmt]) {
+        let mut scan = hopper::HopperScan::default();
+        hopper::scan(body, &mut scan);
+        for acc in &scan.mma_accs {
+            if let Some(Value::Tile(t)) = self.scopes.iter().rev().find_map(|s| s.get(acc.as_str())).cloned() {
+                self.pending_accs.extend(t.regs);
+            }
+        }
+    }
+
     /// `let`s of independent reductions, reduced in one exchange across warps.
     fn reductions(&mut self, run: &[Stmt]) -> Result<(), CompileError> {
         self.lets_together(
@@ -511,16 +527,14 @@ impl<'a> Lowerer<'a> {
                 self.store(&g, &idx, &t);
             }
             StmtKind::For { var, start, end, step, body } => {
-                let mma_inside = hopper::has_mma(body);
-                self.wgmma_pending |= mma_inside;
+                self.loop_pending(body);
                 self.for_loop(var, start, end, step, body)?;
-                self.wgmma_pending |= mma_inside;
+                self.loop_pending(body);
             }
             StmtKind::QueueFor { var, queue, total, body } => {
-                let mma_inside = hopper::has_mma(body);
-                self.wgmma_pending |= mma_inside;
+                self.loop_pending(body);
                 self.queue_for(var, queue, total.as_ref(), body)?;
-                self.wgmma_pending |= mma_inside;
+                self.loop_pending(body);
             }
             StmtKind::If { cond, then, otherwise } => {
                 let p = self.scalar(cond)?;
