@@ -112,14 +112,9 @@ pub fn attention_d128(
             // The last key the warpgroup's first row sees, plus one.
             let diag = q0 + row + 1 + shift;
             let qs = qpipe.wait();
-            let mut vprev = 0;
-            // Block j's turn issues this block's S = Q·Kᵀ and the previous block's P·V; the
-            // softmax of S follows outside the turn, beside that P·V.
-            for j in 0..n {
+            if n > 0 {
+                // Block 0: S alone.
                 let ks = kpipe.wait();
-                if j > 0 {
-                    vprev = vpipe.wait();
-                }
                 if me == 0 {
                     barrier::sync(0, 2);
                 } else {
@@ -127,41 +122,61 @@ pub fn attention_d128(
                 }
                 let mut s = Tile::<f32, 64, 128>::zeros();
                 mma_sync(s, sq.at(qs).rows(row, 64), sk.at(ks));
-                if j > 0 {
-                    mma_sync_kn(acc, p.cast::<T>(), sv.at(vprev));
-                }
                 if me == 0 {
                     barrier::arrive(1, 2);
                 } else {
                     barrier::arrive(0, 2);
                 }
-                // S is done when at most the P·V behind it still runs.
-                if j > 0 {
-                    mma_wait(1);
-                } else {
-                    mma_wait(0);
-                }
+                mma_wait(0);
                 kpipe.release(ks);
-                let k0 = j * 128;
-                if k0 + 128 > seq_k {
-                    s = s.mask_cols(seq_k - k0, f32::NEG_INFINITY);
+                if seq_k < 128 {
+                    s = s.mask_cols(seq_k, f32::NEG_INFINITY);
                 }
-                if causal == 1 && k0 + 128 > diag {
-                    s = s.mask_cols(Tile::<f32, 64, 1>::row_index() + (diag - k0) as f32, f32::NEG_INFINITY);
+                if causal == 1 && 128 > diag {
+                    s = s.mask_cols(Tile::<f32, 64, 1>::row_index() + diag as f32, f32::NEG_INFINITY);
                 }
-                let m_new = max(m, row_max(s) * scale_log2);
-                p = exp2(s * scale_log2 - m_new);
-                let c = exp2(m - m_new);
-                l = l * c + row_sum(p);
-                // The previous P·V must be done before O is rescaled.
-                if j > 0 {
+                m = max(m, row_max(s) * scale_log2);
+                p = exp2(s * scale_log2 - m);
+                l = row_sum(p);
+                // Block j's turn issues its S = Q·Kᵀ and block j − 1's P·V; the softmax of S
+                // runs outside the turn, beside that P·V.
+                for j in 1..n {
+                    let ks = kpipe.wait();
+                    let vs = vpipe.wait();
+                    if me == 0 {
+                        barrier::sync(0, 2);
+                    } else {
+                        barrier::sync(1, 2);
+                    }
+                    let mut s = Tile::<f32, 64, 128>::zeros();
+                    mma_sync(s, sq.at(qs).rows(row, 64), sk.at(ks));
+                    mma_sync_kn(acc, p.cast::<T>(), sv.at(vs));
+                    if me == 0 {
+                        barrier::arrive(1, 2);
+                    } else {
+                        barrier::arrive(0, 2);
+                    }
+                    // S is done when at most the P·V behind it still runs.
+                    mma_wait(1);
+                    kpipe.release(ks);
+                    let k0 = j * 128;
+                    if k0 + 128 > seq_k {
+                        s = s.mask_cols(seq_k - k0, f32::NEG_INFINITY);
+                    }
+                    if causal == 1 && k0 + 128 > diag {
+                        s = s.mask_cols(Tile::<f32, 64, 1>::row_index() + (diag - k0) as f32, f32::NEG_INFINITY);
+                    }
+                    let m_new = max(m, row_max(s) * scale_log2);
+                    p = exp2(s * scale_log2 - m_new);
+                    let c = exp2(m - m_new);
+                    l = l * c + row_sum(p);
+                    // The P·V must be done before O is rescaled.
                     mma_wait(0);
-                    vpipe.release(vprev);
+                    vpipe.release(vs);
+                    acc = acc * c;
+                    m = m_new;
                 }
-                acc = acc * c;
-                m = m_new;
-            }
-            if n > 0 {
+                // The last block's P·V.
                 let vs = vpipe.wait();
                 if me == 0 {
                     barrier::sync(0, 2);
@@ -284,14 +299,9 @@ pub fn attention_d64(
             // The last key the warpgroup's first row sees, plus one.
             let diag = q0 + row + 1 + shift;
             let qs = qpipe.wait();
-            let mut vprev = 0;
-            // Block j's turn issues this block's S = Q·Kᵀ and the previous block's P·V; the
-            // softmax of S follows outside the turn, beside that P·V.
-            for j in 0..n {
+            if n > 0 {
+                // Block 0: S alone.
                 let ks = kpipe.wait();
-                if j > 0 {
-                    vprev = vpipe.wait();
-                }
                 if me == 0 {
                     barrier::sync(0, 2);
                 } else {
@@ -299,41 +309,61 @@ pub fn attention_d64(
                 }
                 let mut s = Tile::<f32, 64, 128>::zeros();
                 mma_sync(s, sq.at(qs).rows(row, 64), sk.at(ks));
-                if j > 0 {
-                    mma_sync_kn(acc, p.cast::<T>(), sv.at(vprev));
-                }
                 if me == 0 {
                     barrier::arrive(1, 2);
                 } else {
                     barrier::arrive(0, 2);
                 }
-                // S is done when at most the P·V behind it still runs.
-                if j > 0 {
-                    mma_wait(1);
-                } else {
-                    mma_wait(0);
-                }
+                mma_wait(0);
                 kpipe.release(ks);
-                let k0 = j * 128;
-                if k0 + 128 > seq_k {
-                    s = s.mask_cols(seq_k - k0, f32::NEG_INFINITY);
+                if seq_k < 128 {
+                    s = s.mask_cols(seq_k, f32::NEG_INFINITY);
                 }
-                if causal == 1 && k0 + 128 > diag {
-                    s = s.mask_cols(Tile::<f32, 64, 1>::row_index() + (diag - k0) as f32, f32::NEG_INFINITY);
+                if causal == 1 && 128 > diag {
+                    s = s.mask_cols(Tile::<f32, 64, 1>::row_index() + diag as f32, f32::NEG_INFINITY);
                 }
-                let m_new = max(m, row_max(s) * scale_log2);
-                p = exp2(s * scale_log2 - m_new);
-                let c = exp2(m - m_new);
-                l = l * c + row_sum(p);
-                // The previous P·V must be done before O is rescaled.
-                if j > 0 {
+                m = max(m, row_max(s) * scale_log2);
+                p = exp2(s * scale_log2 - m);
+                l = row_sum(p);
+                // Block j's turn issues its S = Q·Kᵀ and block j − 1's P·V; the softmax of S
+                // runs outside the turn, beside that P·V.
+                for j in 1..n {
+                    let ks = kpipe.wait();
+                    let vs = vpipe.wait();
+                    if me == 0 {
+                        barrier::sync(0, 2);
+                    } else {
+                        barrier::sync(1, 2);
+                    }
+                    let mut s = Tile::<f32, 64, 128>::zeros();
+                    mma_sync(s, sq.at(qs).rows(row, 64), sk.at(ks));
+                    mma_sync_kn(acc, p.cast::<T>(), sv.at(vs));
+                    if me == 0 {
+                        barrier::arrive(1, 2);
+                    } else {
+                        barrier::arrive(0, 2);
+                    }
+                    // S is done when at most the P·V behind it still runs.
+                    mma_wait(1);
+                    kpipe.release(ks);
+                    let k0 = j * 128;
+                    if k0 + 128 > seq_k {
+                        s = s.mask_cols(seq_k - k0, f32::NEG_INFINITY);
+                    }
+                    if causal == 1 && k0 + 128 > diag {
+                        s = s.mask_cols(Tile::<f32, 64, 1>::row_index() + (diag - k0) as f32, f32::NEG_INFINITY);
+                    }
+                    let m_new = max(m, row_max(s) * scale_log2);
+                    p = exp2(s * scale_log2 - m_new);
+                    let c = exp2(m - m_new);
+                    l = l * c + row_sum(p);
+                    // The P·V must be done before O is rescaled.
                     mma_wait(0);
-                    vpipe.release(vprev);
+                    vpipe.release(vs);
+                    acc = acc * c;
+                    m = m_new;
                 }
-                acc = acc * c;
-                m = m_new;
-            }
-            if n > 0 {
+                // The last block's P·V.
                 let vs = vpipe.wait();
                 if me == 0 {
                     barrier::sync(0, 2);
