@@ -134,7 +134,8 @@ impl Lowerer<'_> {
         };
         match op {
             UnOp::Neg => one(self, "neg.f32"),
-            UnOp::Exp2 => one(self, "ex2.approx.f32"),
+            // ftz: one MUFU op (results below 2⁻¹²⁶ flush to 0; the full form adds fix-ups).
+            UnOp::Exp2 => one(self, "ex2.approx.ftz.f32"),
             UnOp::Log2 => one(self, "lg2.approx.f32"),
             UnOp::Abs => one(self, "abs.f32"),
             UnOp::Sqrt => one(self, "sqrt.rn.f32"),

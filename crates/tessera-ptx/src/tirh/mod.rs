@@ -506,7 +506,7 @@ pub enum UnOp {
     Neg,
     /// `!x`
     Not,
-    /// `exp2(x)`
+    /// `exp2(x)` (the hardware's approximation; results below 2⁻¹²⁶ flush to 0)
     Exp2,
     /// `log2(x)` (the hardware's approximation; `log2(0)` is −∞)
     Log2,

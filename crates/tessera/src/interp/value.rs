@@ -167,7 +167,15 @@ fn erf(x: f32) -> f32 {
 fn f32_unary(op: UnOp, x: f32) -> f32 {
     match op {
         UnOp::Neg => -x,
-        UnOp::Exp2 => x.exp2(),
+        // As the GPU's ex2.approx.ftz: results below the smallest normal flush to 0.
+        UnOp::Exp2 => {
+            let y = x.exp2();
+            if y < f32::MIN_POSITIVE {
+                0.0
+            } else {
+                y
+            }
+        }
         UnOp::Log2 => x.log2(),
         UnOp::Abs => x.abs(),
         UnOp::Sqrt => x.sqrt(),
