@@ -64,6 +64,22 @@ fn two_warpgroups(x: Global<f32, 2>, y: Global<f32, 2>) {
     }
 }
 
+/// A hand-off through a named barrier: warpgroup 0 writes its rows and arrives; warpgroup 1
+/// waits there, then reads them back.
+#[kernel(warpgroups = 2)]
+fn handoff(x: Global<f32, 2>, y: Global<f32, 2>) {
+    let r = block::id_x() * 16;
+    if warpgroup::id() == 1 {
+        barrier::sync(0, 2);
+        let t: Tile<f32, 16, 32> = y.load([r, 0]);
+        y.store([r, 32], t * 2.0);
+    } else {
+        let t: Tile<f32, 16, 32> = x.load([r, 0]);
+        y.store([r, 0], t + 1.0);
+        barrier::arrive(0, 2);
+    }
+}
+
 /// Work claimed at run time: warpgroup 0 draws 16-row slabs from a `TileQueue`; the two
 /// consumers each scale their 8 rows of every slab handed to them.
 #[kernel(warpgroups = 3)]
@@ -215,6 +231,32 @@ fn gpu_broadcast_converts_layouts() {
 #[test]
 fn interp_broadcast_converts_layouts() {
     broadcast_converts_layouts(&Device::cpu());
+}
+
+fn named_barrier_hands_off(dev: &Device) {
+    let m = 80;
+    let x = random(m * 32, -1.0, 1.0);
+    let xt = Tensor::from_host(dev, &x, &[m, 32]).unwrap();
+    let mut y = Tensor::full(dev, &[m, 64], f32::NAN).unwrap();
+    handoff::launch(dev, Grid::tiles(m, 16), &xt, &mut y).unwrap();
+    let y = y.to_host().unwrap();
+    for (k, &v) in x.iter().enumerate() {
+        let (i, j) = (k / 32, k % 32);
+        assert_eq!(y[i * 64 + j], v + 1.0, "written at ({i}, {j})");
+        assert_eq!(y[i * 64 + 32 + j], (v + 1.0) * 2.0, "read back at ({i}, {j})");
+    }
+}
+
+#[test]
+fn gpu_named_barrier_hands_off() {
+    if let Some(dev) = gpu_or_skip("gpu_named_barrier_hands_off") {
+        named_barrier_hands_off(&dev);
+    }
+}
+
+#[test]
+fn interp_named_barrier_hands_off() {
+    named_barrier_hands_off(&Device::cpu());
 }
 
 fn two_warpgroups_and_uniform_if(dev: &Device) {
