@@ -12,7 +12,7 @@
 //! | [`rms_norm`] | `y = x / sqrt(mean(x²) + eps) · weight` per row, bf16/f16/f32, f32 statistics |
 //! | [`rope`], [`rope_in_place`], [`rope_backward`] | rotary position embedding of query/key heads, half-split or interleaved, `[b, s, h, d]` or `[b, h, s, d]`, angles computed or from [`rope_cache`] |
 //! | [`Norm`] | fused RMSNorm/LayerNorm: Philox dropout, residual add returning the new residual, weight, bias, scale and shift; forward and backward (`dx`, `dweight`, `dbias`) |
-//! | [`attention`], [`attention_with_lse`] | FlashAttention forward: bf16/f16, `[b, s, h, d]` or `[b, h, s, d]`, causal or not, grouped-query heads, different query and key lengths, the log-sum-exp for a backward pass (Hopper) |
+//! | [`attention`], [`attention_with_lse`], [`attention_varlen`] | FlashAttention forward: bf16/f16, `[b, s, h, d]` or `[b, h, s, d]` or sequences packed end to end, causal or not, grouped-query heads, different query and key lengths, the log-sum-exp for a backward pass (Hopper) |
 //! | [`layer_norm`] | `y = (x − mean) / sqrt(var + eps) · weight + bias` per row, bf16/f16/f32, f32 statistics |
 #![warn(missing_docs)]
 
@@ -26,8 +26,8 @@ mod rope;
 mod softmax;
 
 pub use attention::{
-    attention, attention_d128_bf16, attention_d128_f16, attention_d64_bf16, attention_d64_f16, attention_with_lse, Attention,
-    AttentionElement, AttentionLayout,
+    attention, attention_d128_bf16, attention_d128_f16, attention_d64_bf16, attention_d64_f16, attention_varlen, attention_with_lse,
+    Attention, AttentionElement, AttentionLayout,
 };
 pub use elementwise::{axpy, axpy_f32};
 pub use gemm::{

@@ -16,7 +16,7 @@ pub struct Frontend {
 type R<T> = Result<T, syn::Error>;
 
 const FUNCTIONS: &str = "`exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Tile::<f32, M, N>::col_index`, `Tile::<f32, M, N>::row_index`, `Tile::<f32, M, N>::uniform`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `TileQueue::<S>::new`, `tma::load`, `tma::store`, `tma::store_wait`, `mma_sync`, `mma_sync_kn`, `mma_wait`, `setmaxnreg`, `barrier::sync`, `barrier::arrive`";
-const METHODS: &str = "`load`, `load_or`, `get`, `store`, `dim`, `cast`, `exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `mask_cols`, `swap_pairs`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
+const METHODS: &str = "`load`, `load_or`, `get`, `store`, `store_within`, `dim`, `cast`, `exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `mask_cols`, `swap_pairs`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
 
 fn err<T>(span: impl ToTokens, msg: impl std::fmt::Display) -> R<T> {
     Err(syn::Error::new_spanned(span, msg))
@@ -141,7 +141,19 @@ impl Frontend {
                 if m.args.len() != 2 {
                     return err(m, "`store` takes an origin and a tile: `tensor.store([i, j], tile)`");
                 }
-                StmtKind::Store { tensor, index: self.index(&m.args[0])?, value: self.expr(&m.args[1])? }
+                StmtKind::Store { tensor, index: self.index(&m.args[0])?, value: self.expr(&m.args[1])?, within: None }
+            }
+            SynExpr::MethodCall(m) if m.method == "store_within" => {
+                let tensor = receiver_name(&m.receiver)?;
+                if m.args.len() != 3 {
+                    return err(m, "`store_within` takes an origin, a tile and an end per dimension: `tensor.store_within([i, j], tile, [rows, cols])`");
+                }
+                StmtKind::Store {
+                    tensor,
+                    index: self.index(&m.args[0])?,
+                    value: self.expr(&m.args[1])?,
+                    within: Some(self.index(&m.args[2])?),
+                }
             }
             SynExpr::ForLoop(f) if f.attrs.iter().any(|a| a.path().is_ident("unroll")) => return self.unrolled(f, loc, text),
             SynExpr::ForLoop(f) => {

@@ -7,7 +7,7 @@ mod kernels;
 
 pub use kernels::{attention_d128_bf16, attention_d128_f16, attention_d64_bf16, attention_d64_f16};
 
-use tessera::{bf16, f16, Device, Element, Error, Grid, KernelSpec, Result, Tensor, TensorView, TensorViewMut};
+use tessera::{bf16, f16, Device, Element, Error, Grid, KernelSpec, Optional, Result, Tensor, TensorView, TensorViewMut};
 
 /// How Q, K, V and O are laid out.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -75,7 +75,8 @@ pub trait AttentionElement: Element + sealed::Sealed {
         t: [&TensorView<Self>; 3],
         o: &mut TensorViewMut<Self>,
         lse: &mut TensorViewMut<f32>,
-        ints: [i32; 7],
+        cu: [&Optional<Tensor<i32>>; 2],
+        ints: [i32; 10],
         scale_log2: f32,
     ) -> Result<()>;
 }
@@ -103,13 +104,19 @@ macro_rules! attention_element {
                 [q, k, v]: [&TensorView<Self>; 3],
                 o: &mut TensorViewMut<Self>,
                 lse: &mut TensorViewMut<f32>,
-                [heads, group, q_bm, k_bm, hm, cm, causal]: [i32; 7],
+                [cu_q, cu_k]: [&Optional<Tensor<i32>>; 2],
+                [batch, max_q, varlen, heads, group, q_bm, k_bm, hm, cm, causal]: [i32; 10],
                 scale_log2: f32,
             ) -> Result<()> {
-                let mut counter = d.tile_counter()?;
+                let mut c = d.tile_counter()?;
+                let (o, l) = (o, lse);
                 match dim {
-                    64 => $d64::launch(d, g, q, k, v, o, lse, &mut counter, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2),
-                    128 => $d128::launch(d, g, q, k, v, o, lse, &mut counter, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2),
+                    64 => $d64::launch(
+                        d, g, q, k, v, o, l, &mut c, cu_q, cu_k, batch, max_q, varlen, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2,
+                    ),
+                    128 => $d128::launch(
+                        d, g, q, k, v, o, l, &mut c, cu_q, cu_k, batch, max_q, varlen, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2,
+                    ),
                     _ => Err(arg("q", "head_dim 64 or 128".into(), format!("head_dim {dim}"))),
                 }
             }
@@ -207,11 +214,119 @@ pub fn attention_with_lse<T: AttentionElement>(
         AttentionLayout::Bshd => (1, 1, 0, d),
         AttentionLayout::Bhsd => (h, hk, 1, 0),
     };
+    let ints = [b, sq, 0, h, h / hk, q_bm, k_bm, hm, cm, usize::from(opts.causal)].map(|x| x as i32);
+    let none = Optional(None, 1);
+    launch(device, opts, d, [&qv, &kv, &vv], &mut ov, &mut lv, [&none, &none], ints)
+}
+
+/// The persistent launch shared by the padded and the packed forms: one block per SM at most,
+/// over `batch × heads × ⌈max_q / 128⌉` tiles.
+#[allow(clippy::too_many_arguments)]
+fn launch<T: AttentionElement>(
+    device: &Device,
+    opts: &Attention,
+    d: usize,
+    qkv: [&TensorView<T>; 3],
+    o: &mut TensorViewMut<T>,
+    lse: &mut TensorViewMut<f32>,
+    cu: [&Optional<Tensor<i32>>; 2],
+    ints: [i32; 10],
+) -> Result<()> {
     let scale = opts.scale.unwrap_or(1.0 / (d as f32).sqrt());
-    let ints = [h, h / hk, q_bm, k_bm, hm, cm, usize::from(opts.causal)].map(|x| x as i32);
-    // A persistent grid: one block per SM at most.
-    let grid = Grid::tiles(sq, 128).saturating_mul((b * h) as u32).min(device.sm_count());
-    T::forward(device, grid.into(), d, [&qv, &kv, &vv], &mut ov, &mut lv, ints, scale * std::f32::consts::LOG2_E)
+    let [batch, max_q, _, heads, ..] = ints.map(|x| x as u32);
+    let grid = Grid::tiles(max_q as usize, 128).saturating_mul(batch).saturating_mul(heads).min(device.sm_count());
+    T::forward(device, grid.max(1).into(), d, qkv, o, lse, cu, ints, scale * std::f32::consts::LOG2_E)
+}
+
+/// FlashAttention forward over a batch of sequences of different lengths packed end to end
+/// (no padding): sequence `b` holds query rows `cu_seqlens_q[b]..cu_seqlens_q[b + 1]` of `q`
+/// and key rows `cu_seqlens_k[b]..cu_seqlens_k[b + 1]` of `k` and `v`.
+///
+/// `q` and `o` are `[total_q, heads, dim]`, `k` and `v` `[total_k, kv_heads, dim]`, `lse`
+/// `[heads, total_q]` (f32); `cu_seqlens_q` and `cu_seqlens_k` are `[batch + 1]` i32 tensors of
+/// non-decreasing offsets starting at 0, on the device; `max_seqlen_q` is at least every
+/// sequence's query length (rows past it are not computed). Causal masks align each
+/// sequence's diagonal at its end. Only [`AttentionLayout::Bshd`] applies (the packed layout).
+///
+/// # Errors
+/// [`Error::Argument`] naming the tensor whose rank, shape or contiguity does not fit, a
+/// head_dim other than 64 or 128, offsets of another length than each other, or
+/// `max_seqlen_q` of 0; the launch's own checks. Offsets are device data: out-of-range ones
+/// give wrong rows, never a write outside `o` and `lse`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_varlen<T: AttentionElement>(
+    device: &Device,
+    opts: &Attention,
+    q: &Tensor<T>,
+    k: &Tensor<T>,
+    v: &Tensor<T>,
+    o: &mut Tensor<T>,
+    lse: &mut Tensor<f32>,
+    cu_seqlens_q: &Tensor<i32>,
+    cu_seqlens_k: &Tensor<i32>,
+    max_seqlen_q: usize,
+) -> Result<()> {
+    let packed = |name: &str, t: &Tensor<T>| -> Result<[usize; 3]> {
+        match *t.shape() {
+            [n, h, d] if t.is_contiguous() => Ok([n, h, d]),
+            [_, _, _] => Err(arg(name, "a contiguous tensor".into(), format!("strides {:?}", t.strides()))),
+            _ => Err(arg(name, "a rank-3 tensor [total, heads, dim]".into(), format!("shape {:?}", t.shape()))),
+        }
+    };
+    if opts.layout != AttentionLayout::Bshd {
+        return Err(arg("q", "the packed layout [total, heads, dim] (AttentionLayout::Bshd)".into(), format!("{:?}", opts.layout)));
+    }
+    let [tq, h, d] = packed("q", q)?;
+    let [tk, hk, dk] = packed("k", k)?;
+    if T::spec(d).is_none() {
+        return Err(arg("q", "head_dim 64 or 128".into(), format!("head_dim {d}")));
+    }
+    if dk != d || hk == 0 || h % hk != 0 {
+        return Err(arg("k", format!("head_dim {d} and a number of heads dividing {h}"), format!("head_dim {dk}, {hk} heads")));
+    }
+    if v.shape() != k.shape() {
+        return Err(arg("v", format!("k's shape {:?}", k.shape()), format!("shape {:?}", v.shape())));
+    }
+    packed("v", v)?;
+    if o.shape() != q.shape() {
+        return Err(arg("o", format!("q's shape {:?}", q.shape()), format!("shape {:?}", o.shape())));
+    }
+    packed("o", o)?;
+    crate::check_shape("attention", "lse", lse, &[h, tq])?;
+    if !lse.is_contiguous() {
+        return Err(arg("lse", "a contiguous tensor".into(), format!("strides {:?}", lse.strides())));
+    }
+    let b = match (cu_seqlens_q.shape(), cu_seqlens_k.shape()) {
+        (&[nq], &[nk]) if nq == nk && nq >= 2 => nq - 1,
+        _ => {
+            return Err(arg(
+                "cu_seqlens_k",
+                format!("a rank-1 tensor of batch + 1 ≥ 2 offsets, like cu_seqlens_q {:?}", cu_seqlens_q.shape()),
+                format!("shape {:?}", cu_seqlens_k.shape()),
+            ))
+        }
+    };
+    if max_seqlen_q == 0 || tq == 0 || tk == 0 || h == 0 {
+        return Err(arg(
+            "q",
+            "max_seqlen_q, heads and both totals ≥ 1".into(),
+            format!("max_seqlen_q {max_seqlen_q}, total_q {tq}, total_k {tk}, {h} heads"),
+        ));
+    }
+    let too_big = |x: usize| i32::try_from(x).is_err();
+    if too_big(tq * h) || too_big(tk * hk) || too_big(b * h * max_seqlen_q.div_ceil(128)) || too_big(h * d) {
+        return Err(arg("q", "fewer than 2³¹ rows".into(), format!("total_q {tq}, total_k {tk}, {h} heads")));
+    }
+    let (qv, kv, vv) = (
+        q.view(&[1, tq, h * d], &[tq * h * d, h * d, 1])?,
+        k.view(&[1, tk, hk * d], &[tk * hk * d, hk * d, 1])?,
+        v.view(&[1, tk, hk * d], &[tk * hk * d, hk * d, 1])?,
+    );
+    let mut ov = o.view_mut(&[1, tq, h * d], &[tq * h * d, h * d, 1])?;
+    let mut lv = lse.view_mut(&[h, tq, 1], &[tq, 1, 1])?;
+    let ints = [b, max_seqlen_q, 1, h, h / hk, 0, 0, 0, d, usize::from(opts.causal)].map(|x| x as i32);
+    let (cq, ck) = (Optional(Some(cu_seqlens_q), 1), Optional(Some(cu_seqlens_k), 1));
+    launch(device, opts, d, [&qv, &kv, &vv], &mut ov, &mut lv, [&cq, &ck], ints)
 }
 
 /// [`attention_with_lse`] without keeping the log-sum-exp (for inference).

@@ -153,6 +153,8 @@ pub(crate) struct Lowerer<'a> {
     pub acc_derived: Vec<String>,
     pub any_mma: bool,
     pub wgmma_pending: bool,
+    /// A `store_within`'s clamped dims for its tensor, while it is lowered.
+    pub dims_within: Option<(String, Vec<Reg>)>,
     /// Registers of accumulators that issued wgmma groups may still write.
     pub pending_accs: Vec<Reg>,
     /// The next `mma_sync` starts from zero (scale-d = 0 on its first step).
@@ -194,6 +196,7 @@ impl<'a> Lowerer<'a> {
             acc_derived: Vec::new(),
             any_mma: false,
             wgmma_pending: false,
+            dims_within: None,
             pending_accs: Vec::new(),
             mma_zero: false,
             uses_setmaxnreg: false,
@@ -340,7 +343,10 @@ impl<'a> Lowerer<'a> {
         let field = |lw: &mut Self, kind: &str| -> Vec<Reg> {
             (0..g.rank).map(|i| lw.param_reg(&format!("{}_{kind}{i}", g.name), RegClass::B32, &["ld.param.u32"])).collect()
         };
-        let dims = field(self, "dim");
+        let dims = match &self.dims_within {
+            Some((name, dims)) if *name == g.name => dims.clone(),
+            _ => field(self, "dim"),
+        };
         let strides = field(self, "stride");
         GlobalRegs { ptr, dims, strides }
     }
@@ -520,11 +526,26 @@ impl<'a> Lowerer<'a> {
                 };
                 self.assign(&target, v);
             }
-            StmtKind::Store { tensor, index, value } => {
+            StmtKind::Store { tensor, index, value, within } => {
                 let g = self.global(tensor);
                 let idx = index.iter().map(|e| self.scalar(e)).collect::<Result<Vec<_>, _>>()?;
                 let t = self.tile(value)?;
+                if let Some(ends) = within {
+                    // The tensor's dims, clamped to [0, end], stand in for it in this store.
+                    let gr = self.global_regs(&g);
+                    let mut dims = Vec::with_capacity(ends.len());
+                    for (e, &d) in ends.iter().zip(&gr.dims) {
+                        let v = self.scalar(e)?;
+                        let v = self.in_reg(v, ScalarType::I32, "end");
+                        let r = self.reg(RegClass::B32, "within");
+                        self.op("min.s32", vec![Operand::Reg(r), Operand::Reg(d), Operand::Reg(v)]);
+                        self.op("max.s32", vec![Operand::Reg(r), Operand::Reg(r), Operand::Imm(0)]);
+                        dims.push(r);
+                    }
+                    self.dims_within = Some((g.name.clone(), dims));
+                }
                 self.store(&g, &idx, &t);
+                self.dims_within = None;
             }
             StmtKind::For { var, start, end, step, body } => {
                 self.loop_pending(body);

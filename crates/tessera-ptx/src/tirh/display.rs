@@ -35,8 +35,11 @@ fn write_stmt(f: &mut fmt::Formatter<'_>, s: &Stmt, depth: usize) -> fmt::Result
         StmtKind::Assign { name, value } => {
             writeln!(f, "{pad}{name} = {};  // line {}", value, s.loc.line)
         }
-        StmtKind::Store { tensor, index, value } => {
+        StmtKind::Store { tensor, index, value, within: None } => {
             writeln!(f, "{pad}store {tensor}[{}] <- {};  // line {}", list(index), value, s.loc.line)
+        }
+        StmtKind::Store { tensor, index, value, within: Some(ends) } => {
+            writeln!(f, "{pad}store {tensor}[{}] <- {} within [{}];  // line {}", list(index), value, list(ends), s.loc.line)
         }
         StmtKind::For { var, start, end, step, body } => {
             writeln!(f, "{pad}for {var} in {start}..{end} step {step} {{  // line {}", s.loc.line)?;

@@ -247,6 +247,8 @@ pub enum StmtKind {
         value: Expr,
     },
     /// `tensor.store([i, j], value);`: out-of-bounds elements are skipped.
+    /// `tensor.store_within([i, j], value, [e0, e1]);` also skips elements whose index along an
+    /// axis is `eₖ` or more (a packed sequence's end, say).
     Store {
         /// The global tensor parameter.
         tensor: String,
@@ -254,6 +256,8 @@ pub enum StmtKind {
         index: Vec<Expr>,
         /// The tile to store.
         value: Expr,
+        /// Exclusive ends per dimension, tighter than the tensor's (`store_within`).
+        within: Option<Vec<Expr>>,
     },
     /// `for var in (start..end).step_by(step) { body }`
     For {

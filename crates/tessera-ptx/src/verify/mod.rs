@@ -118,9 +118,12 @@ impl Checker {
                     return Err(CompileError::ty(value.loc, format!("`{name}` is `{}`, it cannot be assigned a `{ty}`", b.ty)));
                 }
             }
-            StmtKind::Store { tensor, index, value } => {
+            StmtKind::Store { tensor, index, value, within } => {
                 let (dtype, rank) = self.global(tensor, loc)?;
                 self.indices(tensor, rank, index, loc)?;
+                if let Some(ends) = within {
+                    self.indices(tensor, rank, ends, loc)?;
+                }
                 let ty = self.expr(value)?;
                 let Type::Tile(t) = ty else {
                     return Err(CompileError::ty(value.loc, format!("`{tensor}.store` takes a tile, found `{ty}`")));

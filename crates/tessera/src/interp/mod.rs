@@ -547,11 +547,15 @@ impl<'p> Kernel<'p> {
                     None => return Err(format!("assigns `{name}`, which is not bound").into()),
                 }
             }
-            StmtKind::Store { tensor, index, value } => {
+            StmtKind::Store { tensor, index, value, within } => {
                 let g = self.global(tensor, wg)?;
                 let idx = self.indices(index, wg, blk)?;
                 let Val::T(t) = self.eval(value, wg, blk)? else { return Err("stores a tile".to_string().into()) };
-                self.store_tile(g, &idx, &t)?;
+                let ends = match within {
+                    Some(e) => Some(self.indices(e, wg, blk)?),
+                    None => None,
+                };
+                self.store_tile(g, &idx, &t, ends.as_deref())?;
             }
             StmtKind::For { var, start, end, step, body } => {
                 let start = i64::from(self.int(start, wg, blk)?);
@@ -971,13 +975,16 @@ impl<'p> Kernel<'p> {
         Ok(t)
     }
 
-    fn store_tile(&self, g: &Global, idx: &[i64], t: &Tile) -> Flowing<()> {
+    fn store_tile(&self, g: &Global, idx: &[i64], t: &Tile, ends: Option<&[i64]>) -> Flowing<()> {
         let mut bytes = g.buf.lock();
         let len = g.buf.len;
         let mut co = Vec::with_capacity(idx.len());
         for r in 0..t.ty.rows {
             for c in 0..t.ty.cols {
                 Self::coords(idx, g.shape.len(), t.ty.cols, r, c, &mut co);
+                if ends.is_some_and(|e| co.iter().zip(e).any(|(x, end)| x >= end)) {
+                    continue;
+                }
                 if let Some(at) = Self::offset(g, &co) {
                     if let Some(m) = Self::outside(g, at, len) {
                         return Err(format!("writes {m}").into());
