@@ -50,6 +50,7 @@ pub fn attention_d128(
     let sq = Smem::<T, 128, 128>::ring(2);
     let sk = Smem::<T, 128, 128>::ring(2);
     let sv = Smem::<T, 128, 128>::ring(2);
+    let so = Smem::<T, 64, 64>::ring(4);
     let qpipe = Pipeline::<2>::new(2);
     let kpipe = Pipeline::<2>::new(2);
     let vpipe = Pipeline::<2>::new(2);
@@ -226,15 +227,27 @@ pub fn attention_d128(
                 // Rows past the sequence are not stored (packed: they are the next sequence's).
                 let q_end = q_start + len_q;
                 lse.store_within([lse_row, q_start + q0 + row, 0], (m + log2(l)) * 0.6931471805599453, [lse.dim(0), q_end, 1]);
-                // O leaves by plain stores, 64 columns at a time (a packed sequence's last
-                // tile must not write the next sequence's rows, which a TMA box would).
-                #[unroll]
-                for jj in 0..2 {
-                    let out = (acc.cols(jj * 64, 64) * inv).cast::<T>();
-                    o.store_within([b * q_bm + h * hm, q_start + q0 + row, h * cm + jj * 64], out, [o.dim(0), q_end, o.dim(2)]);
+                if varlen == 0 || q0 + row + 64 <= len_q {
+                    // O leaves by TMA through two staging buffers per warpgroup; the one
+                    // written two chunks ago must have been read first.
+                    #[unroll]
+                    for jj in 0..2 {
+                        let buf = me * 2 + jj;
+                        tma::store_wait(1);
+                        so.at(buf).store((acc.cols(jj * 64, 64) * inv).cast::<T>());
+                        tma::store(o, [b * q_bm + h * hm, q_start + q0 + row, h * cm + jj * 64], so.at(buf));
+                    }
+                } else {
+                    // A packed sequence's last rows: a TMA box would write the next sequence's.
+                    #[unroll]
+                    for jj in 0..2 {
+                        let out = (acc.cols(jj * 64, 64) * inv).cast::<T>();
+                        o.store_within([0, q_start + q0 + row, h * cm + jj * 64], out, [1, q_end, o.dim(2)]);
+                    }
                 }
             }
         }
+        tma::store_wait(0);
     }
 }
 
@@ -265,6 +278,7 @@ pub fn attention_d64(
     let sq = Smem::<T, 128, 64>::ring(2);
     let sk = Smem::<T, 128, 64>::ring(4);
     let sv = Smem::<T, 128, 64>::ring(4);
+    let so = Smem::<T, 64, 64>::ring(4);
     let qpipe = Pipeline::<2>::new(2);
     let kpipe = Pipeline::<4>::new(2);
     let vpipe = Pipeline::<4>::new(2);
@@ -324,6 +338,7 @@ pub fn attention_d64(
         if me == 1 {
             barrier::arrive(0, 2);
         }
+        let mut nt = 0;
         for tile in queue.take() {
             let bh = tile / m_tiles;
             let q0 = (m_tiles - 1 - tile % m_tiles) * 128;
@@ -443,12 +458,20 @@ pub fn attention_d64(
                 lse.store_within([lse_row, q_start + q0 + row, 0], (m + log2(l)) * 0.6931471805599453, [lse.dim(0), q_end, 1]);
                 // O leaves by plain stores, 64 columns at a time (a packed sequence's last
                 // tile must not write the next sequence's rows, which a TMA box would).
-                #[unroll]
-                for jj in 0..1 {
-                    let out = (acc.cols(jj * 64, 64) * inv).cast::<T>();
-                    o.store_within([b * q_bm + h * hm, q_start + q0 + row, h * cm + jj * 64], out, [o.dim(0), q_end, o.dim(2)]);
+                if varlen == 0 || q0 + row + 64 <= len_q {
+                    // O leaves by TMA through two staging buffers per warpgroup, one per tile
+                    // in turn; the one written two tiles ago must have been read first.
+                    let buf = me * 2 + nt % 2;
+                    nt = nt + 1;
+                    tma::store_wait(1);
+                    so.at(buf).store((acc * inv).cast::<T>());
+                    tma::store(o, [b * q_bm + h * hm, q_start + q0 + row, h * cm], so.at(buf));
+                } else {
+                    // A packed sequence's last rows: a TMA box would write the next sequence's.
+                    o.store_within([0, q_start + q0 + row, h * cm], (acc * inv).cast::<T>(), [1, q_end, o.dim(2)]);
                 }
             }
         }
+        tma::store_wait(0);
     }
 }

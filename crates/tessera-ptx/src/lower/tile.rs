@@ -367,14 +367,28 @@ impl Lowerer<'_> {
         if t.ty.dtype == to {
             return t;
         }
-        let regs = t
-            .regs
-            .iter()
-            .map(|&r| {
-                let f = self.widen_f32(r, t.ty.dtype);
-                self.f32_to(f, to)
-            })
-            .collect();
+        let wide: Vec<Reg> = t.regs.iter().map(|&r| self.widen_f32(r, t.ty.dtype)).collect();
+        let regs = if matches!(to, DType::BF16 | DType::F16) {
+            // Two at a time: one `cvt.rn.{bf16x2,f16x2}.f32` rounds a pair as two single
+            // conversions would, in one instruction; the halves are named apart again.
+            let mut out = Vec::with_capacity(wide.len());
+            for pair in wide.chunks(2) {
+                match *pair {
+                    [lo, hi] => {
+                        let w = self.reg(RegClass::B32, "pair");
+                        self.op(&format!("cvt.rn.{}x2.f32", to.name()), vec![Operand::Reg(w), Operand::Reg(hi), Operand::Reg(lo)]);
+                        let (a, b) = (self.reg(RegClass::B16, to.name()), self.reg(RegClass::B16, to.name()));
+                        self.op("mov.b32", vec![Operand::Vec(vec![a, b]), Operand::Reg(w)]);
+                        out.extend([a, b]);
+                    }
+                    [one] => out.push(self.f32_to(one, to)),
+                    _ => unreachable!("chunks of two"),
+                }
+            }
+            out
+        } else {
+            wide.into_iter().map(|f| self.f32_to(f, to)).collect()
+        };
         TileVal { ty: TileType { dtype: to, ..t.ty }, layout: t.layout, regs }
     }
 
