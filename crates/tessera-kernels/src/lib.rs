@@ -26,7 +26,8 @@ mod rope;
 mod softmax;
 
 pub use attention::{
-    attention, attention_d128_bf16, attention_d128_f16, attention_d64_bf16, attention_d64_f16, attention_varlen, attention_with_lse,
+    attention, attention_d128_bf16, attention_d128_f16, attention_d64_bf16, attention_d64_f16, attention_varlen,
+    attention_varlen_d128_bf16, attention_varlen_d128_f16, attention_varlen_d64_bf16, attention_varlen_d64_f16, attention_with_lse,
     Attention, AttentionElement, AttentionLayout,
 };
 pub use elementwise::{axpy, axpy_f32};
@@ -145,6 +146,10 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         &attention_d128_f16::SPEC,
         &attention_d64_bf16::SPEC,
         &attention_d64_f16::SPEC,
+        &attention_varlen_d128_bf16::SPEC,
+        &attention_varlen_d128_f16::SPEC,
+        &attention_varlen_d64_bf16::SPEC,
+        &attention_varlen_d64_f16::SPEC,
     ]
 }
 

@@ -5,7 +5,10 @@
 
 mod kernels;
 
-pub use kernels::{attention_d128_bf16, attention_d128_f16, attention_d64_bf16, attention_d64_f16};
+pub use kernels::{
+    attention_d128_bf16, attention_d128_f16, attention_d64_bf16, attention_d64_f16, attention_varlen_d128_bf16, attention_varlen_d128_f16,
+    attention_varlen_d64_bf16, attention_varlen_d64_f16,
+};
 
 use tessera::{bf16, f16, Device, Element, Error, Grid, KernelSpec, Optional, Result, Tensor, TensorView, TensorViewMut};
 
@@ -88,7 +91,7 @@ mod sealed {
 }
 
 macro_rules! attention_element {
-    ($t:ty, $d64:ident, $d128:ident) => {
+    ($t:ty, $d64:ident, $d128:ident, $v64:ident, $v128:ident) => {
         impl AttentionElement for $t {
             fn spec(dim: usize) -> Option<&'static KernelSpec> {
                 match dim {
@@ -110,11 +113,14 @@ macro_rules! attention_element {
             ) -> Result<()> {
                 let mut c = d.tile_counter()?;
                 let (o, l) = (o, lse);
-                match dim {
-                    64 => $d64::launch(
+                // The padded layouts take the dense kernels; packed sequences the varlen ones.
+                match (dim, varlen) {
+                    (64, 0) => $d64::launch(d, g, q, k, v, o, l, &mut c, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2),
+                    (128, 0) => $d128::launch(d, g, q, k, v, o, l, &mut c, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2),
+                    (64, _) => $v64::launch(
                         d, g, q, k, v, o, l, &mut c, cu_q, cu_k, batch, max_q, varlen, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2,
                     ),
-                    128 => $d128::launch(
+                    (128, _) => $v128::launch(
                         d, g, q, k, v, o, l, &mut c, cu_q, cu_k, batch, max_q, varlen, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2,
                     ),
                     _ => Err(arg("q", "head_dim 64 or 128".into(), format!("head_dim {dim}"))),
@@ -123,8 +129,8 @@ macro_rules! attention_element {
         }
     };
 }
-attention_element!(bf16, attention_d64_bf16, attention_d128_bf16);
-attention_element!(f16, attention_d64_f16, attention_d128_f16);
+attention_element!(bf16, attention_d64_bf16, attention_d128_bf16, attention_varlen_d64_bf16, attention_varlen_d128_bf16);
+attention_element!(f16, attention_d64_f16, attention_d128_f16, attention_varlen_d64_f16, attention_varlen_d128_f16);
 
 fn arg(name: &str, expected: String, found: String) -> Error {
     Error::Argument { kernel: "attention", arg: name.into(), expected, found }
