@@ -245,3 +245,31 @@ fn gpu_attention_varlen_matches_f64_reference() {
 fn interp_attention_varlen_matches_f64_reference() {
     varlen_matches_f64_reference(&Device::cpu(), &[3, 130, 0], &[7, 140, 2], 2, 1, 64);
 }
+
+/// Misfit arguments are `Error::Argument`s naming the argument, before anything runs.
+#[test]
+fn bad_input_attention_names_the_argument() {
+    let dev = Device::cpu();
+    let t = |shape: &[usize]| Tensor::<bf16>::zeros(&dev, shape).unwrap();
+    let named = |r: tessera::Result<()>| match r {
+        Err(tessera::Error::Argument { arg, .. }) => arg,
+        other => panic!("expected an argument error, got {other:?}"),
+    };
+    let opts = Attention::new();
+    let (q, k, v) = (t(&[1, 8, 4, 128]), t(&[1, 8, 3, 128]), t(&[1, 8, 3, 128]));
+    let mut o = t(&[1, 8, 4, 128]);
+    assert_eq!(named(tessera_kernels::attention(&dev, &opts, &q, &k, &v, &mut o)), "k", "3 kv heads for 4 heads");
+    let (q, k) = (t(&[1, 8, 2, 96]), t(&[1, 8, 2, 96]));
+    let mut o = t(&[1, 8, 2, 96]);
+    assert_eq!(named(tessera_kernels::attention(&dev, &opts, &q, &k, &k, &mut o)), "q", "head_dim 96");
+    let (q, k) = (t(&[1, 8, 2, 64]), t(&[1, 8, 2, 64]));
+    let mut o = t(&[1, 9, 2, 64]);
+    assert_eq!(named(tessera_kernels::attention(&dev, &opts, &q, &k, &k, &mut o)), "o", "o of another shape");
+    let (q, k) = (t(&[8, 2, 64]), t(&[8, 2, 64]));
+    let mut o = t(&[8, 2, 64]);
+    assert_eq!(named(tessera_kernels::attention(&dev, &opts, &q, &k, &k, &mut o)), "q", "rank 3 for the padded form");
+    let mut lse = Tensor::<f32>::zeros(&dev, &[2, 8]).unwrap();
+    let (cq, ck) = (Tensor::from_host(&dev, &[0i32, 8], &[2]).unwrap(), Tensor::from_host(&dev, &[0i32, 4, 8], &[3]).unwrap());
+    let r = tessera_kernels::attention_varlen(&dev, &opts, &q, &k, &k, &mut o, &mut lse, &cq, &ck, 8);
+    assert_eq!(named(r), "cu_seqlens_k", "offsets of different lengths");
+}

@@ -150,6 +150,38 @@ fn dims(name: &str, t: &Tensor<impl Element>, layout: AttentionLayout) -> Result
     })
 }
 
+/// The checks both forms share once q's and k's heads and head_dim are known: a head_dim with
+/// a kernel, k's heads dividing q's, v shaped as k and o as q (each in the form `form`
+/// accepts), and a contiguous `lse` of `lse_shape`.
+fn check_rest<T: AttentionElement>(
+    form: impl Fn(&str, &Tensor<T>) -> Result<()>,
+    (h, d): (usize, usize),
+    (hk, dk): (usize, usize),
+    [q, k, v, o]: [&Tensor<T>; 4],
+    lse: &Tensor<f32>,
+    lse_shape: &[usize],
+) -> Result<()> {
+    if T::spec(d).is_none() {
+        return Err(arg("q", "head_dim 64 or 128".into(), format!("head_dim {d}")));
+    }
+    if dk != d || hk == 0 || h % hk != 0 {
+        return Err(arg("k", format!("head_dim {d} and a number of heads dividing {h}"), format!("head_dim {dk}, {hk} heads")));
+    }
+    if v.shape() != k.shape() {
+        return Err(arg("v", format!("k's shape {:?}", k.shape()), format!("shape {:?}", v.shape())));
+    }
+    form("v", v)?;
+    if o.shape() != q.shape() {
+        return Err(arg("o", format!("q's shape {:?}", q.shape()), format!("shape {:?}", o.shape())));
+    }
+    form("o", o)?;
+    crate::check_shape("attention", "lse", lse, lse_shape)?;
+    if !lse.is_contiguous() {
+        return Err(arg("lse", "a contiguous tensor".into(), format!("strides {:?}", lse.strides())));
+    }
+    Ok(())
+}
+
 /// The rank-3 view the kernel reads: `[batch, seq, heads·dim]` or `[batch·heads, seq, dim]`.
 fn view3(layout: AttentionLayout, [b, s, h, d]: [usize; 4]) -> ([usize; 3], [usize; 3]) {
     match layout {
@@ -182,28 +214,11 @@ pub fn attention_with_lse<T: AttentionElement>(
     let layout = opts.layout;
     let [b, sq, h, d] = dims("q", q, layout)?;
     let [bk, sk, hk, dk] = dims("k", k, layout)?;
-    if T::spec(d).is_none() {
-        return Err(arg("q", "head_dim 64 or 128".into(), format!("head_dim {d}")));
+    if bk != b {
+        return Err(arg("k", format!("batch {b}"), format!("batch {bk}")));
     }
-    if bk != b || dk != d || hk == 0 || h % hk != 0 {
-        return Err(arg(
-            "k",
-            format!("batch {b}, head_dim {d} and a number of heads dividing {h}"),
-            format!("batch {bk}, head_dim {dk}, {hk} heads"),
-        ));
-    }
-    if v.shape() != k.shape() {
-        return Err(arg("v", format!("k's shape {:?}", k.shape()), format!("shape {:?}", v.shape())));
-    }
-    dims("v", v, layout)?;
-    if o.shape() != q.shape() {
-        return Err(arg("o", format!("q's shape {:?}", q.shape()), format!("shape {:?}", o.shape())));
-    }
-    dims("o", o, layout)?;
-    crate::check_shape("attention", "lse", lse, &[b, h, sq])?;
-    if !lse.is_contiguous() {
-        return Err(arg("lse", "a contiguous tensor".into(), format!("strides {:?}", lse.strides())));
-    }
+    let form = |name: &str, t: &Tensor<T>| dims(name, t, layout).map(|_| ());
+    check_rest(form, (h, d), (hk, dk), [q, k, v, o], lse, &[b, h, sq])?;
     if b == 0 || sq == 0 || sk == 0 || h == 0 {
         return Err(arg("q", "batch, heads and both sequence lengths ≥ 1".into(), format!("batch {b}, seq_q {sq}, seq_k {sk}, {h} heads")));
     }
@@ -284,24 +299,7 @@ pub fn attention_varlen<T: AttentionElement>(
     }
     let [tq, h, d] = packed("q", q)?;
     let [tk, hk, dk] = packed("k", k)?;
-    if T::spec(d).is_none() {
-        return Err(arg("q", "head_dim 64 or 128".into(), format!("head_dim {d}")));
-    }
-    if dk != d || hk == 0 || h % hk != 0 {
-        return Err(arg("k", format!("head_dim {d} and a number of heads dividing {h}"), format!("head_dim {dk}, {hk} heads")));
-    }
-    if v.shape() != k.shape() {
-        return Err(arg("v", format!("k's shape {:?}", k.shape()), format!("shape {:?}", v.shape())));
-    }
-    packed("v", v)?;
-    if o.shape() != q.shape() {
-        return Err(arg("o", format!("q's shape {:?}", q.shape()), format!("shape {:?}", o.shape())));
-    }
-    packed("o", o)?;
-    crate::check_shape("attention", "lse", lse, &[h, tq])?;
-    if !lse.is_contiguous() {
-        return Err(arg("lse", "a contiguous tensor".into(), format!("strides {:?}", lse.strides())));
-    }
+    check_rest(|name, t| packed(name, t).map(|_| ()), (h, d), (hk, dk), [q, k, v, o], lse, &[h, tq])?;
     let b = match (cu_seqlens_q.shape(), cu_seqlens_k.shape()) {
         (&[nq], &[nk]) if nq == nk && nq >= 2 => nq - 1,
         _ => {
