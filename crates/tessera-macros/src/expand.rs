@@ -343,7 +343,7 @@ mod tests {
         assert_eq!(k.threads, 128);
         let ptx = &k.variants[0].ptx;
         assert!(ptx.contains(".version 8.0") && ptx.contains(".target sm_90a") && ptx.contains(".reqntid 128, 1, 1"));
-        assert!(ptx.contains("cvt.rn.bf16.f32"), "the cast lowers to a round-to-nearest-even cvt");
+        assert!(ptx.contains("cvt.rn.bf16x2.f32"), "the cast lowers to round-to-nearest-even cvts, two at a time");
         assert!(ptx.contains("shfl.sync.bfly.b32"), "the row reduction crosses lanes");
     }
 
