@@ -297,11 +297,10 @@ impl Lowerer<'_> {
             StmtKind::PipeCommit { pipe, stage } | StmtKind::PipeRelease { pipe, stage } => {
                 let Value::Pipe(p) = self.lookup(pipe) else { unreachable!("verified TIR-H: `{pipe}` is a pipeline") };
                 let release = matches!(s.kind, StmtKind::PipeRelease { .. });
-                if release && (self.wgmma_pending || !self.pending_accs.is_empty()) && self.sm90() {
+                if release && !self.pending_accs.is_empty() && self.sm90() {
                     // The stage's operands are read by wgmma until its group completes; an
                     // explicit `mma_wait` before the release says which groups may still run.
                     self.op("wgmma.wait_group.sync.aligned", vec![Operand::Imm(0)]);
-                    self.wgmma_pending = false;
                     self.pending_accs.clear();
                 }
                 let st = match self.scalar(stage) {
@@ -322,7 +321,6 @@ impl Lowerer<'_> {
                     self.op("wgmma.wait_group.sync.aligned", vec![Operand::Imm(i64::from(*n))]);
                 }
                 // With n > 0 the kernel says that what it reads next is done.
-                self.wgmma_pending = false;
                 self.pending_accs.clear();
                 Ok(())
             }
@@ -652,10 +650,9 @@ impl Lowerer<'_> {
     /// Waits for outstanding wgmma groups before an accumulator they write is read (any
     /// accumulator after a loop that issued some).
     pub(crate) fn before_tile_read(&mut self, t: &TileVal) {
-        let written = self.wgmma_pending || t.regs.iter().any(|r| self.pending_accs.contains(r));
+        let written = t.regs.iter().any(|r| self.pending_accs.contains(r));
         if self.sm90() && written && matches!(t.layout.kind, crate::layout::LayoutKind::Wgmma { .. }) {
             self.op("wgmma.wait_group.sync.aligned", vec![Operand::Imm(0)]);
-            self.wgmma_pending = false;
             self.pending_accs.clear();
         }
     }

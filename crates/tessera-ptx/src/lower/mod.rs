@@ -152,7 +152,6 @@ pub(crate) struct Lowerer<'a> {
     /// Names computed from accumulators (see [`hopper::acc_derived`]).
     pub acc_derived: Vec<String>,
     pub any_mma: bool,
-    pub wgmma_pending: bool,
     /// A `store_within`'s clamped dims for its tensor, while it is lowered.
     pub dims_within: Option<(String, Vec<Reg>)>,
     /// Registers of accumulators that issued wgmma groups may still write.
@@ -195,7 +194,6 @@ impl<'a> Lowerer<'a> {
             mma_accs: Vec::new(),
             acc_derived: Vec::new(),
             any_mma: false,
-            wgmma_pending: false,
             dims_within: None,
             pending_accs: Vec::new(),
             mma_zero: false,
@@ -431,14 +429,19 @@ impl<'a> Lowerer<'a> {
     /// Around a loop that issues `mma_sync`s, the accumulators it writes may still be written
     /// (by the last iteration's groups, or by earlier ones on the way back to the loop's head):
     /// a read of one waits first.
-    fn loop_pending(&mut self, body: &[Stmt]) {
-        let mut scan = hopper::HopperScan::default();
-        hopper::scan(body, &mut scan);
-        for acc in &scan.mma_accs {
+    /// Gives the loop's accumulator names (scanned once: pass them back after the loop).
+    fn loop_pending(&mut self, body: &[Stmt], accs: Option<Vec<String>>) -> Vec<String> {
+        let accs = accs.unwrap_or_else(|| {
+            let mut scan = hopper::HopperScan::default();
+            hopper::scan(body, &mut scan);
+            scan.mma_accs
+        });
+        for acc in &accs {
             if let Some(Value::Tile(t)) = self.scopes.iter().rev().find_map(|s| s.get(acc.as_str())).cloned() {
                 self.pending_accs.extend(t.regs);
             }
         }
+        accs
     }
 
     /// `let`s of independent reductions, reduced in one exchange across warps.
@@ -548,14 +551,14 @@ impl<'a> Lowerer<'a> {
                 self.dims_within = None;
             }
             StmtKind::For { var, start, end, step, body } => {
-                self.loop_pending(body);
+                let accs = self.loop_pending(body, None);
                 self.for_loop(var, start, end, step, body)?;
-                self.loop_pending(body);
+                self.loop_pending(body, Some(accs));
             }
             StmtKind::QueueFor { var, queue, total, body } => {
-                self.loop_pending(body);
+                let accs = self.loop_pending(body, None);
                 self.queue_for(var, queue, total.as_ref(), body)?;
-                self.loop_pending(body);
+                self.loop_pending(body, Some(accs));
             }
             StmtKind::If { cond, then, otherwise } => {
                 let p = self.scalar(cond)?;

@@ -285,14 +285,13 @@ impl From<String> for Flow {
     }
 }
 
+/// What a blocked warpgroup waits for.
 #[derive(Clone, Copy, Debug)]
-struct Wait {
-    pipe: usize,
-    producer: bool,
-    stage: u32,
-    parity: u32,
-    /// A named barrier's id instead of a pipeline's barrier.
-    named: Option<u32>,
+enum Wait {
+    /// A pipeline's full (consumer) or empty (producer) barrier of `stage` to reach `parity`.
+    Pipe { pipe: usize, producer: bool, stage: u32, parity: u32 },
+    /// A named barrier's next phase.
+    Named(u32),
 }
 
 type Flowing<T> = std::result::Result<T, Flow>;
@@ -421,8 +420,7 @@ impl<'p> Kernel<'p> {
         let mut parts = Vec::new();
         for wg in wgs {
             match wg.waiting {
-                Some((s, w)) if !wg.frames.is_empty() && w.named.is_some() => {
-                    let id = w.named.unwrap_or(0);
+                Some((s, Wait::Named(id))) if !wg.frames.is_empty() => {
                     let (arrived, phase) = blk.named[id as usize];
                     parts.push(format!(
                         "warpgroup {} waits at line {} at named barrier {id} (it has completed {phase} phase(s); {arrived} warpgroup(s) have arrived since)",
@@ -430,14 +428,13 @@ impl<'p> Kernel<'p> {
                     ));
                     first.get_or_insert(s);
                 }
-                Some((s, w)) if !wg.frames.is_empty() => {
-                    let (name, _, _) = &self.prog.pipes[w.pipe];
-                    let pipe = &blk.pipes[w.pipe];
-                    let (kind, bar) =
-                        if w.producer { ("empty", pipe.empty[w.stage as usize]) } else { ("full", pipe.full[w.stage as usize]) };
+                Some((s, Wait::Pipe { pipe, producer, stage, parity })) if !wg.frames.is_empty() => {
+                    let (name, _, _) = &self.prog.pipes[pipe];
+                    let p = &blk.pipes[pipe];
+                    let (kind, bar) = if producer { ("empty", p.empty[stage as usize]) } else { ("full", p.full[stage as usize]) };
                     parts.push(format!(
-                        "warpgroup {} waits at line {} for the {kind} barrier of stage {} of pipeline `{name}` (parity {}; the barrier has completed {} phase(s) and still expects {} arrival(s))",
-                        wg.id, s.loc.line, w.stage, w.parity, bar.phase, bar.pending
+                        "warpgroup {} waits at line {} for the {kind} barrier of stage {stage} of pipeline `{name}` (parity {parity}; the barrier has completed {} phase(s) and still expects {} arrival(s))",
+                        wg.id, s.loc.line, bar.phase, bar.pending
                     ));
                     first.get_or_insert(s);
                 }
@@ -633,7 +630,7 @@ impl<'p> Kernel<'p> {
                 };
                 if *wait && blk.named[i].1 < target {
                     wg.named[i] = Some(target);
-                    return Err(Flow::Blocked(Wait { pipe: 0, producer: false, stage: 0, parity: 0, named: Some(*id) }));
+                    return Err(Flow::Blocked(Wait::Named(*id)));
                 }
                 wg.named[i] = None;
             }
@@ -725,7 +722,7 @@ impl<'p> Kernel<'p> {
         let ring = &blk.pipes[p];
         let (bar, parity) = if producer { (ring.empty[stage as usize], phase ^ 1) } else { (ring.full[stage as usize], phase) };
         if !bar.passed(parity) {
-            return Err(Flow::Blocked(Wait { pipe: p, producer, stage, parity, named: None }));
+            return Err(Flow::Blocked(Wait::Pipe { pipe: p, producer, stage, parity }));
         }
         let stages = self.prog.pipes[p].1;
         wg.undo.push((p, (stage, phase)));
