@@ -5,6 +5,7 @@ use crate::parse::Frontend;
 use proc_macro2::{Span, TokenStream};
 use quote::{format_ident, quote};
 use std::path::PathBuf;
+use syn::spanned::Spanned;
 use tessera_ptx::{CompileOptions, CompiledKernel, DType, ParamKind};
 
 pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
@@ -47,29 +48,107 @@ fn substitute(ts: TokenStream, from: &syn::Ident, to: &syn::Ident) -> TokenStrea
         .collect()
 }
 
+/// Compiles one kernel (one dtype): every combination of its `tune(...)` knobs, or the kernel
+/// itself when it has none.
 fn compile_one(item: TokenStream, opts: &Options) -> TokenStream {
-    let f: syn::ItemFn = match syn::parse2(item) {
+    let f: syn::ItemFn = match syn::parse2(item.clone()) {
         Ok(f) => f,
         Err(e) => return e.to_compile_error(),
     };
-    let mut fe = Frontend::new();
-    let ir = fe.kernel(&f, opts.warpgroups);
-    let Some(mut ir) = ir else { return errors(fe.errors) };
-    ir.blocks_per_sm = opts.blocks_per_sm;
-    match tessera_ptx::compile(ir, &CompileOptions { targets: opts.targets.clone() }) {
-        Ok(k) => {
-            dump(&k);
-            module(&f, &k)
+    let Some(tune) = &opts.tune else {
+        return match compile_fn(&f, opts) {
+            Ok(k) => {
+                dump(&k, &k.name);
+                module(&f, &[(Vec::new(), k)])
+            }
+            Err(errs) => errors(errs),
+        };
+    };
+    let mut built = Vec::new();
+    let mut dropped: Vec<(Knobs, Vec<syn::Error>)> = Vec::new();
+    for knobs in tune.combinations() {
+        let mut body = item.clone();
+        for (name, v) in &knobs {
+            body = substitute_value(body, name, *v);
         }
-        Err(errs) => errors(
-            errs.into_iter()
-                .map(|e| {
-                    let span = fe.spans.get(e.loc().span as usize).copied().unwrap_or_else(Span::call_site);
-                    syn::Error::new(span, e.to_string())
-                })
-                .collect(),
-        ),
+        let variant = syn::parse2::<syn::ItemFn>(body).map(|mut v| {
+            v.sig.ident = format_ident!("{}__{}", f.sig.ident, variant_suffix(&knobs));
+            v
+        });
+        match variant.map_err(|e| vec![e]).and_then(|v| compile_fn(&v, opts)) {
+            Ok(k) => built.push((knobs, k)),
+            Err(errs) => dropped.push((knobs, errs)),
+        }
     }
+    dump_tune(&f.sig.ident.to_string(), &built, &dropped);
+    if built.is_empty() {
+        // Every combination failed: say so at the attribute, with each one's reason, and show
+        // the first combination's errors at their tokens.
+        let why: Vec<String> = dropped.iter().map(|(k, e)| format!("{}: {}", knobs_text(k), first_line(e))).collect();
+        let mut e = syn::Error::new(tune.span, format!("no combination of `tune(...)` compiles:\n{}", why.join("\n")));
+        if let Some((_, first)) = dropped.into_iter().next() {
+            for x in first {
+                e.combine(x);
+            }
+        }
+        return e.to_compile_error();
+    }
+    for (knobs, k) in &built {
+        dump(k, &format!("{}/{}", f.sig.ident, variant_suffix(knobs)));
+    }
+    module(&f, &built)
+}
+
+/// Knob values of one variant, in the attribute's order.
+type Knobs = Vec<(String, i64)>;
+
+fn knobs_text(k: &Knobs) -> String {
+    k.iter().map(|(n, v)| format!("{n}={v}")).collect::<Vec<_>>().join(" ")
+}
+
+/// `BN=128, STAGES=4` → `bn128_stages4`: the entry-name suffix of a variant.
+fn variant_suffix(k: &Knobs) -> String {
+    k.iter().map(|(n, v)| format!("{}{v}", n.to_lowercase())).collect::<Vec<_>>().join("_")
+}
+
+fn first_line(errs: &[syn::Error]) -> String {
+    errs.first().map(|e| e.to_string().lines().next().unwrap_or("").to_string()).unwrap_or_default()
+}
+
+/// Replaces every identifier `from` by the integer literal `v` (keeping the identifier's span,
+/// so that errors point at the knob's use).
+fn substitute_value(ts: TokenStream, from: &str, v: i64) -> TokenStream {
+    use proc_macro2::{Group, Literal, TokenTree};
+    ts.into_iter()
+        .map(|tt| match tt {
+            TokenTree::Ident(i) if i == from => {
+                let mut lit = Literal::i64_unsuffixed(v);
+                lit.set_span(i.span());
+                TokenTree::Literal(lit)
+            }
+            TokenTree::Group(g) => {
+                let mut n = Group::new(g.delimiter(), substitute_value(g.stream(), from, v));
+                n.set_span(g.span());
+                TokenTree::Group(n)
+            }
+            other => other,
+        })
+        .collect()
+}
+
+/// Runs the frontend and the compiler on one function; errors at their tokens.
+fn compile_fn(f: &syn::ItemFn, opts: &Options) -> Result<CompiledKernel, Vec<syn::Error>> {
+    let mut fe = Frontend::new();
+    let Some(mut ir) = fe.kernel(f, opts.warpgroups) else { return Err(fe.errors) };
+    ir.blocks_per_sm = opts.blocks_per_sm;
+    tessera_ptx::compile(ir, &CompileOptions { targets: opts.targets.clone() }).map_err(|errs| {
+        errs.into_iter()
+            .map(|e| {
+                let span = fe.spans.get(e.loc().span as usize).copied().unwrap_or_else(Span::call_site);
+                syn::Error::new(span, e.to_string())
+            })
+            .collect()
+    })
 }
 
 fn errors(errs: Vec<syn::Error>) -> TokenStream {
@@ -90,6 +169,65 @@ struct Options {
     dtypes: Option<(syn::Ident, Vec<syn::Ident>)>,
     /// `blocks_per_sm = N`: an occupancy request (0: none).
     blocks_per_sm: u32,
+    /// `tune(BN = [256, 128], STAGES = [4, 3])`: knobs and their values.
+    tune: Option<Tune>,
+}
+
+/// The knobs of `tune(...)`: each name with its values, the first of each the default.
+struct Tune {
+    /// The `tune` path, where an empty set of combinations is reported.
+    span: Span,
+    knobs: Vec<(String, Vec<i64>)>,
+}
+
+/// At most this many combinations: each is a full compile and a PTX module in the binary.
+const MAX_COMBINATIONS: usize = 64;
+
+impl Tune {
+    /// Every combination, the first knob varying slowest: the first is every knob's first value.
+    fn combinations(&self) -> Vec<Knobs> {
+        let mut out: Vec<Knobs> = vec![Vec::new()];
+        for (name, values) in &self.knobs {
+            out = out.into_iter().flat_map(|k| values.iter().map(move |&v| [k.clone(), vec![(name.clone(), v)]].concat())).collect();
+        }
+        out
+    }
+
+    fn parse(meta: &syn::meta::ParseNestedMeta, dtypes: &Option<(syn::Ident, Vec<syn::Ident>)>) -> syn::Result<Tune> {
+        let mut knobs: Vec<(String, Vec<i64>)> = Vec::new();
+        meta.parse_nested_meta(|inner| {
+            let name = inner.path.get_ident().cloned().ok_or_else(|| inner.error("expected a knob name, e.g. `BN = [128, 256]`"))?;
+            if knobs.iter().any(|(n, _)| name == n) || dtypes.as_ref().is_some_and(|(p, _)| *p == name) {
+                return Err(syn::Error::new_spanned(&name, format!("`{name}` is named twice")));
+            }
+            let list: syn::ExprArray = inner.value()?.parse()?;
+            let mut values = Vec::new();
+            for e in &list.elems {
+                let v = match e {
+                    syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(i), .. }) => i.base10_parse::<u32>().ok(),
+                    _ => None,
+                };
+                match v {
+                    Some(v) if !values.contains(&i64::from(v)) => values.push(i64::from(v)),
+                    Some(v) => return Err(syn::Error::new_spanned(e, format!("`{name}` lists {v} twice"))),
+                    None => return Err(syn::Error::new_spanned(e, format!("`{name}` lists integer literals (0 to 2³²−1)"))),
+                }
+            }
+            if values.is_empty() {
+                return Err(syn::Error::new_spanned(&list, format!("`{name}` needs at least one value")));
+            }
+            knobs.push((name.to_string(), values));
+            Ok(())
+        })?;
+        if knobs.is_empty() {
+            return Err(meta.error("`tune` needs at least one knob, e.g. `tune(BN = [128, 256])`"));
+        }
+        let count = knobs.iter().map(|(_, v)| v.len()).product::<usize>();
+        if count > MAX_COMBINATIONS {
+            return Err(meta.error(format!("`tune` makes {count} combinations, more than {MAX_COMBINATIONS}")));
+        }
+        Ok(Tune { span: meta.path.span(), knobs })
+    }
 }
 
 /// An integer option `name = N` with `N` in `range`; `what` states the range in the error.
@@ -106,6 +244,7 @@ fn parse_attr(attr: TokenStream) -> syn::Result<Options> {
     let mut warpgroups = 1;
     let mut blocks_per_sm = 0;
     let mut dtypes = None;
+    let mut tune = None;
     let mut targets = tessera_ptx::Target::ALL.to_vec();
     let parser = syn::meta::parser(|meta| {
         if meta.path.is_ident("targets") {
@@ -141,6 +280,9 @@ fn parse_attr(attr: TokenStream) -> syn::Result<Options> {
                 dtypes = Some((param, types));
                 Ok(())
             })
+        } else if meta.path.is_ident("tune") {
+            tune = Some(Tune::parse(&meta, &dtypes)?);
+            Ok(())
         } else if meta.path.is_ident("warpgroups") {
             warpgroups = int_option(&meta, 1..=8, "`warpgroups` is 1 to 8 (128 to 1024 threads)")?;
             Ok(())
@@ -149,12 +291,12 @@ fn parse_attr(attr: TokenStream) -> syn::Result<Options> {
             Ok(())
         } else {
             Err(meta.error(
-                "unknown kernel option: expected `warpgroups = N`, `blocks_per_sm = N`, `dtypes(T = [bf16, f16])` or `targets(sm_90a, sm_80)`",
+                "unknown kernel option: expected `warpgroups = N`, `blocks_per_sm = N`, `dtypes(T = [bf16, f16])`, `tune(BN = [128, 256])` or `targets(sm_90a, sm_80)`",
             ))
         }
     });
     syn::parse::Parser::parse2(parser, attr)?;
-    Ok(Options { warpgroups, targets, dtypes, blocks_per_sm })
+    Ok(Options { warpgroups, targets, dtypes, blocks_per_sm, tune })
 }
 
 fn dtype_tokens(d: DType) -> TokenStream {
@@ -175,11 +317,9 @@ fn rust_elem(d: DType) -> TokenStream {
     }
 }
 
-fn module(f: &syn::ItemFn, k: &CompiledKernel) -> TokenStream {
-    let vis = &f.vis;
-    let name = &f.sig.ident;
-    let name_str = name.to_string();
-    let docs: Vec<&syn::Attribute> = f.attrs.iter().filter(|a| a.path().is_ident("doc")).collect();
+/// The `KernelSpec` expression of one compiled variant.
+fn spec_tokens(k: &CompiledKernel, knobs: &Knobs) -> TokenStream {
+    let name_str = &k.name;
     let params = k.params.iter().map(|(n, kind)| {
         let kind = match kind {
             ParamKind::Global { dtype, rank, writes, tma } => {
@@ -210,15 +350,49 @@ fn module(f: &syn::ItemFn, k: &CompiledKernel) -> TokenStream {
     });
     let (threads, shared, dynamic) = (k.threads, k.shared_bytes, k.dynamic_shared_bytes);
     let tirh = &k.tirh_json;
+    let knobs = knobs.iter().map(|(n, v)| quote!((#n, #v)));
+    quote! {
+        ::tessera::KernelSpec {
+            name: #name_str,
+            crate_name: ::core::env!("CARGO_PKG_NAME"),
+            params: &[#(#params),*],
+            threads: #threads,
+            shared_bytes: #shared,
+            dynamic_shared_bytes: #dynamic,
+            variants: &[#(#variants),*],
+            tirh: #tirh,
+            knobs: &[#(#knobs),*],
+        }
+    }
+}
+
+/// The kernel's module: one `KernelSpec` per variant (the first is `SPEC`, the default), and
+/// typed launchers.
+fn module(f: &syn::ItemFn, built: &[(Knobs, CompiledKernel)]) -> TokenStream {
+    let vis = &f.vis;
+    let name = &f.sig.ident;
+    let name_str = name.to_string();
+    let docs: Vec<&syn::Attribute> = f.attrs.iter().filter(|a| a.path().is_ident("doc")).collect();
+    let k = &built[0].1;
+    let threads = k.threads;
+    let specs: Vec<TokenStream> = built.iter().map(|(knobs, k)| spec_tokens(k, knobs)).collect();
+    let default_spec = &specs[0];
+    let others: Vec<syn::Ident> = (1..built.len()).map(|i| format_ident!("__VARIANT_{}", i)).collect();
+    let other_specs = &specs[1..];
     let mut args = Vec::new();
     let mut pushes = Vec::new();
+    let mut names = Vec::new();
     for (i, (pname, kind)) in k.params.iter().enumerate() {
         let id = format_ident!("{}", pname);
         let guard = format_ident!("__guard_{}", pname);
+        names.push(id.clone());
         match kind {
-            ParamKind::Global { dtype, writes, .. } => {
+            ParamKind::Global { dtype, .. } => {
                 let t = rust_elem(*dtype);
-                if *writes {
+                // A knob may leave a store out of one variant: the launcher takes the tensor
+                // as written if any variant writes it.
+                let writes = built.iter().any(|(_, k)| matches!(k.params[i].1, ParamKind::Global { writes: true, .. }));
+                if writes {
                     args.push(quote!(#id: &mut impl ::tessera::GlobalArgMut<#t>));
                     pushes.push(quote!(let #guard = __launch.global_mut(#i, #id)?;));
                 } else {
@@ -234,27 +408,32 @@ fn module(f: &syn::ItemFn, k: &CompiledKernel) -> TokenStream {
         }
     }
     let launch_doc = format!(
-        "Launches `{name_str}` on `device` over `grid` blocks of {threads} threads.\n\n# Errors\n\nA [`tessera::Error`] naming the argument when a tensor's rank, dtype, alignment or device does not fit, when no PTX variant runs on the device, or when the driver fails."
+        "Launches `{name_str}` (its default variant, [`SPEC`]) on `device` over `grid` blocks of {threads} threads.\n\n# Errors\n\nA [`tessera::Error`] naming the argument when a tensor's rank, dtype, alignment or device does not fit, when no PTX variant runs on the device, or when the driver fails."
+    );
+    let variant_doc = format!(
+        "Launches variant `variant` of [`VARIANTS`] ({} of them) of `{name_str}`.\n\n# Errors\n\nAs [`launch`], and [`tessera::Error::Argument`] for a variant index out of range.",
+        built.len()
     );
     quote! {
         #(#docs)*
         #[allow(non_snake_case, clippy::too_many_arguments)]
         #vis mod #name {
-            /// Reflection and PTX of this kernel, embedded at build time.
-            pub static SPEC: ::tessera::KernelSpec = ::tessera::KernelSpec {
-                name: #name_str,
-                crate_name: ::core::env!("CARGO_PKG_NAME"),
-                params: &[#(#params),*],
-                threads: #threads,
-                shared_bytes: #shared,
-                dynamic_shared_bytes: #dynamic,
-                variants: &[#(#variants),*],
-                tirh: #tirh,
-            };
+            /// Reflection and PTX of this kernel (its default variant), embedded at build time.
+            pub static SPEC: ::tessera::KernelSpec = #default_spec;
+            #(static #others: ::tessera::KernelSpec = #other_specs;)*
+            /// Every variant that compiled, one per combination of the `tune(...)` knobs
+            /// (just [`SPEC`] for a kernel without knobs); the first is the default.
+            pub static VARIANTS: &[&::tessera::KernelSpec] = &[&SPEC #(, &#others)*];
 
             #[doc = #launch_doc]
             pub fn launch(device: &::tessera::Device, grid: impl ::core::convert::Into<::tessera::Grid>, #(#args),*) -> ::tessera::Result<()> {
-                let mut __launch = ::tessera::Launch::new(&SPEC, device)?;
+                launch_variant(0, device, grid, #(#names),*)
+            }
+
+            #[doc = #variant_doc]
+            pub fn launch_variant(variant: usize, device: &::tessera::Device, grid: impl ::core::convert::Into<::tessera::Grid>, #(#args),*) -> ::tessera::Result<()> {
+                let spec: &'static ::tessera::KernelSpec = ::tessera::variant_of(VARIANTS, variant)?;
+                let mut __launch = ::tessera::Launch::new(spec, device)?;
                 #(#pushes)*
                 __launch.launch(grid.into())
             }
@@ -262,16 +441,21 @@ fn module(f: &syn::ItemFn, k: &CompiledKernel) -> TokenStream {
     }
 }
 
-/// Writes the stages named in `TESSERA_DUMP` under `target/tessera/<crate>/<kernel>/`.
-fn dump(k: &CompiledKernel) {
-    let Ok(spec) = std::env::var("TESSERA_DUMP") else { return };
-    let stages: Vec<&str> = spec.split(',').map(str::trim).collect();
-    let want = |s: &str| stages.contains(&s) || stages.contains(&"all");
+/// The dump folder `target/tessera/<crate>/<rel>/` when `TESSERA_DUMP` is set, with the stages
+/// it names.
+fn dump_dir(rel: &str) -> Option<(PathBuf, Vec<String>)> {
+    let spec = std::env::var("TESSERA_DUMP").ok()?;
+    let stages = spec.split(',').map(|s| s.trim().to_string()).collect();
     let krate = std::env::var("CARGO_PKG_NAME").unwrap_or_else(|_| "unknown".into());
-    let dir = target_dir().join("tessera").join(krate).join(&k.name);
-    if std::fs::create_dir_all(&dir).is_err() {
-        return;
-    }
+    let dir = target_dir().join("tessera").join(krate).join(rel);
+    std::fs::create_dir_all(&dir).ok()?;
+    Some((dir, stages))
+}
+
+/// Writes the stages named in `TESSERA_DUMP` under `target/tessera/<crate>/<rel>/`.
+fn dump(k: &CompiledKernel, rel: &str) {
+    let Some((dir, stages)) = dump_dir(rel) else { return };
+    let want = |s: &str| stages.iter().any(|x| x == s || x == "all");
     if want("tirh") {
         let _ = std::fs::write(dir.join("default.tirh"), &k.tirh);
     }
@@ -286,6 +470,20 @@ fn dump(k: &CompiledKernel) {
             let _ = std::fs::write(dir.join(format!("{}.ptx", v.target.name())), &v.ptx);
         }
     }
+}
+
+/// Writes `target/tessera/<crate>/<kernel>/tune.txt` (any `TESSERA_DUMP`): one line per
+/// combination of the knobs, kept (with its shared memory) or dropped (with why).
+fn dump_tune(name: &str, built: &[(Knobs, CompiledKernel)], dropped: &[(Knobs, Vec<syn::Error>)]) {
+    let Some((dir, _)) = dump_dir(name) else { return };
+    let mut text = String::new();
+    for (knobs, k) in built {
+        text += &format!("kept    {}: {} ({} bytes of shared memory)\n", knobs_text(knobs), k.name, k.shared_bytes + k.dynamic_shared_bytes);
+    }
+    for (knobs, errs) in dropped {
+        text += &format!("dropped {}: {}\n", knobs_text(knobs), first_line(errs));
+    }
+    let _ = std::fs::write(dir.join("tune.txt"), text);
 }
 
 /// `$CARGO_TARGET_DIR`, or the `target/` beside the workspace's `Cargo.lock`.

@@ -60,7 +60,20 @@ pub fn compile(ir: TileIr, opts: &CompileOptions) -> Result<CompiledKernel, Vec<
     let mut dropped = Vec::new();
     let mut first: Option<crate::tirt::PtxKernel> = None;
     for &target in &opts.targets {
-        match lower::lower(&ir, target) {
+        let lowered = lower::lower(&ir, target).and_then(|tirt| {
+            let bytes = tirt.shared_bytes + tirt.dynamic_shared_bytes;
+            if bytes > target.max_shared_bytes() {
+                let loc = ir.body.first().map(|s| s.loc).unwrap_or_default();
+                let message = format!(
+                    "the kernel needs {bytes} bytes of shared memory per block, over {}'s limit of {}",
+                    target.name(),
+                    target.max_shared_bytes()
+                );
+                return Err(CompileError::Lower { message, loc });
+            }
+            Ok(tirt)
+        });
+        match lowered {
             Ok(tirt) => {
                 variants.push(CompiledVariant { target, tirt: tirt.to_string(), ptx: PtxEmitter::new(target).emit(&tirt, &ir.file) });
                 first.get_or_insert(tirt);

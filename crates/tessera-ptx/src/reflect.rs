@@ -24,6 +24,15 @@ impl Target {
         }
     }
 
+    /// The most shared memory (static and dynamic) one block may use on this target: 227 KiB
+    /// on Hopper, 163 KiB on the A100 (the smallest sm_8x that has the most).
+    pub const fn max_shared_bytes(self) -> u32 {
+        match self {
+            Target::Sm90a => 227 * 1024,
+            Target::Sm80 => 163 * 1024,
+        }
+    }
+
     /// Whether PTX for this target can run on a device of compute capability `major.minor`.
     pub const fn runs_on(self, major: i32, minor: i32) -> bool {
         match self {
@@ -101,11 +110,29 @@ pub struct KernelSpec {
     /// The checked TIR-H as JSON ([`crate::tirh::TileIr::from_json`]): what the CPU
     /// interpreter runs.
     pub tirh: &'static str,
+    /// The knob values of this variant of a `tune(...)` kernel, in the attribute's order
+    /// (empty for a kernel without knobs).
+    pub knobs: &'static [(&'static str, i64)],
 }
 
 impl KernelSpec {
     /// The best variant that runs on compute capability `major.minor`.
     pub fn variant_for(&self, major: i32, minor: i32) -> Option<&PtxVariant> {
         self.variants.iter().find(|v| v.target.runs_on(major, minor))
+    }
+
+    /// The value of knob `name` in this variant, if the kernel has that knob.
+    pub fn knob(&self, name: &str) -> Option<i64> {
+        self.knobs.iter().find(|(n, _)| *n == name).map(|&(_, v)| v)
+    }
+
+    /// Whether every `(name, value)` pair is one of this variant's knob values.
+    pub fn has_knobs(&self, knobs: &[(&str, i64)]) -> bool {
+        knobs.iter().all(|&(n, v)| self.knob(n) == Some(v))
+    }
+
+    /// The knob values as `BN=128 STAGES=4` (empty for a kernel without knobs).
+    pub fn knobs_string(&self) -> String {
+        self.knobs.iter().map(|(n, v)| format!("{n}={v}")).collect::<Vec<_>>().join(" ")
     }
 }

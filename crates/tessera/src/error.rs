@@ -91,6 +91,20 @@ pub enum Error {
         /// What went wrong, naming the tensor, ring or barrier.
         message: String,
     },
+    /// The schedule cache file could not be used as asked (an import of a file that is not a
+    /// Tessera cache, an export to a path that cannot be written).
+    #[error("schedule cache {path}: expected {expected}, got {found}")]
+    Cache {
+        /// The file.
+        path: String,
+        /// What was needed.
+        expected: String,
+        /// What was found.
+        found: String,
+    },
+    /// `TESSERA_TUNE` holds something other than `off`, `replay` or `search`.
+    #[error("TESSERA_TUNE: expected `off`, `replay` or `search`, got `{0}`")]
+    TuneMode(String),
     /// A CUDA driver call failed.
     #[error("CUDA driver call failed")]
     Driver(#[from] DriverError),

@@ -268,3 +268,17 @@ impl<'d> Launch<'d> {
         Ok(())
     }
 }
+
+/// Variant `index` of a kernel's `VARIANTS` (what a `#[kernel]` module's `launch_variant`
+/// uses).
+///
+/// # Errors
+/// [`Error::Argument`] when `index` is out of range.
+pub fn variant_of(variants: &'static [&'static KernelSpec], index: usize) -> Result<&'static KernelSpec> {
+    variants.get(index).copied().ok_or_else(|| Error::Argument {
+        kernel: variants.first().map_or("kernel", |s| s.name),
+        arg: "variant".into(),
+        expected: format!("a variant index below {}", variants.len()),
+        found: index.to_string(),
+    })
+}

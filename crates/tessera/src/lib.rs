@@ -105,11 +105,12 @@ mod launch;
 mod tensor;
 pub mod testing;
 mod tma;
+pub mod tune;
 
 pub use device::{driver_present, Device};
 pub use error::{Error, Result};
 pub use half::{bf16, f16};
-pub use launch::{Grid, Launch, ScalarArg};
+pub use launch::{variant_of, Grid, Launch, ScalarArg};
 pub use tensor::{
     contiguous_strides, global, global_mut, in_place, Absent, ArgGuard, CudaGlobal, Element, GlobalArg, GlobalArgMut, GlobalDesc,
     HostBuffer, InPlace, Optional, OptionalMut, Tensor, TensorView, TensorViewMut, TileCounter,
@@ -118,6 +119,7 @@ pub use tessera_macros::kernel;
 pub use tessera_ptx::random;
 pub use tessera_ptx::{DType, KernelSpec, ParamInfo, ParamKind, PtxVariant, Target, TmaBox};
 pub use tma::{tma_unfit, TensorMap, TmaDescriptorCache};
+pub use tune::{TuneKey, TuneMode, Tuner};
 
 /// cudarc, as Tessera uses it, for sharing streams and buffers.
 pub use cudarc;

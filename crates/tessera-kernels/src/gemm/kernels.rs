@@ -20,7 +20,7 @@ use tessera::kernel;
 /// stores (its rows must be 16-byte aligned). Hopper only: without `setmaxnreg` the
 /// 64×256 accumulators do not fit sm_80's 168 registers; `gemm_tn_full_*` runs there. `bias_kind` 1: per column, 2: per row;
 /// `act` 1: GELU tanh, 2: GELU erf, 3: SiLU.
-#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), targets(sm_90a))]
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(BN = [256, 128], STAGES = [4, 3, 5, 6]), targets(sm_90a))]
 pub fn gemm_tn(
     a: Global<T, 3>,
     b: Global<T, 3>,
@@ -31,14 +31,14 @@ pub fn gemm_tn(
     bias_kind: i32,
     act: i32,
 ) {
-    let sa = Smem::<T, 128, 64>::ring(4);
-    let sb = Smem::<T, 256, 64>::ring(4);
+    let sa = Smem::<T, 128, 64>::ring(STAGES);
+    let sb = Smem::<T, BN, 64>::ring(STAGES);
     // C's staging: two 64×64 buffers per consumer warpgroup, stored by TMA.
     let sc = Smem::<T, 64, 64>::ring(4);
-    let pipe = Pipeline::<4>::new(2);
+    let pipe = Pipeline::<STAGES>::new(2);
     let k_steps = (a.dim(2) + 63) / 64;
     let tiles_m = (c.dim(1) + 127) / 128;
-    let tiles_n = (c.dim(2) + 255) / 256;
+    let tiles_n = (c.dim(2) + BN - 1) / BN;
     let per_batch = tiles_m * tiles_n;
     let group = 8 * tiles_n;
     // Tiles are claimed at run time, so that blocks that finish early take more of the last
@@ -52,7 +52,7 @@ pub fn gemm_tn(
             let first = (t / group) * 8;
             let height = min(tiles_m - first, 8);
             let m0 = (first + (t % group) % height) * 128;
-            let n0 = ((t % group) / height) * 256;
+            let n0 = ((t % group) / height) * BN;
             for k in 0..k_steps {
                 let s = pipe.acquire();
                 tma::load(sa.at(s), a, [bt, m0, k * 64], pipe);
@@ -63,15 +63,15 @@ pub fn gemm_tn(
     } else {
         setmaxnreg(232);
         let row = (warpgroup::id() - 1) * 64;
-        let mut acc = Tile::<f32, 64, 256>::zeros();
+        let mut acc = Tile::<f32, 64, BN>::zeros();
         for tile in queue.take() {
             let bt = tile / per_batch;
             let t = tile % per_batch;
             let first = (t / group) * 8;
             let height = min(tiles_m - first, 8);
             let m0 = (first + (t % group) % height) * 128 + row;
-            let n0 = ((t % group) / height) * 256;
-            acc = Tile::<f32, 64, 256>::zeros();
+            let n0 = ((t % group) / height) * BN;
+            acc = Tile::<f32, 64, BN>::zeros();
             let mut prev = 0;
             for k in 0..k_steps {
                 let s = pipe.wait();
@@ -86,7 +86,7 @@ pub fn gemm_tn(
             pipe.release(prev);
             // The epilogue, 64 columns at a time so that loaded operands fit in registers.
             #[unroll]
-            for j in 0..4 {
+            for j in 0..BN / 64 {
                 let n = n0 + j * 64;
                 let mut out = acc.cols(j * 64, 64) * alpha;
                 if bias_kind == 1 {
@@ -118,7 +118,7 @@ pub fn gemm_tn(
 
 /// `gemm_tn_*` with B stored `[batch, K, N]` (row-major K×N): B's stage is a 64×256 tile in
 /// four 128-byte panels (one TMA box each) that wgmma reads N-major.
-#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), targets(sm_90a))]
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(BN = [256, 128], STAGES = [4, 3, 5, 6]), targets(sm_90a))]
 pub fn gemm_nn(
     a: Global<T, 3>,
     b: Global<T, 3>,
@@ -129,13 +129,13 @@ pub fn gemm_nn(
     bias_kind: i32,
     act: i32,
 ) {
-    let sa = Smem::<T, 128, 64>::ring(4);
-    let sb = Smem::<T, 64, 256>::ring(4);
+    let sa = Smem::<T, 128, 64>::ring(STAGES);
+    let sb = Smem::<T, 64, BN>::ring(STAGES);
     let sc = Smem::<T, 64, 64>::ring(4);
-    let pipe = Pipeline::<4>::new(2);
+    let pipe = Pipeline::<STAGES>::new(2);
     let k_steps = (a.dim(2) + 63) / 64;
     let tiles_m = (c.dim(1) + 127) / 128;
-    let tiles_n = (c.dim(2) + 255) / 256;
+    let tiles_n = (c.dim(2) + BN - 1) / BN;
     let per_batch = tiles_m * tiles_n;
     let group = 8 * tiles_n;
     // Tiles are claimed at run time, so that blocks that finish early take more of the last
@@ -149,7 +149,7 @@ pub fn gemm_nn(
             let first = (t / group) * 8;
             let height = min(tiles_m - first, 8);
             let m0 = (first + (t % group) % height) * 128;
-            let n0 = ((t % group) / height) * 256;
+            let n0 = ((t % group) / height) * BN;
             for k in 0..k_steps {
                 let s = pipe.acquire();
                 tma::load(sa.at(s), a, [bt, m0, k * 64], pipe);
@@ -160,15 +160,15 @@ pub fn gemm_nn(
     } else {
         setmaxnreg(232);
         let row = (warpgroup::id() - 1) * 64;
-        let mut acc = Tile::<f32, 64, 256>::zeros();
+        let mut acc = Tile::<f32, 64, BN>::zeros();
         for tile in queue.take() {
             let bt = tile / per_batch;
             let t = tile % per_batch;
             let first = (t / group) * 8;
             let height = min(tiles_m - first, 8);
             let m0 = (first + (t % group) % height) * 128 + row;
-            let n0 = ((t % group) / height) * 256;
-            acc = Tile::<f32, 64, 256>::zeros();
+            let n0 = ((t % group) / height) * BN;
+            acc = Tile::<f32, 64, BN>::zeros();
             let mut prev = 0;
             for k in 0..k_steps {
                 let s = pipe.wait();
@@ -182,7 +182,7 @@ pub fn gemm_nn(
             mma_wait(0);
             pipe.release(prev);
             #[unroll]
-            for j in 0..4 {
+            for j in 0..BN / 64 {
                 let n = n0 + j * 64;
                 let mut out = acc.cols(j * 64, 64) * alpha;
                 if bias_kind == 1 {

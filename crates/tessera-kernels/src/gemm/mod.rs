@@ -62,12 +62,18 @@ type View<'a, T> = TensorView<'a, T>;
 pub trait GemmElement: Element + sealed::Sealed {
     #[doc(hidden)]
     fn fast_kernel(kn: bool) -> &'static KernelSpec;
+    /// The fast kernel's variants (`tune(BN, STAGES)`), the default first.
+    #[doc(hidden)]
+    fn fast_variants(kn: bool) -> &'static [&'static KernelSpec];
+    #[doc(hidden)]
+    fn full_kernel(kn: bool) -> &'static KernelSpec;
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     fn gemm(
         d: &Device,
         g: Grid,
         kn: bool,
+        variant: usize,
         a: &View<Self>,
         b: &View<Self>,
         c: &mut Tensor<Self>,
@@ -115,10 +121,25 @@ macro_rules! gemm_element {
                     &$tn::SPEC
                 }
             }
+            fn fast_variants(kn: bool) -> &'static [&'static KernelSpec] {
+                if kn {
+                    $nn::VARIANTS
+                } else {
+                    $tn::VARIANTS
+                }
+            }
+            fn full_kernel(kn: bool) -> &'static KernelSpec {
+                if kn {
+                    &$nn_full::SPEC
+                } else {
+                    &$full::SPEC
+                }
+            }
             fn gemm(
                 d: &Device,
                 g: Grid,
                 kn: bool,
+                variant: usize,
                 a: &View<Self>,
                 b: &View<Self>,
                 c: &mut Tensor<Self>,
@@ -130,9 +151,9 @@ macro_rules! gemm_element {
                 let (alpha, bias_kind, act) = epi;
                 let mut counter = d.tile_counter()?;
                 if kn {
-                    $nn::launch(d, g, a, b, &mut c, bias, &mut counter, alpha, bias_kind, act)
+                    $nn::launch_variant(variant, d, g, a, b, &mut c, bias, &mut counter, alpha, bias_kind, act)
                 } else {
-                    $tn::launch(d, g, a, b, &mut c, bias, &mut counter, alpha, bias_kind, act)
+                    $tn::launch_variant(variant, d, g, a, b, &mut c, bias, &mut counter, alpha, bias_kind, act)
                 }
             }
             fn gemm_full(
@@ -368,21 +389,15 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
             None => self.a.view(&[1], &[1])?,
         };
         let bias = &bias;
-        // The 128×256 kernels run on Hopper when the epilogue needs no extra M×N operand; the
+        // The 128×BN kernels run on Hopper when the epilogue needs no extra M×N operand; the
         // 128×128 ones take everything else, and every sm_80 device.
         let full = self.c_in.is_some() || self.residual.is_some();
         let hopper = device.target_for(T::fast_kernel(kn)) == Some(Target::Sm90a);
         let tiles =
             |bn: usize| (Grid::tiles(m, 128).saturating_mul(Grid::tiles(n, bn)).saturating_mul(batch as u32)).min(device.sm_count());
-        // Too few 128×256 tiles to fill the GPU (M = 128 decode shapes): 128×128 tiles give
-        // twice the blocks.
-        let few = (tiles(256) as usize) * 4 < device.sm_count() as usize;
-        // The 128×256 kernels store C by TMA: its rows must be 16-byte aligned.
+        // The 128×BN kernels store C by TMA: its rows must be 16-byte aligned.
         let es = std::mem::size_of::<T>();
         let c_tma = (n * es).is_multiple_of(16) && (c.offset() * es).is_multiple_of(16);
-        if !full && hopper && !few && c_tma {
-            return T::gemm(device, tiles(256).into(), kn, &a, &b, c, c_shape, bias, (self.alpha, bias_kind, self.activation.code()));
-        }
         let c_in = match self.c_in {
             Some(t) => view3(t, c_shape)?,
             None => self.a.view(&[1, 1, 1], &[1, 1, 1])?,
@@ -398,7 +413,39 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
             self.activation.code(),
             i32::from(self.residual.is_some()),
         );
-        T::gemm_full(device, tiles(128).into(), kn, &a, &b, c, c_shape, &c_in, bias, &residual, scalars)
+        let run_full = |c: &mut Tensor<T>| T::gemm_full(device, tiles(128).into(), kn, &a, &b, c, c_shape, &c_in, bias, &residual, scalars);
+        if full || !hopper || !c_tma {
+            return run_full(c);
+        }
+        // Candidates: each variant of the fast kernel (`tune(BN, STAGES)`), then the 128×128
+        // kernel. The default heuristic: 128×256 tiles with 4 stages, unless too few of them
+        // fill the GPU (M = 128 decode shapes), where the 128×128 kernel gives twice the blocks.
+        let variants = T::fast_variants(kn);
+        let mut names: Vec<&str> = variants.iter().map(|s| s.name).collect();
+        names.push(T::full_kernel(kn).name);
+        let few = (tiles(256) as usize) * 4 < device.sm_count() as usize;
+        let default = if few { variants.len() } else { 0 };
+        let epi = (self.alpha, bias_kind, self.activation.code());
+        let run = |i: usize, c: &mut Tensor<T>| match variants.get(i) {
+            Some(v) => {
+                let bn = v.knob("BN").unwrap_or(256) as usize;
+                T::gemm(device, tiles(bn).into(), kn, i, &a, &b, c, c_shape, bias, epi)
+            }
+            None => run_full(c),
+        };
+        let key = tessera::TuneKey::new("gemm", device)
+            .field("dtype", T::DTYPE)
+            .field("b_layout", self.b_layout)
+            .field("shape", c_shape)
+            .field("k", k)
+            .field("strides", (a.strides(), b.strides()))
+            .field("epilogue", (bias_kind, self.activation));
+        let choice = tessera::Tuner::global().choose(&key, &names, default, || {
+            // Timing writes a scratch C, never the caller's.
+            let mut scratch = Tensor::<T>::zeros(device, c.shape())?;
+            Ok(tessera::tune::launch_timer(device, move |i| run(i, &mut scratch)))
+        })?;
+        run(choice, c)
     }
 }
 
