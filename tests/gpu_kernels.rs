@@ -575,9 +575,20 @@ fn softmax_options_case<T: tessera_kernels::SoftmaxElement>(dev: &Device, to: fn
                     yr.iter().zip(gr).map(move |(a, b)| f64::from(scale) * a * (b - dot)).collect::<Vec<_>>()
                 })
                 .collect();
-            // f32 at least 1e-4: the row's dot product sums 8192 f32 terms and `dy − dot`
-            // cancels (1.7e-5 seen against a 1e-5 bound, session 6).
-            let err = rel_error(&dxg, &want);
+            // Relative to the size of the terms, `|scale·y|·(|dy| + |dot|)`, not of dx: where
+            // `dy − dot` cancels (a row of two live elements with near-equal dy) dx is tiny
+            // and f32 rounding of the terms is all there is (5.8e-4 of dx seen once in 40 runs).
+            // f32 at least 1e-4: the row's dot product sums 8192 f32 terms.
+            let mag: Vec<f64> = got
+                .chunks(n)
+                .zip(dyw.chunks(n))
+                .flat_map(|(yr, gr)| {
+                    let dot: f64 = yr.iter().zip(gr).map(|(a, b)| a * b).sum();
+                    yr.iter().zip(gr).map(move |(a, b)| (f64::from(scale) * a).abs() * (b.abs() + dot.abs())).collect::<Vec<_>>()
+                })
+                .collect();
+            let diff: f64 = dxg.iter().zip(&want).map(|(a, b)| (a - b) * (a - b)).sum::<f64>().sqrt();
+            let err = diff / mag.iter().map(|v| v * v).sum::<f64>().sqrt().max(f64::MIN_POSITIVE);
             assert!(err < tol.max(1e-4), "{what} backward: relative error {err}");
         }
     }

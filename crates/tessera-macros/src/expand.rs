@@ -478,7 +478,8 @@ fn dump_tune(name: &str, built: &[(Knobs, CompiledKernel)], dropped: &[(Knobs, V
     let Some((dir, _)) = dump_dir(name) else { return };
     let mut text = String::new();
     for (knobs, k) in built {
-        text += &format!("kept    {}: {} ({} bytes of shared memory)\n", knobs_text(knobs), k.name, k.shared_bytes + k.dynamic_shared_bytes);
+        text +=
+            &format!("kept    {}: {} ({} bytes of shared memory)\n", knobs_text(knobs), k.name, k.shared_bytes + k.dynamic_shared_bytes);
     }
     for (knobs, errs) in dropped {
         text += &format!("dropped {}: {}\n", knobs_text(knobs), first_line(errs));

@@ -85,7 +85,11 @@ impl Cache {
             Err(Unfit::Fail(why)) => Err(cache_err(path, "a file SQLite can open", why)),
             Err(Unfit::Replace(why)) => {
                 let aside = move_aside(path)?;
-                eprintln!("tessera: warning: the schedule cache {} was unusable ({why}); moved it to {} and made a new one", path.display(), aside.display());
+                eprintln!(
+                    "tessera: warning: the schedule cache {} was unusable ({why}); moved it to {} and made a new one",
+                    path.display(),
+                    aside.display()
+                );
                 Cache::try_open(path).map_err(|u| match u {
                     Unfit::Fail(w) | Unfit::Replace(w) => cache_err(path, "a fresh cache", w),
                 })
@@ -153,11 +157,7 @@ impl Cache {
     /// [`Error::Cache`] when SQLite fails.
     pub fn get(&self, key: &str) -> Result<Option<Entry>> {
         self.conn
-            .query_row(
-                "SELECT key, op, choice, best_us, default_us, launches, strategy FROM schedules WHERE key = ?1",
-                [key],
-                row_entry,
-            )
+            .query_row("SELECT key, op, choice, best_us, default_us, launches, strategy FROM schedules WHERE key = ?1", [key], row_entry)
             .optional()
             .map_err(|e| self.err("a readable cache", e))
     }

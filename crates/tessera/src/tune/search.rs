@@ -62,8 +62,21 @@ impl Strategy {
         match *self {
             Strategy::Exhaustive { reps } => n as u64 * u64::from(reps.max(1)),
             Strategy::Hyperband { max_reps, eta } => {
-                brackets(n, max_reps, eta).iter().map(|b| b.rounds().map(|(n, r)| n as u64 * u64::from(r)).sum::<u64>()).sum()
+                let hb = brackets(n, max_reps, eta).iter().map(|b| b.rounds().map(|(n, r)| n as u64 * u64::from(r)).sum::<u64>()).sum();
+                let ex = Strategy::Exhaustive { reps: max_reps }.budget(n);
+                u64::min(hb, ex)
             }
+        }
+    }
+
+    /// What runs for `n` candidates: Hyperband over so few that it would cost more than timing
+    /// each at `max_reps` is that exhaustive search.
+    fn for_candidates(self, n: usize) -> Strategy {
+        match self {
+            Strategy::Hyperband { max_reps, .. } if Strategy::Exhaustive { reps: max_reps }.budget(n) <= self.budget(n) => {
+                Strategy::Exhaustive { reps: max_reps }
+            }
+            s => s,
         }
     }
 }
@@ -144,7 +157,8 @@ impl Bracket {
 }
 
 /// Hyperband's brackets for `n` candidates: bracket `s` starts `⌈(s_max+1)/(s+1)·ηˢ⌉`
-/// candidates (at most `n`) at `max_reps/ηˢ` launches.
+/// candidates (at most `n`) at `max_reps/ηˢ` launches — except the most eager, which starts
+/// all `n`: a knob space is small and finite, so every candidate is seen at least once.
 fn brackets(n: usize, max_reps: u32, eta: u32) -> Vec<Bracket> {
     let eta = eta.max(2);
     let max_reps = max_reps.max(1);
@@ -156,7 +170,8 @@ fn brackets(n: usize, max_reps: u32, eta: u32) -> Vec<Bracket> {
         .rev()
         .map(|s| {
             let want = ((s_max + 1) as f64 / (s + 1) as f64 * f64::from(eta.pow(s))).ceil() as usize;
-            Bracket { n: want.min(n).max(1), reps: (max_reps / eta.pow(s)).max(1), eta, max_reps }
+            let n = if s == s_max { n } else { want.min(n).max(1) };
+            Bracket { n, reps: (max_reps / eta.pow(s)).max(1), eta, max_reps }
         })
         .collect()
 }
@@ -195,7 +210,7 @@ pub fn search(n: usize, default: usize, strategy: Strategy, timer: &mut dyn Time
     }
     let mut memo = Memo { timer, timings: vec![None; n], failed: vec![false; n], launches: 0, progress };
     let all: Vec<usize> = (0..n).collect();
-    let (best, best_seconds) = match strategy {
+    let (best, best_seconds) = match strategy.for_candidates(n) {
         Strategy::Exhaustive { reps } => memo.rank(&all, reps).first().copied()?,
         Strategy::Hyperband { max_reps, eta } => {
             let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
