@@ -241,6 +241,11 @@ fn interp_gemm_f16_matches_f64_reference() {
 
 /// Checks a batched GEMM with B in either layout against f64, on sampled entries when large.
 fn check_layout(dev: &Device, batch: usize, m: usize, n: usize, k: usize, kn: bool) {
+    check_layout_variant(dev, batch, m, n, k, kn, None);
+}
+
+/// [`check_layout`] with one kernel variant forced (`GemmBuilder::variant`).
+fn check_layout_variant(dev: &Device, batch: usize, m: usize, n: usize, k: usize, kn: bool, variant: Option<&str>) {
     use tessera_kernels::{gemm, BLayout};
     let (a, b) = (random_bf16(batch * m * k), random_bf16(batch * n * k));
     let (sa, sb, sc) = if batch == 1 {
@@ -251,7 +256,11 @@ fn check_layout(dev: &Device, batch: usize, m: usize, n: usize, k: usize, kn: bo
     let at = Tensor::from_host(dev, &a, &sa).unwrap();
     let bt = Tensor::from_host(dev, &b, &sb).unwrap();
     let mut c = Tensor::full(dev, &sc, bf16::NAN).unwrap();
-    gemm(&at, &bt).b_layout(if kn { BLayout::KxN } else { BLayout::NxK }).run(dev, &mut c).unwrap();
+    let mut g = gemm(&at, &bt).b_layout(if kn { BLayout::KxN } else { BLayout::NxK });
+    if let Some(v) = variant {
+        g = g.variant(v);
+    }
+    g.run(dev, &mut c).unwrap();
     let got = c.to_host().unwrap();
     let mut rng = rand::rng();
     let samples: Vec<(usize, usize, usize)> = if batch * m * n <= 200_000 {
@@ -264,7 +273,49 @@ fn check_layout(dev: &Device, batch: usize, m: usize, n: usize, k: usize, kn: bo
         samples.iter().map(|&(q, i, j)| (0..k).map(|p| a[q * m * k + i * k + p].to_f64() * bval(q, p, j).to_f64()).sum()).collect();
     let have: Vec<f64> = samples.iter().map(|&(q, i, j)| got[q * m * n + i * n + j].to_f64()).collect();
     let err = rel_error(&have, &want);
-    assert!(err < 1e-2, "gemm batch {batch} {m}x{n}x{k} kn={kn}: relative error {err}");
+    assert!(err < 1e-2, "gemm batch {batch} {m}x{n}x{k} kn={kn} {variant:?}: relative error {err}");
+}
+
+/// Every variant the tuner may choose computes the same GEMM, in both layouts, batched, on
+/// shapes that leave partial tiles of 128 and 256 columns; a name that is not a variant (or
+/// one the operands rule out) is an error naming `variant`.
+fn every_gemm_variant_matches_f64_reference(dev: &Device, shapes: &[(usize, usize, usize, usize)]) {
+    use tessera_kernels::{gemm, gemm_variants, BLayout};
+    for kn in [false, true] {
+        let names = gemm_variants::<bf16>(if kn { BLayout::KxN } else { BLayout::NxK });
+        assert!(names.len() >= 4, "{names:?}");
+        for v in &names {
+            for &(batch, m, n, k) in shapes {
+                check_layout_variant(dev, batch, m, n, k, kn, Some(v));
+            }
+        }
+    }
+    let a = Tensor::from_host(dev, &random_bf16(64 * 32), &[64, 32]).unwrap();
+    for bad in ["gemm_tn_bf16__bn512_stages9", "gemm_nn_bf16__bn256_stages4"] {
+        match gemm(&a, &a).variant(bad).run(dev, &mut Tensor::full(dev, &[64, 64], bf16::NAN).unwrap()) {
+            Err(tessera::Error::Argument { arg, expected, .. }) => {
+                assert_eq!(arg, "variant");
+                assert!(expected.contains("gemm_tn_bf16__bn128_stages4"), "{expected}");
+            }
+            other => panic!("{bad}: expected an argument error, got {other:?}"),
+        }
+    }
+    // Odd N: C's rows are not 16-byte aligned, so only the 128×128 kernel may be forced.
+    let mut odd = Tensor::full(dev, &[64, 63], bf16::NAN).unwrap();
+    let b = Tensor::from_host(dev, &random_bf16(63 * 32), &[63, 32]).unwrap();
+    assert!(gemm(&a, &b).variant("gemm_tn_bf16__bn128_stages3").run(dev, &mut odd).is_err());
+    assert!(odd.to_host().unwrap().iter().all(|v| v.is_nan()), "a refused call writes nothing");
+}
+
+#[test]
+fn gpu_every_gemm_variant_matches_f64_reference() {
+    let Some(dev) = gpu_or_skip("gpu_every_gemm_variant") else { return };
+    every_gemm_variant_matches_f64_reference(&dev, &[(1, 200, 392, 136), (3, 129, 264, 72), (1, 1000, 1000, 520)]);
+}
+
+#[test]
+fn interp_every_gemm_variant_matches_f64_reference() {
+    every_gemm_variant_matches_f64_reference(&Device::cpu(), &[(2, 129, 264, 72)]);
 }
 
 #[test]

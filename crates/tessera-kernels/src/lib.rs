@@ -33,7 +33,7 @@ pub use attention::{
 pub use elementwise::{axpy, axpy_f32};
 pub use gemm::{
     bias_gelu, bias_gelu_bf16, gemm, gemm_nn_bf16, gemm_nn_f16, gemm_nn_full_bf16, gemm_nn_full_f16, gemm_tn, gemm_tn_bf16, gemm_tn_f16,
-    gemm_tn_full_bf16, gemm_tn_full_f16, pad_copy_bf16, pad_copy_f16, Activation, BLayout, Bias, GemmBuilder, GemmElement,
+    gemm_tn_full_bf16, gemm_tn_full_f16, gemm_variants, pad_copy_bf16, pad_copy_f16, Activation, BLayout, Bias, GemmBuilder, GemmElement,
 };
 pub use norm::{
     layer_norm, layer_norm_bf16, layer_norm_f16, layer_norm_f32, layer_norm_row_bf16, layer_norm_row_f16, layer_norm_row_f32,

@@ -214,6 +214,7 @@ pub struct GemmBuilder<'t, T: GemmElement = bf16> {
     bias: Option<Bias<'t, T>>,
     activation: Activation,
     residual: Option<&'t Tensor<T>>,
+    variant: Option<&'t str>,
 }
 
 /// Starts a GEMM `C = A·Bᵀ` with A (M×K) and B (N×K), bf16 or f16, accumulating in f32.
@@ -228,7 +229,17 @@ pub fn gemm<'t, T: GemmElement>(a: &'t Tensor<T>, b: &'t Tensor<T>) -> GemmBuild
         bias: None,
         activation: Activation::None,
         residual: None,
+        variant: None,
     }
+}
+
+/// The kernels a plain GEMM (no `beta`, no residual) chooses among on Hopper for `T` and
+/// `b_layout`: each variant of the 128×BN kernel (knobs `BN`, `STAGES`; the first is the
+/// default), then the 128×128 kernel. The tuner picks one per shape; [`GemmBuilder::variant`]
+/// forces one.
+pub fn gemm_variants<T: GemmElement>(b_layout: BLayout) -> Vec<&'static str> {
+    let kn = b_layout == BLayout::KxN;
+    T::fast_variants(kn).iter().map(|s| s.name).chain([T::full_kernel(kn).name]).collect()
 }
 
 fn arg(name: &str, expected: String, found: String) -> Error {
@@ -325,6 +336,13 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
         self
     }
 
+    /// Runs the kernel variant named `name` (one of [`gemm_variants`]) instead of asking the
+    /// [`Tuner`](tessera::Tuner): for benchmarks and tests of one schedule.
+    pub fn variant(mut self, name: &'t str) -> Self {
+        self.variant = Some(name);
+        self
+    }
+
     /// Runs it into `c` (M×N, or `[batch, M, N]`).
     ///
     /// Any M, N, K ≥ 1: edges are handled by TMA's zero fill and masked loads and stores;
@@ -414,15 +432,31 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
             i32::from(self.residual.is_some()),
         );
         let run_full = |c: &mut Tensor<T>| T::gemm_full(device, tiles(128).into(), kn, &a, &b, c, c_shape, &c_in, bias, &residual, scalars);
-        if full || !hopper || !c_tma {
+        let fast_ok = !full && hopper && c_tma;
+        let names = gemm_variants::<T>(self.b_layout);
+        let forced = match self.variant {
+            None => None,
+            Some(v) => match names.iter().position(|n| *n == v) {
+                Some(i) if fast_ok || i == names.len() - 1 => Some(i),
+                _ => {
+                    let why = if !hopper {
+                        "this device runs only the 128×128 kernel"
+                    } else if full {
+                        "with beta or a residual only the 128×128 kernel runs"
+                    } else {
+                        "with C's rows not 16-byte aligned only the 128×128 kernel runs"
+                    };
+                    return Err(arg("variant", format!("one of {names:?} ({why})"), format!("`{v}`")));
+                }
+            },
+        };
+        if !fast_ok {
             return run_full(c);
         }
         // Candidates: each variant of the fast kernel (`tune(BN, STAGES)`), then the 128×128
         // kernel. The default heuristic: 128×256 tiles with 4 stages, unless too few of them
         // fill the GPU (M = 128 decode shapes), where the 128×128 kernel gives twice the blocks.
         let variants = T::fast_variants(kn);
-        let mut names: Vec<&str> = variants.iter().map(|s| s.name).collect();
-        names.push(T::full_kernel(kn).name);
         let few = (tiles(256) as usize) * 4 < device.sm_count() as usize;
         let default = if few { variants.len() } else { 0 };
         let epi = (self.alpha, bias_kind, self.activation.code());
@@ -433,6 +467,9 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
             }
             None => run_full(c),
         };
+        if let Some(i) = forced {
+            return run(i, c);
+        }
         let key = tessera::TuneKey::new("gemm", device)
             .field("dtype", T::DTYPE)
             .field("b_layout", self.b_layout)
