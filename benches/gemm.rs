@@ -3,6 +3,10 @@
 //! both. `C = A·Bᵀ` with A M×K and B N×K row-major (cuBLAS: the same product,
 //! column-major as `Cᵀ = B·Aᵀ`).
 //!
+//! Then the autotuner: for each shape, the default heuristic's kernel (`TESSERA_TUNE=off`)
+//! beside the variant a search picked (timed in the same rounds), with the variant's name.
+//! The search writes to a temporary cache unless `TESSERA_CACHE_DIR` is set.
+//!
 //! `cargo bench --bench gemm` (prints a skip where there is no GPU).
 
 use criterion::Criterion;
@@ -28,6 +32,9 @@ fn main() {
         println!("gemm: skipped, no GPU");
         return;
     };
+    if std::env::var_os("TESSERA_CACHE_DIR").is_none() {
+        std::env::set_var("TESSERA_CACHE_DIR", std::env::temp_dir().join(format!("tessera-bench-{}", std::process::id())));
+    }
     let blas = CudaBlas::new(dev.stream().expect("a CUDA stream").clone()).expect("cublas");
     let shapes: &[(usize, usize, usize)] = &[
         (2048, 2048, 2048),
@@ -112,6 +119,7 @@ fn main() {
     };
     let flop = 2.0 * (m * n * k) as f64;
     let (t_unfused, t_fused) = time_pair(&dev, 10, &mut unfused, &mut fused);
+    let tuned = tuned_vs_default(&dev, &mut rng);
 
     println!("\ngemm bf16 on {} (TFLOP/s)", dev.name());
     println!("{:<18} {:>9} {:>9} {:>7} {:>9}", "MxNxK", "cuBLAS", "tessera", "ratio", "max|dC|");
@@ -125,4 +133,55 @@ fn main() {
         flop / t_fused * 1e-9,
         t_unfused / t_fused
     );
+    println!("\ngemm bf16 autotuned on {} (TFLOP/s; default heuristic vs the searched variant)", dev.name());
+    println!("{:<18} {:>9} {:>9} {:>7}  {}", "MxNxK", "default", "tuned", "ratio", "tuned variant");
+    for (name, d, t, v) in tuned {
+        println!("{name:<18} {d:>9.0} {t:>9.0} {:>7.2}  {v}", t / d);
+    }
+}
+
+/// Per shape: a search (`TESSERA_TUNE=search`), then the default heuristic's choice and the
+/// tuned one timed in alternating rounds. Gives (shape, default TFLOP/s, tuned TFLOP/s, the
+/// tuned variant's name).
+fn tuned_vs_default(dev: &Device, rng: &mut Uniform) -> Vec<(String, f64, f64, String)> {
+    use tessera::{TuneMode, Tuner};
+    let shapes: &[(usize, usize, usize)] = &[
+        (128, 4096, 4096),
+        (256, 4096, 4096),
+        (1024, 4096, 4096),
+        (2048, 2048, 2048),
+        (4096, 4096, 4096),
+        (8192, 8192, 8192),
+        (1024, 14336, 4096),
+    ];
+    let mut rows = Vec::new();
+    for &(m, n, k) in shapes {
+        let a = Tensor::from_host(dev, &rng.vec(m * k, bf16::from_f32), &[m, k]).expect("a");
+        let b = Tensor::from_host(dev, &rng.vec(n * k, bf16::from_f32), &[n, k]).expect("b");
+        let mut c = Tensor::<bf16>::zeros(dev, &[m, n]).expect("c");
+        Tuner::global().set_mode(TuneMode::Search);
+        tessera_kernels::gemm_tn(dev, &a, &b, &mut c).expect("tuning gemm");
+        let shape = format!("shape=[1, {m}, {n}]");
+        let chosen = Tuner::global()
+            .decisions()
+            .into_iter()
+            .find(|(key, _)| key.contains("op=gemm") && key.contains(&shape))
+            .and_then(|(_, v)| v)
+            .unwrap_or_else(|| "(default)".into());
+        let mut c2 = Tensor::<bf16>::zeros(dev, &[m, n]).expect("c");
+        let mut default = || {
+            Tuner::global().set_mode(TuneMode::Off);
+            tessera_kernels::gemm_tn(dev, &a, &b, &mut c).expect("gemm")
+        };
+        let mut tuned = || {
+            Tuner::global().set_mode(TuneMode::Replay);
+            tessera_kernels::gemm_tn(dev, &a, &b, &mut c2).expect("gemm")
+        };
+        let flop = 2.0 * (m * n * k) as f64;
+        let iters = if flop > 1e12 { 10 } else { 50 };
+        let (t_default, t_tuned) = time_pair(dev, iters, &mut default, &mut tuned);
+        rows.push((format!("{m}x{n}x{k}"), flop / t_default * 1e-9, flop / t_tuned * 1e-9, chosen));
+    }
+    Tuner::global().set_mode(TuneMode::Replay);
+    rows
 }

@@ -183,6 +183,14 @@ impl Tuner {
         self.searches
     }
 
+    /// The decisions made or read in this process, by key: the chosen candidate's name, or
+    /// `None` where the default ran for want of a cached answer.
+    pub fn decisions(&self) -> Vec<(String, Option<String>)> {
+        let mut d: Vec<_> = self.memo.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        d.sort();
+        d
+    }
+
     /// Forgets the decisions held in memory (the cache file keeps them).
     pub fn forget(&mut self) {
         self.memo.clear();
