@@ -134,7 +134,7 @@ fn main() {
         t_unfused / t_fused
     );
     println!("\ngemm bf16 autotuned on {} (TFLOP/s; default heuristic vs the searched variant)", dev.name());
-    println!("{:<18} {:>9} {:>9} {:>7}  {}", "MxNxK", "default", "tuned", "ratio", "tuned variant");
+    println!("{:<18} {:>9} {:>9} {:>7}  tuned variant", "MxNxK", "default", "tuned", "ratio");
     for (name, d, t, v) in tuned {
         println!("{name:<18} {d:>9.0} {t:>9.0} {:>7.2}  {v}", t / d);
     }
@@ -161,13 +161,16 @@ fn tuned_vs_default(dev: &Device, rng: &mut Uniform) -> Vec<(String, f64, f64, S
         let mut c = Tensor::<bf16>::zeros(dev, &[m, n]).expect("c");
         Tuner::global().set_mode(TuneMode::Search);
         tessera_kernels::gemm_tn(dev, &a, &b, &mut c).expect("tuning gemm");
-        let shape = format!("shape=[1, {m}, {n}]");
-        let chosen = Tuner::global()
-            .decisions()
-            .into_iter()
-            .find(|(key, _)| key.contains("op=gemm") && key.contains(&shape))
-            .and_then(|(_, v)| v)
-            .unwrap_or_else(|| "(default)".into());
+        let shape = format!("b_layout=NxK;shape=[1, {m}, {n}]");
+        let (chosen, search) = {
+            let tuner = Tuner::global();
+            let decision = tuner.decisions().into_iter().find(|(key, _)| key.contains("op=gemm") && key.contains(&shape));
+            let entry = decision.as_ref().and_then(|(key, _)| tuner.cache()?.get(key).ok().flatten());
+            let search = entry.map_or(String::new(), |e| {
+                format!("  (search: {:.1} µs, default {:.1} µs, {} launches)", e.best_us, e.default_us.unwrap_or(f64::NAN), e.launches)
+            });
+            (decision.and_then(|(_, v)| v).unwrap_or_else(|| "(no decision)".into()), search)
+        };
         let mut c2 = Tensor::<bf16>::zeros(dev, &[m, n]).expect("c");
         let mut default = || {
             Tuner::global().set_mode(TuneMode::Off);
@@ -180,7 +183,7 @@ fn tuned_vs_default(dev: &Device, rng: &mut Uniform) -> Vec<(String, f64, f64, S
         let flop = 2.0 * (m * n * k) as f64;
         let iters = if flop > 1e12 { 10 } else { 50 };
         let (t_default, t_tuned) = time_pair(dev, iters, &mut default, &mut tuned);
-        rows.push((format!("{m}x{n}x{k}"), flop / t_default * 1e-9, flop / t_tuned * 1e-9, chosen));
+        rows.push((format!("{m}x{n}x{k}"), flop / t_default * 1e-9, flop / t_tuned * 1e-9, chosen + &search));
     }
     Tuner::global().set_mode(TuneMode::Replay);
     rows

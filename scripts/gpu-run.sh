@@ -17,9 +17,9 @@ for t in bin/gpu_* bin/ptxas; do
   [ $rc -eq 0 ] || grep -E 'panicked|FAILED|failed' "$logs/$name.log" | head -20
 done
 # The GEMM's machine code must use the tensor cores (HGMMA) and the TMA engine (UTMALDG).
-if [ -f "$logs/sass/gemm_tn_bf16.sm_90a.cubin" ] && command -v cuobjdump >/dev/null; then
-  sass=$(cuobjdump -sass "$logs/sass/gemm_tn_bf16.sm_90a.cubin")
-  summary+=("$(printf 'sass gemm_tn_bf16   HGMMA=%s UTMALDG=%s' "$(grep -c HGMMA <<<"$sass")" "$(grep -c UTMALDG <<<"$sass")")")
+if [ -f "$logs/sass/gemm_tn_bf16__bn256_stages4.sm_90a.cubin" ] && command -v cuobjdump >/dev/null; then
+  sass=$(cuobjdump -sass "$logs/sass/gemm_tn_bf16__bn256_stages4.sm_90a.cubin")
+  summary+=("$(printf 'sass gemm_tn_bf16 default HGMMA=%s UTMALDG=%s' "$(grep -c HGMMA <<<"$sass")" "$(grep -c UTMALDG <<<"$sass")")")
 fi
 rm -rf "$logs/sass"
 if [ "${SANITIZE:-0}" = 1 ]; then

@@ -82,6 +82,7 @@ fn check<T: AttentionElement>(
     tol: f64,
     to: fn(f32) -> T,
     from: fn(T) -> f64,
+    variant: Option<&'static str>,
 ) {
     let (qs, ks) = match layout {
         AttentionLayout::Bshd => ([c.b, c.sq, c.h, c.d], [c.b, c.sk, c.hk, c.d]),
@@ -96,7 +97,10 @@ fn check<T: AttentionElement>(
     let (k, kw) = gen(ks.iter().product(), spread);
     let (v, vw) = gen(ks.iter().product(), 1.0);
     let scale = 1.0 / (c.d as f32).sqrt() * random(1, 0.5, 1.5)[0];
-    let opts = Attention::new().layout(layout).causal(causal).scale(scale);
+    let mut opts = Attention::new().layout(layout).causal(causal).scale(scale);
+    if let Some(v) = variant {
+        opts = opts.variant(v);
+    }
     let (qt, kt, vt) =
         (Tensor::from_host(dev, &q, &qs).unwrap(), Tensor::from_host(dev, &k, &ks).unwrap(), Tensor::from_host(dev, &v, &ks).unwrap());
     let mut o = Tensor::full(dev, &qs, to(f32::NAN)).unwrap();
@@ -104,7 +108,7 @@ fn check<T: AttentionElement>(
     tessera_kernels::attention_with_lse(dev, &opts, &qt, &kt, &vt, &mut o, &mut lse).unwrap();
     let (want_o, want_lse) = reference(c, layout, causal, f64::from(scale), &qw, &kw, &vw);
     let got: Vec<f64> = o.to_host().unwrap().into_iter().map(from).collect();
-    let what = format!("{c:?} {layout:?} causal={causal} spread={spread}");
+    let what = format!("{c:?} {layout:?} causal={causal} spread={spread} {variant:?}");
     let err = rel_error(&got, &want_o);
     assert!(err < tol, "{what}: O relative error {err}");
     for (i, (g, w)) in lse.to_host().unwrap().into_iter().zip(&want_lse).enumerate() {
@@ -138,8 +142,8 @@ fn attention_matches_f64_reference(dev: &Device) {
     for c in cases(dev) {
         for layout in [AttentionLayout::Bshd, AttentionLayout::Bhsd] {
             for causal in [false, true] {
-                check::<bf16>(dev, c, layout, causal, 2.0, 2e-2, bf16::from_f32, |v| v.to_f64());
-                check::<f16>(dev, c, layout, causal, 2.0, 4e-3, f16::from_f32, |v| v.to_f64());
+                check::<bf16>(dev, c, layout, causal, 2.0, 2e-2, bf16::from_f32, |v| v.to_f64(), None);
+                check::<f16>(dev, c, layout, causal, 2.0, 4e-3, f16::from_f32, |v| v.to_f64(), None);
             }
         }
     }
@@ -163,8 +167,8 @@ fn gpu_attention_survives_large_logits() {
     if let Some(dev) = gpu_or_skip("gpu_attention_survives_large_logits") {
         for (causal, d) in [(false, 128), (true, 128), (false, 64), (true, 64)] {
             let c = Case { b: 1, sq: 257, sk: 519, h: 2, hk: 2, d };
-            check::<bf16>(&dev, c, AttentionLayout::Bshd, causal, 12.0, 3e-2, bf16::from_f32, |v| v.to_f64());
-            check::<f16>(&dev, c, AttentionLayout::Bhsd, causal, 12.0, 1e-2, f16::from_f32, |v| v.to_f64());
+            check::<bf16>(&dev, c, AttentionLayout::Bshd, causal, 12.0, 3e-2, bf16::from_f32, |v| v.to_f64(), None);
+            check::<f16>(&dev, c, AttentionLayout::Bhsd, causal, 12.0, 1e-2, f16::from_f32, |v| v.to_f64(), None);
         }
     }
 }
@@ -172,7 +176,15 @@ fn gpu_attention_survives_large_logits() {
 /// Sequences of different lengths packed end to end (empty ones too): each against the f64
 /// reference on its own rows; 5 rows after the last sequence belong to none and must stay
 /// poisoned (a tile that wrote past its sequence's end would reach them).
-fn varlen_matches_f64_reference(dev: &Device, lens_q: &[usize], lens_k: &[usize], h: usize, hk: usize, d: usize) {
+fn varlen_matches_f64_reference(
+    dev: &Device,
+    lens_q: &[usize],
+    lens_k: &[usize],
+    h: usize,
+    hk: usize,
+    d: usize,
+    variant: Option<&'static str>,
+) {
     let offsets = |lens: &[usize]| -> Vec<usize> {
         std::iter::once(0).chain(lens.iter().scan(0, |acc, &l| Some(*acc + l).inspect(|&x| *acc = x))).collect()
     };
@@ -188,7 +200,10 @@ fn varlen_matches_f64_reference(dev: &Device, lens_q: &[usize], lens_k: &[usize]
         let (k, kw) = gen(tk * hk * d);
         let (v, vw) = gen(tk * hk * d);
         let scale = 1.0 / (d as f32).sqrt();
-        let opts = Attention::new().causal(causal);
+        let mut opts = Attention::new().causal(causal);
+        if let Some(v) = variant {
+            opts = opts.variant(v);
+        }
         let qt = Tensor::from_host(dev, &q, &[tq, h, d]).unwrap();
         let (kt, vt) = (Tensor::from_host(dev, &k, &[tk, hk, d]).unwrap(), Tensor::from_host(dev, &v, &[tk, hk, d]).unwrap());
         let mut o = Tensor::full(dev, &[tq, h, d], bf16::NAN).unwrap();
@@ -218,7 +233,7 @@ fn varlen_matches_f64_reference(dev: &Device, lens_q: &[usize], lens_k: &[usize]
                 &vw[ks..ks + lk * hk * d],
             );
             let got: Vec<f64> = o[qs..qs + lq * h * d].iter().map(|v| v.to_f64()).collect();
-            let what = format!("varlen sequence {bi} ({lq}×{lk}, d{d}) causal={causal}");
+            let what = format!("varlen sequence {bi} ({lq}×{lk}, d{d}) causal={causal} {variant:?}");
             let err = rel_error(&got, &want_o);
             assert!(err < 2e-2, "{what}: O relative error {err}");
             for hi in 0..h {
@@ -236,14 +251,52 @@ fn varlen_matches_f64_reference(dev: &Device, lens_q: &[usize], lens_k: &[usize]
 fn gpu_attention_varlen_matches_f64_reference() {
     if let Some(dev) = gpu_or_skip("gpu_attention_varlen_matches_f64_reference") {
         for d in [128, 64] {
-            varlen_matches_f64_reference(&dev, &[1, 200, 0, 129, 700, 64], &[5, 333, 17, 0, 700, 1], 4, 2, d);
+            varlen_matches_f64_reference(&dev, &[1, 200, 0, 129, 700, 64], &[5, 333, 17, 0, 700, 1], 4, 2, d, None);
         }
     }
 }
 
 #[test]
 fn interp_attention_varlen_matches_f64_reference() {
-    varlen_matches_f64_reference(&Device::cpu(), &[3, 130, 0], &[7, 140, 2], 2, 1, 64);
+    varlen_matches_f64_reference(&Device::cpu(), &[3, 130, 0], &[7, 140, 2], 2, 1, 64, None);
+}
+
+/// Every variant the tuner may choose (each pipeline depth of each head dim), dense and
+/// packed, on odd shapes; an unknown variant is an error naming `variant`.
+fn every_attention_variant_matches_f64_reference(dev: &Device) {
+    use tessera_kernels::attention_variants;
+    for d in [64, 128] {
+        let dense = attention_variants::<bf16>(d, false);
+        assert!(!dense.is_empty());
+        for &v in &dense {
+            let c = Case { b: 2, sq: 131, sk: 259, h: 2, hk: 1, d };
+            check::<bf16>(dev, c, AttentionLayout::Bshd, true, 2.0, 2e-2, bf16::from_f32, |x| x.to_f64(), Some(v));
+            check::<bf16>(dev, c, AttentionLayout::Bhsd, false, 2.0, 2e-2, bf16::from_f32, |x| x.to_f64(), Some(v));
+        }
+        for v in attention_variants::<bf16>(d, true) {
+            varlen_matches_f64_reference(dev, &[3, 130, 0, 70], &[7, 140, 2, 300], 2, 1, d, Some(v));
+        }
+    }
+    assert_eq!(attention_variants::<bf16>(64, false).len(), 3, "d64: two, three and four stages");
+    let q = Tensor::full(dev, &[1, 4, 1, 64], bf16::ONE).unwrap();
+    let mut o = Tensor::full(dev, &[1, 4, 1, 64], bf16::NAN).unwrap();
+    let opts = Attention::new().variant("flash_attention_bf16__d128_stages2");
+    match tessera_kernels::attention(dev, &opts, &q, &q, &q, &mut o) {
+        Err(tessera::Error::Argument { arg, .. }) => assert_eq!(arg, "variant"),
+        other => panic!("a d128 variant for d64 inputs: expected an argument error, got {other:?}"),
+    }
+}
+
+#[test]
+fn gpu_every_attention_variant_matches_f64_reference() {
+    if let Some(dev) = gpu_or_skip("gpu_every_attention_variant") {
+        every_attention_variant_matches_f64_reference(&dev);
+    }
+}
+
+#[test]
+fn interp_every_attention_variant_matches_f64_reference() {
+    every_attention_variant_matches_f64_reference(&Device::cpu());
 }
 
 /// Misfit arguments are `Error::Argument`s naming the argument, before anything runs.

@@ -26,9 +26,8 @@ mod rope;
 mod softmax;
 
 pub use attention::{
-    attention, attention_d128_bf16, attention_d128_f16, attention_d64_bf16, attention_d64_f16, attention_varlen,
-    attention_varlen_d128_bf16, attention_varlen_d128_f16, attention_varlen_d64_bf16, attention_varlen_d64_f16, attention_with_lse,
-    Attention, AttentionElement, AttentionLayout,
+    attention, attention_variants, attention_varlen, attention_with_lse, flash_attention_bf16, flash_attention_f16,
+    flash_attention_varlen_bf16, flash_attention_varlen_f16, Attention, AttentionElement, AttentionLayout,
 };
 pub use elementwise::{axpy, axpy_f32};
 pub use gemm::{
@@ -142,14 +141,10 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         rope_pairs_bf16::VARIANTS,
         rope_pairs_f16::VARIANTS,
         rope_pairs_f32::VARIANTS,
-        attention_d128_bf16::VARIANTS,
-        attention_d128_f16::VARIANTS,
-        attention_d64_bf16::VARIANTS,
-        attention_d64_f16::VARIANTS,
-        attention_varlen_d128_bf16::VARIANTS,
-        attention_varlen_d128_f16::VARIANTS,
-        attention_varlen_d64_bf16::VARIANTS,
-        attention_varlen_d64_f16::VARIANTS,
+        flash_attention_bf16::VARIANTS,
+        flash_attention_f16::VARIANTS,
+        flash_attention_varlen_bf16::VARIANTS,
+        flash_attention_varlen_f16::VARIANTS,
     ]
     .concat()
 }

@@ -353,6 +353,18 @@ impl<T: Element> TensorView<'_, T> {
     }
 }
 
+impl<T: Element> TensorViewMut<'_, T> {
+    /// The view's shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The view's strides.
+    pub fn strides(&self) -> &[usize] {
+        &self.strides
+    }
+}
+
 impl<T: Element> GlobalArg<T> for TensorView<'_, T> {
     fn global_desc<'a>(&'a self, device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)> {
         let (mut d, g) = self.t.global_desc(device)?;

@@ -1,5 +1,7 @@
-//! The FlashAttention forward kernels, in the DSL, one per head dimension (the DSL has no
-//! const knobs yet). A persistent grid claims tiles of 128 query rows of one (batch, head)
+//! The FlashAttention forward kernels, in the DSL: one schedule, with the head dimension `D`
+//! (64 or 128) and the K/V pipeline depth `STAGES` as `tune(...)` knobs — the host picks the
+//! variants of the head dimension and the tuner the depth (128 fits two stages in shared
+//! memory, 64 up to four). A persistent grid claims tiles of 128 query rows of one (batch, head)
 //! from a tile queue. Warpgroup 0 produces: per tile it copies Q, then streams K and V tiles
 //! of 128 keys through TMA pipelines. Warpgroups 1 and 2 consume, each owning 64 query rows
 //! (head dim 128: taking turns to issue their MMAs — ping-pong through two named barriers, so
@@ -21,14 +23,14 @@
 //! a row) or `[batch·heads, seq, dim]`. A head's tile starts at `[b·bm + h·hm, s, h·cm]` — the
 //! multipliers `(bm, hm, cm)` are `(1, 0, dim)` for the first layout and `(heads, 1, 0)` for
 //! the second. With grouped-query attention query head `h` reads key/value head `h / group`.
-//! Sequences packed end to end take the `attention_varlen_*` kernels: the same schedule, each
+//! Sequences packed end to end take the `flash_attention_varlen_*` kernels: the same schedule, each
 //! (batch, head)'s rows found from offsets, its last rows stored with bounds.
 
 use tessera::kernel;
 
-/// FlashAttention forward, head dim 128.
-#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), targets(sm_90a))]
-pub fn attention_d128(
+/// FlashAttention forward, head dim `D`, K and V through `STAGES`-deep pipelines.
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], STAGES = [4, 2, 3]), targets(sm_90a))]
+pub fn flash_attention(
     q: Global<T, 3>,
     k: Global<T, 3>,
     v: Global<T, 3>,
@@ -44,13 +46,13 @@ pub fn attention_d128(
     causal: i32,
     scale_log2: f32,
 ) {
-    let sq = Smem::<T, 128, 128>::ring(2);
-    let sk = Smem::<T, 128, 128>::ring(2);
-    let sv = Smem::<T, 128, 128>::ring(2);
+    let sq = Smem::<T, 128, D>::ring(2);
+    let sk = Smem::<T, 128, D>::ring(STAGES);
+    let sv = Smem::<T, 128, D>::ring(STAGES);
     let so = Smem::<T, 64, 64>::ring(4);
     let qpipe = Pipeline::<2>::new(2);
-    let kpipe = Pipeline::<2>::new(2);
-    let vpipe = Pipeline::<2>::new(2);
+    let kpipe = Pipeline::<STAGES>::new(2);
+    let vpipe = Pipeline::<STAGES>::new(2);
     let seq_q = q.dim(1);
     let seq_k = k.dim(1);
     // Causally, key j is visible to query i when j ≤ i + seq_k − seq_q (aligned at the end).
@@ -87,7 +89,8 @@ pub fn attention_d128(
         setmaxnreg(240);
         let me = warpgroup::id() - 1;
         let row = me * 64;
-        let mut acc = Tile::<f32, 64, 128>::zeros();
+        let mut acc = Tile::<f32, 64, D>::zeros();
+        let mut nt = 0;
         let mut p = Tile::<f32, 64, 128>::zeros();
         // Finite, so that a row with every key masked keeps a scale of exp2(0) = 1 and sums 0.
         let mut m = Tile::<f32, 64, 1>::full(f32::MIN);
@@ -108,7 +111,7 @@ pub fn attention_d128(
                 kv_end = min(seq_k, q0 + 128 + shift);
             }
             let n = (kv_end + 127) / 128;
-            acc = Tile::<f32, 64, 128>::zeros();
+            acc = Tile::<f32, 64, D>::zeros();
             m = Tile::<f32, 64, 1>::full(f32::MIN);
             l = Tile::<f32, 64, 1>::zeros();
             // The last key the warpgroup's first row sees, plus one.
@@ -197,211 +200,26 @@ pub fn attention_d128(
             qpipe.release(qs);
             let inv = 1.0 / max(l, 1e-30);
             lse.store([bh, q0 + row, 0], (m + log2(l)) * 0.6931471805599453);
-            // O leaves by TMA through two staging buffers per warpgroup; the one written two
-            // chunks ago must have been read first.
+            // O leaves by TMA, 64 columns at a time, through two staging buffers per
+            // warpgroup used in turn; the one written two chunks ago must have been read first.
             #[unroll]
-            for jj in 0..2 {
-                let buf = me * 2 + jj;
+            for jj in 0..D / 64 {
+                let buf = me * 2 + (nt * (D / 64) + jj) % 2;
                 tma::store_wait(1);
                 so.at(buf).store((acc.cols(jj * 64, 64) * inv).cast::<T>());
                 tma::store(o, [b * q_bm + h * hm, q0 + row, h * cm + jj * 64], so.at(buf));
             }
-        }
-        tma::store_wait(0);
-    }
-}
-
-/// FlashAttention forward, head dim 64: `attention_d128` with 64-wide Q, K, V and O tiles and
-/// four pipeline stages (the same shared memory).
-#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), targets(sm_90a))]
-pub fn attention_d64(
-    q: Global<T, 3>,
-    k: Global<T, 3>,
-    v: Global<T, 3>,
-    o: Global<T, 3>,
-    lse: Global<f32, 3>,
-    counter: Global<i32, 1>,
-    heads: i32,
-    group: i32,
-    q_bm: i32,
-    k_bm: i32,
-    hm: i32,
-    cm: i32,
-    causal: i32,
-    scale_log2: f32,
-) {
-    let sq = Smem::<T, 128, 64>::ring(2);
-    let sk = Smem::<T, 128, 64>::ring(4);
-    let sv = Smem::<T, 128, 64>::ring(4);
-    let so = Smem::<T, 64, 64>::ring(4);
-    let qpipe = Pipeline::<2>::new(2);
-    let kpipe = Pipeline::<4>::new(2);
-    let vpipe = Pipeline::<4>::new(2);
-    let seq_q = q.dim(1);
-    let seq_k = k.dim(1);
-    // Causally, key j is visible to query i when j ≤ i + seq_k − seq_q (aligned at the end).
-    let shift = seq_k - seq_q;
-    let m_tiles = (seq_q + 127) / 128;
-    // Tiles are claimed at run time, head by head, each head's heaviest (causal: last) query
-    // tile first; K and V stream on across tiles, so the pipelines never drain.
-    let queue = TileQueue::<2>::new(counter, 2);
-    if warpgroup::id() == 0 {
-        setmaxnreg(24);
-        for tile in queue.fetch(m_tiles * lse.dim(0)) {
-            let bh = tile / m_tiles;
-            let q0 = (m_tiles - 1 - tile % m_tiles) * 128;
-            let b = bh / heads;
-            let h = bh % heads;
-            let kvh = h / group;
-            let mut kv_end = seq_k;
-            if causal == 1 {
-                kv_end = min(seq_k, q0 + 128 + shift);
-            }
-            let s = qpipe.acquire();
-            tma::load(sq.at(s), q, [b * q_bm + h * hm, q0, h * cm], qpipe);
-            qpipe.commit(s);
-            for j in 0..(kv_end + 127) / 128 {
-                let s = kpipe.acquire();
-                tma::load(sk.at(s), k, [b * k_bm + kvh * hm, j * 128, kvh * cm], kpipe);
-                kpipe.commit(s);
-                let s = vpipe.acquire();
-                tma::load(sv.at(s), v, [b * k_bm + kvh * hm, j * 128, kvh * cm], vpipe);
-                vpipe.commit(s);
-            }
-        }
-    } else {
-        setmaxnreg(240);
-        let me = warpgroup::id() - 1;
-        let row = me * 64;
-        let mut acc = Tile::<f32, 64, 64>::zeros();
-        let mut p = Tile::<f32, 64, 128>::zeros();
-        // Finite, so that a row with every key masked keeps a scale of exp2(0) = 1 and sums 0.
-        let mut m = Tile::<f32, 64, 1>::full(f32::MIN);
-        let mut l = Tile::<f32, 64, 1>::zeros();
-        // The consumers take turns issuing their MMAs (named barriers 0 and 1: each waits at
-        // its own, then lets the other go), so that one's softmax runs beside the other's
-        // MMAs. The second lets the first begin.
-        if me == 1 {
-            barrier::arrive(0, 2);
-        }
-        let mut nt = 0;
-        for tile in queue.take() {
-            let bh = tile / m_tiles;
-            let q0 = (m_tiles - 1 - tile % m_tiles) * 128;
-            let b = bh / heads;
-            let h = bh % heads;
-            let mut kv_end = seq_k;
-            if causal == 1 {
-                kv_end = min(seq_k, q0 + 128 + shift);
-            }
-            let n = (kv_end + 127) / 128;
-            acc = Tile::<f32, 64, 64>::zeros();
-            m = Tile::<f32, 64, 1>::full(f32::MIN);
-            l = Tile::<f32, 64, 1>::zeros();
-            // The last key the warpgroup's first row sees, plus one.
-            let diag = q0 + row + 1 + shift;
-            let qs = qpipe.wait();
-            if n > 0 {
-                // Block 0: S alone.
-                let ks = kpipe.wait();
-                if me == 0 {
-                    barrier::sync(0, 2);
-                } else {
-                    barrier::sync(1, 2);
-                }
-                let mut s = Tile::<f32, 64, 128>::zeros();
-                mma_sync(s, sq.at(qs).rows(row, 64), sk.at(ks));
-                if me == 0 {
-                    barrier::arrive(1, 2);
-                } else {
-                    barrier::arrive(0, 2);
-                }
-                mma_wait(0);
-                kpipe.release(ks);
-                if seq_k < 128 {
-                    s = s.mask_cols(seq_k, f32::NEG_INFINITY);
-                }
-                if causal == 1 && 128 > diag {
-                    s = s.mask_cols(Tile::<f32, 64, 1>::row_index() + diag as f32, f32::NEG_INFINITY);
-                }
-                m = max(m, row_max(s) * scale_log2);
-                p = exp2(s * scale_log2 - m);
-                l = row_sum(p);
-                // Block j's turn issues its S = Q·Kᵀ and block j − 1's P·V; the softmax of S
-                // runs outside the turn, beside that P·V.
-                for j in 1..n {
-                    let ks = kpipe.wait();
-                    let vs = vpipe.wait();
-                    if me == 0 {
-                        barrier::sync(0, 2);
-                    } else {
-                        barrier::sync(1, 2);
-                    }
-                    let mut s = Tile::<f32, 64, 128>::zeros();
-                    mma_sync(s, sq.at(qs).rows(row, 64), sk.at(ks));
-                    mma_sync_kn(acc, p.cast::<T>(), sv.at(vs));
-                    if me == 0 {
-                        barrier::arrive(1, 2);
-                    } else {
-                        barrier::arrive(0, 2);
-                    }
-                    // S is done when at most the P·V behind it still runs.
-                    mma_wait(1);
-                    kpipe.release(ks);
-                    let k0 = j * 128;
-                    if k0 + 128 > seq_k {
-                        s = s.mask_cols(seq_k - k0, f32::NEG_INFINITY);
-                    }
-                    if causal == 1 && k0 + 128 > diag {
-                        s = s.mask_cols(Tile::<f32, 64, 1>::row_index() + (diag - k0) as f32, f32::NEG_INFINITY);
-                    }
-                    let m_new = max(m, row_max(s) * scale_log2);
-                    p = exp2(s * scale_log2 - m_new);
-                    let c = exp2(m - m_new);
-                    l = l * c + row_sum(p);
-                    // The P·V must be done before O is rescaled.
-                    mma_wait(0);
-                    vpipe.release(vs);
-                    acc = acc * c;
-                    m = m_new;
-                }
-                // The last block's P·V.
-                let vs = vpipe.wait();
-                if me == 0 {
-                    barrier::sync(0, 2);
-                } else {
-                    barrier::sync(1, 2);
-                }
-                mma_sync_kn(acc, p.cast::<T>(), sv.at(vs));
-                if me == 0 {
-                    barrier::arrive(1, 2);
-                } else {
-                    barrier::arrive(0, 2);
-                }
-                mma_wait(0);
-                vpipe.release(vs);
-            }
-            qpipe.release(qs);
-            let inv = 1.0 / max(l, 1e-30);
-            lse.store([bh, q0 + row, 0], (m + log2(l)) * 0.6931471805599453);
-            // O leaves by TMA through two staging buffers per warpgroup, one per tile in turn;
-            // the one written two tiles ago must have been read first.
-            let buf = me * 2 + nt % 2;
             nt = nt + 1;
-            tma::store_wait(1);
-            so.at(buf).store((acc * inv).cast::<T>());
-            tma::store(o, [b * q_bm + h * hm, q0 + row, h * cm], so.at(buf));
         }
         tma::store_wait(0);
     }
 }
 
-/// FlashAttention forward over sequences packed end to end, head dim 128: `attention_d128`
-/// with each (batch, head)'s rows found from the offsets `cu_q`/`cu_k` (`varlen` 1; with 0 it
-/// reads `[batch, seq, …]` views as `attention_d128` does), P kept in 16 bits between blocks,
+/// FlashAttention forward over sequences packed end to end: `flash_attention` with each (batch, head)'s rows found from the offsets `cu_q`/`cu_k` (`varlen` 1; with 0 it
+/// reads `[batch, seq, …]` views as `flash_attention` does), P kept in 16 bits between blocks,
 /// and a sequence's last rows stored with bounds (a TMA box would write the next sequence's).
-#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), targets(sm_90a))]
-pub fn attention_varlen_d128(
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], STAGES = [4, 2, 3]), targets(sm_90a))]
+pub fn flash_attention_varlen(
     q: Global<T, 3>,
     k: Global<T, 3>,
     v: Global<T, 3>,
@@ -422,13 +240,13 @@ pub fn attention_varlen_d128(
     causal: i32,
     scale_log2: f32,
 ) {
-    let sq = Smem::<T, 128, 128>::ring(2);
-    let sk = Smem::<T, 128, 128>::ring(2);
-    let sv = Smem::<T, 128, 128>::ring(2);
+    let sq = Smem::<T, 128, D>::ring(2);
+    let sk = Smem::<T, 128, D>::ring(STAGES);
+    let sv = Smem::<T, 128, D>::ring(STAGES);
     let so = Smem::<T, 64, 64>::ring(4);
     let qpipe = Pipeline::<2>::new(2);
-    let kpipe = Pipeline::<2>::new(2);
-    let vpipe = Pipeline::<2>::new(2);
+    let kpipe = Pipeline::<STAGES>::new(2);
+    let vpipe = Pipeline::<STAGES>::new(2);
     // Query tiles per (batch, head): of the longest sequence when they are packed.
     let m_tiles = (max_q + 127) / 128;
     // Tiles are claimed at run time, head by head, each head's heaviest (causal: last) query
@@ -474,7 +292,8 @@ pub fn attention_varlen_d128(
         setmaxnreg(240);
         let me = warpgroup::id() - 1;
         let row = me * 64;
-        let mut acc = Tile::<f32, 64, 128>::zeros();
+        let mut acc = Tile::<f32, 64, D>::zeros();
+        let mut nt = 0;
         let mut p = Tile::<T, 64, 128>::zeros();
         // Finite, so that a row with every key masked keeps a scale of exp2(0) = 1 and sums 0.
         let mut m = Tile::<f32, 64, 1>::full(f32::MIN);
@@ -509,7 +328,7 @@ pub fn attention_varlen_d128(
                     kv_end = min(len_k, q0 + 128 + shift);
                 }
                 let n = (kv_end + 127) / 128;
-                acc = Tile::<f32, 64, 128>::zeros();
+                acc = Tile::<f32, 64, D>::zeros();
                 m = Tile::<f32, 64, 1>::full(f32::MIN);
                 l = Tile::<f32, 64, 1>::zeros();
                 // The last key the warpgroup's first row sees, plus one.
@@ -603,246 +422,23 @@ pub fn attention_varlen_d128(
                 let q_end = q_start + len_q;
                 lse.store_within([lse_row, q_start + q0 + row, 0], (m + log2(l)) * 0.6931471805599453, [lse.dim(0), q_end, 1]);
                 if varlen == 0 || q0 + row + 64 <= len_q {
-                    // O leaves by TMA through two staging buffers per warpgroup; the one
-                    // written two chunks ago must have been read first.
+                    // O leaves by TMA, 64 columns at a time, through two staging buffers per
+                    // warpgroup used in turn; the one written two chunks ago must have been read.
                     #[unroll]
-                    for jj in 0..2 {
-                        let buf = me * 2 + jj;
+                    for jj in 0..D / 64 {
+                        let buf = me * 2 + (nt * (D / 64) + jj) % 2;
                         tma::store_wait(1);
                         so.at(buf).store((acc.cols(jj * 64, 64) * inv).cast::<T>());
                         tma::store(o, [b * q_bm + h * hm, q_start + q0 + row, h * cm + jj * 64], so.at(buf));
                     }
+                    nt = nt + 1;
                 } else {
                     // A packed sequence's last rows: a TMA box would write the next sequence's.
                     #[unroll]
-                    for jj in 0..2 {
+                    for jj in 0..D / 64 {
                         let out = (acc.cols(jj * 64, 64) * inv).cast::<T>();
                         o.store_within([0, q_start + q0 + row, h * cm + jj * 64], out, [1, q_end, o.dim(2)]);
                     }
-                }
-            }
-        }
-        tma::store_wait(0);
-    }
-}
-
-/// `attention_varlen_d128` for head dim 64 (64-wide tiles, four pipeline stages).
-#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), targets(sm_90a))]
-pub fn attention_varlen_d64(
-    q: Global<T, 3>,
-    k: Global<T, 3>,
-    v: Global<T, 3>,
-    o: Global<T, 3>,
-    lse: Global<f32, 3>,
-    counter: Global<i32, 1>,
-    cu_q: Global<i32, 1>,
-    cu_k: Global<i32, 1>,
-    batch: i32,
-    max_q: i32,
-    varlen: i32,
-    heads: i32,
-    group: i32,
-    q_bm: i32,
-    k_bm: i32,
-    hm: i32,
-    cm: i32,
-    causal: i32,
-    scale_log2: f32,
-) {
-    let sq = Smem::<T, 128, 64>::ring(2);
-    let sk = Smem::<T, 128, 64>::ring(4);
-    let sv = Smem::<T, 128, 64>::ring(4);
-    let so = Smem::<T, 64, 64>::ring(4);
-    let qpipe = Pipeline::<2>::new(2);
-    let kpipe = Pipeline::<4>::new(2);
-    let vpipe = Pipeline::<4>::new(2);
-    // Query tiles per (batch, head): of the longest sequence when they are packed.
-    let m_tiles = (max_q + 127) / 128;
-    // Tiles are claimed at run time, head by head, each head's heaviest (causal: last) query
-    // tile first; K and V stream on across tiles, so the pipelines never drain.
-    let queue = TileQueue::<2>::new(counter, 2);
-    if warpgroup::id() == 0 {
-        setmaxnreg(24);
-        for tile in queue.fetch(m_tiles * batch * heads) {
-            let bh = tile / m_tiles;
-            let q0 = (m_tiles - 1 - tile % m_tiles) * 128;
-            let b = bh / heads;
-            let h = bh % heads;
-            let kvh = h / group;
-            let mut q_start = 0;
-            let mut k_start = 0;
-            let mut len_q = q.dim(1);
-            let mut len_k = k.dim(1);
-            if varlen == 1 {
-                q_start = cu_q.get([b]);
-                len_q = cu_q.get([b + 1]) - q_start;
-                k_start = cu_k.get([b]);
-                len_k = cu_k.get([b + 1]) - k_start;
-            }
-            if q0 < len_q {
-                let mut kv_end = len_k;
-                if causal == 1 {
-                    kv_end = min(len_k, q0 + 128 + len_k - len_q);
-                }
-                let s = qpipe.acquire();
-                tma::load(sq.at(s), q, [b * q_bm + h * hm, q_start + q0, h * cm], qpipe);
-                qpipe.commit(s);
-                for j in 0..(kv_end + 127) / 128 {
-                    let s = kpipe.acquire();
-                    tma::load(sk.at(s), k, [b * k_bm + kvh * hm, k_start + j * 128, kvh * cm], kpipe);
-                    kpipe.commit(s);
-                    let s = vpipe.acquire();
-                    tma::load(sv.at(s), v, [b * k_bm + kvh * hm, k_start + j * 128, kvh * cm], vpipe);
-                    vpipe.commit(s);
-                }
-            }
-        }
-    } else {
-        setmaxnreg(240);
-        let me = warpgroup::id() - 1;
-        let row = me * 64;
-        let mut acc = Tile::<f32, 64, 64>::zeros();
-        let mut p = Tile::<T, 64, 128>::zeros();
-        // Finite, so that a row with every key masked keeps a scale of exp2(0) = 1 and sums 0.
-        let mut m = Tile::<f32, 64, 1>::full(f32::MIN);
-        let mut l = Tile::<f32, 64, 1>::zeros();
-        // The consumers take turns issuing their MMAs (named barriers 0 and 1: each waits at
-        // its own, then lets the other go), so that one's softmax runs beside the other's
-        // MMAs. The second lets the first begin.
-        if me == 1 {
-            barrier::arrive(0, 2);
-        }
-        let mut nt = 0;
-        for tile in queue.take() {
-            let bh = tile / m_tiles;
-            let q0 = (m_tiles - 1 - tile % m_tiles) * 128;
-            let b = bh / heads;
-            let h = bh % heads;
-            let mut q_start = 0;
-            let mut len_q = q.dim(1);
-            let mut len_k = k.dim(1);
-            let mut lse_row = bh;
-            if varlen == 1 {
-                q_start = cu_q.get([b]);
-                len_q = cu_q.get([b + 1]) - q_start;
-                len_k = cu_k.get([b + 1]) - cu_k.get([b]);
-                lse_row = h;
-            }
-            if q0 < len_q {
-                // Causally, key j is visible to query i when j ≤ i + len_k − len_q (aligned
-                // at the end).
-                let shift = len_k - len_q;
-                let mut kv_end = len_k;
-                if causal == 1 {
-                    kv_end = min(len_k, q0 + 128 + shift);
-                }
-                let n = (kv_end + 127) / 128;
-                acc = Tile::<f32, 64, 64>::zeros();
-                m = Tile::<f32, 64, 1>::full(f32::MIN);
-                l = Tile::<f32, 64, 1>::zeros();
-                // The last key the warpgroup's first row sees, plus one.
-                let diag = q0 + row + 1 + shift;
-                let qs = qpipe.wait();
-                if n > 0 {
-                    // Block 0: S alone.
-                    let ks = kpipe.wait();
-                    if me == 0 {
-                        barrier::sync(0, 2);
-                    } else {
-                        barrier::sync(1, 2);
-                    }
-                    let mut s = Tile::<f32, 64, 128>::zeros();
-                    mma_sync(s, sq.at(qs).rows(row, 64), sk.at(ks));
-                    if me == 0 {
-                        barrier::arrive(1, 2);
-                    } else {
-                        barrier::arrive(0, 2);
-                    }
-                    mma_wait(0);
-                    kpipe.release(ks);
-                    if len_k < 128 {
-                        s = s.mask_cols(len_k, f32::NEG_INFINITY);
-                    }
-                    if causal == 1 && 128 > diag {
-                        s = s.mask_cols(Tile::<f32, 64, 1>::row_index() + diag as f32, f32::NEG_INFINITY);
-                    }
-                    m = max(m, row_max(s) * scale_log2);
-                    let e = exp2(s * scale_log2 - m);
-                    l = row_sum(e);
-                    p = e.cast::<T>();
-                    // Block j's turn issues its S = Q·Kᵀ and block j − 1's P·V; the softmax of S
-                    // runs outside the turn, beside that P·V.
-                    for j in 1..n {
-                        let ks = kpipe.wait();
-                        let vs = vpipe.wait();
-                        if me == 0 {
-                            barrier::sync(0, 2);
-                        } else {
-                            barrier::sync(1, 2);
-                        }
-                        let mut s = Tile::<f32, 64, 128>::zeros();
-                        mma_sync(s, sq.at(qs).rows(row, 64), sk.at(ks));
-                        mma_sync_kn(acc, p, sv.at(vs));
-                        if me == 0 {
-                            barrier::arrive(1, 2);
-                        } else {
-                            barrier::arrive(0, 2);
-                        }
-                        // S is done when at most the P·V behind it still runs.
-                        mma_wait(1);
-                        kpipe.release(ks);
-                        let k0 = j * 128;
-                        if k0 + 128 > len_k {
-                            s = s.mask_cols(len_k - k0, f32::NEG_INFINITY);
-                        }
-                        if causal == 1 && k0 + 128 > diag {
-                            s = s.mask_cols(Tile::<f32, 64, 1>::row_index() + (diag - k0) as f32, f32::NEG_INFINITY);
-                        }
-                        let m_new = max(m, row_max(s) * scale_log2);
-                        let e = exp2(s * scale_log2 - m_new);
-                        let c = exp2(m - m_new);
-                        l = l * c + row_sum(e);
-                        p = e.cast::<T>();
-                        // The P·V must be done before O is rescaled.
-                        mma_wait(0);
-                        vpipe.release(vs);
-                        acc = acc * c;
-                        m = m_new;
-                    }
-                    // The last block's P·V.
-                    let vs = vpipe.wait();
-                    if me == 0 {
-                        barrier::sync(0, 2);
-                    } else {
-                        barrier::sync(1, 2);
-                    }
-                    mma_sync_kn(acc, p, sv.at(vs));
-                    if me == 0 {
-                        barrier::arrive(1, 2);
-                    } else {
-                        barrier::arrive(0, 2);
-                    }
-                    mma_wait(0);
-                    vpipe.release(vs);
-                }
-                qpipe.release(qs);
-                let inv = 1.0 / max(l, 1e-30);
-                // Rows past the sequence are not stored (packed: they are the next sequence's).
-                let q_end = q_start + len_q;
-                lse.store_within([lse_row, q_start + q0 + row, 0], (m + log2(l)) * 0.6931471805599453, [lse.dim(0), q_end, 1]);
-                // O leaves by plain stores, 64 columns at a time (a packed sequence's last
-                // tile must not write the next sequence's rows, which a TMA box would).
-                if varlen == 0 || q0 + row + 64 <= len_q {
-                    // O leaves by TMA through two staging buffers per warpgroup, one per tile
-                    // in turn; the one written two tiles ago must have been read first.
-                    let buf = me * 2 + nt % 2;
-                    nt = nt + 1;
-                    tma::store_wait(1);
-                    so.at(buf).store((acc * inv).cast::<T>());
-                    tma::store(o, [b * q_bm + h * hm, q_start + q0 + row, h * cm], so.at(buf));
-                } else {
-                    // A packed sequence's last rows: a TMA box would write the next sequence's.
-                    o.store_within([0, q_start + q0 + row, h * cm], (acc * inv).cast::<T>(), [1, q_end, o.dim(2)]);
                 }
             }
         }

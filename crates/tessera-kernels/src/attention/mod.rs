@@ -5,10 +5,7 @@
 
 mod kernels;
 
-pub use kernels::{
-    attention_d128_bf16, attention_d128_f16, attention_d64_bf16, attention_d64_f16, attention_varlen_d128_bf16, attention_varlen_d128_f16,
-    attention_varlen_d64_bf16, attention_varlen_d64_f16,
-};
+pub use kernels::{flash_attention_bf16, flash_attention_f16, flash_attention_varlen_bf16, flash_attention_varlen_f16};
 
 use tessera::{bf16, f16, Device, Element, Error, Grid, KernelSpec, Optional, Result, Tensor, TensorView, TensorViewMut};
 
@@ -40,6 +37,7 @@ pub struct Attention {
     layout: AttentionLayout,
     causal: bool,
     scale: Option<f32>,
+    variant: Option<&'static str>,
 }
 
 impl Attention {
@@ -63,18 +61,33 @@ impl Attention {
     pub fn scale(self, scale: f32) -> Attention {
         Attention { scale: Some(scale), ..self }
     }
+
+    /// Runs the kernel variant named `name` (one of [`attention_variants`]) instead of asking
+    /// the [`Tuner`](tessera::Tuner): for benchmarks and tests of one schedule.
+    pub fn variant(self, name: &'static str) -> Attention {
+        Attention { variant: Some(name), ..self }
+    }
+}
+
+/// The kernel variants attention chooses among for `head_dim` (K/V pipeline depths; the first
+/// is the default), of the dense kernel or, with `packed`, of [`attention_varlen`]'s. Empty
+/// for a head_dim without kernels.
+pub fn attention_variants<T: AttentionElement>(head_dim: usize, packed: bool) -> Vec<&'static str> {
+    T::variants(packed).iter().filter(|s| s.knob("D") == Some(head_dim as i64)).map(|s| s.name).collect()
 }
 
 /// An element type attention takes: `bf16` or `f16`.
 pub trait AttentionElement: Element + sealed::Sealed {
+    /// The variants of the dense (`varlen` false) or packed kernel, each with its knobs `D`
+    /// (head dim) and `STAGES` (K/V pipeline depth).
     #[doc(hidden)]
-    fn spec(dim: usize) -> Option<&'static KernelSpec>;
+    fn variants(varlen: bool) -> &'static [&'static KernelSpec];
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     fn forward(
         d: &Device,
         g: Grid,
-        dim: usize,
+        variant: usize,
         t: [&TensorView<Self>; 3],
         o: &mut TensorViewMut<Self>,
         lse: &mut TensorViewMut<f32>,
@@ -91,19 +104,19 @@ mod sealed {
 }
 
 macro_rules! attention_element {
-    ($t:ty, $d64:ident, $d128:ident, $v64:ident, $v128:ident) => {
+    ($t:ty, $dense:ident, $varlen:ident) => {
         impl AttentionElement for $t {
-            fn spec(dim: usize) -> Option<&'static KernelSpec> {
-                match dim {
-                    64 => Some(&$d64::SPEC),
-                    128 => Some(&$d128::SPEC),
-                    _ => None,
+            fn variants(varlen: bool) -> &'static [&'static KernelSpec] {
+                if varlen {
+                    $varlen::VARIANTS
+                } else {
+                    $dense::VARIANTS
                 }
             }
             fn forward(
                 d: &Device,
                 g: Grid,
-                dim: usize,
+                i: usize,
                 [q, k, v]: [&TensorView<Self>; 3],
                 o: &mut TensorViewMut<Self>,
                 lse: &mut TensorViewMut<f32>,
@@ -113,24 +126,21 @@ macro_rules! attention_element {
             ) -> Result<()> {
                 let mut c = d.tile_counter()?;
                 let (o, l) = (o, lse);
-                // The padded layouts take the dense kernels; packed sequences the varlen ones.
-                match (dim, varlen) {
-                    (64, 0) => $d64::launch(d, g, q, k, v, o, l, &mut c, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2),
-                    (128, 0) => $d128::launch(d, g, q, k, v, o, l, &mut c, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2),
-                    (64, _) => $v64::launch(
-                        d, g, q, k, v, o, l, &mut c, cu_q, cu_k, batch, max_q, varlen, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2,
-                    ),
-                    (128, _) => $v128::launch(
-                        d, g, q, k, v, o, l, &mut c, cu_q, cu_k, batch, max_q, varlen, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2,
-                    ),
-                    _ => Err(arg("q", "head_dim 64 or 128".into(), format!("head_dim {dim}"))),
+                // The padded layouts take the dense kernel; packed sequences the varlen one.
+                if varlen == 0 {
+                    $dense::launch_variant(i, d, g, q, k, v, o, l, &mut c, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2)
+                } else {
+                    $varlen::launch_variant(
+                        i, d, g, q, k, v, o, l, &mut c, cu_q, cu_k, batch, max_q, varlen, heads, group, q_bm, k_bm, hm, cm, causal,
+                        scale_log2,
+                    )
                 }
             }
         }
     };
 }
-attention_element!(bf16, attention_d64_bf16, attention_d128_bf16, attention_varlen_d64_bf16, attention_varlen_d128_bf16);
-attention_element!(f16, attention_d64_f16, attention_d128_f16, attention_varlen_d64_f16, attention_varlen_d128_f16);
+attention_element!(bf16, flash_attention_bf16, flash_attention_varlen_bf16);
+attention_element!(f16, flash_attention_f16, flash_attention_varlen_f16);
 
 fn arg(name: &str, expected: String, found: String) -> Error {
     Error::Argument { kernel: "attention", arg: name.into(), expected, found }
@@ -161,7 +171,7 @@ fn check_rest<T: AttentionElement>(
     lse: &Tensor<f32>,
     lse_shape: &[usize],
 ) -> Result<()> {
-    if T::spec(d).is_none() {
+    if !T::variants(false).iter().any(|s| s.knob("D") == Some(d as i64)) {
         return Err(arg("q", "head_dim 64 or 128".into(), format!("head_dim {d}")));
     }
     if dk != d || hk == 0 || h % hk != 0 {
@@ -254,9 +264,45 @@ fn launch<T: AttentionElement>(
     ints: [i32; 10],
 ) -> Result<()> {
     let scale = opts.scale.unwrap_or(1.0 / (d as f32).sqrt());
-    let [batch, max_q, _, heads, ..] = ints.map(|x| x as u32);
-    let grid = Grid::tiles(max_q as usize, 128).saturating_mul(batch).saturating_mul(heads).min(device.sm_count());
-    T::forward(device, grid.max(1).into(), d, qkv, o, lse, cu, ints, scale * std::f32::consts::LOG2_E)
+    let [batch, max_q, varlen, heads, group, ..] = ints.map(|x| x as u32);
+    let grid = Grid::tiles(max_q as usize, 128).saturating_mul(batch).saturating_mul(heads).min(device.sm_count()).max(1);
+    let scale_log2 = scale * std::f32::consts::LOG2_E;
+    // The variants of this head dimension (pipeline depths); the first is the default.
+    let all = T::variants(varlen != 0);
+    let ids: Vec<usize> = (0..all.len()).filter(|&i| all[i].knob("D") == Some(d as i64)).collect();
+    if ids.is_empty() {
+        return Err(arg("q", "head_dim 64 or 128".into(), format!("head_dim {d}")));
+    }
+    let run = |i: usize, o: &mut TensorViewMut<T>, lse: &mut TensorViewMut<f32>| {
+        T::forward(device, grid.into(), ids[i], qkv, o, lse, cu, ints, scale_log2)
+    };
+    let names: Vec<&str> = ids.iter().map(|&i| all[i].name).collect();
+    if let Some(v) = opts.variant {
+        return match names.iter().position(|n| *n == v) {
+            Some(i) => run(i, o, lse),
+            None => Err(arg("variant", format!("one of {names:?} (head_dim {d})"), format!("`{v}`"))),
+        };
+    }
+    let seq_k = qkv[1].shape()[1];
+    let key = tessera::TuneKey::new("attention", device)
+        .field("dtype", T::DTYPE)
+        .field("varlen", varlen)
+        .field("shape", (batch, heads, group, max_q, seq_k, d))
+        .field("causal", opts.causal)
+        .field("layout", opts.layout);
+    let choice = tessera::Tuner::global().choose(&key, &names, 0, || {
+        // Timing writes scratch outputs, never the caller's.
+        // The views the host built are contiguous over their shapes, so plain tensors of the
+        // same shapes take their place.
+        let mut so = Tensor::<T>::zeros(device, o.shape())?;
+        let mut sl = Tensor::<f32>::zeros(device, lse.shape())?;
+        Ok(tessera::tune::launch_timer(device, move |i| {
+            let (os, ls) = (so.shape().to_vec(), sl.shape().to_vec());
+            let (ost, lst) = (so.strides().to_vec(), sl.strides().to_vec());
+            run(i, &mut so.view_mut(&os, &ost)?, &mut sl.view_mut(&ls, &lst)?)
+        }))
+    })?;
+    run(choice, o, lse)
 }
 
 /// FlashAttention forward over a batch of sequences of different lengths packed end to end
