@@ -163,7 +163,7 @@ fn tuned_vs_default(dev: &Device, rng: &mut Uniform) -> Vec<(String, f64, f64, S
         tessera_kernels::gemm_tn(dev, &a, &b, &mut c).expect("tuning gemm");
         let shape = format!("b_layout=NxK;shape=[1, {m}, {n}]");
         let (chosen, search) = {
-            let tuner = Tuner::global();
+            let mut tuner = Tuner::global();
             let decision = tuner.decisions().into_iter().find(|(key, _)| key.contains("op=gemm") && key.contains(&shape));
             let entry = decision.as_ref().and_then(|(key, _)| tuner.cache()?.get(key).ok().flatten());
             let search = entry.map_or(String::new(), |e| {

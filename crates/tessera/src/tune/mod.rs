@@ -97,6 +97,9 @@ pub struct Tuner {
     mode: TuneMode,
     strategy: Strategy,
     cache: Option<Cache>,
+    /// The process-wide tuner's cache file, opened when first needed: for reading only if it
+    /// exists (a replaying process makes no file), for writing by the first search.
+    lazy_path: Option<PathBuf>,
     /// Decisions made or read in this process: key → chosen name (`None`: the cache has
     /// none, so the default runs until a search).
     memo: HashMap<String, Option<String>>,
@@ -107,7 +110,7 @@ pub struct Tuner {
 impl Tuner {
     /// A tuner in `mode` with no cache file: decisions last as long as it does.
     pub fn in_memory(mode: TuneMode) -> Tuner {
-        Tuner { mode, strategy: Strategy::default(), cache: None, memo: HashMap::new(), searches: 0 }
+        Tuner { mode, strategy: Strategy::default(), cache: None, lazy_path: None, memo: HashMap::new(), searches: 0 }
     }
 
     /// A tuner in `mode` on the cache file at `path` (made if missing; moved aside and
@@ -130,9 +133,10 @@ impl Tuner {
         Some(dir.join("schedules.sqlite"))
     }
 
-    /// The process-wide tuner, made on first use from `TESSERA_TUNE` and the default path. A
-    /// bad `TESSERA_TUNE` or a cache that cannot be made is a warning, and the tuner replays
-    /// without a cache file.
+    /// The process-wide tuner, made on first use from `TESSERA_TUNE`, with the cache file at
+    /// [`Tuner::default_path`] opened when first needed (replaying reads a file that exists and
+    /// never makes one). A bad `TESSERA_TUNE` is a warning and the tuner replays; a cache that
+    /// cannot be made is a warning and the tuner goes on without a file.
     pub fn global() -> MutexGuard<'static, Tuner> {
         static GLOBAL: OnceLock<Mutex<Tuner>> = OnceLock::new();
         let m = GLOBAL.get_or_init(|| {
@@ -140,14 +144,7 @@ impl Tuner {
                 eprintln!("tessera: warning: {e}; replaying the cache");
                 TuneMode::Replay
             });
-            let tuner = match (mode, Tuner::default_path()) {
-                (TuneMode::Off, _) | (_, None) => Tuner::in_memory(mode),
-                (_, Some(path)) => Tuner::open(&path, mode).unwrap_or_else(|e| {
-                    eprintln!("tessera: warning: {e}; tuning without a cache file");
-                    Tuner::in_memory(mode)
-                }),
-            };
-            Mutex::new(tuner)
+            Mutex::new(Tuner { lazy_path: Tuner::default_path(), ..Tuner::in_memory(mode) })
         });
         // A panic while tuning leaves nothing half-written that matters: keep going.
         m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -173,8 +170,23 @@ impl Tuner {
         self.strategy = strategy;
     }
 
-    /// The cache file, if this tuner has one.
-    pub fn cache(&self) -> Option<&Cache> {
+    /// The cache file, if this tuner has one (the process-wide tuner opens or makes its file
+    /// here if it has not yet).
+    pub fn cache(&mut self) -> Option<&Cache> {
+        self.open_cache(true)
+    }
+
+    /// Opens the process-wide tuner's file on first need: to `write`, or to read one that
+    /// exists. A file that cannot be made is a warning, once; the tuner goes on without it.
+    fn open_cache(&mut self, write: bool) -> Option<&Cache> {
+        if self.cache.is_none() {
+            if let Some(path) = self.lazy_path.take_if(|p| write || p.exists()) {
+                match Cache::open(&path) {
+                    Ok(c) => self.cache = Some(c),
+                    Err(e) => eprintln!("tessera: warning: {e}; tuning without a cache file"),
+                }
+            }
+        }
         self.cache.as_ref()
     }
 
@@ -227,7 +239,7 @@ impl Tuner {
             Some(None) if self.mode != TuneMode::Search => return Ok(default),
             _ => {}
         }
-        if let Some(cache) = &self.cache {
+        if let Some(cache) = self.open_cache(self.mode == TuneMode::Search) {
             match cache.get(&key_text) {
                 Ok(Some(e)) => {
                     if let Some(i) = position(&e.choice) {
@@ -255,7 +267,8 @@ impl Tuner {
         self.searches += 1;
         let Some(found) = found else { return Ok(default) };
         let choice = candidates[found.best].to_string();
-        if let Some(cache) = &self.cache {
+        let strategy = self.strategy.name();
+        if let Some(cache) = self.open_cache(true) {
             let entry = Entry {
                 key: key_text.clone(),
                 op: key.op().to_string(),
@@ -263,7 +276,7 @@ impl Tuner {
                 best_us: found.best_seconds * 1e6,
                 default_us: found.timings[default].map(|(t, _)| t * 1e6),
                 launches: found.launches,
-                strategy: self.strategy.name(),
+                strategy,
             };
             if let Err(e) = cache.put(&entry) {
                 eprintln!("tessera: warning: {e}");
