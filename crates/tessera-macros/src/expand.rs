@@ -19,7 +19,7 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     // `dtypes(T = [bf16, f16])`: one kernel per type, named `<fn>_<type>`, with `T` replaced.
     let mut out = TokenStream::new();
     for ty in types {
-        let body = substitute(item.clone(), &param, &ty);
+        let body = substitute(item.clone(), &param.to_string(), &|span| syn::Ident::new(&ty.to_string(), span).into());
         let body = match syn::parse2::<syn::ItemFn>(body) {
             Ok(mut f) => {
                 f.sig.ident = format_ident!("{}_{}", f.sig.ident, ty);
@@ -32,12 +32,13 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     out
 }
 
-/// Replaces every identifier `from` by `to` in a token stream.
-fn substitute(ts: TokenStream, from: &syn::Ident, to: &syn::Ident) -> TokenStream {
+/// Replaces every identifier `from` in a token stream (groups included) by the token `to`
+/// makes from the identifier's span, so that errors point at the use.
+fn substitute(ts: TokenStream, from: &str, to: &dyn Fn(Span) -> proc_macro2::TokenTree) -> TokenStream {
     use proc_macro2::{Group, TokenTree};
     ts.into_iter()
         .map(|tt| match tt {
-            TokenTree::Ident(i) if i == *from => TokenTree::Ident(syn::Ident::new(&to.to_string(), i.span())),
+            TokenTree::Ident(i) if i == from => to(i.span()),
             TokenTree::Group(g) => {
                 let mut n = Group::new(g.delimiter(), substitute(g.stream(), from, to));
                 n.set_span(g.span());
@@ -69,7 +70,11 @@ fn compile_one(item: TokenStream, opts: &Options) -> TokenStream {
     for knobs in tune.combinations() {
         let mut body = item.clone();
         for (name, v) in &knobs {
-            body = substitute_value(body, name, *v);
+            body = substitute(body, name, &|span| {
+                let mut lit = proc_macro2::Literal::i64_unsuffixed(*v);
+                lit.set_span(span);
+                lit.into()
+            });
         }
         let variant = syn::parse2::<syn::ItemFn>(body).map(|mut v| {
             v.sig.ident = format_ident!("{}__{}", f.sig.ident, variant_suffix(&knobs));
@@ -113,27 +118,6 @@ fn variant_suffix(k: &Knobs) -> String {
 
 fn first_line(errs: &[syn::Error]) -> String {
     errs.first().map(|e| e.to_string().lines().next().unwrap_or("").to_string()).unwrap_or_default()
-}
-
-/// Replaces every identifier `from` by the integer literal `v` (keeping the identifier's span,
-/// so that errors point at the knob's use).
-fn substitute_value(ts: TokenStream, from: &str, v: i64) -> TokenStream {
-    use proc_macro2::{Group, Literal, TokenTree};
-    ts.into_iter()
-        .map(|tt| match tt {
-            TokenTree::Ident(i) if i == from => {
-                let mut lit = Literal::i64_unsuffixed(v);
-                lit.set_span(i.span());
-                TokenTree::Literal(lit)
-            }
-            TokenTree::Group(g) => {
-                let mut n = Group::new(g.delimiter(), substitute_value(g.stream(), from, v));
-                n.set_span(g.span());
-                TokenTree::Group(n)
-            }
-            other => other,
-        })
-        .collect()
 }
 
 /// Runs the frontend and the compiler on one function; errors at their tokens.
