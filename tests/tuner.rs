@@ -22,6 +22,16 @@ fn tuned_double(x: Global<f32, 2>, y: Global<f32, 2>) {
     y.store([r, c], t * 2.0);
 }
 
+/// `y = 2·x` again, over a wider knob space: 5 widths (a sixth, 48, is dropped) × 4 heights,
+/// for Hyperband to search on the interpreter.
+#[kernel(tune(W = [256, 128, 64, 48, 32, 16], H = [64, 32, 16, 8]))]
+fn tuned_wide(x: Global<f32, 2>, y: Global<f32, 2>) {
+    let r = block::id_y() * H;
+    let c = block::id_x() * W;
+    let t: Tile<f32, H, W> = x.load([r, c]);
+    y.store([r, c], t * 2.0);
+}
+
 fn launch_double(dev: &Device, i: usize, x: &Tensor<f32>, y: &mut Tensor<f32>) -> tessera::Result<()> {
     let spec = tuned_double::VARIANTS[i];
     let (w, h) = (spec.knob("W").unwrap_or(64) as usize, spec.knob("H").unwrap_or(16) as usize);
@@ -167,6 +177,54 @@ fn tuner_searches_on_the_interpreter_with_a_fake_timer() {
         let c = t.choose::<fn(usize, u32) -> tessera::Result<f64>>(&key, &names, 1, || panic!("{mode:?} never times")).unwrap();
         assert_eq!(c, 1, "{mode:?} gives the default");
     }
+}
+
+/// Hyperband through the `Tuner`, on the interpreter: every timing runs the variant (on a
+/// scratch output, checked), a planted clock favours W=64, H=32; Hyperband finds it with fewer
+/// launches than exhaustive search.
+#[test]
+fn hyperband_on_the_interpreter_beats_exhaustive_search() {
+    let dev = Device::cpu();
+    let (m, n) = (40, 300);
+    let xs = random(m * n, -1.0, 1.0);
+    let x = Tensor::from_host(&dev, &xs, &[m, n]).unwrap();
+    let variants = tuned_wide::VARIANTS;
+    assert_eq!(variants.len(), 20, "48 columns dropped");
+    let names: Vec<&str> = variants.iter().map(|s| s.name).collect();
+    let planted = |i: usize| {
+        let (w, h) = (variants[i].knob("W").unwrap_or(0) as f64, variants[i].knob("H").unwrap_or(0) as f64);
+        1.0 + (w.log2() - 6.0).abs() * 0.1 + (h.log2() - 5.0).abs() * 0.07
+    };
+    let mut launches = Vec::new();
+    let mut choices = Vec::new();
+    for strategy in [Strategy::Exhaustive { reps: 27 }, Strategy::Hyperband { max_reps: 27, eta: 3 }] {
+        let mut tuner = Tuner::in_memory(TuneMode::Search);
+        tuner.set_strategy(strategy);
+        let mut count = 0u64;
+        let count_ref = &mut count;
+        let (dev_ref, x_ref, xs_ref) = (&dev, &x, &xs);
+        let key = TuneKey::new("wide", &dev).field("shape", [m, n]);
+        let choice = tuner
+            .choose(&key, &names, 0, || {
+                let mut scratch = Tensor::full(dev_ref, &[m, n], f32::NAN)?;
+                Ok(move |i: usize, reps: u32| {
+                    let spec = variants[i];
+                    let (w, h) = (spec.knob("W").unwrap_or(64) as usize, spec.knob("H").unwrap_or(16) as usize);
+                    tuned_wide::launch_variant(i, dev_ref, (Grid::tiles(n, w), Grid::tiles(m, h)), x_ref, &mut scratch)?;
+                    assert!(scratch.to_host()?.iter().zip(xs_ref).all(|(g, x)| *g == 2.0 * x), "variant {i}");
+                    *count_ref += u64::from(reps);
+                    Ok(planted(i))
+                })
+            })
+            .unwrap();
+        choices.push(choice);
+        launches.push(count);
+    }
+    let best = (0..names.len()).min_by(|&a, &b| planted(a).total_cmp(&planted(b))).unwrap();
+    assert_eq!(names[best], "tuned_wide__w64_h32");
+    assert_eq!(choices, [best, best]);
+    println!("hyperband {} launches, exhaustive {}", launches[1], launches[0]);
+    assert!(launches[1] < launches[0], "hyperband {} launches, exhaustive {}", launches[1], launches[0]);
 }
 
 #[test]
