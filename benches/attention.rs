@@ -3,6 +3,10 @@
 //! TFLOP/s count 4·B·H·Sq·Sk·D, half of that when causal; CUDA-event timing after warm-up;
 //! bf16, `[batch, heads, seq, dim]` as PyTorch takes it.
 //!
+//! Then the autotuner at head_dim 64 (K/V pipeline depth 2, 3 or 4): the default beside the
+//! variant a search picked, timed in alternating rounds (a temporary cache unless
+//! `TESSERA_CACHE_DIR` is set).
+//!
 //! `cargo bench --bench attention` (prints a skip where there is no GPU; the baseline column
 //! says why where PyTorch or cuDNN is missing). `TESSERA_CUDNN_SCRIPT` overrides the script's
 //! path.
@@ -66,6 +70,9 @@ fn main() {
         println!("attention: skipped, no GPU");
         return;
     };
+    if std::env::var_os("TESSERA_CACHE_DIR").is_none() {
+        std::env::set_var("TESSERA_CACHE_DIR", std::env::temp_dir().join(format!("tessera-bench-{}", std::process::id())));
+    }
     let shapes = shapes();
     let baseline = cudnn(&shapes);
     let mut criterion = Criterion::default()
@@ -105,4 +112,46 @@ fn main() {
     if let Err(why) = &baseline {
         println!("no cuDNN baseline: {why}");
     }
+    tuned_vs_default(&dev, &mut rng);
+}
+
+/// Per d64 shape: a search, then the default and the searched variant in alternating rounds.
+fn tuned_vs_default(dev: &Device, rng: &mut Uniform) {
+    use tessera::{TuneMode, Tuner};
+    println!("\nattention bf16 d64 autotuned on {} (TFLOP/s; default vs the searched K/V depth)", dev.name());
+    println!("| shape | default | tuned | × | tuned variant |");
+    println!("|---|---|---|---|---|");
+    for (s, causal) in [(1024, true), (4096, false), (4096, true), (16384, false)] {
+        let (b, h, d) = (4, 16, 64);
+        let shape = [b, h, s, d];
+        let mut t = || Tensor::from_host(dev, &rng.vec(b * h * s * d, bf16::from_f32), &shape).expect("input");
+        let (q, k, v) = (t(), t(), t());
+        let mut o = Tensor::<bf16>::zeros(dev, &shape).expect("o");
+        let mut lse = Tensor::<f32>::zeros(dev, &[b, h, s]).expect("lse");
+        let opts = Attention::new().layout(AttentionLayout::Bhsd).causal(causal);
+        Tuner::global().set_mode(TuneMode::Search);
+        tessera_kernels::attention_with_lse(dev, &opts, &q, &k, &v, &mut o, &mut lse).expect("tuning attention");
+        let needle = format!("shape=(4, 16, 1, {s}, {s}, 64);causal={causal}");
+        let chosen = Tuner::global()
+            .decisions()
+            .into_iter()
+            .find(|(key, _)| key.contains("op=attention") && key.contains(&needle))
+            .and_then(|(_, v)| v)
+            .unwrap_or_else(|| "(no decision)".into());
+        let (mut o2, mut lse2) = (Tensor::<bf16>::zeros(dev, &shape).expect("o"), Tensor::<f32>::zeros(dev, &[b, h, s]).expect("lse"));
+        let default = || {
+            Tuner::global().set_mode(TuneMode::Off);
+            tessera_kernels::attention_with_lse(dev, &opts, &q, &k, &v, &mut o, &mut lse).expect("attention")
+        };
+        let tuned = || {
+            Tuner::global().set_mode(TuneMode::Replay);
+            tessera_kernels::attention_with_lse(dev, &opts, &q, &k, &v, &mut o2, &mut lse2).expect("attention")
+        };
+        let (t_default, t_tuned) = tessera::testing::time_pair_ms(dev, 2, 10, 5, default, tuned).expect("timing");
+        let flop = 4.0 * (b * h * s * s * d) as f64 / if causal { 2.0 } else { 1.0 };
+        let name = format!("b{b} h{h} s{s} d{d}{}", if causal { " causal" } else { "" });
+        let (td, tt) = (flop / t_default * 1e-9, flop / t_tuned * 1e-9);
+        println!("| {name} | {td:.0} | {tt:.0} | {:.2} | {chosen} |", tt / td);
+    }
+    Tuner::global().set_mode(TuneMode::Replay);
 }
