@@ -69,7 +69,13 @@
 //!   is a constant column slice of an MMA accumulator (no data moves).
 //! - Attributes: `#[kernel(warpgroups = 3)]`, `#[kernel(dtypes(T = [bf16, f16]))]` (one
 //!   kernel per type, named `<fn>_bf16`, `<fn>_f16`, with `T` replaced),
-//!   `#[kernel(blocks_per_sm = 6)]` (ptxas caps the registers so that six blocks fit an SM).
+//!   `#[kernel(blocks_per_sm = 6)]` (ptxas caps the registers so that six blocks fit an SM),
+//!   `#[kernel(tune(BN = [256, 128], STAGES = [4, 3]))]` (one variant per combination, each
+//!   name replaced by its value anywhere in the body — tile shapes, ring depths, loop bounds;
+//!   the module's `VARIANTS` hold them with their `knobs`, the first the default, and
+//!   `launch_variant(i, …)` runs one; combinations that do not compile, such as those over the
+//!   target's shared memory, are dropped, and none left is an error at `tune`). The
+//!   [`Tuner`] picks among variants at run time ([`tune`]).
 //!
 //! ## Hopper (sm_90a)
 //!
