@@ -146,7 +146,8 @@ fn tuner_searches_on_the_interpreter_with_a_fake_timer() {
     let mut y = Tensor::full(&dev, &[m, n], f32::NAN).unwrap();
     let names: Vec<&str> = tuned_double::VARIANTS.iter().map(|s| s.name).collect();
     let planted = [3.0, 2.5, 1.5, 2.0];
-    let key = TuneKey::new("double", &dev).field("shape", [m, n]);
+    let shape = [m, n];
+    let key = TuneKey::new("double", &dev).field("shape", &shape);
     let mut tuner = Tuner::in_memory(TuneMode::Search);
     let mut launches = 0;
     let (dev_ref, x_ref, xs_ref, launches_ref) = (&dev, &x, &xs, &mut launches);
@@ -203,7 +204,8 @@ fn hyperband_on_the_interpreter_beats_exhaustive_search() {
         let mut count = 0u64;
         let count_ref = &mut count;
         let (dev_ref, x_ref, xs_ref) = (&dev, &x, &xs);
-        let key = TuneKey::new("wide", &dev).field("shape", [m, n]);
+        let shape = [m, n];
+        let key = TuneKey::new("wide", &dev).field("shape", &shape);
         let choice = tuner
             .choose(&key, &names, 0, || {
                 let mut scratch = Tensor::full(dev_ref, &[m, n], f32::NAN)?;
@@ -238,8 +240,8 @@ fn tune_mode_parses_and_rejects() {
 
 const CANDIDATES: [&str; 4] = ["k__a", "k__b", "k__c", "k__d"];
 
-fn planted_key() -> TuneKey {
-    TuneKey::new("planted", &Device::cpu()).field("shape", [4096, 4096])
+fn planted_key(dev: &Device) -> TuneKey<'_> {
+    TuneKey::new("planted", dev).field("shape", &[4096, 4096])
 }
 
 fn planted_timer() -> impl Timer {
@@ -269,12 +271,12 @@ fn child_process() {
     match parts[0] {
         "search" => {
             let mut t = Tuner::open(path, TuneMode::Search).unwrap();
-            assert_eq!(t.choose(&planted_key(), &CANDIDATES, 0, || Ok(planted_timer())).unwrap(), 2);
+            assert_eq!(t.choose(&planted_key(&Device::cpu()), &CANDIDATES, 0, || Ok(planted_timer())).unwrap(), 2);
             assert_eq!(t.searches(), 1);
         }
         "replay" => {
             let mut t = Tuner::open(path, TuneMode::Replay).unwrap();
-            assert_eq!(t.choose(&planted_key(), &CANDIDATES, 0, never_timer).unwrap(), 2);
+            assert_eq!(t.choose(&planted_key(&Device::cpu()), &CANDIDATES, 0, never_timer).unwrap(), 2);
         }
         "write" => {
             let cache = Cache::open(path).unwrap();
@@ -308,7 +310,7 @@ fn the_cache_persists_across_processes() {
     assert!(child(&arg("replay")).wait().unwrap().success(), "the replaying child");
     // And here, in a third process.
     let mut t = Tuner::open(&path, TuneMode::Search).unwrap();
-    assert_eq!(t.choose(&planted_key(), &CANDIDATES, 0, never_timer).unwrap(), 2);
+    assert_eq!(t.choose(&planted_key(&Device::cpu()), &CANDIDATES, 0, never_timer).unwrap(), 2);
     assert_eq!(t.searches(), 0);
     let entries = t.cache().unwrap().entries().unwrap();
     assert_eq!(entries.len(), 1);
@@ -316,7 +318,7 @@ fn the_cache_persists_across_processes() {
     assert_eq!(entries[0].default_us, Some(4e6));
     // A different candidate list is a different key: replay falls back to the default.
     let mut r = Tuner::open(&path, TuneMode::Replay).unwrap();
-    assert_eq!(r.choose(&planted_key(), &CANDIDATES[..3], 1, never_timer).unwrap(), 1);
+    assert_eq!(r.choose(&planted_key(&Device::cpu()), &CANDIDATES[..3], 1, never_timer).unwrap(), 1);
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -360,7 +362,7 @@ fn a_corrupt_or_foreign_file_is_moved_aside_and_rebuilt() {
     std::fs::write(&path, b"this is not a database, it is a shopping list: eggs, flour, milk....").unwrap();
     let mut t = Tuner::open(&path, TuneMode::Search).unwrap();
     assert_eq!(moved_aside(&dir), 1);
-    assert_eq!(t.choose(&planted_key(), &CANDIDATES, 0, || Ok(planted_timer())).unwrap(), 2);
+    assert_eq!(t.choose(&planted_key(&Device::cpu()), &CANDIDATES, 0, || Ok(planted_timer())).unwrap(), 2);
     drop(t);
     assert_eq!(Cache::open(&path).unwrap().entries().unwrap().len(), 1, "the new cache works");
 

@@ -10,7 +10,7 @@ pub use kernels::{flash_attention_bf16, flash_attention_f16, flash_attention_var
 use tessera::{bf16, f16, Device, Element, Error, Grid, KernelSpec, Optional, Result, Tensor, TensorView, TensorViewMut};
 
 /// How Q, K, V and O are laid out.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum AttentionLayout {
     /// `[batch, seq, heads, head_dim]` (the projection's output as it comes).
     #[default]
@@ -284,12 +284,13 @@ fn launch<T: AttentionElement>(
         };
     }
     let seq_k = qkv[1].shape()[1];
+    let (dtype, shape) = (T::DTYPE, (batch, heads, group, max_q, seq_k, d));
     let key = tessera::TuneKey::new("attention", device)
-        .field("dtype", T::DTYPE)
-        .field("varlen", varlen)
-        .field("shape", (batch, heads, group, max_q, seq_k, d))
-        .field("causal", opts.causal)
-        .field("layout", opts.layout);
+        .field("dtype", &dtype)
+        .field("varlen", &varlen)
+        .field("shape", &shape)
+        .field("causal", &opts.causal)
+        .field("layout", &opts.layout);
     let choice = tessera::Tuner::global().choose(&key, &names, 0, || {
         // Timing writes scratch outputs, never the caller's.
         // The views the host built are contiguous over their shapes, so plain tensors of the

@@ -13,7 +13,7 @@ pub use kernels::{
 use tessera::{bf16, f16, Device, Element, Error, Grid, KernelSpec, Result, Target, Tensor, TensorView};
 
 /// The activation of a GEMM's epilogue.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Activation {
     /// None.
     #[default]
@@ -47,7 +47,7 @@ pub enum Bias<'t, T: Element = bf16> {
 }
 
 /// How B is stored.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum BLayout {
     /// N×K row-major, `C = A·Bᵀ` (the "TN" layout of LLM weights).
     #[default]
@@ -470,13 +470,14 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
         if let Some(i) = forced {
             return run(i, c);
         }
+        let (dtype, strides, epilogue) = (T::DTYPE, (a.strides(), b.strides()), (bias_kind, self.activation));
         let key = tessera::TuneKey::new("gemm", device)
-            .field("dtype", T::DTYPE)
-            .field("b_layout", self.b_layout)
-            .field("shape", c_shape)
-            .field("k", k)
-            .field("strides", (a.strides(), b.strides()))
-            .field("epilogue", (bias_kind, self.activation));
+            .field("dtype", &dtype)
+            .field("b_layout", &self.b_layout)
+            .field("shape", &c_shape)
+            .field("k", &k)
+            .field("strides", &strides)
+            .field("epilogue", &epilogue);
         let choice = tessera::Tuner::global().choose(&key, &names, default, || {
             // Timing writes a scratch C, never the caller's.
             let mut scratch = Tensor::<T>::zeros(device, c.shape())?;

@@ -29,6 +29,7 @@ pub use search::{search, SearchResult, Strategy, Timer};
 use crate::{Device, Error, Result};
 use std::collections::HashMap;
 use std::fmt::Debug;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
@@ -59,24 +60,32 @@ impl TuneMode {
     }
 }
 
-/// What a tuning decision depends on, as one string: the device, the operation and each field
-/// added (dtype, shape, strides, options), and the candidates.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct TuneKey {
+/// What a tuning decision depends on: the device, the operation, each field added (dtype,
+/// shape, strides, options) and the candidates. Fields are hashed as they are added; their
+/// text (the cache's key) is written only when the tuner has not seen the key in this process,
+/// so that a launch whose decision is known pays a few hashes, not a string.
+#[derive(Clone)]
+pub struct TuneKey<'a> {
     op: &'static str,
-    text: String,
+    arch: (i32, i32),
+    device: &'a str,
+    fields: Vec<(&'static str, &'a dyn Debug)>,
+    hasher: DefaultHasher,
 }
 
-impl TuneKey {
+impl<'a> TuneKey<'a> {
     /// A key for operation `op` on `device` (its name and compute capability).
-    pub fn new(op: &'static str, device: &Device) -> TuneKey {
-        let (major, minor) = device.compute_capability();
-        TuneKey { op, text: format!("op={op};arch=sm_{major}{minor};device={}", device.name()) }
+    pub fn new(op: &'static str, device: &'a Device) -> TuneKey<'a> {
+        let (arch, name) = (device.compute_capability(), device.name());
+        let mut hasher = DefaultHasher::new();
+        (op, arch, name).hash(&mut hasher);
+        TuneKey { op, arch, device: name, fields: Vec::with_capacity(8), hasher }
     }
 
-    /// Adds a field: `key.field("shape", [m, n, k])`.
-    pub fn field(mut self, name: &str, value: impl Debug) -> TuneKey {
-        self.text += &format!(";{name}={value:?}");
+    /// Adds a field: `key.field("shape", &[m, n, k])`.
+    pub fn field<V: Debug + Hash>(mut self, name: &'static str, value: &'a V) -> TuneKey<'a> {
+        (name, value).hash(&mut self.hasher);
+        self.fields.push((name, value));
         self
     }
 
@@ -85,10 +94,22 @@ impl TuneKey {
         self.op
     }
 
-    /// The key as stored, with the candidates' names appended (a change of the knob space
-    /// makes a new key).
-    fn with_space(&self, candidates: &[&str]) -> String {
-        format!("{};space={}", self.text, candidates.join(","))
+    /// The key as stored: `op=gemm;arch=sm_90;device=…;shape=[…];…;space=<candidates>` (a
+    /// change of the knob space makes a new key).
+    pub fn text(&self, candidates: &[&str]) -> String {
+        let (major, minor) = self.arch;
+        let mut t = format!("op={};arch=sm_{major}{minor};device={}", self.op, self.device);
+        for (name, value) in &self.fields {
+            t += &format!(";{name}={value:?}");
+        }
+        t + ";space=" + &candidates.join(",")
+    }
+
+    /// The hash of the key with `candidates`, for the tuner's memory.
+    fn hash_with(&self, candidates: &[&str]) -> u64 {
+        let mut h = self.hasher.clone();
+        candidates.hash(&mut h);
+        h.finish()
     }
 }
 
@@ -100,9 +121,9 @@ pub struct Tuner {
     /// The process-wide tuner's cache file, opened when first needed: for reading only if it
     /// exists (a replaying process makes no file), for writing by the first search.
     lazy_path: Option<PathBuf>,
-    /// Decisions made or read in this process: key → chosen name (`None`: the cache has
-    /// none, so the default runs until a search).
-    memo: HashMap<String, Option<String>>,
+    /// Decisions made or read in this process, by the key's hash: its text and the chosen
+    /// name (`None`: the cache has none, so the default runs until a search).
+    memo: HashMap<u64, (String, Option<String>)>,
     /// Searches run by this tuner (for tests and reports).
     searches: u64,
 }
@@ -198,7 +219,7 @@ impl Tuner {
     /// The decisions made or read in this process, by key: the chosen candidate's name, or
     /// `None` where the default ran for want of a cached answer.
     pub fn decisions(&self) -> Vec<(String, Option<String>)> {
-        let mut d: Vec<_> = self.memo.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let mut d: Vec<_> = self.memo.values().cloned().collect();
         d.sort();
         d
     }
@@ -219,7 +240,7 @@ impl Tuner {
     /// Only `timer`'s construction (e.g. allocating scratch outputs).
     pub fn choose<T: Timer>(
         &mut self,
-        key: &TuneKey,
+        key: &TuneKey<'_>,
         candidates: &[&str],
         default: usize,
         timer: impl FnOnce() -> Result<T>,
@@ -228,9 +249,9 @@ impl Tuner {
         if self.mode == TuneMode::Off || candidates.len() < 2 {
             return Ok(default);
         }
-        let key_text = key.with_space(candidates);
+        let hash = key.hash_with(candidates);
         let position = |name: &str| candidates.iter().position(|c| *c == name);
-        match self.memo.get(&key_text) {
+        match self.memo.get(&hash).map(|(_, choice)| choice) {
             Some(Some(name)) => {
                 if let Some(i) = position(name) {
                     return Ok(i);
@@ -239,11 +260,12 @@ impl Tuner {
             Some(None) if self.mode != TuneMode::Search => return Ok(default),
             _ => {}
         }
+        let key_text = key.text(candidates);
         if let Some(cache) = self.open_cache(self.mode == TuneMode::Search) {
             match cache.get(&key_text) {
                 Ok(Some(e)) => {
                     if let Some(i) = position(&e.choice) {
-                        self.memo.insert(key_text, Some(e.choice));
+                        self.memo.insert(hash, (key_text, Some(e.choice)));
                         return Ok(i);
                     }
                 }
@@ -252,7 +274,7 @@ impl Tuner {
             }
         }
         if self.mode != TuneMode::Search {
-            self.memo.insert(key_text, None);
+            self.memo.insert(hash, (key_text, None));
             return Ok(default);
         }
         let mut timer = timer()?;
@@ -282,7 +304,7 @@ impl Tuner {
                 eprintln!("tessera: warning: {e}");
             }
         }
-        self.memo.insert(key_text, Some(choice));
+        self.memo.insert(hash, (key_text, Some(choice)));
         Ok(found.best)
     }
 }
