@@ -289,7 +289,7 @@ impl Tuner {
         self.searches += 1;
         let Some(found) = found else { return Ok(default) };
         let choice = candidates[found.best].to_string();
-        let strategy = self.strategy.name();
+        let strategy = self.strategy.for_candidates(candidates.len()).name();
         if let Some(cache) = self.open_cache(true) {
             let entry = Entry {
                 key: key_text.clone(),

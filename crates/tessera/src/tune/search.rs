@@ -71,7 +71,7 @@ impl Strategy {
 
     /// What runs for `n` candidates: Hyperband over so few that it would cost more than timing
     /// each at `max_reps` is that exhaustive search.
-    fn for_candidates(self, n: usize) -> Strategy {
+    pub(crate) fn for_candidates(self, n: usize) -> Strategy {
         match self {
             Strategy::Hyperband { max_reps, .. } if Strategy::Exhaustive { reps: max_reps }.budget(n) <= self.budget(n) => {
                 Strategy::Exhaustive { reps: max_reps }
