@@ -42,10 +42,15 @@ pub fn norm_fused_row(
     seed_hi: i32,
     offset: i32,
     group_rows: i32,
+    ahead: i32,
 ) {
     let r = block::id_x();
     let n = x.dim(1);
     let inv_n = 1.0 / n as f32;
+    x.prefetch::<Tile<T, 1, 8192>>([r + ahead, 0]);
+    if has_res == 1 {
+        res.prefetch::<Tile<T, 1, 8192>>([r + ahead, 0]);
+    }
     let mut h = x.load::<Tile<T, 1, 8192>>([r, 0]).cast::<f32>();
     if drop_p > 0.0 {
         h = h * step(Tile::<f32, 1, 8192>::uniform(seed_lo, seed_hi, offset, [r, 0]) - drop_p) * drop_scale;
@@ -96,10 +101,15 @@ pub fn norm_fused_rows4(
     seed_hi: i32,
     offset: i32,
     group_rows: i32,
+    ahead: i32,
 ) {
     let r = block::id_x() * 4;
     let n = x.dim(1);
     let inv_n = 1.0 / n as f32;
+    x.prefetch::<Tile<T, 4, 2048>>([r + ahead, 0]);
+    if has_res == 1 {
+        res.prefetch::<Tile<T, 4, 2048>>([r + ahead, 0]);
+    }
     let mut h = x.load::<Tile<T, 4, 2048>>([r, 0]).cast::<f32>();
     if drop_p > 0.0 {
         h = h * step(Tile::<f32, 4, 2048>::uniform(seed_lo, seed_hi, offset, [r, 0]) - drop_p) * drop_scale;
@@ -149,6 +159,7 @@ pub fn norm_fused_wide(
     seed_hi: i32,
     offset: i32,
     group_rows: i32,
+    ahead: i32,
 ) {
     let r = block::id_x();
     let n = x.dim(1);
@@ -156,6 +167,7 @@ pub fn norm_fused_wide(
     let mut s = Tile::<f32, 1, 2048>::zeros();
     if layer == 1 {
         for c in (0..n).step_by(2048) {
+            x.prefetch::<Tile<T, 1, 2048>>([r + ahead, c]);
             let mut h = x.load::<Tile<T, 1, 2048>>([r, c]).cast::<f32>();
             if drop_p > 0.0 {
                 h = h * step(Tile::<f32, 1, 2048>::uniform(seed_lo, seed_hi, offset, [r, c]) - drop_p) * drop_scale;
@@ -574,7 +586,9 @@ impl<'a, T: NormElement> Norm<'a, T> {
         let _g6 = l.global_mut(6, y)?;
         let mut h = OptionalMut(h, 2);
         let _g7 = l.global_mut(7, &mut h)?;
-        let scalars: [ScalarArg; 11] = [
+        // Prefetch into L2 the rows of the block one per SM further (see `crate::norm`).
+        let ahead = i32::try_from(device.sm_count() as usize * rows_per_block).unwrap_or(i32::MAX);
+        let scalars: [ScalarArg; 12] = [
             self.eps.into(),
             i32::from(self.kind == NormKind::Layer).into(),
             i32::from(self.weight.is_some()).into(),
@@ -586,6 +600,7 @@ impl<'a, T: NormElement> Norm<'a, T> {
             seed_hi.into(),
             offset.into(),
             group_rows.into(),
+            ahead.into(),
         ];
         for (i, s) in scalars.into_iter().enumerate() {
             l.scalar(8 + i, s)?;

@@ -19,8 +19,9 @@ const BM: usize = 16;
 
 /// `softmax_*` for rows of at most 8192 elements: one row per block, read once.
 #[kernel(dtypes(T = [bf16, f16, f32]))]
-pub fn softmax_row(x: Global<T, 2>, y: Global<T, 2>, scale: f32, causal: i32, period: i32) {
+pub fn softmax_row(x: Global<T, 2>, y: Global<T, 2>, scale: f32, causal: i32, period: i32, ahead: i32) {
     let r = block::id_x();
+    x.prefetch::<Tile<T, 1, 8192>>([r + ahead, 0]);
     let mut limit = x.dim(1);
     if causal == 1 {
         limit = min(limit, r % period + 1);
@@ -34,8 +35,9 @@ pub fn softmax_row(x: Global<T, 2>, y: Global<T, 2>, scale: f32, causal: i32, pe
 /// row's limit is `min(n, i mod period + 1 + open)`, `open` 0 when causal and 2²⁴ when not
 /// (rows below 2²⁴, so the f32 arithmetic is exact).
 #[kernel(dtypes(T = [bf16, f16, f32]))]
-pub fn softmax_rows4(x: Global<T, 2>, y: Global<T, 2>, scale: f32, causal: i32, period: i32) {
+pub fn softmax_rows4(x: Global<T, 2>, y: Global<T, 2>, scale: f32, causal: i32, period: i32, ahead: i32) {
     let r = block::id_x() * 4;
+    x.prefetch::<Tile<T, 4, 2048>>([r + ahead, 0]);
     let n = x.dim(1) as f32;
     let p = period as f32;
     let open = (1 - causal) as f32 * 16777216.0;
@@ -49,7 +51,7 @@ pub fn softmax_rows4(x: Global<T, 2>, y: Global<T, 2>, scale: f32, causal: i32, 
 /// maximum `m` and sum `s` per element (rescaling `s` when `m` grows), then the output. `m`
 /// starts at `f32::MIN`, not −∞, so that a column no row reaches gives `exp2(0)·0`.
 #[kernel(dtypes(T = [bf16, f16, f32]))]
-pub fn softmax(x: Global<T, 2>, y: Global<T, 2>, scale: f32, causal: i32, period: i32) {
+pub fn softmax(x: Global<T, 2>, y: Global<T, 2>, scale: f32, causal: i32, period: i32, ahead: i32) {
     let r = block::id_x() * 16;
     let n = x.dim(1);
     let k = scale * f32::consts::LOG2_E;
@@ -58,6 +60,7 @@ pub fn softmax(x: Global<T, 2>, y: Global<T, 2>, scale: f32, causal: i32, period
     let mut m = Tile::<f32, 16, 256>::full(f32::MIN);
     let mut s = Tile::<f32, 16, 256>::zeros();
     for c in (0..n).step_by(256) {
+        x.prefetch::<Tile<T, 16, 256>>([r + ahead, c]);
         let i = Tile::<f32, 16, 1>::row_index() + r as f32;
         let t = x
             .load::<Tile<T, 16, 256>>([r, c])
@@ -163,9 +166,12 @@ macro_rules! softmax_element {
             ) -> Result<()> {
                 let (g, causal) = (path.grid(m), i32::from(o.causal));
                 match path {
-                    NormPath::Row | NormPath::Rows2 => $row::launch(dev, NormPath::Row.grid(m), x, y, o.scale, causal, period),
-                    NormPath::Rows4 => $rows4::launch(dev, g, x, y, o.scale, causal, period),
-                    NormPath::Tiled => $tiled::launch(dev, g, x, y, o.scale, causal, period),
+                    NormPath::Row | NormPath::Rows2 => {
+                        let ahead = crate::norm::ahead(dev, NormPath::Row);
+                        $row::launch(dev, NormPath::Row.grid(m), x, y, o.scale, causal, period, ahead)
+                    }
+                    NormPath::Rows4 => $rows4::launch(dev, g, x, y, o.scale, causal, period, crate::norm::ahead(dev, path)),
+                    NormPath::Tiled => $tiled::launch(dev, g, x, y, o.scale, causal, period, crate::norm::ahead(dev, path)),
                 }
             }
             fn softmax_backward_launch(

@@ -143,6 +143,15 @@ impl Frontend {
                 }
                 StmtKind::Store { tensor, index: self.index(&m.args[0])?, value: self.expr(&m.args[1])?, within: None }
             }
+            SynExpr::MethodCall(m) if m.method == "prefetch" => {
+                let tensor = receiver_name(&m.receiver)?;
+                let (Some(tf), 1) = (&m.turbofish, m.args.len()) else {
+                    return err(m, "`prefetch` takes the tile type and an origin: `tensor.prefetch::<Tile<T, M, N>>([i, j])`");
+                };
+                let tile = Some(turbofish_tile(tf)?);
+                let load = ExprKind::Load { tensor, index: self.index(&m.args[0])?, fill: None, tile };
+                StmtKind::Prefetch(Expr::new(load, loc))
+            }
             SynExpr::MethodCall(m) if m.method == "store_within" => {
                 let tensor = receiver_name(&m.receiver)?;
                 if m.args.len() != 3 {

@@ -95,6 +95,36 @@ impl Lowerer<'_> {
         prepared.into_iter().map(|(_, layout, ty, regs, _, _)| TileVal { ty, layout, regs }).collect()
     }
 
+    /// `prefetch.global.L2` for each run of the tile (blocked layout) whose first element is
+    /// in bounds: the lines arrive in L2 while the kernel works on, holding no registers.
+    pub(crate) fn prefetch(&mut self, g: &GlobalVal, idx: &[Operand], ty: TileType, layout: Layout) {
+        use Operand::{Imm, Reg as R};
+        let plan = self.plan(g, idx, layout, ty, false);
+        let es = ty.dtype.size();
+        let (slots, run) = (layout.slots(), layout.run_len().max(1) as usize);
+        // One prefetch per 16 bytes of a run at most; 128-byte lines make more redundant.
+        let step = ((16 / es) as usize).clamp(1, run);
+        for i in (0..slots.len()).step_by(step) {
+            let sl = slots[i];
+            let &(_, row_addr, _, row_in) = plan.rows.iter().find(|r| r.0 == sl.dr).expect("planned row");
+            let (addr, p) = match (plan.col0, plan.col_dim, plan.col_stride_bytes) {
+                (Some(c0), Some(dim), Some(sb)) => {
+                    let c = self.reg(RegClass::B32, "pfc");
+                    self.op("add.s32", vec![R(c), R(c0), Imm(i64::from(sl.dc))]);
+                    let p = self.reg(RegClass::Pred, "pfin");
+                    self.op("setp.lt.and.u32", vec![R(p), R(c), R(dim), R(row_in)]);
+                    let off = self.reg(RegClass::B64, "pfoff");
+                    self.op("mul.wide.s32", vec![R(off), R(c), R(sb)]);
+                    let addr = self.reg(RegClass::B64, "pfaddr");
+                    self.op("add.s64", vec![R(addr), R(row_addr), R(off)]);
+                    (addr, p)
+                }
+                _ => (row_addr, row_in),
+            };
+            self.op_if(p, false, "prefetch.global.L2", vec![Operand::Addr(addr, 0)]);
+        }
+    }
+
     /// Stores a tile at origin `idx`; each element is written once, by its owner, if in bounds.
     pub(crate) fn store(&mut self, g: &GlobalVal, idx: &[Operand], t: &TileVal) {
         let plan = self.plan(g, idx, t.layout, t.ty, true);

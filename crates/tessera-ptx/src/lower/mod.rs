@@ -529,6 +529,10 @@ impl<'a> Lowerer<'a> {
                 };
                 self.assign(&target, v);
             }
+            StmtKind::Prefetch(load) => {
+                let (g, idx, ty, _, _) = self.load_args(load)?;
+                self.prefetch(&g, &idx, ty, crate::layout::Layout::blocked(ty.rows, ty.cols));
+            }
             StmtKind::Store { tensor, index, value, within } => {
                 let g = self.global(tensor);
                 let idx = index.iter().map(|e| self.scalar(e)).collect::<Result<Vec<_>, _>>()?;

@@ -41,6 +41,7 @@ fn write_stmt(f: &mut fmt::Formatter<'_>, s: &Stmt, depth: usize) -> fmt::Result
         StmtKind::Store { tensor, index, value, within: Some(ends) } => {
             writeln!(f, "{pad}store {tensor}[{}] <- {} within [{}];  // line {}", list(index), value, list(ends), s.loc.line)
         }
+        StmtKind::Prefetch(load) => writeln!(f, "{pad}prefetch {load};  // line {}", s.loc.line),
         StmtKind::For { var, start, end, step, body } => {
             writeln!(f, "{pad}for {var} in {start}..{end} step {step} {{  // line {}", s.loc.line)?;
             write_block(f, body, depth + 1)?;

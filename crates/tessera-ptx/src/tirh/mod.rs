@@ -259,6 +259,10 @@ pub enum StmtKind {
         /// Exclusive ends per dimension, tighter than the tensor's (`store_within`).
         within: Option<Vec<Expr>>,
     },
+    /// `tensor.prefetch::<Tile<T, M, N>>(index)`: asks L2 to fetch the lines of the tile that
+    /// the load would read (in-bounds elements only), holding no registers and waiting for
+    /// nothing. The expression is that load.
+    Prefetch(Expr),
     /// `for var in (start..end).step_by(step) { body }`
     For {
         /// Loop variable (i32).

@@ -118,6 +118,9 @@ impl Checker {
                     return Err(CompileError::ty(value.loc, format!("`{name}` is `{}`, it cannot be assigned a `{ty}`", b.ty)));
                 }
             }
+            StmtKind::Prefetch(load) => {
+                self.expr(load)?;
+            }
             StmtKind::Store { tensor, index, value, within } => {
                 let (dtype, rank) = self.global(tensor, loc)?;
                 self.indices(tensor, rank, index, loc)?;

@@ -544,6 +544,8 @@ impl<'p> Kernel<'p> {
                     None => return Err(format!("assigns `{name}`, which is not bound").into()),
                 }
             }
+            // A hint to the memory system: nothing to do here.
+            StmtKind::Prefetch(_) => {}
             StmtKind::Store { tensor, index, value, within } => {
                 let g = self.global(tensor, wg)?;
                 let idx = self.indices(index, wg, blk)?;
