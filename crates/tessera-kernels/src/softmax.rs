@@ -60,7 +60,6 @@ pub fn softmax(x: Global<T, 2>, y: Global<T, 2>, scale: f32, causal: i32, period
     let mut m = Tile::<f32, 16, 256>::full(f32::MIN);
     let mut s = Tile::<f32, 16, 256>::zeros();
     for c in (0..n).step_by(256) {
-        x.prefetch::<Tile<T, 16, 256>>([r + ahead, c]);
         let i = Tile::<f32, 16, 1>::row_index() + r as f32;
         let t = x
             .load::<Tile<T, 16, 256>>([r, c])
@@ -72,7 +71,10 @@ pub fn softmax(x: Global<T, 2>, y: Global<T, 2>, scale: f32, causal: i32, period
     }
     let row_m = row_max(m);
     let inv = 1.0 / row_sum(s * exp2((m - row_m) * k));
+    // The later block's rows are prefetched in the second pass, where registers are free (in
+    // the first, its addresses cost sm_80 a spill).
     for c in (0..n).step_by(256) {
+        x.prefetch::<Tile<T, 16, 256>>([r + ahead, c]);
         let i = Tile::<f32, 16, 1>::row_index() + r as f32;
         let t = x
             .load::<Tile<T, 16, 256>>([r, c])
