@@ -12,6 +12,7 @@
 //! path.
 
 use criterion::Criterion;
+mod common;
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -70,9 +71,7 @@ fn main() {
         println!("attention: skipped, no GPU");
         return;
     };
-    if std::env::var_os("TESSERA_CACHE_DIR").is_none() {
-        std::env::set_var("TESSERA_CACHE_DIR", std::env::temp_dir().join(format!("tessera-bench-{}", std::process::id())));
-    }
+    common::temporary_tune_cache();
     let shapes = shapes();
     let baseline = cudnn(&shapes);
     let mut criterion = Criterion::default()

@@ -32,9 +32,7 @@ fn main() {
         println!("gemm: skipped, no GPU");
         return;
     };
-    if std::env::var_os("TESSERA_CACHE_DIR").is_none() {
-        std::env::set_var("TESSERA_CACHE_DIR", std::env::temp_dir().join(format!("tessera-bench-{}", std::process::id())));
-    }
+    common::temporary_tune_cache();
     let blas = CudaBlas::new(dev.stream().expect("a CUDA stream").clone()).expect("cublas");
     let shapes: &[(usize, usize, usize)] = &[
         (2048, 2048, 2048),

@@ -289,30 +289,31 @@ impl NormPath {
         })
     }
 
+    /// Rows each block of this path normalizes.
+    pub(crate) fn rows_per_block(self) -> usize {
+        match self {
+            NormPath::Rows4 => 4,
+            NormPath::Rows2 => 2,
+            NormPath::Row => 1,
+            NormPath::Tiled => BM,
+        }
+    }
+
     pub(crate) fn grid(self, rows: usize) -> Grid {
-        Grid::from(Grid::tiles(
-            rows,
-            match self {
-                NormPath::Rows4 => 4,
-                NormPath::Rows2 => 2,
-                NormPath::Row => 1,
-                NormPath::Tiled => BM,
-            },
-        ))
+        Grid::from(Grid::tiles(rows, self.rows_per_block()))
+    }
+
+    /// How far ahead this path's blocks prefetch: see [`prefetch_ahead`].
+    pub(crate) fn ahead(self, dev: &Device) -> i32 {
+        prefetch_ahead(dev, self.rows_per_block())
     }
 }
 
 /// How many rows ahead a norm kernel prefetches into L2: the rows the block one per SM further
 /// will read (run 66: row-per-block LayerNorm 0.79 → 0.90 of copy at 16384×8192; three times as
 /// far gave the same, six times lost).
-pub(crate) fn ahead(dev: &Device, path: NormPath) -> i32 {
-    let rows = match path {
-        NormPath::Rows4 => 4,
-        NormPath::Rows2 => 2,
-        NormPath::Row => 1,
-        NormPath::Tiled => BM,
-    };
-    i32::try_from(dev.sm_count() as usize * rows).unwrap_or(i32::MAX)
+pub(crate) fn prefetch_ahead(dev: &Device, rows_per_block: usize) -> i32 {
+    i32::try_from(dev.sm_count() as usize * rows_per_block).unwrap_or(i32::MAX)
 }
 
 macro_rules! norm_element {
@@ -338,7 +339,7 @@ macro_rules! norm_element {
                 eps: f32,
                 has_w: i32,
             ) -> Result<()> {
-                let (g, ahead) = (path.grid(x.shape()[0]), ahead(dev, path));
+                let (g, ahead) = (path.grid(x.shape()[0]), path.ahead(dev));
                 match path {
                     NormPath::Rows4 => $rms4::launch(dev, g, x, w, y, eps, has_w, ahead),
                     NormPath::Rows2 => $rms2::launch(dev, g, x, w, y, eps, has_w, ahead),
@@ -356,7 +357,7 @@ macro_rules! norm_element {
                 eps: f32,
                 (has_w, has_b): (i32, i32),
             ) -> Result<()> {
-                let (g, ahead) = (path.grid(x.shape()[0]), ahead(dev, path));
+                let (g, ahead) = (path.grid(x.shape()[0]), path.ahead(dev));
                 match path {
                     NormPath::Rows4 => $ln4::launch(dev, g, x, w, b, y, eps, has_w, has_b, ahead),
                     NormPath::Rows2 => $ln2::launch(dev, g, x, w, b, y, eps, has_w, has_b, ahead),

@@ -586,8 +586,7 @@ impl<'a, T: NormElement> Norm<'a, T> {
         let _g6 = l.global_mut(6, y)?;
         let mut h = OptionalMut(h, 2);
         let _g7 = l.global_mut(7, &mut h)?;
-        // Prefetch into L2 the rows of the block one per SM further (see `crate::norm`).
-        let ahead = i32::try_from(device.sm_count() as usize * rows_per_block).unwrap_or(i32::MAX);
+        let ahead = crate::norm::prefetch_ahead(device, rows_per_block);
         let scalars: [ScalarArg; 12] = [
             self.eps.into(),
             i32::from(self.kind == NormKind::Layer).into(),

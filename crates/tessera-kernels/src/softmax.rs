@@ -169,11 +169,11 @@ macro_rules! softmax_element {
                 let (g, causal) = (path.grid(m), i32::from(o.causal));
                 match path {
                     NormPath::Row | NormPath::Rows2 => {
-                        let ahead = crate::norm::ahead(dev, NormPath::Row);
+                        let ahead = NormPath::Row.ahead(dev);
                         $row::launch(dev, NormPath::Row.grid(m), x, y, o.scale, causal, period, ahead)
                     }
-                    NormPath::Rows4 => $rows4::launch(dev, g, x, y, o.scale, causal, period, crate::norm::ahead(dev, path)),
-                    NormPath::Tiled => $tiled::launch(dev, g, x, y, o.scale, causal, period, crate::norm::ahead(dev, path)),
+                    NormPath::Rows4 => $rows4::launch(dev, g, x, y, o.scale, causal, period, path.ahead(dev)),
+                    NormPath::Tiled => $tiled::launch(dev, g, x, y, o.scale, causal, period, path.ahead(dev)),
                 }
             }
             fn softmax_backward_launch(
