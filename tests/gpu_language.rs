@@ -394,3 +394,57 @@ fn gpu_tile_queue_hands_out_every_slab() {
 fn interp_tile_queue_hands_out_every_slab() {
     tile_queue_hands_out_every_slab(&Device::cpu());
 }
+
+/// Rows scaled by their RMS and a column weight, in tiles whose width is not a power of two:
+/// `R` rows of `W` columns per block (`W` = 2304 splits the warps along rows, 3072 two ways
+/// along columns at `R` = 2, 5120 four ways at `R` = 1).
+#[kernel(tune(R = [1, 2, 4], W = [2304, 3072, 5120]))]
+fn odd_width_rows(x: Global<f32, 2>, w: Global<bf16, 1>, y: Global<f32, 2>) {
+    let r = block::id_x() * R;
+    let t: Tile<f32, R, W> = x.load([r, 0]);
+    let ms = row_sum(t * t) * (1.0 / x.dim(1) as f32);
+    let wt = w.load::<Tile<bf16, 1, W>>([0]).cast::<f32>();
+    y.store([r, 0], t * rsqrt(ms) * wt + row_max(t));
+}
+
+/// Every variant of `odd_width_rows`, on rows narrower than its tile (the tail masked) and
+/// exactly its width, against a float64 reference.
+fn tiles_of_odd_widths(dev: &Device) {
+    // 4×5120 is over a warpgroup's 16384 elements: dropped.
+    assert_eq!(odd_width_rows::VARIANTS.len(), 8);
+    for (i, spec) in odd_width_rows::VARIANTS.iter().enumerate() {
+        let (rows, width) = (spec.knob("R").unwrap() as usize, spec.knob("W").unwrap() as usize);
+        for n in [width, width - 200] {
+            let m = 4 * rows + 1;
+            let x = random(m * n, -2.0, 2.0);
+            let wv: Vec<bf16> = random(n, 0.5, 1.5).into_iter().map(bf16::from_f32).collect();
+            let xt = Tensor::from_host(dev, &x, &[m, n]).unwrap();
+            let wt = Tensor::from_host(dev, &wv, &[n]).unwrap();
+            let mut y = Tensor::full(dev, &[m, n], f32::NAN).unwrap();
+            odd_width_rows::launch_variant(i, dev, Grid::tiles(m, rows), &xt, &wt, &mut y).unwrap();
+            let xs = wide(&x);
+            let mut want = vec![0.0; m * n];
+            for (row, out) in xs.chunks(n).zip(want.chunks_mut(n)) {
+                let rms = (row.iter().map(|v| v * v).sum::<f64>() / n as f64).sqrt();
+                let max = row.iter().copied().fold(f64::MIN, f64::max);
+                for ((o, &v), &g) in out.iter_mut().zip(row).zip(&wv) {
+                    *o = v / rms * f64::from(g.to_f32()) + max;
+                }
+            }
+            let err = rel_error(&wide(&y.to_host().unwrap()), &want);
+            assert!(err < 1e-5, "{} at {m}×{n}: error {err}", spec.name);
+        }
+    }
+}
+
+#[test]
+fn gpu_tiles_of_odd_widths() {
+    if let Some(dev) = gpu_or_skip("gpu_tiles_of_odd_widths") {
+        tiles_of_odd_widths(&dev);
+    }
+}
+
+#[test]
+fn interp_tiles_of_odd_widths() {
+    tiles_of_odd_widths(&Device::cpu());
+}

@@ -12,8 +12,8 @@ use std::process::Command;
 use tessera::tune::{search, Cache, Entry, Strategy, Timer};
 use tessera::{kernel, Device, Error, Grid, Tensor, TuneKey, TuneMode, Tuner};
 
-/// `y = 2·x` in `H×W` tiles. `W = 48` is not a power of two: those combinations are dropped
-/// at build time, leaving four variants.
+/// `y = 2·x` in `H×W` tiles. `W = 48` is neither a power of two nor a multiple of 256: those
+/// combinations are dropped at build time, leaving four variants.
 #[kernel(tune(W = [64, 48, 32], H = [16, 32]))]
 fn tuned_double(x: Global<f32, 2>, y: Global<f32, 2>) {
     let r = block::id_y() * H;

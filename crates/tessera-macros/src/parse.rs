@@ -924,7 +924,7 @@ fn tile_args(seg: &syn::PathSegment, name: &str) -> R<TileType> {
     let args = generic_args(seg, 3, &format!("`{name}<T, M, N>`"))?;
     let dtype = dtype_of(type_arg(args[0])?)?;
     let rows = tile_dim(args[1])?;
-    let cols = tile_dim(args[2])?;
+    let cols = tile_cols(args[2])?;
     Ok(TileType { dtype, rows, cols })
 }
 
@@ -932,6 +932,16 @@ fn tile_dim(a: &syn::GenericArgument) -> R<u32> {
     let v = const_arg(a, "a tile dimension")?;
     if v == 0 || !v.is_power_of_two() {
         return err(a, format!("tile dimensions are powers of two, found {v}"));
+    }
+    Ok(v)
+}
+
+/// A register tile's column count: a power of two, or a multiple of 256 (a warp's 32 lanes of
+/// 8-column runs), so that rows of any such width (2304, 5120) fill the tile exactly.
+fn tile_cols(a: &syn::GenericArgument) -> R<u32> {
+    let v = const_arg(a, "a tile dimension")?;
+    if v == 0 || !(v.is_power_of_two() || v % 256 == 0) {
+        return err(a, format!("a tile's columns are a power of two or a multiple of 256, found {v}"));
     }
     Ok(v)
 }

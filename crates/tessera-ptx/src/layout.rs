@@ -16,7 +16,9 @@
 //! slots are the parent's projected onto the kept axes, so broadcasting the result back over its
 //! parent costs nothing.
 //!
-//! Tile dimensions are powers of two, so every split below is exact.
+//! Tile rows are powers of two; columns are a power of two or a multiple of 256 (8-column runs
+//! over 32 lanes). The blocked layout splits the warps along columns only as far as that split
+//! divides the columns, so every split below is exact.
 
 /// How a layout spreads a tile over a warpgroup.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -75,8 +77,14 @@ impl Layout {
         let v = cols.min(8);
         let tc = (cols / v).min(32);
         let tr = 32 / tc;
-        let wr = (rows / tr).clamp(1, 4);
-        let wc = 4 / wr;
+        let mut wr = (rows / tr).clamp(1, 4);
+        let mut wc = 4 / wr;
+        // A width that is not a power of two (a multiple of 256, e.g. 2304): as many warps
+        // along the columns as divide it; the others hold row replicas.
+        while wc > 1 && !cols.is_power_of_two() && cols % (v * tc * wc) != 0 {
+            wc /= 2;
+            wr *= 2;
+        }
         Layout::full(rows, cols, LayoutKind::Blocked { v, tc, tr, wc, wr })
     }
 
@@ -289,7 +297,8 @@ mod tests {
     #[test]
     fn every_element_has_one_owner() {
         let mut layouts = Vec::new();
-        for &(m, n) in &[(1, 1), (1, 8), (16, 256), (32, 128), (64, 1), (4, 4), (128, 64), (2, 1024)] {
+        let odd = [(1, 5120), (2, 3072), (4, 2304), (1, 2304), (2, 2304), (16, 768), (1, 11008)];
+        for &(m, n) in [(1, 1), (1, 8), (16, 256), (32, 128), (64, 1), (4, 4), (128, 64), (2, 1024)].iter().chain(&odd) {
             layouts.push(Layout::blocked(m, n));
         }
         for &(m, n) in &[(64, 8), (64, 256), (128, 128)] {
@@ -300,6 +309,20 @@ mod tests {
             assert!(owners(&l.reduced(1)).iter().all(|&c| c == 1), "{l:?} row-reduced");
             assert!(owners(&l.reduced(0)).iter().all(|&c| c == 1), "{l:?} col-reduced");
         }
+    }
+
+    #[test]
+    fn widths_not_a_power_of_two_split_the_warps_as_far_as_they_divide() {
+        // 5120 = 5 × 1024: four warps along the columns, five runs each.
+        let l = Layout::blocked(1, 5120);
+        assert_eq!((l.footprint_cols(), l.len()), (1024, 40));
+        // 2304 = 9 × 256: one warp along the columns, the other three hold replicas.
+        let l = Layout::blocked(1, 2304);
+        assert_eq!((l.footprint_cols(), l.footprint_rows(), l.len()), (256, 4, 72));
+        assert!(l.rows_replicated());
+        // Four rows of 2304: a warp per row, nothing replicated.
+        let l = Layout::blocked(4, 2304);
+        assert_eq!((l.footprint_cols(), l.len(), l.rows_replicated()), (256, 72, false));
     }
 
     #[test]

@@ -49,7 +49,8 @@
 //! - Scalars: literals, `block::id_x()`/`_y`/`_z`, `grid::dim_x()`, `warpgroup::id()`,
 //!   `tensor.dim(axis)`, `tensor.get([i, j])` (one element, 16-bit floats widened to `f32`; 0 out of bounds),
 //!   arithmetic, comparisons, `as f32`/`as i32`.
-//! - Tiles (`M`, `N` powers of two; `Tile` or `tile`): `Tile::<T, M, N>::zeros()`,
+//! - Tiles (`M` a power of two, `N` a power of two or a multiple of 256 such as 2304 or 5120;
+//!   `Tile` or `tile`): `Tile::<T, M, N>::zeros()`,
 //!   `::full(v)`, `let t: Tile<T, M, N> = x.load([i, j])`, `x.load_or([i, j], fill)`,
 //!   `+ - * /`, `max`, `min`, `exp2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`,
 //!   `floor`, `step` (1.0 where `x ≥ 0`, else 0.0), `.cast::<bf16>()`, `row_sum`, `row_max`,

@@ -694,11 +694,16 @@ impl<'a> Lowerer<'a> {
             }
         }
         let (row, col) = (b(self, "row"), b(self, "col"));
-        for (dst, u, keep, extent) in [(row, urow, l.keep_rows, l.parent_rows), (col, ucol, l.keep_cols, l.parent_cols)] {
-            if keep {
+        // The base modulo the extent, a power of two where the footprint replicates the tile;
+        // a width that is not a power of two is a multiple of the footprint: no modulo.
+        let (fr, fc) = (l.footprint_rows(), l.footprint_cols());
+        for (dst, u, keep, extent, foot) in [(row, urow, l.keep_rows, l.parent_rows, fr), (col, ucol, l.keep_cols, l.parent_cols, fc)] {
+            if !keep {
+                self.op("mov.u32", vec![R(dst), Imm(0)]);
+            } else if foot > extent || extent.is_power_of_two() {
                 self.op("and.b32", vec![R(dst), R(u), Imm(i64::from(extent - 1))]);
             } else {
-                self.op("mov.u32", vec![R(dst), Imm(0)]);
+                self.op("mov.u32", vec![R(dst), R(u)]);
             }
         }
         let p = |lw: &mut Self, h: &str| lw.reg(RegClass::Pred, h);
