@@ -940,7 +940,7 @@ fn tile_dim(a: &syn::GenericArgument) -> R<u32> {
 /// 8-column runs), so that rows of any such width (2304, 5120) fill the tile exactly.
 fn tile_cols(a: &syn::GenericArgument) -> R<u32> {
     let v = const_arg(a, "a tile dimension")?;
-    if v == 0 || !(v.is_power_of_two() || v % 256 == 0) {
+    if v == 0 || !(v.is_power_of_two() || v.is_multiple_of(256)) {
         return err(a, format!("a tile's columns are a power of two or a multiple of 256, found {v}"));
     }
     Ok(v)

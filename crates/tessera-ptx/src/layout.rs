@@ -81,7 +81,7 @@ impl Layout {
         let mut wc = 4 / wr;
         // A width that is not a power of two (a multiple of 256, e.g. 2304): as many warps
         // along the columns as divide it; the others hold row replicas.
-        while wc > 1 && !cols.is_power_of_two() && cols % (v * tc * wc) != 0 {
+        while wc > 1 && !cols.is_power_of_two() && !cols.is_multiple_of(v * tc * wc) {
             wc /= 2;
             wr *= 2;
         }
