@@ -74,7 +74,7 @@ fn main() {
     // parameters once. 16384×8192 first (the shape), then hidden sizes around it with
     // rows chosen for 256 MiB of input, far above L2.
     let mut norm_rows: Vec<(String, f64, f64)> = Vec::new();
-    for (i, &n) in [8192usize, 768, 1024, 1536, 2048, 2304, 2560, 3072, 4096, 5120, 11008, 16384].iter().enumerate() {
+    for (i, &n) in [8192usize, 768, 1024, 1536, 2048, 2304, 2560, 3072, 4096, 5120, 6144, 11008, 12288, 16384].iter().enumerate() {
         use tessera::bf16;
         let m = if i == 0 { M } else { (1usize << 27) / n };
         let xb = Tensor::from_host(&dev, &rng_bf16(m * n), &[m, n]).expect("x bf16");
@@ -88,7 +88,7 @@ fn main() {
         for path in ["rows4", "rows2", "row", "tiled"] {
             if (path == "rows4" && n > tessera_kernels::ROW_IN_REGISTERS)
                 || (path == "rows2" && !(2048..=4096).contains(&n))
-                || (path == "row" && n > 8192)
+                || (path == "row" && n > tessera_kernels::ROW_PER_BLOCK_MAX)
             {
                 continue;
             }
@@ -111,7 +111,7 @@ fn main() {
             norm_rows.push((format!("softmax {m}x{n} {path}{mark}"), bytes - (n * 2) as f64, time_ms(&dev, 5, 20, &mut sm)));
         }
         std::env::remove_var("TESSERA_NORM_PATH");
-        if n <= 8192 {
+        if n <= tessera_kernels::ROW_PER_BLOCK_MAX {
             // y, dy read, dx written.
             let mut dx = Tensor::<bf16>::zeros(&dev, &[m, n]).expect("dx bf16");
             let dy = Tensor::from_host(&dev, &rng_bf16(m * n), &[m, n]).expect("dy bf16");

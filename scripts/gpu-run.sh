@@ -4,6 +4,7 @@
 # Logs go to $OUT (or .gpu/logs).
 set -uo pipefail
 cd "$(dirname "$0")"
+[ -d bin ] || tar -xJf bin.tar.xz
 logs="${OUT:-logs}"; mkdir -p "$logs"
 export PATH="$PATH:/usr/local/cuda/bin" TESSERA_REQUIRE_GPU=1
 summary=()

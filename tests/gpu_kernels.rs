@@ -253,7 +253,7 @@ fn interp_sm80_variants_run_forward_on_newer_gpus() {
 /// Row counts and hidden sizes for the norms: odd ones, non-powers of two, both sides of
 /// `ROW_IN_REGISTERS` (the one-read and the tiled kernels).
 fn norm_shapes(dev: &Device) -> Vec<(usize, usize)> {
-    // Few rows take a block per row, as do many rows of 4097..=8192; many rows of 2049..=4096
+    // Few rows take a block per row, as do many rows of 4097..=12288; many rows of 2049..=4096
     // two rows per block, of 1025..=2048 four; the rest the tiled kernels
     // (`NormPath::choose`); each appears here on the GPU.
     let mut shapes = vec![(1, 1), (7, 129), (37, 1536), (3, 5000), (20, 2304), (2, 8192), (3, 9000), (41, 2000)];
@@ -269,6 +269,12 @@ fn norm_shapes(dev: &Device) -> Vec<(usize, usize)> {
             (1201, 3001),
             (999, 4096),
         ]);
+        // Every tile width of the one-read kernels (`tune(W = ...)`, the narrowest that holds
+        // the row): few rows take a block per row (W a multiple of 1024, and 11264, 12288),
+        // 600 rows the two- and four-row kernels (multiples of 512 and 256) and the row kernel
+        // past 4096.
+        shapes.extend([1000, 1500, 2500, 3500, 6100, 7000, 12000].map(|n| (5, n)));
+        shapes.extend([1100, 1536, 1700, 2304, 3500, 6100, 7000, 8000, 12288].map(|n| (600, n)));
     }
     shapes
 }

@@ -39,7 +39,7 @@ pub use norm::{
     layer_norm_rows2_bf16, layer_norm_rows2_f16, layer_norm_rows2_f32, layer_norm_rows4_bf16, layer_norm_rows4_f16, layer_norm_rows4_f32,
     rms_norm, rms_norm_bf16, rms_norm_f16, rms_norm_f32, rms_norm_row_bf16, rms_norm_row_f16, rms_norm_row_f32, rms_norm_rows2_bf16,
     rms_norm_rows2_f16, rms_norm_rows2_f32, rms_norm_rows4_bf16, rms_norm_rows4_f16, rms_norm_rows4_f32, NormElement, NormPath,
-    ROW_IN_REGISTERS,
+    ROW_IN_REGISTERS, ROW_PER_BLOCK_MAX,
 };
 pub use norm_fused::{
     norm_backward_row_bf16, norm_backward_row_f16, norm_backward_row_f32, norm_backward_wide_bf16, norm_backward_wide_f16,
@@ -141,6 +141,8 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         rope_pairs_bf16::VARIANTS,
         rope_pairs_f16::VARIANTS,
         rope_pairs_f32::VARIANTS,
+        crate::rope::rope_half_pipe_bf16::VARIANTS,
+        crate::rope::rope_pairs_pipe_bf16::VARIANTS,
         flash_attention_bf16::VARIANTS,
         flash_attention_f16::VARIANTS,
         flash_attention_varlen_bf16::VARIANTS,

@@ -1,56 +1,65 @@
 //! RMSNorm and LayerNorm over the last dimension.
 //!
-//! Rows up to [`ROW_IN_REGISTERS`] wide are read once: each warp holds a row in registers
-//! (`Tile<T, 4, 2048>` per block), reduces it within the warp, and writes the result; columns
-//! past the row's end are loaded as zeros and masked out of the statistics. Wider rows take
-//! the tiled kernels, which read each row once per pass (from L2 where it is still there).
-//! A block per row (up to 8192 wide, read once) serves few rows, where latency matters more
-//! than bandwidth; on many rows it is slower than the tiled kernels, its cross-warp reduction
-//! serializing each block (notes/MEASUREMENTS.md runs 30–32).
+//! Rows up to [`ROW_PER_BLOCK_MAX`] wide are read once, held in registers: four rows per block
+//! (a warp each) up to [`ROW_IN_REGISTERS`], two up to 4096, one past that and wherever the
+//! rows are fewer than the blocks the GPU runs at once (see [`NormPath::choose`]); columns past
+//! the row's end are loaded as zeros and masked out of the statistics. Each of these kernels
+//! has a variant per tile width (`tune(W = [...])`, widths such as 2304 or 5120 that are not
+//! powers of two among them), and the host launches the narrowest that holds the row: a
+//! tile the row fills leaves no registers idle, so more rows are in flight per SM. Wider rows
+//! take the tiled kernels, which read each row once per pass (from L2 where it is still
+//! there).
 
-use tessera::{kernel, Device, Element, GlobalArg, Grid, Optional, Result, Tensor};
+use tessera::{kernel, Device, Element, GlobalArg, Grid, KernelSpec, Optional, Result, Tensor};
 
 /// Rows each block of the tiled kernels normalizes.
 const BM: usize = 16;
 
-/// The widest row the one-read kernels hold in registers.
+/// The widest row the four-rows-per-block kernels hold in registers.
 pub const ROW_IN_REGISTERS: usize = 2048;
 
-/// `rms_norm_*` for rows of at most 8192 elements, one row per block, read once.
-#[kernel(dtypes(T = [bf16, f16, f32]))]
+/// The widest row the one-row-per-block kernels hold in registers (a 1×12288 tile: 214
+/// registers a thread in bf16, two blocks an SM); wider rows take the tiled kernels.
+pub const ROW_PER_BLOCK_MAX: usize = 12288;
+
+/// `rms_norm_*` for rows of at most [`ROW_PER_BLOCK_MAX`] elements, one row per block, read
+/// once; a variant per tile width `W` (multiples of 1024), the host taking the narrowest that
+/// holds the row.
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [8192, 7168, 6144, 5120, 4096, 3072, 2048, 1024, 11264, 12288]))]
 pub fn rms_norm_row(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f32, has_weight: i32, ahead: i32) {
     let r = block::id_x();
-    x.prefetch::<Tile<T, 1, 8192>>([r + ahead, 0]);
-    let t = x.load::<Tile<T, 1, 8192>>([r, 0]).cast::<f32>();
+    x.prefetch::<Tile<T, 1, W>>([r + ahead, 0]);
+    let t = x.load::<Tile<T, 1, W>>([r, 0]).cast::<f32>();
     let inv = rsqrt(row_sum(t * t) * (1.0 / x.dim(1) as f32) + eps);
     let mut o = t * inv;
     if has_weight == 1 {
-        o = o * w.load::<Tile<T, 1, 8192>>([0]).cast::<f32>();
+        o = o * w.load::<Tile<T, 1, W>>([0]).cast::<f32>();
     }
     y.store([r, 0], o.cast::<T>());
 }
 
 /// `rms_norm_*` for rows of at most 2048 elements: four rows per block, one per warp, so
-/// the reductions stay within a warp.
-#[kernel(dtypes(T = [bf16, f16, f32]))]
+/// the reductions stay within a warp; a variant per tile width `W` (multiples of 256).
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [2048, 1792, 1536, 1280]))]
 pub fn rms_norm_rows4(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f32, has_weight: i32, ahead: i32) {
     let r = block::id_x() * 4;
-    x.prefetch::<Tile<T, 4, 2048>>([r + ahead, 0]);
-    let t = x.load::<Tile<T, 4, 2048>>([r, 0]);
+    x.prefetch::<Tile<T, 4, W>>([r + ahead, 0]);
+    let t = x.load::<Tile<T, 4, W>>([r, 0]);
     let f = t.cast::<f32>();
     let inv = rsqrt(row_sum(f * f) * (1.0 / x.dim(1) as f32) + eps);
     let mut o = t.cast::<f32>() * inv;
     if has_weight == 1 {
-        o = o * w.load::<Tile<T, 1, 2048>>([0]).cast::<f32>();
+        o = o * w.load::<Tile<T, 1, W>>([0]).cast::<f32>();
     }
     y.store([r, 0], o.cast::<T>());
 }
 
-/// `y = (x − mean) / sqrt(var + eps) · w + b` for rows of at most 8192 elements, one row per
-/// block, read once. The statistics come from one exchange across warps: the sums of
+/// `y = (x − mean) / sqrt(var + eps) · w + b` for rows of at most [`ROW_PER_BLOCK_MAX`]
+/// elements, one row per block, read once. The statistics come from one exchange across warps: the sums of
 /// `x − k` and of its squares, `k` the row's first element — shifted so that a row far from
-/// zero keeps its variance (rows of equal values give exactly 0), clamped at 0.
-#[kernel(dtypes(T = [bf16, f16, f32]))]
+/// zero keeps its variance (rows of equal values give exactly 0), clamped at 0. Widths as
+/// [`rms_norm_row`]'s.
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [8192, 7168, 6144, 5120, 4096, 3072, 2048, 1024, 11264, 12288]))]
 pub fn layer_norm_row(
     x: Global<T, 2>,
     w: Global<T, 1>,
@@ -63,8 +72,8 @@ pub fn layer_norm_row(
 ) {
     let r = block::id_x();
     let n = x.dim(1);
-    x.prefetch::<Tile<T, 1, 8192>>([r + ahead, 0]);
-    let t = x.load::<Tile<T, 1, 8192>>([r, 0]).cast::<f32>();
+    x.prefetch::<Tile<T, 1, W>>([r + ahead, 0]);
+    let t = x.load::<Tile<T, 1, W>>([r, 0]).cast::<f32>();
     let k = x.get([r, 0]);
     let d = (t - k).mask_cols(n, 0.0);
     let s1 = row_sum(d);
@@ -75,10 +84,10 @@ pub fn layer_norm_row(
     // One parameter row at a time: both in flight at once cost 60 registers, a block per SM
     // (run 42: 0.61× copy against 0.79).
     if has_weight == 1 {
-        o = o * w.load::<Tile<T, 1, 8192>>([0]).cast::<f32>();
+        o = o * w.load::<Tile<T, 1, W>>([0]).cast::<f32>();
     }
     if has_bias == 1 {
-        o = o + b.load::<Tile<T, 1, 8192>>([0]).cast::<f32>();
+        o = o + b.load::<Tile<T, 1, W>>([0]).cast::<f32>();
     }
     y.store([r, 0], o.cast::<T>());
 }
@@ -86,8 +95,8 @@ pub fn layer_norm_row(
 /// `y = (x − mean) / sqrt(var + eps) · w + b` for rows of at most 2048 elements, four rows
 /// per block (one per warp), read once; the variance is the mean of the centred squares
 /// (columns past the row masked out), so it is never negative and rows of equal values give
-/// the bias.
-#[kernel(dtypes(T = [bf16, f16, f32]))]
+/// the bias. Widths as [`rms_norm_rows4`]'s.
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [2048, 1792, 1536, 1280]))]
 pub fn layer_norm_rows4(
     x: Global<T, 2>,
     w: Global<T, 1>,
@@ -100,38 +109,40 @@ pub fn layer_norm_rows4(
 ) {
     let r = block::id_x() * 4;
     let n = x.dim(1);
-    x.prefetch::<Tile<T, 4, 2048>>([r + ahead, 0]);
-    let t = x.load::<Tile<T, 4, 2048>>([r, 0]);
+    x.prefetch::<Tile<T, 4, W>>([r + ahead, 0]);
+    let t = x.load::<Tile<T, 4, W>>([r, 0]);
     let mean = row_sum(t.cast::<f32>()) * (1.0 / n as f32);
     let d = (t.cast::<f32>() - mean).mask_cols(n, 0.0);
     let mut o = d * rsqrt(row_sum(d * d) * (1.0 / n as f32) + eps);
     if has_weight == 1 {
-        o = o * w.load::<Tile<T, 1, 2048>>([0]).cast::<f32>();
+        o = o * w.load::<Tile<T, 1, W>>([0]).cast::<f32>();
     }
     if has_bias == 1 {
-        o = o + b.load::<Tile<T, 1, 2048>>([0]).cast::<f32>();
+        o = o + b.load::<Tile<T, 1, W>>([0]).cast::<f32>();
     }
     y.store([r, 0], o.cast::<T>());
 }
 
 /// `rms_norm_*` for rows of 2049..=4096 elements: two rows per block, two warps per row
-/// (a block per row would leave half its 8192-wide tile idle).
-#[kernel(dtypes(T = [bf16, f16, f32]))]
+/// (a block per row would leave half its 8192-wide tile idle); a variant per tile width `W`
+/// (multiples of 512).
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [4096, 3584, 3072, 2560]))]
 pub fn rms_norm_rows2(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f32, has_weight: i32, ahead: i32) {
     let r = block::id_x() * 2;
-    x.prefetch::<Tile<T, 2, 4096>>([r + ahead, 0]);
-    let t = x.load::<Tile<T, 2, 4096>>([r, 0]).cast::<f32>();
+    x.prefetch::<Tile<T, 2, W>>([r + ahead, 0]);
+    let t = x.load::<Tile<T, 2, W>>([r, 0]).cast::<f32>();
     let inv = rsqrt(row_sum(t * t) * (1.0 / x.dim(1) as f32) + eps);
     let mut o = t * inv;
     if has_weight == 1 {
-        o = o * w.load::<Tile<T, 1, 4096>>([0]).cast::<f32>();
+        o = o * w.load::<Tile<T, 1, W>>([0]).cast::<f32>();
     }
     y.store([r, 0], o.cast::<T>());
 }
 
 /// `layer_norm_*` for rows of 2049..=4096 elements: two rows per block, two warps per row;
-/// the variance is the mean of the centred squares (columns past the row masked out).
-#[kernel(dtypes(T = [bf16, f16, f32]))]
+/// the variance is the mean of the centred squares (columns past the row masked out). Widths
+/// as [`rms_norm_rows2`]'s.
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [4096, 3584, 3072, 2560]))]
 pub fn layer_norm_rows2(
     x: Global<T, 2>,
     w: Global<T, 1>,
@@ -144,16 +155,16 @@ pub fn layer_norm_rows2(
 ) {
     let r = block::id_x() * 2;
     let n = x.dim(1);
-    x.prefetch::<Tile<T, 2, 4096>>([r + ahead, 0]);
-    let t = x.load::<Tile<T, 2, 4096>>([r, 0]).cast::<f32>();
+    x.prefetch::<Tile<T, 2, W>>([r + ahead, 0]);
+    let t = x.load::<Tile<T, 2, W>>([r, 0]).cast::<f32>();
     let mean = row_sum(t) * (1.0 / n as f32);
     let d = (t - mean).mask_cols(n, 0.0);
     let mut o = d * rsqrt(row_sum(d * d) * (1.0 / n as f32) + eps);
     if has_weight == 1 {
-        o = o * w.load::<Tile<T, 1, 4096>>([0]).cast::<f32>();
+        o = o * w.load::<Tile<T, 1, W>>([0]).cast::<f32>();
     }
     if has_bias == 1 {
-        o = o + b.load::<Tile<T, 1, 4096>>([0]).cast::<f32>();
+        o = o + b.load::<Tile<T, 1, W>>([0]).cast::<f32>();
     }
     y.store([r, 0], o.cast::<T>());
 }
@@ -258,7 +269,8 @@ pub enum NormPath {
     Rows4,
     /// Two rows per block, read once (hidden ≤ 4096; softmax takes `Row` here).
     Rows2,
-    /// One row per block, read once (hidden ≤ 8192): for few rows.
+    /// One row per block, read once (hidden ≤ [`ROW_PER_BLOCK_MAX`]): for few rows, and rows
+    /// wider than 4096.
     Row,
     /// 16 rows per block, a pass over the columns per statistic (any width).
     Tiled,
@@ -267,18 +279,18 @@ pub enum NormPath {
 impl NormPath {
     /// The path for `m` rows of `n` elements on a device of `sms` SMs, from runs 36 and 42: a
     /// block per row for fewer rows than blocks the GPU runs at once, and for rows of
-    /// 4097..=8192; two rows per block for 2049..=4096; four for 1025..=2048; else the tiled
+    /// 4097..=[`ROW_PER_BLOCK_MAX`]; two rows per block for 2049..=4096; four for 1025..=2048; else the tiled
     /// kernels. `TESSERA_NORM_PATH=rows4|rows2|row|tiled` overrides it where the kernel can
     /// take the width (for benchmarking the alternatives).
     pub fn choose(m: usize, n: usize, sms: usize) -> NormPath {
         let forced = match std::env::var("TESSERA_NORM_PATH").as_deref() {
             Ok("rows4") if n <= ROW_IN_REGISTERS => Some(NormPath::Rows4),
             Ok("rows2") if n <= 4096 => Some(NormPath::Rows2),
-            Ok("row") if n <= 8192 => Some(NormPath::Row),
+            Ok("row") if n <= ROW_PER_BLOCK_MAX => Some(NormPath::Row),
             Ok("tiled") => Some(NormPath::Tiled),
             _ => None,
         };
-        forced.unwrap_or(if n <= 8192 && (m <= 4 * sms || n > 4096) {
+        forced.unwrap_or(if n <= ROW_PER_BLOCK_MAX && (m <= 4 * sms || n > 4096) {
             NormPath::Row
         } else if n <= 4096 && n > ROW_IN_REGISTERS {
             NormPath::Rows2
@@ -316,6 +328,16 @@ pub(crate) fn prefetch_ahead(dev: &Device, rows_per_block: usize) -> i32 {
     i32::try_from(dev.sm_count() as usize * rows_per_block).unwrap_or(i32::MAX)
 }
 
+/// The index in `variants` (a kernel's `tune(W = [...])` variants) of the narrowest whose tile
+/// width `W` holds `n` columns, else of the widest. A row that fills its tile keeps more rows
+/// in flight per SM: at 32768×4096, a half-empty 8192-wide tile read 0.61× a copy's bandwidth
+/// where a full 4096-wide one read 0.92× (run 43).
+pub(crate) fn narrowest(variants: &[&KernelSpec], n: usize) -> usize {
+    let width = |i: usize| variants[i].knob("W").and_then(|w| usize::try_from(w).ok()).unwrap_or(usize::MAX);
+    let fits = (0..variants.len()).filter(|&i| width(i) >= n);
+    fits.min_by_key(|&i| width(i)).unwrap_or_else(|| (0..variants.len()).max_by_key(|&i| width(i)).unwrap_or(0))
+}
+
 macro_rules! norm_element {
     ($t:ty, $rms4:ident, $rms2:ident, $rms_row:ident, $rms:ident, $ln4:ident, $ln2:ident, $ln_row:ident, $ln:ident, [$rows4:ident, $row:ident, $wide:ident, $brow:ident, $bwide:ident, $sum:ident]) => {
         impl NormElement for $t {
@@ -339,11 +361,11 @@ macro_rules! norm_element {
                 eps: f32,
                 has_w: i32,
             ) -> Result<()> {
-                let (g, ahead) = (path.grid(x.shape()[0]), path.ahead(dev));
+                let (g, ahead, n) = (path.grid(x.shape()[0]), path.ahead(dev), x.shape()[1]);
                 match path {
-                    NormPath::Rows4 => $rms4::launch(dev, g, x, w, y, eps, has_w, ahead),
-                    NormPath::Rows2 => $rms2::launch(dev, g, x, w, y, eps, has_w, ahead),
-                    NormPath::Row => $rms_row::launch(dev, g, x, w, y, eps, has_w, ahead),
+                    NormPath::Rows4 => $rms4::launch_variant(narrowest($rms4::VARIANTS, n), dev, g, x, w, y, eps, has_w, ahead),
+                    NormPath::Rows2 => $rms2::launch_variant(narrowest($rms2::VARIANTS, n), dev, g, x, w, y, eps, has_w, ahead),
+                    NormPath::Row => $rms_row::launch_variant(narrowest($rms_row::VARIANTS, n), dev, g, x, w, y, eps, has_w, ahead),
                     NormPath::Tiled => $rms::launch(dev, g, x, w, y, eps, has_w, ahead),
                 }
             }
@@ -357,11 +379,11 @@ macro_rules! norm_element {
                 eps: f32,
                 (has_w, has_b): (i32, i32),
             ) -> Result<()> {
-                let (g, ahead) = (path.grid(x.shape()[0]), path.ahead(dev));
+                let (g, ahead, n) = (path.grid(x.shape()[0]), path.ahead(dev), x.shape()[1]);
                 match path {
-                    NormPath::Rows4 => $ln4::launch(dev, g, x, w, b, y, eps, has_w, has_b, ahead),
-                    NormPath::Rows2 => $ln2::launch(dev, g, x, w, b, y, eps, has_w, has_b, ahead),
-                    NormPath::Row => $ln_row::launch(dev, g, x, w, b, y, eps, has_w, has_b, ahead),
+                    NormPath::Rows4 => $ln4::launch_variant(narrowest($ln4::VARIANTS, n), dev, g, x, w, b, y, eps, has_w, has_b, ahead),
+                    NormPath::Rows2 => $ln2::launch_variant(narrowest($ln2::VARIANTS, n), dev, g, x, w, b, y, eps, has_w, has_b, ahead),
+                    NormPath::Row => $ln_row::launch_variant(narrowest($ln_row::VARIANTS, n), dev, g, x, w, b, y, eps, has_w, has_b, ahead),
                     NormPath::Tiled => $ln::launch(dev, g, x, w, b, y, eps, has_w, has_b, ahead),
                 }
             }
@@ -471,4 +493,24 @@ pub fn layer_norm<T: NormElement>(
     let row = NormPath::choose(m, n, device.sm_count() as usize);
     let flags = (i32::from(weight.is_some()), i32::from(bias.is_some()));
     T::layer_norm_launch(device, row, x, &Optional(weight, 1), &Optional(bias, 1), y, eps, flags)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_narrowest_tile_that_holds_the_row() {
+        let width = |n| rms_norm_row_bf16::VARIANTS[narrowest(rms_norm_row_bf16::VARIANTS, n)].knob("W");
+        assert_eq!(width(1), Some(1024));
+        assert_eq!(width(1024), Some(1024));
+        assert_eq!(width(1025), Some(2048));
+        assert_eq!(width(5000), Some(5120));
+        assert_eq!(width(8192), Some(8192));
+        assert_eq!(width(11008), Some(11264));
+        // Wider than every tile (never asked by the host): the widest.
+        assert_eq!(width(20000), Some(12288));
+        let width = |n| layer_norm_rows2_f32::VARIANTS[narrowest(layer_norm_rows2_f32::VARIANTS, n)].knob("W");
+        assert_eq!((width(2304), width(3001), width(4096)), (Some(2560), Some(3072), Some(4096)));
+    }
 }

@@ -1,8 +1,9 @@
 //! Row softmax, forward and backward, with a scale and a causal mask.
 //!
 //! The same three shapes of kernel as the norms (see [`crate::NormPath`]): a block per row of
-//! up to 8192 elements and four rows per block of up to 2048 read each row once and keep it
-//! in registers; the tiled kernels take any width in two passes (an online maximum and sum,
+//! up to [`crate::ROW_PER_BLOCK_MAX`] elements and four rows per block of up to 2048 read each
+//! row once and keep it in registers (a variant per tile width, the narrowest that holds the
+//! row launched); the tiled kernels take any width in two passes (an online maximum and sum,
 //! then the output). Each row's maximum is taken of `x` itself and subtracted before the
 //! scale (`exp2((x − max)·scale·log2 e)`): the difference is exact for logits near the
 //! maximum, however large (±1e4), where scaling first would round them.
@@ -11,38 +12,39 @@
 //! of one matrix (a 3-D input's middle axis), so a batch of attention-score matrices masks
 //! each from its own first row.
 
-use crate::norm::NormPath;
+use crate::norm::{narrowest, NormPath};
 use tessera::{kernel, Device, Element, GlobalArg, GlobalArgMut, Grid, Result, Tensor};
 
 /// Rows each block of the tiled kernels normalizes.
 const BM: usize = 16;
 
-/// `softmax_*` for rows of at most 8192 elements: one row per block, read once.
-#[kernel(dtypes(T = [bf16, f16, f32]))]
+/// `softmax_*` for rows of at most [`crate::ROW_PER_BLOCK_MAX`] elements: one row per block, read once; a variant per
+/// tile width `W`, the host taking the narrowest that holds the row (as the norms').
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [8192, 7168, 6144, 5120, 4096, 3072, 2048, 1024, 11264, 12288]))]
 pub fn softmax_row(x: Global<T, 2>, y: Global<T, 2>, scale: f32, causal: i32, period: i32, ahead: i32) {
     let r = block::id_x();
-    x.prefetch::<Tile<T, 1, 8192>>([r + ahead, 0]);
+    x.prefetch::<Tile<T, 1, W>>([r + ahead, 0]);
     let mut limit = x.dim(1);
     if causal == 1 {
         limit = min(limit, r % period + 1);
     }
-    let t = x.load::<Tile<T, 1, 8192>>([r, 0]).cast::<f32>().mask_cols(limit, f32::NEG_INFINITY);
+    let t = x.load::<Tile<T, 1, W>>([r, 0]).cast::<f32>().mask_cols(limit, f32::NEG_INFINITY);
     let e = exp2((t - row_max(t)) * (scale * f32::consts::LOG2_E));
     y.store([r, 0], (e * (1.0 / row_sum(e))).cast::<T>());
 }
 
 /// `softmax_*` for rows of at most 2048 elements: four rows per block, one per warp. Each
 /// row's limit is `min(n, i mod period + 1 + open)`, `open` 0 when causal and 2²⁴ when not
-/// (rows below 2²⁴, so the f32 arithmetic is exact).
-#[kernel(dtypes(T = [bf16, f16, f32]))]
+/// (rows below 2²⁴, so the f32 arithmetic is exact). Tile widths `W` as the norms'.
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [2048, 1792, 1536, 1280]))]
 pub fn softmax_rows4(x: Global<T, 2>, y: Global<T, 2>, scale: f32, causal: i32, period: i32, ahead: i32) {
     let r = block::id_x() * 4;
-    x.prefetch::<Tile<T, 4, 2048>>([r + ahead, 0]);
+    x.prefetch::<Tile<T, 4, W>>([r + ahead, 0]);
     let n = x.dim(1) as f32;
     let p = period as f32;
     let open = (1 - causal) as f32 * 16777216.0;
     let i = Tile::<f32, 4, 1>::row_index() + r as f32;
-    let t = x.load::<Tile<T, 4, 2048>>([r, 0]).cast::<f32>().mask_cols(min(i - floor(i / p) * p + (1.0 + open), n), f32::NEG_INFINITY);
+    let t = x.load::<Tile<T, 4, W>>([r, 0]).cast::<f32>().mask_cols(min(i - floor(i / p) * p + (1.0 + open), n), f32::NEG_INFINITY);
     let e = exp2((t - row_max(t)) * (scale * f32::consts::LOG2_E));
     y.store([r, 0], (e * (1.0 / row_sum(e))).cast::<T>());
 }
@@ -84,13 +86,13 @@ pub fn softmax(x: Global<T, 2>, y: Global<T, 2>, scale: f32, causal: i32, period
     }
 }
 
-/// The backward pass for rows of at most 8192 elements, a row per block:
-/// `dx = scale · y ⊙ (dy − Σ dy ⊙ y)`.
-#[kernel(dtypes(T = [bf16, f16, f32]))]
+/// The backward pass for rows of at most [`crate::ROW_PER_BLOCK_MAX`] elements, a row per block:
+/// `dx = scale · y ⊙ (dy − Σ dy ⊙ y)`. Tile widths `W` as the forward's.
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [8192, 7168, 6144, 5120, 4096, 3072, 2048, 1024, 11264, 12288]))]
 pub fn softmax_backward_row(y: Global<T, 2>, dy: Global<T, 2>, dx: Global<T, 2>, scale: f32) {
     let r = block::id_x();
-    let yt = y.load::<Tile<T, 1, 8192>>([r, 0]).cast::<f32>();
-    let g = dy.load::<Tile<T, 1, 8192>>([r, 0]).cast::<f32>();
+    let yt = y.load::<Tile<T, 1, W>>([r, 0]).cast::<f32>();
+    let g = dy.load::<Tile<T, 1, W>>([r, 0]).cast::<f32>();
     let dot = row_sum(yt * g);
     dx.store([r, 0], ((g - dot) * yt * scale).cast::<T>());
 }
@@ -135,7 +137,7 @@ pub trait SoftmaxElement: Element {
     fn softmax_launch(
         dev: &Device,
         path: NormPath,
-        m: usize,
+        rows: (usize, usize),
         x: &impl GlobalArg<Self>,
         y: &mut impl GlobalArgMut<Self>,
         o: SoftmaxOptions,
@@ -146,7 +148,7 @@ pub trait SoftmaxElement: Element {
     fn softmax_backward_launch(
         dev: &Device,
         row: bool,
-        m: usize,
+        rows: (usize, usize),
         y: &impl GlobalArg<Self>,
         dy: &impl GlobalArg<Self>,
         dx: &mut impl GlobalArgMut<Self>,
@@ -160,7 +162,7 @@ macro_rules! softmax_element {
             fn softmax_launch(
                 dev: &Device,
                 path: NormPath,
-                m: usize,
+                (m, n): (usize, usize),
                 x: &impl GlobalArg<Self>,
                 y: &mut impl GlobalArgMut<Self>,
                 o: SoftmaxOptions,
@@ -170,23 +172,27 @@ macro_rules! softmax_element {
                 match path {
                     NormPath::Row | NormPath::Rows2 => {
                         let ahead = NormPath::Row.ahead(dev);
-                        $row::launch(dev, NormPath::Row.grid(m), x, y, o.scale, causal, period, ahead)
+                        let w = narrowest($row::VARIANTS, n);
+                        $row::launch_variant(w, dev, NormPath::Row.grid(m), x, y, o.scale, causal, period, ahead)
                     }
-                    NormPath::Rows4 => $rows4::launch(dev, g, x, y, o.scale, causal, period, path.ahead(dev)),
+                    NormPath::Rows4 => {
+                        let w = narrowest($rows4::VARIANTS, n);
+                        $rows4::launch_variant(w, dev, g, x, y, o.scale, causal, period, path.ahead(dev))
+                    }
                     NormPath::Tiled => $tiled::launch(dev, g, x, y, o.scale, causal, period, path.ahead(dev)),
                 }
             }
             fn softmax_backward_launch(
                 dev: &Device,
                 row: bool,
-                m: usize,
+                (m, n): (usize, usize),
                 y: &impl GlobalArg<Self>,
                 dy: &impl GlobalArg<Self>,
                 dx: &mut impl GlobalArgMut<Self>,
                 scale: f32,
             ) -> Result<()> {
                 if row {
-                    $bwd_row::launch(dev, Grid::from(m as u32), y, dy, dx, scale)
+                    $bwd_row::launch_variant(narrowest($bwd_row::VARIANTS, n), dev, Grid::from(m as u32), y, dy, dx, scale)
                 } else {
                     $bwd::launch(dev, Grid::from(Grid::tiles(m, BM)), y, dy, dx, scale)
                 }
@@ -259,7 +265,7 @@ pub fn softmax_with<T: SoftmaxElement>(device: &Device, x: &Tensor<T>, y: &mut T
     let ys = as_rows("softmax", "y", y)?.1;
     let xv = x.view(&[m, n], &xs)?;
     let mut yv = y.view_mut(&[m, n], &ys)?;
-    T::softmax_launch(device, path, m, &xv, &mut yv, options, period as i32)
+    T::softmax_launch(device, path, (m, n), &xv, &mut yv, options, period as i32)
 }
 
 /// The backward pass of [`softmax_with`]: `dx = scale · y ⊙ (dy − Σ_j dy ⊙ y)` per row, from
@@ -289,5 +295,5 @@ pub fn softmax_backward<T: SoftmaxElement>(device: &Device, y: &Tensor<T>, dy: &
     // A block per row where the norms take one or two (run 37: 1.01× copy at 16384×8192,
     // 0.19× at 768 wide), else the tiled kernel.
     let row = matches!(NormPath::choose(m, n, device.sm_count() as usize), NormPath::Row | NormPath::Rows2);
-    T::softmax_backward_launch(device, row, m, &yv, &dyv, &mut dxv, scale)
+    T::softmax_backward_launch(device, row, (m, n), &yv, &dyv, &mut dxv, scale)
 }
