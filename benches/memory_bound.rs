@@ -87,7 +87,7 @@ fn main() {
         let default = format!("{:?}", tessera_kernels::NormPath::choose(m, n, dev.sm_count() as usize)).to_lowercase();
         for path in ["rows4", "rows2", "row", "tiled"] {
             if (path == "rows4" && n > tessera_kernels::ROW_IN_REGISTERS)
-                || (path == "rows2" && !(2048..=4096).contains(&n))
+                || (path == "rows2" && !(2048..=3584).contains(&n))
                 || (path == "row" && n > tessera_kernels::ROW_PER_BLOCK_MAX)
             {
                 continue;

@@ -253,9 +253,10 @@ fn interp_sm80_variants_run_forward_on_newer_gpus() {
 /// Row counts and hidden sizes for the norms: odd ones, non-powers of two, both sides of
 /// `ROW_IN_REGISTERS` (the one-read and the tiled kernels).
 fn norm_shapes(dev: &Device) -> Vec<(usize, usize)> {
-    // Few rows take a block per row, as do many rows of 4097..=12288; many rows of 2049..=4096
-    // two rows per block, of 1025..=2048 four; the rest the tiled kernels
-    // (`NormPath::choose`); each appears here on the GPU.
+    // Few rows take a block per row, as do many rows of 4097..=12288 (and of 2049..=4096 where
+    // that tile is as full as two rows'); many rows of 2049..=4096 otherwise two rows per
+    // block, of 1025..=2048 four; the rest the tiled kernels (`NormPath::choose`); each
+    // appears here on the GPU.
     let mut shapes = vec![(1, 1), (7, 129), (37, 1536), (3, 5000), (20, 2304), (2, 8192), (3, 9000), (41, 2000)];
     if !dev.is_cpu() {
         shapes.extend([

@@ -141,8 +141,6 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         rope_pairs_bf16::VARIANTS,
         rope_pairs_f16::VARIANTS,
         rope_pairs_f32::VARIANTS,
-        crate::rope::rope_half_pipe_bf16::VARIANTS,
-        crate::rope::rope_pairs_pipe_bf16::VARIANTS,
         flash_attention_bf16::VARIANTS,
         flash_attention_f16::VARIANTS,
         flash_attention_varlen_bf16::VARIANTS,

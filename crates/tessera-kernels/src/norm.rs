@@ -123,10 +123,10 @@ pub fn layer_norm_rows4(
     y.store([r, 0], o.cast::<T>());
 }
 
-/// `rms_norm_*` for rows of 2049..=4096 elements: two rows per block, two warps per row
-/// (a block per row would leave half its 8192-wide tile idle); a variant per tile width `W`
-/// (multiples of 512).
-#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [4096, 3584, 3072, 2560]))]
+/// `rms_norm_*` for rows of 2049..=2560 and 3073..=3584 elements: two rows per block, two
+/// warps per row, in a tile of 2560 or 3584 columns — fuller than a row per block's (a
+/// multiple of 1024), which takes the other widths up to 4096.
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [3584, 2560]))]
 pub fn rms_norm_rows2(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f32, has_weight: i32, ahead: i32) {
     let r = block::id_x() * 2;
     x.prefetch::<Tile<T, 2, W>>([r + ahead, 0]);
@@ -139,10 +139,9 @@ pub fn rms_norm_rows2(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f3
     y.store([r, 0], o.cast::<T>());
 }
 
-/// `layer_norm_*` for rows of 2049..=4096 elements: two rows per block, two warps per row;
-/// the variance is the mean of the centred squares (columns past the row masked out). Widths
-/// as [`rms_norm_rows2`]'s.
-#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [4096, 3584, 3072, 2560]))]
+/// `layer_norm_*` for the widths of [`rms_norm_rows2`]: two rows per block, two warps per row;
+/// the variance is the mean of the centred squares (columns past the row masked out).
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [3584, 2560]))]
 pub fn layer_norm_rows2(
     x: Global<T, 2>,
     w: Global<T, 1>,
@@ -267,7 +266,8 @@ pub trait NormElement: Element {
 pub enum NormPath {
     /// Four rows per block, read once (hidden ≤ 2048).
     Rows4,
-    /// Two rows per block, read once (hidden ≤ 4096; softmax takes `Row` here).
+    /// Two rows per block, read once (hidden 2049..=2560 and 3073..=3584; softmax takes `Row`
+    /// here).
     Rows2,
     /// One row per block, read once (hidden ≤ [`ROW_PER_BLOCK_MAX`]): for few rows, and rows
     /// wider than 4096.
@@ -279,18 +279,23 @@ pub enum NormPath {
 impl NormPath {
     /// The path for `m` rows of `n` elements on a device of `sms` SMs, from runs 36 and 42: a
     /// block per row for fewer rows than blocks the GPU runs at once, and for rows of
-    /// 4097..=[`ROW_PER_BLOCK_MAX`]; two rows per block for 2049..=4096; four for 1025..=2048; else the tiled
+    /// 4097..=[`ROW_PER_BLOCK_MAX`]; for 2049..=4096 two rows per block (one where a row's tile
+    /// is as full as two rows'); four for 1025..=2048; else the tiled
     /// kernels. `TESSERA_NORM_PATH=rows4|rows2|row|tiled` overrides it where the kernel can
     /// take the width (for benchmarking the alternatives).
     pub fn choose(m: usize, n: usize, sms: usize) -> NormPath {
         let forced = match std::env::var("TESSERA_NORM_PATH").as_deref() {
             Ok("rows4") if n <= ROW_IN_REGISTERS => Some(NormPath::Rows4),
-            Ok("rows2") if n <= 4096 => Some(NormPath::Rows2),
+            Ok("rows2") if n <= 3584 => Some(NormPath::Rows2),
             Ok("row") if n <= ROW_PER_BLOCK_MAX => Some(NormPath::Row),
             Ok("tiled") => Some(NormPath::Tiled),
             _ => None,
         };
-        forced.unwrap_or(if n <= ROW_PER_BLOCK_MAX && (m <= 4 * sms || n > 4096) {
+        // 2049..=4096 wide: a row per block where its tile (a multiple of 1024) is as full as
+        // two rows' (multiples of 512): run 70, LayerNorm 0.95 against 0.90–0.92 at 3072 and
+        // 4096; two rows where theirs is fuller (0.87 against 0.70 at 2304).
+        let row_full = n.div_ceil(1024) * 1024 == n.div_ceil(512) * 512;
+        forced.unwrap_or(if n <= ROW_PER_BLOCK_MAX && (m <= 4 * sms || n > 4096 || (n > ROW_IN_REGISTERS && row_full)) {
             NormPath::Row
         } else if n <= 4096 && n > ROW_IN_REGISTERS {
             NormPath::Rows2
@@ -511,6 +516,6 @@ mod tests {
         // Wider than every tile (never asked by the host): the widest.
         assert_eq!(width(20000), Some(12288));
         let width = |n| layer_norm_rows2_f32::VARIANTS[narrowest(layer_norm_rows2_f32::VARIANTS, n)].knob("W");
-        assert_eq!((width(2304), width(3001), width(4096)), (Some(2560), Some(3072), Some(4096)));
+        assert_eq!((width(2304), width(3001)), (Some(2560), Some(3584)));
     }
 }

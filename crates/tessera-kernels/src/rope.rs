@@ -18,7 +18,7 @@ const HEADS: usize = 32;
 /// `θ_j = p·exp2(j·freq_exp)` (`freq_exp = −2·log2(base)/dim`) or `cos_cache[p, j]`,
 /// `sin_cache[p, j]`. `sign` −1 rotates back (the backward pass). The two halves' tiles load
 /// together (consecutive `let`s of loads issue as one group).
-#[kernel(dtypes(T = [bf16, f16, f32]))]
+#[kernel(dtypes(T = [bf16, f16, f32]), blocks_per_sm = 5)]
 pub fn rope_half(
     x: Global<T, 5>,
     y: Global<T, 5>,
@@ -60,117 +60,12 @@ pub fn rope_half(
     }
 }
 
-/// `rope_half` with the next step's tiles in flight while this one's are rotated and stored:
-/// the steps `(token, 64 columns)` are numbered in one sequence each block walks a grid's width
-/// at a time, and the tiles of step `i + stride` load (in `T`, unconverted) before step `i`'s
-/// arithmetic. EXPERIMENT (run 70).
-#[kernel(dtypes(T = [bf16, f16, f32]))]
-pub fn rope_half_pipe(
-    x: Global<T, 5>,
-    y: Global<T, 5>,
-    cos_cache: Global<f32, 2>,
-    sin_cache: Global<f32, 2>,
-    positions: Global<i32, 2>,
-    offset: i32,
-    has_positions: i32,
-    has_cache: i32,
-    freq_exp: f32,
-    sign: f32,
-    stride: i32,
-) {
-    let b = block::id_y();
-    let h = block::id_z() * 32;
-    let nc = (x.dim(4) + 63) / 64;
-    let first = block::id_x();
-    let mut x1 = x.load::<Tile<T, 32, 64>>([b, first / nc, 0, h, first % nc * 64]);
-    let mut x2 = x.load::<Tile<T, 32, 64>>([b, first / nc, 1, h, first % nc * 64]);
-    for i in (first..x.dim(1) * nc).step_by(stride) {
-        let s = i / nc;
-        let c = i % nc * 64;
-        let j = i + stride;
-        let n1 = x.load::<Tile<T, 32, 64>>([b, j / nc, 0, h, j % nc * 64]);
-        let n2 = x.load::<Tile<T, 32, 64>>([b, j / nc, 1, h, j % nc * 64]);
-        let mut p = s + offset;
-        if has_positions == 1 {
-            p = positions.get([b, s]);
-        }
-        let mut cs = Tile::<f32, 1, 64>::zeros();
-        let mut sn = Tile::<f32, 1, 64>::zeros();
-        if has_cache == 1 {
-            let cc = cos_cache.load::<Tile<f32, 1, 64>>([p, c]);
-            let sc = sin_cache.load::<Tile<f32, 1, 64>>([p, c]);
-            cs = cc;
-            sn = sc * sign;
-        } else {
-            let theta = exp2((Tile::<f32, 1, 64>::col_index() + c as f32) * freq_exp) * p as f32;
-            cs = cos(theta);
-            sn = sin(theta) * sign;
-        }
-        let a = x1.cast::<f32>();
-        let bb = x2.cast::<f32>();
-        y.store([b, s, 0, h, c], (a * cs - bb * sn).cast::<T>());
-        y.store([b, s, 1, h, c], (bb * cs + a * sn).cast::<T>());
-        x1 = n1;
-        x2 = n2;
-    }
-}
-
-/// `rope_pairs` with the next step's tile in flight, as [`rope_half_pipe`]. EXPERIMENT (run 70).
-#[kernel(dtypes(T = [bf16, f16, f32]))]
-pub fn rope_pairs_pipe(
-    x: Global<T, 4>,
-    y: Global<T, 4>,
-    cos_cache: Global<f32, 2>,
-    sin_cache: Global<f32, 2>,
-    positions: Global<i32, 2>,
-    offset: i32,
-    has_positions: i32,
-    has_cache: i32,
-    freq_exp: f32,
-    sign: f32,
-    stride: i32,
-) {
-    let b = block::id_y();
-    let h = block::id_z() * 32;
-    let nc = (x.dim(3) + 127) / 128;
-    let first = block::id_x();
-    let mut t0 = x.load::<Tile<T, 32, 128>>([b, first / nc, h, first % nc * 128]);
-    for i in (first..x.dim(1) * nc).step_by(stride) {
-        let s = i / nc;
-        let c = i % nc * 128;
-        let k = i + stride;
-        let nt = x.load::<Tile<T, 32, 128>>([b, k / nc, h, k % nc * 128]);
-        let mut p = s + offset;
-        if has_positions == 1 {
-            p = positions.get([b, s]);
-        }
-        let j = Tile::<f32, 1, 128>::col_index() + c as f32;
-        let pair = floor(j * 0.5);
-        let alt = (j - pair * 2.0) * 2.0 - 1.0;
-        let mut cs = Tile::<f32, 1, 128>::zeros();
-        let mut sn = Tile::<f32, 1, 128>::zeros();
-        if has_cache == 1 {
-            let cc = cos_cache.load::<Tile<f32, 1, 128>>([p, c]);
-            let sc = sin_cache.load::<Tile<f32, 1, 128>>([p, c]);
-            cs = cc;
-            sn = sc * alt * sign;
-        } else {
-            let theta = exp2(pair * freq_exp) * p as f32;
-            cs = cos(theta);
-            sn = sin(theta) * alt * sign;
-        }
-        let t = t0.cast::<f32>();
-        y.store([b, s, h, c], (t * cs + t.swap_pairs() * sn).cast::<T>());
-        t0 = nt;
-    }
-}
-
 /// RoPE with the interleaved (GPT-J) convention: columns `2i` and `2i + 1` form a pair,
 /// `y₂ᵢ = x₂ᵢ·cos θᵢ − x₂ᵢ₊₁·sin θᵢ`, `y₂ᵢ₊₁ = x₂ᵢ₊₁·cos θᵢ + x₂ᵢ·sin θᵢ`; the partner of each
 /// column is in the same thread's registers (`swap_pairs`). The cache holds each angle twice,
 /// at `2i` and `2i + 1`. 128 columns at a time: one load per head row in flight, where 64
 /// columns a step took two round trips for a 128-wide head (run 40: 0.78× copy).
-#[kernel(dtypes(T = [bf16, f16, f32]))]
+#[kernel(dtypes(T = [bf16, f16, f32]), blocks_per_sm = 6)]
 pub fn rope_pairs(
     x: Global<T, 4>,
     y: Global<T, 4>,
@@ -349,7 +244,7 @@ pub trait RopeElement: Element {
 }
 
 macro_rules! rope_element {
-    ($t:ty, $half:ident, $pairs:ident, $half_pipe:ident, $pairs_pipe:ident) => {
+    ($t:ty, $half:ident, $pairs:ident) => {
         impl RopeElement for $t {
             fn rope_launch(
                 dev: &Device,
@@ -361,14 +256,7 @@ macro_rules! rope_element {
                 positions: &impl GlobalArg<i32>,
                 (offset, has_p, has_c, freq, sign, stride): (i32, i32, i32, f32, f32, i32),
             ) -> Result<()> {
-                let pipe = std::env::var("TESSERA_ROPE_PIPE").as_deref() == Ok("1");
                 match style {
-                    RopeStyle::HalfSplit if pipe => {
-                        $half_pipe::launch(dev, grid, x, y, cos, sin, positions, offset, has_p, has_c, freq, sign, stride)
-                    }
-                    RopeStyle::Interleaved if pipe => {
-                        $pairs_pipe::launch(dev, grid, x, y, cos, sin, positions, offset, has_p, has_c, freq, sign, stride)
-                    }
                     RopeStyle::HalfSplit => $half::launch(dev, grid, x, y, cos, sin, positions, offset, has_p, has_c, freq, sign, stride),
                     RopeStyle::Interleaved => {
                         $pairs::launch(dev, grid, x, y, cos, sin, positions, offset, has_p, has_c, freq, sign, stride)
@@ -378,9 +266,9 @@ macro_rules! rope_element {
         }
     };
 }
-rope_element!(tessera::bf16, rope_half_bf16, rope_pairs_bf16, rope_half_pipe_bf16, rope_pairs_pipe_bf16);
-rope_element!(tessera::f16, rope_half_f16, rope_pairs_f16, rope_half_pipe_f16, rope_pairs_pipe_f16);
-rope_element!(f32, rope_half_f32, rope_pairs_f32, rope_half_pipe_f32, rope_pairs_pipe_f32);
+rope_element!(tessera::bf16, rope_half_bf16, rope_pairs_bf16);
+rope_element!(tessera::f16, rope_half_f16, rope_pairs_f16);
+rope_element!(f32, rope_half_f32, rope_pairs_f32);
 
 /// The kernel's view of a `[b, s, h, d]` or `[b, h, s, d]` tensor: axes `[b, s, h, d]`, and
 /// for the half-split convention `[b, s, 2, h, d/2]`.

@@ -44,6 +44,7 @@ pub fn flash_attention(
     hm: i32,
     cm: i32,
     causal: i32,
+    hg: i32,
     scale_log2: f32,
 ) {
     let sq = Smem::<T, 128, D>::ring(2);
@@ -58,14 +59,19 @@ pub fn flash_attention(
     // Causally, key j is visible to query i when j ≤ i + seq_k − seq_q (aligned at the end).
     let shift = seq_k - seq_q;
     let m_tiles = (seq_q + 127) / 128;
-    // Tiles are claimed at run time, head by head, each head's heaviest (causal: last) query
-    // tile first; K and V stream on across tiles, so the pipelines never drain.
+    // Tiles are claimed at run time, `hg` heads at a time, the group's heaviest (causal: last)
+    // query tiles first — so that the grid ends on light tiles — and its K and V kept in L2;
+    // K and V stream on across tiles, so the pipelines never drain.
     let queue = TileQueue::<2>::new(counter, 2);
     if warpgroup::id() == 0 {
         setmaxnreg(24);
         for tile in queue.fetch(m_tiles * lse.dim(0)) {
-            let bh = tile / m_tiles;
-            let q0 = (m_tiles - 1 - tile % m_tiles) * 128;
+            // Heads go in groups of `hg`, each group's tiles heaviest first across its heads.
+            let g0 = tile / (m_tiles * hg);
+            let r = tile - g0 * (m_tiles * hg);
+            let gs = min(hg, lse.dim(0) - g0 * hg);
+            let bh = g0 * hg + r % gs;
+            let q0 = (m_tiles - 1 - r / gs) * 128;
             let b = bh / heads;
             let h = bh % heads;
             let kvh = h / group;
@@ -102,8 +108,12 @@ pub fn flash_attention(
             barrier::arrive(0, 2);
         }
         for tile in queue.take() {
-            let bh = tile / m_tiles;
-            let q0 = (m_tiles - 1 - tile % m_tiles) * 128;
+            // Heads go in groups of `hg`, each group's tiles heaviest first across its heads.
+            let g0 = tile / (m_tiles * hg);
+            let r = tile - g0 * (m_tiles * hg);
+            let gs = min(hg, lse.dim(0) - g0 * hg);
+            let bh = g0 * hg + r % gs;
+            let q0 = (m_tiles - 1 - r / gs) * 128;
             let b = bh / heads;
             let h = bh % heads;
             let mut kv_end = seq_k;
@@ -238,6 +248,7 @@ pub fn flash_attention_varlen(
     hm: i32,
     cm: i32,
     causal: i32,
+    hg: i32,
     scale_log2: f32,
 ) {
     let sq = Smem::<T, 128, D>::ring(2);
@@ -249,14 +260,19 @@ pub fn flash_attention_varlen(
     let vpipe = Pipeline::<STAGES>::new(2);
     // Query tiles per (batch, head): of the longest sequence when they are packed.
     let m_tiles = (max_q + 127) / 128;
-    // Tiles are claimed at run time, head by head, each head's heaviest (causal: last) query
-    // tile first; K and V stream on across tiles, so the pipelines never drain.
+    // Tiles are claimed at run time, `hg` heads at a time, the group's heaviest (causal: last)
+    // query tiles first — so that the grid ends on light tiles — and its K and V kept in L2;
+    // K and V stream on across tiles, so the pipelines never drain.
     let queue = TileQueue::<2>::new(counter, 2);
     if warpgroup::id() == 0 {
         setmaxnreg(24);
         for tile in queue.fetch(m_tiles * batch * heads) {
-            let bh = tile / m_tiles;
-            let q0 = (m_tiles - 1 - tile % m_tiles) * 128;
+            // Heads go in groups of `hg`, each group's tiles heaviest first across its heads.
+            let g0 = tile / (m_tiles * hg);
+            let r = tile - g0 * (m_tiles * hg);
+            let gs = min(hg, batch * heads - g0 * hg);
+            let bh = g0 * hg + r % gs;
+            let q0 = (m_tiles - 1 - r / gs) * 128;
             let b = bh / heads;
             let h = bh % heads;
             let kvh = h / group;
@@ -305,8 +321,12 @@ pub fn flash_attention_varlen(
             barrier::arrive(0, 2);
         }
         for tile in queue.take() {
-            let bh = tile / m_tiles;
-            let q0 = (m_tiles - 1 - tile % m_tiles) * 128;
+            // Heads go in groups of `hg`, each group's tiles heaviest first across its heads.
+            let g0 = tile / (m_tiles * hg);
+            let r = tile - g0 * (m_tiles * hg);
+            let gs = min(hg, batch * heads - g0 * hg);
+            let bh = g0 * hg + r % gs;
+            let q0 = (m_tiles - 1 - r / gs) * 128;
             let b = bh / heads;
             let h = bh % heads;
             let mut q_start = 0;
