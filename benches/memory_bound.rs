@@ -118,7 +118,7 @@ fn main() {
             let mut bwd = || tessera_kernels::softmax_backward(&dev, &xb, &dy, &mut dx, 1.0).expect("softmax_backward");
             norm_rows.push((format!("softmax_backward {m}x{n}"), (3 * m * n * 2) as f64, time_ms(&dev, 5, 20, &mut bwd)));
         }
-        if i == 0 || n == 2048 || n == 11008 {
+        if i == 0 || n == 2048 || n == 2304 || n == 5120 || n == 11008 {
             // Fused RMSNorm: dropout + residual + weight, the new residual returned (x, res read;
             // y, h written), then its backward (h, dy, dres read; dh, dx written; dweight).
             use tessera_kernels::{Dropout, Norm, NormGrads};

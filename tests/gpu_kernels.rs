@@ -254,8 +254,8 @@ fn interp_sm80_variants_run_forward_on_newer_gpus() {
 /// `ROW_IN_REGISTERS` (the one-read and the tiled kernels).
 fn norm_shapes(dev: &Device) -> Vec<(usize, usize)> {
     // Few rows take a block per row, as do many rows of 4097..=12288 (and of 2049..=4096 where
-    // that tile is as full as two rows'); many rows of 2049..=4096 otherwise two rows per
-    // block, of 1025..=2048 four; the rest the tiled kernels (`NormPath::choose`); each
+    // that tile is as full as two rows'); many rows of 257..=2304 four rows per block, of
+    // 2305..=4096 otherwise two; the rest the tiled kernels (`NormPath::choose`); each
     // appears here on the GPU.
     let mut shapes = vec![(1, 1), (7, 129), (37, 1536), (3, 5000), (20, 2304), (2, 8192), (3, 9000), (41, 2000)];
     if !dev.is_cpu() {
@@ -275,7 +275,7 @@ fn norm_shapes(dev: &Device) -> Vec<(usize, usize)> {
         // 600 rows the two- and four-row kernels (multiples of 512 and 256) and the row kernel
         // past 4096.
         shapes.extend([1000, 1500, 2500, 3500, 6100, 7000, 12000].map(|n| (5, n)));
-        shapes.extend([1100, 1536, 1700, 2304, 3500, 6100, 7000, 8000, 12288].map(|n| (600, n)));
+        shapes.extend([300, 700, 1000, 1100, 1536, 1700, 2304, 2500, 3500, 6100, 7000, 8000, 12288].map(|n| (600, n)));
     }
     shapes
 }
@@ -720,6 +720,10 @@ fn fused_norm_case<T: tessera_kernels::NormElement>(dev: &Device, to: fn(f32) ->
     let mut shapes = vec![(1, 1), (7, 129), (6, 1536), (3, 9000), (4, 8192), (72, 1024)];
     if !dev.is_cpu() {
         shapes.extend([(300, 8192), (130, 16384), (1000, 2304), (2, 20000), (1000, 1536), (1002, 2048)]);
+        // Every tile width of the fused row kernel (a block per row) and of the four-row one
+        // (1000 rows in two groups of 500: a multiple of four).
+        shapes.extend([1000, 3000, 4000, 6000, 7000].map(|n| (5, n)));
+        shapes.extend([300, 700, 1000, 1100, 1700].map(|n| (1000, n)));
     }
     let host = |v: Vec<f32>| -> Vec<T> { v.into_iter().map(to).collect() };
     let wide64 = |v: &[T]| -> Vec<f64> { v.iter().map(|&x| from(x)).collect() };

@@ -15,8 +15,9 @@ use tessera::{kernel, Device, Element, GlobalArg, Grid, KernelSpec, Optional, Re
 /// Rows each block of the tiled kernels normalizes.
 const BM: usize = 16;
 
-/// The widest row the four-rows-per-block kernels hold in registers.
-pub const ROW_IN_REGISTERS: usize = 2048;
+/// The widest row the four-rows-per-block kernels hold in registers (a warp's row of 2304:
+/// 168 registers a thread, three blocks an SM).
+pub const ROW_IN_REGISTERS: usize = 2304;
 
 /// The widest row the one-row-per-block kernels hold in registers (a 1×12288 tile: 214
 /// registers a thread in bf16, two blocks an SM); wider rows take the tiled kernels.
@@ -38,9 +39,10 @@ pub fn rms_norm_row(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f32,
     y.store([r, 0], o.cast::<T>());
 }
 
-/// `rms_norm_*` for rows of at most 2048 elements: four rows per block, one per warp, so
-/// the reductions stay within a warp; a variant per tile width `W` (multiples of 256).
-#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [2048, 1792, 1536, 1280]))]
+/// `rms_norm_*` for rows of at most [`ROW_IN_REGISTERS`] elements: four rows per block, one
+/// per warp, so the reductions stay within a warp; a variant per tile width `W` (multiples of
+/// 256).
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [2048, 1792, 1536, 1280, 1024, 768, 512, 2304]))]
 pub fn rms_norm_rows4(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f32, has_weight: i32, ahead: i32) {
     let r = block::id_x() * 4;
     x.prefetch::<Tile<T, 4, W>>([r + ahead, 0]);
@@ -92,11 +94,11 @@ pub fn layer_norm_row(
     y.store([r, 0], o.cast::<T>());
 }
 
-/// `y = (x − mean) / sqrt(var + eps) · w + b` for rows of at most 2048 elements, four rows
+/// `y = (x − mean) / sqrt(var + eps) · w + b` for rows of at most 2304 elements, four rows
 /// per block (one per warp), read once; the variance is the mean of the centred squares
 /// (columns past the row masked out), so it is never negative and rows of equal values give
 /// the bias. Widths as [`rms_norm_rows4`]'s.
-#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [2048, 1792, 1536, 1280]))]
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [2048, 1792, 1536, 1280, 1024, 768, 512, 2304]))]
 pub fn layer_norm_rows4(
     x: Global<T, 2>,
     w: Global<T, 1>,
@@ -123,7 +125,7 @@ pub fn layer_norm_rows4(
     y.store([r, 0], o.cast::<T>());
 }
 
-/// `rms_norm_*` for rows of 2049..=2560 and 3073..=3584 elements: two rows per block, two
+/// `rms_norm_*` for rows of 2305..=2560 and 3073..=3584 elements: two rows per block, two
 /// warps per row, in a tile of 2560 or 3584 columns — fuller than a row per block's (a
 /// multiple of 1024), which takes the other widths up to 4096.
 #[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [3584, 2560]))]
@@ -264,9 +266,9 @@ pub trait NormElement: Element {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[doc(hidden)]
 pub enum NormPath {
-    /// Four rows per block, read once (hidden ≤ 2048).
+    /// Four rows per block, read once (hidden 257..=[`ROW_IN_REGISTERS`]).
     Rows4,
-    /// Two rows per block, read once (hidden 2049..=2560 and 3073..=3584; softmax takes `Row`
+    /// Two rows per block, read once (hidden 2305..=2560 and 3073..=3584; softmax takes `Row`
     /// here).
     Rows2,
     /// One row per block, read once (hidden ≤ [`ROW_PER_BLOCK_MAX`]): for few rows, and rows
@@ -277,11 +279,11 @@ pub enum NormPath {
 }
 
 impl NormPath {
-    /// The path for `m` rows of `n` elements on a device of `sms` SMs, from runs 36 and 42: a
+    /// The path for `m` rows of `n` elements on a device of `sms` SMs (runs 36, 42, 70): a
     /// block per row for fewer rows than blocks the GPU runs at once, and for rows of
-    /// 4097..=[`ROW_PER_BLOCK_MAX`]; for 2049..=4096 two rows per block (one where a row's tile
-    /// is as full as two rows'); four for 1025..=2048; else the tiled
-    /// kernels. `TESSERA_NORM_PATH=rows4|rows2|row|tiled` overrides it where the kernel can
+    /// 4097..=[`ROW_PER_BLOCK_MAX`]; four rows per block for 257..=[`ROW_IN_REGISTERS`]; two
+    /// for the rest up to 4096 (one where a row's tile is as full as two rows'); else the
+    /// tiled kernels. `TESSERA_NORM_PATH=rows4|rows2|row|tiled` overrides it where the kernel can
     /// take the width (for benchmarking the alternatives).
     pub fn choose(m: usize, n: usize, sms: usize) -> NormPath {
         let forced = match std::env::var("TESSERA_NORM_PATH").as_deref() {
@@ -299,7 +301,7 @@ impl NormPath {
             NormPath::Row
         } else if n <= 4096 && n > ROW_IN_REGISTERS {
             NormPath::Rows2
-        } else if n <= ROW_IN_REGISTERS && n > ROW_IN_REGISTERS / 2 {
+        } else if n <= ROW_IN_REGISTERS && n > 256 {
             NormPath::Rows4
         } else {
             NormPath::Tiled
@@ -349,8 +351,8 @@ macro_rules! norm_element {
             fn fused_specs() -> crate::norm_fused::FusedSpecs {
                 use crate::norm_fused::*;
                 FusedSpecs {
-                    rows4: &$rows4::SPEC,
-                    row: &$row::SPEC,
+                    rows4: $rows4::VARIANTS,
+                    row: $row::VARIANTS,
                     wide: &$wide::SPEC,
                     backward_row: &$brow::SPEC,
                     backward_wide: &$bwide::SPEC,
@@ -451,7 +453,7 @@ fn check_norm<T: Element>(
 
 /// `y[i, :] = x[i, :] / sqrt(mean(x[i, :]²) + eps) · weight` for a 2-D `x` (any rows, any
 /// hidden size), with f32 statistics; `weight` of shape `[hidden]`, or `None` for none.
-/// Rows of up to [`ROW_IN_REGISTERS`] elements are read from memory once.
+/// Rows of up to [`ROW_PER_BLOCK_MAX`] elements are read from memory once.
 ///
 /// ```no_run
 /// # use tessera::{Device, Tensor, bf16};
@@ -478,7 +480,7 @@ pub fn rms_norm<T: NormElement>(device: &Device, x: &Tensor<T>, weight: Option<&
 /// `y[i, :] = (x[i, :] − mean) / sqrt(var + eps) · weight + bias` per row of a 2-D `x` (any
 /// rows, any hidden size), with f32 statistics (the biased variance, as PyTorch's
 /// `layer_norm`); `weight` and `bias` of shape `[hidden]`, each optional. Rows of up to
-/// [`ROW_IN_REGISTERS`] elements are read from memory once.
+/// [`ROW_PER_BLOCK_MAX`] elements are read from memory once.
 ///
 /// # Errors
 /// [`tessera::Error::Argument`] naming `x`, `weight`, `bias` or `y` if a shape does not fit,

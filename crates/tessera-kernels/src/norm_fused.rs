@@ -20,8 +20,9 @@ pub const FUSED_BACKWARD_ROW_IN_REGISTERS: usize = 2048;
 
 /// `h = dropout(x) + res` (each optional), stored to `h_out` if asked; `y = norm(h) · w + b`,
 /// then `y · (1 + scale[g]) + shift[g]` for the row's group `g`; rows of at most 8192, one
-/// per block, read once.
-#[kernel(dtypes(T = [bf16, f16, f32]))]
+/// per block, read once; a variant per tile width `W`, the narrowest that holds the row
+/// launched (as the plain norms').
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [8192, 7168, 6144, 5120, 4096, 3072, 2048, 1024]))]
 pub fn norm_fused_row(
     x: Global<T, 2>,
     res: Global<T, 2>,
@@ -47,16 +48,16 @@ pub fn norm_fused_row(
     let r = block::id_x();
     let n = x.dim(1);
     let inv_n = 1.0 / n as f32;
-    x.prefetch::<Tile<T, 1, 8192>>([r + ahead, 0]);
+    x.prefetch::<Tile<T, 1, W>>([r + ahead, 0]);
     if has_res == 1 {
-        res.prefetch::<Tile<T, 1, 8192>>([r + ahead, 0]);
+        res.prefetch::<Tile<T, 1, W>>([r + ahead, 0]);
     }
-    let mut h = x.load::<Tile<T, 1, 8192>>([r, 0]).cast::<f32>();
+    let mut h = x.load::<Tile<T, 1, W>>([r, 0]).cast::<f32>();
     if drop_p > 0.0 {
-        h = h * step(Tile::<f32, 1, 8192>::uniform(seed_lo, seed_hi, offset, [r, 0]) - drop_p) * drop_scale;
+        h = h * step(Tile::<f32, 1, W>::uniform(seed_lo, seed_hi, offset, [r, 0]) - drop_p) * drop_scale;
     }
     if has_res == 1 {
-        h = h + res.load::<Tile<T, 1, 8192>>([r, 0]).cast::<f32>();
+        h = h + res.load::<Tile<T, 1, W>>([r, 0]).cast::<f32>();
     }
     h_out.store([r, 0], h.cast::<T>());
     let mut d = h;
@@ -65,22 +66,23 @@ pub fn norm_fused_row(
     }
     let mut o = d * rsqrt(row_sum(d * d) * inv_n + eps);
     if has_w == 1 {
-        o = o * w.load::<Tile<T, 1, 8192>>([0]).cast::<f32>();
+        o = o * w.load::<Tile<T, 1, W>>([0]).cast::<f32>();
     }
     if has_b == 1 {
-        o = o + b.load::<Tile<T, 1, 8192>>([0]).cast::<f32>();
+        o = o + b.load::<Tile<T, 1, W>>([0]).cast::<f32>();
     }
     if group_rows > 0 {
         let g = r / group_rows;
-        o = o * (scale.load::<Tile<T, 1, 8192>>([g, 0]).cast::<f32>() + 1.0) + shift.load::<Tile<T, 1, 8192>>([g, 0]).cast::<f32>();
+        o = o * (scale.load::<Tile<T, 1, W>>([g, 0]).cast::<f32>() + 1.0) + shift.load::<Tile<T, 1, W>>([g, 0]).cast::<f32>();
     }
     y.store([r, 0], o.cast::<T>());
 }
 
 /// `norm_fused_row` for rows of at most 2048, four per block (one per warp, so the
 /// reductions stay within a warp); the four rows share one scale and shift row, so the
-/// launcher takes it only when groups are multiples of 4 rows.
-#[kernel(dtypes(T = [bf16, f16, f32]))]
+/// launcher takes it only when groups are multiples of 4 rows. Tile widths `W` as the plain
+/// norms'.
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [2048, 1792, 1536, 1280, 1024, 768, 512]))]
 pub fn norm_fused_rows4(
     x: Global<T, 2>,
     res: Global<T, 2>,
@@ -106,16 +108,16 @@ pub fn norm_fused_rows4(
     let r = block::id_x() * 4;
     let n = x.dim(1);
     let inv_n = 1.0 / n as f32;
-    x.prefetch::<Tile<T, 4, 2048>>([r + ahead, 0]);
+    x.prefetch::<Tile<T, 4, W>>([r + ahead, 0]);
     if has_res == 1 {
-        res.prefetch::<Tile<T, 4, 2048>>([r + ahead, 0]);
+        res.prefetch::<Tile<T, 4, W>>([r + ahead, 0]);
     }
-    let mut h = x.load::<Tile<T, 4, 2048>>([r, 0]).cast::<f32>();
+    let mut h = x.load::<Tile<T, 4, W>>([r, 0]).cast::<f32>();
     if drop_p > 0.0 {
-        h = h * step(Tile::<f32, 4, 2048>::uniform(seed_lo, seed_hi, offset, [r, 0]) - drop_p) * drop_scale;
+        h = h * step(Tile::<f32, 4, W>::uniform(seed_lo, seed_hi, offset, [r, 0]) - drop_p) * drop_scale;
     }
     if has_res == 1 {
-        h = h + res.load::<Tile<T, 4, 2048>>([r, 0]).cast::<f32>();
+        h = h + res.load::<Tile<T, 4, W>>([r, 0]).cast::<f32>();
     }
     h_out.store([r, 0], h.cast::<T>());
     let mut d = h;
@@ -124,14 +126,14 @@ pub fn norm_fused_rows4(
     }
     let mut o = d * rsqrt(row_sum(d * d) * inv_n + eps);
     if has_w == 1 {
-        o = o * w.load::<Tile<T, 1, 2048>>([0]).cast::<f32>();
+        o = o * w.load::<Tile<T, 1, W>>([0]).cast::<f32>();
     }
     if has_b == 1 {
-        o = o + b.load::<Tile<T, 1, 2048>>([0]).cast::<f32>();
+        o = o + b.load::<Tile<T, 1, W>>([0]).cast::<f32>();
     }
     if group_rows > 0 {
         let g = r / group_rows;
-        o = o * (scale.load::<Tile<T, 1, 2048>>([g, 0]).cast::<f32>() + 1.0) + shift.load::<Tile<T, 1, 2048>>([g, 0]).cast::<f32>();
+        o = o * (scale.load::<Tile<T, 1, W>>([g, 0]).cast::<f32>() + 1.0) + shift.load::<Tile<T, 1, W>>([g, 0]).cast::<f32>();
     }
     y.store([r, 0], o.cast::<T>());
 }
@@ -458,8 +460,8 @@ pub struct NormGrads<'g, T: Element> {
 /// Element types the fused norms take: their kernels' specs.
 #[doc(hidden)]
 pub struct FusedSpecs {
-    pub rows4: &'static tessera::KernelSpec,
-    pub row: &'static tessera::KernelSpec,
+    pub rows4: &'static [&'static tessera::KernelSpec],
+    pub row: &'static [&'static tessera::KernelSpec],
     pub wide: &'static tessera::KernelSpec,
     pub backward_row: &'static tessera::KernelSpec,
     pub backward_wide: &'static tessera::KernelSpec,
@@ -572,10 +574,10 @@ impl<'a, T: NormElement> Norm<'a, T> {
         }
         let specs = T::fused_specs();
         // Four rows per block where they fit (and share their scale and shift row).
-        let rows4 = n <= crate::ROW_IN_REGISTERS && m >= 4 * device.sm_count() as usize && group_rows % 4 == 0;
+        let rows4 = n <= 2048 && m >= 4 * device.sm_count() as usize && group_rows % 4 == 0;
         let (spec, rows_per_block) = match () {
-            _ if rows4 => (specs.rows4, 4),
-            _ if n <= FUSED_ROW_IN_REGISTERS => (specs.row, 1),
+            _ if rows4 => (specs.rows4[crate::norm::narrowest(specs.rows4, n)], 4),
+            _ if n <= FUSED_ROW_IN_REGISTERS => (specs.row[crate::norm::narrowest(specs.row, n)], 1),
             _ => (specs.wide, 1),
         };
         let mut l = Launch::new(spec, device)?;

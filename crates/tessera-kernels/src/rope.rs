@@ -2,7 +2,7 @@
 //!
 //! Each block rotates the heads of a token, 32 heads at a time, so that the token's angles
 //! are computed (or read from the cache) once and broadcast over its heads, then moves on to
-//! the token a grid's width further (a persistent grid of about 16 blocks per SM); the
+//! the token a grid's width further (a persistent grid of about 30 blocks per SM); the
 //! tiles a step needs load together (run 41: two tokens per block cost more registers than
 //! they won in flight). Both layouts go through one kernel per convention: the host passes the tensor as a
 //! view whose axes are `[batch, seq, heads, dim]` whatever the order in memory, and for the
@@ -13,11 +13,15 @@ use tessera::{in_place, kernel, Absent, Device, Element, GlobalArg, GlobalArgMut
 /// Heads each block rotates at a time.
 const HEADS: usize = 32;
 
+/// Blocks per SM in a RoPE grid (each loops over tokens): see `launch`.
+const BLOCKS_PER_SM: usize = 30;
+
 /// RoPE with the half-split (GPT-NeoX) convention: column `j` of the first half pairs with
 /// column `j` of the second, `y₁ = x₁·cos θ − x₂·sin θ`, `y₂ = x₂·cos θ + x₁·sin θ`, with
 /// `θ_j = p·exp2(j·freq_exp)` (`freq_exp = −2·log2(base)/dim`) or `cos_cache[p, j]`,
 /// `sin_cache[p, j]`. `sign` −1 rotates back (the backward pass). The two halves' tiles load
-/// together (consecutive `let`s of loads issue as one group).
+/// together (consecutive `let`s of loads issue as one group). Capped at 88 registers, five
+/// blocks an SM (no spill; 118 uncapped, four).
 #[kernel(dtypes(T = [bf16, f16, f32]), blocks_per_sm = 5)]
 pub fn rope_half(
     x: Global<T, 5>,
@@ -65,6 +69,7 @@ pub fn rope_half(
 /// column is in the same thread's registers (`swap_pairs`). The cache holds each angle twice,
 /// at `2i` and `2i + 1`. 128 columns at a time: one load per head row in flight, where 64
 /// columns a step took two round trips for a 128-wide head (run 40: 0.78× copy).
+/// Capped at 80 registers, six blocks an SM (no spill).
 #[kernel(dtypes(T = [bf16, f16, f32]), blocks_per_sm = 6)]
 pub fn rope_pairs(
     x: Global<T, 4>,
@@ -331,12 +336,13 @@ fn launch<T: RopeElement>(
     if batch * seq * heads == 0 {
         return Ok(());
     }
-    // Blocks loop over tokens, about 16 per SM (four waves of the four that fit): a block's
-    // setup and its cos/sin lines are paid once per many tokens (run 65: the cache variants
-    // 0.71 → 0.78–0.83 of copy, computed angles 0.87 → 0.89).
+    // Blocks loop over tokens, about 30 per SM (six waves of the five half-split blocks that
+    // fit, five of the six interleaved): a block's setup and its cos/sin lines are paid once
+    // per several tokens (run 65: the cache variants 0.71 → 0.78–0.83 of copy, computed angles
+    // 0.87 → 0.89; run 72: 16 / 20 / 24 / 30 per SM gave half-split 0.85 / 0.88 / 0.89 / 0.90).
     let hz = heads.div_ceil(HEADS);
     // (An L2 prefetch of the next token changed nothing, run 67: the loop already streams.)
-    let gx = (device.sm_count() as usize * 16).div_ceil(batch * hz).clamp(1, seq);
+    let gx = (device.sm_count() as usize * BLOCKS_PER_SM).div_ceil(batch * hz).clamp(1, seq);
     let grid = Grid::from((gx as u32, batch as u32, hz as u32));
     let freq_exp = -2.0 * f64::from(rope.base).log2() / dim as f64;
     let (offset, has_p) = match rope.positions {

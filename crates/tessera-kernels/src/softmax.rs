@@ -36,7 +36,7 @@ pub fn softmax_row(x: Global<T, 2>, y: Global<T, 2>, scale: f32, causal: i32, pe
 /// `softmax_*` for rows of at most 2048 elements: four rows per block, one per warp. Each
 /// row's limit is `min(n, i mod period + 1 + open)`, `open` 0 when causal and 2²⁴ when not
 /// (rows below 2²⁴, so the f32 arithmetic is exact). Tile widths `W` as the norms'.
-#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [2048, 1792, 1536, 1280]))]
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [2048, 1792, 1536, 1280, 1024, 768, 512]))]
 pub fn softmax_rows4(x: Global<T, 2>, y: Global<T, 2>, scale: f32, causal: i32, period: i32, ahead: i32) {
     let r = block::id_x() * 4;
     x.prefetch::<Tile<T, 4, W>>([r + ahead, 0]);
@@ -170,16 +170,17 @@ macro_rules! softmax_element {
             ) -> Result<()> {
                 let (g, causal) = (path.grid(m), i32::from(o.causal));
                 match path {
-                    NormPath::Row | NormPath::Rows2 => {
-                        let ahead = NormPath::Row.ahead(dev);
-                        let w = narrowest($row::VARIANTS, n);
-                        $row::launch_variant(w, dev, NormPath::Row.grid(m), x, y, o.scale, causal, period, ahead)
-                    }
-                    NormPath::Rows4 => {
+                    // (A 4×2304 tile spills in f32 on sm_80: rows of 2049..=2304 take a block each.)
+                    NormPath::Rows4 if n <= 2048 => {
                         let w = narrowest($rows4::VARIANTS, n);
                         $rows4::launch_variant(w, dev, g, x, y, o.scale, causal, period, path.ahead(dev))
                     }
                     NormPath::Tiled => $tiled::launch(dev, g, x, y, o.scale, causal, period, path.ahead(dev)),
+                    NormPath::Row | NormPath::Rows2 | NormPath::Rows4 => {
+                        let ahead = NormPath::Row.ahead(dev);
+                        let w = narrowest($row::VARIANTS, n);
+                        $row::launch_variant(w, dev, NormPath::Row.grid(m), x, y, o.scale, causal, period, ahead)
+                    }
                 }
             }
             fn softmax_backward_launch(
