@@ -31,6 +31,38 @@ fn spills(report: &str) -> u64 {
         .sum()
 }
 
+/// Assembles one variant: the report line, and what failed, if anything.
+fn check(ptxas: &Path, dir: &Path, spec: &tessera::KernelSpec, v: &tessera::PtxVariant) -> (String, Option<String>) {
+    let file = dir.join(format!("{}.{}.ptx", spec.name, v.target.name()));
+    std::fs::write(&file, v.ptx).expect("write ptx");
+    // With TESSERA_SASS_DIR set, keep each cubin there for cuobjdump.
+    let cubin = match std::env::var_os("TESSERA_SASS_DIR") {
+        Some(d) => Path::new(&d).join(format!("{}.{}.cubin", spec.name, v.target.name())),
+        None => dir.join(format!("{}.{}.cubin", spec.name, v.target.name())),
+    };
+    let out = Command::new(ptxas)
+        .args(["-v", "--warning-as-error", &format!("-arch={}", v.target.name()), "-o"])
+        .arg(&cubin)
+        .arg(&file)
+        .output()
+        .expect("run ptxas");
+    let report = String::from_utf8_lossy(&out.stderr).to_string();
+    let regs = report.lines().find(|l| l.contains("Used")).unwrap_or("").trim().to_string();
+    let line = format!("{:<16} {:<7} {}", spec.name, v.target.name(), regs);
+    let failure = if !out.status.success() {
+        Some(format!("{} {}: ptxas failed (PTX kept at {}):\n{report}", spec.name, v.target.name(), file.display()))
+    } else if spills(&report) > 0 {
+        Some(format!("{} {}: spills\n{report}", spec.name, v.target.name()))
+    } else if report.contains("(C7514)") || report.contains("(C7517)") {
+        // Reported as info, not warnings: wgmma serialized, or a wait injected, because
+        // registers an MMA still writes are touched — the overlap is lost.
+        Some(format!("{} {}: wgmma serialized\n{report}", spec.name, v.target.name()))
+    } else {
+        None
+    };
+    (line, failure)
+}
+
 #[test]
 fn ptxas_assembles_every_kernel_without_spills() {
     let Some(ptxas) = find_ptxas() else {
@@ -40,39 +72,27 @@ fn ptxas_assembles_every_kernel_without_spills() {
     };
     let dir = std::env::temp_dir().join(format!("tessera-ptxas-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let mut checked = 0;
-    let mut failures = Vec::new();
     // `TESSERA_PTXAS_ONLY=name` checks only the kernels whose name contains it.
     let only = std::env::var("TESSERA_PTXAS_ONLY").unwrap_or_default();
-    for spec in tessera_kernels::all_kernels().into_iter().filter(|s| s.name.contains(only.as_str())) {
-        for v in spec.variants {
-            let file = dir.join(format!("{}.{}.ptx", spec.name, v.target.name()));
-            std::fs::write(&file, v.ptx).expect("write ptx");
-            // With TESSERA_SASS_DIR set, keep each cubin there for cuobjdump.
-            let cubin = match std::env::var_os("TESSERA_SASS_DIR") {
-                Some(d) => Path::new(&d).join(format!("{}.{}.cubin", spec.name, v.target.name())),
-                None => dir.join("out.cubin"),
-            };
-            let out = Command::new(&ptxas)
-                .args(["-v", "--warning-as-error", &format!("-arch={}", v.target.name()), "-o"])
-                .arg(&cubin)
-                .arg(&file)
-                .output()
-                .expect("run ptxas");
-            let report = String::from_utf8_lossy(&out.stderr).to_string();
-            let regs = report.lines().find(|l| l.contains("Used")).unwrap_or("").trim().to_string();
-            println!("{:<16} {:<7} {}", spec.name, v.target.name(), regs);
-            if !out.status.success() {
-                failures.push(format!("{} {}: ptxas failed (PTX kept at {}):\n{report}", spec.name, v.target.name(), file.display()));
-            } else if spills(&report) > 0 {
-                failures.push(format!("{} {}: spills\n{report}", spec.name, v.target.name()));
-            } else if report.contains("(C7514)") || report.contains("(C7517)") {
-                // Reported as info, not warnings: wgmma serialized, or a wait injected, because
-                // registers an MMA still writes are touched — the overlap is lost.
-                failures.push(format!("{} {}: wgmma serialized\n{report}", spec.name, v.target.name()));
-            }
-            checked += 1;
-        }
+    let jobs: Vec<(&tessera::KernelSpec, &tessera::PtxVariant)> = tessera_kernels::all_kernels()
+        .into_iter()
+        .filter(|s| s.name.contains(only.as_str()))
+        .flat_map(|s| s.variants.iter().map(move |v| (s, v)))
+        .collect();
+    // ptxas runs one process per kernel and target, spread over the cores (hundreds of
+    // variants: serially the check took minutes).
+    let threads = std::thread::available_parallelism().map_or(4, |n| n.get()).min(16);
+    let results: Vec<(String, Option<String>)> = std::thread::scope(|scope| {
+        let chunks = jobs.chunks(jobs.len().div_ceil(threads).max(1));
+        let handles: Vec<_> =
+            chunks.map(|chunk| scope.spawn(|| chunk.iter().map(|&(spec, v)| check(&ptxas, &dir, spec, v)).collect::<Vec<_>>())).collect();
+        handles.into_iter().flat_map(|h| h.join().expect("ptxas thread")).collect()
+    });
+    let checked = results.len();
+    let mut failures = Vec::new();
+    for (line, failure) in results {
+        println!("{line}");
+        failures.extend(failure);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert!(checked >= 8 || !only.is_empty(), "expected every kernel for two targets, checked {checked}");

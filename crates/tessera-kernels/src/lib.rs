@@ -54,8 +54,9 @@ pub use rope::{
 };
 pub use softmax::{
     softmax, softmax_backward, softmax_backward_bf16, softmax_backward_f16, softmax_backward_f32, softmax_backward_row_bf16,
-    softmax_backward_row_f16, softmax_backward_row_f32, softmax_bf16, softmax_f16, softmax_f32, softmax_row_bf16, softmax_row_f16,
-    softmax_row_f32, softmax_rows4_bf16, softmax_rows4_f16, softmax_rows4_f32, softmax_with, SoftmaxElement, SoftmaxOptions,
+    softmax_backward_row_f16, softmax_backward_row_f32, softmax_backward_rows4_bf16, softmax_backward_rows4_f16,
+    softmax_backward_rows4_f32, softmax_bf16, softmax_f16, softmax_f32, softmax_row_bf16, softmax_row_f16, softmax_row_f32,
+    softmax_rows4_bf16, softmax_rows4_f16, softmax_rows4_f32, softmax_with, SoftmaxElement, SoftmaxOptions,
 };
 
 /// Every kernel of the library, for tools that check them all (ptxas, dumps).
@@ -82,6 +83,9 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         softmax_backward_row_bf16::VARIANTS,
         softmax_backward_row_f16::VARIANTS,
         softmax_backward_row_f32::VARIANTS,
+        softmax_backward_rows4_bf16::VARIANTS,
+        softmax_backward_rows4_f16::VARIANTS,
+        softmax_backward_rows4_f32::VARIANTS,
         gemm_tn_bf16::VARIANTS,
         gemm_tn_f16::VARIANTS,
         gemm_nn_bf16::VARIANTS,

@@ -13,13 +13,11 @@
 //! each from its own first row.
 
 use crate::norm::{narrowest, NormPath};
-use tessera::{kernel, Device, Element, GlobalArg, GlobalArgMut, Grid, Result, Tensor};
+use tessera::{kernel, Device, Element, GlobalArg, GlobalArgMut, Result, Tensor};
 
-/// Rows each block of the tiled kernels normalizes.
-const BM: usize = 16;
-
-/// `softmax_*` for rows of at most [`crate::ROW_PER_BLOCK_MAX`] elements: one row per block, read once; a variant per
-/// tile width `W`, the host taking the narrowest that holds the row (as the norms').
+/// `softmax_*` for rows of at most [`crate::ROW_PER_BLOCK_MAX`] elements: one row per block,
+/// read once; a variant per tile width `W`, the host taking the narrowest that holds the row
+/// (as the norms').
 #[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [8192, 7168, 6144, 5120, 4096, 3072, 2048, 1024, 11264, 12288]))]
 pub fn softmax_row(x: Global<T, 2>, y: Global<T, 2>, scale: f32, causal: i32, period: i32, ahead: i32) {
     let r = block::id_x();
@@ -97,6 +95,17 @@ pub fn softmax_backward_row(y: Global<T, 2>, dy: Global<T, 2>, dx: Global<T, 2>,
     dx.store([r, 0], ((g - dot) * yt * scale).cast::<T>());
 }
 
+/// The backward pass for rows of at most 2048 elements, four rows per block (one per warp).
+/// Tile widths `W` as the forward's.
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [2048, 1792, 1536, 1280, 1024, 768, 512]))]
+pub fn softmax_backward_rows4(y: Global<T, 2>, dy: Global<T, 2>, dx: Global<T, 2>, scale: f32) {
+    let r = block::id_x() * 4;
+    let yt = y.load::<Tile<T, 4, W>>([r, 0]).cast::<f32>();
+    let g = dy.load::<Tile<T, 4, W>>([r, 0]).cast::<f32>();
+    let dot = row_sum(yt * g);
+    dx.store([r, 0], ((g - dot) * yt * scale).cast::<T>());
+}
+
 /// The backward pass for any width, 16 rows per block: `Σ dy ⊙ y` in one pass, `dx` in a
 /// second.
 #[kernel(dtypes(T = [bf16, f16, f32]))]
@@ -147,7 +156,7 @@ pub trait SoftmaxElement: Element {
     #[allow(clippy::too_many_arguments)]
     fn softmax_backward_launch(
         dev: &Device,
-        row: bool,
+        path: NormPath,
         rows: (usize, usize),
         y: &impl GlobalArg<Self>,
         dy: &impl GlobalArg<Self>,
@@ -157,7 +166,7 @@ pub trait SoftmaxElement: Element {
 }
 
 macro_rules! softmax_element {
-    ($t:ty, $row:ident, $rows4:ident, $tiled:ident, $bwd_row:ident, $bwd:ident) => {
+    ($t:ty, $row:ident, $rows4:ident, $tiled:ident, $bwd_row:ident, $bwd4:ident, $bwd:ident) => {
         impl SoftmaxElement for $t {
             fn softmax_launch(
                 dev: &Device,
@@ -185,25 +194,53 @@ macro_rules! softmax_element {
             }
             fn softmax_backward_launch(
                 dev: &Device,
-                row: bool,
+                path: NormPath,
                 (m, n): (usize, usize),
                 y: &impl GlobalArg<Self>,
                 dy: &impl GlobalArg<Self>,
                 dx: &mut impl GlobalArgMut<Self>,
                 scale: f32,
             ) -> Result<()> {
-                if row {
-                    $bwd_row::launch_variant(narrowest($bwd_row::VARIANTS, n), dev, Grid::from(m as u32), y, dy, dx, scale)
-                } else {
-                    $bwd::launch(dev, Grid::from(Grid::tiles(m, BM)), y, dy, dx, scale)
+                match path {
+                    NormPath::Rows4 if n <= 2048 => {
+                        $bwd4::launch_variant(narrowest($bwd4::VARIANTS, n), dev, path.grid(m), y, dy, dx, scale)
+                    }
+                    NormPath::Tiled => $bwd::launch(dev, path.grid(m), y, dy, dx, scale),
+                    NormPath::Row | NormPath::Rows2 | NormPath::Rows4 => {
+                        $bwd_row::launch_variant(narrowest($bwd_row::VARIANTS, n), dev, NormPath::Row.grid(m), y, dy, dx, scale)
+                    }
                 }
             }
         }
     };
 }
-softmax_element!(tessera::bf16, softmax_row_bf16, softmax_rows4_bf16, softmax_bf16, softmax_backward_row_bf16, softmax_backward_bf16);
-softmax_element!(tessera::f16, softmax_row_f16, softmax_rows4_f16, softmax_f16, softmax_backward_row_f16, softmax_backward_f16);
-softmax_element!(f32, softmax_row_f32, softmax_rows4_f32, softmax_f32, softmax_backward_row_f32, softmax_backward_f32);
+softmax_element!(
+    tessera::bf16,
+    softmax_row_bf16,
+    softmax_rows4_bf16,
+    softmax_bf16,
+    softmax_backward_row_bf16,
+    softmax_backward_rows4_bf16,
+    softmax_backward_bf16
+);
+softmax_element!(
+    tessera::f16,
+    softmax_row_f16,
+    softmax_rows4_f16,
+    softmax_f16,
+    softmax_backward_row_f16,
+    softmax_backward_rows4_f16,
+    softmax_backward_f16
+);
+softmax_element!(
+    f32,
+    softmax_row_f32,
+    softmax_rows4_f32,
+    softmax_f32,
+    softmax_backward_row_f32,
+    softmax_backward_rows4_f32,
+    softmax_backward_f32
+);
 
 /// The rows of a 2-D or 3-D tensor seen as a matrix of rows: `(shape, strides, period)`.
 fn as_rows<T: Element>(op: &'static str, arg: &str, t: &Tensor<T>) -> Result<([usize; 2], [usize; 2], usize)> {
@@ -293,8 +330,8 @@ pub fn softmax_backward<T: SoftmaxElement>(device: &Device, y: &Tensor<T>, dy: &
     let (dys, dxs) = (as_rows("softmax_backward", "dy", dy)?.1, as_rows("softmax_backward", "dx", dx)?.1);
     let (yv, dyv) = (y.view(&[m, n], &ys)?, dy.view(&[m, n], &dys)?);
     let mut dxv = dx.view_mut(&[m, n], &dxs)?;
-    // A block per row where the norms take one or two (run 37: 1.01× copy at 16384×8192,
-    // 0.19× at 768 wide), else the tiled kernel.
-    let row = matches!(NormPath::choose(m, n, device.sm_count() as usize), NormPath::Row | NormPath::Rows2);
-    T::softmax_backward_launch(device, row, (m, n), &yv, &dyv, &mut dxv, scale)
+    // The forward's paths (a block per row: run 37, 1.01× copy at 16384×8192, 0.19× at 768
+    // wide; four rows per block up to 2048), the tiled kernel past the widest row tile.
+    let path = NormPath::choose(m, n, device.sm_count() as usize);
+    T::softmax_backward_launch(device, path, (m, n), &yv, &dyv, &mut dxv, scale)
 }
