@@ -272,19 +272,15 @@ impl Lowerer<'_> {
         }
     }
 
-    /// Each warp's arrival on the barrier at `off` of `stage`, by its lane 0 once the warp has
-    /// synced (a release of the warp's earlier shared accesses): four arrivals a warpgroup.
-    pub(crate) fn ring_arrive_warps(&mut self, off: u32, stage: Reg) {
-        use Operand::{Imm, Reg as R};
+    /// Every thread's arrival on the barrier at `off` of `stage` (a release of its own earlier
+    /// shared accesses).
+    pub(crate) fn ring_arrive_all(&mut self, off: u32, stage: Reg) {
         let bar = self.barrier_addr(off, stage);
-        self.op("bar.warp.sync", vec![Imm(-1)]);
-        let first = self.reg(RegClass::Pred, "lane0");
-        self.op("setp.eq.u32", vec![R(first), R(self.lane), Imm(0)]);
         if self.sm90() {
-            self.op_if(first, false, "mbarrier.arrive.shared::cta.b64", vec![Operand::Sym("_".into()), Operand::Addr(bar, 0)]);
+            self.op("mbarrier.arrive.shared::cta.b64", vec![Operand::Sym("_".into()), Operand::Addr(bar, 0)]);
         } else {
             let state = self.reg(RegClass::B64, "state");
-            self.op_if(first, false, "mbarrier.arrive.shared.b64", vec![R(state), Operand::Addr(bar, 0)]);
+            self.op("mbarrier.arrive.shared.b64", vec![Operand::Reg(state), Operand::Addr(bar, 0)]);
         }
     }
 

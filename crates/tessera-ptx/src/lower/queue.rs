@@ -2,7 +2,7 @@
 //! producer warpgroup to its consumers through a ring of shared slots.
 //!
 //! Shared memory: `stages` full barriers (one arrival: the producer's leader), `stages` empty
-//! barriers (one arrival per consumer warp), then `stages` 4-byte slots.
+//! barriers (one arrival per consumer thread), then `stages` 4-byte slots.
 //!
 //! Producer (`for t in q.fetch(total)`): the leader draws an index by adding 1 to the counter
 //! (`atom.global.add`) before the loop; per index: wait until the slot is empty; the leader
@@ -14,8 +14,8 @@
 //! the next launch on the stream.
 //!
 //! Consumer (`for t in q.take()`), per index: wait until the slot is full, read it, and arrive
-//! on the slot's empty barrier, each warp's lane 0 once the warp has synced. (With one arrival
-//! per warpgroup after a warpgroup barrier the order was as sound, but compute-sanitizer's
+//! on the slot's empty barrier, every thread after its own read. (With one arrival per
+//! warpgroup after a warpgroup barrier the order was as sound, but compute-sanitizer's
 //! racecheck does not follow a named barrier into an mbarrier: it reported the producer's next
 //! write as a hazard, run 75.)
 //!
@@ -42,7 +42,7 @@ impl Lowerer<'_> {
     /// Allocates a queue's barriers and slots (`TileQueue::<stages>::new(counter, consumers)`).
     pub(crate) fn queue_new(&mut self, stages: u32, consumers: u32, counter: &str) -> Value {
         // The leader's one arrival fills a slot (sm_90a and sm_80 alike: no copies count).
-        let ring = self.barrier_ring(stages, 1, consumers * 4);
+        let ring = self.barrier_ring(stages, 1, consumers * 128);
         let slots = self.dyn_bytes;
         self.dyn_bytes = slots + 4 * stages;
         Value::Queue(QueueVal { ring, slots, counter: counter.to_string() })
@@ -105,7 +105,7 @@ impl Lowerer<'_> {
             _ => {
                 self.ring_wait(q.ring, false);
                 self.op("ld.shared.u32", vec![R(i), Operand::Addr(slot, i64::from(q.slots))]);
-                self.ring_arrive_warps(q.ring.empty, q.ring.stage);
+                self.ring_arrive_all(q.ring.empty, q.ring.stage);
             }
         }
         self.ring_advance(q.ring);
