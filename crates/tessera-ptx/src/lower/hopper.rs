@@ -272,18 +272,6 @@ impl Lowerer<'_> {
         }
     }
 
-    /// Every thread's arrival on the barrier at `off` of `stage` (a release of its own earlier
-    /// shared accesses).
-    pub(crate) fn ring_arrive_all(&mut self, off: u32, stage: Reg) {
-        let bar = self.barrier_addr(off, stage);
-        if self.sm90() {
-            self.op("mbarrier.arrive.shared::cta.b64", vec![Operand::Sym("_".into()), Operand::Addr(bar, 0)]);
-        } else {
-            let state = self.reg(RegClass::B64, "state");
-            self.op("mbarrier.arrive.shared.b64", vec![Operand::Reg(state), Operand::Addr(bar, 0)]);
-        }
-    }
-
     fn barrier_addr(&mut self, off: u32, stage: Reg) -> Reg {
         use Operand::{Imm, Reg as R};
         let base = self.dyn_base();

@@ -2,7 +2,7 @@
 //! producer warpgroup to its consumers through a ring of shared slots.
 //!
 //! Shared memory: `stages` full barriers (one arrival: the producer's leader), `stages` empty
-//! barriers (one arrival per consumer thread), then `stages` 4-byte slots.
+//! barriers (one arrival per consumer warpgroup), then `stages` 4-byte slots.
 //!
 //! Producer (`for t in q.fetch(total)`): the leader draws an index by adding 1 to the counter
 //! (`atom.global.add`) before the loop; per index: wait until the slot is empty; the leader
@@ -13,11 +13,8 @@
 //! `total + blocks − 1` is the grid's last: that leader writes the counter back to 0, ready for
 //! the next launch on the stream.
 //!
-//! Consumer (`for t in q.take()`), per index: wait until the slot is full, read it, and arrive
-//! on the slot's empty barrier, every thread after its own read. (With one arrival per
-//! warpgroup after a warpgroup barrier the order was as sound, but compute-sanitizer's
-//! racecheck does not follow a named barrier into an mbarrier: it reported the producer's next
-//! write as a hazard, run 75.)
+//! Consumer (`for t in q.take()`), per index: wait until the slot is full, read it, sync the
+//! warpgroup (all have read), and the leader arrives on the slot's empty barrier.
 //!
 //! Either loop leaves when the slot holds −1. The producer's warpgroup barrier also keeps its
 //! slower threads' reads ahead of the leader's next write to the same slot (that write comes
@@ -42,7 +39,7 @@ impl Lowerer<'_> {
     /// Allocates a queue's barriers and slots (`TileQueue::<stages>::new(counter, consumers)`).
     pub(crate) fn queue_new(&mut self, stages: u32, consumers: u32, counter: &str) -> Value {
         // The leader's one arrival fills a slot (sm_90a and sm_80 alike: no copies count).
-        let ring = self.barrier_ring(stages, 1, consumers * 128);
+        let ring = self.barrier_ring(stages, 1, consumers);
         let slots = self.dyn_bytes;
         self.dyn_bytes = slots + 4 * stages;
         Value::Queue(QueueVal { ring, slots, counter: counter.to_string() })
@@ -105,7 +102,8 @@ impl Lowerer<'_> {
             _ => {
                 self.ring_wait(q.ring, false);
                 self.op("ld.shared.u32", vec![R(i), Operand::Addr(slot, i64::from(q.slots))]);
-                self.ring_arrive_all(q.ring.empty, q.ring.stage);
+                self.warpgroup_barrier();
+                self.ring_arrive(q.ring.empty, q.ring.stage);
             }
         }
         self.ring_advance(q.ring);
