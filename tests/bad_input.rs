@@ -1,0 +1,195 @@
+//! Misused public entry points: each call gives a `tessera::Error::Argument` naming the
+//! argument, before anything runs, and leaves every tensor it was given as it was (outputs
+//! poisoned before the call stay poisoned). On the CPU device: the checks are the host's.
+//! `cargo test bad_input` selects these and their kin in the other suites.
+
+mod common;
+
+use common::random;
+use tessera::{bf16, Device, Element, Tensor};
+use tessera_kernels::{HeadLayout, Rope, RopeStyle};
+
+/// The element types the tests use, made from f32.
+trait FromF32: Element {
+    fn from_f32(v: f32) -> Self;
+}
+impl FromF32 for f32 {
+    fn from_f32(v: f32) -> f32 {
+        v
+    }
+}
+impl FromF32 for bf16 {
+    fn from_f32(v: f32) -> bf16 {
+        bf16::from_f32(v)
+    }
+}
+
+/// A tensor of fresh random values.
+fn rand_t<T: FromF32>(dev: &Device, shape: &[usize]) -> Tensor<T> {
+    let v: Vec<T> = random(shape.iter().product(), -2.0, 2.0).into_iter().map(T::from_f32).collect();
+    Tensor::from_host(dev, &v, shape).unwrap()
+}
+
+/// The argument an error names (panics on anything but `Error::Argument`).
+fn named(r: tessera::Result<()>) -> String {
+    match r {
+        Err(tessera::Error::Argument { arg, expected, found, .. }) => {
+            assert!(!expected.is_empty() && !found.is_empty(), "the message says what was expected and what was given");
+            arg
+        }
+        other => panic!("expected an argument error, got {other:?}"),
+    }
+}
+
+/// Runs `call` on `out` and checks that the tensors are the same afterwards, bit for bit.
+fn unchanged<T: Element + PartialEq + std::fmt::Debug>(
+    ins: &[&Tensor<T>],
+    out: &mut Tensor<T>,
+    call: impl FnOnce(&mut Tensor<T>) -> tessera::Result<()>,
+) -> String {
+    let before: Vec<Vec<T>> = ins.iter().map(|t| t.to_host().unwrap()).collect();
+    let out_before = out.to_host().unwrap();
+    let arg = named(call(out));
+    for (t, b) in ins.iter().zip(before) {
+        assert_eq!(t.to_host().unwrap(), b, "an input changed");
+    }
+    assert_eq!(out.to_host().unwrap(), out_before, "the output changed");
+    arg
+}
+
+#[test]
+fn bad_input_rms_norm_rank() {
+    let dev = Device::cpu();
+    let x: Tensor<bf16> = rand_t(&dev, &[2, 3, 64]);
+    let mut y: Tensor<bf16> = rand_t(&dev, &[2, 3, 64]);
+    assert_eq!(unchanged(&[&x], &mut y, |y| tessera_kernels::rms_norm(&dev, &x, None, 1e-6, y)), "x");
+}
+
+#[test]
+fn bad_input_rms_norm_output_shape() {
+    let dev = Device::cpu();
+    let x: Tensor<bf16> = rand_t(&dev, &[5, 64]);
+    let mut y: Tensor<bf16> = rand_t(&dev, &[5, 65]);
+    assert_eq!(unchanged(&[&x], &mut y, |y| tessera_kernels::rms_norm(&dev, &x, None, 1e-6, y)), "y");
+}
+
+#[test]
+fn bad_input_rms_norm_weight_length() {
+    let dev = Device::cpu();
+    let x: Tensor<f32> = rand_t(&dev, &[5, 64]);
+    let w: Tensor<f32> = rand_t(&dev, &[63]);
+    let mut y: Tensor<f32> = rand_t(&dev, &[5, 64]);
+    assert_eq!(unchanged(&[&x, &w], &mut y, |y| tessera_kernels::rms_norm(&dev, &x, Some(&w), 1e-6, y)), "weight");
+}
+
+#[test]
+fn bad_input_layer_norm_bias_length() {
+    let dev = Device::cpu();
+    let x: Tensor<bf16> = rand_t(&dev, &[3, 128]);
+    let w: Tensor<bf16> = rand_t(&dev, &[128]);
+    let b: Tensor<bf16> = rand_t(&dev, &[129]);
+    let mut y: Tensor<bf16> = rand_t(&dev, &[3, 128]);
+    assert_eq!(unchanged(&[&x, &w, &b], &mut y, |y| tessera_kernels::layer_norm(&dev, &x, Some(&w), Some(&b), 1e-5, y)), "bias");
+}
+
+#[test]
+fn bad_input_softmax_rank() {
+    let dev = Device::cpu();
+    let x: Tensor<f32> = rand_t(&dev, &[2, 2, 2, 8]);
+    let mut y: Tensor<f32> = rand_t(&dev, &[2, 2, 2, 8]);
+    assert_eq!(unchanged(&[&x], &mut y, |y| tessera_kernels::softmax(&dev, &x, y)), "x");
+}
+
+#[test]
+fn bad_input_softmax_scale() {
+    let dev = Device::cpu();
+    let x: Tensor<f32> = rand_t(&dev, &[4, 8]);
+    let mut y: Tensor<f32> = rand_t(&dev, &[4, 8]);
+    for scale in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+        let o = tessera_kernels::SoftmaxOptions { scale, causal: false };
+        assert_eq!(unchanged(&[&x], &mut y, |y| tessera_kernels::softmax_with(&dev, &x, y, o)), "scale", "scale {scale}");
+    }
+}
+
+#[test]
+fn bad_input_softmax_backward_gradient_shape() {
+    let dev = Device::cpu();
+    let y: Tensor<bf16> = rand_t(&dev, &[4, 8]);
+    let dy: Tensor<bf16> = rand_t(&dev, &[4, 9]);
+    let mut dx: Tensor<bf16> = rand_t(&dev, &[4, 8]);
+    assert_eq!(unchanged(&[&y, &dy], &mut dx, |dx| tessera_kernels::softmax_backward(&dev, &y, &dy, dx, 1.0)), "dy");
+}
+
+#[test]
+fn bad_input_rope_odd_head_dim() {
+    let dev = Device::cpu();
+    let x: Tensor<bf16> = rand_t(&dev, &[1, 4, 2, 63]);
+    let mut y: Tensor<bf16> = rand_t(&dev, &[1, 4, 2, 63]);
+    let r = Rope::new(RopeStyle::HalfSplit, HeadLayout::Bshd);
+    assert_eq!(unchanged(&[&x], &mut y, |y| tessera_kernels::rope(&dev, &r, &x, y)), "x");
+}
+
+#[test]
+fn bad_input_rope_rank_and_output() {
+    let dev = Device::cpu();
+    let r = Rope::new(RopeStyle::Interleaved, HeadLayout::Bhsd);
+    let x: Tensor<f32> = rand_t(&dev, &[4, 2, 64]);
+    let mut y: Tensor<f32> = rand_t(&dev, &[4, 2, 64]);
+    assert_eq!(unchanged(&[&x], &mut y, |y| tessera_kernels::rope(&dev, &r, &x, y)), "x", "rank 3");
+    let x: Tensor<f32> = rand_t(&dev, &[1, 2, 4, 64]);
+    let mut y: Tensor<f32> = rand_t(&dev, &[1, 2, 5, 64]);
+    assert_eq!(unchanged(&[&x], &mut y, |y| tessera_kernels::rope(&dev, &r, &x, y)), "y", "y of another shape");
+}
+
+#[test]
+fn bad_input_rope_positions_and_cache() {
+    let dev = Device::cpu();
+    let x: Tensor<f32> = rand_t(&dev, &[2, 4, 2, 16]);
+    let mut y: Tensor<f32> = rand_t(&dev, &[2, 4, 2, 16]);
+    let p = Tensor::from_host(&dev, &[0i32, 1, 2, 3], &[1, 4]).unwrap();
+    let r = Rope::new(RopeStyle::HalfSplit, HeadLayout::Bshd).positions(tessera_kernels::Positions::Tensor(&p));
+    assert_eq!(unchanged(&[&x], &mut y, |y| tessera_kernels::rope(&dev, &r, &x, y)), "positions", "positions [1, 4] for batch 2");
+    let (cos, sin) = tessera_kernels::rope_cache(&dev, RopeStyle::HalfSplit, 8, 32, 10000.0).unwrap();
+    let r = Rope::new(RopeStyle::HalfSplit, HeadLayout::Bshd).cache(&cos, &sin);
+    assert_eq!(unchanged(&[&x], &mut y, |y| tessera_kernels::rope(&dev, &r, &x, y)), "cos", "a cache for head_dim 32");
+}
+
+#[test]
+fn bad_input_row_and_column_reductions() {
+    let dev = Device::cpu();
+    let x: Tensor<f32> = rand_t(&dev, &[6, 10]);
+    let mut out: Tensor<f32> = rand_t(&dev, &[10]);
+    assert_eq!(unchanged(&[&x], &mut out, |o| tessera_kernels::row_sum(&dev, &x, o)), "out", "row sums of 6 rows into 10");
+    let mut out: Tensor<f32> = rand_t(&dev, &[6]);
+    assert_eq!(unchanged(&[&x], &mut out, |o| tessera_kernels::col_max(&dev, &x, o)), "out", "column maxima of 10 columns into 6");
+}
+
+#[test]
+fn bad_input_axpy_shapes() {
+    let dev = Device::cpu();
+    let x: Tensor<f32> = rand_t(&dev, &[3, 4]);
+    let mut y: Tensor<f32> = rand_t(&dev, &[4, 3]);
+    assert_eq!(unchanged(&[&x], &mut y, |y| tessera_kernels::axpy(&dev, 2.0, &x, y)), "y");
+}
+
+#[test]
+fn bad_input_fused_norm_residual_and_dropout() {
+    use tessera_kernels::{Dropout, Norm};
+    let dev = Device::cpu();
+    let x: Tensor<bf16> = rand_t(&dev, &[4, 64]);
+    let res: Tensor<bf16> = rand_t(&dev, &[4, 32]);
+    let mut y: Tensor<bf16> = rand_t(&dev, &[4, 64]);
+    let norm = Norm::rms(1e-6).residual(&res);
+    assert_eq!(unchanged(&[&x, &res], &mut y, |y| norm.forward(&dev, &x, y, None)), "residual");
+    let norm = Norm::rms(1e-6).dropout(Dropout::new(1.0, 1, 0));
+    assert_eq!(unchanged(&[&x], &mut y, |y| norm.forward(&dev, &x, y, None)), "dropout.p", "p = 1 keeps nothing");
+}
+
+#[test]
+fn bad_input_gemm_inner_dimensions() {
+    let dev = Device::cpu();
+    let a: Tensor<bf16> = rand_t(&dev, &[8, 16]);
+    let b: Tensor<bf16> = rand_t(&dev, &[8, 24]);
+    let mut c: Tensor<bf16> = rand_t(&dev, &[8, 8]);
+    assert_eq!(unchanged(&[&a, &b], &mut c, |c| tessera_kernels::gemm(&a, &b).run(&dev, c)), "b");
+}
