@@ -193,3 +193,76 @@ fn bad_input_gemm_inner_dimensions() {
     let mut c: Tensor<bf16> = rand_t(&dev, &[8, 8]);
     assert_eq!(unchanged(&[&a, &b], &mut c, |c| tessera_kernels::gemm(&a, &b).run(&dev, c)), "b");
 }
+
+#[test]
+fn bad_input_layer_norm_output_shape() {
+    let dev = Device::cpu();
+    let x: Tensor<f32> = rand_t(&dev, &[3, 96]);
+    let mut y: Tensor<f32> = rand_t(&dev, &[96, 3]);
+    assert_eq!(unchanged(&[&x], &mut y, |y| tessera_kernels::layer_norm(&dev, &x, None, None, 1e-5, y)), "y");
+}
+
+#[test]
+fn bad_input_softmax_batch_output() {
+    let dev = Device::cpu();
+    let x: Tensor<bf16> = rand_t(&dev, &[2, 3, 8]);
+    let mut y: Tensor<bf16> = rand_t(&dev, &[3, 2, 8]);
+    assert_eq!(unchanged(&[&x], &mut y, |y| tessera_kernels::softmax(&dev, &x, y)), "y", "a batch of 3×8 matrices into 2×8 ones");
+}
+
+#[test]
+fn bad_input_rope_cache_odd_dim() {
+    let dev = Device::cpu();
+    let r = tessera_kernels::rope_cache(&dev, RopeStyle::Interleaved, 16, 33, 10000.0).map(|_| ());
+    assert_eq!(named(r), "dim");
+}
+
+#[test]
+fn bad_input_rope_in_place_rank() {
+    let dev = Device::cpu();
+    let mut x: Tensor<f32> = rand_t(&dev, &[4, 2, 2, 8, 16]);
+    let before = x.to_host().unwrap();
+    let r = Rope::new(RopeStyle::HalfSplit, HeadLayout::Bshd);
+    assert_eq!(named(tessera_kernels::rope_in_place(&dev, &r, &mut x)), "x");
+    assert_eq!(x.to_host().unwrap(), before, "the tensor changed");
+}
+
+#[test]
+fn bad_input_mean_reductions() {
+    let dev = Device::cpu();
+    let x: Tensor<f32> = rand_t(&dev, &[7, 5]);
+    let mut out: Tensor<f32> = rand_t(&dev, &[5]);
+    assert_eq!(unchanged(&[&x], &mut out, |o| tessera_kernels::row_mean(&dev, &x, o)), "out");
+    let mut out: Tensor<f32> = rand_t(&dev, &[7]);
+    assert_eq!(unchanged(&[&x], &mut out, |o| tessera_kernels::col_mean(&dev, &x, o)), "out");
+}
+
+#[test]
+fn bad_input_fused_norm_parameters() {
+    use tessera_kernels::Norm;
+    let dev = Device::cpu();
+    let x: Tensor<f32> = rand_t(&dev, &[4, 64]);
+    let (w, b): (Tensor<f32>, Tensor<f32>) = (rand_t(&dev, &[64]), rand_t(&dev, &[32]));
+    let mut y: Tensor<f32> = rand_t(&dev, &[4, 64]);
+    let norm = Norm::layer(1e-5).weight(&w).bias(&b);
+    assert_eq!(unchanged(&[&x, &w, &b], &mut y, |y| norm.forward(&dev, &x, y, None)), "bias");
+    let mut h: Tensor<f32> = rand_t(&dev, &[4, 63]);
+    let h_before = h.to_host().unwrap();
+    let norm = Norm::rms(1e-6).weight(&w);
+    assert_eq!(unchanged(&[&x, &w], &mut y, |y| norm.forward(&dev, &x, y, Some(&mut h))), "h");
+    assert_eq!(h.to_host().unwrap(), h_before, "h changed");
+}
+
+#[test]
+fn bad_input_gemm_output_and_bias() {
+    use tessera_kernels::Bias;
+    let dev = Device::cpu();
+    let a: Tensor<bf16> = rand_t(&dev, &[8, 16]);
+    let b: Tensor<bf16> = rand_t(&dev, &[24, 16]);
+    let mut c: Tensor<bf16> = rand_t(&dev, &[8, 16]);
+    assert_eq!(unchanged(&[&a, &b], &mut c, |c| tessera_kernels::gemm(&a, &b).run(&dev, c)), "c", "C of 8×16 for 8×24");
+    let bias: Tensor<bf16> = rand_t(&dev, &[8]);
+    let mut c: Tensor<bf16> = rand_t(&dev, &[8, 24]);
+    let r = |c: &mut Tensor<bf16>| tessera_kernels::gemm(&a, &b).bias(Bias::PerColumn(&bias)).run(&dev, c);
+    assert_eq!(unchanged(&[&a, &b, &bias], &mut c, r), "bias", "a per-column bias of 8 for 24 columns");
+}
