@@ -2,7 +2,7 @@
 //!
 //! Each block rotates the heads of a token, 32 heads at a time, so that the token's angles
 //! are computed (or read from the cache) once and broadcast over its heads, then moves on to
-//! the token a grid's width further (a persistent grid of about 30 blocks per SM); the
+//! the token a grid's width further (a persistent grid of about 60 blocks per SM); the
 //! tiles a step needs load together (run 41: two tokens per block cost more registers than
 //! they won in flight). Both layouts go through one kernel per convention: the host passes the tensor as a
 //! view whose axes are `[batch, seq, heads, dim]` whatever the order in memory, and for the
@@ -14,7 +14,7 @@ use tessera::{in_place, kernel, Absent, Device, Element, GlobalArg, GlobalArgMut
 const HEADS: usize = 32;
 
 /// Blocks per SM in a RoPE grid (each loops over tokens): see `launch`.
-const BLOCKS_PER_SM: usize = 30;
+const BLOCKS_PER_SM: usize = 60;
 
 /// RoPE with the half-split (GPT-NeoX) convention: column `j` of the first half pairs with
 /// column `j` of the second, `y₁ = x₁·cos θ − x₂·sin θ`, `y₂ = x₂·cos θ + x₁·sin θ`, with
@@ -336,10 +336,11 @@ fn launch<T: RopeElement>(
     if batch * seq * heads == 0 {
         return Ok(());
     }
-    // Blocks loop over tokens, about 30 per SM (six waves of the five half-split blocks that
-    // fit, five of the six interleaved): a block's setup and its cos/sin lines are paid once
-    // per several tokens (run 65: the cache variants 0.71 → 0.78–0.83 of copy, computed angles
-    // 0.87 → 0.89; run 72: 16 / 20 / 24 / 30 per SM gave half-split 0.85 / 0.88 / 0.89 / 0.90).
+    // Blocks loop over tokens, about 60 per SM (twelve waves of the five half-split blocks that
+    // fit, ten of the six interleaved): a block's setup and its cos/sin lines are paid once per
+    // several tokens (run 65: the cache variants 0.71 → 0.78–0.83 of copy, computed angles
+    // 0.87 → 0.89; runs 72 and 79: 16 / 20 / 24 / 30 / 40 / 60 per SM gave half-split 0.85 /
+    // 0.88 / 0.89 / 0.90 / 0.91 / 0.92).
     let hz = heads.div_ceil(HEADS);
     // (An L2 prefetch of the next token changed nothing, run 67: the loop already streams.)
     let gx = (device.sm_count() as usize * BLOCKS_PER_SM).div_ceil(batch * hz).clamp(1, seq);
