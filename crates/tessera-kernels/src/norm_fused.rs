@@ -18,6 +18,9 @@ pub const FUSED_ROW_IN_REGISTERS: usize = 8192;
 /// The widest row the fused backward kernel holds in registers.
 pub const FUSED_BACKWARD_ROW_IN_REGISTERS: usize = 2048;
 
+/// The widest row the fused four-rows-per-block forward takes (its widest tile).
+const FUSED_ROWS4_MAX: usize = 2048;
+
 /// `h = dropout(x) + res` (each optional), stored to `h_out` if asked; `y = norm(h) · w + b`,
 /// then `y · (1 + scale[g]) + shift[g]` for the row's group `g`; rows of at most 8192, one
 /// per block, read once; a variant per tile width `W`, the narrowest that holds the row
@@ -574,7 +577,7 @@ impl<'a, T: NormElement> Norm<'a, T> {
         }
         let specs = T::fused_specs();
         // Four rows per block where they fit (and share their scale and shift row).
-        let rows4 = n <= 2048 && m >= 4 * device.sm_count() as usize && group_rows % 4 == 0;
+        let rows4 = n <= FUSED_ROWS4_MAX && m >= 4 * device.sm_count() as usize && group_rows % 4 == 0;
         let (spec, rows_per_block) = match () {
             _ if rows4 => (specs.rows4[crate::norm::narrowest(specs.rows4, n)], 4),
             _ if n <= FUSED_ROW_IN_REGISTERS => (specs.row[crate::norm::narrowest(specs.row, n)], 1),

@@ -15,6 +15,10 @@
 use crate::norm::{narrowest, NormPath};
 use tessera::{kernel, Device, Element, GlobalArg, GlobalArgMut, Result, Tensor};
 
+/// The widest row softmax's four-rows-per-block kernels take (a 4×2304 f32 tile spills on
+/// sm_80): rows of 2049..=2304, which the norms take four at a time, take a block each here.
+const ROWS4_MAX: usize = 2048;
+
 /// `softmax_*` for rows of at most [`crate::ROW_PER_BLOCK_MAX`] elements: one row per block,
 /// read once; a variant per tile width `W`, the host taking the narrowest that holds the row
 /// (as the norms').
@@ -179,8 +183,7 @@ macro_rules! softmax_element {
             ) -> Result<()> {
                 let (g, causal) = (path.grid(m), i32::from(o.causal));
                 match path {
-                    // (A 4×2304 tile spills in f32 on sm_80: rows of 2049..=2304 take a block each.)
-                    NormPath::Rows4 if n <= 2048 => {
+                    NormPath::Rows4 if n <= ROWS4_MAX => {
                         let w = narrowest($rows4::VARIANTS, n);
                         $rows4::launch_variant(w, dev, g, x, y, o.scale, causal, period, path.ahead(dev))
                     }
@@ -202,7 +205,7 @@ macro_rules! softmax_element {
                 scale: f32,
             ) -> Result<()> {
                 match path {
-                    NormPath::Rows4 if n <= 2048 => {
+                    NormPath::Rows4 if n <= ROWS4_MAX => {
                         $bwd4::launch_variant(narrowest($bwd4::VARIANTS, n), dev, path.grid(m), y, dy, dx, scale)
                     }
                     NormPath::Tiled => $bwd::launch(dev, path.grid(m), y, dy, dx, scale),

@@ -98,7 +98,6 @@ impl Lowerer<'_> {
     /// `prefetch.global.L2` for each run of the tile (blocked layout) whose first element is
     /// in bounds: the lines arrive in L2 while the kernel works on, holding no registers.
     pub(crate) fn prefetch(&mut self, g: &GlobalVal, idx: &[Operand], ty: TileType, layout: Layout) {
-        use Operand::{Imm, Reg as R};
         let plan = self.plan(g, idx, layout, ty, false);
         let es = ty.dtype.size();
         let (slots, run) = (layout.slots(), layout.run_len().max(1) as usize);
@@ -108,17 +107,7 @@ impl Lowerer<'_> {
             let sl = slots[i];
             let &(_, row_addr, _, row_in) = plan.rows.iter().find(|r| r.0 == sl.dr).expect("planned row");
             let (addr, p) = match (plan.col0, plan.col_dim, plan.col_stride_bytes) {
-                (Some(c0), Some(dim), Some(sb)) => {
-                    let c = self.reg(RegClass::B32, "pfc");
-                    self.op("add.s32", vec![R(c), R(c0), Imm(i64::from(sl.dc))]);
-                    let p = self.reg(RegClass::Pred, "pfin");
-                    self.op("setp.lt.and.u32", vec![R(p), R(c), R(dim), R(row_in)]);
-                    let off = self.reg(RegClass::B64, "pfoff");
-                    self.op("mul.wide.s32", vec![R(off), R(c), R(sb)]);
-                    let addr = self.reg(RegClass::B64, "pfaddr");
-                    self.op("add.s64", vec![R(addr), R(row_addr), R(off)]);
-                    (addr, p)
-                }
+                (Some(c0), Some(dim), Some(sb)) => self.element_addr(row_addr, row_in, (c0, dim, sb), sl.dc),
                 _ => (row_addr, row_in),
             };
             self.op_if(p, false, "prefetch.global.L2", vec![Operand::Addr(addr, 0)]);
@@ -373,15 +362,7 @@ impl Lowerer<'_> {
                 vector = Some(label);
             }
             for k in 0..n {
-                let dc = slots[i + k].dc;
-                let c = self.reg(RegClass::B32, "ck");
-                self.op("add.s32", vec![R(c), R(c0), Imm(i64::from(dc))]);
-                let p = self.reg(RegClass::Pred, "in");
-                self.op("setp.lt.and.u32", vec![R(p), R(c), R(dim), R(row_in)]);
-                let off = self.reg(RegClass::B64, "off");
-                self.op("mul.wide.s32", vec![R(off), R(c), R(sb)]);
-                let addr = self.reg(RegClass::B64, "addr");
-                self.op("add.s64", vec![R(addr), R(row_addr), R(off)]);
+                let (addr, p) = self.element_addr(row_addr, row_in, (c0, dim, sb), slots[i + k].dc);
                 self.access(op, load, p, Operand::Addr(addr, 0), regs[i + k], es);
             }
             if let Some(label) = vector {
@@ -389,6 +370,21 @@ impl Lowerer<'_> {
             }
             i += n;
         }
+    }
+
+    /// The address of the element `dc` columns past the thread's first in a row at `row_addr`
+    /// (columns from `c0`, `dim` of them, `sb` bytes apart), and whether it is in bounds.
+    fn element_addr(&mut self, row_addr: Reg, row_in: Reg, (c0, dim, sb): (Reg, Reg, Reg), dc: u32) -> (Reg, Reg) {
+        use Operand::{Imm, Reg as R};
+        let c = self.reg(RegClass::B32, "ck");
+        self.op("add.s32", vec![R(c), R(c0), Imm(i64::from(dc))]);
+        let p = self.reg(RegClass::Pred, "in");
+        self.op("setp.lt.and.u32", vec![R(p), R(c), R(dim), R(row_in)]);
+        let off = self.reg(RegClass::B64, "off");
+        self.op("mul.wide.s32", vec![R(off), R(c), R(sb)]);
+        let addr = self.reg(RegClass::B64, "addr");
+        self.op("add.s64", vec![R(addr), R(row_addr), R(off)]);
+        (addr, p)
     }
 
     fn access(&mut self, op: &str, load: bool, p: Reg, addr: Operand, r: Reg, es: u32) {
