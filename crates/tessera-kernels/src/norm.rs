@@ -60,8 +60,9 @@ pub fn rms_norm_rows4(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f3
 /// elements, one row per block, read once. The statistics come from one exchange across warps: the sums of
 /// `x − k` and of its squares, `k` the row's first element — shifted so that a row far from
 /// zero keeps its variance (rows of equal values give exactly 0), clamped at 0. Widths as
-/// [`rms_norm_row`]'s.
-#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [8192, 7168, 6144, 5120, 4096, 3072, 2048, 1024, 11264, 12288]))]
+/// [`rms_norm_row`]'s but 11264: rows of 11008 take the 12288-wide tile, whose 168 registers
+/// fit three blocks per SM where the 11264-wide tile's 195 fit two.
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [8192, 7168, 6144, 5120, 4096, 3072, 2048, 1024, 12288]))]
 pub fn layer_norm_row(
     x: Global<T, 2>,
     w: Global<T, 1>,
@@ -82,7 +83,9 @@ pub fn layer_norm_row(
     let s2 = row_sum(d * d);
     let dm = s1 * (1.0 / n as f32);
     let var = max(s2 * (1.0 / n as f32) - dm * dm, 0.0);
-    let mut o = (t - (dm + k)) * rsqrt(var + eps);
+    // From `d`, not `t`: `t` then dies at the reduction (both live across it held 64 more
+    // registers at 8192 wide).
+    let mut o = (d - dm) * rsqrt(var + eps);
     // One parameter row at a time: both in flight at once cost 60 registers, a block per SM
     // (run 42: 0.61× copy against 0.79).
     if has_weight == 1 {

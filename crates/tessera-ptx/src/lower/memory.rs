@@ -37,16 +37,48 @@ impl Lowerer<'_> {
     /// Loads a tile with origin `idx`; out-of-bounds elements take `fill`.
     pub(crate) fn load(&mut self, g: &GlobalVal, idx: &[Operand], ty: TileType, fill: Operand, layout: Layout) -> TileVal {
         let ld = if g.written { "ld.global" } else { "ld.global.nc" };
-        let regs: Vec<Reg> = (0..layout.len())
+        let (regs, packs) = self.load_regs(g, ty, &fill, layout);
+        let plan = self.plan(g, idx, layout, ty, false);
+        self.stream(&plan, layout, ty, &regs, packs.as_deref(), ld, true);
+        self.unpack(&regs, packs.as_deref());
+        TileVal { ty, layout, regs }
+    }
+
+    /// A loaded tile's registers, set to `fill`; for 16-bit elements moved in pairs, also the
+    /// b32 words that carry the pairs (set to the filled pairs). The loads write the words on
+    /// every path and the pairs are unpacked once, after the paths join, so that only the
+    /// words are live at the join: unpacked at each vector, a 1×8192 bf16 tile held 64
+    /// registers of halves there where 32 words do (ptxas gives a 16-bit value a register).
+    fn load_regs(&mut self, g: &GlobalVal, ty: TileType, fill: &Operand, layout: Layout) -> (Vec<Reg>, Option<Vec<Reg>>) {
+        use Operand::{Reg as R, Vec as V};
+        let regs: Vec<Reg> = (0..layout.len()).map(|_| self.reg(elem_class(ty.dtype), &g.name)).collect();
+        let paired = ty.dtype.size() == 2 && layout.run_len() >= 2 && layout.run_len().is_multiple_of(2);
+        if !paired {
+            for &r in &regs {
+                self.op(super::mov_for(r.class), vec![R(r), fill.clone()]);
+            }
+            return (regs, None);
+        }
+        let half = self.reg(elem_class(ty.dtype), "fill");
+        self.op(super::mov_for(half.class), vec![R(half), fill.clone()]);
+        let pair = self.reg(RegClass::B32, "fill2");
+        self.op("mov.b32", vec![R(pair), V(vec![half, half])]);
+        let packs: Vec<Reg> = (0..regs.len() / 2)
             .map(|_| {
-                let r = self.reg(elem_class(ty.dtype), &g.name);
-                self.op(super::mov_for(r.class), vec![Operand::Reg(r), fill.clone()]);
-                r
+                let w = self.reg(RegClass::B32, "pack");
+                self.op("mov.b32", vec![R(w), R(pair)]);
+                w
             })
             .collect();
-        let plan = self.plan(g, idx, layout, ty, false);
-        self.stream(&plan, layout, ty, &regs, ld, true);
-        TileVal { ty, layout, regs }
+        (regs, Some(packs))
+    }
+
+    /// Unpacks the words of a paired load into its registers (nothing for an unpaired one).
+    fn unpack(&mut self, regs: &[Reg], packs: Option<&[Reg]>) {
+        use Operand::{Reg as R, Vec as V};
+        for (w, pair) in packs.unwrap_or_default().iter().zip(regs.chunks(2)) {
+            self.op("mov.b32", vec![V(pair.to_vec()), R(*w)]);
+        }
     }
 
     /// Loads several tiles at once: where every one of them takes the fast path, all their
@@ -57,42 +89,39 @@ impl Lowerer<'_> {
         let mut prepared = Vec::with_capacity(loads.len());
         for (g, idx, ty, fill, layout) in loads {
             let ld = if g.written { "ld.global" } else { "ld.global.nc" };
-            let regs: Vec<Reg> = (0..layout.len())
-                .map(|_| {
-                    let r = self.reg(elem_class(ty.dtype), &g.name);
-                    self.op(super::mov_for(r.class), vec![R(r), fill.clone()]);
-                    r
-                })
-                .collect();
+            let (regs, packs) = self.load_regs(&g, ty, &fill, layout);
             let plan = self.plan(&g, &idx, layout, ty, false);
             let fast = self.fast_path(&plan, layout, ty);
-            prepared.push((plan, layout, ty, regs, ld, fast));
+            prepared.push((plan, layout, ty, regs, packs, ld, fast));
         }
-        if prepared.iter().all(|p| p.5.is_some()) {
+        if prepared.iter().all(|p| p.6.is_some()) {
             let all = self.reg(RegClass::Pred, "allin");
             self.op("setp.eq.u32", vec![R(all), R(self.lane), R(self.lane)]);
             for p in &prepared {
-                let (_, all_in, _) = p.5.expect("checked");
+                let (_, all_in, _) = p.6.expect("checked");
                 self.op("and.pred", vec![R(all), R(all), R(all_in)]);
             }
             let (each, done) = (self.label("each"), self.label("loaded"));
             self.op_if(all, true, "bra", vec![Sym(each.clone())]);
-            for (plan, layout, ty, regs, ld, fast) in &prepared {
+            for (plan, layout, ty, regs, packs, ld, fast) in &prepared {
                 let (_, _, chunk) = fast.expect("checked");
-                self.vector_runs(plan, *layout, None, *ty, regs, ld, true, chunk);
+                self.vector_runs(plan, *layout, None, *ty, regs, packs.as_deref(), ld, true, chunk);
             }
             self.op("bra", vec![Sym(done.clone())]);
             self.body.push(crate::tirt::Inst::Label(each));
-            for (plan, layout, ty, regs, ld, _) in &prepared {
-                self.stream(plan, *layout, *ty, regs, ld, true);
+            for (plan, layout, ty, regs, packs, ld, _) in &prepared {
+                self.stream(plan, *layout, *ty, regs, packs.as_deref(), ld, true);
             }
             self.body.push(crate::tirt::Inst::Label(done));
         } else {
-            for (plan, layout, ty, regs, ld, _) in &prepared {
-                self.stream(plan, *layout, *ty, regs, ld, true);
+            for (plan, layout, ty, regs, packs, ld, _) in &prepared {
+                self.stream(plan, *layout, *ty, regs, packs.as_deref(), ld, true);
             }
         }
-        prepared.into_iter().map(|(_, layout, ty, regs, _, _)| TileVal { ty, layout, regs }).collect()
+        for (_, _, _, regs, packs, _, _) in &prepared {
+            self.unpack(regs, packs.as_deref());
+        }
+        prepared.into_iter().map(|(_, layout, ty, regs, _, _, _)| TileVal { ty, layout, regs }).collect()
     }
 
     /// `prefetch.global.L2` for each run of the tile (blocked layout) whose first element is
@@ -117,7 +146,7 @@ impl Lowerer<'_> {
     /// Stores a tile at origin `idx`; each element is written once, by its owner, if in bounds.
     pub(crate) fn store(&mut self, g: &GlobalVal, idx: &[Operand], t: &TileVal) {
         let plan = self.plan(g, idx, t.layout, t.ty, true);
-        self.stream(&plan, t.layout, t.ty, &t.regs, "st.global", false);
+        self.stream(&plan, t.layout, t.ty, &t.regs, None, "st.global", false);
     }
 
     fn plan(&mut self, g: &GlobalVal, idx: &[Operand], layout: Layout, ty: TileType, owners_only: bool) -> Plan {
@@ -215,16 +244,18 @@ impl Lowerer<'_> {
     /// the row's end (the row's length minus the first column a multiple of the run): the same
     /// vectors, each guarded by its run's column test, no branches; anything else (edge rows,
     /// strided or misaligned views, runs straddling the end): the general path, run by run.
-    fn stream(&mut self, plan: &Plan, layout: Layout, ty: TileType, regs: &[Reg], op: &str, load: bool) {
+    /// A load given `packs` (see [`Self::load_regs`]) leaves its data in them on every path.
+    #[allow(clippy::too_many_arguments)]
+    fn stream(&mut self, plan: &Plan, layout: Layout, ty: TileType, regs: &[Reg], packs: Option<&[Reg]>, op: &str, load: bool) {
         use Operand::{Imm, Reg as R, Sym};
         let Some((dense, all_in, chunk)) = self.fast_path(plan, layout, ty) else {
-            return self.stream_general(plan, layout, ty, regs, op, load);
+            return self.stream_general_packed(plan, layout, ty, regs, packs, op, load);
         };
         let run = layout.run_len();
         let (c0, dim) = (plan.col0.expect("a fast path has columns"), plan.col_dim.expect("a fast path has columns"));
         let (partial, slow, done) = (self.label("partial"), self.label("slow"), self.label("moved"));
         self.op_if(all_in, true, "bra", vec![Sym(partial.clone())]);
-        self.vector_runs(plan, layout, None, ty, regs, op, load, chunk);
+        self.vector_runs(plan, layout, None, ty, regs, packs, op, load, chunk);
         self.op("bra", vec![Sym(done.clone())]);
         self.body.push(crate::tirt::Inst::Label(partial));
         // Runs wholly inside or wholly past the row's end (dense ∧ first column ≥ 0 ∧ dim −
@@ -238,12 +269,36 @@ impl Lowerer<'_> {
             self.op("and.b32", vec![R(rest), R(rest), Imm(i64::from(run - 1))]);
             self.op("setp.eq.and.u32", vec![R(runs), R(rest), Imm(0), R(runs)]);
             self.op_if(runs, true, "bra", vec![Sym(slow.clone())]);
-            self.vector_runs(plan, layout, Some((c0, dim)), ty, regs, op, load, chunk);
+            self.vector_runs(plan, layout, Some((c0, dim)), ty, regs, packs, op, load, chunk);
             self.op("bra", vec![Sym(done.clone())]);
         }
         self.body.push(crate::tirt::Inst::Label(slow));
-        self.stream_general(plan, layout, ty, regs, op, load);
+        self.stream_general_packed(plan, layout, ty, regs, packs, op, load);
         self.body.push(crate::tirt::Inst::Label(done));
+    }
+
+    /// The general path for a load into `packs`: the filled pairs unpacked, moved element by
+    /// element (or run by run), packed again — run by run where the tile has columns.
+    #[allow(clippy::too_many_arguments)]
+    fn stream_general_packed(
+        &mut self,
+        plan: &Plan,
+        layout: Layout,
+        ty: TileType,
+        regs: &[Reg],
+        packs: Option<&[Reg]>,
+        op: &str,
+        load: bool,
+    ) {
+        if plan.col0.is_some() {
+            // Runs of columns: each run's pairs unpacked and packed again around it.
+            return self.stream_general(plan, layout, ty, regs, packs, op, load);
+        }
+        self.unpack(regs, packs);
+        self.stream_general(plan, layout, ty, regs, None, op, load);
+        for (w, pair) in packs.unwrap_or_default().iter().zip(regs.chunks(2)) {
+            self.op("mov.b32", vec![Operand::Reg(*w), Operand::Vec(pair.to_vec())]);
+        }
     }
 
     /// Whether a tile can take the fast path (`stream`'s first), and if so the predicates
@@ -291,6 +346,7 @@ impl Lowerer<'_> {
         guard: Option<(Reg, Reg)>,
         ty: TileType,
         regs: &[Reg],
+        packs: Option<&[Reg]>,
         op: &str,
         load: bool,
         chunk: u32,
@@ -308,13 +364,17 @@ impl Lowerer<'_> {
                 self.op("setp.lt.u32", vec![R(inside), R(c), R(dim)]);
                 inside
             });
-            self.vector_move(inside, first, i64::from(sl.dc * es), &regs[i..i + run], ty, op, load, chunk);
+            let words = packs.map(|p| &p[i / 2..(i + run) / 2]);
+            self.vector_move(inside, first, i64::from(sl.dc * es), &regs[i..i + run], words, ty, op, load, chunk);
             i += run;
         }
     }
 
-    /// The general path: each run as a vector if it can, else element by element.
-    fn stream_general(&mut self, plan: &Plan, layout: Layout, ty: TileType, regs: &[Reg], op: &str, load: bool) {
+    /// The general path: each run as a vector if it can, else element by element. A load
+    /// given `packs` unpacks each run's filled pairs just before the run and packs them again
+    /// after it, so that only one run's halves are live at a time.
+    #[allow(clippy::too_many_arguments)]
+    fn stream_general(&mut self, plan: &Plan, layout: Layout, ty: TileType, regs: &[Reg], packs: Option<&[Reg]>, op: &str, load: bool) {
         use Operand::{Imm, Reg as R};
         let es = ty.dtype.size();
         let slots = layout.slots();
@@ -326,6 +386,11 @@ impl Lowerer<'_> {
             let sl = slots[i];
             let &(_, row_addr, row_first, row_in) = plan.rows.iter().find(|r| r.0 == sl.dr).expect("planned row");
             let n = if vectorize { run } else { 1 };
+            // A paired load's run is even: `packs` are `None` unless it is.
+            let words = packs.map(|p| &p[i / 2..(i + run) / 2]);
+            if let Some(w) = words {
+                self.unpack(&regs[i..i + run], Some(w));
+            }
             // Elements i..i+n: columns dc..dc+n-1 of one row.
             let (Some(c0), Some(dim), Some(sb), Some(unit)) = (plan.col0, plan.col_dim, plan.col_stride_bytes, plan.unit) else {
                 // No column axis: one element per row.
@@ -350,7 +415,7 @@ impl Lowerer<'_> {
                 self.op("setp.lt.and.u32", vec![R(v), R(last), R(dim), R(v)]);
                 self.op("setp.lt.and.u32", vec![R(v), R(first), R(dim), R(v)]);
                 self.op("and.pred", vec![R(v), R(v), R(row_in)]);
-                self.vector_move(Some(v), row_first, i64::from(sl.dc * es), &regs[i..i + n], ty, op, load, chunk);
+                self.vector_move(Some(v), row_first, i64::from(sl.dc * es), &regs[i..i + n], None, ty, op, load, chunk);
                 // A run moved as a vector, or wholly past the row's end (or outside the rows),
                 // needs nothing element by element: only runs that straddle the end do.
                 let (skip, outside) = (self.reg(RegClass::Pred, "skip"), self.reg(RegClass::Pred, "outside"));
@@ -367,6 +432,9 @@ impl Lowerer<'_> {
             }
             if let Some(label) = vector {
                 self.body.push(crate::tirt::Inst::Label(label));
+            }
+            for (w, pair) in words.unwrap_or_default().iter().zip(regs[i..i + run].chunks(2)) {
+                self.op("mov.b32", vec![R(*w), Operand::Vec(pair.to_vec())]);
             }
             i += n;
         }
@@ -394,9 +462,21 @@ impl Lowerer<'_> {
     }
 
     /// Moves one run of registers with vector loads or stores at `[base + off]`, guarded by
-    /// `pred`. 16-bit elements travel in pairs packed into b32 lanes.
+    /// `pred`. 16-bit elements travel in pairs packed into b32 lanes; a load given the run's
+    /// `packed` words (one per pair) leaves them packed.
     #[allow(clippy::too_many_arguments)]
-    fn vector_move(&mut self, pred: Option<Reg>, base: Reg, off: i64, regs: &[Reg], ty: TileType, op: &str, load: bool, chunk_bytes: u32) {
+    fn vector_move(
+        &mut self,
+        pred: Option<Reg>,
+        base: Reg,
+        off: i64,
+        regs: &[Reg],
+        packed: Option<&[Reg]>,
+        ty: TileType,
+        op: &str,
+        load: bool,
+        chunk_bytes: u32,
+    ) {
         use Operand::{Reg as R, Vec as V};
         let emit = |lw: &mut Self, inst: &str, args: Vec<Operand>| match pred {
             Some(p) => lw.op_if(p, false, inst, args),
@@ -413,8 +493,12 @@ impl Lowerer<'_> {
                 emit(self, &vop, args);
                 continue;
             }
-            let words: Vec<Reg> = (0..lanes).map(|_| self.reg(RegClass::B32, "pack")).collect();
             let wop = |w: &[Reg]| if lanes == 1 { R(w[0]) } else { V(w.to_vec()) };
+            if let (true, Some(packed)) = (load, packed) {
+                emit(self, &vop, vec![wop(&packed[c * lanes..(c + 1) * lanes]), addr]);
+                continue;
+            }
+            let words: Vec<Reg> = (0..lanes).map(|_| self.reg(RegClass::B32, "pack")).collect();
             if load {
                 // Guarded: the words start as the (fill-initialized) pairs and the unpacking is
                 // unconditional, so ptxas can rename it away; a guarded unpack must wait for its
