@@ -111,6 +111,11 @@ fn main() {
             norm_rows.push((format!("softmax {m}x{n} {path}{mark}"), bytes - (n * 2) as f64, time_ms(&dev, 5, 20, &mut sm)));
         }
         std::env::remove_var("TESSERA_NORM_PATH");
+        if n > tessera_kernels::ROW_PER_BLOCK_MAX && n <= tessera_kernels::SOFTMAX_ROW_MAX {
+            // Softmax's forward reads rows this wide once, a block per row (its default here).
+            let mut sm = || tessera_kernels::softmax(&dev, &xb, &mut yb).expect("softmax");
+            norm_rows.push((format!("softmax {m}x{n} row*"), bytes - (n * 2) as f64, time_ms(&dev, 5, 20, &mut sm)));
+        }
         if n <= tessera_kernels::ROW_PER_BLOCK_MAX {
             // y, dy read, dx written.
             let mut dx = Tensor::<bf16>::zeros(&dev, &[m, n]).expect("dx bf16");

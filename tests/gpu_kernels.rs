@@ -542,6 +542,14 @@ fn softmax_options_case<T: tessera_kernels::SoftmaxElement>(dev: &Device, to: fn
     let mut shapes: Vec<Vec<usize>> = norm_shapes(dev).into_iter().map(|(m, n)| vec![m, n]).collect();
     shapes.push(vec![3, 50, 70]);
     shapes.push(vec![2, 129, 129]);
+    // Matrices of 3 and 1 rows, 600 rows in all (the four-row kernel on the GPU): a block's
+    // rows wrap the period more than once.
+    shapes.push(vec![200, 3, 300]);
+    shapes.push(vec![600, 1, 260]);
+    if !dev.is_cpu() {
+        // Past the norms' widest row tile: softmax's forward still a block per row (W 16384).
+        shapes.push(vec![5, 16000]);
+    }
     for shape in shapes {
         let n = *shape.last().unwrap();
         let rows: usize = shape.iter().product::<usize>() / n;

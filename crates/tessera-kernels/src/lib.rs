@@ -56,7 +56,7 @@ pub use softmax::{
     softmax, softmax_backward, softmax_backward_bf16, softmax_backward_f16, softmax_backward_f32, softmax_backward_row_bf16,
     softmax_backward_row_f16, softmax_backward_row_f32, softmax_backward_rows4_bf16, softmax_backward_rows4_f16,
     softmax_backward_rows4_f32, softmax_bf16, softmax_f16, softmax_f32, softmax_row_bf16, softmax_row_f16, softmax_row_f32,
-    softmax_rows4_bf16, softmax_rows4_f16, softmax_rows4_f32, softmax_with, SoftmaxElement, SoftmaxOptions,
+    softmax_rows4_bf16, softmax_rows4_f16, softmax_rows4_f32, softmax_with, SoftmaxElement, SoftmaxOptions, SOFTMAX_ROW_MAX,
 };
 
 /// Every kernel of the library, for tools that check them all (ptxas, dumps).

@@ -1,7 +1,7 @@
 //! Row softmax, forward and backward, with a scale and a causal mask.
 //!
 //! The same three shapes of kernel as the norms (see [`crate::NormPath`]): a block per row of
-//! up to [`crate::ROW_PER_BLOCK_MAX`] elements and four rows per block of up to 2048 read each
+//! up to [`crate::ROW_PER_BLOCK_MAX`] elements ([`SOFTMAX_ROW_MAX`] forward) and four rows per block of up to 2048 read each
 //! row once and keep it in registers (a variant per tile width, the narrowest that holds the
 //! row launched); the tiled kernels take any width in two passes (an online maximum and sum,
 //! then the output). Each row's maximum is taken of `x` itself and subtracted before the
@@ -19,10 +19,15 @@ use tessera::{kernel, Device, Element, GlobalArg, GlobalArgMut, Result, Tensor};
 /// sm_80): rows of 2049..=2304, which the norms take four at a time, take a block each here.
 const ROWS4_MAX: usize = 2048;
 
+/// The widest row softmax's forward reads once, a block per row: 16384, past the norms'
+/// [`crate::ROW_PER_BLOCK_MAX`] (softmax holds one tile, not a tile and its parameters: a
+/// 1×16384 bf16 tile takes 164 registers, no spills).
+pub const SOFTMAX_ROW_MAX: usize = 16384;
+
 /// `softmax_*` for rows of at most [`crate::ROW_PER_BLOCK_MAX`] elements: one row per block,
 /// read once; a variant per tile width `W`, the host taking the narrowest that holds the row
 /// (as the norms').
-#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [8192, 7168, 6144, 5120, 4096, 3072, 2048, 1024, 11264, 12288]))]
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [8192, 7168, 6144, 5120, 4096, 3072, 2048, 1024, 11264, 12288, 16384]))]
 pub fn softmax_row(x: Global<T, 2>, y: Global<T, 2>, scale: f32, causal: i32, period: i32, ahead: i32) {
     let r = block::id_x();
     x.prefetch::<Tile<T, 1, W>>([r + ahead, 0]);
@@ -45,8 +50,15 @@ pub fn softmax_rows4(x: Global<T, 2>, y: Global<T, 2>, scale: f32, causal: i32, 
     let n = x.dim(1) as f32;
     let p = period as f32;
     let open = (1 - causal) as f32 * 16777216.0;
-    let i = Tile::<f32, 4, 1>::row_index() + r as f32;
-    let t = x.load::<Tile<T, 4, W>>([r, 0]).cast::<f32>().mask_cols(min(i - floor(i / p) * p + (1.0 + open), n), f32::NEG_INFINITY);
+    // Each row's index mod `period`, exactly and without a division (an IEEE division is a
+    // subroutine call on some targets, which saves the live registers: sm_80 spilled the
+    // loaded rows around it): `r mod period` plus 0..3, less `period` while it reaches it
+    // (three times at most, as the rows sit below `period + 3 ≤ 4·period`).
+    let mut i = Tile::<f32, 4, 1>::row_index() + (r % period) as f32;
+    i = i - step(i - p) * p;
+    i = i - step(i - p) * p;
+    i = i - step(i - p) * p;
+    let t = x.load::<Tile<T, 4, W>>([r, 0]).cast::<f32>().mask_cols(min(i + (1.0 + open), n), f32::NEG_INFINITY);
     let e = exp2((t - row_max(t)) * (scale * f32::consts::LOG2_E));
     y.store([r, 0], (e * (1.0 / row_sum(e))).cast::<T>());
 }
@@ -302,7 +314,12 @@ pub fn softmax_with<T: SoftmaxElement>(device: &Device, x: &Tensor<T>, y: &mut T
             found: format!("{m} rows"),
         });
     }
-    let path = NormPath::choose(m, n, device.sm_count() as usize);
+    let path = match NormPath::choose(m, n, device.sm_count() as usize) {
+        NormPath::Tiled if n > crate::ROW_PER_BLOCK_MAX && n <= SOFTMAX_ROW_MAX && std::env::var("TESSERA_NORM_PATH").is_err() => {
+            NormPath::Row
+        }
+        path => path,
+    };
     let ys = as_rows("softmax", "y", y)?.1;
     let xv = x.view(&[m, n], &xs)?;
     let mut yv = y.view_mut(&[m, n], &ys)?;
