@@ -85,10 +85,11 @@ fn main() {
         // Every kernel that takes this width (`TESSERA_NORM_PATH`), so the dispatch can be
         // checked against the alternatives; the default path is marked `*`.
         let default = format!("{:?}", tessera_kernels::NormPath::choose(m, n, dev.sm_count() as usize)).to_lowercase();
-        for path in ["rows4", "rows2", "row", "tiled"] {
+        for path in ["rows4", "rows2", "row", "wide", "tiled"] {
             if (path == "rows4" && n > tessera_kernels::ROW_IN_REGISTERS)
                 || (path == "rows2" && !(2048..=3584).contains(&n))
                 || (path == "row" && n > tessera_kernels::ROW_PER_BLOCK_MAX)
+                || (path == "wide" && !(tessera_kernels::ROW_PER_BLOCK_MAX + 1..=tessera_kernels::NORM_WIDE_MAX).contains(&n))
             {
                 continue;
             }
@@ -104,10 +105,16 @@ fn main() {
                 timed(&mut criterion, "layer_norm bf16", &mut ln);
             }
             norm_rows.push((format!("layer_norm {m}x{n} {path}{mark}"), bytes + (n * 2) as f64, time_ms(&dev, 5, 20, &mut ln)));
+            if path == "wide" {
+                // Softmax has no two-warpgroup kernel: its default at these widths follows.
+                continue;
+            }
             let mut sm = || tessera_kernels::softmax(&dev, &xb, &mut yb).expect("softmax");
             if i == 0 && path == default {
                 timed(&mut criterion, "softmax bf16", &mut sm);
             }
+            let mark =
+                if path == "tiled" && n > tessera_kernels::ROW_PER_BLOCK_MAX && n <= tessera_kernels::SOFTMAX_ROW_MAX { "" } else { mark };
             norm_rows.push((format!("softmax {m}x{n} {path}{mark}"), bytes - (n * 2) as f64, time_ms(&dev, 5, 20, &mut sm)));
         }
         std::env::remove_var("TESSERA_NORM_PATH");

@@ -257,8 +257,10 @@ fn norm_shapes(dev: &Device) -> Vec<(usize, usize)> {
     // that tile is as full as two rows'); many rows of 257..=2304 four rows per block, of
     // 2305..=4096 otherwise two; the rest the tiled kernels (`NormPath::choose`); each
     // appears here on the GPU.
-    let mut shapes = vec![(1, 1), (7, 129), (37, 1536), (3, 5000), (20, 2304), (2, 8192), (3, 9000), (41, 2000)];
+    // 12289..=16384 wide: a row per block of two warpgroups (`rms_norm_wide`…); 20000 tiled.
+    let mut shapes = vec![(1, 1), (7, 129), (37, 1536), (3, 5000), (20, 2304), (2, 8192), (3, 9000), (41, 2000), (3, 13001)];
     if !dev.is_cpu() {
+        shapes.extend([(5, 16384), (70, 16000), (3, 20000)]);
         shapes.extend([
             (4097, 5000),
             (64, 16384),

@@ -64,6 +64,22 @@ fn two_warpgroups(x: Global<f32, 2>, y: Global<f32, 2>) {
     }
 }
 
+/// Rows spread over three warpgroups (256 columns each): the row's sum and maximum combined
+/// across them with `block_sum` / `block_max`, twice in a row (the exchange reused), in bf16
+/// for the second (the parts widened, the result rounded).
+#[kernel(warpgroups = 3)]
+fn block_rows(x: Global<f32, 2>, y: Global<f32, 2>, z: Global<bf16, 2>) {
+    let r = block::id_x() * 4;
+    let c = warpgroup::id() * 256;
+    let t = x.load::<Tile<f32, 4, 256>>([r, c]);
+    let s = block_sum(row_sum(t));
+    let m = block_max(row_max(t));
+    y.store([r, c], t - m + s);
+    let h = t.cast::<bf16>();
+    let hs = block_sum(row_sum(h));
+    z.store([r, c], h + hs);
+}
+
 /// A hand-off through a named barrier: warpgroup 0 writes its rows and arrives; warpgroup 1
 /// waits there, then reads them back.
 #[kernel(warpgroups = 2)]
@@ -231,6 +247,48 @@ fn gpu_broadcast_converts_layouts() {
 #[test]
 fn interp_broadcast_converts_layouts() {
     broadcast_converts_layouts(&Device::cpu());
+}
+
+fn block_reductions_span_warpgroups(dev: &Device) {
+    let (m, n) = (37, 700);
+    let x = random(m * n, -1.0, 1.0);
+    let xt = Tensor::from_host(dev, &x, &[m, n]).unwrap();
+    let mut y = Tensor::full(dev, &[m, n], f32::NAN).unwrap();
+    let mut z = Tensor::full(dev, &[m, n], bf16::from_f32(f32::NAN)).unwrap();
+    block_rows::launch(dev, Grid::tiles(m, 4), &xt, &mut y, &mut z).unwrap();
+    let rows: Vec<&[f32]> = x.chunks(n).collect();
+    let want: Vec<f64> = (0..m * n)
+        .map(|k| {
+            let row = rows[k / n];
+            let s: f64 = row.iter().map(|&v| f64::from(v)).sum();
+            // Columns past the row (700..768) load as 0.
+            let mx = row.iter().cloned().fold(0.0, f32::max);
+            f64::from(x[k]) - f64::from(mx) + s
+        })
+        .collect();
+    let err = rel_error(&wide(&y.to_host().unwrap()), &want);
+    assert!(err < 1e-5, "block_sum / block_max: relative error {err}");
+    let want: Vec<f64> = (0..m * n)
+        .map(|k| {
+            let h = |v: f32| f64::from(bf16::from_f32(v).to_f32());
+            h(x[k]) + rows[k / n].iter().map(|&v| h(v)).sum::<f64>()
+        })
+        .collect();
+    let got: Vec<f64> = z.to_host().unwrap().into_iter().map(|v| v.to_f64()).collect();
+    let err = rel_error(&got, &want);
+    assert!(err < 2e-2, "block_sum in bf16: relative error {err}");
+}
+
+#[test]
+fn gpu_block_reductions_span_warpgroups() {
+    if let Some(dev) = gpu_or_skip("gpu_block_reductions_span_warpgroups") {
+        block_reductions_span_warpgroups(&dev);
+    }
+}
+
+#[test]
+fn interp_block_reductions_span_warpgroups() {
+    block_reductions_span_warpgroups(&Device::cpu());
 }
 
 fn named_barrier_hands_off(dev: &Device) {

@@ -37,8 +37,9 @@ pub use gemm::{
 pub use norm::{
     layer_norm, layer_norm_bf16, layer_norm_f16, layer_norm_f32, layer_norm_row_bf16, layer_norm_row_f16, layer_norm_row_f32,
     layer_norm_rows2_bf16, layer_norm_rows2_f16, layer_norm_rows2_f32, layer_norm_rows4_bf16, layer_norm_rows4_f16, layer_norm_rows4_f32,
-    rms_norm, rms_norm_bf16, rms_norm_f16, rms_norm_f32, rms_norm_row_bf16, rms_norm_row_f16, rms_norm_row_f32, rms_norm_rows2_bf16,
-    rms_norm_rows2_f16, rms_norm_rows2_f32, rms_norm_rows4_bf16, rms_norm_rows4_f16, rms_norm_rows4_f32, NormElement, NormPath,
+    layer_norm_wide_bf16, layer_norm_wide_f16, layer_norm_wide_f32, rms_norm, rms_norm_bf16, rms_norm_f16, rms_norm_f32, rms_norm_row_bf16,
+    rms_norm_row_f16, rms_norm_row_f32, rms_norm_rows2_bf16, rms_norm_rows2_f16, rms_norm_rows2_f32, rms_norm_rows4_bf16,
+    rms_norm_rows4_f16, rms_norm_rows4_f32, rms_norm_wide_bf16, rms_norm_wide_f16, rms_norm_wide_f32, NormElement, NormPath, NORM_WIDE_MAX,
     ROW_IN_REGISTERS, ROW_PER_BLOCK_MAX,
 };
 pub use norm_fused::{
@@ -100,6 +101,12 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         rms_norm_bf16::VARIANTS,
         rms_norm_f16::VARIANTS,
         rms_norm_f32::VARIANTS,
+        rms_norm_wide_bf16::VARIANTS,
+        rms_norm_wide_f16::VARIANTS,
+        rms_norm_wide_f32::VARIANTS,
+        layer_norm_wide_bf16::VARIANTS,
+        layer_norm_wide_f16::VARIANTS,
+        layer_norm_wide_f32::VARIANTS,
         layer_norm_bf16::VARIANTS,
         layer_norm_f16::VARIANTS,
         layer_norm_f32::VARIANTS,

@@ -6,9 +6,10 @@
 //! the row's end are loaded as zeros and masked out of the statistics. Each of these kernels
 //! has a variant per tile width (`tune(W = [...])`, widths such as 2304 or 5120 that are not
 //! powers of two among them), and the host launches the narrowest that holds the row: a
-//! tile the row fills leaves no registers idle, so more rows are in flight per SM. Wider rows
-//! take the tiled kernels, which read each row once per pass (from L2 where it is still
-//! there).
+//! tile the row fills leaves no registers idle, so more rows are in flight per SM. Rows up to
+//! [`NORM_WIDE_MAX`] are read once too, a row per block of two warpgroups that combine their
+//! halves' statistics with `block_sum`. Wider rows take the tiled kernels, which read each row
+//! once per pass (from L2 where it is still there).
 
 use tessera::{kernel, Device, Element, GlobalArg, Grid, KernelSpec, Optional, Result, Tensor};
 
@@ -22,6 +23,10 @@ pub const ROW_IN_REGISTERS: usize = 2304;
 /// The widest row the one-row-per-block kernels hold in registers (a 1×12288 tile: 214
 /// registers a thread in bf16, two blocks an SM); wider rows take the tiled kernels.
 pub const ROW_PER_BLOCK_MAX: usize = 12288;
+
+/// The widest row the norms read once, a row per block of two warpgroups
+/// ([`rms_norm_wide`], [`layer_norm_wide`]); wider rows take the tiled kernels.
+pub const NORM_WIDE_MAX: usize = 16384;
 
 /// `rms_norm_*` for rows of at most [`ROW_PER_BLOCK_MAX`] elements, one row per block, read
 /// once; a variant per tile width `W` (multiples of 1024), the host taking the narrowest that
@@ -173,6 +178,59 @@ pub fn layer_norm_rows2(
     y.store([r, 0], o.cast::<T>());
 }
 
+/// `rms_norm_*` for rows of 12289..=[`NORM_WIDE_MAX`] elements, read once: a row per block
+/// of two warpgroups, each holding half of it (a 1×8192 tile each: one 1×16384 tile takes 255
+/// registers and spills), the sum of squares combined across them with `block_sum`.
+#[kernel(dtypes(T = [bf16, f16, f32]), warpgroups = 2)]
+pub fn rms_norm_wide(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f32, has_weight: i32, ahead: i32) {
+    let r = block::id_x();
+    let c = warpgroup::id() * 8192;
+    x.prefetch::<Tile<T, 1, 8192>>([r + ahead, c]);
+    let t = x.load::<Tile<T, 1, 8192>>([r, c]).cast::<f32>();
+    let ss = block_sum(row_sum(t * t));
+    let mut o = t * rsqrt(ss * (1.0 / x.dim(1) as f32) + eps);
+    if has_weight == 1 {
+        o = o * w.load::<Tile<T, 1, 8192>>([c]).cast::<f32>();
+    }
+    y.store([r, c], o.cast::<T>());
+}
+
+/// `layer_norm_*` for the widths of [`rms_norm_wide`]: a row per block of two warpgroups, the
+/// shifted sums of [`layer_norm_row`] each combined across them with `block_sum`.
+#[kernel(dtypes(T = [bf16, f16, f32]), warpgroups = 2)]
+pub fn layer_norm_wide(
+    x: Global<T, 2>,
+    w: Global<T, 1>,
+    b: Global<T, 1>,
+    y: Global<T, 2>,
+    eps: f32,
+    has_weight: i32,
+    has_bias: i32,
+    ahead: i32,
+) {
+    let r = block::id_x();
+    let c = warpgroup::id() * 8192;
+    let n = x.dim(1);
+    x.prefetch::<Tile<T, 1, 8192>>([r + ahead, c]);
+    let t = x.load::<Tile<T, 1, 8192>>([r, c]).cast::<f32>();
+    let k = x.get([r, 0]);
+    let d = (t - k).mask_cols(n - c, 0.0);
+    let p1 = row_sum(d);
+    let p2 = row_sum(d * d);
+    let s1 = block_sum(p1);
+    let s2 = block_sum(p2);
+    let dm = s1 * (1.0 / n as f32);
+    let var = max(s2 * (1.0 / n as f32) - dm * dm, 0.0);
+    let mut o = (d - dm) * rsqrt(var + eps);
+    if has_weight == 1 {
+        o = o * w.load::<Tile<T, 1, 8192>>([c]).cast::<f32>();
+    }
+    if has_bias == 1 {
+        o = o + b.load::<Tile<T, 1, 8192>>([c]).cast::<f32>();
+    }
+    y.store([r, c], o.cast::<T>());
+}
+
 /// LayerNorm for any row width in three passes over 16-row blocks: the mean, the centred
 /// squares (masked past the row), then the output.
 #[kernel(dtypes(T = [bf16, f16, f32]))]
@@ -277,6 +335,10 @@ pub enum NormPath {
     /// One row per block, read once (hidden ≤ [`ROW_PER_BLOCK_MAX`]): for few rows, and rows
     /// wider than 4096.
     Row,
+    /// One row per block of two warpgroups, read once (hidden
+    /// [`ROW_PER_BLOCK_MAX`]+1..=[`NORM_WIDE_MAX`]; softmax takes `Row` forward, `Tiled`
+    /// backward).
+    Wide,
     /// 16 rows per block, a pass over the columns per statistic (any width).
     Tiled,
 }
@@ -293,6 +355,7 @@ impl NormPath {
             Ok("rows4") if n <= ROW_IN_REGISTERS => Some(NormPath::Rows4),
             Ok("rows2") if n <= 3584 => Some(NormPath::Rows2),
             Ok("row") if n <= ROW_PER_BLOCK_MAX => Some(NormPath::Row),
+            Ok("wide") if n > ROW_PER_BLOCK_MAX && n <= NORM_WIDE_MAX => Some(NormPath::Wide),
             Ok("tiled") => Some(NormPath::Tiled),
             _ => None,
         };
@@ -306,6 +369,8 @@ impl NormPath {
             NormPath::Rows2
         } else if n <= ROW_IN_REGISTERS && n > 256 {
             NormPath::Rows4
+        } else if n > ROW_PER_BLOCK_MAX && n <= NORM_WIDE_MAX {
+            NormPath::Wide
         } else {
             NormPath::Tiled
         })
@@ -316,7 +381,7 @@ impl NormPath {
         match self {
             NormPath::Rows4 => 4,
             NormPath::Rows2 => 2,
-            NormPath::Row => 1,
+            NormPath::Row | NormPath::Wide => 1,
             NormPath::Tiled => BM,
         }
     }
@@ -349,7 +414,7 @@ pub(crate) fn narrowest(variants: &[&KernelSpec], n: usize) -> usize {
 }
 
 macro_rules! norm_element {
-    ($t:ty, $rms4:ident, $rms2:ident, $rms_row:ident, $rms:ident, $ln4:ident, $ln2:ident, $ln_row:ident, $ln:ident, [$rows4:ident, $row:ident, $wide:ident, $brow:ident, $bwide:ident, $sum:ident]) => {
+    ($t:ty, $rms4:ident, $rms2:ident, $rms_row:ident, $rms:ident, $rms_wide:ident, $ln4:ident, $ln2:ident, $ln_row:ident, $ln:ident, $ln_wide:ident, [$rows4:ident, $row:ident, $wide:ident, $brow:ident, $bwide:ident, $sum:ident]) => {
         impl NormElement for $t {
             fn fused_specs() -> crate::norm_fused::FusedSpecs {
                 use crate::norm_fused::*;
@@ -376,6 +441,7 @@ macro_rules! norm_element {
                     NormPath::Rows4 => $rms4::launch_variant(narrowest($rms4::VARIANTS, n), dev, g, x, w, y, eps, has_w, ahead),
                     NormPath::Rows2 => $rms2::launch_variant(narrowest($rms2::VARIANTS, n), dev, g, x, w, y, eps, has_w, ahead),
                     NormPath::Row => $rms_row::launch_variant(narrowest($rms_row::VARIANTS, n), dev, g, x, w, y, eps, has_w, ahead),
+                    NormPath::Wide => $rms_wide::launch(dev, g, x, w, y, eps, has_w, ahead),
                     NormPath::Tiled => $rms::launch(dev, g, x, w, y, eps, has_w, ahead),
                 }
             }
@@ -394,6 +460,7 @@ macro_rules! norm_element {
                     NormPath::Rows4 => $ln4::launch_variant(narrowest($ln4::VARIANTS, n), dev, g, x, w, b, y, eps, has_w, has_b, ahead),
                     NormPath::Rows2 => $ln2::launch_variant(narrowest($ln2::VARIANTS, n), dev, g, x, w, b, y, eps, has_w, has_b, ahead),
                     NormPath::Row => $ln_row::launch_variant(narrowest($ln_row::VARIANTS, n), dev, g, x, w, b, y, eps, has_w, has_b, ahead),
+                    NormPath::Wide => $ln_wide::launch(dev, g, x, w, b, y, eps, has_w, has_b, ahead),
                     NormPath::Tiled => $ln::launch(dev, g, x, w, b, y, eps, has_w, has_b, ahead),
                 }
             }
@@ -406,10 +473,12 @@ norm_element!(
     rms_norm_rows2_bf16,
     rms_norm_row_bf16,
     rms_norm_bf16,
+    rms_norm_wide_bf16,
     layer_norm_rows4_bf16,
     layer_norm_rows2_bf16,
     layer_norm_row_bf16,
     layer_norm_bf16,
+    layer_norm_wide_bf16,
     [norm_fused_rows4_bf16, norm_fused_row_bf16, norm_fused_wide_bf16, norm_backward_row_bf16, norm_backward_wide_bf16, sum_partials_bf16]
 );
 norm_element!(
@@ -418,10 +487,12 @@ norm_element!(
     rms_norm_rows2_f16,
     rms_norm_row_f16,
     rms_norm_f16,
+    rms_norm_wide_f16,
     layer_norm_rows4_f16,
     layer_norm_rows2_f16,
     layer_norm_row_f16,
     layer_norm_f16,
+    layer_norm_wide_f16,
     [norm_fused_rows4_f16, norm_fused_row_f16, norm_fused_wide_f16, norm_backward_row_f16, norm_backward_wide_f16, sum_partials_f16]
 );
 norm_element!(
@@ -430,10 +501,12 @@ norm_element!(
     rms_norm_rows2_f32,
     rms_norm_row_f32,
     rms_norm_f32,
+    rms_norm_wide_f32,
     layer_norm_rows4_f32,
     layer_norm_rows2_f32,
     layer_norm_row_f32,
     layer_norm_f32,
+    layer_norm_wide_f32,
     [norm_fused_rows4_f32, norm_fused_row_f32, norm_fused_wide_f32, norm_backward_row_f32, norm_backward_wide_f32, sum_partials_f32]
 );
 

@@ -200,7 +200,7 @@ macro_rules! softmax_element {
                         $rows4::launch_variant(w, dev, g, x, y, o.scale, causal, period, path.ahead(dev))
                     }
                     NormPath::Tiled => $tiled::launch(dev, g, x, y, o.scale, causal, period, path.ahead(dev)),
-                    NormPath::Row | NormPath::Rows2 | NormPath::Rows4 => {
+                    NormPath::Row | NormPath::Rows2 | NormPath::Rows4 | NormPath::Wide => {
                         let ahead = NormPath::Row.ahead(dev);
                         let w = narrowest($row::VARIANTS, n);
                         $row::launch_variant(w, dev, NormPath::Row.grid(m), x, y, o.scale, causal, period, ahead)
@@ -221,7 +221,7 @@ macro_rules! softmax_element {
                         $bwd4::launch_variant(narrowest($bwd4::VARIANTS, n), dev, path.grid(m), y, dy, dx, scale)
                     }
                     NormPath::Tiled => $bwd::launch(dev, path.grid(m), y, dy, dx, scale),
-                    NormPath::Row | NormPath::Rows2 | NormPath::Rows4 => {
+                    NormPath::Row | NormPath::Rows2 | NormPath::Rows4 | NormPath::Wide => {
                         $bwd_row::launch_variant(narrowest($bwd_row::VARIANTS, n), dev, NormPath::Row.grid(m), y, dy, dx, scale)
                     }
                 }
@@ -314,10 +314,10 @@ pub fn softmax_with<T: SoftmaxElement>(device: &Device, x: &Tensor<T>, y: &mut T
             found: format!("{m} rows"),
         });
     }
+    // Rows the norms take two warpgroups for, softmax reads in one (its tile goes to 16384).
     let path = match NormPath::choose(m, n, device.sm_count() as usize) {
-        NormPath::Tiled if n > crate::ROW_PER_BLOCK_MAX && n <= SOFTMAX_ROW_MAX && std::env::var("TESSERA_NORM_PATH").is_err() => {
-            NormPath::Row
-        }
+        NormPath::Wide if n <= SOFTMAX_ROW_MAX => NormPath::Row,
+        NormPath::Wide => NormPath::Tiled,
         path => path,
     };
     let ys = as_rows("softmax", "y", y)?.1;
@@ -352,6 +352,9 @@ pub fn softmax_backward<T: SoftmaxElement>(device: &Device, y: &Tensor<T>, dy: &
     let mut dxv = dx.view_mut(&[m, n], &dxs)?;
     // The forward's paths (a block per row: run 37, 1.01× copy at 16384×8192, 0.19× at 768
     // wide; four rows per block up to 2048), the tiled kernel past the widest row tile.
-    let path = NormPath::choose(m, n, device.sm_count() as usize);
+    let path = match NormPath::choose(m, n, device.sm_count() as usize) {
+        NormPath::Wide => NormPath::Tiled,
+        path => path,
+    };
     T::softmax_backward_launch(device, path, (m, n), &yv, &dyv, &mut dxv, scale)
 }

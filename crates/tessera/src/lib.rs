@@ -61,6 +61,11 @@
 //!   `t.swap_pairs()` (columns 2k and 2k+1 exchanged, in registers), `t.mask_cols(limit, fill)`
 //!   (columns from `limit` on replaced; `limit` an `i32`, or a `Tile<f32, M, 1>` of one per
 //!   row). `M×1` and `1×N` tiles broadcast.
+//! - Across warpgroups: `let s = block_sum(t);` (`block_max`, `block_min`) combines each
+//!   warpgroup's own `t` (same type in all) elementwise through shared memory between two
+//!   barriers of the whole block, in warpgroup order, so every warpgroup gets the same bits:
+//!   `block_sum(row_sum(x))` sums rows spread over the warpgroups (`tessera_kernels::rms_norm_wide`).
+//!   Every warpgroup must reach it, and it is the whole value of a `let`.
 //! - Scheduling: consecutive `let`s of tile loads (each maybe `.cast`) whose indices do not use
 //!   each other issue as one group, every vector in flight before any is used; consecutive
 //!   `let`s of independent reductions (`let a = row_sum(x); let b = row_sum(x * x);`) share

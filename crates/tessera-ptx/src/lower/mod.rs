@@ -132,6 +132,10 @@ pub(crate) struct Lowerer<'a> {
     labels: u32,
     /// Bytes of scratch each warpgroup needs.
     pub scratch_bytes: u32,
+    /// The block-wide exchange (`block_sum`…), after the warpgroups' scratch: its base
+    /// (set in the prologue once the scratch size is known) and the bytes it needs.
+    pub xchg: Option<Reg>,
+    pub xchg_bytes: u32,
     pub lane: Reg,
     pub warp: Reg,
     pub wg: Reg,
@@ -178,6 +182,8 @@ impl<'a> Lowerer<'a> {
             scopes: vec![HashMap::new()],
             labels: 0,
             scratch_bytes: 0,
+            xchg: None,
+            xchg_bytes: 0,
             lane: placeholder,
             warp: placeholder,
             wg: placeholder,
@@ -729,6 +735,10 @@ impl<'a> Lowerer<'a> {
         } else {
             self.pro("mov.u32", vec![R(scratch), Imm(0)]);
         }
+        if let Some(x) = self.xchg {
+            self.pro("mov.u32", vec![R(x), Sym(SCRATCH.into())]);
+            self.pro("add.u32", vec![R(x), R(x), Imm(i64::from(bytes * self.ir.warpgroups))]);
+        }
         let mut body = std::mem::take(&mut self.prologue);
         body.insert(0, Inst::Comment("prologue: thread indices, parameters, layouts".into()));
         body.append(&mut self.body);
@@ -737,7 +747,7 @@ impl<'a> Lowerer<'a> {
             name: self.ir.name.clone(),
             params: self.params,
             threads: self.ir.warpgroups * 128,
-            shared_bytes: bytes * self.ir.warpgroups,
+            shared_bytes: bytes * self.ir.warpgroups + self.xchg_bytes,
             // The base is rounded up to 1024 at run time: ask for that much more.
             dynamic_shared_bytes: if self.dyn_bytes > 0 { self.dyn_bytes + 1024 } else { 0 },
             min_ctas_per_sm: self.ir.blocks_per_sm.max(u32::from(self.uses_setmaxnreg)),

@@ -54,6 +54,10 @@ impl Lowerer<'_> {
                 let t = self.tile(value)?;
                 self.reduce(t, *op, *axis)
             }
+            ExprKind::BlockReduce { op, value } => {
+                let t = self.tile(value)?;
+                self.block_reduce(t, *op)
+            }
             ExprKind::MaskCols { value, limit, fill } => {
                 let t = self.tile(value)?;
                 self.mask_cols(t, limit, fill)?
@@ -510,6 +514,64 @@ impl Lowerer<'_> {
         let scratch = self.scratch;
         self.op("mad.lo.u32", vec![R(a), R(a), Imm(i64::from(es)), R(scratch)]);
         a
+    }
+
+    /// `block_sum(t)` and kin: every thread's registers through shared memory at
+    /// `[warpgroup][thread][register]`, between two barriers of the whole block (the first
+    /// keeps the previous exchange's readers ahead of these writes), then each thread combines
+    /// the registers of its own position in every warpgroup, in warpgroup order, so that all
+    /// warpgroups hold the same bits. The warpgroups' layouts are one, so a thread's partners
+    /// hold the same elements.
+    fn block_reduce(&mut self, t: TileVal, op: ReduceOp) -> TileVal {
+        use Operand::{Addr, Imm, Reg as R};
+        let wgs = self.ir.warpgroups;
+        if wgs == 1 {
+            return t;
+        }
+        let n = t.regs.len() as u32;
+        let per_wg = 128 * n * 4;
+        self.xchg_bytes = self.xchg_bytes.max(per_wg * wgs);
+        let xchg = match self.xchg {
+            Some(x) => x,
+            None => {
+                let x = self.reg(RegClass::B32, "xchg");
+                self.xchg = Some(x);
+                x
+            }
+        };
+        let vals: Vec<Reg> = t.regs.iter().map(|&r| self.widen_f32(r, t.ty.dtype)).collect();
+        // This thread's column of the exchange: xchg + (t mod 128)·n·4; its warpgroup's row.
+        let col = self.reg(RegClass::B32, "xcol");
+        self.op("and.b32", vec![R(col), R(self.tid), Imm(127)]);
+        self.op("mad.lo.u32", vec![R(col), R(col), Imm(i64::from(n * 4)), R(xchg)]);
+        let mine = self.reg(RegClass::B32, "xmine");
+        self.op("mad.lo.u32", vec![R(mine), R(self.wg), Imm(i64::from(per_wg)), R(col)]);
+        self.op("bar.sync", vec![Imm(0)]);
+        for (k, &v) in vals.iter().enumerate() {
+            self.op("st.shared.f32", vec![Addr(mine, 4 * k as i64), R(v)]);
+        }
+        self.op("bar.sync", vec![Imm(0)]);
+        let inst = op.f32_inst();
+        let regs = (0..n as usize)
+            .map(|k| {
+                let mut acc: Option<Reg> = None;
+                for w in 0..wgs {
+                    let x = self.reg(RegClass::F32, "xpart");
+                    self.op("ld.shared.f32", vec![R(x), Addr(col, i64::from(w * per_wg) + 4 * k as i64)]);
+                    acc = Some(match acc {
+                        None => x,
+                        Some(a) => {
+                            let r = self.reg(RegClass::F32, "red");
+                            self.op(inst, vec![R(r), R(a), R(x)]);
+                            r
+                        }
+                    });
+                }
+                let a = acc.expect("two warpgroups at least");
+                self.f32_to(a, t.ty.dtype)
+            })
+            .collect();
+        TileVal { ty: t.ty, layout: t.layout, regs }
     }
 
     /// Reduces `axis` of a tile (0: down the rows, 1: along each row).

@@ -405,7 +405,12 @@ impl Expr {
         use ExprKind as K;
         match &self.kind {
             K::Binary(_, a, b) => vec![a, b],
-            K::Unary(_, a) | K::Cast { value: a, .. } | K::SwapPairs(a) | K::TileCols { value: a, .. } | K::Reduce { value: a, .. } => {
+            K::Unary(_, a)
+            | K::Cast { value: a, .. }
+            | K::SwapPairs(a)
+            | K::TileCols { value: a, .. }
+            | K::Reduce { value: a, .. }
+            | K::BlockReduce { value: a, .. } => {
                 vec![a]
             }
             K::Full { value, .. } => vec![value],
@@ -746,6 +751,16 @@ pub enum ExprKind {
         op: ReduceOp,
         /// 0 reduces rows (a `1×N` result), 1 reduces columns (an `M×1` result).
         axis: u32,
+        /// The tile.
+        value: Box<Expr>,
+    },
+    /// `let s = block_sum(t);` (`block_max`, `block_min`): `t` combined elementwise over the
+    /// block's warpgroups, each holding its own `t` of the same type (one warpgroup's part of
+    /// a row, say: `block_sum(row_sum(x))` sums a row spread over the warpgroups). Every
+    /// warpgroup reaches it; only as the whole value of a `let`.
+    BlockReduce {
+        /// The combining operator.
+        op: ReduceOp,
         /// The tile.
         value: Box<Expr>,
     },

@@ -178,6 +178,12 @@ impl Checker {
                 }
                 Type::Tile(TileType { cols: *cols, ..t })
             }
+            ExprKind::BlockReduce { op, .. } => {
+                return Err(CompileError::ty(
+                    loc,
+                    format!("`block_{0}` must be the whole value of a `let` (`let s = block_{0}(t);`): every warpgroup stops there until all have arrived", op.name()),
+                ));
+            }
             ExprKind::Reduce { op, axis, value } => {
                 let ty = self.expr(value)?;
                 let Type::Tile(t) = ty else {

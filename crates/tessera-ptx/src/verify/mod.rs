@@ -11,7 +11,7 @@ mod hopper;
 
 use crate::dtype::ScalarType;
 use crate::error::CompileError;
-use crate::tirh::{SourceLoc, Stmt, StmtKind, TileIr, TileType, Type};
+use crate::tirh::{ExprKind, SourceLoc, Stmt, StmtKind, TileIr, TileType, Type};
 use std::collections::HashMap;
 
 /// The most elements a tile may hold: 128 registers per thread of a warpgroup.
@@ -89,7 +89,24 @@ impl Checker {
         match &mut s.kind {
             StmtKind::Let { name, mutable, declared, value } => {
                 let declared = *declared;
-                let ty = self.expr_expecting(value, declared)?;
+                let ty = match &mut value.kind {
+                    // Its one allowed place: the whole value of a `let`.
+                    ExprKind::BlockReduce { op, value: inner } => {
+                        let ty = self.expr(inner)?;
+                        match ty {
+                            Type::Tile(t) if t.dtype.is_float() => {}
+                            _ => {
+                                return Err(CompileError::ty(
+                                    inner.loc,
+                                    format!("`block_{}` combines a float tile, found `{ty}`", op.name()),
+                                ))
+                            }
+                        }
+                        value.ty = Some(ty);
+                        ty
+                    }
+                    _ => self.expr_expecting(value, declared)?,
+                };
                 if let (Some(d), Type::Tile(t)) = (declared, ty) {
                     if d != t {
                         return Err(CompileError::ty(value.loc, format!("`{name}` is declared `{d}`, but its value is `{t}`")));

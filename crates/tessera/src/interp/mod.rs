@@ -292,6 +292,9 @@ enum Wait {
     Pipe { pipe: usize, producer: bool, stage: u32, parity: u32 },
     /// A named barrier's next phase.
     Named(u32),
+    /// The block exchange (`block_sum`…): the other warpgroups' parts, or the previous
+    /// exchange's last readers.
+    Exchange,
 }
 
 type Flowing<T> = std::result::Result<T, Flow>;
@@ -332,6 +335,8 @@ struct Wg<'p> {
     undo: Vec<(usize, (u32, u32))>,
     /// Per named barrier, the phase this warpgroup waits for after arriving.
     named: [Option<u32>; 7],
+    /// Whether its part of the current block exchange is in.
+    deposited: bool,
 }
 
 /// One block: its shared memory and barriers.
@@ -341,6 +346,9 @@ struct Block {
     pipes: Vec<Pipe>,
     /// Named barriers: `(warpgroups arrived, phases completed)`.
     named: [(u32, u32); 7],
+    /// The block exchange: each warpgroup's part, and how many have taken the result.
+    parts: Vec<Option<Tile>>,
+    taken: u32,
 }
 
 enum Step {
@@ -379,6 +387,8 @@ impl<'p> Kernel<'p> {
                 })
                 .collect(),
             named: [(0, 0); 7],
+            parts: vec![None; prog.ir.warpgroups as usize],
+            taken: 0,
         };
         let mut wgs: Vec<Wg<'p>> = (0..prog.ir.warpgroups)
             .map(|id| Wg {
@@ -390,6 +400,7 @@ impl<'p> Kernel<'p> {
                 waiting: None,
                 undo: Vec::new(),
                 named: [None; 7],
+                deposited: false,
             })
             .collect();
         let mut live = wgs.len();
@@ -435,6 +446,16 @@ impl<'p> Kernel<'p> {
                     parts.push(format!(
                         "warpgroup {} waits at line {} for the {kind} barrier of stage {stage} of pipeline `{name}` (parity {parity}; the barrier has completed {} phase(s) and still expects {} arrival(s))",
                         wg.id, s.loc.line, bar.phase, bar.pending
+                    ));
+                    first.get_or_insert(s);
+                }
+                Some((s, Wait::Exchange)) if !wg.frames.is_empty() => {
+                    let arrived = blk.parts.iter().filter(|p| p.is_some()).count();
+                    parts.push(format!(
+                        "warpgroup {} waits at line {} at a block exchange ({arrived} of {} warpgroups' parts in)",
+                        wg.id,
+                        s.loc.line,
+                        blk.parts.len()
                     ));
                     first.get_or_insert(s);
                 }
@@ -531,10 +552,39 @@ impl<'p> Kernel<'p> {
         }
     }
 
+    /// `let s = block_sum(t);`: puts this warpgroup's `t` in (once: the statement runs again
+    /// while it waits), waits for every warpgroup's, and combines them in warpgroup order. The
+    /// last to take the result empties the exchange; a warpgroup that comes to the next one
+    /// before then waits.
+    fn block_reduce(&self, op: tessera_ptx::tirh::ReduceOp, value: &'p Expr, wg: &mut Wg<'p>, blk: &mut Block) -> Flowing<Val> {
+        if !wg.deposited {
+            if blk.parts[wg.id as usize].is_some() {
+                return Err(Flow::Blocked(Wait::Exchange));
+            }
+            let Val::T(t) = self.eval(value, wg, blk)? else { return Err("`block_sum` combines a tile".to_string().into()) };
+            blk.parts[wg.id as usize] = Some(t);
+            wg.deposited = true;
+        }
+        if blk.parts.iter().any(Option::is_none) {
+            return Err(Flow::Blocked(Wait::Exchange));
+        }
+        let parts: Vec<Tile> = blk.parts.iter().flatten().cloned().collect();
+        wg.deposited = false;
+        blk.taken += 1;
+        if blk.taken as usize == blk.parts.len() {
+            blk.parts.iter_mut().for_each(|p| *p = None);
+            blk.taken = 0;
+        }
+        Ok(Val::T(Tile::combine(&parts, op)))
+    }
+
     fn exec(&self, s: &'p Stmt, wg: &mut Wg<'p>, blk: &mut Block) -> Flowing<()> {
         match &s.kind {
             StmtKind::Let { name, value, .. } => {
-                let v = self.eval(value, wg, blk)?;
+                let v = match &value.kind {
+                    ExprKind::BlockReduce { op, value } => self.block_reduce(*op, value, wg, blk)?,
+                    _ => self.eval(value, wg, blk)?,
+                };
                 wg.env.push((name.as_str(), v));
             }
             StmtKind::Assign { name, value } => {
@@ -889,6 +939,7 @@ impl<'p> Kernel<'p> {
                 Val::T(t) => Val::T(t.cols(*start, *cols)),
                 _ => return Err("`cols` takes a tile".to_string().into()),
             },
+            ExprKind::BlockReduce { .. } => return Err("`block_sum` is the whole value of a `let`".to_string().into()),
             ExprKind::Reduce { op, axis, value } => match self.eval(value, wg, blk)? {
                 Val::T(t) => Val::T(t.reduce(*op, *axis)),
                 _ => return Err("reductions take a tile".to_string().into()),

@@ -115,6 +115,27 @@ impl Tile {
         }
     }
 
+    /// Combines tiles of one type elementwise, in order (`block_sum` over warpgroups).
+    pub fn combine(parts: &[Tile], op: ReduceOp) -> Tile {
+        let mut out = parts[0].clone();
+        for p in &parts[1..] {
+            for (a, &b) in out.v.iter_mut().zip(&p.v) {
+                *a = round(
+                    out.ty.dtype,
+                    match op {
+                        ReduceOp::Sum => *a + b,
+                        ReduceOp::Max => a.max(b),
+                        ReduceOp::Min => a.min(b),
+                    },
+                );
+            }
+            if let Some(q) = &p.poison {
+                out.merge_poison((**q).clone());
+            }
+        }
+        out
+    }
+
     /// Reduces `axis` (0: down the rows, 1: along each row) to extent 1, in f32.
     pub fn reduce(&self, op: ReduceOp, axis: u32) -> Tile {
         let (rows, cols) = (self.ty.rows as usize, self.ty.cols as usize);
