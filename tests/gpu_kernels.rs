@@ -729,7 +729,7 @@ fn fused_norm_case<T: tessera_kernels::NormElement>(dev: &Device, to: fn(f32) ->
     use tessera_kernels::{Dropout, Norm, NormGrads};
     let mut shapes = vec![(1, 1), (7, 129), (6, 1536), (3, 9000), (4, 8192), (72, 1024)];
     if !dev.is_cpu() {
-        shapes.extend([(300, 8192), (130, 16384), (1000, 2304), (2, 20000), (1000, 1536), (1002, 2048)]);
+        shapes.extend([(300, 8192), (60, 12288), (130, 16384), (1000, 2304), (2, 20000), (1000, 1536), (1002, 2048)]);
         // Every tile width of the fused row kernel (a block per row) and of the four-row one
         // (1000 rows in two groups of 500: a multiple of four).
         shapes.extend([1000, 3000, 4000, 6000, 7000].map(|n| (5, n)));
