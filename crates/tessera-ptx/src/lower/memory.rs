@@ -50,7 +50,7 @@ impl Lowerer<'_> {
     /// words are live at the join: unpacked at each vector, a 1×8192 bf16 tile held 64
     /// registers of halves there where 32 words do (ptxas gives a 16-bit value a register).
     fn load_regs(&mut self, g: &GlobalVal, ty: TileType, fill: &Operand, layout: Layout) -> (Vec<Reg>, Option<Vec<Reg>>) {
-        use Operand::{Reg as R, Vec as V};
+        use Operand::Reg as R;
         let regs: Vec<Reg> = (0..layout.len()).map(|_| self.reg(elem_class(ty.dtype), &g.name)).collect();
         let paired = ty.dtype.size() == 2 && layout.run_len() >= 2 && layout.run_len().is_multiple_of(2);
         if !paired {
@@ -62,7 +62,7 @@ impl Lowerer<'_> {
         let half = self.reg(elem_class(ty.dtype), "fill");
         self.op(super::mov_for(half.class), vec![R(half), fill.clone()]);
         let pair = self.reg(RegClass::B32, "fill2");
-        self.op("mov.b32", vec![R(pair), V(vec![half, half])]);
+        self.pack(&[half, half], Some(&[pair]));
         let packs: Vec<Reg> = (0..regs.len() / 2)
             .map(|_| {
                 let w = self.reg(RegClass::B32, "pack");
@@ -73,11 +73,19 @@ impl Lowerer<'_> {
         (regs, Some(packs))
     }
 
-    /// Unpacks the words of a paired load into its registers (nothing for an unpaired one).
+    /// Unpacks b32 words into the 16-bit register pairs they carry (nothing without words).
     fn unpack(&mut self, regs: &[Reg], packs: Option<&[Reg]>) {
         use Operand::{Reg as R, Vec as V};
         for (w, pair) in packs.unwrap_or_default().iter().zip(regs.chunks(2)) {
             self.op("mov.b32", vec![V(pair.to_vec()), R(*w)]);
+        }
+    }
+
+    /// Packs 16-bit register pairs into b32 words (nothing without words).
+    fn pack(&mut self, regs: &[Reg], packs: Option<&[Reg]>) {
+        use Operand::{Reg as R, Vec as V};
+        for (w, pair) in packs.unwrap_or_default().iter().zip(regs.chunks(2)) {
+            self.op("mov.b32", vec![R(*w), V(pair.to_vec())]);
         }
     }
 
@@ -296,9 +304,7 @@ impl Lowerer<'_> {
         }
         self.unpack(regs, packs);
         self.stream_general(plan, layout, ty, regs, None, op, load);
-        for (w, pair) in packs.unwrap_or_default().iter().zip(regs.chunks(2)) {
-            self.op("mov.b32", vec![Operand::Reg(*w), Operand::Vec(pair.to_vec())]);
-        }
+        self.pack(regs, packs);
     }
 
     /// Whether a tile can take the fast path (`stream`'s first), and if so the predicates
@@ -433,9 +439,7 @@ impl Lowerer<'_> {
             if let Some(label) = vector {
                 self.body.push(crate::tirt::Inst::Label(label));
             }
-            for (w, pair) in words.unwrap_or_default().iter().zip(regs[i..i + run].chunks(2)) {
-                self.op("mov.b32", vec![R(*w), Operand::Vec(pair.to_vec())]);
-            }
+            self.pack(&regs[i..i + run], words);
             i += n;
         }
     }
@@ -505,18 +509,12 @@ impl Lowerer<'_> {
                 // load, which held back the loads after it (run 70: 11008-wide rows in a
                 // 11264-wide tile at 0.78× copy, against 0.96 at 12288, unguarded).
                 if pred.is_some() {
-                    for (w, pair) in words.iter().zip(chunk.chunks(2)) {
-                        self.op("mov.b32", vec![R(*w), V(pair.to_vec())]);
-                    }
+                    self.pack(chunk, Some(&words));
                 }
                 emit(self, &vop, vec![wop(&words), addr]);
-                for (w, pair) in words.iter().zip(chunk.chunks(2)) {
-                    self.op("mov.b32", vec![V(pair.to_vec()), R(*w)]);
-                }
+                self.unpack(chunk, Some(&words));
             } else {
-                for (w, pair) in words.iter().zip(chunk.chunks(2)) {
-                    self.op("mov.b32", vec![R(*w), V(pair.to_vec())]);
-                }
+                self.pack(chunk, Some(&words));
                 emit(self, &vop, vec![addr, wop(&words)]);
             }
         }
