@@ -1,12 +1,6 @@
 //! `#[tessera::kernel]`: compiles a Rust function written in Tessera's tile language to PTX
 //! while `cargo build` runs, and generates a module with its reflection and a typed launcher.
-//!
-//! The macro is split as thiserror's is: `parse` turns the function into TIR-H (syntax and
-//! names), `tessera-ptx` checks and compiles it, `expand` writes the module. Every error
-//! points at the offending token; all are reported together.
-
-mod expand;
-mod parse;
+//! The work is `tessera-frontend`'s; this crate only hands it the tokens.
 
 use proc_macro::TokenStream;
 
@@ -29,5 +23,5 @@ use proc_macro::TokenStream;
 /// `tune`); `blocks_per_sm = N`; `targets(sm_90a, sm_80)`.
 #[proc_macro_attribute]
 pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
-    expand::kernel(attr.into(), item.into()).into()
+    tessera_frontend::expand(attr.into(), item.into()).into()
 }

@@ -8,28 +8,85 @@ use std::path::PathBuf;
 use syn::spanned::Spanned;
 use tessera_ptx::{CompileOptions, CompiledKernel, DType, ParamKind};
 
+/// The macro's expansion of `#[kernel(attr)] item`: a module per kernel (per dtype), or the
+/// errors at their tokens.
 pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     let opts = match parse_attr(attr) {
         Ok(o) => o,
         Err(e) => return e.to_compile_error(),
     };
-    let Some((param, types)) = opts.dtypes.clone() else {
-        return compile_one(item, &opts);
-    };
-    // `dtypes(T = [bf16, f16])`: one kernel per type, named `<fn>_<type>`, with `T` replaced.
-    let mut out = TokenStream::new();
-    for ty in types {
-        let body = substitute(item.clone(), &param.to_string(), &|span| syn::Ident::new(&ty.to_string(), span).into());
-        let body = match syn::parse2::<syn::ItemFn>(body) {
-            Ok(mut f) => {
-                f.sig.ident = format_ident!("{}_{}", f.sig.ident, ty);
-                quote!(#f)
-            }
-            Err(e) => return e.to_compile_error(),
-        };
-        out.extend(compile_one(body, &opts));
+    match per_dtype(item, &opts) {
+        Ok(items) => items.into_iter().map(|body| compile_one(body, &opts)).collect(),
+        Err(e) => e.to_compile_error(),
     }
-    out
+}
+
+/// The frontend and the compiler on `#[kernel(attr)] item`, without the expansion: every
+/// kernel it makes (per dtype and `tune` combination; those that do not compile dropped, as
+/// the macro drops them), or the errors the macro would report, each at a token of `attr` or
+/// `item`. Never panics on any input (the fuzz suite feeds it mutated kernels).
+///
+/// # Errors
+/// The first failing kernel's errors: a bad attribute, syntax the language does not take, a
+/// type error, or a `tune` set of which no combination compiles.
+pub fn compile(attr: TokenStream, item: TokenStream) -> Result<Vec<CompiledKernel>, Vec<syn::Error>> {
+    let opts = parse_attr(attr).map_err(|e| vec![e])?;
+    let mut out = Vec::new();
+    for body in per_dtype(item, &opts).map_err(|e| vec![e])? {
+        let f = parse_fn(body.clone()).map_err(|e| vec![e])?;
+        let Some(tune) = &opts.tune else {
+            out.push(compile_fn(&f, &opts)?);
+            continue;
+        };
+        let (built, dropped) = variants(&body, &f, tune, &opts);
+        if built.is_empty() {
+            return Err(no_combination(tune, dropped).into_iter().collect());
+        }
+        out.extend(built.into_iter().map(|(_, k)| k));
+    }
+    Ok(out)
+}
+
+/// Parses a function, an error at the end of the input (a cut-short item) placed on the
+/// item's last token rather than nowhere.
+fn parse_fn(item: TokenStream) -> syn::Result<syn::ItemFn> {
+    let last = last_span(&item);
+    syn::parse2(item).map_err(|e| at_end(e, last))
+}
+
+/// The span of a token stream's last token (the call site for an empty one).
+fn last_span(ts: &TokenStream) -> Span {
+    ts.clone().into_iter().last().map_or_else(Span::call_site, |t| t.span())
+}
+
+/// syn reports running out of input at the call site, which a caller without a compiler
+/// (and a reader of a long attribute) cannot place: such an error moves to `at`, the
+/// construct that was cut short.
+fn at_end(e: syn::Error, at: Span) -> syn::Error {
+    let mut out: Option<syn::Error> = None;
+    for m in e {
+        let m = if m.to_string().starts_with("unexpected end of input") { syn::Error::new(at, m.to_string()) } else { m };
+        match &mut out {
+            Some(o) => o.combine(m),
+            None => out = Some(m),
+        }
+    }
+    out.unwrap_or_else(|| syn::Error::new(at, "unexpected end of input"))
+}
+
+/// `dtypes(T = [bf16, f16])`: one kernel per type, named `<fn>_<type>`, with `T` replaced;
+/// else the item itself.
+fn per_dtype(item: TokenStream, opts: &Options) -> syn::Result<Vec<TokenStream>> {
+    let Some((param, types)) = &opts.dtypes else { return Ok(vec![item]) };
+    types
+        .iter()
+        .map(|ty| {
+            let body = substitute(item.clone(), &param.to_string(), &|span| syn::Ident::new(&ty.to_string(), span).into());
+            let mut f = parse_fn(body)?;
+            f.sig.ident = format_ident!("{}_{}", f.sig.ident, ty);
+            Ok(quote!(#f))
+        })
+        .collect()
 }
 
 /// Replaces every identifier `from` in a token stream (groups included) by the token `to`
@@ -52,7 +109,7 @@ fn substitute(ts: TokenStream, from: &str, to: &dyn Fn(Span) -> proc_macro2::Tok
 /// Compiles one kernel (one dtype): every combination of its `tune(...)` knobs, or the kernel
 /// itself when it has none.
 fn compile_one(item: TokenStream, opts: &Options) -> TokenStream {
-    let f: syn::ItemFn = match syn::parse2(item.clone()) {
+    let f: syn::ItemFn = match parse_fn(item.clone()) {
         Ok(f) => f,
         Err(e) => return e.to_compile_error(),
     };
@@ -65,8 +122,27 @@ fn compile_one(item: TokenStream, opts: &Options) -> TokenStream {
             Err(errs) => errors(errs),
         };
     };
-    let mut built = Vec::new();
-    let mut dropped: Vec<(Knobs, Vec<syn::Error>)> = Vec::new();
+    let (built, dropped) = variants(&item, &f, tune, opts);
+    dump_tune(&f.sig.ident.to_string(), &built, &dropped);
+    if built.is_empty() {
+        return errors(no_combination(tune, dropped));
+    }
+    for (knobs, k) in &built {
+        dump(k, &format!("{}/{}", f.sig.ident, variant_suffix(knobs)));
+    }
+    module(&f, &built)
+}
+
+/// Every `tune` combination of a kernel compiled: those that compile, and the others with their
+/// errors.
+#[allow(clippy::type_complexity)]
+fn variants(
+    item: &TokenStream,
+    f: &syn::ItemFn,
+    tune: &Tune,
+    opts: &Options,
+) -> (Vec<(Knobs, CompiledKernel)>, Vec<(Knobs, Vec<syn::Error>)>) {
+    let (mut built, mut dropped) = (Vec::new(), Vec::new());
     for knobs in tune.combinations() {
         let mut body = item.clone();
         for (name, v) in &knobs {
@@ -76,7 +152,7 @@ fn compile_one(item: TokenStream, opts: &Options) -> TokenStream {
                 lit.into()
             });
         }
-        let variant = syn::parse2::<syn::ItemFn>(body).map(|mut v| {
+        let variant = parse_fn(body).map(|mut v| {
             v.sig.ident = format_ident!("{}__{}", f.sig.ident, variant_suffix(&knobs));
             v
         });
@@ -85,23 +161,16 @@ fn compile_one(item: TokenStream, opts: &Options) -> TokenStream {
             Err(errs) => dropped.push((knobs, errs)),
         }
     }
-    dump_tune(&f.sig.ident.to_string(), &built, &dropped);
-    if built.is_empty() {
-        // Every combination failed: say so at the attribute, with each one's reason, and show
-        // the first combination's errors at their tokens.
-        let why: Vec<String> = dropped.iter().map(|(k, e)| format!("{}: {}", knobs_text(k), first_line(e))).collect();
-        let mut e = syn::Error::new(tune.span, format!("no combination of `tune(...)` compiles:\n{}", why.join("\n")));
-        if let Some((_, first)) = dropped.into_iter().next() {
-            for x in first {
-                e.combine(x);
-            }
-        }
-        return e.to_compile_error();
-    }
-    for (knobs, k) in &built {
-        dump(k, &format!("{}/{}", f.sig.ident, variant_suffix(knobs)));
-    }
-    module(&f, &built)
+    (built, dropped)
+}
+
+/// Every combination failed: said at the attribute, with each one's reason, then the first
+/// combination's errors at their tokens.
+fn no_combination(tune: &Tune, dropped: Vec<(Knobs, Vec<syn::Error>)>) -> Vec<syn::Error> {
+    let why: Vec<String> = dropped.iter().map(|(k, e)| format!("{}: {}", knobs_text(k), first_line(e))).collect();
+    let mut out = vec![syn::Error::new(tune.span, format!("no combination of `tune(...)` compiles:\n{}", why.join("\n")))];
+    out.extend(dropped.into_iter().next().map(|(_, first)| first).unwrap_or_default());
+    out
 }
 
 /// Knob values of one variant, in the attribute's order.
@@ -230,7 +299,21 @@ fn parse_attr(attr: TokenStream) -> syn::Result<Options> {
     let mut dtypes = None;
     let mut tune = None;
     let mut targets = tessera_ptx::Target::ALL.to_vec();
-    let parser = syn::meta::parser(|meta| {
+    let last = last_span(&attr);
+    // One option: `name = value` or `name(...)`.
+    let mut option = |meta: &syn::meta::ParseNestedMeta| -> syn::Result<()> {
+        // An option without its value or list: said at the option (syn would say it where the
+        // input ends, which has no place in a macro's attribute).
+        let name = meta.path.get_ident().map(|i| i.to_string()).unwrap_or_default();
+        match name.as_str() {
+            "warpgroups" | "blocks_per_sm" if !meta.input.peek(syn::Token![=]) => {
+                return Err(meta.error(format!("`{name}` takes a value: `{name} = 2`")));
+            }
+            "targets" | "dtypes" | "tune" if !meta.input.peek(syn::token::Paren) => {
+                return Err(meta.error(format!("`{name}` takes a list: `{name}(...)`")));
+            }
+            _ => {}
+        }
         if meta.path.is_ident("targets") {
             targets.clear();
             meta.parse_nested_meta(|inner| {
@@ -265,21 +348,25 @@ fn parse_attr(attr: TokenStream) -> syn::Result<Options> {
                 Ok(())
             })
         } else if meta.path.is_ident("tune") {
-            tune = Some(Tune::parse(&meta, &dtypes)?);
+            tune = Some(Tune::parse(meta, &dtypes)?);
             Ok(())
         } else if meta.path.is_ident("warpgroups") {
-            warpgroups = int_option(&meta, 1..=8, "`warpgroups` is 1 to 8 (128 to 1024 threads)")?;
+            warpgroups = int_option(meta, 1..=8, "`warpgroups` is 1 to 8 (128 to 1024 threads)")?;
             Ok(())
         } else if meta.path.is_ident("blocks_per_sm") {
-            blocks_per_sm = int_option(&meta, 1..=32, "`blocks_per_sm` is 1 to 32")?;
+            blocks_per_sm = int_option(meta, 1..=32, "`blocks_per_sm` is 1 to 32")?;
             Ok(())
         } else {
             Err(meta.error(
                 "unknown kernel option: expected `warpgroups = N`, `blocks_per_sm = N`, `dtypes(T = [bf16, f16])`, `tune(BN = [128, 256])` or `targets(sm_90a, sm_80)`",
             ))
         }
+    };
+    let parser = syn::meta::parser(|meta| {
+        let at = meta.path.span();
+        option(&meta).map_err(|e| at_end(e, at))
     });
-    syn::parse::Parser::parse2(parser, attr)?;
+    syn::parse::Parser::parse2(parser, attr).map_err(|e| at_end(e, last))?;
     Ok(Options { warpgroups, targets, dtypes, blocks_per_sm, tune })
 }
 

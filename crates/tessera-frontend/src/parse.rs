@@ -101,6 +101,8 @@ impl Frontend {
                 }
                 StmtKind::Let { name: id.ident.to_string(), mutable: id.mutability.is_some(), declared, value: self.expr(&init.expr)? }
             }
+            // A stray `;` (Rust allows it; it has no tokens to point an error at).
+            SynStmt::Expr(SynExpr::Verbatim(v), _) if v.is_empty() => return Ok(None),
             SynStmt::Expr(e, _) => return self.expr_stmt(e, loc, text),
             SynStmt::Item(item) => return err(item, "unsupported Rust construct in a kernel: an item (fn, struct, use …)"),
             SynStmt::Macro(m) => return err(&m.mac.path, "unsupported Rust construct in a kernel: a macro call"),
