@@ -21,6 +21,7 @@ for line in sys.stdin:
   esac
 done
 cp scripts/gpu-run.sh .gpu/run.sh
+cp scripts/sanitize.sh .gpu/sanitize.sh
 cp benches/attention_cudnn.py .gpu/bin/
 ls .gpu/bin
 # The executables embed every kernel's PTX text, which compresses about 50 times: the carry

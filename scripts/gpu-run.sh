@@ -24,15 +24,8 @@ if [ -f "$logs/sass/gemm_tn_bf16__bn256_stages4.sm_90a.cubin" ] && command -v cu
 fi
 rm -rf "$logs/sass"
 if [ "${SANITIZE:-0}" = 1 ]; then
-  # compute-sanitizer over the GPU tests (racecheck covers the shared-memory scratch).
-  for tool in memcheck racecheck synccheck initcheck; do
-    for t in bin/gpu_*; do
-      out=$(compute-sanitizer --tool "$tool" --error-exitcode 9 "$t" --test-threads=1 2>&1); rc=$?
-      errs=$(printf '%s\n' "$out" | grep -Eo '(ERROR|RACECHECK) SUMMARY: [0-9]+ [a-z]+' | tail -1)
-      summary+=("$(printf 'sanitize %-10s %-14s rc=%-3s %s' "$tool" "$(basename "$t")" "$rc" "${errs:-no summary}")")
-      printf '%s\n' "$out" > "$logs/sanitize-$tool-$(basename "$t").log"
-    done
-  done
+  # compute-sanitizer's four tools over the GPU tests: one line per tool (sanitize.sh).
+  while IFS= read -r l; do summary+=("sanitize $l"); done < <(bash sanitize.sh)
 fi
 if [ -x bin/quickstart ]; then bin/quickstart 2>&1 | tee "$logs/quickstart.log"; summary+=("$(printf '%-16s rc=%s' quickstart "${PIPESTATUS[0]}")"); fi
 if [ "${SKIP_BENCH:-0}" != 1 ] && [ -x bin/memory_bound ]; then

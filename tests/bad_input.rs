@@ -93,6 +93,36 @@ fn bad_input_layer_norm_bias_length() {
 }
 
 #[test]
+fn bad_input_norms_zero_width_rows() {
+    let dev = Device::cpu();
+    let x: Tensor<bf16> = Tensor::from_host(&dev, &[], &[4, 0]).unwrap();
+    let mut y: Tensor<bf16> = Tensor::from_host(&dev, &[], &[4, 0]).unwrap();
+    assert_eq!(unchanged(&[&x], &mut y, |y| tessera_kernels::rms_norm(&dev, &x, None, 1e-6, y)), "x");
+    assert_eq!(unchanged(&[&x], &mut y, |y| tessera_kernels::layer_norm(&dev, &x, None, None, 1e-5, y)), "x");
+    assert_eq!(unchanged(&[&x], &mut y, |y| tessera_kernels::Norm::rms(1e-6).forward(&dev, &x, y, None)), "x");
+}
+
+#[test]
+fn bad_input_softmax_zero_width_rows() {
+    let dev = Device::cpu();
+    let x: Tensor<f32> = Tensor::from_host(&dev, &[], &[3, 0]).unwrap();
+    let mut y: Tensor<f32> = Tensor::from_host(&dev, &[], &[3, 0]).unwrap();
+    assert_eq!(unchanged(&[&x], &mut y, |y| tessera_kernels::softmax(&dev, &x, y)), "x");
+    assert_eq!(unchanged(&[&x, &x], &mut y, |dx| tessera_kernels::softmax_backward(&dev, &x, &x, dx, 1.0)), "y");
+}
+
+/// Not misuse: a batch of no rows is nothing to do.
+#[test]
+fn empty_batches_are_nothing_to_do() {
+    let dev = Device::cpu();
+    let x: Tensor<f32> = Tensor::from_host(&dev, &[], &[0, 64]).unwrap();
+    let mut y: Tensor<f32> = Tensor::from_host(&dev, &[], &[0, 64]).unwrap();
+    tessera_kernels::rms_norm(&dev, &x, None, 1e-6, &mut y).unwrap();
+    tessera_kernels::layer_norm(&dev, &x, None, None, 1e-5, &mut y).unwrap();
+    tessera_kernels::softmax(&dev, &x, &mut y).unwrap();
+}
+
+#[test]
 fn bad_input_softmax_rank() {
     let dev = Device::cpu();
     let x: Tensor<f32> = rand_t(&dev, &[2, 2, 2, 8]);

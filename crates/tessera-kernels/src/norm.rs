@@ -546,7 +546,8 @@ fn check_norm<T: Element>(
 /// launch error.
 pub fn rms_norm<T: NormElement>(device: &Device, x: &Tensor<T>, weight: Option<&Tensor<T>>, eps: f32, y: &mut Tensor<T>) -> Result<()> {
     let (m, n) = check_norm("rms_norm", x, y, [("weight", weight), ("weight", None)])?;
-    if m == 0 || n == 0 {
+    crate::check_row_width("rms_norm", "x", x, n)?;
+    if m == 0 {
         return Ok(());
     }
     let row = NormPath::choose(m, n, device.sm_count() as usize);
@@ -570,7 +571,8 @@ pub fn layer_norm<T: NormElement>(
     y: &mut Tensor<T>,
 ) -> Result<()> {
     let (m, n) = check_norm("layer_norm", x, y, [("weight", weight), ("bias", bias)])?;
-    if m == 0 || n == 0 {
+    crate::check_row_width("layer_norm", "x", x, n)?;
+    if m == 0 {
         return Ok(());
     }
     let row = NormPath::choose(m, n, device.sm_count() as usize);

@@ -567,6 +567,7 @@ impl<'a, T: NormElement> Norm<'a, T> {
     pub fn forward(&self, device: &Device, x: &Tensor<T>, y: &mut Tensor<T>, h: Option<&mut Tensor<T>>) -> Result<()> {
         let op = self.op();
         let (m, n) = crate::check_2d(op, "x", x)?;
+        crate::check_row_width(op, "x", x, n)?;
         crate::check_shape(op, "y", y, &[m, n])?;
         if let Some(h) = &h {
             crate::check_shape(op, "h", h, &[m, n])?;
@@ -632,6 +633,7 @@ impl<'a, T: NormElement> Norm<'a, T> {
     ) -> Result<()> {
         let op = self.op();
         let (m, n) = crate::check_2d(op, "h", h)?;
+        crate::check_row_width(op, "h", h, n)?;
         let missing = |arg: &str, expected: &str, found: &str| Error::Argument {
             kernel: op,
             arg: arg.into(),

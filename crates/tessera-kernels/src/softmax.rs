@@ -287,6 +287,7 @@ pub fn softmax<T: SoftmaxElement>(device: &Device, x: &Tensor<T>, y: &mut Tensor
 /// As [`softmax`]; a causal softmax over 2²⁴ rows or more.
 pub fn softmax_with<T: SoftmaxElement>(device: &Device, x: &Tensor<T>, y: &mut Tensor<T>, options: SoftmaxOptions) -> Result<()> {
     let ([m, n], xs, period) = as_rows("softmax", "x", x)?;
+    crate::check_row_width("softmax", "x", x, n)?;
     if y.shape() != x.shape() {
         return Err(tessera::Error::Argument {
             kernel: "softmax",
@@ -334,6 +335,7 @@ pub fn softmax_with<T: SoftmaxElement>(device: &Device, x: &Tensor<T>, y: &mut T
 /// error.
 pub fn softmax_backward<T: SoftmaxElement>(device: &Device, y: &Tensor<T>, dy: &Tensor<T>, dx: &mut Tensor<T>, scale: f32) -> Result<()> {
     let ([m, n], ys, _) = as_rows("softmax_backward", "y", y)?;
+    crate::check_row_width("softmax_backward", "y", y, n)?;
     for (name, t) in [("dy", dy), ("dx", &*dx)] {
         if t.shape() != y.shape() {
             return Err(tessera::Error::Argument {

@@ -307,6 +307,10 @@ impl Device {
         }
         let ctx = stream.context().clone();
         ctx.bind_to_thread()?;
+        if std::env::var_os("TESSERA_LOG_KERNELS").is_some() {
+            // For `scripts/sanitize.sh`: which kernels a run covered.
+            eprintln!("tessera: loading kernel {} ({})", spec.name, variant.target.name());
+        }
         let load_err = |source| Error::ModuleLoad { kernel: spec.name, target: variant.target.name(), source };
         let src = std::ffi::CString::new(variant.ptx).map_err(|_| Error::Tensor {
             what: "loading PTX",
