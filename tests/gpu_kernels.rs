@@ -615,7 +615,8 @@ fn softmax_options_match_f64_reference(dev: &Device) {
     use tessera::{bf16, f16};
     softmax_options_case::<bf16>(dev, bf16::from_f32, |v| v.to_f64(), 1e-2);
     softmax_options_case::<f16>(dev, f16::from_f32, |v| v.to_f64(), 2e-3);
-    softmax_options_case::<f32>(dev, |v| v, f64::from, 1e-5);
+    // f32 at 3e-5: rows up to 16000 wide sum that many rounded exponentials (1.1e-5 seen at 13001).
+    softmax_options_case::<f32>(dev, |v| v, f64::from, 3e-5);
 }
 
 #[test]
