@@ -18,7 +18,7 @@ for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
   for exe in "${exes[@]}"; do
     log="$logs/sanitize-$tool-$(basename "$exe").log"
     # shellcheck disable=SC2086
-    timeout "${SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool "$tool" --error-exitcode 9 "$exe" --test-threads=1 ${SANITIZE_FILTER:-} >"$log" 2>&1
+    timeout "${SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool "$tool" --error-exitcode 9 "$exe" --test-threads=1 --nocapture ${SANITIZE_FILTER:-} >"$log" 2>&1
     rc=$?
     [ $rc -eq 124 ] && cut+=("$(basename "$exe")")
     [ $rc -ne 0 ] && [ $rc -ne 9 ] && [ $rc -ne 124 ] && other+=("$(basename "$exe") rc=$rc")
