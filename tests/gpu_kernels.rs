@@ -838,3 +838,28 @@ fn gpu_fused_norms_match_f64_reference() {
 fn interp_fused_norms_match_f64_reference() {
     fused_norms_match_f64_reference(&Device::cpu());
 }
+
+/// A tensor of the other backend, each way: an error naming it, before anything runs, and no
+/// tensor changed (the GPU's counterpart of `tests/bad_input.rs`, which runs on the CPU alone).
+#[test]
+fn bad_input_tensors_of_the_other_backend() {
+    let Some(gpu) = gpu_or_skip("bad_input_tensors_of_the_other_backend") else { return };
+    let cpu = Device::cpu();
+    let x = random(8 * 256, -1.0, 1.0);
+    for (run_on, x_on, y_on) in [(&gpu, &cpu, &gpu), (&cpu, &gpu, &cpu), (&gpu, &gpu, &cpu)] {
+        let xt = Tensor::from_host(x_on, &x, &[8, 256]).unwrap();
+        let mut y = poisoned(y_on, &[8, 256]);
+        let before = y.to_host().unwrap();
+        let got = tessera_kernels::rms_norm(run_on, &xt, None, 1e-6, &mut y);
+        let want = if x_on.is_cpu() != run_on.is_cpu() { "x" } else { "y" };
+        match got {
+            Err(tessera::Error::Argument { arg, expected, found, .. }) => {
+                assert_eq!(arg, want, "names the tensor of the other backend ({expected}; {found})");
+            }
+            other => panic!("expected an argument error naming {want}, got {other:?}"),
+        }
+        assert_eq!(xt.to_host().unwrap(), x, "x changed");
+        let after = y.to_host().unwrap();
+        assert!(after.iter().zip(&before).all(|(a, b)| a.to_bits() == b.to_bits()), "y changed");
+    }
+}
