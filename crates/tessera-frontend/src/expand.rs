@@ -33,18 +33,26 @@ pub fn compile(attr: TokenStream, item: TokenStream) -> Result<Vec<CompiledKerne
     let opts = parse_attr(attr).map_err(|e| vec![e])?;
     let mut out = Vec::new();
     for body in per_dtype(item, &opts).map_err(|e| vec![e])? {
-        let f = parse_fn(body.clone()).map_err(|e| vec![e])?;
-        let Some(tune) = &opts.tune else {
-            out.push(compile_fn(&f, &opts)?);
-            continue;
-        };
-        let (built, dropped) = variants(&body, &f, tune, &opts);
-        if built.is_empty() {
-            return Err(no_combination(tune, dropped).into_iter().collect());
-        }
-        out.extend(built.into_iter().map(|(_, k)| k));
+        out.extend(build(&body, &opts)?.1.into_iter().map(|(_, k)| k));
     }
     Ok(out)
+}
+
+/// One kernel (one dtype) compiled: its function and every variant that compiles with its
+/// knob values (one variant, no knobs, without `tune`), or the errors to report.
+#[allow(clippy::type_complexity)]
+fn build(item: &TokenStream, opts: &Options) -> Result<(syn::ItemFn, Vec<(Knobs, CompiledKernel)>), Vec<syn::Error>> {
+    let f = parse_fn(item.clone()).map_err(|e| vec![e])?;
+    let Some(tune) = &opts.tune else {
+        let k = compile_fn(&f, opts)?;
+        return Ok((f, vec![(Vec::new(), k)]));
+    };
+    let (built, dropped) = variants(item, &f, tune, opts);
+    dump_tune(&f.sig.ident.to_string(), &built, &dropped);
+    if built.is_empty() {
+        return Err(no_combination(tune, dropped));
+    }
+    Ok((f, built))
 }
 
 /// Parses a function, an error at the end of the input (a cut-short item) placed on the
@@ -109,28 +117,17 @@ fn substitute(ts: TokenStream, from: &str, to: &dyn Fn(Span) -> proc_macro2::Tok
 /// Compiles one kernel (one dtype): every combination of its `tune(...)` knobs, or the kernel
 /// itself when it has none.
 fn compile_one(item: TokenStream, opts: &Options) -> TokenStream {
-    let f: syn::ItemFn = match parse_fn(item.clone()) {
-        Ok(f) => f,
-        Err(e) => return e.to_compile_error(),
-    };
-    let Some(tune) = &opts.tune else {
-        return match compile_fn(&f, opts) {
-            Ok(k) => {
-                dump(&k, &k.name);
-                module(&f, &[(Vec::new(), k)])
+    match build(&item, opts) {
+        Ok((f, built)) => {
+            for (knobs, k) in &built {
+                // Without `tune`, under the kernel's name; else `<fn>/<knobs>`.
+                let rel = if knobs.is_empty() { k.name.clone() } else { format!("{}/{}", f.sig.ident, variant_suffix(knobs)) };
+                dump(k, &rel);
             }
-            Err(errs) => errors(errs),
-        };
-    };
-    let (built, dropped) = variants(&item, &f, tune, opts);
-    dump_tune(&f.sig.ident.to_string(), &built, &dropped);
-    if built.is_empty() {
-        return errors(no_combination(tune, dropped));
+            module(&f, &built)
+        }
+        Err(errs) => errors(errs),
     }
-    for (knobs, k) in &built {
-        dump(k, &format!("{}/{}", f.sig.ident, variant_suffix(knobs)));
-    }
-    module(&f, &built)
 }
 
 /// Every `tune` combination of a kernel compiled: those that compile, and the others with their

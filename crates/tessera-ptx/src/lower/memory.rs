@@ -257,7 +257,7 @@ impl Lowerer<'_> {
     fn stream(&mut self, plan: &Plan, layout: Layout, ty: TileType, regs: &[Reg], packs: Option<&[Reg]>, op: &str, load: bool) {
         use Operand::{Imm, Reg as R, Sym};
         let Some((dense, all_in, chunk)) = self.fast_path(plan, layout, ty) else {
-            return self.stream_general_packed(plan, layout, ty, regs, packs, op, load);
+            return self.stream_general(plan, layout, ty, regs, packs, op, load);
         };
         let run = layout.run_len();
         let (c0, dim) = (plan.col0.expect("a fast path has columns"), plan.col_dim.expect("a fast path has columns"));
@@ -281,30 +281,8 @@ impl Lowerer<'_> {
             self.op("bra", vec![Sym(done.clone())]);
         }
         self.body.push(crate::tirt::Inst::Label(slow));
-        self.stream_general_packed(plan, layout, ty, regs, packs, op, load);
+        self.stream_general(plan, layout, ty, regs, packs, op, load);
         self.body.push(crate::tirt::Inst::Label(done));
-    }
-
-    /// The general path for a load into `packs`: the filled pairs unpacked, moved element by
-    /// element (or run by run), packed again — run by run where the tile has columns.
-    #[allow(clippy::too_many_arguments)]
-    fn stream_general_packed(
-        &mut self,
-        plan: &Plan,
-        layout: Layout,
-        ty: TileType,
-        regs: &[Reg],
-        packs: Option<&[Reg]>,
-        op: &str,
-        load: bool,
-    ) {
-        if plan.col0.is_some() {
-            // Runs of columns: each run's pairs unpacked and packed again around it.
-            return self.stream_general(plan, layout, ty, regs, packs, op, load);
-        }
-        self.unpack(regs, packs);
-        self.stream_general(plan, layout, ty, regs, None, op, load);
-        self.pack(regs, packs);
     }
 
     /// Whether a tile can take the fast path (`stream`'s first), and if so the predicates
@@ -392,7 +370,9 @@ impl Lowerer<'_> {
             let sl = slots[i];
             let &(_, row_addr, row_first, row_in) = plan.rows.iter().find(|r| r.0 == sl.dr).expect("planned row");
             let n = if vectorize { run } else { 1 };
-            // A paired load's run is even: `packs` are `None` unless it is.
+            // A paired load's run is of 2+ 16-bit columns, so it vectorizes (`n == run`); a tile
+            // without columns (a run of 1) has no `packs`.
+            debug_assert!(packs.is_none() || n == run, "paired loads move whole runs");
             let words = packs.map(|p| &p[i / 2..(i + run) / 2]);
             if let Some(w) = words {
                 self.unpack(&regs[i..i + run], Some(w));
