@@ -111,7 +111,38 @@ fn main() {
     if let Err(why) = &baseline {
         println!("no cuDNN baseline: {why}");
     }
+    split_vs_unsplit(&dev, &mut rng);
     tuned_vs_default(&dev, &mut rng);
+}
+
+/// The default launch (non-causal: the last wave's tiles split over key ranges when the
+/// model of the wave says so) against `kv_splits(1)` (never split), in alternating rounds:
+/// d128 at three lengths, and decoding (one query row, a long KV cache, grouped heads).
+fn split_vs_unsplit(dev: &Device, rng: &mut Uniform) {
+    println!("\nattention bf16 d128 non-causal on {}: default (split tail) vs kv_splits(1)", dev.name());
+    println!("| shape | kv_splits(1) | default | × |");
+    println!("|---|---|---|---|");
+    for (b, h, hk, sq, sk) in
+        [(4, 16, 16, 4096, 4096), (4, 16, 16, 8192, 8192), (4, 16, 16, 16384, 16384), (1, 32, 8, 1, 16384), (8, 32, 8, 1, 8192)]
+    {
+        let d = 128;
+        let (qs, ks) = ([b, h, sq, d], [b, hk, sk, d]);
+        let mut t = |shape: &[usize]| Tensor::from_host(dev, &rng.vec(shape.iter().product(), bf16::from_f32), shape).expect("input");
+        let (q, k, v) = (t(&qs), t(&ks), t(&ks));
+        let (mut o, mut o2) = (Tensor::<bf16>::zeros(dev, &qs).expect("o"), Tensor::<bf16>::zeros(dev, &qs).expect("o"));
+        let opts = Attention::new().layout(AttentionLayout::Bhsd);
+        let unsplit_opts = opts.kv_splits(1);
+        let unsplit = || tessera_kernels::attention(dev, &unsplit_opts, &q, &k, &v, &mut o).expect("attention");
+        let default = || tessera_kernels::attention(dev, &opts, &q, &k, &v, &mut o2).expect("attention");
+        let (t1, t0) = tessera::testing::time_pair_ms(dev, 2, 10, 5, unsplit, default).expect("timing");
+        let name = format!("b{b} h{h}/{hk} sq{sq} sk{sk}");
+        if sq == 1 {
+            println!("| {name} | {:.1} µs | {:.1} µs | {:.2} |", t1 * 1e3, t0 * 1e3, t1 / t0);
+        } else {
+            let flop = 4.0 * (b * h * sq * sk * d) as f64;
+            println!("| {name} | {:.0} | {:.0} | {:.2} |", flop / t1 * 1e-9, flop / t0 * 1e-9, t1 / t0);
+        }
+    }
 }
 
 /// Per d64 shape: a search, then the default and the searched variant in alternating rounds.

@@ -83,6 +83,7 @@ fn check<T: AttentionElement>(
     to: fn(f32) -> T,
     from: fn(T) -> f64,
     variant: Option<&'static str>,
+    splits: Option<usize>,
 ) {
     let (qs, ks) = match layout {
         AttentionLayout::Bshd => ([c.b, c.sq, c.h, c.d], [c.b, c.sk, c.hk, c.d]),
@@ -101,6 +102,9 @@ fn check<T: AttentionElement>(
     if let Some(v) = variant {
         opts = opts.variant(v);
     }
+    if let Some(n) = splits {
+        opts = opts.kv_splits(n);
+    }
     let (qt, kt, vt) =
         (Tensor::from_host(dev, &q, &qs).unwrap(), Tensor::from_host(dev, &k, &ks).unwrap(), Tensor::from_host(dev, &v, &ks).unwrap());
     let mut o = Tensor::full(dev, &qs, to(f32::NAN)).unwrap();
@@ -108,7 +112,7 @@ fn check<T: AttentionElement>(
     tessera_kernels::attention_with_lse(dev, &opts, &qt, &kt, &vt, &mut o, &mut lse).unwrap();
     let (want_o, want_lse) = reference(c, layout, causal, f64::from(scale), &qw, &kw, &vw);
     let got: Vec<f64> = o.to_host().unwrap().into_iter().map(from).collect();
-    let what = format!("{c:?} {layout:?} causal={causal} spread={spread} {variant:?}");
+    let what = format!("{c:?} {layout:?} causal={causal} spread={spread} {variant:?} kv_splits {splits:?}");
     let err = rel_error(&got, &want_o);
     assert!(err < tol, "{what}: O relative error {err}");
     for (i, (g, w)) in lse.to_host().unwrap().into_iter().zip(&want_lse).enumerate() {
@@ -142,8 +146,8 @@ fn attention_matches_f64_reference(dev: &Device) {
     for c in cases(dev) {
         for layout in [AttentionLayout::Bshd, AttentionLayout::Bhsd] {
             for causal in [false, true] {
-                check::<bf16>(dev, c, layout, causal, 2.0, 2e-2, bf16::from_f32, |v| v.to_f64(), None);
-                check::<f16>(dev, c, layout, causal, 2.0, 4e-3, f16::from_f32, |v| v.to_f64(), None);
+                check::<bf16>(dev, c, layout, causal, 2.0, 2e-2, bf16::from_f32, |v| v.to_f64(), None, None);
+                check::<f16>(dev, c, layout, causal, 2.0, 4e-3, f16::from_f32, |v| v.to_f64(), None, None);
             }
         }
     }
@@ -167,10 +171,48 @@ fn gpu_attention_survives_large_logits() {
     if let Some(dev) = gpu_or_skip("gpu_attention_survives_large_logits") {
         for (causal, d) in [(false, 128), (true, 128), (false, 64), (true, 64)] {
             let c = Case { b: 1, sq: 257, sk: 519, h: 2, hk: 2, d };
-            check::<bf16>(&dev, c, AttentionLayout::Bshd, causal, 12.0, 3e-2, bf16::from_f32, |v| v.to_f64(), None);
-            check::<f16>(&dev, c, AttentionLayout::Bhsd, causal, 12.0, 1e-2, f16::from_f32, |v| v.to_f64(), None);
+            check::<bf16>(&dev, c, AttentionLayout::Bshd, causal, 12.0, 3e-2, bf16::from_f32, |v| v.to_f64(), None, None);
+            check::<f16>(&dev, c, AttentionLayout::Bhsd, causal, 12.0, 1e-2, f16::from_f32, |v| v.to_f64(), None, None);
         }
     }
+}
+
+/// Keys split into ranges run apart and combined (`kv_splits`): more parts than key blocks,
+/// causal rows whose every key is masked (seq_q > seq_k: output 0, lse −∞ in every part).
+/// Unasked (`None`), a non-causal grid of a wave and two tiles splits those two tiles' keys
+/// and leaves the wave's tiles whole.
+fn kv_splits_match_f64_reference(dev: &Device) {
+    let c = |b, sq, sk, h, hk, d| Case { b, sq, sk, h, hk, d };
+    let cases = if dev.is_cpu() {
+        vec![(c(1, 130, 300, 1, 1, 64), Some(3))]
+    } else {
+        let heads = (dev.sm_count() as usize + 2) / 2;
+        vec![
+            (c(2, 200, 333, 4, 2, 128), Some(2)),
+            (c(1, 1, 1000, 8, 2, 128), Some(5)),
+            (c(1, 300, 129, 2, 1, 64), Some(16)),
+            (c(1, 517, 1400, 3, 1, 64), Some(4)),
+            (c(1, 129, 2000, heads, 1, 64), None),
+        ]
+    };
+    for (c, n) in cases {
+        for causal in [false, true] {
+            check::<bf16>(dev, c, AttentionLayout::Bshd, causal, 2.0, 2e-2, bf16::from_f32, |v| v.to_f64(), None, n);
+            check::<f16>(dev, c, AttentionLayout::Bhsd, causal, 2.0, 4e-3, f16::from_f32, |v| v.to_f64(), None, n);
+        }
+    }
+}
+
+#[test]
+fn gpu_attention_kv_splits_match_f64_reference() {
+    if let Some(dev) = gpu_or_skip("gpu_attention_kv_splits_match_f64_reference") {
+        kv_splits_match_f64_reference(&dev);
+    }
+}
+
+#[test]
+fn interp_attention_kv_splits_match_f64_reference() {
+    kv_splits_match_f64_reference(&Device::cpu());
 }
 
 /// Sequences of different lengths packed end to end (empty ones too): each against the f64
@@ -270,8 +312,8 @@ fn every_attention_variant_matches_f64_reference(dev: &Device) {
         assert!(!dense.is_empty());
         for &v in &dense {
             let c = Case { b: 2, sq: 131, sk: 259, h: 2, hk: 1, d };
-            check::<bf16>(dev, c, AttentionLayout::Bshd, true, 2.0, 2e-2, bf16::from_f32, |x| x.to_f64(), Some(v));
-            check::<bf16>(dev, c, AttentionLayout::Bhsd, false, 2.0, 2e-2, bf16::from_f32, |x| x.to_f64(), Some(v));
+            check::<bf16>(dev, c, AttentionLayout::Bshd, true, 2.0, 2e-2, bf16::from_f32, |x| x.to_f64(), Some(v), None);
+            check::<bf16>(dev, c, AttentionLayout::Bhsd, false, 2.0, 2e-2, bf16::from_f32, |x| x.to_f64(), Some(v), None);
         }
         for v in attention_variants::<bf16>(d, true) {
             varlen_matches_f64_reference(dev, &[3, 130, 0, 70], &[7, 140, 2, 300], 2, 1, d, Some(v));
@@ -325,4 +367,10 @@ fn bad_input_attention_names_the_argument() {
     let (cq, ck) = (Tensor::from_host(&dev, &[0i32, 8], &[2]).unwrap(), Tensor::from_host(&dev, &[0i32, 4, 8], &[3]).unwrap());
     let r = tessera_kernels::attention_varlen(&dev, &opts, &q, &k, &k, &mut o, &mut lse, &cq, &ck, 8);
     assert_eq!(named(r), "cu_seqlens_k", "offsets of different lengths");
+    let cq = Tensor::from_host(&dev, &[0i32, 8], &[2]).unwrap();
+    let r = tessera_kernels::attention_varlen(&dev, &opts.kv_splits(2), &q, &k, &k, &mut o, &mut lse, &cq, &cq, 8);
+    assert_eq!(named(r), "kv_splits", "packed sequences split");
+    let (q, k) = (t(&[1, 8, 2, 64]), t(&[1, 8, 2, 64]));
+    let mut o = t(&[1, 8, 2, 64]);
+    assert_eq!(named(tessera_kernels::attention(&dev, &opts.kv_splits(0), &q, &k, &k, &mut o)), "kv_splits", "no parts");
 }

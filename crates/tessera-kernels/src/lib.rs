@@ -26,8 +26,9 @@ mod rope;
 mod softmax;
 
 pub use attention::{
-    attention, attention_variants, attention_varlen, attention_with_lse, flash_attention_bf16, flash_attention_f16,
-    flash_attention_varlen_bf16, flash_attention_varlen_f16, Attention, AttentionElement, AttentionLayout,
+    attention, attention_combine_bf16, attention_combine_f16, attention_variants, attention_varlen, attention_with_lse,
+    flash_attention_bf16, flash_attention_f16, flash_attention_varlen_bf16, flash_attention_varlen_f16, Attention, AttentionElement,
+    AttentionLayout,
 };
 pub use elementwise::{axpy, axpy_f32};
 pub use gemm::{
@@ -156,6 +157,8 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         flash_attention_f16::VARIANTS,
         flash_attention_varlen_bf16::VARIANTS,
         flash_attention_varlen_f16::VARIANTS,
+        attention_combine_bf16::VARIANTS,
+        attention_combine_f16::VARIANTS,
     ]
     .concat()
 }

@@ -37,6 +37,10 @@ pub fn flash_attention(
     o: Global<T, 3>,
     lse: Global<f32, 3>,
     counter: Global<i32, 1>,
+    opart: Global<f32, 3>,
+    lpart: Global<f32, 3>,
+    full: i32,
+    parts: i32,
     heads: i32,
     group: i32,
     q_bm: i32,
@@ -65,10 +69,19 @@ pub fn flash_attention(
     let queue = TileQueue::<2>::new(counter, 2);
     if warpgroup::id() == 0 {
         setmaxnreg(24);
-        for tile in queue.fetch(m_tiles * lse.dim(0)) {
+        for tile in queue.fetch(full + (m_tiles * lse.dim(0) - full) * parts) {
+            // Tiles from `full` on come in `parts` parts, each a range of the key blocks.
+            let mut t = tile;
+            let mut part = 0;
+            let mut np = 1;
+            if tile >= full {
+                t = full + (tile - full) / parts;
+                part = (tile - full) % parts;
+                np = parts;
+            }
             // Heads go in groups of `hg`, each group's tiles heaviest first across its heads.
-            let g0 = tile / (m_tiles * hg);
-            let r = tile - g0 * (m_tiles * hg);
+            let g0 = t / (m_tiles * hg);
+            let r = t - g0 * (m_tiles * hg);
             let gs = min(hg, lse.dim(0) - g0 * hg);
             let bh = g0 * hg + r % gs;
             let q0 = (m_tiles - 1 - r / gs) * 128;
@@ -82,7 +95,8 @@ pub fn flash_attention(
             let s = qpipe.acquire();
             tma::load(sq.at(s), q, [b * q_bm + h * hm, q0, h * cm], qpipe);
             qpipe.commit(s);
-            for j in 0..(kv_end + 127) / 128 {
+            let nb = (kv_end + 127) / 128;
+            for j in part * nb / np..(part + 1) * nb / np {
                 let s = kpipe.acquire();
                 tma::load(sk.at(s), k, [b * k_bm + kvh * hm, j * 128, kvh * cm], kpipe);
                 kpipe.commit(s);
@@ -108,9 +122,18 @@ pub fn flash_attention(
             barrier::arrive(0, 2);
         }
         for tile in queue.take() {
+            // Tiles from `full` on come in `parts` parts, each a range of the key blocks.
+            let mut t = tile;
+            let mut part = 0;
+            let mut np = 1;
+            if tile >= full {
+                t = full + (tile - full) / parts;
+                part = (tile - full) % parts;
+                np = parts;
+            }
             // Heads go in groups of `hg`, each group's tiles heaviest first across its heads.
-            let g0 = tile / (m_tiles * hg);
-            let r = tile - g0 * (m_tiles * hg);
+            let g0 = t / (m_tiles * hg);
+            let r = t - g0 * (m_tiles * hg);
             let gs = min(hg, lse.dim(0) - g0 * hg);
             let bh = g0 * hg + r % gs;
             let q0 = (m_tiles - 1 - r / gs) * 128;
@@ -120,15 +143,17 @@ pub fn flash_attention(
             if causal == 1 {
                 kv_end = min(seq_k, q0 + 128 + shift);
             }
-            let n = (kv_end + 127) / 128;
+            let nb = (kv_end + 127) / 128;
+            let j0 = part * nb / np;
+            let n = (part + 1) * nb / np;
             acc = Tile::<f32, 64, D>::zeros();
             m = Tile::<f32, 64, 1>::full(f32::MIN);
             l = Tile::<f32, 64, 1>::zeros();
             // The last key the warpgroup's first row sees, plus one.
             let diag = q0 + row + 1 + shift;
             let qs = qpipe.wait();
-            if n > 0 {
-                // Block 0: S alone.
+            if n > j0 {
+                // The first block: S alone.
                 let ks = kpipe.wait();
                 if me == 0 {
                     barrier::sync(0, 2);
@@ -144,18 +169,19 @@ pub fn flash_attention(
                 }
                 mma_wait(0);
                 kpipe.release(ks);
-                if seq_k < 128 {
-                    s = s.mask_cols(seq_k, f32::NEG_INFINITY);
+                let k0 = j0 * 128;
+                if k0 + 128 > seq_k {
+                    s = s.mask_cols(seq_k - k0, f32::NEG_INFINITY);
                 }
-                if causal == 1 && 128 > diag {
-                    s = s.mask_cols(Tile::<f32, 64, 1>::row_index() + diag as f32, f32::NEG_INFINITY);
+                if causal == 1 && k0 + 128 > diag {
+                    s = s.mask_cols(Tile::<f32, 64, 1>::row_index() + (diag - k0) as f32, f32::NEG_INFINITY);
                 }
                 m = max(m, row_max(s) * scale_log2);
                 p = exp2(s * scale_log2 - m);
                 l = row_sum(p);
                 // Block j's turn issues its S = Q·Kᵀ and block j − 1's P·V; the softmax of S
                 // runs outside the turn, beside that P·V.
-                for j in 1..n {
+                for j in j0 + 1..n {
                     let ks = kpipe.wait();
                     let vs = vpipe.wait();
                     if me == 0 {
@@ -209,20 +235,72 @@ pub fn flash_attention(
             }
             qpipe.release(qs);
             let inv = 1.0 / max(l, 1e-30);
-            lse.store([bh, q0 + row, 0], (m + log2(l)) * 0.6931471805599453);
-            // O leaves by TMA, 64 columns at a time, through two staging buffers per
-            // warpgroup used in turn; the one written two chunks ago must have been read first.
-            #[unroll]
-            for jj in 0..D / 64 {
-                let buf = me * 2 + (nt * (D / 64) + jj) % 2;
-                tma::store_wait(1);
-                so.at(buf).store((acc.cols(jj * 64, 64) * inv).cast::<T>());
-                tma::store(o, [b * q_bm + h * hm, q0 + row, h * cm + jj * 64], so.at(buf));
+            if tile >= full {
+                // A part: O over its keys and their log₂-sum-exp, for `attention_combine`.
+                opart.store([tile - full, row, 0], acc * inv);
+                lpart.store([tile - full, row, 0], m + log2(l));
+            } else {
+                lse.store([bh, q0 + row, 0], (m + log2(l)) * 0.6931471805599453);
+                // O leaves by TMA, 64 columns at a time, through two staging buffers per
+                // warpgroup used in turn; the one written two chunks ago must have been read first.
+                #[unroll]
+                for jj in 0..D / 64 {
+                    let buf = me * 2 + (nt * (D / 64) + jj) % 2;
+                    tma::store_wait(1);
+                    so.at(buf).store((acc.cols(jj * 64, 64) * inv).cast::<T>());
+                    tma::store(o, [b * q_bm + h * hm, q0 + row, h * cm + jj * 64], so.at(buf));
+                }
+                nt = nt + 1;
             }
-            nt = nt + 1;
         }
         tma::store_wait(0);
     }
+}
+
+/// The tiles `flash_attention` split into `parts` ranges of keys, put back together: per row,
+/// `O = Σ 2^(L_p − L)·O_p` and `L = log₂ Σ 2^L_p` over the parts' outputs `O_p` (each
+/// normalised over its own keys) and log₂-sum-exps `L_p`; `o` and `lse` as the attention's.
+/// A block per 16 rows of a split tile: block `8·i + c` takes rows `16·c..` of tile `full + i`.
+#[kernel(dtypes(T = [bf16, f16]), tune(D = [128, 64]), targets(sm_90a))]
+pub fn attention_combine(
+    opart: Global<f32, 3>,
+    lpart: Global<f32, 3>,
+    o: Global<T, 3>,
+    lse: Global<f32, 3>,
+    full: i32,
+    parts: i32,
+    heads: i32,
+    q_bm: i32,
+    hm: i32,
+    cm: i32,
+    hg: i32,
+) {
+    let i = block::id_x() / 8;
+    let r = (block::id_x() % 8) * 16;
+    let m_tiles = (o.dim(1) + 127) / 128;
+    let mut top = Tile::<f32, 16, 1>::full(f32::MIN);
+    for p in 0..parts {
+        top = max(top, lpart.load::<Tile<f32, 16, 1>>([i * parts + p, r, 0]));
+    }
+    let mut acc = Tile::<f32, 16, D>::zeros();
+    let mut sum = Tile::<f32, 16, 1>::zeros();
+    for p in 0..parts {
+        let w = exp2(lpart.load::<Tile<f32, 16, 1>>([i * parts + p, r, 0]) - top);
+        acc = acc + opart.load::<Tile<f32, 16, D>>([i * parts + p, r, 0]) * w;
+        sum = sum + w;
+    }
+    // The tile's place, as `flash_attention` decodes it.
+    let t = full + i;
+    let g0 = t / (m_tiles * hg);
+    let rg = t - g0 * (m_tiles * hg);
+    let gs = min(hg, lse.dim(0) - g0 * hg);
+    let bh = g0 * hg + rg % gs;
+    let q0 = (m_tiles - 1 - rg / gs) * 128;
+    let b = bh / heads;
+    let h = bh % heads;
+    // A row every part masked throughout sums 0: its output 0 and its lse −∞, as unsplit.
+    o.store([b * q_bm + h * hm, q0 + r, h * cm], (acc * (1.0 / max(sum, 1e-30))).cast::<T>());
+    lse.store([bh, q0 + r, 0], (top + log2(sum)) * 0.6931471805599453);
 }
 
 /// FlashAttention forward over sequences packed end to end: `flash_attention` with each (batch, head)'s rows found from the offsets `cu_q`/`cu_k` (`varlen` 1; with 0 it

@@ -5,9 +5,12 @@
 
 mod kernels;
 
-pub use kernels::{flash_attention_bf16, flash_attention_f16, flash_attention_varlen_bf16, flash_attention_varlen_f16};
+pub use kernels::{
+    attention_combine_bf16, attention_combine_f16, flash_attention_bf16, flash_attention_f16, flash_attention_varlen_bf16,
+    flash_attention_varlen_f16,
+};
 
-use tessera::{bf16, f16, Device, Element, Error, Grid, KernelSpec, Optional, Result, Tensor, TensorView, TensorViewMut};
+use tessera::{bf16, f16, Device, Element, Error, Grid, KernelSpec, Optional, OptionalMut, Result, Tensor, TensorView, TensorViewMut};
 
 /// How Q, K, V and O are laid out.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -38,6 +41,7 @@ pub struct Attention {
     causal: bool,
     scale: Option<f32>,
     variant: Option<&'static str>,
+    kv_splits: Option<usize>,
 }
 
 impl Attention {
@@ -67,6 +71,15 @@ impl Attention {
     pub fn variant(self, name: &'static str) -> Attention {
         Attention { variant: Some(name), ..self }
     }
+
+    /// Splits every tile of 128 query rows into `n` ranges of keys, each run as a tile of its
+    /// own, and combines their outputs after (a second, small kernel): more blocks than tiles,
+    /// for a few long sequences (decoding). `1` never splits. Unset, [`attention`] splits the
+    /// tiles of a non-causal grid's last, partly filled wave when the model of the wave says
+    /// that ends sooner. Not for [`attention_varlen`].
+    pub fn kv_splits(self, n: usize) -> Attention {
+        Attention { kv_splits: Some(n), ..self }
+    }
 }
 
 /// The kernel variants attention chooses among for `head_dim` (K/V pipeline depths; the first
@@ -92,9 +105,29 @@ pub trait AttentionElement: Element + sealed::Sealed {
         o: &mut TensorViewMut<Self>,
         lse: &mut TensorViewMut<f32>,
         cu: [&Optional<Tensor<i32>>; 2],
+        split: Split<'_>,
         ints: [i32; 11],
         scale_log2: f32,
     ) -> Result<()>;
+    /// Puts the split tiles back together: `attention_combine`, its variant of head dim `d`.
+    #[doc(hidden)]
+    fn combine(
+        d: &Device,
+        head_dim: usize,
+        parts: [&Tensor<f32>; 2],
+        o: &mut TensorViewMut<Self>,
+        lse: &mut TensorViewMut<f32>,
+        ints: [i32; 7],
+    ) -> Result<()>;
+}
+
+/// The split of a dense launch's tiles: tiles from `full` on run in `parts` ranges of keys,
+/// each writing its output and log₂-sum-exp to `out` (absent when nothing is split).
+#[doc(hidden)]
+pub struct Split<'t> {
+    full: i32,
+    parts: i32,
+    out: [OptionalMut<'t, Tensor<f32>>; 2],
 }
 
 mod sealed {
@@ -104,7 +137,7 @@ mod sealed {
 }
 
 macro_rules! attention_element {
-    ($t:ty, $dense:ident, $varlen:ident) => {
+    ($t:ty, $dense:ident, $varlen:ident, $combine:ident) => {
         impl AttentionElement for $t {
             fn variants(varlen: bool) -> &'static [&'static KernelSpec] {
                 if varlen {
@@ -121,6 +154,7 @@ macro_rules! attention_element {
                 o: &mut TensorViewMut<Self>,
                 lse: &mut TensorViewMut<f32>,
                 [cu_q, cu_k]: [&Optional<Tensor<i32>>; 2],
+                Split { full, parts, out: [mut op, mut lp] }: Split<'_>,
                 [batch, max_q, varlen, heads, group, q_bm, k_bm, hm, cm, causal, hg]: [i32; 11],
                 scale_log2: f32,
             ) -> Result<()> {
@@ -128,7 +162,10 @@ macro_rules! attention_element {
                 let (o, l) = (o, lse);
                 // The padded layouts take the dense kernel; packed sequences the varlen one.
                 if varlen == 0 {
-                    $dense::launch_variant(i, d, g, q, k, v, o, l, &mut c, heads, group, q_bm, k_bm, hm, cm, causal, hg, scale_log2)
+                    $dense::launch_variant(
+                        i, d, g, q, k, v, o, l, &mut c, &mut op, &mut lp, full, parts, heads, group, q_bm, k_bm, hm, cm, causal, hg,
+                        scale_log2,
+                    )
                 } else {
                     $varlen::launch_variant(
                         i, d, g, q, k, v, o, l, &mut c, cu_q, cu_k, batch, max_q, varlen, heads, group, q_bm, k_bm, hm, cm, causal, hg,
@@ -136,11 +173,27 @@ macro_rules! attention_element {
                     )
                 }
             }
+            fn combine(
+                d: &Device,
+                head_dim: usize,
+                [op, lp]: [&Tensor<f32>; 2],
+                o: &mut TensorViewMut<Self>,
+                lse: &mut TensorViewMut<f32>,
+                [full, parts, heads, q_bm, hm, cm, hg]: [i32; 7],
+            ) -> Result<()> {
+                let all = $combine::VARIANTS;
+                let Some(i) = (0..all.len()).find(|&i| all[i].knob("D") == Some(head_dim as i64)) else {
+                    return Err(arg("q", "head_dim 64 or 128".into(), format!("head_dim {head_dim}")));
+                };
+                // A block per 16 rows of each split tile.
+                let grid = Grid::tiles(op.shape()[0] / parts.max(1) as usize * 128, 16);
+                $combine::launch_variant(i, d, grid, op, lp, o, lse, full, parts, heads, q_bm, hm, cm, hg)
+            }
         }
     };
 }
-attention_element!(bf16, flash_attention_bf16, flash_attention_varlen_bf16);
-attention_element!(f16, flash_attention_f16, flash_attention_varlen_f16);
+attention_element!(bf16, flash_attention_bf16, flash_attention_varlen_bf16, attention_combine_bf16);
+attention_element!(f16, flash_attention_f16, flash_attention_varlen_f16, attention_combine_f16);
 
 fn arg(name: &str, expected: String, found: String) -> Error {
     Error::Argument { kernel: "attention", arg: name.into(), expected, found }
@@ -264,8 +317,37 @@ fn heads_per_group(causal: bool, seq_k: usize, d: usize) -> i32 {
     ((16 << 20) / per_head).clamp(1, 8) as i32
 }
 
+/// How a dense launch splits its tiles: `(full, parts)`, the tiles from `full` on run in
+/// `parts` ranges of their `kv_blocks` key blocks. Without a mask every tile costs the same,
+/// and a grid of `tiles` on `sms` blocks ends with a partly filled wave while the other SMs
+/// idle; split, the last tiles' parts spread over them. The model: a tile costs 1, a part
+/// `1/parts` plus two blocks' worth (its pipeline's fill and its f32 output), the split tiles'
+/// parts run in whole waves after the unsplit tiles' whole waves. Splitting this wave's
+/// remainder, or it and one wave more, with 2..=16 parts (at most one per key block): the
+/// cheapest, if cheaper than no split by half a tile at least (run 88: the model's 0.2 of a tile at seq 4096 did not show).
+fn split_tail(tiles: usize, sms: usize, kv_blocks: usize) -> (usize, usize) {
+    let (sms, kb) = (sms.max(1), kv_blocks.max(1) as f64);
+    let (waves, rest) = (tiles / sms, tiles % sms);
+    let mut best = (tiles.div_ceil(sms) as f64 - 0.5, tiles, 1);
+    for extra in 0..=1 {
+        if rest == 0 || extra > waves {
+            break;
+        }
+        let split = rest + extra * sms;
+        for parts in 2..=kv_blocks.min(16) {
+            let part_waves = (split * parts).div_ceil(sms) as f64;
+            let cost = (waves - extra) as f64 + part_waves * (1.0 / parts as f64 + 2.0 / kb);
+            if cost < best.0 {
+                best = (cost, tiles - split, parts);
+            }
+        }
+    }
+    (best.1, best.2)
+}
+
 /// The persistent launch shared by the padded and the packed forms: one block per SM at most,
-/// over `batch × heads × ⌈max_q / 128⌉` tiles.
+/// over `batch × heads × ⌈max_q / 128⌉` tiles (dense ones split by [`split_tail`] or the
+/// caller's `kv_splits`, then combined).
 #[allow(clippy::too_many_arguments)]
 fn launch<T: AttentionElement>(
     device: &Device,
@@ -278,10 +360,33 @@ fn launch<T: AttentionElement>(
     mut ints: [i32; 11],
 ) -> Result<()> {
     let scale = opts.scale.unwrap_or(1.0 / (d as f32).sqrt());
-    let [batch, max_q, varlen, heads, group, ..] = ints.map(|x| x as u32);
+    let [batch, max_q, varlen, heads, group, q_bm, _, hm, cm, ..] = ints;
     let seq_k = qkv[1].shape()[1];
     ints[10] = heads_per_group(opts.causal, seq_k, d);
-    let grid = Grid::tiles(max_q as usize, 128).saturating_mul(batch).saturating_mul(heads).min(device.sm_count()).max(1);
+    let tiles = (max_q as usize).div_ceil(128) * batch as usize * heads as usize;
+    let sms = device.sm_count() as usize;
+    let (full, parts) = match opts.kv_splits {
+        Some(0) => return Err(arg("kv_splits", "at least 1".into(), "0".into())),
+        Some(n) if varlen != 0 && n > 1 => {
+            return Err(arg("kv_splits", "1 or unset for packed sequences".into(), format!("{n}")));
+        }
+        Some(n) => (0, n.min(seq_k.div_ceil(128))),
+        None if varlen == 0 && !opts.causal => split_tail(tiles, sms, seq_k.div_ceil(128)),
+        None => (tiles, 1),
+    };
+    let (full, parts) = if parts <= 1 { (tiles, 1) } else { (full, parts) };
+    let queued = full + (tiles - full) * parts;
+    let grid = u32::try_from(queued.min(sms).max(1)).unwrap_or(1);
+    if i32::try_from(queued).is_err() {
+        return Err(arg("q", "fewer than 2³¹ tiles".into(), format!("{queued} tiles in {parts} parts")));
+    }
+    // The parts' outputs, `[part tiles, 128, d]`, and their log₂-sum-exps.
+    let part_outputs = || -> Result<Option<[Tensor<f32>; 2]>> {
+        Ok(match parts {
+            1 => None,
+            _ => Some([Tensor::zeros(device, &[queued - full, 128, d])?, Tensor::zeros(device, &[queued - full, 128, 1])?]),
+        })
+    };
     let scale_log2 = scale * std::f32::consts::LOG2_E;
     // The variants of this head dimension (pipeline depths); the first is the default.
     let all = T::variants(varlen != 0);
@@ -289,36 +394,48 @@ fn launch<T: AttentionElement>(
     if ids.is_empty() {
         return Err(arg("q", "head_dim 64 or 128".into(), format!("head_dim {d}")));
     }
-    let run = |i: usize, o: &mut TensorViewMut<T>, lse: &mut TensorViewMut<f32>| {
-        T::forward(device, grid.into(), ids[i], qkv, o, lse, cu, ints, scale_log2)
+    let combine = [full, parts, heads as usize, q_bm as usize, hm as usize, cm as usize, ints[10] as usize].map(|x| x as i32);
+    let run = |i: usize, o: &mut TensorViewMut<T>, lse: &mut TensorViewMut<f32>, out: &mut Option<[Tensor<f32>; 2]>| {
+        let split_out = match out {
+            Some([op, lp]) => [OptionalMut(Some(op), 3), OptionalMut(Some(lp), 3)],
+            None => [OptionalMut(None, 3), OptionalMut(None, 3)],
+        };
+        let split = Split { full: full as i32, parts: parts as i32, out: split_out };
+        T::forward(device, grid.into(), ids[i], qkv, o, lse, cu, split, ints, scale_log2)?;
+        match out {
+            Some([op, lp]) => T::combine(device, d, [op, lp], o, lse, combine),
+            None => Ok(()),
+        }
     };
     let names: Vec<&str> = ids.iter().map(|&i| all[i].name).collect();
     if let Some(v) = opts.variant {
         return match names.iter().position(|n| *n == v) {
-            Some(i) => run(i, o, lse),
+            Some(i) => run(i, o, lse, &mut part_outputs()?),
             None => Err(arg("variant", format!("one of {names:?} (head_dim {d})"), format!("`{v}`"))),
         };
     }
-    let (dtype, shape) = (T::DTYPE, (batch, heads, group, max_q, seq_k, d));
+    let (dtype, shape, split_key) = (T::DTYPE, (batch, heads, group, max_q, seq_k, d), (full, parts));
     let key = tessera::TuneKey::new("attention", device)
         .field("dtype", &dtype)
         .field("varlen", &varlen)
         .field("shape", &shape)
         .field("causal", &opts.causal)
-        .field("layout", &opts.layout);
+        .field("layout", &opts.layout)
+        .field("split", &split_key);
     let choice = tessera::Tuner::global().choose(&key, &names, 0, || {
         // Timing writes scratch outputs, never the caller's.
         // The views the host built are contiguous over their shapes, so plain tensors of the
         // same shapes take their place.
         let mut so = Tensor::<T>::zeros(device, o.shape())?;
         let mut sl = Tensor::<f32>::zeros(device, lse.shape())?;
+        let mut sp = part_outputs()?;
         Ok(tessera::tune::launch_timer(device, move |i| {
             let (os, ls) = (so.shape().to_vec(), sl.shape().to_vec());
             let (ost, lst) = (so.strides().to_vec(), sl.strides().to_vec());
-            run(i, &mut so.view_mut(&os, &ost)?, &mut sl.view_mut(&ls, &lst)?)
+            run(i, &mut so.view_mut(&os, &ost)?, &mut sl.view_mut(&ls, &lst)?, &mut sp)
         }))
     })?;
-    run(choice, o, lse)
+    run(choice, o, lse, &mut part_outputs()?)
 }
 
 /// FlashAttention forward over a batch of sequences of different lengths packed end to end
@@ -410,4 +527,23 @@ pub fn attention<T: AttentionElement>(
     let [b, sq, h, _] = dims("q", q, opts.layout)?;
     let mut lse = Tensor::<f32>::zeros(device, &[b, h, sq])?;
     attention_with_lse(device, opts, q, k, v, o, &mut lse)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_tail;
+
+    /// The split leaves whole waves of whole tiles and splits only when the model gains.
+    #[test]
+    fn split_tail_splits_the_last_wave() {
+        for (tiles, kv_blocks) in [(2048, 32), (4096, 64), (8192, 128), (8, 8), (512, 8), (134, 16), (264, 64), (100, 1)] {
+            let (full, parts) = split_tail(tiles, 132, kv_blocks);
+            assert!(full <= tiles && full % 132 == 0 || parts == 1, "{tiles} tiles: {full} whole");
+            assert!((1..=16.min(kv_blocks)).contains(&parts), "{tiles} tiles: {parts} parts");
+            println!("{tiles} tiles of {kv_blocks} blocks: {full} whole, the rest in {parts}");
+        }
+        assert_eq!(split_tail(264, 132, 64), (264, 1), "whole waves stay whole");
+        assert_eq!(split_tail(100, 132, 1), (100, 1), "one key block cannot split");
+        assert_eq!(split_tail(8, 132, 8).1, 8, "a few long tiles (decoding) split as far as their blocks go");
+    }
 }
