@@ -264,18 +264,26 @@ impl<T: Element> Tensor<T> {
         Ok(out)
     }
 
-    /// Overwrites a contiguous tensor with `data`.
+    /// Overwrites a contiguous tensor (or view, at any offset into its buffer) with `data`.
+    ///
+    /// # Errors
+    /// [`Error::Tensor`] if the tensor is strided or `data` holds another number of elements.
     pub fn copy_from_host(&mut self, data: &[T]) -> Result<()> {
-        if !self.is_contiguous() || self.offset != 0 || data.len() != self.numel() {
+        let n = self.numel();
+        if !self.is_contiguous() || data.len() != n {
             return Err(Error::Tensor {
                 what: "Tensor::copy_from_host",
-                expected: format!("{} elements into a contiguous tensor", self.numel()),
+                expected: format!("{n} elements into a contiguous tensor"),
                 found: format!("{} elements, strides {:?}", data.len(), self.strides),
             });
         }
+        let range = self.offset..self.offset + n;
         match &mut self.buf {
-            Storage::Cuda(b) => self.device.stream()?.clone().memcpy_htod(data, b)?,
-            Storage::Host(h) => h.lock().copy_from_slice(bytemuck::cast_slice(data)),
+            Storage::Cuda(b) => self.device.stream()?.clone().memcpy_htod(data, &mut b.slice_mut(range))?,
+            Storage::Host(h) => {
+                let es = std::mem::size_of::<T>();
+                h.lock()[range.start * es..range.end * es].copy_from_slice(bytemuck::cast_slice(data));
+            }
         }
         Ok(())
     }
