@@ -374,3 +374,62 @@ fn bad_input_attention_names_the_argument() {
     let mut o = t(&[1, 8, 2, 64]);
     assert_eq!(named(tessera_kernels::attention(&dev, &opts.kv_splits(0), &q, &k, &k, &mut o)), "kv_splits", "no parts");
 }
+
+/// Attention at the edges: rows whose every key is masked (causal, seq_q > seq_k) give 0 and
+/// an lse of −∞, never NaN, unsplit and split; a NaN in one query row makes that row's output
+/// and lse NaN and no other's; logits of ±1e4 (queries and keys of ±95) match the f64
+/// reference.
+fn attention_edges(dev: &Device) {
+    let (b, sq, sk, h, d) = if dev.is_cpu() { (1, 140, 10, 2, 64) } else { (2, 300, 129, 2, 64) };
+    let masked = sq - sk;
+    let n = b * sq * h * d;
+    let mut q: Vec<bf16> = random(n, -2.0, 2.0).into_iter().map(bf16::from_f32).collect();
+    // Query row `masked + 5` of head 1 in batch 0 reads NaN.
+    let nan_row = masked + 5;
+    q[(nan_row * h + 1) * d + 3] = bf16::NAN;
+    let kv: Vec<bf16> = random(b * sk * h * d, -2.0, 2.0).into_iter().map(bf16::from_f32).collect();
+    let qt = Tensor::from_host(dev, &q, &[b, sq, h, d]).unwrap();
+    let kt = Tensor::from_host(dev, &kv, &[b, sk, h, d]).unwrap();
+    for splits in [None, Some(2)] {
+        let mut opts = Attention::new().causal(true);
+        if let Some(s) = splits {
+            opts = opts.kv_splits(s);
+        }
+        let mut o = Tensor::full(dev, &[b, sq, h, d], bf16::from_f32(-7.0)).unwrap();
+        let mut lse = Tensor::full(dev, &[b, h, sq], -7.0f32).unwrap();
+        tessera_kernels::attention_with_lse(dev, &opts, &qt, &kt, &kt, &mut o, &mut lse).unwrap();
+        let (o, lse) = (o.to_host().unwrap(), lse.to_host().unwrap());
+        for bi in 0..b {
+            for i in 0..sq {
+                for hi in 0..h {
+                    let row = &o[((bi * sq + i) * h + hi) * d..][..d];
+                    let l = lse[(bi * h + hi) * sq + i];
+                    let what = format!("kv_splits {splits:?}: batch {bi} row {i} head {hi}");
+                    if bi == 0 && i == nan_row && hi == 1 {
+                        assert!(row.iter().all(|v| v.is_nan()) && l.is_nan(), "{what}: the NaN's row is NaN");
+                    } else if i < masked {
+                        assert!(row.iter().all(|v| v.to_f32() == 0.0) && l == f32::NEG_INFINITY, "{what}: masked throughout: 0, −∞");
+                    } else {
+                        assert!(row.iter().all(|v| v.is_finite()) && l.is_finite(), "{what}: finite");
+                    }
+                }
+            }
+        }
+    }
+    let c = Case { b: 1, sq: if dev.is_cpu() { 70 } else { 257 }, sk: if dev.is_cpu() { 90 } else { 519 }, h: 2, hk: 1, d: 64 };
+    for causal in [false, true] {
+        check::<bf16>(dev, c, AttentionLayout::Bshd, causal, 95.0, 5e-2, bf16::from_f32, |v| v.to_f64(), None, None);
+    }
+}
+
+#[test]
+fn gpu_attention_numerics_at_the_edges() {
+    if let Some(dev) = gpu_or_skip("gpu_attention_numerics_at_the_edges") {
+        attention_edges(&dev);
+    }
+}
+
+#[test]
+fn interp_attention_numerics_at_the_edges() {
+    attention_edges(&Device::cpu());
+}

@@ -36,8 +36,12 @@ pub fn softmax_row(x: Global<T, 2>, y: Global<T, 2>, scale: f32, causal: i32, pe
         limit = min(limit, r % period + 1);
     }
     let t = x.load::<Tile<T, 1, W>>([r, 0]).cast::<f32>().mask_cols(limit, f32::NEG_INFINITY);
-    let e = exp2((t - row_max(t)) * (scale * f32::consts::LOG2_E));
-    y.store([r, 0], (e * (1.0 / row_sum(e))).cast::<T>());
+    // A row of −∞ only (every element masked) has no maximum to subtract: `f32::MIN` in its
+    // place gives exp2(−∞) = 0 throughout, and 1e-30 added to the sum (nothing to a sum ≥ 1)
+    // keeps 0 · (1/0) from making NaN of it: such a row's softmax is 0. Added, not a `max`,
+    // which would drop a NaN sum and leave the NaN's row finite.
+    let e = exp2((t - max(row_max(t), f32::MIN)) * (scale * f32::consts::LOG2_E));
+    y.store([r, 0], (e * (1.0 / (row_sum(e) + 1e-30))).cast::<T>());
 }
 
 /// `softmax_*` for rows of at most 2048 elements: four rows per block, one per warp. Each
@@ -59,8 +63,12 @@ pub fn softmax_rows4(x: Global<T, 2>, y: Global<T, 2>, scale: f32, causal: i32, 
     i = i - step(i - p) * p;
     i = i - step(i - p) * p;
     let t = x.load::<Tile<T, 4, W>>([r, 0]).cast::<f32>().mask_cols(min(i + (1.0 + open), n), f32::NEG_INFINITY);
-    let e = exp2((t - row_max(t)) * (scale * f32::consts::LOG2_E));
-    y.store([r, 0], (e * (1.0 / row_sum(e))).cast::<T>());
+    // A row of −∞ only (every element masked) has no maximum to subtract: `f32::MIN` in its
+    // place gives exp2(−∞) = 0 throughout, and 1e-30 added to the sum (nothing to a sum ≥ 1)
+    // keeps 0 · (1/0) from making NaN of it: such a row's softmax is 0. Added, not a `max`,
+    // which would drop a NaN sum and leave the NaN's row finite.
+    let e = exp2((t - max(row_max(t), f32::MIN)) * (scale * f32::consts::LOG2_E));
+    y.store([r, 0], (e * (1.0 / (row_sum(e) + 1e-30))).cast::<T>());
 }
 
 /// Softmax of any width, 16 rows per block in two passes over 256-column tiles: an online
@@ -86,7 +94,8 @@ pub fn softmax(x: Global<T, 2>, y: Global<T, 2>, scale: f32, causal: i32, period
         m = m_new;
     }
     let row_m = row_max(m);
-    let inv = 1.0 / row_sum(s * exp2((m - row_m) * k));
+    // A row of −∞ only sums 0 (`m` stays `f32::MIN`): its softmax is 0, not 0 · (1/0).
+    let inv = 1.0 / (row_sum(s * exp2((m - row_m) * k)) + 1e-30);
     // The later block's rows are prefetched in the second pass, where registers are free (in
     // the first, its addresses cost sm_80 a spill).
     for c in (0..n).step_by(256) {
@@ -273,6 +282,10 @@ fn as_rows<T: Element>(op: &'static str, arg: &str, t: &Tensor<T>) -> Result<([u
 
 /// `y = softmax(x)` along the last axis of a 2-D tensor, or of each matrix of a contiguous
 /// 3-D batch; bf16, f16 or f32 in and out, arithmetic in f32.
+///
+/// A row of −∞ only (every element masked by the caller) gives a row of 0, not NaN; a NaN in
+/// a row makes that row NaN and no other; logits of any finite size (±1e4 and beyond) are
+/// exact, the maximum being subtracted before the scale.
 ///
 /// # Errors
 /// [`tessera::Error::Argument`] naming `x` or `y` if a shape does not fit; a launch error.

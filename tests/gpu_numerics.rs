@@ -1,0 +1,261 @@
+//! Numerics pinned at the edges: softmax rows of −∞ only (0, not NaN) and of ±1e4, a NaN in
+//! an input reaching the outputs that read it and no other (softmax, the norms, GEMM), and
+//! GEMM's epilogues past the output type's range (f16 and bf16: ±∞ as an IEEE
+//! round-to-nearest cast gives, through every epilogue). On the GPU and in the interpreter,
+//! which must agree. Attention's edges are in `gpu_attention.rs`.
+
+mod common;
+
+use common::random;
+use tessera::testing::{gpu_or_skip, rel_error};
+use tessera::{bf16, f16, Device, Tensor};
+use tessera_kernels::{Activation, Bias};
+
+/// Softmax rows through each of its paths (four rows a block, a row a block, tiled): row 1 is
+/// −∞ throughout, row 3 holds one NaN, row 4 logits of ±1e4; the others random.
+fn softmax_edge_rows(dev: &Device) {
+    for n in [300, 5000, 17000] {
+        let m = 6;
+        let mut x: Vec<f32> = random(m * n, -3.0, 3.0);
+        x[n..2 * n].fill(f32::NEG_INFINITY);
+        let nan_at = 3 * n + (random(1, 0.0, n as f32)[0] as usize).min(n - 1);
+        x[nan_at] = f32::NAN;
+        for (j, v) in x[4 * n..5 * n].iter_mut().enumerate() {
+            *v = if j % 3 == 0 { 1e4 - j as f32 * 1e-2 } else { -1e4 };
+        }
+        let xt = Tensor::from_host(dev, &x, &[m, n]).unwrap();
+        let mut y = Tensor::full(dev, &[m, n], -7.0f32).unwrap();
+        tessera_kernels::softmax(dev, &xt, &mut y).unwrap();
+        let y = y.to_host().unwrap();
+        assert!(y[n..2 * n].iter().all(|&v| v == 0.0), "width {n}: a row of −∞ gives 0");
+        assert!(y[3 * n..4 * n].iter().all(|v| v.is_nan()), "width {n}: the NaN's row is NaN");
+        for r in [0, 2, 4, 5] {
+            let row: Vec<f64> = x[r * n..(r + 1) * n].iter().map(|&v| f64::from(v)).collect();
+            let mx = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = row.iter().map(|v| (v - mx).exp()).collect();
+            let s: f64 = e.iter().sum();
+            let want: Vec<f64> = e.iter().map(|v| v / s).collect();
+            let got: Vec<f64> = y[r * n..(r + 1) * n].iter().map(|&v| f64::from(v)).collect();
+            let err = rel_error(&got, &want);
+            assert!(err < 1e-5, "width {n}, row {r}: relative error {err}");
+        }
+    }
+}
+
+#[test]
+fn gpu_numerics_softmax_edge_rows() {
+    if let Some(dev) = gpu_or_skip("gpu_numerics_softmax_edge_rows") {
+        softmax_edge_rows(&dev);
+    }
+}
+
+#[test]
+fn interp_numerics_softmax_edge_rows() {
+    softmax_edge_rows(&Device::cpu());
+}
+
+/// `f` on `x`, then on `x` with one element NaN: the NaN's row is NaN throughout, every other
+/// row bit for bit as without it.
+fn nan_stays_in_its_row(what: &str, m: usize, n: usize, x: &[bf16], nan_at: usize, f: impl Fn(&[bf16]) -> Vec<bf16>) {
+    let clean = f(x);
+    let mut poisoned = x.to_vec();
+    poisoned[nan_at] = bf16::NAN;
+    let got = f(&poisoned);
+    let row = nan_at / x.len().div_ceil(m).max(1);
+    let width = clean.len() / m;
+    for r in 0..m {
+        let (g, c) = (&got[r * width..(r + 1) * width], &clean[r * width..(r + 1) * width]);
+        if r == row {
+            assert!(g.iter().all(|v| v.is_nan()), "{what} {m}×{n}: row {r} (the NaN's) not NaN throughout");
+        } else {
+            assert!(g.iter().zip(c).all(|(a, b)| a.to_bits() == b.to_bits()), "{what} {m}×{n}: row {r} changed");
+        }
+    }
+}
+
+/// The norms and GEMM with a NaN in one row of the input.
+fn nan_propagation(dev: &Device) {
+    let bf = |v: Vec<f32>| -> Vec<bf16> { v.into_iter().map(bf16::from_f32).collect() };
+    for n in [1000, 5000] {
+        let m = 5;
+        let x = bf(random(m * n, -2.0, 2.0));
+        let w = Tensor::from_host(dev, &bf(random(n, 0.5, 1.5)), &[n]).unwrap();
+        let b = Tensor::from_host(dev, &bf(random(n, -1.0, 1.0)), &[n]).unwrap();
+        let nan_at = 2 * n + n / 3;
+        let (w, b) = (&w, &b);
+        let run = |layer: bool| {
+            move |x: &[bf16]| {
+                let xt = Tensor::from_host(dev, x, &[m, n]).unwrap();
+                let mut y = Tensor::full(dev, &[m, n], bf16::from_f32(-7.0)).unwrap();
+                if layer {
+                    tessera_kernels::layer_norm(dev, &xt, Some(w), Some(b), 1e-5, &mut y).unwrap();
+                } else {
+                    tessera_kernels::rms_norm(dev, &xt, Some(w), 1e-5, &mut y).unwrap();
+                }
+                y.to_host().unwrap()
+            }
+        };
+        nan_stays_in_its_row("rms_norm", m, n, &x, nan_at, run(false));
+        nan_stays_in_its_row("layer_norm", m, n, &x, nan_at, run(true));
+    }
+    // GEMM: a NaN in A's row i makes C's row i NaN, no other.
+    let (m, n, k) = (40, 48, 64);
+    let a = bf(random(m * k, -1.0, 1.0));
+    let b = Tensor::from_host(dev, &bf(random(n * k, -1.0, 1.0)), &[n, k]).unwrap();
+    let gemm = |a: &[bf16]| {
+        let at = Tensor::from_host(dev, a, &[m, k]).unwrap();
+        let mut c = Tensor::full(dev, &[m, n], bf16::from_f32(-7.0)).unwrap();
+        tessera_kernels::gemm(&at, &b).run(dev, &mut c).unwrap();
+        c.to_host().unwrap()
+    };
+    nan_stays_in_its_row("gemm", m, k, &a, 17 * k + 5, gemm);
+}
+
+#[test]
+fn gpu_numerics_nan_stays_in_its_row() {
+    if let Some(dev) = gpu_or_skip("gpu_numerics_nan_stays_in_its_row") {
+        nan_propagation(&dev);
+    }
+}
+
+#[test]
+fn interp_numerics_nan_stays_in_its_row() {
+    nan_propagation(&Device::cpu());
+}
+
+/// The element types the overflow test runs in.
+trait Half: tessera_kernels::GemmElement + Copy {
+    fn from_f64(v: f64) -> Self;
+    fn to_f64(self) -> f64;
+}
+impl Half for f16 {
+    fn from_f64(v: f64) -> f16 {
+        f16::from_f64(v)
+    }
+    fn to_f64(self) -> f64 {
+        f16::to_f64(self)
+    }
+}
+impl Half for bf16 {
+    fn from_f64(v: f64) -> bf16 {
+        bf16::from_f64(v)
+    }
+    fn to_f64(self) -> f64 {
+        bf16::to_f64(self)
+    }
+}
+
+/// GEMM with every epilogue where half the rows overflow the output type: rows of A are
+/// `±big` (alternating sign) or small, B positive, so a row's products are all past the range
+/// or all well inside it. Past it the output is ±∞ — or what the activation makes of the
+/// f32 value: ≈ x above, −0 below (f16, whose overflow is finite in f32); for bf16 the f32
+/// accumulator itself is ±∞, and GELU and SiLU of −∞ are NaN (0·∞ in their formulas).
+fn overflow_through_epilogues<T: Half>(dev: &Device, big: f64, small_tol: f64) {
+    let (m, n, k) = (32, 40, 64);
+    let to = |v: f64| T::from_f64(v);
+    let a: Vec<T> = (0..m * k)
+        .map(|i| match (i / k) % 4 {
+            0 => to(big),
+            1 => to(-big),
+            _ => to(random(1, -0.5, 0.5)[0] as f64),
+        })
+        .collect();
+    let b: Vec<T> = random(n * k, 1.0, 2.0).into_iter().map(|v| to(f64::from(v))).collect();
+    let side: Vec<T> = random(m * n, -100.0, 100.0).into_iter().map(|v| to(f64::from(v))).collect();
+    let bias: Vec<T> = random(n, -100.0, 100.0).into_iter().map(|v| to(f64::from(v))).collect();
+    let (at, bt) = (Tensor::from_host(dev, &a, &[m, k]).unwrap(), Tensor::from_host(dev, &b, &[n, k]).unwrap());
+    let (st, biast) = (Tensor::from_host(dev, &side, &[m, n]).unwrap(), Tensor::from_host(dev, &bias, &[n]).unwrap());
+    let gelu_tanh = |x: f64| 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh());
+    let gelu_erf = |x: f64| 0.5 * x * (1.0 + erf(x / std::f64::consts::SQRT_2));
+    let silu = |x: f64| x / (1.0 + (-x).exp());
+    let epilogues: [(&str, Activation, bool, bool, bool); 7] = [
+        ("plain", Activation::None, false, false, false),
+        ("bias", Activation::None, true, false, false),
+        ("gelu tanh", Activation::GeluTanh, true, false, false),
+        ("gelu erf", Activation::GeluErf, false, false, false),
+        ("silu", Activation::Silu, false, false, false),
+        ("residual", Activation::None, false, true, false),
+        ("alpha beta", Activation::None, false, false, true),
+    ];
+    for (name, act, with_bias, with_res, with_beta) in epilogues {
+        let mut g = tessera_kernels::gemm(&at, &bt).activation(act);
+        if with_bias {
+            g = g.bias(Bias::PerColumn(&biast));
+        }
+        if with_res {
+            g = g.residual(&st);
+        }
+        if with_beta {
+            g = g.alpha(0.75).beta(0.5, &st);
+        }
+        let mut c = Tensor::full(dev, &[m, n], T::from_f64(-7.0)).unwrap();
+        g.run(dev, &mut c).unwrap();
+        let c = c.to_host().unwrap();
+        for i in 0..m {
+            for j in 0..n {
+                // The f32 accumulator, as the kernel holds it: past f32's range, ±∞.
+                let acc: f64 = (0..k).map(|x| a[i * k + x].to_f64() * b[j * k + x].to_f64()).sum();
+                let acc = if acc.abs() > f64::from(f32::MAX) { acc.signum() * f64::INFINITY } else { acc };
+                let mut v = if with_beta { 0.75 * acc + 0.5 * side[i * n + j].to_f64() } else { acc };
+                if with_bias {
+                    v += bias[j].to_f64();
+                }
+                v = match act {
+                    Activation::GeluTanh => gelu_tanh(v),
+                    Activation::GeluErf => gelu_erf(v),
+                    Activation::Silu => silu(v),
+                    Activation::None => v,
+                };
+                if with_res {
+                    v += side[i * n + j].to_f64();
+                }
+                let got = c[i * n + j].to_f64();
+                let want = T::from_f64(v).to_f64();
+                let what = format!("{} {name}: c[{i}, {j}] = {got}, expected {want} (from {v})", std::any::type_name::<T>());
+                if want.is_nan() {
+                    assert!(got.is_nan(), "{what}");
+                } else if want.is_infinite() || (i % 4 < 2 && want == 0.0) {
+                    // Past the range: ±∞ exactly; a large negative through an activation: 0.
+                    assert_eq!(got, want, "{what}");
+                } else {
+                    assert!((got - want).abs() <= small_tol * want.abs().max(1.0), "{what}");
+                }
+            }
+        }
+    }
+}
+
+/// erf by its series and continued fraction (f64, enough for a test's reference).
+fn erf(x: f64) -> f64 {
+    // Abramowitz–Stegun 7.1.26 is too coarse for f64; sum the Taylor series near 0 and use
+    // 1 − erfc's asymptote far out.
+    if x.abs() > 6.0 {
+        return x.signum();
+    }
+    let mut sum = x;
+    let mut term = x;
+    for i in 1..200 {
+        term *= -x * x / i as f64;
+        sum += term / (2 * i + 1) as f64;
+    }
+    sum * 2.0 / std::f64::consts::PI.sqrt()
+}
+
+fn overflow(dev: &Device) {
+    // f16: products of ±2000 by 1..2, 64 deep: ~±192000, past 65504 and finite in f32.
+    overflow_through_epilogues::<f16>(dev, 2000.0, 2e-2);
+    // bf16: products of ±1e37 by 1..2, 64 deep: past f32's range, the accumulator is ±∞.
+    overflow_through_epilogues::<bf16>(dev, 1e37, 3e-2);
+}
+
+#[test]
+fn gpu_numerics_gemm_epilogues_overflow() {
+    if let Some(dev) = gpu_or_skip("gpu_numerics_gemm_epilogues_overflow") {
+        overflow(&dev);
+    }
+}
+
+#[test]
+fn interp_numerics_gemm_epilogues_overflow() {
+    overflow(&Device::cpu());
+}
