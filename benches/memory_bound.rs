@@ -89,7 +89,7 @@ fn main() {
             if (path == "rows4" && n > tessera_kernels::ROW_IN_REGISTERS)
                 || (path == "rows2" && !(2048..=3584).contains(&n))
                 || (path == "row" && n > tessera_kernels::ROW_PER_BLOCK_MAX)
-                || (path == "wide" && !(tessera_kernels::ROW_PER_BLOCK_MAX + 1..=tessera_kernels::NORM_WIDE_MAX).contains(&n))
+                || (path == "wide" && !(8193..=tessera_kernels::NORM_WIDE_MAX).contains(&n))
             {
                 continue;
             }

@@ -349,13 +349,14 @@ impl NormPath {
     /// 4097..=[`ROW_PER_BLOCK_MAX`]; four rows per block for 257..=[`ROW_IN_REGISTERS`]; two
     /// for the rest up to 4096 (one where a row's tile is as full as two rows'); else the
     /// tiled kernels. `TESSERA_NORM_PATH=rows4|rows2|row|tiled` overrides it where the kernel can
-    /// take the width (for benchmarking the alternatives).
+    /// take the width (for benchmarking the alternatives; `wide` takes any width to
+    /// [`NORM_WIDE_MAX`]).
     pub fn choose(m: usize, n: usize, sms: usize) -> NormPath {
         let forced = match std::env::var("TESSERA_NORM_PATH").as_deref() {
             Ok("rows4") if n <= ROW_IN_REGISTERS => Some(NormPath::Rows4),
             Ok("rows2") if n <= 3584 => Some(NormPath::Rows2),
             Ok("row") if n <= ROW_PER_BLOCK_MAX => Some(NormPath::Row),
-            Ok("wide") if n > ROW_PER_BLOCK_MAX && n <= NORM_WIDE_MAX => Some(NormPath::Wide),
+            Ok("wide") if n <= NORM_WIDE_MAX => Some(NormPath::Wide),
             Ok("tiled") => Some(NormPath::Tiled),
             _ => None,
         };
