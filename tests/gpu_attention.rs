@@ -298,6 +298,24 @@ fn gpu_attention_varlen_matches_f64_reference() {
     }
 }
 
+/// A packed sequence with queries and no keys (its rows 0, lse −∞) beside one with both;
+/// and more tiles than the GPU has SMs, every sequence with keys (each block takes several).
+/// Apart from the mixed test above, so that a sanitizer can take each alone.
+#[test]
+fn gpu_attention_varlen_keyless_sequence() {
+    if let Some(dev) = gpu_or_skip("gpu_attention_varlen_keyless_sequence") {
+        varlen_matches_f64_reference(&dev, &[129, 5], &[0, 7], 2, 1, 128, None);
+    }
+}
+
+#[test]
+fn gpu_attention_varlen_more_tiles_than_sms() {
+    if let Some(dev) = gpu_or_skip("gpu_attention_varlen_more_tiles_than_sms") {
+        let heads = (dev.sm_count() as usize).div_ceil(12) + 1;
+        varlen_matches_f64_reference(&dev, &[700, 650], &[700, 333], heads, 1, 64, None);
+    }
+}
+
 #[test]
 fn interp_attention_varlen_matches_f64_reference() {
     varlen_matches_f64_reference(&Device::cpu(), &[3, 130, 0], &[7, 140, 2], 2, 1, 64, None);
