@@ -22,7 +22,7 @@ pub enum AttentionLayout {
     Bhsd,
 }
 
-/// Options of [`attention`]: layout, causal mask, softmax scale.
+/// Options of [`attention`]: layout, causal mask, softmax scale, key splits.
 ///
 /// ```no_run
 /// use tessera::{bf16, Device, Tensor};
