@@ -25,7 +25,7 @@ pub const ROW_IN_REGISTERS: usize = 2304;
 pub const ROW_PER_BLOCK_MAX: usize = 12288;
 
 /// The widest row the norms read once, a row per block of two warpgroups
-/// ([`rms_norm_wide`], [`layer_norm_wide`]); wider rows take the tiled kernels.
+/// (`rms_norm_wide`, `layer_norm_wide`); wider rows take the tiled kernels.
 pub const NORM_WIDE_MAX: usize = 16384;
 
 /// `rms_norm_*` for rows of at most [`ROW_PER_BLOCK_MAX`] elements, one row per block, read
@@ -65,7 +65,7 @@ pub fn rms_norm_rows4(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f3
 /// elements, one row per block, read once. The statistics come from one exchange across warps: the sums of
 /// `x − k` and of its squares, `k` the row's first element — shifted so that a row far from
 /// zero keeps its variance (rows of equal values give exactly 0), clamped at 0. Widths as
-/// [`rms_norm_row`]'s but 11264: rows of 11008 take the 12288-wide tile, whose 168 registers
+/// `rms_norm_row`'s but 11264: rows of 11008 take the 12288-wide tile, whose 168 registers
 /// fit three blocks per SM where the 11264-wide tile's 195 fit two.
 #[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [8192, 7168, 6144, 5120, 4096, 3072, 2048, 1024, 12288]))]
 pub fn layer_norm_row(
@@ -105,7 +105,7 @@ pub fn layer_norm_row(
 /// `y = (x − mean) / sqrt(var + eps) · w + b` for rows of at most 2304 elements, four rows
 /// per block (one per warp), read once; the variance is the mean of the centred squares
 /// (columns past the row masked out), so it is never negative and rows of equal values give
-/// the bias. Widths as [`rms_norm_rows4`]'s.
+/// the bias. Widths as `rms_norm_rows4`'s.
 #[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [2048, 1792, 1536, 1280, 1024, 768, 512, 2304]))]
 pub fn layer_norm_rows4(
     x: Global<T, 2>,
@@ -149,7 +149,7 @@ pub fn rms_norm_rows2(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f3
     y.store([r, 0], o.cast::<T>());
 }
 
-/// `layer_norm_*` for the widths of [`rms_norm_rows2`]: two rows per block, two warps per row;
+/// `layer_norm_*` for the widths of `rms_norm_rows2`: two rows per block, two warps per row;
 /// the variance is the mean of the centred squares (columns past the row masked out).
 #[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [3584, 2560]))]
 pub fn layer_norm_rows2(
@@ -195,8 +195,8 @@ pub fn rms_norm_wide(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f32
     y.store([r, c], o.cast::<T>());
 }
 
-/// `layer_norm_*` for the widths of [`rms_norm_wide`]: a row per block of two warpgroups, the
-/// shifted sums of [`layer_norm_row`] each combined across them with `block_sum`.
+/// `layer_norm_*` for the widths of `rms_norm_wide`: a row per block of two warpgroups, the
+/// shifted sums of `layer_norm_row` each combined across them with `block_sum`.
 #[kernel(dtypes(T = [bf16, f16, f32]), warpgroups = 2)]
 pub fn layer_norm_wide(
     x: Global<T, 2>,
