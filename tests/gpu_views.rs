@@ -168,6 +168,14 @@ fn odd_views(dev: &Device) {
         let heads = || (vals(2 * 9 * 3 * 128, b16), vec![2, 9, 3, 128]);
         case(dev, "rope", odd, Want::Same, &[heads()], &[2, 9, 3, 128], None, nan16, |i, y| k::rope(dev, &rope, i[0], y));
         case(dev, "rope_backward", odd, Want::Same, &[heads()], &[2, 9, 3, 128], None, nan16, |i, y| k::rope_backward(dev, &rope, i[0], y));
+        case(dev, "Norm::backward", odd, Want::Same, &[x(), x(), w()], &[m, n], None, nan16, |i, dh| {
+            let grads = k::NormGrads { dh, dx: None, dweight: None, dbias: None };
+            k::Norm::rms(1e-5).weight(i[2]).backward(dev, i[0], i[1], None, grads)
+        });
+        let shape = [2, 9, 3, 128];
+        let init = || Some(vals(shape.iter().product(), b16));
+        case(dev, "rope_in_place", odd, Want::Same, &[], &shape, init(), nan16, |_, x| k::rope_in_place(dev, &rope, x));
+        case(dev, "rope_backward_in_place", odd, Want::Same, &[], &shape, init(), nan16, |_, x| k::rope_backward_in_place(dev, &rope, x));
         // GEMM copies a misaligned contiguous operand into a padded one; a strided and
         // misaligned one it cannot copy is an error. Its output must be contiguous, at any
         // offset (a misaligned one is stored without TMA).
@@ -190,6 +198,17 @@ fn odd_views(dev: &Device) {
             let opts = k::Attention::new();
             case(dev, "attention", odd, tma("q"), &[qkv(), qkv(), qkv()], &[2, 130, 2, 64], None, nan16, |i, o| {
                 k::attention(dev, &opts, i[0], i[1], i[2], o)
+            });
+            case(dev, "attention_with_lse", odd, tma("q"), &[qkv(), qkv(), qkv()], &[2, 130, 2, 64], None, nan16, |i, o| {
+                let mut lse = Tensor::zeros(dev, &[2, 2, 130])?;
+                k::attention_with_lse(dev, &opts, i[0], i[1], i[2], o, &mut lse)
+            });
+            // Two sequences packed end to end.
+            let packed = || (vals(260 * 2 * 64, b16), vec![260, 2, 64]);
+            let cu = Tensor::from_host(dev, &[0i32, 100, 260], &[3]).unwrap();
+            case(dev, "attention_varlen", odd, tma("q"), &[packed(), packed(), packed()], &[260, 2, 64], None, nan16, |i, o| {
+                let mut lse = Tensor::zeros(dev, &[2, 260])?;
+                k::attention_varlen(dev, &opts, i[0], i[1], i[2], o, &mut lse, &cu, &cu, 160)
             });
         }
     }
