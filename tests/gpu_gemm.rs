@@ -3,6 +3,7 @@
 
 mod common;
 
+use common::{erf, gelu_tanh};
 use rand::Rng;
 use tessera::testing::{gpu_or_skip, rel_error};
 use tessera::{bf16, Device, Tensor};
@@ -84,23 +85,6 @@ struct Epi {
     bias: Option<(Vec<bf16>, bool)>,
     act: tessera_kernels::Activation,
     residual: Option<Vec<bf16>>,
-}
-
-fn gelu_tanh(x: f64) -> f64 {
-    0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
-}
-
-fn erf(x: f64) -> f64 {
-    // Series/continued fraction free: a high-precision rational approximation (W. J. Cody)
-    // is overkill here; integrate numerically with Simpson's rule on [0, |x|].
-    let n = 2000;
-    let h = x.abs() / n as f64;
-    let f = |t: f64| (-t * t).exp();
-    let mut s = f(0.0) + f(x.abs());
-    for i in 1..n {
-        s += f(i as f64 * h) * if i % 2 == 1 { 4.0 } else { 2.0 };
-    }
-    (s * h / 3.0 * 2.0 / std::f64::consts::PI.sqrt()).copysign(x)
 }
 
 fn check_epilogue(dev: &Device, m: usize, n: usize, k: usize, epi: Epi) {

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::random;
+use common::{erf, gelu_tanh, random};
 use tessera::testing::{gpu_or_skip, rel_error};
 use tessera::{bf16, f16, Device, Tensor};
 use tessera_kernels::{Activation, Bias};
@@ -165,7 +165,6 @@ fn overflow_through_epilogues<T: Half>(dev: &Device, big: f64, small_tol: f64) {
     let bias: Vec<T> = random(n, -100.0, 100.0).into_iter().map(|v| to(f64::from(v))).collect();
     let (at, bt) = (Tensor::from_host(dev, &a, &[m, k]).unwrap(), Tensor::from_host(dev, &b, &[n, k]).unwrap());
     let (st, biast) = (Tensor::from_host(dev, &side, &[m, n]).unwrap(), Tensor::from_host(dev, &bias, &[n]).unwrap());
-    let gelu_tanh = |x: f64| 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh());
     let gelu_erf = |x: f64| 0.5 * x * (1.0 + erf(x / std::f64::consts::SQRT_2));
     let silu = |x: f64| x / (1.0 + (-x).exp());
     let epilogues: [(&str, Activation, bool, bool, bool); 7] = [
@@ -223,22 +222,6 @@ fn overflow_through_epilogues<T: Half>(dev: &Device, big: f64, small_tol: f64) {
             }
         }
     }
-}
-
-/// erf by its series and continued fraction (f64, enough for a test's reference).
-fn erf(x: f64) -> f64 {
-    // Abramowitz–Stegun 7.1.26 is too coarse for f64; sum the Taylor series near 0 and use
-    // 1 − erfc's asymptote far out.
-    if x.abs() > 6.0 {
-        return x.signum();
-    }
-    let mut sum = x;
-    let mut term = x;
-    for i in 1..200 {
-        term *= -x * x / i as f64;
-        sum += term / (2 * i + 1) as f64;
-    }
-    sum * 2.0 / std::f64::consts::PI.sqrt()
 }
 
 fn overflow(dev: &Device) {

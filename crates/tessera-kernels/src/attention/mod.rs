@@ -86,7 +86,12 @@ impl Attention {
 /// is the default), of the dense kernel or, with `packed`, of [`attention_varlen`]'s. Empty
 /// for a head_dim without kernels.
 pub fn attention_variants<T: AttentionElement>(head_dim: usize, packed: bool) -> Vec<&'static str> {
-    T::variants(packed).iter().filter(|s| s.knob("D") == Some(head_dim as i64)).map(|s| s.name).collect()
+    T::variants(packed).iter().filter(|s| of_head_dim(s, head_dim)).map(|s| s.name).collect()
+}
+
+/// Whether a kernel variant (attention's or the combine's) is the one of `head_dim` (knob `D`).
+fn of_head_dim(spec: &KernelSpec, head_dim: usize) -> bool {
+    spec.knob("D") == Some(head_dim as i64)
 }
 
 /// An element type attention takes: `bf16` or `f16`.
@@ -182,7 +187,7 @@ macro_rules! attention_element {
                 [full, parts, heads, q_bm, hm, cm, hg]: [i32; 7],
             ) -> Result<()> {
                 let all = $combine::VARIANTS;
-                let Some(i) = (0..all.len()).find(|&i| all[i].knob("D") == Some(head_dim as i64)) else {
+                let Some(i) = (0..all.len()).find(|&i| of_head_dim(all[i], head_dim)) else {
                     return Err(arg("q", "head_dim 64 or 128".into(), format!("head_dim {head_dim}")));
                 };
                 // A block per 16 rows of each split tile.
@@ -224,7 +229,7 @@ fn check_rest<T: AttentionElement>(
     lse: &Tensor<f32>,
     lse_shape: &[usize],
 ) -> Result<()> {
-    if !T::variants(false).iter().any(|s| s.knob("D") == Some(d as i64)) {
+    if !T::variants(false).iter().any(|s| of_head_dim(s, d)) {
         return Err(arg("q", "head_dim 64 or 128".into(), format!("head_dim {d}")));
     }
     if dk != d || hk == 0 || h % hk != 0 {
@@ -390,11 +395,11 @@ fn launch<T: AttentionElement>(
     let scale_log2 = scale * std::f32::consts::LOG2_E;
     // The variants of this head dimension (pipeline depths); the first is the default.
     let all = T::variants(varlen != 0);
-    let ids: Vec<usize> = (0..all.len()).filter(|&i| all[i].knob("D") == Some(d as i64)).collect();
+    let ids: Vec<usize> = (0..all.len()).filter(|&i| of_head_dim(all[i], d)).collect();
     if ids.is_empty() {
         return Err(arg("q", "head_dim 64 or 128".into(), format!("head_dim {d}")));
     }
-    let combine = [full, parts, heads as usize, q_bm as usize, hm as usize, cm as usize, ints[10] as usize].map(|x| x as i32);
+    let combine = [full as i32, parts as i32, heads, q_bm, hm, cm, ints[10]];
     let run = |i: usize, o: &mut TensorViewMut<T>, lse: &mut TensorViewMut<f32>, out: &mut Option<[Tensor<f32>; 2]>| {
         let split_out = match out {
             Some([op, lp]) => [OptionalMut(Some(op), 3), OptionalMut(Some(lp), 3)],
