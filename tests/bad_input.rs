@@ -296,3 +296,31 @@ fn bad_input_gemm_output_and_bias() {
     let r = |c: &mut Tensor<bf16>| tessera_kernels::gemm(&a, &b).bias(Bias::PerColumn(&bias)).run(&dev, c);
     assert_eq!(unchanged(&[&a, &b, &bias], &mut c, r), "bias", "a per-column bias of 8 for 24 columns");
 }
+
+/// fp8 quantization: `y` of another shape, a scale that is not finite, a strided 3-D view;
+/// dequantization's `y` of another shape. Every tensor left as it was.
+#[test]
+fn bad_input_fp8_quantize() {
+    use tessera::F8E4M3;
+    let dev = Device::cpu();
+    let x: Tensor<f32> = rand_t(&dev, &[6, 40]);
+    let x_before = x.to_host().unwrap();
+    let mut y = Tensor::full(&dev, &[6, 41], F8E4M3::from_bits(0x55)).unwrap();
+    let mut y_ok = Tensor::full(&dev, &[6, 40], F8E4M3::from_bits(0x55)).unwrap();
+    let poisoned = |t: &Tensor<F8E4M3>| t.to_host().unwrap().iter().all(|q| q.to_bits() == 0x55);
+    assert_eq!(named(tessera_kernels::quantize_fp8(&dev, &x, 1.0, &mut y)), "y");
+    for scale in [f32::NAN, f32::INFINITY] {
+        assert_eq!(named(tessera_kernels::quantize_fp8(&dev, &x, scale, &mut y_ok)), "scale");
+    }
+    let x3: Tensor<f32> = rand_t(&dev, &[2, 3, 40]);
+    let x3_before = x3.to_host().unwrap();
+    let strided = x3.restride(0, &[2, 3, 20], &[120, 40, 2]).unwrap();
+    let mut y3 = Tensor::full(&dev, &[2, 3, 20], F8E4M3::from_bits(0x55)).unwrap();
+    assert_eq!(named(tessera_kernels::quantize_fp8(&dev, &strided, 1.0, &mut y3)), "x");
+    assert_eq!(strided.restride(0, &[2, 3, 40], &[120, 40, 1]).unwrap().to_host().unwrap(), x3_before, "the input changed");
+    assert!(poisoned(&y) && poisoned(&y_ok) && poisoned(&y3), "an output changed");
+    assert_eq!(x.to_host().unwrap(), x_before, "the input changed");
+    let mut back = Tensor::full(&dev, &[6, 39], bf16::from_f32(-7.0)).unwrap();
+    assert_eq!(named(tessera_kernels::dequantize_fp8(&dev, &y_ok, 1.0, &mut back)), "y");
+    assert!(back.to_host().unwrap().iter().all(|v| v.to_f32() == -7.0), "the output changed");
+}

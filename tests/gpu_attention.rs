@@ -316,6 +316,21 @@ fn gpu_attention_varlen_more_tiles_than_sms() {
     }
 }
 
+/// The packed test on a shape from `TESSERA_VARLEN` (`"1,200,0;5,333,17;4;2;128"`: query
+/// lengths, key lengths, heads, key heads, head dim), so that a sanitizer can take one shape
+/// at a time. Ignored unless asked for (`--ignored`); without the variable it does nothing.
+#[test]
+#[ignore = "a shape named by TESSERA_VARLEN, for sanitizer runs"]
+fn gpu_attention_varlen_shape_from_env() {
+    let Ok(spec) = std::env::var("TESSERA_VARLEN") else { return };
+    let parts: Vec<Vec<usize>> =
+        spec.split(';').map(|p| p.split(',').map(|v| v.trim().parse().expect("TESSERA_VARLEN: a number")).collect()).collect();
+    let [q, k, h, hk, d] = &parts[..] else { panic!("TESSERA_VARLEN: five fields separated by `;`, found {spec:?}") };
+    if let Some(dev) = gpu_or_skip("gpu_attention_varlen_shape_from_env") {
+        varlen_matches_f64_reference(&dev, q, k, h[0], hk[0], d[0], None);
+    }
+}
+
 #[test]
 fn interp_attention_varlen_matches_f64_reference() {
     varlen_matches_f64_reference(&Device::cpu(), &[3, 130, 0], &[7, 140, 2], 2, 1, 64, None);

@@ -242,3 +242,156 @@ fn gpu_numerics_gemm_epilogues_overflow() {
 fn interp_numerics_gemm_epilogues_overflow() {
     overflow(&Device::cpu());
 }
+
+/// Values where a conversion to fp8 can go wrong: zeros, the ends of both formats' ranges and
+/// of their subnormals, ties between codes, beyond the range, infinities and NaNs.
+const FP8_EDGES: &[f32] = &[
+    0.0,
+    -0.0,
+    1.0,
+    -1.5,
+    0.1,
+    1.0625,
+    1.1875,
+    1.125,
+    1.375,
+    0.015625,
+    0.001953125,
+    0.0009765625,
+    0.0029296875,
+    1e-10,
+    -1e-10,
+    447.0,
+    448.0,
+    449.0,
+    463.9,
+    464.0,
+    465.0,
+    480.0,
+    500.0,
+    1e6,
+    -448.0,
+    -449.0,
+    -464.0,
+    -465.0,
+    -500.0,
+    -1e6,
+    57344.0,
+    60000.0,
+    61440.0,
+    61441.0,
+    65536.0,
+    -61440.0,
+    1.5258789e-5,
+    7.6293945e-6,
+    2.2888184e-5,
+    3e38,
+    f32::MAX,
+    f32::MIN_POSITIVE,
+    f32::INFINITY,
+    f32::NEG_INFINITY,
+    f32::NAN,
+    -f32::NAN,
+];
+
+/// The inputs of the fp8 test: [`FP8_EDGES`]; every value of both formats and each midpoint
+/// between neighbouring codes (the ties, exact in f32), of both signs; random magnitudes
+/// from 2⁻²⁴ to 2²⁰, of both signs. Shuffled into an odd shape.
+fn fp8_inputs() -> Vec<f32> {
+    use tessera::{F8E4M3, F8E5M2};
+    let mut v: Vec<f32> = FP8_EDGES.to_vec();
+    for decode in [|c: u8| F8E4M3::from_bits(c).to_f32(), |c: u8| F8E5M2::from_bits(c).to_f32()] {
+        let pos: Vec<f32> = (0..0x7Fu8).map(decode).filter(|x| x.is_finite()).collect();
+        for w in pos.windows(2) {
+            for x in [w[0], (w[0] + w[1]) / 2.0] {
+                v.extend([x, -x]);
+            }
+        }
+    }
+    let exps = random(4000, -24.0, 20.0);
+    let signs = random(4000, -1.0, 1.0);
+    v.extend(exps.iter().zip(&signs).map(|(&e, &s)| e.exp2().copysign(s)));
+    v
+}
+
+/// `quantize_fp8` from f32 (scale 1) and from bf16 (scale 0.37) to both formats, against the
+/// host's conversion byte for byte — on the GPU that is the hardware's `cvt.rn.satfinite`
+/// (round to nearest even, ±448 / ±57344 for anything beyond, ∞ included; NaN 0x7F);
+/// `dequantize_fp8` of every code to f32 (exact) and to bf16 with a scale. Outputs poisoned.
+fn fp8_conversions_match_the_hardware(dev: &Device) {
+    use tessera::{F8E4M3, F8E5M2};
+    let x = fp8_inputs();
+    let n = 333;
+    let m = x.len().div_ceil(n);
+    let mut x = x;
+    x.extend(random(m * n - x.len(), -500.0, 500.0));
+    let xt = Tensor::from_host(dev, &x, &[m, n]).unwrap();
+    let xb: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
+    let xbt = Tensor::from_host(dev, &xb, &[m, n]).unwrap();
+    fn check<Q: tessera_kernels::Fp8Element + Copy>(
+        dev: &Device,
+        xt: &Tensor<impl tessera_kernels::Fp8Source>,
+        want: &[f32],
+        scale: f32,
+        host: impl Fn(f32) -> Q,
+        poison: Q,
+        what: &str,
+    ) {
+        let bits = |q: Q| -> u8 { bytemuck::cast(q) };
+        let mut y = Tensor::full(dev, xt.shape(), poison).unwrap();
+        tessera_kernels::quantize_fp8(dev, xt, scale, &mut y).unwrap();
+        let got = y.to_host().unwrap();
+        let bad: Vec<String> = want
+            .iter()
+            .zip(&got)
+            .filter(|(&x, &g)| bits(g) != bits(host(x * scale)))
+            .take(8)
+            .map(|(&x, &g)| format!("{x:e}·{scale} → 0x{:02x}, host 0x{:02x}", bits(g), bits(host(x * scale))))
+            .collect();
+        assert!(bad.is_empty(), "{what}: {} of {} differ, first: {bad:?}", bad.len(), want.len());
+    }
+    let widened: Vec<f32> = xb.iter().map(|v| v.to_f32()).collect();
+    check(dev, &xt, &x, 1.0, F8E4M3::from_f32, F8E4M3::from_bits(0x55), "f32 → e4m3");
+    check(dev, &xt, &x, 1.0, F8E5M2::from_f32, F8E5M2::from_bits(0x55), "f32 → e5m2");
+    check(dev, &xbt, &widened, 0.37, F8E4M3::from_f32, F8E4M3::from_bits(0x55), "bf16·0.37 → e4m3");
+    check(dev, &xbt, &widened, 0.37, F8E5M2::from_f32, F8E5M2::from_bits(0x55), "bf16·0.37 → e5m2");
+
+    // Every code (twice over, in a 4×130 matrix with a ragged last tile) back to f32 and bf16.
+    let codes: Vec<u8> = (0..520).map(|i| (i % 256) as u8).collect();
+    for (name, decode) in [("e4m3", 0), ("e5m2", 1)] {
+        let (f32s, bf16s) = if decode == 0 {
+            let q = Tensor::from_host(dev, &codes.iter().map(|&c| F8E4M3::from_bits(c)).collect::<Vec<_>>(), &[4, 130]).unwrap();
+            let mut f = Tensor::full(dev, &[4, 130], -7.0f32).unwrap();
+            let mut b = Tensor::full(dev, &[4, 130], bf16::from_f32(-7.0)).unwrap();
+            tessera_kernels::dequantize_fp8(dev, &q, 1.0, &mut f).unwrap();
+            tessera_kernels::dequantize_fp8(dev, &q, 3.0, &mut b).unwrap();
+            (f.to_host().unwrap(), b.to_host().unwrap())
+        } else {
+            let q = Tensor::from_host(dev, &codes.iter().map(|&c| F8E5M2::from_bits(c)).collect::<Vec<_>>(), &[4, 130]).unwrap();
+            let mut f = Tensor::full(dev, &[4, 130], -7.0f32).unwrap();
+            let mut b = Tensor::full(dev, &[4, 130], bf16::from_f32(-7.0)).unwrap();
+            tessera_kernels::dequantize_fp8(dev, &q, 1.0, &mut f).unwrap();
+            tessera_kernels::dequantize_fp8(dev, &q, 3.0, &mut b).unwrap();
+            (f.to_host().unwrap(), b.to_host().unwrap())
+        };
+        for (i, &c) in codes.iter().enumerate() {
+            let v = if decode == 0 { F8E4M3::from_bits(c).to_f32() } else { F8E5M2::from_bits(c).to_f32() };
+            let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+            assert!(same(f32s[i], v), "{name} 0x{c:02x} → f32 {}, want {v}", f32s[i]);
+            let w = bf16::from_f32(v * 3.0).to_f32();
+            assert!(same(bf16s[i].to_f32(), w), "{name} 0x{c:02x}·3 → bf16 {}, want {w}", bf16s[i]);
+        }
+    }
+}
+
+#[test]
+fn gpu_numerics_fp8_conversions_match_the_hardware() {
+    if let Some(dev) = gpu_or_skip("gpu_numerics_fp8_conversions_match_the_hardware") {
+        fp8_conversions_match_the_hardware(&dev);
+    }
+}
+
+#[test]
+fn interp_numerics_fp8_conversions_match_the_hardware() {
+    fp8_conversions_match_the_hardware(&Device::cpu());
+}

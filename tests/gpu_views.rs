@@ -155,6 +155,14 @@ fn odd_views(dev: &Device) {
         case(dev, "softmax_backward", odd, Want::Same, &[x(), x()], &[m, n], None, nan16, |i, dx| {
             k::softmax_backward(dev, i[0], i[1], dx, 0.5)
         });
+        // fp8 both ways, through an fp8 tensor laid out as the output (odd where it is).
+        case(dev, "quantize_fp8, dequantize_fp8", odd, Want::Same, &[x()], &[m, n], None, nan16, |i, y| {
+            let len = y.offset() + 1 + (m - 1) * y.strides()[0] + (n - 1) * y.strides()[1];
+            let q = Tensor::full(dev, &[len], tessera::F8E4M3::from_bits(0x55))?;
+            let mut q = q.restride(y.offset(), &[m, n], y.strides())?;
+            k::quantize_fp8(dev, i[0], 4.0, &mut q)?;
+            k::dequantize_fp8(dev, &q, 0.25, y)
+        });
         case(dev, "bias_gelu", odd, Want::Same, &[x(), w()], &[m, n], None, nan16, |i, y| k::bias_gelu(dev, i[0], i[1], y));
         let xf = || (vals(m * n, |v| v), vec![m, n]);
         case(dev, "axpy", odd, Want::Same, &[xf()], &[m, n], Some(vals(m * n, |v| v)), f32::NAN, |i, y| k::axpy(dev, 1.5, i[0], y));

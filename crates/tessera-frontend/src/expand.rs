@@ -83,18 +83,24 @@ fn at_end(e: syn::Error, at: Span) -> syn::Error {
 }
 
 /// `dtypes(T = [bf16, f16])`: one kernel per type, named `<fn>_<type>`, with `T` replaced;
-/// else the item itself.
+/// with a second parameter (`dtypes(T = [bf16, f16], Q = [f8e4m3, f8e5m2])`), one per pair,
+/// `<fn>_<t>_<q>`; else the item itself.
 fn per_dtype(item: TokenStream, opts: &Options) -> syn::Result<Vec<TokenStream>> {
-    let Some((param, types)) = &opts.dtypes else { return Ok(vec![item]) };
-    types
-        .iter()
-        .map(|ty| {
-            let body = substitute(item.clone(), &param.to_string(), &|span| syn::Ident::new(&ty.to_string(), span).into());
-            let mut f = parse_fn(body)?;
-            f.sig.ident = format_ident!("{}_{}", f.sig.ident, ty);
-            Ok(quote!(#f))
-        })
-        .collect()
+    let mut items = vec![item];
+    for (param, types) in &opts.dtypes {
+        items = items
+            .into_iter()
+            .flat_map(|item| {
+                types.iter().map(move |ty| {
+                    let body = substitute(item.clone(), &param.to_string(), &|span| syn::Ident::new(&ty.to_string(), span).into());
+                    let mut f = parse_fn(body)?;
+                    f.sig.ident = format_ident!("{}_{}", f.sig.ident, ty);
+                    Ok(quote!(#f))
+                })
+            })
+            .collect::<syn::Result<Vec<_>>>()?;
+    }
+    Ok(items)
 }
 
 /// Replaces every identifier `from` in a token stream (groups included) by the token `to`
@@ -215,8 +221,8 @@ struct Options {
     warpgroups: u32,
     /// `targets(sm_90a)`: the targets to build (default: every target).
     targets: Vec<tessera_ptx::Target>,
-    /// `dtypes(T = [bf16, f16])`: the type parameter and its values.
-    dtypes: Option<(syn::Ident, Vec<syn::Ident>)>,
+    /// `dtypes(T = [bf16, f16], …)`: each type parameter and its values (none: no `dtypes`).
+    dtypes: Vec<(syn::Ident, Vec<syn::Ident>)>,
     /// `blocks_per_sm = N`: an occupancy request (0: none).
     blocks_per_sm: u32,
     /// `tune(BN = [256, 128], STAGES = [4, 3])`: knobs and their values.
@@ -243,11 +249,11 @@ impl Tune {
         out
     }
 
-    fn parse(meta: &syn::meta::ParseNestedMeta, dtypes: &Option<(syn::Ident, Vec<syn::Ident>)>) -> syn::Result<Tune> {
+    fn parse(meta: &syn::meta::ParseNestedMeta, dtypes: &[(syn::Ident, Vec<syn::Ident>)]) -> syn::Result<Tune> {
         let mut knobs: Vec<(String, Vec<i64>)> = Vec::new();
         meta.parse_nested_meta(|inner| {
             let name = inner.path.get_ident().cloned().ok_or_else(|| inner.error("expected a knob name, e.g. `BN = [128, 256]`"))?;
-            if knobs.iter().any(|(n, _)| name == n) || dtypes.as_ref().is_some_and(|(p, _)| *p == name) {
+            if knobs.iter().any(|(n, _)| name == n) || dtypes.iter().any(|(p, _)| *p == name) {
                 return Err(syn::Error::new_spanned(&name, format!("`{name}` is named twice")));
             }
             let list: syn::ExprArray = inner.value()?.parse()?;
@@ -293,7 +299,7 @@ fn int_option(meta: &syn::meta::ParseNestedMeta, range: std::ops::RangeInclusive
 fn parse_attr(attr: TokenStream) -> syn::Result<Options> {
     let mut warpgroups = 1;
     let mut blocks_per_sm = 0;
-    let mut dtypes = None;
+    let mut dtypes: Vec<(syn::Ident, Vec<syn::Ident>)> = Vec::new();
     let mut tune = None;
     let mut targets = tessera_ptx::Target::ALL.to_vec();
     let last = last_span(&attr);
@@ -326,6 +332,12 @@ fn parse_attr(attr: TokenStream) -> syn::Result<Options> {
         } else if meta.path.is_ident("dtypes") {
             meta.parse_nested_meta(|inner| {
                 let param = inner.path.get_ident().cloned().ok_or_else(|| inner.error("expected a type parameter name, e.g. `T`"))?;
+                if dtypes.iter().any(|(p, _)| *p == param) {
+                    return Err(syn::Error::new_spanned(&param, format!("`{param}` is named twice")));
+                }
+                if dtypes.len() == 2 {
+                    return Err(syn::Error::new_spanned(&param, "`dtypes` takes at most two type parameters"));
+                }
                 let list: syn::ExprArray = inner.value()?.parse()?;
                 let mut types = Vec::new();
                 for e in &list.elems {
@@ -335,13 +347,13 @@ fn parse_attr(attr: TokenStream) -> syn::Result<Options> {
                         {
                             types.push(p.path.segments[0].ident.clone());
                         }
-                        other => return Err(syn::Error::new_spanned(other, "`dtypes` lists `f32`, `bf16` or `f16`")),
+                        other => return Err(syn::Error::new_spanned(other, "`dtypes` lists `f32`, `bf16`, `f16`, `f8e4m3` or `f8e5m2`")),
                     }
                 }
                 if types.is_empty() {
                     return Err(syn::Error::new_spanned(&list, "`dtypes` needs at least one type"));
                 }
-                dtypes = Some((param, types));
+                dtypes.push((param, types));
                 Ok(())
             })
         } else if meta.path.is_ident("tune") {
@@ -373,6 +385,8 @@ fn dtype_tokens(d: DType) -> TokenStream {
         DType::BF16 => quote!(::tessera::DType::BF16),
         DType::F16 => quote!(::tessera::DType::F16),
         DType::I32 => quote!(::tessera::DType::I32),
+        DType::F8E4M3 => quote!(::tessera::DType::F8E4M3),
+        DType::F8E5M2 => quote!(::tessera::DType::F8E5M2),
     }
 }
 
@@ -382,6 +396,8 @@ fn rust_elem(d: DType) -> TokenStream {
         DType::BF16 => quote!(::tessera::bf16),
         DType::F16 => quote!(::tessera::f16),
         DType::I32 => quote!(i32),
+        DType::F8E4M3 => quote!(::tessera::F8E4M3),
+        DType::F8E5M2 => quote!(::tessera::F8E5M2),
     }
 }
 

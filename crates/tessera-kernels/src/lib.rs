@@ -14,10 +14,12 @@
 //! | [`Norm`] | fused RMSNorm/LayerNorm: Philox dropout, residual add returning the new residual, weight, bias, scale and shift; forward and backward (`dx`, `dweight`, `dbias`) |
 //! | [`attention`], [`attention_with_lse`], [`attention_varlen`] | FlashAttention forward: bf16/f16, `[b, s, h, d]` or `[b, h, s, d]` or sequences packed end to end, causal or not, grouped-query heads, different query and key lengths, the log-sum-exp for a backward pass (Hopper) |
 //! | [`layer_norm`] | `y = (x − mean) / sqrt(var + eps) · weight + bias` per row, bf16/f16/f32, f32 statistics |
+//! | [`quantize_fp8`], [`dequantize_fp8`] | `y = x · scale` to fp8 ([`tessera::F8E4M3`], [`tessera::F8E5M2`]; round to nearest even, saturating, as the GPU's `cvt`) and back (sm_89 and later) |
 #![warn(missing_docs)]
 
 mod attention;
 mod elementwise;
+mod fp8;
 mod gemm;
 mod norm;
 mod norm_fused;
@@ -31,6 +33,11 @@ pub use attention::{
     AttentionLayout,
 };
 pub use elementwise::{axpy, axpy_f32};
+pub use fp8::{
+    dequantize_f8e4m3_bf16, dequantize_f8e4m3_f16, dequantize_f8e4m3_f32, dequantize_f8e5m2_bf16, dequantize_f8e5m2_f16,
+    dequantize_f8e5m2_f32, dequantize_fp8, quantize_bf16_f8e4m3, quantize_bf16_f8e5m2, quantize_f16_f8e4m3, quantize_f16_f8e5m2,
+    quantize_f32_f8e4m3, quantize_f32_f8e5m2, quantize_fp8, Fp8Element, Fp8Source,
+};
 pub use gemm::{
     bias_gelu, bias_gelu_bf16, gemm, gemm_nn_bf16, gemm_nn_f16, gemm_nn_full_bf16, gemm_nn_full_f16, gemm_tn, gemm_tn_bf16, gemm_tn_f16,
     gemm_tn_full_bf16, gemm_tn_full_f16, gemm_variants, pad_copy_bf16, pad_copy_f16, Activation, BLayout, Bias, GemmBuilder, GemmElement,
@@ -159,6 +166,18 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         flash_attention_varlen_f16::VARIANTS,
         attention_combine_bf16::VARIANTS,
         attention_combine_f16::VARIANTS,
+        quantize_bf16_f8e4m3::VARIANTS,
+        quantize_bf16_f8e5m2::VARIANTS,
+        quantize_f16_f8e4m3::VARIANTS,
+        quantize_f16_f8e5m2::VARIANTS,
+        quantize_f32_f8e4m3::VARIANTS,
+        quantize_f32_f8e5m2::VARIANTS,
+        dequantize_f8e4m3_bf16::VARIANTS,
+        dequantize_f8e4m3_f16::VARIANTS,
+        dequantize_f8e4m3_f32::VARIANTS,
+        dequantize_f8e5m2_bf16::VARIANTS,
+        dequantize_f8e5m2_f16::VARIANTS,
+        dequantize_f8e5m2_f32::VARIANTS,
     ]
     .concat()
 }

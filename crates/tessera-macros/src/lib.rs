@@ -17,7 +17,8 @@ use proc_macro::TokenStream;
 /// ```
 ///
 /// Attribute options: `warpgroups = N` (threads per block = 128·N, default 1);
-/// `dtypes(T = [bf16, f16])` (one kernel per type, `<fn>_<type>`); `tune(BN = [256, 128],
+/// `dtypes(T = [bf16, f16])` (one kernel per type, `<fn>_<type>`; a second parameter,
+/// `dtypes(T = [...], Q = [f8e4m3, f8e5m2])`, gives one per pair, `<fn>_<t>_<q>`); `tune(BN = [256, 128],
 /// STAGES = [4, 3])` (one variant per combination of the knobs' integer values, in the module's
 /// `VARIANTS`; a combination that does not compile is dropped, and an empty set is an error at
 /// `tune`); `blocks_per_sm = N`; `targets(sm_90a, sm_80)`.

@@ -13,6 +13,13 @@ pub enum DType {
     F16,
     /// 32-bit signed integer.
     I32,
+    /// fp8 E4M3 (`f8e4m3`): 4 exponent bits, 3 mantissa bits, no infinities, largest 448.
+    /// Conversions to it round to nearest even and saturate (`cvt.rn.satfinite`): beyond
+    /// ±448, ±∞ included, gives ±448; NaN gives the NaN code 0x7F. sm_89 and later.
+    F8E4M3,
+    /// fp8 E5M2 (`f8e5m2`): 5 exponent bits, 2 mantissa bits, largest finite 57344.
+    /// Conversions saturate like [`DType::F8E4M3`]'s (±∞ gives ±57344; NaN gives 0x7F).
+    F8E5M2,
 }
 
 impl DType {
@@ -21,6 +28,7 @@ impl DType {
         match self {
             DType::F32 | DType::I32 => 4,
             DType::BF16 | DType::F16 => 2,
+            DType::F8E4M3 | DType::F8E5M2 => 1,
         }
     }
 
@@ -31,6 +39,8 @@ impl DType {
             DType::BF16 => "bf16",
             DType::F16 => "f16",
             DType::I32 => "i32",
+            DType::F8E4M3 => "f8e4m3",
+            DType::F8E5M2 => "f8e5m2",
         }
     }
 
@@ -41,6 +51,8 @@ impl DType {
             "bf16" => DType::BF16,
             "f16" => DType::F16,
             "i32" => DType::I32,
+            "f8e4m3" => DType::F8E4M3,
+            "f8e5m2" => DType::F8E5M2,
             _ => return None,
         })
     }
@@ -48,6 +60,21 @@ impl DType {
     /// Whether tiles of this type support floating-point math.
     pub const fn is_float(self) -> bool {
         !matches!(self, DType::I32)
+    }
+
+    /// Whether this is one of the fp8 types (held one per 16-bit register, the code in the
+    /// low byte; converted through f32 by `cvt`, which needs sm_89 or later).
+    pub const fn is_fp8(self) -> bool {
+        matches!(self, DType::F8E4M3 | DType::F8E5M2)
+    }
+
+    /// The `cvt` spelling of an fp8 type (`e4m3`, `e5m2`), else `None`.
+    pub const fn fp8_cvt_name(self) -> Option<&'static str> {
+        match self {
+            DType::F8E4M3 => Some("e4m3"),
+            DType::F8E5M2 => Some("e5m2"),
+            _ => None,
+        }
     }
 }
 

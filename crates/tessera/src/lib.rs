@@ -116,6 +116,7 @@
 
 mod device;
 mod error;
+mod fp8;
 mod interp;
 mod launch;
 mod tensor;
@@ -125,6 +126,7 @@ pub mod tune;
 
 pub use device::{driver_present, Device};
 pub use error::{Error, Result};
+pub use fp8::{F8E4M3, F8E5M2};
 pub use half::{bf16, f16};
 pub use launch::{variant_of, Grid, Launch, ScalarArg};
 pub use tensor::{

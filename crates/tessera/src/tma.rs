@@ -82,6 +82,7 @@ impl TmaDescriptorCache {
             DType::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
             DType::F32 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
             DType::I32 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_INT32,
+            DType::F8E4M3 | DType::F8E5M2 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
         };
         let swizzle = match tma.swizzle {
             128 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,

@@ -89,6 +89,40 @@ impl Lowerer<'_> {
         }
     }
 
+    /// Packs 16-bit registers into b32 words: pairs of 16-bit elements (`es` 2), or four fp8
+    /// codes, each from the low byte of its register (`es` 1).
+    fn pack_words(&mut self, regs: &[Reg], words: &[Reg], es: u32) {
+        use Operand::{Imm, Reg as R, Vec as V};
+        if es == 2 {
+            return self.pack(regs, Some(words));
+        }
+        for (w, four) in words.iter().zip(regs.chunks(4)) {
+            // {a, b} and {c, d} as halves; the low byte of each half, in order.
+            let (x, y) = (self.reg(RegClass::B32, "ab"), self.reg(RegClass::B32, "cd"));
+            self.op("mov.b32", vec![R(x), V(four[..2].to_vec())]);
+            self.op("mov.b32", vec![R(y), V(four[2..].to_vec())]);
+            self.op("prmt.b32", vec![R(*w), R(x), R(y), Imm(0x6420)]);
+        }
+    }
+
+    /// Unpacks b32 words into the 16-bit registers they carry ([`Self::pack_words`]'s inverse;
+    /// an fp8 code lands in the low byte of its register, the high byte 0).
+    fn unpack_words(&mut self, regs: &[Reg], words: &[Reg], es: u32) {
+        use Operand::{Imm, Reg as R, Vec as V};
+        if es == 2 {
+            return self.unpack(regs, Some(words));
+        }
+        let zero = self.reg(RegClass::B32, "zero");
+        self.op("mov.b32", vec![R(zero), Imm(0)]);
+        for (w, four) in words.iter().zip(regs.chunks(4)) {
+            for (half, sel) in four.chunks(2).zip([0x4140, 0x4342]) {
+                let x = self.reg(RegClass::B32, "bytes");
+                self.op("prmt.b32", vec![R(x), R(*w), R(zero), Imm(sel)]);
+                self.op("mov.b32", vec![V(half.to_vec()), R(x)]);
+            }
+        }
+    }
+
     /// Loads several tiles at once: where every one of them takes the fast path, all their
     /// vectors go out in one straight run, so that none waits for another's data (a branch per
     /// tile would make each wait at its join); else each tile by its own paths.
@@ -440,7 +474,7 @@ impl Lowerer<'_> {
     }
 
     fn access(&mut self, op: &str, load: bool, p: Reg, addr: Operand, r: Reg, es: u32) {
-        let inst = format!("{op}.b{}", es * 8);
+        let inst = format!("{op}.{}", super::bits(es));
         let args = if load { vec![Operand::Reg(r), addr] } else { vec![addr, Operand::Reg(r)] };
         self.op_if(p, false, &inst, args);
     }
@@ -489,12 +523,12 @@ impl Lowerer<'_> {
                 // load, which held back the loads after it (run 70: 11008-wide rows in a
                 // 11264-wide tile at 0.78× copy, against 0.96 at 12288, unguarded).
                 if pred.is_some() {
-                    self.pack(chunk, Some(&words));
+                    self.pack_words(chunk, &words, ty.dtype.size());
                 }
                 emit(self, &vop, vec![wop(&words), addr]);
-                self.unpack(chunk, Some(&words));
+                self.unpack_words(chunk, &words, ty.dtype.size());
             } else {
-                self.pack(chunk, Some(&words));
+                self.pack_words(chunk, &words, ty.dtype.size());
                 emit(self, &vop, vec![addr, wop(&words)]);
             }
         }
@@ -516,11 +550,12 @@ impl Lowerer<'_> {
             self.term(addr, ir, gr.strides[k], es);
         }
         let nc = if g.written { "" } else { ".nc" };
-        if es == 2 {
-            // A 16-bit float, widened: zero bits are 0.0 in both formats.
+        if es < 4 {
+            // A 16-bit or 8-bit float, widened: zero bits are 0.0 in every format.
             let h = self.reg(RegClass::B16, &g.name);
             self.op("mov.b16", vec![R(h), Imm(0)]);
-            self.op_if(inb, false, &format!("ld.global{nc}.b16"), vec![R(h), Addr(addr, 0)]);
+            let width = if es == 1 { "u8" } else { "b16" };
+            self.op_if(inb, false, &format!("ld.global{nc}.{width}"), vec![R(h), Addr(addr, 0)]);
             return self.widen_f32(h, g.dtype);
         }
         let r = self.reg(super::scalar_class(ty), &g.name);

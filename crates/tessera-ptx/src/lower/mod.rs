@@ -55,6 +55,10 @@ pub fn lower(ir: &TileIr, target: crate::reflect::Target) -> Result<PtxKernel, C
     lw.any_mma = scan.any_mma;
     lw.params(&tma);
     lw.block(&ir.body)?;
+    if lw.uses_fp8 && target == crate::reflect::Target::Sm80 {
+        let loc = ir.body.first().map(|s| s.loc).unwrap_or_default();
+        return Err(CompileError::Lower { message: "fp8 conversions need sm_89 or later; sm_80 has none".into(), loc });
+    }
     let mut k = lw.finish();
     k.tma = tma;
     Ok(k)
@@ -167,6 +171,8 @@ pub(crate) struct Lowerer<'a> {
     pub layout_hint: Option<Layout>,
     /// The target being lowered for.
     pub target: crate::reflect::Target,
+    /// Whether an fp8 conversion was emitted (`cvt` to or from e4m3/e5m2 needs sm_89).
+    pub uses_fp8: bool,
 }
 
 impl<'a> Lowerer<'a> {
@@ -206,6 +212,7 @@ impl<'a> Lowerer<'a> {
             uses_setmaxnreg: false,
             layout_hint: None,
             target: crate::reflect::Target::Sm90a,
+            uses_fp8: false,
         };
         lw.thread_indices();
         lw
@@ -771,8 +778,19 @@ pub(crate) fn scalar_class(s: ScalarType) -> RegClass {
 pub(crate) fn elem_class(d: DType) -> RegClass {
     match d {
         DType::F32 => RegClass::F32,
-        DType::BF16 | DType::F16 => RegClass::B16,
+        // An fp8 code sits in the low byte of a 16-bit register, the high byte 0.
+        DType::BF16 | DType::F16 | DType::F8E4M3 | DType::F8E5M2 => RegClass::B16,
         DType::I32 => RegClass::B32,
+    }
+}
+
+/// The type suffix that moves one element of `es` bytes: `b16`, `b32`; a byte as `u8`, loaded
+/// zero-extended into its 16-bit register.
+pub(crate) fn bits(es: u32) -> String {
+    if es == 1 {
+        "u8".into()
+    } else {
+        format!("b{}", es * 8)
     }
 }
 

@@ -305,7 +305,7 @@ impl Lowerer<'_> {
     fn elem_from_f32(&mut self, v: Operand, dtype: DType) -> Operand {
         match dtype {
             DType::F32 | DType::I32 => v,
-            DType::BF16 | DType::F16 => {
+            DType::BF16 | DType::F16 | DType::F8E4M3 | DType::F8E5M2 => {
                 let f = match v {
                     Operand::Reg(r) => r,
                     other => {
@@ -328,6 +328,16 @@ impl Lowerer<'_> {
                 self.op(&format!("cvt.rn.{}.f32", dtype.name()), vec![Operand::Reg(h), Operand::Reg(f)]);
                 h
             }
+            DType::F8E4M3 | DType::F8E5M2 => {
+                // `cvt` makes fp8 in pairs, the first operand in the high byte: 0.0 there
+                // leaves the code alone in the low byte, the high byte 0 (code 0x00).
+                self.uses_fp8 = true;
+                let name = dtype.fp8_cvt_name().expect("an fp8 type");
+                let (zero, h) = (self.reg(RegClass::F32, "zero"), self.reg(RegClass::B16, dtype.name()));
+                self.op("mov.f32", vec![Operand::Reg(zero), Operand::F32(0.0)]);
+                self.op(&format!("cvt.rn.satfinite.{name}x2.f32"), vec![Operand::Reg(h), Operand::Reg(zero), Operand::Reg(f)]);
+                h
+            }
         }
     }
 
@@ -348,6 +358,19 @@ impl Lowerer<'_> {
                 self.op("shl.b32", vec![R(u), R(u), Imm(16)]);
                 let f = self.reg(RegClass::F32, "wide");
                 self.op("mov.b32", vec![R(f), R(u)]);
+                f
+            }
+            DType::F8E4M3 | DType::F8E5M2 => {
+                // Both bytes to f16 (exact: f16 holds every e4m3 and e5m2 value), the low one
+                // on to f32.
+                self.uses_fp8 = true;
+                let name = dtype.fp8_cvt_name().expect("an fp8 type");
+                let w = self.reg(RegClass::B32, "f16x2");
+                self.op(&format!("cvt.rn.f16x2.{name}x2"), vec![R(w), R(r)]);
+                let (lo, hi) = (self.reg(RegClass::B16, "lo"), self.reg(RegClass::B16, "hi"));
+                self.op("mov.b32", vec![Operand::Vec(vec![lo, hi]), R(w)]);
+                let f = self.reg(RegClass::F32, "wide");
+                self.op("cvt.f32.f16", vec![R(f), R(lo)]);
                 f
             }
         }
@@ -479,8 +502,8 @@ impl Lowerer<'_> {
         let es = t.ty.dtype.size();
         let cols = t.ty.cols;
         self.need_scratch(t.ty.rows * cols * es);
-        let st = format!("st.shared.b{}", es * 8);
-        let ld = format!("ld.shared.b{}", es * 8);
+        let st = format!("st.shared.{}", super::bits(es));
+        let ld = format!("ld.shared.{}", super::bits(es));
         // Each owner writes its elements at [row][col]; then each thread reads its new ones.
         self.warpgroup_barrier();
         let from = self.layout_regs(t.layout);

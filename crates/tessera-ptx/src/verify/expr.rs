@@ -163,8 +163,8 @@ impl Checker {
                 self.indices(&tensor, rank, index, loc)?;
                 match dtype {
                     DType::I32 => Type::Scalar(ScalarType::I32),
-                    // 16-bit floats widen to f32 (the DSL has no 16-bit scalars).
-                    DType::F32 | DType::F16 | DType::BF16 => Type::Scalar(ScalarType::F32),
+                    // 16-bit and 8-bit floats widen to f32 (the DSL has no narrower scalars).
+                    DType::F32 | DType::F16 | DType::BF16 | DType::F8E4M3 | DType::F8E5M2 => Type::Scalar(ScalarType::F32),
                 }
             }
             ExprKind::TileCols { value, start, cols } => {

@@ -205,6 +205,12 @@ fn describe(t: Option<Type>) -> String {
 }
 
 fn check_ring(t: SmemType, loc: SourceLoc) -> Result<SmemType, CompileError> {
+    if t.dtype.is_fp8() {
+        return Err(CompileError::ty(
+            loc,
+            format!("`{}` tiles live in registers and global memory: shared rings take bf16, f16, f32 or i32", t.dtype),
+        ));
+    }
     if t.stages == 0 || t.stages > 16 {
         return Err(CompileError::ty(loc, format!("a ring has 1 to 16 stages, found {}", t.stages)));
     }

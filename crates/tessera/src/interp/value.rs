@@ -36,12 +36,14 @@ pub(crate) struct Tile {
     pub poison: Option<Box<Poison>>,
 }
 
-/// Rounds an f32 to `dtype` (to nearest even; beyond the range to infinity).
+/// Rounds an f32 to `dtype` (to nearest even; beyond a 16-bit range to infinity, beyond an
+/// fp8 range to its largest finite value, as the GPU's saturating `cvt`).
 pub(crate) fn round(dtype: DType, x: f32) -> f32 {
     match dtype {
         DType::BF16 => bf16::from_f32(x).to_f32(),
         DType::F16 => f16::from_f32(x).to_f32(),
         DType::F32 | DType::I32 => x,
+        DType::F8E4M3 | DType::F8E5M2 => crate::fp8::round(dtype, x).unwrap_or(x),
     }
 }
 
@@ -64,6 +66,7 @@ pub(crate) fn read(bytes: &[u8], dtype: DType, i: usize) -> f32 {
         DType::F32 | DType::I32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         DType::BF16 => bf16::from_le_bytes([b[0], b[1]]).to_f32(),
         DType::F16 => f16::from_le_bytes([b[0], b[1]]).to_f32(),
+        DType::F8E4M3 | DType::F8E5M2 => crate::fp8::decode(dtype, b[0]).unwrap_or(0.0),
     }
 }
 
@@ -75,6 +78,7 @@ pub(crate) fn write(bytes: &mut [u8], dtype: DType, i: usize, x: f32) {
         DType::F32 | DType::I32 => b.copy_from_slice(&x.to_le_bytes()),
         DType::BF16 => b.copy_from_slice(&bf16::from_f32(x).to_le_bytes()),
         DType::F16 => b.copy_from_slice(&f16::from_f32(x).to_le_bytes()),
+        DType::F8E4M3 | DType::F8E5M2 => b[0] = crate::fp8::encode(dtype, x).unwrap_or(0),
     }
 }
 
