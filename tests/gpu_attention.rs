@@ -318,16 +318,48 @@ fn gpu_attention_varlen_more_tiles_than_sms() {
 
 /// The packed test on a shape from `TESSERA_VARLEN` (`"1,200,0;5,333,17;4;2;128"`: query
 /// lengths, key lengths, heads, key heads, head dim), so that a sanitizer can take one shape
-/// at a time. Ignored unless asked for (`--ignored`); without the variable it does nothing.
+/// at a time. Two more fields (`…;128;1;50`: causal `0`, `1` or `01`, and a count) launch it that
+/// many times instead, unchecked, saying when each launch starts and ends (where a run stalls).
+/// Ignored unless asked for (`--ignored`); without the variable it does nothing.
 #[test]
 #[ignore = "a shape named by TESSERA_VARLEN, for sanitizer runs"]
 fn gpu_attention_varlen_shape_from_env() {
     let Ok(spec) = std::env::var("TESSERA_VARLEN") else { return };
-    let parts: Vec<Vec<usize>> =
-        spec.split(';').map(|p| p.split(',').map(|v| v.trim().parse().expect("TESSERA_VARLEN: a number")).collect()).collect();
-    let [q, k, h, hk, d] = &parts[..] else { panic!("TESSERA_VARLEN: five fields separated by `;`, found {spec:?}") };
-    if let Some(dev) = gpu_or_skip("gpu_attention_varlen_shape_from_env") {
-        varlen_matches_f64_reference(&dev, q, k, h[0], hk[0], d[0], None);
+    let fields: Vec<&str> = spec.split(';').collect();
+    let nums = |f: &str| -> Vec<usize> { f.split(',').map(|v| v.trim().parse().expect("TESSERA_VARLEN: a number")).collect() };
+    let [q, k, h, hk, d] =
+        [0, 1, 2, 3, 4].map(|i| nums(fields.get(i).copied().unwrap_or_else(|| panic!("TESSERA_VARLEN: five fields, found {spec:?}"))));
+    let Some(dev) = gpu_or_skip("gpu_attention_varlen_shape_from_env") else { return };
+    let (Some(causal), Some(count)) = (fields.get(5), fields.get(6)) else {
+        return varlen_matches_f64_reference(&dev, &q, &k, h[0], hk[0], d[0], None);
+    };
+    let (h, hk, d) = (h[0], hk[0], d[0]);
+    let offsets = |lens: &[usize]| -> Vec<i32> {
+        std::iter::once(0).chain(lens.iter().scan(0, |a, &l| Some(*a + l).inspect(|&x| *a = x))).map(|x| x as i32).collect()
+    };
+    let (cq, ck) = (offsets(&q), offsets(&k));
+    let (tq, tk) = (*cq.last().unwrap() as usize + 5, *ck.last().unwrap() as usize);
+    let gen = |n: usize| -> Tensor<bf16> {
+        Tensor::from_host(&dev, &random(n, -2.0, 2.0).into_iter().map(bf16::from_f32).collect::<Vec<_>>(), &[n]).unwrap()
+    };
+    let (qt, kt, vt) = (
+        gen(tq * h * d).restride(0, &[tq, h, d], &[h * d, d, 1]).unwrap(),
+        gen(tk * hk * d).restride(0, &[tk, hk, d], &[hk * d, d, 1]).unwrap(),
+        gen(tk * hk * d).restride(0, &[tk, hk, d], &[hk * d, d, 1]).unwrap(),
+    );
+    let mut o = Tensor::full(&dev, &[tq, h, d], bf16::NAN).unwrap();
+    let mut lse = Tensor::full(&dev, &[h, tq], f32::NAN).unwrap();
+    let (cqt, ckt) = (Tensor::from_host(&dev, &cq, &[cq.len()]).unwrap(), Tensor::from_host(&dev, &ck, &[ck.len()]).unwrap());
+    let max_q = q.iter().copied().max().unwrap_or(1).max(1);
+    let count: usize = count.parse().expect("TESSERA_VARLEN: a count");
+    for c in causal.chars() {
+        let opts = Attention::new().causal(c == '1');
+        for i in 0..count {
+            eprintln!("launch causal={c} #{i}");
+            tessera_kernels::attention_varlen(&dev, &opts, &qt, &kt, &vt, &mut o, &mut lse, &cqt, &ckt, max_q).unwrap();
+            let _ = lse.to_host().unwrap();
+            eprintln!("done causal={c} #{i}");
+        }
     }
 }
 
