@@ -183,6 +183,20 @@ fn main() {
             }
         }
     }
+    // fp8 quantization, bf16 to E4M3 and back, at 16384×8192: 2 bytes read and 1 written an
+    // element, or the reverse.
+    {
+        use tessera::{bf16, F8E4M3};
+        let (m, n) = (16384usize, 8192usize);
+        let xb = Tensor::from_host(&dev, &rng_bf16(m * n), &[m, n]).expect("x bf16");
+        let mut q = Tensor::<F8E4M3>::zeros(&dev, &[m, n]).expect("q");
+        let mut yb = Tensor::<bf16>::zeros(&dev, &[m, n]).expect("y bf16");
+        let bytes = (m * n * 3) as f64;
+        let mut f = || tessera_kernels::quantize_fp8(&dev, &xb, 8.0, &mut q).expect("quantize");
+        norm_rows.push((format!("quantize_fp8 {m}x{n} bf16->e4m3"), bytes, time_ms(&dev, 5, 20, &mut f)));
+        let mut f = || tessera_kernels::dequantize_fp8(&dev, &q, 0.125, &mut yb).expect("dequantize");
+        norm_rows.push((format!("dequantize_fp8 {m}x{n} e4m3->bf16"), bytes, time_ms(&dev, 5, 20, &mut f)));
+    }
     // Small shapes, where launch latency dominates: microseconds per call.
     let mut small: Vec<(String, f64)> = Vec::new();
     {
