@@ -256,7 +256,11 @@ impl Lowerer<'_> {
         self.body.push(Inst::Label(spin.clone()));
         let wait = if self.sm90() { "mbarrier.try_wait.parity.shared::cta.b64" } else { "mbarrier.test_wait.parity.shared.b64" };
         self.op(wait, vec![R(ok), Operand::Addr(bar, 0), R(parity)]);
-        self.op_if(ok, true, "bra.uni", vec![Operand::Sym(spin)]);
+        // `bra`, not `bra.uni`: each thread's `try_wait` answers for itself, and the threads of
+        // a warp may see the phase complete at different times (under compute-sanitizer's
+        // instrumentation they did: a warp parted at a `.uni` branch, which is undefined, and
+        // the packed attention kernel stalled at its next aligned barrier — run 106).
+        self.op_if(ok, true, "bra", vec![Operand::Sym(spin)]);
     }
 
     /// The warpgroup leader's arrival on the barrier at `off` of `stage` (a release of the
@@ -684,7 +688,8 @@ impl Lowerer<'_> {
         let t0 = self.reg(RegClass::Pred, "thread0");
         let tid = self.tid;
         self.pro("setp.ne.u32", vec![R(t0), R(tid), Imm(0)]);
-        self.prologue.push(Inst::Op { pred: Some((t0, false)), op: "bra.uni".into(), args: vec![Operand::Sym(done.clone())] });
+        // `bra`, not `bra.uni`: the threads of warp 0 part here (thread 0 alone initializes).
+        self.prologue.push(Inst::Op { pred: Some((t0, false)), op: "bra".into(), args: vec![Operand::Sym(done.clone())] });
         for (base, off, stages, count) in std::mem::take(&mut self.barrier_inits) {
             for s in 0..stages {
                 self.pro("mbarrier.init.shared::cta.b64", vec![Operand::Addr(base, i64::from(off + 8 * s)), Imm(i64::from(count))]);
