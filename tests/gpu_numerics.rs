@@ -358,22 +358,17 @@ fn fp8_conversions_match_the_hardware(dev: &Device) {
 
     // Every code (twice over, in a 4×130 matrix with a ragged last tile) back to f32 and bf16.
     let codes: Vec<u8> = (0..520).map(|i| (i % 256) as u8).collect();
+    fn back<Q: tessera_kernels::Fp8Element>(dev: &Device, codes: &[u8]) -> (Vec<f32>, Vec<bf16>) {
+        let q: Vec<Q> = codes.iter().map(|&c| bytemuck::cast(c)).collect();
+        let q = Tensor::from_host(dev, &q, &[4, 130]).unwrap();
+        let mut f = Tensor::full(dev, &[4, 130], -7.0f32).unwrap();
+        let mut b = Tensor::full(dev, &[4, 130], bf16::from_f32(-7.0)).unwrap();
+        tessera_kernels::dequantize_fp8(dev, &q, 1.0, &mut f).unwrap();
+        tessera_kernels::dequantize_fp8(dev, &q, 3.0, &mut b).unwrap();
+        (f.to_host().unwrap(), b.to_host().unwrap())
+    }
     for (name, decode) in [("e4m3", 0), ("e5m2", 1)] {
-        let (f32s, bf16s) = if decode == 0 {
-            let q = Tensor::from_host(dev, &codes.iter().map(|&c| F8E4M3::from_bits(c)).collect::<Vec<_>>(), &[4, 130]).unwrap();
-            let mut f = Tensor::full(dev, &[4, 130], -7.0f32).unwrap();
-            let mut b = Tensor::full(dev, &[4, 130], bf16::from_f32(-7.0)).unwrap();
-            tessera_kernels::dequantize_fp8(dev, &q, 1.0, &mut f).unwrap();
-            tessera_kernels::dequantize_fp8(dev, &q, 3.0, &mut b).unwrap();
-            (f.to_host().unwrap(), b.to_host().unwrap())
-        } else {
-            let q = Tensor::from_host(dev, &codes.iter().map(|&c| F8E5M2::from_bits(c)).collect::<Vec<_>>(), &[4, 130]).unwrap();
-            let mut f = Tensor::full(dev, &[4, 130], -7.0f32).unwrap();
-            let mut b = Tensor::full(dev, &[4, 130], bf16::from_f32(-7.0)).unwrap();
-            tessera_kernels::dequantize_fp8(dev, &q, 1.0, &mut f).unwrap();
-            tessera_kernels::dequantize_fp8(dev, &q, 3.0, &mut b).unwrap();
-            (f.to_host().unwrap(), b.to_host().unwrap())
-        };
+        let (f32s, bf16s) = if decode == 0 { back::<F8E4M3>(dev, &codes) } else { back::<F8E5M2>(dev, &codes) };
         for (i, &c) in codes.iter().enumerate() {
             let v = if decode == 0 { F8E4M3::from_bits(c).to_f32() } else { F8E5M2::from_bits(c).to_f32() };
             let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
