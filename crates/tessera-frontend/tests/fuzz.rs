@@ -340,4 +340,7 @@ fn regressions() {
     // A function cut short: the error on its last token.
     let cut = "fn k(x: Global<f32, 2>)";
     check(TokenStream::new(), cut.parse().expect("tokens")).unwrap_or_else(|e| panic!("{cut}: {e}"));
+    // A `tune` value of 2³¹ as a tile's width: 16 × 2³¹ elements overflowed u32 in the size check.
+    let (attr, wide) = ("tune(D = [2147483648, 64])", "fn k(x: Global<f32, 2>) {\n    let t = Tile::<f32, 16, D>::zeros();\n}");
+    check(attr.parse().expect("tokens"), wide.parse().expect("tokens")).unwrap_or_else(|e| panic!("{wide}: {e}"));
 }

@@ -248,10 +248,12 @@ fn coerce_literal(e: &mut Expr, other: Type, ty: Type) -> Type {
 }
 
 fn check_tile_size(t: TileType, loc: crate::tirh::SourceLoc) -> Result<(), CompileError> {
-    if t.rows * t.cols > MAX_TILE_ELEMENTS {
+    // In u64: a tile of 16 × 2³¹ (a `tune` value) overflows u32 (the fuzzer found it).
+    let elements = u64::from(t.rows) * u64::from(t.cols);
+    if elements > u64::from(MAX_TILE_ELEMENTS) {
         return Err(CompileError::ty(
             loc,
-            format!("`{t}` holds {} elements, more than the {MAX_TILE_ELEMENTS} a warpgroup keeps in registers", t.rows * t.cols),
+            format!("`{t}` holds {elements} elements, more than the {MAX_TILE_ELEMENTS} a warpgroup keeps in registers"),
         ));
     }
     Ok(())

@@ -214,6 +214,14 @@ fn check_ring(t: SmemType, loc: SourceLoc) -> Result<SmemType, CompileError> {
     if t.stages == 0 || t.stages > 16 {
         return Err(CompileError::ty(loc, format!("a ring has 1 to 16 stages, found {}", t.stages)));
     }
+    // In u64, before any u32 product of the sizes: a ring this large fits no GPU.
+    let bytes = u64::from(t.rows) * u64::from(t.cols) * u64::from(t.dtype.size()) * u64::from(t.stages);
+    if bytes > 1 << 20 {
+        return Err(CompileError::ty(
+            loc,
+            format!("a ring of `Smem<{}, {}, {}>` needs {bytes} bytes of shared memory, more than a block has", t.dtype, t.rows, t.cols),
+        ));
+    }
     if !matches!(t.swizzle, 0 | 32 | 64 | 128) {
         return Err(CompileError::ty(loc, format!("swizzle is 128, 64, 32 or 0 bytes, found {}", t.swizzle)));
     }
