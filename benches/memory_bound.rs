@@ -5,6 +5,7 @@
 //! once: bytes read plus bytes written. Inputs are 16384×8192 f32 (512 MiB), far above L2.
 //!
 //! `cargo bench --bench memory_bound` (prints a skip where there is no GPU).
+//! `TESSERA_BENCH_WIDTHS=11008,12288` times the copy and the norms at those hidden sizes only.
 
 use criterion::Criterion;
 use std::time::Duration;
@@ -50,33 +51,41 @@ fn main() {
         timed(&mut criterion, "copy", &mut f);
         rows.push(("copy (read+write)", 2.0 * mb, time_ms(&dev, 5, 20, f)));
     }
-    {
-        let mut f = || tessera_kernels::axpy(&dev, 0.5, &x, &mut y).expect("axpy");
-        timed(&mut criterion, "axpy", &mut f);
-        rows.push(("axpy y=a*x+y", 3.0 * mb, time_ms(&dev, 5, 20, f)));
-    }
-    {
-        let mut f = || tessera_kernels::row_sum(&dev, &x, &mut out).expect("row_sum");
-        timed(&mut criterion, "row_sum", &mut f);
-        rows.push(("row_sum", mb + (M * 4) as f64, time_ms(&dev, 5, 20, f)));
-    }
-    {
-        let mut f = || tessera_kernels::row_max(&dev, &x, &mut out).expect("row_max");
-        timed(&mut criterion, "row_max", &mut f);
-        rows.push(("row_max", mb + (M * 4) as f64, time_ms(&dev, 5, 20, f)));
-    }
-    {
-        let mut f = || tessera_kernels::softmax(&dev, &x, &mut y).expect("softmax");
-        timed(&mut criterion, "softmax", &mut f);
-        rows.push(("softmax", 2.0 * mb, time_ms(&dev, 5, 20, f)));
+    // Only some norm widths (and the copy), to look at one kernel quickly.
+    let only: Option<Vec<usize>> = std::env::var("TESSERA_BENCH_WIDTHS")
+        .ok()
+        .map(|v| v.split(',').map(|w| w.trim().parse().expect("TESSERA_BENCH_WIDTHS: widths like 11008,12288")).collect());
+    let all = only.is_none();
+    if all {
+        {
+            let mut f = || tessera_kernels::axpy(&dev, 0.5, &x, &mut y).expect("axpy");
+            timed(&mut criterion, "axpy", &mut f);
+            rows.push(("axpy y=a*x+y", 3.0 * mb, time_ms(&dev, 5, 20, f)));
+        }
+        {
+            let mut f = || tessera_kernels::row_sum(&dev, &x, &mut out).expect("row_sum");
+            timed(&mut criterion, "row_sum", &mut f);
+            rows.push(("row_sum", mb + (M * 4) as f64, time_ms(&dev, 5, 20, f)));
+        }
+        {
+            let mut f = || tessera_kernels::row_max(&dev, &x, &mut out).expect("row_max");
+            timed(&mut criterion, "row_max", &mut f);
+            rows.push(("row_max", mb + (M * 4) as f64, time_ms(&dev, 5, 20, f)));
+        }
+        {
+            let mut f = || tessera_kernels::softmax(&dev, &x, &mut y).expect("softmax");
+            timed(&mut criterion, "softmax", &mut f);
+            rows.push(("softmax", 2.0 * mb, time_ms(&dev, 5, 20, f)));
+        }
     }
     // The norms in bf16 with weight (and bias): x read once, y written once, the [hidden]
     // parameters once. 16384×8192 first (the shape), then hidden sizes around it with
     // rows chosen for 256 MiB of input, far above L2.
     let mut norm_rows: Vec<(String, f64, f64)> = Vec::new();
-    for (i, &n) in [8192usize, 768, 1024, 1536, 2048, 2304, 2560, 3072, 4096, 5120, 6144, 11008, 12288, 16384].iter().enumerate() {
+    let widths = only.unwrap_or_else(|| vec![8192, 768, 1024, 1536, 2048, 2304, 2560, 3072, 4096, 5120, 6144, 10240, 11008, 12288, 16384]);
+    for (i, &n) in widths.iter().enumerate() {
         use tessera::bf16;
-        let m = if i == 0 { M } else { (1usize << 27) / n };
+        let m = if i == 0 && n == N { M } else { (1usize << 27) / n };
         let xb = Tensor::from_host(&dev, &rng_bf16(m * n), &[m, n]).expect("x bf16");
         let wb = Tensor::from_host(&dev, &rng_bf16(n), &[n]).expect("w bf16");
         let bb = Tensor::from_host(&dev, &rng_bf16(n), &[n]).expect("b bf16");
@@ -130,7 +139,7 @@ fn main() {
             let mut bwd = || tessera_kernels::softmax_backward(&dev, &xb, &dy, &mut dx, 1.0).expect("softmax_backward");
             norm_rows.push((format!("softmax_backward {m}x{n}"), (3 * m * n * 2) as f64, time_ms(&dev, 5, 20, &mut bwd)));
         }
-        if i == 0 || n == 2048 || n == 2304 || n == 5120 || n == 11008 {
+        if i == 0 || !all || matches!(n, 2048 | 2304 | 5120 | 11008) {
             // Fused RMSNorm: dropout + residual + weight, the new residual returned (x, res read;
             // y, h written), then its backward (h, dy, dres read; dh, dx written; dweight).
             use tessera_kernels::{Dropout, Norm, NormGrads};
@@ -149,7 +158,7 @@ fn main() {
     }
     // RoPE in bf16: the shape (batch 8, seq 4096, 32 heads, dim 128) in each
     // convention, layout, angle source, and in place; then 16384 tokens of 64×128 heads.
-    {
+    if all {
         use tessera::bf16;
         use tessera_kernels::{HeadLayout, Rope, RopeStyle};
         for (b, s, h, d) in [(8usize, 4096usize, 32usize, 128usize), (1, 16384, 64, 128)] {
@@ -185,7 +194,7 @@ fn main() {
     }
     // fp8 quantization, bf16 to E4M3 and back, at 16384×8192: 2 bytes read and 1 written an
     // element, or the reverse.
-    {
+    if all {
         use tessera::{bf16, F8E4M3};
         let (m, n) = (16384usize, 8192usize);
         let xb = Tensor::from_host(&dev, &rng_bf16(m * n), &[m, n]).expect("x bf16");
@@ -199,7 +208,7 @@ fn main() {
     }
     // Small shapes, where launch latency dominates: microseconds per call.
     let mut small: Vec<(String, f64)> = Vec::new();
-    {
+    if all {
         use tessera::bf16;
         let (m, n) = (4usize, 4096usize);
         let xb = Tensor::from_host(&dev, &rng_bf16(m * n), &[m, n]).expect("x bf16");

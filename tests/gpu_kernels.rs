@@ -273,10 +273,10 @@ fn norm_shapes(dev: &Device) -> Vec<(usize, usize)> {
             (999, 4096),
         ]);
         // Every tile width of the one-read kernels (`tune(W = ...)`, the narrowest that holds
-        // the row): few rows take a block per row (W a multiple of 1024, and 11264, 12288),
-        // 600 rows the two- and four-row kernels (multiples of 512 and 256) and the row kernel
-        // past 4096.
-        shapes.extend([1000, 1500, 2500, 3500, 6100, 7000, 12000].map(|n| (5, n)));
+        // the row): few rows take a block per row (W a multiple of 1024 to 12288), 600 rows
+        // the two- and four-row kernels (multiples of 512 and 256) and the row kernel past
+        // 4096.
+        shapes.extend([1000, 1500, 2500, 3500, 6100, 7000, 9100, 10100, 11100, 12000].map(|n| (5, n)));
         shapes.extend([300, 700, 1000, 1100, 1536, 1700, 2304, 2500, 3500, 6100, 7000, 8000, 12288].map(|n| (600, n)));
     }
     shapes
@@ -733,7 +733,7 @@ fn fused_norm_case<T: tessera_kernels::NormElement>(dev: &Device, to: fn(f32) ->
         shapes.extend([(300, 8192), (60, 12288), (130, 16384), (1000, 2304), (2, 20000), (1000, 1536), (1002, 2048)]);
         // Every tile width of the fused row kernel (a block per row) and of the four-row one
         // (1000 rows in two groups of 500: a multiple of four).
-        shapes.extend([1000, 3000, 4000, 6000, 7000].map(|n| (5, n)));
+        shapes.extend([1000, 3000, 4000, 6000, 7000, 9100, 10100, 11100].map(|n| (5, n)));
         shapes.extend([300, 700, 1000, 1100, 1700].map(|n| (1000, n)));
     }
     let host = |v: Vec<f32>| -> Vec<T> { v.into_iter().map(to).collect() };

@@ -16,7 +16,7 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
         Err(e) => return e.to_compile_error(),
     };
     match per_dtype(item, &opts) {
-        Ok(items) => items.into_iter().map(|body| compile_one(body, &opts)).collect(),
+        Ok(items) => items.into_iter().map(|(body, opts)| compile_one(body, &opts)).collect(),
         Err(e) => e.to_compile_error(),
     }
 }
@@ -32,7 +32,7 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
 pub fn compile(attr: TokenStream, item: TokenStream) -> Result<Vec<CompiledKernel>, Vec<syn::Error>> {
     let opts = parse_attr(attr).map_err(|e| vec![e])?;
     let mut out = Vec::new();
-    for body in per_dtype(item, &opts).map_err(|e| vec![e])? {
+    for (body, opts) in per_dtype(item, &opts).map_err(|e| vec![e])? {
         out.extend(build(&body, &opts)?.1.into_iter().map(|(_, k)| k));
     }
     Ok(out)
@@ -44,7 +44,7 @@ pub fn compile(attr: TokenStream, item: TokenStream) -> Result<Vec<CompiledKerne
 fn build(item: &TokenStream, opts: &Options) -> Result<(syn::ItemFn, Vec<(Knobs, CompiledKernel)>), Vec<syn::Error>> {
     let f = parse_fn(item.clone()).map_err(|e| vec![e])?;
     let Some(tune) = &opts.tune else {
-        let k = compile_fn(&f, opts)?;
+        let k = compile_fn(&f, opts, &[])?;
         return Ok((f, vec![(Vec::new(), k)]));
     };
     let (built, dropped) = variants(item, &f, tune, opts);
@@ -85,22 +85,31 @@ fn at_end(e: syn::Error, at: Span) -> syn::Error {
 /// `dtypes(T = [bf16, f16])`: one kernel per type, named `<fn>_<type>`, with `T` replaced;
 /// with a second parameter (`dtypes(T = [bf16, f16], Q = [f8e4m3, f8e5m2])`), one per pair,
 /// `<fn>_<t>_<q>`; else the item itself.
-fn per_dtype(item: TokenStream, opts: &Options) -> syn::Result<Vec<TokenStream>> {
-    let mut items = vec![item];
+fn per_dtype(item: TokenStream, opts: &Options) -> syn::Result<Vec<(TokenStream, Options)>> {
+    let mut items = vec![(item, Vec::new())];
     for (param, types) in &opts.dtypes {
         items = items
             .into_iter()
-            .flat_map(|item| {
+            .flat_map(|(item, chosen): (TokenStream, Vec<(String, String)>)| {
                 types.iter().map(move |ty| {
                     let body = substitute(item.clone(), &param.to_string(), &|span| syn::Ident::new(&ty.to_string(), span).into());
                     let mut f = parse_fn(body)?;
                     f.sig.ident = format_ident!("{}_{}", f.sig.ident, ty);
-                    Ok(quote!(#f))
+                    let chosen = [chosen.clone(), vec![(param.to_string(), ty.to_string())]].concat();
+                    Ok((quote!(#f), chosen))
                 })
             })
             .collect::<syn::Result<Vec<_>>>()?;
     }
-    Ok(items)
+    // Each kernel's options, its type conditions settled.
+    Ok(items
+        .into_iter()
+        .map(|(item, chosen)| {
+            let mut o = opts.clone();
+            o.blocks_per_sm = opts.blocks_per_sm.for_types(&chosen);
+            (item, o)
+        })
+        .collect())
 }
 
 /// Replaces every identifier `from` in a token stream (groups included) by the token `to`
@@ -159,7 +168,7 @@ fn variants(
             v.sig.ident = format_ident!("{}__{}", f.sig.ident, variant_suffix(&knobs));
             v
         });
-        match variant.map_err(|e| vec![e]).and_then(|v| compile_fn(&v, opts)) {
+        match variant.map_err(|e| vec![e]).and_then(|v| compile_fn(&v, opts, &knobs)) {
             Ok(k) => built.push((knobs, k)),
             Err(errs) => dropped.push((knobs, errs)),
         }
@@ -192,11 +201,12 @@ fn first_line(errs: &[syn::Error]) -> String {
     errs.first().map(|e| e.to_string().lines().next().unwrap_or("").to_string()).unwrap_or_default()
 }
 
-/// Runs the frontend and the compiler on one function; errors at their tokens.
-fn compile_fn(f: &syn::ItemFn, opts: &Options) -> Result<CompiledKernel, Vec<syn::Error>> {
+/// Runs the frontend and the compiler on one function (a `tune` variant with its `knobs`);
+/// errors at their tokens.
+fn compile_fn(f: &syn::ItemFn, opts: &Options, knobs: &[(String, i64)]) -> Result<CompiledKernel, Vec<syn::Error>> {
     let mut fe = Frontend::new();
     let Some(mut ir) = fe.kernel(f, opts.warpgroups) else { return Err(fe.errors) };
-    ir.blocks_per_sm = opts.blocks_per_sm;
+    ir.blocks_per_sm = opts.blocks_per_sm.for_variant(knobs);
     tessera_ptx::compile(ir, &CompileOptions { targets: opts.targets.clone() }).map_err(|errs| {
         errs.into_iter()
             .map(|e| {
@@ -217,19 +227,153 @@ fn errors(errs: Vec<syn::Error>) -> TokenStream {
 }
 
 /// The kernel attribute's options.
+#[derive(Clone)]
 struct Options {
     warpgroups: u32,
     /// `targets(sm_90a)`: the targets to build (default: every target).
     targets: Vec<tessera_ptx::Target>,
     /// `dtypes(T = [bf16, f16], …)`: each type parameter and its values (none: no `dtypes`).
     dtypes: Vec<(syn::Ident, Vec<syn::Ident>)>,
-    /// `blocks_per_sm = N`: an occupancy request (0: none).
-    blocks_per_sm: u32,
+    /// `blocks_per_sm = N` or `blocks_per_sm(W >= 11264) = N`: an occupancy request.
+    blocks_per_sm: Occupancy,
     /// `tune(BN = [256, 128], STAGES = [4, 3])`: knobs and their values.
     tune: Option<Tune>,
 }
 
+/// `blocks_per_sm`: `blocks` (0: no request) for every variant, or for the variants that meet
+/// every condition — on a `tune` knob (`W >= 11264`) or a `dtypes` parameter (`T != f32`):
+/// `blocks_per_sm(W >= 11264, T != f32) = 3` caps the registers of the wide 16-bit tiles only,
+/// where fitting one more block pays, and leaves the narrow tiles their registers.
+#[derive(Clone, Default)]
+struct Occupancy {
+    blocks: u32,
+    when: Vec<Condition>,
+}
+
+/// One condition of a conditional `blocks_per_sm`.
+#[derive(Clone)]
+enum Condition {
+    /// `KNOB op VALUE`.
+    Knob(syn::Ident, syn::BinOp, i64),
+    /// `PARAM == dtype` (`true`) or `PARAM != dtype`.
+    Type(syn::Ident, bool, syn::Ident),
+}
+
+impl Occupancy {
+    /// Parses `= N` or `(condition, ...) = N` after `blocks_per_sm`.
+    fn parse(meta: &syn::meta::ParseNestedMeta) -> syn::Result<Occupancy> {
+        let mut when = Vec::new();
+        if meta.input.peek(syn::token::Paren) {
+            let conds;
+            syn::parenthesized!(conds in meta.input);
+            loop {
+                when.push(Condition::parse(&conds)?);
+                if conds.is_empty() {
+                    break;
+                }
+                conds.parse::<syn::Token![,]>()?;
+            }
+        }
+        let blocks = int_option(meta, 1..=32, "`blocks_per_sm` is 1 to 32")?;
+        Ok(Occupancy { blocks, when })
+    }
+
+    /// Each condition names one of the kernel's `tune` knobs or `dtypes` parameters.
+    fn check(&self, tune: Option<&Tune>, dtypes: &[(syn::Ident, Vec<syn::Ident>)]) -> syn::Result<()> {
+        for c in &self.when {
+            match c {
+                Condition::Knob(knob, ..) => {
+                    let knobs: Vec<&str> = tune.map(|t| t.knobs.iter().map(|(n, _)| n.as_str()).collect()).unwrap_or_default();
+                    if !knobs.contains(&knob.to_string().as_str()) {
+                        let expected = if knobs.is_empty() {
+                            "the kernel has no `tune(...)`".to_string()
+                        } else {
+                            format!("expected one of {}", knobs.join(", "))
+                        };
+                        return Err(syn::Error::new_spanned(knob, format!("`{knob}` is not a `tune` knob: {expected}")));
+                    }
+                }
+                Condition::Type(param, _, ty) => {
+                    let Some((_, types)) = dtypes.iter().find(|(p, _)| p == param) else {
+                        return Err(syn::Error::new_spanned(param, format!("`{param}` is not a `dtypes` parameter")));
+                    };
+                    if !types.contains(ty) {
+                        let listed: Vec<String> = types.iter().map(|t| t.to_string()).collect();
+                        return Err(syn::Error::new_spanned(ty, format!("`{param}` is one of {}, never `{ty}`", listed.join(", "))));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The request with the type conditions settled for one kernel's `types` (parameter, dtype).
+    fn for_types(&self, types: &[(String, String)]) -> Occupancy {
+        let mut out = Occupancy { blocks: self.blocks, when: Vec::new() };
+        for c in &self.when {
+            match c {
+                Condition::Type(param, eq, ty) => {
+                    let holds = types.iter().any(|(p, t)| param == p && (ty == t) == *eq);
+                    if !holds {
+                        out.blocks = 0;
+                    }
+                }
+                knob => out.when.push(knob.clone()),
+            }
+        }
+        out
+    }
+
+    /// The request for one variant with these knob values (0: none).
+    fn for_variant(&self, knobs: &[(String, i64)]) -> u32 {
+        let meets = |c: &Condition| match c {
+            Condition::Knob(knob, op, value) => knobs.iter().any(|(n, v)| {
+                knob == n
+                    && match op {
+                        syn::BinOp::Lt(_) => v < value,
+                        syn::BinOp::Le(_) => v <= value,
+                        syn::BinOp::Gt(_) => v > value,
+                        syn::BinOp::Ge(_) => v >= value,
+                        syn::BinOp::Eq(_) => v == value,
+                        _ => v != value,
+                    }
+            }),
+            // Settled by `for_types` before any variant is built.
+            Condition::Type(..) => true,
+        };
+        if self.when.iter().all(meets) {
+            self.blocks
+        } else {
+            0
+        }
+    }
+}
+
+impl Condition {
+    fn parse(input: syn::parse::ParseStream) -> syn::Result<Condition> {
+        let name: syn::Ident = input.parse()?;
+        let op: syn::BinOp = input.parse()?;
+        if input.peek(syn::Ident) {
+            let ty: syn::Ident = input.parse()?;
+            return match op {
+                syn::BinOp::Eq(_) => Ok(Condition::Type(name, true, ty)),
+                syn::BinOp::Ne(_) => Ok(Condition::Type(name, false, ty)),
+                other => Err(syn::Error::new_spanned(other, "a type is compared with `==` or `!=`")),
+            };
+        }
+        if !matches!(
+            op,
+            syn::BinOp::Lt(_) | syn::BinOp::Le(_) | syn::BinOp::Gt(_) | syn::BinOp::Ge(_) | syn::BinOp::Eq(_) | syn::BinOp::Ne(_)
+        ) {
+            return Err(syn::Error::new_spanned(op, "expected a comparison: `<`, `<=`, `>`, `>=`, `==` or `!=`"));
+        }
+        let lit: syn::LitInt = input.parse()?;
+        Ok(Condition::Knob(name, op, i64::from(lit.base10_parse::<u32>()?)))
+    }
+}
+
 /// The knobs of `tune(...)`: each name with its values, the first of each the default.
+#[derive(Clone)]
 struct Tune {
     /// The `tune` path, where an empty set of combinations is reported.
     span: Span,
@@ -298,7 +442,7 @@ fn int_option(meta: &syn::meta::ParseNestedMeta, range: std::ops::RangeInclusive
 
 fn parse_attr(attr: TokenStream) -> syn::Result<Options> {
     let mut warpgroups = 1;
-    let mut blocks_per_sm = 0;
+    let mut blocks_per_sm = Occupancy::default();
     let mut dtypes: Vec<(syn::Ident, Vec<syn::Ident>)> = Vec::new();
     let mut tune = None;
     let mut targets = tessera_ptx::Target::ALL.to_vec();
@@ -309,8 +453,11 @@ fn parse_attr(attr: TokenStream) -> syn::Result<Options> {
         // input ends, which has no place in a macro's attribute).
         let name = meta.path.get_ident().map(|i| i.to_string()).unwrap_or_default();
         match name.as_str() {
-            "warpgroups" | "blocks_per_sm" if !meta.input.peek(syn::Token![=]) => {
+            "warpgroups" if !meta.input.peek(syn::Token![=]) => {
                 return Err(meta.error(format!("`{name}` takes a value: `{name} = 2`")));
+            }
+            "blocks_per_sm" if !meta.input.peek(syn::Token![=]) && !meta.input.peek(syn::token::Paren) => {
+                return Err(meta.error("`blocks_per_sm` takes a value: `blocks_per_sm = 2`, or `blocks_per_sm(W >= 8192) = 2`"));
             }
             "targets" | "dtypes" | "tune" if !meta.input.peek(syn::token::Paren) => {
                 return Err(meta.error(format!("`{name}` takes a list: `{name}(...)`")));
@@ -363,7 +510,7 @@ fn parse_attr(attr: TokenStream) -> syn::Result<Options> {
             warpgroups = int_option(meta, 1..=8, "`warpgroups` is 1 to 8 (128 to 1024 threads)")?;
             Ok(())
         } else if meta.path.is_ident("blocks_per_sm") {
-            blocks_per_sm = int_option(meta, 1..=32, "`blocks_per_sm` is 1 to 32")?;
+            blocks_per_sm = Occupancy::parse(meta)?;
             Ok(())
         } else {
             Err(meta.error(
@@ -376,6 +523,7 @@ fn parse_attr(attr: TokenStream) -> syn::Result<Options> {
         option(&meta).map_err(|e| at_end(e, at))
     });
     syn::parse::Parser::parse2(parser, attr).map_err(|e| at_end(e, last))?;
+    blocks_per_sm.check(tune.as_ref(), &dtypes)?;
     Ok(Options { warpgroups, targets, dtypes, blocks_per_sm, tune })
 }
 

@@ -20,8 +20,9 @@ const BM: usize = 16;
 /// 168 registers a thread, three blocks an SM).
 pub const ROW_IN_REGISTERS: usize = 2304;
 
-/// The widest row the one-row-per-block kernels hold in registers (a 1×12288 tile: 214
-/// registers a thread in bf16, two blocks an SM); wider rows take the tiled kernels.
+/// The widest row the one-row-per-block kernels hold in registers (a 1×12288 tile: 168
+/// registers a thread in bf16, three blocks an SM); wider rows take the two-warpgroup kernels
+/// up to [`NORM_WIDE_MAX`], then the tiled ones.
 pub const ROW_PER_BLOCK_MAX: usize = 12288;
 
 /// The widest row the norms read once, a row per block of two warpgroups
@@ -30,8 +31,10 @@ pub const NORM_WIDE_MAX: usize = 16384;
 
 /// `rms_norm_*` for rows of at most [`ROW_PER_BLOCK_MAX`] elements, one row per block, read
 /// once; a variant per tile width `W` (multiples of 1024), the host taking the narrowest that
-/// holds the row.
-#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [8192, 7168, 6144, 5120, 4096, 3072, 2048, 1024, 11264, 12288]))]
+/// holds the row. The 16-bit tiles from 10240 wide are capped at 168 registers, three blocks
+/// an SM (174–188 registers uncapped, two blocks; run 111: 10240 and 11008 wide 0.95 / 0.97 →
+/// 0.98 of the copy, with at most 36 bytes of spills).
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [8192, 7168, 6144, 5120, 4096, 3072, 2048, 1024, 9216, 10240, 11264, 12288]), blocks_per_sm(W >= 10240, T != f32) = 3)]
 pub fn rms_norm_row(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f32, has_weight: i32, ahead: i32) {
     let r = block::id_x();
     x.prefetch::<Tile<T, 1, W>>([r + ahead, 0]);
@@ -65,9 +68,11 @@ pub fn rms_norm_rows4(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f3
 /// elements, one row per block, read once. The statistics come from one exchange across warps: the sums of
 /// `x − k` and of its squares, `k` the row's first element — shifted so that a row far from
 /// zero keeps its variance (rows of equal values give exactly 0), clamped at 0. Widths as
-/// `rms_norm_row`'s but 11264: rows of 11008 take the 12288-wide tile, whose 168 registers
-/// fit three blocks per SM where the 11264-wide tile's 195 fit two.
-#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [8192, 7168, 6144, 5120, 4096, 3072, 2048, 1024, 12288]))]
+/// `rms_norm_row`'s; the 16-bit tiles from 11264 wide are capped at 168 registers, three
+/// blocks an SM (the 11264 tile takes 195 uncapped, two blocks; run 110: 11008 wide 0.89 →
+/// 0.94 of the copy with 72 bytes of spills). At 10240 no cap: it fits 168 without spills,
+/// where the cap's 24 bytes of spills cost 7% (runs 111–112).
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [8192, 7168, 6144, 5120, 4096, 3072, 2048, 1024, 9216, 10240, 11264, 12288]), blocks_per_sm(W >= 11264, T != f32) = 3)]
 pub fn layer_norm_row(
     x: Global<T, 2>,
     w: Global<T, 1>,
@@ -593,6 +598,8 @@ mod tests {
         assert_eq!(width(1025), Some(2048));
         assert_eq!(width(5000), Some(5120));
         assert_eq!(width(8192), Some(8192));
+        assert_eq!(width(9000), Some(9216));
+        assert_eq!(width(10000), Some(10240));
         assert_eq!(width(11008), Some(11264));
         // Wider than every tile (never asked by the host): the widest.
         assert_eq!(width(20000), Some(12288));

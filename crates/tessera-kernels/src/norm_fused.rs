@@ -25,8 +25,9 @@ const FUSED_ROWS4_MAX: usize = 2048;
 /// then `y · (1 + scale[g]) + shift[g]` for the row's group `g`; rows of at most
 /// [`FUSED_ROW_IN_REGISTERS`], one per block, read once; a variant per tile width `W`, the
 /// narrowest that holds the row launched (as the plain norms'; 11264 and 12288 take 248–255
-/// registers, two blocks per SM, no spills).
-#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [8192, 7168, 6144, 5120, 4096, 3072, 2048, 1024, 11264, 12288]))]
+/// registers, two blocks per SM, no spills — capped to three blocks they spill 208–260 bytes
+/// and gain nothing, run 112; 9216 and 10240 are capped, 4–12 bytes of spills).
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [8192, 7168, 6144, 5120, 4096, 3072, 2048, 1024, 9216, 10240, 11264, 12288]), blocks_per_sm(W >= 9216, W <= 10240, T != f32) = 3)]
 pub fn norm_fused_row(
     x: Global<T, 2>,
     res: Global<T, 2>,
