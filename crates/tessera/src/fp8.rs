@@ -164,7 +164,8 @@ fp8_type!(
 /// `x` rounded to an fp8 `dtype` as the GPU's saturating `cvt` does, and widened back (for the
 /// interpreter); other dtypes are `None`.
 pub(crate) fn round(dtype: tessera_ptx::DType, x: f32) -> Option<f32> {
-    Some(format_of(dtype)?.decode(format_of(dtype)?.encode(x)))
+    let f = format_of(dtype)?;
+    Some(f.decode(f.encode(x)))
 }
 
 /// The code of `x` in an fp8 `dtype`; `None` for other dtypes.

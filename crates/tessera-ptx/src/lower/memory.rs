@@ -554,8 +554,7 @@ impl Lowerer<'_> {
             // A 16-bit or 8-bit float, widened: zero bits are 0.0 in every format.
             let h = self.reg(RegClass::B16, &g.name);
             self.op("mov.b16", vec![R(h), Imm(0)]);
-            let width = if es == 1 { "u8" } else { "b16" };
-            self.op_if(inb, false, &format!("ld.global{nc}.{width}"), vec![R(h), Addr(addr, 0)]);
+            self.op_if(inb, false, &format!("ld.global{nc}.{}", super::bits(g.dtype.size())), vec![R(h), Addr(addr, 0)]);
             return self.widen_f32(h, g.dtype);
         }
         let r = self.reg(super::scalar_class(ty), &g.name);
