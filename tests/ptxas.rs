@@ -1,7 +1,7 @@
 //! Assembles every PTX module the library emits, for each target, with ptxas: fails on an
 //! error, a warning (C7519 fence inserted, C7508 ignored setmaxnreg…), a serialized or waited-on
-//! wgmma (C7514/C7517, printed as info) or a spill (on sm_80 a few bytes: see
-//! `spill_allowance`).
+//! wgmma (C7514/C7517, printed as info) or a spill (a few bytes on sm_80, and where a kernel
+//! asked for occupancy: see `spill_allowance`).
 //!
 //! ptxas comes from `TESSERA_PTXAS`, the `PATH`, or the pinned `nvidia-cuda-nvcc==13.0.88`
 //! wheel that `scripts/test.sh` unpacks under `.tools/`. Where none is found the test is
@@ -32,16 +32,20 @@ fn spills(report: &str) -> u64 {
         .sum()
 }
 
-/// The spill bytes (stores plus loads) a target may show. The device target (sm_90a): none.
-/// sm_80 (compiled, never measured here): up to 24, for ptxas's own trade on that target of a
-/// few registers saved around an IEEE division's slow-path call against a block per SM — given
-/// `.maxnreg 255` it takes 211 registers and two blocks instead of 168 and three with 8 bytes
-/// spilled (rms_norm_row 11264).
-fn spill_allowance(target: tessera::Target) -> u64 {
-    if target.name() == "sm_80" {
-        24
-    } else {
-        0
+/// The spill bytes (stores plus loads) a variant may show. The device target (sm_90a): none,
+/// unless the kernel asked for occupancy (`blocks_per_sm`, `.minnctapersm` of 2 or more):
+/// then up to 160, the trade measured where it was asked (the wide 16-bit norm tiles at three
+/// blocks an SM spill 8–120 bytes and run faster: runs 110–112). sm_80 (compiled, never
+/// measured here): up to 24, for ptxas's own trade on that target of a few registers saved
+/// around an IEEE division's slow-path call against a block per SM — given `.maxnreg 255` it
+/// takes 211 registers and two blocks instead of 168 and three with 8 bytes spilled
+/// (rms_norm_row 11264).
+fn spill_allowance(v: &tessera::PtxVariant) -> u64 {
+    let requested = v.ptx.lines().find_map(|l| l.trim().strip_prefix(".minnctapersm")?.trim().parse::<u32>().ok()).is_some_and(|n| n >= 2);
+    match (v.target.name(), requested) {
+        (_, true) => 160,
+        ("sm_80", false) => 24,
+        _ => 0,
     }
 }
 
@@ -65,7 +69,7 @@ fn check(ptxas: &Path, dir: &Path, spec: &tessera::KernelSpec, v: &tessera::PtxV
     let line = format!("{:<16} {:<7} {}", spec.name, v.target.name(), regs);
     let failure = if !out.status.success() {
         Some(format!("{} {}: ptxas failed (PTX kept at {}):\n{report}", spec.name, v.target.name(), file.display()))
-    } else if spills(&report) > spill_allowance(v.target) {
+    } else if spills(&report) > spill_allowance(v) {
         Some(format!("{} {}: spills\n{report}", spec.name, v.target.name()))
     } else if report.contains("(C7514)") || report.contains("(C7517)") {
         // Reported as info, not warnings: wgmma serialized, or a wait injected, because
