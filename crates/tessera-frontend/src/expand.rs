@@ -207,6 +207,10 @@ fn compile_fn(f: &syn::ItemFn, opts: &Options, knobs: &[(String, i64)]) -> Resul
     let mut fe = Frontend::new();
     let Some(mut ir) = fe.kernel(f, opts.warpgroups) else { return Err(fe.errors) };
     ir.blocks_per_sm = opts.blocks_per_sm.for_variant(knobs);
+    // A diagnostic build (`TESSERA_WAIT_LIMIT=2000000 cargo build`): waits that spin that
+    // long name their line to memcheck. Read when this crate is built, so changing it rebuilds
+    // the kernels.
+    ir.wait_limit = option_env!("TESSERA_WAIT_LIMIT").and_then(|v| v.parse().ok()).unwrap_or(0);
     tessera_ptx::compile(ir, &CompileOptions { targets: opts.targets.clone() }).map_err(|errs| {
         errs.into_iter()
             .map(|e| {

@@ -54,7 +54,7 @@ impl Frontend {
             return None;
         }
         let file = f.sig.ident.span().file();
-        Some(TileIr { name: f.sig.ident.to_string(), file, params, warpgroups, blocks_per_sm: 0, body })
+        Some(TileIr { name: f.sig.ident.to_string(), file, params, warpgroups, blocks_per_sm: 0, wait_limit: 0, body })
     }
 
     fn param(&mut self, input: &syn::FnArg) -> R<Param> {

@@ -39,6 +39,26 @@ pub mod tirh;
 pub mod tirt;
 pub mod verify;
 
+/// The lowest address of the wait watchdog's tags (see [`tirh::TileIr::wait_limit`]).
+pub const WAIT_TAG_BASE: u64 = 0x7000_0000_0000;
+/// Bytes between the tags of one wait's ring stages.
+pub const WAIT_TAG_STAGE: u64 = 64;
+
+/// The address a watchdog wait at DSL `line` stores to once it has spun too long: the
+/// producer side (waiting for a stage to empty) or the consumer side (waiting for it to fill),
+/// at ring `stage`. Far from any allocation, so memcheck reports the store.
+pub fn wait_tag(line: u32, producer: bool, stage: u32) -> u64 {
+    WAIT_TAG_BASE + u64::from(line) * 4096 + if producer { 2048 } else { 0 } + u64::from(stage) * WAIT_TAG_STAGE
+}
+
+/// `(line, producer side, stage)` from an address memcheck reported, if it is a wait's tag.
+pub fn wait_tag_decode(addr: u64) -> Option<(u32, bool, u32)> {
+    let off = addr.checked_sub(WAIT_TAG_BASE)?;
+    let line = u32::try_from(off / 4096).ok()?;
+    let (producer, rest) = (off % 4096 >= 2048, off % 2048);
+    (rest % WAIT_TAG_STAGE == 0).then_some((line, producer, (rest / WAIT_TAG_STAGE) as u32))
+}
+
 pub use dtype::{DType, ScalarType};
 pub use error::CompileError;
 pub use pipeline::{compile, CompileOptions, CompiledKernel, CompiledVariant};

@@ -253,13 +253,42 @@ impl Lowerer<'_> {
         };
         let bar = self.barrier_addr(bar_off, p.stage);
         let (spin, ok) = (self.label("wait"), self.reg(RegClass::Pred, "ready"));
+        let limit = self.ir.wait_limit;
+        let tries = (limit > 0).then(|| self.reg(RegClass::B32, "tries"));
+        if let Some(t) = tries {
+            self.op("mov.u32", vec![R(t), Imm(0)]);
+        }
         self.body.push(Inst::Label(spin.clone()));
         let wait = if self.sm90() { "mbarrier.try_wait.parity.shared::cta.b64" } else { "mbarrier.test_wait.parity.shared.b64" };
         self.op(wait, vec![R(ok), Operand::Addr(bar, 0), R(parity)]);
-        // `bra`, not `bra.uni`: each thread's `try_wait` answers for itself, and the threads of
-        // a warp may see the phase complete at different times; a warp parting at a `.uni`
-        // branch is undefined (no change in speed: run 108).
-        self.op_if(ok, true, "bra", vec![Operand::Sym(spin)]);
+        if let Some(tries) = tries {
+            // The watchdog: past `limit` tries, a store to the tag address (memcheck reports
+            // it, with the thread and block), then on spinning.
+            let (done, more, at) = (self.label("waited"), self.reg(RegClass::Pred, "more"), self.reg(RegClass::B64, "tag"));
+            self.op_if(ok, false, "bra", vec![Operand::Sym(done.clone())]);
+            self.op("add.u32", vec![R(tries), R(tries), Imm(1)]);
+            self.op("setp.lt.u32", vec![R(more), R(tries), Imm(i64::from(limit))]);
+            self.op_if(more, false, "bra", vec![Operand::Sym(spin.clone())]);
+            self.op("mul.wide.u32", vec![R(at), R(p.stage), Imm(crate::WAIT_TAG_STAGE as i64)]);
+            self.op("add.u64", vec![R(at), R(at), Imm(crate::wait_tag(self.line, producer, 0) as i64)]);
+            self.op("st.global.u32", vec![Operand::Addr(at, 0), R(tries)]);
+            self.op("bra", vec![Operand::Sym(spin)]);
+            self.body.push(Inst::Label(done));
+        } else {
+            // `bra`, not `bra.uni`: each thread's `try_wait` answers for itself, and the threads
+            // of a warp may see the phase complete at different times; a warp parting at a
+            // `.uni` branch is undefined (no change in speed: run 108).
+            self.op_if(ok, true, "bra", vec![Operand::Sym(spin)]);
+        }
+        if producer {
+            // Every thread must have seen the phase complete before any goes on: the leader's
+            // next step (a TMA load, a queue slot published) lets the consumers complete the
+            // barrier's next phase, of the same parity as the one a slower warp still polls for,
+            // which then waits for good while the leader waits for it at the warpgroup's next
+            // barrier (run 115: memcheck's stall, a producer warp stuck at the tile queue's
+            // empty barrier, the consumers racing through empty query tiles).
+            self.warpgroup_barrier();
+        }
     }
 
     /// The warpgroup leader's arrival on the barrier at `off` of `stage` (a release of the

@@ -126,6 +126,8 @@ pub(crate) struct LayoutRegs {
 }
 
 pub(crate) struct Lowerer<'a> {
+    /// The source line of the statement being lowered (the wait watchdog's tag).
+    pub line: u32,
     pub ir: &'a TileIr,
     regs: Vec<(RegClass, String)>,
     names: HashMap<(RegClass, String), u32>,
@@ -179,6 +181,7 @@ impl<'a> Lowerer<'a> {
     fn new(ir: &'a TileIr) -> Self {
         let placeholder = Reg { class: RegClass::B32, id: 0 };
         let mut lw = Lowerer {
+            line: 0,
             ir,
             regs: Vec::new(),
             names: HashMap::new(),
@@ -512,6 +515,7 @@ impl<'a> Lowerer<'a> {
         self.layouts.clear();
         self.param_cache.clear();
         self.body.push(Inst::Comment(format!("{file}:{}  {}", s.loc.line, s.text)));
+        self.line = s.loc.line;
     }
 
     fn stmt(&mut self, s: &Stmt) -> Result<(), CompileError> {

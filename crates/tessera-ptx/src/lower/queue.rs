@@ -5,7 +5,8 @@
 //! barriers (one arrival per consumer warpgroup), then `stages` 4-byte slots.
 //!
 //! Producer (`for t in q.fetch(total)`): the leader draws an index by adding 1 to the counter
-//! (`atom.global.add`) before the loop; per index: wait until the slot is empty; the leader
+//! (`atom.global.add`) before the loop; per index: wait until the slot is empty (every thread,
+//! then the warpgroup's barrier: see `ring_wait`); the leader
 //! writes the drawn value to the slot (−1 once it reaches `total`), arrives on the slot's full
 //! barrier (a release: the slot's value is visible to whoever sees the phase complete) and
 //! issues the next draw, whose latency then hides behind the body; the warpgroup syncs and

@@ -179,6 +179,12 @@ pub struct TileIr {
     /// fit them); 0 for no hint.
     #[serde(default)]
     pub blocks_per_sm: u32,
+    /// A diagnostic build's wait watchdog (0: none): every mbarrier wait that spins past this
+    /// many tries stores to an address naming its line and side, for compute-sanitizer's
+    /// memcheck to report (see [`crate::wait_tag`]); set from `TESSERA_WAIT_LIMIT` when the
+    /// kernels are built.
+    #[serde(default)]
+    pub wait_limit: u32,
     /// The body.
     pub body: Vec<Stmt>,
 }
