@@ -59,6 +59,9 @@ pub struct Cache {
 enum Unfit {
     /// Not ours, corrupt, or another schema: move it aside.
     Replace(String),
+    /// Another connection held a lock that SQLite would not wait for (switching a fresh file
+    /// to WAL while others open it too answers "database is locked" at once): try again.
+    Busy(String),
     /// SQLite itself failed (no such directory, permissions): give up on the file.
     Fail(String),
 }
@@ -66,6 +69,7 @@ enum Unfit {
 fn sql_err(e: rusqlite::Error) -> Unfit {
     match e.sqlite_error_code() {
         Some(rusqlite::ErrorCode::NotADatabase | rusqlite::ErrorCode::DatabaseCorrupt) => Unfit::Replace(e.to_string()),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => Unfit::Busy(e.to_string()),
         _ => Unfit::Fail(e.to_string()),
     }
 }
@@ -80,9 +84,9 @@ impl Cache {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| cache_err(path, "a folder that can be made", e.to_string()))?;
         }
-        match Cache::try_open(path) {
+        match Cache::open_waiting(path) {
             Ok(c) => Ok(c),
-            Err(Unfit::Fail(why)) => Err(cache_err(path, "a file SQLite can open", why)),
+            Err(Unfit::Fail(why) | Unfit::Busy(why)) => Err(cache_err(path, "a file SQLite can open", why)),
             Err(Unfit::Replace(why)) => {
                 let aside = move_aside(path)?;
                 eprintln!(
@@ -90,8 +94,8 @@ impl Cache {
                     path.display(),
                     aside.display()
                 );
-                Cache::try_open(path).map_err(|u| match u {
-                    Unfit::Fail(w) | Unfit::Replace(w) => cache_err(path, "a fresh cache", w),
+                Cache::open_waiting(path).map_err(|u| match u {
+                    Unfit::Fail(w) | Unfit::Replace(w) | Unfit::Busy(w) => cache_err(path, "a fresh cache", w),
                 })
             }
         }
@@ -105,9 +109,26 @@ impl Cache {
         if !path.is_file() {
             return Err(cache_err(path, "an existing cache file", "no such file".into()));
         }
-        Cache::try_open(path).map_err(|u| match u {
-            Unfit::Fail(w) | Unfit::Replace(w) => cache_err(path, "a Tessera schedule cache", w),
+        Cache::open_waiting(path).map_err(|u| match u {
+            Unfit::Fail(w) | Unfit::Replace(w) | Unfit::Busy(w) => cache_err(path, "a Tessera schedule cache", w),
         })
+    }
+
+    /// [`Cache::try_open`] again while another process or thread holds a lock SQLite would not
+    /// wait for, up to the busy timeout (the tuner test's eight writers opening one fresh file
+    /// met it once in CI).
+    fn open_waiting(path: &Path) -> std::result::Result<Cache, Unfit> {
+        let start = std::time::Instant::now();
+        let mut pause = Duration::from_millis(1);
+        loop {
+            match Cache::try_open(path) {
+                Err(Unfit::Busy(_)) if start.elapsed() < BUSY_TIMEOUT => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(50));
+                }
+                other => return other,
+            }
+        }
     }
 
     fn try_open(path: &Path) -> std::result::Result<Cache, Unfit> {
