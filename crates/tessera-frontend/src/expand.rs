@@ -257,8 +257,8 @@ struct Occupancy {
 /// One condition of a conditional `blocks_per_sm`.
 #[derive(Clone)]
 enum Condition {
-    /// `KNOB op VALUE`.
-    Knob(syn::Ident, syn::BinOp, i64),
+    /// `KNOB op VALUE`, the comparison as a function of (knob value, VALUE).
+    Knob(syn::Ident, fn(i64, i64) -> bool, i64),
     /// `PARAM == dtype` (`true`) or `PARAM != dtype`.
     Type(syn::Ident, bool, syn::Ident),
 }
@@ -284,10 +284,10 @@ impl Occupancy {
 
     /// Each condition names one of the kernel's `tune` knobs or `dtypes` parameters.
     fn check(&self, tune: Option<&Tune>, dtypes: &[(syn::Ident, Vec<syn::Ident>)]) -> syn::Result<()> {
+        let knobs: Vec<&str> = tune.map(|t| t.knobs.iter().map(|(n, _)| n.as_str()).collect()).unwrap_or_default();
         for c in &self.when {
             match c {
                 Condition::Knob(knob, ..) => {
-                    let knobs: Vec<&str> = tune.map(|t| t.knobs.iter().map(|(n, _)| n.as_str()).collect()).unwrap_or_default();
                     if !knobs.contains(&knob.to_string().as_str()) {
                         let expected = if knobs.is_empty() {
                             "the kernel has no `tune(...)`".to_string()
@@ -331,17 +331,7 @@ impl Occupancy {
     /// The request for one variant with these knob values (0: none).
     fn for_variant(&self, knobs: &[(String, i64)]) -> u32 {
         let meets = |c: &Condition| match c {
-            Condition::Knob(knob, op, value) => knobs.iter().any(|(n, v)| {
-                knob == n
-                    && match op {
-                        syn::BinOp::Lt(_) => v < value,
-                        syn::BinOp::Le(_) => v <= value,
-                        syn::BinOp::Gt(_) => v > value,
-                        syn::BinOp::Ge(_) => v >= value,
-                        syn::BinOp::Eq(_) => v == value,
-                        _ => v != value,
-                    }
-            }),
+            Condition::Knob(knob, holds, value) => knobs.iter().any(|(n, v)| knob == n && holds(*v, *value)),
             // Settled by `for_types` before any variant is built.
             Condition::Type(..) => true,
         };
@@ -365,14 +355,17 @@ impl Condition {
                 other => Err(syn::Error::new_spanned(other, "a type is compared with `==` or `!=`")),
             };
         }
-        if !matches!(
-            op,
-            syn::BinOp::Lt(_) | syn::BinOp::Le(_) | syn::BinOp::Gt(_) | syn::BinOp::Ge(_) | syn::BinOp::Eq(_) | syn::BinOp::Ne(_)
-        ) {
-            return Err(syn::Error::new_spanned(op, "expected a comparison: `<`, `<=`, `>`, `>=`, `==` or `!=`"));
-        }
+        let holds: fn(i64, i64) -> bool = match op {
+            syn::BinOp::Lt(_) => |a, b| a < b,
+            syn::BinOp::Le(_) => |a, b| a <= b,
+            syn::BinOp::Gt(_) => |a, b| a > b,
+            syn::BinOp::Ge(_) => |a, b| a >= b,
+            syn::BinOp::Eq(_) => |a, b| a == b,
+            syn::BinOp::Ne(_) => |a, b| a != b,
+            other => return Err(syn::Error::new_spanned(other, "expected a comparison: `<`, `<=`, `>`, `>=`, `==` or `!=`")),
+        };
         let lit: syn::LitInt = input.parse()?;
-        Ok(Condition::Knob(name, op, i64::from(lit.base10_parse::<u32>()?)))
+        Ok(Condition::Knob(name, holds, i64::from(lit.base10_parse::<u32>()?)))
     }
 }
 
