@@ -233,3 +233,26 @@ fn bad_input_odd_views_on_the_gpu() {
 fn bad_input_odd_views_in_the_interpreter() {
     odd_views(&Device::cpu());
 }
+
+/// `Tensor::scratch`: the shape asked for, contiguous, holding what is written into it; a
+/// shape past `usize` is an error, not a panic.
+fn scratch_case(dev: &Device) {
+    let mut t = Tensor::<f32>::scratch(dev, &[3, 5, 7]).expect("scratch");
+    assert_eq!((t.shape(), t.strides()), (&[3usize, 5, 7][..], &[35usize, 7, 1][..]));
+    let data = random(3 * 5 * 7, -1.0, 1.0);
+    t.copy_from_host(&data).expect("write");
+    assert_eq!(t.to_host().expect("read"), data);
+    assert!(Tensor::<f32>::scratch(dev, &[usize::MAX, 2]).is_err());
+}
+
+#[test]
+fn scratch_tensors_on_the_gpu() {
+    if let Some(dev) = gpu_or_skip("scratch_tensors_on_the_gpu") {
+        scratch_case(&dev);
+    }
+}
+
+#[test]
+fn scratch_tensors_in_the_interpreter() {
+    scratch_case(&Device::cpu());
+}

@@ -140,6 +140,21 @@ impl<T: Element> Tensor<T> {
         Ok(Tensor { buf, offset: 0, shape: shape.to_vec(), strides: contiguous_strides(shape), device: device.clone() })
     }
 
+    /// A row-major tensor of `shape` whose elements are unspecified until written (on the
+    /// device nothing is cleared; the interpreter's are zeros): a workspace that a kernel
+    /// writes whole before it is read, without the clearing pass of [`Tensor::zeros`].
+    pub fn scratch(device: &Device, shape: &[usize]) -> Result<Tensor<T>> {
+        let n = numel(shape)?;
+        let buf = if device.is_cpu() {
+            Storage::Host(HostBuffer::new(&vec![T::zeroed(); n.max(1)]))
+        } else {
+            // SAFETY: the elements are plain data (`Element`), so any bits a read finds are a
+            // value; what the buffer held before is all it can show.
+            Storage::Cuda(unsafe { device.stream()?.alloc::<T>(n.max(1)) }?)
+        };
+        Ok(Tensor { buf, offset: 0, shape: shape.to_vec(), strides: contiguous_strides(shape), device: device.clone() })
+    }
+
     /// A row-major tensor of `shape` with every element `value` (tests poison outputs so).
     pub fn full(device: &Device, shape: &[usize], value: T) -> Result<Tensor<T>> {
         Tensor::from_host(device, &vec![value; numel(shape)?], shape)

@@ -389,7 +389,8 @@ fn launch<T: AttentionElement>(
     let part_outputs = || -> Result<Option<[Tensor<f32>; 2]>> {
         Ok(match parts {
             1 => None,
-            _ => Some([Tensor::zeros(device, &[queued - full, 128, d])?, Tensor::zeros(device, &[queued - full, 128, 1])?]),
+            // Every part writes all its rows before the combine reads them: no clearing.
+            _ => Some([Tensor::scratch(device, &[queued - full, 128, d])?, Tensor::scratch(device, &[queued - full, 128, 1])?]),
         })
     };
     let scale_log2 = scale * std::f32::consts::LOG2_E;
