@@ -14,10 +14,10 @@ for line in sys.stdin:
 {
   cargo test --release --workspace --no-run --message-format=json | exes
   cargo bench --no-run --message-format=json 2>/dev/null | exes
-  cargo build --release --example quickstart --example gemm_vs_cublas --example tune --message-format=json 2>/dev/null | exes
+  cargo build --release --example quickstart --example gemm_vs_cublas --example tune --example attention_probe --message-format=json 2>/dev/null | exes
 } | while read -r name path; do
   case "$name" in
-    gpu_*|ptxas|memory_bound|gemm|attention|gemm_vs_cublas|quickstart|tune) cp "$path" ".gpu/bin/$name"; strip ".gpu/bin/$name" ;;
+    gpu_*|ptxas|memory_bound|gemm|attention|attention_probe|gemm_vs_cublas|quickstart|tune) cp "$path" ".gpu/bin/$name"; strip ".gpu/bin/$name" ;;
   esac
 done
 cp scripts/gpu-run.sh .gpu/run.sh

@@ -1,0 +1,67 @@
+//! Times the attention forward on the shapes named on the command line, to take the kernel's
+//! costs apart (per key block, per query tile, the last wave's):
+//!
+//! `cargo run --release --example attention_probe -- 4x16x4096x8192 4x16x4096x4096/s1 …`
+//!
+//! A shape is `BxHxSQxSK` (bf16, head_dim 128, `[batch, heads, seq, dim]`), then optionally
+//! `c` (causal), `/sN` (`kv_splits(N)`) and `/dD` (head_dim D). Each prints its time and
+//! TFLOP/s (best of three rounds of 20 launches after warm-up).
+
+use tessera::testing::{time_ms, Uniform};
+use tessera::{bf16, Device, Tensor};
+use tessera_kernels::{Attention, AttentionLayout};
+
+struct Shape {
+    b: usize,
+    h: usize,
+    sq: usize,
+    sk: usize,
+    d: usize,
+    causal: bool,
+    splits: Option<usize>,
+}
+
+fn parse(arg: &str) -> Option<Shape> {
+    let mut parts = arg.split('/');
+    let dims = parts.next()?;
+    let causal = dims.ends_with('c');
+    let n: Vec<usize> = dims.trim_end_matches('c').split('x').map(|x| x.parse().ok()).collect::<Option<_>>()?;
+    let [b, h, sq, sk] = n[..] else { return None };
+    let mut shape = Shape { b, h, sq, sk, d: 128, causal, splits: None };
+    for p in parts {
+        let (key, value) = p.split_at(1);
+        let value = value.parse().ok()?;
+        match key {
+            "s" => shape.splits = Some(value),
+            "d" => shape.d = value,
+            _ => return None,
+        }
+    }
+    Some(shape)
+}
+
+fn main() -> tessera::Result<()> {
+    let dev = Device::new(0)?;
+    let mut rng = Uniform::new();
+    println!("| shape | µs | TFLOP/s |");
+    println!("|---|---|---|");
+    for arg in std::env::args().skip(1) {
+        let Some(s) = parse(&arg) else {
+            eprintln!("attention_probe: `{arg}` is not BxHxSQxSK[c][/sN][/dD]");
+            std::process::exit(2);
+        };
+        let (qs, ks) = ([s.b, s.h, s.sq, s.d], [s.b, s.h, s.sk, s.d]);
+        let mut t = |shape: &[usize]| Tensor::from_host(&dev, &rng.vec(shape.iter().product(), bf16::from_f32), shape);
+        let (q, k, v) = (t(&qs)?, t(&ks)?, t(&ks)?);
+        let mut o = Tensor::<bf16>::zeros(&dev, &qs)?;
+        let mut opts = Attention::new().layout(AttentionLayout::Bhsd).causal(s.causal);
+        if let Some(n) = s.splits {
+            opts = opts.kv_splits(n);
+        }
+        let mut run = || tessera_kernels::attention(&dev, &opts, &q, &k, &v, &mut o).expect("attention");
+        let ms = (0..3).map(|_| time_ms(&dev, 3, 20, &mut run)).try_fold(f64::INFINITY, |a, t| t.map(|t| a.min(t)))?;
+        let flop = 4.0 * (s.b * s.h * s.sq * s.sk * s.d) as f64 / if s.causal { 2.0 } else { 1.0 };
+        println!("| {arg} | {:.1} | {:.0} |", ms * 1e3, flop / ms * 1e-9);
+    }
+    Ok(())
+}
