@@ -101,7 +101,8 @@
 //!   views `a` (M×K) and `b` (N×K); `view.rows(r, 64)` selects rows; `mma_wait(n)` leaves
 //!   at most `n` groups in flight.
 //! - `setmaxnreg(n)` in each role's branch of `if warpgroup::id() == 0 { … } else { … }`.
-//! - `view.store(tile)` writes a register tile into a shared view (swizzled);
+//! - `view.store(tile)` writes a register tile into a shared view (swizzled; a 16-bit
+//!   accumulator-layout tile 64 columns wide by `stmatrix`, four 8×8 fragments at a time);
 //!   `tma::store(tensor, [i, j], view)` stores it with a TMA bulk copy (out-of-bounds elements
 //!   skipped), `tma::store_wait(n)` waits until at most `n` such stores still read shared memory.
 //!

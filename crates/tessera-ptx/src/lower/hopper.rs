@@ -453,6 +453,12 @@ impl Lowerer<'_> {
         let v = self.view(view)?;
         let t = self.tile(value)?;
         let es = t.ty.dtype.size();
+        if self.sm90() && es == 2 && v.ty.swizzle == 128 && v.ty.row_bytes() == 128 && t.layout == Layout::wgmma(t.ty.rows, 64) {
+            if let Some(frags) = stmatrix_fragments(&t) {
+                self.smem_store_stmatrix(&v, &frags);
+                return Ok(());
+            }
+        }
         let lr = self.layout_regs(t.layout);
         let base = self.reg(RegClass::B32, "soff");
         // base = row·row_bytes + col·es
@@ -480,6 +486,53 @@ impl Lowerer<'_> {
             i += step;
         }
         Ok(())
+    }
+
+    /// [`Self::smem_store`] of a 16-bit accumulator-layout tile 64 columns wide into 128-byte
+    /// swizzled rows: one `stmatrix.x4` per 64 rows and 16 columns, whose 8×8 fragments are
+    /// the accumulator's (lane `l` holds row `l/4`, columns `2(l%4)`, `+1`). Lane `l` names
+    /// row `l%8` of matrix `l/8`: matrices 0 and 1 are rows 0–7 and 8–15 of the warp's 16 at
+    /// columns 0–7 of the group, 2 and 3 the same rows at columns 8–15. A 16-byte chunk never
+    /// straddles the swizzle, so each row's address takes the XOR whole: chunk ^ (row % 8).
+    fn smem_store_stmatrix(&mut self, v: &ViewVal, frags: &[[[Reg; 2]; 4]]) {
+        use Operand::{Imm, Reg as R};
+        let (lane, warp) = (self.lane, self.warp);
+        let q = self.reg(RegClass::B32, "stm_q");
+        self.op("shr.u32", vec![R(q), R(lane), Imm(3)]);
+        // row = 16·warp + 8·(q & 1) + lane % 8
+        let row = self.reg(RegClass::B32, "stm_row");
+        self.op("and.b32", vec![R(row), R(q), Imm(1)]);
+        self.op("shl.b32", vec![R(row), R(row), Imm(3)]);
+        let l8 = self.reg(RegClass::B32, "stm_l8");
+        self.op("and.b32", vec![R(l8), R(lane), Imm(7)]);
+        self.op("add.u32", vec![R(row), R(row), R(l8)]);
+        self.op("mad.lo.u32", vec![R(row), R(warp), Imm(16), R(row)]);
+        let rowa = self.reg(RegClass::B32, "stm_rowa");
+        self.op("mad.lo.u32", vec![R(rowa), R(row), Imm(128), R(v.addr)]);
+        // The swizzle term (row % 8)·16 and the lane's 8-column half of a group, in bytes.
+        let sw = self.reg(RegClass::B32, "stm_sw");
+        self.op("and.b32", vec![R(sw), R(row), Imm(7)]);
+        self.op("shl.b32", vec![R(sw), R(sw), Imm(4)]);
+        let half = self.reg(RegClass::B32, "stm_half");
+        self.op("shr.u32", vec![R(half), R(q), Imm(1)]);
+        self.op("shl.b32", vec![R(half), R(half), Imm(4)]);
+        for (g, frag) in frags.iter().enumerate() {
+            let (mb, c) = (g as i64 / 4, g as i64 % 4);
+            let regs: Vec<Reg> = frag
+                .iter()
+                .map(|&[lo, hi]| {
+                    let w = self.reg(RegClass::B32, "stm_pack");
+                    self.op("mov.b32", vec![R(w), Operand::Vec(vec![lo, hi])]);
+                    w
+                })
+                .collect();
+            let x = self.reg(RegClass::B32, "stm_x");
+            self.op("add.u32", vec![R(x), R(half), Imm(32 * c)]);
+            self.op("xor.b32", vec![R(x), R(x), R(sw)]);
+            let addr = self.reg(RegClass::B32, "stm_addr");
+            self.op("add.u32", vec![R(addr), R(rowa), R(x)]);
+            self.op("stmatrix.sync.aligned.m8n8.x4.shared.b16", vec![Operand::Addr(addr, mb * 64 * 128), Operand::Vec(regs)]);
+        }
     }
 
     /// A TMA bulk store of a shared view: every writer fences its shared writes for the async
@@ -730,4 +783,24 @@ impl Lowerer<'_> {
         self.prologue.push(Inst::Label(done));
         self.pro("bar.sync", vec![Imm(0)]);
     }
+}
+
+/// The `stmatrix.x4` operands of an accumulator-layout tile 64 columns wide, per 64 rows and
+/// 16-column group: the element pairs of rows 0–7 and 8–15 of the warp's at columns 0–7 of
+/// the group, then the same at columns 8–15 (`None` if a pair is not two adjacent slots).
+fn stmatrix_fragments(t: &TileVal) -> Option<Vec<[[Reg; 2]; 4]>> {
+    let slots = t.layout.slots();
+    let pair = |dr: u32, dc: u32| -> Option<[Reg; 2]> {
+        let i = slots.iter().position(|s| s.dr == dr && s.dc == dc)?;
+        let next = slots.get(i + 1)?;
+        (next.dr == dr && next.dc == dc + 1).then(|| [t.regs[i], t.regs[i + 1]])
+    };
+    let mut out = Vec::new();
+    for mb in 0..t.ty.rows / 64 {
+        for c in 0..4 {
+            let [a, b, c2, d] = [(0, 0), (8, 0), (0, 8), (8, 8)].map(|(dr, dc)| pair(64 * mb + dr, 16 * c + dc));
+            out.push([a?, b?, c2?, d?]);
+        }
+    }
+    Some(out)
 }
