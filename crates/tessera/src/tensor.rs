@@ -131,26 +131,27 @@ impl<T: Element> Tensor<T> {
 
     /// A row-major tensor of `shape` filled with zeros.
     pub fn zeros(device: &Device, shape: &[usize]) -> Result<Tensor<T>> {
-        let n = numel(shape)?;
-        let buf = if device.is_cpu() {
-            Storage::Host(HostBuffer::new(&vec![T::zeroed(); n.max(1)]))
-        } else {
-            Storage::Cuda(device.stream()?.alloc_zeros::<T>(n.max(1))?)
-        };
-        Ok(Tensor { buf, offset: 0, shape: shape.to_vec(), strides: contiguous_strides(shape), device: device.clone() })
+        Tensor::allocated(device, shape, true)
     }
 
     /// A row-major tensor of `shape` whose elements are unspecified until written (on the
     /// device nothing is cleared; the interpreter's are zeros): a workspace that a kernel
     /// writes whole before it is read, without the clearing pass of [`Tensor::zeros`].
     pub fn scratch(device: &Device, shape: &[usize]) -> Result<Tensor<T>> {
-        let n = numel(shape)?;
+        Tensor::allocated(device, shape, false)
+    }
+
+    /// A fresh row-major tensor of `shape`, its device buffer cleared or not.
+    fn allocated(device: &Device, shape: &[usize], clear: bool) -> Result<Tensor<T>> {
+        let n = numel(shape)?.max(1);
         let buf = if device.is_cpu() {
-            Storage::Host(HostBuffer::new(&vec![T::zeroed(); n.max(1)]))
+            Storage::Host(HostBuffer::new(&vec![T::zeroed(); n]))
+        } else if clear {
+            Storage::Cuda(device.stream()?.alloc_zeros::<T>(n)?)
         } else {
             // SAFETY: the elements are plain data (`Element`), so any bits a read finds are a
             // value; what the buffer held before is all it can show.
-            Storage::Cuda(unsafe { device.stream()?.alloc::<T>(n.max(1)) }?)
+            Storage::Cuda(unsafe { device.stream()?.alloc::<T>(n) }?)
         };
         Ok(Tensor { buf, offset: 0, shape: shape.to_vec(), strides: contiguous_strides(shape), device: device.clone() })
     }
