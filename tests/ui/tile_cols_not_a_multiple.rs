@@ -1,6 +1,6 @@
 use tessera::kernel;
 
-// A register tile's columns are a power of two or a multiple of 256 (runs of 8 over 32 lanes).
+// A register tile's columns are a power of two or a multiple of 8 (runs of 8 columns).
 #[kernel]
 fn k(x: Global<f32, 2>, y: Global<f32, 2>) {
     let t = x.load::<Tile<f32, 1, 300>>([0, 0]);

@@ -470,7 +470,7 @@ impl Frontend {
                 let seg = &p.path.segments[0];
                 let ga = generic_args(seg, 3, &format!("`{t}<T, M, N>`"))?;
                 let dtype = dtype_of(type_arg(ga[0])?)?;
-                let (rows, cols) = (tile_dim(ga[1])?, tile_dim(ga[2])?);
+                let (rows, cols) = (smem_rows(ga[1])?, tile_dim(ga[2])?);
                 let want = if *ctor == "ring" { 1 } else { 2 };
                 if nargs != want {
                     return err(
@@ -942,12 +942,22 @@ fn tile_dim(a: &syn::GenericArgument) -> R<u32> {
     Ok(v)
 }
 
-/// A register tile's column count: a power of two, or a multiple of 256 (a warp's 32 lanes of
-/// 8-column runs), so that rows of any such width (2304, 5120) fill the tile exactly.
+/// A register tile's column count: a power of two, or a multiple of 8 (8-column runs; a
+/// wgmma accumulator `N` wide, e.g. 176 keys, or a row of 2304).
 fn tile_cols(a: &syn::GenericArgument) -> R<u32> {
     let v = const_arg(a, "a tile dimension")?;
-    if v == 0 || !(v.is_power_of_two() || v.is_multiple_of(256)) {
-        return err(a, format!("a tile's columns are a power of two or a multiple of 256, found {v}"));
+    if v == 0 || !(v.is_power_of_two() || v.is_multiple_of(8)) {
+        return err(a, format!("a tile's columns are a power of two or a multiple of 8, found {v}"));
+    }
+    Ok(v)
+}
+
+/// A shared-memory tile's row count: a power of two, or a multiple of 8 (the swizzle's
+/// 8-row atoms; a key block of 176 rows).
+fn smem_rows(a: &syn::GenericArgument) -> R<u32> {
+    let v = const_arg(a, "a tile dimension")?;
+    if v == 0 || !(v.is_power_of_two() || v.is_multiple_of(8)) {
+        return err(a, format!("shared-memory rows are a power of two or a multiple of 8, found {v}"));
     }
     Ok(v)
 }

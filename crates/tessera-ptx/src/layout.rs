@@ -16,9 +16,11 @@
 //! slots are the parent's projected onto the kept axes, so broadcasting the result back over its
 //! parent costs nothing.
 //!
-//! Tile rows are powers of two; columns are a power of two or a multiple of 256 (8-column runs
-//! over 32 lanes). The blocked layout splits the warps along columns only as far as that split
-//! divides the columns, so every split below is exact.
+//! Tile rows are powers of two; columns are a power of two or a multiple of 8. The blocked
+//! layout puts as many lanes along the columns as a power of two dividing the 8-column runs
+//! (up to 32: all of 2304's 288, 2 of 176's 22) and splits the warps along columns only as far
+//! as that split divides the columns, so every split below is exact. A wgmma accumulator is any
+//! multiple of 8 wide (m64nNk16 takes N = 8…256).
 
 /// How a layout spreads a tile over a warpgroup.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -75,11 +77,13 @@ impl Layout {
     /// The canonical blocked layout of a `rows×cols` tile.
     pub fn blocked(rows: u32, cols: u32) -> Layout {
         let v = cols.min(8);
-        let tc = (cols / v).min(32);
+        // Lanes along the columns: a power of two dividing the 8-column runs (all of them, up
+        // to 32, for a power-of-two width; 2 for 176 = 22 runs).
+        let tc = (1 << (cols / v).trailing_zeros()).min(32);
         let tr = 32 / tc;
         let mut wr = (rows / tr).clamp(1, 4);
         let mut wc = 4 / wr;
-        // A width that is not a power of two (a multiple of 256, e.g. 2304): as many warps
+        // A width that is not a power of two (2304, 176): as many warps
         // along the columns as divide it; the others hold row replicas.
         while wc > 1 && !cols.is_power_of_two() && !cols.is_multiple_of(v * tc * wc) {
             wc /= 2;
@@ -297,11 +301,12 @@ mod tests {
     #[test]
     fn every_element_has_one_owner() {
         let mut layouts = Vec::new();
-        let odd = [(1, 5120), (2, 3072), (4, 2304), (1, 2304), (2, 2304), (16, 768), (1, 11008)];
+        let odd =
+            [(1, 5120), (2, 3072), (4, 2304), (1, 2304), (2, 2304), (16, 768), (1, 11008), (1, 48), (16, 48), (64, 176), (4, 176), (1, 24)];
         for &(m, n) in [(1, 1), (1, 8), (16, 256), (32, 128), (64, 1), (4, 4), (128, 64), (2, 1024)].iter().chain(&odd) {
             layouts.push(Layout::blocked(m, n));
         }
-        for &(m, n) in &[(64, 8), (64, 256), (128, 128)] {
+        for &(m, n) in &[(64, 8), (64, 256), (128, 128), (64, 160), (64, 176), (64, 192)] {
             layouts.push(Layout::wgmma(m, n));
         }
         for l in layouts {
@@ -323,6 +328,13 @@ mod tests {
         // Four rows of 2304: a warp per row, nothing replicated.
         let l = Layout::blocked(4, 2304);
         assert_eq!((l.footprint_cols(), l.len(), l.rows_replicated()), (256, 72, false));
+        // 176 = 22 runs of 8: 2 lanes along the columns (22's power-of-two part), 16 along the
+        // rows, the warps stacked on the rows; 11 runs a thread.
+        let l = Layout::blocked(64, 176);
+        assert_eq!((l.footprint_cols(), l.footprint_rows(), l.len()), (16, 64, 88));
+        let l = Layout::blocked(1, 48);
+        assert_eq!((l.footprint_cols(), l.len()), (16, 24));
+        assert!(l.rows_replicated());
     }
 
     #[test]

@@ -49,7 +49,7 @@
 //! - Scalars: literals, `block::id_x()`/`_y`/`_z`, `grid::dim_x()`, `warpgroup::id()`,
 //!   `tensor.dim(axis)`, `tensor.get([i, j])` (one element, 16-bit floats widened to `f32`; 0 out of bounds),
 //!   arithmetic, comparisons, `as f32`/`as i32`.
-//! - Tiles (`M` a power of two, `N` a power of two or a multiple of 256 such as 2304 or 5120;
+//! - Tiles (`M` a power of two, `N` a power of two or a multiple of 8 such as 176, 2304 or 5120;
 //!   `Tile` or `tile`): `Tile::<T, M, N>::zeros()`,
 //!   `::full(v)`, `let t: Tile<T, M, N> = x.load([i, j])`, `x.load_or([i, j], fill)`,
 //!   `+ - * /`, `max`, `min`, `exp2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`,
@@ -89,7 +89,8 @@
 //!
 //! ## Hopper (sm_90a)
 //!
-//! - `Smem::<T, M, N>::ring(stages)`: a ring of shared tiles, swizzled by the row width (128,
+//! - `Smem::<T, M, N>::ring(stages)` (`M` a power of two or a multiple of 8, `N` a power of
+//!   two): a ring of shared tiles, swizzled by the row width (128,
 //!   64 or 32 bytes; `ring_swizzled(stages, bytes)` to choose), placed 1024-aligned in dynamic
 //!   shared memory (the launcher raises the limit above 48 KiB).
 //! - `Pipeline::<STAGES>::new(consumers)`: full/empty mbarriers per stage. The producer
