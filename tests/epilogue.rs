@@ -17,9 +17,10 @@ fn ptx(name: &str, target: Target) -> &'static str {
 fn hopper_epilogues_stage_tiles_by_stmatrix() {
     // (kernel, 64×64 chunks its epilogue code stores)
     for (name, chunks) in [
-        ("flash_attention_bf16__d128_stages2", 2),
-        ("flash_attention_varlen_bf16__d128_stages2", 2),
-        ("flash_attention_bf16__d64_stages2", 1),
+        ("flash_attention_bf16__d128_stages2_bn160", 2),
+        ("flash_attention_varlen_bf16__d128_stages2_bn160", 2),
+        ("flash_attention_bf16__d64_stages2_bn192", 1),
+        ("flash_attention_bf16__d64_stages4_bn128", 1),
         ("gemm_tn_bf16__bn256_stages4", 4),
         ("gemm_nn_bf16__bn256_stages4", 4),
     ] {

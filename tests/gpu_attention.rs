@@ -373,7 +373,7 @@ fn interp_attention_varlen_matches_f64_reference() {
     varlen_matches_f64_reference(&Device::cpu(), &[3, 130, 0], &[7, 140, 2], 2, 1, 64, None);
 }
 
-/// Every variant the tuner may choose (each pipeline depth of each head dim), dense and
+/// Every variant the tuner may choose (each pipeline depth and key block of each head dim), dense and
 /// packed, on odd shapes; an unknown variant is an error naming `variant`.
 fn every_attention_variant_matches_f64_reference(dev: &Device) {
     use tessera_kernels::attention_variants;
@@ -389,10 +389,30 @@ fn every_attention_variant_matches_f64_reference(dev: &Device) {
             varlen_matches_f64_reference(dev, &[3, 130, 0, 70], &[7, 140, 2, 300], 2, 1, d, Some(v));
         }
     }
-    assert_eq!(attention_variants::<bf16>(64, false).len(), 3, "d64: two, three and four stages");
+    let names =
+        |d, packed| attention_variants::<bf16>(d, packed).into_iter().map(|n| n.split("__").nth(1).unwrap_or(n)).collect::<Vec<_>>();
+    // Those that fit in shared memory, in the attribute's order (stages 4, 2, 3; blocks 192, 160, 128).
+    assert_eq!(names(128, false), ["d128_stages2_bn160", "d128_stages2_bn128"]);
+    assert_eq!(
+        names(64, false),
+        [
+            "d64_stages4_bn160",
+            "d64_stages4_bn128",
+            "d64_stages2_bn192",
+            "d64_stages2_bn160",
+            "d64_stages2_bn128",
+            "d64_stages3_bn192",
+            "d64_stages3_bn160",
+            "d64_stages3_bn128"
+        ]
+    );
+    assert_eq!(
+        names(64, true),
+        ["d64_stages4_bn160", "d64_stages4_bn128", "d64_stages2_bn160", "d64_stages2_bn128", "d64_stages3_bn160", "d64_stages3_bn128"]
+    );
     let q = Tensor::full(dev, &[1, 4, 1, 64], bf16::ONE).unwrap();
     let mut o = Tensor::full(dev, &[1, 4, 1, 64], bf16::NAN).unwrap();
-    let opts = Attention::new().variant("flash_attention_bf16__d128_stages2");
+    let opts = Attention::new().variant("flash_attention_bf16__d128_stages2_bn160");
     match tessera_kernels::attention(dev, &opts, &q, &q, &q, &mut o) {
         Err(tessera::Error::Argument { arg, .. }) => assert_eq!(arg, "variant"),
         other => panic!("a d128 variant for d64 inputs: expected an argument error, got {other:?}"),

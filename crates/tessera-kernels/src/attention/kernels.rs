@@ -1,12 +1,18 @@
 //! The FlashAttention forward kernels, in the DSL: one schedule, with the head dimension `D`
-//! (64 or 128) and the K/V pipeline depth `STAGES` as `tune(...)` knobs — the host picks the
-//! variants of the head dimension and the tuner the depth (128 fits two stages in shared
-//! memory, 64 up to four). A persistent grid claims tiles of 128 query rows of one (batch, head)
-//! from a tile queue. Warpgroup 0 produces: per tile it copies Q, then streams K and V tiles
-//! of 128 keys through TMA pipelines. Warpgroups 1 and 2 consume, each owning 64 query rows
-//! (head dim 128: taking turns to issue their MMAs — ping-pong through two named barriers, so
-//! that one's softmax runs while the other's MMAs do — and issuing block j's `S` with block
-//! j − 1's `P·V`, so that the softmax of `S` runs beside that `P·V`):
+//! (64 or 128), the K/V pipeline depth `STAGES` and the key block `BN` (192, 160 or 128 keys)
+//! as `tune(...)` knobs — the host picks the variants of the head dimension and, among them, the
+//! key block that costs the fewest padded keys plus a fixed cost a block (see `key_block` in
+//! `mod.rs`); the tuner may pick another. A variant that does not fit in shared memory is not
+//! built: head dim 128 holds two stages of 160- or 128-key blocks, 64 up to four of 160 or three
+//! of 192. Larger blocks pay a block's fixed costs over more keys: 160 against 128 keys +2–4%
+//! at seq ≥ 4096 (head dim 128), 192 +4–8% (64) (run 139). A persistent
+//! grid claims tiles of 128 query rows of one (batch, head) from a tile queue. Warpgroup 0
+//! produces: per tile it copies Q (one buffer, freed as soon as the tile's last `S` is done, so
+//! that the next tile's Q arrives while its last P·V and the epilogue run), then streams K and V
+//! blocks through TMA pipelines. Warpgroups 1 and 2 consume, each owning 64 query rows
+//! (taking turns to issue their MMAs — ping-pong through two named barriers, so that one's
+//! softmax runs while the other's MMAs do — and issuing block j's `S` with block j − 1's
+//! `P·V`, so that the softmax of `S` runs beside that `P·V`):
 //!
 //! - `S = Q·Kᵀ` by wgmma from shared memory into an f32 accumulator;
 //! - keys past the sequence (and, causally, past each row's diagonal) masked to −∞ on the
@@ -29,8 +35,9 @@
 
 use tessera::kernel;
 
-/// FlashAttention forward, head dim `D`, K and V through `STAGES`-deep pipelines.
-#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], STAGES = [4, 2, 3]), targets(sm_90a))]
+/// FlashAttention forward, head dim `D`, K and V in blocks of `BN` keys through `STAGES`-deep
+/// pipelines.
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], STAGES = [4, 2, 3], BN = [192, 160, 128]), targets(sm_90a))]
 pub fn flash_attention(
     q: Global<T, 3>,
     k: Global<T, 3>,
@@ -52,11 +59,11 @@ pub fn flash_attention(
     hg: i32,
     scale_log2: f32,
 ) {
-    let sq = Smem::<T, 128, D>::ring(2);
-    let sk = Smem::<T, 128, D>::ring(STAGES);
-    let sv = Smem::<T, 128, D>::ring(STAGES);
+    let sq = Smem::<T, 128, D>::ring(1);
+    let sk = Smem::<T, BN, D>::ring(STAGES);
+    let sv = Smem::<T, BN, D>::ring(STAGES);
     let so = Smem::<T, 64, 64>::ring(4);
-    let qpipe = Pipeline::<2>::new(2);
+    let qpipe = Pipeline::<1>::new(2);
     let kpipe = Pipeline::<STAGES>::new(2);
     let vpipe = Pipeline::<STAGES>::new(2);
     let seq_q = q.dim(1);
@@ -97,13 +104,13 @@ pub fn flash_attention(
             let s = qpipe.acquire();
             tma::load(sq.at(s), q, [b * q_bm + h * hm, q0, h * cm], qpipe);
             qpipe.commit(s);
-            let nb = (kv_end + 127) / 128;
+            let nb = (kv_end + BN - 1) / BN;
             for j in part * nb / np..(part + 1) * nb / np {
                 let s = kpipe.acquire();
-                tma::load(sk.at(s), k, [b * k_bm + kvh * hm, j * 128, kvh * cm], kpipe);
+                tma::load(sk.at(s), k, [b * k_bm + kvh * hm, j * BN, kvh * cm], kpipe);
                 kpipe.commit(s);
                 let s = vpipe.acquire();
-                tma::load(sv.at(s), v, [b * k_bm + kvh * hm, j * 128, kvh * cm], vpipe);
+                tma::load(sv.at(s), v, [b * k_bm + kvh * hm, j * BN, kvh * cm], vpipe);
                 vpipe.commit(s);
             }
         }
@@ -113,7 +120,7 @@ pub fn flash_attention(
         let row = me * 64;
         let mut acc = Tile::<f32, 64, D>::zeros();
         let mut nt = 0;
-        let mut p = Tile::<T, 64, 128>::zeros();
+        let mut p = Tile::<T, 64, BN>::zeros();
         // Finite, so that a row with every key masked keeps a scale of exp2(0) = 1 and sums 0.
         let mut m = Tile::<f32, 64, 1>::full(f32::MIN);
         let mut l = Tile::<f32, 64, 1>::zeros();
@@ -146,7 +153,7 @@ pub fn flash_attention(
             if causal == 1 {
                 kv_end = min(seq_k, q0 + 128 + shift);
             }
-            let nb = (kv_end + 127) / 128;
+            let nb = (kv_end + BN - 1) / BN;
             let mut j0 = 0;
             let mut n = nb;
             if np > 1 {
@@ -167,7 +174,7 @@ pub fn flash_attention(
                 } else {
                     barrier::sync(1, 2);
                 }
-                let mut s = Tile::<f32, 64, 128>::zeros();
+                let mut s = Tile::<f32, 64, BN>::zeros();
                 mma_sync(s, sq.at(qs).rows(row, 64), sk.at(ks));
                 if me == 0 {
                     barrier::arrive(1, 2);
@@ -176,11 +183,14 @@ pub fn flash_attention(
                 }
                 mma_wait(0);
                 kpipe.release(ks);
-                let k0 = j0 * 128;
-                if k0 + 128 > seq_k {
+                if n == j0 + 1 {
+                    qpipe.release(qs);
+                }
+                let k0 = j0 * BN;
+                if k0 + BN > seq_k {
                     s = s.mask_cols(seq_k - k0, f32::NEG_INFINITY);
                 }
-                if causal == 1 && k0 + 128 > diag {
+                if causal == 1 && k0 + BN > diag {
                     s = s.mask_cols(Tile::<f32, 64, 1>::row_index() + (diag - k0) as f32, f32::NEG_INFINITY);
                 }
                 m = max(m, row_max(s) * scale_log2);
@@ -197,7 +207,7 @@ pub fn flash_attention(
                     } else {
                         barrier::sync(1, 2);
                     }
-                    let mut s = Tile::<f32, 64, 128>::zeros();
+                    let mut s = Tile::<f32, 64, BN>::zeros();
                     mma_sync(s, sq.at(qs).rows(row, 64), sk.at(ks));
                     mma_sync_kn(acc, p, sv.at(vs));
                     if me == 0 {
@@ -208,11 +218,14 @@ pub fn flash_attention(
                     // S is done when at most the P·V behind it still runs.
                     mma_wait(1);
                     kpipe.release(ks);
-                    let k0 = j * 128;
-                    if k0 + 128 > seq_k {
+                    if j + 1 == n {
+                        qpipe.release(qs);
+                    }
+                    let k0 = j * BN;
+                    if k0 + BN > seq_k {
                         s = s.mask_cols(seq_k - k0, f32::NEG_INFINITY);
                     }
-                    if causal == 1 && k0 + 128 > diag {
+                    if causal == 1 && k0 + BN > diag {
                         s = s.mask_cols(Tile::<f32, 64, 1>::row_index() + (diag - k0) as f32, f32::NEG_INFINITY);
                     }
                     let m_new = max(m, row_max(s) * scale_log2);
@@ -242,7 +255,9 @@ pub fn flash_attention(
                 mma_wait(0);
                 vpipe.release(vs);
             }
-            qpipe.release(qs);
+            if n <= j0 {
+                qpipe.release(qs);
+            }
             let inv = 1.0 / max(l, 1e-30);
             if tile >= full {
                 // A part: O over its keys and their log₂-sum-exp, for `attention_combine`.
@@ -315,7 +330,8 @@ pub fn attention_combine(
 /// FlashAttention forward over sequences packed end to end: `flash_attention` with each (batch, head)'s rows found from the offsets `cu_q`/`cu_k` (`varlen` 1; with 0 it
 /// reads `[batch, seq, …]` views as `flash_attention` does), P kept in 16 bits between blocks,
 /// and a sequence's last rows stored with bounds (a TMA box would write the next sequence's).
-#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], STAGES = [4, 2, 3]), targets(sm_90a))]
+/// Key blocks of 160 or 128 (192, with the offsets' registers beside, spills at head dim 64).
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], STAGES = [4, 2, 3], BN = [160, 128]), targets(sm_90a))]
 pub fn flash_attention_varlen(
     q: Global<T, 3>,
     k: Global<T, 3>,
@@ -338,11 +354,11 @@ pub fn flash_attention_varlen(
     hg: i32,
     scale_log2: f32,
 ) {
-    let sq = Smem::<T, 128, D>::ring(2);
-    let sk = Smem::<T, 128, D>::ring(STAGES);
-    let sv = Smem::<T, 128, D>::ring(STAGES);
+    let sq = Smem::<T, 128, D>::ring(1);
+    let sk = Smem::<T, BN, D>::ring(STAGES);
+    let sv = Smem::<T, BN, D>::ring(STAGES);
     let so = Smem::<T, 64, 64>::ring(4);
-    let qpipe = Pipeline::<2>::new(2);
+    let qpipe = Pipeline::<1>::new(2);
     let kpipe = Pipeline::<STAGES>::new(2);
     let vpipe = Pipeline::<STAGES>::new(2);
     // Query tiles per (batch, head): of the longest sequence when they are packed.
@@ -382,12 +398,12 @@ pub fn flash_attention_varlen(
                 let s = qpipe.acquire();
                 tma::load(sq.at(s), q, [b * q_bm + h * hm, q_start + q0, h * cm], qpipe);
                 qpipe.commit(s);
-                for j in 0..(kv_end + 127) / 128 {
+                for j in 0..(kv_end + BN - 1) / BN {
                     let s = kpipe.acquire();
-                    tma::load(sk.at(s), k, [b * k_bm + kvh * hm, k_start + j * 128, kvh * cm], kpipe);
+                    tma::load(sk.at(s), k, [b * k_bm + kvh * hm, k_start + j * BN, kvh * cm], kpipe);
                     kpipe.commit(s);
                     let s = vpipe.acquire();
-                    tma::load(sv.at(s), v, [b * k_bm + kvh * hm, k_start + j * 128, kvh * cm], vpipe);
+                    tma::load(sv.at(s), v, [b * k_bm + kvh * hm, k_start + j * BN, kvh * cm], vpipe);
                     vpipe.commit(s);
                 }
             }
@@ -398,7 +414,7 @@ pub fn flash_attention_varlen(
         let row = me * 64;
         let mut acc = Tile::<f32, 64, D>::zeros();
         let mut nt = 0;
-        let mut p = Tile::<T, 64, 128>::zeros();
+        let mut p = Tile::<T, 64, BN>::zeros();
         // Finite, so that a row with every key masked keeps a scale of exp2(0) = 1 and sums 0.
         let mut m = Tile::<f32, 64, 1>::full(f32::MIN);
         let mut l = Tile::<f32, 64, 1>::zeros();
@@ -436,7 +452,7 @@ pub fn flash_attention_varlen(
                 if causal == 1 {
                     kv_end = min(len_k, q0 + 128 + shift);
                 }
-                let n = (kv_end + 127) / 128;
+                let n = (kv_end + BN - 1) / BN;
                 acc = Tile::<f32, 64, D>::zeros();
                 m = Tile::<f32, 64, 1>::full(f32::MIN);
                 l = Tile::<f32, 64, 1>::zeros();
@@ -451,7 +467,7 @@ pub fn flash_attention_varlen(
                     } else {
                         barrier::sync(1, 2);
                     }
-                    let mut s = Tile::<f32, 64, 128>::zeros();
+                    let mut s = Tile::<f32, 64, BN>::zeros();
                     mma_sync(s, sq.at(qs).rows(row, 64), sk.at(ks));
                     if me == 0 {
                         barrier::arrive(1, 2);
@@ -460,10 +476,13 @@ pub fn flash_attention_varlen(
                     }
                     mma_wait(0);
                     kpipe.release(ks);
-                    if len_k < 128 {
+                    if n == 1 {
+                        qpipe.release(qs);
+                    }
+                    if len_k < BN {
                         s = s.mask_cols(len_k, f32::NEG_INFINITY);
                     }
-                    if causal == 1 && 128 > diag {
+                    if causal == 1 && BN > diag {
                         s = s.mask_cols(Tile::<f32, 64, 1>::row_index() + diag as f32, f32::NEG_INFINITY);
                     }
                     m = max(m, row_max(s) * scale_log2);
@@ -480,7 +499,7 @@ pub fn flash_attention_varlen(
                         } else {
                             barrier::sync(1, 2);
                         }
-                        let mut s = Tile::<f32, 64, 128>::zeros();
+                        let mut s = Tile::<f32, 64, BN>::zeros();
                         mma_sync(s, sq.at(qs).rows(row, 64), sk.at(ks));
                         mma_sync_kn(acc, p, sv.at(vs));
                         if me == 0 {
@@ -491,11 +510,14 @@ pub fn flash_attention_varlen(
                         // S is done when at most the P·V behind it still runs.
                         mma_wait(1);
                         kpipe.release(ks);
-                        let k0 = j * 128;
-                        if k0 + 128 > len_k {
+                        if j + 1 == n {
+                            qpipe.release(qs);
+                        }
+                        let k0 = j * BN;
+                        if k0 + BN > len_k {
                             s = s.mask_cols(len_k - k0, f32::NEG_INFINITY);
                         }
-                        if causal == 1 && k0 + 128 > diag {
+                        if causal == 1 && k0 + BN > diag {
                             s = s.mask_cols(Tile::<f32, 64, 1>::row_index() + (diag - k0) as f32, f32::NEG_INFINITY);
                         }
                         let m_new = max(m, row_max(s) * scale_log2);
@@ -525,7 +547,9 @@ pub fn flash_attention_varlen(
                     mma_wait(0);
                     vpipe.release(vs);
                 }
-                qpipe.release(qs);
+                if n == 0 {
+                    qpipe.release(qs);
+                }
                 let inv = 1.0 / max(l, 1e-30);
                 // Rows past the sequence are not stored (packed: they are the next sequence's).
                 let q_end = q_start + len_q;
