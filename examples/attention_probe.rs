@@ -5,11 +5,12 @@
 //!
 //! A shape is `BxHxSQxSK` (bf16, head_dim 128, `[batch, heads, seq, dim]`), then optionally
 //! `c` (causal), `/sN` (`kv_splits(N)`) and `/dD` (head_dim D). Each prints its time and
-//! TFLOP/s (best of three rounds of 20 launches after warm-up).
+//! TFLOP/s, and the time of `attention_with_lse` (the log-sum-exp kept) on the same inputs: the
+//! best of three rounds of 20 launches after warm-up, the two in turn.
 
 use tessera::testing::{time_ms, Uniform};
 use tessera::{bf16, Device, Tensor};
-use tessera_kernels::{Attention, AttentionLayout};
+use tessera_kernels::{attention, attention_with_lse, Attention, AttentionLayout};
 
 struct Shape {
     b: usize,
@@ -43,8 +44,8 @@ fn parse(arg: &str) -> Option<Shape> {
 fn main() -> tessera::Result<()> {
     let dev = Device::new(0)?;
     let mut rng = Uniform::new();
-    println!("| shape | µs | TFLOP/s |");
-    println!("|---|---|---|");
+    println!("| shape | µs | TFLOP/s | with lse µs |");
+    println!("|---|---|---|---|");
     for arg in std::env::args().skip(1) {
         let Some(s) = parse(&arg) else {
             eprintln!("attention_probe: `{arg}` is not BxHxSQxSK[c][/sN][/dD]");
@@ -58,10 +59,15 @@ fn main() -> tessera::Result<()> {
         if let Some(n) = s.splits {
             opts = opts.kv_splits(n);
         }
-        let mut run = || tessera_kernels::attention(&dev, &opts, &q, &k, &v, &mut o).expect("attention");
-        let ms = (0..3).map(|_| time_ms(&dev, 3, 20, &mut run)).try_fold(f64::INFINITY, |a, t| t.map(|t| a.min(t)))?;
+        let mut lse = Tensor::<f32>::scratch(&dev, &[s.b, s.h, s.sq])?;
+        let (mut ms, mut ms_lse) = (f64::INFINITY, f64::INFINITY);
+        for _ in 0..3 {
+            ms = ms.min(time_ms(&dev, 3, 20, || attention(&dev, &opts, &q, &k, &v, &mut o).expect("attention"))?);
+            ms_lse =
+                ms_lse.min(time_ms(&dev, 3, 20, || attention_with_lse(&dev, &opts, &q, &k, &v, &mut o, &mut lse).expect("attention"))?);
+        }
         let flop = 4.0 * (s.b * s.h * s.sq * s.sk * s.d) as f64 / if s.causal { 2.0 } else { 1.0 };
-        println!("| {arg} | {:.1} | {:.0} |", ms * 1e3, flop / ms * 1e-9);
+        println!("| {arg} | {:.1} | {:.0} | {:.1} |", ms * 1e3, flop / ms * 1e-9, ms_lse * 1e3);
     }
     Ok(())
 }

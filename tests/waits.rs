@@ -37,7 +37,9 @@ fn waits(ptx: &str) -> Vec<(bool, String)> {
 
 #[test]
 fn producer_waits_end_with_the_warpgroup_barrier() {
-    for name in ["flash_attention_varlen_bf16__d128_stages2_bn160", "flash_attention_bf16__d128_stages2_bn160", "gemm_tn_bf16__bn256_stages4"] {
+    for name in
+        ["flash_attention_varlen_bf16__d128_stages2_bn160", "flash_attention_bf16__d128_stages2_bn160", "gemm_tn_bf16__bn256_stages4"]
+    {
         let ptx = spec(name).variants[0].ptx;
         let all = waits(ptx);
         let producer: Vec<_> = all.iter().filter(|(p, _)| *p).collect();

@@ -57,6 +57,7 @@ pub fn flash_attention(
     cm: i32,
     causal: i32,
     hg: i32,
+    keep_lse: i32,
     scale_log2: f32,
 ) {
     let sq = Smem::<T, 128, D>::ring(1);
@@ -264,7 +265,11 @@ pub fn flash_attention(
                 opart.store([tile - full, row, 0], acc * inv);
                 lpart.store([tile - full, row, 0], m + log2(l));
             } else {
-                lse.store([bh, q0 + row, 0], (m + log2(l)) * 0.6931471805599453);
+                // The log-sum-exp only when the caller keeps it (`attention()` does not: 4% of
+                // an 8-block tile, run 130b).
+                if keep_lse == 1 {
+                    lse.store([bh, q0 + row, 0], (m + log2(l)) * 0.6931471805599453);
+                }
                 // O leaves by TMA, 64 columns at a time, through two staging buffers per
                 // warpgroup used in turn; the one written two chunks ago must have been read first.
                 #[unroll]

@@ -111,7 +111,7 @@ pub trait AttentionElement: Element + sealed::Sealed {
         lse: &mut TensorViewMut<f32>,
         cu: [&Optional<Tensor<i32>>; 2],
         split: Split<'_>,
-        ints: [i32; 11],
+        ints: [i32; 12],
         scale_log2: f32,
     ) -> Result<()>;
     /// Puts the split tiles back together: `attention_combine`, its variant of head dim `d`.
@@ -160,7 +160,7 @@ macro_rules! attention_element {
                 lse: &mut TensorViewMut<f32>,
                 [cu_q, cu_k]: [&Optional<Tensor<i32>>; 2],
                 Split { full, parts, out: [mut op, mut lp] }: Split<'_>,
-                [batch, max_q, varlen, heads, group, q_bm, k_bm, hm, cm, causal, hg]: [i32; 11],
+                [batch, max_q, varlen, heads, group, q_bm, k_bm, hm, cm, causal, hg, keep_lse]: [i32; 12],
                 scale_log2: f32,
             ) -> Result<()> {
                 let mut c = d.tile_counter()?;
@@ -169,7 +169,7 @@ macro_rules! attention_element {
                 if varlen == 0 {
                     $dense::launch_variant(
                         i, d, g, q, k, v, o, l, &mut c, &mut op, &mut lp, full, parts, heads, group, q_bm, k_bm, hm, cm, causal, hg,
-                        scale_log2,
+                        keep_lse, scale_log2,
                     )
                 } else {
                     $varlen::launch_variant(
@@ -279,6 +279,18 @@ pub fn attention_with_lse<T: AttentionElement>(
     o: &mut Tensor<T>,
     lse: &mut Tensor<f32>,
 ) -> Result<()> {
+    dense(device, opts, [q, k, v], o, lse, true)
+}
+
+/// The dense forward: [`attention_with_lse`], writing `lse` only with `keep_lse`.
+fn dense<T: AttentionElement>(
+    device: &Device,
+    opts: &Attention,
+    [q, k, v]: [&Tensor<T>; 3],
+    o: &mut Tensor<T>,
+    lse: &mut Tensor<f32>,
+    keep_lse: bool,
+) -> Result<()> {
     let layout = opts.layout;
     let [b, sq, h, d] = dims("q", q, layout)?;
     let [bk, sk, hk, dk] = dims("k", k, layout)?;
@@ -303,7 +315,7 @@ pub fn attention_with_lse<T: AttentionElement>(
         AttentionLayout::Bshd => (1, 1, 0, d),
         AttentionLayout::Bhsd => (h, hk, 1, 0),
     };
-    let ints = [b, sq, 0, h, h / hk, q_bm, k_bm, hm, cm, usize::from(opts.causal), 0].map(|x| x as i32);
+    let ints = [b, sq, 0, h, h / hk, q_bm, k_bm, hm, cm, usize::from(opts.causal), 0, usize::from(keep_lse)].map(|x| x as i32);
     let none = Optional(None, 1);
     launch(device, opts, d, [&qv, &kv, &vv], &mut ov, &mut lv, [&none, &none], ints)
 }
@@ -379,7 +391,7 @@ fn launch<T: AttentionElement>(
     o: &mut TensorViewMut<T>,
     lse: &mut TensorViewMut<f32>,
     cu: [&Optional<Tensor<i32>>; 2],
-    mut ints: [i32; 11],
+    mut ints: [i32; 12],
 ) -> Result<()> {
     let scale = opts.scale.unwrap_or(1.0 / (d as f32).sqrt());
     let [batch, max_q, varlen, heads, group, q_bm, _, hm, cm, ..] = ints;
@@ -535,7 +547,7 @@ pub fn attention_varlen<T: AttentionElement>(
     );
     let mut ov = o.view_mut(&[1, tq, h * d], &[tq * h * d, h * d, 1])?;
     let mut lv = lse.view_mut(&[h, tq, 1], &[tq, 1, 1])?;
-    let ints = [b, max_seqlen_q, 1, h, h / hk, 0, 0, 0, d, usize::from(opts.causal), 0].map(|x| x as i32);
+    let ints = [b, max_seqlen_q, 1, h, h / hk, 0, 0, 0, d, usize::from(opts.causal), 0, 1].map(|x| x as i32);
     let (cq, ck) = (Optional(Some(cu_seqlens_q), 1), Optional(Some(cu_seqlens_k), 1));
     launch(device, opts, d, [&qv, &kv, &vv], &mut ov, &mut lv, [&cq, &ck], ints)
 }
@@ -553,10 +565,11 @@ pub fn attention<T: AttentionElement>(
     o: &mut Tensor<T>,
 ) -> Result<()> {
     let [b, sq, h, _] = dims("q", q, opts.layout)?;
-    // Written and thrown away: not cleared first (a pass over b·h·sq floats, 6% of a
-    // seq-1024 launch).
+    // The kernel's argument, never written (but by the split tiles' combine): not cleared (a
+    // pass over b·h·sq floats, 6% of a seq-1024 launch), and the kernel skips its stores (4% of
+    // an 8-block tile, run 130b).
     let mut lse = Tensor::<f32>::scratch(device, &[b, h, sq])?;
-    attention_with_lse(device, opts, q, k, v, o, &mut lse)
+    dense(device, opts, [q, k, v], o, &mut lse, false)
 }
 
 #[cfg(test)]
