@@ -2,8 +2,10 @@
 //! `benches/attention_cudnn.py`, a child process on the same GPU in the same run, asked for
 //! each shape right before ours is timed on it, so that both meet the same clocks; criterion's
 //! sustained loop comes after both). TFLOP/s count 4·B·H·Sq·Sk·D, half of that when causal;
-//! CUDA-event timing after warm-up, five rounds in turn, the median of each side; bf16,
-//! `[batch, heads, seq, dim]` as PyTorch takes it.
+//! CUDA-event timing after warm-up, seven rounds in turn, the median of each side; bf16,
+//! `[batch, heads, seq, dim]` as PyTorch takes it. The ratio is `attention()`'s, which like
+//! cuDNN's inference forward (inputs without gradients) keeps no log-sum-exp;
+//! `attention_with_lse`, timed in the same rounds, has a column of its own.
 //!
 //! Then the autotuner at head_dim 64 (K/V pipeline depth 2, 3 or 4): the default beside the
 //! variant a search picked, timed in alternating rounds (a temporary cache unless
@@ -110,25 +112,28 @@ fn main() {
         let shape = [b, h, s, d];
         let mut t = || Tensor::from_host(&dev, &rng.vec(b * h * s * d, bf16::from_f32), &shape).expect("input");
         let (q, k, v) = (t(), t(), t());
-        let mut o = Tensor::<bf16>::zeros(&dev, &shape).expect("o");
+        let (mut o, mut o2) = (Tensor::<bf16>::zeros(&dev, &shape).expect("o"), Tensor::<bf16>::zeros(&dev, &shape).expect("o"));
         let mut lse = Tensor::<f32>::zeros(&dev, &[b, h, s]).expect("lse");
         let opts = Attention::new().layout(AttentionLayout::Bhsd).causal(causal);
-        let mut ours = || tessera_kernels::attention_with_lse(&dev, &opts, &q, &k, &v, &mut o, &mut lse).expect("attention");
+        let mut ours = || tessera_kernels::attention(&dev, &opts, &q, &k, &v, &mut o).expect("attention");
+        let mut ours_lse = || tessera_kernels::attention_with_lse(&dev, &opts, &q, &k, &v, &mut o2, &mut lse).expect("attention");
         let name = format!("b{b} h{h} s{s} d{d}{}", if causal { " causal" } else { "" });
-        // cuDNN and ours in turn, five rounds, the median of each (the clocks drift with the
+        // cuDNN and ours in turn, seven rounds, the median of each (the clocks drift with the
         // load behind them, so neither side gets the cooler GPU); criterion's sustained loop
         // after both.
         let flop = 4.0 * (b * h * s * s * d) as f64 / if causal { 2.0 } else { 1.0 };
-        let (mut base, mut mine) = (Vec::new(), Vec::new());
-        for _ in 0..5 {
+        let (mut base, mut mine, mut mine_lse) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..7 {
             base.push(match &mut cudnn {
                 Ok(c) => c.time((b, h, s, d, causal)),
                 Err(why) => Err(why.clone()),
             });
-            mine.push(flop / tessera::testing::time_ms(&dev, 3, 10, &mut ours).expect("timing") * 1e-9);
+            // As the script times cuDNN: 30 calls after 5 (10 left the ratio ±4% between runs).
+            mine.push(flop / tessera::testing::time_ms(&dev, 5, 30, &mut ours).expect("timing") * 1e-9);
+            mine_lse.push(flop / tessera::testing::time_ms(&dev, 5, 30, &mut ours_lse).expect("timing") * 1e-9);
         }
         let base = base.into_iter().collect::<Result<Vec<f64>, String>>().map(median);
-        rows.push((name.clone(), base, median(mine)));
+        rows.push((name.clone(), base, median(mine), median(mine_lse)));
         criterion.bench_function(&format!("tessera attention {name}"), |bch| {
             bch.iter_custom(|it| {
                 Duration::from_secs_f64(tessera::testing::time_ms(&dev, 0, it as usize, &mut ours).expect("timing") * 1e-3 * it as f64)
@@ -137,15 +142,15 @@ fn main() {
     }
     drop(cudnn);
     println!("\nattention bf16 forward on {} (TFLOP/s; baseline: cuDNN through PyTorch, same run)", dev.name());
-    println!("| shape | cuDNN | tessera | × cuDNN |");
-    println!("|---|---|---|---|");
-    for (name, base, ours) in &rows {
+    println!("| shape | cuDNN | tessera | × cuDNN | with lse | × cuDNN |");
+    println!("|---|---|---|---|---|---|");
+    for (name, base, ours, with_lse) in &rows {
         match base {
-            Ok(v) => println!("| {name} | {v:.0} | {ours:.0} | {:.2} |", ours / v),
-            Err(_) => println!("| {name} | — | {ours:.0} | — |"),
+            Ok(v) => println!("| {name} | {v:.0} | {ours:.0} | {:.2} | {with_lse:.0} | {:.2} |", ours / v, with_lse / v),
+            Err(_) => println!("| {name} | — | {ours:.0} | — | {with_lse:.0} | — |"),
         }
     }
-    if let Some((_, Err(why), _)) = rows.iter().find(|r| r.1.is_err()) {
+    if let Some((_, Err(why), ..)) = rows.iter().find(|r| r.1.is_err()) {
         println!("no cuDNN baseline: {why}");
     }
     split_vs_unsplit(&dev, &mut rng);

@@ -1,7 +1,7 @@
 """cuDNN's scaled-dot-product attention forward, the baseline of `benches/attention.rs`.
 
 Reads lines `batch heads seq dim causal` on stdin and prints `batch heads seq dim causal
-tflops` for each: bf16 Q, K, V in [batch, heads, seq, dim], CUDA-event timing of 10 calls after 3,
+tflops` for each: bf16 Q, K, V in [batch, heads, seq, dim], CUDA-event timing of 30 calls after 5,
 TFLOP/s counting 4·B·H·S²·D (half of that when causal). Prints `error <reason>` and exits 0
 where PyTorch or cuDNN attention is missing, so the bench can say why it has no baseline.
 """
@@ -16,7 +16,7 @@ except Exception as e:  # no PyTorch here
     sys.exit(0)
 
 
-def time_ms(f, warm=3, iters=10):
+def time_ms(f, warm=5, iters=30):
     for _ in range(warm):
         f()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
