@@ -5,7 +5,7 @@
 //! `mod.rs`); the tuner may pick another. A variant that does not fit in shared memory is not
 //! built: head dim 128 holds two stages of 160- or 128-key blocks, 64 up to four of 160 or three
 //! of 192. Larger blocks pay a block's fixed costs over more keys: 160 against 128 keys +2–4%
-//! at seq ≥ 4096 (head dim 128), 192 +4–8% (64) (run 139). A persistent
+//! at seq ≥ 4096 (head dim 128), 192 +4–8% (64) (run 141). A persistent
 //! grid claims tiles of 128 query rows of one (batch, head) from a tile queue. Warpgroup 0
 //! produces: per tile it copies Q (one buffer, freed as soon as the tile's last `S` is done, so
 //! that the next tile's Q arrives while its last P·V and the epilogue run), then streams K and V

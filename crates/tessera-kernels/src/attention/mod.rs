@@ -336,8 +336,8 @@ fn heads_per_group(causal: bool, seq_k: usize, d: usize) -> i32 {
 
 /// The keys a block's fixed costs are worth — its softmax's row reductions, O's rescaling,
 /// the turn's barriers and waits: with it, where no key is padded, 160-key blocks cost 3.5%
-/// less than 128-key ones and 192-key ones (head dim 64) 6% less; measured 2–4% and 4–8% (run
-/// 139).
+/// less than 128-key ones and 192-key ones (head dim 64) 6% less; measured 2–4% and 4–8% (runs
+/// 139 and 141).
 const BLOCK_COST_KEYS: usize = 32;
 
 /// The key block, of `blocks`, that costs `seq_k` keys the least: `⌈seq_k / bn⌉` blocks of
