@@ -7,9 +7,9 @@
 //! cuDNN's inference forward (inputs without gradients) keeps no log-sum-exp;
 //! `attention_with_lse`, timed in the same rounds, has a column of its own.
 //!
-//! Then the autotuner at head_dim 64 (K/V pipeline depth 2, 3 or 4): the default beside the
-//! variant a search picked, timed in alternating rounds (a temporary cache unless
-//! `TESSERA_CACHE_DIR` is set).
+//! Then the autotuner at head_dim 64 (K/V pipeline depth 2, 3 or 4; key blocks of 192, 160 or
+//! 128): the default beside the variant a search picked, timed in alternating rounds (a
+//! temporary cache unless `TESSERA_CACHE_DIR` is set).
 //!
 //! `cargo bench --bench attention` (prints a skip where there is no GPU; the baseline column
 //! says why where PyTorch or cuDNN is missing). `TESSERA_CUDNN_SCRIPT` overrides the script's
@@ -190,7 +190,7 @@ fn split_vs_unsplit(dev: &Device, rng: &mut Uniform) {
 /// Per d64 shape: a search, then the default and the searched variant in alternating rounds.
 fn tuned_vs_default(dev: &Device, rng: &mut Uniform) {
     use tessera::{TuneMode, Tuner};
-    println!("\nattention bf16 d64 autotuned on {} (TFLOP/s; default vs the searched K/V depth)", dev.name());
+    println!("\nattention bf16 d64 autotuned on {} (TFLOP/s; default vs the searched depth and key block)", dev.name());
     println!("| shape | default | tuned | × | tuned variant |");
     println!("|---|---|---|---|---|");
     for (s, causal) in [(1024, true), (4096, false), (4096, true), (16384, false)] {
