@@ -20,7 +20,7 @@ mod common;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
-use tessera::testing::Uniform;
+use tessera::testing::{median, Uniform};
 use tessera::{bf16, Device, Tensor};
 use tessera_kernels::{Attention, AttentionLayout};
 
@@ -78,12 +78,6 @@ impl Cudnn {
         }
         line.split_whitespace().nth(5).and_then(|v| v.parse().ok()).ok_or_else(|| format!("{}: `{}`", self.script, line.trim()))
     }
-}
-
-/// The middle value (the upper middle of an even count).
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 impl Drop for Cudnn {

@@ -945,19 +945,20 @@ fn tile_dim(a: &syn::GenericArgument) -> R<u32> {
 /// A register tile's column count: a power of two, or a multiple of 8 (8-column runs; a
 /// wgmma accumulator `N` wide, e.g. 176 keys, or a row of 2304).
 fn tile_cols(a: &syn::GenericArgument) -> R<u32> {
-    let v = const_arg(a, "a tile dimension")?;
-    if v == 0 || !(v.is_power_of_two() || v.is_multiple_of(8)) {
-        return err(a, format!("a tile's columns are a power of two or a multiple of 8, found {v}"));
-    }
-    Ok(v)
+    pow2_or_multiple_of_8(a, "a tile's columns are")
 }
 
 /// A shared-memory tile's row count: a power of two, or a multiple of 8 (the swizzle's
 /// 8-row atoms; a key block of 176 rows).
 fn smem_rows(a: &syn::GenericArgument) -> R<u32> {
+    pow2_or_multiple_of_8(a, "shared-memory rows are")
+}
+
+/// A dimension that is a power of two or a multiple of 8; `what` begins the error.
+fn pow2_or_multiple_of_8(a: &syn::GenericArgument, what: &str) -> R<u32> {
     let v = const_arg(a, "a tile dimension")?;
     if v == 0 || !(v.is_power_of_two() || v.is_multiple_of(8)) {
-        return err(a, format!("shared-memory rows are a power of two or a multiple of 8, found {v}"));
+        return err(a, format!("{what} a power of two or a multiple of 8, found {v}"));
     }
     Ok(v)
 }

@@ -92,11 +92,14 @@ pub fn time_pair_ms(
         ta.push(time_ms(device, warm, iters, &mut a)?);
         tb.push(time_ms(device, warm, iters, &mut b)?);
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    Ok((median(&mut ta), median(&mut tb)))
+    Ok((median(ta), median(tb)))
+}
+
+/// The middle of `v` (the upper middle of an even count), as [`time_pair_ms`] reports its
+/// rounds; NaN for none.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// A small xorshift generator for benchmark inputs: uniform values in `[-1, 1)`, seeded from
