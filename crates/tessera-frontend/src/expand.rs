@@ -3,21 +3,238 @@
 
 use crate::parse::Frontend;
 use proc_macro2::{Span, TokenStream};
-use quote::{format_ident, quote};
+use quote::{format_ident, quote, ToTokens};
 use std::path::PathBuf;
 use syn::spanned::Spanned;
 use tessera_ptx::{CompileOptions, CompiledKernel, DType, ParamKind};
 
 /// The macro's expansion of `#[kernel(attr)] item`: a module per kernel (per dtype), or the
-/// errors at their tokens.
+/// errors at their tokens. A kernel that calls device functions first asks each for its
+/// definition (see [`resume`]).
 pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
-    let opts = match parse_attr(attr) {
+    resolve(Kind::Kernel, attr, item, Vec::new())
+}
+
+/// The macro's expansion of `#[device] item`: a `macro_rules!` that hands the function's
+/// definition (with those of the device functions it calls) to the kernels that call it, the
+/// name that calls resolve to, and a host-side stub that makes a call from host code a
+/// compile error; or the errors at their tokens.
+pub fn device(attr: TokenStream, item: TokenStream) -> TokenStream {
+    resolve(Kind::Device, attr, item, Vec::new())
+}
+
+/// `tessera::__resume! { kind (attr) {item} [resolved…] (path) @device {definition} }`: where
+/// a device function's `macro_rules!` hands back the definition a kernel (or another device
+/// function) asked for by `path`. The expansion goes on with the next unresolved call, or, once
+/// every call is resolved, is the kernel's (or the device function's).
+pub fn resume(input: TokenStream) -> TokenStream {
+    let parser = |input: syn::parse::ParseStream| -> syn::Result<TokenStream> {
+        let kind: syn::Ident = input.parse()?;
+        let kind = match kind.to_string().as_str() {
+            "kernel" => Kind::Kernel,
+            "device" => Kind::Device,
+            _ => return Err(syn::Error::new_spanned(kind, "expected `kernel` or `device`")),
+        };
+        let attr;
+        syn::parenthesized!(attr in input);
+        let attr: TokenStream = attr.parse()?;
+        let item;
+        syn::braced!(item in input);
+        let item: TokenStream = item.parse()?;
+        let resolved;
+        syn::bracketed!(resolved in input);
+        let mut entries = Vec::new();
+        while !resolved.is_empty() {
+            let path;
+            syn::parenthesized!(path in resolved);
+            let path: syn::Path = path.parse()?;
+            let def;
+            syn::braced!(def in resolved);
+            entries.push((path, def.parse::<TokenStream>()?));
+        }
+        let path;
+        syn::parenthesized!(path in input);
+        let path: syn::Path = path.parse()?;
+        input.parse::<syn::Token![@]>()?;
+        let what: syn::Ident = input.parse()?;
+        if what == "kernel" {
+            let name = crate::parse::path_key(&path);
+            return Err(syn::Error::new_spanned(
+                &path,
+                format!("`{name}` is a kernel, launched from the host with `{name}::launch(…)`, not called: to share its code, move it into a `#[tessera::device]` function and call that"),
+            ));
+        }
+        let def;
+        syn::braced!(def in input);
+        entries.push((path, def.parse()?));
+        Ok(resolve(kind, attr, item, entries))
+    };
+    syn::parse::Parser::parse2(parser, input).unwrap_or_else(|e| e.to_compile_error())
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Kernel,
+    Device,
+}
+
+/// Asks for the definition of the first device function `item` calls that `entries` does
+/// not hold yet (by invoking the `macro_rules!` its path names, which calls [`resume`] back);
+/// with every one resolved, expands the kernel or the device function.
+fn resolve(kind: Kind, attr: TokenStream, item: TokenStream, entries: Vec<(syn::Path, TokenStream)>) -> TokenStream {
+    let f = match parse_fn(item.clone()) {
+        Ok(f) => f,
+        Err(e) => return e.to_compile_error(),
+    };
+    let known: Vec<String> = entries.iter().map(|(p, _)| crate::parse::path_key(p)).collect();
+    if let Some(path) = device_calls(&f).into_iter().find(|p| !known.contains(&crate::parse::path_key(p))) {
+        let kind = match kind {
+            Kind::Kernel => quote!(kernel),
+            Kind::Device => quote!(device),
+        };
+        let resolved = entries.iter().map(|(p, d)| quote!((#p) {#d}));
+        return quote! {
+            #path! { { ::tessera::__resume } { #kind (#attr) {#item} [#(#resolved)*] (#path) } }
+        };
+    }
+    let devices = entries.into_iter().map(|(p, d)| (crate::parse::path_key(&p), d)).collect();
+    match kind {
+        Kind::Kernel => kernel_with(attr, item, devices),
+        Kind::Device => device_with(attr, &f, devices),
+    }
+}
+
+/// The paths of the calls in a function that name no function of the language: device
+/// functions, in the order they first appear, without generic arguments.
+fn device_calls(f: &syn::ItemFn) -> Vec<syn::Path> {
+    struct Calls(Vec<syn::Path>);
+    impl<'a> syn::visit::Visit<'a> for Calls {
+        fn visit_expr_call(&mut self, c: &'a syn::ExprCall) {
+            if let syn::Expr::Path(p) = &*c.func {
+                let segs: Vec<String> = p.path.segments.iter().map(|s| s.ident.to_string()).collect();
+                let segs: Vec<&str> = segs.iter().map(String::as_str).collect();
+                if p.qself.is_none() && !crate::parse::is_builtin(&segs) {
+                    let mut path = p.path.clone();
+                    path.segments.iter_mut().for_each(|s| s.arguments = syn::PathArguments::None);
+                    let key = crate::parse::path_key(&path);
+                    if !self.0.iter().any(|q| crate::parse::path_key(q) == key) {
+                        self.0.push(path);
+                    }
+                }
+            }
+            syn::visit::visit_expr_call(self, c);
+        }
+    }
+    let mut calls = Calls(Vec::new());
+    syn::visit::Visit::visit_block(&mut calls, &f.block);
+    calls.0
+}
+
+/// A definition as the `macro_rules!` hands it on: `{ fn … } [ (path) { … } … ]`.
+fn definition(f: &syn::ItemFn, devices: &[(String, TokenStream)]) -> TokenStream {
+    let mut bare = f.clone();
+    bare.attrs.clear();
+    let deps = devices.iter().map(|(k, d)| {
+        let path: TokenStream = k.parse().unwrap_or_default();
+        quote!((#path) {#d})
+    });
+    quote!({ #bare } [ #(#deps)* ])
+}
+
+/// A name for a `#[macro_export]` macro, unique in its crate: `__tessera_<what>_<name>_<hash>`.
+fn export_name(what: &str, f: &syn::ItemFn) -> syn::Ident {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    f.to_token_stream().to_string().hash(&mut h);
+    format_ident!("__tessera_{}_{}_{:016x}", what, f.sig.ident, h.finish())
+}
+
+/// The `#[device]` expansion once every call in it is resolved.
+fn device_with(attr: TokenStream, f: &syn::ItemFn, devices: Vec<(String, TokenStream)>) -> TokenStream {
+    let mut errs = crate::device::check_signature(f);
+    if !attr.is_empty() {
+        errs.push(syn::Error::new(last_span(&attr), "`#[device]` takes no options"));
+    }
+    let def = definition(f, &devices);
+    let mut fe = Frontend::new();
+    match fe.load(def.clone()) {
+        Ok(id) => {
+            fe.deps = Vec::new();
+            fe.check_definition(id);
+            errs.extend(fe.errors);
+        }
+        Err(e) => errs.push(e),
+    }
+    let name = &f.sig.ident;
+    let vis = &f.vis;
+    let mname = export_name("device", f);
+    let docs: Vec<&syn::Attribute> = f.attrs.iter().filter(|a| a.path().is_ident("doc")).collect();
+    let sig_text = {
+        let mut sig = f.sig.clone();
+        sig.ident = name.clone();
+        sig.to_token_stream().to_string().split_whitespace().collect::<Vec<_>>().join(" ")
+    };
+    let stub_doc = format!("\n\n*A device function* (`#[tessera::device]`): `{sig_text}`. Call it from a `#[kernel]` or another `#[device]` function, where it is inlined; from host code it is a compile error.");
+    let n = f.sig.inputs.len().max(1);
+    let gens: Vec<syn::Ident> = (0..n).map(|i| format_ident!("__Arg{}", i)).collect();
+    let params: Vec<TokenStream> = if f.sig.inputs.is_empty() {
+        Vec::new()
+    } else {
+        gens.iter()
+            .enumerate()
+            .map(|(i, g)| {
+                let p = format_ident!("_arg{}", i);
+                quote!(#p: #g)
+            })
+            .collect()
+    };
+    let errors = errors(errs);
+    quote! {
+        #errors
+        #[doc(hidden)]
+        #[macro_export]
+        macro_rules! #mname {
+            ({ $($cb:tt)* } { $($state:tt)* }) => { $($cb)*! { $($state)* @device { #def } } };
+        }
+        #[doc(hidden)]
+        #[allow(unused_imports)]
+        #vis use #mname as #name;
+        #(#docs)*
+        #[doc = #stub_doc]
+        #[allow(dead_code, clippy::too_many_arguments)]
+        #vis fn #name<#(#gens),*>(#(#params),*) -> ! where (#(#gens,)*): ::tessera::DeviceFunction {
+            ::core::unreachable!("device functions run inside kernels")
+        }
+    }
+}
+
+/// The `#[kernel]` expansion once every call in it is resolved: the kernel's modules, and,
+/// per kernel, the name a call of it resolves to (which says that kernels are not called).
+fn kernel_with(attr: TokenStream, item: TokenStream, devices: Vec<(String, TokenStream)>) -> TokenStream {
+    let mut opts = match parse_attr(attr) {
         Ok(o) => o,
         Err(e) => return e.to_compile_error(),
     };
+    opts.devices = devices;
     match per_dtype(item, &opts) {
         Ok(items) => items.into_iter().map(|(body, opts)| compile_one(body, &opts)).collect(),
         Err(e) => e.to_compile_error(),
+    }
+}
+
+/// What a call of kernel `f` from a kernel or device function resolves to: a macro that
+/// answers `@kernel`, which [`resume`] reports at the call.
+fn kernel_marker(f: &syn::ItemFn) -> TokenStream {
+    let (name, vis, mname) = (&f.sig.ident, &f.vis, export_name("kernel", f));
+    quote! {
+        #[doc(hidden)]
+        #[macro_export]
+        macro_rules! #mname {
+            ({ $($cb:tt)* } { $($state:tt)* }) => { $($cb)*! { $($state)* @kernel } };
+        }
+        #[doc(hidden)]
+        #[allow(unused_imports)]
+        #vis use #mname as #name;
     }
 }
 
@@ -139,7 +356,9 @@ fn compile_one(item: TokenStream, opts: &Options) -> TokenStream {
                 let rel = if knobs.is_empty() { k.name.clone() } else { format!("{}/{}", f.sig.ident, variant_suffix(knobs)) };
                 dump(k, &rel);
             }
-            module(&f, &built)
+            let marker = kernel_marker(&f);
+            let module = module(&f, &built);
+            quote!(#module #marker)
         }
         Err(errs) => errors(errs),
     }
@@ -205,20 +424,18 @@ fn first_line(errs: &[syn::Error]) -> String {
 /// errors at their tokens.
 fn compile_fn(f: &syn::ItemFn, opts: &Options, knobs: &[(String, i64)]) -> Result<CompiledKernel, Vec<syn::Error>> {
     let mut fe = Frontend::new();
+    for (key, def) in &opts.devices {
+        let id = fe.load(def.clone()).map_err(|e| vec![e])?;
+        fe.deps.push((key.clone(), id));
+    }
     let Some(mut ir) = fe.kernel(f, opts.warpgroups) else { return Err(fe.errors) };
     ir.blocks_per_sm = opts.blocks_per_sm.for_variant(knobs);
     // A diagnostic build (`TESSERA_WAIT_LIMIT=2000000 cargo build`): waits that spin that
     // long name their line to memcheck. Read when this crate is built, so changing it rebuilds
     // the kernels.
     ir.wait_limit = option_env!("TESSERA_WAIT_LIMIT").and_then(|v| v.parse().ok()).unwrap_or(0);
-    tessera_ptx::compile(ir, &CompileOptions { targets: opts.targets.clone() }).map_err(|errs| {
-        errs.into_iter()
-            .map(|e| {
-                let span = fe.spans.get(e.loc().span as usize).copied().unwrap_or_else(Span::call_site);
-                syn::Error::new(span, e.to_string())
-            })
-            .collect()
-    })
+    let compiled = tessera_ptx::compile_with(ir, &CompileOptions { targets: opts.targets.clone() }, &mut fe);
+    compiled.map_err(|errs| errs.into_iter().map(|e| fe.place(e.loc().span, &e.to_string())).collect())
 }
 
 fn errors(errs: Vec<syn::Error>) -> TokenStream {
@@ -242,6 +459,8 @@ struct Options {
     blocks_per_sm: Occupancy,
     /// `tune(BN = [256, 128], STAGES = [4, 3])`: knobs and their values.
     tune: Option<Tune>,
+    /// The device functions the kernel calls: the path each is called by, and its definition.
+    devices: Vec<(String, TokenStream)>,
 }
 
 /// `blocks_per_sm`: `blocks` (0: no request) for every variant, or for the variants that meet
@@ -521,7 +740,7 @@ fn parse_attr(attr: TokenStream) -> syn::Result<Options> {
     });
     syn::parse::Parser::parse2(parser, attr).map_err(|e| at_end(e, last))?;
     blocks_per_sm.check(tune.as_ref(), &dtypes)?;
-    Ok(Options { warpgroups, targets, dtypes, blocks_per_sm, tune })
+    Ok(Options { warpgroups, targets, dtypes, blocks_per_sm, tune, devices: Vec::new() })
 }
 
 fn dtype_tokens(d: DType) -> TokenStream {

@@ -6,7 +6,8 @@
 //! names), `tessera-ptx` checks and compiles it, `expand` writes the module. Every error
 //! points at the offending token; all are reported together.
 
+mod device;
 mod expand;
 mod parse;
 
-pub use expand::{compile, kernel as expand};
+pub use expand::{compile, device, kernel as expand, resume};

@@ -11,6 +11,21 @@ use tessera_ptx::{DType, ScalarType};
 pub struct Frontend {
     pub spans: Vec<Span>,
     pub errors: Vec<syn::Error>,
+    /// For each span, the inlined call whose body it is in (an index into `sites`), if any.
+    pub origins: Vec<Option<u32>>,
+    /// Each inlined call: the span index of the call, and the callee's name.
+    pub sites: Vec<(u32, String)>,
+    /// The inlined call whose body is being parsed.
+    pub site: Option<u32>,
+    /// The device functions known: the definitions the macro was handed.
+    pub defs: Vec<crate::device::DeviceDef>,
+    /// The device functions the code being parsed can call: the path it calls each by, and
+    /// the definition (the kernel's, or a device function's own, resolved where it is defined).
+    pub deps: Vec<(String, u32)>,
+    /// A call's explicit generic arguments (`f::<64, bf16>(x)`), by the call's span index.
+    pub explicit: std::collections::HashMap<u32, Vec<syn::GenericArgument>>,
+    /// Device-function bodies inlined so far: each gets its own suffix for its locals.
+    pub instances: u32,
 }
 
 type R<T> = Result<T, syn::Error>;
@@ -18,17 +33,48 @@ type R<T> = Result<T, syn::Error>;
 const FUNCTIONS: &str = "`exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block_sum`, `block_max`, `block_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Tile::<f32, M, N>::col_index`, `Tile::<f32, M, N>::row_index`, `Tile::<f32, M, N>::uniform`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `TileQueue::<S>::new`, `tma::load`, `tma::store`, `tma::store_wait`, `mma_sync`, `mma_sync_kn`, `mma_wait`, `setmaxnreg`, `barrier::sync`, `barrier::arrive`";
 const METHODS: &str = "`load`, `load_or`, `get`, `store`, `store_within`, `dim`, `cast`, `exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `mask_cols`, `swap_pairs`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
 
+/// Whether a call's path names one of the language's own functions (which a device function
+/// cannot shadow): every other call is a device function's.
+pub(crate) fn is_builtin(segs: &[&str]) -> bool {
+    matches!(
+        segs,
+        ["block", "id_x" | "id_y" | "id_z"]
+            | ["grid", "dim_x" | "dim_y" | "dim_z"]
+            | ["warpgroup", "id" | "setmaxnreg"]
+            | ["exp2" | "log2" | "abs" | "sqrt" | "rsqrt" | "tanh" | "erf" | "sin" | "cos" | "floor" | "step"]
+            | ["max" | "min" | "block_sum" | "block_max" | "block_min"]
+            | ["row_sum" | "row_max" | "row_min" | "col_sum" | "col_max" | "col_min"]
+            | ["Smem" | "smem", _]
+            | ["Pipeline" | "TileQueue", _]
+            | ["Tile" | "tile", _]
+            | ["tma", _]
+            | ["mma_sync" | "mma_sync_kn" | "mma_wait" | "setmaxnreg"]
+            | ["barrier", _]
+    )
+}
+
 fn err<T>(span: impl ToTokens, msg: impl std::fmt::Display) -> R<T> {
     Err(syn::Error::new_spanned(span, msg))
 }
 
 impl Frontend {
     pub fn new() -> Self {
-        Frontend { spans: Vec::new(), errors: Vec::new() }
+        Frontend {
+            spans: Vec::new(),
+            errors: Vec::new(),
+            origins: Vec::new(),
+            sites: Vec::new(),
+            site: None,
+            defs: Vec::new(),
+            deps: Vec::new(),
+            explicit: std::collections::HashMap::new(),
+            instances: 0,
+        }
     }
 
-    fn loc(&mut self, span: Span) -> SourceLoc {
+    pub(crate) fn loc(&mut self, span: Span) -> SourceLoc {
         self.spans.push(span);
+        self.origins.push(self.site);
         let start = span.start();
         SourceLoc { span: (self.spans.len() - 1) as u32, line: start.line as u32, col: start.column as u32 }
     }
@@ -69,7 +115,7 @@ impl Frontend {
         Ok(Param { name: id.ident.to_string(), ty, loc })
     }
 
-    fn block(&mut self, stmts: &[SynStmt]) -> Vec<Stmt> {
+    pub(crate) fn block(&mut self, stmts: &[SynStmt]) -> Vec<Stmt> {
         let mut out = Vec::new();
         for s in stmts {
             match self.stmt(s) {
@@ -82,7 +128,10 @@ impl Frontend {
     }
 
     fn stmt(&mut self, s: &SynStmt) -> R<Option<Stmt>> {
-        let text = statement_text(s);
+        let text = match self.site {
+            Some(site) => format!("{}: {}", self.sites[site as usize].1, statement_text(s)),
+            None => statement_text(s),
+        };
         let loc = self.loc(s.span());
         let kind = match s {
             SynStmt::Local(local) => {
@@ -90,6 +139,14 @@ impl Frontend {
                     Pat::Type(pt) => (&*pt.pat, Some(tile_type(&pt.ty)?)),
                     other => (other, None),
                 };
+                if let Pat::Tuple(t) = pat {
+                    let Some(init) = &local.init else {
+                        return err(local, "a `let` in a kernel needs a value");
+                    };
+                    let names = t.elems.iter().map(|p| self.tuple_name(p)).collect::<R<Vec<_>>>()?;
+                    let value = self.call_value(&init.expr)?;
+                    return Ok(Some(Stmt { kind: StmtKind::Unpack { names, assign: false, value }, loc, text }));
+                }
                 let Pat::Ident(id) = pat else {
                     return err(pat, "unsupported pattern: expected `let name` or `let mut name`");
                 };
@@ -112,6 +169,11 @@ impl Frontend {
 
     fn expr_stmt(&mut self, e: &SynExpr, loc: SourceLoc, text: String) -> R<Option<Stmt>> {
         let kind = match e {
+            SynExpr::Assign(a) if matches!(&*a.left, SynExpr::Tuple(_)) => {
+                let SynExpr::Tuple(t) = &*a.left else { return Err(unsupported(&a.left)) };
+                let names = t.elems.iter().map(|e| assignee(e).map(|n| (n, false))).collect::<R<Vec<_>>>()?;
+                StmtKind::Unpack { names, assign: true, value: self.call_value(&a.right)? }
+            }
             SynExpr::Assign(a) => StmtKind::Assign { name: assignee(&a.left)?, value: self.expr(&a.right)? },
             SynExpr::Binary(b) if compound_op(&b.op).is_some() => {
                 let name = assignee(&b.left)?;
@@ -123,6 +185,7 @@ impl Frontend {
                 StmtKind::Assign { name, value: Expr::new(ExprKind::Binary(op, Box::new(lhs), Box::new(rhs)), op_loc) }
             }
             SynExpr::Call(c) if self.is_stmt_call(c) => self.stmt_call(c)?,
+            SynExpr::Call(c) if self.device_of(c).is_some() => StmtKind::Eval(self.expr(e)?),
             SynExpr::MethodCall(m) if m.method == "commit" || m.method == "release" => {
                 let pipe = receiver_name(&m.receiver)?;
                 if m.args.len() != 1 {
@@ -390,6 +453,7 @@ impl Frontend {
                 let (l, r) = (self.expr(&b.left)?, self.expr(&b.right)?);
                 ExprKind::Binary(op, Box::new(l), Box::new(r))
             }
+            SynExpr::Unary(u) if matches!(u.op, SynUnOp::Deref(_)) => return self.expr(&u.expr),
             SynExpr::Unary(u) => {
                 let op = match u.op {
                     SynUnOp::Neg(_) => UnOp::Neg,
@@ -408,17 +472,69 @@ impl Frontend {
                 let to = scalar_dtype(&c.ty).ok_or_else(|| syn::Error::new_spanned(&c.ty, "`as` converts scalars to `f32` or `i32`"))?;
                 ExprKind::Cast { value: Box::new(self.expr(&c.expr)?), to }
             }
-            SynExpr::Call(c) => self.call(c)?,
+            SynExpr::Call(c) => self.call(c, loc)?,
             SynExpr::MethodCall(m) => self.method(m)?,
             other => return Err(unsupported(other)),
         };
         Ok(Expr::new(kind, loc))
     }
 
-    fn call(&mut self, c: &syn::ExprCall) -> R<ExprKind> {
+    /// The definition a call names, if it calls a device function.
+    pub(crate) fn device_of(&self, c: &syn::ExprCall) -> Option<u32> {
+        let SynExpr::Path(p) = &*c.func else { return None };
+        let key = path_key(&p.path);
+        self.deps.iter().find(|(k, _)| *k == key).map(|(_, id)| *id)
+    }
+
+    /// A call of a device function, as the value of a tuple binding.
+    fn call_value(&mut self, e: &SynExpr) -> R<Expr> {
+        match strip_paren(e) {
+            SynExpr::Call(c) if self.device_of(c).is_some() => self.expr(e),
+            other => err(other, "a tuple takes the results of a device function's call: `let (a, b) = f(x);`"),
+        }
+    }
+
+    /// One name of a tuple pattern: `a`, `mut a`, or `_`.
+    fn tuple_name(&mut self, p: &Pat) -> R<(String, bool)> {
+        match p {
+            Pat::Ident(id) if id.by_ref.is_none() && id.subpat.is_none() => Ok((id.ident.to_string(), id.mutability.is_some())),
+            Pat::Wild(_) => Ok((format!("__unused_{}", self.spans.len()), false)),
+            other => err(other, "a tuple pattern lists names: `let (a, mut b, _) = f(x);`"),
+        }
+    }
+
+    /// `f(a, &mut b)` of a device function `id`.
+    fn device_call(&mut self, c: &syn::ExprCall, p: &syn::ExprPath, id: u32, loc: SourceLoc) -> R<ExprKind> {
+        let (mut args, mut by_ref) = (Vec::new(), Vec::new());
+        for a in &c.args {
+            match a {
+                SynExpr::Reference(r) if r.mutability.is_some() => {
+                    args.push(self.expr(&r.expr)?);
+                    by_ref.push(true);
+                }
+                SynExpr::Reference(r) => return err(r, "a device function takes values or `&mut name`, not `&name`"),
+                other => {
+                    args.push(self.expr(other)?);
+                    by_ref.push(false);
+                }
+            }
+        }
+        if let Some(last) = p.path.segments.last() {
+            if let syn::PathArguments::AngleBracketed(g) = &last.arguments {
+                self.explicit.insert(loc.span, g.args.iter().cloned().collect());
+            }
+        }
+        let func = p.path.segments.last().map(|s| s.ident.to_string()).unwrap_or_default();
+        Ok(ExprKind::Call { func, id, args, by_ref })
+    }
+
+    fn call(&mut self, c: &syn::ExprCall, loc: SourceLoc) -> R<ExprKind> {
         let SynExpr::Path(p) = &*c.func else {
             return Err(unsupported(&c.func));
         };
+        if let Some(id) = self.device_of(c) {
+            return self.device_call(c, p, id, loc);
+        }
         let segs: Vec<String> = p.path.segments.iter().map(|s| s.ident.to_string()).collect();
         let names: Vec<&str> = segs.iter().map(String::as_str).collect();
         let nargs = c.args.len();
@@ -559,7 +675,12 @@ impl Frontend {
                     }
                 }
             }
-            _ => return err(&c.func, format!("unknown function `{}`: expected one of {FUNCTIONS}", segs.join("::"))),
+            _ => {
+                return err(
+                    &c.func,
+                    format!("unknown function `{}`: expected a `#[tessera::device]` function or one of {FUNCTIONS}", segs.join("::")),
+                )
+            }
         })
     }
 
@@ -684,9 +805,17 @@ impl syn::visit_mut::VisitMut for Substitute {
     }
 }
 
-/// The value of a constant integer expression: literals, `+ - * /`, parentheses.
+/// The value of a constant integer expression: literals, `+ - * /`, parentheses, braces.
+pub(crate) fn const_eval_expr(e: &SynExpr) -> Option<i64> {
+    const_eval(e)
+}
+
 fn const_eval(e: &SynExpr) -> Option<i64> {
     match e {
+        SynExpr::Block(b) if b.label.is_none() => match b.block.stmts.as_slice() {
+            [SynStmt::Expr(e, None)] => const_eval(e),
+            _ => None,
+        },
         SynExpr::Lit(syn::ExprLit { lit: syn::Lit::Int(i), .. }) => i.base10_parse().ok(),
         SynExpr::Paren(p) => const_eval(&p.expr),
         SynExpr::Group(g) => const_eval(&g.expr),
@@ -758,8 +887,17 @@ fn statement_text(s: &SynStmt) -> String {
     t
 }
 
+/// A call's path as the key its device function is known by: `prelude::online_softmax`,
+/// without generic arguments.
+pub(crate) fn path_key(p: &syn::Path) -> String {
+    let segs: Vec<String> = p.segments.iter().map(|s| s.ident.to_string()).collect();
+    format!("{}{}", if p.leading_colon.is_some() { "::" } else { "" }, segs.join("::"))
+}
+
 fn assignee(e: &SynExpr) -> R<String> {
     match e {
+        // `*acc = …` in a device function: the `&mut` parameter stands for the caller's name.
+        SynExpr::Unary(u) if matches!(u.op, SynUnOp::Deref(_)) => assignee(&u.expr),
         SynExpr::Path(p) if p.path.get_ident().is_some() => Ok(p.path.segments[0].ident.to_string()),
         other => err(other, "only a plain name can be assigned"),
     }
@@ -978,18 +1116,16 @@ fn type_arg(a: &syn::GenericArgument) -> R<&syn::Type> {
     }
 }
 
-/// A constant integer generic argument (a literal, possibly in braces).
+/// A constant integer generic argument: a literal, or a constant expression in braces (`{ 128 / 2 }`,
+/// as a device function's `{ N / 2 }` becomes once `N` is bound).
 fn const_arg(a: &syn::GenericArgument, what: &str) -> R<u32> {
-    let lit = match a {
-        syn::GenericArgument::Const(SynExpr::Lit(l)) => Some(&l.lit),
-        syn::GenericArgument::Const(SynExpr::Block(b)) => match b.block.stmts.as_slice() {
-            [SynStmt::Expr(SynExpr::Lit(l), None)] => Some(&l.lit),
-            _ => None,
-        },
+    let v = match a {
+        syn::GenericArgument::Const(SynExpr::Lit(syn::ExprLit { lit: syn::Lit::Int(i), .. })) => Some(i.base10_parse::<i64>()?),
+        syn::GenericArgument::Const(e @ SynExpr::Block(_)) => const_eval(e),
         _ => None,
     };
-    match lit {
-        Some(syn::Lit::Int(i)) => i.base10_parse(),
-        _ => err(a, format!("{what} must be a constant integer, found `{}`", a.to_token_stream())),
+    match v.and_then(|v| u32::try_from(v).ok()) {
+        Some(v) => Ok(v),
+        None => err(a, format!("{what} must be a constant integer, found `{}`", a.to_token_stream())),
     }
 }

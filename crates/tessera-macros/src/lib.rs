@@ -26,3 +26,25 @@ use proc_macro::TokenStream;
 pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     tessera_frontend::expand(attr.into(), item.into()).into()
 }
+
+/// Marks a device function: a Rust function in the kernel language that kernels and other
+/// device functions call, inlined where it is called. See the `tessera` crate's documentation.
+///
+/// ```ignore
+/// #[tessera::device]
+/// pub fn rescale<const M: usize, const N: usize>(x: Tile<f32, M, N>, s: Tile<f32, M, 1>) -> Tile<f32, M, N> {
+///     x * s
+/// }
+/// ```
+#[proc_macro_attribute]
+pub fn device(attr: TokenStream, item: TokenStream) -> TokenStream {
+    tessera_frontend::device(attr.into(), item.into()).into()
+}
+
+/// Where a device function's exported `macro_rules!` hands its definition back to the kernel
+/// (or device function) that asked for it. Not for direct use.
+#[doc(hidden)]
+#[proc_macro]
+pub fn __resume(input: TokenStream) -> TokenStream {
+    tessera_frontend::resume(input.into()).into()
+}

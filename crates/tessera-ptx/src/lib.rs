@@ -61,5 +61,5 @@ pub fn wait_tag_decode(addr: u64) -> Option<(u32, bool, u32)> {
 
 pub use dtype::{DType, ScalarType};
 pub use error::CompileError;
-pub use pipeline::{compile, CompileOptions, CompiledKernel, CompiledVariant};
+pub use pipeline::{compile, compile_with, CompileOptions, CompiledKernel, CompiledVariant};
 pub use reflect::{KernelSpec, ParamInfo, ParamKind, PtxVariant, Target, TmaBox};

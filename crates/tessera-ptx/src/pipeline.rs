@@ -4,6 +4,7 @@ use crate::emit::PtxEmitter;
 use crate::error::CompileError;
 use crate::reflect::{ParamKind, Target};
 use crate::tirh::{TileIr, Type};
+use crate::verify::Callees;
 use crate::{lower, verify};
 
 /// Options for one compilation.
@@ -53,9 +54,19 @@ pub struct CompiledKernel {
     pub dropped: Vec<(Target, String)>,
 }
 
-/// Runs every stage: typecheck → lower → emit, once per target.
+/// Runs every stage: typecheck → lower → emit, once per target. A kernel that calls device
+/// functions needs [`compile_with`].
 pub fn compile(ir: TileIr, opts: &CompileOptions) -> Result<CompiledKernel, Vec<CompileError>> {
-    let ir = verify::typecheck(ir)?;
+    compile_checked(verify::typecheck(ir)?, opts)
+}
+
+/// [`compile`], with the kernel's device-function calls inlined from `callees` as the type
+/// checker meets them.
+pub fn compile_with(ir: TileIr, opts: &CompileOptions, callees: &mut dyn Callees) -> Result<CompiledKernel, Vec<CompileError>> {
+    compile_checked(verify::typecheck_with(ir, callees)?, opts)
+}
+
+fn compile_checked(ir: TileIr, opts: &CompileOptions) -> Result<CompiledKernel, Vec<CompileError>> {
     let mut variants = Vec::new();
     let mut dropped = Vec::new();
     let mut first: Option<crate::tirt::PtxKernel> = None;

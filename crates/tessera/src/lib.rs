@@ -135,7 +135,23 @@ pub use tensor::{
     contiguous_strides, global, global_mut, in_place, Absent, ArgGuard, CudaGlobal, Element, GlobalArg, GlobalArgMut, GlobalDesc,
     HostBuffer, InPlace, Optional, OptionalMut, Tensor, TensorView, TensorViewMut, TileCounter,
 };
-pub use tessera_macros::kernel;
+#[doc(hidden)]
+pub use tessera_macros::__resume;
+pub use tessera_macros::{device, kernel};
+
+/// What a `#[device]` function's host-side name asks of its arguments, which nothing meets: a
+/// device function runs only inlined into a kernel, so calling it from host code is a compile
+/// error at the call.
+#[diagnostic::on_unimplemented(
+    message = "a `#[tessera::device]` function is called from host code",
+    label = "device functions run inside kernels",
+    note = "call it from a `#[tessera::kernel]` or another `#[tessera::device]` function, where it is inlined"
+)]
+pub trait DeviceFunction: sealed::Sealed {}
+
+mod sealed {
+    pub trait Sealed {}
+}
 pub use tessera_ptx::random;
 pub use tessera_ptx::{DType, KernelSpec, ParamInfo, ParamKind, PtxVariant, Target, TmaBox};
 pub use tma::{tma_unfit, TensorMap, TmaDescriptorCache};

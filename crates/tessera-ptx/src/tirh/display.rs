@@ -72,6 +72,12 @@ fn write_stmt(f: &mut fmt::Formatter<'_>, s: &Stmt, depth: usize) -> fmt::Result
         StmtKind::Mma { acc, a, b, b_kn: false } => writeln!(f, "{pad}mma {acc} += {a} * {b}^T;  // line {}", s.loc.line),
         StmtKind::Mma { acc, a, b, b_kn: true } => writeln!(f, "{pad}mma {acc} += {a} * {b};  // line {}", s.loc.line),
         StmtKind::SetMaxNReg(n) => writeln!(f, "{pad}setmaxnreg {n};  // line {}", s.loc.line),
+        StmtKind::Eval(call) => writeln!(f, "{pad}{call};  // line {}", s.loc.line),
+        StmtKind::Unpack { names, assign, value } => {
+            let names: Vec<String> = names.iter().map(|(n, m)| if *m && !*assign { format!("mut {n}") } else { n.clone() }).collect();
+            let kw = if *assign { "" } else { "let " };
+            writeln!(f, "{pad}{kw}({}) = {value};  // line {}", names.join(", "), s.loc.line)
+        }
         StmtKind::If { cond, then, otherwise } => {
             writeln!(f, "{pad}if {cond} {{  // line {}", s.loc.line)?;
             write_block(f, then, depth + 1)?;
@@ -143,6 +149,11 @@ impl fmt::Display for Expr {
                 write!(f, "uniform<{tile}>({}, {}, {}, [{}, {}])", seed[0], seed[1], seed[2], origin[0], origin[1])
             }
             ExprKind::SwapPairs(value) => write!(f, "{value}.swap_pairs()"),
+            ExprKind::Call { func, args, by_ref, .. } => {
+                let args: Vec<String> =
+                    args.iter().zip(by_ref).map(|(a, r)| if *r { format!("&mut {a}") } else { a.to_string() }).collect();
+                write!(f, "{func}({})", args.join(", "))
+            }
             ExprKind::Get { tensor, index } => write!(f, "{tensor}.get[{}]", list(index)),
             ExprKind::Reduce { op, axis, value } => write!(f, "reduce_{}<axis={axis}>({value})", op.name()),
             ExprKind::BlockReduce { op, value } => write!(f, "block_{}({value})", op.name()),

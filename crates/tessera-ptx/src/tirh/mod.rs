@@ -378,6 +378,20 @@ pub enum StmtKind {
     },
     /// `setmaxnreg(n)`: this warpgroup's register budget from here on.
     SetMaxNReg(u32),
+    /// `f(x);`: a device-function call whose results, if any, are dropped. Inlined by the
+    /// type checker, which removes the statement.
+    Eval(Expr),
+    /// `let (a, mut b) = f(x);` (`assign: false`) or `(a, b) = f(x);` (`assign: true`): the
+    /// results of a device-function call bound or assigned in order. Inlined by the type
+    /// checker, which replaces it by `let`s (or assignments).
+    Unpack {
+        /// Each name, and whether a `let` binds it mutable.
+        names: Vec<(String, bool)>,
+        /// Assignments to existing names rather than new bindings.
+        assign: bool,
+        /// The call.
+        value: Expr,
+    },
     /// `if cond { then } else { otherwise }`
     If {
         /// A uniform boolean.
@@ -425,7 +439,7 @@ impl Expr {
             K::SmemRows { view, start, .. } => vec![view, start],
             K::MaskCols { value, limit, fill } => vec![value, limit, fill],
             K::Uniform { seed, origin, .. } => seed.iter().chain(origin).collect(),
-            K::Get { index, .. } => index.iter().collect(),
+            K::Get { index, .. } | K::Call { args: index, .. } => index.iter().collect(),
             K::Var(_)
             | K::Int(_)
             | K::Float(_)
@@ -769,6 +783,19 @@ pub enum ExprKind {
         op: ReduceOp,
         /// The tile.
         value: Box<Expr>,
+    },
+    /// `f(a, &mut b)`: a call of a `#[device]` function, which the type checker inlines (it
+    /// never reaches lowering): its statements go before the statement that holds the call,
+    /// and the call becomes its result expression.
+    Call {
+        /// The function's name, for messages.
+        func: String,
+        /// The frontend's number for the definition the call resolved to.
+        id: u32,
+        /// The arguments.
+        args: Vec<Expr>,
+        /// Which arguments are passed `&mut name`.
+        by_ref: Vec<bool>,
     },
 }
 

@@ -5,7 +5,7 @@ use crate::dtype::{DType, ScalarType};
 use crate::error::CompileError;
 use crate::tirh::{BinOp, Builtin, Expr, ExprKind, TileType, Type, UnOp};
 
-impl Checker {
+impl Checker<'_> {
     pub(super) fn expr(&mut self, e: &mut Expr) -> Result<Type, CompileError> {
         self.expr_expecting(e, None)
     }
@@ -178,6 +178,8 @@ impl Checker {
                 }
                 Type::Tile(TileType { cols: *cols, ..t })
             }
+            // A device function's call: inlined, and replaced by its result.
+            ExprKind::Call { .. } => return self.call_value(e, expect),
             ExprKind::BlockReduce { op, .. } => {
                 return Err(CompileError::ty(
                     loc,

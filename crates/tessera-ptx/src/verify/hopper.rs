@@ -42,7 +42,7 @@ fn check_mma_shapes(
     Ok(())
 }
 
-impl Checker {
+impl Checker<'_> {
     /// The type of a Hopper expression, or `None` if `e` is not one.
     pub(super) fn hopper_expr(&mut self, e: &mut Expr) -> Option<Result<Type, CompileError>> {
         use crate::tirh::ExprKind as K;

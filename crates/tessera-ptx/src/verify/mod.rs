@@ -6,6 +6,7 @@
 //! every store writes a tile of the tensor's dtype, and every mutable binding keeps its type.
 //! Lowering relies on all of this and does not check it again.
 
+mod call;
 mod expr;
 mod hopper;
 
@@ -14,12 +15,34 @@ use crate::error::CompileError;
 use crate::tirh::{ExprKind, SourceLoc, Stmt, StmtKind, TileIr, TileType, Type};
 use std::collections::HashMap;
 
+pub use call::{CallSite, Callees, Inlined};
+
 /// The most elements a tile may hold: 128 registers per thread of a warpgroup.
 pub const MAX_TILE_ELEMENTS: u32 = 128 * 128;
 
 /// Type-checks a kernel. Returns the kernel with every expression typed, or every error found.
-pub fn typecheck(mut ir: TileIr) -> Result<TileIr, Vec<CompileError>> {
-    let mut cx = Checker { scopes: vec![HashMap::new()], errors: Vec::new(), poisoned: Vec::new(), warpgroups: ir.warpgroups };
+/// A kernel that calls device functions needs [`typecheck_with`].
+pub fn typecheck(ir: TileIr) -> Result<TileIr, Vec<CompileError>> {
+    run(ir, None)
+}
+
+/// Type-checks a kernel, inlining its device-function calls ([`ExprKind::Call`]) as it meets
+/// them: `callees` gives each call's body for its typed arguments (the frontend parses the
+/// definition with its generic parameters bound). The result holds no call.
+pub fn typecheck_with(ir: TileIr, callees: &mut dyn Callees) -> Result<TileIr, Vec<CompileError>> {
+    run(ir, Some(callees))
+}
+
+fn run(mut ir: TileIr, callees: Option<&mut dyn Callees>) -> Result<TileIr, Vec<CompileError>> {
+    let mut cx = Checker {
+        scopes: vec![HashMap::new()],
+        errors: Vec::new(),
+        poisoned: Vec::new(),
+        warpgroups: ir.warpgroups,
+        callees,
+        pending: Vec::new(),
+        inlining: Vec::new(),
+    };
     for p in &ir.params {
         cx.bind(&p.name, p.ty, false);
     }
@@ -39,16 +62,23 @@ struct Binding {
     mutable: bool,
 }
 
-struct Checker {
+struct Checker<'c> {
     scopes: Vec<HashMap<String, Binding>>,
     errors: Vec<CompileError>,
     /// Names whose `let` failed: uses of them report nothing more.
     poisoned: Vec<String>,
     /// The kernel's warpgroups.
     warpgroups: u32,
+    /// Where device-function bodies come from (none: a call is an error).
+    callees: Option<&'c mut dyn Callees>,
+    /// Checked statements of the calls inlined so far in the statement being checked: they
+    /// go before it.
+    pending: Vec<Stmt>,
+    /// The definitions being inlined, outermost first (a call of one of them recurses).
+    inlining: Vec<(u32, String)>,
 }
 
-impl Checker {
+impl Checker<'_> {
     fn bind(&mut self, name: &str, ty: Type, mutable: bool) {
         if let Some(scope) = self.scopes.last_mut() {
             scope.insert(name.to_string(), Binding { ty, mutable });
@@ -67,21 +97,39 @@ impl Checker {
         }
     }
 
-    fn block(&mut self, body: &mut [Stmt]) {
+    fn block(&mut self, body: &mut Vec<Stmt>) {
         self.scopes.push(HashMap::new());
-        for s in body.iter_mut() {
-            if let Err(e) = self.stmt(s) {
-                // A `let` that failed binds its name as poisoned, so later uses stay quiet.
-                if let StmtKind::Let { name, .. } = &s.kind {
-                    self.bind(name, Type::Scalar(ScalarType::Bool), false);
-                    self.poisoned.push(name.clone());
-                }
-                if !e.to_string().is_empty() {
-                    self.errors.push(e);
-                }
-            }
+        for s in std::mem::take(body) {
+            self.stmt_into(s, body);
         }
         self.scopes.pop();
+    }
+
+    /// Checks `s` in the current scope and appends it to `out`, after the inlined bodies of
+    /// the calls it holds; a call statement (`f(x);`, `let (a, b) = f(x);`) leaves only what
+    /// it was inlined to.
+    fn stmt_into(&mut self, mut s: Stmt, out: &mut Vec<Stmt>) {
+        let outer = std::mem::take(&mut self.pending);
+        let result = self.stmt(&mut s);
+        out.append(&mut std::mem::replace(&mut self.pending, outer));
+        if let Err(e) = result {
+            // A binding that failed binds its names as poisoned, so later uses stay quiet.
+            let names: Vec<String> = match &s.kind {
+                StmtKind::Let { name, .. } => vec![name.clone()],
+                StmtKind::Unpack { names, assign: false, .. } => names.iter().map(|(n, _)| n.clone()).collect(),
+                _ => Vec::new(),
+            };
+            for name in names {
+                self.bind(&name, Type::Scalar(ScalarType::Bool), false);
+                self.poisoned.push(name);
+            }
+            if !e.to_string().is_empty() {
+                self.errors.push(e);
+            }
+        }
+        if !matches!(s.kind, StmtKind::Eval(_) | StmtKind::Unpack { .. }) {
+            out.push(s);
+        }
     }
 
     fn stmt(&mut self, s: &mut Stmt) -> Result<(), CompileError> {
@@ -235,6 +283,13 @@ impl Checker {
                 if !(24..=256).contains(n) || *n % 8 != 0 {
                     return Err(CompileError::ty(loc, format!("`setmaxnreg` takes 24 to 256 registers in steps of 8, found {n}")));
                 }
+            }
+            StmtKind::Eval(call) => {
+                self.call(call, None)?;
+            }
+            StmtKind::Unpack { names, assign, value } => {
+                let (names, assign) = (names.clone(), *assign);
+                self.unpack(names, assign, value, loc, &s.text)?;
             }
             StmtKind::If { cond, then, otherwise } => {
                 self.expect_scalar(cond, ScalarType::Bool, "an `if` condition")?;

@@ -703,6 +703,8 @@ impl<'p> Kernel<'p> {
                 bars[st as usize].arrive();
             }
             StmtKind::MmaWait(_) | StmtKind::SetMaxNReg(_) => {}
+            // The type checker inlines device-function calls; a checked kernel holds none.
+            StmtKind::Eval(_) | StmtKind::Unpack { .. } => return Err("a device-function call that was not inlined".to_string().into()),
             StmtKind::Mma { acc, a, b, b_kn } => {
                 let va = match self.eval(a, wg, blk)? {
                     Val::View(v) => MmaA::View(v),
@@ -940,6 +942,7 @@ impl<'p> Kernel<'p> {
                 _ => return Err("`cols` takes a tile".to_string().into()),
             },
             ExprKind::BlockReduce { .. } => return Err("`block_sum` is the whole value of a `let`".to_string().into()),
+            ExprKind::Call { func, .. } => return Err(format!("`{func}`: a device-function call that was not inlined").into()),
             ExprKind::Reduce { op, axis, value } => match self.eval(value, wg, blk)? {
                 Val::T(t) => Val::T(t.reduce(*op, *axis)),
                 _ => return Err("reductions take a tile".to_string().into()),

@@ -1,0 +1,176 @@
+//! Inlining device-function calls as the checker meets them.
+//!
+//! A call's arguments are typed first; the [`Callees`] (the frontend) then gives the callee's
+//! body for those types — generic parameters bound, locals renamed apart, value parameters
+//! bound by `let` or standing for the caller's names — and the checker checks that body in
+//! the caller's scope, right before the statement holding the call, which keeps the call's
+//! results. Nothing of the call reaches lowering: a kernel written with calls lowers as the
+//! same kernel written out by hand.
+
+use super::Checker;
+use crate::error::CompileError;
+use crate::tirh::{Expr, ExprKind, SourceLoc, Stmt, StmtKind, TileType, Type};
+
+/// A call of a device function, its arguments typed.
+pub struct CallSite<'a> {
+    /// The function's name as called.
+    pub func: &'a str,
+    /// The frontend's number for the definition.
+    pub id: u32,
+    /// The call.
+    pub loc: SourceLoc,
+    /// The arguments, each with its type (`Expr::ty`).
+    pub args: &'a [Expr],
+    /// Which arguments are `&mut name`.
+    pub by_ref: &'a [bool],
+}
+
+/// A device function's body for one call.
+pub struct Inlined {
+    /// Statements, parameters' `let`s first.
+    pub body: Vec<Stmt>,
+    /// The result expressions (none for a function returning nothing, several for a tuple).
+    pub results: Vec<Expr>,
+    /// The declared type of each result, where the signature names a concrete one.
+    pub returns: Vec<Option<Type>>,
+}
+
+/// Where the checker gets device-function bodies: the frontend, which parses a definition
+/// for the argument types of each call.
+pub trait Callees {
+    /// The body of `call.id` for this call, or why there is none (wrong arity, argument
+    /// types that do not fit the signature, a definition that does not parse), at `call.loc`.
+    ///
+    /// # Errors
+    /// A [`CompileError`] that says what the signature expected and what the call gave.
+    fn instantiate(&mut self, call: &CallSite<'_>) -> Result<Inlined, CompileError>;
+}
+
+impl Checker<'_> {
+    /// Inlines the call `e`: its body goes to the pending statements, and its checked results
+    /// come back. `expect` is the tile type a `let` annotation asks of a single result.
+    pub(super) fn call(&mut self, e: &mut Expr, expect: Option<TileType>) -> Result<Vec<Expr>, CompileError> {
+        let loc = e.loc;
+        let ExprKind::Call { func, id, mut args, by_ref } = std::mem::replace(&mut e.kind, ExprKind::Bool(false)) else {
+            return Err(CompileError::ty(loc, "expected a call"));
+        };
+        for a in args.iter_mut() {
+            self.expr(a)?;
+        }
+        self.check_by_ref(&func, &args, &by_ref)?;
+        if let Some(at) = self.inlining.iter().position(|(i, _)| *i == id) {
+            let chain: Vec<&str> = self.inlining[at..].iter().map(|(_, n)| n.as_str()).chain([func.as_str()]).collect();
+            return Err(CompileError::ty(
+                loc,
+                format!("`{func}` calls itself ({}): device functions are inlined, so they cannot recurse", chain.join(" → ")),
+            ));
+        }
+        let Some(callees) = self.callees.as_deref_mut() else {
+            return Err(CompileError::ty(loc, format!("unknown function `{func}`")));
+        };
+        let inlined = callees.instantiate(&CallSite { func: &func, id, loc, args: &args, by_ref: &by_ref })?;
+        self.inlining.push((id, func.clone()));
+        let mut body = Vec::new();
+        for s in inlined.body {
+            self.stmt_into(s, &mut body);
+        }
+        // The body goes before anything the results' own calls add.
+        self.pending.append(&mut body);
+        let single = inlined.results.len() == 1;
+        let mut results = inlined.results;
+        let checked = results.iter_mut().zip(&inlined.returns).try_for_each(|(r, want)| {
+            let expect = match want {
+                Some(Type::Tile(t)) => Some(*t),
+                _ if single => expect,
+                _ => None,
+            };
+            let ty = self.expr_expecting(r, expect)?;
+            match want {
+                Some(w) if *w != ty => {
+                    Err(CompileError::ty(r.loc, format!("`{func}` is declared to return `{w}`, but this result is `{ty}`")))
+                }
+                _ => Ok(()),
+            }
+        });
+        self.inlining.pop();
+        checked.map(|()| results)
+    }
+
+    /// The value of a call in an expression: its one result.
+    pub(super) fn call_value(&mut self, e: &mut Expr, expect: Option<TileType>) -> Result<Type, CompileError> {
+        let (loc, func) = (e.loc, call_name(e));
+        let mut results = self.call(e, expect)?;
+        match results.len() {
+            1 => {
+                *e = results.remove(0);
+                e.ty.ok_or_else(|| CompileError::ty(loc, "an untyped result"))
+            }
+            0 => Err(CompileError::ty(loc, format!("`{func}` returns nothing: call it as a statement, `{func}(…);`"))),
+            n => Err(CompileError::ty(loc, format!("`{func}` returns {n} values: bind them with `let (a, b, …) = {func}(…);`"))),
+        }
+    }
+
+    /// `let (a, b) = f(x);` or `(a, b) = f(x);`: each result bound (or assigned) in order.
+    pub(super) fn unpack(
+        &mut self,
+        names: Vec<(String, bool)>,
+        assign: bool,
+        value: &mut Expr,
+        loc: SourceLoc,
+        text: &str,
+    ) -> Result<(), CompileError> {
+        let func = call_name(value);
+        let results = self.call(value, None)?;
+        if results.len() != names.len() {
+            return Err(CompileError::ty(loc, format!("`{func}` returns {} value(s), the pattern takes {}", results.len(), names.len())));
+        }
+        let stmt = |kind| Stmt { kind, loc, text: text.to_string() };
+        let mut out = Vec::new();
+        if !assign {
+            for ((name, mutable), value) in names.into_iter().zip(results) {
+                out.push(stmt(StmtKind::Let { name, mutable, declared: None, value }));
+            }
+        } else {
+            // Every result is computed before any name changes: `(m, l) = f(m, l)`.
+            let temps: Vec<String> = (0..names.len()).map(|i| format!("{func}__result{i}_{}", loc.span)).collect();
+            for (t, value) in temps.iter().zip(results) {
+                out.push(stmt(StmtKind::Let { name: t.clone(), mutable: false, declared: None, value }));
+            }
+            for ((name, _), t) in names.into_iter().zip(temps) {
+                out.push(stmt(StmtKind::Assign { name, value: Expr::new(ExprKind::Var(t), loc) }));
+            }
+        }
+        for mut s in out {
+            self.stmt(&mut s)?;
+            self.pending.push(s);
+        }
+        Ok(())
+    }
+
+    /// `&mut x` passes a mutable binding, and `x` appears in no other argument (the callee
+    /// would see it change under it).
+    fn check_by_ref(&self, func: &str, args: &[Expr], by_ref: &[bool]) -> Result<(), CompileError> {
+        for (i, (a, _)) in args.iter().zip(by_ref).enumerate().filter(|(_, (_, r))| **r) {
+            let ExprKind::Var(name) = &a.kind else {
+                return Err(CompileError::ty(a.loc, "`&mut` passes a name: `&mut acc`"));
+            };
+            if !self.lookup(name).is_some_and(|b| b.mutable) {
+                return Err(CompileError::ty(a.loc, format!("`&mut {name}` needs a mutable binding: declare it `let mut {name}`")));
+            }
+            if let Some(other) = args.iter().enumerate().find(|(j, o)| *j != i && o.uses(name)) {
+                return Err(CompileError::ty(
+                    other.1.loc,
+                    format!("`{name}` is passed to `{func}` as `&mut {name}` and also in another argument"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn call_name(e: &Expr) -> String {
+    match &e.kind {
+        ExprKind::Call { func, .. } => func.clone(),
+        _ => "the call".into(),
+    }
+}
