@@ -507,3 +507,79 @@ fn gpu_tiles_of_odd_widths() {
 fn interp_tiles_of_odd_widths() {
     tiles_of_odd_widths(&Device::cpu());
 }
+
+use tessera_kernels::prelude::online_softmax;
+
+/// A user's device function, calling the library's (`tessera_kernels::prelude`) by its path:
+/// RMSNorm of a row block, times a weight row.
+#[tessera::device]
+fn rms_weighted<const R: usize, const W: usize>(t: Tile<f32, R, W>, w: Global<f32, 1>, n: i32, eps: f32) -> Tile<f32, R, W> {
+    let mut o = tessera_kernels::prelude::rms_scale(t, n, eps);
+    tessera_kernels::prelude::scale_columns(&mut o, w, 0, 1);
+    o
+}
+
+/// Row softmax of 16-row blocks in 64-column steps through the library's `online_softmax`
+/// (a tuple result, `&mut` running sum), then a user device function on the same rows.
+#[kernel]
+fn softmax_through_calls(x: Global<f32, 2>, w: Global<f32, 1>, y: Global<f32, 2>, z: Global<f32, 2>) {
+    let r = block::id_x() * 16;
+    let mut m = Tile::<f32, 16, 1>::full(-1.0e30);
+    let mut l = Tile::<f32, 16, 1>::zeros();
+    for c in (0..x.dim(1)).step_by(64) {
+        let s: Tile<f32, 16, 64> = x.load_or([r, c], f32::NEG_INFINITY);
+        let (_p, m_new) = online_softmax(s, m, &mut l);
+        m = m_new;
+    }
+    for c in (0..x.dim(1)).step_by(64) {
+        let s: Tile<f32, 16, 64> = x.load_or([r, c], f32::NEG_INFINITY);
+        y.store([r, c], exp2(s - m) / l);
+    }
+    let t: Tile<f32, 16, 256> = x.load([r, 0]);
+    z.store([r, 0], rms_weighted(t, w, x.dim(1), 1.0e-5));
+}
+
+fn device_functions(dev: &Device) {
+    for (m, n) in [(37, 200), (5, 7), (16, 256), (70, 129)] {
+        let x = random(m * n, -4.0, 4.0);
+        let w = random(256, 0.5, 1.5);
+        let xd = Tensor::from_host(dev, &x, &[m, n]).expect("x");
+        let wd = Tensor::from_host(dev, &w, &[256]).expect("w");
+        let mut y = Tensor::from_host(dev, &vec![f32::NAN; m * n], &[m, n]).expect("y");
+        let mut z = Tensor::from_host(dev, &vec![f32::NAN; m * n], &[m, n]).expect("z");
+        softmax_through_calls::launch(dev, m.div_ceil(16) as u32, &xd, &wd, &mut y, &mut z).expect("launch");
+        let (mut want_y, mut want_z) = (vec![0.0f64; m * n], vec![0.0f64; m * n]);
+        for i in 0..m {
+            let row = &wide(&x[i * n..(i + 1) * n]);
+            let mx = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let sum: f64 = row.iter().map(|v| (v - mx).exp2()).sum();
+            let ms = row.iter().map(|v| v * v).sum::<f64>() / n as f64;
+            for j in 0..n {
+                want_y[i * n + j] = (row[j] - mx).exp2() / sum;
+                want_z[i * n + j] = if j < 256 { row[j] / (ms + 1e-5).sqrt() * f64::from(w[j]) } else { f64::NAN };
+            }
+        }
+        let got_y = wide(&y.to_host().expect("y"));
+        assert!(rel_error(&got_y, &want_y) < 1e-5, "softmax {m}×{n}: {}", rel_error(&got_y, &want_y));
+        // Columns from 256 on are not stored: they keep the poison.
+        let got_z = wide(&z.to_host().expect("z"));
+        let keep: Vec<usize> = (0..m * n).filter(|k| k % n < 256).collect();
+        let pick = |v: &[f64]| keep.iter().map(|&k| v[k]).collect::<Vec<f64>>();
+        if n <= 256 {
+            assert!(rel_error(&pick(&got_z), &pick(&want_z)) < 1e-5, "rms {m}×{n}: {}", rel_error(&pick(&got_z), &pick(&want_z)));
+        }
+        assert!(got_z.iter().enumerate().all(|(k, v)| k % n < 256 || v.is_nan()), "stored past the tile");
+    }
+}
+
+#[test]
+fn gpu_device_functions() {
+    if let Some(dev) = gpu_or_skip("gpu_device_functions") {
+        device_functions(&dev);
+    }
+}
+
+#[test]
+fn interp_device_functions() {
+    device_functions(&Device::cpu());
+}

@@ -473,8 +473,14 @@ impl Frontend {
         for (path, body) in deps {
             ids.push((path_key(&path), self.load(body)?));
         }
-        self.defs.push(DeviceDef { name: item.sig.ident.to_string(), item, deps: ids });
-        Ok((self.defs.len() - 1) as u32)
+        let name = item.sig.ident.to_string();
+        let id = self.defs.len() as u32;
+        // A call of itself by its own name resolves to itself, for the checker to report.
+        if !ids.iter().any(|(k, _)| *k == name) {
+            ids.push((name.clone(), id));
+        }
+        self.defs.push(DeviceDef { name, item, deps: ids });
+        Ok(id)
     }
 
     /// Parses a device function's body once where it is defined, with placeholder values for

@@ -86,7 +86,11 @@ fn resolve(kind: Kind, attr: TokenStream, item: TokenStream, entries: Vec<(syn::
         Ok(f) => f,
         Err(e) => return e.to_compile_error(),
     };
-    let known: Vec<String> = entries.iter().map(|(p, _)| crate::parse::path_key(p)).collect();
+    let mut known: Vec<String> = entries.iter().map(|(p, _)| crate::parse::path_key(p)).collect();
+    if let Kind::Device = kind {
+        // A device function calling itself is reported by the checker at the call.
+        known.push(f.sig.ident.to_string());
+    }
     if let Some(path) = device_calls(&f).into_iter().find(|p| !known.contains(&crate::parse::path_key(p))) {
         let kind = match kind {
             Kind::Kernel => quote!(kernel),
@@ -1009,6 +1013,215 @@ mod tests {
         assert!(errs[0].contains("expected 2 indices, found 1"));
         assert!(errs[1].contains("expected a `f32` tile"), "{}", errs[1]);
         assert!(errs[2].contains("shapes do not match"));
+    }
+
+    /// Compiles `f` with device functions: each `(path, definition, its own callees)`.
+    fn compile_calling(f: &syn::ItemFn, devices: &[(&str, syn::ItemFn, &[&str])]) -> Result<CompiledKernel, Vec<String>> {
+        let mut fe = Frontend::new();
+        let mut ids: Vec<(String, u32)> = Vec::new();
+        for (path, def, callees) in devices {
+            let deps = callees.iter().map(|c| {
+                let (_, d, _) = devices.iter().find(|(p, ..)| p == c).expect("a listed callee");
+                let p: TokenStream = c.parse().expect("a path");
+                quote!((#p) {{ #d } []})
+            });
+            let id = fe.load(quote!({ #def } [ #(#deps)* ])).map_err(|e| vec![e.to_string()])?;
+            ids.push((path.to_string(), id));
+        }
+        fe.deps = ids;
+        let ir = fe.kernel(f, 1).ok_or_else(|| fe.errors.iter().map(|e| e.to_string()).collect::<Vec<_>>())?;
+        let out = tessera_ptx::compile_with(ir, &CompileOptions::default(), &mut fe);
+        out.map_err(|es| es.iter().map(|e| fe.place(e.loc().span, &e.to_string()).to_string()).collect())
+    }
+
+    /// PTX with its comments dropped and its registers numbered in order of first use: two
+    /// kernels that differ only in names read the same.
+    fn normalized(ptx: &str) -> String {
+        let mut names: HashMap<String, usize> = HashMap::new();
+        let mut out = String::new();
+        for line in ptx.lines().map(str::trim).filter(|l| !l.starts_with("//") && !l.starts_with(".visible") && !l.is_empty()) {
+            let mut rest = line;
+            while let Some(i) = rest.find('%') {
+                out.push_str(&rest[..i]);
+                let tail = &rest[i + 1..];
+                let end = tail.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(tail.len());
+                let n = names.len();
+                let id = *names.entry(tail[..end].to_string()).or_insert(n);
+                out.push_str(&format!("%r{id}"));
+                rest = &tail[end..];
+            }
+            out.push_str(rest);
+            out.push('\n');
+        }
+        out
+    }
+
+    use std::collections::HashMap;
+
+    fn online_softmax_defs() -> Vec<(&'static str, syn::ItemFn, &'static [&'static str])> {
+        vec![
+            (
+                "scaled_max",
+                parse_quote! {
+                    fn scaled_max<const M: usize, const N: usize>(s: Tile<f32, M, N>, m: Tile<f32, M, 1>) -> Tile<f32, M, 1> {
+                        max(m, row_max(s))
+                    }
+                },
+                &[],
+            ),
+            (
+                "prelude::online_softmax",
+                parse_quote! {
+                    fn online_softmax<const M: usize, const N: usize>(s: Tile<f32, M, N>, m: Tile<f32, M, 1>, l: &mut Tile<f32, M, 1>) -> (Tile<f32, M, N>, Tile<f32, M, 1>) {
+                        let m_new = scaled_max(s, m);
+                        let p = exp2(s - m_new);
+                        *l = *l * exp2(m - m_new) + row_sum(p);
+                        (p, m_new)
+                    }
+                },
+                &["scaled_max"],
+            ),
+        ]
+    }
+
+    #[test]
+    fn a_kernel_with_calls_emits_the_ptx_of_the_kernel_written_out() {
+        let with_calls: syn::ItemFn = parse_quote! {
+            fn k(x: Global<f32, 2>, y: Global<f32, 2>) {
+                let r = block::id_x() * 16;
+                let mut m = Tile::<f32, 16, 1>::full(f32::NEG_INFINITY);
+                let mut l = Tile::<f32, 16, 1>::zeros();
+                for c in (0..x.dim(1)).step_by(64) {
+                    let s: Tile<f32, 16, 64> = x.load_or([r, c], f32::NEG_INFINITY);
+                    let (p, m_next) = prelude::online_softmax(s, m, &mut l);
+                    m = m_next;
+                    y.store([r, c], p);
+                }
+                y.store([r, 0], Tile::<f32, 16, 64>::zeros() + l);
+            }
+        };
+        let written_out: syn::ItemFn = parse_quote! {
+            fn k(x: Global<f32, 2>, y: Global<f32, 2>) {
+                let r = block::id_x() * 16;
+                let mut m = Tile::<f32, 16, 1>::full(f32::NEG_INFINITY);
+                let mut l = Tile::<f32, 16, 1>::zeros();
+                for c in (0..x.dim(1)).step_by(64) {
+                    let s: Tile<f32, 16, 64> = x.load_or([r, c], f32::NEG_INFINITY);
+                    let m_new = max(m, row_max(s));
+                    let p = exp2(s - m_new);
+                    l = l * exp2(m - m_new) + row_sum(p);
+                    let p2 = p;
+                    let m_next = m_new;
+                    m = m_next;
+                    y.store([r, c], p2);
+                }
+                y.store([r, 0], Tile::<f32, 16, 64>::zeros() + l);
+            }
+        };
+        let a = compile_calling(&with_calls, &online_softmax_defs()).expect("compiles");
+        let b = compile(&written_out).expect("compiles");
+        assert!(!a.tirh.contains("online_softmax("), "the call is inlined:\n{}", a.tirh);
+        for (x, y) in a.variants.iter().zip(&b.variants) {
+            assert_eq!(normalized(&x.ptx), normalized(&y.ptx), "{}", x.target.name());
+        }
+    }
+
+    #[test]
+    fn an_error_inside_a_device_function_is_placed_at_the_call_with_the_callee_line() {
+        let f: syn::ItemFn = parse_quote! {
+            fn k(x: Global<f32, 2>) {
+                let s: Tile<f32, 16, 64> = x.load([0, 0]);
+                let m = Tile::<f32, 32, 1>::zeros();
+                let mut l = Tile::<f32, 16, 1>::zeros();
+                let (p, m2) = prelude::online_softmax(s, m, &mut l);
+                x.store([0, 0], p);
+            }
+        };
+        let errs = compile_calling(&f, &online_softmax_defs()).expect_err("M is 16 from `s` and 32 from `m`");
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(
+            errs[0].contains("argument 2 of `online_softmax` (`m`): expected `Tile<f32, M, 1>`, found `Tile<f32, 32, 1>`: `M` is 16"),
+            "{}",
+            errs[0]
+        );
+        let inner: syn::ItemFn = parse_quote! {
+            fn k(x: Global<f32, 2>) {
+                let s: Tile<f32, 16, 64> = x.load([0, 0]);
+                x.store([0, 0], bad(s));
+            }
+        };
+        let bad: syn::ItemFn = parse_quote! {
+            fn bad<const N: usize>(s: Tile<f32, 16, N>) -> Tile<f32, 16, N> {
+                let t = Tile::<f32, 8, N>::zeros();
+                s + t
+            }
+        };
+        let errs = compile_calling(&inner, &[("bad", bad, &[])]).expect_err("16 rows against 8");
+        assert!(errs[0].starts_with("in `bad` (") && errs[0].contains("shapes do not match"), "{}", errs[0]);
+    }
+
+    #[test]
+    fn misused_calls_are_errors() {
+        let defs = online_softmax_defs();
+        let cases: [(syn::ItemFn, &str); 5] = [
+            (
+                parse_quote! { fn k(x: Global<f32, 2>) { let s: Tile<f32, 16, 64> = x.load([0, 0]); x.store([0, 0], scaled_max(s)); } },
+                "`scaled_max` takes 2 arguments, found 1",
+            ),
+            (
+                parse_quote! { fn k(x: Global<f32, 2>) {
+                    let s: Tile<f32, 16, 64> = x.load([0, 0]);
+                    let m = Tile::<f32, 16, 1>::zeros();
+                    let l = Tile::<f32, 16, 1>::zeros();
+                    let (p, m2) = prelude::online_softmax(s, m, &mut l);
+                } },
+                "`&mut l` needs a mutable binding",
+            ),
+            (
+                parse_quote! { fn k(x: Global<f32, 2>) {
+                    let s: Tile<f32, 16, 64> = x.load([0, 0]);
+                    let mut m = Tile::<f32, 16, 1>::zeros();
+                    let (p, m2) = prelude::online_softmax(s, m, &mut m);
+                } },
+                "`m` is passed to `online_softmax` as `&mut m` and also in another argument",
+            ),
+            (
+                parse_quote! { fn k(x: Global<f32, 2>) {
+                    let s: Tile<f32, 16, 64> = x.load([0, 0]);
+                    let m = Tile::<f32, 16, 1>::zeros();
+                    let mut l = Tile::<f32, 16, 1>::zeros();
+                    let p = prelude::online_softmax(s, m, &mut l);
+                } },
+                "`online_softmax` returns 2 values: bind them with `let (a, b, …) = online_softmax(…);`",
+            ),
+            (
+                parse_quote! { fn k(x: Global<f32, 2>) {
+                    let s: Tile<f32, 16, 64> = x.load([0, 0]);
+                    let m = Tile::<f32, 16, 1>::zeros();
+                    let (a, b, c) = prelude::online_softmax(s, m, m);
+                } },
+                "argument 3 of `online_softmax` (`l`): expected `&mut name`, found a value",
+            ),
+        ];
+        for (f, want) in cases {
+            let errs = compile_calling(&f, &defs).expect_err(want);
+            assert!(errs.iter().any(|e| e.contains(want)), "want {want:?}, got {errs:?}");
+        }
+        let rec: syn::ItemFn = parse_quote! { fn again(s: Tile<f32, 16, 16>) -> Tile<f32, 16, 16> { again(s) } };
+        let k: syn::ItemFn =
+            parse_quote! { fn k(x: Global<f32, 2>) { let s: Tile<f32, 16, 16> = x.load([0, 0]); x.store([0, 0], again(s)); } };
+        let mut fe = Frontend::new();
+        let id = fe.load(quote!({ #rec } [])).expect("loads");
+        fe.defs[id as usize].deps.push(("again".into(), id));
+        fe.deps.push(("again".into(), id));
+        let ir = fe.kernel(&k, 1).expect("parses");
+        let errs = tessera_ptx::compile_with(ir, &CompileOptions::default(), &mut fe).expect_err("recursion");
+        assert!(errs[0].to_string().contains("`again` calls itself (again → again)"), "{}", errs[0]);
+        let frozen: syn::ItemFn = parse_quote! { fn bump(s: Tile<f32, 16, 16>) { s = s + 1.0; } };
+        let k: syn::ItemFn =
+            parse_quote! { fn k(x: Global<f32, 2>) { let mut s: Tile<f32, 16, 16> = x.load([0, 0]); bump(s); x.store([0, 0], s); } };
+        let errs = compile_calling(&k, &[("bump", frozen, &[])]).expect_err("s is not mut in bump");
+        assert!(errs[0].contains("cannot assign to `s`, a parameter not declared `mut`"), "{}", errs[0]);
     }
 
     #[test]

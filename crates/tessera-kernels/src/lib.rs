@@ -23,6 +23,7 @@ mod fp8;
 mod gemm;
 mod norm;
 mod norm_fused;
+pub mod prelude;
 mod reduce;
 mod rope;
 mod softmax;

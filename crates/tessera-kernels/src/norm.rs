@@ -11,6 +11,7 @@
 //! halves' statistics with `block_sum`. Wider rows take the tiled kernels, which read each row
 //! once per pass (from L2 where it is still there).
 
+use crate::prelude::*;
 use tessera::{kernel, Device, Element, GlobalArg, Grid, KernelSpec, Optional, Result, Tensor};
 
 /// Rows each block of the tiled kernels normalizes.
@@ -39,11 +40,8 @@ pub fn rms_norm_row(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f32,
     let r = block::id_x();
     x.prefetch::<Tile<T, 1, W>>([r + ahead, 0]);
     let t = x.load::<Tile<T, 1, W>>([r, 0]).cast::<f32>();
-    let inv = rsqrt(row_sum(t * t) * (1.0 / x.dim(1) as f32) + eps);
-    let mut o = t * inv;
-    if has_weight == 1 {
-        o = o * w.load::<Tile<T, 1, W>>([0]).cast::<f32>();
-    }
+    let mut o = rms_scale(t, x.dim(1), eps);
+    scale_columns(&mut o, w, 0, has_weight);
     y.store([r, 0], o.cast::<T>());
 }
 
@@ -58,9 +56,7 @@ pub fn rms_norm_rows4(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f3
     let f = t.cast::<f32>();
     let inv = rsqrt(row_sum(f * f) * (1.0 / x.dim(1) as f32) + eps);
     let mut o = t.cast::<f32>() * inv;
-    if has_weight == 1 {
-        o = o * w.load::<Tile<T, 1, W>>([0]).cast::<f32>();
-    }
+    scale_columns(&mut o, w, 0, has_weight);
     y.store([r, 0], o.cast::<T>());
 }
 
@@ -98,12 +94,8 @@ pub fn layer_norm_row(
     let mut o = (d - dm) * rsqrt(var + eps);
     // One parameter row at a time: both in flight at once cost 60 registers, a block per SM
     // (run 42: 0.61× copy against 0.79).
-    if has_weight == 1 {
-        o = o * w.load::<Tile<T, 1, W>>([0]).cast::<f32>();
-    }
-    if has_bias == 1 {
-        o = o + b.load::<Tile<T, 1, W>>([0]).cast::<f32>();
-    }
+    scale_columns(&mut o, w, 0, has_weight);
+    shift_columns(&mut o, b, 0, has_bias);
     y.store([r, 0], o.cast::<T>());
 }
 
@@ -129,12 +121,8 @@ pub fn layer_norm_rows4(
     let mean = row_sum(t.cast::<f32>()) * (1.0 / n as f32);
     let d = (t.cast::<f32>() - mean).mask_cols(n, 0.0);
     let mut o = d * rsqrt(row_sum(d * d) * (1.0 / n as f32) + eps);
-    if has_weight == 1 {
-        o = o * w.load::<Tile<T, 1, W>>([0]).cast::<f32>();
-    }
-    if has_bias == 1 {
-        o = o + b.load::<Tile<T, 1, W>>([0]).cast::<f32>();
-    }
+    scale_columns(&mut o, w, 0, has_weight);
+    shift_columns(&mut o, b, 0, has_bias);
     y.store([r, 0], o.cast::<T>());
 }
 
@@ -146,11 +134,8 @@ pub fn rms_norm_rows2(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f3
     let r = block::id_x() * 2;
     x.prefetch::<Tile<T, 2, W>>([r + ahead, 0]);
     let t = x.load::<Tile<T, 2, W>>([r, 0]).cast::<f32>();
-    let inv = rsqrt(row_sum(t * t) * (1.0 / x.dim(1) as f32) + eps);
-    let mut o = t * inv;
-    if has_weight == 1 {
-        o = o * w.load::<Tile<T, 1, W>>([0]).cast::<f32>();
-    }
+    let mut o = rms_scale(t, x.dim(1), eps);
+    scale_columns(&mut o, w, 0, has_weight);
     y.store([r, 0], o.cast::<T>());
 }
 
@@ -171,15 +156,9 @@ pub fn layer_norm_rows2(
     let n = x.dim(1);
     x.prefetch::<Tile<T, 2, W>>([r + ahead, 0]);
     let t = x.load::<Tile<T, 2, W>>([r, 0]).cast::<f32>();
-    let mean = row_sum(t) * (1.0 / n as f32);
-    let d = (t - mean).mask_cols(n, 0.0);
-    let mut o = d * rsqrt(row_sum(d * d) * (1.0 / n as f32) + eps);
-    if has_weight == 1 {
-        o = o * w.load::<Tile<T, 1, W>>([0]).cast::<f32>();
-    }
-    if has_bias == 1 {
-        o = o + b.load::<Tile<T, 1, W>>([0]).cast::<f32>();
-    }
+    let mut o = layer_scale(t, n, eps);
+    scale_columns(&mut o, w, 0, has_weight);
+    shift_columns(&mut o, b, 0, has_bias);
     y.store([r, 0], o.cast::<T>());
 }
 
@@ -194,9 +173,7 @@ pub fn rms_norm_wide(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f32
     let t = x.load::<Tile<T, 1, 8192>>([r, c]).cast::<f32>();
     let ss = block_sum(row_sum(t * t));
     let mut o = t * rsqrt(ss * (1.0 / x.dim(1) as f32) + eps);
-    if has_weight == 1 {
-        o = o * w.load::<Tile<T, 1, 8192>>([c]).cast::<f32>();
-    }
+    scale_columns(&mut o, w, c, has_weight);
     y.store([r, c], o.cast::<T>());
 }
 
@@ -227,12 +204,8 @@ pub fn layer_norm_wide(
     let dm = s1 * (1.0 / n as f32);
     let var = max(s2 * (1.0 / n as f32) - dm * dm, 0.0);
     let mut o = (d - dm) * rsqrt(var + eps);
-    if has_weight == 1 {
-        o = o * w.load::<Tile<T, 1, 8192>>([c]).cast::<f32>();
-    }
-    if has_bias == 1 {
-        o = o + b.load::<Tile<T, 1, 8192>>([c]).cast::<f32>();
-    }
+    scale_columns(&mut o, w, c, has_weight);
+    shift_columns(&mut o, b, c, has_bias);
     y.store([r, c], o.cast::<T>());
 }
 
@@ -265,12 +238,8 @@ pub fn layer_norm(
     let rstd = rsqrt(row_sum(ss) * (1.0 / n as f32) + eps);
     for c in (0..n).step_by(256) {
         let mut o = (x.load::<Tile<T, 16, 256>>([r, c]).cast::<f32>() - mean) * rstd;
-        if has_weight == 1 {
-            o = o * w.load::<Tile<T, 1, 256>>([c]).cast::<f32>();
-        }
-        if has_bias == 1 {
-            o = o + b.load::<Tile<T, 1, 256>>([c]).cast::<f32>();
-        }
+        scale_columns(&mut o, w, c, has_weight);
+        shift_columns(&mut o, b, c, has_bias);
         y.store([r, c], o.cast::<T>());
     }
 }
@@ -293,9 +262,7 @@ pub fn rms_norm(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f32, has
     let inv = rsqrt(row_sum(ss) * (1.0 / n as f32) + eps);
     for c in (0..n).step_by(256) {
         let mut o = x.load::<Tile<T, 16, 256>>([r, c]).cast::<f32>() * inv;
-        if has_weight == 1 {
-            o = o * w.load::<Tile<T, 1, 256>>([c]).cast::<f32>();
-        }
+        scale_columns(&mut o, w, c, has_weight);
         y.store([r, c], o.cast::<T>());
     }
 }

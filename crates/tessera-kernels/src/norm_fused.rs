@@ -10,6 +10,7 @@
 //! kernel adds down the columns into `dweight` and `dbias`.
 
 use crate::norm::NormElement;
+use crate::prelude::*;
 use tessera::{kernel, Device, Element, Error, Grid, Launch, Optional, OptionalMut, Result, ScalarArg, Tensor};
 
 /// The widest row the fused forward kernel holds in registers (a block per row).
@@ -59,7 +60,7 @@ pub fn norm_fused_row(
     }
     let mut h = x.load::<Tile<T, 1, W>>([r, 0]).cast::<f32>();
     if drop_p > 0.0 {
-        h = h * step(Tile::<f32, 1, W>::uniform(seed_lo, seed_hi, offset, [r, 0]) - drop_p) * drop_scale;
+        h = dropout(h, drop_p, drop_scale, seed_lo, seed_hi, offset, r, 0);
     }
     if has_res == 1 {
         h = h + res.load::<Tile<T, 1, W>>([r, 0]).cast::<f32>();
@@ -70,12 +71,8 @@ pub fn norm_fused_row(
         d = (h - row_sum(h) * inv_n).mask_cols(n, 0.0);
     }
     let mut o = d * rsqrt(row_sum(d * d) * inv_n + eps);
-    if has_w == 1 {
-        o = o * w.load::<Tile<T, 1, W>>([0]).cast::<f32>();
-    }
-    if has_b == 1 {
-        o = o + b.load::<Tile<T, 1, W>>([0]).cast::<f32>();
-    }
+    scale_columns(&mut o, w, 0, has_w);
+    shift_columns(&mut o, b, 0, has_b);
     if group_rows > 0 {
         let g = r / group_rows;
         o = o * (scale.load::<Tile<T, 1, W>>([g, 0]).cast::<f32>() + 1.0) + shift.load::<Tile<T, 1, W>>([g, 0]).cast::<f32>();
@@ -119,7 +116,7 @@ pub fn norm_fused_rows4(
     }
     let mut h = x.load::<Tile<T, 4, W>>([r, 0]).cast::<f32>();
     if drop_p > 0.0 {
-        h = h * step(Tile::<f32, 4, W>::uniform(seed_lo, seed_hi, offset, [r, 0]) - drop_p) * drop_scale;
+        h = dropout(h, drop_p, drop_scale, seed_lo, seed_hi, offset, r, 0);
     }
     if has_res == 1 {
         h = h + res.load::<Tile<T, 4, W>>([r, 0]).cast::<f32>();
@@ -130,12 +127,8 @@ pub fn norm_fused_rows4(
         d = (h - row_sum(h) * inv_n).mask_cols(n, 0.0);
     }
     let mut o = d * rsqrt(row_sum(d * d) * inv_n + eps);
-    if has_w == 1 {
-        o = o * w.load::<Tile<T, 1, W>>([0]).cast::<f32>();
-    }
-    if has_b == 1 {
-        o = o + b.load::<Tile<T, 1, W>>([0]).cast::<f32>();
-    }
+    scale_columns(&mut o, w, 0, has_w);
+    shift_columns(&mut o, b, 0, has_b);
     if group_rows > 0 {
         let g = r / group_rows;
         o = o * (scale.load::<Tile<T, 1, W>>([g, 0]).cast::<f32>() + 1.0) + shift.load::<Tile<T, 1, W>>([g, 0]).cast::<f32>();
@@ -177,7 +170,7 @@ pub fn norm_fused_wide(
             x.prefetch::<Tile<T, 1, 2048>>([r + ahead, c]);
             let mut h = x.load::<Tile<T, 1, 2048>>([r, c]).cast::<f32>();
             if drop_p > 0.0 {
-                h = h * step(Tile::<f32, 1, 2048>::uniform(seed_lo, seed_hi, offset, [r, c]) - drop_p) * drop_scale;
+                h = dropout(h, drop_p, drop_scale, seed_lo, seed_hi, offset, r, c);
             }
             if has_res == 1 {
                 h = h + res.load::<Tile<T, 1, 2048>>([r, c]).cast::<f32>();
@@ -190,7 +183,7 @@ pub fn norm_fused_wide(
     for c in (0..n).step_by(2048) {
         let mut h = x.load::<Tile<T, 1, 2048>>([r, c]).cast::<f32>();
         if drop_p > 0.0 {
-            h = h * step(Tile::<f32, 1, 2048>::uniform(seed_lo, seed_hi, offset, [r, c]) - drop_p) * drop_scale;
+            h = dropout(h, drop_p, drop_scale, seed_lo, seed_hi, offset, r, c);
         }
         if has_res == 1 {
             h = h + res.load::<Tile<T, 1, 2048>>([r, c]).cast::<f32>();
@@ -202,19 +195,15 @@ pub fn norm_fused_wide(
     for c in (0..n).step_by(2048) {
         let mut h = x.load::<Tile<T, 1, 2048>>([r, c]).cast::<f32>();
         if drop_p > 0.0 {
-            h = h * step(Tile::<f32, 1, 2048>::uniform(seed_lo, seed_hi, offset, [r, c]) - drop_p) * drop_scale;
+            h = dropout(h, drop_p, drop_scale, seed_lo, seed_hi, offset, r, c);
         }
         if has_res == 1 {
             h = h + res.load::<Tile<T, 1, 2048>>([r, c]).cast::<f32>();
         }
         h_out.store([r, c], h.cast::<T>());
         let mut o = (h - mean) * rstd;
-        if has_w == 1 {
-            o = o * w.load::<Tile<T, 1, 2048>>([c]).cast::<f32>();
-        }
-        if has_b == 1 {
-            o = o + b.load::<Tile<T, 1, 2048>>([c]).cast::<f32>();
-        }
+        scale_columns(&mut o, w, c, has_w);
+        shift_columns(&mut o, b, c, has_b);
         if group_rows > 0 {
             let g = r / group_rows;
             o = o * (scale.load::<Tile<T, 1, 2048>>([g, c]).cast::<f32>() + 1.0) + shift.load::<Tile<T, 1, 2048>>([g, c]).cast::<f32>();
