@@ -44,3 +44,53 @@ fn sm80_epilogues_keep_pair_stores() {
     }
     assert!(checked > 0, "no sm_80 kernel stores to shared memory");
 }
+
+#[path = "../examples/custom_epilogue.rs"]
+#[allow(dead_code)]
+mod custom_epilogue;
+
+/// A PTX line's instruction, after its predicate if it has one.
+fn instruction(l: &str) -> &str {
+    let l = l.trim_start();
+    if l.starts_with('@') {
+        l.split_once(char::is_whitespace).map_or("", |(_, rest)| rest.trim_start())
+    } else {
+        l
+    }
+}
+
+/// How often each of the instructions that move data or multiply occurs in a PTX module.
+fn traffic(ptx: &str) -> Vec<(&'static str, usize)> {
+    [
+        "cp.async.bulk.tensor.3d.global.shared::cta",
+        "cp.async.bulk.tensor.3d.shared::cluster.global",
+        "st.global",
+        "ld.global",
+        "stmatrix.sync.aligned",
+        "wgmma.mma_async",
+    ]
+    .into_iter()
+    .map(|op| (op, ptx.lines().filter(|l| instruction(l).starts_with(op)).count()))
+    .collect()
+}
+
+/// A user's epilogue, a device function fused into the library's GEMM mainloop
+/// (`examples/custom_epilogue.rs`), adds no pass over C: the kernel stores C exactly as the
+/// library's `gemm_tn` does (the same TMA stores from the same `stmatrix` staging, no other
+/// global store), loads no more than the library's kernel (its scale row where that loads its
+/// bias), and issues the same MMAs.
+#[test]
+fn a_custom_epilogue_adds_no_store_pass() {
+    let ours = custom_epilogue::gemm_squared_relu::SPEC.variants.iter().find(|v| v.target == Target::Sm90a).expect("sm_90a PTX").ptx;
+    let lib = ptx("gemm_tn_bf16__bn256_stages4", Target::Sm90a);
+    let (ours, lib) = (traffic(ours), traffic(lib));
+    for ((op, n), (_, want)) in ours.iter().zip(&lib) {
+        if *op == "ld.global" {
+            // gemm_tn's bias (a row per chunk, or a column) in the place of the scale row.
+            assert!(n <= want && *n > 0, "{op}: {n} in the custom kernel, {want} in gemm_tn");
+        } else {
+            assert_eq!(n, want, "{op}: {n} in the custom kernel, {want} in gemm_tn");
+        }
+    }
+    assert!(lib.iter().all(|(op, n)| *n > 0 || *op == "ld.global"), "the counted instructions occur: {lib:?}");
+}

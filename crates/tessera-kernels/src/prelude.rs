@@ -86,3 +86,168 @@ pub fn online_softmax<const M: usize, const N: usize>(
     *l = *l * exp2(m - m_new) + row_sum(p);
     (p, m_new)
 }
+
+// ---------------------------------------------------------------------------------------
+// GEMM building blocks: the library's warp-specialized GEMMs are written with these, and a
+// kernel of yours that runs the same mainloop with its own epilogue is too
+// (`examples/custom_epilogue.rs`).
+
+/// The coordinates of tile `tile` of a persistent GEMM grid: its batch, and its tile row and
+/// column in a raster of `tiles_m` tile rows whose tiles go in groups of 8 tile rows (`group`
+/// = 8 × tile columns), so that neighbouring blocks share B's columns in L2.
+#[device]
+pub fn grouped_tile(tile: i32, per_batch: i32, tiles_m: i32, group: i32) -> (i32, i32, i32) {
+    let t = tile % per_batch;
+    let first = (t / group) * 8;
+    let height = min(tiles_m - first, 8);
+    (tile / per_batch, first + (t % group) % height, (t % group) / height)
+}
+
+/// A producer warpgroup's K loop for one 128×`BN` tile, B stored N×K (`[batch, N, K]`): each
+/// 64-wide step waits for a free stage, loads A's and B's boxes there by TMA and commits it.
+#[device]
+pub fn gemm_load_tn<T, const BN: usize, const S: usize>(
+    a: Global<T, 3>,
+    b: Global<T, 3>,
+    sa: Smem<T, 128, 64>,
+    sb: Smem<T, BN, 64>,
+    pipe: Pipeline<S>,
+    bt: i32,
+    m0: i32,
+    n0: i32,
+    k_steps: i32,
+) {
+    for k in 0..k_steps {
+        let s = pipe.acquire();
+        tma::load(sa.at(s), a, [bt, m0, k * 64], pipe);
+        tma::load(sb.at(s), b, [bt, n0, k * 64], pipe);
+        pipe.commit(s);
+    }
+}
+
+/// [`gemm_load_tn`] with B stored K×N (`[batch, K, N]`): B's stage is a 64×`BN` tile.
+#[device]
+pub fn gemm_load_nn<T, const BN: usize, const S: usize>(
+    a: Global<T, 3>,
+    b: Global<T, 3>,
+    sa: Smem<T, 128, 64>,
+    sb: Smem<T, 64, BN>,
+    pipe: Pipeline<S>,
+    bt: i32,
+    m0: i32,
+    n0: i32,
+    k_steps: i32,
+) {
+    for k in 0..k_steps {
+        let s = pipe.acquire();
+        tma::load(sa.at(s), a, [bt, m0, k * 64], pipe);
+        tma::load(sb.at(s), b, [bt, k * 64, n0], pipe);
+        pipe.commit(s);
+    }
+}
+
+/// A consumer warpgroup's K loop, B N×K: `acc` ← its 64 rows of A (from row `row` of the
+/// stage) times Bᵀ, one MMA group kept in flight, each stage released once the MMA after it
+/// is issued; returns with every MMA done and every stage released.
+#[device]
+pub fn gemm_mma_tn<T, const BN: usize, const S: usize>(
+    acc: &mut Tile<f32, 64, BN>,
+    sa: Smem<T, 128, 64>,
+    sb: Smem<T, BN, 64>,
+    pipe: Pipeline<S>,
+    row: i32,
+    k_steps: i32,
+) {
+    *acc = Tile::<f32, 64, BN>::zeros();
+    let mut prev = 0;
+    for k in 0..k_steps {
+        let s = pipe.wait();
+        mma_sync(acc, sa.at(s).rows(row, 64), sb.at(s));
+        mma_wait(1);
+        if k > 0 {
+            pipe.release(prev);
+        }
+        prev = s;
+    }
+    mma_wait(0);
+    pipe.release(prev);
+}
+
+/// [`gemm_mma_tn`] with B K×N.
+#[device]
+pub fn gemm_mma_nn<T, const BN: usize, const S: usize>(
+    acc: &mut Tile<f32, 64, BN>,
+    sa: Smem<T, 128, 64>,
+    sb: Smem<T, 64, BN>,
+    pipe: Pipeline<S>,
+    row: i32,
+    k_steps: i32,
+) {
+    *acc = Tile::<f32, 64, BN>::zeros();
+    let mut prev = 0;
+    for k in 0..k_steps {
+        let s = pipe.wait();
+        mma_sync_kn(acc, sa.at(s).rows(row, 64), sb.at(s));
+        mma_wait(1);
+        if k > 0 {
+            pipe.release(prev);
+        }
+        prev = s;
+    }
+    mma_wait(0);
+    pipe.release(prev);
+}
+
+/// `x · Φ(x)` with GELU's tanh approximation.
+#[device]
+pub fn gelu_tanh<const R: usize, const W: usize>(x: Tile<f32, R, W>) -> Tile<f32, R, W> {
+    0.5 * x * (1.0 + tanh(0.7978845608 * (x + 0.044715 * x * x * x)))
+}
+
+/// `x · Φ(x)`, Φ through `erf`.
+#[device]
+pub fn gelu_erf<const R: usize, const W: usize>(x: Tile<f32, R, W>) -> Tile<f32, R, W> {
+    0.5 * x * (1.0 + erf(x * 0.70710678118))
+}
+
+/// `x · sigmoid(x)`.
+#[device]
+pub fn silu<const R: usize, const W: usize>(x: Tile<f32, R, W>) -> Tile<f32, R, W> {
+    x / (1.0 + exp2(x * -1.4426950408889634))
+}
+
+/// The GEMM epilogue's bias: `kind` 1 adds `bias[n..n + W]` to every row, 2 adds
+/// `bias[m0..m0 + R]` to every column, 0 nothing.
+#[device]
+pub fn add_bias<T, const R: usize, const W: usize>(out: &mut Tile<f32, R, W>, bias: Global<T, 1>, kind: i32, n: i32, m0: i32) {
+    if kind == 1 {
+        *out = *out + bias.load::<Tile<T, 1, W>>([n]).cast::<f32>();
+    }
+    if kind == 2 {
+        *out = *out + bias.load::<Tile<T, R, 1>>([m0]).cast::<f32>();
+    }
+}
+
+/// The GEMM epilogue's activation: `act` 1 GELU (tanh), 2 GELU (erf), 3 SiLU, 0 none.
+#[device]
+pub fn activate<const R: usize, const W: usize>(out: &mut Tile<f32, R, W>, act: i32) {
+    if act == 1 {
+        *out = gelu_tanh(*out);
+    }
+    if act == 2 {
+        *out = gelu_erf(*out);
+    }
+    if act == 3 {
+        *out = silu(*out);
+    }
+}
+
+/// Stores a 64×64 chunk of C at `[bt, m0, n]` through shared memory: waits until the TMA store
+/// that last read buffer `buf` of `sc` has (one store may stay in flight), writes the chunk
+/// there in `T`, and stores it by TMA. End the kernel's stores with `tma::store_wait(0)`.
+#[device]
+pub fn stage_store<T>(c: Global<T, 3>, sc: Smem<T, 64, 64>, out: Tile<f32, 64, 64>, buf: i32, bt: i32, m0: i32, n: i32) {
+    tma::store_wait(1);
+    sc.at(buf).store(out.cast::<T>());
+    tma::store(c, [bt, m0, n], sc.at(buf));
+}

@@ -10,9 +10,11 @@
 //! The epilogue runs on the accumulator in registers, a few columns at a time, and stores C
 //! while the producer already fills the next tile's stages.
 //!
-//! The three kernels share their structure; they differ in B's layout and in the epilogue's
-//! operands (the DSL has no functions yet to factor the rest out).
+//! The four kernels are written with the device functions of [`crate::prelude`] (the tile
+//! decode, the producer's and the consumers' K loops, the epilogue's bias, activation and
+//! staged store); they differ in B's layout, the tile scheduler and the epilogue's operands.
 
+use crate::prelude::*;
 use tessera::kernel;
 
 /// `C = act(alpha·A·Bᵀ + bias)`: A `[batch, M, K]`, B `[batch, N, K]` (the "TN" layout of
@@ -47,69 +49,29 @@ pub fn gemm_tn(
     if warpgroup::id() == 0 {
         setmaxnreg(40);
         for tile in queue.fetch(per_batch * c.dim(0)) {
-            let bt = tile / per_batch;
-            let t = tile % per_batch;
-            let first = (t / group) * 8;
-            let height = min(tiles_m - first, 8);
-            let m0 = (first + (t % group) % height) * 128;
-            let n0 = ((t % group) / height) * BN;
-            for k in 0..k_steps {
-                let s = pipe.acquire();
-                tma::load(sa.at(s), a, [bt, m0, k * 64], pipe);
-                tma::load(sb.at(s), b, [bt, n0, k * 64], pipe);
-                pipe.commit(s);
-            }
+            let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
+            gemm_load_tn(a, b, sa, sb, pipe, bt, tm * 128, tn * BN, k_steps);
         }
     } else {
         setmaxnreg(232);
         let row = (warpgroup::id() - 1) * 64;
         let mut acc = Tile::<f32, 64, BN>::zeros();
         for tile in queue.take() {
-            let bt = tile / per_batch;
-            let t = tile % per_batch;
-            let first = (t / group) * 8;
-            let height = min(tiles_m - first, 8);
-            let m0 = (first + (t % group) % height) * 128 + row;
-            let n0 = ((t % group) / height) * BN;
-            acc = Tile::<f32, 64, BN>::zeros();
-            let mut prev = 0;
-            for k in 0..k_steps {
-                let s = pipe.wait();
-                mma_sync(acc, sa.at(s).rows(row, 64), sb.at(s));
-                mma_wait(1);
-                if k > 0 {
-                    pipe.release(prev);
-                }
-                prev = s;
-            }
-            mma_wait(0);
-            pipe.release(prev);
+            let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
+            let m0 = tm * 128 + row;
+            let n0 = tn * BN;
+            gemm_mma_tn(&mut acc, sa, sb, pipe, row, k_steps);
             // The epilogue, 64 columns at a time so that loaded operands fit in registers.
             #[unroll]
             for j in 0..BN / 64 {
                 let n = n0 + j * 64;
                 let mut out = acc.cols(j * 64, 64) * alpha;
-                if bias_kind == 1 {
-                    out = out + bias.load::<Tile<T, 1, 64>>([n]).cast::<f32>();
-                }
-                if bias_kind == 2 {
-                    out = out + bias.load::<Tile<T, 64, 1>>([m0]).cast::<f32>();
-                }
-                if act == 1 {
-                    out = 0.5 * out * (1.0 + tanh(0.7978845608 * (out + 0.044715 * out * out * out)));
-                }
-                if act == 2 {
-                    out = 0.5 * out * (1.0 + erf(out * 0.70710678118));
-                }
-                if act == 3 {
-                    out = out / (1.0 + exp2(out * -1.4426950408889634));
-                }
+                add_bias(&mut out, bias, bias_kind, n, m0);
+                activate(&mut out, act);
                 // Stage the chunk in shared memory and store it with TMA (asynchronously,
                 // whole lines); the buffer written two chunks ago must have been read first.
                 let buf = (warpgroup::id() - 1) * 2 + j % 2;
-                tma::store_wait(1);
-                sc.at(buf).store(out.cast::<T>());
-                tma::store(c, [bt, m0, n], sc.at(buf));
+                stage_store(c, sc, out, buf, bt, m0, n);
             }
         }
         tma::store_wait(0);
@@ -144,66 +106,26 @@ pub fn gemm_nn(
     if warpgroup::id() == 0 {
         setmaxnreg(40);
         for tile in queue.fetch(per_batch * c.dim(0)) {
-            let bt = tile / per_batch;
-            let t = tile % per_batch;
-            let first = (t / group) * 8;
-            let height = min(tiles_m - first, 8);
-            let m0 = (first + (t % group) % height) * 128;
-            let n0 = ((t % group) / height) * BN;
-            for k in 0..k_steps {
-                let s = pipe.acquire();
-                tma::load(sa.at(s), a, [bt, m0, k * 64], pipe);
-                tma::load(sb.at(s), b, [bt, k * 64, n0], pipe);
-                pipe.commit(s);
-            }
+            let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
+            gemm_load_nn(a, b, sa, sb, pipe, bt, tm * 128, tn * BN, k_steps);
         }
     } else {
         setmaxnreg(232);
         let row = (warpgroup::id() - 1) * 64;
         let mut acc = Tile::<f32, 64, BN>::zeros();
         for tile in queue.take() {
-            let bt = tile / per_batch;
-            let t = tile % per_batch;
-            let first = (t / group) * 8;
-            let height = min(tiles_m - first, 8);
-            let m0 = (first + (t % group) % height) * 128 + row;
-            let n0 = ((t % group) / height) * BN;
-            acc = Tile::<f32, 64, BN>::zeros();
-            let mut prev = 0;
-            for k in 0..k_steps {
-                let s = pipe.wait();
-                mma_sync_kn(acc, sa.at(s).rows(row, 64), sb.at(s));
-                mma_wait(1);
-                if k > 0 {
-                    pipe.release(prev);
-                }
-                prev = s;
-            }
-            mma_wait(0);
-            pipe.release(prev);
+            let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
+            let m0 = tm * 128 + row;
+            let n0 = tn * BN;
+            gemm_mma_nn(&mut acc, sa, sb, pipe, row, k_steps);
             #[unroll]
             for j in 0..BN / 64 {
                 let n = n0 + j * 64;
                 let mut out = acc.cols(j * 64, 64) * alpha;
-                if bias_kind == 1 {
-                    out = out + bias.load::<Tile<T, 1, 64>>([n]).cast::<f32>();
-                }
-                if bias_kind == 2 {
-                    out = out + bias.load::<Tile<T, 64, 1>>([m0]).cast::<f32>();
-                }
-                if act == 1 {
-                    out = 0.5 * out * (1.0 + tanh(0.7978845608 * (out + 0.044715 * out * out * out)));
-                }
-                if act == 2 {
-                    out = 0.5 * out * (1.0 + erf(out * 0.70710678118));
-                }
-                if act == 3 {
-                    out = out / (1.0 + exp2(out * -1.4426950408889634));
-                }
+                add_bias(&mut out, bias, bias_kind, n, m0);
+                activate(&mut out, act);
                 let buf = (warpgroup::id() - 1) * 2 + j % 2;
-                tma::store_wait(1);
-                sc.at(buf).store(out.cast::<T>());
-                tma::store(c, [bt, m0, n], sc.at(buf));
+                stage_store(c, sc, out, buf, bt, m0, n);
             }
         }
         tma::store_wait(0);
@@ -238,43 +160,18 @@ pub fn gemm_tn_full(
     if warpgroup::id() == 0 {
         setmaxnreg(40);
         for tile in (block::id_x()..per_batch * c.dim(0)).step_by(grid::dim_x()) {
-            let bt = tile / per_batch;
-            let t = tile % per_batch;
-            let first = (t / group) * 8;
-            let height = min(tiles_m - first, 8);
-            let m0 = (first + (t % group) % height) * 128;
-            let n0 = ((t % group) / height) * 128;
-            for k in 0..k_steps {
-                let s = pipe.acquire();
-                tma::load(sa.at(s), a, [bt, m0, k * 64], pipe);
-                tma::load(sb.at(s), b, [bt, n0, k * 64], pipe);
-                pipe.commit(s);
-            }
+            let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
+            gemm_load_tn(a, b, sa, sb, pipe, bt, tm * 128, tn * 128, k_steps);
         }
     } else {
         setmaxnreg(232);
         let row = (warpgroup::id() - 1) * 64;
         let mut acc = Tile::<f32, 64, 128>::zeros();
         for tile in (block::id_x()..per_batch * c.dim(0)).step_by(grid::dim_x()) {
-            let bt = tile / per_batch;
-            let t = tile % per_batch;
-            let first = (t / group) * 8;
-            let height = min(tiles_m - first, 8);
-            let m0 = (first + (t % group) % height) * 128 + row;
-            let n0 = ((t % group) / height) * 128;
-            acc = Tile::<f32, 64, 128>::zeros();
-            let mut prev = 0;
-            for k in 0..k_steps {
-                let s = pipe.wait();
-                mma_sync(acc, sa.at(s).rows(row, 64), sb.at(s));
-                mma_wait(1);
-                if k > 0 {
-                    pipe.release(prev);
-                }
-                prev = s;
-            }
-            mma_wait(0);
-            pipe.release(prev);
+            let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
+            let m0 = tm * 128 + row;
+            let n0 = tn * 128;
+            gemm_mma_tn(&mut acc, sa, sb, pipe, row, k_steps);
             #[unroll]
             for j in 0..8 {
                 let n = n0 + j * 16;
@@ -282,21 +179,8 @@ pub fn gemm_tn_full(
                 if beta != 0.0 {
                     out = out + c_in.load::<Tile<T, 64, 16>>([bt, m0, n]).cast::<f32>() * beta;
                 }
-                if bias_kind == 1 {
-                    out = out + bias.load::<Tile<T, 1, 16>>([n]).cast::<f32>();
-                }
-                if bias_kind == 2 {
-                    out = out + bias.load::<Tile<T, 64, 1>>([m0]).cast::<f32>();
-                }
-                if act == 1 {
-                    out = 0.5 * out * (1.0 + tanh(0.7978845608 * (out + 0.044715 * out * out * out)));
-                }
-                if act == 2 {
-                    out = 0.5 * out * (1.0 + erf(out * 0.70710678118));
-                }
-                if act == 3 {
-                    out = out / (1.0 + exp2(out * -1.4426950408889634));
-                }
+                add_bias(&mut out, bias, bias_kind, n, m0);
+                activate(&mut out, act);
                 if add_residual == 1 {
                     out = out + residual.load::<Tile<T, 64, 16>>([bt, m0, n]).cast::<f32>();
                 }
@@ -332,43 +216,18 @@ pub fn gemm_nn_full(
     if warpgroup::id() == 0 {
         setmaxnreg(40);
         for tile in (block::id_x()..per_batch * c.dim(0)).step_by(grid::dim_x()) {
-            let bt = tile / per_batch;
-            let t = tile % per_batch;
-            let first = (t / group) * 8;
-            let height = min(tiles_m - first, 8);
-            let m0 = (first + (t % group) % height) * 128;
-            let n0 = ((t % group) / height) * 128;
-            for k in 0..k_steps {
-                let s = pipe.acquire();
-                tma::load(sa.at(s), a, [bt, m0, k * 64], pipe);
-                tma::load(sb.at(s), b, [bt, k * 64, n0], pipe);
-                pipe.commit(s);
-            }
+            let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
+            gemm_load_nn(a, b, sa, sb, pipe, bt, tm * 128, tn * 128, k_steps);
         }
     } else {
         setmaxnreg(232);
         let row = (warpgroup::id() - 1) * 64;
         let mut acc = Tile::<f32, 64, 128>::zeros();
         for tile in (block::id_x()..per_batch * c.dim(0)).step_by(grid::dim_x()) {
-            let bt = tile / per_batch;
-            let t = tile % per_batch;
-            let first = (t / group) * 8;
-            let height = min(tiles_m - first, 8);
-            let m0 = (first + (t % group) % height) * 128 + row;
-            let n0 = ((t % group) / height) * 128;
-            acc = Tile::<f32, 64, 128>::zeros();
-            let mut prev = 0;
-            for k in 0..k_steps {
-                let s = pipe.wait();
-                mma_sync_kn(acc, sa.at(s).rows(row, 64), sb.at(s));
-                mma_wait(1);
-                if k > 0 {
-                    pipe.release(prev);
-                }
-                prev = s;
-            }
-            mma_wait(0);
-            pipe.release(prev);
+            let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
+            let m0 = tm * 128 + row;
+            let n0 = tn * 128;
+            gemm_mma_nn(&mut acc, sa, sb, pipe, row, k_steps);
             #[unroll]
             for j in 0..8 {
                 let n = n0 + j * 16;
@@ -376,21 +235,8 @@ pub fn gemm_nn_full(
                 if beta != 0.0 {
                     out = out + c_in.load::<Tile<T, 64, 16>>([bt, m0, n]).cast::<f32>() * beta;
                 }
-                if bias_kind == 1 {
-                    out = out + bias.load::<Tile<T, 1, 16>>([n]).cast::<f32>();
-                }
-                if bias_kind == 2 {
-                    out = out + bias.load::<Tile<T, 64, 1>>([m0]).cast::<f32>();
-                }
-                if act == 1 {
-                    out = 0.5 * out * (1.0 + tanh(0.7978845608 * (out + 0.044715 * out * out * out)));
-                }
-                if act == 2 {
-                    out = 0.5 * out * (1.0 + erf(out * 0.70710678118));
-                }
-                if act == 3 {
-                    out = out / (1.0 + exp2(out * -1.4426950408889634));
-                }
+                add_bias(&mut out, bias, bias_kind, n, m0);
+                activate(&mut out, act);
                 if add_residual == 1 {
                     out = out + residual.load::<Tile<T, 64, 16>>([bt, m0, n]).cast::<f32>();
                 }
