@@ -10,7 +10,7 @@ use tessera_ptx::reflect::Target;
 /// The PTX of a library kernel by entry name, for `target`.
 fn ptx(name: &str, target: Target) -> &'static str {
     let spec = tessera_kernels::all_kernels().into_iter().find(|s| s.name == name).unwrap_or_else(|| panic!("no kernel {name}"));
-    spec.variants.iter().find(|v| v.target == target).unwrap_or_else(|| panic!("{name}: no {target:?} PTX")).ptx
+    spec.variants.iter().find(|v| v.target == target).unwrap_or_else(|| panic!("{name}: no {target:?} PTX")).ptx()
 }
 
 #[test]
@@ -38,8 +38,8 @@ fn sm80_epilogues_keep_pair_stores() {
     let mut checked = 0;
     for spec in tessera_kernels::all_kernels() {
         for v in spec.variants.iter().filter(|v| v.target == Target::Sm80) {
-            assert!(!v.ptx.contains("stmatrix"), "{}: stmatrix in the sm_80 PTX", spec.name);
-            checked += usize::from(v.ptx.contains("st.shared.b32"));
+            assert!(!v.ptx().contains("stmatrix"), "{}: stmatrix in the sm_80 PTX", spec.name);
+            checked += usize::from(v.ptx().contains("st.shared.b32"));
         }
     }
     assert!(checked > 0, "no sm_80 kernel stores to shared memory");
@@ -81,7 +81,7 @@ fn traffic(ptx: &str) -> Vec<(&'static str, usize)> {
 /// bias), and issues the same MMAs.
 #[test]
 fn a_custom_epilogue_adds_no_store_pass() {
-    let ours = custom_epilogue::gemm_squared_relu::SPEC.variants.iter().find(|v| v.target == Target::Sm90a).expect("sm_90a PTX").ptx;
+    let ours = custom_epilogue::gemm_squared_relu::SPEC.variants.iter().find(|v| v.target == Target::Sm90a).expect("sm_90a PTX").ptx();
     let lib = ptx("gemm_tn_bf16__bn256_stages4", Target::Sm90a);
     let (ours, lib) = (traffic(ours), traffic(lib));
     for ((op, n), (_, want)) in ours.iter().zip(&lib) {

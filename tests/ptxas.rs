@@ -41,7 +41,8 @@ fn spills(report: &str) -> u64 {
 /// takes 211 registers and two blocks instead of 168 and three with 8 bytes spilled
 /// (rms_norm_row 11264).
 fn spill_allowance(v: &tessera::PtxVariant) -> u64 {
-    let requested = v.ptx.lines().find_map(|l| l.trim().strip_prefix(".minnctapersm")?.trim().parse::<u32>().ok()).is_some_and(|n| n >= 2);
+    let requested =
+        v.ptx().lines().find_map(|l| l.trim().strip_prefix(".minnctapersm")?.trim().parse::<u32>().ok()).is_some_and(|n| n >= 2);
     match (v.target.name(), requested) {
         (_, true) => 160,
         ("sm_80", false) => 24,
@@ -52,7 +53,7 @@ fn spill_allowance(v: &tessera::PtxVariant) -> u64 {
 /// Assembles one variant: the report line, and what failed, if anything.
 fn check(ptxas: &Path, dir: &Path, spec: &tessera::KernelSpec, v: &tessera::PtxVariant) -> (String, Option<String>) {
     let file = dir.join(format!("{}.{}.ptx", spec.name, v.target.name()));
-    std::fs::write(&file, v.ptx).expect("write ptx");
+    std::fs::write(&file, v.ptx()).expect("write ptx");
     // With TESSERA_SASS_DIR set, keep each cubin there for cuobjdump.
     let cubin = match std::env::var_os("TESSERA_SASS_DIR") {
         Some(d) => Path::new(&d).join(format!("{}.{}.cubin", spec.name, v.target.name())),

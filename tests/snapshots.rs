@@ -25,7 +25,7 @@ fn ptx_snapshots() {
     let names: Vec<&str> = all.iter().map(|s| base(s.name)).collect();
     let mut seen = std::collections::HashSet::new();
     for spec in all.iter().filter(|s| seen.insert(base(s.name)) && snapshotted(base(s.name), &names)) {
-        insta::assert_snapshot!(format!("{}.sm_90a.ptx", spec.name), spec.variants[0].ptx);
+        insta::assert_snapshot!(format!("{}.sm_90a.ptx", spec.name), spec.variants[0].ptx());
     }
 }
 
@@ -35,8 +35,8 @@ fn ptx_targets_differ_only_in_target() {
         // Kernels with pipelines lower them differently per target (TMA and wgmma, or
         // cp.async and mma.sync); the others differ only in `.target`.
         if let [a, b] = spec.variants {
-            if !a.ptx.contains("mbarrier") {
-                assert_eq!(a.ptx.replace(".target sm_90a", ".target sm_80"), b.ptx, "{}", spec.name);
+            if !a.ptx().contains("mbarrier") {
+                assert_eq!(a.ptx().replace(".target sm_90a", ".target sm_80"), b.ptx(), "{}", spec.name);
             }
         }
     }

@@ -40,7 +40,7 @@ fn producer_waits_end_with_the_warpgroup_barrier() {
     for name in
         ["flash_attention_varlen_bf16__d128_stages2_bn160", "flash_attention_bf16__d128_stages2_bn160", "gemm_tn_bf16__bn256_stages4"]
     {
-        let ptx = spec(name).variants[0].ptx;
+        let ptx = spec(name).variants[0].ptx();
         let all = waits(ptx);
         let producer: Vec<_> = all.iter().filter(|(p, _)| *p).collect();
         assert!(producer.len() >= 2 && producer.len() < all.len(), "{name}: {} waits, {} on the producer side", all.len(), producer.len());
@@ -54,8 +54,8 @@ fn producer_waits_end_with_the_warpgroup_barrier() {
 fn the_wait_watchdog_names_each_wait_and_is_off_by_default() {
     let name = "flash_attention_varlen_bf16__d128_stages2_bn160";
     let s = spec(name);
-    assert!(!s.variants[0].ptx.contains("st.global.u32       [%rd_tag"), "{name}: a watchdog in a normal build");
-    let mut ir = TileIr::from_json(s.tirh).expect("the embedded TIR-H");
+    assert!(!s.variants[0].ptx().contains("st.global.u32       [%rd_tag"), "{name}: a watchdog in a normal build");
+    let mut ir = TileIr::from_json(s.tirh()).expect("the embedded TIR-H");
     ir.wait_limit = 1000;
     let opts = tessera_ptx::CompileOptions { targets: vec![tessera_ptx::Target::Sm90a] };
     let k = tessera_ptx::compile(ir, &opts).unwrap_or_else(|e| panic!("{name} with a watchdog: {e:?}"));

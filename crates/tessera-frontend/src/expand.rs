@@ -769,6 +769,19 @@ fn rust_elem(d: DType) -> TokenStream {
     }
 }
 
+/// A `tessera::Packed` expression holding `text` compressed: a function returning the bytes,
+/// never inlined, so that they stay out of the crate's metadata.
+fn packed(text: &str) -> TokenStream {
+    let bytes = proc_macro2::Literal::byte_string(&tessera_ptx::pack(text));
+    quote!(::tessera::Packed({
+        #[inline(never)]
+        fn __packed() -> &'static [u8] {
+            #bytes
+        }
+        __packed
+    }))
+}
+
 /// The `KernelSpec` expression of one compiled variant.
 fn spec_tokens(k: &CompiledKernel, knobs: &Knobs) -> TokenStream {
     let name_str = &k.name;
@@ -798,10 +811,11 @@ fn spec_tokens(k: &CompiledKernel, knobs: &Knobs) -> TokenStream {
             tessera_ptx::Target::Sm90a => quote!(::tessera::Target::Sm90a),
             tessera_ptx::Target::Sm80 => quote!(::tessera::Target::Sm80),
         };
-        quote!(::tessera::PtxVariant { target: #target, ptx: #ptx })
+        let ptx = packed(ptx);
+        quote!(::tessera::PtxVariant { target: #target, packed: #ptx })
     });
     let (threads, shared, dynamic) = (k.threads, k.shared_bytes, k.dynamic_shared_bytes);
-    let tirh = &k.tirh_json;
+    let tirh = packed(&k.tirh_json);
     let knobs = knobs.iter().map(|(n, v)| quote!((#n, #v)));
     quote! {
         ::tessera::KernelSpec {
@@ -812,7 +826,7 @@ fn spec_tokens(k: &CompiledKernel, knobs: &Knobs) -> TokenStream {
             shared_bytes: #shared,
             dynamic_shared_bytes: #dynamic,
             variants: &[#(#variants),*],
-            tirh: #tirh,
+            tirh_packed: #tirh,
             knobs: &[#(#knobs),*],
         }
     }

@@ -62,4 +62,4 @@ pub fn wait_tag_decode(addr: u64) -> Option<(u32, bool, u32)> {
 pub use dtype::{DType, ScalarType};
 pub use error::CompileError;
 pub use pipeline::{compile, compile_with, CompileOptions, CompiledKernel, CompiledVariant};
-pub use reflect::{KernelSpec, ParamInfo, ParamKind, PtxVariant, Target, TmaBox};
+pub use reflect::{pack, KernelSpec, Packed, ParamInfo, ParamKind, PtxVariant, Target, TmaBox};

@@ -86,8 +86,64 @@ pub struct ParamInfo {
 pub struct PtxVariant {
     /// Its target.
     pub target: Target,
-    /// The PTX module text.
-    pub ptx: &'static str,
+    /// The PTX module text, packed ([`PtxVariant::ptx`] reads it).
+    pub packed: Packed,
+}
+
+impl PtxVariant {
+    /// The PTX module text (unpacked on the first call in a process, then kept).
+    pub fn ptx(&self) -> &'static str {
+        self.packed.text()
+    }
+}
+
+/// Text the macro embeds in a binary, zstd-compressed ([`pack`]), behind a function that is
+/// never inlined across crates, so that neither the text nor its compressed bytes go into
+/// crate metadata (as the value of a `static` would). [`Packed::text`] unpacks it once per
+/// process.
+#[derive(Clone, Copy)]
+pub struct Packed(pub fn() -> &'static [u8]);
+
+impl Packed {
+    /// The text, unpacked on the first call for these bytes and kept for the process.
+    pub fn text(&self) -> &'static str {
+        use std::collections::HashMap;
+        use std::sync::{Mutex, OnceLock};
+        static TEXTS: OnceLock<Mutex<HashMap<usize, &'static str>>> = OnceLock::new();
+        let bytes = (self.0)();
+        let mut texts = TEXTS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+        texts.entry(bytes.as_ptr() as usize).or_insert_with(|| {
+            // Bytes the macro packed; a binary whose bytes do not unpack gives a text that the
+            // driver (or the interpreter's JSON reader) rejects with its own error.
+            let text = zstd::decode_all(bytes).ok().and_then(|v| String::from_utf8(v).ok());
+            Box::leak(text.unwrap_or_else(|| "// tessera: embedded text that does not unpack".into()).into_boxed_str())
+        })
+    }
+
+    /// The packed bytes.
+    pub fn bytes(&self) -> &'static [u8] {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for Packed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Packed({} bytes)", self.bytes().len())
+    }
+}
+
+impl PartialEq for Packed {
+    fn eq(&self, other: &Packed) -> bool {
+        self.bytes() == other.bytes()
+    }
+}
+
+impl Eq for Packed {}
+
+/// `text` compressed as the macro embeds it (zstd, level 3: ~12× on PTX, fast enough that the
+/// kernel library's hundreds of variants pack in about a second).
+pub fn pack(text: &str) -> Vec<u8> {
+    zstd::encode_all(text.as_bytes(), 3).unwrap_or_default()
 }
 
 /// Everything known about a kernel at build time.
@@ -107,15 +163,20 @@ pub struct KernelSpec {
     pub dynamic_shared_bytes: u32,
     /// One PTX module per target, best first.
     pub variants: &'static [PtxVariant],
-    /// The checked TIR-H as JSON ([`crate::tirh::TileIr::from_json`]): what the CPU
-    /// interpreter runs.
-    pub tirh: &'static str,
+    /// The checked TIR-H as JSON ([`crate::tirh::TileIr::from_json`]), packed: what the CPU
+    /// interpreter runs ([`KernelSpec::tirh`] reads it).
+    pub tirh_packed: Packed,
     /// The knob values of this variant of a `tune(...)` kernel, in the attribute's order
     /// (empty for a kernel without knobs).
     pub knobs: &'static [(&'static str, i64)],
 }
 
 impl KernelSpec {
+    /// The checked TIR-H as JSON ([`crate::tirh::TileIr::from_json`]).
+    pub fn tirh(&self) -> &'static str {
+        self.tirh_packed.text()
+    }
+
     /// The best variant that runs on compute capability `major.minor`.
     pub fn variant_for(&self, major: i32, minor: i32) -> Option<&PtxVariant> {
         self.variants.iter().find(|v| v.target.runs_on(major, minor))

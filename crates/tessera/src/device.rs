@@ -300,7 +300,7 @@ impl Device {
     pub(crate) fn kernel(&self, spec: &'static tessera_ptx::KernelSpec) -> Result<Arc<LoadedKernel>> {
         let (stream, modules) = self.cuda("loading PTX")?;
         let variant = self.variant(spec)?;
-        let key = variant.ptx.as_ptr() as usize;
+        let key = variant.packed.bytes().as_ptr() as usize;
         let mut cache = modules.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(k) = cache.get(&key) {
             return Ok(k.clone());
@@ -312,7 +312,7 @@ impl Device {
             eprintln!("tessera: loading kernel {} ({})", spec.name, variant.target.name());
         }
         let load_err = |source| Error::ModuleLoad { kernel: spec.name, target: variant.target.name(), source };
-        let src = std::ffi::CString::new(variant.ptx).map_err(|_| Error::Tensor {
+        let src = std::ffi::CString::new(variant.ptx()).map_err(|_| Error::Tensor {
             what: "loading PTX",
             expected: "PTX text without NUL bytes".into(),
             found: "a NUL byte".into(),

@@ -153,7 +153,7 @@ mod sealed {
     pub trait Sealed {}
 }
 pub use tessera_ptx::random;
-pub use tessera_ptx::{DType, KernelSpec, ParamInfo, ParamKind, PtxVariant, Target, TmaBox};
+pub use tessera_ptx::{DType, KernelSpec, Packed, ParamInfo, ParamKind, PtxVariant, Target, TmaBox};
 pub use tma::{tma_unfit, TensorMap, TmaDescriptorCache};
 pub use tune::{TuneKey, TuneMode, Tuner};
 

@@ -66,12 +66,12 @@ struct Program {
 
 fn program(spec: &'static KernelSpec) -> Result<Arc<Program>> {
     static PROGRAMS: OnceLock<Mutex<HashMap<usize, Arc<Program>>>> = OnceLock::new();
-    let key = spec.tirh.as_ptr() as usize;
+    let key = spec.tirh_packed.bytes().as_ptr() as usize;
     let mut cache = PROGRAMS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
     if let Some(p) = cache.get(&key) {
         return Ok(p.clone());
     }
-    let ir = TileIr::from_json(spec.tirh).map_err(|why| Error::Tensor {
+    let ir = TileIr::from_json(spec.tirh()).map_err(|why| Error::Tensor {
         what: "reading a kernel's TIR-H for the CPU interpreter",
         expected: format!("the JSON that this version of tessera embeds (kernel `{}`)", spec.name),
         found: why,
