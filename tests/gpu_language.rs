@@ -583,3 +583,86 @@ fn gpu_device_functions() {
 fn interp_device_functions() {
     device_functions(&Device::cpu());
 }
+
+use tessera_kernels::prelude::{cumsum_chunk, linear_recurrence_chunk, scan_max};
+
+/// Scans along rows in 64-column chunks, carrying the running value across the loop: a
+/// cumulative sum, the linear recurrence `h = a·h + b`, and (within each chunk) an inclusive
+/// running max and an exclusive one; then a scan down the columns of a 32×16 tile.
+#[kernel]
+fn scans(
+    x: Global<f32, 2>,
+    a: Global<f32, 2>,
+    sum: Global<f32, 2>,
+    rec: Global<f32, 2>,
+    cmax: Global<f32, 2>,
+    xmax: Global<f32, 2>,
+    down: Global<f32, 2>,
+) {
+    let r = block::id_x() * 16;
+    let mut carry = Tile::<f32, 16, 1>::zeros();
+    let mut h = Tile::<f32, 16, 1>::zeros();
+    for c in (0..x.dim(1)).step_by(64) {
+        let t: Tile<f32, 16, 64> = x.load([r, c]);
+        let at: Tile<f32, 16, 64> = a.load_or([r, c], 1.0);
+        sum.store([r, c], cumsum_chunk(t, &mut carry));
+        rec.store([r, c], linear_recurrence_chunk(at, t, &mut h));
+        cmax.store([r, c], tile_scan::<scan_max>(t, 1, f32::NEG_INFINITY));
+        xmax.store([r, c], tile_scan_exclusive::<scan_max>(t, 1, f32::NEG_INFINITY));
+    }
+    let d: Tile<f32, 32, 16> = x.load([block::id_x() * 32, 0]);
+    down.store([block::id_x() * 32, 0], tile_scan::<tessera_kernels::prelude::scan_add>(d, 0, 0.0));
+}
+
+fn scans_match_sequential(dev: &Device) {
+    for (m, n) in [(37, 200), (16, 64), (5, 7), (70, 129)] {
+        let x = random(m * n, -2.0, 2.0);
+        let a = random(m * n, 0.5, 1.0);
+        let xd = Tensor::from_host(dev, &x, &[m, n]).expect("x");
+        let ad = Tensor::from_host(dev, &a, &[m, n]).expect("a");
+        let poison = || Tensor::from_host(dev, &vec![f32::NAN; m * n], &[m, n]).expect("out");
+        let (mut sum, mut rec, mut cmax, mut xmax, mut down) = (poison(), poison(), poison(), poison(), poison());
+        scans::launch(dev, m.div_ceil(16) as u32, &xd, &ad, &mut sum, &mut rec, &mut cmax, &mut xmax, &mut down).expect("launch");
+        let (mut w_sum, mut w_rec, mut w_cmax, mut w_xmax) = (vec![0.0; m * n], vec![0.0; m * n], vec![0.0; m * n], vec![0.0; m * n]);
+        for i in 0..m {
+            let (mut s, mut h) = (0.0f64, 0.0f64);
+            for j in 0..n {
+                let k = i * n + j;
+                s += f64::from(x[k]);
+                h = f64::from(a[k]) * h + f64::from(x[k]);
+                w_sum[k] = s;
+                w_rec[k] = h;
+                let chunk = j - j % 64;
+                w_cmax[k] = (chunk..=j).map(|q| f64::from(x[i * n + q])).fold(f64::NEG_INFINITY, f64::max);
+                w_xmax[k] = (chunk..j).map(|q| f64::from(x[i * n + q])).fold(f64::NEG_INFINITY, f64::max);
+            }
+        }
+        let got = |t: &Tensor<f32>| wide(&t.to_host().expect("out"));
+        assert!(rel_error(&got(&sum), &w_sum) < 1e-5, "cumsum {m}×{n}: {}", rel_error(&got(&sum), &w_sum));
+        assert!(rel_error(&got(&rec), &w_rec) < 1e-5, "recurrence {m}×{n}: {}", rel_error(&got(&rec), &w_rec));
+        assert_eq!(got(&cmax), w_cmax, "running max {m}×{n}");
+        assert_eq!(got(&xmax), w_xmax, "exclusive running max {m}×{n}");
+        // Down the columns: the first 32 rows' first 16 columns of each block of 32 rows.
+        let d = got(&down);
+        for i in 0..m {
+            for j in 0..n.min(16) {
+                let top = i - i % 32;
+                let want: f64 = (top..=i).map(|q| f64::from(x[q * n + j])).sum();
+                let k = i * n + j;
+                assert!((d[k] - want).abs() <= 1e-5 * (1.0 + want.abs()), "down {m}×{n} at ({i}, {j}): {} vs {want}", d[k]);
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_scans_match_sequential() {
+    if let Some(dev) = gpu_or_skip("gpu_scans_match_sequential") {
+        scans_match_sequential(&dev);
+    }
+}
+
+#[test]
+fn interp_scans_match_sequential() {
+    scans_match_sequential(&Device::cpu());
+}

@@ -114,6 +114,13 @@ fn device_calls(f: &syn::ItemFn) -> Vec<syn::Path> {
     struct Calls(Vec<syn::Path>);
     impl<'a> syn::visit::Visit<'a> for Calls {
         fn visit_expr_call(&mut self, c: &'a syn::ExprCall) {
+            // A scan's combine is a device function too.
+            if let Some(f) = crate::parse::scan_combine(c) {
+                let key = crate::parse::path_key(&f);
+                if !self.0.iter().any(|q| crate::parse::path_key(q) == key) {
+                    self.0.push(f);
+                }
+            }
             if let syn::Expr::Path(p) = &*c.func {
                 let segs: Vec<String> = p.path.segments.iter().map(|s| s.ident.to_string()).collect();
                 let segs: Vec<&str> = segs.iter().map(String::as_str).collect();

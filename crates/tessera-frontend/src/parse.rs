@@ -30,8 +30,8 @@ pub struct Frontend {
 
 type R<T> = Result<T, syn::Error>;
 
-const FUNCTIONS: &str = "`exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block_sum`, `block_max`, `block_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Tile::<f32, M, N>::col_index`, `Tile::<f32, M, N>::row_index`, `Tile::<f32, M, N>::uniform`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `TileQueue::<S>::new`, `tma::load`, `tma::store`, `tma::store_wait`, `mma_sync`, `mma_sync_kn`, `mma_wait`, `setmaxnreg`, `barrier::sync`, `barrier::arrive`";
-const METHODS: &str = "`load`, `load_or`, `get`, `store`, `store_within`, `dim`, `cast`, `exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `mask_cols`, `swap_pairs`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
+const FUNCTIONS: &str = "`exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block_sum`, `block_max`, `block_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Tile::<f32, M, N>::col_index`, `Tile::<f32, M, N>::row_index`, `Tile::<f32, M, N>::uniform`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `TileQueue::<S>::new`, `tma::load`, `tma::store`, `tma::store_wait`, `mma_sync`, `mma_sync_kn`, `mma_wait`, `setmaxnreg`, `barrier::sync`, `barrier::arrive`, `tile_scan::<F>`, `tile_scan_exclusive::<F>`";
+const METHODS: &str = "`load`, `load_or`, `get`, `store`, `store_within`, `dim`, `cast`, `exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `mask_cols`, `swap_pairs`, `shift_cols`, `shift_rows`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
 
 /// Whether a call's path names one of the language's own functions (which a device function
 /// cannot shadow): every other call is a device function's.
@@ -50,7 +50,22 @@ pub(crate) fn is_builtin(segs: &[&str]) -> bool {
             | ["tma", _]
             | ["mma_sync" | "mma_sync_kn" | "mma_wait" | "setmaxnreg"]
             | ["barrier", _]
+            | ["tile_scan" | "tile_scan_exclusive"]
     )
+}
+
+/// The combine of a `tile_scan::<F>(…)` call: `F`'s path, if the call is a scan's.
+pub(crate) fn scan_combine(c: &syn::ExprCall) -> Option<syn::Path> {
+    let SynExpr::Path(p) = &*c.func else { return None };
+    let last = p.path.segments.last()?;
+    if p.path.segments.len() != 1 || !(last.ident == "tile_scan" || last.ident == "tile_scan_exclusive") {
+        return None;
+    }
+    let syn::PathArguments::AngleBracketed(g) = &last.arguments else { return None };
+    match g.args.first() {
+        Some(syn::GenericArgument::Type(syn::Type::Path(t))) if g.args.len() == 1 && t.qself.is_none() => Some(t.path.clone()),
+        _ => None,
+    }
 }
 
 fn err<T>(span: impl ToTokens, msg: impl std::fmt::Display) -> R<T> {
@@ -489,7 +504,7 @@ impl Frontend {
     /// A call of a device function, as the value of a tuple binding.
     fn call_value(&mut self, e: &SynExpr) -> R<Expr> {
         match strip_paren(e) {
-            SynExpr::Call(c) if self.device_of(c).is_some() => self.expr(e),
+            SynExpr::Call(c) if self.device_of(c).is_some() || scan_combine(c).is_some() => self.expr(e),
             other => err(other, "a tuple takes the results of a device function's call: `let (a, b) = f(x);`"),
         }
     }
@@ -501,6 +516,36 @@ impl Frontend {
             Pat::Wild(_) => Ok((format!("__unused_{}", self.spans.len()), false)),
             other => err(other, "a tuple pattern lists names: `let (a, mut b, _) = f(x);`"),
         }
+    }
+
+    /// `tile_scan::<F>(x, axis, identity)`, or of tuples: `tile_scan::<F>((a, b), 1, (1.0, 0.0))`.
+    fn scan(&mut self, c: &syn::ExprCall, name: &syn::PathSegment) -> R<ExprKind> {
+        let what = name.ident.to_string();
+        let Some(f) = scan_combine(c) else {
+            return err(name, format!("`{what}` names its combine, a device function: `{what}::<add>(x, 1, 0.0)`"));
+        };
+        let key = path_key(&f);
+        let Some(id) = self.deps.iter().find(|(k, _)| *k == key).map(|(_, id)| *id) else {
+            return err(&f, format!("unknown combine `{key}`: expected a `#[tessera::device]` function"));
+        };
+        let [x, axis, identity] = [0, 1, 2].map(|i| c.args.iter().nth(i));
+        let (Some(x), Some(axis), Some(identity), 3) = (x, axis, identity, c.args.len()) else {
+            return err(
+                c,
+                format!("`{what}` takes the tile (or a tuple of tiles), the axis and the combine's identity: `{what}::<add>(x, 1, 0.0)`"),
+            );
+        };
+        let list = |me: &mut Self, e: &SynExpr| -> R<Vec<Expr>> {
+            match strip_paren(e) {
+                SynExpr::Tuple(t) => t.elems.iter().map(|x| me.expr(x)).collect(),
+                other => Ok(vec![me.expr(other)?]),
+            }
+        };
+        let values = list(self, x)?;
+        let axis = int_const(axis, "the scan's axis is a constant: 1 (along each row) or 0 (down each column)")?;
+        let identity = list(self, identity)?;
+        let func = f.segments.last().map(|s| s.ident.to_string()).unwrap_or_default();
+        Ok(ExprKind::Scan { func, id, values, axis, identity, exclusive: what == "tile_scan_exclusive" })
     }
 
     /// `f(a, &mut b)` of a device function `id`.
@@ -534,6 +579,9 @@ impl Frontend {
         };
         if let Some(id) = self.device_of(c) {
             return self.device_call(c, p, id, loc);
+        }
+        if let Some(last) = p.path.segments.last().filter(|l| l.ident == "tile_scan" || l.ident == "tile_scan_exclusive") {
+            return self.scan(c, last);
         }
         let segs: Vec<String> = p.path.segments.iter().map(|s| s.ident.to_string()).collect();
         let names: Vec<&str> = segs.iter().map(String::as_str).collect();
@@ -734,6 +782,14 @@ impl Frontend {
                 want(0)?;
                 ExprKind::SwapPairs(recv(self)?)
             }
+            "shift_cols" | "shift_rows" => {
+                want(2)?;
+                let by = const_eval(&m.args[0])
+                    .and_then(|v| u32::try_from(v).ok())
+                    .ok_or_else(|| syn::Error::new_spanned(&m.args[0], format!("`{name}` takes a constant, non-negative distance")))?;
+                let axis = u32::from(name == "shift_cols");
+                ExprKind::Shift { value: recv(self)?, axis, by, fill: Box::new(self.expr(&m.args[1])?) }
+            }
             "mask_cols" => {
                 want(2)?;
                 ExprKind::MaskCols { value: recv(self)?, limit: Box::new(self.expr(&m.args[0])?), fill: Box::new(self.expr(&m.args[1])?) }
@@ -827,6 +883,7 @@ fn const_eval(e: &SynExpr) -> Option<i64> {
                 SynBinOp::Sub(_) => x.checked_sub(y),
                 SynBinOp::Mul(_) => x.checked_mul(y),
                 SynBinOp::Div(_) if y != 0 => Some(x / y),
+                SynBinOp::Shl(_) if (0..63).contains(&y) => x.checked_shl(y as u32),
                 _ => None,
             }
         }

@@ -251,3 +251,76 @@ pub fn stage_store<T>(c: Global<T, 3>, sc: Smem<T, 64, 64>, out: Tile<f32, 64, 6
     sc.at(buf).store(out.cast::<T>());
     tma::store(c, [bt, m0, n], sc.at(buf));
 }
+
+// ---------------------------------------------------------------------------------------
+// Scans: combines for `tile_scan::<F>(x, axis, identity)` (and `tile_scan_exclusive`), and
+// scans built on them.
+
+/// `a + b`: a running sum, `tile_scan::<scan_add>(x, 1, 0.0)`.
+#[device]
+pub fn scan_add<const M: usize, const N: usize>(a: Tile<f32, M, N>, b: Tile<f32, M, N>) -> Tile<f32, M, N> {
+    a + b
+}
+
+/// `a · b`: a running product, identity 1.
+#[device]
+pub fn scan_mul<const M: usize, const N: usize>(a: Tile<f32, M, N>, b: Tile<f32, M, N>) -> Tile<f32, M, N> {
+    a * b
+}
+
+/// `max(a, b)`: a running maximum, identity `f32::NEG_INFINITY`.
+#[device]
+pub fn scan_max<const M: usize, const N: usize>(a: Tile<f32, M, N>, b: Tile<f32, M, N>) -> Tile<f32, M, N> {
+    max(a, b)
+}
+
+/// `min(a, b)`: a running minimum, identity `f32::INFINITY`.
+#[device]
+pub fn scan_min<const M: usize, const N: usize>(a: Tile<f32, M, N>, b: Tile<f32, M, N>) -> Tile<f32, M, N> {
+    min(a, b)
+}
+
+/// The combine of the linear recurrence `h_t = a_t · h_{t−1} + b_t`, on pairs `(a, b)`: the
+/// earlier pair `(a1, b1)` then the later `(a2, b2)` give `(a1 · a2, a2 · b1 + b2)`, identity
+/// `(1, 0)`. `tile_scan::<scan_linear>((a, b), 1, (1.0, 0.0))` gives, for each `t`, the
+/// product of `a` up to `t` and `h_t` from `h_{-1} = 0`.
+#[device]
+pub fn scan_linear<const M: usize, const N: usize>(
+    a1: Tile<f32, M, N>,
+    b1: Tile<f32, M, N>,
+    a2: Tile<f32, M, N>,
+    b2: Tile<f32, M, N>,
+) -> (Tile<f32, M, N>, Tile<f32, M, N>) {
+    (a1 * a2, a2 * b1 + b2)
+}
+
+/// The last column of `x` as an `M×1` tile (for finite `x`): a chunked scan's carry.
+#[device]
+pub fn last_col<const M: usize, const N: usize>(x: Tile<f32, M, N>) -> Tile<f32, M, 1> {
+    row_sum(x * step(Tile::<f32, M, N>::col_index() - (N - 1) as f32))
+}
+
+/// One chunk of a running sum along each row: the chunk's cumulative sums plus `carry` (the
+/// sum of the chunks before, `M×1`), which then grows by the chunk's total.
+#[device]
+pub fn cumsum_chunk<const M: usize, const N: usize>(x: Tile<f32, M, N>, carry: &mut Tile<f32, M, 1>) -> Tile<f32, M, N> {
+    let s = tile_scan::<scan_add>(x, 1, 0.0) + *carry;
+    *carry = last_col(s);
+    s
+}
+
+/// One chunk of the linear recurrence `h_t = a_t · h_{t−1} + b_t` along each row (a selective
+/// scan's inner loop): every `h_t` of the chunk from `h`, the chunks before's last state
+/// (`M×1`), which then becomes the chunk's last. Out-of-range columns should hold `a = 1`,
+/// `b = 0` so that they carry the state through.
+#[device]
+pub fn linear_recurrence_chunk<const M: usize, const N: usize>(
+    a: Tile<f32, M, N>,
+    b: Tile<f32, M, N>,
+    h: &mut Tile<f32, M, 1>,
+) -> Tile<f32, M, N> {
+    let (pa, pb) = tile_scan::<scan_linear>((a, b), 1, (1.0, 0.0));
+    let out = pa * *h + pb;
+    *h = last_col(out);
+    out
+}

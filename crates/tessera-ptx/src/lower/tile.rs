@@ -36,6 +36,12 @@ impl Lowerer<'_> {
                 let t = self.tile(value)?;
                 swap_pairs(t)
             }
+            ExprKind::Shift { value, axis, by, fill } => {
+                let t = self.tile(value)?;
+                let f = self.scalar(fill)?;
+                let f = self.in_reg(f, crate::dtype::ScalarType::F32, "fill");
+                self.shift(t, *axis, *by, f)
+            }
 
             ExprKind::Load { .. } => {
                 let (g, idx, ty, fill, layout) = self.load_args(e)?;
@@ -527,6 +533,59 @@ impl Lowerer<'_> {
             .collect();
         // No barrier after the reads: every scratch user starts with one.
         TileVal { ty: t.ty, layout: to, regs }
+    }
+
+    /// `t.shift_cols(by, fill)` (`axis` 1) or `shift_rows`: through the warpgroup's scratch —
+    /// each owner writes its elements at `[row][col]`, then each thread reads, for each of its
+    /// elements, the one `by` columns (rows) back, or takes `fill` where there is none. A
+    /// shift past the whole tile is `fill` everywhere, with no memory traffic.
+    pub(crate) fn shift(&mut self, t: TileVal, axis: u32, by: u32, fill: Reg) -> TileVal {
+        use Operand::{Addr, Imm, Reg as R};
+        let (rows, cols) = (t.ty.rows, t.ty.cols);
+        let n = if axis == 1 { cols } else { rows };
+        if by == 0 {
+            return t;
+        }
+        let regs: Vec<Reg> = if by >= n {
+            t.regs
+                .iter()
+                .map(|_| {
+                    let r = self.reg(RegClass::F32, "shift");
+                    self.op("mov.f32", vec![R(r), R(fill)]);
+                    r
+                })
+                .collect()
+        } else {
+            self.need_scratch(rows * cols * 4);
+            self.warpgroup_barrier();
+            let l = self.layout_regs(t.layout);
+            let base = self.thread_offset(l, cols, 4);
+            for (slot, &r) in t.layout.slots().iter().zip(&t.regs) {
+                let off = i64::from((slot.dr * cols + slot.dc) * 4);
+                self.op_if(l.owner, false, "st.shared.f32", vec![Addr(base, off), R(r)]);
+            }
+            self.warpgroup_barrier();
+            let back = i64::from(if axis == 1 { by * 4 } else { by * cols * 4 });
+            t.layout
+                .slots()
+                .iter()
+                .map(|slot| {
+                    // This element's index along the axis, and whether one lies `by` before it.
+                    let (at, d) = if axis == 1 { (l.col, slot.dc) } else { (l.row, slot.dr) };
+                    let idx = self.reg(RegClass::B32, "shidx");
+                    self.op("add.u32", vec![R(idx), R(at), Imm(i64::from(d))]);
+                    let has = self.reg(RegClass::Pred, "shin");
+                    self.op("setp.ge.u32", vec![R(has), R(idx), Imm(i64::from(by))]);
+                    let r = self.reg(RegClass::F32, "shift");
+                    self.op("mov.f32", vec![R(r), R(fill)]);
+                    let off = i64::from((slot.dr * cols + slot.dc) * 4) - back;
+                    self.op_if(has, false, "ld.shared.f32", vec![R(r), Addr(base, off)]);
+                    r
+                })
+                .collect()
+            // No barrier after the reads: every scratch user starts with one.
+        };
+        TileVal { ty: t.ty, layout: t.layout, regs }
     }
 
     /// The shared address of this thread's base element in a row-major `?×cols` scratch tile.

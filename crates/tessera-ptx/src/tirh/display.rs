@@ -149,6 +149,14 @@ impl fmt::Display for Expr {
                 write!(f, "uniform<{tile}>({}, {}, {}, [{}, {}])", seed[0], seed[1], seed[2], origin[0], origin[1])
             }
             ExprKind::SwapPairs(value) => write!(f, "{value}.swap_pairs()"),
+            ExprKind::Shift { value, axis, by, fill } => {
+                write!(f, "{value}.shift_{}({by}, {fill})", if *axis == 1 { "cols" } else { "rows" })
+            }
+            ExprKind::Scan { func, values, axis, identity, exclusive, .. } => {
+                let list = |v: &[Expr]| v.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(", ");
+                let kind = if *exclusive { "tile_scan_exclusive" } else { "tile_scan" };
+                write!(f, "{kind}::<{func}>(({}), {axis}, ({}))", list(values), list(identity))
+            }
             ExprKind::Call { func, args, by_ref, .. } => {
                 let args: Vec<String> =
                     args.iter().zip(by_ref).map(|(a, r)| if *r { format!("&mut {a}") } else { a.to_string() }).collect();

@@ -440,6 +440,8 @@ impl Expr {
             K::MaskCols { value, limit, fill } => vec![value, limit, fill],
             K::Uniform { seed, origin, .. } => seed.iter().chain(origin).collect(),
             K::Get { index, .. } | K::Call { args: index, .. } => index.iter().collect(),
+            K::Shift { value, fill, .. } => vec![value, fill],
+            K::Scan { values, identity, .. } => values.iter().chain(identity).collect(),
             K::Var(_)
             | K::Int(_)
             | K::Float(_)
@@ -783,6 +785,39 @@ pub enum ExprKind {
         op: ReduceOp,
         /// The tile.
         value: Box<Expr>,
+    },
+    /// `t.shift_cols(k, fill)` (`axis` 1) or `t.shift_rows(k, fill)` (`axis` 0): element
+    /// `j` of each row (column) takes element `j − k`, the first `k` take `fill` — the step of a
+    /// scan (`tile_scan`). `t` is an f32 tile, `k` a constant.
+    Shift {
+        /// The tile.
+        value: Box<Expr>,
+        /// 1: along each row; 0: down each column.
+        axis: u32,
+        /// How far.
+        by: u32,
+        /// What comes in.
+        fill: Box<Expr>,
+    },
+    /// `tile_scan::<F>(x, axis, identity)` (or of a tuple of tiles with a tuple of
+    /// identities, `tile_scan::<F>((a, b), 1, (1.0, 0.0))`): the inclusive scan of `x` along
+    /// `axis` (1: each row, 0: each column) under the associative combine `F`, a device
+    /// function taking the earlier elements' tiles, then the later ones', and giving the
+    /// combined tiles; `exclusive` shifts the result by one, `identity` first. The type checker
+    /// expands it into ⌈log₂ n⌉ shift-and-combine steps (Hillis–Steele).
+    Scan {
+        /// The combine's name, for messages.
+        func: String,
+        /// The frontend's number for the combine's definition.
+        id: u32,
+        /// The tiles scanned together.
+        values: Vec<Expr>,
+        /// 1: along each row; 0: down each column.
+        axis: u32,
+        /// The combine's identity, per tile: what shifts in.
+        identity: Vec<Expr>,
+        /// Exclusive (element j combines elements before j) rather than inclusive.
+        exclusive: bool,
     },
     /// `f(a, &mut b)`: a call of a `#[device]` function, which the type checker inlines (it
     /// never reaches lowering): its statements go before the statement that holds the call,

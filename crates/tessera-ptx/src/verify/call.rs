@@ -50,6 +50,9 @@ impl Checker<'_> {
     /// Inlines the call `e`: its body goes to the pending statements, and its checked results
     /// come back. `expect` is the tile type a `let` annotation asks of a single result.
     pub(super) fn call(&mut self, e: &mut Expr, expect: Option<TileType>) -> Result<Vec<Expr>, CompileError> {
+        if matches!(e.kind, ExprKind::Scan { .. }) {
+            return self.scan(e);
+        }
         let loc = e.loc;
         let ExprKind::Call { func, id, mut args, by_ref } = std::mem::replace(&mut e.kind, ExprKind::Bool(false)) else {
             return Err(CompileError::ty(loc, "expected a call"));
@@ -94,6 +97,91 @@ impl Checker<'_> {
         });
         self.inlining.pop();
         checked.map(|()| results)
+    }
+
+    /// `tile_scan::<F>(x, axis, identity)`: binds the inputs, then for offsets 1, 2, 4, … below
+    /// the scanned dimension combines each tile with itself shifted by the offset (identity
+    /// shifting in) through a call of `F`, which is inlined as any call is; the results are the
+    /// last step's tiles (shifted by one more for an exclusive scan).
+    fn scan(&mut self, e: &mut Expr) -> Result<Vec<Expr>, CompileError> {
+        let loc = e.loc;
+        let ExprKind::Scan { func, id, mut values, axis, mut identity, exclusive } = std::mem::replace(&mut e.kind, ExprKind::Bool(false))
+        else {
+            return Err(CompileError::ty(loc, "expected a scan"));
+        };
+        let what = if exclusive { "tile_scan_exclusive" } else { "tile_scan" };
+        if values.len() != identity.len() || values.is_empty() {
+            return Err(CompileError::ty(
+                loc,
+                format!("`{what}` takes one identity per tile scanned: {} tile(s), {} identities", values.len(), identity.len()),
+            ));
+        }
+        if axis > 1 {
+            return Err(CompileError::ty(loc, format!("`{what}` runs along axis 1 (each row) or 0 (each column), found {axis}")));
+        }
+        let mut shape: Option<TileType> = None;
+        for v in values.iter_mut() {
+            let ty = self.expr(v)?;
+            match (ty, shape) {
+                (Type::Tile(t), None) if t.dtype == crate::dtype::DType::F32 => shape = Some(t),
+                (Type::Tile(t), Some(s)) if t == s => {}
+                _ => {
+                    let want = shape.map_or_else(|| "an f32 tile".to_string(), |s| format!("`{s}`, as the first"));
+                    return Err(CompileError::ty(v.loc, format!("`{what}` scans f32 tiles of one shape: expected {want}, found `{ty}`")));
+                }
+            }
+        }
+        for i in identity.iter_mut() {
+            self.fill_value(i, crate::dtype::DType::F32)?;
+        }
+        let Some(t) = shape else { return Err(CompileError::ty(loc, "an empty scan")) };
+        let n = if axis == 1 { t.cols } else { t.rows };
+        let stmt = |kind, text: String| Stmt { kind, loc, text };
+        let count = values.len();
+        let names = |step: u32| -> Vec<String> { (0..count).map(|i| format!("{func}_scan{}_{step}_{i}", loc.span)).collect() };
+        let shifted = |name: &str, by: u32, fill: &Expr| {
+            let value = Box::new(Expr::new(ExprKind::Var(name.to_string()), loc));
+            Expr::new(ExprKind::Shift { value, axis, by, fill: Box::new(fill.clone()) }, loc)
+        };
+        let mut out = Vec::new();
+        let mut cur = names(0);
+        for (name, value) in cur.iter().zip(values) {
+            let kind = StmtKind::Let { name: name.clone(), mutable: false, declared: None, value };
+            self.stmt_into(stmt(kind, format!("{what}: the input")), &mut out);
+        }
+        let (mut by, mut step) = (1, 1);
+        while by < n {
+            let next = names(step);
+            let args: Vec<Expr> = cur
+                .iter()
+                .zip(&identity)
+                .map(|(c, i)| shifted(c, by, i))
+                .chain(cur.iter().map(|c| Expr::new(ExprKind::Var(c.clone()), loc)))
+                .collect();
+            let by_ref = vec![false; args.len()];
+            let call = Expr::new(ExprKind::Call { func: func.clone(), id, by_ref, args }, loc);
+            let kind = StmtKind::Unpack { names: next.iter().map(|n| (n.clone(), false)).collect(), assign: false, value: call };
+            self.stmt_into(stmt(kind, format!("{what}: combine with the tiles {by} back")), &mut out);
+            if self.poisoned.iter().any(|p| next.contains(p)) {
+                // The combine failed (reported where it did): no more steps.
+
+                self.pending.append(&mut out);
+                return Err(CompileError::ty(loc, String::new()));
+            }
+            cur = next;
+            by *= 2;
+            step += 1;
+        }
+        self.pending.append(&mut out);
+        let mut results: Vec<Expr> = cur
+            .iter()
+            .zip(&identity)
+            .map(|(c, i)| if exclusive { shifted(c, 1, i) } else { Expr::new(ExprKind::Var(c.clone()), loc) })
+            .collect();
+        for r in results.iter_mut() {
+            self.expr(r)?;
+        }
+        Ok(results)
     }
 
     /// The value of a call in an expression: its one result.

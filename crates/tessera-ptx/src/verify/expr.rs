@@ -178,8 +178,21 @@ impl Checker<'_> {
                 }
                 Type::Tile(TileType { cols: *cols, ..t })
             }
-            // A device function's call: inlined, and replaced by its result.
-            ExprKind::Call { .. } => return self.call_value(e, expect),
+            // A device function's call (or a scan's): inlined, and replaced by its result.
+            ExprKind::Call { .. } | ExprKind::Scan { .. } => return self.call_value(e, expect),
+            ExprKind::Shift { value, axis, fill, .. } => {
+                let ty = self.expr(value)?;
+                match ty {
+                    Type::Tile(t) if t.dtype == DType::F32 && *axis <= 1 => {
+                        self.fill_value(fill, DType::F32)?;
+                        Type::Tile(t)
+                    }
+                    _ => {
+                        let name = if *axis == 1 { "shift_cols" } else { "shift_rows" };
+                        return Err(CompileError::ty(value.loc, format!("`{name}` shifts an f32 tile, found `{ty}`")));
+                    }
+                }
+            }
             ExprKind::BlockReduce { op, .. } => {
                 return Err(CompileError::ty(
                     loc,
@@ -224,7 +237,7 @@ impl Checker<'_> {
         })
     }
 
-    fn fill_value(&mut self, value: &mut Expr, dtype: DType) -> Result<(), CompileError> {
+    pub(super) fn fill_value(&mut self, value: &mut Expr, dtype: DType) -> Result<(), CompileError> {
         let ty = self.expr(value)?;
         let ty = coerce_literal(value, Type::Scalar(ScalarType::F32), ty);
         let want = if dtype.is_float() { ScalarType::F32 } else { ScalarType::I32 };

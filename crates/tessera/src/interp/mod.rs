@@ -942,7 +942,13 @@ impl<'p> Kernel<'p> {
                 _ => return Err("`cols` takes a tile".to_string().into()),
             },
             ExprKind::BlockReduce { .. } => return Err("`block_sum` is the whole value of a `let`".to_string().into()),
-            ExprKind::Call { func, .. } => return Err(format!("`{func}`: a device-function call that was not inlined").into()),
+            ExprKind::Call { func, .. } | ExprKind::Scan { func, .. } => {
+                return Err(format!("`{func}`: a device-function call that was not inlined").into())
+            }
+            ExprKind::Shift { value, axis, by, fill } => match (self.eval(value, wg, blk)?, self.eval(fill, wg, blk)?) {
+                (Val::T(t), Val::F(f)) => Val::T(t.shift(*axis, *by, f)),
+                _ => return Err("`shift_cols` takes an f32 tile and an f32 fill".to_string().into()),
+            },
             ExprKind::Reduce { op, axis, value } => match self.eval(value, wg, blk)? {
                 Val::T(t) => Val::T(t.reduce(*op, *axis)),
                 _ => return Err("reductions take a tile".to_string().into()),

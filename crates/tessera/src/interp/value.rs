@@ -104,6 +104,28 @@ impl Tile {
         self
     }
 
+    /// Element `j` along `axis` (1: of each row, 0: of each column) takes element `j − by`;
+    /// the first `by` take `fill`.
+    pub fn shift(&self, axis: u32, by: u32, fill: f32) -> Tile {
+        let (rows, cols) = (self.ty.rows as usize, self.ty.cols as usize);
+        let by = by as usize;
+        let src = |i: usize| {
+            let (r, c) = (i / cols, i % cols);
+            match axis {
+                1 if c >= by => Some(r * cols + c - by),
+                0 if r >= by => Some((r - by) * cols + c),
+                _ => None,
+            }
+        };
+        let v = (0..rows * cols).map(|i| src(i).map_or(fill, |j| self.v[j])).collect();
+        let poison = self.poison.as_ref().map(|p| {
+            let mut q = p.as_ref().clone();
+            q.mask = (0..rows * cols).map(|i| src(i).is_some_and(|j| p.mask[j])).collect();
+            Box::new(q)
+        });
+        Tile { ty: self.ty, v, poison }
+    }
+
     /// Columns `start..start + cols`.
     pub fn cols(&self, start: u32, cols: u32) -> Tile {
         let (w, rows) = (self.ty.cols as usize, self.ty.rows as usize);
