@@ -68,7 +68,7 @@ fn the_wait_watchdog_names_each_wait_and_is_off_by_default() {
         .collect();
     assert_eq!(tags.len(), waits(ptx).len(), "{name}: one tag per wait");
     // The tile queue's producer side: the `for tile in queue.fetch(...)` line of the source.
-    let source = include_str!("../crates/tessera-kernels/src/attention/kernels.rs");
+    let source = include_str!("../tessera-kernels/src/attention/kernels.rs");
     let fetch =
         source.lines().position(|l| l.contains("queue.fetch(m_tiles * batch * heads)")).expect("the packed kernel's fetch") as u32 + 1;
     assert!(tags.contains(&(fetch, true, 0)), "{name}: no producer tag at line {fetch}: {tags:?}");

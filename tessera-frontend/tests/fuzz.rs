@@ -22,9 +22,9 @@ static COMPILED: AtomicUsize = AtomicUsize::new(0);
 /// `(attribute arguments, function)` of every `#[kernel]` in the library's sources and the
 /// language tests.
 fn corpus() -> Vec<(TokenStream, TokenStream)> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut files = Vec::new();
-    let mut dirs = vec![root.join("crates/tessera-kernels/src")];
+    let mut dirs = vec![root.join("tessera-kernels/src")];
     while let Some(d) = dirs.pop() {
         for e in std::fs::read_dir(&d).expect("kernel sources").flatten() {
             let p = e.path();
