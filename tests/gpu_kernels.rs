@@ -177,10 +177,10 @@ fn launch_rejects_mismatched_arguments(dev: &Device) {
     assert!(e.contains("`y`") && e.contains("[3, 4]") && e.contains("[4, 3]"), "{e}");
     // Rank checked by the generated launcher itself.
     let flat = Tensor::from_host(dev, &random(12, -1.0, 1.0), &[12]).unwrap();
-    let e = tessera_kernels::axpy_f32::launch(dev, 1, 1.0, &flat, &mut y).unwrap_err().to_string();
+    let e = tessera_kernels::kernels::axpy_f32::launch(dev, 1, 1.0, &flat, &mut y).unwrap_err().to_string();
     assert!(e.contains("`x`") && e.contains("rank-2"), "{e}");
     // A view offset by one element is still aligned for f32 scalars; a zero grid is not launchable.
-    let e = tessera_kernels::axpy_f32::launch(dev, (0, 1), 1.0, &x, &mut y).unwrap_err().to_string();
+    let e = tessera_kernels::kernels::axpy_f32::launch(dev, (0, 1), 1.0, &x, &mut y).unwrap_err().to_string();
     assert!(e.contains("grid"), "{e}");
     // Nothing was written by the failed calls.
     assert!(y.to_host().unwrap().iter().all(|&v| v == 0.0));
@@ -206,7 +206,8 @@ fn gpu_kernels_accept_cudarc_buffers() {
     let xb = dev.stream().expect("a CUDA stream").clone_htod(&x).unwrap();
     let mut yb = dev.stream().expect("a CUDA stream").clone_htod(&vec![1.0f32; m * n]).unwrap();
     let grid = (tessera::Grid::tiles(n, 256), tessera::Grid::tiles(m, 16));
-    tessera_kernels::axpy_f32::launch(&dev, grid, 2.0, &tessera::global(&xb, &[m, n]), &mut tessera::global_mut(&mut yb, &[m, n])).unwrap();
+    tessera_kernels::kernels::axpy_f32::launch(&dev, grid, 2.0, &tessera::global(&xb, &[m, n]), &mut tessera::global_mut(&mut yb, &[m, n]))
+        .unwrap();
     let got: Vec<f32> = dev.stream().expect("a CUDA stream").clone_dtoh(&yb).unwrap();
     let want: Vec<f64> = x.iter().map(|&v| 2.0 * f64::from(v) + 1.0).collect();
     assert!(rel_error(&wide(&got), &want) < 1e-6);
@@ -234,7 +235,8 @@ fn sm80_variants_run_forward_on_newer_gpus(dev: &Device) {
     let (a3, b3) = (a.view(&[1, 64, 64], &[4096, 64, 1]).unwrap(), a.view(&[1, 64, 64], &[4096, 64, 1]).unwrap());
     let one = Tensor::<tessera::bf16>::zeros(&dev, &[1]).unwrap();
     let mut counter = dev.tile_counter().unwrap();
-    let e = tessera_kernels::gemm_tn_bf16::launch(&dev, 1, &a3, &b3, &mut c, &one, &mut counter, 1.0, 0, 0).unwrap_err().to_string();
+    let e =
+        tessera_kernels::kernels::gemm_tn_bf16::launch(&dev, 1, &a3, &b3, &mut c, &one, &mut counter, 1.0, 0, 0).unwrap_err().to_string();
     assert!(e.contains("no sm_80 PTX") && e.contains("it has sm_90a"), "{e}");
 }
 

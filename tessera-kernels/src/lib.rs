@@ -28,46 +28,61 @@ mod reduce;
 mod rope;
 mod softmax;
 
-pub use attention::{
-    attention, attention_combine_bf16, attention_combine_f16, attention_variants, attention_varlen, attention_with_lse,
-    flash_attention_bf16, flash_attention_f16, flash_attention_varlen_bf16, flash_attention_varlen_f16, Attention, AttentionElement,
-    AttentionLayout,
-};
-pub use elementwise::{axpy, axpy_f32};
-pub use fp8::{
-    dequantize_f8e4m3_bf16, dequantize_f8e4m3_f16, dequantize_f8e4m3_f32, dequantize_f8e5m2_bf16, dequantize_f8e5m2_f16,
-    dequantize_f8e5m2_f32, dequantize_fp8, quantize_bf16_f8e4m3, quantize_bf16_f8e5m2, quantize_f16_f8e4m3, quantize_f16_f8e5m2,
-    quantize_f32_f8e4m3, quantize_f32_f8e5m2, quantize_fp8, Fp8Element, Fp8Source,
-};
-pub use gemm::{
-    bias_gelu, bias_gelu_bf16, gemm, gemm_nn_bf16, gemm_nn_f16, gemm_nn_full_bf16, gemm_nn_full_f16, gemm_tn, gemm_tn_bf16, gemm_tn_f16,
-    gemm_tn_full_bf16, gemm_tn_full_f16, gemm_variants, pad_copy_bf16, pad_copy_f16, Activation, BLayout, Bias, GemmBuilder, GemmElement,
-};
-pub use norm::{
-    layer_norm, layer_norm_bf16, layer_norm_f16, layer_norm_f32, layer_norm_row_bf16, layer_norm_row_f16, layer_norm_row_f32,
-    layer_norm_rows2_bf16, layer_norm_rows2_f16, layer_norm_rows2_f32, layer_norm_rows4_bf16, layer_norm_rows4_f16, layer_norm_rows4_f32,
-    layer_norm_wide_bf16, layer_norm_wide_f16, layer_norm_wide_f32, rms_norm, rms_norm_bf16, rms_norm_f16, rms_norm_f32, rms_norm_row_bf16,
-    rms_norm_row_f16, rms_norm_row_f32, rms_norm_rows2_bf16, rms_norm_rows2_f16, rms_norm_rows2_f32, rms_norm_rows4_bf16,
-    rms_norm_rows4_f16, rms_norm_rows4_f32, rms_norm_wide_bf16, rms_norm_wide_f16, rms_norm_wide_f32, NormElement, NormPath, NORM_WIDE_MAX,
-    ROW_IN_REGISTERS, ROW_PER_BLOCK_MAX,
-};
-pub use norm_fused::{
-    norm_backward_row_bf16, norm_backward_row_f16, norm_backward_row_f32, norm_backward_wide_bf16, norm_backward_wide_f16,
-    norm_backward_wide_f32, norm_fused_row_bf16, norm_fused_row_f16, norm_fused_row_f32, norm_fused_rows4_bf16, norm_fused_rows4_f16,
-    norm_fused_rows4_f32, norm_fused_wide_bf16, norm_fused_wide_f16, norm_fused_wide_f32, sum_partials_bf16, sum_partials_f16,
-    sum_partials_f32, Dropout, FusedSpecs, Norm, NormGrads, NormKind, FUSED_BACKWARD_ROW_IN_REGISTERS, FUSED_ROW_IN_REGISTERS,
-};
-pub use reduce::{col_max, col_max_f32, col_mean, col_sum, col_sum_f32, row_max, row_max_f32, row_mean, row_sum, row_sum_f32, scale_f32};
+pub use attention::{attention, attention_variants, attention_varlen, attention_with_lse, Attention, AttentionElement, AttentionLayout};
+pub use elementwise::axpy;
+pub use fp8::{dequantize_fp8, quantize_fp8, Fp8Element, Fp8Source};
+pub use gemm::{bias_gelu, gemm, gemm_tn, gemm_variants, Activation, BLayout, Bias, GemmBuilder, GemmElement};
+pub use norm::{layer_norm, rms_norm, NormElement, NormPath, NORM_WIDE_MAX, ROW_IN_REGISTERS, ROW_PER_BLOCK_MAX};
+pub use norm_fused::{Dropout, FusedSpecs, Norm, NormGrads, NormKind, FUSED_BACKWARD_ROW_IN_REGISTERS, FUSED_ROW_IN_REGISTERS};
+pub use reduce::{col_max, col_mean, col_sum, row_max, row_mean, row_sum};
 pub use rope::{
-    rope, rope_backward, rope_backward_in_place, rope_cache, rope_half_bf16, rope_half_f16, rope_half_f32, rope_in_place, rope_pairs_bf16,
-    rope_pairs_f16, rope_pairs_f32, HeadLayout, Positions, Rope, RopeElement, RopeStyle,
+    rope, rope_backward, rope_backward_in_place, rope_cache, rope_in_place, HeadLayout, Positions, Rope, RopeElement, RopeStyle,
 };
-pub use softmax::{
-    softmax, softmax_backward, softmax_backward_bf16, softmax_backward_f16, softmax_backward_f32, softmax_backward_row_bf16,
-    softmax_backward_row_f16, softmax_backward_row_f32, softmax_backward_rows4_bf16, softmax_backward_rows4_f16,
-    softmax_backward_rows4_f32, softmax_bf16, softmax_f16, softmax_f32, softmax_row_bf16, softmax_row_f16, softmax_row_f32,
-    softmax_rows4_bf16, softmax_rows4_f16, softmax_rows4_f32, softmax_with, SoftmaxElement, SoftmaxOptions, SOFTMAX_ROW_MAX,
-};
+pub use softmax::{softmax, softmax_backward, softmax_with, SoftmaxElement, SoftmaxOptions, SOFTMAX_ROW_MAX};
+
+/// The library's generated kernel modules, one per `#[kernel]` and dtype (`gemm_tn_bf16`,
+/// `softmax_rows4_f16`, …): each holds its reflection and PTX (`SPEC`, `VARIANTS`) and its raw,
+/// checked launcher (`launch`, `launch_variant`). The functions and builders at the crate root
+/// pick among them and launch them; these are for tools and for launching one variant by hand.
+pub mod kernels {
+    pub use crate::attention::{
+        attention_combine_bf16, attention_combine_f16, flash_attention_bf16, flash_attention_f16, flash_attention_varlen_bf16,
+        flash_attention_varlen_f16,
+    };
+    pub use crate::elementwise::axpy_f32;
+    pub use crate::fp8::{
+        dequantize_f8e4m3_bf16, dequantize_f8e4m3_f16, dequantize_f8e4m3_f32, dequantize_f8e5m2_bf16, dequantize_f8e5m2_f16,
+        dequantize_f8e5m2_f32, quantize_bf16_f8e4m3, quantize_bf16_f8e5m2, quantize_f16_f8e4m3, quantize_f16_f8e5m2, quantize_f32_f8e4m3,
+        quantize_f32_f8e5m2,
+    };
+    pub use crate::gemm::{
+        bias_gelu_bf16, gemm_nn_bf16, gemm_nn_f16, gemm_nn_full_bf16, gemm_nn_full_f16, gemm_tn_bf16, gemm_tn_f16, gemm_tn_full_bf16,
+        gemm_tn_full_f16, pad_copy_bf16, pad_copy_f16,
+    };
+    pub use crate::norm::{
+        layer_norm_bf16, layer_norm_f16, layer_norm_f32, layer_norm_row_bf16, layer_norm_row_f16, layer_norm_row_f32,
+        layer_norm_rows2_bf16, layer_norm_rows2_f16, layer_norm_rows2_f32, layer_norm_rows4_bf16, layer_norm_rows4_f16,
+        layer_norm_rows4_f32, layer_norm_wide_bf16, layer_norm_wide_f16, layer_norm_wide_f32, rms_norm_bf16, rms_norm_f16, rms_norm_f32,
+        rms_norm_row_bf16, rms_norm_row_f16, rms_norm_row_f32, rms_norm_rows2_bf16, rms_norm_rows2_f16, rms_norm_rows2_f32,
+        rms_norm_rows4_bf16, rms_norm_rows4_f16, rms_norm_rows4_f32, rms_norm_wide_bf16, rms_norm_wide_f16, rms_norm_wide_f32,
+    };
+    pub use crate::norm_fused::{
+        norm_backward_row_bf16, norm_backward_row_f16, norm_backward_row_f32, norm_backward_wide_bf16, norm_backward_wide_f16,
+        norm_backward_wide_f32, norm_fused_row_bf16, norm_fused_row_f16, norm_fused_row_f32, norm_fused_rows4_bf16, norm_fused_rows4_f16,
+        norm_fused_rows4_f32, norm_fused_wide_bf16, norm_fused_wide_f16, norm_fused_wide_f32, sum_partials_bf16, sum_partials_f16,
+        sum_partials_f32,
+    };
+    pub use crate::reduce::{col_max_f32, col_sum_f32, row_max_f32, row_sum_f32, scale_f32};
+    pub use crate::rope::{rope_half_bf16, rope_half_f16, rope_half_f32, rope_pairs_bf16, rope_pairs_f16, rope_pairs_f32};
+    pub use crate::softmax::{
+        softmax_backward_bf16, softmax_backward_f16, softmax_backward_f32, softmax_backward_row_bf16, softmax_backward_row_f16,
+        softmax_backward_row_f32, softmax_backward_rows4_bf16, softmax_backward_rows4_f16, softmax_backward_rows4_f32, softmax_bf16,
+        softmax_f16, softmax_f32, softmax_row_bf16, softmax_row_f16, softmax_row_f32, softmax_rows4_bf16, softmax_rows4_f16,
+        softmax_rows4_f32,
+    };
+}
+
+use kernels::*;
 
 /// Every kernel of the library, for tools that check them all (ptxas, dumps).
 pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {

@@ -111,7 +111,7 @@
 //! warpgroup, the pipeline's waits to `mbarrier.test_wait`, `mma_sync` to `ldmatrix` +
 //! `mma.sync.m16n8k16` (whose accumulator fragment matches wgmma's, so epilogues are shared),
 //! `setmaxnreg` and `mma_wait` to nothing. `#[kernel(targets(sm_90a))]` builds one target only.
-//! See `tessera_kernels::gemm_tn_bf16` for a whole warp-specialized GEMM.
+//! See `tessera_kernels::kernels::gemm_tn_bf16` for a whole warp-specialized GEMM.
 //!
 //! A misuse is a compile error at the offending token.
 #![warn(missing_docs)]
