@@ -291,8 +291,6 @@ pub trait NormElement: Element {
         eps: f32,
         flags: (i32, i32),
     ) -> Result<()>;
-    #[doc(hidden)]
-    fn fused_specs() -> crate::norm_fused::FusedSpecs;
 }
 
 /// Which kernel normalizes rows of a given width.
@@ -387,19 +385,8 @@ pub(crate) fn narrowest(variants: &[&KernelSpec], n: usize) -> usize {
 }
 
 macro_rules! norm_element {
-    ($t:ty, $rms4:ident, $rms2:ident, $rms_row:ident, $rms:ident, $rms_wide:ident, $ln4:ident, $ln2:ident, $ln_row:ident, $ln:ident, $ln_wide:ident, [$rows4:ident, $row:ident, $wide:ident, $brow:ident, $bwide:ident, $sum:ident]) => {
+    ($t:ty, $rms4:ident, $rms2:ident, $rms_row:ident, $rms:ident, $rms_wide:ident, $ln4:ident, $ln2:ident, $ln_row:ident, $ln:ident, $ln_wide:ident) => {
         impl NormElement for $t {
-            fn fused_specs() -> crate::norm_fused::FusedSpecs {
-                use crate::norm_fused::*;
-                FusedSpecs {
-                    rows4: $rows4::VARIANTS,
-                    row: $row::VARIANTS,
-                    wide: &$wide::SPEC,
-                    backward_row: &$brow::SPEC,
-                    backward_wide: &$bwide::SPEC,
-                    sum_partials: &$sum::SPEC,
-                }
-            }
             fn rms_norm_launch(
                 dev: &Device,
                 path: NormPath,
@@ -451,8 +438,7 @@ norm_element!(
     layer_norm_rows2_bf16,
     layer_norm_row_bf16,
     layer_norm_bf16,
-    layer_norm_wide_bf16,
-    [norm_fused_rows4_bf16, norm_fused_row_bf16, norm_fused_wide_bf16, norm_backward_row_bf16, norm_backward_wide_bf16, sum_partials_bf16]
+    layer_norm_wide_bf16
 );
 norm_element!(
     tessera::f16,
@@ -465,8 +451,7 @@ norm_element!(
     layer_norm_rows2_f16,
     layer_norm_row_f16,
     layer_norm_f16,
-    layer_norm_wide_f16,
-    [norm_fused_rows4_f16, norm_fused_row_f16, norm_fused_wide_f16, norm_backward_row_f16, norm_backward_wide_f16, sum_partials_f16]
+    layer_norm_wide_f16
 );
 norm_element!(
     f32,
@@ -479,8 +464,7 @@ norm_element!(
     layer_norm_rows2_f32,
     layer_norm_row_f32,
     layer_norm_f32,
-    layer_norm_wide_f32,
-    [norm_fused_rows4_f32, norm_fused_row_f32, norm_fused_wide_f32, norm_backward_row_f32, norm_backward_wide_f32, sum_partials_f32]
+    layer_norm_wide_f32
 );
 
 /// Checks `x`, `y` and the optional `[hidden]` parameters; gives `(rows, hidden)`.

@@ -13,6 +13,48 @@ use crate::norm::NormElement;
 use crate::prelude::*;
 use tessera::{kernel, Device, Element, Error, Grid, Launch, Optional, OptionalMut, Result, ScalarArg, Tensor};
 
+/// The fused kernels of element type `dtype` (bf16, f16 or f32: every [`NormElement`]).
+fn fused_specs(dtype: tessera::DType) -> FusedSpecs {
+    macro_rules! specs {
+        ($rows4:ident, $row:ident, $wide:ident, $brow:ident, $bwide:ident, $sum:ident) => {
+            FusedSpecs {
+                rows4: $rows4::VARIANTS,
+                row: $row::VARIANTS,
+                wide: &$wide::SPEC,
+                backward_row: &$brow::SPEC,
+                backward_wide: &$bwide::SPEC,
+                sum_partials: &$sum::SPEC,
+            }
+        };
+    }
+    match dtype {
+        tessera::DType::BF16 => specs!(
+            norm_fused_rows4_bf16,
+            norm_fused_row_bf16,
+            norm_fused_wide_bf16,
+            norm_backward_row_bf16,
+            norm_backward_wide_bf16,
+            sum_partials_bf16
+        ),
+        tessera::DType::F16 => specs!(
+            norm_fused_rows4_f16,
+            norm_fused_row_f16,
+            norm_fused_wide_f16,
+            norm_backward_row_f16,
+            norm_backward_wide_f16,
+            sum_partials_f16
+        ),
+        _ => specs!(
+            norm_fused_rows4_f32,
+            norm_fused_row_f32,
+            norm_fused_wide_f32,
+            norm_backward_row_f32,
+            norm_backward_wide_f32,
+            sum_partials_f32
+        ),
+    }
+}
+
 /// The widest row the fused forward kernel holds in registers (a block per row).
 pub const FUSED_ROW_IN_REGISTERS: usize = 12288;
 
@@ -567,7 +609,7 @@ impl<'a, T: NormElement> Norm<'a, T> {
         if m == 0 || n == 0 {
             return Ok(());
         }
-        let specs = T::fused_specs();
+        let specs = fused_specs(T::DTYPE);
         // Four rows per block where they fit (and share their scale and shift row).
         let rows4 = n <= FUSED_ROWS4_MAX && m >= 4 * device.sm_count() as usize && group_rows % 4 == 0;
         let (spec, rows_per_block) = match () {
@@ -655,7 +697,7 @@ impl<'a, T: NormElement> Norm<'a, T> {
         if m == 0 || n == 0 {
             return Ok(());
         }
-        let specs = T::fused_specs();
+        let specs = fused_specs(T::DTYPE);
         // Blocks stride over the rows: as many as fit on the GPU at once (ptxas: about 165
         // registers for the row kernel, 250 for the wide one), each summing into its own row
         // of partials.

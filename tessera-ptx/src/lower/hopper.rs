@@ -24,16 +24,7 @@ use crate::tirt::{Inst, Operand, Reg, RegClass};
 /// The dynamic shared-memory symbol.
 pub const DYN_SMEM: &str = "tessera_dyn";
 
-/// What a kernel's TMA copies need of one global tensor: reflection tells the runtime.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct TmaUse {
-    /// Box rows (the shared view's rows).
-    pub rows: u32,
-    /// Box columns.
-    pub cols: u32,
-    /// Swizzle span in bytes (0, 32, 64, 128).
-    pub swizzle: u32,
-}
+pub use crate::tirt::TmaUse;
 
 /// A ring of full and empty mbarriers (a pipeline's, a tile queue's) and the thread's
 /// `(stage, phase)` in it.

@@ -99,6 +99,17 @@ pub struct PtxParam {
     pub bytes: Option<u32>,
 }
 
+/// What a kernel's TMA copies need of one global tensor: reflection tells the runtime.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TmaUse {
+    /// Box rows (the shared view's rows).
+    pub rows: u32,
+    /// Box columns.
+    pub cols: u32,
+    /// Swizzle span in bytes (0, 32, 64, 128).
+    pub swizzle: u32,
+}
+
 /// A kernel in TIR-T.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PtxKernel {
@@ -116,7 +127,7 @@ pub struct PtxKernel {
     /// needs a register cap at entry.
     pub min_ctas_per_sm: u32,
     /// Globals copied by TMA, with their box.
-    pub tma: Vec<(String, crate::lower::hopper::TmaUse)>,
+    pub tma: Vec<(String, TmaUse)>,
     /// Register names, indexed by [`Reg::id`].
     pub regs: Vec<(RegClass, String)>,
     /// The body.
