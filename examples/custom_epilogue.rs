@@ -122,7 +122,7 @@ fn main() -> tessera::Result<()> {
         }
     }
     let err = (num / den).sqrt();
-    println!("custom epilogue on {}: {m}×{n}×{k}, relative error {err:.2e}", if gpu { dev.name() } else { "the CPU interpreter".into() });
+    println!("custom epilogue on {}: {m}×{n}×{k}, relative error {err:.2e}", if gpu { dev.name() } else { "the CPU interpreter" });
     assert!(err < 1e-2, "relative error {err}");
     Ok(())
 }
