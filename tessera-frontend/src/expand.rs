@@ -266,6 +266,23 @@ pub fn compile(attr: TokenStream, item: TokenStream) -> Result<Vec<CompiledKerne
     Ok(out)
 }
 
+/// [`compile`] with device functions: `devices` are `#[device]` functions' items (without the
+/// attribute), which the kernel — and each other — call by any path that ends in their name.
+/// For tools that hand over definitions without the paths a crate would resolve (the fuzz
+/// suite); the macro resolves calls by their paths.
+///
+/// # Errors
+/// As [`compile`]'s, and a device item that does not parse.
+pub fn compile_with_devices(attr: TokenStream, item: TokenStream, devices: &[TokenStream]) -> Result<Vec<CompiledKernel>, Vec<syn::Error>> {
+    let mut opts = parse_attr(attr).map_err(|e| vec![e])?;
+    opts.devices = devices.iter().map(|d| (String::new(), quote!({ #d } []))).collect();
+    let mut out = Vec::new();
+    for (body, opts) in per_dtype(item, &opts).map_err(|e| vec![e])? {
+        out.extend(build(&body, &opts)?.1.into_iter().map(|(_, k)| k));
+    }
+    Ok(out)
+}
+
 /// One kernel (one dtype) compiled: its function and every variant that compiles with its
 /// knob values (one variant, no knobs, without `tune`), or the errors to report.
 #[allow(clippy::type_complexity)]
@@ -437,7 +454,12 @@ fn compile_fn(f: &syn::ItemFn, opts: &Options, knobs: &[(String, i64)]) -> Resul
     let mut fe = Frontend::new();
     for (key, def) in &opts.devices {
         let id = fe.load(def.clone()).map_err(|e| vec![e])?;
-        fe.deps.push((key.clone(), id));
+        if key.is_empty() {
+            // `compile_with_devices`: known by name alone.
+            fe.by_name.push((fe.defs[id as usize].name.clone(), id));
+        } else {
+            fe.deps.push((key.clone(), id));
+        }
     }
     let Some(mut ir) = fe.kernel(f, opts.warpgroups) else { return Err(fe.errors) };
     ir.blocks_per_sm = opts.blocks_per_sm.for_variant(knobs);

@@ -10,4 +10,4 @@ mod device;
 mod expand;
 mod parse;
 
-pub use expand::{compile, device, kernel as expand, resume};
+pub use expand::{compile, compile_with_devices, device, kernel as expand, resume};

@@ -26,6 +26,9 @@ pub struct Frontend {
     pub explicit: std::collections::HashMap<u32, Vec<syn::GenericArgument>>,
     /// Device-function bodies inlined so far: each gets its own suffix for its locals.
     pub instances: u32,
+    /// Every definition by its name, consulted when a call's path names none of `deps`
+    /// (`compile_with_devices`, for tools that hand over definitions without their paths).
+    pub by_name: Vec<(String, u32)>,
 }
 
 type R<T> = Result<T, syn::Error>;
@@ -84,6 +87,7 @@ impl Frontend {
             deps: Vec::new(),
             explicit: std::collections::HashMap::new(),
             instances: 0,
+            by_name: Vec::new(),
         }
     }
 
@@ -387,6 +391,24 @@ impl Frontend {
     }
 
     fn if_stmt(&mut self, i: &syn::ExprIf) -> R<StmtKind> {
+        // A condition on constants alone (a device function's `if KN == 1` once `KN` is bound, a
+        // `tune` knob's): only the branch taken is compiled, so the other need not type-check.
+        if let Some(taken) = const_bool(&i.cond) {
+            let loc = self.loc(i.cond.span());
+            let body = match (taken, &i.else_branch) {
+                (true, _) => self.block(&i.then_branch.stmts),
+                (false, None) => Vec::new(),
+                (false, Some((_, e))) => match &**e {
+                    SynExpr::Block(b) => self.block(&b.block.stmts),
+                    SynExpr::If(nested) => {
+                        let kind = self.if_stmt(nested)?;
+                        vec![Stmt { kind, loc, text: "else if".into() }]
+                    }
+                    other => return Err(unsupported(other)),
+                },
+            };
+            return Ok(StmtKind::If { cond: Expr::new(ExprKind::Bool(true), loc), then: body, otherwise: Vec::new() });
+        }
         let cond = self.expr(&i.cond)?;
         let then = self.block(&i.then_branch.stmts);
         let otherwise = match &i.else_branch {
@@ -498,7 +520,8 @@ impl Frontend {
     pub(crate) fn device_of(&self, c: &syn::ExprCall) -> Option<u32> {
         let SynExpr::Path(p) = &*c.func else { return None };
         let key = path_key(&p.path);
-        self.deps.iter().find(|(k, _)| *k == key).map(|(_, id)| *id)
+        let name = p.path.segments.last().map(|s| s.ident.to_string()).unwrap_or_default();
+        self.deps.iter().find(|(k, _)| *k == key).or_else(|| self.by_name.iter().find(|(k, _)| *k == name)).map(|(_, id)| *id)
     }
 
     /// A call of a device function, as the value of a tuple binding.
@@ -525,7 +548,9 @@ impl Frontend {
             return err(name, format!("`{what}` names its combine, a device function: `{what}::<add>(x, 1, 0.0)`"));
         };
         let key = path_key(&f);
-        let Some(id) = self.deps.iter().find(|(k, _)| *k == key).map(|(_, id)| *id) else {
+        let name = f.segments.last().map(|s| s.ident.to_string()).unwrap_or_default();
+        let found = self.deps.iter().find(|(k, _)| *k == key).or_else(|| self.by_name.iter().find(|(k, _)| *k == name));
+        let Some(id) = found.map(|(_, id)| *id) else {
             return err(&f, format!("unknown combine `{key}`: expected a `#[tessera::device]` function"));
         };
         let [x, axis, identity] = [0, 1, 2].map(|i| c.args.iter().nth(i));
@@ -858,6 +883,34 @@ impl syn::visit_mut::VisitMut for Substitute {
             }
         }
         syn::visit_mut::visit_expr_mut(self, e);
+    }
+}
+
+/// The value of a condition on constants: comparisons of constant integer expressions, `true`,
+/// `false`, `!`, `&&`, `||`.
+fn const_bool(e: &SynExpr) -> Option<bool> {
+    match e {
+        SynExpr::Lit(syn::ExprLit { lit: syn::Lit::Bool(b), .. }) => Some(b.value),
+        SynExpr::Paren(p) => const_bool(&p.expr),
+        SynExpr::Group(g) => const_bool(&g.expr),
+        SynExpr::Unary(syn::ExprUnary { op: SynUnOp::Not(_), expr, .. }) => const_bool(expr).map(|b| !b),
+        SynExpr::Binary(b) => match b.op {
+            SynBinOp::And(_) => Some(const_bool(&b.left)? && const_bool(&b.right)?),
+            SynBinOp::Or(_) => Some(const_bool(&b.left)? || const_bool(&b.right)?),
+            _ => {
+                let (x, y) = (const_eval(&b.left)?, const_eval(&b.right)?);
+                match b.op {
+                    SynBinOp::Eq(_) => Some(x == y),
+                    SynBinOp::Ne(_) => Some(x != y),
+                    SynBinOp::Lt(_) => Some(x < y),
+                    SynBinOp::Le(_) => Some(x <= y),
+                    SynBinOp::Gt(_) => Some(x > y),
+                    SynBinOp::Ge(_) => Some(x >= y),
+                    _ => None,
+                }
+            }
+        },
+        _ => None,
     }
 }
 

@@ -22,6 +22,21 @@ static COMPILED: AtomicUsize = AtomicUsize::new(0);
 /// `(attribute arguments, function)` of every `#[kernel]` in the library's sources and the
 /// language tests.
 fn corpus() -> Vec<(TokenStream, TokenStream)> {
+    sources().0
+}
+
+/// Every `#[device]` function of the same sources, without its attribute: what the kernels
+/// call (by name; [`tessera_frontend::compile_with_devices`]).
+fn devices() -> &'static [TokenStream] {
+    // Token streams are not `Sync`: one copy a test thread.
+    thread_local! {
+        static DEVICES: &'static [TokenStream] = Box::leak(sources().1.into_boxed_slice());
+    }
+    DEVICES.with(|d| *d)
+}
+
+/// The kernels and the device functions of the library's sources and the language tests.
+fn sources() -> (Vec<(TokenStream, TokenStream)>, Vec<TokenStream>) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut files = Vec::new();
     let mut dirs = vec![root.join("tessera-kernels/src")];
@@ -37,7 +52,7 @@ fn corpus() -> Vec<(TokenStream, TokenStream)> {
     }
     files.push(root.join("tests/gpu_language.rs"));
     files.sort();
-    let mut out = Vec::new();
+    let (mut out, mut devices) = (Vec::new(), Vec::new());
     for f in files {
         let text = std::fs::read_to_string(&f).expect("read a source file");
         let Ok(file) = syn::parse_file(&text) else { continue };
@@ -45,6 +60,12 @@ fn corpus() -> Vec<(TokenStream, TokenStream)> {
         while let Some(item) = items.pop() {
             match item {
                 syn::Item::Fn(mut func) => {
+                    if let Some(at) = func.attrs.iter().position(|a| a.path().segments.last().is_some_and(|s| s.ident == "device")) {
+                        func.attrs.remove(at);
+                        func.attrs.retain(|a| !a.path().is_ident("doc"));
+                        devices.push(quote::quote!(#func));
+                        continue;
+                    }
                     let Some(at) = func.attrs.iter().position(|a| a.path().segments.last().is_some_and(|s| s.ident == "kernel")) else {
                         continue;
                     };
@@ -62,7 +83,8 @@ fn corpus() -> Vec<(TokenStream, TokenStream)> {
         }
     }
     assert!(out.len() >= 30, "expected the library's kernels, found {}", out.len());
-    out
+    assert!(devices.len() >= 20, "expected the library's device functions, found {}", devices.len());
+    (out, devices)
 }
 
 /// Tokens a mutation may put in: the language's words, Rust's, and edge-case literals.
@@ -205,7 +227,7 @@ fn check(attr: TokenStream, item: TokenStream) -> Result<(), TestCaseError> {
     lines(&item, &mut range);
     let start = Instant::now();
     let (a, i) = (attr.clone(), item.clone());
-    let result = catch_unwind(AssertUnwindSafe(|| tessera_frontend::compile(a, i)));
+    let result = catch_unwind(AssertUnwindSafe(|| tessera_frontend::compile_with_devices(a, i, devices())));
     let took = start.elapsed();
     let input = format!("#[kernel({attr})] {item}");
     prop_assert!(took < Duration::from_secs(20), "took {took:?} on {input}");
@@ -241,7 +263,7 @@ fn cases() -> u32 {
 fn the_corpus_compiles_unmutated() {
     for (attr, item) in corpus() {
         let name = item.to_string().split_whitespace().take(3).collect::<Vec<_>>().join(" ");
-        let built = tessera_frontend::compile(attr, item).unwrap_or_else(|e| panic!("{name}: {}", e[0]));
+        let built = tessera_frontend::compile_with_devices(attr, item, devices()).unwrap_or_else(|e| panic!("{name}: {}", e[0]));
         assert!(!built.is_empty(), "{name}: no kernel");
     }
 }

@@ -17,6 +17,75 @@
 use crate::prelude::*;
 use tessera::kernel;
 
+/// The Hopper GEMM's body, shared by `gemm_tn` (`KN` 0: B `[batch, N, K]`) and `gemm_nn`
+/// (`KN` 1: B `[batch, K, N]`), its rings made by the kernel (their shapes differ with B's
+/// layout): warpgroup 0 claims 128×`BN` tiles from the queue on `counter` and loads their K
+/// steps by TMA; warpgroups 1 and 2 multiply their 64 rows by wgmma and run the epilogue
+/// (`alpha`, bias, activation) 64 columns at a time, staging C through `sc` for TMA stores.
+#[tessera::device]
+#[allow(clippy::too_many_arguments)]
+fn gemm_hopper<const KN: usize, const BN: usize, T, const S: usize, const SR: usize, const SC: usize>(
+    a: Global<T, 3>,
+    b: Global<T, 3>,
+    c: Global<T, 3>,
+    bias: Global<T, 1>,
+    counter: Global<i32, 1>,
+    sa: Smem<T, 128, 64>,
+    sb: Smem<T, SR, SC>,
+    sc: Smem<T, 64, 64>,
+    pipe: Pipeline<S>,
+    alpha: f32,
+    bias_kind: i32,
+    act: i32,
+) {
+    let k_steps = (a.dim(2) + 63) / 64;
+    let tiles_m = (c.dim(1) + 127) / 128;
+    let tiles_n = (c.dim(2) + BN - 1) / BN;
+    let per_batch = tiles_m * tiles_n;
+    let group = 8 * tiles_n;
+    // Tiles are claimed at run time, so that blocks that finish early take more of the last
+    // wave; the producer hands each tile's index to both consumers.
+    let queue = TileQueue::<2>::new(counter, 2);
+    if warpgroup::id() == 0 {
+        setmaxnreg(40);
+        for tile in queue.fetch(per_batch * c.dim(0)) {
+            let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
+            if KN == 1 {
+                gemm_load_nn(a, b, sa, sb, pipe, bt, tm * 128, tn * BN, k_steps);
+            } else {
+                gemm_load_tn(a, b, sa, sb, pipe, bt, tm * 128, tn * BN, k_steps);
+            }
+        }
+    } else {
+        setmaxnreg(232);
+        let row = (warpgroup::id() - 1) * 64;
+        let mut acc = Tile::<f32, 64, BN>::zeros();
+        for tile in queue.take() {
+            let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
+            let m0 = tm * 128 + row;
+            let n0 = tn * BN;
+            if KN == 1 {
+                gemm_mma_nn(&mut acc, sa, sb, pipe, row, k_steps);
+            } else {
+                gemm_mma_tn(&mut acc, sa, sb, pipe, row, k_steps);
+            }
+            // The epilogue, 64 columns at a time so that loaded operands fit in registers.
+            #[unroll]
+            for j in 0..BN / 64 {
+                let n = n0 + j * 64;
+                let mut out = acc.cols(j * 64, 64) * alpha;
+                add_bias(&mut out, bias, bias_kind, n, m0);
+                activate(&mut out, act);
+                // Stage the chunk in shared memory and store it with TMA (asynchronously,
+                // whole lines); the buffer written two chunks ago must have been read first.
+                let buf = (warpgroup::id() - 1) * 2 + j % 2;
+                stage_store(c, sc, out, buf, bt, m0, n);
+            }
+        }
+        tma::store_wait(0);
+    }
+}
+
 /// `C = act(alpha·A·Bᵀ + bias)`: A `[batch, M, K]`, B `[batch, N, K]` (the "TN" layout of
 /// LLM weights), C `[batch, M, N]`; 128×256 tiles; C leaves through shared memory and TMA
 /// stores (its rows must be 16-byte aligned). Hopper only: without `setmaxnreg` the
@@ -38,44 +107,7 @@ pub fn gemm_tn(
     // C's staging: two 64×64 buffers per consumer warpgroup, stored by TMA.
     let sc = Smem::<T, 64, 64>::ring(4);
     let pipe = Pipeline::<STAGES>::new(2);
-    let k_steps = (a.dim(2) + 63) / 64;
-    let tiles_m = (c.dim(1) + 127) / 128;
-    let tiles_n = (c.dim(2) + BN - 1) / BN;
-    let per_batch = tiles_m * tiles_n;
-    let group = 8 * tiles_n;
-    // Tiles are claimed at run time, so that blocks that finish early take more of the last
-    // wave; the producer hands each tile's index to both consumers.
-    let queue = TileQueue::<2>::new(counter, 2);
-    if warpgroup::id() == 0 {
-        setmaxnreg(40);
-        for tile in queue.fetch(per_batch * c.dim(0)) {
-            let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
-            gemm_load_tn(a, b, sa, sb, pipe, bt, tm * 128, tn * BN, k_steps);
-        }
-    } else {
-        setmaxnreg(232);
-        let row = (warpgroup::id() - 1) * 64;
-        let mut acc = Tile::<f32, 64, BN>::zeros();
-        for tile in queue.take() {
-            let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
-            let m0 = tm * 128 + row;
-            let n0 = tn * BN;
-            gemm_mma_tn(&mut acc, sa, sb, pipe, row, k_steps);
-            // The epilogue, 64 columns at a time so that loaded operands fit in registers.
-            #[unroll]
-            for j in 0..BN / 64 {
-                let n = n0 + j * 64;
-                let mut out = acc.cols(j * 64, 64) * alpha;
-                add_bias(&mut out, bias, bias_kind, n, m0);
-                activate(&mut out, act);
-                // Stage the chunk in shared memory and store it with TMA (asynchronously,
-                // whole lines); the buffer written two chunks ago must have been read first.
-                let buf = (warpgroup::id() - 1) * 2 + j % 2;
-                stage_store(c, sc, out, buf, bt, m0, n);
-            }
-        }
-        tma::store_wait(0);
-    }
+    gemm_hopper::<0, BN>(a, b, c, bias, counter, sa, sb, sc, pipe, alpha, bias_kind, act);
 }
 
 /// `gemm_tn_*` with B stored `[batch, K, N]` (row-major K×N): B's stage is a 64×256 tile in
@@ -95,40 +127,73 @@ pub fn gemm_nn(
     let sb = Smem::<T, 64, BN>::ring(STAGES);
     let sc = Smem::<T, 64, 64>::ring(4);
     let pipe = Pipeline::<STAGES>::new(2);
+    gemm_hopper::<1, BN>(a, b, c, bias, counter, sa, sb, sc, pipe, alpha, bias_kind, act);
+}
+
+/// The portable GEMM's body, shared by `gemm_tn_full` (`KN` 0) and `gemm_nn_full` (`KN` 1):
+/// 128×128 tiles over a grid-stride loop, the whole epilogue
+/// `act(alpha·acc + beta·C_in + bias) + residual` 16 columns at a time, C stored directly.
+#[tessera::device]
+#[allow(clippy::too_many_arguments)]
+fn gemm_portable<const KN: usize, T, const SR: usize, const SC: usize>(
+    a: Global<T, 3>,
+    b: Global<T, 3>,
+    c: Global<T, 3>,
+    c_in: Global<T, 3>,
+    bias: Global<T, 1>,
+    residual: Global<T, 3>,
+    sa: Smem<T, 128, 64>,
+    sb: Smem<T, SR, SC>,
+    pipe: Pipeline<4>,
+    alpha: f32,
+    beta: f32,
+    bias_kind: i32,
+    act: i32,
+    add_residual: i32,
+) {
     let k_steps = (a.dim(2) + 63) / 64;
     let tiles_m = (c.dim(1) + 127) / 128;
-    let tiles_n = (c.dim(2) + BN - 1) / BN;
+    let tiles_n = (c.dim(2) + 127) / 128;
     let per_batch = tiles_m * tiles_n;
     let group = 8 * tiles_n;
-    // Tiles are claimed at run time, so that blocks that finish early take more of the last
-    // wave; the producer hands each tile's index to both consumers.
-    let queue = TileQueue::<2>::new(counter, 2);
     if warpgroup::id() == 0 {
         setmaxnreg(40);
-        for tile in queue.fetch(per_batch * c.dim(0)) {
+        for tile in (block::id_x()..per_batch * c.dim(0)).step_by(grid::dim_x()) {
             let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
-            gemm_load_nn(a, b, sa, sb, pipe, bt, tm * 128, tn * BN, k_steps);
+            if KN == 1 {
+                gemm_load_nn(a, b, sa, sb, pipe, bt, tm * 128, tn * 128, k_steps);
+            } else {
+                gemm_load_tn(a, b, sa, sb, pipe, bt, tm * 128, tn * 128, k_steps);
+            }
         }
     } else {
         setmaxnreg(232);
         let row = (warpgroup::id() - 1) * 64;
-        let mut acc = Tile::<f32, 64, BN>::zeros();
-        for tile in queue.take() {
+        let mut acc = Tile::<f32, 64, 128>::zeros();
+        for tile in (block::id_x()..per_batch * c.dim(0)).step_by(grid::dim_x()) {
             let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
             let m0 = tm * 128 + row;
-            let n0 = tn * BN;
-            gemm_mma_nn(&mut acc, sa, sb, pipe, row, k_steps);
+            let n0 = tn * 128;
+            if KN == 1 {
+                gemm_mma_nn(&mut acc, sa, sb, pipe, row, k_steps);
+            } else {
+                gemm_mma_tn(&mut acc, sa, sb, pipe, row, k_steps);
+            }
             #[unroll]
-            for j in 0..BN / 64 {
-                let n = n0 + j * 64;
-                let mut out = acc.cols(j * 64, 64) * alpha;
+            for j in 0..8 {
+                let n = n0 + j * 16;
+                let mut out = acc.cols(j * 16, 16) * alpha;
+                if beta != 0.0 {
+                    out = out + c_in.load::<Tile<T, 64, 16>>([bt, m0, n]).cast::<f32>() * beta;
+                }
                 add_bias(&mut out, bias, bias_kind, n, m0);
                 activate(&mut out, act);
-                let buf = (warpgroup::id() - 1) * 2 + j % 2;
-                stage_store(c, sc, out, buf, bt, m0, n);
+                if add_residual == 1 {
+                    out = out + residual.load::<Tile<T, 64, 16>>([bt, m0, n]).cast::<f32>();
+                }
+                c.store([bt, m0, n], out.cast::<T>());
             }
         }
-        tma::store_wait(0);
     }
 }
 
@@ -152,42 +217,7 @@ pub fn gemm_tn_full(
     let sa = Smem::<T, 128, 64>::ring(4);
     let sb = Smem::<T, 128, 64>::ring(4);
     let pipe = Pipeline::<4>::new(2);
-    let k_steps = (a.dim(2) + 63) / 64;
-    let tiles_m = (c.dim(1) + 127) / 128;
-    let tiles_n = (c.dim(2) + 127) / 128;
-    let per_batch = tiles_m * tiles_n;
-    let group = 8 * tiles_n;
-    if warpgroup::id() == 0 {
-        setmaxnreg(40);
-        for tile in (block::id_x()..per_batch * c.dim(0)).step_by(grid::dim_x()) {
-            let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
-            gemm_load_tn(a, b, sa, sb, pipe, bt, tm * 128, tn * 128, k_steps);
-        }
-    } else {
-        setmaxnreg(232);
-        let row = (warpgroup::id() - 1) * 64;
-        let mut acc = Tile::<f32, 64, 128>::zeros();
-        for tile in (block::id_x()..per_batch * c.dim(0)).step_by(grid::dim_x()) {
-            let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
-            let m0 = tm * 128 + row;
-            let n0 = tn * 128;
-            gemm_mma_tn(&mut acc, sa, sb, pipe, row, k_steps);
-            #[unroll]
-            for j in 0..8 {
-                let n = n0 + j * 16;
-                let mut out = acc.cols(j * 16, 16) * alpha;
-                if beta != 0.0 {
-                    out = out + c_in.load::<Tile<T, 64, 16>>([bt, m0, n]).cast::<f32>() * beta;
-                }
-                add_bias(&mut out, bias, bias_kind, n, m0);
-                activate(&mut out, act);
-                if add_residual == 1 {
-                    out = out + residual.load::<Tile<T, 64, 16>>([bt, m0, n]).cast::<f32>();
-                }
-                c.store([bt, m0, n], out.cast::<T>());
-            }
-        }
-    }
+    gemm_portable::<0>(a, b, c, c_in, bias, residual, sa, sb, pipe, alpha, beta, bias_kind, act, add_residual);
 }
 
 /// `gemm_tn_full_*` with B stored `[batch, K, N]`.
@@ -208,42 +238,7 @@ pub fn gemm_nn_full(
     let sa = Smem::<T, 128, 64>::ring(4);
     let sb = Smem::<T, 64, 128>::ring(4);
     let pipe = Pipeline::<4>::new(2);
-    let k_steps = (a.dim(2) + 63) / 64;
-    let tiles_m = (c.dim(1) + 127) / 128;
-    let tiles_n = (c.dim(2) + 127) / 128;
-    let per_batch = tiles_m * tiles_n;
-    let group = 8 * tiles_n;
-    if warpgroup::id() == 0 {
-        setmaxnreg(40);
-        for tile in (block::id_x()..per_batch * c.dim(0)).step_by(grid::dim_x()) {
-            let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
-            gemm_load_nn(a, b, sa, sb, pipe, bt, tm * 128, tn * 128, k_steps);
-        }
-    } else {
-        setmaxnreg(232);
-        let row = (warpgroup::id() - 1) * 64;
-        let mut acc = Tile::<f32, 64, 128>::zeros();
-        for tile in (block::id_x()..per_batch * c.dim(0)).step_by(grid::dim_x()) {
-            let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
-            let m0 = tm * 128 + row;
-            let n0 = tn * 128;
-            gemm_mma_nn(&mut acc, sa, sb, pipe, row, k_steps);
-            #[unroll]
-            for j in 0..8 {
-                let n = n0 + j * 16;
-                let mut out = acc.cols(j * 16, 16) * alpha;
-                if beta != 0.0 {
-                    out = out + c_in.load::<Tile<T, 64, 16>>([bt, m0, n]).cast::<f32>() * beta;
-                }
-                add_bias(&mut out, bias, bias_kind, n, m0);
-                activate(&mut out, act);
-                if add_residual == 1 {
-                    out = out + residual.load::<Tile<T, 64, 16>>([bt, m0, n]).cast::<f32>();
-                }
-                c.store([bt, m0, n], out.cast::<T>());
-            }
-        }
-    }
+    gemm_portable::<1>(a, b, c, c_in, bias, residual, sa, sb, pipe, alpha, beta, bias_kind, act, add_residual);
 }
 
 /// `y = gelu_tanh(x + bias)` with a bias per column: the unfused epilogue that the GEMM
