@@ -13,7 +13,7 @@
 //! where there is one (Hopper), else on the CPU interpreter at a smaller size.
 
 use tessera::{bf16, device, kernel, Device, Grid, Tensor};
-use tessera_kernels::prelude::{gemm_load_tn, gemm_mma_tn, grouped_tile, stage_store};
+use tessera_kernels::prelude::{gemm_load, gemm_mma, grouped_tile, stage_store};
 
 /// The epilogue: a 64×64 chunk of the accumulator at column `n`, squared-ReLU'd and scaled.
 #[device]
@@ -41,7 +41,7 @@ pub fn gemm_squared_relu(a: Global<bf16, 3>, b: Global<bf16, 3>, c: Global<bf16,
         setmaxnreg(40);
         for tile in queue.fetch(per_batch * c.dim(0)) {
             let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
-            gemm_load_tn(a, b, sa, sb, pipe, bt, tm * 128, tn * 256, k_steps);
+            gemm_load::<0>(a, b, sa, sb, pipe, bt, tm * 128, tn * 256, k_steps);
         }
     } else {
         setmaxnreg(232);
@@ -51,7 +51,7 @@ pub fn gemm_squared_relu(a: Global<bf16, 3>, b: Global<bf16, 3>, c: Global<bf16,
             let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
             let m0 = tm * 128 + row;
             let n0 = tn * 256;
-            gemm_mma_tn(&mut acc, sa, sb, pipe, row, k_steps);
+            gemm_mma::<0>(&mut acc, sa, sb, pipe, row, k_steps);
             #[unroll]
             for j in 0..4 {
                 let n = n0 + j * 64;

@@ -138,6 +138,15 @@ impl Frontend {
         let mut out = Vec::new();
         for s in stmts {
             match self.stmt(s) {
+                // A compile-time `if`'s branch that binds nothing stands in its place, so that
+                // choosing code by a constant costs no branch in the PTX.
+                Ok(Some(Stmt { kind: StmtKind::If { cond: Expr { kind: ExprKind::Bool(true), .. }, then, otherwise }, text, .. }))
+                    if otherwise.is_empty()
+                        && text.starts_with(CONST_IF)
+                        && !then.iter().any(|t| matches!(t.kind, StmtKind::Let { .. } | StmtKind::Unpack { assign: false, .. })) =>
+                {
+                    out.extend(then)
+                }
                 Ok(Some(s)) => out.push(s),
                 Ok(None) => {}
                 Err(e) => self.errors.push(e),
@@ -266,7 +275,13 @@ impl Frontend {
                     StmtKind::For { var, start, end, step, body }
                 }
             }
-            SynExpr::If(i) => self.if_stmt(i)?,
+            SynExpr::If(i) => {
+                let kind = self.if_stmt(i)?;
+                if const_bool(&i.cond).is_some() {
+                    return Ok(Some(Stmt { kind, loc, text: format!("{CONST_IF}{text}") }));
+                }
+                kind
+            }
             SynExpr::Block(b) if b.label.is_none() => {
                 let body = self.block(&b.block.stmts);
                 let t = self.loc(b.span());
@@ -885,6 +900,9 @@ impl syn::visit_mut::VisitMut for Substitute {
         syn::visit_mut::visit_expr_mut(self, e);
     }
 }
+
+/// How the text of a compile-time `if` begins.
+const CONST_IF: &str = "(constant) ";
 
 /// The value of a condition on constants: comparisons of constant integer expressions, `true`,
 /// `false`, `!`, `&&`, `||`.

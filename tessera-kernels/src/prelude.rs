@@ -103,14 +103,16 @@ pub fn grouped_tile(tile: i32, per_batch: i32, tiles_m: i32, group: i32) -> (i32
     (tile / per_batch, first + (t % group) % height, (t % group) / height)
 }
 
-/// A producer warpgroup's K loop for one 128×`BN` tile, B stored N×K (`[batch, N, K]`): each
-/// 64-wide step waits for a free stage, loads A's and B's boxes there by TMA and commits it.
+/// A producer warpgroup's K loop for one 128-row tile at `[bt, m0, n0]`: each 64-wide step
+/// waits for a free stage, loads A's 128×64 box and B's box there by TMA and commits it. `KN`
+/// is B's layout, named at the call: 0 for `[batch, N, K]` (`sb` a `BN`×64 ring), 1 for
+/// `[batch, K, N]` (`sb` 64×`BN`): `gemm_load::<0>(a, b, sa, sb, pipe, bt, m0, n0, k_steps)`.
 #[device]
-pub fn gemm_load_tn<T, const BN: usize, const S: usize>(
+pub fn gemm_load<const KN: usize, T, const SR: usize, const SC: usize, const S: usize>(
     a: Global<T, 3>,
     b: Global<T, 3>,
     sa: Smem<T, 128, 64>,
-    sb: Smem<T, BN, 64>,
+    sb: Smem<T, SR, SC>,
     pipe: Pipeline<S>,
     bt: i32,
     m0: i32,
@@ -120,65 +122,23 @@ pub fn gemm_load_tn<T, const BN: usize, const S: usize>(
     for k in 0..k_steps {
         let s = pipe.acquire();
         tma::load(sa.at(s), a, [bt, m0, k * 64], pipe);
-        tma::load(sb.at(s), b, [bt, n0, k * 64], pipe);
-        pipe.commit(s);
-    }
-}
-
-/// [`gemm_load_tn`] with B stored K×N (`[batch, K, N]`): B's stage is a 64×`BN` tile.
-#[device]
-pub fn gemm_load_nn<T, const BN: usize, const S: usize>(
-    a: Global<T, 3>,
-    b: Global<T, 3>,
-    sa: Smem<T, 128, 64>,
-    sb: Smem<T, 64, BN>,
-    pipe: Pipeline<S>,
-    bt: i32,
-    m0: i32,
-    n0: i32,
-    k_steps: i32,
-) {
-    for k in 0..k_steps {
-        let s = pipe.acquire();
-        tma::load(sa.at(s), a, [bt, m0, k * 64], pipe);
-        tma::load(sb.at(s), b, [bt, k * 64, n0], pipe);
-        pipe.commit(s);
-    }
-}
-
-/// A consumer warpgroup's K loop, B N×K: `acc` ← its 64 rows of A (from row `row` of the
-/// stage) times Bᵀ, one MMA group kept in flight, each stage released once the MMA after it
-/// is issued; returns with every MMA done and every stage released.
-#[device]
-pub fn gemm_mma_tn<T, const BN: usize, const S: usize>(
-    acc: &mut Tile<f32, 64, BN>,
-    sa: Smem<T, 128, 64>,
-    sb: Smem<T, BN, 64>,
-    pipe: Pipeline<S>,
-    row: i32,
-    k_steps: i32,
-) {
-    *acc = Tile::<f32, 64, BN>::zeros();
-    let mut prev = 0;
-    for k in 0..k_steps {
-        let s = pipe.wait();
-        mma_sync(acc, sa.at(s).rows(row, 64), sb.at(s));
-        mma_wait(1);
-        if k > 0 {
-            pipe.release(prev);
+        if KN == 1 {
+            tma::load(sb.at(s), b, [bt, k * 64, n0], pipe);
+        } else {
+            tma::load(sb.at(s), b, [bt, n0, k * 64], pipe);
         }
-        prev = s;
+        pipe.commit(s);
     }
-    mma_wait(0);
-    pipe.release(prev);
 }
 
-/// [`gemm_mma_tn`] with B K×N.
+/// A consumer warpgroup's K loop: `acc` ← its 64 rows of A (from row `row` of the stage)
+/// times B (`KN` as [`gemm_load`]'s), one MMA group kept in flight, each stage released once
+/// the MMA after it is issued; returns with every MMA done and every stage released.
 #[device]
-pub fn gemm_mma_nn<T, const BN: usize, const S: usize>(
+pub fn gemm_mma<const KN: usize, T, const BN: usize, const SR: usize, const SC: usize, const S: usize>(
     acc: &mut Tile<f32, 64, BN>,
     sa: Smem<T, 128, 64>,
-    sb: Smem<T, 64, BN>,
+    sb: Smem<T, SR, SC>,
     pipe: Pipeline<S>,
     row: i32,
     k_steps: i32,
@@ -187,7 +147,11 @@ pub fn gemm_mma_nn<T, const BN: usize, const S: usize>(
     let mut prev = 0;
     for k in 0..k_steps {
         let s = pipe.wait();
-        mma_sync_kn(acc, sa.at(s).rows(row, 64), sb.at(s));
+        if KN == 1 {
+            mma_sync_kn(acc, sa.at(s).rows(row, 64), sb.at(s));
+        } else {
+            mma_sync(acc, sa.at(s).rows(row, 64), sb.at(s));
+        }
         mma_wait(1);
         if k > 0 {
             pipe.release(prev);

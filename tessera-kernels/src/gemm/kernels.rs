@@ -50,11 +50,7 @@ fn gemm_hopper<const KN: usize, const BN: usize, T, const S: usize, const SR: us
         setmaxnreg(40);
         for tile in queue.fetch(per_batch * c.dim(0)) {
             let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
-            if KN == 1 {
-                gemm_load_nn(a, b, sa, sb, pipe, bt, tm * 128, tn * BN, k_steps);
-            } else {
-                gemm_load_tn(a, b, sa, sb, pipe, bt, tm * 128, tn * BN, k_steps);
-            }
+            gemm_load::<KN>(a, b, sa, sb, pipe, bt, tm * 128, tn * BN, k_steps);
         }
     } else {
         setmaxnreg(232);
@@ -64,11 +60,7 @@ fn gemm_hopper<const KN: usize, const BN: usize, T, const S: usize, const SR: us
             let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
             let m0 = tm * 128 + row;
             let n0 = tn * BN;
-            if KN == 1 {
-                gemm_mma_nn(&mut acc, sa, sb, pipe, row, k_steps);
-            } else {
-                gemm_mma_tn(&mut acc, sa, sb, pipe, row, k_steps);
-            }
+            gemm_mma::<KN>(&mut acc, sa, sb, pipe, row, k_steps);
             // The epilogue, 64 columns at a time so that loaded operands fit in registers.
             #[unroll]
             for j in 0..BN / 64 {
@@ -160,11 +152,7 @@ fn gemm_portable<const KN: usize, T, const SR: usize, const SC: usize>(
         setmaxnreg(40);
         for tile in (block::id_x()..per_batch * c.dim(0)).step_by(grid::dim_x()) {
             let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
-            if KN == 1 {
-                gemm_load_nn(a, b, sa, sb, pipe, bt, tm * 128, tn * 128, k_steps);
-            } else {
-                gemm_load_tn(a, b, sa, sb, pipe, bt, tm * 128, tn * 128, k_steps);
-            }
+            gemm_load::<KN>(a, b, sa, sb, pipe, bt, tm * 128, tn * 128, k_steps);
         }
     } else {
         setmaxnreg(232);
@@ -174,11 +162,7 @@ fn gemm_portable<const KN: usize, T, const SR: usize, const SC: usize>(
             let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
             let m0 = tm * 128 + row;
             let n0 = tn * 128;
-            if KN == 1 {
-                gemm_mma_nn(&mut acc, sa, sb, pipe, row, k_steps);
-            } else {
-                gemm_mma_tn(&mut acc, sa, sb, pipe, row, k_steps);
-            }
+            gemm_mma::<KN>(&mut acc, sa, sb, pipe, row, k_steps);
             #[unroll]
             for j in 0..8 {
                 let n = n0 + j * 16;
