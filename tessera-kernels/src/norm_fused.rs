@@ -64,6 +64,62 @@ pub const FUSED_BACKWARD_ROW_IN_REGISTERS: usize = 2048;
 /// The widest row the fused four-rows-per-block forward takes (its widest tile).
 const FUSED_ROWS4_MAX: usize = 2048;
 
+/// The fused forward of `R` rows from row `r`, `W` columns: `h = dropout(x) + res` (each
+/// optional), stored to `h_out`; `y = norm(h) · w + b`, then `· (1 + scale[g]) + shift[g]` for
+/// the rows' group `g`. `norm_fused_row` (`R` 1) and `norm_fused_rows4` (`R` 4) are this.
+#[tessera::device]
+#[allow(clippy::too_many_arguments)]
+fn fused_rows<const R: usize, const W: usize, T>(
+    x: Global<T, 2>,
+    res: Global<T, 2>,
+    w: Global<T, 1>,
+    b: Global<T, 1>,
+    scale: Global<T, 2>,
+    shift: Global<T, 2>,
+    y: Global<T, 2>,
+    h_out: Global<T, 2>,
+    r: i32,
+    eps: f32,
+    layer: i32,
+    has_w: i32,
+    has_b: i32,
+    has_res: i32,
+    drop_p: f32,
+    drop_scale: f32,
+    seed_lo: i32,
+    seed_hi: i32,
+    offset: i32,
+    group_rows: i32,
+    ahead: i32,
+) {
+    let n = x.dim(1);
+    let inv_n = 1.0 / n as f32;
+    x.prefetch::<Tile<T, R, W>>([r + ahead, 0]);
+    if has_res == 1 {
+        res.prefetch::<Tile<T, R, W>>([r + ahead, 0]);
+    }
+    let mut h = x.load::<Tile<T, R, W>>([r, 0]).cast::<f32>();
+    if drop_p > 0.0 {
+        h = dropout(h, drop_p, drop_scale, seed_lo, seed_hi, offset, r, 0);
+    }
+    if has_res == 1 {
+        h = h + res.load::<Tile<T, R, W>>([r, 0]).cast::<f32>();
+    }
+    h_out.store([r, 0], h.cast::<T>());
+    let mut d = h;
+    if layer == 1 {
+        d = (h - row_sum(h) * inv_n).mask_cols(n, 0.0);
+    }
+    let mut o = d * rsqrt(row_sum(d * d) * inv_n + eps);
+    scale_columns(&mut o, w, 0, has_w);
+    shift_columns(&mut o, b, 0, has_b);
+    if group_rows > 0 {
+        let g = r / group_rows;
+        o = o * (scale.load::<Tile<T, 1, W>>([g, 0]).cast::<f32>() + 1.0) + shift.load::<Tile<T, 1, W>>([g, 0]).cast::<f32>();
+    }
+    y.store([r, 0], o.cast::<T>());
+}
+
 /// `h = dropout(x) + res` (each optional), stored to `h_out` if asked; `y = norm(h) · w + b`,
 /// then `y · (1 + scale[g]) + shift[g]` for the row's group `g`; rows of at most
 /// [`FUSED_ROW_IN_REGISTERS`], one per block, read once; a variant per tile width `W`, the
@@ -93,33 +149,7 @@ pub fn norm_fused_row(
     group_rows: i32,
     ahead: i32,
 ) {
-    let r = block::id_x();
-    let n = x.dim(1);
-    let inv_n = 1.0 / n as f32;
-    x.prefetch::<Tile<T, 1, W>>([r + ahead, 0]);
-    if has_res == 1 {
-        res.prefetch::<Tile<T, 1, W>>([r + ahead, 0]);
-    }
-    let mut h = x.load::<Tile<T, 1, W>>([r, 0]).cast::<f32>();
-    if drop_p > 0.0 {
-        h = dropout(h, drop_p, drop_scale, seed_lo, seed_hi, offset, r, 0);
-    }
-    if has_res == 1 {
-        h = h + res.load::<Tile<T, 1, W>>([r, 0]).cast::<f32>();
-    }
-    h_out.store([r, 0], h.cast::<T>());
-    let mut d = h;
-    if layer == 1 {
-        d = (h - row_sum(h) * inv_n).mask_cols(n, 0.0);
-    }
-    let mut o = d * rsqrt(row_sum(d * d) * inv_n + eps);
-    scale_columns(&mut o, w, 0, has_w);
-    shift_columns(&mut o, b, 0, has_b);
-    if group_rows > 0 {
-        let g = r / group_rows;
-        o = o * (scale.load::<Tile<T, 1, W>>([g, 0]).cast::<f32>() + 1.0) + shift.load::<Tile<T, 1, W>>([g, 0]).cast::<f32>();
-    }
-    y.store([r, 0], o.cast::<T>());
+    fused_rows::<1, W>(x, res, w, b, scale, shift, y, h_out, block::id_x(), eps, layer, has_w, has_b, has_res, drop_p, drop_scale, seed_lo, seed_hi, offset, group_rows, ahead);
 }
 
 /// `norm_fused_row` for rows of at most 2048, four per block (one per warp, so the
@@ -149,33 +179,7 @@ pub fn norm_fused_rows4(
     group_rows: i32,
     ahead: i32,
 ) {
-    let r = block::id_x() * 4;
-    let n = x.dim(1);
-    let inv_n = 1.0 / n as f32;
-    x.prefetch::<Tile<T, 4, W>>([r + ahead, 0]);
-    if has_res == 1 {
-        res.prefetch::<Tile<T, 4, W>>([r + ahead, 0]);
-    }
-    let mut h = x.load::<Tile<T, 4, W>>([r, 0]).cast::<f32>();
-    if drop_p > 0.0 {
-        h = dropout(h, drop_p, drop_scale, seed_lo, seed_hi, offset, r, 0);
-    }
-    if has_res == 1 {
-        h = h + res.load::<Tile<T, 4, W>>([r, 0]).cast::<f32>();
-    }
-    h_out.store([r, 0], h.cast::<T>());
-    let mut d = h;
-    if layer == 1 {
-        d = (h - row_sum(h) * inv_n).mask_cols(n, 0.0);
-    }
-    let mut o = d * rsqrt(row_sum(d * d) * inv_n + eps);
-    scale_columns(&mut o, w, 0, has_w);
-    shift_columns(&mut o, b, 0, has_b);
-    if group_rows > 0 {
-        let g = r / group_rows;
-        o = o * (scale.load::<Tile<T, 1, W>>([g, 0]).cast::<f32>() + 1.0) + shift.load::<Tile<T, 1, W>>([g, 0]).cast::<f32>();
-    }
-    y.store([r, 0], o.cast::<T>());
+    fused_rows::<4, W>(x, res, w, b, scale, shift, y, h_out, block::id_x() * 4, eps, layer, has_w, has_b, has_res, drop_p, drop_scale, seed_lo, seed_hi, offset, group_rows, ahead);
 }
 
 /// `norm_fused_row` for any width: a row per block in 2048-column chunks, one pass for the
