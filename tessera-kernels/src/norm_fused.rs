@@ -149,7 +149,29 @@ pub fn norm_fused_row(
     group_rows: i32,
     ahead: i32,
 ) {
-    fused_rows::<1, W>(x, res, w, b, scale, shift, y, h_out, block::id_x(), eps, layer, has_w, has_b, has_res, drop_p, drop_scale, seed_lo, seed_hi, offset, group_rows, ahead);
+    fused_rows::<1, W>(
+        x,
+        res,
+        w,
+        b,
+        scale,
+        shift,
+        y,
+        h_out,
+        block::id_x(),
+        eps,
+        layer,
+        has_w,
+        has_b,
+        has_res,
+        drop_p,
+        drop_scale,
+        seed_lo,
+        seed_hi,
+        offset,
+        group_rows,
+        ahead,
+    );
 }
 
 /// `norm_fused_row` for rows of at most 2048, four per block (one per warp, so the
@@ -179,7 +201,29 @@ pub fn norm_fused_rows4(
     group_rows: i32,
     ahead: i32,
 ) {
-    fused_rows::<4, W>(x, res, w, b, scale, shift, y, h_out, block::id_x() * 4, eps, layer, has_w, has_b, has_res, drop_p, drop_scale, seed_lo, seed_hi, offset, group_rows, ahead);
+    fused_rows::<4, W>(
+        x,
+        res,
+        w,
+        b,
+        scale,
+        shift,
+        y,
+        h_out,
+        block::id_x() * 4,
+        eps,
+        layer,
+        has_w,
+        has_b,
+        has_res,
+        drop_p,
+        drop_scale,
+        seed_lo,
+        seed_hi,
+        offset,
+        group_rows,
+        ahead,
+    );
 }
 
 /// `norm_fused_row` for any width: a row per block in 2048-column chunks, one pass for the

@@ -35,6 +35,125 @@
 
 use tessera::kernel;
 
+/// One query tile's key blocks `j0..n` (`n > j0`) in a consumer warpgroup: the online
+/// softmax (base 2, running max `m` and sum `l`) of `S = Q·Kᵀ` over each block, masked past
+/// `seq_k` and, causally, past the diagonal (`diag`: the last key its first row sees, plus
+/// one), and `O += P·V` into `acc`. The two consumers take turns issuing their MMAs (named
+/// barriers 0 and 1), so that one's softmax runs beside the other's MMAs: block j's turn issues
+/// its S and block j − 1's P·V. Q's stage `qs` is released with the last S. `flash_attention`
+/// and `flash_attention_varlen` (which starts at block 0) share it.
+#[tessera::device]
+#[allow(clippy::too_many_arguments)]
+fn attend_blocks<T, const D: usize, const BN: usize, const S: usize>(
+    acc: &mut Tile<f32, 64, D>,
+    m: &mut Tile<f32, 64, 1>,
+    l: &mut Tile<f32, 64, 1>,
+    p: &mut Tile<T, 64, BN>,
+    sq: Smem<T, 128, D>,
+    sk: Smem<T, BN, D>,
+    sv: Smem<T, BN, D>,
+    qpipe: Pipeline<1>,
+    kpipe: Pipeline<S>,
+    vpipe: Pipeline<S>,
+    qs: i32,
+    me: i32,
+    row: i32,
+    j0: i32,
+    n: i32,
+    seq_k: i32,
+    diag: i32,
+    causal: i32,
+    scale_log2: f32,
+) {
+    // The first block: S alone.
+    let ks = kpipe.wait();
+    if me == 0 {
+        barrier::sync(0, 2);
+    } else {
+        barrier::sync(1, 2);
+    }
+    let mut s = Tile::<f32, 64, BN>::zeros();
+    mma_sync(s, sq.at(qs).rows(row, 64), sk.at(ks));
+    if me == 0 {
+        barrier::arrive(1, 2);
+    } else {
+        barrier::arrive(0, 2);
+    }
+    mma_wait(0);
+    kpipe.release(ks);
+    if n == j0 + 1 {
+        qpipe.release(qs);
+    }
+    let k0 = j0 * BN;
+    if k0 + BN > seq_k {
+        s = s.mask_cols(seq_k - k0, f32::NEG_INFINITY);
+    }
+    if causal == 1 && k0 + BN > diag {
+        s = s.mask_cols(Tile::<f32, 64, 1>::row_index() + (diag - k0) as f32, f32::NEG_INFINITY);
+    }
+    *m = max(*m, row_max(s) * scale_log2);
+    let pf = exp2(s * scale_log2 - *m);
+    *l = row_sum(pf);
+    *p = pf.cast::<T>();
+    // Block j's turn issues its S = Q·Kᵀ and block j − 1's P·V; the softmax of S
+    // runs outside the turn, beside that P·V.
+    for j in j0 + 1..n {
+        let ks = kpipe.wait();
+        let vs = vpipe.wait();
+        if me == 0 {
+            barrier::sync(0, 2);
+        } else {
+            barrier::sync(1, 2);
+        }
+        let mut s = Tile::<f32, 64, BN>::zeros();
+        mma_sync(s, sq.at(qs).rows(row, 64), sk.at(ks));
+        mma_sync_kn(acc, *p, sv.at(vs));
+        if me == 0 {
+            barrier::arrive(1, 2);
+        } else {
+            barrier::arrive(0, 2);
+        }
+        // S is done when at most the P·V behind it still runs.
+        mma_wait(1);
+        kpipe.release(ks);
+        if j + 1 == n {
+            qpipe.release(qs);
+        }
+        let k0 = j * BN;
+        if k0 + BN > seq_k {
+            s = s.mask_cols(seq_k - k0, f32::NEG_INFINITY);
+        }
+        if causal == 1 && k0 + BN > diag {
+            s = s.mask_cols(Tile::<f32, 64, 1>::row_index() + (diag - k0) as f32, f32::NEG_INFINITY);
+        }
+        let m_new = max(*m, row_max(s) * scale_log2);
+        let pf = exp2(s * scale_log2 - m_new);
+        let c = exp2(*m - m_new);
+        *l = *l * c + row_sum(pf);
+        *p = pf.cast::<T>();
+        // The P·V must be done before O is rescaled.
+        mma_wait(0);
+        vpipe.release(vs);
+        *acc = *acc * c;
+        *m = m_new;
+    }
+    // The last block's P·V.
+    let vs = vpipe.wait();
+    if me == 0 {
+        barrier::sync(0, 2);
+    } else {
+        barrier::sync(1, 2);
+    }
+    mma_sync_kn(acc, *p, sv.at(vs));
+    if me == 0 {
+        barrier::arrive(1, 2);
+    } else {
+        barrier::arrive(0, 2);
+    }
+    mma_wait(0);
+    vpipe.release(vs);
+}
+
 /// FlashAttention forward, head dim `D`, K and V in blocks of `BN` keys through `STAGES`-deep
 /// pipelines.
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], STAGES = [4, 2, 3], BN = [192, 160, 128]), targets(sm_90a))]
@@ -168,93 +287,9 @@ pub fn flash_attention(
             let diag = q0 + row + 1 + shift;
             let qs = qpipe.wait();
             if n > j0 {
-                // The first block: S alone.
-                let ks = kpipe.wait();
-                if me == 0 {
-                    barrier::sync(0, 2);
-                } else {
-                    barrier::sync(1, 2);
-                }
-                let mut s = Tile::<f32, 64, BN>::zeros();
-                mma_sync(s, sq.at(qs).rows(row, 64), sk.at(ks));
-                if me == 0 {
-                    barrier::arrive(1, 2);
-                } else {
-                    barrier::arrive(0, 2);
-                }
-                mma_wait(0);
-                kpipe.release(ks);
-                if n == j0 + 1 {
-                    qpipe.release(qs);
-                }
-                let k0 = j0 * BN;
-                if k0 + BN > seq_k {
-                    s = s.mask_cols(seq_k - k0, f32::NEG_INFINITY);
-                }
-                if causal == 1 && k0 + BN > diag {
-                    s = s.mask_cols(Tile::<f32, 64, 1>::row_index() + (diag - k0) as f32, f32::NEG_INFINITY);
-                }
-                m = max(m, row_max(s) * scale_log2);
-                let pf = exp2(s * scale_log2 - m);
-                l = row_sum(pf);
-                p = pf.cast::<T>();
-                // Block j's turn issues its S = Q·Kᵀ and block j − 1's P·V; the softmax of S
-                // runs outside the turn, beside that P·V.
-                for j in j0 + 1..n {
-                    let ks = kpipe.wait();
-                    let vs = vpipe.wait();
-                    if me == 0 {
-                        barrier::sync(0, 2);
-                    } else {
-                        barrier::sync(1, 2);
-                    }
-                    let mut s = Tile::<f32, 64, BN>::zeros();
-                    mma_sync(s, sq.at(qs).rows(row, 64), sk.at(ks));
-                    mma_sync_kn(acc, p, sv.at(vs));
-                    if me == 0 {
-                        barrier::arrive(1, 2);
-                    } else {
-                        barrier::arrive(0, 2);
-                    }
-                    // S is done when at most the P·V behind it still runs.
-                    mma_wait(1);
-                    kpipe.release(ks);
-                    if j + 1 == n {
-                        qpipe.release(qs);
-                    }
-                    let k0 = j * BN;
-                    if k0 + BN > seq_k {
-                        s = s.mask_cols(seq_k - k0, f32::NEG_INFINITY);
-                    }
-                    if causal == 1 && k0 + BN > diag {
-                        s = s.mask_cols(Tile::<f32, 64, 1>::row_index() + (diag - k0) as f32, f32::NEG_INFINITY);
-                    }
-                    let m_new = max(m, row_max(s) * scale_log2);
-                    let pf = exp2(s * scale_log2 - m_new);
-                    let c = exp2(m - m_new);
-                    l = l * c + row_sum(pf);
-                    p = pf.cast::<T>();
-                    // The P·V must be done before O is rescaled.
-                    mma_wait(0);
-                    vpipe.release(vs);
-                    acc = acc * c;
-                    m = m_new;
-                }
-                // The last block's P·V.
-                let vs = vpipe.wait();
-                if me == 0 {
-                    barrier::sync(0, 2);
-                } else {
-                    barrier::sync(1, 2);
-                }
-                mma_sync_kn(acc, p, sv.at(vs));
-                if me == 0 {
-                    barrier::arrive(1, 2);
-                } else {
-                    barrier::arrive(0, 2);
-                }
-                mma_wait(0);
-                vpipe.release(vs);
+                attend_blocks(
+                    &mut acc, &mut m, &mut l, &mut p, sq, sk, sv, qpipe, kpipe, vpipe, qs, me, row, j0, n, seq_k, diag, causal, scale_log2,
+                );
             }
             if n <= j0 {
                 qpipe.release(qs);
@@ -465,92 +500,10 @@ pub fn flash_attention_varlen(
                 let diag = q0 + row + 1 + shift;
                 let qs = qpipe.wait();
                 if n > 0 {
-                    // Block 0: S alone.
-                    let ks = kpipe.wait();
-                    if me == 0 {
-                        barrier::sync(0, 2);
-                    } else {
-                        barrier::sync(1, 2);
-                    }
-                    let mut s = Tile::<f32, 64, BN>::zeros();
-                    mma_sync(s, sq.at(qs).rows(row, 64), sk.at(ks));
-                    if me == 0 {
-                        barrier::arrive(1, 2);
-                    } else {
-                        barrier::arrive(0, 2);
-                    }
-                    mma_wait(0);
-                    kpipe.release(ks);
-                    if n == 1 {
-                        qpipe.release(qs);
-                    }
-                    if len_k < BN {
-                        s = s.mask_cols(len_k, f32::NEG_INFINITY);
-                    }
-                    if causal == 1 && BN > diag {
-                        s = s.mask_cols(Tile::<f32, 64, 1>::row_index() + diag as f32, f32::NEG_INFINITY);
-                    }
-                    m = max(m, row_max(s) * scale_log2);
-                    let e = exp2(s * scale_log2 - m);
-                    l = row_sum(e);
-                    p = e.cast::<T>();
-                    // Block j's turn issues its S = Q·Kᵀ and block j − 1's P·V; the softmax of S
-                    // runs outside the turn, beside that P·V.
-                    for j in 1..n {
-                        let ks = kpipe.wait();
-                        let vs = vpipe.wait();
-                        if me == 0 {
-                            barrier::sync(0, 2);
-                        } else {
-                            barrier::sync(1, 2);
-                        }
-                        let mut s = Tile::<f32, 64, BN>::zeros();
-                        mma_sync(s, sq.at(qs).rows(row, 64), sk.at(ks));
-                        mma_sync_kn(acc, p, sv.at(vs));
-                        if me == 0 {
-                            barrier::arrive(1, 2);
-                        } else {
-                            barrier::arrive(0, 2);
-                        }
-                        // S is done when at most the P·V behind it still runs.
-                        mma_wait(1);
-                        kpipe.release(ks);
-                        if j + 1 == n {
-                            qpipe.release(qs);
-                        }
-                        let k0 = j * BN;
-                        if k0 + BN > len_k {
-                            s = s.mask_cols(len_k - k0, f32::NEG_INFINITY);
-                        }
-                        if causal == 1 && k0 + BN > diag {
-                            s = s.mask_cols(Tile::<f32, 64, 1>::row_index() + (diag - k0) as f32, f32::NEG_INFINITY);
-                        }
-                        let m_new = max(m, row_max(s) * scale_log2);
-                        let e = exp2(s * scale_log2 - m_new);
-                        let c = exp2(m - m_new);
-                        l = l * c + row_sum(e);
-                        p = e.cast::<T>();
-                        // The P·V must be done before O is rescaled.
-                        mma_wait(0);
-                        vpipe.release(vs);
-                        acc = acc * c;
-                        m = m_new;
-                    }
-                    // The last block's P·V.
-                    let vs = vpipe.wait();
-                    if me == 0 {
-                        barrier::sync(0, 2);
-                    } else {
-                        barrier::sync(1, 2);
-                    }
-                    mma_sync_kn(acc, p, sv.at(vs));
-                    if me == 0 {
-                        barrier::arrive(1, 2);
-                    } else {
-                        barrier::arrive(0, 2);
-                    }
-                    mma_wait(0);
-                    vpipe.release(vs);
+                    attend_blocks(
+                        &mut acc, &mut m, &mut l, &mut p, sq, sk, sv, qpipe, kpipe, vpipe, qs, me, row, 0, n, len_k, diag, causal,
+                        scale_log2,
+                    );
                 }
                 if n == 0 {
                     qpipe.release(qs);
