@@ -357,7 +357,7 @@ pub fn norm_backward_row(
         }
         dh.store([r, 0], o.cast::<T>());
         if drop_p > 0.0 {
-            dx.store([r, 0], (o * step(Tile::<f32, 1, 2048>::uniform(seed_lo, seed_hi, offset, [r, 0]) - drop_p) * drop_scale).cast::<T>());
+            dx.store([r, 0], dropout(o, drop_p, drop_scale, seed_lo, seed_hi, offset, r, 0).cast::<T>());
         }
     }
     dw_part.store([block::id_x(), 0], dw);
@@ -438,10 +438,7 @@ pub fn norm_backward_wide(
             }
             dh.store([r, c], o.cast::<T>());
             if drop_p > 0.0 {
-                dx.store(
-                    [r, c],
-                    (o * step(Tile::<f32, 1, 2048>::uniform(seed_lo, seed_hi, offset, [r, c]) - drop_p) * drop_scale).cast::<T>(),
-                );
+                dx.store([r, c], dropout(o, drop_p, drop_scale, seed_lo, seed_hi, offset, r, c).cast::<T>());
             }
             dw_part.store([bid, c], dw_part.load::<Tile<f32, 1, 2048>>([bid, c]) + g * xhat);
             db_part.store([bid, c], db_part.load::<Tile<f32, 1, 2048>>([bid, c]) + g);
