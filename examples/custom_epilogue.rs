@@ -3,17 +3,17 @@
 //!
 //! The kernel is the library's warp-specialized Hopper GEMM — a TMA producer warpgroup, two
 //! wgmma consumer warpgroups, a tile queue, C staged through shared memory and stored by TMA —
-//! assembled from the device functions of `tessera_kernels::prelude`; only the epilogue,
-//! `squared_relu_scaled`, is new. It compiles to the same instructions as the library's
-//! `gemm_tn` with its own epilogue in that place, and runs at its speed (`cargo bench --bench
-//! gemm` times it beside the built-in bias + GELU epilogue and beside cuBLAS followed by a
-//! separate elementwise kernel).
+//! as one call of `tessera_kernels::prelude::gemm_persistent`, the epilogue a closure that the
+//! GEMM calls on each 64×64 chunk of the accumulator in registers, in its store loop. It
+//! compiles to the instructions of the library's `gemm_tn` with this epilogue in that place,
+//! and runs at its speed (`cargo bench --bench gemm` times it beside the built-in bias + GELU
+//! epilogue and beside cuBLAS followed by a separate elementwise kernel).
 //!
 //! `cargo run --release --example custom_epilogue` checks it against float64: on the GPU
 //! where there is one (Hopper), else on the CPU interpreter at a smaller size.
 
 use tessera::{bf16, device, kernel, Device, Grid, Tensor};
-use tessera_kernels::prelude::{gemm_load, gemm_mma, grouped_tile, stage_store};
+use tessera_kernels::prelude::gemm_persistent;
 
 /// The epilogue: a 64×64 chunk of the accumulator at column `n`, squared-ReLU'd and scaled.
 #[device]
@@ -31,37 +31,7 @@ pub fn gemm_squared_relu(a: Global<bf16, 3>, b: Global<bf16, 3>, c: Global<bf16,
     let sb = Smem::<bf16, 256, 64>::ring(4);
     let sc = Smem::<bf16, 64, 64>::ring(4);
     let pipe = Pipeline::<4>::new(2);
-    let k_steps = (a.dim(2) + 63) / 64;
-    let tiles_m = (c.dim(1) + 127) / 128;
-    let tiles_n = (c.dim(2) + 255) / 256;
-    let per_batch = tiles_m * tiles_n;
-    let group = 8 * tiles_n;
-    let queue = TileQueue::<2>::new(counter, 2);
-    if warpgroup::id() == 0 {
-        setmaxnreg(40);
-        for tile in queue.fetch(per_batch * c.dim(0)) {
-            let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
-            gemm_load::<0>(a, b, sa, sb, pipe, bt, tm * 128, tn * 256, k_steps);
-        }
-    } else {
-        setmaxnreg(232);
-        let row = (warpgroup::id() - 1) * 64;
-        let mut acc = Tile::<f32, 64, 256>::zeros();
-        for tile in queue.take() {
-            let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
-            let m0 = tm * 128 + row;
-            let n0 = tn * 256;
-            gemm_mma::<0>(&mut acc, sa, sb, pipe, row, k_steps);
-            #[unroll]
-            for j in 0..4 {
-                let n = n0 + j * 64;
-                let out = squared_relu_scaled(acc.cols(j * 64, 64), scale, n);
-                let buf = (warpgroup::id() - 1) * 2 + j % 2;
-                stage_store(c, sc, out, buf, bt, m0, n);
-            }
-        }
-        tma::store_wait(0);
-    }
+    gemm_persistent::<0, 256>(a, b, c, counter, sa, sb, sc, pipe, |acc, _batch, _row, col| squared_relu_scaled(acc, scale, col));
 }
 
 /// The same epilogue as a separate elementwise kernel over a finished C (the unfused

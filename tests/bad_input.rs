@@ -43,9 +43,7 @@ fn named(r: tessera::Result<()>) -> String {
 
 /// Runs `call` on `out` and checks that the tensors are the same afterwards, bit for bit.
 fn unchanged<T: Element + PartialEq + std::fmt::Debug>(
-    ins: &[&Tensor<T>],
-    out: &mut Tensor<T>,
-    call: impl FnOnce(&mut Tensor<T>) -> tessera::Result<()>,
+    ins: &[&Tensor<T>], out: &mut Tensor<T>, call: impl FnOnce(&mut Tensor<T>) -> tessera::Result<()>,
 ) -> String {
     let before: Vec<Vec<T>> = ins.iter().map(|t| t.to_host().unwrap()).collect();
     let out_before = out.to_host().unwrap();

@@ -81,7 +81,7 @@ fn traffic(ptx: &str) -> Vec<(&'static str, usize)> {
 /// bias), and issues the same MMAs.
 #[test]
 fn a_custom_epilogue_adds_no_store_pass() {
-    let ours = custom_epilogue::gemm_squared_relu::SPEC.variants.iter().find(|v| v.target == Target::Sm90a).expect("sm_90a PTX").ptx();
+    let ours = sm90(&custom_epilogue::gemm_squared_relu::SPEC);
     let lib = ptx("gemm_tn_bf16__bn256_stages4", Target::Sm90a);
     let (ours, lib) = (traffic(ours), traffic(lib));
     for ((op, n), (_, want)) in ours.iter().zip(&lib) {
@@ -93,4 +93,35 @@ fn a_custom_epilogue_adds_no_store_pass() {
         }
     }
     assert!(lib.iter().all(|(op, n)| *n > 0 || *op == "ld.global"), "the counted instructions occur: {lib:?}");
+}
+
+#[path = "../examples/epilogue_chain.rs"]
+#[allow(dead_code)]
+mod epilogue_chain;
+
+/// The sm_90a PTX of a kernel module's only variant.
+fn sm90(spec: &tessera::KernelSpec) -> &'static str {
+    spec.variants.iter().find(|v| v.target == Target::Sm90a).expect("sm_90a PTX").ptx()
+}
+
+/// One chain (bias → GELU → dropout → residual, `examples/epilogue_chain.rs`) fused into the
+/// GEMM's and the attention's store loops adds no pass over their outputs: each kernel stores
+/// exactly as the library's own (the same TMA stores from the same `stmatrix` staging, the same
+/// other global stores: the attention's log-sum-exp and split partials) and issues the same MMAs;
+/// it only loads more (the residual's tile beside the bias row).
+#[test]
+fn an_epilogue_chain_adds_no_store_pass() {
+    for (ours, lib) in [
+        (sm90(&epilogue_chain::gemm_chain::SPEC), ptx("gemm_tn_bf16__bn256_stages4", Target::Sm90a)),
+        (sm90(&epilogue_chain::attention_chain::SPEC), ptx("flash_attention_bf16__d128_stages2_bn128", Target::Sm90a)),
+    ] {
+        let (ours, lib) = (traffic(ours), traffic(lib));
+        for ((op, n), (_, want)) in ours.iter().zip(&lib) {
+            if *op == "ld.global" {
+                assert!(n >= want, "{op}: {n} in the chained kernel, {want} in the library's");
+            } else {
+                assert_eq!(n, want, "{op}: {n} in the chained kernel, {want} in the library's");
+            }
+        }
+    }
 }

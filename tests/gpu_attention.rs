@@ -74,16 +74,8 @@ fn reference(c: Case, layout: AttentionLayout, causal: bool, scale: f64, q: &[f6
 /// Runs one case in `T` and checks O by relative error and the LSE elementwise.
 #[allow(clippy::too_many_arguments)]
 fn check<T: AttentionElement>(
-    dev: &Device,
-    c: Case,
-    layout: AttentionLayout,
-    causal: bool,
-    spread: f32,
-    tol: f64,
-    to: fn(f32) -> T,
-    from: fn(T) -> f64,
-    variant: Option<&'static str>,
-    splits: Option<usize>,
+    dev: &Device, c: Case, layout: AttentionLayout, causal: bool, spread: f32, tol: f64, to: fn(f32) -> T, from: fn(T) -> f64,
+    variant: Option<&'static str>, splits: Option<usize>,
 ) {
     let (qs, ks) = match layout {
         AttentionLayout::Bshd => ([c.b, c.sq, c.h, c.d], [c.b, c.sk, c.hk, c.d]),
@@ -224,13 +216,7 @@ fn interp_attention_kv_splits_match_f64_reference() {
 /// reference on its own rows; 5 rows after the last sequence belong to none and must stay
 /// poisoned (a tile that wrote past its sequence's end would reach them).
 fn varlen_matches_f64_reference(
-    dev: &Device,
-    lens_q: &[usize],
-    lens_k: &[usize],
-    h: usize,
-    hk: usize,
-    d: usize,
-    variant: Option<&'static str>,
+    dev: &Device, lens_q: &[usize], lens_k: &[usize], h: usize, hk: usize, d: usize, variant: Option<&'static str>,
 ) {
     let offsets = |lens: &[usize]| -> Vec<usize> {
         std::iter::once(0).chain(lens.iter().scan(0, |acc, &l| Some(*acc + l).inspect(|&x| *acc = x))).collect()

@@ -526,3 +526,26 @@ fn gpu_custom_epilogue_matches_f64_reference() {
 fn interp_custom_epilogue_matches_f64_reference() {
     custom_epilogue_matches_f64(&Device::cpu(), &[(130, 264, 72), (7, 8, 8)]);
 }
+
+#[path = "../examples/epilogue_chain.rs"]
+#[allow(dead_code)]
+mod epilogue_chain;
+
+/// One epilogue chain, bias → GELU → dropout → residual (`examples/epilogue_chain.rs`), fused
+/// into the library's GEMM and its attention forward: each against float64 (the dropout mask
+/// from the host's copy of the Philox stream), outputs poisoned, off the tile grid.
+#[test]
+fn gpu_epilogue_chain_matches_f64_reference() {
+    if let Some(dev) = gpu_or_skip("gpu_epilogue_chain_matches_f64_reference") {
+        for (gemm, attn) in [((1000, 2048, 520), (6, 1000)), ((129, 264, 64), (3, 77))] {
+            let (g, a) = epilogue_chain::check(&dev, gemm, attn, 7).expect("chain");
+            assert!(g < 1e-2 && a < 1e-2, "{gemm:?} {attn:?}: GEMM relative error {g}, attention {a}");
+        }
+    }
+}
+
+#[test]
+fn interp_epilogue_chain_matches_f64_reference() {
+    let (g, a) = epilogue_chain::check(&Device::cpu(), (130, 264, 72), (2, 130), 1).expect("chain");
+    assert!(g < 1e-2 && a < 1e-2, "GEMM relative error {g}, attention {a}");
+}

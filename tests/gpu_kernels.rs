@@ -48,10 +48,7 @@ fn axpy_matches_f64_reference(dev: &Device) {
 }
 
 fn check_rows_on(
-    dev: &Device,
-    name: &str,
-    f: fn(&Device, &Tensor<f32>, &mut Tensor<f32>) -> tessera::Result<()>,
-    reference: fn(&[f64]) -> f64,
+    dev: &Device, name: &str, f: fn(&Device, &Tensor<f32>, &mut Tensor<f32>) -> tessera::Result<()>, reference: fn(&[f64]) -> f64,
 ) {
     let dev = dev.clone();
     for &(m, n) in shapes(&dev) {
@@ -419,13 +416,8 @@ fn rope_shapes(dev: &Device) -> Vec<(usize, usize, usize, usize)> {
 /// flat index); `sign` −1 for the inverse.
 #[allow(clippy::too_many_arguments)]
 fn rope_reference(
-    x: &[f64],
-    (b, s, h, d): (usize, usize, usize, usize),
-    at: &dyn Fn(usize, usize, usize, usize) -> usize,
-    style: tessera_kernels::RopeStyle,
-    pos: &dyn Fn(usize, usize) -> usize,
-    base: f64,
-    sign: f64,
+    x: &[f64], (b, s, h, d): (usize, usize, usize, usize), at: &dyn Fn(usize, usize, usize, usize) -> usize,
+    style: tessera_kernels::RopeStyle, pos: &dyn Fn(usize, usize) -> usize, base: f64, sign: f64,
 ) -> Vec<f64> {
     let mut y = vec![0.0; x.len()];
     for bi in 0..b {
@@ -680,13 +672,7 @@ fn interp_reductions_match_f64_reference() {
 /// shift[g]` with `g = row / (m / groups)`.
 #[allow(clippy::too_many_arguments)]
 fn norm_ref(
-    layer: bool,
-    h: &[f64],
-    n: usize,
-    w: Option<&[f64]>,
-    b: Option<&[f64]>,
-    modulation: Option<(&[f64], &[f64], usize)>,
-    eps: f64,
+    layer: bool, h: &[f64], n: usize, w: Option<&[f64]>, b: Option<&[f64]>, modulation: Option<(&[f64], &[f64], usize)>, eps: f64,
 ) -> Vec<f64> {
     let m = h.len() / n.max(1);
     let mut out = Vec::with_capacity(h.len());

@@ -591,12 +591,7 @@ use tessera_kernels::prelude::{cumsum_chunk, linear_recurrence_chunk, scan_max};
 /// running max and an exclusive one; then a scan down the columns of a 32×16 tile.
 #[kernel]
 fn scans(
-    x: Global<f32, 2>,
-    a: Global<f32, 2>,
-    sum: Global<f32, 2>,
-    rec: Global<f32, 2>,
-    cmax: Global<f32, 2>,
-    xmax: Global<f32, 2>,
+    x: Global<f32, 2>, a: Global<f32, 2>, sum: Global<f32, 2>, rec: Global<f32, 2>, cmax: Global<f32, 2>, xmax: Global<f32, 2>,
     down: Global<f32, 2>,
 ) {
     let r = block::id_x() * 16;

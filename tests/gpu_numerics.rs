@@ -329,12 +329,7 @@ fn fp8_conversions_match_the_hardware(dev: &Device) {
     let xb: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
     let xbt = Tensor::from_host(dev, &xb, &[m, n]).unwrap();
     fn check<Q: tessera_kernels::Fp8Element + Copy>(
-        dev: &Device,
-        xt: &Tensor<impl tessera_kernels::Fp8Source>,
-        want: &[f32],
-        scale: f32,
-        host: impl Fn(f32) -> Q,
-        poison: Q,
+        dev: &Device, xt: &Tensor<impl tessera_kernels::Fp8Source>, want: &[f32], scale: f32, host: impl Fn(f32) -> Q, poison: Q,
         what: &str,
     ) {
         let bits = |q: Q| -> u8 { bytemuck::cast(q) };

@@ -81,14 +81,7 @@ fn bits<T: Element>(v: &[T]) -> &[u8] {
 /// `init` (an input too) or, given none, `poison`.
 #[allow(clippy::too_many_arguments)]
 fn case<T: Element>(
-    dev: &Device,
-    name: &str,
-    odd: Odd,
-    want: Want,
-    inputs: &[(Vec<T>, Vec<usize>)],
-    out_shape: &[usize],
-    init: Option<Vec<T>>,
-    poison: T,
+    dev: &Device, name: &str, odd: Odd, want: Want, inputs: &[(Vec<T>, Vec<usize>)], out_shape: &[usize], init: Option<Vec<T>>, poison: T,
     call: impl Fn(&[&Tensor<T>], &mut Tensor<T>) -> tessera::Result<()>,
 ) {
     let init = init.unwrap_or_else(|| vec![poison; out_shape.iter().product()]);

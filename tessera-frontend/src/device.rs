@@ -30,6 +30,47 @@ pub struct DeviceDef {
     pub deps: Vec<(String, u32)>,
 }
 
+/// A function given to a device function's `impl Fn(…)` parameter at one call.
+#[derive(Clone, Debug)]
+pub enum FnArg {
+    /// A closure written at the call (an index into `Frontend::lambdas`).
+    Lambda(usize),
+    /// A function passed on by name (a function parameter, or a device function the caller
+    /// calls): its definition.
+    Def(u32),
+}
+
+/// A parameter of function type, `impl Fn(A, B) -> C`: its argument types and its result
+/// type (`None`: it returns nothing).
+fn fn_type(t: &syn::Type) -> Option<(Vec<&syn::Type>, Option<&syn::Type>)> {
+    let syn::Type::ImplTrait(it) = t else { return None };
+    it.bounds.iter().find_map(|b| {
+        let syn::TypeParamBound::Trait(tb) = b else { return None };
+        let seg = tb.path.segments.last().filter(|s| s.ident == "Fn")?;
+        let syn::PathArguments::Parenthesized(pa) = &seg.arguments else { return None };
+        let ret = match &pa.output {
+            syn::ReturnType::Default => None,
+            syn::ReturnType::Type(_, t) => Some(&**t),
+        };
+        Some((pa.inputs.iter().collect(), ret))
+    })
+}
+
+/// The names of a signature's function parameters (`epilogue: impl Fn(…) -> …`, and any other
+/// `impl` type, which the signature's check reports).
+pub(crate) fn fn_params(sig: &syn::Signature) -> Vec<String> {
+    sig.inputs
+        .iter()
+        .filter_map(|i| match i {
+            syn::FnArg::Typed(pt) if matches!(&*pt.ty, syn::Type::ImplTrait(_)) => match &*pt.pat {
+                Pat::Ident(id) => Some(id.ident.to_string()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
 /// A generic parameter's value at one call.
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Bound {
@@ -112,6 +153,27 @@ pub fn check_signature(f: &syn::ItemFn) -> Vec<syn::Error> {
         };
         if !matches!(&*pt.pat, Pat::Ident(_)) {
             errs.push(syn::Error::new_spanned(&pt.pat, "expected a parameter name"));
+        }
+        if let Some((args, ret)) = fn_type(&pt.ty) {
+            for t in args.into_iter().chain(ret) {
+                let parts: Vec<&syn::Type> = match t {
+                    syn::Type::Tuple(tt) => tt.elems.iter().collect(),
+                    other => vec![other],
+                };
+                for part in parts {
+                    if let Err(e) = pattern(part, &generics) {
+                        errs.push(e);
+                    }
+                }
+            }
+            continue;
+        }
+        if matches!(&*pt.ty, syn::Type::ImplTrait(_)) {
+            errs.push(syn::Error::new_spanned(
+                &pt.ty,
+                "a function parameter is written `impl Fn(A, B) -> C`, its types those the language binds",
+            ));
+            continue;
         }
         let ty = match &*pt.ty {
             syn::Type::Reference(r) if r.mutability.is_some() => &*r.elem,
@@ -380,6 +442,12 @@ impl VisitMut for Renamer {
                     *id = syn::Ident::new(new, id.span());
                 }
             }
+            syn::Expr::Closure(c) => {
+                self.scopes.push(HashMap::new());
+                c.inputs.iter_mut().for_each(|p| self.bind(p));
+                self.visit_expr_mut(&mut c.body);
+                self.scopes.pop();
+            }
             syn::Expr::ForLoop(f) => {
                 self.visit_expr_mut(&mut f.expr);
                 self.scopes.push(HashMap::new());
@@ -444,7 +512,14 @@ fn split_tail(block: &syn::Block) -> (Vec<syn::Stmt>, Vec<syn::Expr>) {
 
 /// `Vec<f32>`, not `Vec < f32 >`.
 fn compact(t: &impl ToTokens) -> String {
-    t.to_token_stream().to_string().replace(" < ", "<").replace("< ", "<").replace(" >", ">").replace(" ,", ",").replace(" :: ", "::")
+    t.to_token_stream()
+        .to_string()
+        .replace("Fn (", "Fn(")
+        .replace(" < ", "<")
+        .replace("< ", "<")
+        .replace(" >", ">")
+        .replace(" ,", ",")
+        .replace(" :: ", "::")
 }
 
 impl Frontend {
@@ -494,6 +569,8 @@ impl Frontend {
             .collect();
         let Ok(item) = syn::parse2::<syn::ItemFn>(substitute(without_generics(&def.item), &bound)) else { return };
         let saved = std::mem::replace(&mut self.deps, def.deps.clone());
+        // Calls of a function parameter parse as calls; what they call is known at each call.
+        self.deps.extend(fn_params(&item.sig).into_iter().map(|n| (n, u32::MAX)));
         let (stmts, results) = split_tail(&item.block);
         self.block(&stmts);
         for r in &results {
@@ -502,6 +579,49 @@ impl Frontend {
             }
         }
         self.deps = saved;
+    }
+
+    /// The definition of closure `l` given to parameter `i` of `sig` (its generic parameters
+    /// bound): a function named `fname` whose parameters take the types `impl Fn(…)` names,
+    /// its body the closure's, its calls resolved where the closure was written. Names the
+    /// closure does not bind are the caller's, as the body is inlined in the caller's place.
+    fn closure_def(&mut self, sig: &syn::Signature, i: usize, l: usize, fname: &str, what: &str) -> Result<u32, String> {
+        let Some((cl, deps, _)) = self.lambdas.get(l).cloned() else { return Err(format!("`{what}`: no closure")) };
+        let ty = match sig.inputs.iter().nth(i) {
+            Some(syn::FnArg::Typed(pt)) => &*pt.ty,
+            _ => return Err(format!("`{what}`: not a function parameter")),
+        };
+        let Some((arg_tys, ret)) = fn_type(ty) else { return Err(format!("`{what}`: not a function parameter")) };
+        if cl.inputs.len() != arg_tys.len() {
+            return Err(format!(
+                "`{what}` is `{}`, a function of {} argument(s); the closure takes {}",
+                compact(ty),
+                arg_tys.len(),
+                cl.inputs.len()
+            ));
+        }
+        let mut params = Vec::new();
+        for (j, (p, t)) in cl.inputs.iter().zip(&arg_tys).enumerate() {
+            let id = match p {
+                Pat::Ident(id) => id.ident.clone(),
+                Pat::Type(pt) => match &*pt.pat {
+                    Pat::Ident(id) => id.ident.clone(),
+                    _ => return Err(format!("`{what}`: a closure's parameters are names")),
+                },
+                Pat::Wild(_) => quote::format_ident!("__unused_{}", j),
+                _ => return Err(format!("`{what}`: a closure's parameters are names")),
+            };
+            params.push(quote::quote!(#id: #t));
+        }
+        let ret = ret.map(|r| quote::quote!(-> #r));
+        let body = match &*cl.body {
+            syn::Expr::Block(b) => b.block.to_token_stream(),
+            other => quote::quote!({ #other }),
+        };
+        let name = syn::Ident::new(fname, Span::call_site());
+        let item: syn::ItemFn = syn::parse2(quote::quote!(fn #name(#(#params),*) #ret #body)).map_err(|e| format!("`{what}`: {e}"))?;
+        self.defs.push(DeviceDef { name: what.to_string(), item, deps });
+        Ok(self.defs.len() as u32 - 1)
     }
 
     /// The syntax error `e` (at a token of the body of the call `site`'s callee) as a compile
@@ -537,8 +657,10 @@ impl Callees for Frontend {
         let name = &def.name;
         let sig = &def.item.sig;
         let nparams = sig.inputs.len();
-        if nparams != call.args.len() {
-            return Err(at(format!("`{name}` takes {nparams} argument{}, found {}", if nparams == 1 { "" } else { "s" }, call.args.len())));
+        let fns = self.fn_args.get(&call.loc.span).cloned().unwrap_or_default();
+        let given = call.args.len() + fns.len();
+        if nparams != given {
+            return Err(at(format!("`{name}` takes {nparams} argument{}, found {given}", if nparams == 1 { "" } else { "s" })));
         }
         let generics = generic_params(sig);
         let mut bound = HashMap::new();
@@ -560,15 +682,41 @@ impl Callees for Frontend {
         }
         // Parameters: each one's name, whether it is `mut`, and whether it is `&mut`.
         let mut params = Vec::new();
-        for (i, (input, arg)) in sig.inputs.iter().zip(call.args).enumerate() {
+        // Function parameters: each one's name, position, and the function given.
+        let mut functions = Vec::new();
+        let mut next = 0;
+        for (i, input) in sig.inputs.iter().enumerate() {
             let syn::FnArg::Typed(pt) = input else { return Err(at(format!("`{name}` takes `self`"))) };
             let Pat::Ident(pid) = &*pt.pat else { return Err(at(format!("`{name}`: a parameter pattern"))) };
+            let nth = format!("argument {} of `{name}` (`{}`)", i + 1, pid.ident);
+            let given = fns.iter().find(|(p, _)| *p == i).map(|(_, f)| f.clone());
+            match (fn_type(&pt.ty).is_some(), given) {
+                (true, Some(f)) => {
+                    functions.push((pid.ident.to_string(), i, f));
+                    continue;
+                }
+                (true, None) => {
+                    let loc = call.args.get(next).map_or(call.loc, |a| a.loc);
+                    return Err(CompileError::Type { message: format!("{nth} is a function: pass a closure, `|x, …| …`"), loc });
+                }
+                (false, Some(f)) => {
+                    let loc = match f {
+                        FnArg::Lambda(l) => self.lambdas.get(l).map_or(call.loc, |x| x.2),
+                        FnArg::Def(_) => call.loc,
+                    };
+                    let message = format!("{nth}: expected a value of type `{}`, found a function", compact(&pt.ty));
+                    return Err(CompileError::Type { message, loc });
+                }
+                (false, None) => {}
+            }
+            let Some(arg) = call.args.get(next) else { return Err(at(format!("{nth}: missing"))) };
+            let arg_by_ref = call.by_ref.get(next).copied().unwrap_or(false);
+            next += 1;
             let (by_ref, ty) = match &*pt.ty {
                 syn::Type::Reference(r) => (true, &*r.elem),
                 other => (false, other),
             };
-            let nth = format!("argument {} of `{name}` (`{}`)", i + 1, pid.ident);
-            if by_ref != call.by_ref[i] {
+            if by_ref != arg_by_ref {
                 return Err(at(if by_ref {
                     format!("{nth}: expected `&mut name`, found a value")
                 } else {
@@ -617,6 +765,21 @@ impl Callees for Frontend {
                 }
             }
         }
+        // Each function argument becomes a definition of its own, called by a fresh name.
+        let mut extra = Vec::new();
+        for (pname, i, f) in functions {
+            let fname = format!("__fn_{pname}_{k}");
+            let id = match f {
+                FnArg::Def(id) => id,
+                FnArg::Lambda(l) => {
+                    let loc = self.lambdas.get(l).map_or(call.loc, |x| x.2);
+                    let what = format!("{name}`'s `{pname}");
+                    self.closure_def(&item.sig, i, l, &fname, &what).map_err(|message| CompileError::Type { message, loc })?
+                }
+            };
+            scope.insert(pname, (fname.clone(), true));
+            extra.push((fname, id));
+        }
         let mut block = (*item.block).clone();
         let mut renamer = Renamer { scopes: vec![scope], suffix: k, errors: Vec::new() };
         renamer.visit_block_mut(&mut block);
@@ -631,7 +794,8 @@ impl Callees for Frontend {
         };
         let site = self.sites.len() as u32;
         self.sites.push((call.loc.span, name.clone()));
-        let (saved_site, saved_deps) = (self.site.replace(site), std::mem::replace(&mut self.deps, def.deps.clone()));
+        let deps = def.deps.iter().cloned().chain(extra).collect();
+        let (saved_site, saved_deps) = (self.site.replace(site), std::mem::replace(&mut self.deps, deps));
         let first_error = self.errors.len();
         let body = self.block(&stmts);
         let mut exprs = Vec::new();

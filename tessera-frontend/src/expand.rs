@@ -138,6 +138,9 @@ fn device_calls(f: &syn::ItemFn) -> Vec<syn::Path> {
     }
     let mut calls = Calls(Vec::new());
     syn::visit::Visit::visit_block(&mut calls, &f.block);
+    // Calls of a function parameter call what each call of `f` gives it.
+    let params = crate::device::fn_params(&f.sig);
+    calls.0.retain(|p| !p.get_ident().is_some_and(|id| params.iter().any(|n| id == n)));
     calls.0
 }
 
@@ -396,10 +399,7 @@ fn compile_one(item: TokenStream, opts: &Options) -> TokenStream {
 /// errors.
 #[allow(clippy::type_complexity)]
 fn variants(
-    item: &TokenStream,
-    f: &syn::ItemFn,
-    tune: &Tune,
-    opts: &Options,
+    item: &TokenStream, f: &syn::ItemFn, tune: &Tune, opts: &Options,
 ) -> (Vec<(Knobs, CompiledKernel)>, Vec<(Knobs, Vec<syn::Error>)>) {
     let (mut built, mut dropped) = (Vec::new(), Vec::new());
     for knobs in tune.combinations() {
@@ -1265,6 +1265,75 @@ mod tests {
             parse_quote! { fn k(x: Global<f32, 2>) { let mut s: Tile<f32, 16, 16> = x.load([0, 0]); bump(s); x.store([0, 0], s); } };
         let errs = compile_calling(&k, &[("bump", frozen, &[])]).expect_err("s is not mut in bump");
         assert!(errs[0].contains("cannot assign to `s`, a parameter not declared `mut`"), "{}", errs[0]);
+    }
+
+    #[test]
+    fn a_closure_given_to_a_device_function_is_inlined_where_it_is_called() {
+        // `rows` applies `f` to each 16-row block: the closure captures `scale` and calls a
+        // device function of the caller's; passed on by name to `twice`, it runs twice.
+        let defs: Vec<(&str, syn::ItemFn, &[&str])> = vec![
+            (
+                "twice",
+                parse_quote! {
+                    fn twice<const N: usize>(t: Tile<f32, 16, N>, g: impl Fn(Tile<f32, 16, N>) -> Tile<f32, 16, N>) -> Tile<f32, 16, N> {
+                        g(g(t))
+                    }
+                },
+                &[],
+            ),
+            (
+                "rows",
+                parse_quote! {
+                    fn rows<const N: usize>(x: Global<f32, 2>, y: Global<f32, 2>, f: impl Fn(Tile<f32, 16, N>, i32) -> Tile<f32, 16, N>) {
+                        let r = block::id_x() * 16;
+                        let t: Tile<f32, 16, N> = x.load([r, 0]);
+                        y.store([r, 0], twice(t, |u| f(u, r)));
+                    }
+                },
+                &["twice"],
+            ),
+            ("halve", parse_quote! { fn halve<const N: usize>(t: Tile<f32, 16, N>) -> Tile<f32, 16, N> { t * 0.5 } }, &[]),
+        ];
+        let with_closure: syn::ItemFn = parse_quote! {
+            fn k(x: Global<f32, 2>, y: Global<f32, 2>, scale: f32) {
+                rows::<64>(x, y, |t, r| halve(t) + scale * (r as f32));
+            }
+        };
+        let written_out: syn::ItemFn = parse_quote! {
+            fn k(x: Global<f32, 2>, y: Global<f32, 2>, scale: f32) {
+                let r = block::id_x() * 16;
+                let t: Tile<f32, 16, 64> = x.load([r, 0]);
+                let u1 = t * 0.5 + scale * (r as f32);
+                y.store([r, 0], u1 * 0.5 + scale * (r as f32));
+            }
+        };
+        let a = compile_calling(&with_closure, &defs).expect("compiles");
+        let b = compile(&written_out).expect("compiles");
+        for (x, y) in a.variants.iter().zip(&b.variants) {
+            assert_eq!(normalized(&x.ptx), normalized(&y.ptx), "{}", x.target.name());
+        }
+        let cases: [(syn::ItemFn, &str); 4] = [
+            (
+                parse_quote! { fn k(x: Global<f32, 2>, y: Global<f32, 2>) { rows::<64>(x, y, |t| t); } },
+                "`rows`'s `f` is `impl Fn(Tile<f32, 16, 64>, i32) -> Tile<f32, 16, 64>`, a function of 2 argument(s); the closure takes 1",
+            ),
+            (
+                parse_quote! { fn k(x: Global<f32, 2>, y: Global<f32, 2>) { rows::<64>(x, y, x); } },
+                "argument 3 of `rows` (`f`) is a function: pass a closure",
+            ),
+            (
+                parse_quote! { fn k(x: Global<f32, 2>, y: Global<f32, 2>) { rows::<64>(x, |t, r| t, y); } },
+                "argument 2 of `rows` (`y`): expected a value of type `Global<f32, 2>`, found a function",
+            ),
+            (
+                parse_quote! { fn k(x: Global<f32, 2>, y: Global<f32, 2>) { rows::<64>(x, y, |t, r| t + Tile::<f32, 8, 64>::zeros()); } },
+                "in `rows`'s `f` (",
+            ),
+        ];
+        for (f, want) in cases {
+            let errs = compile_calling(&f, &defs).expect_err(want);
+            assert!(errs.iter().any(|e| e.contains(want)), "want {want:?}, got {errs:?}");
+        }
     }
 
     #[test]

@@ -29,9 +29,19 @@ pub struct Frontend {
     /// Every definition by its name, consulted when a call's path names none of `deps`
     /// (`compile_with_devices`, for tools that hand over definitions without their paths).
     pub by_name: Vec<(String, u32)>,
+    /// The closures written as arguments of device-function calls, each with the calls its
+    /// body may make (the `deps` where it was written).
+    pub lambdas: Vec<Lambda>,
+    /// A call's function arguments (closures, or functions passed on by name), by the call's
+    /// span index: each one's position among the arguments, and what it is.
+    pub fn_args: std::collections::HashMap<u32, Vec<(usize, crate::device::FnArg)>>,
 }
 
 type R<T> = Result<T, syn::Error>;
+
+/// A closure written as a device function's argument: itself, the calls its body may make
+/// (the `deps` where it was written), and where it stands.
+pub type Lambda = (syn::ExprClosure, Vec<(String, u32)>, SourceLoc);
 
 const FUNCTIONS: &str = "`exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block_sum`, `block_max`, `block_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Tile::<f32, M, N>::col_index`, `Tile::<f32, M, N>::row_index`, `Tile::<f32, M, N>::uniform`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `TileQueue::<S>::new`, `tma::load`, `tma::store`, `tma::store_wait`, `mma_sync`, `mma_sync_kn`, `mma_wait`, `setmaxnreg`, `barrier::sync`, `barrier::arrive`, `tile_scan::<F>`, `tile_scan_exclusive::<F>`";
 const METHODS: &str = "`load`, `load_or`, `get`, `store`, `store_within`, `dim`, `cast`, `exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `mask_cols`, `swap_pairs`, `shift_cols`, `shift_rows`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
@@ -88,6 +98,8 @@ impl Frontend {
             explicit: std::collections::HashMap::new(),
             instances: 0,
             by_name: Vec::new(),
+            lambdas: Vec::new(),
+            fn_args: std::collections::HashMap::new(),
         }
     }
 
@@ -590,9 +602,22 @@ impl Frontend {
 
     /// `f(a, &mut b)` of a device function `id`.
     fn device_call(&mut self, c: &syn::ExprCall, p: &syn::ExprPath, id: u32, loc: SourceLoc) -> R<ExprKind> {
-        let (mut args, mut by_ref) = (Vec::new(), Vec::new());
-        for a in &c.args {
+        let (mut args, mut by_ref, mut fns) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, a) in c.args.iter().enumerate() {
             match a {
+                SynExpr::Closure(cl) => {
+                    let at = self.loc(cl.span());
+                    self.lambdas.push((cl.clone(), self.deps.clone(), at));
+                    fns.push((i, crate::device::FnArg::Lambda(self.lambdas.len() - 1)));
+                }
+                // A function passed on by the name it is called by here (a function
+                // parameter, or a device function this code calls).
+                SynExpr::Path(p) if p.path.get_ident().is_some() && self.deps.iter().any(|(k, _)| path_key(&p.path) == *k) => {
+                    let key = path_key(&p.path);
+                    if let Some((_, id)) = self.deps.iter().find(|(k, _)| *k == key) {
+                        fns.push((i, crate::device::FnArg::Def(*id)));
+                    }
+                }
                 SynExpr::Reference(r) if r.mutability.is_some() => {
                     args.push(self.expr(&r.expr)?);
                     by_ref.push(true);
@@ -608,6 +633,9 @@ impl Frontend {
             if let syn::PathArguments::AngleBracketed(g) = &last.arguments {
                 self.explicit.insert(loc.span, g.args.iter().cloned().collect());
             }
+        }
+        if !fns.is_empty() {
+            self.fn_args.insert(loc.span, fns);
         }
         let func = p.path.segments.last().map(|s| s.ident.to_string()).unwrap_or_default();
         Ok(ExprKind::Call { func, id, args, by_ref })

@@ -214,10 +214,7 @@ pub(crate) fn check_2d<T: tessera::Element>(kernel: &'static str, arg: &str, t: 
 /// Rows to normalize hold at least one element: a mean, a variance or a softmax over none is
 /// undefined (an empty batch, no rows at all, is nothing to do and fine).
 pub(crate) fn check_row_width<T: tessera::Element>(
-    kernel: &'static str,
-    arg: &str,
-    t: &tessera::Tensor<T>,
-    n: usize,
+    kernel: &'static str, arg: &str, t: &tessera::Tensor<T>, n: usize,
 ) -> tessera::Result<()> {
     if n > 0 {
         return Ok(());
@@ -232,10 +229,7 @@ pub(crate) fn check_row_width<T: tessera::Element>(
 
 /// Checks that `got` has the shape `want`, naming the argument otherwise.
 pub(crate) fn check_shape<T: tessera::Element>(
-    kernel: &'static str,
-    arg: &str,
-    t: &tessera::Tensor<T>,
-    want: &[usize],
+    kernel: &'static str, arg: &str, t: &tessera::Tensor<T>, want: &[usize],
 ) -> tessera::Result<()> {
     if t.shape() == want {
         Ok(())

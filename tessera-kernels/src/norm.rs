@@ -70,14 +70,7 @@ pub fn rms_norm_rows4(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f3
 /// where the cap's 24 bytes of spills cost 7% (runs 111–112).
 #[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [8192, 7168, 6144, 5120, 4096, 3072, 2048, 1024, 9216, 10240, 11264, 12288]), blocks_per_sm(W >= 11264, T != f32) = 3)]
 pub fn layer_norm_row(
-    x: Global<T, 2>,
-    w: Global<T, 1>,
-    b: Global<T, 1>,
-    y: Global<T, 2>,
-    eps: f32,
-    has_weight: i32,
-    has_bias: i32,
-    ahead: i32,
+    x: Global<T, 2>, w: Global<T, 1>, b: Global<T, 1>, y: Global<T, 2>, eps: f32, has_weight: i32, has_bias: i32, ahead: i32,
 ) {
     let r = block::id_x();
     let n = x.dim(1);
@@ -105,14 +98,7 @@ pub fn layer_norm_row(
 /// the bias. Widths as `rms_norm_rows4`'s.
 #[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [2048, 1792, 1536, 1280, 1024, 768, 512, 2304]))]
 pub fn layer_norm_rows4(
-    x: Global<T, 2>,
-    w: Global<T, 1>,
-    b: Global<T, 1>,
-    y: Global<T, 2>,
-    eps: f32,
-    has_weight: i32,
-    has_bias: i32,
-    ahead: i32,
+    x: Global<T, 2>, w: Global<T, 1>, b: Global<T, 1>, y: Global<T, 2>, eps: f32, has_weight: i32, has_bias: i32, ahead: i32,
 ) {
     let r = block::id_x() * 4;
     let n = x.dim(1);
@@ -143,14 +129,7 @@ pub fn rms_norm_rows2(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f3
 /// the variance is the mean of the centred squares (columns past the row masked out).
 #[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [3584, 2560]))]
 pub fn layer_norm_rows2(
-    x: Global<T, 2>,
-    w: Global<T, 1>,
-    b: Global<T, 1>,
-    y: Global<T, 2>,
-    eps: f32,
-    has_weight: i32,
-    has_bias: i32,
-    ahead: i32,
+    x: Global<T, 2>, w: Global<T, 1>, b: Global<T, 1>, y: Global<T, 2>, eps: f32, has_weight: i32, has_bias: i32, ahead: i32,
 ) {
     let r = block::id_x() * 2;
     let n = x.dim(1);
@@ -181,14 +160,7 @@ pub fn rms_norm_wide(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f32
 /// shifted sums of `layer_norm_row` each combined across them with `block_sum`.
 #[kernel(dtypes(T = [bf16, f16, f32]), warpgroups = 2)]
 pub fn layer_norm_wide(
-    x: Global<T, 2>,
-    w: Global<T, 1>,
-    b: Global<T, 1>,
-    y: Global<T, 2>,
-    eps: f32,
-    has_weight: i32,
-    has_bias: i32,
-    ahead: i32,
+    x: Global<T, 2>, w: Global<T, 1>, b: Global<T, 1>, y: Global<T, 2>, eps: f32, has_weight: i32, has_bias: i32, ahead: i32,
 ) {
     let r = block::id_x();
     let c = warpgroup::id() * 8192;
@@ -213,14 +185,7 @@ pub fn layer_norm_wide(
 /// squares (masked past the row), then the output.
 #[kernel(dtypes(T = [bf16, f16, f32]))]
 pub fn layer_norm(
-    x: Global<T, 2>,
-    w: Global<T, 1>,
-    b: Global<T, 1>,
-    y: Global<T, 2>,
-    eps: f32,
-    has_weight: i32,
-    has_bias: i32,
-    ahead: i32,
+    x: Global<T, 2>, w: Global<T, 1>, b: Global<T, 1>, y: Global<T, 2>, eps: f32, has_weight: i32, has_bias: i32, ahead: i32,
 ) {
     let r = block::id_x() * 16;
     let n = x.dim(1);
@@ -271,24 +236,12 @@ pub fn rms_norm(x: Global<T, 2>, w: Global<T, 1>, y: Global<T, 2>, eps: f32, has
 pub trait NormElement: Element {
     #[doc(hidden)]
     fn rms_norm_launch(
-        dev: &Device,
-        path: NormPath,
-        x: &Tensor<Self>,
-        w: &impl GlobalArg<Self>,
-        y: &mut Tensor<Self>,
-        eps: f32,
-        has_w: i32,
+        dev: &Device, path: NormPath, x: &Tensor<Self>, w: &impl GlobalArg<Self>, y: &mut Tensor<Self>, eps: f32, has_w: i32,
     ) -> Result<()>;
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     fn layer_norm_launch(
-        dev: &Device,
-        path: NormPath,
-        x: &Tensor<Self>,
-        w: &impl GlobalArg<Self>,
-        b: &impl GlobalArg<Self>,
-        y: &mut Tensor<Self>,
-        eps: f32,
+        dev: &Device, path: NormPath, x: &Tensor<Self>, w: &impl GlobalArg<Self>, b: &impl GlobalArg<Self>, y: &mut Tensor<Self>, eps: f32,
         flags: (i32, i32),
     ) -> Result<()>;
 }
@@ -388,13 +341,7 @@ macro_rules! norm_element {
     ($t:ty, $rms4:ident, $rms2:ident, $rms_row:ident, $rms:ident, $rms_wide:ident, $ln4:ident, $ln2:ident, $ln_row:ident, $ln:ident, $ln_wide:ident) => {
         impl NormElement for $t {
             fn rms_norm_launch(
-                dev: &Device,
-                path: NormPath,
-                x: &Tensor<Self>,
-                w: &impl GlobalArg<Self>,
-                y: &mut Tensor<Self>,
-                eps: f32,
-                has_w: i32,
+                dev: &Device, path: NormPath, x: &Tensor<Self>, w: &impl GlobalArg<Self>, y: &mut Tensor<Self>, eps: f32, has_w: i32,
             ) -> Result<()> {
                 let (g, ahead, n) = (path.grid(x.shape()[0]), path.ahead(dev), x.shape()[1]);
                 match path {
@@ -406,14 +353,8 @@ macro_rules! norm_element {
                 }
             }
             fn layer_norm_launch(
-                dev: &Device,
-                path: NormPath,
-                x: &Tensor<Self>,
-                w: &impl GlobalArg<Self>,
-                b: &impl GlobalArg<Self>,
-                y: &mut Tensor<Self>,
-                eps: f32,
-                (has_w, has_b): (i32, i32),
+                dev: &Device, path: NormPath, x: &Tensor<Self>, w: &impl GlobalArg<Self>, b: &impl GlobalArg<Self>, y: &mut Tensor<Self>,
+                eps: f32, (has_w, has_b): (i32, i32),
             ) -> Result<()> {
                 let (g, ahead, n) = (path.grid(x.shape()[0]), path.ahead(dev), x.shape()[1]);
                 match path {
@@ -469,10 +410,7 @@ norm_element!(
 
 /// Checks `x`, `y` and the optional `[hidden]` parameters; gives `(rows, hidden)`.
 fn check_norm<T: Element>(
-    op: &'static str,
-    x: &Tensor<T>,
-    y: &Tensor<T>,
-    params: [(&'static str, Option<&Tensor<T>>); 2],
+    op: &'static str, x: &Tensor<T>, y: &Tensor<T>, params: [(&'static str, Option<&Tensor<T>>); 2],
 ) -> Result<(usize, usize)> {
     let (m, n) = crate::check_2d(op, "x", x)?;
     crate::check_shape(op, "y", y, &[m, n])?;
@@ -520,12 +458,7 @@ pub fn rms_norm<T: NormElement>(device: &Device, x: &Tensor<T>, weight: Option<&
 /// [`tessera::Error::Argument`] naming `x`, `weight`, `bias` or `y` if a shape does not fit,
 /// or a launch error.
 pub fn layer_norm<T: NormElement>(
-    device: &Device,
-    x: &Tensor<T>,
-    weight: Option<&Tensor<T>>,
-    bias: Option<&Tensor<T>>,
-    eps: f32,
-    y: &mut Tensor<T>,
+    device: &Device, x: &Tensor<T>, weight: Option<&Tensor<T>>, bias: Option<&Tensor<T>>, eps: f32, y: &mut Tensor<T>,
 ) -> Result<()> {
     let (m, n) = check_norm("layer_norm", x, y, [("weight", weight), ("bias", bias)])?;
     crate::check_row_width("layer_norm", "x", x, n)?;

@@ -70,27 +70,9 @@ const FUSED_ROWS4_MAX: usize = 2048;
 #[tessera::device]
 #[allow(clippy::too_many_arguments)]
 fn fused_rows<const R: usize, const W: usize, T>(
-    x: Global<T, 2>,
-    res: Global<T, 2>,
-    w: Global<T, 1>,
-    b: Global<T, 1>,
-    scale: Global<T, 2>,
-    shift: Global<T, 2>,
-    y: Global<T, 2>,
-    h_out: Global<T, 2>,
-    r: i32,
-    eps: f32,
-    layer: i32,
-    has_w: i32,
-    has_b: i32,
-    has_res: i32,
-    drop_p: f32,
-    drop_scale: f32,
-    seed_lo: i32,
-    seed_hi: i32,
-    offset: i32,
-    group_rows: i32,
-    ahead: i32,
+    x: Global<T, 2>, res: Global<T, 2>, w: Global<T, 1>, b: Global<T, 1>, scale: Global<T, 2>, shift: Global<T, 2>, y: Global<T, 2>,
+    h_out: Global<T, 2>, r: i32, eps: f32, layer: i32, has_w: i32, has_b: i32, has_res: i32, drop_p: f32, drop_scale: f32, seed_lo: i32,
+    seed_hi: i32, offset: i32, group_rows: i32, ahead: i32,
 ) {
     let n = x.dim(1);
     let inv_n = 1.0 / n as f32;
@@ -128,26 +110,9 @@ fn fused_rows<const R: usize, const W: usize, T>(
 /// and gain nothing, run 112; 9216 and 10240 are capped, 4–12 bytes of spills).
 #[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [8192, 7168, 6144, 5120, 4096, 3072, 2048, 1024, 9216, 10240, 11264, 12288]), blocks_per_sm(W >= 9216, W <= 10240, T != f32) = 3)]
 pub fn norm_fused_row(
-    x: Global<T, 2>,
-    res: Global<T, 2>,
-    w: Global<T, 1>,
-    b: Global<T, 1>,
-    scale: Global<T, 2>,
-    shift: Global<T, 2>,
-    y: Global<T, 2>,
-    h_out: Global<T, 2>,
-    eps: f32,
-    layer: i32,
-    has_w: i32,
-    has_b: i32,
-    has_res: i32,
-    drop_p: f32,
-    drop_scale: f32,
-    seed_lo: i32,
-    seed_hi: i32,
-    offset: i32,
-    group_rows: i32,
-    ahead: i32,
+    x: Global<T, 2>, res: Global<T, 2>, w: Global<T, 1>, b: Global<T, 1>, scale: Global<T, 2>, shift: Global<T, 2>, y: Global<T, 2>,
+    h_out: Global<T, 2>, eps: f32, layer: i32, has_w: i32, has_b: i32, has_res: i32, drop_p: f32, drop_scale: f32, seed_lo: i32,
+    seed_hi: i32, offset: i32, group_rows: i32, ahead: i32,
 ) {
     fused_rows::<1, W>(
         x,
@@ -180,26 +145,9 @@ pub fn norm_fused_row(
 /// norms'.
 #[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [2048, 1792, 1536, 1280, 1024, 768, 512]))]
 pub fn norm_fused_rows4(
-    x: Global<T, 2>,
-    res: Global<T, 2>,
-    w: Global<T, 1>,
-    b: Global<T, 1>,
-    scale: Global<T, 2>,
-    shift: Global<T, 2>,
-    y: Global<T, 2>,
-    h_out: Global<T, 2>,
-    eps: f32,
-    layer: i32,
-    has_w: i32,
-    has_b: i32,
-    has_res: i32,
-    drop_p: f32,
-    drop_scale: f32,
-    seed_lo: i32,
-    seed_hi: i32,
-    offset: i32,
-    group_rows: i32,
-    ahead: i32,
+    x: Global<T, 2>, res: Global<T, 2>, w: Global<T, 1>, b: Global<T, 1>, scale: Global<T, 2>, shift: Global<T, 2>, y: Global<T, 2>,
+    h_out: Global<T, 2>, eps: f32, layer: i32, has_w: i32, has_b: i32, has_res: i32, drop_p: f32, drop_scale: f32, seed_lo: i32,
+    seed_hi: i32, offset: i32, group_rows: i32, ahead: i32,
 ) {
     fused_rows::<4, W>(
         x,
@@ -230,26 +178,9 @@ pub fn norm_fused_rows4(
 /// mean (LayerNorm), one for the variance, one for the output; each recomputes `h`.
 #[kernel(dtypes(T = [bf16, f16, f32]))]
 pub fn norm_fused_wide(
-    x: Global<T, 2>,
-    res: Global<T, 2>,
-    w: Global<T, 1>,
-    b: Global<T, 1>,
-    scale: Global<T, 2>,
-    shift: Global<T, 2>,
-    y: Global<T, 2>,
-    h_out: Global<T, 2>,
-    eps: f32,
-    layer: i32,
-    has_w: i32,
-    has_b: i32,
-    has_res: i32,
-    drop_p: f32,
-    drop_scale: f32,
-    seed_lo: i32,
-    seed_hi: i32,
-    offset: i32,
-    group_rows: i32,
-    ahead: i32,
+    x: Global<T, 2>, res: Global<T, 2>, w: Global<T, 1>, b: Global<T, 1>, scale: Global<T, 2>, shift: Global<T, 2>, y: Global<T, 2>,
+    h_out: Global<T, 2>, eps: f32, layer: i32, has_w: i32, has_b: i32, has_res: i32, drop_p: f32, drop_scale: f32, seed_lo: i32,
+    seed_hi: i32, offset: i32, group_rows: i32, ahead: i32,
 ) {
     let r = block::id_x();
     let n = x.dim(1);
@@ -309,22 +240,8 @@ pub fn norm_fused_wide(
 /// `dy · x̂` and `dy` go to its row of `dw_part` and `db_part`.
 #[kernel(dtypes(T = [bf16, f16, f32]))]
 pub fn norm_backward_row(
-    h: Global<T, 2>,
-    dy: Global<T, 2>,
-    dres: Global<T, 2>,
-    w: Global<T, 1>,
-    dh: Global<T, 2>,
-    dx: Global<T, 2>,
-    dw_part: Global<f32, 2>,
-    db_part: Global<f32, 2>,
-    eps: f32,
-    layer: i32,
-    has_w: i32,
-    has_dres: i32,
-    drop_p: f32,
-    drop_scale: f32,
-    seed_lo: i32,
-    seed_hi: i32,
+    h: Global<T, 2>, dy: Global<T, 2>, dres: Global<T, 2>, w: Global<T, 1>, dh: Global<T, 2>, dx: Global<T, 2>, dw_part: Global<f32, 2>,
+    db_part: Global<f32, 2>, eps: f32, layer: i32, has_w: i32, has_dres: i32, drop_p: f32, drop_scale: f32, seed_lo: i32, seed_hi: i32,
     offset: i32,
 ) {
     let n = h.dim(1);
@@ -370,22 +287,8 @@ pub fn norm_backward_row(
 /// place (each element by the thread that holds it, in one layout throughout).
 #[kernel(dtypes(T = [bf16, f16, f32]))]
 pub fn norm_backward_wide(
-    h: Global<T, 2>,
-    dy: Global<T, 2>,
-    dres: Global<T, 2>,
-    w: Global<T, 1>,
-    dh: Global<T, 2>,
-    dx: Global<T, 2>,
-    dw_part: Global<f32, 2>,
-    db_part: Global<f32, 2>,
-    eps: f32,
-    layer: i32,
-    has_w: i32,
-    has_dres: i32,
-    drop_p: f32,
-    drop_scale: f32,
-    seed_lo: i32,
-    seed_hi: i32,
+    h: Global<T, 2>, dy: Global<T, 2>, dres: Global<T, 2>, w: Global<T, 1>, dh: Global<T, 2>, dx: Global<T, 2>, dw_part: Global<f32, 2>,
+    db_part: Global<f32, 2>, eps: f32, layer: i32, has_w: i32, has_dres: i32, drop_p: f32, drop_scale: f32, seed_lo: i32, seed_hi: i32,
     offset: i32,
 ) {
     let n = h.dim(1);
@@ -701,12 +604,7 @@ impl<'a, T: NormElement> Norm<'a, T> {
     /// missing under dropout; `grads.dweight` (`dbias`) without a weight (bias); a scale and
     /// shift (their backward pass is not implemented). A launch error.
     pub fn backward(
-        &self,
-        device: &Device,
-        h: &Tensor<T>,
-        dy: &Tensor<T>,
-        dresidual: Option<&Tensor<T>>,
-        grads: NormGrads<'_, T>,
+        &self, device: &Device, h: &Tensor<T>, dy: &Tensor<T>, dresidual: Option<&Tensor<T>>, grads: NormGrads<'_, T>,
     ) -> Result<()> {
         let op = self.op();
         let (m, n) = crate::check_2d(op, "h", h)?;

@@ -19,6 +19,8 @@
 
 use tessera::device;
 
+pub use crate::attention::kernels::{attend_blocks, attention_persistent};
+
 /// `t / sqrt(mean(t²) + eps)` per row, the mean over `n` columns (the tile's columns from `n`
 /// on must hold zeros, as a load past a row's end gives).
 #[device]
@@ -58,14 +60,7 @@ pub fn shift_columns<T, const R: usize, const W: usize>(o: &mut Tile<f32, R, W>,
 /// depend on the tiling) is at least `p`, and scaled by `keep_scale` (`1 / (1 − p)`).
 #[device]
 pub fn dropout<const R: usize, const W: usize>(
-    x: Tile<f32, R, W>,
-    p: f32,
-    keep_scale: f32,
-    seed_lo: i32,
-    seed_hi: i32,
-    offset: i32,
-    row: i32,
-    col: i32,
+    x: Tile<f32, R, W>, p: f32, keep_scale: f32, seed_lo: i32, seed_hi: i32, offset: i32, row: i32, col: i32,
 ) -> Tile<f32, R, W> {
     x * step(Tile::<f32, R, W>::uniform(seed_lo, seed_hi, offset, [row, col]) - p) * keep_scale
 }
@@ -77,9 +72,7 @@ pub fn dropout<const R: usize, const W: usize>(
 /// such rows to a finite value first).
 #[device]
 pub fn online_softmax<const M: usize, const N: usize>(
-    s: Tile<f32, M, N>,
-    m: Tile<f32, M, 1>,
-    l: &mut Tile<f32, M, 1>,
+    s: Tile<f32, M, N>, m: Tile<f32, M, 1>, l: &mut Tile<f32, M, 1>,
 ) -> (Tile<f32, M, N>, Tile<f32, M, 1>) {
     let m_new = max(m, row_max(s));
     let p = exp2(s - m_new);
@@ -109,15 +102,7 @@ pub fn grouped_tile(tile: i32, per_batch: i32, tiles_m: i32, group: i32) -> (i32
 /// `[batch, K, N]` (`sb` 64×`BN`): `gemm_load::<0>(a, b, sa, sb, pipe, bt, m0, n0, k_steps)`.
 #[device]
 pub fn gemm_load<const KN: usize, T, const SR: usize, const SC: usize, const S: usize>(
-    a: Global<T, 3>,
-    b: Global<T, 3>,
-    sa: Smem<T, 128, 64>,
-    sb: Smem<T, SR, SC>,
-    pipe: Pipeline<S>,
-    bt: i32,
-    m0: i32,
-    n0: i32,
-    k_steps: i32,
+    a: Global<T, 3>, b: Global<T, 3>, sa: Smem<T, 128, 64>, sb: Smem<T, SR, SC>, pipe: Pipeline<S>, bt: i32, m0: i32, n0: i32, k_steps: i32,
 ) {
     for k in 0..k_steps {
         let s = pipe.acquire();
@@ -136,12 +121,7 @@ pub fn gemm_load<const KN: usize, T, const SR: usize, const SC: usize, const S: 
 /// the MMA after it is issued; returns with every MMA done and every stage released.
 #[device]
 pub fn gemm_mma<const KN: usize, T, const BN: usize, const SR: usize, const SC: usize, const S: usize>(
-    acc: &mut Tile<f32, 64, BN>,
-    sa: Smem<T, 128, 64>,
-    sb: Smem<T, SR, SC>,
-    pipe: Pipeline<S>,
-    row: i32,
-    k_steps: i32,
+    acc: &mut Tile<f32, 64, BN>, sa: Smem<T, 128, 64>, sb: Smem<T, SR, SC>, pipe: Pipeline<S>, row: i32, k_steps: i32,
 ) {
     *acc = Tile::<f32, 64, BN>::zeros();
     let mut prev = 0;
@@ -160,6 +140,72 @@ pub fn gemm_mma<const KN: usize, T, const BN: usize, const SR: usize, const SC: 
     }
     mma_wait(0);
     pipe.release(prev);
+}
+
+/// The library's warp-specialized Hopper GEMM, `C = epilogue(A·B)`, as one device function
+/// that a kernel calls with its rings and its epilogue: A `[batch, M, K]`, B `[batch, N, K]`
+/// (`KN` 0: `sb` a `BN`×64 ring) or `[batch, K, N]` (`KN` 1: `sb` 64×`BN`), C `[batch, M, N]`
+/// (rows 16-byte aligned, for the TMA stores); 128×`BN` tiles claimed from the tile queue on
+/// `counter` (a zeroed `Device::tile_counter()`) by a persistent grid of at most one block per
+/// SM, launched with three warpgroups. Warpgroup 0 loads the K steps by TMA; warpgroups 1 and
+/// 2 multiply their 64 rows by wgmma, then hand the accumulator to `epilogue` 64 columns at a
+/// time — `epilogue(acc, batch, row, col)` with the chunk's origin in C — and store what it
+/// returns (cast to `T`) through `sc` (four 64×64 buffers) by TMA, while the producer fills the
+/// next tile's stages. The epilogue runs on registers in the store loop: it adds no pass
+/// over C (`tests/epilogue.rs`).
+#[device]
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_persistent<const KN: usize, const BN: usize, T, const S: usize, const SR: usize, const SC: usize>(
+    a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, counter: Global<i32, 1>, sa: Smem<T, 128, 64>, sb: Smem<T, SR, SC>,
+    sc: Smem<T, 64, 64>, pipe: Pipeline<S>, epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
+) {
+    let k_steps = (a.dim(2) + 63) / 64;
+    let tiles_m = (c.dim(1) + 127) / 128;
+    let tiles_n = (c.dim(2) + BN - 1) / BN;
+    let per_batch = tiles_m * tiles_n;
+    let group = 8 * tiles_n;
+    // Tiles are claimed at run time, so that blocks that finish early take more of the last
+    // wave; the producer hands each tile's index to both consumers.
+    let queue = TileQueue::<2>::new(counter, 2);
+    if warpgroup::id() == 0 {
+        setmaxnreg(40);
+        for tile in queue.fetch(per_batch * c.dim(0)) {
+            let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
+            gemm_load::<KN>(a, b, sa, sb, pipe, bt, tm * 128, tn * BN, k_steps);
+        }
+    } else {
+        setmaxnreg(232);
+        let row = (warpgroup::id() - 1) * 64;
+        let mut acc = Tile::<f32, 64, BN>::zeros();
+        for tile in queue.take() {
+            let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
+            let m0 = tm * 128 + row;
+            let n0 = tn * BN;
+            gemm_mma::<KN>(&mut acc, sa, sb, pipe, row, k_steps);
+            // The epilogue, 64 columns at a time so that loaded operands fit in registers;
+            // each chunk staged in shared memory and stored by TMA (asynchronously, whole
+            // lines), the buffer written two chunks ago read first.
+            #[unroll]
+            for j in 0..BN / 64 {
+                let n = n0 + j * 64;
+                let out = epilogue(acc.cols(j * 64, 64), bt, m0, n);
+                stage_store(c, sc, out, (warpgroup::id() - 1) * 2 + j % 2, bt, m0, n);
+            }
+        }
+        tma::store_wait(0);
+    }
+}
+
+/// The built-in GEMM epilogue: `act(x + bias)`, the bias and activation as [`add_bias`] and
+/// [`activate`] take them, for the chunk at row `m0`, column `n`.
+#[device]
+pub fn bias_act<T, const R: usize, const W: usize>(
+    x: Tile<f32, R, W>, bias: Global<T, 1>, kind: i32, act: i32, m0: i32, n: i32,
+) -> Tile<f32, R, W> {
+    let mut out = x;
+    add_bias(&mut out, bias, kind, n, m0);
+    activate(&mut out, act);
+    out
 }
 
 /// `x · Φ(x)` with GELU's tanh approximation.
@@ -250,10 +296,7 @@ pub fn scan_min<const M: usize, const N: usize>(a: Tile<f32, M, N>, b: Tile<f32,
 /// product of `a` up to `t` and `h_t` from `h_{-1} = 0`.
 #[device]
 pub fn scan_linear<const M: usize, const N: usize>(
-    a1: Tile<f32, M, N>,
-    b1: Tile<f32, M, N>,
-    a2: Tile<f32, M, N>,
-    b2: Tile<f32, M, N>,
+    a1: Tile<f32, M, N>, b1: Tile<f32, M, N>, a2: Tile<f32, M, N>, b2: Tile<f32, M, N>,
 ) -> (Tile<f32, M, N>, Tile<f32, M, N>) {
     (a1 * a2, a2 * b1 + b2)
 }
@@ -279,9 +322,7 @@ pub fn cumsum_chunk<const M: usize, const N: usize>(x: Tile<f32, M, N>, carry: &
 /// `b = 0` so that they carry the state through.
 #[device]
 pub fn linear_recurrence_chunk<const M: usize, const N: usize>(
-    a: Tile<f32, M, N>,
-    b: Tile<f32, M, N>,
-    h: &mut Tile<f32, M, 1>,
+    a: Tile<f32, M, N>, b: Tile<f32, M, N>, h: &mut Tile<f32, M, 1>,
 ) -> Tile<f32, M, N> {
     let (pa, pb) = tile_scan::<scan_linear>((a, b), 1, (1.0, 0.0));
     let out = pa * *h + pb;

@@ -73,11 +73,7 @@ fn divide(device: &Device, out: &mut Tensor<f32>, count: usize) -> Result<()> {
 /// Checks `x` (2-D) and `out` (one element per row, or per column when `cols`) and launches
 /// `spec` over the rows in blocks of 16 or the columns in blocks of 256.
 fn launch_reduce(
-    name: &'static str,
-    cols: bool,
-    device: &Device,
-    x: &Tensor<f32>,
-    out: &mut Tensor<f32>,
+    name: &'static str, cols: bool, device: &Device, x: &Tensor<f32>, out: &mut Tensor<f32>,
     spec: fn(&Device, Grid, &Tensor<f32>, &mut Tensor<f32>) -> Result<()>,
 ) -> Result<()> {
     let (m, n) = crate::check_2d(name, "x", x)?;

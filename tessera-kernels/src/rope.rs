@@ -24,17 +24,8 @@ const BLOCKS_PER_SM: usize = 60;
 /// blocks an SM (no spill; 118 uncapped, four).
 #[kernel(dtypes(T = [bf16, f16, f32]), blocks_per_sm = 5)]
 pub fn rope_half(
-    x: Global<T, 5>,
-    y: Global<T, 5>,
-    cos_cache: Global<f32, 2>,
-    sin_cache: Global<f32, 2>,
-    positions: Global<i32, 2>,
-    offset: i32,
-    has_positions: i32,
-    has_cache: i32,
-    freq_exp: f32,
-    sign: f32,
-    stride: i32,
+    x: Global<T, 5>, y: Global<T, 5>, cos_cache: Global<f32, 2>, sin_cache: Global<f32, 2>, positions: Global<i32, 2>, offset: i32,
+    has_positions: i32, has_cache: i32, freq_exp: f32, sign: f32, stride: i32,
 ) {
     let b = block::id_y();
     let h = block::id_z() * 32;
@@ -72,17 +63,8 @@ pub fn rope_half(
 /// Capped at 80 registers, six blocks an SM (no spill).
 #[kernel(dtypes(T = [bf16, f16, f32]), blocks_per_sm = 6)]
 pub fn rope_pairs(
-    x: Global<T, 4>,
-    y: Global<T, 4>,
-    cos_cache: Global<f32, 2>,
-    sin_cache: Global<f32, 2>,
-    positions: Global<i32, 2>,
-    offset: i32,
-    has_positions: i32,
-    has_cache: i32,
-    freq_exp: f32,
-    sign: f32,
-    stride: i32,
+    x: Global<T, 4>, y: Global<T, 4>, cos_cache: Global<f32, 2>, sin_cache: Global<f32, 2>, positions: Global<i32, 2>, offset: i32,
+    has_positions: i32, has_cache: i32, freq_exp: f32, sign: f32, stride: i32,
 ) {
     let b = block::id_y();
     let h = block::id_z() * 32;
@@ -237,14 +219,8 @@ pub trait RopeElement: Element {
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     fn rope_launch(
-        dev: &Device,
-        style: RopeStyle,
-        grid: Grid,
-        x: &impl GlobalArg<Self>,
-        y: &mut impl GlobalArgMut<Self>,
-        cache: (&impl GlobalArg<f32>, &impl GlobalArg<f32>),
-        positions: &impl GlobalArg<i32>,
-        scalars: (i32, i32, i32, f32, f32, i32),
+        dev: &Device, style: RopeStyle, grid: Grid, x: &impl GlobalArg<Self>, y: &mut impl GlobalArgMut<Self>,
+        cache: (&impl GlobalArg<f32>, &impl GlobalArg<f32>), positions: &impl GlobalArg<i32>, scalars: (i32, i32, i32, f32, f32, i32),
     ) -> Result<()>;
 }
 
@@ -252,13 +228,8 @@ macro_rules! rope_element {
     ($t:ty, $half:ident, $pairs:ident) => {
         impl RopeElement for $t {
             fn rope_launch(
-                dev: &Device,
-                style: RopeStyle,
-                grid: Grid,
-                x: &impl GlobalArg<Self>,
-                y: &mut impl GlobalArgMut<Self>,
-                (cos, sin): (&impl GlobalArg<f32>, &impl GlobalArg<f32>),
-                positions: &impl GlobalArg<i32>,
+                dev: &Device, style: RopeStyle, grid: Grid, x: &impl GlobalArg<Self>, y: &mut impl GlobalArgMut<Self>,
+                (cos, sin): (&impl GlobalArg<f32>, &impl GlobalArg<f32>), positions: &impl GlobalArg<i32>,
                 (offset, has_p, has_c, freq, sign, stride): (i32, i32, i32, f32, f32, i32),
             ) -> Result<()> {
                 match style {
@@ -325,12 +296,7 @@ fn check_rope<T: Element>(op: &'static str, rope: &Rope, x: &Tensor<T>, y_shape:
 
 #[allow(clippy::too_many_arguments)]
 fn launch<T: RopeElement>(
-    device: &Device,
-    rope: &Rope,
-    sign: f32,
-    dims: (usize, usize, usize, usize),
-    x: &impl GlobalArg<T>,
-    y: &mut impl GlobalArgMut<T>,
+    device: &Device, rope: &Rope, sign: f32, dims: (usize, usize, usize, usize), x: &impl GlobalArg<T>, y: &mut impl GlobalArgMut<T>,
 ) -> Result<()> {
     let (batch, seq, heads, dim) = dims;
     if batch * seq * heads == 0 {
@@ -369,12 +335,7 @@ fn launch<T: RopeElement>(
 }
 
 fn rope_out_of_place<T: RopeElement>(
-    op: &'static str,
-    device: &Device,
-    rope: &Rope,
-    sign: f32,
-    x: &Tensor<T>,
-    y: &mut Tensor<T>,
+    op: &'static str, device: &Device, rope: &Rope, sign: f32, x: &Tensor<T>, y: &mut Tensor<T>,
 ) -> Result<()> {
     let dims = check_rope(op, rope, x, y.shape())?;
     let (xs, xst) = kernel_view(rope.style, rope.layout, x.shape(), x.strides());

@@ -169,24 +169,14 @@ pub trait SoftmaxElement: Element {
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     fn softmax_launch(
-        dev: &Device,
-        path: NormPath,
-        rows: (usize, usize),
-        x: &impl GlobalArg<Self>,
-        y: &mut impl GlobalArgMut<Self>,
-        o: SoftmaxOptions,
+        dev: &Device, path: NormPath, rows: (usize, usize), x: &impl GlobalArg<Self>, y: &mut impl GlobalArgMut<Self>, o: SoftmaxOptions,
         period: i32,
     ) -> Result<()>;
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     fn softmax_backward_launch(
-        dev: &Device,
-        path: NormPath,
-        rows: (usize, usize),
-        y: &impl GlobalArg<Self>,
-        dy: &impl GlobalArg<Self>,
-        dx: &mut impl GlobalArgMut<Self>,
-        scale: f32,
+        dev: &Device, path: NormPath, rows: (usize, usize), y: &impl GlobalArg<Self>, dy: &impl GlobalArg<Self>,
+        dx: &mut impl GlobalArgMut<Self>, scale: f32,
     ) -> Result<()>;
 }
 
@@ -194,13 +184,8 @@ macro_rules! softmax_element {
     ($t:ty, $row:ident, $rows4:ident, $tiled:ident, $bwd_row:ident, $bwd4:ident, $bwd:ident) => {
         impl SoftmaxElement for $t {
             fn softmax_launch(
-                dev: &Device,
-                path: NormPath,
-                (m, n): (usize, usize),
-                x: &impl GlobalArg<Self>,
-                y: &mut impl GlobalArgMut<Self>,
-                o: SoftmaxOptions,
-                period: i32,
+                dev: &Device, path: NormPath, (m, n): (usize, usize), x: &impl GlobalArg<Self>, y: &mut impl GlobalArgMut<Self>,
+                o: SoftmaxOptions, period: i32,
             ) -> Result<()> {
                 let (g, causal) = (path.grid(m), i32::from(o.causal));
                 match path {
@@ -217,13 +202,8 @@ macro_rules! softmax_element {
                 }
             }
             fn softmax_backward_launch(
-                dev: &Device,
-                path: NormPath,
-                (m, n): (usize, usize),
-                y: &impl GlobalArg<Self>,
-                dy: &impl GlobalArg<Self>,
-                dx: &mut impl GlobalArgMut<Self>,
-                scale: f32,
+                dev: &Device, path: NormPath, (m, n): (usize, usize), y: &impl GlobalArg<Self>, dy: &impl GlobalArg<Self>,
+                dx: &mut impl GlobalArgMut<Self>, scale: f32,
             ) -> Result<()> {
                 match path {
                     NormPath::Rows4 if n <= ROWS4_MAX => {

@@ -80,12 +80,7 @@ pub fn time_ms(device: &Device, warm: usize, iters: usize, mut f: impl FnMut()) 
 /// # Errors
 /// As [`time_ms`].
 pub fn time_pair_ms(
-    device: &Device,
-    warm: usize,
-    iters: usize,
-    rounds: usize,
-    mut a: impl FnMut(),
-    mut b: impl FnMut(),
+    device: &Device, warm: usize, iters: usize, rounds: usize, mut a: impl FnMut(), mut b: impl FnMut(),
 ) -> crate::Result<(f64, f64)> {
     let (mut ta, mut tb) = (Vec::new(), Vec::new());
     for _ in 0..rounds.max(1) {

@@ -44,26 +44,10 @@ use tessera::kernel;
 /// and `flash_attention_varlen` (which starts at block 0) share it.
 #[tessera::device]
 #[allow(clippy::too_many_arguments)]
-fn attend_blocks<T, const D: usize, const BN: usize, const S: usize>(
-    acc: &mut Tile<f32, 64, D>,
-    m: &mut Tile<f32, 64, 1>,
-    l: &mut Tile<f32, 64, 1>,
-    p: &mut Tile<T, 64, BN>,
-    sq: Smem<T, 128, D>,
-    sk: Smem<T, BN, D>,
-    sv: Smem<T, BN, D>,
-    qpipe: Pipeline<1>,
-    kpipe: Pipeline<S>,
-    vpipe: Pipeline<S>,
-    qs: i32,
-    me: i32,
-    row: i32,
-    j0: i32,
-    n: i32,
-    seq_k: i32,
-    diag: i32,
-    causal: i32,
-    scale_log2: f32,
+pub fn attend_blocks<T, const D: usize, const BN: usize, const S: usize>(
+    acc: &mut Tile<f32, 64, D>, m: &mut Tile<f32, 64, 1>, l: &mut Tile<f32, 64, 1>, p: &mut Tile<T, 64, BN>, sq: Smem<T, 128, D>,
+    sk: Smem<T, BN, D>, sv: Smem<T, BN, D>, qpipe: Pipeline<1>, kpipe: Pipeline<S>, vpipe: Pipeline<S>, qs: i32, me: i32, row: i32,
+    j0: i32, n: i32, seq_k: i32, diag: i32, causal: i32, scale_log2: f32,
 ) {
     // The first block: S alone.
     let ks = kpipe.wait();
@@ -154,38 +138,25 @@ fn attend_blocks<T, const D: usize, const BN: usize, const S: usize>(
     vpipe.release(vs);
 }
 
-/// FlashAttention forward, head dim `D`, K and V in blocks of `BN` keys through `STAGES`-deep
-/// pipelines.
-#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], STAGES = [4, 2, 3], BN = [192, 160, 128]), targets(sm_90a))]
-pub fn flash_attention(
-    q: Global<T, 3>,
-    k: Global<T, 3>,
-    v: Global<T, 3>,
-    o: Global<T, 3>,
-    lse: Global<f32, 3>,
-    counter: Global<i32, 1>,
-    opart: Global<f32, 3>,
-    lpart: Global<f32, 3>,
-    full: i32,
-    parts: i32,
-    heads: i32,
-    group: i32,
-    q_bm: i32,
-    k_bm: i32,
-    hm: i32,
-    cm: i32,
-    causal: i32,
-    hg: i32,
-    keep_lse: i32,
-    scale_log2: f32,
+/// The FlashAttention forward's persistent body (see the module's notes), with an epilogue on
+/// the output: `flash_attention` is its rings and one call with `|x, _, _, _| x`, and a kernel
+/// of yours gets the same schedule with its own epilogue. Each 64×64 chunk of a finished tile's
+/// normalized output `O / l` goes through `epilogue(chunk, plane, row, col)` (its origin in `o`'s
+/// rank-3 view) in registers, and what it returns is stored in `T` by TMA: no extra pass over
+/// `o`. Tiles run in parts (`parts` > 1, from `full` on) leave unnormalized f32 partials in
+/// `opart`/`lpart` for `attention_combine`, which applies no epilogue: a kernel with an epilogue
+/// is launched with `full` = every tile and `parts` = 1. The rings and pipelines are the
+/// kernel's: `sq` one stage of 128 query rows, `sk`/`sv` `S` stages of `BN` keys, `so` four
+/// 64×64 staging buffers.
+#[tessera::device]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_persistent<T, const D: usize, const BN: usize, const S: usize>(
+    q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, o: Global<T, 3>, lse: Global<f32, 3>, counter: Global<i32, 1>,
+    opart: Global<f32, 3>, lpart: Global<f32, 3>, sq: Smem<T, 128, D>, sk: Smem<T, BN, D>, sv: Smem<T, BN, D>, so: Smem<T, 64, 64>,
+    qpipe: Pipeline<1>, kpipe: Pipeline<S>, vpipe: Pipeline<S>, full: i32, parts: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32,
+    hm: i32, cm: i32, causal: i32, hg: i32, keep_lse: i32, scale_log2: f32,
+    epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
 ) {
-    let sq = Smem::<T, 128, D>::ring(1);
-    let sk = Smem::<T, BN, D>::ring(STAGES);
-    let sv = Smem::<T, BN, D>::ring(STAGES);
-    let so = Smem::<T, 64, 64>::ring(4);
-    let qpipe = Pipeline::<1>::new(2);
-    let kpipe = Pipeline::<STAGES>::new(2);
-    let vpipe = Pipeline::<STAGES>::new(2);
     let seq_q = q.dim(1);
     let seq_k = k.dim(1);
     // Causally, key j is visible to query i when j ≤ i + seq_k − seq_q (aligned at the end).
@@ -311,8 +282,11 @@ pub fn flash_attention(
                 for jj in 0..D / 64 {
                     let buf = me * 2 + (nt * (D / 64) + jj) % 2;
                     tma::store_wait(1);
-                    so.at(buf).store((acc.cols(jj * 64, 64) * inv).cast::<T>());
-                    tma::store(o, [b * q_bm + h * hm, q0 + row, h * cm + jj * 64], so.at(buf));
+                    let plane = b * q_bm + h * hm;
+                    let orow = q0 + row;
+                    let ocol = h * cm + jj * 64;
+                    so.at(buf).store(epilogue(acc.cols(jj * 64, 64) * inv, plane, orow, ocol).cast::<T>());
+                    tma::store(o, [plane, orow, ocol], so.at(buf));
                 }
                 nt = nt + 1;
             }
@@ -321,23 +295,61 @@ pub fn flash_attention(
     }
 }
 
+/// FlashAttention forward, head dim `D`, K and V in blocks of `BN` keys through `STAGES`-deep
+/// pipelines.
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], STAGES = [4, 2, 3], BN = [192, 160, 128]), targets(sm_90a))]
+pub fn flash_attention(
+    q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, o: Global<T, 3>, lse: Global<f32, 3>, counter: Global<i32, 1>,
+    opart: Global<f32, 3>, lpart: Global<f32, 3>, full: i32, parts: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32,
+    causal: i32, hg: i32, keep_lse: i32, scale_log2: f32,
+) {
+    let sq = Smem::<T, 128, D>::ring(1);
+    let sk = Smem::<T, BN, D>::ring(STAGES);
+    let sv = Smem::<T, BN, D>::ring(STAGES);
+    let so = Smem::<T, 64, 64>::ring(4);
+    let qpipe = Pipeline::<1>::new(2);
+    let kpipe = Pipeline::<STAGES>::new(2);
+    let vpipe = Pipeline::<STAGES>::new(2);
+    attention_persistent(
+        q,
+        k,
+        v,
+        o,
+        lse,
+        counter,
+        opart,
+        lpart,
+        sq,
+        sk,
+        sv,
+        so,
+        qpipe,
+        kpipe,
+        vpipe,
+        full,
+        parts,
+        heads,
+        group,
+        q_bm,
+        k_bm,
+        hm,
+        cm,
+        causal,
+        hg,
+        keep_lse,
+        scale_log2,
+        |x, _plane, _row, _col| x,
+    );
+}
+
 /// The tiles `flash_attention` split into `parts` ranges of keys, put back together: per row,
 /// `O = Σ 2^(L_p − L)·O_p` and `L = log₂ Σ 2^L_p` over the parts' outputs `O_p` (each
 /// normalised over its own keys) and log₂-sum-exps `L_p`; `o` and `lse` as the attention's.
 /// A block per 16 rows of a split tile: block `8·i + c` takes rows `16·c..` of tile `full + i`.
 #[kernel(dtypes(T = [bf16, f16]), tune(D = [128, 64]), targets(sm_90a))]
 pub fn attention_combine(
-    opart: Global<f32, 3>,
-    lpart: Global<f32, 3>,
-    o: Global<T, 3>,
-    lse: Global<f32, 3>,
-    full: i32,
-    parts: i32,
-    heads: i32,
-    q_bm: i32,
-    hm: i32,
-    cm: i32,
-    hg: i32,
+    opart: Global<f32, 3>, lpart: Global<f32, 3>, o: Global<T, 3>, lse: Global<f32, 3>, full: i32, parts: i32, heads: i32, q_bm: i32,
+    hm: i32, cm: i32, hg: i32,
 ) {
     let i = block::id_x() / 8;
     let r = (block::id_x() % 8) * 16;
@@ -373,26 +385,9 @@ pub fn attention_combine(
 /// Key blocks of 160 or 128 (192, with the offsets' registers beside, spills at head dim 64).
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], STAGES = [4, 2, 3], BN = [160, 128]), targets(sm_90a))]
 pub fn flash_attention_varlen(
-    q: Global<T, 3>,
-    k: Global<T, 3>,
-    v: Global<T, 3>,
-    o: Global<T, 3>,
-    lse: Global<f32, 3>,
-    counter: Global<i32, 1>,
-    cu_q: Global<i32, 1>,
-    cu_k: Global<i32, 1>,
-    batch: i32,
-    max_q: i32,
-    varlen: i32,
-    heads: i32,
-    group: i32,
-    q_bm: i32,
-    k_bm: i32,
-    hm: i32,
-    cm: i32,
-    causal: i32,
-    hg: i32,
-    scale_log2: f32,
+    q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, o: Global<T, 3>, lse: Global<f32, 3>, counter: Global<i32, 1>, cu_q: Global<i32, 1>,
+    cu_k: Global<i32, 1>, batch: i32, max_q: i32, varlen: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32, causal: i32,
+    hg: i32, scale_log2: f32,
 ) {
     let sq = Smem::<T, 128, D>::ring(1);
     let sk = Smem::<T, BN, D>::ring(STAGES);

@@ -3,7 +3,7 @@
 //! [`kernels`](self) (DSL source: `attention/kernels.rs`); this is the host side: layouts,
 //! grouped-query heads, causal alignment, checks.
 
-mod kernels;
+pub(crate) mod kernels;
 
 pub use kernels::{
     attention_combine_bf16, attention_combine_f16, flash_attention_bf16, flash_attention_f16, flash_attention_varlen_bf16,
@@ -103,26 +103,13 @@ pub trait AttentionElement: Element + sealed::Sealed {
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     fn forward(
-        d: &Device,
-        g: Grid,
-        variant: usize,
-        t: [&TensorView<Self>; 3],
-        o: &mut TensorViewMut<Self>,
-        lse: &mut TensorViewMut<f32>,
-        cu: [&Optional<Tensor<i32>>; 2],
-        split: Split<'_>,
-        ints: [i32; 12],
-        scale_log2: f32,
+        d: &Device, g: Grid, variant: usize, t: [&TensorView<Self>; 3], o: &mut TensorViewMut<Self>, lse: &mut TensorViewMut<f32>,
+        cu: [&Optional<Tensor<i32>>; 2], split: Split<'_>, ints: [i32; 12], scale_log2: f32,
     ) -> Result<()>;
     /// Puts the split tiles back together: `attention_combine`, its variant of head dim `d`.
     #[doc(hidden)]
     fn combine(
-        d: &Device,
-        head_dim: usize,
-        parts: [&Tensor<f32>; 2],
-        o: &mut TensorViewMut<Self>,
-        lse: &mut TensorViewMut<f32>,
-        ints: [i32; 7],
+        d: &Device, head_dim: usize, parts: [&Tensor<f32>; 2], o: &mut TensorViewMut<Self>, lse: &mut TensorViewMut<f32>, ints: [i32; 7],
     ) -> Result<()>;
 }
 
@@ -152,16 +139,10 @@ macro_rules! attention_element {
                 }
             }
             fn forward(
-                d: &Device,
-                g: Grid,
-                i: usize,
-                [q, k, v]: [&TensorView<Self>; 3],
-                o: &mut TensorViewMut<Self>,
-                lse: &mut TensorViewMut<f32>,
-                [cu_q, cu_k]: [&Optional<Tensor<i32>>; 2],
+                d: &Device, g: Grid, i: usize, [q, k, v]: [&TensorView<Self>; 3], o: &mut TensorViewMut<Self>,
+                lse: &mut TensorViewMut<f32>, [cu_q, cu_k]: [&Optional<Tensor<i32>>; 2],
                 Split { full, parts, out: [mut op, mut lp] }: Split<'_>,
-                [batch, max_q, varlen, heads, group, q_bm, k_bm, hm, cm, causal, hg, keep_lse]: [i32; 12],
-                scale_log2: f32,
+                [batch, max_q, varlen, heads, group, q_bm, k_bm, hm, cm, causal, hg, keep_lse]: [i32; 12], scale_log2: f32,
             ) -> Result<()> {
                 let mut c = d.tile_counter()?;
                 let (o, l) = (o, lse);
@@ -179,11 +160,7 @@ macro_rules! attention_element {
                 }
             }
             fn combine(
-                d: &Device,
-                head_dim: usize,
-                [op, lp]: [&Tensor<f32>; 2],
-                o: &mut TensorViewMut<Self>,
-                lse: &mut TensorViewMut<f32>,
+                d: &Device, head_dim: usize, [op, lp]: [&Tensor<f32>; 2], o: &mut TensorViewMut<Self>, lse: &mut TensorViewMut<f32>,
                 [full, parts, heads, q_bm, hm, cm, hg]: [i32; 7],
             ) -> Result<()> {
                 let all = $combine::VARIANTS;
@@ -222,12 +199,8 @@ fn dims(name: &str, t: &Tensor<impl Element>, layout: AttentionLayout) -> Result
 /// a kernel, k's heads dividing q's, v shaped as k and o as q (each in the form `form`
 /// accepts), and a contiguous `lse` of `lse_shape`.
 fn check_rest<T: AttentionElement>(
-    form: impl Fn(&str, &Tensor<T>) -> Result<()>,
-    (h, d): (usize, usize),
-    (hk, dk): (usize, usize),
-    [q, k, v, o]: [&Tensor<T>; 4],
-    lse: &Tensor<f32>,
-    lse_shape: &[usize],
+    form: impl Fn(&str, &Tensor<T>) -> Result<()>, (h, d): (usize, usize), (hk, dk): (usize, usize), [q, k, v, o]: [&Tensor<T>; 4],
+    lse: &Tensor<f32>, lse_shape: &[usize],
 ) -> Result<()> {
     if !T::variants(false).iter().any(|s| of_head_dim(s, d)) {
         return Err(arg("q", "head_dim 64 or 128".into(), format!("head_dim {d}")));
@@ -271,25 +244,14 @@ fn view3(layout: AttentionLayout, [b, s, h, d]: [usize; 4]) -> ([usize; 3], [usi
 /// [`Error::Argument`] naming the tensor whose rank, shape, contiguity or head count does not
 /// fit, or a head_dim other than 64 or 128; the launch's own checks (device, target).
 pub fn attention_with_lse<T: AttentionElement>(
-    device: &Device,
-    opts: &Attention,
-    q: &Tensor<T>,
-    k: &Tensor<T>,
-    v: &Tensor<T>,
-    o: &mut Tensor<T>,
-    lse: &mut Tensor<f32>,
+    device: &Device, opts: &Attention, q: &Tensor<T>, k: &Tensor<T>, v: &Tensor<T>, o: &mut Tensor<T>, lse: &mut Tensor<f32>,
 ) -> Result<()> {
     dense(device, opts, [q, k, v], o, lse, true)
 }
 
 /// The dense forward: [`attention_with_lse`], writing `lse` only with `keep_lse`.
 fn dense<T: AttentionElement>(
-    device: &Device,
-    opts: &Attention,
-    [q, k, v]: [&Tensor<T>; 3],
-    o: &mut Tensor<T>,
-    lse: &mut Tensor<f32>,
-    keep_lse: bool,
+    device: &Device, opts: &Attention, [q, k, v]: [&Tensor<T>; 3], o: &mut Tensor<T>, lse: &mut Tensor<f32>, keep_lse: bool,
 ) -> Result<()> {
     let layout = opts.layout;
     let [b, sq, h, d] = dims("q", q, layout)?;
@@ -384,14 +346,8 @@ fn split_tail(tiles: usize, sms: usize, kv_blocks: usize) -> (usize, usize) {
 /// caller's `kv_splits`, then combined).
 #[allow(clippy::too_many_arguments)]
 fn launch<T: AttentionElement>(
-    device: &Device,
-    opts: &Attention,
-    d: usize,
-    qkv: [&TensorView<T>; 3],
-    o: &mut TensorViewMut<T>,
-    lse: &mut TensorViewMut<f32>,
-    cu: [&Optional<Tensor<i32>>; 2],
-    mut ints: [i32; 12],
+    device: &Device, opts: &Attention, d: usize, qkv: [&TensorView<T>; 3], o: &mut TensorViewMut<T>, lse: &mut TensorViewMut<f32>,
+    cu: [&Optional<Tensor<i32>>; 2], mut ints: [i32; 12],
 ) -> Result<()> {
     let scale = opts.scale.unwrap_or(1.0 / (d as f32).sqrt());
     let [batch, max_q, varlen, heads, group, q_bm, _, hm, cm, ..] = ints;
@@ -495,16 +451,8 @@ fn launch<T: AttentionElement>(
 /// give wrong rows, never a write outside `o` and `lse`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_varlen<T: AttentionElement>(
-    device: &Device,
-    opts: &Attention,
-    q: &Tensor<T>,
-    k: &Tensor<T>,
-    v: &Tensor<T>,
-    o: &mut Tensor<T>,
-    lse: &mut Tensor<f32>,
-    cu_seqlens_q: &Tensor<i32>,
-    cu_seqlens_k: &Tensor<i32>,
-    max_seqlen_q: usize,
+    device: &Device, opts: &Attention, q: &Tensor<T>, k: &Tensor<T>, v: &Tensor<T>, o: &mut Tensor<T>, lse: &mut Tensor<f32>,
+    cu_seqlens_q: &Tensor<i32>, cu_seqlens_k: &Tensor<i32>, max_seqlen_q: usize,
 ) -> Result<()> {
     let packed = |name: &str, t: &Tensor<T>| -> Result<[usize; 3]> {
         match *t.shape() {
@@ -557,12 +505,7 @@ pub fn attention_varlen<T: AttentionElement>(
 /// # Errors
 /// As [`attention_with_lse`].
 pub fn attention<T: AttentionElement>(
-    device: &Device,
-    opts: &Attention,
-    q: &Tensor<T>,
-    k: &Tensor<T>,
-    v: &Tensor<T>,
-    o: &mut Tensor<T>,
+    device: &Device, opts: &Attention, q: &Tensor<T>, k: &Tensor<T>, v: &Tensor<T>, o: &mut Tensor<T>,
 ) -> Result<()> {
     let [b, sq, h, _] = dims("q", q, opts.layout)?;
     // The kernel's argument, never written (but by the split tiles' combine): not cleared (a

@@ -10,73 +10,13 @@
 //! The epilogue runs on the accumulator in registers, a few columns at a time, and stores C
 //! while the producer already fills the next tile's stages.
 //!
-//! The four kernels are written with the device functions of [`crate::prelude`] (the tile
-//! decode, the producer's and the consumers' K loops, the epilogue's bias, activation and
-//! staged store); they differ in B's layout, the tile scheduler and the epilogue's operands.
+//! The four kernels are written with the device functions of [`crate::prelude`]: the Hopper
+//! ones are each its rings and one call of [`gemm_persistent`](crate::prelude::gemm_persistent)
+//! with the built-in epilogue (`alpha`, bias, activation) as a closure; the portable ones share
+//! `gemm_portable`.
 
 use crate::prelude::*;
 use tessera::kernel;
-
-/// The Hopper GEMM's body, shared by `gemm_tn` (`KN` 0: B `[batch, N, K]`) and `gemm_nn`
-/// (`KN` 1: B `[batch, K, N]`), its rings made by the kernel (their shapes differ with B's
-/// layout): warpgroup 0 claims 128×`BN` tiles from the queue on `counter` and loads their K
-/// steps by TMA; warpgroups 1 and 2 multiply their 64 rows by wgmma and run the epilogue
-/// (`alpha`, bias, activation) 64 columns at a time, staging C through `sc` for TMA stores.
-#[tessera::device]
-#[allow(clippy::too_many_arguments)]
-fn gemm_hopper<const KN: usize, const BN: usize, T, const S: usize, const SR: usize, const SC: usize>(
-    a: Global<T, 3>,
-    b: Global<T, 3>,
-    c: Global<T, 3>,
-    bias: Global<T, 1>,
-    counter: Global<i32, 1>,
-    sa: Smem<T, 128, 64>,
-    sb: Smem<T, SR, SC>,
-    sc: Smem<T, 64, 64>,
-    pipe: Pipeline<S>,
-    alpha: f32,
-    bias_kind: i32,
-    act: i32,
-) {
-    let k_steps = (a.dim(2) + 63) / 64;
-    let tiles_m = (c.dim(1) + 127) / 128;
-    let tiles_n = (c.dim(2) + BN - 1) / BN;
-    let per_batch = tiles_m * tiles_n;
-    let group = 8 * tiles_n;
-    // Tiles are claimed at run time, so that blocks that finish early take more of the last
-    // wave; the producer hands each tile's index to both consumers.
-    let queue = TileQueue::<2>::new(counter, 2);
-    if warpgroup::id() == 0 {
-        setmaxnreg(40);
-        for tile in queue.fetch(per_batch * c.dim(0)) {
-            let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
-            gemm_load::<KN>(a, b, sa, sb, pipe, bt, tm * 128, tn * BN, k_steps);
-        }
-    } else {
-        setmaxnreg(232);
-        let row = (warpgroup::id() - 1) * 64;
-        let mut acc = Tile::<f32, 64, BN>::zeros();
-        for tile in queue.take() {
-            let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
-            let m0 = tm * 128 + row;
-            let n0 = tn * BN;
-            gemm_mma::<KN>(&mut acc, sa, sb, pipe, row, k_steps);
-            // The epilogue, 64 columns at a time so that loaded operands fit in registers.
-            #[unroll]
-            for j in 0..BN / 64 {
-                let n = n0 + j * 64;
-                let mut out = acc.cols(j * 64, 64) * alpha;
-                add_bias(&mut out, bias, bias_kind, n, m0);
-                activate(&mut out, act);
-                // Stage the chunk in shared memory and store it with TMA (asynchronously,
-                // whole lines); the buffer written two chunks ago must have been read first.
-                let buf = (warpgroup::id() - 1) * 2 + j % 2;
-                stage_store(c, sc, out, buf, bt, m0, n);
-            }
-        }
-        tma::store_wait(0);
-    }
-}
 
 /// `C = act(alpha·A·Bᵀ + bias)`: A `[batch, M, K]`, B `[batch, N, K]` (the "TN" layout of
 /// LLM weights), C `[batch, M, N]`; 128×256 tiles; C leaves through shared memory and TMA
@@ -85,41 +25,27 @@ fn gemm_hopper<const KN: usize, const BN: usize, T, const S: usize, const SR: us
 /// `act` 1: GELU tanh, 2: GELU erf, 3: SiLU.
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(BN = [256, 128], STAGES = [4, 3, 5, 6]), targets(sm_90a))]
 pub fn gemm_tn(
-    a: Global<T, 3>,
-    b: Global<T, 3>,
-    c: Global<T, 3>,
-    bias: Global<T, 1>,
-    counter: Global<i32, 1>,
-    alpha: f32,
-    bias_kind: i32,
-    act: i32,
+    a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, bias: Global<T, 1>, counter: Global<i32, 1>, alpha: f32, bias_kind: i32, act: i32,
 ) {
     let sa = Smem::<T, 128, 64>::ring(STAGES);
     let sb = Smem::<T, BN, 64>::ring(STAGES);
     // C's staging: two 64×64 buffers per consumer warpgroup, stored by TMA.
     let sc = Smem::<T, 64, 64>::ring(4);
     let pipe = Pipeline::<STAGES>::new(2);
-    gemm_hopper::<0, BN>(a, b, c, bias, counter, sa, sb, sc, pipe, alpha, bias_kind, act);
+    gemm_persistent::<0, BN>(a, b, c, counter, sa, sb, sc, pipe, |acc, _bt, m0, n| bias_act(acc * alpha, bias, bias_kind, act, m0, n));
 }
 
 /// `gemm_tn_*` with B stored `[batch, K, N]` (row-major K×N): B's stage is a 64×256 tile in
 /// four 128-byte panels (one TMA box each) that wgmma reads N-major.
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(BN = [256, 128], STAGES = [4, 3, 5, 6]), targets(sm_90a))]
 pub fn gemm_nn(
-    a: Global<T, 3>,
-    b: Global<T, 3>,
-    c: Global<T, 3>,
-    bias: Global<T, 1>,
-    counter: Global<i32, 1>,
-    alpha: f32,
-    bias_kind: i32,
-    act: i32,
+    a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, bias: Global<T, 1>, counter: Global<i32, 1>, alpha: f32, bias_kind: i32, act: i32,
 ) {
     let sa = Smem::<T, 128, 64>::ring(STAGES);
     let sb = Smem::<T, 64, BN>::ring(STAGES);
     let sc = Smem::<T, 64, 64>::ring(4);
     let pipe = Pipeline::<STAGES>::new(2);
-    gemm_hopper::<1, BN>(a, b, c, bias, counter, sa, sb, sc, pipe, alpha, bias_kind, act);
+    gemm_persistent::<1, BN>(a, b, c, counter, sa, sb, sc, pipe, |acc, _bt, m0, n| bias_act(acc * alpha, bias, bias_kind, act, m0, n));
 }
 
 /// The portable GEMM's body, shared by `gemm_tn_full` (`KN` 0) and `gemm_nn_full` (`KN` 1):
@@ -128,20 +54,8 @@ pub fn gemm_nn(
 #[tessera::device]
 #[allow(clippy::too_many_arguments)]
 fn gemm_portable<const KN: usize, T, const SR: usize, const SC: usize>(
-    a: Global<T, 3>,
-    b: Global<T, 3>,
-    c: Global<T, 3>,
-    c_in: Global<T, 3>,
-    bias: Global<T, 1>,
-    residual: Global<T, 3>,
-    sa: Smem<T, 128, 64>,
-    sb: Smem<T, SR, SC>,
-    pipe: Pipeline<4>,
-    alpha: f32,
-    beta: f32,
-    bias_kind: i32,
-    act: i32,
-    add_residual: i32,
+    a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, c_in: Global<T, 3>, bias: Global<T, 1>, residual: Global<T, 3>,
+    sa: Smem<T, 128, 64>, sb: Smem<T, SR, SC>, pipe: Pipeline<4>, alpha: f32, beta: f32, bias_kind: i32, act: i32, add_residual: i32,
 ) {
     let k_steps = (a.dim(2) + 63) / 64;
     let tiles_m = (c.dim(1) + 127) / 128;
@@ -186,17 +100,8 @@ fn gemm_portable<const KN: usize, T, const SR: usize, const SC: usize>(
 /// Built for sm_90a and sm_80 (ldmatrix + mma.sync, cp.async): the portable GEMM.
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]))]
 pub fn gemm_tn_full(
-    a: Global<T, 3>,
-    b: Global<T, 3>,
-    c: Global<T, 3>,
-    c_in: Global<T, 3>,
-    bias: Global<T, 1>,
-    residual: Global<T, 3>,
-    alpha: f32,
-    beta: f32,
-    bias_kind: i32,
-    act: i32,
-    add_residual: i32,
+    a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, c_in: Global<T, 3>, bias: Global<T, 1>, residual: Global<T, 3>, alpha: f32,
+    beta: f32, bias_kind: i32, act: i32, add_residual: i32,
 ) {
     let sa = Smem::<T, 128, 64>::ring(4);
     let sb = Smem::<T, 128, 64>::ring(4);
@@ -207,17 +112,8 @@ pub fn gemm_tn_full(
 /// `gemm_tn_full_*` with B stored `[batch, K, N]`.
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]))]
 pub fn gemm_nn_full(
-    a: Global<T, 3>,
-    b: Global<T, 3>,
-    c: Global<T, 3>,
-    c_in: Global<T, 3>,
-    bias: Global<T, 1>,
-    residual: Global<T, 3>,
-    alpha: f32,
-    beta: f32,
-    bias_kind: i32,
-    act: i32,
-    add_residual: i32,
+    a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, c_in: Global<T, 3>, bias: Global<T, 1>, residual: Global<T, 3>, alpha: f32,
+    beta: f32, bias_kind: i32, act: i32, add_residual: i32,
 ) {
     let sa = Smem::<T, 128, 64>::ring(4);
     let sb = Smem::<T, 64, 128>::ring(4);

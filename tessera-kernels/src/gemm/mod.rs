@@ -70,31 +70,14 @@ pub trait GemmElement: Element + sealed::Sealed {
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     fn gemm(
-        d: &Device,
-        g: Grid,
-        kn: bool,
-        variant: usize,
-        a: &View<Self>,
-        b: &View<Self>,
-        c: &mut Tensor<Self>,
-        c_shape: [usize; 3],
-        bias: &View<Self>,
-        epi: (f32, i32, i32),
+        d: &Device, g: Grid, kn: bool, variant: usize, a: &View<Self>, b: &View<Self>, c: &mut Tensor<Self>, c_shape: [usize; 3],
+        bias: &View<Self>, epi: (f32, i32, i32),
     ) -> Result<()>;
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     fn gemm_full(
-        d: &Device,
-        g: Grid,
-        kn: bool,
-        a: &View<Self>,
-        b: &View<Self>,
-        c: &mut Tensor<Self>,
-        c_shape: [usize; 3],
-        c_in: &View<Self>,
-        bias: &View<Self>,
-        residual: &View<Self>,
-        scalars: (f32, f32, i32, i32, i32),
+        d: &Device, g: Grid, kn: bool, a: &View<Self>, b: &View<Self>, c: &mut Tensor<Self>, c_shape: [usize; 3], c_in: &View<Self>,
+        bias: &View<Self>, residual: &View<Self>, scalars: (f32, f32, i32, i32, i32),
     ) -> Result<()>;
     #[doc(hidden)]
     fn pad_copy(d: &Device, g: Grid, x: &View<Self>, y: &mut Tensor<Self>) -> Result<()>;
@@ -136,16 +119,8 @@ macro_rules! gemm_element {
                 }
             }
             fn gemm(
-                d: &Device,
-                g: Grid,
-                kn: bool,
-                variant: usize,
-                a: &View<Self>,
-                b: &View<Self>,
-                c: &mut Tensor<Self>,
-                c_shape: [usize; 3],
-                bias: &View<Self>,
-                epi: (f32, i32, i32),
+                d: &Device, g: Grid, kn: bool, variant: usize, a: &View<Self>, b: &View<Self>, c: &mut Tensor<Self>, c_shape: [usize; 3],
+                bias: &View<Self>, epi: (f32, i32, i32),
             ) -> Result<()> {
                 let mut c = c.view_mut(&c_shape, &strides3(c_shape))?;
                 let (alpha, bias_kind, act) = epi;
@@ -157,16 +132,8 @@ macro_rules! gemm_element {
                 }
             }
             fn gemm_full(
-                d: &Device,
-                g: Grid,
-                kn: bool,
-                a: &View<Self>,
-                b: &View<Self>,
-                c: &mut Tensor<Self>,
-                c_shape: [usize; 3],
-                c_in: &View<Self>,
-                bias: &View<Self>,
-                residual: &View<Self>,
+                d: &Device, g: Grid, kn: bool, a: &View<Self>, b: &View<Self>, c: &mut Tensor<Self>, c_shape: [usize; 3],
+                c_in: &View<Self>, bias: &View<Self>, residual: &View<Self>,
                 (alpha, beta, bias_kind, act, add_residual): (f32, f32, i32, i32, i32),
             ) -> Result<()> {
                 let mut c = c.view_mut(&c_shape, &strides3(c_shape))?;
@@ -267,11 +234,7 @@ fn view3<'t, T: Element>(t: &'t Tensor<T>, s: [usize; 3]) -> Result<View<'t, T>>
 /// `x` as a rank-3 view TMA can copy: itself, or a contiguous copy whose rows are padded with
 /// zeros to a multiple of 8 elements (16 bytes).
 fn tma_ready<'t, T: GemmElement>(
-    device: &Device,
-    name: &str,
-    x: &'t Tensor<T>,
-    s: [usize; 3],
-    scratch: &'t mut Option<Tensor<T>>,
+    device: &Device, name: &str, x: &'t Tensor<T>, s: [usize; 3], scratch: &'t mut Option<Tensor<T>>,
 ) -> Result<View<'t, T>> {
     let v = view3(x, s)?;
     let es = std::mem::size_of::<T>();

@@ -358,16 +358,8 @@ impl Lowerer<'_> {
     /// row; with `guard = (first column, dim)`, each run only where its first column is inside.
     #[allow(clippy::too_many_arguments)]
     fn vector_runs(
-        &mut self,
-        plan: &Plan,
-        layout: Layout,
-        guard: Option<(Reg, Reg)>,
-        ty: TileType,
-        regs: &[Reg],
-        packs: Option<&[Reg]>,
-        op: &str,
-        load: bool,
-        chunk: u32,
+        &mut self, plan: &Plan, layout: Layout, guard: Option<(Reg, Reg)>, ty: TileType, regs: &[Reg], packs: Option<&[Reg]>, op: &str,
+        load: bool, chunk: u32,
     ) {
         use Operand::{Imm, Reg as R};
         let es = ty.dtype.size();
@@ -484,15 +476,7 @@ impl Lowerer<'_> {
     /// `packed` words (one per pair) leaves them packed.
     #[allow(clippy::too_many_arguments)]
     fn vector_move(
-        &mut self,
-        pred: Option<Reg>,
-        base: Reg,
-        off: i64,
-        regs: &[Reg],
-        packed: Option<&[Reg]>,
-        ty: TileType,
-        op: &str,
-        load: bool,
+        &mut self, pred: Option<Reg>, base: Reg, off: i64, regs: &[Reg], packed: Option<&[Reg]>, ty: TileType, op: &str, load: bool,
         chunk_bytes: u32,
     ) {
         use Operand::{Reg as R, Vec as V};

@@ -493,9 +493,7 @@ impl<'a> Lowerer<'a> {
     /// Lowers a run of `let`s together: `each` takes a value's operands (after its statement's
     /// comment), `all` the whole run's; each result is bound to its name.
     fn lets_together<A>(
-        &mut self,
-        run: &[Stmt],
-        each: impl Fn(&mut Self, &crate::tirh::Expr) -> Result<A, CompileError>,
+        &mut self, run: &[Stmt], each: impl Fn(&mut Self, &crate::tirh::Expr) -> Result<A, CompileError>,
         all: impl FnOnce(&mut Self, Vec<A>) -> Vec<TileVal>,
     ) -> Result<(), CompileError> {
         let mut parts = Vec::with_capacity(run.len());
@@ -598,12 +596,7 @@ impl<'a> Lowerer<'a> {
     }
 
     fn for_loop(
-        &mut self,
-        var: &str,
-        start: &crate::tirh::Expr,
-        end: &crate::tirh::Expr,
-        step: &crate::tirh::Expr,
-        body: &[Stmt],
+        &mut self, var: &str, start: &crate::tirh::Expr, end: &crate::tirh::Expr, step: &crate::tirh::Expr, body: &[Stmt],
     ) -> Result<(), CompileError> {
         use Operand::{Reg as R, Sym};
         let i = self.reg(RegClass::B32, var);

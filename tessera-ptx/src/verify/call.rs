@@ -200,12 +200,7 @@ impl Checker<'_> {
 
     /// `let (a, b) = f(x);` or `(a, b) = f(x);`: each result bound (or assigned) in order.
     pub(super) fn unpack(
-        &mut self,
-        names: Vec<(String, bool)>,
-        assign: bool,
-        value: &mut Expr,
-        loc: SourceLoc,
-        text: &str,
+        &mut self, names: Vec<(String, bool)>, assign: bool, value: &mut Expr, loc: SourceLoc, text: &str,
     ) -> Result<(), CompileError> {
         let func = call_name(value);
         let results = self.call(value, None)?;

@@ -7,10 +7,7 @@ use crate::tirh::{Expr, SmemType, SourceLoc, Type};
 
 /// Shapes `mma_sync` accepts: `wgmma.mma_async` m64nNk16.
 fn check_mma_shapes(
-    acc: crate::tirh::TileType,
-    a: (DType, u32, u32),
-    b: (DType, u32, u32),
-    at: [SourceLoc; 3],
+    acc: crate::tirh::TileType, a: (DType, u32, u32), b: (DType, u32, u32), at: [SourceLoc; 3],
 ) -> Result<(), CompileError> {
     let [acc_loc, a_loc, b_loc] = at;
     if acc.dtype != DType::F32 {
@@ -130,12 +127,7 @@ impl Checker<'_> {
     }
 
     pub(super) fn tma_load(
-        &mut self,
-        dst: &mut Expr,
-        tensor: &str,
-        index: &mut [Expr],
-        pipe: &str,
-        loc: SourceLoc,
+        &mut self, dst: &mut Expr, tensor: &str, index: &mut [Expr], pipe: &str, loc: SourceLoc,
     ) -> Result<(), CompileError> {
         let (dtype, rank) = self.global(tensor, loc)?;
         self.pipeline(pipe, loc)?;

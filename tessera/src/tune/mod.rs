@@ -239,11 +239,7 @@ impl Tuner {
     /// # Errors
     /// Only `timer`'s construction (e.g. allocating scratch outputs).
     pub fn choose<T: Timer>(
-        &mut self,
-        key: &TuneKey<'_>,
-        candidates: &[&str],
-        default: usize,
-        timer: impl FnOnce() -> Result<T>,
+        &mut self, key: &TuneKey<'_>, candidates: &[&str], default: usize, timer: impl FnOnce() -> Result<T>,
     ) -> Result<usize> {
         let default = default.min(candidates.len().saturating_sub(1));
         if self.mode == TuneMode::Off || candidates.len() < 2 {
