@@ -784,7 +784,11 @@ impl Callees for Frontend {
         let mut renamer = Renamer { scopes: vec![scope], suffix: k, errors: Vec::new() };
         renamer.visit_block_mut(&mut block);
         // The tail reads the body's bindings: rename it in the body's scope.
-        let (stmts, mut results) = split_tail(&block);
+        // A function that returns nothing ends with statements only (`{ f(x) }` is `f(x);`).
+        let (stmts, mut results) = match item.sig.output {
+            syn::ReturnType::Default => (block.stmts.clone(), Vec::new()),
+            _ => split_tail(&block),
+        };
         let returns: Vec<Option<Type>> = match &item.sig.output {
             syn::ReturnType::Default => Vec::new(),
             syn::ReturnType::Type(_, t) => match &**t {

@@ -81,6 +81,38 @@ pub fn online_softmax<const M: usize, const N: usize>(
 }
 
 // ---------------------------------------------------------------------------------------
+// Pipeline loops: a ring's stages filled and drained without the acquire/commit and
+// wait/release pairs spelled out. `Pipeline<S>` keeps each side's slot and phase itself
+// (`acquire()` and `wait()` advance it); the type checker rejects a stage read after its
+// release, a stage handed back to another pipeline, and a ring guarded by a pipeline of
+// another depth.
+
+/// A producer's loop over `n` stages of `pipe`: for each, waits for a free stage `s`, runs
+/// `body(s, k)` (`k` counting from 0: its copies into the stage, `tma::load(ring.at(s), …,
+/// pipe)`) and commits the stage, which the copies' bytes then complete.
+#[device]
+pub fn fill_stages<const S: usize>(pipe: Pipeline<S>, n: i32, body: impl Fn(i32, i32)) {
+    for k in 0..n {
+        let s = pipe.acquire();
+        body(s, k);
+        pipe.commit(s);
+    }
+}
+
+/// A consumer's loop over `n` stages of `pipe`: for each, waits for the next full stage `s`,
+/// runs `body(s, k)` and releases the stage to the producer. `body` must be done reading the
+/// stage when it returns (an asynchronous MMA on it waited for: `mma_wait(0)`); a loop that
+/// keeps an MMA in flight across stages releases each one a step later, as `gemm_mma` does.
+#[device]
+pub fn drain_stages<const S: usize>(pipe: Pipeline<S>, n: i32, body: impl Fn(i32, i32)) {
+    for k in 0..n {
+        let s = pipe.wait();
+        body(s, k);
+        pipe.release(s);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // GEMM building blocks: the library's warp-specialized GEMMs are written with these, and a
 // kernel of yours that runs the same mainloop with its own epilogue is too
 // (`examples/custom_epilogue.rs`).
@@ -104,16 +136,14 @@ pub fn grouped_tile(tile: i32, per_batch: i32, tiles_m: i32, group: i32) -> (i32
 pub fn gemm_load<const KN: usize, T, const SR: usize, const SC: usize, const S: usize>(
     a: Global<T, 3>, b: Global<T, 3>, sa: Smem<T, 128, 64>, sb: Smem<T, SR, SC>, pipe: Pipeline<S>, bt: i32, m0: i32, n0: i32, k_steps: i32,
 ) {
-    for k in 0..k_steps {
-        let s = pipe.acquire();
+    fill_stages(pipe, k_steps, |s, k| {
         tma::load(sa.at(s), a, [bt, m0, k * 64], pipe);
         if KN == 1 {
             tma::load(sb.at(s), b, [bt, k * 64, n0], pipe);
         } else {
             tma::load(sb.at(s), b, [bt, n0, k * 64], pipe);
         }
-        pipe.commit(s);
-    }
+    });
 }
 
 /// A consumer warpgroup's K loop: `acc` ← its 64 rows of A (from row `row` of the stage)

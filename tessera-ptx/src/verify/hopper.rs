@@ -3,7 +3,7 @@
 use super::Checker;
 use crate::dtype::{DType, ScalarType};
 use crate::error::CompileError;
-use crate::tirh::{Expr, SmemType, SourceLoc, Type};
+use crate::tirh::{Expr, ExprKind, SmemType, SourceLoc, Type};
 
 /// Shapes `mma_sync` accepts: `wgmma.mma_async` m64nNk16.
 fn check_mma_shapes(
@@ -70,12 +70,10 @@ impl Checker<'_> {
             K::SmemAt { ring, stage } => {
                 let ring = ring.clone();
                 match self.lookup(&ring).map(|b| b.ty) {
-                    Some(Type::Smem(t)) => self.expect_scalar(stage, ScalarType::I32, "a stage").map(|_| Type::SmemView {
-                        dtype: t.dtype,
-                        rows: t.rows,
-                        cols: t.cols,
-                        swizzle: t.swizzle,
-                    }),
+                    Some(Type::Smem(t)) => self
+                        .expect_scalar(stage, ScalarType::I32, "a stage")
+                        .and_then(|_| self.stage_fits(&ring, t.stages, stage))
+                        .map(|_| Type::SmemView { dtype: t.dtype, rows: t.rows, cols: t.cols, swizzle: t.swizzle }),
                     other => Err(CompileError::ty(
                         loc,
                         format!("`{ring}` is {}, expected a shared ring (`Smem::<T, M, N>::ring(stages)`)", describe(other)),
@@ -99,6 +97,26 @@ impl Checker<'_> {
             K::PipeStage { pipe, .. } => self.pipeline(pipe, loc).map(|_| Type::Scalar(ScalarType::I32)),
             _ => return None,
         })
+    }
+
+    /// `ring.at(stage)` where `stage` came from a pipeline: the pipeline guards a ring of as
+    /// many stages, and the stage is not yet released.
+    fn stage_fits(&self, ring: &str, stages: u32, stage: &Expr) -> Result<(), CompileError> {
+        let (Some(slot), ExprKind::Var(name)) = (self.slot_of(stage), &stage.kind) else { return Ok(()) };
+        let pipe = self.pipes.get(slot.pipe as usize).cloned().unwrap_or_default();
+        if let Some(line) = slot.released {
+            return Err(CompileError::ty(
+                stage.loc,
+                format!("`{name}` was released to `{pipe}` (line {line}): the producer may already be refilling its stage; read `{ring}.at({name})` before `{pipe}.release({name})`"),
+            ));
+        }
+        if slot.stages != stages {
+            return Err(CompileError::ty(
+                stage.loc,
+                format!("`{ring}` is a ring of {stages} stage(s), `{name}` a stage of `{pipe}`, a `Pipeline<{}>`: a pipeline and the ring it guards have as many stages", slot.stages),
+            ));
+        }
+        Ok(())
     }
 
     pub(super) fn pipeline(&self, name: &str, loc: SourceLoc) -> Result<(u32, u32), CompileError> {
@@ -130,8 +148,23 @@ impl Checker<'_> {
         &mut self, dst: &mut Expr, tensor: &str, index: &mut [Expr], pipe: &str, loc: SourceLoc,
     ) -> Result<(), CompileError> {
         let (dtype, rank) = self.global(tensor, loc)?;
-        self.pipeline(pipe, loc)?;
+        let (pipe_stages, _) = self.pipeline(pipe, loc)?;
         self.indices(tensor, rank, index, loc)?;
+        // The ring the copy lands in (`ring.at(s)`, or rows of it) fills the pipeline's stages.
+        let mut view = &*dst;
+        while let ExprKind::SmemRows { view: v, .. } = &view.kind {
+            view = v;
+        }
+        if let ExprKind::SmemAt { ring, .. } = &view.kind {
+            if let Some(Type::Smem(t)) = self.lookup(ring).map(|b| b.ty) {
+                if t.stages != pipe_stages {
+                    return Err(CompileError::ty(
+                        dst.loc,
+                        format!("`tma::load` fills `{ring}`, a ring of {} stage(s), and signals `{pipe}`, a `Pipeline<{pipe_stages}>`: a pipeline and the ring it guards have as many stages", t.stages),
+                    ));
+                }
+            }
+        }
         if !(2..=3).contains(&rank) {
             return Err(CompileError::ty(loc, format!("`tma::load` copies from a rank-2 or rank-3 tensor, `{tensor}` has rank {rank}")));
         }

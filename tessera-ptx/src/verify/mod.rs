@@ -42,6 +42,7 @@ fn run(mut ir: TileIr, callees: Option<&mut dyn Callees>) -> Result<TileIr, Vec<
         callees,
         pending: Vec::new(),
         inlining: Vec::new(),
+        pipes: Vec::new(),
     };
     for p in &ir.params {
         cx.bind(&p.name, p.ty, false);
@@ -60,6 +61,17 @@ fn run(mut ir: TileIr, callees: Option<&mut dyn Callees>) -> Result<TileIr, Vec<
 struct Binding {
     ty: Type,
     mutable: bool,
+    /// For a stage index, where it came from.
+    slot: Option<Slot>,
+}
+
+/// Where a stage index came from: the pipeline whose `acquire()` or `wait()` gave it (an index
+/// into `Checker::pipes`) and its depth; once it is released, the line of the release.
+#[derive(Clone, Copy, PartialEq)]
+struct Slot {
+    pipe: u32,
+    stages: u32,
+    released: Option<u32>,
 }
 
 struct Checker<'c> {
@@ -76,13 +88,61 @@ struct Checker<'c> {
     pending: Vec<Stmt>,
     /// The definitions being inlined, outermost first (a call of one of them recurses).
     inlining: Vec<(u32, String)>,
+    /// The pipelines that stage indices came from, by name (`Slot::pipe`).
+    pipes: Vec<String>,
 }
 
 impl Checker<'_> {
     fn bind(&mut self, name: &str, ty: Type, mutable: bool) {
         if let Some(scope) = self.scopes.last_mut() {
-            scope.insert(name.to_string(), Binding { ty, mutable });
+            scope.insert(name.to_string(), Binding { ty, mutable, slot: None });
         }
+    }
+
+    /// The stage index `e` holds, if it names one (`s` after `let s = pipe.wait();`).
+    fn slot_of(&self, e: &crate::tirh::Expr) -> Option<Slot> {
+        match &e.kind {
+            ExprKind::Var(n) => self.lookup(n).and_then(|b| b.slot),
+            _ => None,
+        }
+    }
+
+    /// Records what `name` (just bound or assigned `value`) holds: the stage `value` names, if
+    /// any, unreleased — in the innermost binding of `name`.
+    fn track_slot(&mut self, name: &str, value: &crate::tirh::Expr) {
+        let slot = match &value.kind {
+            ExprKind::PipeStage { pipe, .. } => self.pipeline(pipe, value.loc).ok().map(|(stages, _)| {
+                let id = match self.pipes.iter().position(|p| p == pipe) {
+                    Some(i) => i,
+                    None => {
+                        self.pipes.push(pipe.clone());
+                        self.pipes.len() - 1
+                    }
+                };
+                Slot { pipe: id as u32, stages, released: None }
+            }),
+            _ => self.slot_of(value).map(|s| Slot { released: None, ..s }),
+        };
+        if let Some(b) = self.scopes.iter_mut().rev().find_map(|s| s.get_mut(name)) {
+            b.slot = slot;
+        }
+    }
+
+    /// `pipe.commit(stage)` or `pipe.release(stage)`: a stage of another pipeline is an error;
+    /// a released one is marked so in this scope, where reading its ring is then an error.
+    fn hand_back(&mut self, pipe: &str, stage: &crate::tirh::Expr, release: bool) -> Result<(), CompileError> {
+        let (Some(slot), ExprKind::Var(name)) = (self.slot_of(stage), &stage.kind) else { return Ok(()) };
+        let from = self.pipes.get(slot.pipe as usize).cloned().unwrap_or_default();
+        if from != pipe {
+            let what = if release { "release" } else { "commit" };
+            return Err(CompileError::ty(stage.loc, format!("`{name}` is a stage of `{from}`, not of `{pipe}`: `{from}.{what}({name})`")));
+        }
+        if release {
+            if let (Some(b), Some(scope)) = (self.lookup(name), self.scopes.last_mut()) {
+                scope.insert(name.clone(), Binding { slot: Some(Slot { released: Some(stage.loc.line), ..slot }), ..b });
+            }
+        }
+        Ok(())
     }
 
     fn lookup(&self, name: &str) -> Option<Binding> {
@@ -166,6 +226,8 @@ impl Checker<'_> {
                     }
                 }
                 self.bind(name, ty, *mutable);
+                let (name, value) = (name.clone(), value.clone());
+                self.track_slot(&name, &value);
             }
             StmtKind::Assign { name, value } => {
                 let Some(b) = self.lookup(name) else {
@@ -182,6 +244,8 @@ impl Checker<'_> {
                 if ty != b.ty {
                     return Err(CompileError::ty(value.loc, format!("`{name}` is `{}`, it cannot be assigned a `{ty}`", b.ty)));
                 }
+                let (name, value) = (name.clone(), value.clone());
+                self.track_slot(&name, &value);
             }
             StmtKind::Prefetch(load) => {
                 self.expr(load)?;
@@ -225,9 +289,15 @@ impl Checker<'_> {
                 let (tensor, pipe) = (tensor.clone(), pipe.clone());
                 self.tma_load(dst, &tensor, index, &pipe, loc)?;
             }
-            StmtKind::PipeCommit { pipe, stage } | StmtKind::PipeRelease { pipe, stage } => {
+            StmtKind::PipeCommit { pipe, stage } => {
                 self.pipeline(pipe, loc)?;
                 self.expect_scalar(stage, ScalarType::I32, "a stage")?;
+                self.hand_back(&pipe.clone(), &stage.clone(), false)?;
+            }
+            StmtKind::PipeRelease { pipe, stage } => {
+                self.pipeline(pipe, loc)?;
+                self.expect_scalar(stage, ScalarType::I32, "a stage")?;
+                self.hand_back(&pipe.clone(), &stage.clone(), true)?;
             }
             StmtKind::MmaWait(_) | StmtKind::TmaStoreWait(_) => {}
             StmtKind::NamedBarrier { id, warpgroups, loc: at, .. } => {

@@ -1,0 +1,23 @@
+use tessera::kernel;
+
+/// Reads a 2-stage ring at a stage of a 3-stage pipeline.
+#[kernel(warpgroups = 2, targets(sm_90a))]
+fn k(a: Global<bf16, 2>, y: Global<f32, 2>) {
+    let sa = Smem::<bf16, 64, 64>::ring(3);
+    let sb = Smem::<bf16, 64, 64>::ring(2);
+    let pipe = Pipeline::<3>::new(1);
+    if warpgroup::id() == 0 {
+        let s = pipe.acquire();
+        tma::load(sa.at(s), a, [0, 0], pipe);
+        pipe.commit(s);
+    } else {
+        let s = pipe.wait();
+        let mut t = Tile::<f32, 64, 64>::zeros();
+        mma_sync(t, sb.at(s), sb.at(s));
+        mma_wait(0);
+        pipe.release(s);
+        y.store([0, 0], t);
+    }
+}
+
+fn main() {}
