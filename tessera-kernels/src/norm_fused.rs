@@ -71,7 +71,7 @@ const FUSED_ROWS4_MAX: usize = 2048;
 #[allow(clippy::too_many_arguments)]
 fn fused_rows<const R: usize, const W: usize, T>(
     x: Global<T, 2>, res: Global<T, 2>, w: Global<T, 1>, b: Global<T, 1>, scale: Global<T, 2>, shift: Global<T, 2>, y: Global<T, 2>,
-    h_out: Global<T, 2>, r: i32, eps: f32, layer: i32, has_w: i32, has_b: i32, has_res: i32, drop_p: f32, drop_scale: f32, seed_lo: i32,
+    h_out: Global<T, 2>, eps: f32, r: i32, layer: i32, has_w: i32, has_b: i32, has_res: i32, drop_p: f32, drop_scale: f32, seed_lo: i32,
     seed_hi: i32, offset: i32, group_rows: i32, ahead: i32,
 ) {
     let n = x.dim(1);
@@ -123,8 +123,8 @@ pub fn norm_fused_row(
         shift,
         y,
         h_out,
-        block::id_x(),
         eps,
+        block::id_x(),
         layer,
         has_w,
         has_b,
@@ -158,8 +158,8 @@ pub fn norm_fused_rows4(
         shift,
         y,
         h_out,
-        block::id_x() * 4,
         eps,
+        block::id_x() * 4,
         layer,
         has_w,
         has_b,

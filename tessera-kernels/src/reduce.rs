@@ -1,56 +1,58 @@
 //! Row and column reductions of 2-D f32 tensors: sum, maximum, mean.
 
-use tessera::{kernel, Device, Grid, Result, Tensor};
+use tessera::{device, kernel, Device, Grid, Result, Tensor};
 
 /// Rows each block reduces.
 const BM: usize = 16;
+
+/// A 16×256 running tile over a 2-D tensor: from `[r, c]`, stepping down the rows (`down`
+/// 1, a constant) or along the columns (0) to the tensor's end, each tile read with `fill` past the edges
+/// and folded in by `combine`, the running tile starting at `fill`.
+#[device]
+fn fold_tiles<const DOWN: usize>(
+    x: Global<f32, 2>, r: i32, c: i32, fill: f32, combine: impl Fn(Tile<f32, 16, 256>, Tile<f32, 16, 256>) -> Tile<f32, 16, 256>,
+) -> Tile<f32, 16, 256> {
+    let mut acc = Tile::<f32, 16, 256>::full(fill);
+    if DOWN == 1 {
+        for i in (r..x.dim(0)).step_by(16) {
+            let t: Tile<f32, 16, 256> = x.load_or([i, c], fill);
+            acc = combine(acc, t);
+        }
+    } else {
+        for j in (c..x.dim(1)).step_by(256) {
+            let t: Tile<f32, 16, 256> = x.load_or([r, j], fill);
+            acc = combine(acc, t);
+        }
+    }
+    acc
+}
 
 /// Sums each row: a 16×256 running tile over the columns, then one reduction.
 #[kernel]
 pub fn row_sum_f32(x: Global<f32, 2>, out: Global<f32, 1>) {
     let r = block::id_x() * 16;
-    let mut acc = Tile::<f32, 16, 256>::zeros();
-    for c in (0..x.dim(1)).step_by(256) {
-        let t: Tile<f32, 16, 256> = x.load([r, c]);
-        acc += t;
-    }
-    out.store([r], row_sum(acc));
+    out.store([r], row_sum(fold_tiles::<0>(x, r, 0, 0.0, |a, t| a + t)));
 }
 
 /// The maximum of each row; masked elements read as −∞.
 #[kernel]
 pub fn row_max_f32(x: Global<f32, 2>, out: Global<f32, 1>) {
     let r = block::id_x() * 16;
-    let mut acc = Tile::<f32, 16, 256>::full(f32::NEG_INFINITY);
-    for c in (0..x.dim(1)).step_by(256) {
-        let t: Tile<f32, 16, 256> = x.load_or([r, c], f32::NEG_INFINITY);
-        acc = max(acc, t);
-    }
-    out.store([r], row_max(acc));
+    out.store([r], row_max(fold_tiles::<0>(x, r, 0, f32::NEG_INFINITY, |a, t| max(a, t))));
 }
 
 /// Sums each column: 16×256 tiles down the rows, then one reduction down the tile.
 #[kernel]
 pub fn col_sum_f32(x: Global<f32, 2>, out: Global<f32, 1>) {
     let c = block::id_x() * 256;
-    let mut acc = Tile::<f32, 16, 256>::zeros();
-    for r in (0..x.dim(0)).step_by(16) {
-        let t: Tile<f32, 16, 256> = x.load([r, c]);
-        acc += t;
-    }
-    out.store([c], col_sum(acc));
+    out.store([c], col_sum(fold_tiles::<1>(x, 0, c, 0.0, |a, t| a + t)));
 }
 
 /// The maximum of each column; masked elements read as −∞.
 #[kernel]
 pub fn col_max_f32(x: Global<f32, 2>, out: Global<f32, 1>) {
     let c = block::id_x() * 256;
-    let mut acc = Tile::<f32, 16, 256>::full(f32::NEG_INFINITY);
-    for r in (0..x.dim(0)).step_by(16) {
-        let t: Tile<f32, 16, 256> = x.load_or([r, c], f32::NEG_INFINITY);
-        acc = max(acc, t);
-    }
-    out.store([c], col_max(acc));
+    out.store([c], col_max(fold_tiles::<1>(x, 0, c, f32::NEG_INFINITY, |a, t| max(a, t))));
 }
 
 /// Scales a vector in place: `v ← a·v` (the means divide the sums).

@@ -35,6 +35,60 @@
 
 use tessera::kernel;
 
+/// The producer's K and V blocks `j0..j1` of one (batch, head): block `j`'s keys from row
+/// `k0 + j·BN` of plane `plane`, column `col`, into the next stages of `sk` and `sv`.
+#[tessera::device]
+pub fn load_kv<T, const BN: usize, const D: usize, const S: usize>(
+    k: Global<T, 3>, v: Global<T, 3>, sk: Smem<T, BN, D>, sv: Smem<T, BN, D>, kpipe: Pipeline<S>, vpipe: Pipeline<S>, plane: i32, k0: i32,
+    col: i32, j0: i32, j1: i32,
+) {
+    for j in j0..j1 {
+        let s = kpipe.acquire();
+        tma::load(sk.at(s), k, [plane, k0 + j * BN, col], kpipe);
+        kpipe.commit(s);
+        let s = vpipe.acquire();
+        tma::load(sv.at(s), v, [plane, k0 + j * BN, col], vpipe);
+        vpipe.commit(s);
+    }
+}
+
+/// A consumer warpgroup's start: its index `me` (0 or 1) and its zeroed running state — the
+/// output `acc`, P, the row maxima `m` (finite, so that a row with every key masked keeps a
+/// scale of exp2(0) = 1 and sums 0) and sums `l`. The consumers take turns issuing their MMAs
+/// (named barriers 0 and 1: each waits at its own, then lets the other go), so that one's
+/// softmax runs beside the other's MMAs; the second lets the first begin.
+#[tessera::device]
+pub fn consumer_begin<T, const D: usize, const BN: usize>() -> (i32, Tile<f32, 64, D>, Tile<T, 64, BN>, Tile<f32, 64, 1>, Tile<f32, 64, 1>)
+{
+    setmaxnreg(240);
+    let me = warpgroup::id() - 1;
+    if me == 1 {
+        barrier::arrive(0, 2);
+    }
+    (me, Tile::<f32, 64, D>::zeros(), Tile::<T, 64, BN>::zeros(), Tile::<f32, 64, 1>::full(f32::MIN), Tile::<f32, 64, 1>::zeros())
+}
+
+/// Where tile `tile` of the dense forward's queue lies: its part and number of parts (tiles
+/// from `full` on come in `parts` parts, each a range of the key blocks), its (batch·head)
+/// `bh` of `bhs` and its first query row `q0`. Heads go in groups of `hg`, each group's tiles
+/// heaviest (causal: last) first across its heads; `m_tiles` query tiles a head.
+#[tessera::device]
+pub fn dense_tile(tile: i32, full: i32, parts: i32, m_tiles: i32, hg: i32, bhs: i32) -> (i32, i32, i32, i32) {
+    let mut t = tile;
+    let mut part = 0;
+    let mut np = 1;
+    if tile >= full {
+        t = full + (tile - full) / parts;
+        part = (tile - full) % parts;
+        np = parts;
+    }
+    let g0 = t / (m_tiles * hg);
+    let r = t - g0 * (m_tiles * hg);
+    let gs = min(hg, bhs - g0 * hg);
+    let rq = r / gs;
+    (part, np, g0 * hg + r - rq * gs, (m_tiles - 1 - rq) * 128)
+}
+
 /// One query tile's key blocks `j0..n` (`n > j0`) in a consumer warpgroup: the online
 /// softmax (base 2, running max `m` and sum `l`) of `S = Q·Kᵀ` over each block, masked past
 /// `seq_k` and, causally, past the diagonal (`diag`: the last key its first row sees, plus
@@ -169,22 +223,7 @@ pub fn attention_persistent<T, const D: usize, const BN: usize, const S: usize>(
     if warpgroup::id() == 0 {
         setmaxnreg(24);
         for tile in queue.fetch(full + (m_tiles * lse.dim(0) - full) * parts) {
-            // Tiles from `full` on come in `parts` parts, each a range of the key blocks.
-            let mut t = tile;
-            let mut part = 0;
-            let mut np = 1;
-            if tile >= full {
-                t = full + (tile - full) / parts;
-                part = (tile - full) % parts;
-                np = parts;
-            }
-            // Heads go in groups of `hg`, each group's tiles heaviest first across its heads.
-            let g0 = t / (m_tiles * hg);
-            let r = t - g0 * (m_tiles * hg);
-            let gs = min(hg, lse.dim(0) - g0 * hg);
-            let rq = r / gs;
-            let bh = g0 * hg + r - rq * gs;
-            let q0 = (m_tiles - 1 - rq) * 128;
+            let (part, np, bh, q0) = dense_tile(tile, full, parts, m_tiles, hg, lse.dim(0));
             let b = bh / heads;
             let h = bh - b * heads;
             let kvh = h / group;
@@ -196,48 +235,14 @@ pub fn attention_persistent<T, const D: usize, const BN: usize, const S: usize>(
             tma::load(sq.at(s), q, [b * q_bm + h * hm, q0, h * cm], qpipe);
             qpipe.commit(s);
             let nb = (kv_end + BN - 1) / BN;
-            for j in part * nb / np..(part + 1) * nb / np {
-                let s = kpipe.acquire();
-                tma::load(sk.at(s), k, [b * k_bm + kvh * hm, j * BN, kvh * cm], kpipe);
-                kpipe.commit(s);
-                let s = vpipe.acquire();
-                tma::load(sv.at(s), v, [b * k_bm + kvh * hm, j * BN, kvh * cm], vpipe);
-                vpipe.commit(s);
-            }
+            load_kv(k, v, sk, sv, kpipe, vpipe, b * k_bm + kvh * hm, 0, kvh * cm, part * nb / np, (part + 1) * nb / np);
         }
     } else {
-        setmaxnreg(240);
-        let me = warpgroup::id() - 1;
+        let (me, mut acc, mut p, mut m, mut l) = consumer_begin::<T, D, BN>();
         let row = me * 64;
-        let mut acc = Tile::<f32, 64, D>::zeros();
         let mut nt = 0;
-        let mut p = Tile::<T, 64, BN>::zeros();
-        // Finite, so that a row with every key masked keeps a scale of exp2(0) = 1 and sums 0.
-        let mut m = Tile::<f32, 64, 1>::full(f32::MIN);
-        let mut l = Tile::<f32, 64, 1>::zeros();
-        // The consumers take turns issuing their MMAs (named barriers 0 and 1: each waits at
-        // its own, then lets the other go), so that one's softmax runs beside the other's
-        // MMAs. The second lets the first begin.
-        if me == 1 {
-            barrier::arrive(0, 2);
-        }
         for tile in queue.take() {
-            // Tiles from `full` on come in `parts` parts, each a range of the key blocks.
-            let mut t = tile;
-            let mut part = 0;
-            let mut np = 1;
-            if tile >= full {
-                t = full + (tile - full) / parts;
-                part = (tile - full) % parts;
-                np = parts;
-            }
-            // Heads go in groups of `hg`, each group's tiles heaviest first across its heads.
-            let g0 = t / (m_tiles * hg);
-            let r = t - g0 * (m_tiles * hg);
-            let gs = min(hg, lse.dim(0) - g0 * hg);
-            let rq = r / gs;
-            let bh = g0 * hg + r - rq * gs;
-            let q0 = (m_tiles - 1 - rq) * 128;
+            let (part, np, bh, q0) = dense_tile(tile, full, parts, m_tiles, hg, lse.dim(0));
             let b = bh / heads;
             let h = bh - b * heads;
             let mut kv_end = seq_k;
@@ -433,32 +438,13 @@ pub fn flash_attention_varlen(
                 let s = qpipe.acquire();
                 tma::load(sq.at(s), q, [b * q_bm + h * hm, q_start + q0, h * cm], qpipe);
                 qpipe.commit(s);
-                for j in 0..(kv_end + BN - 1) / BN {
-                    let s = kpipe.acquire();
-                    tma::load(sk.at(s), k, [b * k_bm + kvh * hm, k_start + j * BN, kvh * cm], kpipe);
-                    kpipe.commit(s);
-                    let s = vpipe.acquire();
-                    tma::load(sv.at(s), v, [b * k_bm + kvh * hm, k_start + j * BN, kvh * cm], vpipe);
-                    vpipe.commit(s);
-                }
+                load_kv(k, v, sk, sv, kpipe, vpipe, b * k_bm + kvh * hm, k_start, kvh * cm, 0, (kv_end + BN - 1) / BN);
             }
         }
     } else {
-        setmaxnreg(240);
-        let me = warpgroup::id() - 1;
+        let (me, mut acc, mut p, mut m, mut l) = consumer_begin::<T, D, BN>();
         let row = me * 64;
-        let mut acc = Tile::<f32, 64, D>::zeros();
         let mut nt = 0;
-        let mut p = Tile::<T, 64, BN>::zeros();
-        // Finite, so that a row with every key masked keeps a scale of exp2(0) = 1 and sums 0.
-        let mut m = Tile::<f32, 64, 1>::full(f32::MIN);
-        let mut l = Tile::<f32, 64, 1>::zeros();
-        // The consumers take turns issuing their MMAs (named barriers 0 and 1: each waits at
-        // its own, then lets the other go), so that one's softmax runs beside the other's
-        // MMAs. The second lets the first begin.
-        if me == 1 {
-            barrier::arrive(0, 2);
-        }
         for tile in queue.take() {
             // Heads go in groups of `hg`, each group's tiles heaviest first across its heads.
             let g0 = tile / (m_tiles * hg);
