@@ -108,7 +108,8 @@ impl Checker<'_> {
     }
 
     /// Records what `name` (just bound or assigned `value`) holds: the stage `value` names, if
-    /// any, unreleased — in the innermost binding of `name`.
+    /// any, unreleased — in this scope (an assignment inside a branch or a loop body says
+    /// nothing of the binding after it).
     fn track_slot(&mut self, name: &str, value: &crate::tirh::Expr) {
         let slot = match &value.kind {
             ExprKind::PipeStage { pipe, .. } => self.pipeline(pipe, value.loc).ok().map(|(stages, _)| {
@@ -123,8 +124,8 @@ impl Checker<'_> {
             }),
             _ => self.slot_of(value).map(|s| Slot { released: None, ..s }),
         };
-        if let Some(b) = self.scopes.iter_mut().rev().find_map(|s| s.get_mut(name)) {
-            b.slot = slot;
+        if let (Some(b), Some(scope)) = (self.lookup(name), self.scopes.last_mut()) {
+            scope.insert(name.to_string(), Binding { slot, ..b });
         }
     }
 
