@@ -10,19 +10,19 @@
 //! `cargo run --release --example epilogue_chain` checks both against float64 references: on
 //! the GPU where there is one (Hopper), else in the CPU interpreter at a smaller size.
 
-use tessera::{bf16, device, kernel, Device, Grid, Tensor};
-use tessera_kernels::prelude::{attention_persistent, dropout, gelu_tanh, gemm_persistent};
+use tessera::{bf16, device, kernel, Device, Grid, Tensor, F8E4M3};
+use tessera_kernels::prelude::{attention_persistent, dropout, gelu_tanh, gemm_persistent, gemm_portable};
 
 /// `residual + dropout(gelu(x + bias[col]))` on the chunk at `[plane, row, col]` of an
 /// output: `bias` per column, `residual` shaped as the output, elements dropped with
 /// probability `p` by the Philox stream of (`seed`, `plane`, their row and column).
 #[device]
-pub fn bias_gelu_dropout_residual<T>(
-    x: Tile<f32, 64, 64>, bias: Global<T, 1>, residual: Global<T, 3>, p: f32, seed: i32, plane: i32, row: i32, col: i32,
-) -> Tile<f32, 64, 64> {
-    let g = gelu_tanh(x + bias.load::<Tile<T, 1, 64>>([col]).cast::<f32>());
+pub fn bias_gelu_dropout_residual<T, const W: usize>(
+    x: Tile<f32, 64, W>, bias: Global<T, 1>, residual: Global<T, 3>, p: f32, seed: i32, plane: i32, row: i32, col: i32,
+) -> Tile<f32, 64, W> {
+    let g = gelu_tanh(x + bias.load::<Tile<T, 1, W>>([col]).cast::<f32>());
     let kept = dropout(g, p, 1.0 / (1.0 - p), seed, 0, plane, row, col);
-    kept + residual.load::<Tile<T, 64, 64>>([plane, row, col]).cast::<f32>()
+    kept + residual.load::<Tile<T, 64, W>>([plane, row, col]).cast::<f32>()
 }
 
 /// `C = residual + dropout(gelu(A·Bᵀ + bias))`: A `[batch, M, K]`, B `[batch, N, K]`, C and
@@ -42,6 +42,21 @@ pub fn gemm_chain(
     });
 }
 
+/// The same chain, then a scale and a cast to fp8: `C = e4m3((residual + dropout(gelu(A·Bᵀ +
+/// bias))) · scale)` on the library's portable GEMM (`gemm_portable`, 64×16 chunks stored
+/// directly, so C may be an fp8 tensor): the quantized output of a layer whose next GEMM reads
+/// fp8, in the one pass over C.
+#[kernel(warpgroups = 3, targets(sm_90a))]
+pub fn gemm_chain_fp8(
+    a: Global<bf16, 3>, b: Global<bf16, 3>, c: Global<f8e4m3, 3>, bias: Global<bf16, 1>, residual: Global<bf16, 3>, p: f32, seed: i32,
+    scale: f32,
+) {
+    let sa = Smem::<bf16, 128, 64>::ring(4);
+    let sb = Smem::<bf16, 128, 64>::ring(4);
+    let pipe = Pipeline::<4>::new(2);
+    gemm_portable::<0>(a, b, c, sa, sb, pipe, |acc, bt, m, n| bias_gelu_dropout_residual(acc, bias, residual, p, seed, bt, m, n) * scale);
+}
+
 /// `O = residual + dropout(gelu(softmax(Q·Kᵀ·scale)·V + bias))` per (batch·head): Q, K, V, O
 /// and `residual` `[batch·heads, seq, 128]`, `bias` `[128]`; the library's attention schedule
 /// (128-query tiles, 128-key blocks, two stages) with every tile whole (`full` = every tile,
@@ -53,44 +68,12 @@ pub fn attention_chain(
     opart: Global<f32, 3>, lpart: Global<f32, 3>, bias: Global<bf16, 1>, residual: Global<bf16, 3>, causal: i32, scale_log2: f32, p: f32,
     seed: i32,
 ) {
-    let sq = Smem::<bf16, 128, 128>::ring(1);
-    let sk = Smem::<bf16, 128, 128>::ring(2);
-    let sv = Smem::<bf16, 128, 128>::ring(2);
-    let so = Smem::<bf16, 64, 64>::ring(4);
-    let qpipe = Pipeline::<1>::new(2);
-    let kpipe = Pipeline::<2>::new(2);
-    let vpipe = Pipeline::<2>::new(2);
     let tiles = (q.dim(1) + 127) / 128 * q.dim(0);
     // [batch·heads, seq, dim] views, one head a plane: (q_bm, k_bm, hm, cm) = (1, 1, 0, 0)
     // with `heads` 1; no grouped heads, one head per group, no log-sum-exp.
-    attention_persistent(
-        q,
-        k,
-        v,
-        o,
-        lse,
-        counter,
-        opart,
-        lpart,
-        sq,
-        sk,
-        sv,
-        so,
-        qpipe,
-        kpipe,
-        vpipe,
-        tiles,
-        1,
-        1,
-        1,
-        1,
-        1,
-        0,
-        0,
-        causal,
-        1,
-        0,
-        scale_log2,
+    #[rustfmt::skip]
+    attention_persistent::<bf16, 128, 128, 2>(
+        q, k, v, o, lse, counter, opart, lpart, tiles, 1, 1, 1, 1, 1, 0, 0, causal, 1, 0, scale_log2,
         |x, plane, row, col| bias_gelu_dropout_residual(x, bias, residual, p, seed, plane, row, col),
     );
 }
@@ -126,6 +109,24 @@ pub fn run_gemm(
     let tiles = Grid::tiles(m, 128).saturating_mul(Grid::tiles(n, 256));
     let mut counter = dev.tile_counter()?;
     gemm_chain::launch(dev, tiles.min(dev.sm_count()), &a3, &b3, &mut c3, bias, &r3, &mut counter, p, seed)
+}
+
+/// Runs `gemm_chain_fp8` as [`run_gemm`] runs `gemm_chain`, C in E4M3 scaled by `scale`.
+///
+/// # Errors
+/// As the launcher's.
+#[allow(clippy::too_many_arguments)]
+pub fn run_gemm_fp8(
+    dev: &Device, a: &Tensor<bf16>, b: &Tensor<bf16>, bias: &Tensor<bf16>, residual: &Tensor<bf16>, c: &mut Tensor<F8E4M3>, p: f32,
+    seed: i32, scale: f32,
+) -> tessera::Result<()> {
+    let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[0]);
+    let a3 = a.view(&[1, m, k], &[m * k, k, 1])?;
+    let b3 = b.view(&[1, n, k], &[n * k, k, 1])?;
+    let r3 = residual.view(&[1, m, n], &[m * n, n, 1])?;
+    let mut c3 = c.view_mut(&[1, m, n], &[m * n, n, 1])?;
+    let tiles = Grid::tiles(m, 128).saturating_mul(Grid::tiles(n, 128));
+    gemm_chain_fp8::launch(dev, tiles.min(dev.sm_count()), &a3, &b3, &mut c3, bias, &r3, p, seed, scale)
 }
 
 /// Runs `attention_chain` on `[planes, seq, 128]` tensors.
@@ -179,12 +180,13 @@ fn rel(num: f64, den: f64) -> f64 {
     (num / den.max(1e-30)).sqrt()
 }
 
-/// Runs both kernels at `(m, n, k)` and `(planes, seq)` (causal) on fresh random inputs, outputs
-/// poisoned, and returns their relative errors against float64, every `step`-th row checked.
+/// Runs the three kernels at `(m, n, k)` and `(planes, seq)` (causal) on fresh random inputs,
+/// outputs poisoned, and returns their relative errors against float64 (GEMM, fp8 GEMM,
+/// attention), every `step`-th row checked.
 ///
 /// # Errors
 /// As the launchers'.
-pub fn check(dev: &Device, (m, n, k): (usize, usize, usize), (planes, seq): (usize, usize), step: usize) -> tessera::Result<(f64, f64)> {
+pub fn check(dev: &Device, (m, n, k): (usize, usize, usize), (planes, seq): (usize, usize), step: usize) -> tessera::Result<[f64; 3]> {
     let mut rng = tessera::testing::Uniform::new();
     let p = 0.1 + 0.2 * rng.vec(1, |x| x.abs())[0];
     let seed = rng.vec(1, |x| (x * 1e6) as i32)[0];
@@ -208,6 +210,21 @@ pub fn check(dev: &Device, (m, n, k): (usize, usize, usize), (planes, seq): (usi
         }
     }
     let gemm_err = rel(num, den);
+    // The same chain into fp8 (E4M3 keeps 3 mantissa bits: a relative error near 2⁻⁵).
+    let scale = 0.5 + rng.vec(1, |x| x.abs())[0];
+    let mut c8 = Tensor::from_host(dev, &vec![F8E4M3::from_bits(0x7f); m * n], &[m, n])?;
+    run_gemm_fp8(dev, &a, &b, &bias, &res, &mut c8, p, seed, scale)?;
+    let got8 = c8.to_host()?;
+    let (mut num, mut den) = (0.0, 0.0);
+    for i in (0..m).step_by(step) {
+        for j in 0..n {
+            let dot: f64 = (0..k).map(|x| f64::from(ha[i * k + x].to_f32()) * f64::from(hb[j * k + x].to_f32())).sum();
+            let want = chain_reference(dot, &hbias, &hres, [m, n], p, seed, [0, i, j]) * f64::from(scale);
+            num += (f64::from(got8[i * n + j].to_f32()) - want).powi(2);
+            den += want * want;
+        }
+    }
+    let fp8_err = rel(num, den);
     // The attention.
     let len = planes * seq * 128;
     let qkv: Vec<Vec<bf16>> = (0..3).map(|_| rng.vec(len, bf16::from_f32)).collect();
@@ -228,7 +245,7 @@ pub fn check(dev: &Device, (m, n, k): (usize, usize, usize), (planes, seq): (usi
             }
         }
     }
-    Ok((gemm_err, rel(num, den)))
+    Ok([gemm_err, fp8_err, rel(num, den)])
 }
 
 #[allow(dead_code)]
@@ -236,11 +253,11 @@ fn main() -> tessera::Result<()> {
     let dev = Device::gpu_or_cpu();
     let gpu = !dev.is_cpu();
     let (gemm, attn, step) = if gpu { ((1000, 2048, 520), (6, 1000), 37) } else { ((130, 264, 72), (2, 130), 1) };
-    let (gemm_err, attn_err) = check(&dev, gemm, attn, step)?;
+    let [g, g8, a] = check(&dev, gemm, attn, step)?;
     println!(
-        "epilogue chain on {}: GEMM {gemm:?} relative error {gemm_err:.2e}; causal attention {attn:?}×128 {attn_err:.2e}",
+        "epilogue chain on {}: GEMM {gemm:?} relative error {g:.2e}, into fp8 {g8:.2e}; causal attention {attn:?}×128 {a:.2e}",
         if gpu { "the GPU" } else { "the CPU interpreter" }
     );
-    assert!(gemm_err < 1e-2 && attn_err < 1e-2, "the chain's outputs differ from float64");
+    assert!(g < 1e-2 && g8 < 6e-2 && a < 1e-2, "the chain's outputs differ from float64");
     Ok(())
 }

@@ -532,20 +532,21 @@ fn interp_custom_epilogue_matches_f64_reference() {
 mod epilogue_chain;
 
 /// One epilogue chain, bias → GELU → dropout → residual (`examples/epilogue_chain.rs`), fused
-/// into the library's GEMM and its attention forward: each against float64 (the dropout mask
+/// into the library's GEMM (and, scaled, cast to fp8 in its portable GEMM) and its attention
+/// forward: each against float64 (the dropout mask
 /// from the host's copy of the Philox stream), outputs poisoned, off the tile grid.
 #[test]
 fn gpu_epilogue_chain_matches_f64_reference() {
     if let Some(dev) = gpu_or_skip("gpu_epilogue_chain_matches_f64_reference") {
         for (gemm, attn) in [((1000, 2048, 520), (6, 1000)), ((129, 264, 64), (3, 77))] {
-            let (g, a) = epilogue_chain::check(&dev, gemm, attn, 7).expect("chain");
-            assert!(g < 1e-2 && a < 1e-2, "{gemm:?} {attn:?}: GEMM relative error {g}, attention {a}");
+            let [g, g8, a] = epilogue_chain::check(&dev, gemm, attn, 7).expect("chain");
+            assert!(g < 1e-2 && g8 < 6e-2 && a < 1e-2, "{gemm:?} {attn:?}: GEMM relative error {g}, fp8 {g8}, attention {a}");
         }
     }
 }
 
 #[test]
 fn interp_epilogue_chain_matches_f64_reference() {
-    let (g, a) = epilogue_chain::check(&Device::cpu(), (130, 264, 72), (2, 130), 1).expect("chain");
-    assert!(g < 1e-2 && a < 1e-2, "GEMM relative error {g}, attention {a}");
+    let [g, g8, a] = epilogue_chain::check(&Device::cpu(), (130, 264, 72), (2, 130), 1).expect("chain");
+    assert!(g < 1e-2 && g8 < 6e-2 && a < 1e-2, "GEMM relative error {g}, fp8 {g8}, attention {a}");
 }

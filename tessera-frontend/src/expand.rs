@@ -1337,6 +1337,23 @@ mod tests {
     }
 
     #[test]
+    fn an_accumulator_tile_stores_to_fp8() {
+        // Its pairs of columns are 2 bytes: stored element by element (a run once overran its
+        // registers there and the macro panicked).
+        let f: syn::ItemFn = parse_quote! {
+            fn k8(a: Global<bf16, 2>, c: Global<f8e4m3, 2>) {
+                let sa = Smem::<bf16, 64, 64>::ring(1);
+                let mut acc = Tile::<f32, 64, 64>::zeros();
+                mma_sync(acc, sa.at(0), sa.at(0));
+                mma_wait(0);
+                c.store([0, 0], acc.cols(16, 16).cast::<f8e4m3>());
+            }
+        };
+        let r = compile(&f);
+        assert!(r.is_ok(), "{:?}", r.err());
+    }
+
+    #[test]
     fn syntax_errors_are_collected_before_checking() {
         let f: syn::ItemFn = parse_quote! {
             fn k(x: Vec<f32>, n: u64) {

@@ -19,7 +19,7 @@
 
 use tessera::device;
 
-pub use crate::attention::kernels::{attend_blocks, attention_persistent};
+pub use crate::attention::kernels::{attend_blocks, attention_persistent, attention_varlen_persistent};
 
 /// `t / sqrt(mean(t²) + eps)` per row, the mean over `n` columns (the tile's columns from `n`
 /// on must hold zeros, as a load past a row's end gives).
@@ -223,6 +223,48 @@ pub fn gemm_persistent<const KN: usize, const BN: usize, T, const S: usize, cons
             }
         }
         tma::store_wait(0);
+    }
+}
+
+/// The library's portable GEMM (sm_90a and sm_80: TMA or cp.async, wgmma or mma.sync),
+/// `C = epilogue(A·B)`: A `[batch, M, K]`, B `[batch, N, K]` (`KN` 0: `sb` a 128×64 ring) or
+/// `[batch, K, N]` (`KN` 1: `sb` 64×128), C `[batch, M, N]` in a dtype `U` of its own (an fp8
+/// type too, where the target casts to it); 128×128 tiles over a grid-stride loop of any grid,
+/// launched with three warpgroups. The consumers hand `epilogue(acc, batch, row, col)` each
+/// 64×16 chunk of the accumulator with its origin in C and store what it returns, cast to `U`,
+/// directly (no staging: every element once).
+#[device]
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_portable<const KN: usize, T, U, const SR: usize, const SC: usize>(
+    a: Global<T, 3>, b: Global<T, 3>, c: Global<U, 3>, sa: Smem<T, 128, 64>, sb: Smem<T, SR, SC>, pipe: Pipeline<4>,
+    epilogue: impl Fn(Tile<f32, 64, 16>, i32, i32, i32) -> Tile<f32, 64, 16>,
+) {
+    let k_steps = (a.dim(2) + 63) / 64;
+    let tiles_m = (c.dim(1) + 127) / 128;
+    let tiles_n = (c.dim(2) + 127) / 128;
+    let per_batch = tiles_m * tiles_n;
+    let group = 8 * tiles_n;
+    if warpgroup::id() == 0 {
+        setmaxnreg(40);
+        for tile in (block::id_x()..per_batch * c.dim(0)).step_by(grid::dim_x()) {
+            let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
+            gemm_load::<KN>(a, b, sa, sb, pipe, bt, tm * 128, tn * 128, k_steps);
+        }
+    } else {
+        setmaxnreg(232);
+        let row = (warpgroup::id() - 1) * 64;
+        let mut acc = Tile::<f32, 64, 128>::zeros();
+        for tile in (block::id_x()..per_batch * c.dim(0)).step_by(grid::dim_x()) {
+            let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
+            let m0 = tm * 128 + row;
+            let n0 = tn * 128;
+            gemm_mma::<KN>(&mut acc, sa, sb, pipe, row, k_steps);
+            #[unroll]
+            for j in 0..8 {
+                let n = n0 + j * 16;
+                c.store([bt, m0, n], epilogue(acc.cols(j * 16, 16), bt, m0, n).cast::<U>());
+            }
+        }
     }
 }
 

@@ -199,18 +199,24 @@ pub fn attend_blocks<T, const D: usize, const BN: usize, const S: usize>(
 /// rank-3 view) in registers, and what it returns is stored in `T` by TMA: no extra pass over
 /// `o`. Tiles run in parts (`parts` > 1, from `full` on) leave unnormalized f32 partials in
 /// `opart`/`lpart` for `attention_combine`, which applies no epilogue: a kernel with an epilogue
-/// is launched with `full` = every tile and `parts` = 1. The rings and pipelines are the
-/// kernel's: `sq` one stage of 128 query rows, `sk`/`sv` `S` stages of `BN` keys, `so` four
-/// 64×64 staging buffers.
+/// is launched with `full` = every tile and `parts` = 1. It makes its own rings: one stage of
+/// 128 query rows, `S` stages of `BN` keys for K and for V, four 64×64 staging buffers; name
+/// its generics at the call, `attention_persistent::<bf16, 128, 128, 2>(…)` (dtype, head dim,
+/// key block, stages).
 #[tessera::device]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_persistent<T, const D: usize, const BN: usize, const S: usize>(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, o: Global<T, 3>, lse: Global<f32, 3>, counter: Global<i32, 1>,
-    opart: Global<f32, 3>, lpart: Global<f32, 3>, sq: Smem<T, 128, D>, sk: Smem<T, BN, D>, sv: Smem<T, BN, D>, so: Smem<T, 64, 64>,
-    qpipe: Pipeline<1>, kpipe: Pipeline<S>, vpipe: Pipeline<S>, full: i32, parts: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32,
-    hm: i32, cm: i32, causal: i32, hg: i32, keep_lse: i32, scale_log2: f32,
-    epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
+    opart: Global<f32, 3>, lpart: Global<f32, 3>, full: i32, parts: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32,
+    causal: i32, hg: i32, keep_lse: i32, scale_log2: f32, epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
 ) {
+    let sq = Smem::<T, 128, D>::ring(1);
+    let sk = Smem::<T, BN, D>::ring(S);
+    let sv = Smem::<T, BN, D>::ring(S);
+    let so = Smem::<T, 64, 64>::ring(4);
+    let qpipe = Pipeline::<1>::new(2);
+    let kpipe = Pipeline::<S>::new(2);
+    let vpipe = Pipeline::<S>::new(2);
     let seq_q = q.dim(1);
     let seq_k = k.dim(1);
     // Causally, key j is visible to query i when j ≤ i + seq_k − seq_q (aligned at the end).
@@ -308,14 +314,7 @@ pub fn flash_attention(
     opart: Global<f32, 3>, lpart: Global<f32, 3>, full: i32, parts: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32,
     causal: i32, hg: i32, keep_lse: i32, scale_log2: f32,
 ) {
-    let sq = Smem::<T, 128, D>::ring(1);
-    let sk = Smem::<T, BN, D>::ring(STAGES);
-    let sv = Smem::<T, BN, D>::ring(STAGES);
-    let so = Smem::<T, 64, 64>::ring(4);
-    let qpipe = Pipeline::<1>::new(2);
-    let kpipe = Pipeline::<STAGES>::new(2);
-    let vpipe = Pipeline::<STAGES>::new(2);
-    attention_persistent(
+    attention_persistent::<T, D, BN, STAGES>(
         q,
         k,
         v,
@@ -324,13 +323,6 @@ pub fn flash_attention(
         counter,
         opart,
         lpart,
-        sq,
-        sk,
-        sv,
-        so,
-        qpipe,
-        kpipe,
-        vpipe,
         full,
         parts,
         heads,
@@ -384,23 +376,24 @@ pub fn attention_combine(
     lse.store([bh, q0 + r, 0], (top + log2(sum)) * 0.6931471805599453);
 }
 
-/// FlashAttention forward over sequences packed end to end: `flash_attention` with each (batch, head)'s rows found from the offsets `cu_q`/`cu_k` (`varlen` 1; with 0 it
-/// reads `[batch, seq, …]` views as `flash_attention` does), P kept in 16 bits between blocks,
-/// and a sequence's last rows stored with bounds (a TMA box would write the next sequence's).
-/// Key blocks of 160 or 128 (192, with the offsets' registers beside, spills at head dim 64).
-#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], STAGES = [4, 2, 3], BN = [160, 128]), targets(sm_90a))]
-pub fn flash_attention_varlen(
+/// The packed (varlen) FlashAttention forward's body, with an epilogue on the output as
+/// [`attention_persistent`] takes it: `flash_attention_varlen` is its rings and one call with
+/// `|x, _, _, _| x`. A sequence's last rows, stored with bounds rather than by TMA, go through
+/// the epilogue too (their plane 0 of the packed `[1, total, heads·dim]` view).
+#[tessera::device]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_varlen_persistent<T, const D: usize, const BN: usize, const S: usize>(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, o: Global<T, 3>, lse: Global<f32, 3>, counter: Global<i32, 1>, cu_q: Global<i32, 1>,
     cu_k: Global<i32, 1>, batch: i32, max_q: i32, varlen: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32, causal: i32,
-    hg: i32, scale_log2: f32,
+    hg: i32, scale_log2: f32, epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
 ) {
     let sq = Smem::<T, 128, D>::ring(1);
-    let sk = Smem::<T, BN, D>::ring(STAGES);
-    let sv = Smem::<T, BN, D>::ring(STAGES);
+    let sk = Smem::<T, BN, D>::ring(S);
+    let sv = Smem::<T, BN, D>::ring(S);
     let so = Smem::<T, 64, 64>::ring(4);
     let qpipe = Pipeline::<1>::new(2);
-    let kpipe = Pipeline::<STAGES>::new(2);
-    let vpipe = Pipeline::<STAGES>::new(2);
+    let kpipe = Pipeline::<S>::new(2);
+    let vpipe = Pipeline::<S>::new(2);
     // Query tiles per (batch, head): of the longest sequence when they are packed.
     let m_tiles = (max_q + 127) / 128;
     // Tiles are claimed at run time, `hg` heads at a time, the group's heaviest (causal: last)
@@ -499,21 +492,60 @@ pub fn flash_attention_varlen(
                     #[unroll]
                     for jj in 0..D / 64 {
                         let buf = me * 2 + (nt * (D / 64) + jj) % 2;
+                        let plane = b * q_bm + h * hm;
+                        let orow = q_start + q0 + row;
+                        let ocol = h * cm + jj * 64;
                         tma::store_wait(1);
-                        so.at(buf).store((acc.cols(jj * 64, 64) * inv).cast::<T>());
-                        tma::store(o, [b * q_bm + h * hm, q_start + q0 + row, h * cm + jj * 64], so.at(buf));
+                        so.at(buf).store(epilogue(acc.cols(jj * 64, 64) * inv, plane, orow, ocol).cast::<T>());
+                        tma::store(o, [plane, orow, ocol], so.at(buf));
                     }
                     nt = nt + 1;
                 } else {
                     // A packed sequence's last rows: a TMA box would write the next sequence's.
                     #[unroll]
                     for jj in 0..D / 64 {
-                        let out = (acc.cols(jj * 64, 64) * inv).cast::<T>();
-                        o.store_within([0, q_start + q0 + row, h * cm + jj * 64], out, [1, q_end, o.dim(2)]);
+                        let ocol = h * cm + jj * 64;
+                        let out = epilogue(acc.cols(jj * 64, 64) * inv, 0, q_start + q0 + row, ocol).cast::<T>();
+                        o.store_within([0, q_start + q0 + row, ocol], out, [1, q_end, o.dim(2)]);
                     }
                 }
             }
         }
         tma::store_wait(0);
     }
+}
+
+/// FlashAttention forward over sequences packed end to end: `flash_attention` with each (batch, head)'s rows found from the offsets `cu_q`/`cu_k` (`varlen` 1; with 0 it
+/// reads `[batch, seq, …]` views as `flash_attention` does), P kept in 16 bits between blocks,
+/// and a sequence's last rows stored with bounds (a TMA box would write the next sequence's).
+/// Key blocks of 160 or 128 (192, with the offsets' registers beside, spills at head dim 64).
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], STAGES = [4, 2, 3], BN = [160, 128]), targets(sm_90a))]
+pub fn flash_attention_varlen(
+    q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, o: Global<T, 3>, lse: Global<f32, 3>, counter: Global<i32, 1>, cu_q: Global<i32, 1>,
+    cu_k: Global<i32, 1>, batch: i32, max_q: i32, varlen: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32, causal: i32,
+    hg: i32, scale_log2: f32,
+) {
+    attention_varlen_persistent::<T, D, BN, STAGES>(
+        q,
+        k,
+        v,
+        o,
+        lse,
+        counter,
+        cu_q,
+        cu_k,
+        batch,
+        max_q,
+        varlen,
+        heads,
+        group,
+        q_bm,
+        k_bm,
+        hm,
+        cm,
+        causal,
+        hg,
+        scale_log2,
+        |x, _plane, _row, _col| x,
+    );
 }

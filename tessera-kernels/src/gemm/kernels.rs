@@ -48,51 +48,24 @@ pub fn gemm_nn(
     gemm_persistent::<1, BN>(a, b, c, counter, sa, sb, sc, pipe, |acc, _bt, m0, n| bias_act(acc * alpha, bias, bias_kind, act, m0, n));
 }
 
-/// The portable GEMM's body, shared by `gemm_tn_full` (`KN` 0) and `gemm_nn_full` (`KN` 1):
-/// 128×128 tiles over a grid-stride loop, the whole epilogue
-/// `act(alpha·acc + beta·C_in + bias) + residual` 16 columns at a time, C stored directly.
+/// The built-in portable epilogue on a chunk at `[bt, m0, n]`: `act(alpha·acc + beta·C_in +
+/// bias) + residual`, each term where asked.
 #[tessera::device]
 #[allow(clippy::too_many_arguments)]
-fn gemm_portable<const KN: usize, T, const SR: usize, const SC: usize>(
-    a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, c_in: Global<T, 3>, bias: Global<T, 1>, residual: Global<T, 3>,
-    sa: Smem<T, 128, 64>, sb: Smem<T, SR, SC>, pipe: Pipeline<4>, alpha: f32, beta: f32, bias_kind: i32, act: i32, add_residual: i32,
-) {
-    let k_steps = (a.dim(2) + 63) / 64;
-    let tiles_m = (c.dim(1) + 127) / 128;
-    let tiles_n = (c.dim(2) + 127) / 128;
-    let per_batch = tiles_m * tiles_n;
-    let group = 8 * tiles_n;
-    if warpgroup::id() == 0 {
-        setmaxnreg(40);
-        for tile in (block::id_x()..per_batch * c.dim(0)).step_by(grid::dim_x()) {
-            let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
-            gemm_load::<KN>(a, b, sa, sb, pipe, bt, tm * 128, tn * 128, k_steps);
-        }
-    } else {
-        setmaxnreg(232);
-        let row = (warpgroup::id() - 1) * 64;
-        let mut acc = Tile::<f32, 64, 128>::zeros();
-        for tile in (block::id_x()..per_batch * c.dim(0)).step_by(grid::dim_x()) {
-            let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
-            let m0 = tm * 128 + row;
-            let n0 = tn * 128;
-            gemm_mma::<KN>(&mut acc, sa, sb, pipe, row, k_steps);
-            #[unroll]
-            for j in 0..8 {
-                let n = n0 + j * 16;
-                let mut out = acc.cols(j * 16, 16) * alpha;
-                if beta != 0.0 {
-                    out = out + c_in.load::<Tile<T, 64, 16>>([bt, m0, n]).cast::<f32>() * beta;
-                }
-                add_bias(&mut out, bias, bias_kind, n, m0);
-                activate(&mut out, act);
-                if add_residual == 1 {
-                    out = out + residual.load::<Tile<T, 64, 16>>([bt, m0, n]).cast::<f32>();
-                }
-                c.store([bt, m0, n], out.cast::<T>());
-            }
-        }
+fn full_epilogue<T, const W: usize>(
+    acc: Tile<f32, 64, W>, c_in: Global<T, 3>, bias: Global<T, 1>, residual: Global<T, 3>, alpha: f32, beta: f32, bias_kind: i32, act: i32,
+    add_residual: i32, bt: i32, m0: i32, n: i32,
+) -> Tile<f32, 64, W> {
+    let mut out = acc * alpha;
+    if beta != 0.0 {
+        out = out + c_in.load::<Tile<T, 64, W>>([bt, m0, n]).cast::<f32>() * beta;
     }
+    add_bias(&mut out, bias, bias_kind, n, m0);
+    activate(&mut out, act);
+    if add_residual == 1 {
+        out = out + residual.load::<Tile<T, 64, W>>([bt, m0, n]).cast::<f32>();
+    }
+    out
 }
 
 /// `gemm_tn_*` with the whole epilogue, `act(alpha·acc + beta·C_in + bias) + residual`, on
@@ -106,7 +79,9 @@ pub fn gemm_tn_full(
     let sa = Smem::<T, 128, 64>::ring(4);
     let sb = Smem::<T, 128, 64>::ring(4);
     let pipe = Pipeline::<4>::new(2);
-    gemm_portable::<0>(a, b, c, c_in, bias, residual, sa, sb, pipe, alpha, beta, bias_kind, act, add_residual);
+    gemm_portable::<0>(a, b, c, sa, sb, pipe, |acc, bt, m0, n| {
+        full_epilogue(acc, c_in, bias, residual, alpha, beta, bias_kind, act, add_residual, bt, m0, n)
+    });
 }
 
 /// `gemm_tn_full_*` with B stored `[batch, K, N]`.
@@ -118,7 +93,9 @@ pub fn gemm_nn_full(
     let sa = Smem::<T, 128, 64>::ring(4);
     let sb = Smem::<T, 64, 128>::ring(4);
     let pipe = Pipeline::<4>::new(2);
-    gemm_portable::<1>(a, b, c, c_in, bias, residual, sa, sb, pipe, alpha, beta, bias_kind, act, add_residual);
+    gemm_portable::<1>(a, b, c, sa, sb, pipe, |acc, bt, m0, n| {
+        full_epilogue(acc, c_in, bias, residual, alpha, beta, bias_kind, act, add_residual, bt, m0, n)
+    });
 }
 
 /// `y = gelu_tanh(x + bias)` with a bias per column: the unfused epilogue that the GEMM

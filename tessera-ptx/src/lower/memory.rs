@@ -445,7 +445,10 @@ impl Lowerer<'_> {
             if let Some(label) = vector {
                 self.body.push(crate::tirt::Inst::Label(label));
             }
-            self.pack(&regs[i..i + run], words);
+            // Packs exist only for paired loads, which move whole runs (`n == run`).
+            if let Some(w) = words {
+                self.pack(&regs[i..i + run], Some(w));
+            }
             i += n;
         }
     }
