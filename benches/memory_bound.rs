@@ -77,6 +77,16 @@ fn main() {
             timed(&mut criterion, "softmax", &mut f);
             rows.push(("softmax", 2.0 * mb, time_ms(&dev, 5, 20, f)));
         }
+        // Prefix scans along the rows (16 rows a block, 256-column chunks carried along).
+        {
+            let mut f = || tessera_kernels::cumsum(&dev, &x, &mut y).expect("cumsum");
+            timed(&mut criterion, "cumsum", &mut f);
+            rows.push(("cumsum", 2.0 * mb, time_ms(&dev, 5, 20, f)));
+        }
+        {
+            let mut f = || tessera_kernels::logcumsumexp(&dev, &x, &mut y).expect("logcumsumexp");
+            rows.push(("logcumsumexp", 2.0 * mb, time_ms(&dev, 5, 20, &mut f)));
+        }
     }
     // The norms in bf16 with weight (and bias): x read once, y written once, the [hidden]
     // parameters once. 16384×8192 first (the shape), then hidden sizes around it with

@@ -26,6 +26,7 @@ mod norm_fused;
 pub mod prelude;
 mod reduce;
 mod rope;
+mod scan;
 mod softmax;
 
 pub use attention::{attention, attention_variants, attention_varlen, attention_with_lse, Attention, AttentionElement, AttentionLayout};
@@ -38,6 +39,7 @@ pub use reduce::{col_max, col_mean, col_sum, row_max, row_mean, row_sum};
 pub use rope::{
     rope, rope_backward, rope_backward_in_place, rope_cache, rope_in_place, HeadLayout, Positions, Rope, RopeElement, RopeStyle,
 };
+pub use scan::{cumprod, cumsum, cumsum_backward, logcumsumexp, ScanElement};
 pub use softmax::{softmax, softmax_backward, softmax_with, SoftmaxElement, SoftmaxOptions, SOFTMAX_ROW_MAX};
 
 /// The library's generated kernel modules, one per `#[kernel]` and dtype (`gemm_tn_bf16`,
@@ -74,6 +76,10 @@ pub mod kernels {
     };
     pub use crate::reduce::{col_max_f32, col_sum_f32, row_max_f32, row_sum_f32, scale_f32};
     pub use crate::rope::{rope_half_bf16, rope_half_f16, rope_half_f32, rope_pairs_bf16, rope_pairs_f16, rope_pairs_f32};
+    pub use crate::scan::{
+        cumprod_bf16, cumprod_f16, cumprod_f32, cumsum_bf16, cumsum_f16, cumsum_f32, cumsum_reverse_bf16, cumsum_reverse_f16,
+        cumsum_reverse_f32, logcumsumexp_bf16, logcumsumexp_f16, logcumsumexp_f32,
+    };
     pub use crate::softmax::{
         softmax_backward_bf16, softmax_backward_f16, softmax_backward_f32, softmax_backward_row_bf16, softmax_backward_row_f16,
         softmax_backward_row_f32, softmax_backward_rows4_bf16, softmax_backward_rows4_f16, softmax_backward_rows4_f32, softmax_bf16,
@@ -93,6 +99,18 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         col_sum_f32::VARIANTS,
         col_max_f32::VARIANTS,
         scale_f32::VARIANTS,
+        cumsum_bf16::VARIANTS,
+        cumsum_f16::VARIANTS,
+        cumsum_f32::VARIANTS,
+        cumsum_reverse_bf16::VARIANTS,
+        cumsum_reverse_f16::VARIANTS,
+        cumsum_reverse_f32::VARIANTS,
+        cumprod_bf16::VARIANTS,
+        cumprod_f16::VARIANTS,
+        cumprod_f32::VARIANTS,
+        logcumsumexp_bf16::VARIANTS,
+        logcumsumexp_f16::VARIANTS,
+        logcumsumexp_f32::VARIANTS,
         softmax_bf16::VARIANTS,
         softmax_f16::VARIANTS,
         softmax_f32::VARIANTS,

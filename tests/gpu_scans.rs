@@ -1,0 +1,156 @@
+//! Prefix scans along the last axis (`cumsum`, its backward, `cumprod`, `logcumsumexp`)
+//! against float64 sequential recurrences on the host: fresh random inputs, odd lengths
+//! (1, 7, 1000, 4099), one row and many, bf16/f16/f32, outputs poisoned before each launch. On
+//! the GPU and, at small sizes, in the interpreter.
+
+mod common;
+
+use common::random;
+use tessera::testing::{gpu_or_skip, rel_error};
+use tessera::{bf16, f16, Device, Tensor};
+use tessera_kernels::ScanElement;
+
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Sum,
+    SumBackward,
+    Prod,
+    LogSumExp,
+}
+
+/// The float64 sequential scan of one row.
+fn reference(op: Op, row: &[f64]) -> Vec<f64> {
+    let mut acc = match op {
+        Op::Sum | Op::SumBackward => 0.0,
+        Op::Prod => 1.0,
+        Op::LogSumExp => f64::NEG_INFINITY,
+    };
+    let step = |acc: f64, x: f64| match op {
+        Op::Sum | Op::SumBackward => acc + x,
+        Op::Prod => acc * x,
+        Op::LogSumExp => {
+            let m = acc.max(x);
+            if m == f64::NEG_INFINITY {
+                m
+            } else {
+                m + ((acc - m).exp() + (x - m).exp()).ln()
+            }
+        }
+    };
+    if let Op::SumBackward = op {
+        let mut out: Vec<f64> = row
+            .iter()
+            .rev()
+            .map(|&x| {
+                acc = step(acc, x);
+                acc
+            })
+            .collect();
+        out.reverse();
+        out
+    } else {
+        row.iter()
+            .map(|&x| {
+                acc = step(acc, x);
+                acc
+            })
+            .collect()
+    }
+}
+
+/// Inputs where each scan stays finite and well-scaled: products of factors near 1.
+fn inputs(op: Op, n: usize) -> Vec<f32> {
+    match op {
+        Op::Prod => random(n, 0.99, 1.01),
+        Op::LogSumExp => random(n, -6.0, 6.0),
+        Op::Sum | Op::SumBackward => random(n, -1.0, 1.0),
+    }
+}
+
+fn run<T: ScanElement>(op: Op, dev: &Device, x: &Tensor<T>, y: &mut Tensor<T>) {
+    let r = match op {
+        Op::Sum => tessera_kernels::cumsum(dev, x, y),
+        Op::SumBackward => tessera_kernels::cumsum_backward(dev, x, y),
+        Op::Prod => tessera_kernels::cumprod(dev, x, y),
+        Op::LogSumExp => tessera_kernels::logcumsumexp(dev, x, y),
+    };
+    r.unwrap_or_else(|e| panic!("{op:?}: {e}"));
+}
+
+fn check<T: ScanElement>(dev: &Device, op: Op, shape: &[usize], to: fn(f32) -> T, from: fn(T) -> f64, tol: f64) {
+    let n = *shape.last().expect("rank ≥ 1");
+    let len: usize = shape.iter().product();
+    let host: Vec<T> = inputs(op, len).into_iter().map(to).collect();
+    let x = Tensor::from_host(dev, &host, shape).unwrap();
+    let mut y = Tensor::full(dev, shape, to(f32::NAN)).unwrap();
+    run(op, dev, &x, &mut y);
+    let wide: Vec<f64> = host.iter().map(|&v| from(v)).collect();
+    let want: Vec<f64> = wide.chunks(n).flat_map(|row| reference(op, row)).collect();
+    let got: Vec<f64> = y.to_host().unwrap().into_iter().map(from).collect();
+    let err = rel_error(&got, &want);
+    assert!(err < tol, "{op:?} {shape:?} {}: relative error {err}", std::any::type_name::<T>());
+}
+
+fn scans_match_f64(dev: &Device, shapes: &[&[usize]]) {
+    for &op in &[Op::Sum, Op::SumBackward, Op::Prod, Op::LogSumExp] {
+        for shape in shapes {
+            check::<f32>(dev, op, shape, |v| v, f64::from, 1e-5);
+            check::<bf16>(dev, op, shape, bf16::from_f32, |v| v.to_f64(), 1e-2);
+            check::<f16>(dev, op, shape, f16::from_f32, |v| v.to_f64(), 2e-3);
+        }
+    }
+}
+
+#[test]
+fn gpu_scans_match_f64_reference() {
+    if let Some(dev) = gpu_or_skip("gpu_scans_match_f64_reference") {
+        scans_match_f64(&dev, &[&[1], &[7], &[1000], &[4099], &[33, 4099], &[3, 5, 1000], &[100, 7], &[2, 65537]]);
+    }
+}
+
+#[test]
+fn interp_scans_match_f64_reference() {
+    scans_match_f64(&Device::cpu(), &[&[1], &[7], &[300], &[17, 7], &[2, 3, 513]]);
+}
+
+/// −∞ contributes nothing to a log-sum-exp: a row of −∞ stays −∞, and −∞ among finite values
+/// leaves the finite running value.
+fn logcumsumexp_of_minus_infinity(dev: &Device) {
+    let inf = f32::NEG_INFINITY;
+    let host = [inf, inf, 0.0, inf, 1.0, inf, inf, inf, inf, inf];
+    let x = Tensor::from_host(dev, &host, &[2, 5]).unwrap();
+    let mut y = Tensor::full(dev, &[2, 5], f32::NAN).unwrap();
+    tessera_kernels::logcumsumexp(dev, &x, &mut y).unwrap();
+    let got = y.to_host().unwrap();
+    let want = [inf, inf, 0.0, 0.0, 1.0f32.exp().ln_1p(), inf, inf, inf, inf, inf];
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(if w.is_infinite() { *g == w } else { (g - w).abs() < 1e-6 }, "element {i}: {g}, expected {w}");
+    }
+}
+
+#[test]
+fn gpu_logcumsumexp_of_minus_infinity() {
+    if let Some(dev) = gpu_or_skip("gpu_logcumsumexp_of_minus_infinity") {
+        logcumsumexp_of_minus_infinity(&dev);
+    }
+}
+
+#[test]
+fn interp_logcumsumexp_of_minus_infinity() {
+    logcumsumexp_of_minus_infinity(&Device::cpu());
+}
+
+#[test]
+fn scans_refuse_bad_input() {
+    let dev = Device::cpu();
+    let x = Tensor::from_host(&dev, &[1.0f32; 12], &[3, 4]).unwrap();
+    let mut y = Tensor::full(&dev, &[4, 3], 0.0f32).unwrap();
+    let e = tessera_kernels::cumsum(&dev, &x, &mut y).expect_err("shapes differ").to_string();
+    assert!(e.contains("y") && e.contains("[3, 4]") && e.contains("[4, 3]"), "{e}");
+    let xt = x.view(&[4, 3], &[1, 4]).unwrap();
+    let _ = xt;
+    let s = Tensor::from_host(&dev, &[1.0f32], &[]).unwrap();
+    let mut t = Tensor::full(&dev, &[], 0.0f32).unwrap();
+    let e = tessera_kernels::cumprod(&dev, &s, &mut t).expect_err("a scalar").to_string();
+    assert!(e.contains("rank 1 or more"), "{e}");
+}
