@@ -546,6 +546,9 @@ impl Lowerer<'_> {
         if by == 0 {
             return t;
         }
+        if let Some(regs) = self.shift_in_warp(&t, axis, by, fill) {
+            return TileVal { ty: t.ty, layout: t.layout, regs };
+        }
         let regs: Vec<Reg> = if by >= n {
             t.regs
                 .iter()
@@ -586,6 +589,54 @@ impl Lowerer<'_> {
             // No barrier after the reads: every scratch user starts with one.
         };
         TileVal { ty: t.ty, layout: t.layout, regs }
+    }
+
+    /// `shift_cols(by, fill)` without shared memory where each row lies in one warp's lanes
+    /// (a blocked layout whose runs of `v` columns, one per lane, cover the row once): an
+    /// element `by` columns back is this thread's own register (`by` < `v`, within the run) or
+    /// the same run position of the lane `by / v` before (`shfl.sync.up`), or, for a shift
+    /// under `v` that crosses a run's start, the previous lane's register `by` back; `fill`
+    /// where the column is below `by`. `None` where the layout does not allow it.
+    fn shift_in_warp(&mut self, t: &TileVal, axis: u32, by: u32, fill: Reg) -> Option<Vec<Reg>> {
+        use Operand::{Imm, Reg as R};
+        let l = t.layout;
+        let LayoutKind::Blocked { v, tc, wc: 1, .. } = l.kind else { return None };
+        let fits = axis == 1
+            && l.keep_rows
+            && l.keep_cols
+            && v.is_power_of_two()
+            && l.parent_cols == v * tc
+            && by < l.parent_cols
+            && (by < v || by.is_multiple_of(v))
+            && t.ty.dtype == DType::F32;
+        if !fits || by == 0 {
+            return None;
+        }
+        let slots = l.slots();
+        let at = |dr: u32, dc: u32| slots.iter().position(|s| s.dr == dr && s.dc == dc);
+        let lr = self.layout_regs(l);
+        let mut out = Vec::with_capacity(slots.len());
+        for (i, slot) in slots.iter().enumerate() {
+            let r = self.reg(RegClass::F32, "shift");
+            if by < v && slot.dc >= by {
+                // Within this thread's run.
+                let src = t.regs[at(slot.dr, slot.dc - by)?];
+                self.op("mov.f32", vec![R(r), R(src)]);
+                out.push(r);
+                continue;
+            }
+            let (src, lanes) = if by < v { (t.regs[at(slot.dr, slot.dc + v - by)?], 1) } else { (t.regs[i], by / v) };
+            let got = self.reg(RegClass::F32, "shfl");
+            self.op("shfl.sync.up.b32", vec![R(got), R(src), Imm(i64::from(lanes)), Imm(0), Imm(-1)]);
+            // The element's column, and whether one lies `by` before it in its row.
+            let idx = self.reg(RegClass::B32, "shidx");
+            self.op("add.u32", vec![R(idx), R(lr.col), Imm(i64::from(slot.dc))]);
+            let has = self.reg(RegClass::Pred, "shin");
+            self.op("setp.ge.u32", vec![R(has), R(idx), Imm(i64::from(by))]);
+            self.op("selp.f32", vec![R(r), R(got), R(fill), R(has)]);
+            out.push(r);
+        }
+        Some(out)
     }
 
     /// The shared address of this thread's base element in a row-major `?×cols` scratch tile.
