@@ -27,6 +27,7 @@ pub mod prelude;
 mod reduce;
 mod rope;
 mod scan;
+mod selective_scan;
 mod softmax;
 
 pub use attention::{attention, attention_variants, attention_varlen, attention_with_lse, Attention, AttentionElement, AttentionLayout};
@@ -40,6 +41,7 @@ pub use rope::{
     rope, rope_backward, rope_backward_in_place, rope_cache, rope_in_place, HeadLayout, Positions, Rope, RopeElement, RopeStyle,
 };
 pub use scan::{cumprod, cumsum, cumsum_backward, logcumsumexp, ScanElement};
+pub use selective_scan::{SelectiveScan, SelectiveScanElement};
 pub use softmax::{softmax, softmax_backward, softmax_with, SoftmaxElement, SoftmaxOptions, SOFTMAX_ROW_MAX};
 
 /// The library's generated kernel modules, one per `#[kernel]` and dtype (`gemm_tn_bf16`,
@@ -80,6 +82,7 @@ pub mod kernels {
         cumprod_bf16, cumprod_f16, cumprod_f32, cumsum_bf16, cumsum_f16, cumsum_f32, cumsum_reverse_bf16, cumsum_reverse_f16,
         cumsum_reverse_f32, logcumsumexp_bf16, logcumsumexp_f16, logcumsumexp_f32,
     };
+    pub use crate::selective_scan::{selective_scan_fwd_bf16, selective_scan_fwd_f16, selective_scan_fwd_f32};
     pub use crate::softmax::{
         softmax_backward_bf16, softmax_backward_f16, softmax_backward_f32, softmax_backward_row_bf16, softmax_backward_row_f16,
         softmax_backward_row_f32, softmax_backward_rows4_bf16, softmax_backward_rows4_f16, softmax_backward_rows4_f32, softmax_bf16,
@@ -111,6 +114,9 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         logcumsumexp_bf16::VARIANTS,
         logcumsumexp_f16::VARIANTS,
         logcumsumexp_f32::VARIANTS,
+        selective_scan_fwd_bf16::VARIANTS,
+        selective_scan_fwd_f16::VARIANTS,
+        selective_scan_fwd_f32::VARIANTS,
         softmax_bf16::VARIANTS,
         softmax_f16::VARIANTS,
         softmax_f32::VARIANTS,

@@ -1,0 +1,291 @@
+//! The selective scan of Mamba-1, forward: per batch `b`, channel `d` and state `n`,
+//!
+//! ```text
+//! Δ_t = softplus(δ_t + bias_d)  (or δ_t + bias_d)
+//! h_t = exp(Δ_t·A_{d,n})·h_{t−1} + Δ_t·B_{b,g,n,t}·u_t
+//! y_t = Σ_n C_{b,g,n,t}·h_t + D_d·u_t,   then y_t · silu(z_t) with a gate
+//! ```
+//!
+//! with `g = d / (channels / groups)`. A block takes one (b, d): its `N` states are the rows of
+//! `N×64` tiles along time, each chunk run by the prelude's `linear_recurrence_chunk` (a
+//! `tile_scan` of `(a, b)` pairs) from the state the chunk before left, so a block walks its
+//! sequence once and the grid's parallelism is `batch × channels`. The state is f32; the last
+//! one is stored for the next call (chunked prefill) and may start from one given.
+
+use crate::prelude::linear_recurrence_chunk;
+use tessera::{kernel, Device, Element, Error, Grid, Optional, Result, Tensor};
+
+/// `selective_scan` for `N` states (`d_state`): `u`, `delta`, `z`, `y` as `[batch·channels, L]`
+/// rows; `bm`, `cm` as `[batch·groups·N, L]`; `a` as `[channels·N, 1]`; `h0`, `h_last` as
+/// `[batch·channels·N, 1]`; `dskip`, `bias` `[channels]`. Flags 1/0: `has_d`, `has_z`,
+/// `softplus`, `has_h0`, `has_bias`.
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(N = [16, 32, 64]))]
+pub fn selective_scan_fwd(
+    u: Global<T, 2>, delta: Global<T, 2>, a: Global<f32, 2>, bm: Global<T, 2>, cm: Global<T, 2>, dskip: Global<f32, 1>, z: Global<T, 2>,
+    bias: Global<f32, 1>, h0: Global<f32, 2>, y: Global<T, 2>, h_last: Global<f32, 2>, channels: i32, groups: i32, has_d: i32, has_z: i32,
+    softplus: i32, has_h0: i32, has_bias: i32,
+) {
+    let row = block::id_x();
+    let b = row / channels;
+    let d = row - b * channels;
+    let g = d / (channels / groups);
+    let srow = (b * groups + g) * N;
+    let len = u.dim(1);
+    // A's row for this channel, in log₂ units so that exp(Δ·A) = exp2(Δ·A·log₂e).
+    let a2 = a.load::<Tile<f32, N, 1>>([d * N, 0]) * f32::consts::LOG2_E;
+    let mut h = Tile::<f32, N, 1>::zeros();
+    if has_h0 == 1 {
+        h = h0.load::<Tile<f32, N, 1>>([row * N, 0]);
+    }
+    let mut bias_d = 0.0;
+    if has_bias == 1 {
+        bias_d = bias.get([d]);
+    }
+    let mut skip = 0.0;
+    if has_d == 1 {
+        skip = dskip.get([d]);
+    }
+    for t in (0..len).step_by(64) {
+        let x = delta.load_or::<Tile<T, 1, 64>>([row, t], 0.0).cast::<f32>() + bias_d;
+        let mut dt = x;
+        if softplus == 1 {
+            // log(1 + eˣ) without overflow: max(x, 0) + log(1 + e^−|x|).
+            dt = max(x, 0.0) + log2(1.0 + exp2(abs(x) * -f32::consts::LOG2_E)) * f32::consts::LN_2;
+        }
+        // Steps past the end carry the state through: Δ = 0 gives a = 1, b = 0.
+        let dtn = Tile::<f32, N, 64>::zeros() + dt.mask_cols(len - t, 0.0);
+        let ut = u.load_or::<Tile<T, 1, 64>>([row, t], 0.0).cast::<f32>();
+        let bt = bm.load_or::<Tile<T, N, 64>>([srow, t], 0.0).cast::<f32>();
+        let ct = cm.load_or::<Tile<T, N, 64>>([srow, t], 0.0).cast::<f32>();
+        let states = linear_recurrence_chunk(exp2(dtn * a2), dtn * ut * bt, &mut h);
+        let mut out = col_sum(ct * states) + ut * skip;
+        if has_z == 1 {
+            let zt = z.load_or::<Tile<T, 1, 64>>([row, t], 0.0).cast::<f32>();
+            out = out * zt / (1.0 + exp2(zt * -f32::consts::LOG2_E));
+        }
+        y.store([row, t], out.cast::<T>());
+    }
+    h_last.store([row * N, 0], h);
+}
+
+/// The element types the selective scan takes for `u`, `delta`, `B`, `C`, `z` and `y`.
+pub trait SelectiveScanElement: Element + sealed::Sealed {
+    #[doc(hidden)]
+    fn selective_scan_launch(s: &SelectiveScan<'_, Self>, dims: Dims, y: &mut Tensor<Self>, h_last: &mut Tensor<f32>) -> Result<()>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for tessera::bf16 {}
+    impl Sealed for tessera::f16 {}
+    impl Sealed for f32 {}
+}
+
+/// The problem's sizes: batch, channels, groups, states, length.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub struct Dims {
+    batch: usize,
+    channels: usize,
+    groups: usize,
+    states: usize,
+    len: usize,
+}
+
+/// `t` as `rows` rows of `len`.
+fn rows_of<T: Element>(t: &Tensor<T>, rows: usize, len: usize) -> Result<tessera::TensorView<'_, T>> {
+    t.view(&[rows, len], &[len, 1])
+}
+
+macro_rules! selective_scan_element {
+    ($t:ty, $k:ident) => {
+        impl SelectiveScanElement for $t {
+            fn selective_scan_launch(
+                s: &SelectiveScan<'_, Self>, Dims { batch, channels, groups, states, len }: Dims, y: &mut Tensor<Self>,
+                h_last: &mut Tensor<f32>,
+            ) -> Result<()> {
+                let dev = s.device;
+                let rows = batch * channels;
+                let i = $k::VARIANTS.iter().position(|v| v.knob("N") == Some(states as i64)).ok_or_else(|| Error::Argument {
+                    kernel: "selective_scan",
+                    arg: "a".into(),
+                    expected: "d_state 16, 32 or 64".into(),
+                    found: format!("d_state {states}"),
+                })?;
+                let (u, delta) = (rows_of(s.u, rows, len)?, rows_of(s.delta, rows, len)?);
+                let bm = s.b.view(&[batch * groups * states, len], &[len, 1])?;
+                let cm = s.c.view(&[batch * groups * states, len], &[len, 1])?;
+                let a = s.a.view(&[channels * states, 1], &[1, 1])?;
+                let z = s.z.map(|z| rows_of(z, rows, len)).transpose()?;
+                let h0 = s.h0.map(|h| h.view(&[rows * states, 1], &[1, 1])).transpose()?;
+                let mut yv = y.view_mut(&[rows, len], &[len, 1])?;
+                let mut hv = h_last.view_mut(&[rows * states, 1], &[1, 1])?;
+                let flag = |b: bool| i32::from(b);
+                $k::launch_variant(
+                    i,
+                    dev,
+                    Grid::from(rows as u32),
+                    &u,
+                    &delta,
+                    &a,
+                    &bm,
+                    &cm,
+                    &Optional(s.d, 1),
+                    &Optional(z.as_ref(), 2),
+                    &Optional(s.delta_bias, 1),
+                    &Optional(h0.as_ref(), 2),
+                    &mut yv,
+                    &mut hv,
+                    channels as i32,
+                    groups as i32,
+                    flag(s.d.is_some()),
+                    flag(s.z.is_some()),
+                    flag(s.delta_softplus),
+                    flag(s.h0.is_some()),
+                    flag(s.delta_bias.is_some()),
+                )
+            }
+        }
+    };
+}
+selective_scan_element!(tessera::bf16, selective_scan_fwd_bf16);
+selective_scan_element!(tessera::f16, selective_scan_fwd_f16);
+selective_scan_element!(f32, selective_scan_fwd_f32);
+
+/// A selective scan (Mamba-1) to run: the required inputs, then builder calls for the
+/// optional ones. `u`, `delta` `[batch, channels, L]`; `a` `[channels, d_state]` (f32,
+/// negative for a decaying state); `b`, `c` `[batch, groups, d_state, L]` (each group shared by
+/// `channels / groups` channels); d_state 16, 32 or 64.
+///
+/// ```ignore
+/// let s = SelectiveScan::new(&dev, &u, &delta, &a, &b, &c).d(&d).z(&z).delta_bias(&bias).delta_softplus(true);
+/// s.run(&mut y, &mut h_last)?; // y [batch, channels, L], h_last [batch, channels, d_state] (f32)
+/// ```
+pub struct SelectiveScan<'a, T: Element> {
+    device: &'a Device,
+    u: &'a Tensor<T>,
+    delta: &'a Tensor<T>,
+    a: &'a Tensor<f32>,
+    b: &'a Tensor<T>,
+    c: &'a Tensor<T>,
+    d: Option<&'a Tensor<f32>>,
+    z: Option<&'a Tensor<T>>,
+    delta_bias: Option<&'a Tensor<f32>>,
+    delta_softplus: bool,
+    h0: Option<&'a Tensor<f32>>,
+}
+
+impl<'a, T: SelectiveScanElement> SelectiveScan<'a, T> {
+    /// The scan of `u` with step sizes `delta`, state matrix `a` and the time-varying `b`, `c`.
+    pub fn new(device: &'a Device, u: &'a Tensor<T>, delta: &'a Tensor<T>, a: &'a Tensor<f32>, b: &'a Tensor<T>, c: &'a Tensor<T>) -> Self {
+        SelectiveScan { device, u, delta, a, b, c, d: None, z: None, delta_bias: None, delta_softplus: false, h0: None }
+    }
+
+    /// The skip connection `D·u` (`d` `[channels]`, f32).
+    pub fn d(mut self, d: &'a Tensor<f32>) -> Self {
+        self.d = Some(d);
+        self
+    }
+
+    /// The gate: `y · silu(z)` (`z` as `u`).
+    pub fn z(mut self, z: &'a Tensor<T>) -> Self {
+        self.z = Some(z);
+        self
+    }
+
+    /// A bias added to `delta` (`[channels]`, f32).
+    pub fn delta_bias(mut self, bias: &'a Tensor<f32>) -> Self {
+        self.delta_bias = Some(bias);
+        self
+    }
+
+    /// Whether `Δ = softplus(delta + bias)` (Mamba's default) rather than `delta + bias`.
+    pub fn delta_softplus(mut self, on: bool) -> Self {
+        self.delta_softplus = on;
+        self
+    }
+
+    /// The state to start from (`[batch, channels, d_state]`, f32; zeros without it): the
+    /// `h_last` of the call before, for a sequence run in pieces.
+    pub fn initial_state(mut self, h0: &'a Tensor<f32>) -> Self {
+        self.h0 = Some(h0);
+        self
+    }
+
+    /// Runs the scan into `y` (as `u`) and the last state `h_last` (`[batch, channels,
+    /// d_state]`, f32).
+    ///
+    /// # Errors
+    /// [`Error::Argument`] naming the tensor whose rank, shape or contiguity does not fit, or a
+    /// d_state without a kernel; a launch error.
+    pub fn run(&self, y: &mut Tensor<T>, h_last: &mut Tensor<f32>) -> Result<()> {
+        let arg =
+            |arg: &str, expected: String, found: String| Error::Argument { kernel: "selective_scan", arg: arg.into(), expected, found };
+        let [batch, channels, len] = *self.u.shape() else {
+            return Err(arg("u", "[batch, channels, L]".into(), format!("shape {:?}", self.u.shape())));
+        };
+        let [ac, states] = *self.a.shape() else {
+            return Err(arg("a", "[channels, d_state]".into(), format!("shape {:?}", self.a.shape())));
+        };
+        let [bb, groups, bn, bl] = *self.b.shape() else {
+            return Err(arg("b", "[batch, groups, d_state, L]".into(), format!("shape {:?}", self.b.shape())));
+        };
+        let want = |name: &str, t: &[usize], w: &[usize]| {
+            if t == w {
+                Ok(())
+            } else {
+                Err(arg(name, format!("shape {w:?}"), format!("shape {t:?}")))
+            }
+        };
+        want("delta", self.delta.shape(), &[batch, channels, len])?;
+        want("a", &[ac], &[channels])?;
+        if groups == 0 || channels % groups != 0 {
+            return Err(arg("b", format!("a number of groups dividing {channels} channels"), format!("{groups} groups")));
+        }
+        want("b", &[bb, groups, bn, bl], &[batch, groups, states, len])?;
+        want("c", self.c.shape(), &[batch, groups, states, len])?;
+        if let Some(d) = self.d {
+            want("d", d.shape(), &[channels])?;
+        }
+        if let Some(z) = self.z {
+            want("z", z.shape(), &[batch, channels, len])?;
+        }
+        if let Some(bias) = self.delta_bias {
+            want("delta_bias", bias.shape(), &[channels])?;
+        }
+        if let Some(h0) = self.h0 {
+            want("initial_state", h0.shape(), &[batch, channels, states])?;
+        }
+        want("y", y.shape(), &[batch, channels, len])?;
+        want("h_last", h_last.shape(), &[batch, channels, states])?;
+        let named: [(&str, bool); 9] = [
+            ("u", self.u.is_contiguous()),
+            ("delta", self.delta.is_contiguous()),
+            ("a", self.a.is_contiguous()),
+            ("b", self.b.is_contiguous()),
+            ("c", self.c.is_contiguous()),
+            ("z", self.z.is_none_or(|t| t.is_contiguous())),
+            ("initial_state", self.h0.is_none_or(|t| t.is_contiguous())),
+            ("y", y.is_contiguous()),
+            ("h_last", h_last.is_contiguous()),
+        ];
+        if let Some((name, _)) = named.iter().find(|(_, ok)| !ok) {
+            return Err(arg(name, "a contiguous tensor".into(), "strides that are not".into()));
+        }
+        if batch == 0 || channels == 0 {
+            return Ok(());
+        }
+        if i32::try_from(batch * channels * states.max(len)).is_err() {
+            return Err(arg("u", "fewer than 2³¹ rows".into(), format!("batch {batch}, channels {channels}")));
+        }
+        if len == 0 {
+            // No steps: the last state is the first.
+            let h = match self.h0 {
+                Some(h0) => h0.to_host()?,
+                None => vec![0.0; batch * channels * states],
+            };
+            return h_last.copy_from_host(&h);
+        }
+        T::selective_scan_launch(self, Dims { batch, channels, groups, states, len }, y, h_last)
+    }
+}

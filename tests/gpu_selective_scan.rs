@@ -1,0 +1,152 @@
+//! The selective scan (Mamba-1) forward against a float64 sequential recurrence on the host:
+//! fresh random inputs, odd lengths (1, 7, 1000, 4099), d_state 16/32/64, grouped B and C,
+//! with and without D, the gate, the delta bias, softplus and an initial state; outputs
+//! poisoned before each launch. On the GPU and, at small sizes, in the interpreter.
+
+mod common;
+
+use common::random;
+use tessera::testing::{gpu_or_skip, rel_error};
+use tessera::{bf16, Device, Tensor};
+use tessera_kernels::{SelectiveScan, SelectiveScanElement};
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    batch: usize,
+    channels: usize,
+    groups: usize,
+    states: usize,
+    len: usize,
+    extras: bool,
+}
+
+/// `y` and the last state, sequentially in f64.
+#[allow(clippy::too_many_arguments)]
+fn reference(
+    c: Case, u: &[f64], delta: &[f64], a: &[f64], b: &[f64], cm: &[f64], d: &[f64], z: &[f64], bias: &[f64], h0: &[f64],
+) -> (Vec<f64>, Vec<f64>) {
+    let (bt, ch, g, n, l) = (c.batch, c.channels, c.groups, c.states, c.len);
+    let mut y = vec![0.0; bt * ch * l];
+    let mut h_last = vec![0.0; bt * ch * n];
+    for bi in 0..bt {
+        for di in 0..ch {
+            let gi = di / (ch / g);
+            let row = bi * ch + di;
+            let mut h: Vec<f64> = (0..n).map(|k| if c.extras { h0[row * n + k] } else { 0.0 }).collect();
+            for t in 0..l {
+                let x = delta[row * l + t] + if c.extras { bias[di] } else { 0.0 };
+                let dt = if c.extras { x.max(0.0) + (-x.abs()).exp().ln_1p() } else { x };
+                let ut = u[row * l + t];
+                let mut out = 0.0;
+                for k in 0..n {
+                    let s = ((bi * g + gi) * n + k) * l + t;
+                    h[k] = (dt * a[di * n + k]).exp() * h[k] + dt * b[s] * ut;
+                    out += cm[s] * h[k];
+                }
+                if c.extras {
+                    out += d[di] * ut;
+                    let zt = z[row * l + t];
+                    out *= zt / (1.0 + (-zt).exp());
+                }
+                y[row * l + t] = out;
+            }
+            h_last[row * n..(row + 1) * n].copy_from_slice(&h);
+        }
+    }
+    (y, h_last)
+}
+
+fn check<T: SelectiveScanElement>(dev: &Device, c: Case, to: fn(f32) -> T, from: fn(T) -> f64, tol: f64) {
+    let (bt, ch, g, n, l) = (c.batch, c.channels, c.groups, c.states, c.len);
+    let gen = |len: usize, lo: f32, hi: f32| -> (Vec<T>, Vec<f64>) {
+        let x: Vec<T> = random(len, lo, hi).into_iter().map(to).collect();
+        let w = x.iter().map(|&v| from(v)).collect();
+        (x, w)
+    };
+    let f32s = |len: usize, lo: f32, hi: f32| -> (Vec<f32>, Vec<f64>) {
+        let x = random(len, lo, hi);
+        let w = x.iter().map(|&v| f64::from(v)).collect();
+        (x, w)
+    };
+    let (u, uw) = gen(bt * ch * l, -1.0, 1.0);
+    // Raw step sizes: small positive without softplus, around 0 with it.
+    let (delta, dw) = if c.extras { gen(bt * ch * l, -3.0, 1.0) } else { gen(bt * ch * l, 0.001, 0.1) };
+    let (a, aw) = f32s(ch * n, -2.0, -0.1);
+    let (b, bw) = gen(bt * g * n * l, -1.0, 1.0);
+    let (cm, cw) = gen(bt * g * n * l, -1.0, 1.0);
+    let (d, dsw) = f32s(ch, -1.0, 1.0);
+    let (z, zw) = gen(bt * ch * l, -2.0, 2.0);
+    let (bias, biasw) = f32s(ch, -1.0, 0.0);
+    let (h0, h0w) = f32s(bt * ch * n, -1.0, 1.0);
+    let t = |x: &[T], s: &[usize]| Tensor::from_host(dev, x, s).unwrap();
+    let tf = |x: &[f32], s: &[usize]| Tensor::from_host(dev, x, s).unwrap();
+    let (ut, dt, zt) = (t(&u, &[bt, ch, l]), t(&delta, &[bt, ch, l]), t(&z, &[bt, ch, l]));
+    let (bt_, ct) = (t(&b, &[bt, g, n, l]), t(&cm, &[bt, g, n, l]));
+    let (at, dst, biast, h0t) = (tf(&a, &[ch, n]), tf(&d, &[ch]), tf(&bias, &[ch]), tf(&h0, &[bt, ch, n]));
+    let mut y = Tensor::full(dev, &[bt, ch, l], to(f32::NAN)).unwrap();
+    let mut h_last = Tensor::full(dev, &[bt, ch, n], f32::NAN).unwrap();
+    let mut s = SelectiveScan::new(dev, &ut, &dt, &at, &bt_, &ct);
+    if c.extras {
+        s = s.d(&dst).z(&zt).delta_bias(&biast).delta_softplus(true).initial_state(&h0t);
+    }
+    s.run(&mut y, &mut h_last).unwrap_or_else(|e| panic!("{c:?}: {e}"));
+    let (want_y, want_h) = reference(c, &uw, &dw, &aw, &bw, &cw, &dsw, &zw, &biasw, &h0w);
+    let got_y: Vec<f64> = y.to_host().unwrap().into_iter().map(from).collect();
+    let got_h: Vec<f64> = h_last.to_host().unwrap().into_iter().map(f64::from).collect();
+    let (ey, eh) = (rel_error(&got_y, &want_y), rel_error(&got_h, &want_h));
+    assert!(ey < tol && eh < tol, "{c:?} {}: y relative error {ey}, last state {eh}", std::any::type_name::<T>());
+}
+
+fn cases(dev: &Device) -> Vec<Case> {
+    let c = |batch, channels, groups, states, len, extras| Case { batch, channels, groups, states, len, extras };
+    if dev.is_cpu() {
+        vec![c(1, 2, 1, 16, 1, true), c(2, 3, 1, 16, 7, false), c(1, 4, 2, 32, 130, true), c(1, 2, 1, 64, 70, true)]
+    } else {
+        vec![
+            c(1, 3, 1, 16, 1, true),
+            c(2, 5, 1, 16, 7, false),
+            c(2, 6, 2, 16, 1000, true),
+            c(1, 8, 4, 32, 4099, true),
+            c(2, 4, 1, 64, 1000, false),
+            c(1, 3, 3, 64, 4099, true),
+        ]
+    }
+}
+
+fn selective_scan_matches_f64(dev: &Device) {
+    for c in cases(dev) {
+        check::<f32>(dev, c, |v| v, f64::from, 1e-4);
+        check::<bf16>(dev, c, bf16::from_f32, |v| v.to_f64(), 2e-2);
+    }
+}
+
+#[test]
+fn gpu_selective_scan_matches_f64_reference() {
+    if let Some(dev) = gpu_or_skip("gpu_selective_scan_matches_f64_reference") {
+        selective_scan_matches_f64(&dev);
+    }
+}
+
+#[test]
+fn interp_selective_scan_matches_f64_reference() {
+    selective_scan_matches_f64(&Device::cpu());
+}
+
+#[test]
+fn selective_scan_refuses_bad_input() {
+    let dev = Device::cpu();
+    let z3 = |s: &[usize]| Tensor::<f32>::zeros(&dev, s).unwrap();
+    let (u, a, b) = (z3(&[1, 4, 8]), z3(&[4, 24]), z3(&[1, 1, 24, 8]));
+    let (mut y, mut h) = (z3(&[1, 4, 8]), z3(&[1, 4, 24]));
+    let e = SelectiveScan::new(&dev, &u, &u, &a, &b, &b).run(&mut y, &mut h).expect_err("d_state 24").to_string();
+    assert!(e.contains("d_state 16, 32 or 64"), "{e}");
+    let b3 = z3(&[1, 3, 16, 8]);
+    let a16 = z3(&[4, 16]);
+    let mut h16 = z3(&[1, 4, 16]);
+    let e = SelectiveScan::new(&dev, &u, &u, &a16, &b3, &b3).run(&mut y, &mut h16).expect_err("3 groups, 4 channels").to_string();
+    assert!(e.contains("groups dividing 4"), "{e}");
+    let short = z3(&[1, 4, 7]);
+    let b16 = z3(&[1, 1, 16, 8]);
+    let e = SelectiveScan::new(&dev, &u, &short, &a16, &b16, &b16).run(&mut y, &mut h16).expect_err("delta's length").to_string();
+    assert!(e.contains("delta") && e.contains("[1, 4, 8]"), "{e}");
+}
