@@ -82,7 +82,7 @@ pub mod kernels {
         cumprod_bf16, cumprod_f16, cumprod_f32, cumsum_bf16, cumsum_f16, cumsum_f32, cumsum_reverse_bf16, cumsum_reverse_f16,
         cumsum_reverse_f32, logcumsumexp_bf16, logcumsumexp_f16, logcumsumexp_f32,
     };
-    pub use crate::selective_scan::{selective_scan_fwd_bf16, selective_scan_fwd_f16, selective_scan_fwd_f32};
+    pub use crate::selective_scan::{selective_scan_fwd_bf16, selective_scan_fwd_f32};
     pub use crate::softmax::{
         softmax_backward_bf16, softmax_backward_f16, softmax_backward_f32, softmax_backward_row_bf16, softmax_backward_row_f16,
         softmax_backward_row_f32, softmax_backward_rows4_bf16, softmax_backward_rows4_f16, softmax_backward_rows4_f32, softmax_bf16,
@@ -115,7 +115,6 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         logcumsumexp_f16::VARIANTS,
         logcumsumexp_f32::VARIANTS,
         selective_scan_fwd_bf16::VARIANTS,
-        selective_scan_fwd_f16::VARIANTS,
         selective_scan_fwd_f32::VARIANTS,
         softmax_bf16::VARIANTS,
         softmax_f16::VARIANTS,

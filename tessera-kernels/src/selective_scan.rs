@@ -19,7 +19,7 @@ use tessera::{kernel, Device, Element, Error, Grid, Optional, Result, Tensor};
 /// rows; `bm`, `cm` as `[batch·groups·N, L]`; `a` as `[channels·N, 1]`; `h0`, `h_last` as
 /// `[batch·channels·N, 1]`; `dskip`, `bias` `[channels]`. Flags 1/0: `has_d`, `has_z`,
 /// `softplus`, `has_h0`, `has_bias`.
-#[kernel(dtypes(T = [bf16, f16, f32]), tune(N = [16, 32, 64]))]
+#[kernel(dtypes(T = [bf16, f32]), tune(N = [16, 32, 64]))]
 pub fn selective_scan_fwd(
     u: Global<T, 2>, delta: Global<T, 2>, a: Global<f32, 2>, bm: Global<T, 2>, cm: Global<T, 2>, dskip: Global<f32, 1>, z: Global<T, 2>,
     bias: Global<f32, 1>, h0: Global<f32, 2>, y: Global<T, 2>, h_last: Global<f32, 2>, channels: i32, groups: i32, has_d: i32, has_z: i32,
@@ -68,7 +68,8 @@ pub fn selective_scan_fwd(
     h_last.store([row * N, 0], h);
 }
 
-/// The element types the selective scan takes for `u`, `delta`, `B`, `C`, `z` and `y`.
+/// The element types the selective scan takes for `u`, `delta`, `B`, `C`, `z` and `y`: bf16 and
+/// f32.
 pub trait SelectiveScanElement: Element + sealed::Sealed {
     #[doc(hidden)]
     fn selective_scan_launch(s: &SelectiveScan<'_, Self>, dims: Dims, y: &mut Tensor<Self>, h_last: &mut Tensor<f32>) -> Result<()>;
@@ -77,7 +78,6 @@ pub trait SelectiveScanElement: Element + sealed::Sealed {
 mod sealed {
     pub trait Sealed {}
     impl Sealed for tessera::bf16 {}
-    impl Sealed for tessera::f16 {}
     impl Sealed for f32 {}
 }
 
@@ -149,7 +149,6 @@ macro_rules! selective_scan_element {
     };
 }
 selective_scan_element!(tessera::bf16, selective_scan_fwd_bf16);
-selective_scan_element!(tessera::f16, selective_scan_fwd_f16);
 selective_scan_element!(f32, selective_scan_fwd_f32);
 
 /// A selective scan (Mamba-1) to run: the required inputs, then builder calls for the
