@@ -216,6 +216,24 @@ fn main() {
         let mut f = || tessera_kernels::dequantize_fp8(&dev, &q, 0.125, &mut yb).expect("dequantize");
         norm_rows.push((format!("dequantize_fp8 {m}x{n} e4m3->bf16"), bytes, time_ms(&dev, 5, 20, &mut f)));
     }
+    // The selective scan (Mamba-1) forward, bf16, d_state 16, one group, with D, the gate and
+    // softplus: its roofline reads u, delta, z (batch·channels·L each), B and C
+    // (batch·d_state·L each) once and writes y once (2 bytes an element).
+    if all {
+        use tessera::bf16;
+        let (b, ch, n, l) = (8usize, 1536usize, 16usize, 4096usize);
+        let mut t = |shape: &[usize]| Tensor::from_host(&dev, &rng_bf16(shape.iter().product()), shape).expect("bf16 input");
+        let (u, delta, z) = (t(&[b, ch, l]), t(&[b, ch, l]), t(&[b, ch, l]));
+        let (bm, cm) = (t(&[b, 1, n, l]), t(&[b, 1, n, l]));
+        let a = Tensor::from_host(&dev, &vec![-0.5f32; ch * n], &[ch, n]).expect("a");
+        let dskip = Tensor::from_host(&dev, &vec![1.0f32; ch], &[ch]).expect("d");
+        let mut y = Tensor::<bf16>::zeros(&dev, &[b, ch, l]).expect("y");
+        let mut h = Tensor::<f32>::zeros(&dev, &[b, ch, n]).expect("h");
+        let bytes = ((4 * b * ch * l + 2 * b * n * l) * 2) as f64;
+        let scan = tessera_kernels::SelectiveScan::new(&dev, &u, &delta, &a, &bm, &cm).d(&dskip).z(&z).delta_softplus(true);
+        let mut f = || scan.run(&mut y, &mut h).expect("selective scan");
+        norm_rows.push((format!("selective_scan fwd {b}x{ch}x{l} N{n}"), bytes, time_ms(&dev, 3, 10, &mut f)));
+    }
     // Small shapes, where launch latency dominates: microseconds per call.
     let mut small: Vec<(String, f64)> = Vec::new();
     if all {
