@@ -93,6 +93,12 @@ pub fn chain_reference(
     kept + f64::from(residual[(plane * dims[0] + row) * dims[1] + col].to_f32())
 }
 
+/// `a` (M×K), `b` (N×K) and an M×N tensor as the batch-of-one views the GEMM kernels read.
+fn batch_of_one<'t>(a: &'t Tensor<bf16>, b: &'t Tensor<bf16>, mn: &'t Tensor<bf16>) -> tessera::Result<[tessera::TensorView<'t, bf16>; 3]> {
+    let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[0]);
+    Ok([a.view(&[1, m, k], &[m * k, k, 1])?, b.view(&[1, n, k], &[n * k, k, 1])?, mn.view(&[1, m, n], &[m * n, n, 1])?])
+}
+
 /// Runs `gemm_chain` on `a` (M×K), `b` (N×K), `bias` (N), `residual` (M×N) into `c`.
 ///
 /// # Errors
@@ -101,10 +107,8 @@ pub fn chain_reference(
 pub fn run_gemm(
     dev: &Device, a: &Tensor<bf16>, b: &Tensor<bf16>, bias: &Tensor<bf16>, residual: &Tensor<bf16>, c: &mut Tensor<bf16>, p: f32, seed: i32,
 ) -> tessera::Result<()> {
-    let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[0]);
-    let a3 = a.view(&[1, m, k], &[m * k, k, 1])?;
-    let b3 = b.view(&[1, n, k], &[n * k, k, 1])?;
-    let r3 = residual.view(&[1, m, n], &[m * n, n, 1])?;
+    let [a3, b3, r3] = batch_of_one(a, b, residual)?;
+    let (m, n) = (a.shape()[0], b.shape()[0]);
     let mut c3 = c.view_mut(&[1, m, n], &[m * n, n, 1])?;
     let tiles = Grid::tiles(m, 128).saturating_mul(Grid::tiles(n, 256));
     let mut counter = dev.tile_counter()?;
@@ -120,10 +124,8 @@ pub fn run_gemm_fp8(
     dev: &Device, a: &Tensor<bf16>, b: &Tensor<bf16>, bias: &Tensor<bf16>, residual: &Tensor<bf16>, c: &mut Tensor<F8E4M3>, p: f32,
     seed: i32, scale: f32,
 ) -> tessera::Result<()> {
-    let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[0]);
-    let a3 = a.view(&[1, m, k], &[m * k, k, 1])?;
-    let b3 = b.view(&[1, n, k], &[n * k, k, 1])?;
-    let r3 = residual.view(&[1, m, n], &[m * n, n, 1])?;
+    let [a3, b3, r3] = batch_of_one(a, b, residual)?;
+    let (m, n) = (a.shape()[0], b.shape()[0]);
     let mut c3 = c.view_mut(&[1, m, n], &[m * n, n, 1])?;
     let tiles = Grid::tiles(m, 128).saturating_mul(Grid::tiles(n, 128));
     gemm_chain_fp8::launch(dev, tiles.min(dev.sm_count()), &a3, &b3, &mut c3, bias, &r3, p, seed, scale)
@@ -176,8 +178,10 @@ pub fn attention_row(q: &[bf16], k: &[bf16], v: &[bf16], seq: usize, causal: boo
     (0..128).map(|x| (0..keys).map(|j| w[j] * at(v, j, x)).sum::<f64>() / sum).collect()
 }
 
-fn rel(num: f64, den: f64) -> f64 {
-    (num / den.max(1e-30)).sqrt()
+/// `‖got − want‖ / ‖want‖` over `(got, want)` pairs.
+fn rel(pairs: impl Iterator<Item = (f64, f64)>) -> f64 {
+    let (num, den) = pairs.fold((0.0, 0.0), |(n, d), (g, w)| (n + (g - w).powi(2), d + w * w));
+    (num / f64::max(den, 1e-30)).sqrt()
 }
 
 /// Runs the three kernels at `(m, n, k)` and `(planes, seq)` (causal) on fresh random inputs,
@@ -199,32 +203,23 @@ pub fn check(dev: &Device, (m, n, k): (usize, usize, usize), (planes, seq): (usi
     let res = Tensor::from_host(dev, &hres, &[m, n])?;
     let mut c = Tensor::from_host(dev, &vec![bf16::NAN; m * n], &[m, n])?;
     run_gemm(dev, &a, &b, &bias, &res, &mut c, p, seed)?;
-    let got = c.to_host()?;
-    let (mut num, mut den) = (0.0, 0.0);
-    for i in (0..m).step_by(step) {
-        for j in 0..n {
+    // The float64 chain at every checked element, once for both GEMMs.
+    let want: Vec<(usize, f64)> = (0..m)
+        .step_by(step)
+        .flat_map(|i| (0..n).map(move |j| (i, j)))
+        .map(|(i, j)| {
             let dot: f64 = (0..k).map(|x| f64::from(ha[i * k + x].to_f32()) * f64::from(hb[j * k + x].to_f32())).sum();
-            let want = chain_reference(dot, &hbias, &hres, [m, n], p, seed, [0, i, j]);
-            num += (f64::from(got[i * n + j].to_f32()) - want).powi(2);
-            den += want * want;
-        }
-    }
-    let gemm_err = rel(num, den);
+            (i * n + j, chain_reference(dot, &hbias, &hres, [m, n], p, seed, [0, i, j]))
+        })
+        .collect();
+    let got = c.to_host()?;
+    let gemm_err = rel(want.iter().map(|&(at, w)| (f64::from(got[at].to_f32()), w)));
     // The same chain into fp8 (E4M3 keeps 3 mantissa bits: a relative error near 2⁻⁵).
     let scale = 0.5 + rng.vec(1, |x| x.abs())[0];
     let mut c8 = Tensor::from_host(dev, &vec![F8E4M3::from_bits(0x7f); m * n], &[m, n])?;
     run_gemm_fp8(dev, &a, &b, &bias, &res, &mut c8, p, seed, scale)?;
     let got8 = c8.to_host()?;
-    let (mut num, mut den) = (0.0, 0.0);
-    for i in (0..m).step_by(step) {
-        for j in 0..n {
-            let dot: f64 = (0..k).map(|x| f64::from(ha[i * k + x].to_f32()) * f64::from(hb[j * k + x].to_f32())).sum();
-            let want = chain_reference(dot, &hbias, &hres, [m, n], p, seed, [0, i, j]) * f64::from(scale);
-            num += (f64::from(got8[i * n + j].to_f32()) - want).powi(2);
-            den += want * want;
-        }
-    }
-    let fp8_err = rel(num, den);
+    let fp8_err = rel(want.iter().map(|&(at, w)| (f64::from(got8[at].to_f32()), w * f64::from(scale))));
     // The attention.
     let len = planes * seq * 128;
     let qkv: Vec<Vec<bf16>> = (0..3).map(|_| rng.vec(len, bf16::from_f32)).collect();
@@ -235,17 +230,15 @@ pub fn check(dev: &Device, (m, n, k): (usize, usize, usize), (planes, seq): (usi
     let mut o = Tensor::from_host(dev, &vec![bf16::NAN; len], &[planes, seq, 128])?;
     run_attention(dev, [&t[0], &t[1], &t[2]], &bias, &res, &mut o, true, p, seed)?;
     let got = o.to_host()?;
-    let (mut num, mut den) = (0.0, 0.0);
-    for pl in 0..planes {
-        for i in (0..seq).step_by(step) {
-            for (x, y) in attention_row(&qkv[0], &qkv[1], &qkv[2], seq, true, pl, i).into_iter().enumerate() {
-                let want = chain_reference(y, &abias, &ares, [seq, 128], p, seed, [pl, i, x]);
-                num += (f64::from(got[(pl * seq + i) * 128 + x].to_f32()) - want).powi(2);
-                den += want * want;
-            }
-        }
-    }
-    Ok([gemm_err, fp8_err, rel(num, den)])
+    let pairs = (0..planes).flat_map(|pl| (0..seq).step_by(step).map(move |i| (pl, i))).flat_map(|(pl, i)| {
+        let row = attention_row(&qkv[0], &qkv[1], &qkv[2], seq, true, pl, i);
+        let (abias, ares, got) = (&abias, &ares, &got);
+        row.into_iter().enumerate().map(move |(x, y)| {
+            (f64::from(got[(pl * seq + i) * 128 + x].to_f32()), chain_reference(y, abias, ares, [seq, 128], p, seed, [pl, i, x]))
+        })
+    });
+    let attn_err = rel(pairs);
+    Ok([gemm_err, fp8_err, attn_err])
 }
 
 #[allow(dead_code)]

@@ -147,8 +147,6 @@ fn scans_refuse_bad_input() {
     let mut y = Tensor::full(&dev, &[4, 3], 0.0f32).unwrap();
     let e = tessera_kernels::cumsum(&dev, &x, &mut y).expect_err("shapes differ").to_string();
     assert!(e.contains("y") && e.contains("[3, 4]") && e.contains("[4, 3]"), "{e}");
-    let xt = x.view(&[4, 3], &[1, 4]).unwrap();
-    let _ = xt;
     let s = Tensor::from_host(&dev, &[1.0f32], &[]).unwrap();
     let mut t = Tensor::full(&dev, &[], 0.0f32).unwrap();
     let e = tessera_kernels::cumprod(&dev, &s, &mut t).expect_err("a scalar").to_string();

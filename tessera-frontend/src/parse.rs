@@ -551,6 +551,12 @@ impl Frontend {
         self.deps.iter().find(|(k, _)| *k == key).or_else(|| self.by_name.iter().find(|(k, _)| *k == name)).map(|(_, id)| *id)
     }
 
+    /// The definition a bare path names among the functions this code can call.
+    fn fn_named(&self, path: &syn::Path) -> Option<u32> {
+        let key = path_key(path);
+        self.deps.iter().find(|(k, _)| *k == key).map(|(_, id)| *id)
+    }
+
     /// A call of a device function, as the value of a tuple binding.
     fn call_value(&mut self, e: &SynExpr) -> R<Expr> {
         match strip_paren(e) {
@@ -612,12 +618,13 @@ impl Frontend {
                 }
                 // A function passed on by the name it is called by here (a function
                 // parameter, or a device function this code calls).
-                SynExpr::Path(p) if p.path.get_ident().is_some() && self.deps.iter().any(|(k, _)| path_key(&p.path) == *k) => {
-                    let key = path_key(&p.path);
-                    if let Some((_, id)) = self.deps.iter().find(|(k, _)| *k == key) {
-                        fns.push((i, crate::device::FnArg::Def(*id)));
+                SynExpr::Path(p) if p.path.get_ident().is_some() => match self.fn_named(&p.path) {
+                    Some(id) => fns.push((i, crate::device::FnArg::Def(id))),
+                    None => {
+                        args.push(self.expr(a)?);
+                        by_ref.push(false);
                     }
-                }
+                },
                 SynExpr::Reference(r) if r.mutability.is_some() => {
                     args.push(self.expr(&r.expr)?);
                     by_ref.push(true);

@@ -373,10 +373,11 @@ pub fn scan_linear<const M: usize, const N: usize>(
     (a1 * a2, a2 * b1 + b2)
 }
 
-/// The last column of `x` as an `M×1` tile (for finite `x`): a chunked scan's carry.
+/// The last column of `x` as an `M×1` tile, for any values (±∞ too): the other columns masked
+/// to −∞ before a row maximum. A chunked scan's carry.
 #[device]
 pub fn last_col<const M: usize, const N: usize>(x: Tile<f32, M, N>) -> Tile<f32, M, 1> {
-    row_sum(x * step(Tile::<f32, M, N>::col_index() - (N - 1) as f32))
+    row_max(x + log2(step(Tile::<f32, M, N>::col_index() - (N - 1) as f32)))
 }
 
 /// One chunk of a running sum along each row: the chunk's cumulative sums plus `carry` (the

@@ -8,7 +8,7 @@
 //! a tensor of few long rows runs on few SMs (splitting a row across blocks is the next step,
 //! notes/ISSUE-27.md).
 
-use crate::prelude::{scan_add, scan_mul};
+use crate::prelude::{last_col, scan_add, scan_mul};
 use tessera::{device, kernel, Device, Element, Error, Grid, Result, Tensor};
 
 /// Rows a block scans.
@@ -38,13 +38,6 @@ fn scan_rows<T>(
     }
 }
 
-/// Each row's last column, as a `16×1` tile, for any values (±∞ too): the others masked to −∞
-/// before a row maximum.
-#[device]
-fn last_of(x: Tile<f32, 16, 256>) -> Tile<f32, 16, 1> {
-    row_max(x + log2(step(Tile::<f32, 16, 256>::col_index() - 255.0)))
-}
-
 /// `log2(2^a + 2^b)` elementwise, `b` broadcast along the rows where it is one column wide;
 /// for any values (−∞ too: the difference of two −∞ is NaN, which the `max` with −1e30 drops).
 #[device]
@@ -65,7 +58,7 @@ pub fn scan_logaddexp2<const M: usize, const N: usize>(a: Tile<f32, M, N>, b: Ti
 pub fn cumsum(x: Global<T, 2>, y: Global<T, 2>) {
     scan_rows(x, y, 0.0, 0, |t, carry| {
         let s = tile_scan::<scan_add>(t, 1, 0.0) + carry;
-        (s, last_of(s))
+        (s, last_col(s))
     });
 }
 
@@ -83,7 +76,7 @@ pub fn cumsum_reverse(x: Global<T, 2>, y: Global<T, 2>) {
 pub fn cumprod(x: Global<T, 2>, y: Global<T, 2>) {
     scan_rows(x, y, 1.0, 0, |t, carry| {
         let s = tile_scan::<scan_mul>(t, 1, 1.0) * carry;
-        (s, last_of(s))
+        (s, last_col(s))
     });
 }
 
@@ -92,7 +85,7 @@ pub fn cumprod(x: Global<T, 2>, y: Global<T, 2>) {
 pub fn logcumsumexp(x: Global<T, 2>, y: Global<T, 2>) {
     scan_rows(x, y, f32::NEG_INFINITY, 0, |t, carry| {
         let s = log2_add(tile_scan::<scan_logaddexp2>(t * f32::consts::LOG2_E, 1, f32::NEG_INFINITY), carry);
-        (s * f32::consts::LN_2, last_of(s))
+        (s * f32::consts::LN_2, last_col(s))
     });
 }
 
