@@ -6,6 +6,8 @@
 //!
 //! `cargo bench --bench memory_bound` (prints a skip where there is no GPU).
 //! `TESSERA_BENCH_WIDTHS=11008,12288` times the copy and the norms at those hidden sizes only.
+//! The scan rows have PyTorch's beside them (`benches/torch_scans.py`, run as a child process;
+//! `TESSERA_TORCH_SCANS_SCRIPT` overrides its path).
 
 use criterion::Criterion;
 use std::time::Duration;
@@ -18,6 +20,32 @@ fn time_ms(dev: &Device, warm: usize, iters: usize, f: impl FnMut()) -> f64 {
 
 const M: usize = 16384;
 const N: usize = 8192;
+
+/// `benches/torch_scans.py` at this bench's shape: `(name, ms)` per line, or why there is none.
+/// `TESSERA_TORCH_SCANS_SCRIPT` overrides the script's path.
+fn torch_scans() -> Result<Vec<(String, f64)>, String> {
+    let script = std::env::var("TESSERA_TORCH_SCANS_SCRIPT").ok().unwrap_or_else(|| {
+        ["benches/torch_scans.py", "torch_scans.py", "bin/torch_scans.py"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+            .unwrap_or("benches/torch_scans.py")
+            .to_string()
+    });
+    let out = std::process::Command::new("python3")
+        .args([script.as_str(), &M.to_string(), &N.to_string()])
+        .output()
+        .map_err(|e| format!("python3 {script}: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = Vec::new();
+    for line in text.lines() {
+        match line.split_once(' ') {
+            Some(("error", why)) => return Err(why.to_string()),
+            Some((name, ms)) => lines.push((name.to_string(), ms.trim().parse::<f64>().map_err(|e| format!("{script}: `{line}`: {e}"))?)),
+            None => return Err(format!("{script}: `{line}`")),
+        }
+    }
+    Ok(lines)
+}
 
 fn main() {
     let Ok(dev) = Device::new(0) else {
@@ -86,6 +114,29 @@ fn main() {
         {
             let mut f = || tessera_kernels::logcumsumexp(&dev, &x, &mut y).expect("logcumsumexp");
             rows.push(("logcumsumexp", 2.0 * mb, time_ms(&dev, 5, 20, &mut f)));
+        }
+        {
+            let xb = Tensor::from_host(&dev, &rng_bf16(M * N), &[M, N]).expect("x bf16");
+            let mut yb = Tensor::<tessera::bf16>::zeros(&dev, &[M, N]).expect("y bf16");
+            let mut f = || tessera_kernels::cumsum(&dev, &xb, &mut yb).expect("cumsum bf16");
+            rows.push(("cumsum bf16", mb, time_ms(&dev, 5, 20, &mut f)));
+        }
+        // PyTorch's scans on the same shapes, in this run (a child process; its own copy row
+        // shows whether the device is in the same state).
+        match torch_scans() {
+            Ok(lines) => {
+                for (name, ms) in lines {
+                    let (row, bytes) = match name.as_str() {
+                        "copy" => ("torch copy", 2.0 * mb),
+                        "cumsum" => ("torch cumsum", 2.0 * mb),
+                        "logcumsumexp" => ("torch logcumsumexp", 2.0 * mb),
+                        "cumsum_bf16" => ("torch cumsum bf16", mb),
+                        _ => continue,
+                    };
+                    rows.push((row, bytes, ms));
+                }
+            }
+            Err(why) => println!("memory_bound: no torch scan baseline: {why}"),
         }
     }
     // The norms in bf16 with weight (and bias): x read once, y written once, the [hidden]

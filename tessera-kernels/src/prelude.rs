@@ -373,19 +373,12 @@ pub fn scan_linear<const M: usize, const N: usize>(
     (a1 * a2, a2 * b1 + b2)
 }
 
-/// The last column of `x` as an `M×1` tile, for any values (±∞ too): the other columns masked
-/// to −∞ before a row maximum. A chunked scan's carry.
-#[device]
-pub fn last_col<const M: usize, const N: usize>(x: Tile<f32, M, N>) -> Tile<f32, M, 1> {
-    row_max(x + log2(step(Tile::<f32, M, N>::col_index() - (N - 1) as f32)))
-}
-
 /// One chunk of a running sum along each row: the chunk's cumulative sums plus `carry` (the
 /// sum of the chunks before, `M×1`), which then grows by the chunk's total.
 #[device]
 pub fn cumsum_chunk<const M: usize, const N: usize>(x: Tile<f32, M, N>, carry: &mut Tile<f32, M, 1>) -> Tile<f32, M, N> {
     let s = tile_scan::<scan_add>(x, 1, 0.0) + *carry;
-    *carry = last_col(s);
+    *carry = s.last_col();
     s
 }
 
@@ -399,6 +392,6 @@ pub fn linear_recurrence_chunk<const M: usize, const N: usize>(
 ) -> Tile<f32, M, N> {
     let (pa, pb) = tile_scan::<scan_linear>((a, b), 1, (1.0, 0.0));
     let out = pa * *h + pb;
-    *h = last_col(out);
+    *h = out.last_col();
     out
 }

@@ -8,7 +8,7 @@
 //! a tensor of few long rows runs on few SMs (splitting a row across blocks is the next step,
 //! notes/ISSUE-27.md).
 
-use crate::prelude::{last_col, scan_add, scan_mul};
+use crate::prelude::{scan_add, scan_mul};
 use tessera::{device, kernel, Device, Element, Error, Grid, Result, Tensor};
 
 /// Rows a block scans.
@@ -58,7 +58,7 @@ pub fn scan_logaddexp2<const M: usize, const N: usize>(a: Tile<f32, M, N>, b: Ti
 pub fn cumsum(x: Global<T, 2>, y: Global<T, 2>) {
     scan_rows(x, y, 0.0, 0, |t, carry| {
         let s = tile_scan::<scan_add>(t, 1, 0.0) + carry;
-        (s, last_col(s))
+        (s, s.last_col())
     });
 }
 
@@ -76,7 +76,7 @@ pub fn cumsum_reverse(x: Global<T, 2>, y: Global<T, 2>) {
 pub fn cumprod(x: Global<T, 2>, y: Global<T, 2>) {
     scan_rows(x, y, 1.0, 0, |t, carry| {
         let s = tile_scan::<scan_mul>(t, 1, 1.0) * carry;
-        (s, last_col(s))
+        (s, s.last_col())
     });
 }
 
@@ -85,7 +85,7 @@ pub fn cumprod(x: Global<T, 2>, y: Global<T, 2>) {
 pub fn logcumsumexp(x: Global<T, 2>, y: Global<T, 2>) {
     scan_rows(x, y, f32::NEG_INFINITY, 0, |t, carry| {
         let s = log2_add(tile_scan::<scan_logaddexp2>(t * f32::consts::LOG2_E, 1, f32::NEG_INFINITY), carry);
-        (s * f32::consts::LN_2, last_col(s))
+        (s * f32::consts::LN_2, s.last_col())
     });
 }
 

@@ -7,9 +7,10 @@
 //! ```
 //!
 //! with `g = d / (channels / groups)`. A block takes one (b, d): its `N` states are the rows of
-//! `N×64` tiles along time, each chunk run by the prelude's `linear_recurrence_chunk` (a
-//! `tile_scan` of `(a, b)` pairs) from the state the chunk before left, so a block walks its
-//! sequence once and the grid's parallelism is `batch × channels`. The state is f32; the last
+//! `N×(4096/N)` tiles along time (32 elements a thread, each row in one warp's lanes), each
+//! chunk run by the prelude's `linear_recurrence_chunk` (a `tile_scan` of `(a, b)` pairs) from
+//! the state the chunk before left, so a block walks its sequence once and the grid's
+//! parallelism is `batch × channels`. The state is f32; the last
 //! one is stored for the next call (chunked prefill) and may start from one given.
 
 use crate::prelude::linear_recurrence_chunk;
@@ -45,23 +46,36 @@ pub fn selective_scan_fwd(
     if has_d == 1 {
         skip = dskip.get([d]);
     }
-    for t in (0..len).step_by(64) {
-        let x = delta.load_or::<Tile<T, 1, 64>>([row, t], 0.0).cast::<f32>() + bias_d;
+    // 4096 / N steps a chunk: 32 elements a thread in each N×L tile, every row in one warp.
+    for t in (0..len).step_by(4096 / N) {
+        // The next chunk into L2 while this one computes (past the end: no request).
+        let next = t + 4096 / N;
+        delta.prefetch::<Tile<T, 1, { 4096 / N }>>([row, next]);
+        u.prefetch::<Tile<T, 1, { 4096 / N }>>([row, next]);
+        bm.prefetch::<Tile<T, N, { 4096 / N }>>([srow, next]);
+        cm.prefetch::<Tile<T, N, { 4096 / N }>>([srow, next]);
+        if has_z == 1 {
+            z.prefetch::<Tile<T, 1, { 4096 / N }>>([row, next]);
+        }
+        let x = delta.load_or::<Tile<T, 1, { 4096 / N }>>([row, t], 0.0).cast::<f32>() + bias_d;
         let mut dt = x;
         if softplus == 1 {
             // log(1 + eˣ) without overflow: max(x, 0) + log(1 + e^−|x|).
             dt = max(x, 0.0) + log2(1.0 + exp2(abs(x) * -f32::consts::LOG2_E)) * f32::consts::LN_2;
         }
         // Steps past the end carry the state through: Δ = 0 gives a = 1, b = 0.
-        let dtn = Tile::<f32, N, 64>::zeros() + dt.mask_cols(len - t, 0.0);
-        let ut = u.load_or::<Tile<T, 1, 64>>([row, t], 0.0).cast::<f32>();
-        let bt = bm.load_or::<Tile<T, N, 64>>([srow, t], 0.0).cast::<f32>();
-        let ct = cm.load_or::<Tile<T, N, 64>>([srow, t], 0.0).cast::<f32>();
-        let states = linear_recurrence_chunk(exp2(dtn * a2), dtn * ut * bt, &mut h);
+        let dt = dt.mask_cols(len - t, 0.0);
+        let ut = u.load_or::<Tile<T, 1, { 4096 / N }>>([row, t], 0.0).cast::<f32>();
+        let bt = bm.load_or::<Tile<T, N, { 4096 / N }>>([srow, t], 0.0).cast::<f32>();
+        let ct = cm.load_or::<Tile<T, N, { 4096 / N }>>([srow, t], 0.0).cast::<f32>();
+        let dtn = Tile::<f32, N, { 4096 / N }>::zeros() + dt;
+        let states = linear_recurrence_chunk(exp2(dtn * a2), bt * (dt * ut), &mut h);
         let mut out = col_sum(ct * states) + ut * skip;
         if has_z == 1 {
-            let zt = z.load_or::<Tile<T, 1, 64>>([row, t], 0.0).cast::<f32>();
-            out = out * zt / (1.0 + exp2(zt * -f32::consts::LOG2_E));
+            let zt = z.load_or::<Tile<T, 1, { 4096 / N }>>([row, t], 0.0).cast::<f32>();
+            // silu(z) = z / (1 + e^−z), the reciprocal as rsqrt² (no division's slow path).
+            let r = rsqrt(1.0 + exp2(zt * -f32::consts::LOG2_E));
+            out = out * zt * r * r;
         }
         y.store([row, t], out.cast::<T>());
     }

@@ -58,7 +58,8 @@
 //!   `Tile::<f32, M, N>::col_index()` / `row_index()` (each element's column or row),
 //!   `Tile::<f32, M, N>::uniform(seed_lo, seed_hi, offset, [row, col])` (Philox4x32-10 numbers
 //!   in [0, 1): see [`random`] for the exact definition and the host's copy),
-//!   `t.swap_pairs()` (columns 2k and 2k+1 exchanged, in registers), `t.mask_cols(limit, fill)`
+//!   `t.swap_pairs()` (columns 2k and 2k+1 exchanged, in registers), `t.last_col()` (the last
+//!   column, `M×1`: a chunked scan's carry), `t.mask_cols(limit, fill)`
 //!   (columns from `limit` on replaced; `limit` an `i32`, or a `Tile<f32, M, 1>` of one per
 //!   row). `M×1` and `1×N` tiles broadcast.
 //! - Across warpgroups: `let s = block_sum(t);` (`block_max`, `block_min`) combines each

@@ -5,7 +5,7 @@ use super::{elem_class, Lowerer, TileVal};
 use crate::dtype::DType;
 use crate::error::CompileError;
 use crate::layout::{Layout, LayoutKind};
-use crate::tirh::{BinOp, Expr, ExprKind, ReduceOp, TileType, Type};
+use crate::tirh::{BinOp, Expr, ExprKind, ReduceOp, ScanStep, TileType, Type};
 use crate::tirt::{Operand, Reg, RegClass};
 
 impl Lowerer<'_> {
@@ -36,11 +36,26 @@ impl Lowerer<'_> {
                 let t = self.tile(value)?;
                 swap_pairs(t)
             }
+            ExprKind::LastCol(value) => {
+                let t = self.tile(value)?;
+                self.last_col(t)
+            }
             ExprKind::Shift { value, axis, by, fill } => {
                 let t = self.tile(value)?;
                 let f = self.scalar(fill)?;
                 let f = self.in_reg(f, crate::dtype::ScalarType::F32, "fill");
                 self.shift(t, *axis, *by, f)
+            }
+            ExprKind::ScanPart { value, step, fill } => {
+                let t = self.tile(value)?;
+                let f = self.scalar(fill)?;
+                let f = self.in_reg(f, crate::dtype::ScalarType::F32, "fill");
+                self.scan_part(t, *step, f)
+            }
+            ExprKind::ScanPick { updated, old, step } => {
+                let u = self.tile(updated)?;
+                let o = self.tile(old)?;
+                self.scan_pick(u, o, *step)
             }
 
             ExprKind::Load { .. } => {
@@ -637,6 +652,118 @@ impl Lowerer<'_> {
             out.push(r);
         }
         Some(out)
+    }
+
+    /// A scan step's operand ([`ScanStep`]) in the tile's blocked layout, where a thread's run
+    /// is its `v` slots of a row: a serial step moves the register of the column before, a
+    /// lanes step shuffles the run's last register up `s` lanes, the apply step shuffles it up
+    /// one lane for the run's other columns; `fill` where no column lies there and in the
+    /// slots the step leaves alone.
+    fn scan_part(&mut self, t: TileVal, step: ScanStep, fill: Reg) -> TileVal {
+        use Operand::{Imm, Reg as R};
+        let to = Layout::blocked(t.ty.rows, t.ty.cols);
+        let t = self.convert(t, to);
+        let slots = to.slots();
+        let at = |dr: u32, dc: u32| slots.iter().position(|s| s.dr == dr && s.dc == dc).expect("a blocked run holds every column");
+        let base_col = self.layout_regs(to).col;
+        let mut shuffled: Vec<(u32, Reg)> = Vec::new();
+        let mut regs = Vec::with_capacity(slots.len());
+        for slot in &slots {
+            let r = self.reg(RegClass::F32, "scan");
+            let (src, lanes, v) = match step {
+                _ if !step.touches(slot.dc) => (None, 0, 1),
+                ScanStep::Serial { .. } => (Some(t.regs[at(slot.dr, slot.dc - 1)]), 0, 1),
+                ScanStep::Lanes { s, v } => (Some(t.regs[at(slot.dr, v - 1)]), s, v),
+                ScanStep::Apply { v } => (Some(t.regs[at(slot.dr, v - 1)]), 1, v),
+            };
+            match src {
+                None => self.op("mov.f32", vec![R(r), R(fill)]),
+                Some(src) if lanes == 0 => self.op("mov.f32", vec![R(r), R(src)]),
+                Some(src) => {
+                    // One shuffle per run (the apply step's columns share it).
+                    let got = match shuffled.iter().find(|(dr, _)| *dr == slot.dr) {
+                        Some(&(_, g)) => g,
+                        None => {
+                            let got = self.reg(RegClass::F32, "shfl");
+                            self.op("shfl.sync.up.b32", vec![R(got), R(src), Imm(i64::from(lanes)), Imm(0), Imm(-1)]);
+                            let has = self.reg(RegClass::Pred, "shin");
+                            self.op("setp.ge.u32", vec![R(has), R(base_col), Imm(i64::from(lanes * v))]);
+                            let g = self.reg(RegClass::F32, "scanin");
+                            self.op("selp.f32", vec![R(g), R(got), R(fill), R(has)]);
+                            shuffled.push((slot.dr, g));
+                            g
+                        }
+                    };
+                    self.op("mov.f32", vec![R(r), R(got)]);
+                }
+            }
+            regs.push(r);
+        }
+        TileVal { ty: t.ty, layout: to, regs }
+    }
+
+    /// After a scan step: `updated`'s registers in the slots the step touches, `old`'s in the
+    /// others, both in the blocked layout.
+    fn scan_pick(&mut self, updated: TileVal, old: TileVal, step: ScanStep) -> TileVal {
+        use Operand::Reg as R;
+        let to = Layout::blocked(old.ty.rows, old.ty.cols);
+        let (u, o) = (self.convert(updated, to), self.convert(old, to));
+        let regs = to
+            .slots()
+            .iter()
+            .enumerate()
+            .map(|(i, slot)| {
+                let r = self.reg(RegClass::F32, "picked");
+                let src = if step.touches(slot.dc) { u.regs[i] } else { o.regs[i] };
+                self.op("mov.f32", vec![R(r), R(src)]);
+                r
+            })
+            .collect();
+        TileVal { ty: o.ty, layout: to, regs }
+    }
+
+    /// `t.last_col()`. In a blocked layout whose rows lie in one warp (one warp along the
+    /// columns), the last lane of each row's lanes holds it in its last column slot: one
+    /// `shfl.sync.idx` a row from that lane. Elsewhere, every other column masked to −∞ and a
+    /// row maximum.
+    fn last_col(&mut self, t: TileVal) -> TileVal {
+        use Operand::{Imm, Reg as R};
+        let l = t.layout;
+        let out = l.reduced(1);
+        let slots = l.slots();
+        if let LayoutKind::Blocked { v, tc, wc: 1, .. } = l.kind {
+            if l.keep_rows && l.keep_cols {
+                let last = l.parent_cols - l.footprint_cols() + v - 1;
+                let src = self.reg(RegClass::B32, "lastlane");
+                self.op("or.b32", vec![R(src), R(self.lane), Imm(i64::from(tc - 1))]);
+                let regs = out
+                    .slots()
+                    .iter()
+                    .map(|o| {
+                        let i = slots.iter().position(|s| s.dr == o.dr && s.dc == last).expect("a row's last column slot");
+                        let r = self.reg(RegClass::F32, "last");
+                        self.op("shfl.sync.idx.b32", vec![R(r), R(t.regs[i]), R(src), Imm(31), Imm(-1)]);
+                        r
+                    })
+                    .collect();
+                return TileVal { ty: TileType { cols: 1, ..t.ty }, layout: out, regs };
+            }
+        }
+        let lr = self.layout_regs(l);
+        let regs = slots
+            .iter()
+            .zip(&t.regs)
+            .map(|(slot, &x)| {
+                let col = self.reg(RegClass::B32, "col");
+                self.op("add.u32", vec![R(col), R(lr.col), Imm(i64::from(slot.dc))]);
+                let is_last = self.reg(RegClass::Pred, "islast");
+                self.op("setp.eq.u32", vec![R(is_last), R(col), Imm(i64::from(t.ty.cols - 1))]);
+                let r = self.reg(RegClass::F32, "masked");
+                self.op("selp.f32", vec![R(r), R(x), Operand::F32(f32::NEG_INFINITY), R(is_last)]);
+                r
+            })
+            .collect();
+        self.reduce(TileVal { ty: t.ty, layout: l, regs }, ReduceOp::Max, 1)
     }
 
     /// The shared address of this thread's base element in a row-major `?×cols` scratch tile.

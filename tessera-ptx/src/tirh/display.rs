@@ -149,9 +149,12 @@ impl fmt::Display for Expr {
                 write!(f, "uniform<{tile}>({}, {}, {}, [{}, {}])", seed[0], seed[1], seed[2], origin[0], origin[1])
             }
             ExprKind::SwapPairs(value) => write!(f, "{value}.swap_pairs()"),
+            ExprKind::LastCol(value) => write!(f, "{value}.last_col()"),
             ExprKind::Shift { value, axis, by, fill } => {
                 write!(f, "{value}.shift_{}({by}, {fill})", if *axis == 1 { "cols" } else { "rows" })
             }
+            ExprKind::ScanPart { value, step, fill } => write!(f, "scan_part({value}, {step:?}, {fill})"),
+            ExprKind::ScanPick { updated, old, step } => write!(f, "scan_pick({updated}, {old}, {step:?})"),
             ExprKind::Scan { func, values, axis, identity, exclusive, .. } => {
                 let list = |v: &[Expr]| v.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(", ");
                 let kind = if *exclusive { "tile_scan_exclusive" } else { "tile_scan" };

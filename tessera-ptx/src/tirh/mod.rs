@@ -428,6 +428,7 @@ impl Expr {
             K::Unary(_, a)
             | K::Cast { value: a, .. }
             | K::SwapPairs(a)
+            | K::LastCol(a)
             | K::TileCols { value: a, .. }
             | K::Reduce { value: a, .. }
             | K::BlockReduce { value: a, .. } => {
@@ -440,7 +441,8 @@ impl Expr {
             K::MaskCols { value, limit, fill } => vec![value, limit, fill],
             K::Uniform { seed, origin, .. } => seed.iter().chain(origin).collect(),
             K::Get { index, .. } | K::Call { args: index, .. } => index.iter().collect(),
-            K::Shift { value, fill, .. } => vec![value, fill],
+            K::Shift { value, fill, .. } | K::ScanPart { value, fill, .. } => vec![value, fill],
+            K::ScanPick { updated, old, .. } => vec![updated, old],
             K::Scan { values, identity, .. } => values.iter().chain(identity).collect(),
             K::Var(_)
             | K::Int(_)
@@ -620,6 +622,76 @@ pub enum Builtin {
     WarpgroupId,
 }
 
+/// One step of a row scan in the blocked layout where each thread holds one run of `v`
+/// consecutive columns of a row and the row's runs lie in `tc` lanes of one warp: the serial
+/// scan of each run, then a Hillis–Steele scan of the runs' totals across the lanes, then
+/// each run's other elements combined with the total of the runs before. `n` combines and
+/// `log₂ tc` shuffles a row instead of Hillis–Steele's `n·log₂ n` and `v·log₂ tc`; the
+/// interpreter and the lowering read the same steps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ScanStep {
+    /// Column `k` of each run takes in column `k − 1`.
+    Serial {
+        /// The run position.
+        k: u32,
+        /// The run length.
+        v: u32,
+    },
+    /// The last column of each run takes in the last column of the run `s` runs back.
+    Lanes {
+        /// How many runs back.
+        s: u32,
+        /// The run length.
+        v: u32,
+    },
+    /// Every column but the last of each run takes in the last column of the run before.
+    Apply {
+        /// The run length.
+        v: u32,
+    },
+}
+
+impl ScanStep {
+    /// The steps of the scan along the rows of a `rows×cols` tile in its canonical blocked
+    /// layout ([`crate::layout::Layout::blocked`]), or `None` where a row spans more than one
+    /// run per thread or more than one warp.
+    pub fn plan(rows: u32, cols: u32) -> Option<Vec<ScanStep>> {
+        let l = crate::layout::Layout::blocked(rows, cols);
+        let crate::layout::LayoutKind::Blocked { v, tc, wc: 1, .. } = l.kind else { return None };
+        if cols != v * tc || cols < 2 {
+            return None;
+        }
+        let mut steps: Vec<ScanStep> = (1..v).map(|k| ScanStep::Serial { k, v }).collect();
+        steps.extend(std::iter::successors(Some(1), |s| Some(s * 2)).take_while(|&s| s < tc).map(|s| ScanStep::Lanes { s, v }));
+        if tc > 1 {
+            steps.push(ScanStep::Apply { v });
+        }
+        Some(steps)
+    }
+
+    /// Whether the step changes column `col`.
+    pub fn touches(self, col: u32) -> bool {
+        match self {
+            ScanStep::Serial { k, v } => col % v == k,
+            ScanStep::Lanes { v, .. } => col % v == v - 1,
+            ScanStep::Apply { v } => col % v != v - 1,
+        }
+    }
+
+    /// The column that column `col` combines with at this step, if the step touches it and one
+    /// lies there.
+    pub fn source(self, col: u32) -> Option<u32> {
+        if !self.touches(col) {
+            return None;
+        }
+        match self {
+            ScanStep::Serial { .. } => Some(col - 1),
+            ScanStep::Lanes { s, v } => (col / v >= s).then(|| col - s * v),
+            ScanStep::Apply { v } => (col >= v).then(|| col / v * v - 1),
+        }
+    }
+}
+
 /// The kinds of expression.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum ExprKind {
@@ -759,6 +831,9 @@ pub enum ExprKind {
     /// `t.swap_pairs()`: columns `2k` and `2k + 1` exchanged (moves no data: both are in one
     /// thread's registers).
     SwapPairs(Box<Expr>),
+    /// `t.last_col()`: the last column of an f32 tile, `M×1` (a chunked scan's carry). One
+    /// shuffle a row where the row lies in one warp's lanes.
+    LastCol(Box<Expr>),
     /// `tensor.get([i, j])`: one element as a scalar (`i32`, or `f32` for any float tensor), the same in
     /// every thread; 0 out of bounds.
     Get {
@@ -799,12 +874,34 @@ pub enum ExprKind {
         /// What comes in.
         fill: Box<Expr>,
     },
+    /// One step of the work-efficient row scan that `tile_scan` becomes where the tile's
+    /// blocked layout allows it ([`ScanStep::plan`]): the elements the step touches hold the
+    /// element they combine with (`fill` where there is none); the others hold `fill`.
+    ScanPart {
+        /// The tile (f32).
+        value: Box<Expr>,
+        /// The step.
+        step: ScanStep,
+        /// The combine's identity.
+        fill: Box<Expr>,
+    },
+    /// After a scan step's combine: `updated` where the step touches an element, `old`
+    /// elsewhere (so that the combines of untouched elements are dead code).
+    ScanPick {
+        /// The combine's result.
+        updated: Box<Expr>,
+        /// The tile before the step.
+        old: Box<Expr>,
+        /// The step.
+        step: ScanStep,
+    },
     /// `tile_scan::<F>(x, axis, identity)` (or of a tuple of tiles with a tuple of
     /// identities, `tile_scan::<F>((a, b), 1, (1.0, 0.0))`): the inclusive scan of `x` along
     /// `axis` (1: each row, 0: each column) under the associative combine `F`, a device
     /// function taking the earlier elements' tiles, then the later ones', and giving the
     /// combined tiles; `exclusive` shifts the result by one, `identity` first. The type checker
-    /// expands it into ⌈log₂ n⌉ shift-and-combine steps (Hillis–Steele).
+    /// expands it into the steps of [`ScanStep::plan`] where the row lies in one warp's lanes,
+    /// else into ⌈log₂ n⌉ shift-and-combine steps (Hillis–Steele).
     Scan {
         /// The combine's name, for messages.
         func: String,

@@ -9,7 +9,7 @@
 
 use super::Checker;
 use crate::error::CompileError;
-use crate::tirh::{Expr, ExprKind, SourceLoc, Stmt, StmtKind, TileType, Type};
+use crate::tirh::{Expr, ExprKind, ScanStep, SourceLoc, Stmt, StmtKind, TileType, Type};
 
 /// A call of a device function, its arguments typed.
 pub struct CallSite<'a> {
@@ -99,10 +99,12 @@ impl Checker<'_> {
         checked.map(|()| results)
     }
 
-    /// `tile_scan::<F>(x, axis, identity)`: binds the inputs, then for offsets 1, 2, 4, … below
-    /// the scanned dimension combines each tile with itself shifted by the offset (identity
-    /// shifting in) through a call of `F`, which is inlined as any call is; the results are the
-    /// last step's tiles (shifted by one more for an exclusive scan).
+    /// `tile_scan::<F>(x, axis, identity)`: binds the inputs, then runs the steps of
+    /// [`ScanStep::plan`] where the rows allow it (each a call of `F` on the elements a step
+    /// touches, then a pick of those), else for offsets 1, 2, 4, … below the scanned dimension
+    /// combines each tile with itself shifted by the offset (identity shifting in). `F` is
+    /// inlined as any call is; the results are the last step's tiles (shifted by one more for
+    /// an exclusive scan).
     fn scan(&mut self, e: &mut Expr) -> Result<Vec<Expr>, CompileError> {
         let loc = e.loc;
         let ExprKind::Scan { func, id, mut values, axis, mut identity, exclusive } = std::mem::replace(&mut e.kind, ExprKind::Bool(false))
@@ -143,34 +145,54 @@ impl Checker<'_> {
             let value = Box::new(Expr::new(ExprKind::Var(name.to_string()), loc));
             Expr::new(ExprKind::Shift { value, axis, by, fill: Box::new(fill.clone()) }, loc)
         };
+        let var = |name: &str| Expr::new(ExprKind::Var(name.to_string()), loc);
         let mut out = Vec::new();
         let mut cur = names(0);
         for (name, value) in cur.iter().zip(values) {
             let kind = StmtKind::Let { name: name.clone(), mutable: false, declared: None, value };
             self.stmt_into(stmt(kind, format!("{what}: the input")), &mut out);
         }
-        let (mut by, mut step) = (1, 1);
-        while by < n {
+        // The work-efficient steps where each row lies in one warp's lanes (the tile's blocked
+        // layout, which the lowering moves it into), else Hillis–Steele: a shift by 1, 2, 4, …
+        let plan = if axis == 1 { ScanStep::plan(t.rows, t.cols) } else { None };
+        let steps: Vec<Result<ScanStep, u32>> = match plan {
+            Some(p) => p.into_iter().map(Ok).collect(),
+            None => std::iter::successors(Some(1u32), |b| Some(b * 2)).take_while(|&b| b < n).map(Err).collect(),
+        };
+        for (i, s) in steps.into_iter().enumerate() {
+            let step = i as u32 + 1;
             let next = names(step);
-            let args: Vec<Expr> = cur
-                .iter()
-                .zip(&identity)
-                .map(|(c, i)| shifted(c, by, i))
-                .chain(cur.iter().map(|c| Expr::new(ExprKind::Var(c.clone()), loc)))
-                .collect();
+            let part = |c: &String, fill: &Expr| match s {
+                Ok(step) => Expr::new(ExprKind::ScanPart { value: Box::new(var(c)), step, fill: Box::new(fill.clone()) }, loc),
+                Err(by) => shifted(c, by, fill),
+            };
+            let args: Vec<Expr> = cur.iter().zip(&identity).map(|(c, i)| part(c, i)).chain(cur.iter().map(|c| var(c))).collect();
             let by_ref = vec![false; args.len()];
             let call = Expr::new(ExprKind::Call { func: func.clone(), id, by_ref, args }, loc);
             let kind = StmtKind::Unpack { names: next.iter().map(|n| (n.clone(), false)).collect(), assign: false, value: call };
-            self.stmt_into(stmt(kind, format!("{what}: combine with the tiles {by} back")), &mut out);
+            let text = match s {
+                Ok(step) => format!("{what}: {step:?}"),
+                Err(by) => format!("{what}: combine with the tiles {by} back"),
+            };
+            self.stmt_into(stmt(kind, text), &mut out);
             if self.poisoned.iter().any(|p| next.contains(p)) {
                 // The combine failed (reported where it did): no more steps.
 
                 self.pending.append(&mut out);
                 return Err(CompileError::ty(loc, String::new()));
             }
-            cur = next;
-            by *= 2;
-            step += 1;
+            cur = match s {
+                Ok(step) => {
+                    let picked: Vec<String> = next.iter().map(|n| format!("{n}_pick")).collect();
+                    for ((p, n), c) in picked.iter().zip(&next).zip(&cur) {
+                        let value = Expr::new(ExprKind::ScanPick { updated: Box::new(var(n)), old: Box::new(var(c)), step }, loc);
+                        let kind = StmtKind::Let { name: p.clone(), mutable: false, declared: None, value };
+                        self.stmt_into(stmt(kind, format!("{what}: the elements {step:?} changes")), &mut out);
+                    }
+                    picked
+                }
+                Err(_) => next,
+            };
         }
         self.pending.append(&mut out);
         let mut results: Vec<Expr> = cur

@@ -157,6 +157,10 @@ impl Checker<'_> {
                     }
                 }
             }
+            ExprKind::LastCol(value) => match self.expr(value)? {
+                Type::Tile(t) if t.dtype == DType::F32 => Type::Tile(TileType { cols: 1, ..t }),
+                ty => return Err(CompileError::ty(value.loc, format!("`last_col` takes an f32 tile, found `{ty}`"))),
+            },
             ExprKind::Get { tensor, index } => {
                 let (dtype, rank) = self.global(tensor, loc)?;
                 let tensor = tensor.clone();
@@ -180,6 +184,15 @@ impl Checker<'_> {
             }
             // A device function's call (or a scan's): inlined, and replaced by its result.
             ExprKind::Call { .. } | ExprKind::Scan { .. } => return self.call_value(e, expect),
+            ExprKind::ScanPart { value, fill, .. } => {
+                let ty = self.expr(value)?;
+                self.fill_value(fill, DType::F32)?;
+                ty
+            }
+            ExprKind::ScanPick { updated, old, .. } => {
+                self.expr(old)?;
+                self.expr(updated)?
+            }
             ExprKind::Shift { value, axis, fill, .. } => {
                 let ty = self.expr(value)?;
                 match ty {

@@ -918,6 +918,10 @@ impl<'p> Kernel<'p> {
                 }
                 _ => return Err("`swap_pairs` takes a tile".to_string().into()),
             },
+            ExprKind::LastCol(value) => match self.eval(value, wg, blk)? {
+                Val::T(t) => Val::T(t.cols(t.ty.cols - 1, 1)),
+                _ => return Err("`last_col` takes a tile".to_string().into()),
+            },
             ExprKind::Get { tensor, index } => {
                 let idx = self.indices(index, wg, blk)?;
                 let g = self.global(tensor, wg)?;
@@ -948,6 +952,14 @@ impl<'p> Kernel<'p> {
             ExprKind::Shift { value, axis, by, fill } => match (self.eval(value, wg, blk)?, self.eval(fill, wg, blk)?) {
                 (Val::T(t), Val::F(f)) => Val::T(t.shift(*axis, *by, f)),
                 _ => return Err("`shift_cols` takes an f32 tile and an f32 fill".to_string().into()),
+            },
+            ExprKind::ScanPart { value, step, fill } => match (self.eval(value, wg, blk)?, self.eval(fill, wg, blk)?) {
+                (Val::T(t), Val::F(f)) => Val::T(t.scan_part(*step, f)),
+                _ => return Err("a scan step takes an f32 tile and an f32 identity".to_string().into()),
+            },
+            ExprKind::ScanPick { updated, old, step } => match (self.eval(updated, wg, blk)?, self.eval(old, wg, blk)?) {
+                (Val::T(u), Val::T(o)) => Val::T(u.scan_pick(&o, *step)),
+                _ => return Err("a scan step picks between two tiles".to_string().into()),
             },
             ExprKind::Reduce { op, axis, value } => match self.eval(value, wg, blk)? {
                 Val::T(t) => Val::T(t.reduce(*op, *axis)),

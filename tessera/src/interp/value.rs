@@ -3,7 +3,7 @@
 
 use super::View;
 use half::{bf16, f16};
-use tessera_ptx::tirh::{BinOp, ReduceOp, TileType, UnOp};
+use tessera_ptx::tirh::{BinOp, ReduceOp, ScanStep, TileType, UnOp};
 use tessera_ptx::DType;
 
 /// A value bound to a name.
@@ -107,16 +107,41 @@ impl Tile {
     /// Element `j` along `axis` (1: of each row, 0: of each column) takes element `j − by`;
     /// the first `by` take `fill`.
     pub fn shift(&self, axis: u32, by: u32, fill: f32) -> Tile {
-        let (rows, cols) = (self.ty.rows as usize, self.ty.cols as usize);
+        let cols = self.ty.cols as usize;
         let by = by as usize;
-        let src = |i: usize| {
+        self.gather(fill, |i| {
             let (r, c) = (i / cols, i % cols);
             match axis {
                 1 if c >= by => Some(r * cols + c - by),
                 0 if r >= by => Some((r - by) * cols + c),
                 _ => None,
             }
-        };
+        })
+    }
+
+    /// A scan step's operand: each element the step touches takes the column it combines with
+    /// in its row, `fill` where none (and where the step leaves the element alone).
+    pub fn scan_part(&self, step: ScanStep, fill: f32) -> Tile {
+        let cols = self.ty.cols as usize;
+        self.gather(fill, |i| step.source((i % cols) as u32).map(|c| i / cols * cols + c as usize))
+    }
+
+    /// After a scan step: `self` (the combine's result) where the step touches an element,
+    /// `old` elsewhere.
+    pub fn scan_pick(&self, old: &Tile, step: ScanStep) -> Tile {
+        let cols = self.ty.cols as usize;
+        let from = |i: usize| if step.touches((i % cols) as u32) { self } else { old };
+        let n = self.v.len();
+        let poison = (self.poison.is_some() || old.poison.is_some()).then(|| {
+            let what = self.poison.as_ref().or(old.poison.as_ref()).map(|p| p.what.clone()).unwrap_or_default();
+            Box::new(Poison { mask: (0..n).map(|i| from(i).poisoned(i)).collect(), what })
+        });
+        Tile { ty: self.ty, v: (0..n).map(|i| from(i).v[i]).collect(), poison }
+    }
+
+    /// Element `i` from element `src(i)`, or `fill` where that is `None`.
+    fn gather(&self, fill: f32, src: impl Fn(usize) -> Option<usize>) -> Tile {
+        let (rows, cols) = (self.ty.rows as usize, self.ty.cols as usize);
         let v = (0..rows * cols).map(|i| src(i).map_or(fill, |j| self.v[j])).collect();
         let poison = self.poison.as_ref().map(|p| {
             let mut q = p.as_ref().clone();
