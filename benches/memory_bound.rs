@@ -5,9 +5,11 @@
 //! once: bytes read plus bytes written. Inputs are 16384×8192 f32 (512 MiB), far above L2.
 //!
 //! `cargo bench --bench memory_bound` (prints a skip where there is no GPU).
-//! `TESSERA_BENCH_WIDTHS=11008,12288` times the copy and the norms at those hidden sizes only.
+//! `TESSERA_BENCH_WIDTHS=11008,12288` times the copy and the norms at those hidden sizes only;
+//! `TESSERA_BENCH_SCANS=1` the first table and the scan rows only.
 //! The scan rows have PyTorch's beside them (`benches/torch_scans.py`, run as a child process;
-//! `TESSERA_TORCH_SCANS_SCRIPT` overrides its path).
+//! `TESSERA_TORCH_SCANS_SCRIPT` overrides its path); the selective scan's decode step has
+//! mamba-ssm's Triton kernel beside it (`benches/mamba_step.py`, which says what it needs).
 
 use criterion::Criterion;
 use std::time::Duration;
@@ -47,6 +49,24 @@ fn torch_scans() -> Result<Vec<(String, f64)>, String> {
     Ok(lines)
 }
 
+/// mamba-ssm's Triton decode step (`benches/mamba_step.py`) at one shape, in ms, or why there is
+/// none. `TESSERA_MAMBA_STEP_SCRIPT` overrides the script's path.
+fn mamba_step(batch: usize, dim: usize, dstate: usize) -> Result<f64, String> {
+    let script = std::env::var("TESSERA_MAMBA_STEP_SCRIPT").ok().unwrap_or_else(|| {
+        ["benches/mamba_step.py", "mamba_step.py"].into_iter().find(|p| std::path::Path::new(p).exists()).unwrap_or("benches/mamba_step.py").to_string()
+    });
+    let out = std::process::Command::new("python3")
+        .args([script.as_str(), &batch.to_string(), &dim.to_string(), &dstate.to_string()])
+        .output()
+        .map_err(|e| format!("python3 {script}: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    match text.trim().split_once(' ') {
+        Some(("ms", ms)) => ms.parse().map_err(|e| format!("{script}: `{text}`: {e}")),
+        Some(("error", why)) => Err(why.to_string()),
+        _ => Err(format!("{script}: `{text}` {}", String::from_utf8_lossy(&out.stderr))),
+    }
+}
+
 fn main() {
     let Ok(dev) = Device::new(0) else {
         println!("memory_bound: skipped, no GPU");
@@ -84,6 +104,8 @@ fn main() {
         .ok()
         .map(|v| v.split(',').map(|w| w.trim().parse().expect("TESSERA_BENCH_WIDTHS: widths like 11008,12288")).collect());
     let all = only.is_none();
+    // Only the copy, the first table and the scan rows.
+    let scans_only = std::env::var_os("TESSERA_BENCH_SCANS").is_some();
     if all {
         {
             let mut f = || tessera_kernels::axpy(&dev, 0.5, &x, &mut y).expect("axpy");
@@ -143,7 +165,7 @@ fn main() {
     // parameters once. 16384×8192 first (the shape), then hidden sizes around it with
     // rows chosen for 256 MiB of input, far above L2.
     let mut norm_rows: Vec<(String, f64, f64)> = Vec::new();
-    let widths = only.unwrap_or_else(|| vec![8192, 768, 1024, 1536, 2048, 2304, 2560, 3072, 4096, 5120, 6144, 10240, 11008, 12288, 16384]);
+    let widths = if scans_only { Vec::new() } else { only.unwrap_or_else(|| vec![8192, 768, 1024, 1536, 2048, 2304, 2560, 3072, 4096, 5120, 6144, 10240, 11008, 12288, 16384]) };
     for (i, &n) in widths.iter().enumerate() {
         use tessera::bf16;
         let m = if i == 0 && n == N { M } else { (1usize << 27) / n };
@@ -219,7 +241,7 @@ fn main() {
     }
     // RoPE in bf16: the shape (batch 8, seq 4096, 32 heads, dim 128) in each
     // convention, layout, angle source, and in place; then 16384 tokens of 64×128 heads.
-    if all {
+    if all && !scans_only {
         use tessera::bf16;
         use tessera_kernels::{HeadLayout, Rope, RopeStyle};
         for (b, s, h, d) in [(8usize, 4096usize, 32usize, 128usize), (1, 16384, 64, 128)] {
@@ -255,7 +277,7 @@ fn main() {
     }
     // fp8 quantization, bf16 to E4M3 and back, at 16384×8192: 2 bytes read and 1 written an
     // element, or the reverse.
-    if all {
+    if all && !scans_only {
         use tessera::{bf16, F8E4M3};
         let (m, n) = (16384usize, 8192usize);
         let xb = Tensor::from_host(&dev, &rng_bf16(m * n), &[m, n]).expect("x bf16");
@@ -285,9 +307,32 @@ fn main() {
         let mut f = || scan.run(&mut y, &mut h).expect("selective scan");
         norm_rows.push((format!("selective_scan fwd {b}x{ch}x{l} N{n}"), bytes, time_ms(&dev, 3, 10, &mut f)));
     }
+    // The selective scan's decode step (one token, the state updated in place) beside
+    // mamba-ssm's Triton `selective_state_update` in the same run: f32 state read and written
+    // once, bf16 x, dt, z, y, B, C, f32 A, D, dt bias; softplus on.
+    if all {
+        use tessera::bf16;
+        for (b, ch, n) in [(64usize, 5120usize, 16usize), (8, 5120, 16), (64, 2048, 64)] {
+            let mut t = |shape: &[usize]| Tensor::from_host(&dev, &rng_bf16(shape.iter().product()), shape).expect("bf16 input");
+            let (u, delta, z) = (t(&[b, ch, 1]), t(&[b, ch, 1]), t(&[b, ch, 1]));
+            let (bm, cm) = (t(&[b, 1, n, 1]), t(&[b, 1, n, 1]));
+            let a = Tensor::from_host(&dev, &vec![-0.5f32; ch * n], &[ch, n]).expect("a");
+            let dskip = Tensor::from_host(&dev, &vec![1.0f32; ch], &[ch]).expect("d");
+            let mut y = Tensor::<bf16>::zeros(&dev, &[b, ch, 1]).expect("y");
+            let mut state = Tensor::from_host(&dev, &random(b * ch * n), &[b, ch, n]).expect("state");
+            let bytes = (2 * b * ch * n * 4 + ch * n * 4 + 4 * b * ch * 2 + 2 * b * n * 2 + 2 * ch * 4) as f64;
+            let s = tessera_kernels::SelectiveScan::new(&dev, &u, &delta, &a, &bm, &cm).d(&dskip).z(&z).delta_bias(&dskip).delta_softplus(true);
+            let mut f = || s.run_step(&mut state, &mut y).expect("selective scan step");
+            norm_rows.push((format!("selective_scan step {b}x{ch} N{n}"), bytes, time_ms(&dev, 10, 50, &mut f)));
+            match mamba_step(b, ch, n) {
+                Ok(ms) => norm_rows.push((format!("  mamba triton step {b}x{ch} N{n}"), bytes, ms)),
+                Err(why) => println!("memory_bound: no mamba step baseline: {why}"),
+            }
+        }
+    }
     // Small shapes, where launch latency dominates: microseconds per call.
     let mut small: Vec<(String, f64)> = Vec::new();
-    if all {
+    if all && !scans_only {
         use tessera::bf16;
         let (m, n) = (4usize, 4096usize);
         let xb = Tensor::from_host(&dev, &rng_bf16(m * n), &[m, n]).expect("x bf16");

@@ -1,7 +1,9 @@
 //! The selective scan (Mamba-1) forward against a float64 sequential recurrence on the host:
 //! fresh random inputs, odd lengths (1, 7, 1000, 4099), d_state 16/32/64, grouped B and C,
 //! with and without D, the gate, the delta bias, softplus and an initial state; outputs
-//! poisoned before each launch. On the GPU and, at small sizes, in the interpreter.
+//! poisoned before each launch. Short sequences also run as decode steps (`run_step`, the state
+//! updated in place), which must give the same outputs and last state. On the GPU and, at
+//! small sizes, in the interpreter.
 
 mod common;
 
@@ -95,16 +97,49 @@ fn check<T: SelectiveScanElement>(dev: &Device, c: Case, to: fn(f32) -> T, from:
     let got_h: Vec<f64> = h_last.to_host().unwrap().into_iter().map(f64::from).collect();
     let (ey, eh) = (rel_error(&got_y, &want_y), rel_error(&got_h, &want_h));
     assert!(ey < tol && eh < tol, "{c:?} {}: y relative error {ey}, last state {eh}", std::any::type_name::<T>());
+    if l > 8 {
+        return;
+    }
+    // The same sequence as `l` decode steps, the state updated in place from h0 (or zeros).
+    let at_t = |x: &[T], rows: usize, t: usize| -> Vec<T> { (0..rows).map(|r| x[r * l + t]).collect() };
+    let mut state = tf(&if c.extras { h0.clone() } else { vec![0.0; bt * ch * n] }, &[bt, ch, n]);
+    let mut got_y = vec![0.0; bt * ch * l];
+    for step in 0..l {
+        let (ut, dt, zt) = (t(&at_t(&u, bt * ch, step), &[bt, ch, 1]), t(&at_t(&delta, bt * ch, step), &[bt, ch, 1]), t(&at_t(&z, bt * ch, step), &[bt, ch, 1]));
+        let (bt_, ct) = (t(&at_t(&b, bt * g * n, step), &[bt, g, n, 1]), t(&at_t(&cm, bt * g * n, step), &[bt, g, n, 1]));
+        let mut y = Tensor::full(dev, &[bt, ch, 1], to(f32::NAN)).unwrap();
+        let mut s = SelectiveScan::new(dev, &ut, &dt, &at, &bt_, &ct);
+        if c.extras {
+            s = s.d(&dst).z(&zt).delta_bias(&biast).delta_softplus(true);
+        }
+        s.run_step(&mut state, &mut y).unwrap_or_else(|e| panic!("{c:?} step {step}: {e}"));
+        for (r, v) in y.to_host().unwrap().into_iter().enumerate() {
+            got_y[r * l + step] = from(v);
+        }
+    }
+    let got_h: Vec<f64> = state.to_host().unwrap().into_iter().map(f64::from).collect();
+    let (ey, eh) = (rel_error(&got_y, &want_y), rel_error(&got_h, &want_h));
+    assert!(ey < tol && eh < tol, "{c:?} {} decode steps: y relative error {ey}, last state {eh}", std::any::type_name::<T>());
 }
 
 fn cases(dev: &Device) -> Vec<Case> {
     let c = |batch, channels, groups, states, len, extras| Case { batch, channels, groups, states, len, extras };
     if dev.is_cpu() {
-        vec![c(1, 2, 1, 16, 1, true), c(2, 3, 1, 16, 7, false), c(1, 1, 1, 16, 300, false), c(1, 4, 2, 32, 130, true), c(1, 2, 1, 64, 70, true)]
+        vec![
+            c(1, 2, 1, 16, 1, true),
+            c(2, 3, 1, 16, 7, false),
+            c(1, 1, 1, 16, 300, false),
+            c(1, 4, 2, 32, 130, true),
+            c(1, 2, 1, 64, 70, true),
+            c(2, 140, 2, 16, 3, true),
+        ]
     } else {
         vec![
             c(1, 3, 1, 16, 1, true),
             c(2, 5, 1, 16, 7, false),
+            c(3, 200, 2, 32, 5, true),
+            c(2, 130, 1, 64, 2, false),
+            c(1, 384, 3, 16, 4, true),
             c(2, 6, 2, 16, 1000, true),
             c(1, 8, 4, 32, 4099, true),
             c(2, 4, 1, 64, 1000, false),
@@ -149,4 +184,14 @@ fn selective_scan_refuses_bad_input() {
     let b16 = z3(&[1, 1, 16, 8]);
     let e = SelectiveScan::new(&dev, &u, &short, &a16, &b16, &b16).run(&mut y, &mut h16).expect_err("delta's length").to_string();
     assert!(e.contains("delta") && e.contains("[1, 4, 8]"), "{e}");
+    // Decode steps take one step, from the state they update.
+    let e = SelectiveScan::new(&dev, &u, &u, &a16, &b16, &b16).run_step(&mut h16, &mut y).expect_err("8 steps").to_string();
+    assert!(e.contains("one step"), "{e}");
+    let (u1, b1, mut y1) = (z3(&[1, 4, 1]), z3(&[1, 1, 16, 1]), z3(&[1, 4, 1]));
+    let h0 = z3(&[1, 4, 16]);
+    let e = SelectiveScan::new(&dev, &u1, &u1, &a16, &b1, &b1).initial_state(&h0).run_step(&mut h16, &mut y1).expect_err("h0").to_string();
+    assert!(e.contains("initial_state"), "{e}");
+    let mut h_wrong = z3(&[1, 4, 32]);
+    let e = SelectiveScan::new(&dev, &u1, &u1, &a16, &b1, &b1).run_step(&mut h_wrong, &mut y1).expect_err("state's d_state").to_string();
+    assert!(e.contains("state") && e.contains("[1, 4, 16]"), "{e}");
 }

@@ -82,11 +82,61 @@ pub fn selective_scan_fwd(
     h_last.store([row * N, 0], h);
 }
 
+/// One step of the selective scan, the decode path: for 64 channels of one (batch, group) a
+/// block, `state` (`[batch·channels, N]`, f32) becomes `exp(Δ·A)·state + Δ·B·u` in place and
+/// `y = C·state (+ D·u) (· silu(z))`. `u`, `delta`, `z`, `y` as `[batch·channels, 1]`; `bm`, `cm`
+/// as `[batch·groups, N]` (one row a block, broadcast over its channels); `a` `[channels, N]`;
+/// `dskip`, `bias` `[channels, 1]`. Flags as in `selective_scan_fwd`. Each channel's values
+/// broadcast over its row of states as they load (`zeros + x`), so that nothing changes layout
+/// through shared memory; the gate multiplies before the row sum, the skip term joins it in
+/// column 0.
+#[kernel(dtypes(T = [bf16, f32]), tune(N = [16, 32, 64]))]
+pub fn selective_scan_step(
+    state: Global<f32, 2>, u: Global<T, 2>, delta: Global<T, 2>, a: Global<f32, 2>, bm: Global<T, 2>, cm: Global<T, 2>, dskip: Global<f32, 2>,
+    z: Global<T, 2>, bias: Global<f32, 2>, y: Global<T, 2>, channels: i32, groups: i32, has_d: i32, has_z: i32, softplus: i32, has_bias: i32,
+) {
+    let per_group = channels / groups;
+    let blocks = (per_group + 63) / 64;
+    let bg = block::id_x() / blocks;
+    let g = bg - (bg / groups) * groups;
+    let first = block::id_x() - bg * blocks;
+    // This block's channels: 64 of group g from `d0`; rows past the group's end are not stored.
+    let d0 = g * per_group + first * 64;
+    let row0 = (bg / groups) * channels + d0;
+    let end = row0 + per_group - first * 64;
+    let h = state.load_or::<Tile<f32, 64, N>>([row0, 0], 0.0);
+    let av = a.load_or::<Tile<f32, 64, N>>([d0, 0], 0.0);
+    let ut = Tile::<f32, 64, N>::zeros() + u.load_or::<Tile<T, 64, 1>>([row0, 0], 0.0).cast::<f32>();
+    let mut x = Tile::<f32, 64, N>::zeros() + delta.load_or::<Tile<T, 64, 1>>([row0, 0], 0.0).cast::<f32>();
+    if has_bias == 1 {
+        x = x + bias.load_or::<Tile<f32, 64, 1>>([d0, 0], 0.0);
+    }
+    let mut dt = x;
+    if softplus == 1 {
+        dt = max(x, 0.0) + log2(1.0 + exp2(abs(x) * -f32::consts::LOG2_E)) * f32::consts::LN_2;
+    }
+    let bt = bm.load::<Tile<T, 1, N>>([bg, 0]).cast::<f32>();
+    let hn = exp2(av * dt * f32::consts::LOG2_E) * h + (dt * ut) * bt;
+    state.store_within([row0, 0], hn, [end, N]);
+    let mut terms = hn * cm.load::<Tile<T, 1, N>>([bg, 0]).cast::<f32>();
+    if has_d == 1 {
+        terms = terms + (ut * dskip.load_or::<Tile<f32, 64, 1>>([d0, 0], 0.0)).mask_cols(1, 0.0);
+    }
+    if has_z == 1 {
+        let zt = Tile::<f32, 64, N>::zeros() + z.load_or::<Tile<T, 64, 1>>([row0, 0], 0.0).cast::<f32>();
+        let r = rsqrt(1.0 + exp2(zt * -f32::consts::LOG2_E));
+        terms = terms * zt * r * r;
+    }
+    y.store_within([row0, 0], row_sum(terms).cast::<T>(), [end, 1]);
+}
+
 /// The element types the selective scan takes for `u`, `delta`, `B`, `C`, `z` and `y`: bf16 and
 /// f32.
 pub trait SelectiveScanElement: Element + sealed::Sealed {
     #[doc(hidden)]
     fn selective_scan_launch(s: &SelectiveScan<'_, Self>, dims: Dims, y: &mut Tensor<Self>, h_last: &mut Tensor<f32>) -> Result<()>;
+    #[doc(hidden)]
+    fn selective_scan_step_launch(s: &SelectiveScan<'_, Self>, dims: Dims, y: &mut Tensor<Self>, state: &mut Tensor<f32>) -> Result<()>;
 }
 
 mod sealed {
@@ -111,21 +161,66 @@ fn rows_of<T: Element>(t: &Tensor<T>, rows: usize, len: usize) -> Result<tessera
     t.view(&[rows, len], &[len, 1])
 }
 
+/// The variant of a `tune(N = [16, 32, 64])` kernel for `states`, or the error naming `a`.
+fn state_variant(variants: &[&tessera::KernelSpec], states: usize) -> Result<usize> {
+    variants.iter().position(|v| v.knob("N") == Some(states as i64)).ok_or_else(|| Error::Argument {
+        kernel: "selective_scan",
+        arg: "a".into(),
+        expected: "d_state 16, 32 or 64".into(),
+        found: format!("d_state {states}"),
+    })
+}
+
 macro_rules! selective_scan_element {
-    ($t:ty, $k:ident) => {
+    ($t:ty, $k:ident, $step:ident) => {
         impl SelectiveScanElement for $t {
+            fn selective_scan_step_launch(
+                s: &SelectiveScan<'_, Self>, Dims { batch, channels, groups, states, .. }: Dims, y: &mut Tensor<Self>,
+                state: &mut Tensor<f32>,
+            ) -> Result<()> {
+                let rows = batch * channels;
+                let i = state_variant($step::VARIANTS, states)?;
+                let (u, delta) = (rows_of(s.u, rows, 1)?, rows_of(s.delta, rows, 1)?);
+                let bm = s.b.view(&[batch * groups, states], &[states, 1])?;
+                let cm = s.c.view(&[batch * groups, states], &[states, 1])?;
+                let a = s.a.view(&[channels, states], &[states, 1])?;
+                let z = s.z.map(|z| rows_of(z, rows, 1)).transpose()?;
+                let dskip = s.d.map(|d| d.view(&[channels, 1], &[1, 1])).transpose()?;
+                let bias = s.delta_bias.map(|d| d.view(&[channels, 1], &[1, 1])).transpose()?;
+                let mut yv = y.view_mut(&[rows, 1], &[1, 1])?;
+                let mut hv = state.view_mut(&[rows, states], &[states, 1])?;
+                let blocks = batch * groups * (channels / groups).div_ceil(64);
+                let flag = |b: bool| i32::from(b);
+                $step::launch_variant(
+                    i,
+                    s.device,
+                    Grid::from(blocks as u32),
+                    &mut hv,
+                    &u,
+                    &delta,
+                    &a,
+                    &bm,
+                    &cm,
+                    &Optional(dskip.as_ref(), 2),
+                    &Optional(z.as_ref(), 2),
+                    &Optional(bias.as_ref(), 2),
+                    &mut yv,
+                    channels as i32,
+                    groups as i32,
+                    flag(s.d.is_some()),
+                    flag(s.z.is_some()),
+                    flag(s.delta_softplus),
+                    flag(s.delta_bias.is_some()),
+                )
+            }
+
             fn selective_scan_launch(
                 s: &SelectiveScan<'_, Self>, Dims { batch, channels, groups, states, len }: Dims, y: &mut Tensor<Self>,
                 h_last: &mut Tensor<f32>,
             ) -> Result<()> {
                 let dev = s.device;
                 let rows = batch * channels;
-                let i = $k::VARIANTS.iter().position(|v| v.knob("N") == Some(states as i64)).ok_or_else(|| Error::Argument {
-                    kernel: "selective_scan",
-                    arg: "a".into(),
-                    expected: "d_state 16, 32 or 64".into(),
-                    found: format!("d_state {states}"),
-                })?;
+                let i = state_variant($k::VARIANTS, states)?;
                 let (u, delta) = (rows_of(s.u, rows, len)?, rows_of(s.delta, rows, len)?);
                 let bm = s.b.view(&[batch * groups * states, len], &[len, 1])?;
                 let cm = s.c.view(&[batch * groups * states, len], &[len, 1])?;
@@ -162,8 +257,8 @@ macro_rules! selective_scan_element {
         }
     };
 }
-selective_scan_element!(tessera::bf16, selective_scan_fwd_bf16);
-selective_scan_element!(f32, selective_scan_fwd_f32);
+selective_scan_element!(tessera::bf16, selective_scan_fwd_bf16, selective_scan_step_bf16);
+selective_scan_element!(f32, selective_scan_fwd_f32, selective_scan_step_f32);
 
 /// A selective scan (Mamba-1) to run: the required inputs, then builder calls for the
 /// optional ones. `u`, `delta` `[batch, channels, L]`; `a` `[channels, d_state]` (f32,
@@ -232,8 +327,64 @@ impl<'a, T: SelectiveScanElement> SelectiveScan<'a, T> {
     /// [`Error::Argument`] naming the tensor whose rank, shape or contiguity does not fit, or a
     /// d_state without a kernel; a launch error.
     pub fn run(&self, y: &mut Tensor<T>, h_last: &mut Tensor<f32>) -> Result<()> {
-        let arg =
-            |arg: &str, expected: String, found: String| Error::Argument { kernel: "selective_scan", arg: arg.into(), expected, found };
+        let dims = self.dims(y, h_last, "h_last")?;
+        if i32::try_from(dims.batch * dims.channels * dims.states.max(dims.len)).is_err() {
+            return Err(self.arg("u", "fewer than 2³¹ rows".into(), format!("batch {}, channels {}", dims.batch, dims.channels)));
+        }
+        if dims.batch == 0 || dims.channels == 0 {
+            return Ok(());
+        }
+        if dims.len == 0 {
+            // No steps: the last state is the first.
+            let h = match self.h0 {
+                Some(h0) => h0.to_host()?,
+                None => vec![0.0; dims.batch * dims.channels * dims.states],
+            };
+            return h_last.copy_from_host(&h);
+        }
+        T::selective_scan_launch(self, dims, y, h_last)
+    }
+
+    /// One step of the recurrence in place, the decode path: `state` (`[batch, channels,
+    /// d_state]`, f32) is the state before the step and becomes the state after it; `y`
+    /// `[batch, channels, 1]`. The inputs are those of a scan of length 1 (`u`, `delta`,
+    /// `z` `[batch, channels, 1]`, `b`, `c` `[batch, groups, d_state, 1]`); a block updates 64
+    /// channels of one (batch, group), reading the state once and writing it once.
+    ///
+    /// ```ignore
+    /// for token in 0..n {
+    ///     SelectiveScan::new(&dev, &u_t, &delta_t, &a, &b_t, &c_t).d(&d).z(&z_t).run_step(&mut state, &mut y_t)?;
+    /// }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`SelectiveScan::run`], and [`Error::Argument`] where the inputs are longer than one
+    /// step or an `initial_state` is given (`state` is the initial state).
+    pub fn run_step(&self, state: &mut Tensor<f32>, y: &mut Tensor<T>) -> Result<()> {
+        if self.h0.is_some() {
+            return Err(self.arg("initial_state", "none: `state` is the state the step starts from".into(), "a tensor".into()));
+        }
+        let dims = self.dims(y, state, "state")?;
+        if dims.len != 1 {
+            return Err(self.arg("u", "one step: [batch, channels, 1]".into(), format!("shape {:?}", self.u.shape())));
+        }
+        if i32::try_from(dims.batch * dims.channels * dims.states).is_err() {
+            return Err(self.arg("u", "fewer than 2³¹ states".into(), format!("batch {}, channels {}", dims.batch, dims.channels)));
+        }
+        if dims.batch == 0 || dims.channels == 0 {
+            return Ok(());
+        }
+        T::selective_scan_step_launch(self, dims, y, state)
+    }
+
+    fn arg(&self, arg: &str, expected: String, found: String) -> Error {
+        Error::Argument { kernel: "selective_scan", arg: arg.into(), expected, found }
+    }
+
+    /// The problem's sizes from the inputs, after checking every shape and layout against
+    /// them (`state` is `h_last` or the step's state, named `state_name`).
+    fn dims(&self, y: &Tensor<T>, state: &Tensor<f32>, state_name: &str) -> Result<Dims> {
+        let arg = |a: &str, e: String, f: String| self.arg(a, e, f);
         let [batch, channels, len] = *self.u.shape() else {
             return Err(arg("u", "[batch, channels, L]".into(), format!("shape {:?}", self.u.shape())));
         };
@@ -270,7 +421,7 @@ impl<'a, T: SelectiveScanElement> SelectiveScan<'a, T> {
             want("initial_state", h0.shape(), &[batch, channels, states])?;
         }
         want("y", y.shape(), &[batch, channels, len])?;
-        want("h_last", h_last.shape(), &[batch, channels, states])?;
+        want(state_name, state.shape(), &[batch, channels, states])?;
         let named: [(&str, bool); 9] = [
             ("u", self.u.is_contiguous()),
             ("delta", self.delta.is_contiguous()),
@@ -280,25 +431,11 @@ impl<'a, T: SelectiveScanElement> SelectiveScan<'a, T> {
             ("z", self.z.is_none_or(|t| t.is_contiguous())),
             ("initial_state", self.h0.is_none_or(|t| t.is_contiguous())),
             ("y", y.is_contiguous()),
-            ("h_last", h_last.is_contiguous()),
+            (state_name, state.is_contiguous()),
         ];
         if let Some((name, _)) = named.iter().find(|(_, ok)| !ok) {
             return Err(arg(name, "a contiguous tensor".into(), "strides that are not".into()));
         }
-        if batch == 0 || channels == 0 {
-            return Ok(());
-        }
-        if i32::try_from(batch * channels * states.max(len)).is_err() {
-            return Err(arg("u", "fewer than 2³¹ rows".into(), format!("batch {batch}, channels {channels}")));
-        }
-        if len == 0 {
-            // No steps: the last state is the first.
-            let h = match self.h0 {
-                Some(h0) => h0.to_host()?,
-                None => vec![0.0; batch * channels * states],
-            };
-            return h_last.copy_from_host(&h);
-        }
-        T::selective_scan_launch(self, Dims { batch, channels, groups, states, len }, y, h_last)
+        Ok(Dims { batch, channels, groups, states, len })
     }
 }
