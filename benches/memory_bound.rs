@@ -25,7 +25,7 @@ const N: usize = 8192;
 
 /// `benches/torch_scans.py` at this bench's shape: `(name, ms)` per line, or why there is none.
 /// `TESSERA_TORCH_SCANS_SCRIPT` overrides the script's path.
-fn torch_scans() -> Result<Vec<(String, f64)>, String> {
+fn torch_scans(rows: usize, cols: usize) -> Result<Vec<(String, f64)>, String> {
     let script = std::env::var("TESSERA_TORCH_SCANS_SCRIPT").ok().unwrap_or_else(|| {
         ["benches/torch_scans.py", "torch_scans.py", "bin/torch_scans.py"]
             .into_iter()
@@ -34,7 +34,7 @@ fn torch_scans() -> Result<Vec<(String, f64)>, String> {
             .to_string()
     });
     let out = std::process::Command::new("python3")
-        .args([script.as_str(), &M.to_string(), &N.to_string()])
+        .args([script.as_str(), &rows.to_string(), &cols.to_string()])
         .output()
         .map_err(|e| format!("python3 {script}: {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout);
@@ -145,7 +145,7 @@ fn main() {
         }
         // PyTorch's scans on the same shapes, in this run (a child process; its own copy row
         // shows whether the device is in the same state).
-        match torch_scans() {
+        match torch_scans(M, N) {
             Ok(lines) => {
                 for (name, ms) in lines {
                     let (row, bytes) = match name.as_str() {
@@ -159,6 +159,18 @@ fn main() {
                 }
             }
             Err(why) => println!("memory_bound: no torch scan baseline: {why}"),
+        }
+        // Four rows of 2^25 (the same bytes): each row split into segments over the GPU, a
+        // pass for the segments' totals first.
+        let (rows4, cols4) = (4, M * N / 4);
+        let x4 = Tensor::from_host(&dev, &random(M * N), &[rows4, cols4]).expect("x 4 rows");
+        let mut y4 = Tensor::<f32>::zeros(&dev, &[rows4, cols4]).expect("y 4 rows");
+        let mut f = || tessera_kernels::cumsum(&dev, &x4, &mut y4).expect("cumsum 4 rows");
+        rows.push(("cumsum 4 long rows", 2.0 * mb, time_ms(&dev, 5, 20, &mut f)));
+        if let Ok(lines) = torch_scans(rows4, cols4) {
+            if let Some(&(_, ms)) = lines.iter().find(|(name, _)| name == "cumsum") {
+                rows.push(("torch cumsum 4 rows", 2.0 * mb, ms));
+            }
         }
     }
     // The norms in bf16 with weight (and bias): x read once, y written once, the [hidden]
@@ -309,26 +321,40 @@ fn main() {
     }
     // The selective scan's decode step (one token, the state updated in place) beside
     // mamba-ssm's Triton `selective_state_update` in the same run: f32 state read and written
-    // once, bf16 x, dt, z, y, B, C, f32 A, D, dt bias; softplus on.
+    // once, bf16 x, dt, z, y, B, C, f32 A, D, dt bias; softplus on. The baseline is timed as
+    // CUDA-graph replays (Python's launch would dominate); so is ours, on a stream of its own
+    // (the default stream cannot be captured) with cudarc's cross-stream event tracking off
+    // for its tensors (one stream: nothing to track, and a capture cannot wait on events
+    // recorded before it).
     if all {
         use tessera::bf16;
+        let ctx = dev.context().expect("a CUDA context").clone();
+        // SAFETY: the tensors made while tracking is off live on `sdev`'s stream alone.
+        unsafe { ctx.disable_event_tracking() };
+        let sdev = Device::from_stream(ctx.new_stream().expect("a stream")).expect("a device on its own stream");
         for (b, ch, n) in [(64usize, 5120usize, 16usize), (8, 5120, 16), (64, 2048, 64)] {
-            let mut t = |shape: &[usize]| Tensor::from_host(&dev, &rng_bf16(shape.iter().product()), shape).expect("bf16 input");
+            let mut t = |shape: &[usize]| Tensor::from_host(&sdev, &rng_bf16(shape.iter().product()), shape).expect("bf16 input");
             let (u, delta, z) = (t(&[b, ch, 1]), t(&[b, ch, 1]), t(&[b, ch, 1]));
             let (bm, cm) = (t(&[b, 1, n, 1]), t(&[b, 1, n, 1]));
-            let a = Tensor::from_host(&dev, &vec![-0.5f32; ch * n], &[ch, n]).expect("a");
-            let dskip = Tensor::from_host(&dev, &vec![1.0f32; ch], &[ch]).expect("d");
-            let mut y = Tensor::<bf16>::zeros(&dev, &[b, ch, 1]).expect("y");
-            let mut state = Tensor::from_host(&dev, &random(b * ch * n), &[b, ch, n]).expect("state");
+            let a = Tensor::from_host(&sdev, &vec![-0.5f32; ch * n], &[ch, n]).expect("a");
+            let dskip = Tensor::from_host(&sdev, &vec![1.0f32; ch], &[ch]).expect("d");
+            let mut y = Tensor::<bf16>::zeros(&sdev, &[b, ch, 1]).expect("y");
+            let mut state = Tensor::from_host(&sdev, &random(b * ch * n), &[b, ch, n]).expect("state");
             let bytes = (2 * b * ch * n * 4 + ch * n * 4 + 4 * b * ch * 2 + 2 * b * n * 2 + 2 * ch * 4) as f64;
-            let s = tessera_kernels::SelectiveScan::new(&dev, &u, &delta, &a, &bm, &cm).d(&dskip).z(&z).delta_bias(&dskip).delta_softplus(true);
+            let s = tessera_kernels::SelectiveScan::new(&sdev, &u, &delta, &a, &bm, &cm).d(&dskip).z(&z).delta_bias(&dskip).delta_softplus(true);
             let mut f = || s.run_step(&mut state, &mut y).expect("selective scan step");
-            norm_rows.push((format!("selective_scan step {b}x{ch} N{n}"), bytes, time_ms(&dev, 10, 50, &mut f)));
+            norm_rows.push((format!("selective_scan step {b}x{ch} N{n} launched"), bytes, time_ms(&sdev, 10, 50, &mut f)));
+            match tessera::testing::time_graph_ms(&sdev, 10, 50, &mut f) {
+                Ok(ms) => norm_rows.push((format!("selective_scan step {b}x{ch} N{n} graph"), bytes, ms)),
+                Err(e) => println!("memory_bound: no graph replay: {e:?}"),
+            }
             match mamba_step(b, ch, n) {
-                Ok(ms) => norm_rows.push((format!("  mamba triton step {b}x{ch} N{n}"), bytes, ms)),
+                Ok(ms) => norm_rows.push((format!("  mamba triton step {b}x{ch} N{n} graph"), bytes, ms)),
                 Err(why) => println!("memory_bound: no mamba step baseline: {why}"),
             }
         }
+        // SAFETY: as above; later tensors track their uses again.
+        unsafe { ctx.enable_event_tracking() };
     }
     // Small shapes, where launch latency dominates: microseconds per call.
     let mut small: Vec<(String, f64)> = Vec::new();

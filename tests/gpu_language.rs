@@ -662,6 +662,84 @@ fn interp_scans_match_sequential() {
     scans_match_sequential(&Device::cpu());
 }
 
+/// Reverse scans within 64-column chunks (each element combines the elements from it to the
+/// chunk's end): a sum, the recurrence `r = a·r_next + b` run backward, an exclusive running
+/// max; the sum again on the chunk's first 4 rows (a 4×64 tile spreads a row over the warps:
+/// the shift-and-combine steps), and down the columns of a 32×16 tile.
+#[kernel]
+fn reverse_scans(
+    x: Global<f32, 2>, a: Global<f32, 2>, sum: Global<f32, 2>, rec: Global<f32, 2>, xmax: Global<f32, 2>, sum4: Global<f32, 2>,
+    down: Global<f32, 2>,
+) {
+    let r = block::id_x() * 16;
+    for c in (0..x.dim(1)).step_by(64) {
+        let t: Tile<f32, 16, 64> = x.load([r, c]);
+        let at: Tile<f32, 16, 64> = a.load_or([r, c], 1.0);
+        let tm: Tile<f32, 16, 64> = x.load_or([r, c], f32::NEG_INFINITY);
+        sum.store([r, c], tile_scan_reverse::<tessera_kernels::prelude::scan_add>(t, 1, 0.0));
+        let (_, h) = tile_scan_reverse::<tessera_kernels::prelude::scan_linear>((at, t), 1, (1.0, 0.0));
+        rec.store([r, c], h);
+        xmax.store([r, c], tile_scan_reverse_exclusive::<scan_max>(tm, 1, f32::NEG_INFINITY));
+        let t4: Tile<f32, 4, 64> = x.load([r, c]);
+        sum4.store([r, c], tile_scan_reverse::<tessera_kernels::prelude::scan_add>(t4, 1, 0.0));
+    }
+    let d: Tile<f32, 32, 16> = x.load([block::id_x() * 32, 0]);
+    down.store([block::id_x() * 32, 0], tile_scan_reverse::<tessera_kernels::prelude::scan_add>(d, 0, 0.0));
+}
+
+fn reverse_scans_match_sequential(dev: &Device) {
+    for (m, n) in [(37, 200), (16, 64), (5, 7), (70, 129)] {
+        let x = random(m * n, -2.0, 2.0);
+        let a = random(m * n, 0.5, 1.0);
+        let xd = Tensor::from_host(dev, &x, &[m, n]).expect("x");
+        let ad = Tensor::from_host(dev, &a, &[m, n]).expect("a");
+        let poison = || Tensor::from_host(dev, &vec![f32::NAN; m * n], &[m, n]).expect("out");
+        let (mut sum, mut rec, mut xmax, mut sum4, mut down) = (poison(), poison(), poison(), poison(), poison());
+        reverse_scans::launch(dev, m.div_ceil(16) as u32, &xd, &ad, &mut sum, &mut rec, &mut xmax, &mut sum4, &mut down).expect("launch");
+        let (mut w_sum, mut w_rec, mut w_xmax) = (vec![0.0; m * n], vec![0.0; m * n], vec![0.0; m * n]);
+        for i in 0..m {
+            for j in 0..n {
+                let (k, end) = (i * n + j, (j - j % 64 + 64).min(n));
+                w_sum[k] = (j..end).map(|q| f64::from(x[i * n + q])).sum();
+                w_rec[k] = (j..end).rev().fold(0.0, |h, q| f64::from(a[i * n + q]) * h + f64::from(x[i * n + q]));
+                w_xmax[k] = (j + 1..end).map(|q| f64::from(x[i * n + q])).fold(f64::NEG_INFINITY, f64::max);
+            }
+        }
+        let got = |t: &Tensor<f32>| wide(&t.to_host().expect("out"));
+        assert!(rel_error(&got(&sum), &w_sum) < 1e-5, "reverse sum {m}×{n}: {}", rel_error(&got(&sum), &w_sum));
+        assert!(rel_error(&got(&rec), &w_rec) < 1e-5, "reverse recurrence {m}×{n}: {}", rel_error(&got(&rec), &w_rec));
+        assert_eq!(got(&xmax), w_xmax, "reverse exclusive running max {m}×{n}");
+        // The 4-row tiles: the first 4 rows of each block of 16.
+        let s4 = got(&sum4);
+        let d = got(&down);
+        for i in 0..m {
+            for j in 0..n {
+                let k = i * n + j;
+                if i % 16 < 4 {
+                    assert!((s4[k] - w_sum[k]).abs() <= 1e-5 * (1.0 + w_sum[k].abs()), "4-row reverse sum {m}×{n} at ({i}, {j})");
+                }
+                if j < 16 {
+                    let bottom = (i - i % 32 + 32).min(m);
+                    let want: f64 = (i..bottom).map(|q| f64::from(x[q * n + j])).sum();
+                    assert!((d[k] - want).abs() <= 1e-5 * (1.0 + want.abs()), "reverse down {m}×{n} at ({i}, {j}): {} vs {want}", d[k]);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_reverse_scans_match_sequential() {
+    if let Some(dev) = gpu_or_skip("gpu_reverse_scans_match_sequential") {
+        reverse_scans_match_sequential(&dev);
+    }
+}
+
+#[test]
+fn interp_reverse_scans_match_sequential() {
+    reverse_scans_match_sequential(&Device::cpu());
+}
+
 /// `C = A·Bᵀ` for one 64×64 tile of C, K streamed through a two-stage ring by the prelude's
 /// pipeline loops: the producer fills each stage with `fill_stages`, the consumer multiplies
 /// and releases it with `drain_stages` (closures with the copies and the MMA), no

@@ -1,5 +1,5 @@
-//! Prefix scans along the last axis (`cumsum`, its backward, `cumprod`, `logcumsumexp`)
-//! against float64 sequential recurrences on the host: fresh random inputs, odd lengths
+//! Prefix scans along the last axis (`cumsum`, `cumprod`, `logcumsumexp` and their backwards)
+//! against float64 sequential recurrences (the backwards: their definitions) on the host: fresh random inputs, odd lengths
 //! (1, 7, 1000, 4099), one row and many, bf16/f16/f32, outputs poisoned before each launch. On
 //! the GPU and, at small sizes, in the interpreter.
 
@@ -87,6 +87,8 @@ fn check<T: ScanElement>(dev: &Device, op: Op, shape: &[usize], to: fn(f32) -> T
     let wide: Vec<f64> = host.iter().map(|&v| from(v)).collect();
     let want: Vec<f64> = wide.chunks(n).flat_map(|row| reference(op, row)).collect();
     let got: Vec<f64> = y.to_host().unwrap().into_iter().map(from).collect();
+    // f32 rounding in a running sum or product grows as √n: rows past 64K get that much room.
+    let tol = tol * (n as f64 / 65536.0).sqrt().max(1.0);
     let err = rel_error(&got, &want);
     assert!(err < tol, "{op:?} {shape:?} {}: relative error {err}", std::any::type_name::<T>());
 }
@@ -104,13 +106,93 @@ fn scans_match_f64(dev: &Device, shapes: &[&[usize]]) {
 #[test]
 fn gpu_scans_match_f64_reference() {
     if let Some(dev) = gpu_or_skip("gpu_scans_match_f64_reference") {
-        scans_match_f64(&dev, &[&[1], &[7], &[1000], &[4099], &[33, 4099], &[3, 5, 1000], &[100, 7], &[2, 65537]]);
+        // The last three split rows into segments (few rows, long): L up to 1M.
+        scans_match_f64(&dev, &[&[1], &[7], &[1000], &[4099], &[33, 4099], &[3, 5, 1000], &[100, 7], &[2, 65537], &[5, 300001], &[1_000_003]]);
     }
 }
 
 #[test]
 fn interp_scans_match_f64_reference() {
-    scans_match_f64(&Device::cpu(), &[&[1], &[7], &[300], &[17, 7], &[2, 3, 513]]);
+    // [1, 9000] and [3, 17000]: rows split into segments (the interpreter has few "SMs").
+    scans_match_f64(&Device::cpu(), &[&[1], &[7], &[300], &[17, 7], &[2, 3, 513], &[1, 9000], &[3, 17000]]);
+}
+
+/// `cumprod`'s backward from its definition, `dx[j] = Σ_{k ≥ j} dy[k]·Π_{i ≤ k, i ≠ j} x[i]`
+/// (O(n²) a row, in f64).
+fn cumprod_backward_reference(x: &[f64], dy: &[f64]) -> Vec<f64> {
+    (0..x.len())
+        .map(|j| {
+            let mut p: f64 = x[..j].iter().product();
+            let mut sum = dy[j] * p;
+            for k in j + 1..x.len() {
+                p *= x[k];
+                sum += dy[k] * p;
+            }
+            sum
+        })
+        .collect()
+}
+
+/// `logcumsumexp`'s backward from its definition, `dx[j] = Σ_{k ≥ j} dy[k]·exp(x[j] − y[k])`
+/// with `y` the f64 log-sum-exps (O(n²) a row).
+fn logcumsumexp_backward_reference(x: &[f64], y: &[f64], dy: &[f64]) -> Vec<f64> {
+    (0..x.len()).map(|j| (j..x.len()).map(|k| dy[k] * (x[j] - y[k]).exp()).sum()).collect()
+}
+
+/// The backwards of `cumprod` (with exact zeros among the factors) and `logcumsumexp` against
+/// their definitions in f64; `logcumsumexp_backward` is given the f64 forward rounded to `T`.
+fn check_backward<T: ScanElement>(dev: &Device, shape: &[usize], to: fn(f32) -> T, from: fn(T) -> f64, tol: f64) {
+    let n = *shape.last().expect("rank ≥ 1");
+    let len: usize = shape.iter().product();
+    let name = std::any::type_name::<T>();
+    let quantize = |v: Vec<f32>| -> (Vec<T>, Vec<f64>) {
+        let t: Vec<T> = v.into_iter().map(to).collect();
+        let w = t.iter().map(|&x| from(x)).collect();
+        (t, w)
+    };
+    let (dy, dyw) = quantize(random(len, -1.0, 1.0));
+    let dyt = Tensor::from_host(dev, &dy, shape).unwrap();
+    // cumprod: factors near 1, every 37th one exactly 0.
+    let (x, xw) = quantize(random(len, 0.99, 1.01).into_iter().enumerate().map(|(i, v)| if i % 37 == 5 { 0.0 } else { v }).collect());
+    let xt = Tensor::from_host(dev, &x, shape).unwrap();
+    let mut dx = Tensor::full(dev, shape, to(f32::NAN)).unwrap();
+    tessera_kernels::cumprod_backward(dev, &xt, &dyt, &mut dx).unwrap_or_else(|e| panic!("cumprod_backward {shape:?}: {e}"));
+    let want: Vec<f64> = xw.chunks(n).zip(dyw.chunks(n)).flat_map(|(x, g)| cumprod_backward_reference(x, g)).collect();
+    let got: Vec<f64> = dx.to_host().unwrap().into_iter().map(from).collect();
+    let err = rel_error(&got, &want);
+    assert!(err < tol, "cumprod_backward {shape:?} {name}: relative error {err}");
+    // logcumsumexp.
+    let (x, xw) = quantize(random(len, -6.0, 6.0));
+    let yw: Vec<f64> = xw.chunks(n).flat_map(|row| reference(Op::LogSumExp, row)).collect();
+    let (y, yw) = quantize(yw.iter().map(|&v| v as f32).collect());
+    let (xt, yt) = (Tensor::from_host(dev, &x, shape).unwrap(), Tensor::from_host(dev, &y, shape).unwrap());
+    let mut dx = Tensor::full(dev, shape, to(f32::NAN)).unwrap();
+    tessera_kernels::logcumsumexp_backward(dev, &xt, &yt, &dyt, &mut dx).unwrap_or_else(|e| panic!("logcumsumexp_backward {shape:?}: {e}"));
+    let want: Vec<f64> =
+        (0..len / n).flat_map(|r| logcumsumexp_backward_reference(&xw[r * n..][..n], &yw[r * n..][..n], &dyw[r * n..][..n])).collect();
+    let got: Vec<f64> = dx.to_host().unwrap().into_iter().map(from).collect();
+    let err = rel_error(&got, &want);
+    assert!(err < tol, "logcumsumexp_backward {shape:?} {name}: relative error {err}");
+}
+
+fn backwards_match_f64(dev: &Device, shapes: &[&[usize]]) {
+    for shape in shapes {
+        check_backward::<f32>(dev, shape, |v| v, f64::from, 1e-5);
+        check_backward::<bf16>(dev, shape, bf16::from_f32, |v| v.to_f64(), 2e-2);
+        check_backward::<f16>(dev, shape, f16::from_f32, |v| v.to_f64(), 4e-3);
+    }
+}
+
+#[test]
+fn gpu_scan_backwards_match_f64_reference() {
+    if let Some(dev) = gpu_or_skip("gpu_scan_backwards_match_f64_reference") {
+        backwards_match_f64(&dev, &[&[1], &[7], &[1000], &[4099], &[3, 5, 300], &[17, 1000]]);
+    }
+}
+
+#[test]
+fn interp_scan_backwards_match_f64_reference() {
+    backwards_match_f64(&Device::cpu(), &[&[1], &[7], &[300], &[3, 2, 513]]);
 }
 
 /// −∞ contributes nothing to a log-sum-exp: a row of −∞ stays −∞, and −∞ among finite values

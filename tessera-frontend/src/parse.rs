@@ -43,8 +43,11 @@ type R<T> = Result<T, syn::Error>;
 /// (the `deps` where it was written), and where it stands.
 pub type Lambda = (syn::ExprClosure, Vec<(String, u32)>, SourceLoc);
 
-const FUNCTIONS: &str = "`exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block_sum`, `block_max`, `block_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Tile::<f32, M, N>::col_index`, `Tile::<f32, M, N>::row_index`, `Tile::<f32, M, N>::uniform`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `TileQueue::<S>::new`, `tma::load`, `tma::store`, `tma::store_wait`, `mma_sync`, `mma_sync_kn`, `mma_wait`, `setmaxnreg`, `barrier::sync`, `barrier::arrive`, `tile_scan::<F>`, `tile_scan_exclusive::<F>`";
-const METHODS: &str = "`load`, `load_or`, `get`, `store`, `store_within`, `dim`, `cast`, `exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `mask_cols`, `swap_pairs`, `last_col`, `shift_cols`, `shift_rows`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
+const FUNCTIONS: &str = "`exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block_sum`, `block_max`, `block_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Tile::<f32, M, N>::col_index`, `Tile::<f32, M, N>::row_index`, `Tile::<f32, M, N>::uniform`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `TileQueue::<S>::new`, `tma::load`, `tma::store`, `tma::store_wait`, `mma_sync`, `mma_sync_kn`, `mma_wait`, `setmaxnreg`, `barrier::sync`, `barrier::arrive`, `tile_scan::<F>`, `tile_scan_exclusive::<F>`, `tile_scan_reverse::<F>`, `tile_scan_reverse_exclusive::<F>`";
+
+/// The scans: inclusive or exclusive, from the first element or from the last.
+const SCANS: [&str; 4] = ["tile_scan", "tile_scan_exclusive", "tile_scan_reverse", "tile_scan_reverse_exclusive"];
+const METHODS: &str = "`load`, `load_or`, `get`, `store`, `store_within`, `dim`, `cast`, `exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `mask_cols`, `swap_pairs`, `last_col`, `first_col`, `shift_cols`, `shift_rows`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
 
 /// Whether a call's path names one of the language's own functions (which a device function
 /// cannot shadow): every other call is a device function's.
@@ -63,7 +66,7 @@ pub(crate) fn is_builtin(segs: &[&str]) -> bool {
             | ["tma", _]
             | ["mma_sync" | "mma_sync_kn" | "mma_wait" | "setmaxnreg"]
             | ["barrier", _]
-            | ["tile_scan" | "tile_scan_exclusive"]
+            | ["tile_scan" | "tile_scan_exclusive" | "tile_scan_reverse" | "tile_scan_reverse_exclusive"]
     )
 }
 
@@ -71,7 +74,7 @@ pub(crate) fn is_builtin(segs: &[&str]) -> bool {
 pub(crate) fn scan_combine(c: &syn::ExprCall) -> Option<syn::Path> {
     let SynExpr::Path(p) = &*c.func else { return None };
     let last = p.path.segments.last()?;
-    if p.path.segments.len() != 1 || !(last.ident == "tile_scan" || last.ident == "tile_scan_exclusive") {
+    if p.path.segments.len() != 1 || !SCANS.iter().any(|s| last.ident == s) {
         return None;
     }
     let syn::PathArguments::AngleBracketed(g) = &last.arguments else { return None };
@@ -603,7 +606,8 @@ impl Frontend {
         let axis = int_const(axis, "the scan's axis is a constant: 1 (along each row) or 0 (down each column)")?;
         let identity = list(self, identity)?;
         let func = f.segments.last().map(|s| s.ident.to_string()).unwrap_or_default();
-        Ok(ExprKind::Scan { func, id, values, axis, identity, exclusive: what == "tile_scan_exclusive" })
+        let (exclusive, reverse) = (what.ends_with("exclusive"), what.starts_with("tile_scan_reverse"));
+        Ok(ExprKind::Scan { func, id, values, axis, identity, exclusive, reverse })
     }
 
     /// `f(a, &mut b)` of a device function `id`.
@@ -655,7 +659,7 @@ impl Frontend {
         if let Some(id) = self.device_of(c) {
             return self.device_call(c, p, id, loc);
         }
-        if let Some(last) = p.path.segments.last().filter(|l| l.ident == "tile_scan" || l.ident == "tile_scan_exclusive") {
+        if let Some(last) = p.path.segments.last().filter(|l| SCANS.iter().any(|s| l.ident == s)) {
             return self.scan(c, last);
         }
         let segs: Vec<String> = p.path.segments.iter().map(|s| s.ident.to_string()).collect();
@@ -857,9 +861,9 @@ impl Frontend {
                 want(0)?;
                 ExprKind::SwapPairs(recv(self)?)
             }
-            "last_col" => {
+            "last_col" | "first_col" => {
                 want(0)?;
-                ExprKind::LastCol(recv(self)?)
+                ExprKind::EdgeCol { value: recv(self)?, last: name == "last_col" }
             }
             "shift_cols" | "shift_rows" => {
                 want(2)?;
@@ -867,7 +871,7 @@ impl Frontend {
                     .and_then(|v| u32::try_from(v).ok())
                     .ok_or_else(|| syn::Error::new_spanned(&m.args[0], format!("`{name}` takes a constant, non-negative distance")))?;
                 let axis = u32::from(name == "shift_cols");
-                ExprKind::Shift { value: recv(self)?, axis, by, fill: Box::new(self.expr(&m.args[1])?) }
+                ExprKind::Shift { value: recv(self)?, axis, by, reverse: false, fill: Box::new(self.expr(&m.args[1])?) }
             }
             "mask_cols" => {
                 want(2)?;

@@ -40,7 +40,7 @@ pub use reduce::{col_max, col_mean, col_sum, row_max, row_mean, row_sum};
 pub use rope::{
     rope, rope_backward, rope_backward_in_place, rope_cache, rope_in_place, HeadLayout, Positions, Rope, RopeElement, RopeStyle,
 };
-pub use scan::{cumprod, cumsum, cumsum_backward, logcumsumexp, ScanElement};
+pub use scan::{cumprod, cumprod_backward, cumsum, cumsum_backward, logcumsumexp, logcumsumexp_backward, ScanElement};
 pub use selective_scan::{SelectiveScan, SelectiveScanElement};
 pub use softmax::{softmax, softmax_backward, softmax_with, SoftmaxElement, SoftmaxOptions, SOFTMAX_ROW_MAX};
 

@@ -8,25 +8,42 @@
 //! a tensor of few long rows runs on few SMs (splitting a row across blocks is the next step,
 //! notes/ISSUE-27.md).
 
-use crate::prelude::{scan_add, scan_mul};
-use tessera::{device, kernel, Device, Element, Error, Grid, Result, Tensor};
+use crate::prelude::{scan_add, scan_linear, scan_mul};
+use tessera::{device, kernel, Device, Element, Error, Grid, OptionalMut, Result, Tensor};
 
 /// Rows a block scans.
 const ROWS: usize = 16;
 
-/// The scan of rows `16·block..` of `x` into `y`, 256-column chunks from the first (or, with
+/// The scan of rows `16·block..` of `x` into `y` in 256-column chunks from the first (or, with
 /// `reverse` 1, from the last), elements past the row's end read as `fill`: `step(chunk,
 /// carry)` gives the chunk's output and the carry into the next chunk, the carry starting at
 /// `fill` (the scan's identity).
+///
+/// A row of few rows splits into segments of `seg_chunks` chunks, one block each, in two
+/// launches: `pass` 0 stores each segment's carry (its total) at `totals[row, k]` (`k` counts
+/// segments in scan order), and `pass` 1 starts each segment from the carry of the totals
+/// before it, folded by the same `step`. With one segment, `pass` 1 alone scans whole rows.
 #[device]
 fn scan_rows<T>(
-    x: Global<T, 2>, y: Global<T, 2>, fill: f32, reverse: i32,
+    x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, seg_chunks: i32, pass: i32, fill: f32, reverse: i32,
     step: impl Fn(Tile<f32, 16, 256>, Tile<f32, 16, 1>) -> (Tile<f32, 16, 256>, Tile<f32, 16, 1>),
 ) {
-    let r = block::id_x() * 16;
     let chunks = (x.dim(1) + 255) / 256;
+    let segs = (chunks + seg_chunks - 1) / seg_chunks;
+    let r = (block::id_x() / segs) * 16;
+    // This block's segment, `k` in scan order, and its chunks.
+    let k = block::id_x() - (block::id_x() / segs) * segs;
+    let first = k * seg_chunks;
+    let count = min(seg_chunks, chunks - first);
     let mut carry = Tile::<f32, 16, 1>::full(fill);
-    for i in 0..chunks {
+    if pass == 1 {
+        for c in (0..k).step_by(256) {
+            let t: Tile<f32, 16, 256> = totals.load_or([r, c], fill);
+            let (_, next) = step(t.mask_cols(k - c, fill), carry);
+            carry = next;
+        }
+    }
+    for i in first..first + count {
         let mut c = i * 256;
         if reverse == 1 {
             c = (chunks - 1 - i) * 256;
@@ -34,7 +51,12 @@ fn scan_rows<T>(
         let t: Tile<T, 16, 256> = x.load_or([r, c], fill);
         let (out, next) = step(t.cast::<f32>(), carry);
         carry = next;
-        y.store([r, c], out.cast::<T>());
+        if pass == 1 {
+            y.store([r, c], out.cast::<T>());
+        }
+    }
+    if pass == 0 {
+        totals.store([r, k], carry);
     }
 }
 
@@ -54,45 +76,110 @@ pub fn scan_logaddexp2<const M: usize, const N: usize>(a: Tile<f32, M, N>, b: Ti
 }
 
 /// `y[i, j] = Σ_{k ≤ j} x[i, k]`.
-#[kernel(dtypes(T = [bf16, f16, f32]))]
-pub fn cumsum(x: Global<T, 2>, y: Global<T, 2>) {
-    scan_rows(x, y, 0.0, 0, |t, carry| {
+#[kernel(dtypes(T = [bf16, f16, f32]), blocks_per_sm = 8)]
+pub fn cumsum(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, seg_chunks: i32, pass: i32) {
+    scan_rows(x, y, totals, seg_chunks, pass, 0.0, 0, |t, carry| {
         let s = tile_scan::<scan_add>(t, 1, 0.0) + carry;
         (s, s.last_col())
     });
 }
 
 /// `y[i, j] = Σ_{k ≥ j} x[i, k]`: `cumsum`'s backward (its `dx` from `dy`).
-#[kernel(dtypes(T = [bf16, f16, f32]))]
-pub fn cumsum_reverse(x: Global<T, 2>, y: Global<T, 2>) {
-    scan_rows(x, y, 0.0, 1, |t, carry| {
+#[kernel(dtypes(T = [bf16, f16, f32]), blocks_per_sm = 8)]
+pub fn cumsum_reverse(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, seg_chunks: i32, pass: i32) {
+    scan_rows(x, y, totals, seg_chunks, pass, 0.0, 1, |t, carry| {
         let total = row_sum(t);
         (carry + total - tile_scan::<scan_add>(t, 1, 0.0) + t, carry + total)
     });
 }
 
 /// `y[i, j] = Π_{k ≤ j} x[i, k]`.
-#[kernel(dtypes(T = [bf16, f16, f32]))]
-pub fn cumprod(x: Global<T, 2>, y: Global<T, 2>) {
-    scan_rows(x, y, 1.0, 0, |t, carry| {
+#[kernel(dtypes(T = [bf16, f16, f32]), blocks_per_sm = 8)]
+pub fn cumprod(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, seg_chunks: i32, pass: i32) {
+    scan_rows(x, y, totals, seg_chunks, pass, 1.0, 0, |t, carry| {
         let s = tile_scan::<scan_mul>(t, 1, 1.0) * carry;
         (s, s.last_col())
     });
 }
 
-/// `y[i, j] = ln Σ_{k ≤ j} exp(x[i, k])`, in base 2 inside (the carry a base-2 log).
-#[kernel(dtypes(T = [bf16, f16, f32]))]
-pub fn logcumsumexp(x: Global<T, 2>, y: Global<T, 2>) {
-    scan_rows(x, y, f32::NEG_INFINITY, 0, |t, carry| {
-        let s = log2_add(tile_scan::<scan_logaddexp2>(t * f32::consts::LOG2_E, 1, f32::NEG_INFINITY), carry);
-        (s * f32::consts::LN_2, s.last_col())
+/// `y[i, j] = ln Σ_{k ≤ j} exp(x[i, k])`, in base 2 inside (the carry, like the output and a
+/// segment's total, a natural log).
+#[kernel(dtypes(T = [bf16, f16, f32]), blocks_per_sm = 8)]
+pub fn logcumsumexp(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, seg_chunks: i32, pass: i32) {
+    scan_rows(x, y, totals, seg_chunks, pass, f32::NEG_INFINITY, 0, |t, carry| {
+        let s = log2_add(tile_scan::<scan_logaddexp2>(t * f32::consts::LOG2_E, 1, f32::NEG_INFINITY), carry * f32::consts::LOG2_E);
+        let out = s * f32::consts::LN_2;
+        (out, out.last_col())
     });
+}
+
+/// `cumprod`'s backward, exact where `x` has zeros (no division by `x`): `dx[j] = P[j−1]·R[j]`
+/// with `P` the exclusive running product of `x` and `R[j] = dy[j] + x[j+1]·R[j+1]` (`R[j]` =
+/// `dy[j] + S[j+1]` where `S[j] = x[j]·(dy[j] + S[j+1])` is the reverse recurrence of
+/// `(x, x·dy)` pairs). Two walks over each row: from the end, `R` into `dx`; then from the
+/// start, `dx · P`.
+#[kernel(dtypes(T = [bf16, f16, f32]))]
+pub fn cumprod_backward(x: Global<T, 2>, dy: Global<T, 2>, dx: Global<T, 2>) {
+    let r = block::id_x() * 16;
+    let chunks = (x.dim(1) + 255) / 256;
+    let mut s_after = Tile::<f32, 16, 1>::zeros();
+    for i in 0..chunks {
+        let c = (chunks - 1 - i) * 256;
+        let xt = x.load_or::<Tile<T, 16, 256>>([r, c], 1.0).cast::<f32>();
+        let g = dy.load_or::<Tile<T, 16, 256>>([r, c], 0.0).cast::<f32>();
+        let (pa, pb) = tile_scan_reverse_exclusive::<scan_linear>((xt, xt * g), 1, (1.0, 0.0));
+        let rt = g + pa * s_after + pb;
+        s_after = (xt * rt).first_col();
+        dx.store([r, c], rt.cast::<T>());
+    }
+    let mut before = Tile::<f32, 16, 1>::full(1.0);
+    for i in 0..chunks {
+        let c = i * 256;
+        let xt = x.load_or::<Tile<T, 16, 256>>([r, c], 1.0).cast::<f32>();
+        let rt = dx.load_or::<Tile<T, 16, 256>>([r, c], 0.0).cast::<f32>();
+        let p = tile_scan_exclusive::<scan_mul>(xt, 1, 1.0) * before;
+        before = (p * xt).last_col();
+        dx.store([r, c], (rt * p).cast::<T>());
+    }
+}
+
+/// `(2^a·v + 2^b·w)` kept as a scale and a value, `(max(a, b), v·2^(a−m) + w·2^(b−m))`: a sum
+/// of terms whose magnitudes span any range. Identity `(−∞, 0)`; a difference of two infinities
+/// (NaN) counts as −∞ (the `max` with −1e30 drops it).
+#[device]
+pub fn scan_scaled_add<const M: usize, const N: usize, const K: usize>(
+    a: Tile<f32, M, K>, v: Tile<f32, M, K>, b: Tile<f32, M, N>, w: Tile<f32, M, N>,
+) -> (Tile<f32, M, N>, Tile<f32, M, N>) {
+    let m = max(a, b);
+    (m, v * exp2(max(a - m, -1.0e30)) + w * exp2(max(b - m, -1.0e30)))
+}
+
+/// `logcumsumexp`'s backward: `dx[j] = Σ_{k ≥ j} dy[k]·exp(x[j] − y[k])` from `x`, the forward's
+/// `y` and `dy`, as a reverse scan of `dy[k]·2^(−y[k]·log₂e)` kept as scale and value
+/// ([`scan_scaled_add`]), so that no exponential overflows; `dx` is 0 where `x` is −∞.
+#[kernel(dtypes(T = [bf16, f16, f32]))]
+pub fn logcumsumexp_backward(x: Global<T, 2>, y: Global<T, 2>, dy: Global<T, 2>, dx: Global<T, 2>) {
+    let r = block::id_x() * 16;
+    let chunks = (x.dim(1) + 255) / 256;
+    let mut scale = Tile::<f32, 16, 1>::full(f32::NEG_INFINITY);
+    let mut value = Tile::<f32, 16, 1>::zeros();
+    for i in 0..chunks {
+        let c = (chunks - 1 - i) * 256;
+        let xt = x.load_or::<Tile<T, 16, 256>>([r, c], f32::NEG_INFINITY).cast::<f32>();
+        let s = y.load_or::<Tile<T, 16, 256>>([r, c], f32::INFINITY).cast::<f32>() * -f32::consts::LOG2_E;
+        let g = dy.load_or::<Tile<T, 16, 256>>([r, c], 0.0).cast::<f32>();
+        let (ps, pv) = tile_scan_reverse::<scan_scaled_add>((s, g), 1, (f32::NEG_INFINITY, 0.0));
+        let (m, v) = scan_scaled_add(scale, value, ps, pv);
+        scale = m.first_col();
+        value = v.first_col();
+        dx.store([r, c], (v * exp2(max(m + xt * f32::consts::LOG2_E, -1.0e30))).cast::<T>());
+    }
 }
 
 /// The element types the scans take (`bf16`, `f16`, `f32`), and their kernels.
 pub trait ScanElement: Element + sealed::Sealed {
     #[doc(hidden)]
-    fn scan_launch(op: ScanOp, device: &Device, grid: Grid, x: &Tensor<Self>, y: &mut Tensor<Self>, shape: [usize; 2]) -> Result<()>;
+    fn scan_launch(op: ScanOp, device: &Device, grid: Grid, inputs: &[&Tensor<Self>], y: &mut Tensor<Self>, shape: [usize; 2]) -> Result<()>;
 }
 
 mod sealed {
@@ -110,44 +197,82 @@ pub enum ScanOp {
     SumReverse,
     Prod,
     LogSumExp,
+    /// Inputs `x`, `dy`.
+    ProdBackward,
+    /// Inputs `x`, `y`, `dy`.
+    LogSumExpBackward,
+}
+
+/// A forward scan's launch (or two): whole rows a block, or, for few long rows, segments of
+/// them after a pass that stores each segment's total ([`segments`]).
+macro_rules! scan_forward {
+    ($k:ident, $device:expr, $x:expr, $yv:expr, $m:expr, $n:expr) => {{
+        let (segs, seg_chunks) = segments($device, $m, $n);
+        let grid = Grid::from(Grid::tiles($m, ROWS) * segs as u32);
+        if segs == 1 {
+            $k::launch($device, grid, $x, &mut $yv, &mut OptionalMut(None::<&mut Tensor<f32>>, 2), seg_chunks, 1)
+        } else {
+            let mut totals = Tensor::<f32>::scratch($device, &[$m, segs])?;
+            $k::launch($device, grid, $x, &mut $yv, &mut totals, seg_chunks, 0)?;
+            $k::launch($device, grid, $x, &mut $yv, &mut totals, seg_chunks, 1)
+        }
+    }};
 }
 
 macro_rules! scan_element {
-    ($t:ty, $sum:ident, $rev:ident, $prod:ident, $lse:ident) => {
+    ($t:ty, $sum:ident, $rev:ident, $prod:ident, $lse:ident, $prod_bwd:ident, $lse_bwd:ident) => {
         impl ScanElement for $t {
             fn scan_launch(
-                op: ScanOp, device: &Device, grid: Grid, x: &Tensor<Self>, y: &mut Tensor<Self>, [m, n]: [usize; 2],
+                op: ScanOp, device: &Device, grid: Grid, inputs: &[&Tensor<Self>], y: &mut Tensor<Self>, [m, n]: [usize; 2],
             ) -> Result<()> {
-                let xv = x.view(&[m, n], &[n, 1])?;
+                let views = inputs.iter().map(|t| t.view(&[m, n], &[n, 1])).collect::<Result<Vec<_>>>()?;
                 let mut yv = y.view_mut(&[m, n], &[n, 1])?;
+                let [x, ..] = views.as_slice() else { unreachable!("every scan has an input") };
                 match op {
-                    ScanOp::Sum => $sum::launch(device, grid, &xv, &mut yv),
-                    ScanOp::SumReverse => $rev::launch(device, grid, &xv, &mut yv),
-                    ScanOp::Prod => $prod::launch(device, grid, &xv, &mut yv),
-                    ScanOp::LogSumExp => $lse::launch(device, grid, &xv, &mut yv),
+                    ScanOp::Sum => scan_forward!($sum, device, x, yv, m, n),
+                    ScanOp::SumReverse => scan_forward!($rev, device, x, yv, m, n),
+                    ScanOp::Prod => scan_forward!($prod, device, x, yv, m, n),
+                    ScanOp::LogSumExp => scan_forward!($lse, device, x, yv, m, n),
+                    ScanOp::ProdBackward => $prod_bwd::launch(device, grid, x, &views[1], &mut yv),
+                    ScanOp::LogSumExpBackward => $lse_bwd::launch(device, grid, x, &views[1], &views[2], &mut yv),
                 }
             }
         }
     };
 }
-scan_element!(tessera::bf16, cumsum_bf16, cumsum_reverse_bf16, cumprod_bf16, logcumsumexp_bf16);
-scan_element!(tessera::f16, cumsum_f16, cumsum_reverse_f16, cumprod_f16, logcumsumexp_f16);
-scan_element!(f32, cumsum_f32, cumsum_reverse_f32, cumprod_f32, logcumsumexp_f32);
+scan_element!(tessera::bf16, cumsum_bf16, cumsum_reverse_bf16, cumprod_bf16, logcumsumexp_bf16, cumprod_backward_bf16, logcumsumexp_backward_bf16);
+scan_element!(tessera::f16, cumsum_f16, cumsum_reverse_f16, cumprod_f16, logcumsumexp_f16, cumprod_backward_f16, logcumsumexp_backward_f16);
+scan_element!(f32, cumsum_f32, cumsum_reverse_f32, cumprod_f32, logcumsumexp_f32, cumprod_backward_f32, logcumsumexp_backward_f32);
 
-/// Checks `x` and `y` (contiguous, the same shape, rank ≥ 1) and runs `op` over `x`'s rows.
-fn run<T: ScanElement>(name: &'static str, op: ScanOp, device: &Device, x: &Tensor<T>, y: &mut Tensor<T>) -> Result<()> {
+/// How a forward scan splits rows of `n` columns, `m` of them, over blocks: `(segments a row,
+/// 256-column chunks a segment)`. One segment where the row blocks fill the GPU twice over (or
+/// a row is short); else segments of at least 16 chunks, enough for 8 blocks an SM.
+fn segments(device: &Device, m: usize, n: usize) -> (usize, i32) {
+    let chunks = n.div_ceil(256);
+    let (blocks, sms) = (m.div_ceil(ROWS), device.sm_count().max(1) as usize);
+    let segs = if blocks >= 2 * sms { 1 } else { (8 * sms).div_ceil(blocks).min(chunks / 16).max(1) };
+    let seg_chunks = chunks.div_ceil(segs);
+    (chunks.div_ceil(seg_chunks), i32::try_from(seg_chunks).unwrap_or(i32::MAX))
+}
+
+/// Checks the inputs (named `names`, the first `x`) and the output `y` (named `out`): all
+/// contiguous, of one shape, rank ≥ 1; then runs `op` over the rows.
+fn run<T: ScanElement>(
+    name: &'static str, op: ScanOp, device: &Device, inputs: &[(&str, &Tensor<T>)], (out, y): (&str, &mut Tensor<T>),
+) -> Result<()> {
     let arg = |arg: &str, expected: String, found: String| Error::Argument { kernel: name, arg: arg.into(), expected, found };
+    let (x0, x) = inputs[0];
     let Some(&n) = x.shape().last() else {
-        return Err(arg("x", "a tensor of rank 1 or more".into(), "a scalar (rank 0)".into()));
+        return Err(arg(x0, "a tensor of rank 1 or more".into(), "a scalar (rank 0)".into()));
     };
-    if !x.is_contiguous() {
-        return Err(arg("x", "a contiguous tensor".into(), format!("strides {:?}", x.strides())));
-    }
-    if y.shape() != x.shape() {
-        return Err(arg("y", format!("shape {:?}, as x", x.shape()), format!("shape {:?}", y.shape())));
-    }
-    if !y.is_contiguous() {
-        return Err(arg("y", "a contiguous tensor".into(), format!("strides {:?}", y.strides())));
+    let all = inputs.iter().map(|&(w, t)| (w, t.shape(), t.strides(), t.is_contiguous()));
+    for (what, shape, strides, contiguous) in all.chain([(out, y.shape(), y.strides(), y.is_contiguous())]) {
+        if shape != x.shape() {
+            return Err(arg(what, format!("shape {:?}, as {x0}", x.shape()), format!("shape {shape:?}")));
+        }
+        if !contiguous {
+            return Err(arg(what, "a contiguous tensor".into(), format!("strides {strides:?}")));
+        }
     }
     let m: usize = x.shape()[..x.shape().len() - 1].iter().product();
     if m == 0 || n == 0 {
@@ -156,7 +281,8 @@ fn run<T: ScanElement>(name: &'static str, op: ScanOp, device: &Device, x: &Tens
     if i32::try_from(m).is_err() || i32::try_from(n).is_err() {
         return Err(arg("x", "fewer than 2³¹ rows and columns".into(), format!("{m} rows of {n}")));
     }
-    T::scan_launch(op, device, Grid::from(Grid::tiles(m, ROWS)), x, y, [m, n])
+    let tensors: Vec<&Tensor<T>> = inputs.iter().map(|&(_, t)| t).collect();
+    T::scan_launch(op, device, Grid::from(Grid::tiles(m, ROWS)), &tensors, y, [m, n])
 }
 
 /// `y = cumsum(x)` along the last axis (`y[…, j] = Σ_{k ≤ j} x[…, k]`): bf16, f16 or f32 in
@@ -166,15 +292,15 @@ fn run<T: ScanElement>(name: &'static str, op: ScanOp, device: &Device, x: &Tens
 /// [`Error::Argument`] naming `x` or `y` (a scalar, a non-contiguous tensor, shapes that
 /// differ); a launch error.
 pub fn cumsum<T: ScanElement>(device: &Device, x: &Tensor<T>, y: &mut Tensor<T>) -> Result<()> {
-    run("cumsum", ScanOp::Sum, device, x, y)
+    run("cumsum", ScanOp::Sum, device, &[("x", x)], ("y", y))
 }
 
 /// The backward of [`cumsum`]: `dx[…, j] = Σ_{k ≥ j} dy[…, k]`.
 ///
 /// # Errors
-/// As [`cumsum`], naming `x` for `dy` and `y` for `dx`.
+/// As [`cumsum`], naming `dy` and `dx`.
 pub fn cumsum_backward<T: ScanElement>(device: &Device, dy: &Tensor<T>, dx: &mut Tensor<T>) -> Result<()> {
-    run("cumsum_backward", ScanOp::SumReverse, device, dy, dx)
+    run("cumsum_backward", ScanOp::SumReverse, device, &[("dy", dy)], ("dx", dx))
 }
 
 /// `y = cumprod(x)` along the last axis (`y[…, j] = Π_{k ≤ j} x[…, k]`), as [`cumsum`].
@@ -182,7 +308,17 @@ pub fn cumsum_backward<T: ScanElement>(device: &Device, dy: &Tensor<T>, dx: &mut
 /// # Errors
 /// As [`cumsum`].
 pub fn cumprod<T: ScanElement>(device: &Device, x: &Tensor<T>, y: &mut Tensor<T>) -> Result<()> {
-    run("cumprod", ScanOp::Prod, device, x, y)
+    run("cumprod", ScanOp::Prod, device, &[("x", x)], ("y", y))
+}
+
+/// The backward of [`cumprod`]: `dx[…, j] = Σ_{k ≥ j} dy[…, k]·Π_{i ≤ k, i ≠ j} x[…, i]` from
+/// `x` and `dy`, exact where `x` has zeros (no division: the exclusive products before `j`
+/// times a reverse recurrence after it). Reads `x` twice and `dx` once besides `dy`.
+///
+/// # Errors
+/// As [`cumsum`], naming `x`, `dy` or `dx`.
+pub fn cumprod_backward<T: ScanElement>(device: &Device, x: &Tensor<T>, dy: &Tensor<T>, dx: &mut Tensor<T>) -> Result<()> {
+    run("cumprod_backward", ScanOp::ProdBackward, device, &[("x", x), ("dy", dy)], ("dx", dx))
 }
 
 /// `y = logcumsumexp(x)` along the last axis (`y[…, j] = ln Σ_{k ≤ j} exp(x[…, k])`), as
@@ -192,5 +328,15 @@ pub fn cumprod<T: ScanElement>(device: &Device, x: &Tensor<T>, y: &mut Tensor<T>
 /// # Errors
 /// As [`cumsum`].
 pub fn logcumsumexp<T: ScanElement>(device: &Device, x: &Tensor<T>, y: &mut Tensor<T>) -> Result<()> {
-    run("logcumsumexp", ScanOp::LogSumExp, device, x, y)
+    run("logcumsumexp", ScanOp::LogSumExp, device, &[("x", x)], ("y", y))
+}
+
+/// The backward of [`logcumsumexp`]: `dx[…, j] = Σ_{k ≥ j} dy[…, k]·exp(x[…, j] − y[…, k])`
+/// from `x`, the forward's output `y` and `dy`, without overflow for any finite inputs (the
+/// sum runs as a scale and a value); `dx` is 0 where `x` is −∞.
+///
+/// # Errors
+/// As [`cumsum`], naming `x`, `y`, `dy` or `dx`.
+pub fn logcumsumexp_backward<T: ScanElement>(device: &Device, x: &Tensor<T>, y: &Tensor<T>, dy: &Tensor<T>, dx: &mut Tensor<T>) -> Result<()> {
+    run("logcumsumexp_backward", ScanOp::LogSumExpBackward, device, &[("x", x), ("y", y), ("dy", dy)], ("dx", dx))
 }

@@ -86,10 +86,7 @@ pub fn selective_scan_fwd(
 /// block, `state` (`[batch·channels, N]`, f32) becomes `exp(Δ·A)·state + Δ·B·u` in place and
 /// `y = C·state (+ D·u) (· silu(z))`. `u`, `delta`, `z`, `y` as `[batch·channels, 1]`; `bm`, `cm`
 /// as `[batch·groups, N]` (one row a block, broadcast over its channels); `a` `[channels, N]`;
-/// `dskip`, `bias` `[channels, 1]`. Flags as in `selective_scan_fwd`. Each channel's values
-/// broadcast over its row of states as they load (`zeros + x`), so that nothing changes layout
-/// through shared memory; the gate multiplies before the row sum, the skip term joins it in
-/// column 0.
+/// `dskip`, `bias` `[channels, 1]`. Flags as in `selective_scan_fwd`.
 #[kernel(dtypes(T = [bf16, f32]), tune(N = [16, 32, 64]))]
 pub fn selective_scan_step(
     state: Global<f32, 2>, u: Global<T, 2>, delta: Global<T, 2>, a: Global<f32, 2>, bm: Global<T, 2>, cm: Global<T, 2>, dskip: Global<f32, 2>,
@@ -106,8 +103,10 @@ pub fn selective_scan_step(
     let end = row0 + per_group - first * 64;
     let h = state.load_or::<Tile<f32, 64, N>>([row0, 0], 0.0);
     let av = a.load_or::<Tile<f32, 64, N>>([d0, 0], 0.0);
-    let ut = Tile::<f32, 64, N>::zeros() + u.load_or::<Tile<T, 64, 1>>([row0, 0], 0.0).cast::<f32>();
-    let mut x = Tile::<f32, 64, N>::zeros() + delta.load_or::<Tile<T, 64, 1>>([row0, 0], 0.0).cast::<f32>();
+    // A channel's values once a row, in the layout of the state's rows (a row maximum of the
+    // value broadcast over them: exact, one shuffle), so that they meet the state in registers.
+    let ut = row_max(Tile::<f32, 64, N>::zeros() + u.load_or::<Tile<T, 64, 1>>([row0, 0], 0.0).cast::<f32>());
+    let mut x = row_max(Tile::<f32, 64, N>::zeros() + delta.load_or::<Tile<T, 64, 1>>([row0, 0], 0.0).cast::<f32>());
     if has_bias == 1 {
         x = x + bias.load_or::<Tile<f32, 64, 1>>([d0, 0], 0.0);
     }
@@ -116,18 +115,18 @@ pub fn selective_scan_step(
         dt = max(x, 0.0) + log2(1.0 + exp2(abs(x) * -f32::consts::LOG2_E)) * f32::consts::LN_2;
     }
     let bt = bm.load::<Tile<T, 1, N>>([bg, 0]).cast::<f32>();
-    let hn = exp2(av * dt * f32::consts::LOG2_E) * h + (dt * ut) * bt;
+    let hn = exp2(av * (dt * f32::consts::LOG2_E)) * h + (Tile::<f32, 64, N>::zeros() + bt) * (dt * ut);
     state.store_within([row0, 0], hn, [end, N]);
-    let mut terms = hn * cm.load::<Tile<T, 1, N>>([bg, 0]).cast::<f32>();
+    let mut out = row_sum(hn * cm.load::<Tile<T, 1, N>>([bg, 0]).cast::<f32>());
     if has_d == 1 {
-        terms = terms + (ut * dskip.load_or::<Tile<f32, 64, 1>>([d0, 0], 0.0)).mask_cols(1, 0.0);
+        out = out + ut * dskip.load_or::<Tile<f32, 64, 1>>([d0, 0], 0.0);
     }
     if has_z == 1 {
-        let zt = Tile::<f32, 64, N>::zeros() + z.load_or::<Tile<T, 64, 1>>([row0, 0], 0.0).cast::<f32>();
+        let zt = row_max(Tile::<f32, 64, N>::zeros() + z.load_or::<Tile<T, 64, 1>>([row0, 0], 0.0).cast::<f32>());
         let r = rsqrt(1.0 + exp2(zt * -f32::consts::LOG2_E));
-        terms = terms * zt * r * r;
+        out = out * zt * r * r;
     }
-    y.store_within([row0, 0], row_sum(terms).cast::<T>(), [end, 1]);
+    y.store_within([row0, 0], out.cast::<T>(), [end, 1]);
 }
 
 /// The element types the selective scan takes for `u`, `delta`, `B`, `C`, `z` and `y`: bf16 and

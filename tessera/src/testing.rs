@@ -73,6 +73,45 @@ pub fn time_ms(device: &Device, warm: usize, iters: usize, mut f: impl FnMut()) 
     Ok(f64::from(start.elapsed_ms(&stop)?) / iters.max(1) as f64)
 }
 
+/// Milliseconds per call of `f` with the host's launch overhead left out, as a CUDA-graph
+/// replay times a PyTorch kernel: `f` runs `warm` times, then once under stream capture on the
+/// device's stream, and the captured graph is replayed `iters` times between two events. `f`
+/// must only enqueue work on that stream (a library kernel's launch does). On the interpreter,
+/// as [`time_ms`].
+///
+/// # Errors
+/// A driver error, or capture refused by something `f` did.
+pub fn time_graph_ms(device: &Device, warm: usize, iters: usize, mut f: impl FnMut()) -> crate::Result<f64> {
+    use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+    if device.is_cpu() {
+        return time_ms(device, warm, iters, f);
+    }
+    for _ in 0..warm {
+        f();
+    }
+    let stream = device.stream()?;
+    stream.synchronize()?;
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+    f();
+    // Nothing captured: as the driver says of a capture that went wrong.
+    let empty = || cudarc::driver::DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0))?.ok_or_else(empty)?;
+    graph.upload()?;
+    for _ in 0..warm.max(1) {
+        graph.launch()?;
+    }
+    let ctx = device.context()?;
+    let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+    let stop = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+    start.record(&stream)?;
+    for _ in 0..iters.max(1) {
+        graph.launch()?;
+    }
+    stop.record(&stream)?;
+    stop.synchronize()?;
+    Ok(f64::from(start.elapsed_ms(&stop)?) / iters.max(1) as f64)
+}
+
 /// Times two implementations of the same work fairly: `rounds` rounds, each timing `iters`
 /// calls of `a` and then of `b` ([`time_ms`], `warm` calls first), so that clock and thermal
 /// drift fall on both alike. Gives the median milliseconds per call of `a` and of `b`.

@@ -5,7 +5,7 @@ use super::{elem_class, Lowerer, TileVal};
 use crate::dtype::DType;
 use crate::error::CompileError;
 use crate::layout::{Layout, LayoutKind};
-use crate::tirh::{BinOp, Expr, ExprKind, ReduceOp, ScanStep, TileType, Type};
+use crate::tirh::{BinOp, Expr, ExprKind, ReduceOp, ScanKind, ScanStep, TileType, Type};
 use crate::tirt::{Operand, Reg, RegClass};
 
 impl Lowerer<'_> {
@@ -36,15 +36,15 @@ impl Lowerer<'_> {
                 let t = self.tile(value)?;
                 swap_pairs(t)
             }
-            ExprKind::LastCol(value) => {
+            ExprKind::EdgeCol { value, last } => {
                 let t = self.tile(value)?;
-                self.last_col(t)
+                self.edge_col(t, *last)
             }
-            ExprKind::Shift { value, axis, by, fill } => {
+            ExprKind::Shift { value, axis, by, reverse, fill } => {
                 let t = self.tile(value)?;
                 let f = self.scalar(fill)?;
                 let f = self.in_reg(f, crate::dtype::ScalarType::F32, "fill");
-                self.shift(t, *axis, *by, f)
+                self.shift(t, *axis, *by, *reverse, f)
             }
             ExprKind::ScanPart { value, step, fill } => {
                 let t = self.tile(value)?;
@@ -552,16 +552,16 @@ impl Lowerer<'_> {
 
     /// `t.shift_cols(by, fill)` (`axis` 1) or `shift_rows`: through the warpgroup's scratch —
     /// each owner writes its elements at `[row][col]`, then each thread reads, for each of its
-    /// elements, the one `by` columns (rows) back, or takes `fill` where there is none. A
-    /// shift past the whole tile is `fill` everywhere, with no memory traffic.
-    pub(crate) fn shift(&mut self, t: TileVal, axis: u32, by: u32, fill: Reg) -> TileVal {
+    /// elements, the one `by` columns (rows) back (ahead, `reverse`), or takes `fill` where
+    /// there is none. A shift past the whole tile is `fill` everywhere, with no memory traffic.
+    pub(crate) fn shift(&mut self, t: TileVal, axis: u32, by: u32, reverse: bool, fill: Reg) -> TileVal {
         use Operand::{Addr, Imm, Reg as R};
         let (rows, cols) = (t.ty.rows, t.ty.cols);
         let n = if axis == 1 { cols } else { rows };
         if by == 0 {
             return t;
         }
-        if let Some(regs) = self.shift_in_warp(&t, axis, by, fill) {
+        if let Some(regs) = self.shift_in_warp(&t, axis, by, reverse, fill) {
             return TileVal { ty: t.ty, layout: t.layout, regs };
         }
         let regs: Vec<Reg> = if by >= n {
@@ -583,7 +583,7 @@ impl Lowerer<'_> {
                 self.op_if(l.owner, false, "st.shared.f32", vec![Addr(base, off), R(r)]);
             }
             self.warpgroup_barrier();
-            let back = i64::from(if axis == 1 { by * 4 } else { by * cols * 4 });
+            let back = i64::from(if axis == 1 { by * 4 } else { by * cols * 4 }) * if reverse { -1 } else { 1 };
             t.layout
                 .slots()
                 .iter()
@@ -593,7 +593,11 @@ impl Lowerer<'_> {
                     let idx = self.reg(RegClass::B32, "shidx");
                     self.op("add.u32", vec![R(idx), R(at), Imm(i64::from(d))]);
                     let has = self.reg(RegClass::Pred, "shin");
-                    self.op("setp.ge.u32", vec![R(has), R(idx), Imm(i64::from(by))]);
+                    if reverse {
+                        self.op("setp.lt.u32", vec![R(has), R(idx), Imm(i64::from(n - by))]);
+                    } else {
+                        self.op("setp.ge.u32", vec![R(has), R(idx), Imm(i64::from(by))]);
+                    }
                     let r = self.reg(RegClass::F32, "shift");
                     self.op("mov.f32", vec![R(r), R(fill)]);
                     let off = i64::from((slot.dr * cols + slot.dc) * 4) - back;
@@ -608,20 +612,21 @@ impl Lowerer<'_> {
 
     /// `shift_cols(by, fill)` without shared memory where each row lies in one warp's lanes
     /// (a blocked layout whose runs of `v` columns, one per lane, cover the row once): an
-    /// element `by` columns back is this thread's own register (`by` < `v`, within the run) or
-    /// the same run position of the lane `by / v` before (`shfl.sync.up`), or, for a shift
-    /// under `v` that crosses a run's start, the previous lane's register `by` back; `fill`
-    /// where the column is below `by`. `None` where the layout does not allow it.
-    fn shift_in_warp(&mut self, t: &TileVal, axis: u32, by: u32, fill: Reg) -> Option<Vec<Reg>> {
+    /// element `by` columns back (ahead, `reverse`) is this thread's own register (within the
+    /// run) or the same run position of the lane `by / v` before (after) — `shfl.sync.up`
+    /// (`down`) — or, for a shift under `v` that crosses a run's edge, the neighbouring lane's
+    /// register; `fill` where no column lies there. `None` where the layout does not allow it.
+    fn shift_in_warp(&mut self, t: &TileVal, axis: u32, by: u32, reverse: bool, fill: Reg) -> Option<Vec<Reg>> {
         use Operand::{Imm, Reg as R};
         let l = t.layout;
         let LayoutKind::Blocked { v, tc, wc: 1, .. } = l.kind else { return None };
+        let n = l.parent_cols;
         let fits = axis == 1
             && l.keep_rows
             && l.keep_cols
             && v.is_power_of_two()
-            && l.parent_cols == v * tc
-            && by < l.parent_cols
+            && n == v * tc
+            && by < n
             && (by < v || by.is_multiple_of(v))
             && t.ty.dtype == DType::F32;
         if !fits || by == 0 {
@@ -633,21 +638,31 @@ impl Lowerer<'_> {
         let mut out = Vec::with_capacity(slots.len());
         for (i, slot) in slots.iter().enumerate() {
             let r = self.reg(RegClass::F32, "shift");
-            if by < v && slot.dc >= by {
-                // Within this thread's run.
-                let src = t.regs[at(slot.dr, slot.dc - by)?];
+            // Within this thread's run.
+            let own = if reverse { (slot.dc + by < v).then(|| slot.dc + by) } else { (by < v && slot.dc >= by).then(|| slot.dc - by) };
+            if let (true, Some(dc)) = (by < v, own) {
+                let src = t.regs[at(slot.dr, dc)?];
                 self.op("mov.f32", vec![R(r), R(src)]);
                 out.push(r);
                 continue;
             }
-            let (src, lanes) = if by < v { (t.regs[at(slot.dr, slot.dc + v - by)?], 1) } else { (t.regs[i], by / v) };
+            let (src, lanes) = match (by < v, reverse) {
+                (true, false) => (t.regs[at(slot.dr, slot.dc + v - by)?], 1),
+                (true, true) => (t.regs[at(slot.dr, slot.dc + by - v)?], 1),
+                (false, _) => (t.regs[i], by / v),
+            };
             let got = self.reg(RegClass::F32, "shfl");
-            self.op("shfl.sync.up.b32", vec![R(got), R(src), Imm(i64::from(lanes)), Imm(0), Imm(-1)]);
-            // The element's column, and whether one lies `by` before it in its row.
+            // The element's column, and whether one lies `by` before (after) it in its row.
             let idx = self.reg(RegClass::B32, "shidx");
             self.op("add.u32", vec![R(idx), R(lr.col), Imm(i64::from(slot.dc))]);
             let has = self.reg(RegClass::Pred, "shin");
-            self.op("setp.ge.u32", vec![R(has), R(idx), Imm(i64::from(by))]);
+            if reverse {
+                self.op("shfl.sync.down.b32", vec![R(got), R(src), Imm(i64::from(lanes)), Imm(31), Imm(-1)]);
+                self.op("setp.lt.u32", vec![R(has), R(idx), Imm(i64::from(n - by))]);
+            } else {
+                self.op("shfl.sync.up.b32", vec![R(got), R(src), Imm(i64::from(lanes)), Imm(0), Imm(-1)]);
+                self.op("setp.ge.u32", vec![R(has), R(idx), Imm(i64::from(by))]);
+            }
             self.op("selp.f32", vec![R(r), R(got), R(fill), R(has)]);
             out.push(r);
         }
@@ -655,10 +670,10 @@ impl Lowerer<'_> {
     }
 
     /// A scan step's operand ([`ScanStep`]) in the tile's blocked layout, where a thread's run
-    /// is its `v` slots of a row: a serial step moves the register of the column before, a
-    /// lanes step shuffles the run's last register up `s` lanes, the apply step shuffles it up
-    /// one lane for the run's other columns; `fill` where no column lies there and in the
-    /// slots the step leaves alone.
+    /// is its `v` slots of a row: a serial step moves the register of the column before (after,
+    /// in a reverse scan), a lanes step shuffles the run's last (first) register up (down) `s`
+    /// lanes, the apply step shuffles it one lane for the run's other columns; `fill` where no
+    /// column lies there and in the slots the step leaves alone.
     fn scan_part(&mut self, t: TileVal, step: ScanStep, fill: Reg) -> TileVal {
         use Operand::{Imm, Reg as R};
         let to = Layout::blocked(t.ty.rows, t.ty.cols);
@@ -666,37 +681,50 @@ impl Lowerer<'_> {
         let slots = to.slots();
         let at = |dr: u32, dc: u32| slots.iter().position(|s| s.dr == dr && s.dc == dc).expect("a blocked run holds every column");
         let base_col = self.layout_regs(to).col;
+        let v = step.v;
+        // The run's last slot in the scan's order, and where a serial step's source lies.
+        let (last, back) = if step.reverse { (0, -1i64) } else { (v - 1, 1) };
         let mut shuffled: Vec<(u32, Reg)> = Vec::new();
         let mut regs = Vec::with_capacity(slots.len());
         for slot in &slots {
             let r = self.reg(RegClass::F32, "scan");
-            let (src, lanes, v) = match step {
-                _ if !step.touches(slot.dc) => (None, 0, 1),
-                ScanStep::Serial { .. } => (Some(t.regs[at(slot.dr, slot.dc - 1)]), 0, 1),
-                ScanStep::Lanes { s, v } => (Some(t.regs[at(slot.dr, v - 1)]), s, v),
-                ScanStep::Apply { v } => (Some(t.regs[at(slot.dr, v - 1)]), 1, v),
-            };
-            match src {
-                None => self.op("mov.f32", vec![R(r), R(fill)]),
-                Some(src) if lanes == 0 => self.op("mov.f32", vec![R(r), R(src)]),
-                Some(src) => {
-                    // One shuffle per run (the apply step's columns share it).
-                    let got = match shuffled.iter().find(|(dr, _)| *dr == slot.dr) {
-                        Some(&(_, g)) => g,
-                        None => {
-                            let got = self.reg(RegClass::F32, "shfl");
-                            self.op("shfl.sync.up.b32", vec![R(got), R(src), Imm(i64::from(lanes)), Imm(0), Imm(-1)]);
-                            let has = self.reg(RegClass::Pred, "shin");
-                            self.op("setp.ge.u32", vec![R(has), R(base_col), Imm(i64::from(lanes * v))]);
-                            let g = self.reg(RegClass::F32, "scanin");
-                            self.op("selp.f32", vec![R(g), R(got), R(fill), R(has)]);
-                            shuffled.push((slot.dr, g));
-                            g
-                        }
-                    };
-                    self.op("mov.f32", vec![R(r), R(got)]);
+            let lanes = match step.kind {
+                _ if !step.touches_slot(slot.dc) => None,
+                ScanKind::Serial(_) => {
+                    let src = t.regs[at(slot.dr, (i64::from(slot.dc) - back) as u32)];
+                    self.op("mov.f32", vec![R(r), R(src)]);
+                    regs.push(r);
+                    continue;
                 }
-            }
+                ScanKind::Lanes(s) => Some(s),
+                ScanKind::Apply => Some(1),
+            };
+            let Some(lanes) = lanes else {
+                self.op("mov.f32", vec![R(r), R(fill)]);
+                regs.push(r);
+                continue;
+            };
+            // One shuffle per run (the apply step's columns share it).
+            let got = match shuffled.iter().find(|(dr, _)| *dr == slot.dr) {
+                Some(&(_, g)) => g,
+                None => {
+                    let src = t.regs[at(slot.dr, last)];
+                    let got = self.reg(RegClass::F32, "shfl");
+                    let has = self.reg(RegClass::Pred, "shin");
+                    if step.reverse {
+                        self.op("shfl.sync.down.b32", vec![R(got), R(src), Imm(i64::from(lanes)), Imm(31), Imm(-1)]);
+                        self.op("setp.lt.u32", vec![R(has), R(base_col), Imm(i64::from(step.cols - lanes * v))]);
+                    } else {
+                        self.op("shfl.sync.up.b32", vec![R(got), R(src), Imm(i64::from(lanes)), Imm(0), Imm(-1)]);
+                        self.op("setp.ge.u32", vec![R(has), R(base_col), Imm(i64::from(lanes * v))]);
+                    }
+                    let g = self.reg(RegClass::F32, "scanin");
+                    self.op("selp.f32", vec![R(g), R(got), R(fill), R(has)]);
+                    shuffled.push((slot.dr, g));
+                    g
+                }
+            };
+            self.op("mov.f32", vec![R(r), R(got)]);
             regs.push(r);
         }
         TileVal { ty: t.ty, layout: to, regs }
@@ -714,7 +742,7 @@ impl Lowerer<'_> {
             .enumerate()
             .map(|(i, slot)| {
                 let r = self.reg(RegClass::F32, "picked");
-                let src = if step.touches(slot.dc) { u.regs[i] } else { o.regs[i] };
+                let src = if step.touches_slot(slot.dc) { u.regs[i] } else { o.regs[i] };
                 self.op("mov.f32", vec![R(r), R(src)]);
                 r
             })
@@ -722,26 +750,29 @@ impl Lowerer<'_> {
         TileVal { ty: o.ty, layout: to, regs }
     }
 
-    /// `t.last_col()`. In a blocked layout whose rows lie in one warp (one warp along the
-    /// columns), the last lane of each row's lanes holds it in its last column slot: one
-    /// `shfl.sync.idx` a row from that lane. Elsewhere, every other column masked to −∞ and a
-    /// row maximum.
-    fn last_col(&mut self, t: TileVal) -> TileVal {
+    /// `t.last_col()` (`last`) or `t.first_col()`. In a blocked layout whose rows lie in one
+    /// warp (one warp along the columns), the last (first) lane of each row's lanes holds it in
+    /// its last (first) column slot: one `shfl.sync.idx` a row from that lane. Elsewhere,
+    /// every other column masked to −∞ and a row maximum.
+    fn edge_col(&mut self, t: TileVal, last: bool) -> TileVal {
         use Operand::{Imm, Reg as R};
         let l = t.layout;
         let out = l.reduced(1);
         let slots = l.slots();
         if let LayoutKind::Blocked { v, tc, wc: 1, .. } = l.kind {
             if l.keep_rows && l.keep_cols {
-                let last = l.parent_cols - l.footprint_cols() + v - 1;
-                let src = self.reg(RegClass::B32, "lastlane");
-                self.op("or.b32", vec![R(src), R(self.lane), Imm(i64::from(tc - 1))]);
+                let (col, src) = (if last { l.parent_cols - l.footprint_cols() + v - 1 } else { 0 }, self.reg(RegClass::B32, "edgelane"));
+                if last {
+                    self.op("or.b32", vec![R(src), R(self.lane), Imm(i64::from(tc - 1))]);
+                } else {
+                    self.op("and.b32", vec![R(src), R(self.lane), Imm(i64::from(!(tc - 1) & 31))]);
+                }
                 let regs = out
                     .slots()
                     .iter()
                     .map(|o| {
-                        let i = slots.iter().position(|s| s.dr == o.dr && s.dc == last).expect("a row's last column slot");
-                        let r = self.reg(RegClass::F32, "last");
+                        let i = slots.iter().position(|s| s.dr == o.dr && s.dc == col).expect("a row's edge column slot");
+                        let r = self.reg(RegClass::F32, "edge");
                         self.op("shfl.sync.idx.b32", vec![R(r), R(t.regs[i]), R(src), Imm(31), Imm(-1)]);
                         r
                     })
@@ -757,7 +788,7 @@ impl Lowerer<'_> {
                 let col = self.reg(RegClass::B32, "col");
                 self.op("add.u32", vec![R(col), R(lr.col), Imm(i64::from(slot.dc))]);
                 let is_last = self.reg(RegClass::Pred, "islast");
-                self.op("setp.eq.u32", vec![R(is_last), R(col), Imm(i64::from(t.ty.cols - 1))]);
+                self.op("setp.eq.u32", vec![R(is_last), R(col), Imm(i64::from(if last { t.ty.cols - 1 } else { 0 }))]);
                 let r = self.reg(RegClass::F32, "masked");
                 self.op("selp.f32", vec![R(r), R(x), Operand::F32(f32::NEG_INFINITY), R(is_last)]);
                 r

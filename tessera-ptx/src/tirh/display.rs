@@ -149,15 +149,16 @@ impl fmt::Display for Expr {
                 write!(f, "uniform<{tile}>({}, {}, {}, [{}, {}])", seed[0], seed[1], seed[2], origin[0], origin[1])
             }
             ExprKind::SwapPairs(value) => write!(f, "{value}.swap_pairs()"),
-            ExprKind::LastCol(value) => write!(f, "{value}.last_col()"),
-            ExprKind::Shift { value, axis, by, fill } => {
+            ExprKind::EdgeCol { value, last } => write!(f, "{value}.{}_col()", if *last { "last" } else { "first" }),
+            ExprKind::Shift { value, axis, by, reverse, fill } => {
+                let by = if *reverse { -i64::from(*by) } else { i64::from(*by) };
                 write!(f, "{value}.shift_{}({by}, {fill})", if *axis == 1 { "cols" } else { "rows" })
             }
             ExprKind::ScanPart { value, step, fill } => write!(f, "scan_part({value}, {step:?}, {fill})"),
             ExprKind::ScanPick { updated, old, step } => write!(f, "scan_pick({updated}, {old}, {step:?})"),
-            ExprKind::Scan { func, values, axis, identity, exclusive, .. } => {
+            ExprKind::Scan { func, values, axis, identity, exclusive, reverse, .. } => {
                 let list = |v: &[Expr]| v.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(", ");
-                let kind = if *exclusive { "tile_scan_exclusive" } else { "tile_scan" };
+                let kind = format!("tile_scan{}{}", if *reverse { "_reverse" } else { "" }, if *exclusive { "_exclusive" } else { "" });
                 write!(f, "{kind}::<{func}>(({}), {axis}, ({}))", list(values), list(identity))
             }
             ExprKind::Call { func, args, by_ref, .. } => {

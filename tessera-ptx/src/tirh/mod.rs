@@ -428,7 +428,7 @@ impl Expr {
             K::Unary(_, a)
             | K::Cast { value: a, .. }
             | K::SwapPairs(a)
-            | K::LastCol(a)
+            | K::EdgeCol { value: a, .. }
             | K::TileCols { value: a, .. }
             | K::Reduce { value: a, .. }
             | K::BlockReduce { value: a, .. } => {
@@ -627,55 +627,78 @@ pub enum Builtin {
 /// scan of each run, then a Hillis–Steele scan of the runs' totals across the lanes, then
 /// each run's other elements combined with the total of the runs before. `n` combines and
 /// `log₂ tc` shuffles a row instead of Hillis–Steele's `n·log₂ n` and `v·log₂ tc`; the
-/// interpreter and the lowering read the same steps.
+/// interpreter and the lowering read the same steps. A reverse scan runs the mirror image:
+/// column `j` plays column `cols − 1 − j`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum ScanStep {
-    /// Column `k` of each run takes in column `k − 1`.
-    Serial {
-        /// The run position.
-        k: u32,
-        /// The run length.
-        v: u32,
-    },
-    /// The last column of each run takes in the last column of the run `s` runs back.
-    Lanes {
-        /// How many runs back.
-        s: u32,
-        /// The run length.
-        v: u32,
-    },
-    /// Every column but the last of each run takes in the last column of the run before.
-    Apply {
-        /// The run length.
-        v: u32,
-    },
+pub struct ScanStep {
+    /// Which step.
+    pub kind: ScanKind,
+    /// The run length.
+    pub v: u32,
+    /// The row's length.
+    pub cols: u32,
+    /// A reverse scan's step.
+    pub reverse: bool,
+}
+
+/// What a [`ScanStep`] does, in forward order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ScanKind {
+    /// Run position `k` takes in position `k − 1`.
+    Serial(u32),
+    /// The last position of each run takes in the last position of the run this many runs
+    /// back.
+    Lanes(u32),
+    /// Every position but the last of each run takes in the last position of the run before.
+    Apply,
 }
 
 impl ScanStep {
     /// The steps of the scan along the rows of a `rows×cols` tile in its canonical blocked
     /// layout ([`crate::layout::Layout::blocked`]), or `None` where a row spans more than one
     /// run per thread or more than one warp.
-    pub fn plan(rows: u32, cols: u32) -> Option<Vec<ScanStep>> {
+    pub fn plan(rows: u32, cols: u32, reverse: bool) -> Option<Vec<ScanStep>> {
         let l = crate::layout::Layout::blocked(rows, cols);
         let crate::layout::LayoutKind::Blocked { v, tc, wc: 1, .. } = l.kind else { return None };
         if cols != v * tc || cols < 2 {
             return None;
         }
-        let mut steps: Vec<ScanStep> = (1..v).map(|k| ScanStep::Serial { k, v }).collect();
-        steps.extend(std::iter::successors(Some(1), |s| Some(s * 2)).take_while(|&s| s < tc).map(|s| ScanStep::Lanes { s, v }));
+        let step = |kind| ScanStep { kind, v, cols, reverse };
+        let mut steps: Vec<ScanStep> = (1..v).map(|k| step(ScanKind::Serial(k))).collect();
+        steps.extend(std::iter::successors(Some(1), |s| Some(s * 2)).take_while(|&s| s < tc).map(|s| step(ScanKind::Lanes(s))));
         if tc > 1 {
-            steps.push(ScanStep::Apply { v });
+            steps.push(step(ScanKind::Apply));
         }
         Some(steps)
     }
 
+    /// Column `col` in forward order (mirrored for a reverse scan), and back.
+    fn mirror(self, col: u32) -> u32 {
+        if self.reverse {
+            self.cols - 1 - col
+        } else {
+            col
+        }
+    }
+
+    /// The run position (in forward order) of the elements the step changes.
+    fn touches_pos(self, pos: u32) -> bool {
+        match self.kind {
+            ScanKind::Serial(k) => pos == k,
+            ScanKind::Lanes(_) => pos == self.v - 1,
+            ScanKind::Apply => pos != self.v - 1,
+        }
+    }
+
     /// Whether the step changes column `col`.
     pub fn touches(self, col: u32) -> bool {
-        match self {
-            ScanStep::Serial { k, v } => col % v == k,
-            ScanStep::Lanes { v, .. } => col % v == v - 1,
-            ScanStep::Apply { v } => col % v != v - 1,
-        }
+        self.touches_pos(self.mirror(col) % self.v)
+    }
+
+    /// Whether the step changes the slot at run offset `dc` of a thread's run (the lowering's
+    /// view: a run's slots in column order).
+    pub fn touches_slot(self, dc: u32) -> bool {
+        self.touches_pos(if self.reverse { self.v - 1 - dc } else { dc })
     }
 
     /// The column that column `col` combines with at this step, if the step touches it and one
@@ -684,11 +707,13 @@ impl ScanStep {
         if !self.touches(col) {
             return None;
         }
-        match self {
-            ScanStep::Serial { .. } => Some(col - 1),
-            ScanStep::Lanes { s, v } => (col / v >= s).then(|| col - s * v),
-            ScanStep::Apply { v } => (col >= v).then(|| col / v * v - 1),
-        }
+        let (c, v) = (self.mirror(col), self.v);
+        let from = match self.kind {
+            ScanKind::Serial(_) => Some(c - 1),
+            ScanKind::Lanes(s) => (c / v >= s).then(|| c - s * v),
+            ScanKind::Apply => (c >= v).then(|| c / v * v - 1),
+        };
+        from.map(|f| self.mirror(f))
     }
 }
 
@@ -831,9 +856,14 @@ pub enum ExprKind {
     /// `t.swap_pairs()`: columns `2k` and `2k + 1` exchanged (moves no data: both are in one
     /// thread's registers).
     SwapPairs(Box<Expr>),
-    /// `t.last_col()`: the last column of an f32 tile, `M×1` (a chunked scan's carry). One
-    /// shuffle a row where the row lies in one warp's lanes.
-    LastCol(Box<Expr>),
+    /// `t.last_col()` (or `t.first_col()`): the last (first) column of an f32 tile, `M×1` (a
+    /// chunked scan's carry). One shuffle a row where the row lies in one warp's lanes.
+    EdgeCol {
+        /// The tile.
+        value: Box<Expr>,
+        /// The last column rather than the first.
+        last: bool,
+    },
     /// `tensor.get([i, j])`: one element as a scalar (`i32`, or `f32` for any float tensor), the same in
     /// every thread; 0 out of bounds.
     Get {
@@ -871,6 +901,9 @@ pub enum ExprKind {
         axis: u32,
         /// How far.
         by: u32,
+        /// The other way: element `j` takes element `j + k`, the last `k` take `fill` (a
+        /// reverse scan's step).
+        reverse: bool,
         /// What comes in.
         fill: Box<Expr>,
     },
@@ -915,6 +948,9 @@ pub enum ExprKind {
         identity: Vec<Expr>,
         /// Exclusive (element j combines elements before j) rather than inclusive.
         exclusive: bool,
+        /// From the last element to the first (`tile_scan_reverse`): element j combines the
+        /// elements from j on, the later ones taken as the earlier in `F`'s order.
+        reverse: bool,
     },
     /// `f(a, &mut b)`: a call of a `#[device]` function, which the type checker inlines (it
     /// never reaches lowering): its statements go before the statement that holds the call,

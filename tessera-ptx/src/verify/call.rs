@@ -107,11 +107,12 @@ impl Checker<'_> {
     /// an exclusive scan).
     fn scan(&mut self, e: &mut Expr) -> Result<Vec<Expr>, CompileError> {
         let loc = e.loc;
-        let ExprKind::Scan { func, id, mut values, axis, mut identity, exclusive } = std::mem::replace(&mut e.kind, ExprKind::Bool(false))
+        let ExprKind::Scan { func, id, mut values, axis, mut identity, exclusive, reverse } =
+            std::mem::replace(&mut e.kind, ExprKind::Bool(false))
         else {
             return Err(CompileError::ty(loc, "expected a scan"));
         };
-        let what = if exclusive { "tile_scan_exclusive" } else { "tile_scan" };
+        let what = format!("tile_scan{}{}", if reverse { "_reverse" } else { "" }, if exclusive { "_exclusive" } else { "" });
         if values.len() != identity.len() || values.is_empty() {
             return Err(CompileError::ty(
                 loc,
@@ -143,7 +144,7 @@ impl Checker<'_> {
         let names = |step: u32| -> Vec<String> { (0..count).map(|i| format!("{func}_scan{}_{step}_{i}", loc.span)).collect() };
         let shifted = |name: &str, by: u32, fill: &Expr| {
             let value = Box::new(Expr::new(ExprKind::Var(name.to_string()), loc));
-            Expr::new(ExprKind::Shift { value, axis, by, fill: Box::new(fill.clone()) }, loc)
+            Expr::new(ExprKind::Shift { value, axis, by, reverse, fill: Box::new(fill.clone()) }, loc)
         };
         let var = |name: &str| Expr::new(ExprKind::Var(name.to_string()), loc);
         let mut out = Vec::new();
@@ -154,7 +155,7 @@ impl Checker<'_> {
         }
         // The work-efficient steps where each row lies in one warp's lanes (the tile's blocked
         // layout, which the lowering moves it into), else Hillis–Steele: a shift by 1, 2, 4, …
-        let plan = if axis == 1 { ScanStep::plan(t.rows, t.cols) } else { None };
+        let plan = if axis == 1 { ScanStep::plan(t.rows, t.cols, reverse) } else { None };
         let steps: Vec<Result<ScanStep, u32>> = match plan {
             Some(p) => p.into_iter().map(Ok).collect(),
             None => std::iter::successors(Some(1u32), |b| Some(b * 2)).take_while(|&b| b < n).map(Err).collect(),

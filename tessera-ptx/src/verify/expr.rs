@@ -157,9 +157,12 @@ impl Checker<'_> {
                     }
                 }
             }
-            ExprKind::LastCol(value) => match self.expr(value)? {
+            ExprKind::EdgeCol { value, last } => match self.expr(value)? {
                 Type::Tile(t) if t.dtype == DType::F32 => Type::Tile(TileType { cols: 1, ..t }),
-                ty => return Err(CompileError::ty(value.loc, format!("`last_col` takes an f32 tile, found `{ty}`"))),
+                ty => {
+                    let name = if *last { "last_col" } else { "first_col" };
+                    return Err(CompileError::ty(value.loc, format!("`{name}` takes an f32 tile, found `{ty}`")));
+                }
             },
             ExprKind::Get { tensor, index } => {
                 let (dtype, rank) = self.global(tensor, loc)?;

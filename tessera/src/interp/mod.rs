@@ -918,9 +918,9 @@ impl<'p> Kernel<'p> {
                 }
                 _ => return Err("`swap_pairs` takes a tile".to_string().into()),
             },
-            ExprKind::LastCol(value) => match self.eval(value, wg, blk)? {
-                Val::T(t) => Val::T(t.cols(t.ty.cols - 1, 1)),
-                _ => return Err("`last_col` takes a tile".to_string().into()),
+            ExprKind::EdgeCol { value, last } => match self.eval(value, wg, blk)? {
+                Val::T(t) => Val::T(t.cols(if *last { t.ty.cols - 1 } else { 0 }, 1)),
+                _ => return Err("`last_col` and `first_col` take a tile".to_string().into()),
             },
             ExprKind::Get { tensor, index } => {
                 let idx = self.indices(index, wg, blk)?;
@@ -949,8 +949,8 @@ impl<'p> Kernel<'p> {
             ExprKind::Call { func, .. } | ExprKind::Scan { func, .. } => {
                 return Err(format!("`{func}`: a device-function call that was not inlined").into())
             }
-            ExprKind::Shift { value, axis, by, fill } => match (self.eval(value, wg, blk)?, self.eval(fill, wg, blk)?) {
-                (Val::T(t), Val::F(f)) => Val::T(t.shift(*axis, *by, f)),
+            ExprKind::Shift { value, axis, by, reverse, fill } => match (self.eval(value, wg, blk)?, self.eval(fill, wg, blk)?) {
+                (Val::T(t), Val::F(f)) => Val::T(t.shift(*axis, *by, *reverse, f)),
                 _ => return Err("`shift_cols` takes an f32 tile and an f32 fill".to_string().into()),
             },
             ExprKind::ScanPart { value, step, fill } => match (self.eval(value, wg, blk)?, self.eval(fill, wg, blk)?) {

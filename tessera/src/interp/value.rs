@@ -104,16 +104,18 @@ impl Tile {
         self
     }
 
-    /// Element `j` along `axis` (1: of each row, 0: of each column) takes element `j − by`;
-    /// the first `by` take `fill`.
-    pub fn shift(&self, axis: u32, by: u32, fill: f32) -> Tile {
-        let cols = self.ty.cols as usize;
+    /// Element `j` along `axis` (1: of each row, 0: of each column) takes element `j − by`
+    /// (`j + by`, `reverse`); the first (last) `by` take `fill`.
+    pub fn shift(&self, axis: u32, by: u32, reverse: bool, fill: f32) -> Tile {
+        let (rows, cols) = (self.ty.rows as usize, self.ty.cols as usize);
         let by = by as usize;
         self.gather(fill, |i| {
             let (r, c) = (i / cols, i % cols);
-            match axis {
-                1 if c >= by => Some(r * cols + c - by),
-                0 if r >= by => Some((r - by) * cols + c),
+            match (axis, reverse) {
+                (1, false) if c >= by => Some(r * cols + c - by),
+                (0, false) if r >= by => Some((r - by) * cols + c),
+                (1, true) if c + by < cols => Some(r * cols + c + by),
+                (0, true) if r + by < rows => Some((r + by) * cols + c),
                 _ => None,
             }
         })
