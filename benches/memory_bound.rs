@@ -53,7 +53,11 @@ fn torch_scans(rows: usize, cols: usize) -> Result<Vec<(String, f64)>, String> {
 /// none. `TESSERA_MAMBA_STEP_SCRIPT` overrides the script's path.
 fn mamba_step(batch: usize, dim: usize, dstate: usize) -> Result<f64, String> {
     let script = std::env::var("TESSERA_MAMBA_STEP_SCRIPT").ok().unwrap_or_else(|| {
-        ["benches/mamba_step.py", "mamba_step.py"].into_iter().find(|p| std::path::Path::new(p).exists()).unwrap_or("benches/mamba_step.py").to_string()
+        ["benches/mamba_step.py", "mamba_step.py"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+            .unwrap_or("benches/mamba_step.py")
+            .to_string()
     });
     let out = std::process::Command::new("python3")
         .args([script.as_str(), &batch.to_string(), &dim.to_string(), &dstate.to_string()])
@@ -177,7 +181,11 @@ fn main() {
     // parameters once. 16384×8192 first (the shape), then hidden sizes around it with
     // rows chosen for 256 MiB of input, far above L2.
     let mut norm_rows: Vec<(String, f64, f64)> = Vec::new();
-    let widths = if scans_only { Vec::new() } else { only.unwrap_or_else(|| vec![8192, 768, 1024, 1536, 2048, 2304, 2560, 3072, 4096, 5120, 6144, 10240, 11008, 12288, 16384]) };
+    let widths = if scans_only {
+        Vec::new()
+    } else {
+        only.unwrap_or_else(|| vec![8192, 768, 1024, 1536, 2048, 2304, 2560, 3072, 4096, 5120, 6144, 10240, 11008, 12288, 16384])
+    };
     for (i, &n) in widths.iter().enumerate() {
         use tessera::bf16;
         let m = if i == 0 && n == N { M } else { (1usize << 27) / n };
@@ -341,7 +349,11 @@ fn main() {
             let mut y = Tensor::<bf16>::zeros(&sdev, &[b, ch, 1]).expect("y");
             let mut state = Tensor::from_host(&sdev, &random(b * ch * n), &[b, ch, n]).expect("state");
             let bytes = (2 * b * ch * n * 4 + ch * n * 4 + 4 * b * ch * 2 + 2 * b * n * 2 + 2 * ch * 4) as f64;
-            let s = tessera_kernels::SelectiveScan::new(&sdev, &u, &delta, &a, &bm, &cm).d(&dskip).z(&z).delta_bias(&dskip).delta_softplus(true);
+            let s = tessera_kernels::SelectiveScan::new(&sdev, &u, &delta, &a, &bm, &cm)
+                .d(&dskip)
+                .z(&z)
+                .delta_bias(&dskip)
+                .delta_softplus(true);
             let mut f = || s.run_step(&mut state, &mut y).expect("selective scan step");
             norm_rows.push((format!("selective_scan step {b}x{ch} N{n} launched"), bytes, time_ms(&sdev, 10, 50, &mut f)));
             match tessera::testing::time_graph_ms(&sdev, 10, 50, &mut f) {

@@ -107,7 +107,10 @@ fn scans_match_f64(dev: &Device, shapes: &[&[usize]]) {
 fn gpu_scans_match_f64_reference() {
     if let Some(dev) = gpu_or_skip("gpu_scans_match_f64_reference") {
         // The last three split rows into segments (few rows, long): L up to 1M.
-        scans_match_f64(&dev, &[&[1], &[7], &[1000], &[4099], &[33, 4099], &[3, 5, 1000], &[100, 7], &[2, 65537], &[5, 300001], &[1_000_003]]);
+        scans_match_f64(
+            &dev,
+            &[&[1], &[7], &[1000], &[4099], &[33, 4099], &[3, 5, 1000], &[100, 7], &[2, 65537], &[5, 300001], &[1_000_003]],
+        );
     }
 }
 

@@ -105,7 +105,11 @@ fn check<T: SelectiveScanElement>(dev: &Device, c: Case, to: fn(f32) -> T, from:
     let mut state = tf(&if c.extras { h0.clone() } else { vec![0.0; bt * ch * n] }, &[bt, ch, n]);
     let mut got_y = vec![0.0; bt * ch * l];
     for step in 0..l {
-        let (ut, dt, zt) = (t(&at_t(&u, bt * ch, step), &[bt, ch, 1]), t(&at_t(&delta, bt * ch, step), &[bt, ch, 1]), t(&at_t(&z, bt * ch, step), &[bt, ch, 1]));
+        let (ut, dt, zt) = (
+            t(&at_t(&u, bt * ch, step), &[bt, ch, 1]),
+            t(&at_t(&delta, bt * ch, step), &[bt, ch, 1]),
+            t(&at_t(&z, bt * ch, step), &[bt, ch, 1]),
+        );
         let (bt_, ct) = (t(&at_t(&b, bt * g * n, step), &[bt, g, n, 1]), t(&at_t(&cm, bt * g * n, step), &[bt, g, n, 1]));
         let mut y = Tensor::full(dev, &[bt, ch, 1], to(f32::NAN)).unwrap();
         let mut s = SelectiveScan::new(dev, &ut, &dt, &at, &bt_, &ct);

@@ -19,10 +19,11 @@ const ROWS: usize = 16;
 /// carry)` gives the chunk's output and the carry into the next chunk, the carry starting at
 /// `fill` (the scan's identity).
 ///
-/// A row of few rows splits into segments of `seg_chunks` chunks, one block each, in two
-/// launches: `pass` 0 stores each segment's carry (its total) at `totals[row, k]` (`k` counts
-/// segments in scan order), and `pass` 1 starts each segment from the carry of the totals
-/// before it, folded by the same `step`. With one segment, `pass` 1 alone scans whole rows.
+/// Few long rows split into segments of `seg_chunks` chunks, one block each: `pass` 0 stores
+/// each segment's carry (its total) at `totals[row, k]` (`k` counts segments in scan order);
+/// the host scans those totals along `k` (the same scan, in f32); then `pass` 1 starts each
+/// segment `k > 0` from `totals[row, k − 1]`. With one segment, `pass` 1 alone scans whole
+/// rows.
 #[device]
 fn scan_rows<T>(
     x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, seg_chunks: i32, pass: i32, fill: f32, reverse: i32,
@@ -36,12 +37,8 @@ fn scan_rows<T>(
     let first = k * seg_chunks;
     let count = min(seg_chunks, chunks - first);
     let mut carry = Tile::<f32, 16, 1>::full(fill);
-    if pass == 1 {
-        for c in (0..k).step_by(256) {
-            let t: Tile<f32, 16, 256> = totals.load_or([r, c], fill);
-            let (_, next) = step(t.mask_cols(k - c, fill), carry);
-            carry = next;
-        }
+    if pass == 1 && k > 0 {
+        carry = totals.load_or([r, k - 1], fill);
     }
     for i in first..first + count {
         let mut c = i * 256;
@@ -179,7 +176,9 @@ pub fn logcumsumexp_backward(x: Global<T, 2>, y: Global<T, 2>, dy: Global<T, 2>,
 /// The element types the scans take (`bf16`, `f16`, `f32`), and their kernels.
 pub trait ScanElement: Element + sealed::Sealed {
     #[doc(hidden)]
-    fn scan_launch(op: ScanOp, device: &Device, grid: Grid, inputs: &[&Tensor<Self>], y: &mut Tensor<Self>, shape: [usize; 2]) -> Result<()>;
+    fn scan_launch(
+        op: ScanOp, device: &Device, grid: Grid, inputs: &[&Tensor<Self>], y: &mut Tensor<Self>, shape: [usize; 2],
+    ) -> Result<()>;
 }
 
 mod sealed {
@@ -206,15 +205,29 @@ pub enum ScanOp {
 /// A forward scan's launch (or two): whole rows a block, or, for few long rows, segments of
 /// them after a pass that stores each segment's total ([`segments`]).
 macro_rules! scan_forward {
-    ($k:ident, $device:expr, $x:expr, $yv:expr, $m:expr, $n:expr) => {{
+    ($k:ident, $totals:ident, $device:expr, $x:expr, $yv:expr, $m:expr, $n:expr) => {{
         let (segs, seg_chunks) = segments($device, $m, $n);
         let grid = Grid::from(Grid::tiles($m, ROWS) * segs as u32);
         if segs == 1 {
             $k::launch($device, grid, $x, &mut $yv, &mut OptionalMut(None::<&mut Tensor<f32>>, 2), seg_chunks, 1)
         } else {
+            // The segments' totals, their running combination (one short row each), the scan.
             let mut totals = Tensor::<f32>::scratch($device, &[$m, segs])?;
+            let mut carries = Tensor::<f32>::scratch($device, &[$m, segs])?;
             $k::launch($device, grid, $x, &mut $yv, &mut totals, seg_chunks, 0)?;
-            $k::launch($device, grid, $x, &mut $yv, &mut totals, seg_chunks, 1)
+            let (tv, mut cv) = (totals.view(&[$m, segs], &[segs, 1])?, carries.view_mut(&[$m, segs], &[segs, 1])?);
+            let whole = i32::try_from(segs.div_ceil(256)).unwrap_or(i32::MAX);
+            $totals::launch(
+                $device,
+                Grid::from(Grid::tiles($m, ROWS)),
+                &tv,
+                &mut cv,
+                &mut OptionalMut(None::<&mut Tensor<f32>>, 2),
+                whole,
+                1,
+            )?;
+            drop((tv, cv));
+            $k::launch($device, grid, $x, &mut $yv, &mut carries, seg_chunks, 1)
         }
     }};
 }
@@ -229,10 +242,10 @@ macro_rules! scan_element {
                 let mut yv = y.view_mut(&[m, n], &[n, 1])?;
                 let [x, ..] = views.as_slice() else { unreachable!("every scan has an input") };
                 match op {
-                    ScanOp::Sum => scan_forward!($sum, device, x, yv, m, n),
-                    ScanOp::SumReverse => scan_forward!($rev, device, x, yv, m, n),
-                    ScanOp::Prod => scan_forward!($prod, device, x, yv, m, n),
-                    ScanOp::LogSumExp => scan_forward!($lse, device, x, yv, m, n),
+                    ScanOp::Sum => scan_forward!($sum, cumsum_f32, device, x, yv, m, n),
+                    ScanOp::SumReverse => scan_forward!($rev, cumsum_f32, device, x, yv, m, n),
+                    ScanOp::Prod => scan_forward!($prod, cumprod_f32, device, x, yv, m, n),
+                    ScanOp::LogSumExp => scan_forward!($lse, logcumsumexp_f32, device, x, yv, m, n),
                     ScanOp::ProdBackward => $prod_bwd::launch(device, grid, x, &views[1], &mut yv),
                     ScanOp::LogSumExpBackward => $lse_bwd::launch(device, grid, x, &views[1], &views[2], &mut yv),
                 }
@@ -240,7 +253,15 @@ macro_rules! scan_element {
         }
     };
 }
-scan_element!(tessera::bf16, cumsum_bf16, cumsum_reverse_bf16, cumprod_bf16, logcumsumexp_bf16, cumprod_backward_bf16, logcumsumexp_backward_bf16);
+scan_element!(
+    tessera::bf16,
+    cumsum_bf16,
+    cumsum_reverse_bf16,
+    cumprod_bf16,
+    logcumsumexp_bf16,
+    cumprod_backward_bf16,
+    logcumsumexp_backward_bf16
+);
 scan_element!(tessera::f16, cumsum_f16, cumsum_reverse_f16, cumprod_f16, logcumsumexp_f16, cumprod_backward_f16, logcumsumexp_backward_f16);
 scan_element!(f32, cumsum_f32, cumsum_reverse_f32, cumprod_f32, logcumsumexp_f32, cumprod_backward_f32, logcumsumexp_backward_f32);
 
@@ -337,6 +358,8 @@ pub fn logcumsumexp<T: ScanElement>(device: &Device, x: &Tensor<T>, y: &mut Tens
 ///
 /// # Errors
 /// As [`cumsum`], naming `x`, `y`, `dy` or `dx`.
-pub fn logcumsumexp_backward<T: ScanElement>(device: &Device, x: &Tensor<T>, y: &Tensor<T>, dy: &Tensor<T>, dx: &mut Tensor<T>) -> Result<()> {
+pub fn logcumsumexp_backward<T: ScanElement>(
+    device: &Device, x: &Tensor<T>, y: &Tensor<T>, dy: &Tensor<T>, dx: &mut Tensor<T>,
+) -> Result<()> {
     run("logcumsumexp_backward", ScanOp::LogSumExpBackward, device, &[("x", x), ("y", y), ("dy", dy)], ("dx", dx))
 }

@@ -89,8 +89,9 @@ pub fn selective_scan_fwd(
 /// `dskip`, `bias` `[channels, 1]`. Flags as in `selective_scan_fwd`.
 #[kernel(dtypes(T = [bf16, f32]), tune(N = [16, 32, 64]))]
 pub fn selective_scan_step(
-    state: Global<f32, 2>, u: Global<T, 2>, delta: Global<T, 2>, a: Global<f32, 2>, bm: Global<T, 2>, cm: Global<T, 2>, dskip: Global<f32, 2>,
-    z: Global<T, 2>, bias: Global<f32, 2>, y: Global<T, 2>, channels: i32, groups: i32, has_d: i32, has_z: i32, softplus: i32, has_bias: i32,
+    state: Global<f32, 2>, u: Global<T, 2>, delta: Global<T, 2>, a: Global<f32, 2>, bm: Global<T, 2>, cm: Global<T, 2>,
+    dskip: Global<f32, 2>, z: Global<T, 2>, bias: Global<f32, 2>, y: Global<T, 2>, channels: i32, groups: i32, has_d: i32, has_z: i32,
+    softplus: i32, has_bias: i32,
 ) {
     let per_group = channels / groups;
     let blocks = (per_group + 63) / 64;

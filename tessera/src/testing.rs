@@ -103,11 +103,11 @@ pub fn time_graph_ms(device: &Device, warm: usize, iters: usize, mut f: impl FnM
     let ctx = device.context()?;
     let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
     let stop = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-    start.record(&stream)?;
+    start.record(stream)?;
     for _ in 0..iters.max(1) {
         graph.launch()?;
     }
-    stop.record(&stream)?;
+    stop.record(stream)?;
     stop.synchronize()?;
     Ok(f64::from(start.elapsed_ms(&stop)?) / iters.max(1) as f64)
 }
