@@ -740,6 +740,51 @@ fn interp_reverse_scans_match_sequential() {
     reverse_scans_match_sequential(&Device::cpu());
 }
 
+/// Every block adds its 16×64 tile of `x` into the one tile of `sum` and its rows' sums into
+/// `rows` (a reduced tile: each sum added once, by its owner) with `atomic_add`.
+#[kernel]
+fn atomic_sums(x: Global<f32, 2>, sum: Global<f32, 2>, rows: Global<f32, 2>) {
+    let r = block::id_x() * 16;
+    let t: Tile<f32, 16, 64> = x.load([r, 0]);
+    sum.atomic_add([0, 0], t);
+    rows.atomic_add([0, 0], row_sum(t));
+}
+
+fn atomic_adds_sum_over_blocks(dev: &Device) {
+    for (m, n) in [(16, 64), (37, 50), (300, 64)] {
+        let x = random(m * n, -1.0, 1.0);
+        let xd = Tensor::from_host(dev, &x, &[m, n]).expect("x");
+        // Added into: start from values already there.
+        let (s0, r0) = (random(16 * n, -1.0, 1.0), random(16, -1.0, 1.0));
+        let mut sum = Tensor::from_host(dev, &s0, &[16, n]).expect("sum");
+        let mut rows = Tensor::from_host(dev, &r0, &[16, 1]).expect("rows");
+        atomic_sums::launch(dev, m.div_ceil(16) as u32, &xd, &mut sum, &mut rows).expect("launch");
+        let mut want_s: Vec<f64> = s0.iter().map(|&v| f64::from(v)).collect();
+        let mut want_r: Vec<f64> = r0.iter().map(|&v| f64::from(v)).collect();
+        for i in 0..m {
+            for j in 0..n {
+                want_s[(i % 16) * n + j] += f64::from(x[i * n + j]);
+                want_r[i % 16] += f64::from(x[i * n + j]);
+            }
+        }
+        let (got_s, got_r) = (wide(&sum.to_host().expect("sum")), wide(&rows.to_host().expect("rows")));
+        assert!(rel_error(&got_s, &want_s) < 1e-5, "tile sums {m}×{n}: {}", rel_error(&got_s, &want_s));
+        assert!(rel_error(&got_r, &want_r) < 1e-5, "row sums {m}×{n}: {}", rel_error(&got_r, &want_r));
+    }
+}
+
+#[test]
+fn gpu_atomic_adds_sum_over_blocks() {
+    if let Some(dev) = gpu_or_skip("gpu_atomic_adds_sum_over_blocks") {
+        atomic_adds_sum_over_blocks(&dev);
+    }
+}
+
+#[test]
+fn interp_atomic_adds_sum_over_blocks() {
+    atomic_adds_sum_over_blocks(&Device::cpu());
+}
+
 /// `C = A·Bᵀ` for one 64×64 tile of C, K streamed through a two-stage ring by the prelude's
 /// pipeline loops: the producer fills each stage with `fill_stages`, the consumer multiplies
 /// and releases it with `drain_stages` (closures with the copies and the MMA), no

@@ -47,7 +47,7 @@ const FUNCTIONS: &str = "`exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, 
 
 /// The scans: inclusive or exclusive, from the first element or from the last.
 const SCANS: [&str; 4] = ["tile_scan", "tile_scan_exclusive", "tile_scan_reverse", "tile_scan_reverse_exclusive"];
-const METHODS: &str = "`load`, `load_or`, `get`, `store`, `store_within`, `dim`, `cast`, `exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `mask_cols`, `swap_pairs`, `last_col`, `first_col`, `shift_cols`, `shift_rows`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
+const METHODS: &str = "`load`, `load_or`, `get`, `store`, `store_within`, `atomic_add`, `dim`, `cast`, `exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `mask_cols`, `swap_pairs`, `last_col`, `first_col`, `shift_cols`, `shift_rows`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
 
 /// Whether a call's path names one of the language's own functions (which a device function
 /// cannot shadow): every other call is a device function's.
@@ -250,6 +250,13 @@ impl Frontend {
                     return err(m, "`store` takes an origin and a tile: `tensor.store([i, j], tile)`");
                 }
                 StmtKind::Store { tensor, index: self.index(&m.args[0])?, value: self.expr(&m.args[1])?, within: None }
+            }
+            SynExpr::MethodCall(m) if m.method == "atomic_add" => {
+                let tensor = receiver_name(&m.receiver)?;
+                if m.args.len() != 2 {
+                    return err(m, "`atomic_add` takes an origin and an f32 tile: `tensor.atomic_add([i, j], tile)`");
+                }
+                StmtKind::AtomicAdd { tensor, index: self.index(&m.args[0])?, value: self.expr(&m.args[1])? }
             }
             SynExpr::MethodCall(m) if m.method == "prefetch" => {
                 let tensor = receiver_name(&m.receiver)?;

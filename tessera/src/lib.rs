@@ -45,7 +45,8 @@
 //! - Parameters: `Global<T, R>` tensors (`T` = `f32`, `bf16`, `f16`, or `i32` for counters
 //!   and indices; `R` = 1 to 5) and scalars `f32`, `i32`.
 //! - Statements: `let`, `let mut`, assignment (`=`, `+=`, …), `for i in (a..b).step_by(k)`,
-//!   `if … else`, `tensor.store([i, j], tile)`.
+//!   `if … else`, `tensor.store([i, j], tile)`, `tensor.atomic_add([i, j], tile)` (f32 into an
+//!   f32 tensor, each element once, in no fixed order across blocks).
 //! - Scalars: literals, `block::id_x()`/`_y`/`_z`, `grid::dim_x()`, `warpgroup::id()`,
 //!   `tensor.dim(axis)`, `tensor.get([i, j])` (one element, 16-bit floats widened to `f32`; 0 out of bounds),
 //!   arithmetic, comparisons, `as f32`/`as i32`.

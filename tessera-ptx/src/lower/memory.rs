@@ -185,6 +185,19 @@ impl Lowerer<'_> {
         }
     }
 
+    /// `atomic_add`: each element, by its owner, if in bounds, added with `red.global.add.f32`.
+    pub(crate) fn atomic_add(&mut self, g: &GlobalVal, idx: &[Operand], t: &TileVal) {
+        let plan = self.plan(g, idx, t.layout, t.ty, true);
+        for (sl, &r) in t.layout.slots().iter().zip(&t.regs) {
+            let &(_, row_addr, _, row_in) = plan.rows.iter().find(|p| p.0 == sl.dr).expect("planned row");
+            let (addr, p) = match (plan.col0, plan.col_dim, plan.col_stride_bytes) {
+                (Some(c0), Some(dim), Some(sb)) => self.element_addr(row_addr, row_in, (c0, dim, sb), sl.dc),
+                _ => (row_addr, row_in),
+            };
+            self.op_if(p, false, "red.global.add.f32", vec![Operand::Addr(addr, 0), Operand::Reg(r)]);
+        }
+    }
+
     /// Stores a tile at origin `idx`; each element is written once, by its owner, if in bounds.
     pub(crate) fn store(&mut self, g: &GlobalVal, idx: &[Operand], t: &TileVal) {
         let plan = self.plan(g, idx, t.layout, t.ty, true);

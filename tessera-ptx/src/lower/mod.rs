@@ -548,6 +548,12 @@ impl<'a> Lowerer<'a> {
                 let (g, idx, ty, _, _) = self.load_args(load)?;
                 self.prefetch(&g, &idx, ty, crate::layout::Layout::blocked(ty.rows, ty.cols));
             }
+            StmtKind::AtomicAdd { tensor, index, value } => {
+                let g = self.global(tensor);
+                let idx = index.iter().map(|e| self.scalar(e)).collect::<Result<Vec<_>, _>>()?;
+                let t = self.tile(value)?;
+                self.atomic_add(&g, &idx, &t);
+            }
             StmtKind::Store { tensor, index, value, within } => {
                 let g = self.global(tensor);
                 let idx = index.iter().map(|e| self.scalar(e)).collect::<Result<Vec<_>, _>>()?;

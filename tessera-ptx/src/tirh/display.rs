@@ -35,6 +35,10 @@ fn write_stmt(f: &mut fmt::Formatter<'_>, s: &Stmt, depth: usize) -> fmt::Result
         StmtKind::Assign { name, value } => {
             writeln!(f, "{pad}{name} = {};  // line {}", value, s.loc.line)
         }
+        StmtKind::AtomicAdd { tensor, index, value } => {
+            let idx = index.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(", ");
+            writeln!(f, "{pad}{tensor}.atomic_add([{idx}], {value});  // line {}", s.loc.line)
+        }
         StmtKind::Store { tensor, index, value, within: None } => {
             writeln!(f, "{pad}store {tensor}[{}] <- {};  // line {}", list(index), value, s.loc.line)
         }

@@ -208,7 +208,7 @@ impl TileIr {
     pub fn writes(&self, name: &str) -> bool {
         fn any(body: &[Stmt], name: &str) -> bool {
             body.iter().any(|s| match &s.kind {
-                StmtKind::Store { tensor, .. } | StmtKind::TmaStore { tensor, .. } => tensor == name,
+                StmtKind::Store { tensor, .. } | StmtKind::TmaStore { tensor, .. } | StmtKind::AtomicAdd { tensor, .. } => tensor == name,
                 // A tile queue's counter is atomically incremented.
                 StmtKind::Let { value: Expr { kind: ExprKind::QueueNew { counter, .. }, .. }, .. } => counter == name,
                 StmtKind::For { body, .. } | StmtKind::QueueFor { body, .. } => any(body, name),
@@ -264,6 +264,17 @@ pub enum StmtKind {
         value: Expr,
         /// Exclusive ends per dimension, tighter than the tensor's (`store_within`).
         within: Option<Vec<Expr>>,
+    },
+    /// `tensor.atomic_add([i, j], value);`: each in-bounds element of the f32 tile added to the
+    /// f32 tensor's element atomically (`red.global.add.f32`), so that blocks may sum into one
+    /// place — a gradient shared by many rows, say. The order of the additions is not fixed.
+    AtomicAdd {
+        /// The global tensor parameter (f32).
+        tensor: String,
+        /// The origin of the tile in the tensor, one index per dimension.
+        index: Vec<Expr>,
+        /// The f32 tile to add.
+        value: Expr,
     },
     /// `tensor.prefetch::<Tile<T, M, N>>(index)`: asks L2 to fetch the lines of the tile that
     /// the load would read (in-bounds elements only), holding no registers and waiting for

@@ -10,7 +10,7 @@ mod call;
 mod expr;
 mod hopper;
 
-use crate::dtype::ScalarType;
+use crate::dtype::{DType, ScalarType};
 use crate::error::CompileError;
 use crate::tirh::{ExprKind, SourceLoc, Stmt, StmtKind, TileIr, TileType, Type};
 use std::collections::HashMap;
@@ -266,6 +266,21 @@ impl Checker<'_> {
                         "`{tensor}` is `Global<{dtype}, {rank}>`: expected a `{dtype}` tile, found `{t}` (convert with `.cast::<{dtype}>()`)")));
                 }
                 check_rank1(rank, t, value.loc)?;
+            }
+            StmtKind::AtomicAdd { tensor, index, value } => {
+                let (dtype, rank) = self.global(tensor, loc)?;
+                self.indices(tensor, rank, index, loc)?;
+                let ty = self.expr(value)?;
+                match ty {
+                    Type::Tile(t) if t.dtype == DType::F32 && dtype == DType::F32 => check_rank1(rank, t, value.loc)?,
+                    Type::Tile(_) if dtype != DType::F32 => {
+                        return Err(CompileError::ty(
+                            loc,
+                            format!("`{tensor}.atomic_add` adds into an f32 tensor, and `{tensor}` is `Global<{dtype}, {rank}>`"),
+                        ));
+                    }
+                    _ => return Err(CompileError::ty(value.loc, format!("`{tensor}.atomic_add` adds an f32 tile, found `{ty}`"))),
+                }
             }
             StmtKind::For { var, start, end, step, body } => {
                 self.expect_scalar(start, ScalarType::I32, "a loop bound")?;

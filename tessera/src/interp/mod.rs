@@ -606,6 +606,12 @@ impl<'p> Kernel<'p> {
                 };
                 self.store_tile(g, &idx, &t, ends.as_deref())?;
             }
+            StmtKind::AtomicAdd { tensor, index, value } => {
+                let g = self.global(tensor, wg)?;
+                let idx = self.indices(index, wg, blk)?;
+                let Val::T(t) = self.eval(value, wg, blk)? else { return Err("adds a tile".to_string().into()) };
+                self.add_tile(g, &idx, &t)?;
+            }
             StmtKind::For { var, start, end, step, body } => {
                 let start = i64::from(self.int(start, wg, blk)?);
                 let end = i64::from(self.int(end, wg, blk)?);
@@ -1066,6 +1072,32 @@ impl<'p> Kernel<'p> {
                         return Err(format!("stores into `{}` a value computed from shared memory nothing wrote ({what})", g.name).into());
                     }
                     value::write(&mut bytes, g.dtype, at as usize, t.v[i]);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `atomic_add`: each in-bounds element added to the f32 tensor's (under the buffer's lock,
+    /// so blocks on other threads add without losing any).
+    fn add_tile(&self, g: &Global, idx: &[i64], t: &Tile) -> Flowing<()> {
+        let mut bytes = g.buf.lock();
+        let len = g.buf.len;
+        let mut co = Vec::with_capacity(idx.len());
+        for r in 0..t.ty.rows {
+            for c in 0..t.ty.cols {
+                Self::coords(idx, g.shape.len(), t.ty.cols, r, c, &mut co);
+                if let Some(at) = Self::offset(g, &co) {
+                    if let Some(m) = Self::outside(g, at, len) {
+                        return Err(format!("adds {m}").into());
+                    }
+                    let i = (r * t.ty.cols + c) as usize;
+                    if t.poisoned(i) {
+                        let what = t.poison.as_ref().map_or(String::new(), |p| p.what.clone());
+                        return Err(format!("adds into `{}` a value computed from shared memory nothing wrote ({what})", g.name).into());
+                    }
+                    let old = value::read(&bytes, g.dtype, at as usize);
+                    value::write(&mut bytes, g.dtype, at as usize, old + t.v[i]);
                 }
             }
         }
