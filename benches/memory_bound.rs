@@ -326,6 +326,12 @@ fn main() {
         let scan = tessera_kernels::SelectiveScan::new(&dev, &u, &delta, &a, &bm, &cm).d(&dskip).z(&z).delta_softplus(true);
         let mut f = || scan.run(&mut y, &mut h).expect("selective scan");
         norm_rows.push((format!("selective_scan fwd {b}x{ch}x{l} N{n}"), bytes, time_ms(&dev, 3, 10, &mut f)));
+        // The backward (gradients allocated and zeroed in each call): u, delta, z, dout, B, C
+        // read, du, ddelta, dz written (bf16), dB and dC added into (f32, per channel).
+        let dout = t(&[b, ch, l]);
+        let bwd_bytes = ((7 * b * ch * l + 2 * b * n * l) * 2 + 2 * b * ch * n * l * 4 / ch) as f64;
+        let mut f = || drop(scan.backward(&dout).expect("selective scan backward"));
+        norm_rows.push((format!("selective_scan bwd {b}x{ch}x{l} N{n}"), bwd_bytes, time_ms(&dev, 2, 5, &mut f)));
     }
     // The selective scan's decode step (one token, the state updated in place) beside
     // mamba-ssm's Triton `selective_state_update` in the same run: f32 state read and written

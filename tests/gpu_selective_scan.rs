@@ -126,6 +126,142 @@ fn check<T: SelectiveScanElement>(dev: &Device, c: Case, to: fn(f32) -> T, from:
     assert!(ey < tol && eh < tol, "{c:?} {} decode steps: y relative error {ey}, last state {eh}", std::any::type_name::<T>());
 }
 
+/// The gradients of the scan by reverse-mode differentiation of the sequential recurrence in
+/// f64 (the forward's states kept, then a walk back in time): `(du, ddelta, da, db, dc, dd, dz,
+/// dbias)`, the gradient of the last state taken as zero.
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+fn reference_backward(
+    c: Case, u: &[f64], delta: &[f64], a: &[f64], b: &[f64], cm: &[f64], d: &[f64], z: &[f64], bias: &[f64], h0: &[f64], dout: &[f64],
+) -> [Vec<f64>; 8] {
+    let (bt, ch, g, n, l) = (c.batch, c.channels, c.groups, c.states, c.len);
+    let (mut du, mut ddelta, mut dz) = (vec![0.0; bt * ch * l], vec![0.0; bt * ch * l], vec![0.0; bt * ch * l]);
+    let (mut da, mut db, mut dc) = (vec![0.0; ch * n], vec![0.0; bt * g * n * l], vec![0.0; bt * g * n * l]);
+    let (mut dd, mut dbias) = (vec![0.0; ch], vec![0.0; ch]);
+    let sigmoid = |x: f64| 1.0 / (1.0 + (-x).exp());
+    for bi in 0..bt {
+        for di in 0..ch {
+            let gi = di / (ch / g);
+            let row = bi * ch + di;
+            let s = |k: usize, t: usize| ((bi * g + gi) * n + k) * l + t;
+            // Forward, keeping x, Δ, the states before and after each step and y.
+            let mut h: Vec<f64> = (0..n).map(|k| if c.extras { h0[row * n + k] } else { 0.0 }).collect();
+            let (mut xs, mut dts, mut ys) = (vec![0.0; l], vec![0.0; l], vec![0.0; l]);
+            let (mut before, mut after) = (vec![vec![0.0; n]; l], vec![vec![0.0; n]; l]);
+            for t in 0..l {
+                let x = delta[row * l + t] + if c.extras { bias[di] } else { 0.0 };
+                let dt = if c.extras { x.max(0.0) + (-x.abs()).exp().ln_1p() } else { x };
+                before[t].clone_from(&h);
+                let mut y = if c.extras { d[di] * u[row * l + t] } else { 0.0 };
+                for k in 0..n {
+                    h[k] = (dt * a[di * n + k]).exp() * h[k] + dt * b[s(k, t)] * u[row * l + t];
+                    y += cm[s(k, t)] * h[k];
+                }
+                after[t].clone_from(&h);
+                (xs[t], dts[t], ys[t]) = (x, dt, y);
+            }
+            // Back in time: `gn[k]` carries a_{t+1}·g_{t+1}.
+            let mut gn = vec![0.0; n];
+            for t in (0..l).rev() {
+                let (ut, dt, go) = (u[row * l + t], dts[t], dout[row * l + t]);
+                let dy = if c.extras {
+                    let zt = z[row * l + t];
+                    let sg = sigmoid(zt);
+                    dz[row * l + t] = go * ys[t] * sg * (1.0 + zt * (1.0 - sg));
+                    go * zt * sg
+                } else {
+                    go
+                };
+                let mut dut = if c.extras { d[di] * dy } else { 0.0 };
+                dd[di] += dy * ut;
+                let mut ddt = 0.0;
+                for k in 0..n {
+                    let ak = (dt * a[di * n + k]).exp();
+                    let gk = cm[s(k, t)] * dy + gn[k];
+                    dc[s(k, t)] += dy * after[t][k];
+                    db[s(k, t)] += gk * dt * ut;
+                    dut += gk * dt * b[s(k, t)];
+                    ddt += gk * (b[s(k, t)] * ut + a[di * n + k] * ak * before[t][k]);
+                    da[di * n + k] += gk * dt * ak * before[t][k];
+                    gn[k] = ak * gk;
+                }
+                let dx = if c.extras { ddt * sigmoid(xs[t]) } else { ddt };
+                du[row * l + t] = dut;
+                ddelta[row * l + t] = dx;
+                dbias[di] += dx;
+            }
+        }
+    }
+    [du, ddelta, da, db, dc, dd, dz, dbias]
+}
+
+fn check_backward<T: SelectiveScanElement>(dev: &Device, c: Case, to: fn(f32) -> T, from: fn(T) -> f64, tol: f64) {
+    let (bt, ch, g, n, l) = (c.batch, c.channels, c.groups, c.states, c.len);
+    let gen = |len: usize, lo: f32, hi: f32| -> (Vec<T>, Vec<f64>) {
+        let x: Vec<T> = random(len, lo, hi).into_iter().map(to).collect();
+        let w = x.iter().map(|&v| from(v)).collect();
+        (x, w)
+    };
+    let f32s = |len: usize, lo: f32, hi: f32| -> (Vec<f32>, Vec<f64>) {
+        let x = random(len, lo, hi);
+        let w = x.iter().map(|&v| f64::from(v)).collect();
+        (x, w)
+    };
+    let (u, uw) = gen(bt * ch * l, -1.0, 1.0);
+    let (delta, dw) = if c.extras { gen(bt * ch * l, -3.0, 1.0) } else { gen(bt * ch * l, 0.001, 0.1) };
+    let (a, aw) = f32s(ch * n, -2.0, -0.1);
+    let (b, bw) = gen(bt * g * n * l, -1.0, 1.0);
+    let (cm, cw) = gen(bt * g * n * l, -1.0, 1.0);
+    let (d, dsw) = f32s(ch, -1.0, 1.0);
+    let (z, zw) = gen(bt * ch * l, -2.0, 2.0);
+    let (bias, biasw) = f32s(ch, -1.0, 0.0);
+    let (h0, h0w) = f32s(bt * ch * n, -1.0, 1.0);
+    let (dout, doutw) = gen(bt * ch * l, -1.0, 1.0);
+    let t = |x: &[T], s: &[usize]| Tensor::from_host(dev, x, s).unwrap();
+    let tf = |x: &[f32], s: &[usize]| Tensor::from_host(dev, x, s).unwrap();
+    let (ut, dt, zt, gt) = (t(&u, &[bt, ch, l]), t(&delta, &[bt, ch, l]), t(&z, &[bt, ch, l]), t(&dout, &[bt, ch, l]));
+    let (bt_, ct) = (t(&b, &[bt, g, n, l]), t(&cm, &[bt, g, n, l]));
+    let (at, dst, biast, h0t) = (tf(&a, &[ch, n]), tf(&d, &[ch]), tf(&bias, &[ch]), tf(&h0, &[bt, ch, n]));
+    let mut s = SelectiveScan::new(dev, &ut, &dt, &at, &bt_, &ct);
+    if c.extras {
+        s = s.d(&dst).z(&zt).delta_bias(&biast).delta_softplus(true).initial_state(&h0t);
+    }
+    let grads = s.backward(&gt).unwrap_or_else(|e| panic!("{c:?}: {e}"));
+    let want = reference_backward(c, &uw, &dw, &aw, &bw, &cw, &dsw, &zw, &biasw, &h0w, &doutw);
+    let wide_t = |x: &Tensor<T>| -> Vec<f64> { x.to_host().unwrap().into_iter().map(from).collect() };
+    let wide_f = |x: &Tensor<f32>| -> Vec<f64> { x.to_host().unwrap().into_iter().map(f64::from).collect() };
+    let mut got = vec![("du", wide_t(&grads.du), &want[0]), ("ddelta", wide_t(&grads.ddelta), &want[1])];
+    got.extend([("da", wide_f(&grads.da), &want[2]), ("db", wide_f(&grads.db), &want[3]), ("dc", wide_f(&grads.dc), &want[4])]);
+    if c.extras {
+        let (dd, dz, dbias) = (grads.dd.as_ref().expect("dd"), grads.dz.as_ref().expect("dz"), grads.d_delta_bias.as_ref().expect("dbias"));
+        got.extend([("dd", wide_f(dd), &want[5]), ("dz", wide_t(dz), &want[6]), ("d_delta_bias", wide_f(dbias), &want[7])]);
+    } else {
+        assert!(grads.dd.is_none() && grads.dz.is_none() && grads.d_delta_bias.is_none(), "{c:?}: gradients of inputs not given");
+    }
+    for (name, g, w) in got {
+        let err = rel_error(&g, w);
+        assert!(err < tol, "{c:?} {}: {name} relative error {err}", std::any::type_name::<T>());
+    }
+}
+
+fn backward_matches_f64(dev: &Device) {
+    for c in cases(dev) {
+        check_backward::<f32>(dev, c, |v| v, f64::from, 2e-4);
+        check_backward::<bf16>(dev, c, bf16::from_f32, |v| v.to_f64(), 5e-2);
+    }
+}
+
+#[test]
+fn gpu_selective_scan_backward_matches_f64_reference() {
+    if let Some(dev) = gpu_or_skip("gpu_selective_scan_backward_matches_f64_reference") {
+        backward_matches_f64(&dev);
+    }
+}
+
+#[test]
+fn interp_selective_scan_backward_matches_f64_reference() {
+    backward_matches_f64(&Device::cpu());
+}
+
 fn cases(dev: &Device) -> Vec<Case> {
     let c = |batch, channels, groups, states, len, extras| Case { batch, channels, groups, states, len, extras };
     if dev.is_cpu() {

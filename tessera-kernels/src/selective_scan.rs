@@ -13,8 +13,8 @@
 //! parallelism is `batch × channels`. The state is f32; the last
 //! one is stored for the next call (chunked prefill) and may start from one given.
 
-use crate::prelude::linear_recurrence_chunk;
-use tessera::{kernel, Device, Element, Error, Grid, Optional, Result, Tensor};
+use crate::prelude::{linear_recurrence_chunk, scan_linear};
+use tessera::{device, kernel, Device, Element, Error, Grid, Optional, OptionalMut, Result, Tensor};
 
 /// `selective_scan` for `N` states (`d_state`): `u`, `delta`, `z`, `y` as `[batch·channels, L]`
 /// rows; `bm`, `cm` as `[batch·groups·N, L]`; `a` as `[channels·N, 1]`; `h0`, `h_last` as
@@ -57,14 +57,8 @@ pub fn selective_scan_fwd(
         if has_z == 1 {
             z.prefetch::<Tile<T, 1, { 4096 / N }>>([row, next]);
         }
-        let x = delta.load_or::<Tile<T, 1, { 4096 / N }>>([row, t], 0.0).cast::<f32>() + bias_d;
-        let mut dt = x;
-        if softplus == 1 {
-            // log(1 + eˣ) without overflow: max(x, 0) + log(1 + e^−|x|).
-            dt = max(x, 0.0) + log2(1.0 + exp2(abs(x) * -f32::consts::LOG2_E)) * f32::consts::LN_2;
-        }
         // Steps past the end carry the state through: Δ = 0 gives a = 1, b = 0.
-        let dt = dt.mask_cols(len - t, 0.0);
+        let (_, dt) = step_sizes::<T, { 4096 / N }>(delta, row, t, len, bias_d, softplus);
         let ut = u.load_or::<Tile<T, 1, { 4096 / N }>>([row, t], 0.0).cast::<f32>();
         let bt = bm.load_or::<Tile<T, N, { 4096 / N }>>([srow, t], 0.0).cast::<f32>();
         let ct = cm.load_or::<Tile<T, N, { 4096 / N }>>([srow, t], 0.0).cast::<f32>();
@@ -80,6 +74,123 @@ pub fn selective_scan_fwd(
         y.store([row, t], out.cast::<T>());
     }
     h_last.store([row * N, 0], h);
+}
+
+/// The selective scan's backward for one (batch, channel) a block (rows as in
+/// `selective_scan_fwd`; `dout` as `y`). A first walk recomputes the recurrence and stores
+/// each chunk's starting state in `hs` (`[batch·channels·N, chunks]` scratch); a second walks
+/// the chunks from the last: the states again from each chunk's start (an exclusive scan
+/// gives `h_{t−1}`), the gradient of the states `g_t = C_t·dy_t + a_{t+1}·g_{t+1}` as a
+/// reverse scan of `(a, a·C·dy)` (its carry `a·g` at the chunk's first step), then
+/// `du`, `ddelta`, `dz` stored and `dB`, `dC` (summed over a group's channels), `dA`, `dD`,
+/// `d(delta_bias)` (summed over the batch) added with `atomic_add` into zeroed f32 tensors.
+#[kernel(dtypes(T = [bf16, f32]), tune(N = [16, 32, 64]))]
+pub fn selective_scan_bwd(
+    u: Global<T, 2>, delta: Global<T, 2>, a: Global<f32, 2>, bm: Global<T, 2>, cm: Global<T, 2>, dskip: Global<f32, 1>, z: Global<T, 2>,
+    bias: Global<f32, 1>, h0: Global<f32, 2>, dout: Global<T, 2>, hs: Global<f32, 2>, du: Global<T, 2>, ddelta: Global<T, 2>,
+    dz: Global<T, 2>, da: Global<f32, 2>, db: Global<f32, 2>, dc: Global<f32, 2>, dd: Global<f32, 2>, dbias: Global<f32, 2>, channels: i32,
+    groups: i32, has_d: i32, has_z: i32, softplus: i32, has_h0: i32, has_bias: i32,
+) {
+    let row = block::id_x();
+    let b = row / channels;
+    let d = row - b * channels;
+    let g = d / (channels / groups);
+    let srow = (b * groups + g) * N;
+    let len = u.dim(1);
+    let chunks = (len + 4096 / N - 1) / (4096 / N);
+    let a_nat = a.load::<Tile<f32, N, 1>>([d * N, 0]);
+    let a2 = a_nat * f32::consts::LOG2_E;
+    let mut bias_d = 0.0;
+    if has_bias == 1 {
+        bias_d = bias.get([d]);
+    }
+    let mut skip = 0.0;
+    if has_d == 1 {
+        skip = dskip.get([d]);
+    }
+    // Each chunk's starting state.
+    let mut h = Tile::<f32, N, 1>::zeros();
+    if has_h0 == 1 {
+        h = h0.load::<Tile<f32, N, 1>>([row * N, 0]);
+    }
+    for i in 0..chunks {
+        let t = i * (4096 / N);
+        hs.store([row * N, i], h);
+        let (_, dt) = step_sizes::<T, { 4096 / N }>(delta, row, t, len, bias_d, softplus);
+        let ut = u.load_or::<Tile<T, 1, { 4096 / N }>>([row, t], 0.0).cast::<f32>();
+        let bt = bm.load_or::<Tile<T, N, { 4096 / N }>>([srow, t], 0.0).cast::<f32>();
+        let dtn = Tile::<f32, N, { 4096 / N }>::zeros() + dt;
+        linear_recurrence_chunk(exp2(dtn * a2), bt * (dt * ut), &mut h);
+    }
+    barrier::sync(0, 1);
+    let mut carry = Tile::<f32, N, 1>::zeros();
+    let mut da_acc = Tile::<f32, N, 1>::zeros();
+    let mut dd_acc = Tile::<f32, 1, { 4096 / N }>::zeros();
+    let mut dbias_acc = Tile::<f32, 1, { 4096 / N }>::zeros();
+    for i in 0..chunks {
+        let k = chunks - 1 - i;
+        let t = k * (4096 / N);
+        let start = hs.load::<Tile<f32, N, 1>>([row * N, k]);
+        let (x, dt) = step_sizes::<T, { 4096 / N }>(delta, row, t, len, bias_d, softplus);
+        let ut = u.load_or::<Tile<T, 1, { 4096 / N }>>([row, t], 0.0).cast::<f32>();
+        let bt = bm.load_or::<Tile<T, N, { 4096 / N }>>([srow, t], 0.0).cast::<f32>();
+        let ct = cm.load_or::<Tile<T, N, { 4096 / N }>>([srow, t], 0.0).cast::<f32>();
+        let go = dout.load_or::<Tile<T, 1, { 4096 / N }>>([row, t], 0.0).cast::<f32>();
+        let dtn = Tile::<f32, N, { 4096 / N }>::zeros() + dt;
+        let at = exp2(dtn * a2);
+        let bb = bt * (dt * ut);
+        let (pa, pb) = tile_scan_exclusive::<scan_linear>((at, bb), 1, (1.0, 0.0));
+        let prev = pa * start + pb;
+        let ht = at * prev + bb;
+        let mut dy = go;
+        if has_z == 1 {
+            let zt = z.load_or::<Tile<T, 1, { 4096 / N }>>([row, t], 0.0).cast::<f32>();
+            let r = rsqrt(1.0 + exp2(zt * -f32::consts::LOG2_E));
+            let sig = r * r;
+            let y = col_sum(ct * ht) + ut * skip;
+            dz.store([row, t], (go * y * sig * (1.0 + zt * (1.0 - sig))).cast::<T>());
+            dy = go * zt * sig;
+        }
+        let cdy = ct * dy;
+        let (ra, rb) = tile_scan_reverse_exclusive::<scan_linear>((at, at * cdy), 1, (1.0, 0.0));
+        let gt = cdy + ra * carry + rb;
+        carry = (at * gt).first_col();
+        dc.atomic_add([srow, t], ht * dy);
+        db.atomic_add([srow, t], gt * (dt * ut));
+        du.store([row, t], (col_sum(gt * dtn * bt) + dy * skip).cast::<T>());
+        let gh = gt * at * prev;
+        da_acc = da_acc + row_sum(gh * dtn);
+        let mut dx = col_sum(gt * bt * ut + gh * a_nat);
+        if softplus == 1 {
+            let r = rsqrt(1.0 + exp2(x * -f32::consts::LOG2_E));
+            dx = dx * r * r;
+        }
+        ddelta.store([row, t], dx.cast::<T>());
+        dd_acc = dd_acc + dy * ut;
+        dbias_acc = dbias_acc + dx;
+    }
+    da.atomic_add([d * N, 0], da_acc);
+    if has_d == 1 {
+        dd.atomic_add([d, 0], row_sum(dd_acc));
+    }
+    if has_bias == 1 {
+        dbias.atomic_add([d, 0], row_sum(dbias_acc));
+    }
+}
+
+/// A chunk's `delta + bias` (`x`) and step sizes `Δ` (softplus of `x` with `softplus` 1),
+/// `Δ` 0 past the sequence's end (so that those steps carry the state through).
+#[device]
+fn step_sizes<T, const W: usize>(
+    delta: Global<T, 2>, row: i32, t: i32, len: i32, bias_d: f32, softplus: i32,
+) -> (Tile<f32, 1, W>, Tile<f32, 1, W>) {
+    let x = delta.load_or::<Tile<T, 1, W>>([row, t], 0.0).cast::<f32>() + bias_d;
+    let mut dt = x;
+    if softplus == 1 {
+        // log(1 + eˣ) without overflow: max(x, 0) + log(1 + e^−|x|).
+        dt = max(x, 0.0) + log2(1.0 + exp2(abs(x) * -f32::consts::LOG2_E)) * f32::consts::LN_2;
+    }
+    (x, dt.mask_cols(len - t, 0.0))
 }
 
 /// One step of the selective scan, the decode path: for 64 channels of one (batch, group) a
@@ -137,6 +248,34 @@ pub trait SelectiveScanElement: Element + sealed::Sealed {
     fn selective_scan_launch(s: &SelectiveScan<'_, Self>, dims: Dims, y: &mut Tensor<Self>, h_last: &mut Tensor<f32>) -> Result<()>;
     #[doc(hidden)]
     fn selective_scan_step_launch(s: &SelectiveScan<'_, Self>, dims: Dims, y: &mut Tensor<Self>, state: &mut Tensor<f32>) -> Result<()>;
+    #[doc(hidden)]
+    fn selective_scan_bwd_launch(
+        s: &SelectiveScan<'_, Self>, dims: Dims, dout: &Tensor<Self>, grads: &mut SelectiveScanGrads<Self>,
+    ) -> Result<()>;
+}
+
+/// The gradients of a selective scan ([`SelectiveScan::backward`]): `du`, `ddelta`, `dz` in the
+/// inputs' type and shape; `da` `[channels, d_state]`, `db`, `dc` `[batch, groups, d_state, L]`,
+/// `dd` and `d_delta_bias` `[channels]` in f32 (summed over the batch, and `db`, `dc` over a
+/// group's channels, by atomic adds: their last bits vary from run to run). `dz`, `dd` and
+/// `d_delta_bias` exist where the scan has a gate, a `D` and a delta bias.
+pub struct SelectiveScanGrads<T: Element> {
+    /// ∂L/∂u.
+    pub du: Tensor<T>,
+    /// ∂L/∂delta (through the bias and softplus).
+    pub ddelta: Tensor<T>,
+    /// ∂L/∂A.
+    pub da: Tensor<f32>,
+    /// ∂L/∂B.
+    pub db: Tensor<f32>,
+    /// ∂L/∂C.
+    pub dc: Tensor<f32>,
+    /// ∂L/∂D.
+    pub dd: Option<Tensor<f32>>,
+    /// ∂L/∂z.
+    pub dz: Option<Tensor<T>>,
+    /// ∂L/∂delta_bias.
+    pub d_delta_bias: Option<Tensor<f32>>,
 }
 
 mod sealed {
@@ -172,8 +311,65 @@ fn state_variant(variants: &[&tessera::KernelSpec], states: usize) -> Result<usi
 }
 
 macro_rules! selective_scan_element {
-    ($t:ty, $k:ident, $step:ident) => {
+    ($t:ty, $k:ident, $step:ident, $bwd:ident) => {
         impl SelectiveScanElement for $t {
+            fn selective_scan_bwd_launch(
+                s: &SelectiveScan<'_, Self>, Dims { batch, channels, groups, states, len }: Dims, dout: &Tensor<Self>,
+                gr: &mut SelectiveScanGrads<Self>,
+            ) -> Result<()> {
+                let dev = s.device;
+                let rows = batch * channels;
+                let i = state_variant($bwd::VARIANTS, states)?;
+                let chunks = len.div_ceil(4096 / states);
+                let mut hs = Tensor::<f32>::scratch(dev, &[rows * states, chunks])?;
+                let (u, delta, go) = (rows_of(s.u, rows, len)?, rows_of(s.delta, rows, len)?, rows_of(dout, rows, len)?);
+                let bm = s.b.view(&[batch * groups * states, len], &[len, 1])?;
+                let cm = s.c.view(&[batch * groups * states, len], &[len, 1])?;
+                let a = s.a.view(&[channels * states, 1], &[1, 1])?;
+                let z = s.z.map(|z| rows_of(z, rows, len)).transpose()?;
+                let h0 = s.h0.map(|h| h.view(&[rows * states, 1], &[1, 1])).transpose()?;
+                let mut du = gr.du.view_mut(&[rows, len], &[len, 1])?;
+                let mut ddelta = gr.ddelta.view_mut(&[rows, len], &[len, 1])?;
+                let mut dz = gr.dz.as_mut().map(|t| t.view_mut(&[rows, len], &[len, 1])).transpose()?;
+                let mut da = gr.da.view_mut(&[channels * states, 1], &[1, 1])?;
+                let mut db = gr.db.view_mut(&[batch * groups * states, len], &[len, 1])?;
+                let mut dc = gr.dc.view_mut(&[batch * groups * states, len], &[len, 1])?;
+                let mut dd = gr.dd.as_mut().map(|t| t.view_mut(&[channels, 1], &[1, 1])).transpose()?;
+                let mut dbias = gr.d_delta_bias.as_mut().map(|t| t.view_mut(&[channels, 1], &[1, 1])).transpose()?;
+                let flag = |b: bool| i32::from(b);
+                $bwd::launch_variant(
+                    i,
+                    dev,
+                    Grid::from(rows as u32),
+                    &u,
+                    &delta,
+                    &a,
+                    &bm,
+                    &cm,
+                    &Optional(s.d, 1),
+                    &Optional(z.as_ref(), 2),
+                    &Optional(s.delta_bias, 1),
+                    &Optional(h0.as_ref(), 2),
+                    &go,
+                    &mut hs,
+                    &mut du,
+                    &mut ddelta,
+                    &mut OptionalMut(dz.as_mut(), 2),
+                    &mut da,
+                    &mut db,
+                    &mut dc,
+                    &mut OptionalMut(dd.as_mut(), 2),
+                    &mut OptionalMut(dbias.as_mut(), 2),
+                    channels as i32,
+                    groups as i32,
+                    flag(s.d.is_some()),
+                    flag(s.z.is_some()),
+                    flag(s.delta_softplus),
+                    flag(s.h0.is_some()),
+                    flag(s.delta_bias.is_some()),
+                )
+            }
+
             fn selective_scan_step_launch(
                 s: &SelectiveScan<'_, Self>, Dims { batch, channels, groups, states, .. }: Dims, y: &mut Tensor<Self>,
                 state: &mut Tensor<f32>,
@@ -257,8 +453,8 @@ macro_rules! selective_scan_element {
         }
     };
 }
-selective_scan_element!(tessera::bf16, selective_scan_fwd_bf16, selective_scan_step_bf16);
-selective_scan_element!(f32, selective_scan_fwd_f32, selective_scan_step_f32);
+selective_scan_element!(tessera::bf16, selective_scan_fwd_bf16, selective_scan_step_bf16, selective_scan_bwd_bf16);
+selective_scan_element!(f32, selective_scan_fwd_f32, selective_scan_step_f32, selective_scan_bwd_f32);
 
 /// A selective scan (Mamba-1) to run: the required inputs, then builder calls for the
 /// optional ones. `u`, `delta` `[batch, channels, L]`; `a` `[channels, d_state]` (f32,
@@ -327,7 +523,7 @@ impl<'a, T: SelectiveScanElement> SelectiveScan<'a, T> {
     /// [`Error::Argument`] naming the tensor whose rank, shape or contiguity does not fit, or a
     /// d_state without a kernel; a launch error.
     pub fn run(&self, y: &mut Tensor<T>, h_last: &mut Tensor<f32>) -> Result<()> {
-        let dims = self.dims(y, h_last, "h_last")?;
+        let dims = self.dims(y, Some(("h_last", h_last)))?;
         if i32::try_from(dims.batch * dims.channels * dims.states.max(dims.len)).is_err() {
             return Err(self.arg("u", "fewer than 2³¹ rows".into(), format!("batch {}, channels {}", dims.batch, dims.channels)));
         }
@@ -364,7 +560,7 @@ impl<'a, T: SelectiveScanElement> SelectiveScan<'a, T> {
         if self.h0.is_some() {
             return Err(self.arg("initial_state", "none: `state` is the state the step starts from".into(), "a tensor".into()));
         }
-        let dims = self.dims(y, state, "state")?;
+        let dims = self.dims(y, Some(("state", state)))?;
         if dims.len != 1 {
             return Err(self.arg("u", "one step: [batch, channels, 1]".into(), format!("shape {:?}", self.u.shape())));
         }
@@ -377,13 +573,61 @@ impl<'a, T: SelectiveScanElement> SelectiveScan<'a, T> {
         T::selective_scan_step_launch(self, dims, y, state)
     }
 
+    /// The gradients of the scan's inputs from `dout`, the gradient of its output `y` (as
+    /// `u`); the gradient reaching the last state is taken as zero, and none is given for an
+    /// initial state. The forward is recomputed, nothing of it saved: one pass storing each
+    /// chunk's starting state, one from the last chunk back.
+    ///
+    /// ```ignore
+    /// let grads = SelectiveScan::new(&dev, &u, &delta, &a, &b, &c).d(&d).z(&z).backward(&dout)?;
+    /// ```
+    ///
+    /// # Errors
+    /// As [`SelectiveScan::run`], and [`Error::Argument`] naming `dout` where its shape is not
+    /// `u`'s or it is not contiguous.
+    pub fn backward(&self, dout: &Tensor<T>) -> Result<SelectiveScanGrads<T>> {
+        let dev = self.device;
+        let [batch, channels, len] = *self.u.shape() else {
+            return Err(self.arg("u", "[batch, channels, L]".into(), format!("shape {:?}", self.u.shape())));
+        };
+        if dout.shape() != self.u.shape() || !dout.is_contiguous() {
+            return Err(self.arg(
+                "dout",
+                format!("a contiguous tensor of shape {:?}, as u", self.u.shape()),
+                format!("shape {:?}", dout.shape()),
+            ));
+        }
+        let states = self.a.shape().get(1).copied().unwrap_or(0);
+        let zeros_like = |t: &Tensor<T>| Tensor::<T>::zeros(dev, t.shape());
+        let mut grads = SelectiveScanGrads {
+            du: zeros_like(self.u)?,
+            ddelta: zeros_like(self.delta)?,
+            da: Tensor::zeros(dev, self.a.shape())?,
+            db: Tensor::zeros(dev, self.b.shape())?,
+            dc: Tensor::zeros(dev, self.c.shape())?,
+            dd: self.d.map(|d| Tensor::zeros(dev, d.shape())).transpose()?,
+            dz: self.z.map(zeros_like).transpose()?,
+            d_delta_bias: self.delta_bias.map(|d| Tensor::zeros(dev, d.shape())).transpose()?,
+        };
+        // The shapes as the forward checks them (`dout` stands in for y).
+        let dims = self.dims(dout, None)?;
+        if i32::try_from(batch * channels * states.max(len)).is_err() {
+            return Err(self.arg("u", "fewer than 2³¹ rows".into(), format!("batch {batch}, channels {channels}")));
+        }
+        if batch == 0 || channels == 0 || len == 0 {
+            return Ok(grads);
+        }
+        T::selective_scan_bwd_launch(self, dims, dout, &mut grads)?;
+        Ok(grads)
+    }
+
     fn arg(&self, arg: &str, expected: String, found: String) -> Error {
         Error::Argument { kernel: "selective_scan", arg: arg.into(), expected, found }
     }
 
     /// The problem's sizes from the inputs, after checking every shape and layout against
-    /// them (`state` is `h_last` or the step's state, named `state_name`).
-    fn dims(&self, y: &Tensor<T>, state: &Tensor<f32>, state_name: &str) -> Result<Dims> {
+    /// them (`state`: `h_last` or the step's state, with its name).
+    fn dims(&self, y: &Tensor<T>, state: Option<(&str, &Tensor<f32>)>) -> Result<Dims> {
         let arg = |a: &str, e: String, f: String| self.arg(a, e, f);
         let [batch, channels, len] = *self.u.shape() else {
             return Err(arg("u", "[batch, channels, L]".into(), format!("shape {:?}", self.u.shape())));
@@ -421,7 +665,9 @@ impl<'a, T: SelectiveScanElement> SelectiveScan<'a, T> {
             want("initial_state", h0.shape(), &[batch, channels, states])?;
         }
         want("y", y.shape(), &[batch, channels, len])?;
-        want(state_name, state.shape(), &[batch, channels, states])?;
+        if let Some((name, st)) = state {
+            want(name, st.shape(), &[batch, channels, states])?;
+        }
         let named: [(&str, bool); 9] = [
             ("u", self.u.is_contiguous()),
             ("delta", self.delta.is_contiguous()),
@@ -431,7 +677,7 @@ impl<'a, T: SelectiveScanElement> SelectiveScan<'a, T> {
             ("z", self.z.is_none_or(|t| t.is_contiguous())),
             ("initial_state", self.h0.is_none_or(|t| t.is_contiguous())),
             ("y", y.is_contiguous()),
-            (state_name, state.is_contiguous()),
+            (state.map_or("state", |s| s.0), state.is_none_or(|s| s.1.is_contiguous())),
         ];
         if let Some((name, _)) = named.iter().find(|(_, ok)| !ok) {
             return Err(arg(name, "a contiguous tensor".into(), "strides that are not".into()));
