@@ -76,105 +76,129 @@ pub fn selective_scan_fwd(
     h_last.store([row * N, 0], h);
 }
 
-/// The selective scan's backward for one (batch, channel) a block (rows as in
-/// `selective_scan_fwd`; `dout` as `y`). A first walk recomputes the recurrence and stores
-/// each chunk's starting state in `hs` (`[batch·channels·N, chunks]` scratch); a second walks
-/// the chunks from the last: the states again from each chunk's start (an exclusive scan
-/// gives `h_{t−1}`), the gradient of the states `g_t = C_t·dy_t + a_{t+1}·g_{t+1}` as a
-/// reverse scan of `(a, a·C·dy)` (its carry `a·g` at the chunk's first step), then
-/// `du`, `ddelta`, `dz` stored and `dB`, `dC` (summed over a group's channels), `dA`, `dD`,
-/// `d(delta_bias)` (summed over the batch) added with `atomic_add` into zeroed f32 tensors.
+/// Channels a block of `selective_scan_bwd` takes, of one (batch, group): their dB and dC
+/// summed in registers before one atomic add a chunk.
+const BWD_CHANNELS: usize = 8;
+
+/// The selective scan's backward for 8 channels of one (batch, group) a block (rows as in
+/// `selective_scan_fwd`; `dout` as `y`; consecutive blocks take consecutive batches, so that
+/// the blocks running at once add into different rows of dB and dC). A first walk recomputes
+/// each channel's recurrence and stores each chunk's starting state in `hs` (`[batch·channels·N,
+/// chunks]` scratch). A second walks the chunks from the last, and in each, channel by
+/// channel (chunks of 2048/N steps, 16 elements a thread in a tile, so that the block's sums
+/// of dB and dC fit beside one channel's work): the states again from the chunk's start (an exclusive scan gives `h_{t−1}`), the
+/// state gradient `g_t = C_t·dy_t + a_{t+1}·g_{t+1}` as a reverse scan of `(a, a·C·dy)` from
+/// the channel's carry (`a·g` at the next chunk's first step, kept in `qs`), `du`, `ddelta`,
+/// `dz` stored, `dA`, `dD`, `d(delta_bias)` added; then the chunk's dB and dC, summed over the
+/// block's channels, added with one `atomic_add` each into zeroed f32 tensors.
 #[kernel(dtypes(T = [bf16, f32]), tune(N = [16, 32, 64]))]
 pub fn selective_scan_bwd(
     u: Global<T, 2>, delta: Global<T, 2>, a: Global<f32, 2>, bm: Global<T, 2>, cm: Global<T, 2>, dskip: Global<f32, 1>, z: Global<T, 2>,
-    bias: Global<f32, 1>, h0: Global<f32, 2>, dout: Global<T, 2>, hs: Global<f32, 2>, du: Global<T, 2>, ddelta: Global<T, 2>,
-    dz: Global<T, 2>, da: Global<f32, 2>, db: Global<f32, 2>, dc: Global<f32, 2>, dd: Global<f32, 2>, dbias: Global<f32, 2>, channels: i32,
-    groups: i32, has_d: i32, has_z: i32, softplus: i32, has_h0: i32, has_bias: i32,
+    bias: Global<f32, 1>, h0: Global<f32, 2>, dout: Global<T, 2>, hs: Global<f32, 2>, qs: Global<f32, 2>, du: Global<T, 2>,
+    ddelta: Global<T, 2>, dz: Global<T, 2>, da: Global<f32, 2>, db: Global<f32, 2>, dc: Global<f32, 2>, dd: Global<f32, 2>,
+    dbias: Global<f32, 2>, batch: i32, channels: i32, groups: i32, has_d: i32, has_z: i32, softplus: i32, has_h0: i32, has_bias: i32,
 ) {
-    let row = block::id_x();
-    let b = row / channels;
-    let d = row - b * channels;
-    let g = d / (channels / groups);
+    let per_group = channels / groups;
+    let b = block::id_x() - (block::id_x() / batch) * batch;
+    let rest = block::id_x() / batch;
+    let g = rest - (rest / groups) * groups;
+    let first = (rest / groups) * 8;
+    let d0 = g * per_group + first;
+    let count = min(8, per_group - first);
     let srow = (b * groups + g) * N;
     let len = u.dim(1);
-    let chunks = (len + 4096 / N - 1) / (4096 / N);
-    let a_nat = a.load::<Tile<f32, N, 1>>([d * N, 0]);
-    let a2 = a_nat * f32::consts::LOG2_E;
-    let mut bias_d = 0.0;
-    if has_bias == 1 {
-        bias_d = bias.get([d]);
-    }
-    let mut skip = 0.0;
-    if has_d == 1 {
-        skip = dskip.get([d]);
-    }
-    // Each chunk's starting state.
-    let mut h = Tile::<f32, N, 1>::zeros();
-    if has_h0 == 1 {
-        h = h0.load::<Tile<f32, N, 1>>([row * N, 0]);
-    }
-    for i in 0..chunks {
-        let t = i * (4096 / N);
-        hs.store([row * N, i], h);
-        let (_, dt) = step_sizes::<T, { 4096 / N }>(delta, row, t, len, bias_d, softplus);
-        let ut = u.load_or::<Tile<T, 1, { 4096 / N }>>([row, t], 0.0).cast::<f32>();
-        let bt = bm.load_or::<Tile<T, N, { 4096 / N }>>([srow, t], 0.0).cast::<f32>();
-        let dtn = Tile::<f32, N, { 4096 / N }>::zeros() + dt;
-        linear_recurrence_chunk(exp2(dtn * a2), bt * (dt * ut), &mut h);
+    let chunks = (len + 2048 / N - 1) / (2048 / N);
+    // Each channel's chunk-start states, and its reverse carry zeroed.
+    for c in 0..count {
+        let d = d0 + c;
+        let row = b * channels + d;
+        let a2 = a.load::<Tile<f32, N, 1>>([d * N, 0]) * f32::consts::LOG2_E;
+        let mut bias_d = 0.0;
+        if has_bias == 1 {
+            bias_d = bias.get([d]);
+        }
+        let mut h = Tile::<f32, N, 1>::zeros();
+        if has_h0 == 1 {
+            h = h0.load::<Tile<f32, N, 1>>([row * N, 0]);
+        }
+        qs.store([row * N, 0], Tile::<f32, N, 1>::zeros());
+        for i in 0..chunks {
+            let t = i * (2048 / N);
+            hs.store([row * N, i], h);
+            let (_, dt) = step_sizes::<T, { 2048 / N }>(delta, row, t, len, bias_d, softplus);
+            let ut = u.load_or::<Tile<T, 1, { 2048 / N }>>([row, t], 0.0).cast::<f32>();
+            let bt = bm.load_or::<Tile<T, N, { 2048 / N }>>([srow, t], 0.0).cast::<f32>();
+            let dtn = Tile::<f32, N, { 2048 / N }>::zeros() + dt;
+            linear_recurrence_chunk(exp2(dtn * a2), bt * (dt * ut), &mut h);
+        }
     }
     barrier::sync(0, 1);
-    let mut carry = Tile::<f32, N, 1>::zeros();
-    let mut da_acc = Tile::<f32, N, 1>::zeros();
-    let mut dd_acc = Tile::<f32, 1, { 4096 / N }>::zeros();
-    let mut dbias_acc = Tile::<f32, 1, { 4096 / N }>::zeros();
     for i in 0..chunks {
         let k = chunks - 1 - i;
-        let t = k * (4096 / N);
-        let start = hs.load::<Tile<f32, N, 1>>([row * N, k]);
-        let (x, dt) = step_sizes::<T, { 4096 / N }>(delta, row, t, len, bias_d, softplus);
-        let ut = u.load_or::<Tile<T, 1, { 4096 / N }>>([row, t], 0.0).cast::<f32>();
-        let bt = bm.load_or::<Tile<T, N, { 4096 / N }>>([srow, t], 0.0).cast::<f32>();
-        let ct = cm.load_or::<Tile<T, N, { 4096 / N }>>([srow, t], 0.0).cast::<f32>();
-        let go = dout.load_or::<Tile<T, 1, { 4096 / N }>>([row, t], 0.0).cast::<f32>();
-        let dtn = Tile::<f32, N, { 4096 / N }>::zeros() + dt;
-        let at = exp2(dtn * a2);
-        let bb = bt * (dt * ut);
-        let (pa, pb) = tile_scan_exclusive::<scan_linear>((at, bb), 1, (1.0, 0.0));
-        let prev = pa * start + pb;
-        let ht = at * prev + bb;
-        let mut dy = go;
-        if has_z == 1 {
-            let zt = z.load_or::<Tile<T, 1, { 4096 / N }>>([row, t], 0.0).cast::<f32>();
-            let r = rsqrt(1.0 + exp2(zt * -f32::consts::LOG2_E));
-            let sig = r * r;
-            let y = col_sum(ct * ht) + ut * skip;
-            dz.store([row, t], (go * y * sig * (1.0 + zt * (1.0 - sig))).cast::<T>());
-            dy = go * zt * sig;
+        let t = k * (2048 / N);
+        let mut sum_db = Tile::<f32, N, { 2048 / N }>::zeros();
+        let mut sum_dc = Tile::<f32, N, { 2048 / N }>::zeros();
+        for c in 0..count {
+            let d = d0 + c;
+            let row = b * channels + d;
+            let a_nat = a.load::<Tile<f32, N, 1>>([d * N, 0]);
+            let mut bias_d = 0.0;
+            if has_bias == 1 {
+                bias_d = bias.get([d]);
+            }
+            let mut skip = 0.0;
+            if has_d == 1 {
+                skip = dskip.get([d]);
+            }
+            let start = hs.load::<Tile<f32, N, 1>>([row * N, k]);
+            let carry = qs.load::<Tile<f32, N, 1>>([row * N, 0]);
+            let (x, dt) = step_sizes::<T, { 2048 / N }>(delta, row, t, len, bias_d, softplus);
+            let ut = u.load_or::<Tile<T, 1, { 2048 / N }>>([row, t], 0.0).cast::<f32>();
+            let go = dout.load_or::<Tile<T, 1, { 2048 / N }>>([row, t], 0.0).cast::<f32>();
+            // B and C again for each channel (from L1/L2): registers for the sums instead.
+            let bt = bm.load_or::<Tile<T, N, { 2048 / N }>>([srow, t], 0.0).cast::<f32>();
+            let ct = cm.load_or::<Tile<T, N, { 2048 / N }>>([srow, t], 0.0).cast::<f32>();
+            let at = exp2((Tile::<f32, N, { 2048 / N }>::zeros() + dt) * (a_nat * f32::consts::LOG2_E));
+            let bb = bt * (dt * ut);
+            let (pa, pb) = tile_scan_exclusive::<scan_linear>((at, bb), 1, (1.0, 0.0));
+            // a_t·h_{t−1}, then h_t.
+            let ap = at * (pa * start + pb);
+            let ht = ap + bb;
+            let mut dy = go;
+            if has_z == 1 {
+                let zt = z.load_or::<Tile<T, 1, { 2048 / N }>>([row, t], 0.0).cast::<f32>();
+                let r = rsqrt(1.0 + exp2(zt * -f32::consts::LOG2_E));
+                let sig = r * r;
+                let y = col_sum(ct * ht) + ut * skip;
+                dz.store([row, t], (go * y * sig * (1.0 + zt * (1.0 - sig))).cast::<T>());
+                dy = go * zt * sig;
+            }
+            let cdy = ct * dy;
+            let (ra, rb) = tile_scan_reverse_exclusive::<scan_linear>((at, at * cdy), 1, (1.0, 0.0));
+            let gt = cdy + ra * carry + rb;
+            qs.store([row * N, 0], (at * gt).first_col());
+            sum_dc = sum_dc + ht * dy;
+            sum_db = sum_db + gt * (dt * ut);
+            du.store([row, t], (col_sum(gt * bt * dt) + dy * skip).cast::<T>());
+            let gh = gt * ap;
+            da.atomic_add([d * N, 0], row_sum(gh * dt));
+            let mut dx = col_sum(gt * bt * ut + gh * a_nat);
+            if softplus == 1 {
+                let r = rsqrt(1.0 + exp2(x * -f32::consts::LOG2_E));
+                dx = dx * r * r;
+            }
+            ddelta.store([row, t], dx.cast::<T>());
+            if has_d == 1 {
+                dd.atomic_add([d, 0], row_sum(dy * ut));
+            }
+            if has_bias == 1 {
+                dbias.atomic_add([d, 0], row_sum(dx));
+            }
         }
-        let cdy = ct * dy;
-        let (ra, rb) = tile_scan_reverse_exclusive::<scan_linear>((at, at * cdy), 1, (1.0, 0.0));
-        let gt = cdy + ra * carry + rb;
-        carry = (at * gt).first_col();
-        dc.atomic_add([srow, t], ht * dy);
-        db.atomic_add([srow, t], gt * (dt * ut));
-        du.store([row, t], (col_sum(gt * dtn * bt) + dy * skip).cast::<T>());
-        let gh = gt * at * prev;
-        da_acc = da_acc + row_sum(gh * dtn);
-        let mut dx = col_sum(gt * bt * ut + gh * a_nat);
-        if softplus == 1 {
-            let r = rsqrt(1.0 + exp2(x * -f32::consts::LOG2_E));
-            dx = dx * r * r;
-        }
-        ddelta.store([row, t], dx.cast::<T>());
-        dd_acc = dd_acc + dy * ut;
-        dbias_acc = dbias_acc + dx;
-    }
-    da.atomic_add([d * N, 0], da_acc);
-    if has_d == 1 {
-        dd.atomic_add([d, 0], row_sum(dd_acc));
-    }
-    if has_bias == 1 {
-        dbias.atomic_add([d, 0], row_sum(dbias_acc));
+        dc.atomic_add([srow, t], sum_dc);
+        db.atomic_add([srow, t], sum_db);
+        // The carries stored in this chunk are read in the next.
+        barrier::sync(0, 1);
     }
 }
 
@@ -320,8 +344,10 @@ macro_rules! selective_scan_element {
                 let dev = s.device;
                 let rows = batch * channels;
                 let i = state_variant($bwd::VARIANTS, states)?;
-                let chunks = len.div_ceil(4096 / states);
+                let chunks = len.div_ceil(2048 / states);
                 let mut hs = Tensor::<f32>::scratch(dev, &[rows * states, chunks])?;
+                let mut qs = Tensor::<f32>::scratch(dev, &[rows * states, 1])?;
+                let blocks = batch * groups * (channels / groups).div_ceil(BWD_CHANNELS);
                 let (u, delta, go) = (rows_of(s.u, rows, len)?, rows_of(s.delta, rows, len)?, rows_of(dout, rows, len)?);
                 let bm = s.b.view(&[batch * groups * states, len], &[len, 1])?;
                 let cm = s.c.view(&[batch * groups * states, len], &[len, 1])?;
@@ -340,7 +366,7 @@ macro_rules! selective_scan_element {
                 $bwd::launch_variant(
                     i,
                     dev,
-                    Grid::from(rows as u32),
+                    Grid::from(blocks as u32),
                     &u,
                     &delta,
                     &a,
@@ -352,6 +378,7 @@ macro_rules! selective_scan_element {
                     &Optional(h0.as_ref(), 2),
                     &go,
                     &mut hs,
+                    &mut qs,
                     &mut du,
                     &mut ddelta,
                     &mut OptionalMut(dz.as_mut(), 2),
@@ -360,6 +387,7 @@ macro_rules! selective_scan_element {
                     &mut dc,
                     &mut OptionalMut(dd.as_mut(), 2),
                     &mut OptionalMut(dbias.as_mut(), 2),
+                    batch as i32,
                     channels as i32,
                     groups as i32,
                     flag(s.d.is_some()),
