@@ -5,27 +5,19 @@ tflops` for each: bf16 Q, K, V in [batch, heads, seq, dim], CUDA-event timing of
 TFLOP/s counting 4·B·H·S²·D (half of that when causal). Prints `error <reason>` and exits 0
 where PyTorch or cuDNN attention is missing, so the bench can say why it has no baseline.
 """
+import os
 import sys
 
 try:
     import torch
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from cuda_timing import time_ms
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
 except Exception as e:  # no PyTorch here
     print(f"error {type(e).__name__}: {e}")
     sys.exit(0)
-
-
-def time_ms(f, warm=5, iters=30):
-    for _ in range(warm):
-        f()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        f()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
 
 
 # One shape a line, answered before the next is read: the bench asks right before timing its

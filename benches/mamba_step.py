@@ -17,6 +17,9 @@ try:
     sys.path.insert(0, os.environ.get("TESSERA_PYLIB", "pylib"))
     import torch
 
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from cuda_timing import time_ms
+
     root = os.environ.get("TESSERA_MAMBA_SRC", "mamba_src")
     pkg = types.ModuleType("mamba_ssm")  # skip the package's __init__, which loads CUDA extensions
     pkg.__path__ = [os.path.join(root, "mamba_ssm")]
@@ -25,18 +28,6 @@ try:
 except Exception as e:
     print(f"error {type(e).__name__}: {e}")
     sys.exit(0)
-
-
-def time_ms(f, warm=10, iters=50):
-    for _ in range(warm):
-        f()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        f()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
 
 
 batch, dim, dstate = (int(a) for a in sys.argv[1:4])
@@ -55,7 +46,7 @@ try:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-    ms = time_ms(graph.replay)
+    ms = time_ms(graph.replay, warm=10, iters=50)
 except Exception as e:
     print(f"error {type(e).__name__}: {e}")
     sys.exit(0)

@@ -3,30 +3,22 @@
 `python3 torch_scans.py ROWS COLS` prints one line `name ms` for each of torch.cumsum and
 torch.logcumsumexp along the last axis of a ROWS×COLS f32 tensor, torch.cumsum of the same in
 bf16, and a device copy of the f32 tensor (the same bytes as Tessera's copy row): CUDA-event
-timing of 20 calls after 5. Prints `error <reason>` and exits 0 where PyTorch or CUDA is
+timing of 30 calls after 5. Prints `error <reason>` and exits 0 where PyTorch or CUDA is
 missing, so the bench can say why it has no baseline.
 """
+import os
 import sys
 
 try:
     import torch
 
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from cuda_timing import time_ms
+
     assert torch.cuda.is_available(), "no CUDA device for PyTorch"
 except Exception as e:  # no PyTorch here
     print(f"error {type(e).__name__}: {e}")
     sys.exit(0)
-
-
-def time_ms(f, warm=5, iters=20):
-    for _ in range(warm):
-        f()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        f()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
 
 
 rows, cols = int(sys.argv[1]), int(sys.argv[2])

@@ -22,7 +22,7 @@ for line in sys.stdin:
 done
 cp scripts/gpu-run.sh .gpu/run.sh
 cp scripts/sanitize.sh .gpu/sanitize.sh
-cp benches/attention_cudnn.py benches/torch_scans.py benches/mamba_step.py .gpu/bin/
+cp benches/attention_cudnn.py benches/torch_scans.py benches/mamba_step.py benches/cuda_timing.py .gpu/bin/
 ls .gpu/bin
 # The executables embed the kernels' PTX, zstd-packed, the same bytes in each: one archive
 # with a dictionary larger than all of them keeps one copy (106 MB → 18 MB), under the carry

@@ -58,33 +58,59 @@ fn reference(
     (y, h_last)
 }
 
+/// Fresh random inputs for a case, each as sent (`T` or f32) and as the reference reads it
+/// (f64 of the same values).
+struct Inputs<T> {
+    u: (Vec<T>, Vec<f64>),
+    delta: (Vec<T>, Vec<f64>),
+    b: (Vec<T>, Vec<f64>),
+    cm: (Vec<T>, Vec<f64>),
+    z: (Vec<T>, Vec<f64>),
+    dout: (Vec<T>, Vec<f64>),
+    a: (Vec<f32>, Vec<f64>),
+    d: (Vec<f32>, Vec<f64>),
+    bias: (Vec<f32>, Vec<f64>),
+    h0: (Vec<f32>, Vec<f64>),
+}
+
+impl<T: Copy> Inputs<T> {
+    fn new(c: Case, to: fn(f32) -> T, from: fn(T) -> f64) -> Self {
+        let (bt, ch, g, n, l) = (c.batch, c.channels, c.groups, c.states, c.len);
+        let gen = |len: usize, lo: f32, hi: f32| -> (Vec<T>, Vec<f64>) {
+            let x: Vec<T> = random(len, lo, hi).into_iter().map(to).collect();
+            let w = x.iter().map(|&v| from(v)).collect();
+            (x, w)
+        };
+        let f32s = |len: usize, lo: f32, hi: f32| -> (Vec<f32>, Vec<f64>) {
+            let x = random(len, lo, hi);
+            let w = x.iter().map(|&v| f64::from(v)).collect();
+            (x, w)
+        };
+        Inputs {
+            u: gen(bt * ch * l, -1.0, 1.0),
+            // Raw step sizes: small positive without softplus, around 0 with it.
+            delta: if c.extras { gen(bt * ch * l, -3.0, 1.0) } else { gen(bt * ch * l, 0.001, 0.1) },
+            b: gen(bt * g * n * l, -1.0, 1.0),
+            cm: gen(bt * g * n * l, -1.0, 1.0),
+            z: gen(bt * ch * l, -2.0, 2.0),
+            dout: gen(bt * ch * l, -1.0, 1.0),
+            a: f32s(ch * n, -2.0, -0.1),
+            d: f32s(ch, -1.0, 1.0),
+            bias: f32s(ch, -1.0, 0.0),
+            h0: f32s(bt * ch * n, -1.0, 1.0),
+        }
+    }
+}
+
 fn check<T: SelectiveScanElement>(dev: &Device, c: Case, to: fn(f32) -> T, from: fn(T) -> f64, tol: f64) {
     let (bt, ch, g, n, l) = (c.batch, c.channels, c.groups, c.states, c.len);
-    let gen = |len: usize, lo: f32, hi: f32| -> (Vec<T>, Vec<f64>) {
-        let x: Vec<T> = random(len, lo, hi).into_iter().map(to).collect();
-        let w = x.iter().map(|&v| from(v)).collect();
-        (x, w)
-    };
-    let f32s = |len: usize, lo: f32, hi: f32| -> (Vec<f32>, Vec<f64>) {
-        let x = random(len, lo, hi);
-        let w = x.iter().map(|&v| f64::from(v)).collect();
-        (x, w)
-    };
-    let (u, uw) = gen(bt * ch * l, -1.0, 1.0);
-    // Raw step sizes: small positive without softplus, around 0 with it.
-    let (delta, dw) = if c.extras { gen(bt * ch * l, -3.0, 1.0) } else { gen(bt * ch * l, 0.001, 0.1) };
-    let (a, aw) = f32s(ch * n, -2.0, -0.1);
-    let (b, bw) = gen(bt * g * n * l, -1.0, 1.0);
-    let (cm, cw) = gen(bt * g * n * l, -1.0, 1.0);
-    let (d, dsw) = f32s(ch, -1.0, 1.0);
-    let (z, zw) = gen(bt * ch * l, -2.0, 2.0);
-    let (bias, biasw) = f32s(ch, -1.0, 0.0);
-    let (h0, h0w) = f32s(bt * ch * n, -1.0, 1.0);
+    let x = Inputs::new(c, to, from);
+    let (u, delta, z, b, cm, a, d, bias, h0) = (&x.u.0, &x.delta.0, &x.z.0, &x.b.0, &x.cm.0, &x.a.0, &x.d.0, &x.bias.0, &x.h0.0);
     let t = |x: &[T], s: &[usize]| Tensor::from_host(dev, x, s).unwrap();
     let tf = |x: &[f32], s: &[usize]| Tensor::from_host(dev, x, s).unwrap();
-    let (ut, dt, zt) = (t(&u, &[bt, ch, l]), t(&delta, &[bt, ch, l]), t(&z, &[bt, ch, l]));
-    let (bt_, ct) = (t(&b, &[bt, g, n, l]), t(&cm, &[bt, g, n, l]));
-    let (at, dst, biast, h0t) = (tf(&a, &[ch, n]), tf(&d, &[ch]), tf(&bias, &[ch]), tf(&h0, &[bt, ch, n]));
+    let (ut, dt, zt) = (t(u, &[bt, ch, l]), t(delta, &[bt, ch, l]), t(z, &[bt, ch, l]));
+    let (bt_, ct) = (t(b, &[bt, g, n, l]), t(cm, &[bt, g, n, l]));
+    let (at, dst, biast, h0t) = (tf(a, &[ch, n]), tf(d, &[ch]), tf(bias, &[ch]), tf(h0, &[bt, ch, n]));
     let mut y = Tensor::full(dev, &[bt, ch, l], to(f32::NAN)).unwrap();
     let mut h_last = Tensor::full(dev, &[bt, ch, n], f32::NAN).unwrap();
     let mut s = SelectiveScan::new(dev, &ut, &dt, &at, &bt_, &ct);
@@ -92,7 +118,7 @@ fn check<T: SelectiveScanElement>(dev: &Device, c: Case, to: fn(f32) -> T, from:
         s = s.d(&dst).z(&zt).delta_bias(&biast).delta_softplus(true).initial_state(&h0t);
     }
     s.run(&mut y, &mut h_last).unwrap_or_else(|e| panic!("{c:?}: {e}"));
-    let (want_y, want_h) = reference(c, &uw, &dw, &aw, &bw, &cw, &dsw, &zw, &biasw, &h0w);
+    let (want_y, want_h) = reference(c, &x.u.1, &x.delta.1, &x.a.1, &x.b.1, &x.cm.1, &x.d.1, &x.z.1, &x.bias.1, &x.h0.1);
     let got_y: Vec<f64> = y.to_host().unwrap().into_iter().map(from).collect();
     let got_h: Vec<f64> = h_last.to_host().unwrap().into_iter().map(f64::from).collect();
     let (ey, eh) = (rel_error(&got_y, &want_y), rel_error(&got_h, &want_h));
@@ -106,11 +132,11 @@ fn check<T: SelectiveScanElement>(dev: &Device, c: Case, to: fn(f32) -> T, from:
     let mut got_y = vec![0.0; bt * ch * l];
     for step in 0..l {
         let (ut, dt, zt) = (
-            t(&at_t(&u, bt * ch, step), &[bt, ch, 1]),
-            t(&at_t(&delta, bt * ch, step), &[bt, ch, 1]),
-            t(&at_t(&z, bt * ch, step), &[bt, ch, 1]),
+            t(&at_t(u, bt * ch, step), &[bt, ch, 1]),
+            t(&at_t(delta, bt * ch, step), &[bt, ch, 1]),
+            t(&at_t(z, bt * ch, step), &[bt, ch, 1]),
         );
-        let (bt_, ct) = (t(&at_t(&b, bt * g * n, step), &[bt, g, n, 1]), t(&at_t(&cm, bt * g * n, step), &[bt, g, n, 1]));
+        let (bt_, ct) = (t(&at_t(b, bt * g * n, step), &[bt, g, n, 1]), t(&at_t(cm, bt * g * n, step), &[bt, g, n, 1]));
         let mut y = Tensor::full(dev, &[bt, ch, 1], to(f32::NAN)).unwrap();
         let mut s = SelectiveScan::new(dev, &ut, &dt, &at, &bt_, &ct);
         if c.extras {
@@ -196,37 +222,18 @@ fn reference_backward(
 
 fn check_backward<T: SelectiveScanElement>(dev: &Device, c: Case, to: fn(f32) -> T, from: fn(T) -> f64, tol: f64) {
     let (bt, ch, g, n, l) = (c.batch, c.channels, c.groups, c.states, c.len);
-    let gen = |len: usize, lo: f32, hi: f32| -> (Vec<T>, Vec<f64>) {
-        let x: Vec<T> = random(len, lo, hi).into_iter().map(to).collect();
-        let w = x.iter().map(|&v| from(v)).collect();
-        (x, w)
-    };
-    let f32s = |len: usize, lo: f32, hi: f32| -> (Vec<f32>, Vec<f64>) {
-        let x = random(len, lo, hi);
-        let w = x.iter().map(|&v| f64::from(v)).collect();
-        (x, w)
-    };
-    let (u, uw) = gen(bt * ch * l, -1.0, 1.0);
-    let (delta, dw) = if c.extras { gen(bt * ch * l, -3.0, 1.0) } else { gen(bt * ch * l, 0.001, 0.1) };
-    let (a, aw) = f32s(ch * n, -2.0, -0.1);
-    let (b, bw) = gen(bt * g * n * l, -1.0, 1.0);
-    let (cm, cw) = gen(bt * g * n * l, -1.0, 1.0);
-    let (d, dsw) = f32s(ch, -1.0, 1.0);
-    let (z, zw) = gen(bt * ch * l, -2.0, 2.0);
-    let (bias, biasw) = f32s(ch, -1.0, 0.0);
-    let (h0, h0w) = f32s(bt * ch * n, -1.0, 1.0);
-    let (dout, doutw) = gen(bt * ch * l, -1.0, 1.0);
+    let x = Inputs::new(c, to, from);
     let t = |x: &[T], s: &[usize]| Tensor::from_host(dev, x, s).unwrap();
     let tf = |x: &[f32], s: &[usize]| Tensor::from_host(dev, x, s).unwrap();
-    let (ut, dt, zt, gt) = (t(&u, &[bt, ch, l]), t(&delta, &[bt, ch, l]), t(&z, &[bt, ch, l]), t(&dout, &[bt, ch, l]));
-    let (bt_, ct) = (t(&b, &[bt, g, n, l]), t(&cm, &[bt, g, n, l]));
-    let (at, dst, biast, h0t) = (tf(&a, &[ch, n]), tf(&d, &[ch]), tf(&bias, &[ch]), tf(&h0, &[bt, ch, n]));
+    let (ut, dt, zt, gt) = (t(&x.u.0, &[bt, ch, l]), t(&x.delta.0, &[bt, ch, l]), t(&x.z.0, &[bt, ch, l]), t(&x.dout.0, &[bt, ch, l]));
+    let (bt_, ct) = (t(&x.b.0, &[bt, g, n, l]), t(&x.cm.0, &[bt, g, n, l]));
+    let (at, dst, biast, h0t) = (tf(&x.a.0, &[ch, n]), tf(&x.d.0, &[ch]), tf(&x.bias.0, &[ch]), tf(&x.h0.0, &[bt, ch, n]));
     let mut s = SelectiveScan::new(dev, &ut, &dt, &at, &bt_, &ct);
     if c.extras {
         s = s.d(&dst).z(&zt).delta_bias(&biast).delta_softplus(true).initial_state(&h0t);
     }
     let grads = s.backward(&gt).unwrap_or_else(|e| panic!("{c:?}: {e}"));
-    let want = reference_backward(c, &uw, &dw, &aw, &bw, &cw, &dsw, &zw, &biasw, &h0w, &doutw);
+    let want = reference_backward(c, &x.u.1, &x.delta.1, &x.a.1, &x.b.1, &x.cm.1, &x.d.1, &x.z.1, &x.bias.1, &x.h0.1, &x.dout.1);
     let wide_t = |x: &Tensor<T>| -> Vec<f64> { x.to_host().unwrap().into_iter().map(from).collect() };
     let wide_f = |x: &Tensor<f32>| -> Vec<f64> { x.to_host().unwrap().into_iter().map(f64::from).collect() };
     let mut got = vec![("du", wide_t(&grads.du), &want[0]), ("ddelta", wide_t(&grads.ddelta), &want[1])];

@@ -334,11 +334,39 @@ fn state_variant(variants: &[&tessera::KernelSpec], states: usize) -> Result<usi
     })
 }
 
+/// The scan's inputs as the forward and backward kernels take them: `u`, `delta`, `z` as
+/// `[batch·channels, L]` rows, `b`, `c` as `[batch·groups·N, L]`, `a` and the initial state as
+/// columns.
+struct Rows<'a, T: Element> {
+    u: tessera::TensorView<'a, T>,
+    delta: tessera::TensorView<'a, T>,
+    bm: tessera::TensorView<'a, T>,
+    cm: tessera::TensorView<'a, T>,
+    a: tessera::TensorView<'a, f32>,
+    z: Option<tessera::TensorView<'a, T>>,
+    h0: Option<tessera::TensorView<'a, f32>>,
+}
+
+impl<'a, T: Element> Rows<'a, T> {
+    fn of(s: &SelectiveScan<'a, T>, Dims { batch, channels, groups, states, len }: Dims) -> Result<Self> {
+        let rows = batch * channels;
+        Ok(Rows {
+            u: rows_of(s.u, rows, len)?,
+            delta: rows_of(s.delta, rows, len)?,
+            bm: s.b.view(&[batch * groups * states, len], &[len, 1])?,
+            cm: s.c.view(&[batch * groups * states, len], &[len, 1])?,
+            a: s.a.view(&[channels * states, 1], &[1, 1])?,
+            z: s.z.map(|z| rows_of(z, rows, len)).transpose()?,
+            h0: s.h0.map(|h| h.view(&[rows * states, 1], &[1, 1])).transpose()?,
+        })
+    }
+}
+
 macro_rules! selective_scan_element {
     ($t:ty, $k:ident, $step:ident, $bwd:ident) => {
         impl SelectiveScanElement for $t {
             fn selective_scan_bwd_launch(
-                s: &SelectiveScan<'_, Self>, Dims { batch, channels, groups, states, len }: Dims, dout: &Tensor<Self>,
+                s: &SelectiveScan<'_, Self>, dims @ Dims { batch, channels, groups, states, len }: Dims, dout: &Tensor<Self>,
                 gr: &mut SelectiveScanGrads<Self>,
             ) -> Result<()> {
                 let dev = s.device;
@@ -348,12 +376,8 @@ macro_rules! selective_scan_element {
                 let mut hs = Tensor::<f32>::scratch(dev, &[rows * states, chunks])?;
                 let mut qs = Tensor::<f32>::scratch(dev, &[rows * states, 1])?;
                 let blocks = batch * groups * (channels / groups).div_ceil(BWD_CHANNELS);
-                let (u, delta, go) = (rows_of(s.u, rows, len)?, rows_of(s.delta, rows, len)?, rows_of(dout, rows, len)?);
-                let bm = s.b.view(&[batch * groups * states, len], &[len, 1])?;
-                let cm = s.c.view(&[batch * groups * states, len], &[len, 1])?;
-                let a = s.a.view(&[channels * states, 1], &[1, 1])?;
-                let z = s.z.map(|z| rows_of(z, rows, len)).transpose()?;
-                let h0 = s.h0.map(|h| h.view(&[rows * states, 1], &[1, 1])).transpose()?;
+                let Rows { u, delta, bm, cm, a, z, h0 } = Rows::of(s, dims)?;
+                let go = rows_of(dout, rows, len)?;
                 let mut du = gr.du.view_mut(&[rows, len], &[len, 1])?;
                 let mut ddelta = gr.ddelta.view_mut(&[rows, len], &[len, 1])?;
                 let mut dz = gr.dz.as_mut().map(|t| t.view_mut(&[rows, len], &[len, 1])).transpose()?;
@@ -439,18 +463,13 @@ macro_rules! selective_scan_element {
             }
 
             fn selective_scan_launch(
-                s: &SelectiveScan<'_, Self>, Dims { batch, channels, groups, states, len }: Dims, y: &mut Tensor<Self>,
+                s: &SelectiveScan<'_, Self>, dims @ Dims { batch, channels, groups, states, len }: Dims, y: &mut Tensor<Self>,
                 h_last: &mut Tensor<f32>,
             ) -> Result<()> {
                 let dev = s.device;
                 let rows = batch * channels;
                 let i = state_variant($k::VARIANTS, states)?;
-                let (u, delta) = (rows_of(s.u, rows, len)?, rows_of(s.delta, rows, len)?);
-                let bm = s.b.view(&[batch * groups * states, len], &[len, 1])?;
-                let cm = s.c.view(&[batch * groups * states, len], &[len, 1])?;
-                let a = s.a.view(&[channels * states, 1], &[1, 1])?;
-                let z = s.z.map(|z| rows_of(z, rows, len)).transpose()?;
-                let h0 = s.h0.map(|h| h.view(&[rows * states, 1], &[1, 1])).transpose()?;
+                let Rows { u, delta, bm, cm, a, z, h0 } = Rows::of(s, dims)?;
                 let mut yv = y.view_mut(&[rows, len], &[len, 1])?;
                 let mut hv = h_last.view_mut(&[rows * states, 1], &[1, 1])?;
                 let flag = |b: bool| i32::from(b);

@@ -1053,6 +1053,24 @@ impl<'p> Kernel<'p> {
     }
 
     fn store_tile(&self, g: &Global, idx: &[i64], t: &Tile, ends: Option<&[i64]>) -> Flowing<()> {
+        Self::each_element(g, idx, t, ends, ("writes", "stores into"), |bytes, at, v| value::write(bytes, g.dtype, at, v))
+    }
+
+    /// `atomic_add`: each in-bounds element added to the f32 tensor's (under the buffer's lock,
+    /// so blocks on other threads add without losing any).
+    fn add_tile(&self, g: &Global, idx: &[i64], t: &Tile) -> Flowing<()> {
+        Self::each_element(g, idx, t, None, ("adds", "adds into"), |bytes, at, v| {
+            let old = value::read(bytes, g.dtype, at);
+            value::write(bytes, g.dtype, at, old + v);
+        })
+    }
+
+    /// `put(bytes, offset, value)` for each element of `t` at origin `idx` inside the tensor
+    /// (and the `ends`), under the buffer's lock; an element past the buffer or computed from
+    /// shared memory nothing wrote is an error, said with `verbs`.
+    fn each_element(
+        g: &Global, idx: &[i64], t: &Tile, ends: Option<&[i64]>, (verb, into): (&str, &str), mut put: impl FnMut(&mut [u8], usize, f32),
+    ) -> Flowing<()> {
         let mut bytes = g.buf.lock();
         let len = g.buf.len;
         let mut co = Vec::with_capacity(idx.len());
@@ -1064,40 +1082,14 @@ impl<'p> Kernel<'p> {
                 }
                 if let Some(at) = Self::offset(g, &co) {
                     if let Some(m) = Self::outside(g, at, len) {
-                        return Err(format!("writes {m}").into());
+                        return Err(format!("{verb} {m}").into());
                     }
                     let i = (r * t.ty.cols + c) as usize;
                     if t.poisoned(i) {
                         let what = t.poison.as_ref().map_or(String::new(), |p| p.what.clone());
-                        return Err(format!("stores into `{}` a value computed from shared memory nothing wrote ({what})", g.name).into());
+                        return Err(format!("{into} `{}` a value computed from shared memory nothing wrote ({what})", g.name).into());
                     }
-                    value::write(&mut bytes, g.dtype, at as usize, t.v[i]);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// `atomic_add`: each in-bounds element added to the f32 tensor's (under the buffer's lock,
-    /// so blocks on other threads add without losing any).
-    fn add_tile(&self, g: &Global, idx: &[i64], t: &Tile) -> Flowing<()> {
-        let mut bytes = g.buf.lock();
-        let len = g.buf.len;
-        let mut co = Vec::with_capacity(idx.len());
-        for r in 0..t.ty.rows {
-            for c in 0..t.ty.cols {
-                Self::coords(idx, g.shape.len(), t.ty.cols, r, c, &mut co);
-                if let Some(at) = Self::offset(g, &co) {
-                    if let Some(m) = Self::outside(g, at, len) {
-                        return Err(format!("adds {m}").into());
-                    }
-                    let i = (r * t.ty.cols + c) as usize;
-                    if t.poisoned(i) {
-                        let what = t.poison.as_ref().map_or(String::new(), |p| p.what.clone());
-                        return Err(format!("adds into `{}` a value computed from shared memory nothing wrote ({what})", g.name).into());
-                    }
-                    let old = value::read(&bytes, g.dtype, at as usize);
-                    value::write(&mut bytes, g.dtype, at as usize, old + t.v[i]);
+                    put(&mut bytes, at as usize, t.v[i]);
                 }
             }
         }
