@@ -7,20 +7,22 @@ dt_bias, softplus on — the call captured in a CUDA graph (so that Python's lau
 is not counted) and replayed, CUDA-event timing of 50 replays after 10. mamba-ssm is not installed
 whole (its CUDA extensions are not built here): `TESSERA_MAMBA_SRC` names an unpacked
 mamba-ssm source tree whose Triton kernel is loaded alone, `TESSERA_PYLIB` a folder with
-einops. Prints `error <reason>` and exits 0 where any of it is missing.
+einops (default `mamba_src` and `pylib` beside this script: `scripts/fetch-baselines.sh`
+fetches both). Prints `error <reason>` and exits 0 where any of it is missing.
 """
 import os
 import sys
 import types
 
+here = os.path.dirname(os.path.abspath(__file__))
 try:
-    sys.path.insert(0, os.environ.get("TESSERA_PYLIB", "pylib"))
+    sys.path.insert(0, os.environ.get("TESSERA_PYLIB", os.path.join(here, "pylib")))
     import torch
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, here)
     from cuda_timing import time_ms
 
-    root = os.environ.get("TESSERA_MAMBA_SRC", "mamba_src")
+    root = os.environ.get("TESSERA_MAMBA_SRC", os.path.join(here, "mamba_src"))
     pkg = types.ModuleType("mamba_ssm")  # skip the package's __init__, which loads CUDA extensions
     pkg.__path__ = [os.path.join(root, "mamba_ssm")]
     sys.modules["mamba_ssm"] = pkg

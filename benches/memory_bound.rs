@@ -53,7 +53,7 @@ fn torch_scans(rows: usize, cols: usize) -> Result<Vec<(String, f64)>, String> {
 /// none. `TESSERA_MAMBA_STEP_SCRIPT` overrides the script's path.
 fn mamba_step(batch: usize, dim: usize, dstate: usize) -> Result<f64, String> {
     let script = std::env::var("TESSERA_MAMBA_STEP_SCRIPT").ok().unwrap_or_else(|| {
-        ["benches/mamba_step.py", "mamba_step.py"]
+        ["benches/mamba_step.py", "mamba_step.py", "bin/mamba_step.py"]
             .into_iter()
             .find(|p| std::path::Path::new(p).exists())
             .unwrap_or("benches/mamba_step.py")

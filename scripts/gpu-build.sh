@@ -23,6 +23,9 @@ done
 cp scripts/gpu-run.sh .gpu/run.sh
 cp scripts/sanitize.sh .gpu/sanitize.sh
 cp benches/attention_cudnn.py benches/torch_scans.py benches/mamba_step.py benches/cuda_timing.py .gpu/bin/
+# mamba-ssm's Triton kernels for the decode-step baseline (needs the network: skipped without).
+bash scripts/fetch-baselines.sh .gpu/bin || echo "gpu-build: no mamba-ssm baseline (fetch failed)"
+
 ls .gpu/bin
 # The executables embed the kernels' PTX, zstd-packed, the same bytes in each: one archive
 # with a dictionary larger than all of them keeps one copy (106 MB → 18 MB), under the carry
