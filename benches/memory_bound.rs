@@ -23,18 +23,19 @@ fn time_ms(dev: &Device, warm: usize, iters: usize, f: impl FnMut()) -> f64 {
 const M: usize = 16384;
 const N: usize = 8192;
 
-/// `benches/torch_scans.py` at this bench's shape: `(name, ms)` per line, or why there is none.
-/// `TESSERA_TORCH_SCANS_SCRIPT` overrides the script's path.
-fn torch_scans(rows: usize, cols: usize) -> Result<Vec<(String, f64)>, String> {
-    let script = std::env::var("TESSERA_TORCH_SCANS_SCRIPT").ok().unwrap_or_else(|| {
-        ["benches/torch_scans.py", "torch_scans.py", "bin/torch_scans.py"]
+/// A Python baseline's `name value` lines: `benches/<file>` (or `<file>`, `bin/<file>` where the
+/// bench runs from a bundle; `env` overrides the path) run with `args`, or why there are none
+/// (the script's `error <reason>`, or its output when it is not such lines).
+fn python_baseline(env: &str, file: &str, args: &[usize]) -> Result<Vec<(String, f64)>, String> {
+    let script = std::env::var(env).ok().unwrap_or_else(|| {
+        [format!("benches/{file}"), file.to_string(), format!("bin/{file}")]
             .into_iter()
             .find(|p| std::path::Path::new(p).exists())
-            .unwrap_or("benches/torch_scans.py")
-            .to_string()
+            .unwrap_or_else(|| format!("benches/{file}"))
     });
     let out = std::process::Command::new("python3")
-        .args([script.as_str(), &rows.to_string(), &cols.to_string()])
+        .arg(&script)
+        .args(args.iter().map(|a| a.to_string()))
         .output()
         .map_err(|e| format!("python3 {script}: {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout);
@@ -43,32 +44,23 @@ fn torch_scans(rows: usize, cols: usize) -> Result<Vec<(String, f64)>, String> {
         match line.split_once(' ') {
             Some(("error", why)) => return Err(why.to_string()),
             Some((name, ms)) => lines.push((name.to_string(), ms.trim().parse::<f64>().map_err(|e| format!("{script}: `{line}`: {e}"))?)),
-            None => return Err(format!("{script}: `{line}`")),
+            None => return Err(format!("{script}: `{line}` {}", String::from_utf8_lossy(&out.stderr))),
         }
     }
     Ok(lines)
 }
 
+/// `benches/torch_scans.py` at one shape: `(name, ms)` per line, or why there is none.
+/// `TESSERA_TORCH_SCANS_SCRIPT` overrides the script's path.
+fn torch_scans(rows: usize, cols: usize) -> Result<Vec<(String, f64)>, String> {
+    python_baseline("TESSERA_TORCH_SCANS_SCRIPT", "torch_scans.py", &[rows, cols])
+}
+
 /// mamba-ssm's Triton decode step (`benches/mamba_step.py`) at one shape, in ms, or why there is
 /// none. `TESSERA_MAMBA_STEP_SCRIPT` overrides the script's path.
 fn mamba_step(batch: usize, dim: usize, dstate: usize) -> Result<f64, String> {
-    let script = std::env::var("TESSERA_MAMBA_STEP_SCRIPT").ok().unwrap_or_else(|| {
-        ["benches/mamba_step.py", "mamba_step.py", "bin/mamba_step.py"]
-            .into_iter()
-            .find(|p| std::path::Path::new(p).exists())
-            .unwrap_or("benches/mamba_step.py")
-            .to_string()
-    });
-    let out = std::process::Command::new("python3")
-        .args([script.as_str(), &batch.to_string(), &dim.to_string(), &dstate.to_string()])
-        .output()
-        .map_err(|e| format!("python3 {script}: {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    match text.trim().split_once(' ') {
-        Some(("ms", ms)) => ms.parse().map_err(|e| format!("{script}: `{text}`: {e}")),
-        Some(("error", why)) => Err(why.to_string()),
-        _ => Err(format!("{script}: `{text}` {}", String::from_utf8_lossy(&out.stderr))),
-    }
+    let lines = python_baseline("TESSERA_MAMBA_STEP_SCRIPT", "mamba_step.py", &[batch, dim, dstate])?;
+    lines.iter().find(|(name, _)| name == "ms").map(|&(_, ms)| ms).ok_or_else(|| "mamba_step.py printed no `ms` line".to_string())
 }
 
 fn main() {
