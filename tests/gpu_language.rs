@@ -840,3 +840,61 @@ fn gpu_pipeline_loops_stream_stages() {
 fn interp_pipeline_loops_stream_stages() {
     pipeline_loops_stream_stages(&Device::cpu());
 }
+
+/// `H = Kᵀ·diag(w)·V` (K `[T, 128]`, V `[T, 64]`, w `[T, 1]`), a linear attention's state: K
+/// streams through a ring and enters the MMA transposed (`.t()`: stored K×M), and the consumer
+/// writes each step's `w·V` into shared memory between its MMAs (the compiler fences the
+/// stores for the MMA that reads them).
+#[kernel(warpgroups = 2, targets(sm_90a))]
+fn state_product(k: Global<bf16, 2>, v: Global<bf16, 2>, w: Global<f32, 2>, h: Global<f32, 2>) {
+    let sk = Smem::<bf16, 64, 128>::ring(2);
+    let sv = Smem::<bf16, 64, 64>::ring(1);
+    let pipe = Pipeline::<2>::new(1);
+    let steps = (k.dim(0) + 63) / 64;
+    if warpgroup::id() == 0 {
+        tessera_kernels::prelude::fill_stages(pipe, steps, |s, j| {
+            tma::load(sk.at(s), k, [j * 64, 0], pipe);
+        });
+    } else {
+        let mut acc = Tile::<f32, 128, 64>::zeros();
+        tessera_kernels::prelude::drain_stages(pipe, steps, |s, j| {
+            let vt: Tile<bf16, 64, 64> = v.load([j * 64, 0]);
+            let wt: Tile<f32, 64, 1> = w.load([j * 64, 0]);
+            sv.at(0).store((vt.cast::<f32>() * wt).cast::<bf16>());
+            mma_sync_kn(acc, sk.at(s).t(), sv.at(0));
+            mma_wait(0);
+        });
+        h.store([0, 0], acc);
+    }
+}
+
+fn transposed_a_products(dev: &Device) {
+    for t in [64, 7, 200, 640] {
+        let bf = |n: usize| random(n, -1.0, 1.0).into_iter().map(bf16::from_f32).collect::<Vec<_>>();
+        let (hk, hv, hw) = (bf(t * 128), bf(t * 64), random(t, 0.25, 2.0));
+        let k = Tensor::from_host(dev, &hk, &[t, 128]).unwrap();
+        let v = Tensor::from_host(dev, &hv, &[t, 64]).unwrap();
+        let w = Tensor::from_host(dev, &hw, &[t, 1]).unwrap();
+        let mut h = Tensor::full(dev, &[128, 64], f32::NAN).unwrap();
+        state_product::launch(dev, 1, &k, &v, &w, &mut h).unwrap();
+        // w·V is rounded to bf16 in shared memory, as the kernel's operand.
+        let wv = |s: usize, j: usize| f64::from(bf16::from_f32(hv[s * 64 + j].to_f32() * hw[s]).to_f32());
+        let want: Vec<f64> =
+            (0..128 * 64).map(|ij| (0..t).map(|s| f64::from(hk[s * 128 + ij / 64].to_f32()) * wv(s, ij % 64)).sum()).collect();
+        let got: Vec<f64> = h.to_host().unwrap().into_iter().map(f64::from).collect();
+        let err = rel_error(&got, &want);
+        assert!(err < 1e-5, "T = {t}: relative error {err}");
+    }
+}
+
+#[test]
+fn gpu_transposed_a_products() {
+    if let Some(dev) = gpu_or_skip("gpu_transposed_a_products") {
+        transposed_a_products(&dev);
+    }
+}
+
+#[test]
+fn interp_transposed_a_products() {
+    transposed_a_products(&Device::cpu());
+}

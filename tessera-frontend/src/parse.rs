@@ -403,7 +403,12 @@ impl Frontend {
                     SynExpr::Reference(r) => &*r.expr,
                     other => other,
                 };
-                Ok(StmtKind::Mma { acc: assignee(acc)?, a: self.expr(a)?, b: self.expr(b)?, b_kn: last == "mma_sync_kn" })
+                // `view.t()` as `a`: the view holds A transposed (K×M, M-major).
+                let (a, a_t): (&SynExpr, bool) = match a {
+                    SynExpr::MethodCall(m) if m.method == "t" && m.args.is_empty() => (&m.receiver, true),
+                    other => (other, false),
+                };
+                Ok(StmtKind::Mma { acc: assignee(acc)?, a: self.expr(a)?, b: self.expr(b)?, b_kn: last == "mma_sync_kn", a_t })
             }
             "sync" | "arrive" => {
                 let [id, warpgroups] = args.as_slice() else {
@@ -863,6 +868,9 @@ impl Frontend {
             "get" => {
                 want(1)?;
                 ExprKind::Get { tensor: receiver_name(&m.receiver)?, index: self.index(&m.args[0])? }
+            }
+            "t" => {
+                return err(&m.method, "`.t()` transposes a shared view only as `mma_sync`'s `a`: `mma_sync_kn(acc, ring.at(s).t(), b)`");
             }
             "swap_pairs" => {
                 want(0)?;

@@ -102,10 +102,14 @@
 //!   barrier; the runtime builds and caches the tensor map. Out-of-bounds elements land as 0.
 //! - `mma_sync(acc, a, b)`: `acc += a·bᵀ` with `wgmma.mma_async` m64nNk16 from shared
 //!   views `a` (M×K) and `b` (N×K); `view.rows(r, 64)` selects rows; `mma_wait(n)` leaves
-//!   at most `n` groups in flight.
+//!   at most `n` groups in flight. `mma_sync_kn(acc, a, b)` takes `b` stored K×N (N-major);
+//!   `ring.at(s).t()` as `a` takes A stored K×M (M-major, 16-bit): `mma_sync_kn(h,
+//!   sk.at(s).t(), sv.at(s))` is `h += Kᵀ·V` with K and V as they arrived, time along rows.
 //! - `setmaxnreg(n)` in each role's branch of `if warpgroup::id() == 0 { … } else { … }`.
 //! - `view.store(tile)` writes a register tile into a shared view (swizzled; a 16-bit
-//!   accumulator-layout tile 64 columns wide by `stmatrix`, four 8×8 fragments at a time);
+//!   accumulator-layout tile 64 columns wide by `stmatrix`, four 8×8 fragments at a time;
+//!   into a ring that an `mma_sync` reads, the stores are fenced for the async proxy and the
+//!   warpgroup synced, so that its next MMA sees them);
 //!   `tma::store(tensor, [i, j], view)` stores it with a TMA bulk copy (out-of-bounds elements
 //!   skipped), `tma::store_wait(n)` waits until at most `n` such stores still read shared memory.
 //!

@@ -73,6 +73,18 @@ pub(crate) struct HopperScan {
     pub tma: Vec<(String, TmaUse, SourceLoc)>,
     pub mma_accs: Vec<String>,
     pub any_mma: bool,
+    /// The rings an `mma_sync` reads: a register tile stored into one is fenced for the async
+    /// proxy and the warpgroup synced before anything else runs.
+    pub mma_rings: Vec<String>,
+}
+
+/// The ring a shared view expression names (`ring.at(s)`, `ring.at(s).rows(r, n)`).
+pub(crate) fn ring_of(e: &Expr) -> Option<&str> {
+    match &e.kind {
+        ExprKind::SmemAt { ring, .. } => Some(ring),
+        ExprKind::SmemRows { view, .. } => ring_of(view),
+        _ => None,
+    }
 }
 
 pub(crate) fn scan(body: &[Stmt], out: &mut HopperScan) {
@@ -91,9 +103,10 @@ pub(crate) fn scan(body: &[Stmt], out: &mut HopperScan) {
                     out.tma.push((tensor.clone(), TmaUse { rows, cols, swizzle }, s.loc));
                 }
             }
-            StmtKind::Mma { acc, .. } => {
+            StmtKind::Mma { acc, a, b, .. } => {
                 out.mma_accs.push(acc.clone());
                 out.any_mma = true;
+                out.mma_rings.extend([a, b].into_iter().filter_map(ring_of).map(str::to_string));
             }
             StmtKind::For { body, .. } | StmtKind::QueueFor { body, .. } => scan(body, out),
             StmtKind::If { then, otherwise, .. } => {
@@ -347,7 +360,7 @@ impl Lowerer<'_> {
                 self.pending_accs.clear();
                 Ok(())
             }
-            StmtKind::Mma { acc, a, b, b_kn } => self.mma(acc, a, b, *b_kn),
+            StmtKind::Mma { acc, a, b, b_kn, a_t } => self.mma(acc, a, b, *b_kn, *a_t),
             StmtKind::SmemStore { view, value } => self.smem_store(view, value),
             StmtKind::TmaStore { .. } | StmtKind::TmaStoreWait(_) if !self.sm90() => Err(CompileError::Lower {
                 message: "`tma::store` needs sm_90a: build the kernel with `targets(sm_90a)`".into(),
@@ -447,6 +460,7 @@ impl Lowerer<'_> {
         if self.sm90() && es == 2 && v.ty.swizzle == 128 && v.ty.row_bytes() == 128 && t.layout == Layout::wgmma(t.ty.rows, 64) {
             if let Some(frags) = stmatrix_fragments(&t) {
                 self.smem_store_stmatrix(&v, &frags);
+                self.fence_for_mma(view);
                 return Ok(());
             }
         }
@@ -476,7 +490,19 @@ impl Lowerer<'_> {
             }
             i += step;
         }
+        self.fence_for_mma(view);
         Ok(())
+    }
+
+    /// After a store into a ring that an `mma_sync` reads: each writer fences its writes for
+    /// the async proxy (wgmma reads shared memory through it) and the warpgroup syncs, so that
+    /// its next MMA sees every thread's part. A ring written by another warpgroup needs a
+    /// barrier between the two as well (`barrier::sync`).
+    fn fence_for_mma(&mut self, view: &Expr) {
+        if ring_of(view).is_some_and(|r| self.mma_rings.iter().any(|m| m == r)) {
+            self.op("fence.proxy.async.shared::cta", vec![]);
+            self.warpgroup_barrier();
+        }
     }
 
     /// [`Self::smem_store`] of a 16-bit accumulator-layout tile 64 columns wide into 128-byte
@@ -581,7 +607,7 @@ impl Lowerer<'_> {
         d
     }
 
-    fn mma(&mut self, acc: &str, a: &Expr, b: &Expr, b_kn: bool) -> Result<(), CompileError> {
+    fn mma(&mut self, acc: &str, a: &Expr, b: &Expr, b_kn: bool, a_t: bool) -> Result<(), CompileError> {
         use Operand::{Imm, Reg as R};
         let Value::Tile(t) = self.lookup(acc) else { unreachable!("verified TIR-H: `{acc}` is a tile") };
         let want = Layout::wgmma(t.ty.rows, t.ty.cols);
@@ -592,6 +618,7 @@ impl Lowerer<'_> {
         };
         let vb = self.view(b)?;
         let (a_dtype, k) = match (&a_op, a.checked_ty()) {
+            (MmaA::Smem(va), _) if a_t => (va.ty.dtype, va.ty.rows),
             (MmaA::Smem(va), _) => (va.ty.dtype, va.ty.cols),
             (MmaA::Regs(_), Type::Tile(ta)) => (ta.dtype, ta.cols),
             _ => unreachable!("verified TIR-H: a tile operand"),
@@ -602,6 +629,12 @@ impl Lowerer<'_> {
         };
         let n = t.ty.cols;
         if !self.sm90() {
+            if a_t {
+                return Err(CompileError::Lower {
+                    message: "`mma_sync` with `a.t()` needs sm_90a (wgmma's transposed A)".into(),
+                    loc: a.loc,
+                });
+            }
             if n % 16 != 0 {
                 return Err(CompileError::Lower {
                     message: format!("`mma_sync` on sm_80 needs N a multiple of 16, found {n}"),
@@ -619,6 +652,13 @@ impl Lowerer<'_> {
         self.op("wgmma.fence.sync.aligned", vec![]);
         for mb in 0..(t.ty.rows / 64) {
             let desc_a = match &a_op {
+                // Aᵀ stored K×M in 128-byte panels: a 64-row slab of A is one panel.
+                MmaA::Smem(va) if a_t => {
+                    let a_addr = self.reg(RegClass::B32, "a_slab");
+                    let panel = va.ty.rows * 128;
+                    self.op("add.u32", vec![R(a_addr), R(va.addr), Imm(i64::from(mb * panel))]);
+                    Some(self.descriptor_mn(a_addr, panel, 1))
+                }
                 MmaA::Smem(va) => {
                     let a_addr = self.reg(RegClass::B32, "a_slab");
                     self.op("add.u32", vec![R(a_addr), R(va.addr), Imm(i64::from(mb * 64 * va.ty.pitch()))]);
@@ -646,11 +686,12 @@ impl Lowerer<'_> {
                         let da = if kk == 0 {
                             desc_a
                         } else {
+                            let step = if a_t { 128 * i64::from(kk) } else { k_major_step(&va.ty, kk, va.ty.rows) };
                             let da = self.reg(RegClass::B64, "desc_a");
-                            self.op("add.s64", vec![R(da), R(desc_a), Imm(k_major_step(&va.ty, kk, va.ty.rows))]);
+                            self.op("add.s64", vec![R(da), R(desc_a), Imm(step)]);
                             da
                         };
-                        vec![Operand::Vec(regs.clone()), R(da), R(db), scale_d, Imm(1), Imm(1), Imm(0), tnsp_b]
+                        vec![Operand::Vec(regs.clone()), R(da), R(db), scale_d, Imm(1), Imm(1), Imm(i64::from(a_t)), tnsp_b]
                     }
                     (MmaA::Regs(frags), _) => {
                         let f = frags[(mb * k_steps + kk) as usize].to_vec();

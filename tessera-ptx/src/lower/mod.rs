@@ -53,6 +53,7 @@ pub fn lower(ir: &TileIr, target: crate::reflect::Target) -> Result<PtxKernel, C
     lw.acc_derived = hopper::acc_derived(&ir.body, &scan.mma_accs);
     lw.mma_accs = scan.mma_accs;
     lw.any_mma = scan.any_mma;
+    lw.mma_rings = scan.mma_rings;
     lw.params(&tma);
     lw.block(&ir.body)?;
     if lw.uses_fp8 && target == crate::reflect::Target::Sm80 {
@@ -159,6 +160,8 @@ pub(crate) struct Lowerer<'a> {
     /// Parameters loaded in the current statement.
     param_cache: HashMap<String, Reg>,
     pub mma_accs: Vec<String>,
+    /// The rings an `mma_sync` reads.
+    pub mma_rings: Vec<String>,
     /// Names computed from accumulators (see [`hopper::acc_derived`]).
     pub acc_derived: Vec<String>,
     pub any_mma: bool,
@@ -207,6 +210,7 @@ impl<'a> Lowerer<'a> {
             tma_maps: HashMap::new(),
             param_cache: HashMap::new(),
             mma_accs: Vec::new(),
+            mma_rings: Vec::new(),
             acc_derived: Vec::new(),
             any_mma: false,
             dims_within: None,

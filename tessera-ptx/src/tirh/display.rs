@@ -73,8 +73,10 @@ fn write_stmt(f: &mut fmt::Formatter<'_>, s: &Stmt, depth: usize) -> fmt::Result
             writeln!(f, "{pad}barrier.{} {id}, {warpgroups};  // line {}", if *wait { "sync" } else { "arrive" }, s.loc.line)
         }
         StmtKind::MmaWait(n) => writeln!(f, "{pad}mma_wait {n};  // line {}", s.loc.line),
-        StmtKind::Mma { acc, a, b, b_kn: false } => writeln!(f, "{pad}mma {acc} += {a} * {b}^T;  // line {}", s.loc.line),
-        StmtKind::Mma { acc, a, b, b_kn: true } => writeln!(f, "{pad}mma {acc} += {a} * {b};  // line {}", s.loc.line),
+        StmtKind::Mma { acc, a, b, b_kn, a_t } => {
+            let (ta, tb) = (if *a_t { "^T" } else { "" }, if *b_kn { "" } else { "^T" });
+            writeln!(f, "{pad}mma {acc} += {a}{ta} * {b}{tb};  // line {}", s.loc.line)
+        }
         StmtKind::SetMaxNReg(n) => writeln!(f, "{pad}setmaxnreg {n};  // line {}", s.loc.line),
         StmtKind::Eval(call) => writeln!(f, "{pad}{call};  // line {}", s.loc.line),
         StmtKind::Unpack { names, assign, value } => {

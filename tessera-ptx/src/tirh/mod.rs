@@ -386,6 +386,9 @@ pub enum StmtKind {
         b: Expr,
         /// Whether `b` is stored K×N.
         b_kn: bool,
+        /// Whether `a` is stored K×M, M-major (`view.t()`: `acc += aᵀ·b`), a shared view only.
+        #[serde(default)]
+        a_t: bool,
     },
     /// `setmaxnreg(n)`: this warpgroup's register budget from here on.
     SetMaxNReg(u32),

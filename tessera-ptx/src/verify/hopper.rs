@@ -178,7 +178,8 @@ impl Checker<'_> {
         }
     }
 
-    pub(super) fn mma(&mut self, acc: &str, a: &mut Expr, b: &mut Expr, b_kn: bool, loc: SourceLoc) -> Result<(), CompileError> {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn mma(&mut self, acc: &str, a: &mut Expr, b: &mut Expr, b_kn: bool, a_t: bool, loc: SourceLoc) -> Result<(), CompileError> {
         let Some(binding) = self.lookup(acc) else {
             return Err(CompileError::ty(loc, format!("unknown accumulator `{acc}`")));
         };
@@ -207,7 +208,20 @@ impl Checker<'_> {
         };
         let ta = self.expr(a)?;
         let tb = self.expr(b)?;
-        let va = view(ta, a.loc, "a")?;
+        let va = if a_t {
+            // a is K×M, M-major, in 128-byte panels (as `mma_sync_kn`'s b).
+            match ta {
+                Type::SmemView { dtype, rows, cols, swizzle } if swizzle == 128 && (cols * dtype.size()) % 128 == 0 => (dtype, cols, rows),
+                Type::SmemView { dtype, cols, swizzle, .. } => {
+                    return Err(CompileError::ty(a.loc, format!(
+                        "`a.t()` (K×M) must be 128-byte swizzled with rows a multiple of 128 bytes, found swizzle {swizzle}, rows of {} bytes",
+                        cols * dtype.size())))
+                }
+                other => return Err(CompileError::ty(a.loc, format!("`.t()` transposes a shared view, found `{other}`"))),
+            }
+        } else {
+            view(ta, a.loc, "a")?
+        };
         if b_kn {
             // b is K×N, N-major, in 128-byte panels.
             let Type::SmemView { dtype, rows, cols, swizzle } = tb else {

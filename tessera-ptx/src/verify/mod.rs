@@ -361,9 +361,9 @@ impl Checker<'_> {
                     }
                 }
             }
-            StmtKind::Mma { acc, a, b, b_kn } => {
+            StmtKind::Mma { acc, a, b, b_kn, a_t } => {
                 let acc = acc.clone();
-                self.mma(&acc, a, b, *b_kn, loc)?;
+                self.mma(&acc, a, b, *b_kn, *a_t, loc)?;
             }
             StmtKind::SetMaxNReg(n) => {
                 if !(24..=256).contains(n) || *n % 8 != 0 {

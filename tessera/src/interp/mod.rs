@@ -711,7 +711,7 @@ impl<'p> Kernel<'p> {
             StmtKind::MmaWait(_) | StmtKind::SetMaxNReg(_) => {}
             // The type checker inlines device-function calls; a checked kernel holds none.
             StmtKind::Eval(_) | StmtKind::Unpack { .. } => return Err("a device-function call that was not inlined".to_string().into()),
-            StmtKind::Mma { acc, a, b, b_kn } => {
+            StmtKind::Mma { acc, a, b, b_kn, a_t } => {
                 let va = match self.eval(a, wg, blk)? {
                     Val::View(v) => MmaA::View(v),
                     Val::T(t) => MmaA::Tile(t),
@@ -719,7 +719,7 @@ impl<'p> Kernel<'p> {
                 };
                 let vb = self.view(b, wg, blk)?;
                 let line = s.loc.line;
-                let prod = self.mma_product(va, vb, *b_kn, blk, line);
+                let prod = self.mma_product(va, vb, *b_kn, *a_t, blk, line);
                 let Some((_, Val::T(t))) = wg.env.iter_mut().rev().find(|(n, _)| *n == acc.as_str()) else {
                     return Err(format!("`{acc}` is not a tile").into());
                 };
@@ -1178,9 +1178,11 @@ impl<'p> Kernel<'p> {
 
     /// `a · bᵀ` (or `a · b` when `b` is K×N) in f64, and the taint of entries fed by shared
     /// elements nothing wrote.
-    fn mma_product(&self, a: MmaA, b: View, b_kn: bool, blk: &Block, line: u32) -> (Vec<f64>, Option<Poison>) {
+    #[allow(clippy::too_many_arguments)]
+    fn mma_product(&self, a: MmaA, b: View, b_kn: bool, a_t: bool, blk: &Block, line: u32) -> (Vec<f64>, Option<Poison>) {
         let tb = self.prog.rings[b.ring].1;
         let (m, k) = match &a {
+            MmaA::View(a) if a_t => (self.prog.rings[a.ring].1.cols, a.rows),
             MmaA::View(a) => (a.rows, self.prog.rings[a.ring].1.cols),
             MmaA::Tile(t) => (t.ty.rows, t.ty.cols),
         };
@@ -1204,7 +1206,8 @@ impl<'p> Kernel<'p> {
         let (av, bad_rows, a_what) = match &a {
             MmaA::View(a) => {
                 let ta = self.prog.rings[a.ring].1;
-                let (v, bad) = gather(&blk.rings[a.ring], m, &|i, kk| ring_index(ta, *a, i, kk));
+                let (v, bad) =
+                    gather(&blk.rings[a.ring], m, &|i, kk| if a_t { ring_index(ta, *a, kk, i) } else { ring_index(ta, *a, i, kk) });
                 (v, bad, format!("stage {} of ring `{}`", a.stage, self.prog.rings[a.ring].0))
             }
             MmaA::Tile(t) => {
