@@ -6,10 +6,12 @@
 //!
 //! `cargo bench --bench memory_bound` (prints a skip where there is no GPU).
 //! `TESSERA_BENCH_WIDTHS=11008,12288` times the copy and the norms at those hidden sizes only;
-//! `TESSERA_BENCH_SCANS=1` the first table and the scan rows only.
+//! `TESSERA_BENCH_SCANS=1` the first table and the scan rows only (`=prefix`, `=selective`,
+//! `=linear`: the copy and that part of them).
 //! The scan rows have PyTorch's beside them (`benches/torch_scans.py`, run as a child process;
 //! `TESSERA_TORCH_SCANS_SCRIPT` overrides its path); the selective scan's decode step has
-//! mamba-ssm's Triton kernel beside it (`benches/mamba_step.py`, which says what it needs).
+//! mamba-ssm's Triton kernel beside it (`benches/mamba_step.py`, which says what it needs), the
+//! linear attention flash-linear-attention's (`benches/fla_linear_attn.py`, likewise).
 
 use criterion::Criterion;
 use std::time::Duration;
@@ -102,7 +104,9 @@ fn main() {
     let all = only.is_none();
     // Only the copy, the first table and the scan rows.
     let scans_only = std::env::var_os("TESSERA_BENCH_SCANS").is_some();
-    if all {
+    // `TESSERA_BENCH_SCANS=prefix`, `selective` or `linear`: that part of the scan rows alone.
+    let part = |name: &str| std::env::var("TESSERA_BENCH_SCANS").map_or(true, |v| v == "1" || v == name);
+    if all && part("prefix") {
         {
             let mut f = || tessera_kernels::axpy(&dev, 0.5, &x, &mut y).expect("axpy");
             timed(&mut criterion, "axpy", &mut f);
@@ -304,7 +308,7 @@ fn main() {
     // The selective scan (Mamba-1) forward, bf16, d_state 16, one group, with D, the gate and
     // softplus: its roofline reads u, delta, z (batch·channels·L each), B and C
     // (batch·d_state·L each) once and writes y once (2 bytes an element).
-    if all {
+    if all && part("selective") {
         use tessera::bf16;
         let (b, ch, n, l) = (8usize, 1536usize, 16usize, 4096usize);
         let mut t = |shape: &[usize]| Tensor::from_host(&dev, &rng_bf16(shape.iter().product()), shape).expect("bf16 input");
@@ -325,6 +329,33 @@ fn main() {
         let mut f = || drop(scan.backward(&dout).expect("selective scan backward"));
         norm_rows.push((format!("selective_scan bwd {b}x{ch}x{l} N{n}"), bwd_bytes, time_ms(&dev, 2, 5, &mut f)));
     }
+    // Causal linear attention (chunked), B 8, T 4096, H 16, D 128, bf16, beside
+    // flash-linear-attention's `chunk_linear_attn` (and `chunk_simple_gla` for the decayed
+    // form) in the same run (`benches/fla_linear_attn.py`): its I/O roofline reads q, k, v and
+    // writes o once (the decay adds 4 bytes a step and head, β as many).
+    if all && part("linear") {
+        use tessera::bf16;
+        let (b, t, h, d) = (8usize, 4096usize, 16usize, 128usize);
+        let mut r = |shape: &[usize]| Tensor::from_host(&dev, &rng_bf16(shape.iter().product()), shape).expect("bf16 input");
+        let (q, k, v) = (r(&[b, t, h, d]), r(&[b, t, h, d]), r(&[b, t, h, d]));
+        let mut o = Tensor::<bf16>::zeros(&dev, &[b, t, h, d]).expect("o");
+        let g = Tensor::from_host(&dev, &random(b * h * t).iter().map(|x| -0.3 * x.abs()).collect::<Vec<_>>(), &[b, h, t]).expect("g");
+        let bytes = (4 * b * t * h * d * 2) as f64;
+        let la = tessera_kernels::LinearAttention::new(&dev, &q, &k, &v);
+        let mut f = || la.run(&mut o, None).expect("linear attention");
+        norm_rows.push((format!("linear_attention fwd {b}x{t}x{h}x{d}"), bytes, time_ms(&dev, 3, 10, &mut f)));
+        let la = tessera_kernels::LinearAttention::new(&dev, &q, &k, &v).decay(&g).beta(&g);
+        let mut f = || la.run(&mut o, None).expect("linear attention");
+        norm_rows.push((format!("linear_attention fwd decay+beta {b}x{t}x{h}x{d}"), bytes + (2 * b * h * t * 4) as f64, time_ms(&dev, 3, 10, &mut f)));
+        match python_baseline("TESSERA_FLA_SCRIPT", "fla_linear_attn.py", &[b, t, h, d]) {
+            Ok(lines) => {
+                for (name, ms) in lines {
+                    norm_rows.push((format!("  fla {name} {b}x{t}x{h}x{d}"), bytes, ms));
+                }
+            }
+            Err(why) => println!("memory_bound: no flash-linear-attention baseline: {why}"),
+        }
+    }
     // The selective scan's decode step (one token, the state updated in place) beside
     // mamba-ssm's Triton `selective_state_update` in the same run: f32 state read and written
     // once, bf16 x, dt, z, y, B, C, f32 A, D, dt bias; softplus on. The baseline is timed as
@@ -332,7 +363,7 @@ fn main() {
     // (the default stream cannot be captured) with cudarc's cross-stream event tracking off
     // for its tensors (one stream: nothing to track, and a capture cannot wait on events
     // recorded before it).
-    if all {
+    if all && part("selective") {
         use tessera::bf16;
         let ctx = dev.context().expect("a CUDA context").clone();
         // SAFETY: the tensors made while tracking is off live on `sdev`'s stream alone.

@@ -4,7 +4,9 @@
 # folder to carry there:
 #   <dir>/mamba_src  mamba-ssm's source tree (its Triton kernels load alone; the package's
 #                    CUDA extensions are not built) for `benches/mamba_step.py`;
-#   <dir>/pylib      einops, which those kernels import.
+#   <dir>/pylib      einops, which those kernels import, and flash-linear-attention
+#                    (`flash-linear-attention` + `fla-core`, pure Python on Triton) for
+#                    `benches/fla_linear_attn.py`.
 # Usage: bash scripts/fetch-baselines.sh [.gpu2]   (then carry <dir> and run the bench there,
 # with the scripts beside it or TESSERA_MAMBA_SRC / TESSERA_PYLIB naming the folders).
 set -euo pipefail
@@ -21,6 +23,7 @@ curl -fsSL "${link%%#*}" -o "$tmp/mamba.tar.gz"
 echo "${link##*sha256=}  $tmp/mamba.tar.gz" | sha256sum -c --quiet
 tar -C "$tmp" -xzf "$tmp/mamba.tar.gz"
 rm -rf "$dir/mamba_src" && mv "$tmp/mamba_ssm-$version" "$dir/mamba_src"
-pip download --quiet --no-deps --only-binary :all: einops -d "$tmp/wheels"
-python3 -m zipfile -e "$tmp"/wheels/einops-*.whl "$dir/pylib"
-echo "fetched into $dir: mamba_src (mamba-ssm $version), pylib (einops)"
+fla=0.6.0
+pip download --quiet --no-deps --only-binary :all: einops "flash-linear-attention==$fla" "fla-core==$fla" -d "$tmp/wheels"
+for w in "$tmp"/wheels/*.whl; do python3 -m zipfile -e "$w" "$dir/pylib"; done
+echo "fetched into $dir: mamba_src (mamba-ssm $version), pylib (einops, flash-linear-attention $fla)"

@@ -1149,10 +1149,12 @@ fn reduce_op(name: &str) -> ReduceOp {
     }
 }
 
+/// A non-negative constant: a literal, or arithmetic on literals (`{ 2 * (128 / 64) }`, as a
+/// device function's const generics leave it).
 fn int_const(e: &SynExpr, msg: &str) -> R<u32> {
     match e {
         SynExpr::Lit(syn::ExprLit { lit: syn::Lit::Int(i), .. }) => i.base10_parse(),
-        other => err(other, msg),
+        other => const_eval(other).and_then(|v| u32::try_from(v).ok()).map_or_else(|| err(other, msg), Ok),
     }
 }
 

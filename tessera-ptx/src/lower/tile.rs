@@ -1062,7 +1062,11 @@ fn layout_free(e: &Expr) -> bool {
             (Type::Tile(_), Type::Scalar(_)) => layout_free(x),
             (Type::Scalar(_), Type::Tile(_)) => layout_free(y),
             // The first operand takes the hint, the second the first's layout.
-            (Type::Tile(a), Type::Tile(b)) => a.rows == b.rows && a.cols == b.cols && layout_free(x) && layout_free(y),
+            (Type::Tile(a), Type::Tile(b)) if a.rows == b.rows && a.cols == b.cols => layout_free(x) && layout_free(y),
+            // A broadcast (`zeros + row`): the full-shaped operand takes the hint, the vector
+            // moves into its broadcast layout.
+            (Type::Tile(a), Type::Tile(b)) if a.rows >= b.rows && a.cols >= b.cols => layout_free(x),
+            (Type::Tile(_), Type::Tile(_)) => layout_free(y),
             _ => false,
         },
         _ => false,

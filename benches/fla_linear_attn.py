@@ -1,0 +1,55 @@
+"""flash-linear-attention's chunked kernels, the baselines of the linear attention rows in
+`benches/memory_bound.rs`.
+
+`python3 fla_linear_attn.py B T H D` prints, in ms, for bf16 q, k, v [B, T, H, D]:
+`fwd` chunk_linear_attn forward (normalize=False: o_t = scale·q_t·Σ k_sᵀv_s, as ours),
+`fwd_norm` the same with its default normalization, `fwd_bwd` forward + backward of the
+first, `gla_fwd` chunk_simple_gla with a scalar log-decay a head and step (where this Triton
+runs it). CUDA-event timing (`cuda_timing.py`) after warm-up calls, which include Triton's
+autotuning. flash-linear-attention is not installed on the GPU machine: `TESSERA_PYLIB` names
+a folder with it and einops unpacked (default `pylib` beside this script;
+`scripts/fetch-baselines.sh` fetches them). Prints `error <reason>` and exits 0 where it cannot
+import them; a kernel that fails prints its reason on stderr and no line.
+"""
+import os
+import sys
+
+here = os.path.dirname(os.path.abspath(__file__))
+try:
+    sys.path.insert(0, os.environ.get("TESSERA_PYLIB", os.path.join(here, "pylib")))
+    import torch
+
+    sys.path.insert(0, here)
+    from cuda_timing import time_ms
+    from fla.ops.linear_attn import chunk_linear_attn
+    from fla.ops.simple_gla import chunk_simple_gla
+except Exception as e:
+    print(f"error {type(e).__name__}: {e}")
+    sys.exit(0)
+
+B, T, H, D = (int(a) for a in sys.argv[1:5])
+dev, bf = "cuda", torch.bfloat16
+q, k, v = (torch.randn(B, T, H, D, device=dev, dtype=bf) for _ in range(3))
+g = -torch.rand(B, T, H, device=dev, dtype=torch.float32) * 0.6
+
+
+def report(name, f, warm=3, iters=10):
+    try:
+        print(f"{name} {time_ms(f, warm=warm, iters=iters):.5f}", flush=True)
+    except Exception as e:
+        print(f"{name}: {type(e).__name__}: {e}", file=sys.stderr)
+
+
+report("fwd", lambda: chunk_linear_attn(q, k, v, normalize=False))
+report("fwd_norm", lambda: chunk_linear_attn(q, k, v))
+qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
+do = torch.randn_like(v)
+
+
+def fwd_bwd():
+    o, _ = chunk_linear_attn(qg, kg, vg, normalize=False)
+    o.backward(do)
+
+
+report("fwd_bwd", fwd_bwd)
+report("gla_fwd", lambda: chunk_simple_gla(q, k, v, g=g))
