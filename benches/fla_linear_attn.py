@@ -4,8 +4,8 @@
 `python3 fla_linear_attn.py B T H D` prints, in ms, for bf16 q, k, v [B, T, H, D]:
 `fwd` chunk_linear_attn forward (normalize=False: o_t = scale·q_t·Σ k_sᵀv_s, as ours),
 `fwd_norm` the same with its default normalization, `fwd_bwd` forward + backward of the
-first, `gla_fwd` chunk_simple_gla with a scalar log-decay a head and step (where this Triton
-runs it). CUDA-event timing (`cuda_timing.py`) after warm-up calls, which include Triton's
+first, `gla_fwd` chunk_simple_gla with a scalar log-decay a head and step, `gla_fwd_bwd` with its
+backward (where this Triton runs them; the issue reports its gated backward wrong here). CUDA-event timing (`cuda_timing.py`) after warm-up calls, which include Triton's
 autotuning. flash-linear-attention is not installed on the GPU machine: `TESSERA_PYLIB` names
 a folder with it and einops unpacked (default `pylib` beside this script;
 `scripts/fetch-baselines.sh` fetches them). Prints `error <reason>` and exits 0 where it cannot
@@ -53,3 +53,12 @@ def fwd_bwd():
 
 report("fwd_bwd", fwd_bwd)
 report("gla_fwd", lambda: chunk_simple_gla(q, k, v, g=g))
+gg = g.detach().clone().requires_grad_()
+
+
+def gla_fwd_bwd():
+    o, _ = chunk_simple_gla(qg, kg, vg, g=gg)
+    o.backward(do)
+
+
+report("gla_fwd_bwd", gla_fwd_bwd)

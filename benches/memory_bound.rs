@@ -346,11 +346,32 @@ fn main() {
         norm_rows.push((format!("linear_attention fwd {b}x{t}x{h}x{d}"), bytes, time_ms(&dev, 3, 10, &mut f)));
         let la = tessera_kernels::LinearAttention::new(&dev, &q, &k, &v).decay(&g).beta(&g);
         let mut f = || la.run(&mut o, None).expect("linear attention");
-        norm_rows.push((format!("linear_attention fwd decay+beta {b}x{t}x{h}x{d}"), bytes + (2 * b * h * t * 4) as f64, time_ms(&dev, 3, 10, &mut f)));
+        norm_rows.push((
+            format!("linear_attention fwd decay+beta {b}x{t}x{h}x{d}"),
+            bytes + (2 * b * h * t * 4) as f64,
+            time_ms(&dev, 3, 10, &mut f),
+        ));
+        // Forward + backward (the gradients allocated in each call): the backward reads q, k,
+        // v, dout and writes dq, dk, dv, so 11 tensors' bytes with the forward's.
+        let dout = r(&[b, t, h, d]);
+        let la = tessera_kernels::LinearAttention::new(&dev, &q, &k, &v);
+        let mut f = || {
+            la.run(&mut o, None).expect("linear attention");
+            drop(la.backward(&dout, None).expect("linear attention backward"));
+        };
+        let bytes_fb = bytes * 11.0 / 4.0;
+        norm_rows.push((format!("linear_attention fwd+bwd {b}x{t}x{h}x{d}"), bytes_fb, time_ms(&dev, 2, 5, &mut f)));
+        let la = tessera_kernels::LinearAttention::new(&dev, &q, &k, &v).decay(&g).beta(&g);
+        let mut f = || {
+            la.run(&mut o, None).expect("linear attention");
+            drop(la.backward(&dout, None).expect("linear attention backward"));
+        };
+        norm_rows.push((format!("linear_attention fwd+bwd decay+beta {b}x{t}x{h}x{d}"), bytes_fb, time_ms(&dev, 2, 5, &mut f)));
         match python_baseline("TESSERA_FLA_SCRIPT", "fla_linear_attn.py", &[b, t, h, d]) {
             Ok(lines) => {
                 for (name, ms) in lines {
-                    norm_rows.push((format!("  fla {name} {b}x{t}x{h}x{d}"), bytes, ms));
+                    let by = if name.contains("bwd") { bytes_fb } else { bytes };
+                    norm_rows.push((format!("  fla {name} {b}x{t}x{h}x{d}"), by, ms));
                 }
             }
             Err(why) => println!("memory_bound: no flash-linear-attention baseline: {why}"),

@@ -6,7 +6,10 @@
 //!
 //! bf16 tolerance: the kernel rounds P, the state it multiplies queries by and `w·V` to bf16
 //! (as FlashAttention rounds P): outputs agree to about 2.5e-3 relative (we assert 1e-2), the
-//! last state, accumulated in f32 from bf16 operands, to about 1.6e-3 (we assert 5e-3).
+//! last state, accumulated in f32 from bf16 operands, to about 1.6e-3 (we assert 5e-3). The
+//! gradients dq, dk, dv, dβ and the initial state's agree to about 2.5e-3 (we assert 1e-2); the
+//! decay's, a running sum over each chunk of `q·dq − k·dk` (near terms whose difference keeps
+//! their absolute error), to 1–2e-2 at any length (we assert 4e-2).
 
 mod common;
 
@@ -67,47 +70,187 @@ fn reference(c: Case, q: &[f64], k: &[f64], v: &[f64], g: &[f64], beta: &[f64], 
     (o, last)
 }
 
-fn run_case(dev: &Device, c: Case) {
-    let shape = |heads: usize, d: usize| match c.layout {
+/// A case's inputs, on the host (bf16 as the kernels read them, widened) and on the device.
+struct Inputs {
+    q: Tensor<bf16>,
+    k: Tensor<bf16>,
+    v: Tensor<bf16>,
+    g: Tensor<f32>,
+    beta: Tensor<f32>,
+    h0: Tensor<f32>,
+    host: [Vec<f64>; 6],
+}
+
+fn shape(c: Case, heads: usize, d: usize) -> Vec<usize> {
+    match c.layout {
         AttentionLayout::Bshd => vec![c.batch, c.len, heads, d],
         AttentionLayout::Bhsd => vec![c.batch, heads, c.len, d],
-    };
-    let bf = |n: usize| random(n, -1.0, 1.0).into_iter().map(bf16::from_f32).collect::<Vec<_>>();
-    let wide = |x: &[bf16]| x.iter().map(|v| f64::from(v.to_f32())).collect::<Vec<_>>();
+    }
+}
+
+fn bf16_random(n: usize) -> (Vec<bf16>, Vec<f64>) {
+    let x: Vec<bf16> = random(n, -1.0, 1.0).into_iter().map(bf16::from_f32).collect();
+    let w = x.iter().map(|v| f64::from(v.to_f32())).collect();
+    (x, w)
+}
+
+fn inputs(dev: &Device, c: Case) -> Inputs {
     let (nq, nv) = (c.batch * c.qk_heads * c.len * c.dk, c.batch * c.heads * c.len * c.dv);
-    let (hq, hk, hv) = (bf(nq), bf(nq), bf(nv));
+    let ((hq, wq), (hk, wk), (hv, wv)) = (bf16_random(nq), bf16_random(nq), bf16_random(nv));
     let steps = c.batch * c.heads * c.len;
     // Log decays as a gate gives them: between e^-0.6 and e^-0.002 a step.
-    let hg = random(steps, -0.6, -0.002);
-    let hb = random(steps, 0.1, 1.0);
+    let (hg, hb) = (random(steps, -0.6, -0.002), random(steps, 0.1, 1.0));
     let hh0 = random(c.batch * c.heads * c.dk * c.dv, -1.0, 1.0);
-    let q = Tensor::from_host(dev, &hq, &shape(c.qk_heads, c.dk)).unwrap();
-    let k = Tensor::from_host(dev, &hk, &shape(c.qk_heads, c.dk)).unwrap();
-    let v = Tensor::from_host(dev, &hv, &shape(c.heads, c.dv)).unwrap();
-    let g = Tensor::from_host(dev, &hg, &[c.batch, c.heads, c.len]).unwrap();
-    let beta = Tensor::from_host(dev, &hb, &[c.batch, c.heads, c.len]).unwrap();
-    let h0 = Tensor::from_host(dev, &hh0, &[c.batch, c.heads, c.dk, c.dv]).unwrap();
-    let mut o = Tensor::full(dev, &shape(c.heads, c.dv), bf16::from_f32(f32::NAN)).unwrap();
-    let mut last = Tensor::full(dev, &[c.batch, c.heads, c.dk, c.dv], f32::NAN).unwrap();
-    let mut la = LinearAttention::new(dev, &q, &k, &v).layout(c.layout);
-    if c.decay {
-        la = la.decay(&g);
-    }
-    if c.beta {
-        la = la.beta(&beta);
-    }
-    if c.h0 {
-        la = la.initial_state(&h0);
-    }
-    la.run(&mut o, Some(&mut last)).unwrap();
-    let scale = 1.0 / (c.dk as f64).sqrt();
     let f = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<_>>();
-    let (want_o, want_h) = reference(c, &wide(&hq), &wide(&hk), &wide(&hv), &f(&hg), &f(&hb), &f(&hh0), scale);
-    let got_o = wide(&o.to_host().unwrap());
-    let got_h = f(&last.to_host().unwrap());
-    let (eo, eh) = (rel_error(&got_o, &want_o), rel_error(&got_h, &want_h));
+    Inputs {
+        q: Tensor::from_host(dev, &hq, &shape(c, c.qk_heads, c.dk)).unwrap(),
+        k: Tensor::from_host(dev, &hk, &shape(c, c.qk_heads, c.dk)).unwrap(),
+        v: Tensor::from_host(dev, &hv, &shape(c, c.heads, c.dv)).unwrap(),
+        g: Tensor::from_host(dev, &hg, &[c.batch, c.heads, c.len]).unwrap(),
+        beta: Tensor::from_host(dev, &hb, &[c.batch, c.heads, c.len]).unwrap(),
+        h0: Tensor::from_host(dev, &hh0, &[c.batch, c.heads, c.dk, c.dv]).unwrap(),
+        host: [wq, wk, wv, f(&hg), f(&hb), f(&hh0)],
+    }
+}
+
+impl Inputs {
+    fn attention<'a>(&'a self, dev: &'a Device, c: Case) -> LinearAttention<'a, bf16> {
+        let mut la = LinearAttention::new(dev, &self.q, &self.k, &self.v).layout(c.layout);
+        if c.decay {
+            la = la.decay(&self.g);
+        }
+        if c.beta {
+            la = la.beta(&self.beta);
+        }
+        if c.h0 {
+            la = la.initial_state(&self.h0);
+        }
+        la
+    }
+}
+
+fn wide<T: Copy + Into<f64>>(x: &[T]) -> Vec<f64> {
+    x.iter().map(|&v| v.into()).collect()
+}
+
+fn wide_bf16(x: &[bf16]) -> Vec<f64> {
+    x.iter().map(|v| f64::from(v.to_f32())).collect()
+}
+
+fn run_case(dev: &Device, c: Case) {
+    let inp = inputs(dev, c);
+    let mut o = Tensor::full(dev, &shape(c, c.heads, c.dv), bf16::from_f32(f32::NAN)).unwrap();
+    let mut last = Tensor::full(dev, &[c.batch, c.heads, c.dk, c.dv], f32::NAN).unwrap();
+    inp.attention(dev, c).run(&mut o, Some(&mut last)).unwrap();
+    let [q, k, v, g, b, h0] = &inp.host;
+    let (want_o, want_h) = reference(c, q, k, v, g, b, h0, 1.0 / (c.dk as f64).sqrt());
+    let (eo, eh) = (rel_error(&wide_bf16(&o.to_host().unwrap()), &want_o), rel_error(&wide(&last.to_host().unwrap()), &want_h));
     assert!(eo < 1e-2, "{c:?}: output relative error {eo}");
     assert!(eh < 5e-3, "{c:?}: last state relative error {eh}");
+}
+
+/// The gradients (dq, dk, dv, dg, dβ, dh0) of `⟨o, dout⟩ + ⟨h_last, dh_last⟩` in f64 by
+/// reverse-mode through the sequential recurrence: the states kept every 64 steps, each
+/// segment's rebuilt from its checkpoint on the way back.
+#[allow(clippy::too_many_arguments)]
+fn reference_backward(
+    c: Case, q: &[f64], k: &[f64], v: &[f64], g: &[f64], beta: &[f64], h0: &[f64], dout: &[f64], dh_last: &[f64], scale: f64,
+) -> [Vec<f64>; 6] {
+    let (dk, dv, group) = (c.dk, c.dv, c.heads / c.qk_heads);
+    let mut gq = vec![0.0; q.len()];
+    let mut gk = vec![0.0; k.len()];
+    let mut gv = vec![0.0; v.len()];
+    let mut gg = vec![0.0; g.len()];
+    let mut gb = vec![0.0; beta.len()];
+    let mut gh0 = vec![0.0; h0.len()];
+    for b in 0..c.batch {
+        for h in 0..c.heads {
+            let bh = b * c.heads + h;
+            let decay = |t: usize| if c.decay { g[bh * c.len + t].exp() } else { 1.0 };
+            let w = |t: usize| if c.beta { beta[bh * c.len + t] } else { 1.0 };
+            let qi = |t: usize, i: usize| at(c, c.qk_heads, dk, b, h / group, t, i);
+            let vi = |t: usize, j: usize| at(c, c.heads, dv, b, h, t, j);
+            let step = |s: &mut [f64], t: usize| {
+                for i in 0..dk {
+                    for j in 0..dv {
+                        s[i * dv + j] = decay(t) * s[i * dv + j] + w(t) * k[qi(t, i)] * v[vi(t, j)];
+                    }
+                }
+            };
+            // States before each 64-step segment.
+            let mut s: Vec<f64> = if c.h0 { h0[bh * dk * dv..(bh + 1) * dk * dv].to_vec() } else { vec![0.0; dk * dv] };
+            let mut marks = Vec::new();
+            for t in 0..c.len {
+                if t % 64 == 0 {
+                    marks.push(s.clone());
+                }
+                step(&mut s, t);
+            }
+            let mut dh: Vec<f64> =
+                if c.decay || c.beta || c.h0 { dh_last[bh * dk * dv..(bh + 1) * dk * dv].to_vec() } else { vec![0.0; dk * dv] };
+            for seg in (0..marks.len()).rev() {
+                // H_{t−1} for each t of the segment, rebuilt forward.
+                let mut states = vec![marks[seg].clone()];
+                let end = ((seg + 1) * 64).min(c.len);
+                for t in seg * 64..end {
+                    let mut n = states.last().unwrap().clone();
+                    step(&mut n, t);
+                    states.push(n);
+                }
+                for t in (seg * 64..end).rev() {
+                    let (prev, cur) = (&states[t - seg * 64], &states[t - seg * 64 + 1]);
+                    for i in 0..dk {
+                        for j in 0..dv {
+                            dh[i * dv + j] += scale * q[qi(t, i)] * dout[vi(t, j)];
+                        }
+                    }
+                    for i in 0..dk {
+                        gq[qi(t, i)] += scale * (0..dv).map(|j| dout[vi(t, j)] * cur[i * dv + j]).sum::<f64>();
+                        gk[qi(t, i)] += w(t) * (0..dv).map(|j| dh[i * dv + j] * v[vi(t, j)]).sum::<f64>();
+                    }
+                    for j in 0..dv {
+                        gv[vi(t, j)] += w(t) * (0..dk).map(|i| k[qi(t, i)] * dh[i * dv + j]).sum::<f64>();
+                    }
+                    gb[bh * c.len + t] = (0..dk).map(|i| k[qi(t, i)] * (0..dv).map(|j| dh[i * dv + j] * v[vi(t, j)]).sum::<f64>()).sum();
+                    gg[bh * c.len + t] = decay(t) * dh.iter().zip(prev).map(|(x, y)| x * y).sum::<f64>();
+                    dh.iter_mut().for_each(|x| *x *= decay(t));
+                }
+            }
+            gh0[bh * dk * dv..(bh + 1) * dk * dv].copy_from_slice(&dh);
+        }
+    }
+    [gq, gk, gv, gg, gb, gh0]
+}
+
+fn run_backward(dev: &Device, c: Case) {
+    let inp = inputs(dev, c);
+    let (hdo, wdo) = bf16_random(c.batch * c.heads * c.len * c.dv);
+    let dout = Tensor::from_host(dev, &hdo, &shape(c, c.heads, c.dv)).unwrap();
+    let hdl = random(c.batch * c.heads * c.dk * c.dv, -1.0, 1.0);
+    let dh_last = Tensor::from_host(dev, &hdl, &[c.batch, c.heads, c.dk, c.dv]).unwrap();
+    // The last state's gradient rides along with any of the state's extras.
+    let with_dh = c.decay || c.beta || c.h0;
+    let grads = inp.attention(dev, c).backward(&dout, with_dh.then_some(&dh_last)).unwrap();
+    let [q, k, v, g, b, h0] = &inp.host;
+    let want = reference_backward(c, q, k, v, g, b, h0, &wdo, &wide(&hdl), 1.0 / (c.dk as f64).sqrt());
+    let got: [(&str, Option<Vec<f64>>); 6] = [
+        ("dq", Some(wide_bf16(&grads.dq.to_host().unwrap()))),
+        ("dk", Some(wide_bf16(&grads.dk.to_host().unwrap()))),
+        ("dv", Some(wide_bf16(&grads.dv.to_host().unwrap()))),
+        ("dg", grads.dg.map(|t| wide(&t.to_host().unwrap()))),
+        ("dbeta", grads.dbeta.map(|t| wide(&t.to_host().unwrap()))),
+        ("dh0", grads.dh0.map(|t| wide(&t.to_host().unwrap()))),
+    ];
+    let expected = [true, true, true, c.decay, c.beta, c.h0];
+    for ((name, got), (want, present)) in got.into_iter().zip(want.iter().zip(expected)) {
+        assert_eq!(got.is_some(), present, "{c:?}: {name} present");
+        if let Some(got) = got {
+            let err = rel_error(&got, want);
+            // dg sums differences of near terms (q·dq − k·dk): it keeps their absolute error.
+            let tol = if name == "dg" { 4e-2 } else { 1e-2 };
+            assert!(err < tol, "{c:?}: {name} relative error {err}");
+        }
+    }
 }
 
 fn case(len: usize, dk: usize, dv: usize) -> Case {
@@ -132,6 +275,30 @@ fn gpu_linear_attention_matches_recurrence() {
     run_case(&dev, c);
     run_case(&dev, Case { decay: true, ..c });
     run_case(&dev, Case { beta: true, qk_heads: 1, layout: AttentionLayout::Bshd, ..c });
+}
+
+#[test]
+fn gpu_linear_attention_backward_matches_reverse_mode() {
+    let Some(dev) = gpu_or_skip("gpu_linear_attention_backward_matches_reverse_mode") else { return };
+    for len in [1, 7, 1000, 4099] {
+        for (dk, dv) in [(128, 128), (64, 64), (128, 64)] {
+            run_backward(&dev, case(len, dk, dv));
+            run_backward(&dev, gated(case(len, dk, dv)));
+        }
+    }
+    let c = Case { batch: 3, heads: 4, qk_heads: 2, layout: AttentionLayout::Bhsd, ..case(1000, 128, 64) };
+    run_backward(&dev, Case { decay: true, ..c });
+    run_backward(&dev, Case { beta: true, qk_heads: 1, layout: AttentionLayout::Bshd, ..c });
+}
+
+#[test]
+fn interp_linear_attention_backward_matches_reverse_mode() {
+    let dev = Device::cpu();
+    for len in [1, 7, 130] {
+        run_backward(&dev, gated(case(len, 64, 64)));
+    }
+    run_backward(&dev, case(70, 128, 128));
+    run_backward(&dev, Case { batch: 1, heads: 4, qk_heads: 2, layout: AttentionLayout::Bhsd, decay: true, ..case(100, 128, 64) });
 }
 
 #[test]

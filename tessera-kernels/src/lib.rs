@@ -35,7 +35,7 @@ pub use attention::{attention, attention_variants, attention_varlen, attention_w
 pub use elementwise::axpy;
 pub use fp8::{dequantize_fp8, quantize_fp8, Fp8Element, Fp8Source};
 pub use gemm::{bias_gelu, gemm, gemm_tn, gemm_variants, Activation, BLayout, Bias, GemmBuilder, GemmElement};
-pub use linear_attention::{LinearAttention, LinearAttentionElement};
+pub use linear_attention::{LinearAttention, LinearAttentionElement, LinearAttentionGrads};
 pub use norm::{layer_norm, rms_norm, NormElement, NormPath, NORM_WIDE_MAX, ROW_IN_REGISTERS, ROW_PER_BLOCK_MAX};
 pub use norm_fused::{Dropout, FusedSpecs, Norm, NormGrads, NormKind, FUSED_BACKWARD_ROW_IN_REGISTERS, FUSED_ROW_IN_REGISTERS};
 pub use reduce::{col_max, col_mean, col_sum, row_max, row_mean, row_sum};

@@ -42,6 +42,105 @@ pub fn head_origin(b: i32, h: i32, heads: i32, width: i32, bhtd: i32) -> (i32, i
     (plane, col)
 }
 
+/// A producer's walk over the chunks of one (batch, head): chunk `c` (or `chunks − 1 − c` with
+/// `reverse`) of Q and K into `sq`, `sk`, of V into `sv` (its 64-column halves one above the
+/// other), and whatever `more(stage, chunk)` loads (a backward's dO) into the same stage.
+#[device]
+#[allow(clippy::too_many_arguments)]
+pub fn load_chunks<T, const DK: usize, const DV: usize>(
+    pipe: Pipeline<2>, sq: Smem<T, 64, DK>, sk: Smem<T, 64, DK>, sv: Smem<T, DV, 64>, q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>,
+    qp: i32, qc: i32, kp: i32, kc: i32, vp: i32, vc: i32, chunks: i32, reverse: i32, more: impl Fn(i32, i32),
+) {
+    setmaxnreg(40);
+    fill_stages(pipe, chunks, |s, i| {
+        let mut c = i;
+        if reverse == 1 {
+            c = chunks - 1 - i;
+        }
+        tma::load(sq.at(s), q, [qp, c * 64, qc], pipe);
+        tma::load(sk.at(s), k, [kp, c * 64, kc], pipe);
+        #[unroll]
+        for j in 0..DV / 64 {
+            tma::load(sv.at(s).rows(j * 64, 64), v, [vp, c * 64, vc + j * 64], pipe);
+        }
+        more(s, c);
+    });
+}
+
+/// A chunk's decay from step `t0` on, in log₂ units: `G` (the running sum of `g` over the
+/// chunk) along a row (`gr`, one per column) and down a column (`gcol`, one per row), the
+/// decay from each step to the chunk's end `exp(G_last − G_j)` (`wl`, per row) and over the
+/// whole chunk `exp(G_last)`. Without a decay (`has_g` 0): zeros and ones.
+#[device]
+pub fn chunk_decay(
+    g: Global<f32, 2>, gc: Global<f32, 3>, bh: i32, t0: i32, has_g: i32,
+) -> (Tile<f32, 1, 64>, Tile<f32, 64, 1>, Tile<f32, 64, 1>, Tile<f32, 1, 1>) {
+    let mut gr = Tile::<f32, 1, 64>::zeros();
+    let mut gcol = Tile::<f32, 64, 1>::zeros();
+    let mut wl = Tile::<f32, 64, 1>::full(1.0);
+    let mut last = Tile::<f32, 1, 1>::full(1.0);
+    if has_g == 1 {
+        gr = tile_scan::<scan_add>(g.load::<Tile<f32, 1, 64>>([bh, t0]), 1, 0.0) * f32::consts::LOG2_E;
+        gcol = tile_scan::<scan_add>(gc.load::<Tile<f32, 64, 1>>([bh, t0, 0]), 0, 0.0) * f32::consts::LOG2_E;
+        let gl = gr.last_col();
+        wl = exp2(gl - gcol);
+        last = exp2(gl);
+    }
+    (gr, gcol, wl, last)
+}
+
+/// Scores `[i, j]` (query step i, key step j) of a chunk weighted as the recurrence weighs
+/// them: `exp(G_i − G_j)` with a decay, `β_j` with a β, zero where `j > i`. The broadcasts
+/// take the scores' own layout (an accumulator's, for the MMA that reads the result).
+#[device]
+#[allow(clippy::too_many_arguments)]
+pub fn causal_weights(
+    x: Tile<f32, 64, 64>, gr: Tile<f32, 1, 64>, gcol: Tile<f32, 64, 1>, beta: Global<f32, 2>, bh: i32, t0: i32, has_g: i32, has_beta: i32,
+) -> Tile<f32, 64, 64> {
+    let mut p = x;
+    if has_g == 1 {
+        p = p * exp2(min(gcol - (Tile::<f32, 64, 64>::zeros() + gr), 0.0));
+    }
+    if has_beta == 1 {
+        p = p * beta.load::<Tile<f32, 1, 64>>([bh, t0]);
+    }
+    p.mask_cols(Tile::<f32, 64, 1>::row_index() + 1.0, 0.0)
+}
+
+/// The transposed form of [`causal_weights`] without β: `[j, i]` weighted by `exp(G_i −
+/// G_j)`, zero where `i < j`.
+#[device]
+pub fn causal_weights_t(x: Tile<f32, 64, 64>, gr: Tile<f32, 1, 64>, gcol: Tile<f32, 64, 1>, has_g: i32) -> Tile<f32, 64, 64> {
+    let mut p = x;
+    if has_g == 1 {
+        p = p * exp2(min((Tile::<f32, 64, 64>::zeros() + gr) - gcol, 0.0));
+    }
+    p * step(Tile::<f32, 64, 64>::col_index() - Tile::<f32, 64, 1>::row_index())
+}
+
+/// `a ← exp(G_last)·a + Xᵀ·(w ∘ Y)` for a chunk: `x` (K×M, the chunk's steps down its rows,
+/// taken transposed by the MMA) against 64 columns of the chunk in shared memory (rows `row..
+/// row + 64` of stage `stage` of `y`), or against `w ∘ Y` written to the same rows of `sw`
+/// first when `scaled` is not 0 (Y read again from `yg` at `[plane, t0, col]`). The forward's state update (X = K, Y = V, w = β·exp(G_last − G_j)) and the
+/// backward's (X = Q, Y = dO, w = scale·exp(G_j)). Issues the MMA; the caller waits.
+#[device]
+#[allow(clippy::too_many_arguments)]
+pub fn add_outer<T, const M: usize, const YR: usize>(
+    a: &mut Tile<f32, M, 64>, x: Smem<T, 64, M>, y: Smem<T, YR, 64>, sw: Smem<T, YR, 64>, stage: i32, row: i32, yg: Global<T, 3>,
+    plane: i32, t0: i32, col: i32, w: Tile<f32, 64, 1>, last: Tile<f32, 1, 1>, has_g: i32, scaled: i32,
+) {
+    if has_g == 1 {
+        *a = *a * last;
+    }
+    if scaled > 0 {
+        let yt: Tile<T, 64, 64> = yg.load([plane, t0, col]);
+        sw.at(0).rows(row, 64).store((yt.cast::<f32>() * w).cast::<T>());
+        mma_sync_kn(a, x.at(stage).t(), sw.at(0).rows(row, 64));
+    } else {
+        mma_sync_kn(a, x.at(stage).t(), y.at(stage).rows(row, 64));
+    }
+}
+
 /// The chunked causal linear attention of one (batch, head) per block (see the module's
 /// notes), with `epilogue(chunk, plane, row, col)` on each 64×64 piece of the output before it
 /// is stored. Launched with `1 + DV / 64` warpgroups, a block per (batch, head).
@@ -62,19 +161,84 @@ pub fn linear_attention_blocks<T, const DK: usize, const DV: usize>(
     let bh = block::id_x();
     let b = bh / heads;
     let h = bh - b * heads;
-    let len = q.dim(1);
-    let chunks = (len + 63) / 64;
+    let chunks = (q.dim(1) + 63) / 64;
     let (qp, qc) = head_origin(b, h / q_group, heads / q_group, DK, bhtd);
     let (kp, kc) = head_origin(b, h / k_group, heads / k_group, DK, bhtd);
     let (vp, vc) = head_origin(b, h, heads, DV, bhtd);
     if warpgroup::id() == 0 {
-        setmaxnreg(40);
-        fill_stages(pipe, chunks, |s, c| {
-            tma::load(sq.at(s), q, [qp, c * 64, qc], pipe);
-            tma::load(sk.at(s), k, [kp, c * 64, kc], pipe);
+        load_chunks::<T, DK, DV>(pipe, sq, sk, sv, q, k, v, qp, qc, kp, kc, vp, vc, chunks, 0, |_, _| {});
+    } else {
+        setmaxnreg(232);
+        let me = warpgroup::id() - 1;
+        let col = me * 64;
+        // This consumer's 64 columns of the state, f32 in registers (loaded straight into the
+        // accumulator's layout), and its 16-bit copy for the next chunk's queries.
+        let mut hs = Tile::<f32, DK, 64>::zeros();
+        if has_h0 == 1 {
+            hs = hs + h0.load::<Tile<f32, DK, 64>>([bh, 0, col]);
+        }
+        sh.at(0).rows(me * DK, DK).store(hs.cast::<T>());
+        drain_stages(pipe, chunks, |s, c| {
+            let t0 = c * 64;
+            // The chunk's scores and its queries against the state of the chunks before.
+            let mut sc = Tile::<f32, 64, 64>::zeros();
+            mma_sync(sc, sq.at(s), sk.at(s));
+            let mut out = Tile::<f32, 64, 64>::zeros();
+            mma_sync_kn(out, sq.at(s), sh.at(0).rows(me * DK, DK));
+            let (gr, gcol, wl, last) = chunk_decay(g, gc, bh, t0, has_g);
+            let mut ws = wl;
+            if has_beta == 1 {
+                ws = ws * betac.load::<Tile<f32, 64, 1>>([bh, t0, 0]);
+            }
+            mma_wait(0);
+            let p = causal_weights(sc, gr, gcol, beta, bh, t0, has_g, has_beta);
+            if has_g == 1 {
+                out = out * exp2(gcol);
+            }
+            mma_sync_kn(out, p.cast::<T>(), sv.at(s).rows(col, 64));
+            // The state: decayed, plus Kᵀ·(w ∘ V) of this chunk.
+            add_outer(&mut hs, sk, sv, sw, s, col, v, vp, t0, vc + col, ws, last, has_g, has_g + has_beta);
+            mma_wait(0);
+            sh.at(0).rows(me * DK, DK).store(hs.cast::<T>());
+            stage_store(o, so, epilogue(out * scale, vp, t0, vc + col), me * 2 + c % 2, vp, t0, vc + col);
+        });
+        if keep_h == 1 {
+            h_last.store([bh, 0, col], hs);
+        }
+        tma::store_wait(0);
+    }
+}
+/// The backward's first walk, forward over the chunks of one (batch, head) per block: the
+/// state `H` rebuilt as the forward builds it, and with it the queries' gradient
+/// `dQ = scale·[(dO·Vᵀ ∘ weights)·K + exp(G_i)·dO·H_prevᵀ]`, each consumer's part (its 64 of
+/// V's columns) added into `dq` (f32); with a decay, `q_t·dq_t` into `r` and each chunk's last
+/// state into `hsave` (16-bit) for the decay's gradient.
+#[device]
+#[allow(clippy::too_many_arguments)]
+pub fn linear_attention_dq_blocks<T, const DK: usize, const DV: usize>(
+    q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, beta: Global<f32, 2>,
+    betac: Global<f32, 3>, h0: Global<f32, 3>, dq: Global<f32, 3>, rc: Global<f32, 3>, hsave: Global<T, 3>, heads: i32, q_group: i32,
+    k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_h0: i32, scale: f32,
+) {
+    let sq = Smem::<T, 64, DK>::ring(2);
+    let sk = Smem::<T, 64, DK>::ring(2);
+    let sv = Smem::<T, DV, 64>::ring(2);
+    let sdo = Smem::<T, DV, 64>::ring(2);
+    let sw = Smem::<T, DV, 64>::ring(1);
+    let sh = Smem::<T, { DK * (DV / 64) }, 64>::ring(1);
+    let pipe = Pipeline::<2>::new({ DV / 64 });
+    let bh = block::id_x();
+    let b = bh / heads;
+    let h = bh - b * heads;
+    let chunks = (q.dim(1) + 63) / 64;
+    let (qp, qc) = head_origin(b, h / q_group, heads / q_group, DK, bhtd);
+    let (kp, kc) = head_origin(b, h / k_group, heads / k_group, DK, bhtd);
+    let (vp, vc) = head_origin(b, h, heads, DV, bhtd);
+    if warpgroup::id() == 0 {
+        load_chunks::<T, DK, DV>(pipe, sq, sk, sv, q, k, v, qp, qc, kp, kc, vp, vc, chunks, 0, |s, c| {
             #[unroll]
             for j in 0..DV / 64 {
-                tma::load(sv.at(s).rows(j * 64, 64), v, [vp, c * 64, vc + j * 64], pipe);
+                tma::load(sdo.at(s).rows(j * 64, 64), dout, [vp, c * 64, vc + j * 64], pipe);
             }
         });
     } else {
@@ -83,64 +247,146 @@ pub fn linear_attention_blocks<T, const DK: usize, const DV: usize>(
         let col = me * 64;
         let mut hs = Tile::<f32, DK, 64>::zeros();
         if has_h0 == 1 {
-            // Loaded straight into the accumulator's layout.
             hs = hs + h0.load::<Tile<f32, DK, 64>>([bh, 0, col]);
         }
         sh.at(0).rows(me * DK, DK).store(hs.cast::<T>());
-        let gated = has_g + has_beta;
         drain_stages(pipe, chunks, |s, c| {
             let t0 = c * 64;
-            // The chunk's scores and its queries against the state of the chunks before.
-            let mut sc = Tile::<f32, 64, 64>::zeros();
-            mma_sync(sc, sq.at(s), sk.at(s));
-            let mut out = Tile::<f32, 64, 64>::zeros();
-            mma_sync_kn(out, sq.at(s), sh.at(0).rows(me * DK, DK));
-            // The decay from step j to step i, exp(G_i − G_j) (G: the chunk's running sum of
-            // g, in log₂ units), and the weight of each step's k·v into the state,
-            // exp(G_last − G_j)·β_j; computed while the MMAs run.
-            let mut gr = Tile::<f32, 1, 64>::zeros();
-            let mut gcol = Tile::<f32, 64, 1>::zeros();
-            let mut ws = Tile::<f32, 64, 1>::full(1.0);
-            let mut last = Tile::<f32, 1, 1>::full(1.0);
-            if has_g == 1 {
-                gr = tile_scan::<scan_add>(g.load::<Tile<f32, 1, 64>>([bh, t0]), 1, 0.0) * f32::consts::LOG2_E;
-                gcol = tile_scan::<scan_add>(gc.load::<Tile<f32, 64, 1>>([bh, t0, 0]), 0, 0.0) * f32::consts::LOG2_E;
-                let gl = gr.last_col();
-                ws = exp2(gl - gcol);
-                last = exp2(gl);
-            }
+            let mut dp = Tile::<f32, 64, 64>::zeros();
+            mma_sync(dp, sdo.at(s).rows(col, 64), sv.at(s).rows(col, 64));
+            let mut dqa = Tile::<f32, 64, DK>::zeros();
+            mma_sync(dqa, sdo.at(s).rows(col, 64), sh.at(0).rows(me * DK, DK));
+            let (gr, gcol, wl, last) = chunk_decay(g, gc, bh, t0, has_g);
+            let mut ws = wl;
             if has_beta == 1 {
                 ws = ws * betac.load::<Tile<f32, 64, 1>>([bh, t0, 0]);
             }
             mma_wait(0);
-            // P in the scores' registers: the decay's broadcast takes their layout.
-            let mut p = sc;
+            let p = causal_weights(dp, gr, gcol, beta, bh, t0, has_g, has_beta);
             if has_g == 1 {
-                p = p * exp2(min(gcol - (Tile::<f32, 64, 64>::zeros() + gr), 0.0));
-                out = out * exp2(gcol);
+                dqa = dqa * exp2(gcol);
             }
-            if has_beta == 1 {
-                p = p * beta.load::<Tile<f32, 1, 64>>([bh, t0]);
-            }
-            p = p.mask_cols(Tile::<f32, 64, 1>::row_index() + 1.0, 0.0);
-            mma_sync_kn(out, p.cast::<T>(), sv.at(s).rows(col, 64));
-            // The state: decayed, plus Kᵀ·(w ∘ V) of this chunk.
-            if has_g == 1 {
-                hs = hs * last;
-            }
-            if gated > 0 {
-                let vt: Tile<T, 64, 64> = v.load([vp, t0, vc + col]);
-                sw.at(0).rows(col, 64).store((vt.cast::<f32>() * ws).cast::<T>());
-                mma_sync_kn(hs, sk.at(s).t(), sw.at(0).rows(col, 64));
-            } else {
-                mma_sync_kn(hs, sk.at(s).t(), sv.at(s).rows(col, 64));
-            }
+            mma_sync_kn(dqa, p.cast::<T>(), sk.at(s));
+            add_outer(&mut hs, sk, sv, sw, s, col, v, vp, t0, vc + col, ws, last, has_g, has_g + has_beta);
             mma_wait(0);
             sh.at(0).rows(me * DK, DK).store(hs.cast::<T>());
-            stage_store(o, so, epilogue(out * scale, vp, t0, vc + col), me * 2 + c % 2, vp, t0, vc + col);
+            let dqs = dqa * scale;
+            dq.atomic_add([qp, t0, qc], dqs);
+            if has_g == 1 {
+                hsave.store([bh * chunks + c, 0, col], hs.cast::<T>());
+                // (q read in dq's layout: a load inside the expression takes it.)
+                rc.atomic_add([bh, t0, 0], row_sum(q.load::<Tile<T, 64, DK>>([qp, t0, qc]).cast::<f32>() * dqs));
+            }
         });
-        if keep_h == 1 {
-            h_last.store([bh, 0, col], hs);
+    }
+}
+
+/// The backward's second walk, from the last chunk back: the state's gradient `dH` (from
+/// `dh_last`, or zero) carried back as `dH ← exp(G_last)·dH + scale·Qᵀ·(exp(G_i) ∘ dO)`, and
+/// with it each chunk's `dV = β ∘ [scale·(S ∘ weights)ᵀ·dO + w·K·dH]` (stored), `dK = β ∘
+/// [scale·(dP ∘ weights)ᵀ·Q + w·V·dHᵀ]` (each consumer's part added into `dk`, f32), `dβ`
+/// (added into `dbeta`), the initial state's gradient at the end; with a decay, `−k_t·dk_t` into
+/// `r` and `⟨dH, H⟩` at each chunk's end (`H` from the first walk's `hsave`) into `xs`: the
+/// decay's gradient is `r`'s running sum from the end of each chunk back, plus that chunk's
+/// `xs` (which stands for every later step's, so that no error piles up along the sequence).
+#[device]
+#[allow(clippy::too_many_arguments)]
+pub fn linear_attention_dkv_blocks<T, const DK: usize, const DV: usize>(
+    q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, betac: Global<f32, 3>,
+    dh_last: Global<f32, 3>, hsave: Global<T, 3>, dk: Global<f32, 3>, dv: Global<T, 3>, dbc: Global<f32, 3>, rc: Global<f32, 3>,
+    xs: Global<f32, 2>, dh0: Global<f32, 3>, heads: i32, q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_dh: i32,
+    keep_dh0: i32, scale: f32,
+) {
+    let sq = Smem::<T, 64, DK>::ring(2);
+    let sk = Smem::<T, 64, DK>::ring(2);
+    let sv = Smem::<T, DV, 64>::ring(2);
+    let sdo = Smem::<T, DV, 64>::ring(2);
+    let sw = Smem::<T, DV, 64>::ring(1);
+    let sdh = Smem::<T, { DK * (DV / 64) }, 64>::ring(1);
+    let so = Smem::<T, 64, 64>::ring({ 2 * (DV / 64) });
+    let pipe = Pipeline::<2>::new({ DV / 64 });
+    let bh = block::id_x();
+    let b = bh / heads;
+    let h = bh - b * heads;
+    let chunks = (q.dim(1) + 63) / 64;
+    let (qp, qc) = head_origin(b, h / q_group, heads / q_group, DK, bhtd);
+    let (kp, kc) = head_origin(b, h / k_group, heads / k_group, DK, bhtd);
+    let (vp, vc) = head_origin(b, h, heads, DV, bhtd);
+    if warpgroup::id() == 0 {
+        load_chunks::<T, DK, DV>(pipe, sq, sk, sv, q, k, v, qp, qc, kp, kc, vp, vc, chunks, 1, |s, c| {
+            #[unroll]
+            for j in 0..DV / 64 {
+                tma::load(sdo.at(s).rows(j * 64, 64), dout, [vp, c * 64, vc + j * 64], pipe);
+            }
+        });
+    } else {
+        setmaxnreg(232);
+        let me = warpgroup::id() - 1;
+        let col = me * 64;
+        let mut dh = Tile::<f32, DK, 64>::zeros();
+        if has_dh == 1 {
+            dh = dh + dh_last.load::<Tile<f32, DK, 64>>([bh, 0, col]);
+        }
+        sdh.at(0).rows(me * DK, DK).store(dh.cast::<T>());
+        drain_stages(pipe, chunks, |s, i| {
+            let c = chunks - 1 - i;
+            let t0 = c * 64;
+            if has_g == 1 {
+                // ⟨dH, H⟩ at the chunk's end: every later step's share of the decay's gradient.
+                let x = dh * hsave.load::<Tile<T, DK, 64>>([bh * chunks + c, 0, col]).cast::<f32>();
+                xs.atomic_add([bh, c], x.sum(0).sum(1));
+            }
+            // dV before β: scale·(S ∘ weights)ᵀ·dO + exp(G_last − G_j)·K·dH (S transposed as
+            // K·Qᵀ, so that its rows are the key steps).
+            let mut st = Tile::<f32, 64, 64>::zeros();
+            mma_sync(st, sk.at(s), sq.at(s));
+            let mut dvu = Tile::<f32, 64, 64>::zeros();
+            mma_sync_kn(dvu, sk.at(s), sdh.at(0).rows(me * DK, DK));
+            let (gr, gcol, wl, last) = chunk_decay(g, gc, bh, t0, has_g);
+            mma_wait(0);
+            let pt = causal_weights_t(st, gr, gcol, has_g) * scale;
+            if has_g == 1 {
+                dvu = dvu * wl;
+            }
+            mma_sync_kn(dvu, pt.cast::<T>(), sdo.at(s).rows(col, 64));
+            // dK before β, this consumer's part: scale·(dP ∘ weights)ᵀ·Q + w·V·dHᵀ.
+            let mut dpt = Tile::<f32, 64, 64>::zeros();
+            mma_sync(dpt, sv.at(s).rows(col, 64), sdo.at(s).rows(col, 64));
+            let mut dka = Tile::<f32, 64, DK>::zeros();
+            mma_sync(dka, sv.at(s).rows(col, 64), sdh.at(0).rows(me * DK, DK));
+            mma_wait(0);
+            if has_g == 1 {
+                dka = dka * wl;
+            }
+            let pk = causal_weights_t(dpt, gr, gcol, has_g) * scale;
+            mma_sync_kn(dka, pk.cast::<T>(), sq.at(s));
+            // dβ = rowsum(dV ∘ V) and dV (β ∘ it) out, while that MMA runs.
+            let mut bc = Tile::<f32, 64, 1>::full(1.0);
+            if has_beta == 1 {
+                bc = betac.load::<Tile<f32, 64, 1>>([bh, t0, 0]);
+                dbc.atomic_add([bh, t0, 0], row_sum(dvu * v.load::<Tile<T, 64, 64>>([vp, t0, vc + col]).cast::<f32>()));
+                dvu = dvu * bc;
+            }
+            stage_store(dv, so, dvu, me * 2 + i % 2, vp, t0, vc + col);
+            mma_wait(0);
+            if has_beta == 1 {
+                dka = dka * bc;
+            }
+            dk.atomic_add([kp, t0, kc], dka);
+            if has_g == 1 {
+                rc.atomic_add([bh, t0, 0], row_sum(k.load::<Tile<T, 64, DK>>([kp, t0, kc]).cast::<f32>() * dka) * -1.0);
+            }
+            // The state's gradient before the chunk.
+            let mut wq = Tile::<f32, 64, 1>::full(scale);
+            if has_g == 1 {
+                wq = exp2(gcol) * scale;
+            }
+            add_outer(&mut dh, sq, sdo, sw, s, col, dout, vp, t0, vc + col, wq, last, has_g, 1);
+            mma_wait(0);
+            sdh.at(0).rows(me * DK, DK).store(dh.cast::<T>());
+        });
+        if keep_dh0 == 1 {
+            dh0.store([bh, 0, col], dh);
         }
         tma::store_wait(0);
     }
@@ -155,7 +401,25 @@ pub fn linear_attention_fwd(
     has_beta: i32, has_h0: i32, keep_h: i32, scale: f32,
 ) {
     linear_attention_blocks::<T, DK, 128>(
-        q, k, v, g, gc, beta, betac, h0, o, h_last, heads, q_group, k_group, bhtd, has_g, has_beta, has_h0, keep_h, scale,
+        q,
+        k,
+        v,
+        g,
+        gc,
+        beta,
+        betac,
+        h0,
+        o,
+        h_last,
+        heads,
+        q_group,
+        k_group,
+        bhtd,
+        has_g,
+        has_beta,
+        has_h0,
+        keep_h,
+        scale,
         |x, _, _, _| x,
     );
 }
@@ -168,9 +432,97 @@ pub fn linear_attention_fwd_v64(
     has_beta: i32, has_h0: i32, keep_h: i32, scale: f32,
 ) {
     linear_attention_blocks::<T, DK, 64>(
-        q, k, v, g, gc, beta, betac, h0, o, h_last, heads, q_group, k_group, bhtd, has_g, has_beta, has_h0, keep_h, scale,
+        q,
+        k,
+        v,
+        g,
+        gc,
+        beta,
+        betac,
+        h0,
+        o,
+        h_last,
+        heads,
+        q_group,
+        k_group,
+        bhtd,
+        has_g,
+        has_beta,
+        has_h0,
+        keep_h,
+        scale,
         |x, _, _, _| x,
     );
+}
+
+/// The backward's forward walk ([`linear_attention_dq_blocks`]), value head dim 128.
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(DK = [128, 64]), targets(sm_90a))]
+pub fn linear_attention_bwd_dq(
+    q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, beta: Global<f32, 2>,
+    betac: Global<f32, 3>, h0: Global<f32, 3>, dq: Global<f32, 3>, rc: Global<f32, 3>, hsave: Global<T, 3>, heads: i32, q_group: i32,
+    k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_h0: i32, scale: f32,
+) {
+    linear_attention_dq_blocks::<T, DK, 128>(
+        q, k, v, dout, g, gc, beta, betac, h0, dq, rc, hsave, heads, q_group, k_group, bhtd, has_g, has_beta, has_h0, scale,
+    );
+}
+
+/// As [`linear_attention_bwd_dq`], value head dim 64.
+#[kernel(warpgroups = 2, dtypes(T = [bf16, f16]), tune(DK = [128, 64]), targets(sm_90a))]
+pub fn linear_attention_bwd_dq_v64(
+    q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, beta: Global<f32, 2>,
+    betac: Global<f32, 3>, h0: Global<f32, 3>, dq: Global<f32, 3>, rc: Global<f32, 3>, hsave: Global<T, 3>, heads: i32, q_group: i32,
+    k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_h0: i32, scale: f32,
+) {
+    linear_attention_dq_blocks::<T, DK, 64>(
+        q, k, v, dout, g, gc, beta, betac, h0, dq, rc, hsave, heads, q_group, k_group, bhtd, has_g, has_beta, has_h0, scale,
+    );
+}
+
+/// The backward's reverse walk ([`linear_attention_dkv_blocks`]), value head dim 128.
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(DK = [128, 64]), targets(sm_90a))]
+pub fn linear_attention_bwd_dkv(
+    q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, betac: Global<f32, 3>,
+    dh_last: Global<f32, 3>, hsave: Global<T, 3>, dk: Global<f32, 3>, dv: Global<T, 3>, dbc: Global<f32, 3>, rc: Global<f32, 3>,
+    xs: Global<f32, 2>, dh0: Global<f32, 3>, heads: i32, q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_dh: i32,
+    keep_dh0: i32, scale: f32,
+) {
+    linear_attention_dkv_blocks::<T, DK, 128>(
+        q, k, v, dout, g, gc, betac, dh_last, hsave, dk, dv, dbc, rc, xs, dh0, heads, q_group, k_group, bhtd, has_g, has_beta, has_dh,
+        keep_dh0, scale,
+    );
+}
+
+/// As [`linear_attention_bwd_dkv`], value head dim 64.
+#[kernel(warpgroups = 2, dtypes(T = [bf16, f16]), tune(DK = [128, 64]), targets(sm_90a))]
+pub fn linear_attention_bwd_dkv_v64(
+    q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, betac: Global<f32, 3>,
+    dh_last: Global<f32, 3>, hsave: Global<T, 3>, dk: Global<f32, 3>, dv: Global<T, 3>, dbc: Global<f32, 3>, rc: Global<f32, 3>,
+    xs: Global<f32, 2>, dh0: Global<f32, 3>, heads: i32, q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_dh: i32,
+    keep_dh0: i32, scale: f32,
+) {
+    linear_attention_dkv_blocks::<T, DK, 64>(
+        q, k, v, dout, g, gc, betac, dh_last, hsave, dk, dv, dbc, rc, xs, dh0, heads, q_group, k_group, bhtd, has_g, has_beta, has_dh,
+        keep_dh0, scale,
+    );
+}
+
+/// The decay's gradient from the backward's sums: for each row (a (batch, head)) and chunk of
+/// 64 steps, `r`'s running sum from the chunk's end back plus the chunk's `xs`.
+#[kernel]
+pub fn linear_attention_dg(r: Global<f32, 2>, xs: Global<f32, 2>, dg: Global<f32, 2>) {
+    let row = block::id_x();
+    for c in 0..xs.dim(1) {
+        let s = tile_scan_reverse::<scan_add>(r.load::<Tile<f32, 1, 64>>([row, c * 64]), 1, 0.0);
+        dg.store([row, c * 64], s + xs.get([row, c]));
+    }
+}
+
+/// `y = x` cast to `T`, 4096 elements a block, `[1, n]` views.
+#[kernel(dtypes(T = [bf16, f16]))]
+pub fn cast_from_f32(x: Global<f32, 2>, y: Global<T, 2>) {
+    let c = block::id_x() * 4096;
+    y.store([0, c], x.load::<Tile<f32, 1, 4096>>([0, c]).cast::<T>());
 }
 
 pub use crate::attention::AttentionLayout;
@@ -179,7 +531,44 @@ use tessera::{Device, Element, Error, Grid, Optional, OptionalMut, Result, Tenso
 /// Element types [`LinearAttention`] runs on: bf16 and f16.
 pub trait LinearAttentionElement: Element + sealed::Sealed {
     #[doc(hidden)]
-    fn linear_attention_launch(a: &LinearAttention<'_, Self>, d: Dims, o: &mut Tensor<Self>, h_last: Option<&mut Tensor<f32>>) -> Result<()>;
+    fn linear_attention_launch(
+        a: &LinearAttention<'_, Self>, d: Dims, o: &mut Tensor<Self>, h_last: Option<&mut Tensor<f32>>,
+    ) -> Result<()>;
+    #[doc(hidden)]
+    fn linear_attention_bwd_launch(a: &LinearAttention<'_, Self>, d: Dims, b: Backward<'_, Self>) -> Result<()>;
+    #[doc(hidden)]
+    fn cast_launch(device: &Device, x: &Tensor<f32>, y: &mut Tensor<Self>) -> Result<()>;
+}
+
+/// The backward's tensors, as its launches take them.
+#[doc(hidden)]
+pub struct Backward<'t, T: Element> {
+    dout: &'t Tensor<T>,
+    dh_last: Option<&'t Tensor<f32>>,
+    dq: &'t mut Tensor<f32>,
+    dk: &'t mut Tensor<f32>,
+    dv: &'t mut Tensor<T>,
+    r: &'t mut Tensor<f32>,
+    dbeta: Option<&'t mut Tensor<f32>>,
+    dh0: Option<&'t mut Tensor<f32>>,
+    hsave: Option<&'t mut Tensor<T>>,
+    xs: Option<&'t mut Tensor<f32>>,
+}
+
+/// The gradients [`LinearAttention::backward`] returns.
+pub struct LinearAttentionGrads<T: Element> {
+    /// ∂L/∂q (as q).
+    pub dq: Tensor<T>,
+    /// ∂L/∂k (as k; summed over the value heads a grouped key head serves).
+    pub dk: Tensor<T>,
+    /// ∂L/∂v (as v).
+    pub dv: Tensor<T>,
+    /// ∂L/∂g, with a decay (`[batch, heads, seq]`, f32).
+    pub dg: Option<Tensor<f32>>,
+    /// ∂L/∂β, with a β (`[batch, heads, seq]`, f32).
+    pub dbeta: Option<Tensor<f32>>,
+    /// ∂L/∂(initial state), with one (`[batch, heads, dk, dv]`, f32).
+    pub dh0: Option<Tensor<f32>>,
 }
 
 mod sealed {
@@ -210,9 +599,16 @@ fn heads_dims(layout: AttentionLayout, batch: usize, heads: usize, len: usize, d
     }
 }
 
-fn heads_view<T: Element>(t: &Tensor<T>, layout: AttentionLayout, batch: usize, heads: usize, len: usize, d: usize) -> Result<TensorView<'_, T>> {
+fn heads_view<T: Element>(
+    t: &Tensor<T>, layout: AttentionLayout, batch: usize, heads: usize, len: usize, d: usize,
+) -> Result<TensorView<'_, T>> {
     let (shape, strides) = heads_dims(layout, batch, heads, len, d);
     t.view(&shape, &strides)
+}
+
+/// A state tensor `[batch, heads, dk, dv]` as the kernels' `[batch·heads, dk, dv]`.
+fn state_view<T: Element>(t: &Tensor<T>, rows: usize, dk: usize, dv: usize) -> Result<TensorView<'_, T>> {
+    t.view(&[rows, dk, dv], &[dk * dv, dv, 1])
 }
 
 /// A `[rows, len]` f32 tensor as rows and as columns (the two sides of the decay read it).
@@ -225,7 +621,7 @@ fn rows_cols(t: Option<&Tensor<f32>>, rows: usize, len: usize) -> Result<RowsCol
 }
 
 macro_rules! linear_attention_element {
-    ($t:ty, $k128:ident, $k64:ident) => {
+    ($t:ty, $k128:ident, $k64:ident, $dq128:ident, $dq64:ident, $dkv128:ident, $dkv64:ident, $cast:ident) => {
         impl LinearAttentionElement for $t {
             fn linear_attention_launch(
                 a: &LinearAttention<'_, Self>, d: Dims, o: &mut Tensor<Self>, h_last: Option<&mut Tensor<f32>>,
@@ -284,11 +680,137 @@ macro_rules! linear_attention_element {
                     go!($k64)
                 }
             }
+
+            fn linear_attention_bwd_launch(a: &LinearAttention<'_, Self>, d: Dims, mut bw: Backward<'_, Self>) -> Result<()> {
+                let Dims { batch, heads, q_heads, k_heads, len, dk, dv } = d;
+                let variants = if dv == 128 { $dq128::VARIANTS } else { $dq64::VARIANTS };
+                let i = variants.iter().position(|v| v.knob("DK") == Some(dk as i64)).ok_or_else(|| Error::Argument {
+                    kernel: "linear_attention",
+                    arg: "k".into(),
+                    expected: "a key head dim of 64 or 128".into(),
+                    found: format!("{dk}"),
+                })?;
+                let q = heads_view(a.q, a.layout, batch, q_heads, len, dk)?;
+                let k = heads_view(a.k, a.layout, batch, k_heads, len, dk)?;
+                let v = heads_view(a.v, a.layout, batch, heads, len, dv)?;
+                let dout = heads_view(bw.dout, a.layout, batch, heads, len, dv)?;
+                let rows = batch * heads;
+                let ((g, gc), (b, bc)) = (rows_cols(a.g, rows, len)?, rows_cols(a.beta, rows, len)?);
+                let h0 = a.h0.map(|t| state_view(t, rows, dk, dv)).transpose()?;
+                let dh_last = bw.dh_last.map(|t| state_view(t, rows, dk, dv)).transpose()?;
+                let (shape, strides) = heads_dims(a.layout, batch, q_heads, len, dk);
+                let mut dqv = bw.dq.view_mut(&shape, &strides)?;
+                let (shape, strides) = heads_dims(a.layout, batch, k_heads, len, dk);
+                let mut dkv = bw.dk.view_mut(&shape, &strides)?;
+                let (shape, strides) = heads_dims(a.layout, batch, heads, len, dv);
+                let mut dvv = bw.dv.view_mut(&shape, &strides)?;
+                let mut rc = bw.r.view_mut(&[rows, len, 1], &[len, 1, 1])?;
+                let chunks = len.div_ceil(64);
+                let mut hsave = bw.hsave.as_deref_mut().map(|t| t.view_mut(&[rows * chunks, dk, dv], &[dk * dv, dv, 1])).transpose()?;
+                let mut xs = bw.xs.map(|t| t.view_mut(&[rows, chunks], &[chunks, 1])).transpose()?;
+                let mut dbc = bw.dbeta.map(|t| t.view_mut(&[rows, len, 1], &[len, 1, 1])).transpose()?;
+                let keep_dh0 = bw.dh0.is_some();
+                let mut dh0 = bw.dh0.map(|t| t.view_mut(&[rows, dk, dv], &[dk * dv, dv, 1])).transpose()?;
+                let flag = |b: bool| i32::from(b);
+                let scale = a.scale.unwrap_or(1.0 / (dk as f32).sqrt());
+                let (bhtd, has_g, has_beta) = (flag(a.layout == AttentionLayout::Bhsd), flag(a.g.is_some()), flag(a.beta.is_some()));
+                let (qg, kg) = ((heads / q_heads) as i32, (heads / k_heads) as i32);
+                macro_rules! walks {
+                    ($dq:ident, $dkv:ident) => {{
+                        $dq::launch_variant(
+                            i,
+                            a.device,
+                            Grid::from(rows as u32),
+                            &q,
+                            &k,
+                            &v,
+                            &dout,
+                            &Optional(g.as_ref(), 2),
+                            &Optional(gc.as_ref(), 3),
+                            &Optional(b.as_ref(), 2),
+                            &Optional(bc.as_ref(), 3),
+                            &Optional(h0.as_ref(), 3),
+                            &mut dqv,
+                            &mut rc,
+                            &mut OptionalMut(hsave.as_mut(), 3),
+                            heads as i32,
+                            qg,
+                            kg,
+                            bhtd,
+                            has_g,
+                            has_beta,
+                            flag(a.h0.is_some()),
+                            scale,
+                        )?;
+                        drop(hsave);
+                        let hsave = bw.hsave.as_deref().map(|t| state_view(t, rows * chunks, dk, dv)).transpose()?;
+                        $dkv::launch_variant(
+                            i,
+                            a.device,
+                            Grid::from(rows as u32),
+                            &q,
+                            &k,
+                            &v,
+                            &dout,
+                            &Optional(g.as_ref(), 2),
+                            &Optional(gc.as_ref(), 3),
+                            &Optional(bc.as_ref(), 3),
+                            &Optional(dh_last.as_ref(), 3),
+                            &Optional(hsave.as_ref(), 3),
+                            &mut dkv,
+                            &mut dvv,
+                            &mut OptionalMut(dbc.as_mut(), 3),
+                            &mut rc,
+                            &mut OptionalMut(xs.as_mut(), 2),
+                            &mut OptionalMut(dh0.as_mut(), 3),
+                            heads as i32,
+                            qg,
+                            kg,
+                            bhtd,
+                            has_g,
+                            has_beta,
+                            flag(bw.dh_last.is_some()),
+                            flag(keep_dh0),
+                            scale,
+                        )
+                    }};
+                }
+                if dv == 128 {
+                    walks!($dq128, $dkv128)
+                } else {
+                    walks!($dq64, $dkv64)
+                }
+            }
+
+            fn cast_launch(device: &Device, x: &Tensor<f32>, y: &mut Tensor<Self>) -> Result<()> {
+                let n = x.shape().iter().product::<usize>();
+                let xv = x.view(&[1, n], &[n, 1])?;
+                let mut yv = y.view_mut(&[1, n], &[n, 1])?;
+                $cast::launch(device, Grid::from(n.div_ceil(4096) as u32), &xv, &mut yv)
+            }
         }
     };
 }
-linear_attention_element!(tessera::bf16, linear_attention_fwd_bf16, linear_attention_fwd_v64_bf16);
-linear_attention_element!(tessera::f16, linear_attention_fwd_f16, linear_attention_fwd_v64_f16);
+linear_attention_element!(
+    tessera::bf16,
+    linear_attention_fwd_bf16,
+    linear_attention_fwd_v64_bf16,
+    linear_attention_bwd_dq_bf16,
+    linear_attention_bwd_dq_v64_bf16,
+    linear_attention_bwd_dkv_bf16,
+    linear_attention_bwd_dkv_v64_bf16,
+    cast_from_f32_bf16
+);
+linear_attention_element!(
+    tessera::f16,
+    linear_attention_fwd_f16,
+    linear_attention_fwd_v64_f16,
+    linear_attention_bwd_dq_f16,
+    linear_attention_bwd_dq_v64_f16,
+    linear_attention_bwd_dkv_f16,
+    linear_attention_bwd_dkv_v64_f16,
+    cast_from_f32_f16
+);
 
 /// A causal linear attention to run (see the module's notes for the recurrence): q, k `[batch,
 /// seq, heads, dk]`, v `[batch, seq, heads, dv]` (or all `[batch, heads, seq, d]` with
@@ -359,7 +881,7 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
     /// [`Error::Argument`] naming the tensor whose rank, shape or contiguity does not fit, or a
     /// head dim without a kernel; a launch error (the kernels need sm_90a).
     pub fn run(&self, o: &mut Tensor<T>, h_last: Option<&mut Tensor<f32>>) -> Result<()> {
-        let d = self.dims(o, h_last.as_deref())?;
+        let d = self.dims(o, h_last.as_deref(), false)?;
         if d.batch == 0 || d.heads == 0 {
             return Ok(());
         }
@@ -376,11 +898,83 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
         T::linear_attention_launch(self, d, o, h_last)
     }
 
+    /// The gradients of the inputs from `dout` (the gradient of the output, as `v`) and, if
+    /// given, `dh_last` (of the last state, `[batch, heads, dk, dv]`, f32): two walks over the
+    /// sequence, nothing of the forward saved — one forward (the state rebuilt; dq), one back
+    /// (the state's gradient; dk, dv, dβ, the initial state's), then the decay's gradient: the
+    /// running sum of `q·dq − k·dk` back from each chunk's end plus `⟨dH, H⟩` there (the later
+    /// steps' share, so that the error of a long running sum does not build up).
+    ///
+    /// ```ignore
+    /// let grads = LinearAttention::new(&dev, &q, &k, &v).decay(&g).backward(&dout, None)?;
+    /// ```
+    ///
+    /// # Errors
+    /// As [`LinearAttention::run`], and [`Error::Argument`] naming `dout` or `dh_last` where its
+    /// shape is not v's (the state's) or it is not contiguous.
+    pub fn backward(&self, dout: &Tensor<T>, dh_last: Option<&Tensor<f32>>) -> Result<LinearAttentionGrads<T>> {
+        let d = self.dims(dout, dh_last, true)?;
+        let dev = self.device;
+        let steps = [d.batch, d.heads, d.len];
+        let mut dq = Tensor::<f32>::zeros(dev, self.q.shape())?;
+        let mut dk = Tensor::<f32>::zeros(dev, self.k.shape())?;
+        let mut dv = Tensor::<T>::zeros(dev, self.v.shape())?;
+        let mut r = Tensor::<f32>::zeros(dev, &steps)?;
+        let mut dbeta = self.beta.map(|_| Tensor::<f32>::zeros(dev, &steps)).transpose()?;
+        let mut dh0 = self.h0.map(|h| Tensor::<f32>::zeros(dev, h.shape())).transpose()?;
+        // With a decay: each chunk's last state (16-bit) and the per-chunk sums of its gradient.
+        let (rows, chunks) = (d.batch * d.heads, d.len.div_ceil(64));
+        let mut hsave = self.g.map(|_| Tensor::<T>::scratch(dev, &[rows * chunks, d.dk, d.dv])).transpose()?;
+        let mut xs = self.g.map(|_| Tensor::<f32>::zeros(dev, &[rows, chunks])).transpose()?;
+        let empty = d.batch == 0 || d.heads == 0 || d.len == 0;
+        if !empty {
+            let bw = Backward {
+                dout,
+                dh_last,
+                dq: &mut dq,
+                dk: &mut dk,
+                dv: &mut dv,
+                r: &mut r,
+                dbeta: dbeta.as_mut(),
+                dh0: dh0.as_mut(),
+                hsave: hsave.as_mut(),
+                xs: xs.as_mut(),
+            };
+            T::linear_attention_bwd_launch(self, d, bw)?;
+        } else if let (Some(d0), Some(dl)) = (dh0.as_mut(), dh_last) {
+            // No steps: the last state is the first.
+            d0.copy_from_host(&dl.to_host()?)?;
+        }
+        let narrow = |x: &Tensor<f32>| -> Result<Tensor<T>> {
+            let mut y = Tensor::<T>::zeros(dev, x.shape())?;
+            if x.shape().iter().product::<usize>() > 0 {
+                T::cast_launch(dev, x, &mut y)?;
+            }
+            Ok(y)
+        };
+        let dg = match &xs {
+            Some(xs) => {
+                let mut dg = Tensor::<f32>::zeros(dev, &steps)?;
+                if !empty {
+                    let rv = r.view(&[rows, d.len], &[d.len, 1])?;
+                    let mut dgv = dg.view_mut(&[rows, d.len], &[d.len, 1])?;
+                    linear_attention_dg::launch(dev, Grid::from(rows as u32), &rv, xs, &mut dgv)?;
+                }
+                Some(dg)
+            }
+            None => None,
+        };
+        Ok(LinearAttentionGrads { dq: narrow(&dq)?, dk: narrow(&dk)?, dv, dg, dbeta, dh0 })
+    }
+
     fn arg(&self, arg: &str, expected: String, found: String) -> Error {
         Error::Argument { kernel: "linear_attention", arg: arg.into(), expected, found }
     }
 
-    fn dims(&self, o: &Tensor<T>, h_last: Option<&Tensor<f32>>) -> Result<Dims> {
+    /// The sizes, after checking every shape and layout: `o` is the output (or, named `dout`, its
+    /// gradient), `h_last` the last state (or its gradient `dh_last`).
+    fn dims(&self, o: &Tensor<T>, h_last: Option<&Tensor<f32>>, backward: bool) -> Result<Dims> {
+        let (o_name, h_name) = if backward { ("dout", "dh_last") } else { ("o", "h_last") };
         let arg = |a: &str, e: String, f: String| self.arg(a, e, f);
         let four = |name: &str, t: &[usize]| -> Result<[usize; 4]> {
             let [b, x, y, d] = *t else {
@@ -398,7 +992,11 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
             return Err(arg("q", format!("batch {batch} and seq {len}, as v"), format!("batch {qb}, seq {ql}")));
         }
         if (kb, kl, kd) != (batch, len, dk) {
-            return Err(arg("k", format!("batch {batch}, seq {len}, head dim {dk}, as q and v"), format!("batch {kb}, seq {kl}, head dim {kd}")));
+            return Err(arg(
+                "k",
+                format!("batch {batch}, seq {len}, head dim {dk}, as q and v"),
+                format!("batch {kb}, seq {kl}, head dim {kd}"),
+            ));
         }
         for (name, n) in [("q", q_heads), ("k", k_heads)] {
             if n == 0 || heads % n != 0 {
@@ -412,7 +1010,7 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
             return Err(arg("v", "a head dim of 64 or 128".into(), format!("{dv}")));
         }
         if o.shape() != self.v.shape() {
-            return Err(arg("o", format!("shape {:?}, as v", self.v.shape()), format!("shape {:?}", o.shape())));
+            return Err(arg(o_name, format!("shape {:?}, as v", self.v.shape()), format!("shape {:?}", o.shape())));
         }
         for (name, t) in [("decay", self.g), ("beta", self.beta)] {
             if let Some(t) = t {
@@ -421,7 +1019,7 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
                 }
             }
         }
-        for (name, t) in [("initial_state", self.h0), ("h_last", h_last)] {
+        for (name, t) in [("initial_state", self.h0), (h_name, h_last)] {
             if let Some(t) = t {
                 if t.shape() != [batch, heads, dk, dv] {
                     return Err(arg(name, format!("shape {:?}", [batch, heads, dk, dv]), format!("shape {:?}", t.shape())));
@@ -432,11 +1030,11 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
             ("q", self.q.is_contiguous()),
             ("k", self.k.is_contiguous()),
             ("v", self.v.is_contiguous()),
-            ("o", o.is_contiguous()),
+            (o_name, o.is_contiguous()),
             ("decay", self.g.is_none_or(|t| t.is_contiguous())),
             ("beta", self.beta.is_none_or(|t| t.is_contiguous())),
             ("initial_state", self.h0.is_none_or(|t| t.is_contiguous())),
-            ("h_last", h_last.is_none_or(|t| t.is_contiguous())),
+            (h_name, h_last.is_none_or(|t| t.is_contiguous())),
         ];
         if let Some((name, _)) = named.iter().find(|(_, ok)| !ok) {
             return Err(arg(name, "a contiguous tensor".into(), "strides that are not".into()));
