@@ -834,6 +834,8 @@ impl Frontend {
         };
         let recv = |me: &mut Self| me.expr(&m.receiver).map(Box::new);
         Ok(match name.as_str() {
+            // `ring.at(s).load()`: a shared view into registers.
+            "load" if nargs == 0 => ExprKind::SmemLoad(recv(self)?),
             "load" | "load_or" => {
                 let tensor = receiver_name(&m.receiver)?;
                 want(if name == "load" { 1 } else { 2 })?;

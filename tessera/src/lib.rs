@@ -109,7 +109,9 @@
 //! - `view.store(tile)` writes a register tile into a shared view (swizzled; a 16-bit
 //!   accumulator-layout tile 64 columns wide by `stmatrix`, four 8×8 fragments at a time;
 //!   into a ring that an `mma_sync` reads, the stores are fenced for the async proxy and the
-//!   warpgroup synced, so that its next MMA sees them);
+//!   warpgroup synced, so that its next MMA sees them); `view.load()` reads a shared view back
+//!   into registers (what TMA put there, or another warpgroup's `store` behind a
+//!   `barrier::sync`): consumers exchange partial sums this way;
 //!   `tma::store(tensor, [i, j], view)` stores it with a TMA bulk copy (out-of-bounds elements
 //!   skipped), `tma::store_wait(n)` waits until at most `n` such stores still read shared memory.
 //!

@@ -494,6 +494,58 @@ impl Lowerer<'_> {
         Ok(())
     }
 
+    /// `view.load()`: each thread reads its elements (its replicas' too) from the view's
+    /// swizzled layout — rows wider than the 128-byte span in panels of 128 bytes, `ty.rows ·
+    /// 128` apart, as TMA writes them; 16-bit pairs one 32-bit word at a time.
+    pub(crate) fn smem_load(&mut self, view: &Expr, ty: TileType, layout: Layout) -> Result<TileVal, CompileError> {
+        use Operand::{Imm, Reg as R};
+        let v = self.view(view)?;
+        let lr = self.layout_regs(layout);
+        let es = ty.dtype.size();
+        let panelled = v.ty.swizzle > 0 && v.ty.row_bytes() > v.ty.swizzle;
+        let pitch = if panelled { 128 } else { v.ty.row_bytes() };
+        let slots = layout.slots();
+        let pair = es == 2 && layout.run_len() >= 2;
+        let mut regs = Vec::with_capacity(slots.len());
+        let mut i = 0;
+        while i < slots.len() {
+            let row = self.reg(RegClass::B32, "lrow");
+            self.op("add.u32", vec![R(row), R(lr.row), Imm(i64::from(slots[i].dr))]);
+            let cb = self.reg(RegClass::B32, "lcol");
+            self.op("add.u32", vec![R(cb), R(lr.col), Imm(i64::from(slots[i].dc))]);
+            self.op("mul.lo.u32", vec![R(cb), R(cb), Imm(i64::from(es))]);
+            let off = self.reg(RegClass::B32, "loff");
+            if panelled {
+                // panel · rows · 128 + row · 128 + (byte within the panel)
+                let panel = self.reg(RegClass::B32, "panel");
+                self.op("shr.u32", vec![R(panel), R(cb), Imm(7)]);
+                self.op("and.b32", vec![R(cb), R(cb), Imm(127)]);
+                self.op("mad.lo.u32", vec![R(off), R(panel), Imm(i64::from(v.ty.rows * 128)), R(cb)]);
+                self.op("mad.lo.u32", vec![R(off), R(row), Imm(128), R(off)]);
+            } else {
+                self.op("mad.lo.u32", vec![R(off), R(row), Imm(i64::from(pitch)), R(cb)]);
+            }
+            let off = self.swizzled_offset(off, v.ty.swizzle);
+            let addr = self.reg(RegClass::B32, "laddr");
+            self.op("add.u32", vec![R(addr), R(v.addr), R(off)]);
+            if pair {
+                let w = self.reg(RegClass::B32, "lpair");
+                self.op("ld.shared.b32", vec![R(w), Operand::Addr(addr, 0)]);
+                let (a, b) = (self.reg(super::elem_class(ty.dtype), "lo"), self.reg(super::elem_class(ty.dtype), "hi"));
+                self.op("mov.b32", vec![Operand::Vec(vec![a, b]), R(w)]);
+                regs.extend([a, b]);
+                i += 2;
+            } else {
+                let r = self.reg(super::elem_class(ty.dtype), "ld");
+                let op = if es == 4 { "ld.shared.b32" } else { "ld.shared.b16" };
+                self.op(op, vec![R(r), Operand::Addr(addr, 0)]);
+                regs.push(r);
+                i += 1;
+            }
+        }
+        Ok(TileVal { ty, layout, regs })
+    }
+
     /// After a store into a ring that an `mma_sync` reads: each writer fences its writes for
     /// the async proxy (wgmma reads shared memory through it) and the warpgroup syncs, so that
     /// its next MMA sees every thread's part. A ring written by another warpgroup needs a

@@ -36,6 +36,10 @@ impl Lowerer<'_> {
                 let t = self.tile(value)?;
                 swap_pairs(t)
             }
+            ExprKind::SmemLoad(view) => {
+                let layout = self.hinted_layout(ty);
+                self.smem_load(view, ty, layout)?
+            }
             ExprKind::EdgeCol { value, last } => {
                 let t = self.tile(value)?;
                 self.edge_col(t, *last)
@@ -1056,7 +1060,7 @@ fn swap_pairs(t: TileVal) -> TileVal {
 /// one shape.
 fn layout_free(e: &Expr) -> bool {
     match &e.kind {
-        ExprKind::Load { .. } | ExprKind::Full { .. } | ExprKind::Iota { .. } | ExprKind::Uniform { .. } => true,
+        ExprKind::Load { .. } | ExprKind::SmemLoad(_) | ExprKind::Full { .. } | ExprKind::Iota { .. } | ExprKind::Uniform { .. } => true,
         ExprKind::Cast { value, .. } | ExprKind::Unary(_, value) => layout_free(value),
         ExprKind::Binary(_, x, y) => match (x.checked_ty(), y.checked_ty()) {
             (Type::Tile(_), Type::Scalar(_)) => layout_free(x),

@@ -442,6 +442,7 @@ impl Expr {
             K::Unary(_, a)
             | K::Cast { value: a, .. }
             | K::SwapPairs(a)
+            | K::SmemLoad(a)
             | K::EdgeCol { value: a, .. }
             | K::TileCols { value: a, .. }
             | K::Reduce { value: a, .. }
@@ -870,6 +871,9 @@ pub enum ExprKind {
     /// `t.swap_pairs()`: columns `2k` and `2k + 1` exchanged (moves no data: both are in one
     /// thread's registers).
     SwapPairs(Box<Expr>),
+    /// `view.load()`: a shared view's elements as a register tile of its shape and dtype (what
+    /// TMA, or a warpgroup's `store` behind a barrier, put there).
+    SmemLoad(Box<Expr>),
     /// `t.last_col()` (or `t.first_col()`): the last (first) column of an f32 tile, `M×1` (a
     /// chunked scan's carry). One shuffle a row where the row lies in one warp's lanes.
     EdgeCol {

@@ -98,6 +98,7 @@ impl Checker<'_> {
             | ExprKind::QueueNew { .. }
             | ExprKind::SmemAt { .. }
             | ExprKind::SmemRows { .. }
+            | ExprKind::SmemLoad(_)
             | ExprKind::PipeStage { .. } => {
                 unreachable!("typed by hopper_expr")
             }

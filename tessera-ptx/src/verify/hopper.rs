@@ -95,6 +95,18 @@ impl Checker<'_> {
                 }
             }
             K::PipeStage { pipe, .. } => self.pipeline(pipe, loc).map(|_| Type::Scalar(ScalarType::I32)),
+            K::SmemLoad(view) => match self.expr(view) {
+                Ok(Type::SmemView { dtype, rows, cols, swizzle }) => {
+                    let row = cols * dtype.size();
+                    if swizzle > 0 && row > swizzle && !(swizzle == 128 && row % 128 == 0) {
+                        Err(CompileError::ty(view.loc, format!("`load`: rows of {row} bytes do not fit a {swizzle}-byte swizzle")))
+                    } else {
+                        Ok(Type::Tile(crate::tirh::TileType { dtype, rows, cols }))
+                    }
+                }
+                Ok(other) => Err(CompileError::ty(view.loc, format!("`load()` reads a shared view (`ring.at(stage)`), found `{other}`"))),
+                Err(e) => Err(e),
+            },
             _ => return None,
         })
     }

@@ -910,6 +910,27 @@ impl<'p> Kernel<'p> {
                 }
                 Val::T(t)
             }
+            ExprKind::SmemLoad(view) => {
+                let v = self.view(view, wg, blk)?;
+                let rt = self.prog.rings[v.ring].1;
+                let ring = &blk.rings[v.ring];
+                let ty = tessera_ptx::tirh::TileType { dtype: rt.dtype, rows: v.rows, cols: rt.cols };
+                let mut t = Tile::full(ty, 0.0);
+                let mut bad = vec![false; t.v.len()];
+                for r in 0..v.rows {
+                    for c in 0..rt.cols {
+                        let at = ring_index(rt, v, r, c);
+                        let i = (r * rt.cols + c) as usize;
+                        t.v[i] = ring.data[at];
+                        bad[i] = !ring.written[at];
+                    }
+                }
+                if bad.contains(&true) {
+                    t.poison =
+                        Some(Box::new(Poison { mask: bad, what: format!("stage {} of ring `{}`", v.stage, self.prog.rings[v.ring].0) }));
+                }
+                Val::T(t)
+            }
             ExprKind::SwapPairs(value) => match self.eval(value, wg, blk)? {
                 Val::T(mut t) => {
                     for pair in t.v.chunks_exact_mut(2) {
