@@ -900,12 +900,14 @@ fn interp_transposed_a_products() {
 }
 
 /// `view.load()`: consumer 1 reads a TMA-loaded tile (128-byte panels, swizzled) from shared
-/// memory into registers and hands `2·x` to consumer 0 through an unswizzled f32 ring behind a
-/// named barrier; consumer 0 reads that back, adds its own copy of x and stores `3·x`.
+/// memory into registers and hands `2·x` and `x/2` to consumer 0 through f32 rings (one in
+/// swizzled panels, one unswizzled) behind a named barrier; consumer 0 reads them back, adds
+/// its own copy of x and stores `3.5·x`.
 #[kernel(warpgroups = 3, targets(sm_90a))]
 fn shared_round_trip(x: Global<bf16, 2>, y: Global<f32, 2>) {
     let sx = Smem::<bf16, 64, 128>::ring(1);
-    let sf = Smem::<f32, 64, 128>::ring_swizzled(1, 0);
+    let sf = Smem::<f32, 64, 128>::ring(1);
+    let sg = Smem::<f32, 64, 128>::ring_swizzled(1, 0);
     let pipe = Pipeline::<1>::new(2);
     if warpgroup::id() == 0 {
         let s = pipe.acquire();
@@ -916,10 +918,11 @@ fn shared_round_trip(x: Global<bf16, 2>, y: Global<f32, 2>) {
         let t = sx.at(s).load().cast::<f32>();
         if warpgroup::id() == 2 {
             sf.at(0).store(t * 2.0);
+            sg.at(0).store(t * 0.5);
         }
         barrier::sync(0, 2);
         if warpgroup::id() == 1 {
-            y.store([0, 0], t + sf.at(0).load());
+            y.store([0, 0], t + sf.at(0).load() + sg.at(0).load());
         }
         pipe.release(s);
     }
@@ -930,7 +933,7 @@ fn shared_loads_round_trip(dev: &Device) {
     let x = Tensor::from_host(dev, &hx, &[64, 128]).unwrap();
     let mut y = Tensor::full(dev, &[64, 128], f32::NAN).unwrap();
     shared_round_trip::launch(dev, 1, &x, &mut y).unwrap();
-    let want: Vec<f64> = hx.iter().map(|v| 3.0 * f64::from(v.to_f32())).collect();
+    let want: Vec<f64> = hx.iter().map(|v| 3.5 * f64::from(v.to_f32())).collect();
     let got: Vec<f64> = y.to_host().unwrap().into_iter().map(f64::from).collect();
     assert!(rel_error(&got, &want) < 1e-6, "relative error {}", rel_error(&got, &want));
 }

@@ -208,18 +208,54 @@ pub fn linear_attention_blocks<T, const DK: usize, const DV: usize>(
         tma::store_wait(0);
     }
 }
+/// The sum of the `DV / 64` consumers' partial tiles (their shares of a sum over V's columns),
+/// valid in consumer 0: consumer 1's share crosses through `sx` between named barriers 0 (it is
+/// stored) and 1 (consumer 0 has read it; consumer 0 arrives there once before its first chunk,
+/// consumer 1 waits there once after its last).
+#[device]
+pub fn sum_consumers<const DK: usize, const DV: usize>(x: Tile<f32, 64, DK>, sx: Smem<f32, 64, DK>, me: i32) -> Tile<f32, 64, DK> {
+    let mut total = x;
+    if DV == 128 {
+        if me == 1 {
+            barrier::sync(1, 2);
+            sx.at(0).store(x);
+            barrier::arrive(0, 2);
+        } else {
+            barrier::sync(0, 2);
+            total = x + sx.at(0).load();
+            barrier::arrive(1, 2);
+        }
+    }
+    total
+}
+
+/// Where a key or query gradient goes once summed over the consumers: straight into the 16-bit
+/// tensor `direct`, or, where a head serves several (`grouped`), added into the f32 `acc`.
+#[device]
+pub fn put_gradient<T, const DK: usize>(
+    total: Tile<f32, 64, DK>, direct: Global<T, 3>, acc: Global<f32, 3>, plane: i32, t0: i32, col: i32, grouped: i32,
+) {
+    if grouped == 1 {
+        acc.atomic_add([plane, t0, col], total);
+    } else {
+        direct.store([plane, t0, col], total.cast::<T>());
+    }
+}
+
 /// The backward's first walk, forward over the chunks of one (batch, head) per block: the
 /// state `H` rebuilt as the forward builds it, and with it the queries' gradient
-/// `dQ = scale·[(dO·Vᵀ ∘ weights)·K + exp(G_i)·dO·H_prevᵀ]`, each consumer's part (its 64 of
-/// V's columns) added into `dq` (f32); with a decay, `q_t·dq_t` into `r` and each chunk's last
-/// state into `hsave` (16-bit) for the decay's gradient.
+/// `dQ = scale·[(dO·Vᵀ ∘ weights)·K + exp(G_i)·dO·H_prevᵀ]`, the consumers' parts (their 64
+/// of V's columns each) summed in shared memory and stored once ([`put_gradient`]); with a
+/// decay, `q_t·dq_t` into `r` and each chunk's last state into `hsave` (16-bit) for the decay's
+/// gradient.
 #[device]
 #[allow(clippy::too_many_arguments)]
 pub fn linear_attention_dq_blocks<T, const DK: usize, const DV: usize>(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, beta: Global<f32, 2>,
-    betac: Global<f32, 3>, h0: Global<f32, 3>, dq: Global<f32, 3>, rc: Global<f32, 3>, hsave: Global<T, 3>, heads: i32, q_group: i32,
-    k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_h0: i32, scale: f32,
+    betac: Global<f32, 3>, h0: Global<f32, 3>, dq: Global<T, 3>, dq32: Global<f32, 3>, rc: Global<f32, 3>, hsave: Global<T, 3>, heads: i32,
+    q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_h0: i32, scale: f32,
 ) {
+    let sx = Smem::<f32, 64, DK>::ring(1);
     let sq = Smem::<T, 64, DK>::ring(2);
     let sk = Smem::<T, 64, DK>::ring(2);
     let sv = Smem::<T, DV, 64>::ring(2);
@@ -250,6 +286,9 @@ pub fn linear_attention_dq_blocks<T, const DK: usize, const DV: usize>(
             hs = hs + h0.load::<Tile<f32, DK, 64>>([bh, 0, col]);
         }
         sh.at(0).rows(me * DK, DK).store(hs.cast::<T>());
+        if me == 0 {
+            barrier::arrive(1, 2);
+        }
         drain_stages(pipe, chunks, |s, c| {
             let t0 = c * 64;
             let mut dp = Tile::<f32, 64, 64>::zeros();
@@ -270,21 +309,30 @@ pub fn linear_attention_dq_blocks<T, const DK: usize, const DV: usize>(
             add_outer(&mut hs, sk, sv, sw, s, col, v, vp, t0, vc + col, ws, last, has_g, has_g + has_beta);
             mma_wait(0);
             sh.at(0).rows(me * DK, DK).store(hs.cast::<T>());
-            let dqs = dqa * scale;
-            dq.atomic_add([qp, t0, qc], dqs);
             if has_g == 1 {
                 hsave.store([bh * chunks + c, 0, col], hs.cast::<T>());
-                // (q read in dq's layout: a load inside the expression takes it.)
-                rc.atomic_add([bh, t0, 0], row_sum(q.load::<Tile<T, 64, DK>>([qp, t0, qc]).cast::<f32>() * dqs));
+            }
+            let total = sum_consumers::<DK, DV>(dqa * scale, sx, me);
+            if me == 0 {
+                put_gradient(total, dq, dq32, qp, t0, qc, min(q_group - 1, 1));
+                if has_g == 1 {
+                    // (q read in dq's layout: a load inside the expression takes it.)
+                    rc.store([bh, t0, 0], row_sum(q.load::<Tile<T, 64, DK>>([qp, t0, qc]).cast::<f32>() * total));
+                }
             }
         });
+        if DV == 128 {
+            if me == 1 {
+                barrier::sync(1, 2);
+            }
+        }
     }
 }
 
 /// The backward's second walk, from the last chunk back: the state's gradient `dH` (from
 /// `dh_last`, or zero) carried back as `dH ← exp(G_last)·dH + scale·Qᵀ·(exp(G_i) ∘ dO)`, and
 /// with it each chunk's `dV = β ∘ [scale·(S ∘ weights)ᵀ·dO + w·K·dH]` (stored), `dK = β ∘
-/// [scale·(dP ∘ weights)ᵀ·Q + w·V·dHᵀ]` (each consumer's part added into `dk`, f32), `dβ`
+/// [scale·(dP ∘ weights)ᵀ·Q + w·V·dHᵀ]` (the consumers' parts summed, as dQ's), `dβ`
 /// (added into `dbeta`), the initial state's gradient at the end; with a decay, `−k_t·dk_t` into
 /// `r` and `⟨dH, H⟩` at each chunk's end (`H` from the first walk's `hsave`) into `xs`: the
 /// decay's gradient is `r`'s running sum from the end of each chunk back, plus that chunk's
@@ -293,17 +341,17 @@ pub fn linear_attention_dq_blocks<T, const DK: usize, const DV: usize>(
 #[allow(clippy::too_many_arguments)]
 pub fn linear_attention_dkv_blocks<T, const DK: usize, const DV: usize>(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, betac: Global<f32, 3>,
-    dh_last: Global<f32, 3>, hsave: Global<T, 3>, dk: Global<f32, 3>, dv: Global<T, 3>, dbc: Global<f32, 3>, rc: Global<f32, 3>,
-    xs: Global<f32, 2>, dh0: Global<f32, 3>, heads: i32, q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_dh: i32,
-    keep_dh0: i32, scale: f32,
+    dh_last: Global<f32, 3>, hsave: Global<T, 3>, dk: Global<T, 3>, dk32: Global<f32, 3>, dv: Global<T, 3>, dbc: Global<f32, 3>,
+    rc: Global<f32, 3>, xs: Global<f32, 2>, dh0: Global<f32, 3>, heads: i32, q_group: i32, k_group: i32, bhtd: i32, has_g: i32,
+    has_beta: i32, has_dh: i32, keep_dh0: i32, scale: f32,
 ) {
+    let sx = Smem::<f32, 64, DK>::ring(1);
     let sq = Smem::<T, 64, DK>::ring(2);
     let sk = Smem::<T, 64, DK>::ring(2);
     let sv = Smem::<T, DV, 64>::ring(2);
     let sdo = Smem::<T, DV, 64>::ring(2);
     let sw = Smem::<T, DV, 64>::ring(1);
     let sdh = Smem::<T, { DK * (DV / 64) }, 64>::ring(1);
-    let so = Smem::<T, 64, 64>::ring({ 2 * (DV / 64) });
     let pipe = Pipeline::<2>::new({ DV / 64 });
     let bh = block::id_x();
     let b = bh / heads;
@@ -323,18 +371,23 @@ pub fn linear_attention_dkv_blocks<T, const DK: usize, const DV: usize>(
         setmaxnreg(232);
         let me = warpgroup::id() - 1;
         let col = me * 64;
+        // The state's gradient is carried divided by `scale`, so that a chunk adds Qᵀ·dO as
+        // the MMA gives it (no scaled copy of dO without a decay); its uses multiply it back.
         let mut dh = Tile::<f32, DK, 64>::zeros();
         if has_dh == 1 {
-            dh = dh + dh_last.load::<Tile<f32, DK, 64>>([bh, 0, col]);
+            dh = dh + dh_last.load::<Tile<f32, DK, 64>>([bh, 0, col]) * (1.0 / scale);
         }
         sdh.at(0).rows(me * DK, DK).store(dh.cast::<T>());
+        if me == 0 {
+            barrier::arrive(1, 2);
+        }
         drain_stages(pipe, chunks, |s, i| {
             let c = chunks - 1 - i;
             let t0 = c * 64;
             if has_g == 1 {
                 // ⟨dH, H⟩ at the chunk's end: every later step's share of the decay's gradient.
                 let x = dh * hsave.load::<Tile<T, DK, 64>>([bh * chunks + c, 0, col]).cast::<f32>();
-                xs.atomic_add([bh, c], x.sum(0).sum(1));
+                xs.atomic_add([bh, c], x.sum(0).sum(1) * scale);
             }
             // dV before β: scale·(S ∘ weights)ᵀ·dO + exp(G_last − G_j)·K·dH (S transposed as
             // K·Qᵀ, so that its rows are the key steps).
@@ -345,9 +398,7 @@ pub fn linear_attention_dkv_blocks<T, const DK: usize, const DV: usize>(
             let (gr, gcol, wl, last) = chunk_decay(g, gc, bh, t0, has_g);
             mma_wait(0);
             let pt = causal_weights_t(st, gr, gcol, has_g) * scale;
-            if has_g == 1 {
-                dvu = dvu * wl;
-            }
+            dvu = dvu * (wl * scale);
             mma_sync_kn(dvu, pt.cast::<T>(), sdo.at(s).rows(col, 64));
             // dK before β, this consumer's part: scale·(dP ∘ weights)ᵀ·Q + w·V·dHᵀ.
             let mut dpt = Tile::<f32, 64, 64>::zeros();
@@ -355,9 +406,7 @@ pub fn linear_attention_dkv_blocks<T, const DK: usize, const DV: usize>(
             let mut dka = Tile::<f32, 64, DK>::zeros();
             mma_sync(dka, sv.at(s).rows(col, 64), sdh.at(0).rows(me * DK, DK));
             mma_wait(0);
-            if has_g == 1 {
-                dka = dka * wl;
-            }
+            dka = dka * (wl * scale);
             let pk = causal_weights_t(dpt, gr, gcol, has_g) * scale;
             mma_sync_kn(dka, pk.cast::<T>(), sq.at(s));
             // dβ = rowsum(dV ∘ V) and dV (β ∘ it) out, while that MMA runs.
@@ -367,28 +416,32 @@ pub fn linear_attention_dkv_blocks<T, const DK: usize, const DV: usize>(
                 dbc.atomic_add([bh, t0, 0], row_sum(dvu * v.load::<Tile<T, 64, 64>>([vp, t0, vc + col]).cast::<f32>()));
                 dvu = dvu * bc;
             }
-            stage_store(dv, so, dvu, me * 2 + i % 2, vp, t0, vc + col);
+            dv.store([vp, t0, vc + col], dvu.cast::<T>());
             mma_wait(0);
             if has_beta == 1 {
                 dka = dka * bc;
             }
-            dk.atomic_add([kp, t0, kc], dka);
-            if has_g == 1 {
-                rc.atomic_add([bh, t0, 0], row_sum(k.load::<Tile<T, 64, DK>>([kp, t0, kc]).cast::<f32>() * dka) * -1.0);
+            let total = sum_consumers::<DK, DV>(dka, sx, me);
+            if me == 0 {
+                put_gradient(total, dk, dk32, kp, t0, kc, min(k_group - 1, 1));
+                if has_g == 1 {
+                    let kdk = row_sum(k.load::<Tile<T, 64, DK>>([kp, t0, kc]).cast::<f32>() * total);
+                    rc.store([bh, t0, 0], rc.load::<Tile<f32, 64, 1>>([bh, t0, 0]) - kdk);
+                }
             }
-            // The state's gradient before the chunk.
-            let mut wq = Tile::<f32, 64, 1>::full(scale);
-            if has_g == 1 {
-                wq = exp2(gcol) * scale;
-            }
-            add_outer(&mut dh, sq, sdo, sw, s, col, dout, vp, t0, vc + col, wq, last, has_g, 1);
+            // The state's gradient before the chunk (over `scale`): exp(G_last)·dH + Qᵀ·(exp(G_i) ∘ dO).
+            add_outer(&mut dh, sq, sdo, sw, s, col, dout, vp, t0, vc + col, exp2(gcol), last, has_g, has_g);
             mma_wait(0);
             sdh.at(0).rows(me * DK, DK).store(dh.cast::<T>());
         });
-        if keep_dh0 == 1 {
-            dh0.store([bh, 0, col], dh);
+        if DV == 128 {
+            if me == 1 {
+                barrier::sync(1, 2);
+            }
         }
-        tma::store_wait(0);
+        if keep_dh0 == 1 {
+            dh0.store([bh, 0, col], dh * scale);
+        }
     }
 }
 
@@ -459,11 +512,11 @@ pub fn linear_attention_fwd_v64(
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(DK = [128, 64]), targets(sm_90a))]
 pub fn linear_attention_bwd_dq(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, beta: Global<f32, 2>,
-    betac: Global<f32, 3>, h0: Global<f32, 3>, dq: Global<f32, 3>, rc: Global<f32, 3>, hsave: Global<T, 3>, heads: i32, q_group: i32,
-    k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_h0: i32, scale: f32,
+    betac: Global<f32, 3>, h0: Global<f32, 3>, dq: Global<T, 3>, dq32: Global<f32, 3>, rc: Global<f32, 3>, hsave: Global<T, 3>, heads: i32,
+    q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_h0: i32, scale: f32,
 ) {
     linear_attention_dq_blocks::<T, DK, 128>(
-        q, k, v, dout, g, gc, beta, betac, h0, dq, rc, hsave, heads, q_group, k_group, bhtd, has_g, has_beta, has_h0, scale,
+        q, k, v, dout, g, gc, beta, betac, h0, dq, dq32, rc, hsave, heads, q_group, k_group, bhtd, has_g, has_beta, has_h0, scale,
     );
 }
 
@@ -471,11 +524,11 @@ pub fn linear_attention_bwd_dq(
 #[kernel(warpgroups = 2, dtypes(T = [bf16, f16]), tune(DK = [128, 64]), targets(sm_90a))]
 pub fn linear_attention_bwd_dq_v64(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, beta: Global<f32, 2>,
-    betac: Global<f32, 3>, h0: Global<f32, 3>, dq: Global<f32, 3>, rc: Global<f32, 3>, hsave: Global<T, 3>, heads: i32, q_group: i32,
-    k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_h0: i32, scale: f32,
+    betac: Global<f32, 3>, h0: Global<f32, 3>, dq: Global<T, 3>, dq32: Global<f32, 3>, rc: Global<f32, 3>, hsave: Global<T, 3>, heads: i32,
+    q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_h0: i32, scale: f32,
 ) {
     linear_attention_dq_blocks::<T, DK, 64>(
-        q, k, v, dout, g, gc, beta, betac, h0, dq, rc, hsave, heads, q_group, k_group, bhtd, has_g, has_beta, has_h0, scale,
+        q, k, v, dout, g, gc, beta, betac, h0, dq, dq32, rc, hsave, heads, q_group, k_group, bhtd, has_g, has_beta, has_h0, scale,
     );
 }
 
@@ -483,13 +536,13 @@ pub fn linear_attention_bwd_dq_v64(
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(DK = [128, 64]), targets(sm_90a))]
 pub fn linear_attention_bwd_dkv(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, betac: Global<f32, 3>,
-    dh_last: Global<f32, 3>, hsave: Global<T, 3>, dk: Global<f32, 3>, dv: Global<T, 3>, dbc: Global<f32, 3>, rc: Global<f32, 3>,
-    xs: Global<f32, 2>, dh0: Global<f32, 3>, heads: i32, q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_dh: i32,
-    keep_dh0: i32, scale: f32,
+    dh_last: Global<f32, 3>, hsave: Global<T, 3>, dk: Global<T, 3>, dk32: Global<f32, 3>, dv: Global<T, 3>, dbc: Global<f32, 3>,
+    rc: Global<f32, 3>, xs: Global<f32, 2>, dh0: Global<f32, 3>, heads: i32, q_group: i32, k_group: i32, bhtd: i32, has_g: i32,
+    has_beta: i32, has_dh: i32, keep_dh0: i32, scale: f32,
 ) {
     linear_attention_dkv_blocks::<T, DK, 128>(
-        q, k, v, dout, g, gc, betac, dh_last, hsave, dk, dv, dbc, rc, xs, dh0, heads, q_group, k_group, bhtd, has_g, has_beta, has_dh,
-        keep_dh0, scale,
+        q, k, v, dout, g, gc, betac, dh_last, hsave, dk, dk32, dv, dbc, rc, xs, dh0, heads, q_group, k_group, bhtd, has_g, has_beta,
+        has_dh, keep_dh0, scale,
     );
 }
 
@@ -497,13 +550,13 @@ pub fn linear_attention_bwd_dkv(
 #[kernel(warpgroups = 2, dtypes(T = [bf16, f16]), tune(DK = [128, 64]), targets(sm_90a))]
 pub fn linear_attention_bwd_dkv_v64(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, betac: Global<f32, 3>,
-    dh_last: Global<f32, 3>, hsave: Global<T, 3>, dk: Global<f32, 3>, dv: Global<T, 3>, dbc: Global<f32, 3>, rc: Global<f32, 3>,
-    xs: Global<f32, 2>, dh0: Global<f32, 3>, heads: i32, q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_dh: i32,
-    keep_dh0: i32, scale: f32,
+    dh_last: Global<f32, 3>, hsave: Global<T, 3>, dk: Global<T, 3>, dk32: Global<f32, 3>, dv: Global<T, 3>, dbc: Global<f32, 3>,
+    rc: Global<f32, 3>, xs: Global<f32, 2>, dh0: Global<f32, 3>, heads: i32, q_group: i32, k_group: i32, bhtd: i32, has_g: i32,
+    has_beta: i32, has_dh: i32, keep_dh0: i32, scale: f32,
 ) {
     linear_attention_dkv_blocks::<T, DK, 64>(
-        q, k, v, dout, g, gc, betac, dh_last, hsave, dk, dv, dbc, rc, xs, dh0, heads, q_group, k_group, bhtd, has_g, has_beta, has_dh,
-        keep_dh0, scale,
+        q, k, v, dout, g, gc, betac, dh_last, hsave, dk, dk32, dv, dbc, rc, xs, dh0, heads, q_group, k_group, bhtd, has_g, has_beta,
+        has_dh, keep_dh0, scale,
     );
 }
 
@@ -545,8 +598,10 @@ pub trait LinearAttentionElement: Element + sealed::Sealed {
 pub struct Backward<'t, T: Element> {
     dout: &'t Tensor<T>,
     dh_last: Option<&'t Tensor<f32>>,
-    dq: &'t mut Tensor<f32>,
-    dk: &'t mut Tensor<f32>,
+    dq: &'t mut Tensor<T>,
+    dk: &'t mut Tensor<T>,
+    dq32: Option<&'t mut Tensor<f32>>,
+    dk32: Option<&'t mut Tensor<f32>>,
     dv: &'t mut Tensor<T>,
     r: &'t mut Tensor<f32>,
     dbeta: Option<&'t mut Tensor<f32>>,
@@ -700,8 +755,10 @@ macro_rules! linear_attention_element {
                 let dh_last = bw.dh_last.map(|t| state_view(t, rows, dk, dv)).transpose()?;
                 let (shape, strides) = heads_dims(a.layout, batch, q_heads, len, dk);
                 let mut dqv = bw.dq.view_mut(&shape, &strides)?;
+                let mut dq32 = bw.dq32.as_deref_mut().map(|t| t.view_mut(&shape, &strides)).transpose()?;
                 let (shape, strides) = heads_dims(a.layout, batch, k_heads, len, dk);
                 let mut dkv = bw.dk.view_mut(&shape, &strides)?;
+                let mut dk32 = bw.dk32.as_deref_mut().map(|t| t.view_mut(&shape, &strides)).transpose()?;
                 let (shape, strides) = heads_dims(a.layout, batch, heads, len, dv);
                 let mut dvv = bw.dv.view_mut(&shape, &strides)?;
                 let mut rc = bw.r.view_mut(&[rows, len, 1], &[len, 1, 1])?;
@@ -731,6 +788,7 @@ macro_rules! linear_attention_element {
                             &Optional(bc.as_ref(), 3),
                             &Optional(h0.as_ref(), 3),
                             &mut dqv,
+                            &mut OptionalMut(dq32.as_mut(), 3),
                             &mut rc,
                             &mut OptionalMut(hsave.as_mut(), 3),
                             heads as i32,
@@ -758,6 +816,7 @@ macro_rules! linear_attention_element {
                             &Optional(dh_last.as_ref(), 3),
                             &Optional(hsave.as_ref(), 3),
                             &mut dkv,
+                            &mut OptionalMut(dk32.as_mut(), 3),
                             &mut dvv,
                             &mut OptionalMut(dbc.as_mut(), 3),
                             &mut rc,
@@ -916,8 +975,11 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
         let d = self.dims(dout, dh_last, true)?;
         let dev = self.device;
         let steps = [d.batch, d.heads, d.len];
-        let mut dq = Tensor::<f32>::zeros(dev, self.q.shape())?;
-        let mut dk = Tensor::<f32>::zeros(dev, self.k.shape())?;
+        // q and k gradients go straight out in T; a grouped head's are summed in f32 first.
+        let mut dq = Tensor::<T>::zeros(dev, self.q.shape())?;
+        let mut dk = Tensor::<T>::zeros(dev, self.k.shape())?;
+        let mut dq32 = (d.q_heads < d.heads).then(|| Tensor::<f32>::zeros(dev, self.q.shape())).transpose()?;
+        let mut dk32 = (d.k_heads < d.heads).then(|| Tensor::<f32>::zeros(dev, self.k.shape())).transpose()?;
         let mut dv = Tensor::<T>::zeros(dev, self.v.shape())?;
         let mut r = Tensor::<f32>::zeros(dev, &steps)?;
         let mut dbeta = self.beta.map(|_| Tensor::<f32>::zeros(dev, &steps)).transpose()?;
@@ -933,6 +995,8 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
                 dh_last,
                 dq: &mut dq,
                 dk: &mut dk,
+                dq32: dq32.as_mut(),
+                dk32: dk32.as_mut(),
                 dv: &mut dv,
                 r: &mut r,
                 dbeta: dbeta.as_mut(),
@@ -945,13 +1009,13 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
             // No steps: the last state is the first.
             d0.copy_from_host(&dl.to_host()?)?;
         }
-        let narrow = |x: &Tensor<f32>| -> Result<Tensor<T>> {
-            let mut y = Tensor::<T>::zeros(dev, x.shape())?;
-            if x.shape().iter().product::<usize>() > 0 {
-                T::cast_launch(dev, x, &mut y)?;
+        for (sum, out) in [(&dq32, &mut dq), (&dk32, &mut dk)] {
+            if let Some(x) = sum {
+                if x.shape().iter().product::<usize>() > 0 {
+                    T::cast_launch(dev, x, out)?;
+                }
             }
-            Ok(y)
-        };
+        }
         let dg = match &xs {
             Some(xs) => {
                 let mut dg = Tensor::<f32>::zeros(dev, &steps)?;
@@ -964,7 +1028,7 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
             }
             None => None,
         };
-        Ok(LinearAttentionGrads { dq: narrow(&dq)?, dk: narrow(&dk)?, dv, dg, dbeta, dh0 })
+        Ok(LinearAttentionGrads { dq, dk, dv, dg, dbeta, dh0 })
     }
 
     fn arg(&self, arg: &str, expected: String, found: String) -> Error {

@@ -465,6 +465,26 @@ impl Lowerer<'_> {
             }
         }
         let lr = self.layout_regs(t.layout);
+        if v.ty.swizzle > 0 && v.ty.row_bytes() > v.ty.swizzle {
+            // Rows in 128-byte panels: each element's address as `view.load()` reads it.
+            let slots = t.layout.slots();
+            let pair = es == 2 && t.layout.run_len() >= 2;
+            let mut i = 0;
+            while i < slots.len() {
+                let addr = self.panel_address(&v, lr.row, lr.col, slots[i].dr, slots[i].dc, es);
+                if pair {
+                    let w = self.reg(RegClass::B32, "pack");
+                    self.op("mov.b32", vec![R(w), Operand::Vec(vec![t.regs[i], t.regs[i + 1]])]);
+                    self.op_if(lr.owner, false, "st.shared.b32", vec![Operand::Addr(addr, 0), R(w)]);
+                    i += 2;
+                } else {
+                    self.op_if(lr.owner, false, &format!("st.shared.b{}", es * 8), vec![Operand::Addr(addr, 0), R(t.regs[i])]);
+                    i += 1;
+                }
+            }
+            self.fence_for_mma(view);
+            return Ok(());
+        }
         let base = self.reg(RegClass::B32, "soff");
         // base = row·row_bytes + col·es
         self.op("mul.lo.u32", vec![R(base), R(lr.row), Imm(i64::from(v.ty.row_bytes()))]);
@@ -494,40 +514,59 @@ impl Lowerer<'_> {
         Ok(())
     }
 
+    /// The shared address of element (`row + dr`, `col + dc`) of a view whose rows lie in
+    /// 128-byte panels `ty.rows · 128` bytes apart (as TMA writes rows wider than the swizzle
+    /// span), 128-byte swizzled within each panel.
+    fn panel_address(&mut self, v: &ViewVal, row: Reg, col: Reg, dr: u32, dc: u32, es: u32) -> Reg {
+        use Operand::{Imm, Reg as R};
+        let r = self.reg(RegClass::B32, "prow");
+        self.op("add.u32", vec![R(r), R(row), Imm(i64::from(dr))]);
+        let cb = self.reg(RegClass::B32, "pcol");
+        self.op("add.u32", vec![R(cb), R(col), Imm(i64::from(dc))]);
+        self.op("mul.lo.u32", vec![R(cb), R(cb), Imm(i64::from(es))]);
+        // panel · rows · 128 + row · 128 + (the byte within the panel)
+        let panel = self.reg(RegClass::B32, "panel");
+        self.op("shr.u32", vec![R(panel), R(cb), Imm(7)]);
+        self.op("and.b32", vec![R(cb), R(cb), Imm(127)]);
+        let off = self.reg(RegClass::B32, "poff");
+        self.op("mad.lo.u32", vec![R(off), R(panel), Imm(i64::from(v.ty.rows * 128)), R(cb)]);
+        self.op("mad.lo.u32", vec![R(off), R(r), Imm(128), R(off)]);
+        let off = self.swizzled_offset(off, v.ty.swizzle);
+        let addr = self.reg(RegClass::B32, "paddr");
+        self.op("add.u32", vec![R(addr), R(v.addr), R(off)]);
+        addr
+    }
+
     /// `view.load()`: each thread reads its elements (its replicas' too) from the view's
-    /// swizzled layout — rows wider than the 128-byte span in panels of 128 bytes, `ty.rows ·
-    /// 128` apart, as TMA writes them; 16-bit pairs one 32-bit word at a time.
+    /// swizzled layout (rows wider than the span in panels, as [`Self::panel_address`]);
+    /// 16-bit pairs one 32-bit word at a time.
     pub(crate) fn smem_load(&mut self, view: &Expr, ty: TileType, layout: Layout) -> Result<TileVal, CompileError> {
         use Operand::{Imm, Reg as R};
         let v = self.view(view)?;
         let lr = self.layout_regs(layout);
         let es = ty.dtype.size();
         let panelled = v.ty.swizzle > 0 && v.ty.row_bytes() > v.ty.swizzle;
-        let pitch = if panelled { 128 } else { v.ty.row_bytes() };
         let slots = layout.slots();
         let pair = es == 2 && layout.run_len() >= 2;
         let mut regs = Vec::with_capacity(slots.len());
         let mut i = 0;
         while i < slots.len() {
-            let row = self.reg(RegClass::B32, "lrow");
-            self.op("add.u32", vec![R(row), R(lr.row), Imm(i64::from(slots[i].dr))]);
-            let cb = self.reg(RegClass::B32, "lcol");
-            self.op("add.u32", vec![R(cb), R(lr.col), Imm(i64::from(slots[i].dc))]);
-            self.op("mul.lo.u32", vec![R(cb), R(cb), Imm(i64::from(es))]);
-            let off = self.reg(RegClass::B32, "loff");
-            if panelled {
-                // panel · rows · 128 + row · 128 + (byte within the panel)
-                let panel = self.reg(RegClass::B32, "panel");
-                self.op("shr.u32", vec![R(panel), R(cb), Imm(7)]);
-                self.op("and.b32", vec![R(cb), R(cb), Imm(127)]);
-                self.op("mad.lo.u32", vec![R(off), R(panel), Imm(i64::from(v.ty.rows * 128)), R(cb)]);
-                self.op("mad.lo.u32", vec![R(off), R(row), Imm(128), R(off)]);
+            let addr = if panelled {
+                self.panel_address(&v, lr.row, lr.col, slots[i].dr, slots[i].dc, es)
             } else {
-                self.op("mad.lo.u32", vec![R(off), R(row), Imm(i64::from(pitch)), R(cb)]);
-            }
-            let off = self.swizzled_offset(off, v.ty.swizzle);
-            let addr = self.reg(RegClass::B32, "laddr");
-            self.op("add.u32", vec![R(addr), R(v.addr), R(off)]);
+                // row · row_bytes + col · es, swizzled
+                let off = self.reg(RegClass::B32, "loff");
+                let cb = self.reg(RegClass::B32, "lcol");
+                self.op("add.u32", vec![R(cb), R(lr.col), Imm(i64::from(slots[i].dc))]);
+                self.op("mul.lo.u32", vec![R(cb), R(cb), Imm(i64::from(es))]);
+                let r = self.reg(RegClass::B32, "lrow");
+                self.op("add.u32", vec![R(r), R(lr.row), Imm(i64::from(slots[i].dr))]);
+                self.op("mad.lo.u32", vec![R(off), R(r), Imm(i64::from(v.ty.row_bytes())), R(cb)]);
+                let off = self.swizzled_offset(off, v.ty.swizzle);
+                let addr = self.reg(RegClass::B32, "laddr");
+                self.op("add.u32", vec![R(addr), R(v.addr), R(off)]);
+                addr
+            };
             if pair {
                 let w = self.reg(RegClass::B32, "lpair");
                 self.op("ld.shared.b32", vec![R(w), Operand::Addr(addr, 0)]);
