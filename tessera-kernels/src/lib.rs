@@ -30,6 +30,7 @@ mod rope;
 mod scan;
 mod selective_scan;
 mod softmax;
+mod ssd;
 
 pub use attention::{attention, attention_variants, attention_varlen, attention_with_lse, Attention, AttentionElement, AttentionLayout};
 pub use elementwise::axpy;
@@ -45,6 +46,7 @@ pub use rope::{
 pub use scan::{cumprod, cumprod_backward, cumsum, cumsum_backward, logcumsumexp, logcumsumexp_backward, ScanElement};
 pub use selective_scan::{SelectiveScan, SelectiveScanElement, SelectiveScanGrads};
 pub use softmax::{softmax, softmax_backward, softmax_with, SoftmaxElement, SoftmaxOptions, SOFTMAX_ROW_MAX};
+pub use ssd::{Ssd, SsdElement, SsdGrads};
 
 /// The library's generated kernel modules, one per `#[kernel]` and dtype (`gemm_tn_bf16`,
 /// `softmax_rows4_f16`, …): each holds its reflection and PTX (`SPEC`, `VARIANTS`) and its raw,

@@ -246,16 +246,17 @@ pub fn put_gradient<T, const DK: usize>(
 /// state `H` rebuilt as the forward builds it, and with it the queries' gradient
 /// `dQ = scale·[(dO·Vᵀ ∘ weights)·K + exp(G_i)·dO·H_prevᵀ]`, the consumers' parts (their 64
 /// of V's columns each) summed in shared memory and stored once ([`put_gradient`]); with a
-/// decay, `q_t·dq_t` into `r` and each chunk's last state into `hsave` (16-bit) for the decay's
-/// gradient.
+/// decay, its share of `dg` added in (the chunk's own pairs of steps and its queries against
+/// the state before it) and each chunk's starting state kept in `hsave` (16-bit).
 #[device]
 #[allow(clippy::too_many_arguments)]
 pub fn linear_attention_dq_blocks<T, const DK: usize, const DV: usize>(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, beta: Global<f32, 2>,
-    betac: Global<f32, 3>, h0: Global<f32, 3>, dq: Global<T, 3>, dq32: Global<f32, 3>, rc: Global<f32, 3>, hsave: Global<T, 3>, heads: i32,
+    betac: Global<f32, 3>, h0: Global<f32, 3>, dq: Global<T, 3>, dq32: Global<f32, 3>, dg: Global<f32, 2>, hsave: Global<T, 3>, heads: i32,
     q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_h0: i32, scale: f32,
 ) {
     let sx = Smem::<f32, 64, DK>::ring(1);
+    let su = Smem::<T, 64, 64>::ring(1);
     let sq = Smem::<T, 64, DK>::ring(2);
     let sk = Smem::<T, 64, DK>::ring(2);
     let sv = Smem::<T, DV, 64>::ring(2);
@@ -286,15 +287,30 @@ pub fn linear_attention_dq_blocks<T, const DK: usize, const DV: usize>(
             hs = hs + h0.load::<Tile<f32, DK, 64>>([bh, 0, col]);
         }
         sh.at(0).rows(me * DK, DK).store(hs.cast::<T>());
+        // U_jt = [j < t], 16-bit, for dg's row sums: consumer 0 writes it, both wait.
+        if me == 0 {
+            su.at(0).store(step(Tile::<f32, 64, 64>::col_index() - Tile::<f32, 64, 1>::row_index() - 1.0).cast::<T>());
+        }
+        if DV == 128 {
+            barrier::sync(2, 2);
+        }
         if me == 0 {
             barrier::arrive(1, 2);
         }
         drain_stages(pipe, chunks, |s, c| {
             let t0 = c * 64;
+            if has_g == 1 {
+                // The state before the chunk, for the reverse walk's share of dg.
+                hsave.store([bh * chunks + c, 0, col], hs.cast::<T>());
+            }
             let mut dp = Tile::<f32, 64, 64>::zeros();
             mma_sync(dp, sdo.at(s).rows(col, 64), sv.at(s).rows(col, 64));
             let mut dqa = Tile::<f32, 64, DK>::zeros();
             mma_sync(dqa, sdo.at(s).rows(col, 64), sh.at(0).rows(me * DK, DK));
+            let mut sc = Tile::<f32, 64, 64>::zeros();
+            if has_g == 1 {
+                mma_sync(sc, sq.at(s), sk.at(s));
+            }
             let (gr, gcol, wl, last) = chunk_decay(g, gc, bh, t0, has_g);
             let mut ws = wl;
             if has_beta == 1 {
@@ -304,21 +320,27 @@ pub fn linear_attention_dq_blocks<T, const DK: usize, const DV: usize>(
             let p = causal_weights(dp, gr, gcol, beta, bh, t0, has_g, has_beta);
             if has_g == 1 {
                 dqa = dqa * exp2(gcol);
+                // dg_t, this walk's share: the pairs (i ≥ t > j) of the chunk, each its score
+                // times its gradient, and the queries i ≥ t against the state before it (q·dq
+                // of that part), each term with its own decay (no difference of near terms).
+                // Σ_{j<t} of each row by an MMA with the strictly upper unit triangle.
+                let mut pairs = Tile::<f32, 64, 64>::zeros();
+                mma_sync_kn(pairs, (sc * p * scale).cast::<T>(), su.at(0));
+                let before = row_sum(q.load::<Tile<T, 64, DK>>([qp, t0, qc]).cast::<f32>() * dqa) * scale;
+                mma_wait(0);
+                // (the mask inside the expression, so that it takes the scores' layout)
+                dg.atomic_add(
+                    [bh, t0],
+                    col_sum((pairs + before) * step(Tile::<f32, 64, 1>::row_index() - Tile::<f32, 64, 64>::col_index())),
+                );
             }
             mma_sync_kn(dqa, p.cast::<T>(), sk.at(s));
             add_outer(&mut hs, sk, sv, sw, s, col, v, vp, t0, vc + col, ws, last, has_g, has_g + has_beta);
             mma_wait(0);
             sh.at(0).rows(me * DK, DK).store(hs.cast::<T>());
-            if has_g == 1 {
-                hsave.store([bh * chunks + c, 0, col], hs.cast::<T>());
-            }
             let total = sum_consumers::<DK, DV>(dqa * scale, sx, me);
             if me == 0 {
                 put_gradient(total, dq, dq32, qp, t0, qc, min(q_group - 1, 1));
-                if has_g == 1 {
-                    // (q read in dq's layout: a load inside the expression takes it.)
-                    rc.store([bh, t0, 0], row_sum(q.load::<Tile<T, 64, DK>>([qp, t0, qc]).cast::<f32>() * total));
-                }
             }
         });
         if DV == 128 {
@@ -333,17 +355,16 @@ pub fn linear_attention_dq_blocks<T, const DK: usize, const DV: usize>(
 /// `dh_last`, or zero) carried back as `dH ← exp(G_last)·dH + scale·Qᵀ·(exp(G_i) ∘ dO)`, and
 /// with it each chunk's `dV = β ∘ [scale·(S ∘ weights)ᵀ·dO + w·K·dH]` (stored), `dK = β ∘
 /// [scale·(dP ∘ weights)ᵀ·Q + w·V·dHᵀ]` (the consumers' parts summed, as dQ's), `dβ`
-/// (added into `dbeta`), the initial state's gradient at the end; with a decay, `−k_t·dk_t` into
-/// `r` and `⟨dH, H⟩` at each chunk's end (`H` from the first walk's `hsave`) into `xs`: the
-/// decay's gradient is `r`'s running sum from the end of each chunk back, plus that chunk's
-/// `xs` (which stands for every later step's, so that no error piles up along the sequence).
+/// (added into `dbeta`), the initial state's gradient at the end; with a decay, its share of
+/// `dg` (the chunk's keys against later queries, and the state before the chunk, from the
+/// first walk's `hsave`, against them).
 #[device]
 #[allow(clippy::too_many_arguments)]
 pub fn linear_attention_dkv_blocks<T, const DK: usize, const DV: usize>(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, betac: Global<f32, 3>,
     dh_last: Global<f32, 3>, hsave: Global<T, 3>, dk: Global<T, 3>, dk32: Global<f32, 3>, dv: Global<T, 3>, dbc: Global<f32, 3>,
-    rc: Global<f32, 3>, xs: Global<f32, 2>, dh0: Global<f32, 3>, heads: i32, q_group: i32, k_group: i32, bhtd: i32, has_g: i32,
-    has_beta: i32, has_dh: i32, keep_dh0: i32, scale: f32,
+    dg: Global<f32, 2>, dh0: Global<f32, 3>, heads: i32, q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_dh: i32,
+    keep_dh0: i32, scale: f32,
 ) {
     let sx = Smem::<f32, 64, DK>::ring(1);
     let sq = Smem::<T, 64, DK>::ring(2);
@@ -384,11 +405,6 @@ pub fn linear_attention_dkv_blocks<T, const DK: usize, const DV: usize>(
         drain_stages(pipe, chunks, |s, i| {
             let c = chunks - 1 - i;
             let t0 = c * 64;
-            if has_g == 1 {
-                // ⟨dH, H⟩ at the chunk's end: every later step's share of the decay's gradient.
-                let x = dh * hsave.load::<Tile<T, DK, 64>>([bh * chunks + c, 0, col]).cast::<f32>();
-                xs.atomic_add([bh, c], x.sum(0).sum(1) * scale);
-            }
             // dV before β: scale·(S ∘ weights)ᵀ·dO + exp(G_last − G_j)·K·dH (S transposed as
             // K·Qᵀ, so that its rows are the key steps).
             let mut st = Tile::<f32, 64, 64>::zeros();
@@ -399,6 +415,19 @@ pub fn linear_attention_dkv_blocks<T, const DK: usize, const DV: usize>(
             mma_wait(0);
             let pt = causal_weights_t(st, gr, gcol, has_g) * scale;
             dvu = dvu * (wl * scale);
+            if has_g == 1 {
+                // dg_t, this walk's share: the keys j < t against the later queries (through
+                // dH) and the state before the chunk against them, each with its own decay.
+                let mut kj = row_sum(dvu * v.load::<Tile<T, 64, 64>>([vp, t0, vc + col]).cast::<f32>());
+                if has_beta == 1 {
+                    kj = kj * betac.load::<Tile<f32, 64, 1>>([bh, t0, 0]);
+                }
+                let prior = (dh * hsave.load::<Tile<T, DK, 64>>([bh * chunks + c, 0, col]).cast::<f32>()).sum(0).sum(1) * scale * last;
+                dg.atomic_add(
+                    [bh, t0],
+                    col_sum(kj * step(Tile::<f32, 64, 64>::col_index() - Tile::<f32, 64, 1>::row_index() - 1.0)) + prior,
+                );
+            }
             mma_sync_kn(dvu, pt.cast::<T>(), sdo.at(s).rows(col, 64));
             // dK before β, this consumer's part: scale·(dP ∘ weights)ᵀ·Q + w·V·dHᵀ.
             let mut dpt = Tile::<f32, 64, 64>::zeros();
@@ -424,10 +453,6 @@ pub fn linear_attention_dkv_blocks<T, const DK: usize, const DV: usize>(
             let total = sum_consumers::<DK, DV>(dka, sx, me);
             if me == 0 {
                 put_gradient(total, dk, dk32, kp, t0, kc, min(k_group - 1, 1));
-                if has_g == 1 {
-                    let kdk = row_sum(k.load::<Tile<T, 64, DK>>([kp, t0, kc]).cast::<f32>() * total);
-                    rc.store([bh, t0, 0], rc.load::<Tile<f32, 64, 1>>([bh, t0, 0]) - kdk);
-                }
             }
             // The state's gradient before the chunk (over `scale`): exp(G_last)·dH + Qᵀ·(exp(G_i) ∘ dO).
             add_outer(&mut dh, sq, sdo, sw, s, col, dout, vp, t0, vc + col, exp2(gcol), last, has_g, has_g);
@@ -445,13 +470,32 @@ pub fn linear_attention_dkv_blocks<T, const DK: usize, const DV: usize>(
     }
 }
 
+/// The output epilogue of the kernels below: `y + D_h·v` (Mamba-2's skip, `v` its x) where
+/// `has_d` is 1, `D` one f32 a head (the head from the chunk's plane or column, as the layout
+/// puts it), else `y`.
+#[device]
+#[allow(clippy::too_many_arguments)]
+pub fn head_skip<T, const DV: usize>(
+    y: Tile<f32, 64, 64>, v: Global<T, 3>, dskip: Global<f32, 1>, plane: i32, row: i32, col: i32, heads: i32, bhtd: i32, has_d: i32,
+) -> Tile<f32, 64, 64> {
+    let mut out = y;
+    if has_d == 1 {
+        let mut h = col / DV;
+        if bhtd == 1 {
+            h = plane % heads;
+        }
+        out = out + v.load::<Tile<T, 64, 64>>([plane, row, col]).cast::<f32>() * dskip.get([h]);
+    }
+    out
+}
+
 /// Causal linear attention with value head dim 128 (two consumer warpgroups), key head dim
-/// `DK` 128 or 64: [`linear_attention_blocks`] with no epilogue.
+/// `DK` 128 or 64: [`linear_attention_blocks`] with [`head_skip`] as the epilogue.
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(DK = [128, 64]), targets(sm_90a))]
 pub fn linear_attention_fwd(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, beta: Global<f32, 2>, betac: Global<f32, 3>,
-    h0: Global<f32, 3>, o: Global<T, 3>, h_last: Global<f32, 3>, heads: i32, q_group: i32, k_group: i32, bhtd: i32, has_g: i32,
-    has_beta: i32, has_h0: i32, keep_h: i32, scale: f32,
+    h0: Global<f32, 3>, o: Global<T, 3>, h_last: Global<f32, 3>, dskip: Global<f32, 1>, heads: i32, q_group: i32, k_group: i32, bhtd: i32,
+    has_g: i32, has_beta: i32, has_h0: i32, keep_h: i32, has_d: i32, scale: f32,
 ) {
     linear_attention_blocks::<T, DK, 128>(
         q,
@@ -473,7 +517,7 @@ pub fn linear_attention_fwd(
         has_h0,
         keep_h,
         scale,
-        |x, _, _, _| x,
+        |y, plane, row, col| head_skip::<T, 128>(y, v, dskip, plane, row, col, heads, bhtd, has_d),
     );
 }
 
@@ -481,8 +525,8 @@ pub fn linear_attention_fwd(
 #[kernel(warpgroups = 2, dtypes(T = [bf16, f16]), tune(DK = [128, 64]), targets(sm_90a))]
 pub fn linear_attention_fwd_v64(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, beta: Global<f32, 2>, betac: Global<f32, 3>,
-    h0: Global<f32, 3>, o: Global<T, 3>, h_last: Global<f32, 3>, heads: i32, q_group: i32, k_group: i32, bhtd: i32, has_g: i32,
-    has_beta: i32, has_h0: i32, keep_h: i32, scale: f32,
+    h0: Global<f32, 3>, o: Global<T, 3>, h_last: Global<f32, 3>, dskip: Global<f32, 1>, heads: i32, q_group: i32, k_group: i32, bhtd: i32,
+    has_g: i32, has_beta: i32, has_h0: i32, keep_h: i32, has_d: i32, scale: f32,
 ) {
     linear_attention_blocks::<T, DK, 64>(
         q,
@@ -504,7 +548,7 @@ pub fn linear_attention_fwd_v64(
         has_h0,
         keep_h,
         scale,
-        |x, _, _, _| x,
+        |y, plane, row, col| head_skip::<T, 64>(y, v, dskip, plane, row, col, heads, bhtd, has_d),
     );
 }
 
@@ -512,11 +556,11 @@ pub fn linear_attention_fwd_v64(
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(DK = [128, 64]), targets(sm_90a))]
 pub fn linear_attention_bwd_dq(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, beta: Global<f32, 2>,
-    betac: Global<f32, 3>, h0: Global<f32, 3>, dq: Global<T, 3>, dq32: Global<f32, 3>, rc: Global<f32, 3>, hsave: Global<T, 3>, heads: i32,
+    betac: Global<f32, 3>, h0: Global<f32, 3>, dq: Global<T, 3>, dq32: Global<f32, 3>, dg: Global<f32, 2>, hsave: Global<T, 3>, heads: i32,
     q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_h0: i32, scale: f32,
 ) {
     linear_attention_dq_blocks::<T, DK, 128>(
-        q, k, v, dout, g, gc, beta, betac, h0, dq, dq32, rc, hsave, heads, q_group, k_group, bhtd, has_g, has_beta, has_h0, scale,
+        q, k, v, dout, g, gc, beta, betac, h0, dq, dq32, dg, hsave, heads, q_group, k_group, bhtd, has_g, has_beta, has_h0, scale,
     );
 }
 
@@ -524,11 +568,11 @@ pub fn linear_attention_bwd_dq(
 #[kernel(warpgroups = 2, dtypes(T = [bf16, f16]), tune(DK = [128, 64]), targets(sm_90a))]
 pub fn linear_attention_bwd_dq_v64(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, beta: Global<f32, 2>,
-    betac: Global<f32, 3>, h0: Global<f32, 3>, dq: Global<T, 3>, dq32: Global<f32, 3>, rc: Global<f32, 3>, hsave: Global<T, 3>, heads: i32,
+    betac: Global<f32, 3>, h0: Global<f32, 3>, dq: Global<T, 3>, dq32: Global<f32, 3>, dg: Global<f32, 2>, hsave: Global<T, 3>, heads: i32,
     q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_h0: i32, scale: f32,
 ) {
     linear_attention_dq_blocks::<T, DK, 64>(
-        q, k, v, dout, g, gc, beta, betac, h0, dq, dq32, rc, hsave, heads, q_group, k_group, bhtd, has_g, has_beta, has_h0, scale,
+        q, k, v, dout, g, gc, beta, betac, h0, dq, dq32, dg, hsave, heads, q_group, k_group, bhtd, has_g, has_beta, has_h0, scale,
     );
 }
 
@@ -537,12 +581,12 @@ pub fn linear_attention_bwd_dq_v64(
 pub fn linear_attention_bwd_dkv(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, betac: Global<f32, 3>,
     dh_last: Global<f32, 3>, hsave: Global<T, 3>, dk: Global<T, 3>, dk32: Global<f32, 3>, dv: Global<T, 3>, dbc: Global<f32, 3>,
-    rc: Global<f32, 3>, xs: Global<f32, 2>, dh0: Global<f32, 3>, heads: i32, q_group: i32, k_group: i32, bhtd: i32, has_g: i32,
-    has_beta: i32, has_dh: i32, keep_dh0: i32, scale: f32,
+    dg: Global<f32, 2>, dh0: Global<f32, 3>, heads: i32, q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_dh: i32,
+    keep_dh0: i32, scale: f32,
 ) {
     linear_attention_dkv_blocks::<T, DK, 128>(
-        q, k, v, dout, g, gc, betac, dh_last, hsave, dk, dk32, dv, dbc, rc, xs, dh0, heads, q_group, k_group, bhtd, has_g, has_beta,
-        has_dh, keep_dh0, scale,
+        q, k, v, dout, g, gc, betac, dh_last, hsave, dk, dk32, dv, dbc, dg, dh0, heads, q_group, k_group, bhtd, has_g, has_beta, has_dh,
+        keep_dh0, scale,
     );
 }
 
@@ -551,24 +595,13 @@ pub fn linear_attention_bwd_dkv(
 pub fn linear_attention_bwd_dkv_v64(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, betac: Global<f32, 3>,
     dh_last: Global<f32, 3>, hsave: Global<T, 3>, dk: Global<T, 3>, dk32: Global<f32, 3>, dv: Global<T, 3>, dbc: Global<f32, 3>,
-    rc: Global<f32, 3>, xs: Global<f32, 2>, dh0: Global<f32, 3>, heads: i32, q_group: i32, k_group: i32, bhtd: i32, has_g: i32,
-    has_beta: i32, has_dh: i32, keep_dh0: i32, scale: f32,
+    dg: Global<f32, 2>, dh0: Global<f32, 3>, heads: i32, q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_dh: i32,
+    keep_dh0: i32, scale: f32,
 ) {
     linear_attention_dkv_blocks::<T, DK, 64>(
-        q, k, v, dout, g, gc, betac, dh_last, hsave, dk, dk32, dv, dbc, rc, xs, dh0, heads, q_group, k_group, bhtd, has_g, has_beta,
-        has_dh, keep_dh0, scale,
+        q, k, v, dout, g, gc, betac, dh_last, hsave, dk, dk32, dv, dbc, dg, dh0, heads, q_group, k_group, bhtd, has_g, has_beta, has_dh,
+        keep_dh0, scale,
     );
-}
-
-/// The decay's gradient from the backward's sums: for each row (a (batch, head)) and chunk of
-/// 64 steps, `r`'s running sum from the chunk's end back plus the chunk's `xs`.
-#[kernel]
-pub fn linear_attention_dg(r: Global<f32, 2>, xs: Global<f32, 2>, dg: Global<f32, 2>) {
-    let row = block::id_x();
-    for c in 0..xs.dim(1) {
-        let s = tile_scan_reverse::<scan_add>(r.load::<Tile<f32, 1, 64>>([row, c * 64]), 1, 0.0);
-        dg.store([row, c * 64], s + xs.get([row, c]));
-    }
 }
 
 /// `y = x` cast to `T`, 4096 elements a block, `[1, n]` views.
@@ -603,11 +636,10 @@ pub struct Backward<'t, T: Element> {
     dq32: Option<&'t mut Tensor<f32>>,
     dk32: Option<&'t mut Tensor<f32>>,
     dv: &'t mut Tensor<T>,
-    r: &'t mut Tensor<f32>,
+    dg: Option<&'t mut Tensor<f32>>,
     dbeta: Option<&'t mut Tensor<f32>>,
     dh0: Option<&'t mut Tensor<f32>>,
     hsave: Option<&'t mut Tensor<T>>,
-    xs: Option<&'t mut Tensor<f32>>,
 }
 
 /// The gradients [`LinearAttention::backward`] returns.
@@ -717,6 +749,7 @@ macro_rules! linear_attention_element {
                             &Optional(h0.as_ref(), 3),
                             &mut ov,
                             &mut OptionalMut(hl.as_mut(), 3),
+                            &Optional(a.skip, 1),
                             heads as i32,
                             (heads / q_heads) as i32,
                             (heads / k_heads) as i32,
@@ -725,6 +758,7 @@ macro_rules! linear_attention_element {
                             flag(a.beta.is_some()),
                             flag(a.h0.is_some()),
                             flag(keep),
+                            flag(a.skip.is_some()),
                             scale,
                         )
                     };
@@ -761,10 +795,9 @@ macro_rules! linear_attention_element {
                 let mut dk32 = bw.dk32.as_deref_mut().map(|t| t.view_mut(&shape, &strides)).transpose()?;
                 let (shape, strides) = heads_dims(a.layout, batch, heads, len, dv);
                 let mut dvv = bw.dv.view_mut(&shape, &strides)?;
-                let mut rc = bw.r.view_mut(&[rows, len, 1], &[len, 1, 1])?;
+                let mut dgv = bw.dg.map(|t| t.view_mut(&[rows, len], &[len, 1])).transpose()?;
                 let chunks = len.div_ceil(64);
                 let mut hsave = bw.hsave.as_deref_mut().map(|t| t.view_mut(&[rows * chunks, dk, dv], &[dk * dv, dv, 1])).transpose()?;
-                let mut xs = bw.xs.map(|t| t.view_mut(&[rows, chunks], &[chunks, 1])).transpose()?;
                 let mut dbc = bw.dbeta.map(|t| t.view_mut(&[rows, len, 1], &[len, 1, 1])).transpose()?;
                 let keep_dh0 = bw.dh0.is_some();
                 let mut dh0 = bw.dh0.map(|t| t.view_mut(&[rows, dk, dv], &[dk * dv, dv, 1])).transpose()?;
@@ -789,7 +822,7 @@ macro_rules! linear_attention_element {
                             &Optional(h0.as_ref(), 3),
                             &mut dqv,
                             &mut OptionalMut(dq32.as_mut(), 3),
-                            &mut rc,
+                            &mut OptionalMut(dgv.as_mut(), 2),
                             &mut OptionalMut(hsave.as_mut(), 3),
                             heads as i32,
                             qg,
@@ -819,8 +852,7 @@ macro_rules! linear_attention_element {
                             &mut OptionalMut(dk32.as_mut(), 3),
                             &mut dvv,
                             &mut OptionalMut(dbc.as_mut(), 3),
-                            &mut rc,
-                            &mut OptionalMut(xs.as_mut(), 2),
+                            &mut OptionalMut(dgv.as_mut(), 2),
                             &mut OptionalMut(dh0.as_mut(), 3),
                             heads as i32,
                             qg,
@@ -892,12 +924,14 @@ pub struct LinearAttention<'a, T: Element> {
     h0: Option<&'a Tensor<f32>>,
     scale: Option<f32>,
     layout: AttentionLayout,
+    /// `D` a head (`[heads]`, f32): `y + D_h·v` (the SSD's skip).
+    pub(crate) skip: Option<&'a Tensor<f32>>,
 }
 
 impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
     /// Plain causal linear attention of `q`, `k`, `v` (`[batch, seq, heads, d]`).
     pub fn new(device: &'a Device, q: &'a Tensor<T>, k: &'a Tensor<T>, v: &'a Tensor<T>) -> Self {
-        LinearAttention { device, q, k, v, g: None, beta: None, h0: None, scale: None, layout: AttentionLayout::Bshd }
+        LinearAttention { device, q, k, v, g: None, beta: None, h0: None, scale: None, layout: AttentionLayout::Bshd, skip: None }
     }
 
     /// The tensors' layout (`[batch, seq, heads, d]` unless told).
@@ -960,9 +994,11 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
     /// The gradients of the inputs from `dout` (the gradient of the output, as `v`) and, if
     /// given, `dh_last` (of the last state, `[batch, heads, dk, dv]`, f32): two walks over the
     /// sequence, nothing of the forward saved — one forward (the state rebuilt; dq), one back
-    /// (the state's gradient; dk, dv, dβ, the initial state's), then the decay's gradient: the
-    /// running sum of `q·dq − k·dk` back from each chunk's end plus `⟨dH, H⟩` there (the later
-    /// steps' share, so that the error of a long running sum does not build up).
+    /// (the state's gradient; dk, dv, dβ, the initial state's). The decay's gradient `dg_t` sums,
+    /// over every pair of steps `i ≥ t > j` (and the initial state, and the last state's
+    /// gradient), that pair's term with its own decay — each walk adds its share — rather than
+    /// the difference `q·dq − k·dk` of near terms, which loses the small ones a strong decay
+    /// leaves.
     ///
     /// ```ignore
     /// let grads = LinearAttention::new(&dev, &q, &k, &v).decay(&g).backward(&dout, None)?;
@@ -981,13 +1017,12 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
         let mut dq32 = (d.q_heads < d.heads).then(|| Tensor::<f32>::zeros(dev, self.q.shape())).transpose()?;
         let mut dk32 = (d.k_heads < d.heads).then(|| Tensor::<f32>::zeros(dev, self.k.shape())).transpose()?;
         let mut dv = Tensor::<T>::zeros(dev, self.v.shape())?;
-        let mut r = Tensor::<f32>::zeros(dev, &steps)?;
+        let mut dg = self.g.map(|_| Tensor::<f32>::zeros(dev, &steps)).transpose()?;
         let mut dbeta = self.beta.map(|_| Tensor::<f32>::zeros(dev, &steps)).transpose()?;
         let mut dh0 = self.h0.map(|h| Tensor::<f32>::zeros(dev, h.shape())).transpose()?;
-        // With a decay: each chunk's last state (16-bit) and the per-chunk sums of its gradient.
+        // With a decay: each chunk's starting state (16-bit), for the decay's gradient.
         let (rows, chunks) = (d.batch * d.heads, d.len.div_ceil(64));
         let mut hsave = self.g.map(|_| Tensor::<T>::scratch(dev, &[rows * chunks, d.dk, d.dv])).transpose()?;
-        let mut xs = self.g.map(|_| Tensor::<f32>::zeros(dev, &[rows, chunks])).transpose()?;
         let empty = d.batch == 0 || d.heads == 0 || d.len == 0;
         if !empty {
             let bw = Backward {
@@ -998,11 +1033,10 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
                 dq32: dq32.as_mut(),
                 dk32: dk32.as_mut(),
                 dv: &mut dv,
-                r: &mut r,
+                dg: dg.as_mut(),
                 dbeta: dbeta.as_mut(),
                 dh0: dh0.as_mut(),
                 hsave: hsave.as_mut(),
-                xs: xs.as_mut(),
             };
             T::linear_attention_bwd_launch(self, d, bw)?;
         } else if let (Some(d0), Some(dl)) = (dh0.as_mut(), dh_last) {
@@ -1016,18 +1050,6 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
                 }
             }
         }
-        let dg = match &xs {
-            Some(xs) => {
-                let mut dg = Tensor::<f32>::zeros(dev, &steps)?;
-                if !empty {
-                    let rv = r.view(&[rows, d.len], &[d.len, 1])?;
-                    let mut dgv = dg.view_mut(&[rows, d.len], &[d.len, 1])?;
-                    linear_attention_dg::launch(dev, Grid::from(rows as u32), &rv, xs, &mut dgv)?;
-                }
-                Some(dg)
-            }
-            None => None,
-        };
         Ok(LinearAttentionGrads { dq, dk, dv, dg, dbeta, dh0 })
     }
 

@@ -292,6 +292,12 @@ pub fn gelu_erf<const R: usize, const W: usize>(x: Tile<f32, R, W>) -> Tile<f32,
     0.5 * x * (1.0 + erf(x * 0.70710678118))
 }
 
+/// `log(1 + eˣ)` without overflow: `max(x, 0) + log(1 + e^−|x|)`.
+#[device]
+pub fn softplus<const R: usize, const W: usize>(x: Tile<f32, R, W>) -> Tile<f32, R, W> {
+    max(x, 0.0) + log2(1.0 + exp2(abs(x) * -f32::consts::LOG2_E)) * f32::consts::LN_2
+}
+
 /// `x · sigmoid(x)`.
 #[device]
 pub fn silu<const R: usize, const W: usize>(x: Tile<f32, R, W>) -> Tile<f32, R, W> {

@@ -13,7 +13,7 @@
 //! parallelism is `batch × channels`. The state is f32; the last
 //! one is stored for the next call (chunked prefill) and may start from one given.
 
-use crate::prelude::{linear_recurrence_chunk, scan_linear};
+use crate::prelude::{linear_recurrence_chunk, scan_linear, softplus};
 use tessera::{device, kernel, Device, Element, Error, Grid, Optional, OptionalMut, Result, Tensor};
 
 /// `selective_scan` for `N` states (`d_state`): `u`, `delta`, `z`, `y` as `[batch·channels, L]`
@@ -211,8 +211,7 @@ fn step_sizes<T, const W: usize>(
     let x = delta.load_or::<Tile<T, 1, W>>([row, t], 0.0).cast::<f32>() + bias_d;
     let mut dt = x;
     if softplus == 1 {
-        // log(1 + eˣ) without overflow: max(x, 0) + log(1 + e^−|x|).
-        dt = max(x, 0.0) + log2(1.0 + exp2(abs(x) * -f32::consts::LOG2_E)) * f32::consts::LN_2;
+        dt = softplus(x);
     }
     (x, dt.mask_cols(len - t, 0.0))
 }

@@ -125,9 +125,14 @@ impl Lowerer<'_> {
 
     /// The layout for a tile whose layout is free (a load or a constructor): that of the tile
     /// in registers it feeds, if there is one, else the canonical blocked layout.
+    /// A hint of another shape stays for the tile it was meant for (in `row − col_index()`,
+    /// the vector comes first).
     fn hinted_layout(&mut self, ty: TileType) -> Layout {
-        match self.layout_hint.take() {
-            Some(h) if h.rows == ty.rows && h.cols == ty.cols => h,
+        match self.layout_hint {
+            Some(h) if h.rows == ty.rows && h.cols == ty.cols => {
+                self.layout_hint = None;
+                h
+            }
             _ => Layout::blocked(ty.rows, ty.cols),
         }
     }
