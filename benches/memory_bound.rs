@@ -7,11 +7,12 @@
 //! `cargo bench --bench memory_bound` (prints a skip where there is no GPU).
 //! `TESSERA_BENCH_WIDTHS=11008,12288` times the copy and the norms at those hidden sizes only;
 //! `TESSERA_BENCH_SCANS=1` the first table and the scan rows only (`=prefix`, `=selective`,
-//! `=linear`: the copy and that part of them).
+//! `=linear`, `=ssd`: the copy and that part of them).
 //! The scan rows have PyTorch's beside them (`benches/torch_scans.py`, run as a child process;
 //! `TESSERA_TORCH_SCANS_SCRIPT` overrides its path); the selective scan's decode step has
 //! mamba-ssm's Triton kernel beside it (`benches/mamba_step.py`, which says what it needs), the
-//! linear attention flash-linear-attention's (`benches/fla_linear_attn.py`, likewise).
+//! linear attention flash-linear-attention's (`benches/fla_linear_attn.py`, likewise), Mamba-2's
+//! SSD mamba-ssm's Triton `mamba_chunk_scan_combined` (`benches/mamba_ssd.py`).
 
 use criterion::Criterion;
 use std::time::Duration;
@@ -104,8 +105,9 @@ fn main() {
     let all = only.is_none();
     // Only the copy, the first table and the scan rows.
     let scans_only = std::env::var_os("TESSERA_BENCH_SCANS").is_some();
-    // `TESSERA_BENCH_SCANS=prefix`, `selective` or `linear`: that part of the scan rows alone.
-    let part = |name: &str| std::env::var("TESSERA_BENCH_SCANS").map_or(true, |v| v == "1" || v == name);
+    // `TESSERA_BENCH_SCANS=prefix`, `selective`, `linear`, `ssd` (or several, comma-separated):
+    // those parts of the scan rows alone.
+    let part = |name: &str| std::env::var("TESSERA_BENCH_SCANS").map_or(true, |v| v == "1" || v.split(',').any(|p| p == name));
     if all && part("prefix") {
         {
             let mut f = || tessera_kernels::axpy(&dev, 0.5, &x, &mut y).expect("axpy");
@@ -375,6 +377,37 @@ fn main() {
                 }
             }
             Err(why) => println!("memory_bound: no flash-linear-attention baseline: {why}"),
+        }
+    }
+    // Mamba-2's SSD, B 8, L 4096, 32 heads of 64, d_state 128, one group, D, dt bias and
+    // softplus, beside mamba-ssm's Triton `mamba_chunk_scan_combined` in the same run
+    // (`benches/mamba_ssd.py`): its I/O roofline reads x, dt, B, C and writes y once; forward
+    // + backward also reads dy and writes dx, ddt, dB, dC.
+    if all && part("ssd") {
+        use tessera::bf16;
+        let (b, l, h, p, n) = (8usize, 4096usize, 32usize, 64usize, 128usize);
+        let mut r = |shape: &[usize]| Tensor::from_host(&dev, &rng_bf16(shape.iter().product()), shape).expect("bf16 input");
+        let (x, dt, bm, cm, dy) = (r(&[b, l, h, p]), r(&[b, l, h]), r(&[b, l, 1, n]), r(&[b, l, 1, n]), r(&[b, l, h, p]));
+        let a = Tensor::from_host(&dev, &vec![-1.0f32; h], &[h]).expect("a");
+        let d = Tensor::from_host(&dev, &vec![0.5f32; h], &[h]).expect("d");
+        let mut y = Tensor::<bf16>::zeros(&dev, &[b, l, h, p]).expect("y");
+        let io = |tensors: usize| ((tensors * b * l * h * p + 2 * b * l * n + b * l * h) * 2) as f64;
+        let ssd = tessera_kernels::Ssd::new(&dev, &x, &dt, &a, &bm, &cm).d(&d).dt_bias(&d).dt_softplus(true);
+        let mut f = || ssd.run(&mut y, None).expect("ssd");
+        norm_rows.push((format!("ssd fwd {b}x{l}x{h}x{p} N{n}"), io(2), time_ms(&dev, 3, 10, &mut f)));
+        let mut f = || {
+            ssd.run(&mut y, None).expect("ssd");
+            drop(ssd.backward(&dy, None).expect("ssd backward"));
+        };
+        norm_rows.push((format!("ssd fwd+bwd {b}x{l}x{h}x{p} N{n}"), 2.0 * io(3), time_ms(&dev, 2, 5, &mut f)));
+        match python_baseline("TESSERA_MAMBA_SSD_SCRIPT", "mamba_ssd.py", &[b, l, h, p, n]) {
+            Ok(lines) => {
+                for (name, ms) in lines {
+                    let by = if name.contains("bwd") { 2.0 * io(3) } else { io(2) };
+                    norm_rows.push((format!("  mamba triton ssd {name} {b}x{l}x{h}x{p} N{n}"), by, ms));
+                }
+            }
+            Err(why) => println!("memory_bound: no mamba SSD baseline: {why}"),
         }
     }
     // The selective scan's decode step (one token, the state updated in place) beside
