@@ -322,3 +322,36 @@ fn bad_input_fp8_quantize() {
     assert_eq!(named(tessera_kernels::dequantize_fp8(&dev, &y_ok, 1.0, &mut back)), "y");
     assert!(back.to_host().unwrap().iter().all(|v| v.to_f32() == -7.0), "the output changed");
 }
+
+/// Linear attention: a key head dim without a kernel, v's heads not a multiple of q's, a decay
+/// of another length, `o` of another shape, a non-contiguous q. The SSD: B of another length, C
+/// unlike B, dt of another shape. Each error names the argument; the output stays poisoned.
+#[test]
+fn bad_input_linear_attention_and_ssd() {
+    use tessera_kernels::{LinearAttention, Ssd};
+    let dev = Device::cpu();
+    let (q, k, v): (Tensor<bf16>, Tensor<bf16>, Tensor<bf16>) =
+        (rand_t(&dev, &[2, 70, 2, 64]), rand_t(&dev, &[2, 70, 2, 64]), rand_t(&dev, &[2, 70, 2, 64]));
+    let mut o: Tensor<bf16> = rand_t(&dev, &[2, 70, 2, 64]);
+    let q96: Tensor<bf16> = rand_t(&dev, &[2, 70, 2, 96]);
+    assert_eq!(unchanged(&[&q96, &v], &mut o, |o| LinearAttention::new(&dev, &q96, &q96, &v).run(o, None)), "q", "head dim 96");
+    let q3: Tensor<bf16> = rand_t(&dev, &[2, 70, 3, 64]);
+    assert_eq!(unchanged(&[&q3, &v], &mut o, |o| LinearAttention::new(&dev, &q3, &q3, &v).run(o, None)), "q", "3 heads for 2");
+    let g = Tensor::<f32>::zeros(&dev, &[2, 2, 69]).unwrap();
+    assert_eq!(unchanged(&[&q, &k, &v], &mut o, |o| LinearAttention::new(&dev, &q, &k, &v).decay(&g).run(o, None)), "decay");
+    let mut o2: Tensor<bf16> = rand_t(&dev, &[2, 70, 2, 128]);
+    assert_eq!(unchanged(&[&q, &k, &v], &mut o2, |o| LinearAttention::new(&dev, &q, &k, &v).run(o, None)), "o");
+    let wide: Tensor<bf16> = rand_t(&dev, &[2, 70, 2, 128]);
+    let strided = wide.restride(0, &[2, 70, 2, 64], &[70 * 256, 256, 128, 1]).unwrap();
+    assert_eq!(unchanged(&[&k, &v], &mut o, |o| LinearAttention::new(&dev, &strided, &k, &v).run(o, None)), "q", "strided");
+
+    let (x, dt): (Tensor<bf16>, Tensor<bf16>) = (rand_t(&dev, &[1, 70, 4, 64]), rand_t(&dev, &[1, 70, 4]));
+    let a = Tensor::<f32>::zeros(&dev, &[4]).unwrap();
+    let (b, c, b69): (Tensor<bf16>, Tensor<bf16>, Tensor<bf16>) =
+        (rand_t(&dev, &[1, 70, 1, 128]), rand_t(&dev, &[1, 70, 2, 128]), rand_t(&dev, &[1, 69, 1, 128]));
+    let mut y: Tensor<bf16> = rand_t(&dev, &[1, 70, 4, 64]);
+    assert_eq!(unchanged(&[&x, &b69], &mut y, |y| Ssd::new(&dev, &x, &dt, &a, &b69, &b69).run(y, None)), "b");
+    assert_eq!(unchanged(&[&x, &b, &c], &mut y, |y| Ssd::new(&dev, &x, &dt, &a, &b, &c).run(y, None)), "c");
+    let dt2: Tensor<bf16> = rand_t(&dev, &[1, 70, 2]);
+    assert_eq!(unchanged(&[&x, &b], &mut y, |y| Ssd::new(&dev, &x, &dt2, &a, &b, &b).run(y, None)), "dt");
+}

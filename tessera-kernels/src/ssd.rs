@@ -325,9 +325,29 @@ impl<'a, T: SsdElement> Ssd<'a, T> {
     /// linear attention checks the rest).
     fn steps(&self) -> Result<(Tensor<f32>, Tensor<f32>)> {
         let arg = |a: &str, e: String, f: String| self.arg(a, e, f);
-        let [batch, len, heads, _] = *self.x.shape() else {
+        let [batch, len, heads, p] = *self.x.shape() else {
             return Err(arg("x", "[batch, L, heads, headdim]".into(), format!("shape {:?}", self.x.shape())));
         };
+        if !matches!(p, 64 | 128) || !self.x.is_contiguous() {
+            return Err(arg("x", "a contiguous tensor with headdim 64 or 128".into(), format!("shape {:?}", self.x.shape())));
+        }
+        // B and C by their own names (the linear attention would call them k and q).
+        for (name, t) in [("b", self.b), ("c", self.c)] {
+            let ok = match *t.shape() {
+                [tb, tl, g, n] => tb == batch && tl == len && g > 0 && heads % g == 0 && matches!(n, 64 | 128) && t.is_contiguous(),
+                _ => false,
+            };
+            if !ok {
+                return Err(arg(
+                    name,
+                    format!("a contiguous [{batch}, {len}, groups, d_state] with groups dividing {heads} heads and d_state 64 or 128"),
+                    format!("shape {:?}", t.shape()),
+                ));
+            }
+        }
+        if self.b.shape() != self.c.shape() {
+            return Err(arg("c", format!("shape {:?}, as b", self.b.shape()), format!("shape {:?}", self.c.shape())));
+        }
         if self.dt.shape() != [batch, len, heads] || !self.dt.is_contiguous() {
             return Err(arg(
                 "dt",
