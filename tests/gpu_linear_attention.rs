@@ -419,3 +419,61 @@ fn interp_ssd_matches_recurrence() {
     }
     run_ssd(&dev, 1, 70, 2, 2, 128, 64, false);
 }
+
+/// The decode path: `run_step` a step at a time, the state in place from the initial one,
+/// against the sequential reference's outputs and last state.
+fn run_steps(dev: &Device, c: Case) {
+    let inp = inputs(dev, c);
+    let [q, k, v, g, b, h0] = &inp.host;
+    let (want_o, want_h) = reference(c, q, k, v, g, b, h0, 1.0 / (c.dk as f64).sqrt());
+    let step = Case { len: 1, ..c };
+    let host = |x: &Tensor<bf16>| x.to_host().unwrap();
+    let (hq, hk, hv) = (host(&inp.q), host(&inp.k), host(&inp.v));
+    let (hg, hb) = (inp.g.to_host().unwrap(), inp.beta.to_host().unwrap());
+    let h0_or_zeros = if c.h0 { inp.h0.to_host().unwrap() } else { vec![0.0; c.batch * c.heads * c.dk * c.dv] };
+    let mut state = Tensor::from_host(dev, &h0_or_zeros, &[c.batch, c.heads, c.dk, c.dv]).unwrap();
+    let mut got_o = vec![0.0; want_o.len()];
+    for t in 0..c.len {
+        // Step t's rows of each [batch, seq, heads, d] tensor, as a sequence of length 1.
+        let rows = |x: &[bf16], heads: usize, d: usize| -> Vec<bf16> {
+            (0..c.batch).flat_map(|bi| (0..heads * d).map(move |j| (bi, j))).map(|(bi, j)| x[(bi * c.len + t) * heads * d + j]).collect()
+        };
+        let at_t = |x: &[f32]| -> Vec<f32> { (0..c.batch * c.heads).map(|i| x[i * c.len + t]).collect() };
+        let qt = Tensor::from_host(dev, &rows(&hq, c.qk_heads, c.dk), &shape(step, c.qk_heads, c.dk)).unwrap();
+        let kt = Tensor::from_host(dev, &rows(&hk, c.qk_heads, c.dk), &shape(step, c.qk_heads, c.dk)).unwrap();
+        let vt = Tensor::from_host(dev, &rows(&hv, c.heads, c.dv), &shape(step, c.heads, c.dv)).unwrap();
+        let gt = Tensor::from_host(dev, &at_t(&hg), &[c.batch, c.heads, 1]).unwrap();
+        let bt = Tensor::from_host(dev, &at_t(&hb), &[c.batch, c.heads, 1]).unwrap();
+        let mut ot = Tensor::full(dev, &shape(step, c.heads, c.dv), bf16::from_f32(f32::NAN)).unwrap();
+        let mut la = LinearAttention::new(dev, &qt, &kt, &vt);
+        if c.decay {
+            la = la.decay(&gt);
+        }
+        if c.beta {
+            la = la.beta(&bt);
+        }
+        la.run_step(&mut state, &mut ot).unwrap();
+        for (j, o) in ot.to_host().unwrap().iter().enumerate() {
+            let (bi, rest) = (j / (c.heads * c.dv), j % (c.heads * c.dv));
+            got_o[(bi * c.len + t) * c.heads * c.dv + rest] = f64::from(o.to_f32());
+        }
+    }
+    let (eo, eh) = (rel_error(&got_o, &want_o), rel_error(&wide(&state.to_host().unwrap()), &want_h));
+    assert!(eo < 1e-2 && eh < 1e-5, "{c:?} step by step: output {eo}, state {eh}");
+}
+
+#[test]
+fn gpu_linear_attention_steps_match_recurrence() {
+    let Some(dev) = gpu_or_skip("gpu_linear_attention_steps_match_recurrence") else { return };
+    for (dk, dv) in [(128, 128), (64, 64), (128, 64)] {
+        run_steps(&dev, case(7, dk, dv));
+        run_steps(&dev, Case { qk_heads: 1, ..gated(case(7, dk, dv)) });
+    }
+}
+
+#[test]
+fn interp_linear_attention_steps_match_recurrence() {
+    let dev = Device::cpu();
+    run_steps(&dev, gated(case(7, 64, 64)));
+    run_steps(&dev, Case { qk_heads: 1, ..gated(case(5, 128, 128)) });
+}

@@ -604,6 +604,35 @@ pub fn linear_attention_bwd_dkv_v64(
     );
 }
 
+/// One step of the recurrence in place, the decode path: for (batch, head) `bh` and 64 of
+/// V's columns a block, `state` (`[batch·heads, DK, DV]`, f32) becomes `exp(g)·state + β·kᵀv`
+/// and `o = scale·q·state`. `q`, `k` as `[batch·heads', DK, 1]` (one column a head), `v`, `o` as
+/// `[batch·heads, 1, DV]`, `g`, `β` as `[batch·heads, 1]`.
+#[kernel(dtypes(T = [bf16, f16]), tune(DK = [128, 64]))]
+pub fn linear_attention_step(
+    state: Global<f32, 3>, q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, g: Global<f32, 2>, beta: Global<f32, 2>, o: Global<T, 3>,
+    heads: i32, q_group: i32, k_group: i32, has_g: i32, has_beta: i32, scale: f32,
+) {
+    let slices = v.dim(2) / 64;
+    let bh = block::id_x() / slices;
+    let col = (block::id_x() - bh * slices) * 64;
+    let b = bh / heads;
+    let h = bh - b * heads;
+    let mut s = state.load::<Tile<f32, DK, 64>>([bh, 0, col]);
+    if has_g == 1 {
+        s = s * exp2(g.load::<Tile<f32, 1, 1>>([bh, 0]) * f32::consts::LOG2_E);
+    }
+    let mut w = v.load::<Tile<T, 1, 64>>([bh, 0, col]).cast::<f32>();
+    if has_beta == 1 {
+        w = w * beta.load::<Tile<f32, 1, 1>>([bh, 0]);
+    }
+    let kp = b * (heads / k_group) + h / k_group;
+    s = s + (Tile::<f32, DK, 64>::zeros() + w) * k.load::<Tile<T, DK, 1>>([kp, 0, 0]).cast::<f32>();
+    state.store([bh, 0, col], s);
+    let qp = b * (heads / q_group) + h / q_group;
+    o.store([bh, 0, col], ((s * q.load::<Tile<T, DK, 1>>([qp, 0, 0]).cast::<f32>()).sum(0) * scale).cast::<T>());
+}
+
 /// `y = x` cast to `T`, 4096 elements a block, `[1, n]` views.
 #[kernel(dtypes(T = [bf16, f16]))]
 pub fn cast_from_f32(x: Global<f32, 2>, y: Global<T, 2>) {
@@ -624,6 +653,8 @@ pub trait LinearAttentionElement: Element + sealed::Sealed {
     fn linear_attention_bwd_launch(a: &LinearAttention<'_, Self>, d: Dims, b: Backward<'_, Self>) -> Result<()>;
     #[doc(hidden)]
     fn cast_launch(device: &Device, x: &Tensor<f32>, y: &mut Tensor<Self>) -> Result<()>;
+    #[doc(hidden)]
+    fn step_launch(a: &LinearAttention<'_, Self>, d: Dims, state: &mut Tensor<f32>, o: &mut Tensor<Self>) -> Result<()>;
 }
 
 /// The backward's tensors, as its launches take them.
@@ -708,7 +739,7 @@ fn rows_cols(t: Option<&Tensor<f32>>, rows: usize, len: usize) -> Result<RowsCol
 }
 
 macro_rules! linear_attention_element {
-    ($t:ty, $k128:ident, $k64:ident, $dq128:ident, $dq64:ident, $dkv128:ident, $dkv64:ident, $cast:ident) => {
+    ($t:ty, $k128:ident, $k64:ident, $dq128:ident, $dq64:ident, $dkv128:ident, $dkv64:ident, $cast:ident, $step:ident) => {
         impl LinearAttentionElement for $t {
             fn linear_attention_launch(
                 a: &LinearAttention<'_, Self>, d: Dims, o: &mut Tensor<Self>, h_last: Option<&mut Tensor<f32>>,
@@ -873,6 +904,43 @@ macro_rules! linear_attention_element {
                 }
             }
 
+            fn step_launch(a: &LinearAttention<'_, Self>, d: Dims, state: &mut Tensor<f32>, o: &mut Tensor<Self>) -> Result<()> {
+                let Dims { batch, heads, q_heads, k_heads, dk, dv, .. } = d;
+                let i = $step::VARIANTS.iter().position(|v| v.knob("DK") == Some(dk as i64)).ok_or_else(|| Error::Argument {
+                    kernel: "linear_attention",
+                    arg: "k".into(),
+                    expected: "a key head dim of 64 or 128".into(),
+                    found: format!("{dk}"),
+                })?;
+                // One step: [batch, 1, heads, d] and [batch, heads, 1, d] lie alike in memory.
+                let rows = batch * heads;
+                let q = a.q.view(&[batch * q_heads, dk, 1], &[dk, 1, 1])?;
+                let k = a.k.view(&[batch * k_heads, dk, 1], &[dk, 1, 1])?;
+                let v = a.v.view(&[rows, 1, dv], &[dv, dv, 1])?;
+                let mut ov = o.view_mut(&[rows, 1, dv], &[dv, dv, 1])?;
+                let mut sv = state.view_mut(&[rows, dk, dv], &[dk * dv, dv, 1])?;
+                let g = a.g.map(|t| t.view(&[rows, 1], &[1, 1])).transpose()?;
+                let b = a.beta.map(|t| t.view(&[rows, 1], &[1, 1])).transpose()?;
+                $step::launch_variant(
+                    i,
+                    a.device,
+                    Grid::from((rows * (dv / 64)) as u32),
+                    &mut sv,
+                    &q,
+                    &k,
+                    &v,
+                    &Optional(g.as_ref(), 2),
+                    &Optional(b.as_ref(), 2),
+                    &mut ov,
+                    heads as i32,
+                    (heads / q_heads) as i32,
+                    (heads / k_heads) as i32,
+                    i32::from(a.g.is_some()),
+                    i32::from(a.beta.is_some()),
+                    a.scale.unwrap_or(1.0 / (dk as f32).sqrt()),
+                )
+            }
+
             fn cast_launch(device: &Device, x: &Tensor<f32>, y: &mut Tensor<Self>) -> Result<()> {
                 let n = x.shape().iter().product::<usize>();
                 let xv = x.view(&[1, n], &[n, 1])?;
@@ -890,7 +958,8 @@ linear_attention_element!(
     linear_attention_bwd_dq_v64_bf16,
     linear_attention_bwd_dkv_bf16,
     linear_attention_bwd_dkv_v64_bf16,
-    cast_from_f32_bf16
+    cast_from_f32_bf16,
+    linear_attention_step_bf16
 );
 linear_attention_element!(
     tessera::f16,
@@ -900,7 +969,8 @@ linear_attention_element!(
     linear_attention_bwd_dq_v64_f16,
     linear_attention_bwd_dkv_f16,
     linear_attention_bwd_dkv_v64_f16,
-    cast_from_f32_f16
+    cast_from_f32_f16,
+    linear_attention_step_f16
 );
 
 /// A causal linear attention to run (see the module's notes for the recurrence): q, k `[batch,
@@ -1051,6 +1121,38 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
             }
         }
         Ok(LinearAttentionGrads { dq, dk, dv, dg, dbeta, dh0 })
+    }
+
+    /// One step of the recurrence in place, the decode path: `state` (`[batch, heads, dk,
+    /// dv]`, f32) is the state before the step and becomes the state after it; `o` the step's
+    /// output. q, k, v (and the decay and β, `[batch, heads, 1]`) are those of a sequence of
+    /// length 1; a block updates 64 of the state's columns of one (batch, head), reading the
+    /// state once and writing it once.
+    ///
+    /// ```ignore
+    /// for token in 0..n {
+    ///     LinearAttention::new(&dev, &q_t, &k_t, &v_t).decay(&g_t).run_step(&mut state, &mut o_t)?;
+    /// }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`LinearAttention::run`], and [`Error::Argument`] where the inputs are longer than one
+    /// step or an `initial_state` is given (`state` is the state the step starts from).
+    pub fn run_step(&self, state: &mut Tensor<f32>, o: &mut Tensor<T>) -> Result<()> {
+        if self.h0.is_some() {
+            return Err(self.arg("initial_state", "none: `state` is the state the step starts from".into(), "a tensor".into()));
+        }
+        let d = self.dims(o, Some(state), false)?;
+        if d.len != 1 {
+            return Err(self.arg("q", "one step: a sequence of length 1".into(), format!("length {}", d.len)));
+        }
+        if self.skip.is_some() {
+            return Err(self.arg("d", "no skip in a step (add D·x after it)".into(), "a D".into()));
+        }
+        if d.batch == 0 || d.heads == 0 {
+            return Ok(());
+        }
+        T::step_launch(self, d, state, o)
     }
 
     fn arg(&self, arg: &str, expected: String, found: String) -> Error {
