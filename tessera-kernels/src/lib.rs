@@ -14,6 +14,8 @@
 //! | [`Norm`] | fused RMSNorm/LayerNorm: Philox dropout, residual add returning the new residual, weight, bias, scale and shift; forward and backward (`dx`, `dweight`, `dbias`) |
 //! | [`attention`], [`attention_with_lse`], [`attention_varlen`] | FlashAttention forward: bf16/f16, `[b, s, h, d]` or `[b, h, s, d]` or sequences packed end to end, causal or not, grouped-query heads, different query and key lengths, the log-sum-exp for a backward pass (Hopper) |
 //! | [`layer_norm`] | `y = (x − mean) / sqrt(var + eps) · weight + bias` per row, bf16/f16/f32, f32 statistics |
+//! | [`LinearAttention`] | causal linear attention, chunked, with a scalar decay a step and β (RetNet, simple GLA): forward, backward, decode step (Hopper) |
+//! | [`Ssd`] | Mamba-2's state-space duality on the linear attention's kernels: forward and backward (Hopper) |
 //! | [`quantize_fp8`], [`dequantize_fp8`] | `y = x · scale` to fp8 ([`tessera::F8E4M3`], [`tessera::F8E5M2`]; round to nearest even, saturating, as the GPU's `cvt`) and back (sm_89 and later) |
 #![warn(missing_docs)]
 
@@ -67,6 +69,12 @@ pub mod kernels {
         bias_gelu_bf16, gemm_nn_bf16, gemm_nn_f16, gemm_nn_full_bf16, gemm_nn_full_f16, gemm_tn_bf16, gemm_tn_f16, gemm_tn_full_bf16,
         gemm_tn_full_f16, pad_copy_bf16, pad_copy_f16,
     };
+    pub use crate::linear_attention::{
+        linear_attention_bwd_dkv_bf16, linear_attention_bwd_dkv_f16, linear_attention_bwd_dkv_v64_bf16, linear_attention_bwd_dkv_v64_f16,
+        linear_attention_bwd_dq_bf16, linear_attention_bwd_dq_f16, linear_attention_bwd_dq_v64_bf16, linear_attention_bwd_dq_v64_f16,
+        linear_attention_fwd_bf16, linear_attention_fwd_f16, linear_attention_fwd_v64_bf16, linear_attention_fwd_v64_f16,
+        linear_attention_step_bf16, linear_attention_step_f16,
+    };
     pub use crate::norm::{
         layer_norm_bf16, layer_norm_f16, layer_norm_f32, layer_norm_row_bf16, layer_norm_row_f16, layer_norm_row_f32,
         layer_norm_rows2_bf16, layer_norm_rows2_f16, layer_norm_rows2_f32, layer_norm_rows4_bf16, layer_norm_rows4_f16,
@@ -93,6 +101,7 @@ pub mod kernels {
         softmax_f16, softmax_f32, softmax_row_bf16, softmax_row_f16, softmax_row_f32, softmax_rows4_bf16, softmax_rows4_f16,
         softmax_rows4_f32,
     };
+    pub use crate::ssd::{ssd_steps_backward_bf16, ssd_steps_backward_f16, ssd_steps_bf16, ssd_steps_f16};
 }
 
 use kernels::*;

@@ -490,7 +490,7 @@ pub fn head_skip<T, const DV: usize>(
 }
 
 /// Causal linear attention with value head dim 128 (two consumer warpgroups), key head dim
-/// `DK` 128 or 64: [`linear_attention_blocks`] with [`head_skip`] as the epilogue.
+/// `DK` 128 or 64: `linear_attention_blocks` with `head_skip` as the epilogue.
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(DK = [128, 64]), targets(sm_90a))]
 pub fn linear_attention_fwd(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, beta: Global<f32, 2>, betac: Global<f32, 3>,
@@ -521,7 +521,7 @@ pub fn linear_attention_fwd(
     );
 }
 
-/// As [`linear_attention_fwd`] with value head dim 64 (one consumer warpgroup).
+/// As `linear_attention_fwd` with value head dim 64 (one consumer warpgroup).
 #[kernel(warpgroups = 2, dtypes(T = [bf16, f16]), tune(DK = [128, 64]), targets(sm_90a))]
 pub fn linear_attention_fwd_v64(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, beta: Global<f32, 2>, betac: Global<f32, 3>,
@@ -552,7 +552,7 @@ pub fn linear_attention_fwd_v64(
     );
 }
 
-/// The backward's forward walk ([`linear_attention_dq_blocks`]), value head dim 128.
+/// The backward's forward walk (`linear_attention_dq_blocks`), value head dim 128.
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(DK = [128, 64]), targets(sm_90a))]
 pub fn linear_attention_bwd_dq(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, beta: Global<f32, 2>,
@@ -564,7 +564,7 @@ pub fn linear_attention_bwd_dq(
     );
 }
 
-/// As [`linear_attention_bwd_dq`], value head dim 64.
+/// As `linear_attention_bwd_dq`, value head dim 64.
 #[kernel(warpgroups = 2, dtypes(T = [bf16, f16]), tune(DK = [128, 64]), targets(sm_90a))]
 pub fn linear_attention_bwd_dq_v64(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, beta: Global<f32, 2>,
@@ -576,7 +576,7 @@ pub fn linear_attention_bwd_dq_v64(
     );
 }
 
-/// The backward's reverse walk ([`linear_attention_dkv_blocks`]), value head dim 128.
+/// The backward's reverse walk (`linear_attention_dkv_blocks`), value head dim 128.
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(DK = [128, 64]), targets(sm_90a))]
 pub fn linear_attention_bwd_dkv(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, betac: Global<f32, 3>,
@@ -590,7 +590,7 @@ pub fn linear_attention_bwd_dkv(
     );
 }
 
-/// As [`linear_attention_bwd_dkv`], value head dim 64.
+/// As `linear_attention_bwd_dkv`, value head dim 64.
 #[kernel(warpgroups = 2, dtypes(T = [bf16, f16]), tune(DK = [128, 64]), targets(sm_90a))]
 pub fn linear_attention_bwd_dkv_v64(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, betac: Global<f32, 3>,
