@@ -4,29 +4,22 @@ in `benches/memory_bound.rs`.
 `python3 mamba_ssd.py B L H P N` prints, in ms, `fwd` (forward, chunk 256, D, dt bias,
 softplus, one group) and `fwd_bwd` (forward + backward) for bf16 x [B, L, H, P], dt [B, L, H],
 B and C [B, L, 1, N], f32 A, D, dt_bias; CUDA-event timing (`cuda_timing.py`) after warm-up
-calls, which include Triton's autotuning. The package is not installed whole (its CUDA
-extensions are not built here): `TESSERA_MAMBA_SRC` names an unpacked mamba-ssm source tree
-whose Triton kernels are loaded alone, `TESSERA_PYLIB` a folder with einops (default
-`mamba_src` and `pylib` beside this script: `scripts/fetch-baselines.sh` fetches both). Prints
-`error <reason>` and exits 0 where any of it is missing.
+calls, which include Triton's autotuning. mamba-ssm's kernels are loaded alone by
+`mamba_triton.py` (which says where the sources come from). Prints `error <reason>` and exits
+0 where any of it is missing.
 """
 import os
 import sys
-import types
 
 here = os.path.dirname(os.path.abspath(__file__))
 try:
-    sys.path.insert(0, os.environ.get("TESSERA_PYLIB", os.path.join(here, "pylib")))
-    import torch
-
     sys.path.insert(0, here)
+    from mamba_triton import load
+
+    import torch
     from cuda_timing import time_ms
 
-    root = os.environ.get("TESSERA_MAMBA_SRC", os.path.join(here, "mamba_src"))
-    pkg = types.ModuleType("mamba_ssm")  # skip the package's __init__, which loads CUDA extensions
-    pkg.__path__ = [os.path.join(root, "mamba_ssm")]
-    sys.modules["mamba_ssm"] = pkg
-    from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+    mamba_chunk_scan_combined = load("ops.triton.ssd_combined").mamba_chunk_scan_combined
 except Exception as e:
     print(f"error {type(e).__name__}: {e}")
     sys.exit(0)

@@ -22,7 +22,7 @@ for line in sys.stdin:
 done
 cp scripts/gpu-run.sh .gpu/run.sh
 cp scripts/sanitize.sh .gpu/sanitize.sh
-cp benches/attention_cudnn.py benches/torch_scans.py benches/mamba_step.py benches/cuda_timing.py .gpu/bin/
+cp benches/*.py .gpu/bin/
 # mamba-ssm's Triton kernels for the decode-step baseline (needs the network: skipped without).
 bash scripts/fetch-baselines.sh .gpu/bin || echo "gpu-build: no mamba-ssm baseline (fetch failed)"
 

@@ -16,7 +16,21 @@
 
 use crate::linear_attention::{AttentionLayout, LinearAttention, LinearAttentionElement};
 use crate::prelude::softplus;
-use tessera::{kernel, Device, Element, Error, Grid, Optional, OptionalMut, Result, Tensor};
+use tessera::{device, kernel, Device, Element, Error, Grid, Optional, OptionalMut, Result, Tensor};
+
+/// This block's (batch, head) — its index `bh`, `b` and `h` — with `A_h` and the dt bias (0
+/// without one).
+#[device]
+pub fn block_head(a: Global<f32, 1>, bias: Global<f32, 1>, heads: i32, has_bias: i32) -> (i32, i32, i32, f32, f32) {
+    let bh = block::id_x();
+    let b = bh / heads;
+    let h = bh - b * heads;
+    let mut bias_h = 0.0;
+    if has_bias == 1 {
+        bias_h = bias.get([h]);
+    }
+    (bh, b, h, a.get([h]), bias_h)
+}
 
 /// `Δ` and `g = A_h·Δ` for one (batch, head) a block: `dt` as `[batch, L, heads]`, `delta`
 /// and `g` as `[batch·heads, L, 1]`, `a` and `bias` `[heads]`.
@@ -25,14 +39,7 @@ pub fn ssd_steps(
     dt: Global<T, 3>, a: Global<f32, 1>, bias: Global<f32, 1>, delta: Global<f32, 3>, g: Global<f32, 3>, heads: i32, has_bias: i32,
     softplus_on: i32,
 ) {
-    let bh = block::id_x();
-    let b = bh / heads;
-    let h = bh - b * heads;
-    let ah = a.get([h]);
-    let mut bias_h = 0.0;
-    if has_bias == 1 {
-        bias_h = bias.get([h]);
-    }
+    let (bh, b, h, ah, bias_h) = block_head(a, bias, heads, has_bias);
     for t0 in (0..dt.dim(1)).step_by(256) {
         let x = dt.load::<Tile<T, 256, 1>>([b, t0, h]).cast::<f32>() + bias_h;
         let mut d = x;
@@ -54,14 +61,7 @@ pub fn ssd_steps_backward(
     x: Global<T, 3>, dy: Global<T, 3>, dskip: Global<f32, 1>, dx: Global<T, 3>, ddt: Global<T, 3>, da: Global<f32, 2>,
     dbias: Global<f32, 2>, dd: Global<f32, 2>, heads: i32, has_bias: i32, softplus_on: i32, has_d: i32,
 ) {
-    let bh = block::id_x();
-    let b = bh / heads;
-    let h = bh - b * heads;
-    let ah = a.get([h]);
-    let mut bias_h = 0.0;
-    if has_bias == 1 {
-        bias_h = bias.get([h]);
-    }
+    let (bh, b, h, ah, bias_h) = block_head(a, bias, heads, has_bias);
     let mut d_h = 0.0;
     if has_d == 1 {
         d_h = dskip.get([h]);
