@@ -34,7 +34,7 @@ pub fn block_head(a: Global<f32, 1>, bias: Global<f32, 1>, heads: i32, has_bias:
 
 /// `Δ` and `g = A_h·Δ` for one (batch, head) a block: `dt` as `[batch, L, heads]`, `delta`
 /// and `g` as `[batch·heads, L, 1]`, `a` and `bias` `[heads]`.
-#[kernel(dtypes(T = [bf16, f16]))]
+#[kernel(dtypes(T = [bf16, f16]), targets(sm_90a))]
 pub fn ssd_steps(
     dt: Global<T, 3>, a: Global<f32, 1>, bias: Global<f32, 1>, delta: Global<f32, 3>, g: Global<f32, 3>, heads: i32, has_bias: i32,
     softplus_on: i32,
@@ -55,7 +55,7 @@ pub fn ssd_steps(
 /// taken back through the softplus into `ddt` (`[batch, L, heads]`), `dA_h = Σ dg·Δ`, the
 /// bias's `Σ ddt`, and with `D`, `dx += D_h·dy` (in place, `[batch, L, heads·P]`) and
 /// `dD_h = Σ dy·x`; the sums added into `[heads, 1]` f32 tensors.
-#[kernel(dtypes(T = [bf16, f16]), tune(P = [64, 128]))]
+#[kernel(dtypes(T = [bf16, f16]), tune(P = [64, 128]), targets(sm_90a))]
 pub fn ssd_steps_backward(
     dt: Global<T, 3>, a: Global<f32, 1>, bias: Global<f32, 1>, delta: Global<f32, 3>, dg: Global<f32, 3>, dbeta: Global<f32, 3>,
     x: Global<T, 3>, dy: Global<T, 3>, dskip: Global<f32, 1>, dx: Global<T, 3>, ddt: Global<T, 3>, da: Global<f32, 2>,
