@@ -342,3 +342,31 @@ fn selective_scan_refuses_bad_input() {
     let e = SelectiveScan::new(&dev, &u1, &u1, &a16, &b1, &b1).run_step(&mut h_wrong, &mut y1).expect_err("state's d_state").to_string();
     assert!(e.contains("state") && e.contains("[1, 4, 16]"), "{e}");
 }
+
+#[path = "../examples/mamba_block.rs"]
+#[allow(dead_code)]
+mod mamba_block;
+
+/// The Mamba block of `examples/mamba_block.rs` (in-projection GEMM → causal conv → x/Δ
+/// projections → selective scan with D and the gate → out-projection) against its float64
+/// reference, at odd lengths: bf16 activations between the kernels keep the output's relative
+/// error near 4e-3, so 2e-2 fails on any wrong step (a wrong tap, a lost gate or skip).
+fn mamba_block_matches_f64(dev: &Device, sizes: &[(usize, usize, usize, usize)]) {
+    for &(batch, len, model, inner) in sizes {
+        let s = mamba_block::Sizes { batch, len, model, inner, states: 16, rank: 8, taps: 4 };
+        let (out, state) = mamba_block::check(dev, s).unwrap_or_else(|e| panic!("{s:?}: {e}"));
+        assert!(out < 2e-2 && state < 2e-2, "{s:?}: relative errors {out:.3e} (output), {state:.3e} (last state)");
+    }
+}
+
+#[test]
+fn gpu_mamba_block_matches_f64_reference() {
+    if let Some(dev) = gpu_or_skip("gpu_mamba_block_matches_f64_reference") {
+        mamba_block_matches_f64(&dev, &[(2, 1000, 256, 512), (1, 4099, 128, 192), (3, 1, 64, 128)]);
+    }
+}
+
+#[test]
+fn interp_mamba_block_matches_f64_reference() {
+    mamba_block_matches_f64(&Device::cpu(), &[(2, 37, 64, 128), (1, 7, 72, 80)]);
+}
