@@ -221,7 +221,10 @@ fn wide(v: &[bf16]) -> Vec<f64> {
 /// `x·Wᵀ`: x `[rows, k]`, W `[n, k]`.
 fn matmul_t(x: &[f64], w: &[f64], k: usize) -> Vec<f64> {
     let n = w.len() / k;
-    x.chunks(k).flat_map(|row| w.chunks(k).map(move |wr| row.iter().zip(wr).map(|(a, b)| a * b).sum::<f64>())).take(x.len() / k * n).collect()
+    x.chunks(k)
+        .flat_map(|row| w.chunks(k).map(move |wr| row.iter().zip(wr).map(|(a, b)| a * b).sum::<f64>()))
+        .take(x.len() / k * n)
+        .collect()
 }
 
 fn silu64(v: f64) -> f64 {

@@ -2,7 +2,8 @@
 //! `H_t = exp(g_t)·H_{t−1} + β_t·k_tᵀv_t`, `o_t = scale·q_t·H_t`: fresh random inputs, odd
 //! lengths (1, 7, 1000, 4099), head dims 64/128, both layouts, grouped q/k heads, with and
 //! without a decay, a β and an initial state; the output and last state poisoned before each
-//! launch. On the GPU (sm_90a) and, at small sizes, in the interpreter.
+//! launch; feature maps (elu + 1, relu) on q and k, their gradients taken through φ′ on the
+//! host. On the GPU (sm_90a) and, at small sizes, in the interpreter.
 //!
 //! bf16 tolerance: the kernel rounds P, the state it multiplies queries by and `w·V` to bf16
 //! (as FlashAttention rounds P): outputs agree to about 2.5e-3 relative (we assert 1e-2), the
@@ -15,7 +16,7 @@ mod common;
 use common::random;
 use tessera::testing::{gpu_or_skip, rel_error};
 use tessera::{bf16, Device, Tensor};
-use tessera_kernels::{AttentionLayout, LinearAttention};
+use tessera_kernels::{AttentionLayout, FeatureMap, LinearAttention};
 
 #[derive(Clone, Copy, Debug)]
 struct Case {
@@ -29,6 +30,22 @@ struct Case {
     decay: bool,
     beta: bool,
     h0: bool,
+    feature: FeatureMap,
+}
+
+/// φ(x) and φ′(x) of a feature map.
+fn phi(f: FeatureMap, x: f64) -> (f64, f64) {
+    match f {
+        FeatureMap::Identity => (x, 1.0),
+        FeatureMap::EluPlusOne if x > 0.0 => (x + 1.0, 1.0),
+        FeatureMap::EluPlusOne => (x.exp(), x.exp()),
+        FeatureMap::Relu if x > 0.0 => (x, 1.0),
+        FeatureMap::Relu => (0.0, 0.0),
+    }
+}
+
+fn mapped(c: Case, x: &[f64]) -> Vec<f64> {
+    x.iter().map(|&v| phi(c.feature, v).0).collect()
 }
 
 /// Element `[b, h, t, d]` of a `[batch, seq, heads, d]` or `[batch, heads, seq, d]` tensor.
@@ -124,7 +141,7 @@ impl Inputs {
         if c.h0 {
             la = la.initial_state(&self.h0);
         }
-        la
+        la.feature_map(c.feature)
     }
 }
 
@@ -142,7 +159,7 @@ fn run_case(dev: &Device, c: Case) {
     let mut last = Tensor::full(dev, &[c.batch, c.heads, c.dk, c.dv], f32::NAN).unwrap();
     inp.attention(dev, c).run(&mut o, Some(&mut last)).unwrap();
     let [q, k, v, g, b, h0] = &inp.host;
-    let (want_o, want_h) = reference(c, q, k, v, g, b, h0, 1.0 / (c.dk as f64).sqrt());
+    let (want_o, want_h) = reference(c, &mapped(c, q), &mapped(c, k), v, g, b, h0, 1.0 / (c.dk as f64).sqrt());
     let (eo, eh) = (rel_error(&wide_bf16(&o.to_host().unwrap()), &want_o), rel_error(&wide(&last.to_host().unwrap()), &want_h));
     assert!(eo < 1e-2, "{c:?}: output relative error {eo}");
     assert!(eh < 5e-3, "{c:?}: last state relative error {eh}");
@@ -231,7 +248,12 @@ fn run_backward(dev: &Device, c: Case) {
     let with_dh = c.decay || c.beta || c.h0;
     let grads = inp.attention(dev, c).backward(&dout, with_dh.then_some(&dh_last)).unwrap();
     let [q, k, v, g, b, h0] = &inp.host;
-    let want = reference_backward(c, q, k, v, g, b, h0, &wdo, &wide(&hdl), 1.0 / (c.dk as f64).sqrt());
+    let (fq, fk) = (mapped(c, q), mapped(c, k));
+    let mut want = reference_backward(c, &fq, &fk, v, g, b, h0, &wdo, &wide(&hdl), 1.0 / (c.dk as f64).sqrt());
+    // Through φ: ∂L/∂x = ∂L/∂φ(x)·φ′(x).
+    for (grad, x) in want.iter_mut().zip([q, k]) {
+        grad.iter_mut().zip(x).for_each(|(d, &x)| *d *= phi(c.feature, x).1);
+    }
     let got: [(&str, Option<Vec<f64>>); 6] = [
         ("dq", Some(wide_bf16(&grads.dq.to_host().unwrap()))),
         ("dk", Some(wide_bf16(&grads.dk.to_host().unwrap()))),
@@ -251,7 +273,19 @@ fn run_backward(dev: &Device, c: Case) {
 }
 
 fn case(len: usize, dk: usize, dv: usize) -> Case {
-    Case { batch: 2, heads: 2, qk_heads: 2, len, dk, dv, layout: AttentionLayout::Bshd, decay: false, beta: false, h0: false }
+    Case {
+        batch: 2,
+        heads: 2,
+        qk_heads: 2,
+        len,
+        dk,
+        dv,
+        layout: AttentionLayout::Bshd,
+        decay: false,
+        beta: false,
+        h0: false,
+        feature: FeatureMap::Identity,
+    }
 }
 
 fn gated(c: Case) -> Case {
@@ -272,6 +306,10 @@ fn gpu_linear_attention_matches_recurrence() {
     run_case(&dev, c);
     run_case(&dev, Case { decay: true, ..c });
     run_case(&dev, Case { beta: true, qk_heads: 1, layout: AttentionLayout::Bshd, ..c });
+    // Feature maps on q and k.
+    run_case(&dev, Case { feature: FeatureMap::EluPlusOne, ..gated(case(1000, 128, 128)) });
+    run_case(&dev, Case { feature: FeatureMap::EluPlusOne, ..case(4099, 64, 64) });
+    run_case(&dev, Case { feature: FeatureMap::Relu, decay: true, ..c });
 }
 
 #[test]
@@ -286,6 +324,8 @@ fn gpu_linear_attention_backward_matches_reverse_mode() {
     let c = Case { batch: 3, heads: 4, qk_heads: 2, layout: AttentionLayout::Bhsd, ..case(1000, 128, 64) };
     run_backward(&dev, Case { decay: true, ..c });
     run_backward(&dev, Case { beta: true, qk_heads: 1, layout: AttentionLayout::Bshd, ..c });
+    run_backward(&dev, Case { feature: FeatureMap::EluPlusOne, ..gated(case(1000, 128, 128)) });
+    run_backward(&dev, Case { feature: FeatureMap::Relu, decay: true, ..c });
 }
 
 #[test]
@@ -296,6 +336,8 @@ fn interp_linear_attention_backward_matches_reverse_mode() {
     }
     run_backward(&dev, case(70, 128, 128));
     run_backward(&dev, Case { batch: 1, heads: 4, qk_heads: 2, layout: AttentionLayout::Bhsd, decay: true, ..case(100, 128, 64) });
+    run_backward(&dev, Case { feature: FeatureMap::EluPlusOne, ..gated(case(7, 64, 64)) });
+    run_backward(&dev, Case { feature: FeatureMap::Relu, ..case(70, 64, 128) });
 }
 
 #[test]
@@ -306,6 +348,8 @@ fn interp_linear_attention_matches_recurrence() {
     }
     run_case(&dev, case(70, 128, 128));
     run_case(&dev, Case { batch: 1, heads: 4, qk_heads: 2, layout: AttentionLayout::Bhsd, decay: true, ..case(100, 128, 64) });
+    run_case(&dev, Case { feature: FeatureMap::EluPlusOne, ..gated(case(7, 64, 64)) });
+    run_case(&dev, Case { feature: FeatureMap::Relu, ..case(70, 64, 128) });
 }
 
 /// Mamba-2's SSD (`Ssd`): the same recurrence with q = C, k = B, v = x, g = A·Δ, β = Δ,
@@ -315,7 +359,19 @@ fn interp_linear_attention_matches_recurrence() {
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 fn run_ssd(dev: &Device, batch: usize, len: usize, heads: usize, groups: usize, n: usize, p: usize, with_h0: bool) {
     use tessera_kernels::Ssd;
-    let c = Case { batch, heads, qk_heads: groups, len, dk: n, dv: p, layout: AttentionLayout::Bshd, decay: true, beta: true, h0: with_h0 };
+    let c = Case {
+        batch,
+        heads,
+        qk_heads: groups,
+        len,
+        dk: n,
+        dv: p,
+        layout: AttentionLayout::Bshd,
+        decay: true,
+        beta: true,
+        h0: with_h0,
+        feature: FeatureMap::Identity,
+    };
     let ((hx, wx), (hb, wb), (hc, wc)) =
         (bf16_random(batch * len * heads * p), bf16_random(batch * len * groups * n), bf16_random(batch * len * groups * n));
     let hdt: Vec<bf16> = random(batch * len * heads, -2.0, 0.5).into_iter().map(bf16::from_f32).collect();
@@ -446,7 +502,7 @@ fn interp_ssd_matches_recurrence() {
 fn run_steps(dev: &Device, c: Case) {
     let inp = inputs(dev, c);
     let [q, k, v, g, b, h0] = &inp.host;
-    let (want_o, want_h) = reference(c, q, k, v, g, b, h0, 1.0 / (c.dk as f64).sqrt());
+    let (want_o, want_h) = reference(c, &mapped(c, q), &mapped(c, k), v, g, b, h0, 1.0 / (c.dk as f64).sqrt());
     let step = Case { len: 1, ..c };
     let host = |x: &Tensor<bf16>| x.to_host().unwrap();
     let (hq, hk, hv) = (host(&inp.q), host(&inp.k), host(&inp.v));
@@ -466,7 +522,7 @@ fn run_steps(dev: &Device, c: Case) {
         let gt = Tensor::from_host(dev, &at_t(&hg), &[c.batch, c.heads, 1]).unwrap();
         let bt = Tensor::from_host(dev, &at_t(&hb), &[c.batch, c.heads, 1]).unwrap();
         let mut ot = Tensor::full(dev, &shape(step, c.heads, c.dv), bf16::from_f32(f32::NAN)).unwrap();
-        let mut la = LinearAttention::new(dev, &qt, &kt, &vt);
+        let mut la = LinearAttention::new(dev, &qt, &kt, &vt).feature_map(c.feature);
         if c.decay {
             la = la.decay(&gt);
         }
@@ -480,7 +536,9 @@ fn run_steps(dev: &Device, c: Case) {
         }
     }
     let (eo, eh) = (rel_error(&got_o, &want_o), rel_error(&wide(&state.to_host().unwrap()), &want_h));
-    assert!(eo < 1e-2 && eh < 1e-5, "{c:?} step by step: output {eo}, state {eh}");
+    // The same kernel's state to rounding, unless q and k go through a map (rounded to 16 bits).
+    let state_tol = if c.feature == FeatureMap::Identity { 1e-5 } else { 5e-3 };
+    assert!(eo < 1e-2 && eh < state_tol, "{c:?} step by step: output {eo}, state {eh}");
 }
 
 #[test]
@@ -490,6 +548,7 @@ fn gpu_linear_attention_steps_match_recurrence() {
         run_steps(&dev, case(7, dk, dv));
         run_steps(&dev, Case { qk_heads: 1, ..gated(case(7, dk, dv)) });
     }
+    run_steps(&dev, Case { feature: FeatureMap::EluPlusOne, ..gated(case(7, 128, 128)) });
 }
 
 #[test]
@@ -497,4 +556,5 @@ fn interp_linear_attention_steps_match_recurrence() {
     let dev = Device::cpu();
     run_steps(&dev, gated(case(7, 64, 64)));
     run_steps(&dev, Case { qk_heads: 1, ..gated(case(5, 128, 128)) });
+    run_steps(&dev, Case { feature: FeatureMap::Relu, ..gated(case(5, 64, 64)) });
 }

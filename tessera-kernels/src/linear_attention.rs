@@ -633,6 +633,45 @@ pub fn linear_attention_step(
     o.store([bh, 0, col], ((s * q.load::<Tile<T, DK, 1>>([qp, 0, 0]).cast::<f32>()).sum(0) * scale).cast::<T>());
 }
 
+/// A feature map `φ` on a tile ([`FeatureMap`]'s codes): 0 the identity, 1 `elu(x) + 1`
+/// (`x + 1` above zero, `eˣ` at or below), 2 `relu(x)`.
+#[device]
+pub fn feature_map<const R: usize, const W: usize>(x: Tile<f32, R, W>, kind: i32) -> Tile<f32, R, W> {
+    let mut y = x;
+    if kind == 1 {
+        y = max(x, 0.0) + exp2(min(x, 0.0) * f32::consts::LOG2_E);
+    }
+    if kind == 2 {
+        y = max(x, 0.0);
+    }
+    y
+}
+
+/// `dy·φ′(x)` for [`feature_map`]'s `kind` (relu's derivative 0 at 0, as torch takes it).
+#[device]
+pub fn feature_map_grad<const R: usize, const W: usize>(dy: Tile<f32, R, W>, x: Tile<f32, R, W>, kind: i32) -> Tile<f32, R, W> {
+    let mut dx = dy;
+    if kind == 1 {
+        dx = dy * exp2(min(x, 0.0) * f32::consts::LOG2_E);
+    }
+    if kind == 2 {
+        dx = dy * (1.0 - step(x * -1.0));
+    }
+    dx
+}
+
+/// `y = φ(x)`, or with `backward` 1 `y = dy·φ′(x)`, over `[n, 64]` views, 64 rows a block.
+#[kernel(dtypes(T = [bf16, f16]))]
+pub fn feature_map_rows(x: Global<T, 2>, dy: Global<T, 2>, y: Global<T, 2>, kind: i32, backward: i32) {
+    let r = block::id_x() * 64;
+    let xt = x.load::<Tile<T, 64, 64>>([r, 0]).cast::<f32>();
+    if backward == 1 {
+        y.store([r, 0], feature_map_grad(dy.load::<Tile<T, 64, 64>>([r, 0]).cast::<f32>(), xt, kind).cast::<T>());
+    } else {
+        y.store([r, 0], feature_map(xt, kind).cast::<T>());
+    }
+}
+
 /// `y = x` cast to `T`, 4096 elements a block, `[1, n]` views.
 #[kernel(dtypes(T = [bf16, f16]))]
 pub fn cast_from_f32(x: Global<f32, 2>, y: Global<T, 2>) {
@@ -653,6 +692,8 @@ pub trait LinearAttentionElement: Element + sealed::Sealed {
     fn linear_attention_bwd_launch(a: &LinearAttention<'_, Self>, d: Dims, b: Backward<'_, Self>) -> Result<()>;
     #[doc(hidden)]
     fn cast_launch(device: &Device, x: &Tensor<f32>, y: &mut Tensor<Self>) -> Result<()>;
+    #[doc(hidden)]
+    fn feature_launch(device: &Device, x: &Tensor<Self>, dy: Option<&Tensor<Self>>, y: &mut Tensor<Self>, kind: i32) -> Result<()>;
     #[doc(hidden)]
     fn step_launch(a: &LinearAttention<'_, Self>, d: Dims, state: &mut Tensor<f32>, o: &mut Tensor<Self>) -> Result<()>;
 }
@@ -739,7 +780,7 @@ fn rows_cols(t: Option<&Tensor<f32>>, rows: usize, len: usize) -> Result<RowsCol
 }
 
 macro_rules! linear_attention_element {
-    ($t:ty, $k128:ident, $k64:ident, $dq128:ident, $dq64:ident, $dkv128:ident, $dkv64:ident, $cast:ident, $step:ident) => {
+    ($t:ty, $k128:ident, $k64:ident, $dq128:ident, $dq64:ident, $dkv128:ident, $dkv64:ident, $cast:ident, $step:ident, $feature:ident) => {
         impl LinearAttentionElement for $t {
             fn linear_attention_launch(
                 a: &LinearAttention<'_, Self>, d: Dims, o: &mut Tensor<Self>, h_last: Option<&mut Tensor<f32>>,
@@ -947,6 +988,18 @@ macro_rules! linear_attention_element {
                 let mut yv = y.view_mut(&[1, n], &[n, 1])?;
                 $cast::launch(device, Grid::from(n.div_ceil(4096) as u32), &xv, &mut yv)
             }
+
+            fn feature_launch(device: &Device, x: &Tensor<Self>, dy: Option<&Tensor<Self>>, y: &mut Tensor<Self>, kind: i32) -> Result<()> {
+                let rows = x.shape().iter().product::<usize>() / 64;
+                let xv = x.view(&[rows, 64], &[64, 1])?;
+                let dv = dy.unwrap_or(x).view(&[rows, 64], &[64, 1])?;
+                let mut yv = y.view_mut(&[rows, 64], &[64, 1])?;
+                let backward = i32::from(dy.is_some());
+                if rows == 0 {
+                    return Ok(());
+                }
+                $feature::launch(device, Grid::tiles(rows, 64), &xv, &dv, &mut yv, kind, backward)
+            }
         }
     };
 }
@@ -959,7 +1012,8 @@ linear_attention_element!(
     linear_attention_bwd_dkv_bf16,
     linear_attention_bwd_dkv_v64_bf16,
     cast_from_f32_bf16,
-    linear_attention_step_bf16
+    linear_attention_step_bf16,
+    feature_map_rows_bf16
 );
 linear_attention_element!(
     tessera::f16,
@@ -970,8 +1024,38 @@ linear_attention_element!(
     linear_attention_bwd_dkv_f16,
     linear_attention_bwd_dkv_v64_f16,
     cast_from_f32_f16,
-    linear_attention_step_f16
+    linear_attention_step_f16,
+    feature_map_rows_f16
 );
+
+/// The feature map `φ` a [`LinearAttention`] applies to q and k: `o_t = scale·φ(q_t)·H_t`,
+/// `H_t = exp(g_t)·H_{t−1} + β_t·φ(k_t)ᵀv_t`. A pass before the attention maps q and k (and
+/// one after its backward takes their gradients through `φ′`), as
+/// [`feature_map_rows`](crate::kernels::feature_map_rows_bf16) does with [`feature_map`]. A map
+/// of your own is a `#[tessera::device]` function in such a kernel of yours, its output given to
+/// `LinearAttention::new` as q and k (`FeatureMap::Identity`), and the gradients `dq`, `dk` it
+/// returns taken through your map's derivative the same way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum FeatureMap {
+    /// `φ(x) = x`.
+    #[default]
+    Identity,
+    /// `φ(x) = elu(x) + 1` (x + 1 above zero, eˣ at or below): positive features, as in
+    /// Katharopoulos et al.'s linear transformer.
+    EluPlusOne,
+    /// `φ(x) = max(x, 0)`.
+    Relu,
+}
+
+impl FeatureMap {
+    fn code(self) -> i32 {
+        match self {
+            FeatureMap::Identity => 0,
+            FeatureMap::EluPlusOne => 1,
+            FeatureMap::Relu => 2,
+        }
+    }
+}
 
 /// A causal linear attention to run (see the module's notes for the recurrence): q, k `[batch,
 /// seq, heads, dk]`, v `[batch, seq, heads, dv]` (or all `[batch, heads, seq, d]` with
@@ -996,12 +1080,25 @@ pub struct LinearAttention<'a, T: Element> {
     layout: AttentionLayout,
     /// `D` a head (`[heads]`, f32): `y + D_h·v` (the SSD's skip).
     pub(crate) skip: Option<&'a Tensor<f32>>,
+    feature: FeatureMap,
 }
 
 impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
     /// Plain causal linear attention of `q`, `k`, `v` (`[batch, seq, heads, d]`).
     pub fn new(device: &'a Device, q: &'a Tensor<T>, k: &'a Tensor<T>, v: &'a Tensor<T>) -> Self {
-        LinearAttention { device, q, k, v, g: None, beta: None, h0: None, scale: None, layout: AttentionLayout::Bshd, skip: None }
+        LinearAttention {
+            device,
+            q,
+            k,
+            v,
+            g: None,
+            beta: None,
+            h0: None,
+            scale: None,
+            layout: AttentionLayout::Bshd,
+            skip: None,
+            feature: FeatureMap::Identity,
+        }
     }
 
     /// The tensors' layout (`[batch, seq, heads, d]` unless told).
@@ -1031,6 +1128,27 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
         self
     }
 
+    /// The feature map applied to q and k ([`FeatureMap::Identity`] unless told).
+    pub fn feature_map(mut self, feature: FeatureMap) -> Self {
+        self.feature = feature;
+        self
+    }
+
+    /// This attention on other q and k (the mapped ones), without a map.
+    fn with_qk<'b>(&'b self, q: &'b Tensor<T>, k: &'b Tensor<T>) -> LinearAttention<'b, T> {
+        LinearAttention { q, k, feature: FeatureMap::Identity, ..*self }
+    }
+
+    /// `φ(q)` and `φ(k)`.
+    fn mapped(&self) -> Result<(Tensor<T>, Tensor<T>)> {
+        let map = |x: &Tensor<T>| -> Result<Tensor<T>> {
+            let mut y = Tensor::<T>::scratch(self.device, x.shape())?;
+            T::feature_launch(self.device, x, None, &mut y, self.feature.code())?;
+            Ok(y)
+        };
+        Ok((map(self.q)?, map(self.k)?))
+    }
+
     /// The output's scale (`1/√dk` unless given).
     pub fn scale(mut self, scale: f32) -> Self {
         self.scale = Some(scale);
@@ -1045,6 +1163,10 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
     /// head dim without a kernel; a launch error (the kernels need sm_90a).
     pub fn run(&self, o: &mut Tensor<T>, h_last: Option<&mut Tensor<f32>>) -> Result<()> {
         let d = self.dims(o, h_last.as_deref(), false)?;
+        if self.feature != FeatureMap::Identity {
+            let (q, k) = self.mapped()?;
+            return self.with_qk(&q, &k).run(o, h_last);
+        }
         if d.batch == 0 || d.heads == 0 {
             return Ok(());
         }
@@ -1080,6 +1202,17 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
     pub fn backward(&self, dout: &Tensor<T>, dh_last: Option<&Tensor<f32>>) -> Result<LinearAttentionGrads<T>> {
         let d = self.dims(dout, dh_last, true)?;
         let dev = self.device;
+        if self.feature != FeatureMap::Identity {
+            // The gradients of φ(q) and φ(k), then through φ′.
+            let (q, k) = self.mapped()?;
+            let mut grads = self.with_qk(&q, &k).backward(dout, dh_last)?;
+            for (x, g) in [(self.q, &mut grads.dq), (self.k, &mut grads.dk)] {
+                let mut dx = Tensor::<T>::scratch(dev, x.shape())?;
+                T::feature_launch(dev, x, Some(g), &mut dx, self.feature.code())?;
+                *g = dx;
+            }
+            return Ok(grads);
+        }
         let steps = [d.batch, d.heads, d.len];
         // q and k gradients go straight out in T; a grouped head's are summed in f32 first.
         let mut dq = Tensor::<T>::zeros(dev, self.q.shape())?;
@@ -1148,6 +1281,10 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
         }
         if self.skip.is_some() {
             return Err(self.arg("d", "no skip in a step (add D·x after it)".into(), "a D".into()));
+        }
+        if self.feature != FeatureMap::Identity {
+            let (q, k) = self.mapped()?;
+            return self.with_qk(&q, &k).run_step(state, o);
         }
         if d.batch == 0 || d.heads == 0 {
             return Ok(());

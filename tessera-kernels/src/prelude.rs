@@ -20,6 +20,7 @@
 use tessera::device;
 
 pub use crate::attention::kernels::{attend_blocks, attention_persistent, attention_varlen_persistent};
+pub use crate::linear_attention::{feature_map, feature_map_grad};
 
 /// `t / sqrt(mean(t²) + eps)` per row, the mean over `n` columns (the tile's columns from `n`
 /// on must hold zeros, as a load past a row's end gives).
