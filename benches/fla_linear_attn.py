@@ -5,7 +5,9 @@
 `fwd` chunk_linear_attn forward (normalize=False: o_t = scale·q_t·Σ k_sᵀv_s, as ours),
 `fwd_norm` the same with its default normalization, `fwd_bwd` forward + backward of the
 first, `gla_fwd` chunk_simple_gla with a scalar log-decay a head and step, `gla_fwd_bwd` with its
-backward (where this Triton runs them; the issue reports its gated backward wrong here). CUDA-event timing (`cuda_timing.py`) after warm-up calls, which include Triton's
+backward (where this Triton runs them; the issue reports its gated backward wrong here),
+`fwd_elu` and `fwd_bwd_elu` the first two with the elu + 1 feature map applied to q and k in
+torch first (as fla's layers apply their feature maps). CUDA-event timing (`cuda_timing.py`) after warm-up calls, which include Triton's
 autotuning. flash-linear-attention is not installed on the GPU machine: `TESSERA_PYLIB` names
 a folder with it and einops unpacked (default `pylib` beside this script;
 `scripts/fetch-baselines.sh` fetches them). Prints `error <reason>` and exits 0 where it cannot
@@ -62,3 +64,18 @@ def gla_fwd_bwd():
 
 
 report("gla_fwd_bwd", gla_fwd_bwd)
+
+
+def elu1(x):
+    return torch.nn.functional.elu(x) + 1
+
+
+report("fwd_elu", lambda: chunk_linear_attn(elu1(q), elu1(k), v, normalize=False))
+
+
+def fwd_bwd_elu():
+    o, _ = chunk_linear_attn(elu1(qg), elu1(kg), vg, normalize=False)
+    o.backward(do)
+
+
+report("fwd_bwd_elu", fwd_bwd_elu)

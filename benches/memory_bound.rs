@@ -369,6 +369,16 @@ fn main() {
             drop(la.backward(&dout, None).expect("linear attention backward"));
         };
         norm_rows.push((format!("linear_attention fwd+bwd decay+beta {b}x{t}x{h}x{d}"), bytes_fb, time_ms(&dev, 2, 5, &mut f)));
+        // The elu + 1 feature map on q and k (a pass that maps them first, one that takes
+        // dq, dk through φ′ after the backward).
+        let la = tessera_kernels::LinearAttention::new(&dev, &q, &k, &v).feature_map(tessera_kernels::FeatureMap::EluPlusOne);
+        let mut f = || la.run(&mut o, None).expect("linear attention");
+        norm_rows.push((format!("linear_attention fwd elu {b}x{t}x{h}x{d}"), bytes, time_ms(&dev, 3, 10, &mut f)));
+        let mut f = || {
+            la.run(&mut o, None).expect("linear attention");
+            drop(la.backward(&dout, None).expect("linear attention backward"));
+        };
+        norm_rows.push((format!("linear_attention fwd+bwd elu {b}x{t}x{h}x{d}"), bytes_fb, time_ms(&dev, 2, 5, &mut f)));
         match python_baseline("TESSERA_FLA_SCRIPT", "fla_linear_attn.py", &[b, t, h, d]) {
             Ok(lines) => {
                 for (name, ms) in lines {
