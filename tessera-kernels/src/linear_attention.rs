@@ -779,6 +779,16 @@ fn rows_cols(t: Option<&Tensor<f32>>, rows: usize, len: usize) -> Result<RowsCol
     })
 }
 
+/// The variant of a `tune(DK = [..])` kernel for key head dim `dk`, or the error naming `k`.
+fn dk_variant(variants: &[&tessera::KernelSpec], dk: usize) -> Result<usize> {
+    variants.iter().position(|v| v.knob("DK") == Some(dk as i64)).ok_or_else(|| Error::Argument {
+        kernel: "linear_attention",
+        arg: "k".into(),
+        expected: "a key head dim of 64 or 128".into(),
+        found: format!("{dk}"),
+    })
+}
+
 macro_rules! linear_attention_element {
     ($t:ty, $k128:ident, $k64:ident, $dq128:ident, $dq64:ident, $dkv128:ident, $dkv64:ident, $cast:ident, $step:ident, $feature:ident) => {
         impl LinearAttentionElement for $t {
@@ -787,12 +797,7 @@ macro_rules! linear_attention_element {
             ) -> Result<()> {
                 let Dims { batch, heads, q_heads, k_heads, len, dk, dv } = d;
                 let variants = if dv == 128 { $k128::VARIANTS } else { $k64::VARIANTS };
-                let i = variants.iter().position(|v| v.knob("DK") == Some(dk as i64)).ok_or_else(|| Error::Argument {
-                    kernel: "linear_attention",
-                    arg: "k".into(),
-                    expected: "a key head dim of 64 or 128".into(),
-                    found: format!("{dk}"),
-                })?;
+                let i = dk_variant(variants, dk)?;
                 let q = heads_view(a.q, a.layout, batch, q_heads, len, dk)?;
                 let k = heads_view(a.k, a.layout, batch, k_heads, len, dk)?;
                 let v = heads_view(a.v, a.layout, batch, heads, len, dv)?;
@@ -845,12 +850,7 @@ macro_rules! linear_attention_element {
             fn linear_attention_bwd_launch(a: &LinearAttention<'_, Self>, d: Dims, mut bw: Backward<'_, Self>) -> Result<()> {
                 let Dims { batch, heads, q_heads, k_heads, len, dk, dv } = d;
                 let variants = if dv == 128 { $dq128::VARIANTS } else { $dq64::VARIANTS };
-                let i = variants.iter().position(|v| v.knob("DK") == Some(dk as i64)).ok_or_else(|| Error::Argument {
-                    kernel: "linear_attention",
-                    arg: "k".into(),
-                    expected: "a key head dim of 64 or 128".into(),
-                    found: format!("{dk}"),
-                })?;
+                let i = dk_variant(variants, dk)?;
                 let q = heads_view(a.q, a.layout, batch, q_heads, len, dk)?;
                 let k = heads_view(a.k, a.layout, batch, k_heads, len, dk)?;
                 let v = heads_view(a.v, a.layout, batch, heads, len, dv)?;
@@ -947,12 +947,7 @@ macro_rules! linear_attention_element {
 
             fn step_launch(a: &LinearAttention<'_, Self>, d: Dims, state: &mut Tensor<f32>, o: &mut Tensor<Self>) -> Result<()> {
                 let Dims { batch, heads, q_heads, k_heads, dk, dv, .. } = d;
-                let i = $step::VARIANTS.iter().position(|v| v.knob("DK") == Some(dk as i64)).ok_or_else(|| Error::Argument {
-                    kernel: "linear_attention",
-                    arg: "k".into(),
-                    expected: "a key head dim of 64 or 128".into(),
-                    found: format!("{dk}"),
-                })?;
+                let i = dk_variant($step::VARIANTS, dk)?;
                 // One step: [batch, 1, heads, d] and [batch, heads, 1, d] lie alike in memory.
                 let rows = batch * heads;
                 let q = a.q.view(&[batch * q_heads, dk, 1], &[dk, 1, 1])?;
@@ -1214,12 +1209,13 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
             return Ok(grads);
         }
         let steps = [d.batch, d.heads, d.len];
-        // q and k gradients go straight out in T; a grouped head's are summed in f32 first.
-        let mut dq = Tensor::<T>::zeros(dev, self.q.shape())?;
-        let mut dk = Tensor::<T>::zeros(dev, self.k.shape())?;
+        // q and k gradients go straight out in T; a grouped head's are summed in f32 first
+        // (zeroed for the atomic adds) and cast. dq, dk, dv: every element written, no clearing.
+        let mut dq = Tensor::<T>::scratch(dev, self.q.shape())?;
+        let mut dk = Tensor::<T>::scratch(dev, self.k.shape())?;
         let mut dq32 = (d.q_heads < d.heads).then(|| Tensor::<f32>::zeros(dev, self.q.shape())).transpose()?;
         let mut dk32 = (d.k_heads < d.heads).then(|| Tensor::<f32>::zeros(dev, self.k.shape())).transpose()?;
-        let mut dv = Tensor::<T>::zeros(dev, self.v.shape())?;
+        let mut dv = Tensor::<T>::scratch(dev, self.v.shape())?;
         let mut dg = self.g.map(|_| Tensor::<f32>::zeros(dev, &steps)).transpose()?;
         let mut dbeta = self.beta.map(|_| Tensor::<f32>::zeros(dev, &steps)).transpose()?;
         let mut dh0 = self.h0.map(|h| Tensor::<f32>::zeros(dev, h.shape())).transpose()?;
