@@ -7,7 +7,8 @@
 first, `gla_fwd` chunk_simple_gla with a scalar log-decay a head and step, `gla_fwd_bwd` with its
 backward (where this Triton runs them; the issue reports its gated backward wrong here),
 `fwd_elu` and `fwd_bwd_elu` the first two with the elu + 1 feature map applied to q and k in
-torch first (as fla's layers apply their feature maps). CUDA-event timing (`cuda_timing.py`) after warm-up calls, which include Triton's
+torch first (as fla's layers apply their feature maps), `gla_vec_fwd` chunk_gla with per-channel
+log gates (as k; GLA) where this Triton runs it. CUDA-event timing (`cuda_timing.py`) after warm-up calls, which include Triton's
 autotuning. flash-linear-attention is not installed on the GPU machine: `TESSERA_PYLIB` names
 a folder with it and einops unpacked (default `pylib` beside this script;
 `scripts/fetch-baselines.sh` fetches them). Prints `error <reason>` and exits 0 where it cannot
@@ -25,6 +26,7 @@ try:
     from cuda_timing import time_ms
     from fla.ops.linear_attn import chunk_linear_attn
     from fla.ops.simple_gla import chunk_simple_gla
+    from fla.ops.gla import chunk_gla
 except Exception as e:
     print(f"error {type(e).__name__}: {e}")
     sys.exit(0)
@@ -79,3 +81,6 @@ def fwd_bwd_elu():
 
 
 report("fwd_bwd_elu", fwd_bwd_elu)
+
+gk = -torch.rand(B, T, H, D, device=dev, dtype=torch.float32) * 0.1
+report("gla_vec_fwd", lambda: chunk_gla(q, k, v, g=gk))

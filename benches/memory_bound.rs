@@ -369,6 +369,13 @@ fn main() {
             drop(la.backward(&dout, None).expect("linear attention backward"));
         };
         norm_rows.push((format!("linear_attention fwd+bwd decay+beta {b}x{t}x{h}x{d}"), bytes_fb, time_ms(&dev, 2, 5, &mut f)));
+        // Per-channel gates (GLA): the gates (f32, as k) read besides q, k, v; a pass prepares
+        // q and k.
+        let gk = Tensor::from_host(&dev, &random(b * t * h * d).iter().map(|x| -0.1 * x.abs()).collect::<Vec<_>>(), &[b, t, h, d])
+            .expect("gates");
+        let la = tessera_kernels::LinearAttention::new(&dev, &q, &k, &v).gates(&gk);
+        let mut f = || la.run(&mut o, None).expect("linear attention");
+        norm_rows.push((format!("linear_attention fwd gates {b}x{t}x{h}x{d}"), bytes * 1.5, time_ms(&dev, 3, 10, &mut f)));
         // The elu + 1 feature map on q and k (a pass that maps them first, one that takes
         // dq, dk through φ′ after the backward).
         let la = tessera_kernels::LinearAttention::new(&dev, &q, &k, &v).feature_map(tessera_kernels::FeatureMap::EluPlusOne);
@@ -382,7 +389,13 @@ fn main() {
         match python_baseline("TESSERA_FLA_SCRIPT", "fla_linear_attn.py", &[b, t, h, d]) {
             Ok(lines) => {
                 for (name, ms) in lines {
-                    let by = if name.contains("bwd") { bytes_fb } else { bytes };
+                    let by = if name.contains("bwd") {
+                        bytes_fb
+                    } else if name.contains("vec") {
+                        bytes * 1.5
+                    } else {
+                        bytes
+                    };
                     norm_rows.push((format!("  fla {name} {b}x{t}x{h}x{d}"), by, ms));
                 }
             }

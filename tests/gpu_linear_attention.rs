@@ -2,7 +2,8 @@
 //! `H_t = exp(g_t)·H_{t−1} + β_t·k_tᵀv_t`, `o_t = scale·q_t·H_t`: fresh random inputs, odd
 //! lengths (1, 7, 1000, 4099), head dims 64/128, both layouts, grouped q/k heads, with and
 //! without a decay, a β and an initial state; the output and last state poisoned before each
-//! launch; feature maps (elu + 1, relu) on q and k, their gradients taken through φ′ on the
+//! launch; per-channel gates (GLA: `H_t = diag(exp(g_t))·H_{t−1} + …`, forward and steps);
+//! feature maps (elu + 1, relu) on q and k, their gradients taken through φ′ on the
 //! host. On the GPU (sm_90a) and, at small sizes, in the interpreter.
 //!
 //! bf16 tolerance: the kernel rounds P, the state it multiplies queries by and `w·V` to bf16
@@ -31,6 +32,8 @@ struct Case {
     beta: bool,
     h0: bool,
     feature: FeatureMap,
+    /// Per-channel gates (GLA) instead of a scalar decay.
+    gates: bool,
 }
 
 /// φ(x) and φ′(x) of a feature map.
@@ -58,7 +61,9 @@ fn at(c: Case, heads: usize, d: usize, b: usize, h: usize, t: usize, i: usize) -
 
 /// The output and the last state, sequentially in f64.
 #[allow(clippy::too_many_arguments)]
-fn reference(c: Case, q: &[f64], k: &[f64], v: &[f64], g: &[f64], beta: &[f64], h0: &[f64], scale: f64) -> (Vec<f64>, Vec<f64>) {
+fn reference(
+    c: Case, q: &[f64], k: &[f64], v: &[f64], g: &[f64], beta: &[f64], h0: &[f64], gv: &[f64], scale: f64,
+) -> (Vec<f64>, Vec<f64>) {
     let (dk, dv, group) = (c.dk, c.dv, c.heads / c.qk_heads);
     let mut o = vec![0.0; c.batch * c.heads * c.len * dv];
     let mut last = vec![0.0; c.batch * c.heads * dk * dv];
@@ -71,6 +76,7 @@ fn reference(c: Case, q: &[f64], k: &[f64], v: &[f64], g: &[f64], beta: &[f64], 
                 let w = if c.beta { beta[bh * c.len + t] } else { 1.0 };
                 for i in 0..dk {
                     let kt = k[at(c, c.qk_heads, dk, b, h / group, t, i)];
+                    let decay = if c.gates { gv[at(c, c.qk_heads, dk, b, h / group, t, i)].exp() } else { decay };
                     for j in 0..dv {
                         s[i * dv + j] = decay * s[i * dv + j] + w * kt * v[at(c, c.heads, dv, b, h, t, j)];
                     }
@@ -94,7 +100,8 @@ struct Inputs {
     g: Tensor<f32>,
     beta: Tensor<f32>,
     h0: Tensor<f32>,
-    host: [Vec<f64>; 6],
+    gv: Tensor<f32>,
+    host: [Vec<f64>; 7],
 }
 
 fn shape(c: Case, heads: usize, d: usize) -> Vec<usize> {
@@ -117,6 +124,8 @@ fn inputs(dev: &Device, c: Case) -> Inputs {
     // Log decays as a gate gives them: between e^-0.6 and e^-0.002 a step.
     let (hg, hb) = (random(steps, -0.6, -0.002), random(steps, 0.1, 1.0));
     let hh0 = random(c.batch * c.heads * c.dk * c.dv, -1.0, 1.0);
+    // Per-channel log gates, as k: between e^-0.6 and e^-0.002 a step.
+    let hgv = random(nq, -0.6, -0.002);
     let f = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<_>>();
     Inputs {
         q: Tensor::from_host(dev, &hq, &shape(c, c.qk_heads, c.dk)).unwrap(),
@@ -125,7 +134,8 @@ fn inputs(dev: &Device, c: Case) -> Inputs {
         g: Tensor::from_host(dev, &hg, &[c.batch, c.heads, c.len]).unwrap(),
         beta: Tensor::from_host(dev, &hb, &[c.batch, c.heads, c.len]).unwrap(),
         h0: Tensor::from_host(dev, &hh0, &[c.batch, c.heads, c.dk, c.dv]).unwrap(),
-        host: [wq, wk, wv, f(&hg), f(&hb), f(&hh0)],
+        gv: Tensor::from_host(dev, &hgv, &shape(c, c.qk_heads, c.dk)).unwrap(),
+        host: [wq, wk, wv, f(&hg), f(&hb), f(&hh0), f(&hgv)],
     }
 }
 
@@ -140,6 +150,9 @@ impl Inputs {
         }
         if c.h0 {
             la = la.initial_state(&self.h0);
+        }
+        if c.gates {
+            la = la.gates(&self.gv);
         }
         la.feature_map(c.feature)
     }
@@ -158,8 +171,8 @@ fn run_case(dev: &Device, c: Case) {
     let mut o = Tensor::full(dev, &shape(c, c.heads, c.dv), bf16::from_f32(f32::NAN)).unwrap();
     let mut last = Tensor::full(dev, &[c.batch, c.heads, c.dk, c.dv], f32::NAN).unwrap();
     inp.attention(dev, c).run(&mut o, Some(&mut last)).unwrap();
-    let [q, k, v, g, b, h0] = &inp.host;
-    let (want_o, want_h) = reference(c, &mapped(c, q), &mapped(c, k), v, g, b, h0, 1.0 / (c.dk as f64).sqrt());
+    let [q, k, v, g, b, h0, gv] = &inp.host;
+    let (want_o, want_h) = reference(c, &mapped(c, q), &mapped(c, k), v, g, b, h0, gv, 1.0 / (c.dk as f64).sqrt());
     let (eo, eh) = (rel_error(&wide_bf16(&o.to_host().unwrap()), &want_o), rel_error(&wide(&last.to_host().unwrap()), &want_h));
     assert!(eo < 1e-2, "{c:?}: output relative error {eo}");
     assert!(eh < 5e-3, "{c:?}: last state relative error {eh}");
@@ -247,7 +260,7 @@ fn run_backward(dev: &Device, c: Case) {
     // The last state's gradient rides along with any of the state's extras.
     let with_dh = c.decay || c.beta || c.h0;
     let grads = inp.attention(dev, c).backward(&dout, with_dh.then_some(&dh_last)).unwrap();
-    let [q, k, v, g, b, h0] = &inp.host;
+    let [q, k, v, g, b, h0, _] = &inp.host;
     let (fq, fk) = (mapped(c, q), mapped(c, k));
     let mut want = reference_backward(c, &fq, &fk, v, g, b, h0, &wdo, &wide(&hdl), 1.0 / (c.dk as f64).sqrt());
     // Through φ: ∂L/∂x = ∂L/∂φ(x)·φ′(x).
@@ -285,6 +298,7 @@ fn case(len: usize, dk: usize, dv: usize) -> Case {
         beta: false,
         h0: false,
         feature: FeatureMap::Identity,
+        gates: false,
     }
 }
 
@@ -310,6 +324,12 @@ fn gpu_linear_attention_matches_recurrence() {
     run_case(&dev, Case { feature: FeatureMap::EluPlusOne, ..gated(case(1000, 128, 128)) });
     run_case(&dev, Case { feature: FeatureMap::EluPlusOne, ..case(4099, 64, 64) });
     run_case(&dev, Case { feature: FeatureMap::Relu, decay: true, ..c });
+    // Per-channel gates (GLA).
+    for len in [1, 7, 1000, 4099] {
+        run_case(&dev, Case { gates: true, beta: true, h0: true, ..case(len, 128, 128) });
+    }
+    run_case(&dev, Case { gates: true, ..case(1000, 64, 64) });
+    run_case(&dev, Case { gates: true, heads: 4, qk_heads: 2, layout: AttentionLayout::Bhsd, ..case(1000, 128, 64) });
 }
 
 #[test]
@@ -350,6 +370,8 @@ fn interp_linear_attention_matches_recurrence() {
     run_case(&dev, Case { batch: 1, heads: 4, qk_heads: 2, layout: AttentionLayout::Bhsd, decay: true, ..case(100, 128, 64) });
     run_case(&dev, Case { feature: FeatureMap::EluPlusOne, ..gated(case(7, 64, 64)) });
     run_case(&dev, Case { feature: FeatureMap::Relu, ..case(70, 64, 128) });
+    run_case(&dev, Case { gates: true, beta: true, h0: true, ..case(130, 64, 64) });
+    run_case(&dev, Case { gates: true, heads: 4, qk_heads: 2, layout: AttentionLayout::Bhsd, ..case(70, 128, 64) });
 }
 
 /// Mamba-2's SSD (`Ssd`): the same recurrence with q = C, k = B, v = x, g = A·Δ, β = Δ,
@@ -371,6 +393,7 @@ fn run_ssd(dev: &Device, batch: usize, len: usize, heads: usize, groups: usize, 
         beta: true,
         h0: with_h0,
         feature: FeatureMap::Identity,
+        gates: false,
     };
     let ((hx, wx), (hb, wb), (hc, wc)) =
         (bf16_random(batch * len * heads * p), bf16_random(batch * len * groups * n), bf16_random(batch * len * groups * n));
@@ -407,7 +430,7 @@ fn run_ssd(dev: &Device, batch: usize, len: usize, heads: usize, groups: usize, 
         }
     }
     let wh0 = wide(&hh0);
-    let (mut want_y, want_h) = reference(c, &wc, &wb, &wx, &g, &delta, &wh0, 1.0);
+    let (mut want_y, want_h) = reference(c, &wc, &wb, &wx, &g, &delta, &wh0, &[], 1.0);
     for (i, yv) in want_y.iter_mut().enumerate() {
         *yv += f64::from(hd[(i / p) % heads]) * wx[i];
     }
@@ -501,20 +524,21 @@ fn interp_ssd_matches_recurrence() {
 /// against the sequential reference's outputs and last state.
 fn run_steps(dev: &Device, c: Case) {
     let inp = inputs(dev, c);
-    let [q, k, v, g, b, h0] = &inp.host;
-    let (want_o, want_h) = reference(c, &mapped(c, q), &mapped(c, k), v, g, b, h0, 1.0 / (c.dk as f64).sqrt());
+    let [q, k, v, g, b, h0, gv] = &inp.host;
+    let (want_o, want_h) = reference(c, &mapped(c, q), &mapped(c, k), v, g, b, h0, gv, 1.0 / (c.dk as f64).sqrt());
     let step = Case { len: 1, ..c };
     let host = |x: &Tensor<bf16>| x.to_host().unwrap();
     let (hq, hk, hv) = (host(&inp.q), host(&inp.k), host(&inp.v));
-    let (hg, hb) = (inp.g.to_host().unwrap(), inp.beta.to_host().unwrap());
+    let (hg, hb, hgv) = (inp.g.to_host().unwrap(), inp.beta.to_host().unwrap(), inp.gv.to_host().unwrap());
     let h0_or_zeros = if c.h0 { inp.h0.to_host().unwrap() } else { vec![0.0; c.batch * c.heads * c.dk * c.dv] };
     let mut state = Tensor::from_host(dev, &h0_or_zeros, &[c.batch, c.heads, c.dk, c.dv]).unwrap();
     let mut got_o = vec![0.0; want_o.len()];
     for t in 0..c.len {
         // Step t's rows of each [batch, seq, heads, d] tensor, as a sequence of length 1.
-        let rows = |x: &[bf16], heads: usize, d: usize| -> Vec<bf16> {
+        fn rows_of<E: Copy>(c: Case, t: usize, x: &[E], heads: usize, d: usize) -> Vec<E> {
             (0..c.batch).flat_map(|bi| (0..heads * d).map(move |j| (bi, j))).map(|(bi, j)| x[(bi * c.len + t) * heads * d + j]).collect()
-        };
+        }
+        let rows = |x: &[bf16], heads: usize, d: usize| rows_of(c, t, x, heads, d);
         let at_t = |x: &[f32]| -> Vec<f32> { (0..c.batch * c.heads).map(|i| x[i * c.len + t]).collect() };
         let qt = Tensor::from_host(dev, &rows(&hq, c.qk_heads, c.dk), &shape(step, c.qk_heads, c.dk)).unwrap();
         let kt = Tensor::from_host(dev, &rows(&hk, c.qk_heads, c.dk), &shape(step, c.qk_heads, c.dk)).unwrap();
@@ -522,7 +546,11 @@ fn run_steps(dev: &Device, c: Case) {
         let gt = Tensor::from_host(dev, &at_t(&hg), &[c.batch, c.heads, 1]).unwrap();
         let bt = Tensor::from_host(dev, &at_t(&hb), &[c.batch, c.heads, 1]).unwrap();
         let mut ot = Tensor::full(dev, &shape(step, c.heads, c.dv), bf16::from_f32(f32::NAN)).unwrap();
+        let gvt = Tensor::from_host(dev, &rows_of(c, t, &hgv, c.qk_heads, c.dk), &shape(step, c.qk_heads, c.dk)).unwrap();
         let mut la = LinearAttention::new(dev, &qt, &kt, &vt).feature_map(c.feature);
+        if c.gates {
+            la = la.gates(&gvt);
+        }
         if c.decay {
             la = la.decay(&gt);
         }
@@ -549,6 +577,8 @@ fn gpu_linear_attention_steps_match_recurrence() {
         run_steps(&dev, Case { qk_heads: 1, ..gated(case(7, dk, dv)) });
     }
     run_steps(&dev, Case { feature: FeatureMap::EluPlusOne, ..gated(case(7, 128, 128)) });
+    run_steps(&dev, Case { gates: true, beta: true, h0: true, ..case(7, 128, 128) });
+    run_steps(&dev, Case { gates: true, ..case(7, 64, 64) });
 }
 
 #[test]
@@ -557,4 +587,5 @@ fn interp_linear_attention_steps_match_recurrence() {
     run_steps(&dev, gated(case(7, 64, 64)));
     run_steps(&dev, Case { qk_heads: 1, ..gated(case(5, 128, 128)) });
     run_steps(&dev, Case { feature: FeatureMap::Relu, ..gated(case(5, 64, 64)) });
+    run_steps(&dev, Case { gates: true, beta: true, h0: true, ..case(5, 64, 128) });
 }

@@ -149,7 +149,8 @@ pub fn add_outer<T, const M: usize, const YR: usize>(
 pub fn linear_attention_blocks<T, const DK: usize, const DV: usize>(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, beta: Global<f32, 2>, betac: Global<f32, 3>,
     h0: Global<f32, 3>, o: Global<T, 3>, h_last: Global<f32, 3>, heads: i32, q_group: i32, k_group: i32, bhtd: i32, has_g: i32,
-    has_beta: i32, has_h0: i32, keep_h: i32, scale: f32, epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
+    has_beta: i32, has_h0: i32, keep_h: i32, gv: Global<f32, 2>, has_gv: i32, scale: f32,
+    epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
 ) {
     let sq = Smem::<T, 64, DK>::ring(2);
     let sk = Smem::<T, 64, DK>::ring(2);
@@ -199,6 +200,11 @@ pub fn linear_attention_blocks<T, const DK: usize, const DV: usize>(
             // The state: decayed, plus Kᵀ·(w ∘ V) of this chunk.
             add_outer(&mut hs, sk, sv, sw, s, col, v, vp, t0, vc + col, ws, last, has_g, has_g + has_beta);
             mma_wait(0);
+            if has_gv == 1 {
+                // Per-channel gates (q and k prepared by `gla_prepare`): each key channel's
+                // decay over the chunk, exp(G_last), on its row of the state.
+                hs = hs * gv.load::<Tile<f32, DK, 1>>([((b * (heads / k_group) + h / k_group) * chunks + c) * DK, 0]);
+            }
             sh.at(0).rows(me * DK, DK).store(hs.cast::<T>());
             stage_store(o, so, epilogue(out * scale, vp, t0, vc + col), me * 2 + c % 2, vp, t0, vc + col);
         });
@@ -494,8 +500,8 @@ pub fn head_skip<T, const DV: usize>(
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(DK = [128, 64]), targets(sm_90a))]
 pub fn linear_attention_fwd(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, beta: Global<f32, 2>, betac: Global<f32, 3>,
-    h0: Global<f32, 3>, o: Global<T, 3>, h_last: Global<f32, 3>, dskip: Global<f32, 1>, heads: i32, q_group: i32, k_group: i32, bhtd: i32,
-    has_g: i32, has_beta: i32, has_h0: i32, keep_h: i32, has_d: i32, scale: f32,
+    h0: Global<f32, 3>, o: Global<T, 3>, h_last: Global<f32, 3>, dskip: Global<f32, 1>, gv: Global<f32, 2>, heads: i32, q_group: i32,
+    k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_h0: i32, keep_h: i32, has_d: i32, has_gv: i32, scale: f32,
 ) {
     linear_attention_blocks::<T, DK, 128>(
         q,
@@ -516,6 +522,8 @@ pub fn linear_attention_fwd(
         has_beta,
         has_h0,
         keep_h,
+        gv,
+        has_gv,
         scale,
         |y, plane, row, col| head_skip::<T, 128>(y, v, dskip, plane, row, col, heads, bhtd, has_d),
     );
@@ -525,8 +533,8 @@ pub fn linear_attention_fwd(
 #[kernel(warpgroups = 2, dtypes(T = [bf16, f16]), tune(DK = [128, 64]), targets(sm_90a))]
 pub fn linear_attention_fwd_v64(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, beta: Global<f32, 2>, betac: Global<f32, 3>,
-    h0: Global<f32, 3>, o: Global<T, 3>, h_last: Global<f32, 3>, dskip: Global<f32, 1>, heads: i32, q_group: i32, k_group: i32, bhtd: i32,
-    has_g: i32, has_beta: i32, has_h0: i32, keep_h: i32, has_d: i32, scale: f32,
+    h0: Global<f32, 3>, o: Global<T, 3>, h_last: Global<f32, 3>, dskip: Global<f32, 1>, gv: Global<f32, 2>, heads: i32, q_group: i32,
+    k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_h0: i32, keep_h: i32, has_d: i32, has_gv: i32, scale: f32,
 ) {
     linear_attention_blocks::<T, DK, 64>(
         q,
@@ -547,6 +555,8 @@ pub fn linear_attention_fwd_v64(
         has_beta,
         has_h0,
         keep_h,
+        gv,
+        has_gv,
         scale,
         |y, plane, row, col| head_skip::<T, 64>(y, v, dskip, plane, row, col, heads, bhtd, has_d),
     );
@@ -607,30 +617,57 @@ pub fn linear_attention_bwd_dkv_v64(
 /// One step of the recurrence in place, the decode path: for (batch, head) `bh` and 64 of
 /// V's columns a block, `state` (`[batch·heads, DK, DV]`, f32) becomes `exp(g)·state + β·kᵀv`
 /// and `o = scale·q·state`. `q`, `k` as `[batch·heads', DK, 1]` (one column a head), `v`, `o` as
-/// `[batch·heads, 1, DV]`, `g`, `β` as `[batch·heads, 1]`.
+/// `[batch·heads, 1, DV]`, `g`, `β` as `[batch·heads, 1]`, per-channel gates `gv` as k.
 #[kernel(dtypes(T = [bf16, f16]), tune(DK = [128, 64]))]
 pub fn linear_attention_step(
-    state: Global<f32, 3>, q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, g: Global<f32, 2>, beta: Global<f32, 2>, o: Global<T, 3>,
-    heads: i32, q_group: i32, k_group: i32, has_g: i32, has_beta: i32, scale: f32,
+    state: Global<f32, 3>, q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, g: Global<f32, 2>, beta: Global<f32, 2>, gv: Global<f32, 3>,
+    o: Global<T, 3>, heads: i32, q_group: i32, k_group: i32, has_g: i32, has_beta: i32, has_gv: i32, scale: f32,
 ) {
     let slices = v.dim(2) / 64;
     let bh = block::id_x() / slices;
     let col = (block::id_x() - bh * slices) * 64;
     let b = bh / heads;
     let h = bh - b * heads;
+    let kp = b * (heads / k_group) + h / k_group;
     let mut s = state.load::<Tile<f32, DK, 64>>([bh, 0, col]);
     if has_g == 1 {
         s = s * exp2(g.load::<Tile<f32, 1, 1>>([bh, 0]) * f32::consts::LOG2_E);
+    }
+    if has_gv == 1 {
+        s = s * exp2(gv.load::<Tile<f32, DK, 1>>([kp, 0, 0]) * f32::consts::LOG2_E);
     }
     let mut w = v.load::<Tile<T, 1, 64>>([bh, 0, col]).cast::<f32>();
     if has_beta == 1 {
         w = w * beta.load::<Tile<f32, 1, 1>>([bh, 0]);
     }
-    let kp = b * (heads / k_group) + h / k_group;
     s = s + (Tile::<f32, DK, 64>::zeros() + w) * k.load::<Tile<T, DK, 1>>([kp, 0, 0]).cast::<f32>();
     state.store([bh, 0, col], s);
     let qp = b * (heads / q_group) + h / q_group;
     o.store([bh, 0, col], ((s * q.load::<Tile<T, DK, 1>>([qp, 0, 0]).cast::<f32>()).sum(0) * scale).cast::<T>());
+}
+
+/// Per-channel gates (GLA): for chunk `block::id_y()` of q/k head `block::id_x()` (rank-3
+/// views as the attention's, `g` as k), with `G` the chunk's running sum of `g` down its steps,
+/// `qh = q ∘ exp(G)`, `kh = k ∘ exp(−G)` and each channel's decay over the chunk `exp(G_last)`
+/// into `gv` (`[heads·chunks, DK]`). The attention of `qh`, `kh` whose state rows are scaled
+/// by `gv` after each chunk is then the gated one (`H_t = diag(exp(g_t))·H_{t−1} + k_tᵀv_t`).
+#[kernel(dtypes(T = [bf16, f16]), tune(DK = [128, 64]))]
+pub fn gla_prepare(
+    q: Global<T, 3>, k: Global<T, 3>, g: Global<f32, 3>, qh: Global<T, 3>, kh: Global<T, 3>, gv: Global<f32, 2>, heads: i32, bhtd: i32,
+) {
+    let bh = block::id_x();
+    let c = block::id_y();
+    let b = bh / heads;
+    let (plane, col) = head_origin(b, bh - b * heads, heads, DK, bhtd);
+    let t0 = c * 64;
+    // 64 channels at a time (a 64×DK tile of each would not fit in registers).
+    for j in (0..DK).step_by(64) {
+        let gt = g.load_or::<Tile<f32, 64, 64>>([plane, t0, col + j], 0.0) * f32::consts::LOG2_E;
+        let cum = tile_scan::<scan_add>(gt, 0, 0.0);
+        qh.store([plane, t0, col + j], (q.load::<Tile<T, 64, 64>>([plane, t0, col + j]).cast::<f32>() * exp2(cum)).cast::<T>());
+        kh.store([plane, t0, col + j], (k.load::<Tile<T, 64, 64>>([plane, t0, col + j]).cast::<f32>() * exp2(cum * -1.0)).cast::<T>());
+        gv.store([bh * ((q.dim(1) + 63) / 64) + c, j], exp2(col_sum(gt)));
+    }
 }
 
 /// A feature map `φ` on a tile ([`FeatureMap`]'s codes): 0 the identity, 1 `elu(x) + 1`
@@ -692,6 +729,10 @@ pub trait LinearAttentionElement: Element + sealed::Sealed {
     fn linear_attention_bwd_launch(a: &LinearAttention<'_, Self>, d: Dims, b: Backward<'_, Self>) -> Result<()>;
     #[doc(hidden)]
     fn cast_launch(device: &Device, x: &Tensor<f32>, y: &mut Tensor<Self>) -> Result<()>;
+    #[doc(hidden)]
+    fn gla_prepare_launch(
+        a: &LinearAttention<'_, Self>, d: Dims, qh: &mut Tensor<Self>, kh: &mut Tensor<Self>, gv: &mut Tensor<f32>,
+    ) -> Result<()>;
     #[doc(hidden)]
     fn feature_launch(device: &Device, x: &Tensor<Self>, dy: Option<&Tensor<Self>>, y: &mut Tensor<Self>, kind: i32) -> Result<()>;
     #[doc(hidden)]
@@ -790,7 +831,7 @@ fn dk_variant(variants: &[&tessera::KernelSpec], dk: usize) -> Result<usize> {
 }
 
 macro_rules! linear_attention_element {
-    ($t:ty, $k128:ident, $k64:ident, $dq128:ident, $dq64:ident, $dkv128:ident, $dkv64:ident, $cast:ident, $step:ident, $feature:ident) => {
+    ($t:ty, $k128:ident, $k64:ident, $dq128:ident, $dq64:ident, $dkv128:ident, $dkv64:ident, $cast:ident, $step:ident, $feature:ident, $prep:ident) => {
         impl LinearAttentionElement for $t {
             fn linear_attention_launch(
                 a: &LinearAttention<'_, Self>, d: Dims, o: &mut Tensor<Self>, h_last: Option<&mut Tensor<f32>>,
@@ -808,6 +849,7 @@ macro_rules! linear_attention_element {
                 let mut ov = o.view_mut(&shape, &strides)?;
                 let keep = h_last.is_some();
                 let mut hl = h_last.map(|t| t.view_mut(&[rows, dk, dv], &[dk * dv, dv, 1])).transpose()?;
+                let gv = a.gate_decays.map(|t| t.view(&[t.numel(), 1], &[1, 1])).transpose()?;
                 let flag = |b: bool| i32::from(b);
                 let scale = a.scale.unwrap_or(1.0 / (dk as f32).sqrt());
                 macro_rules! go {
@@ -827,6 +869,7 @@ macro_rules! linear_attention_element {
                             &mut ov,
                             &mut OptionalMut(hl.as_mut(), 3),
                             &Optional(a.skip, 1),
+                            &Optional(gv.as_ref(), 2),
                             heads as i32,
                             (heads / q_heads) as i32,
                             (heads / k_heads) as i32,
@@ -836,6 +879,7 @@ macro_rules! linear_attention_element {
                             flag(a.h0.is_some()),
                             flag(keep),
                             flag(a.skip.is_some()),
+                            flag(gv.is_some()),
                             scale,
                         )
                     };
@@ -957,6 +1001,7 @@ macro_rules! linear_attention_element {
                 let mut sv = state.view_mut(&[rows, dk, dv], &[dk * dv, dv, 1])?;
                 let g = a.g.map(|t| t.view(&[rows, 1], &[1, 1])).transpose()?;
                 let b = a.beta.map(|t| t.view(&[rows, 1], &[1, 1])).transpose()?;
+                let gv = a.gates.map(|t| t.view(&[batch * k_heads, dk, 1], &[dk, 1, 1])).transpose()?;
                 $step::launch_variant(
                     i,
                     a.device,
@@ -967,12 +1012,14 @@ macro_rules! linear_attention_element {
                     &v,
                     &Optional(g.as_ref(), 2),
                     &Optional(b.as_ref(), 2),
+                    &Optional(gv.as_ref(), 3),
                     &mut ov,
                     heads as i32,
                     (heads / q_heads) as i32,
                     (heads / k_heads) as i32,
                     i32::from(a.g.is_some()),
                     i32::from(a.beta.is_some()),
+                    i32::from(a.gates.is_some()),
                     a.scale.unwrap_or(1.0 / (dk as f32).sqrt()),
                 )
             }
@@ -982,6 +1029,34 @@ macro_rules! linear_attention_element {
                 let xv = x.view(&[1, n], &[n, 1])?;
                 let mut yv = y.view_mut(&[1, n], &[n, 1])?;
                 $cast::launch(device, Grid::from(n.div_ceil(4096) as u32), &xv, &mut yv)
+            }
+
+            fn gla_prepare_launch(
+                a: &LinearAttention<'_, Self>, d: Dims, qh: &mut Tensor<Self>, kh: &mut Tensor<Self>, gv: &mut Tensor<f32>,
+            ) -> Result<()> {
+                let Dims { batch, k_heads, len, dk, .. } = d;
+                let i = dk_variant($prep::VARIANTS, dk)?;
+                let (shape, strides) = heads_dims(a.layout, batch, k_heads, len, dk);
+                let (q, k) = (a.q.view(&shape, &strides)?, a.k.view(&shape, &strides)?);
+                let g = a.gates.map(|t| t.view(&shape, &strides)).transpose()?;
+                let mut qv = qh.view_mut(&shape, &strides)?;
+                let mut kv = kh.view_mut(&shape, &strides)?;
+                let n = gv.numel();
+                let mut gvv = gv.view_mut(&[n / dk, dk], &[dk, 1])?;
+                let grid = ((batch * k_heads) as u32, Grid::tiles(len, 64));
+                $prep::launch_variant(
+                    i,
+                    a.device,
+                    grid,
+                    &q,
+                    &k,
+                    &Optional(g.as_ref(), 3),
+                    &mut qv,
+                    &mut kv,
+                    &mut gvv,
+                    k_heads as i32,
+                    i32::from(a.layout == AttentionLayout::Bhsd),
+                )
             }
 
             fn feature_launch(device: &Device, x: &Tensor<Self>, dy: Option<&Tensor<Self>>, y: &mut Tensor<Self>, kind: i32) -> Result<()> {
@@ -1008,7 +1083,8 @@ linear_attention_element!(
     linear_attention_bwd_dkv_v64_bf16,
     cast_from_f32_bf16,
     linear_attention_step_bf16,
-    feature_map_rows_bf16
+    feature_map_rows_bf16,
+    gla_prepare_bf16
 );
 linear_attention_element!(
     tessera::f16,
@@ -1020,7 +1096,8 @@ linear_attention_element!(
     linear_attention_bwd_dkv_v64_f16,
     cast_from_f32_f16,
     linear_attention_step_f16,
-    feature_map_rows_f16
+    feature_map_rows_f16,
+    gla_prepare_f16
 );
 
 /// The feature map `φ` a [`LinearAttention`] applies to q and k: `o_t = scale·φ(q_t)·H_t`,
@@ -1076,6 +1153,9 @@ pub struct LinearAttention<'a, T: Element> {
     /// `D` a head (`[heads]`, f32): `y + D_h·v` (the SSD's skip).
     pub(crate) skip: Option<&'a Tensor<f32>>,
     feature: FeatureMap,
+    gates: Option<&'a Tensor<f32>>,
+    /// With gates, once q and k are prepared: each chunk's decay of each key channel.
+    gate_decays: Option<&'a Tensor<f32>>,
 }
 
 impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
@@ -1093,6 +1173,8 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
             layout: AttentionLayout::Bshd,
             skip: None,
             feature: FeatureMap::Identity,
+            gates: None,
+            gate_decays: None,
         }
     }
 
@@ -1107,6 +1189,19 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
     /// `g = ln γ_h` at every step; a gate (GLA, Mamba-2) computes g from the input.
     pub fn decay(mut self, g: &'a Tensor<f32>) -> Self {
         self.g = Some(g);
+        self
+    }
+
+    /// Per-channel gates, GLA's data-dependent decay: `g` as k (`[batch, seq, heads, dk]` or
+    /// `[batch, heads, seq, dk]`, f32, natural-log units, ≤ 0): row `i` of the state is
+    /// multiplied by `exp(g_t[i])` before step t adds to it, `H_t = diag(exp(g_t))·H_{t−1} +
+    /// β_t·k_tᵀv_t`. q and k need the same number of heads; not with [`decay`](Self::decay).
+    /// A pass scales q and k by each 64-step chunk's running gates first ([`gla_prepare`]), so
+    /// a chunk's total gate on a channel, `Σ g`, must stay above about −80 (f32's range; GLA's
+    /// `logsigmoid(x)/16` gates stay far inside it). Forward and decode step; the backward of
+    /// gates is not built yet ([`backward`](Self::backward) refuses them).
+    pub fn gates(mut self, g: &'a Tensor<f32>) -> Self {
+        self.gates = Some(g);
         self
     }
 
@@ -1162,6 +1257,14 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
             let (q, k) = self.mapped()?;
             return self.with_qk(&q, &k).run(o, h_last);
         }
+        if self.gates.is_some() && d.batch * d.heads * d.len > 0 {
+            let mut qh = Tensor::<T>::scratch(self.device, self.q.shape())?;
+            let mut kh = Tensor::<T>::scratch(self.device, self.k.shape())?;
+            let mut gv = Tensor::<f32>::scratch(self.device, &[d.batch * d.k_heads * d.len.div_ceil(64), d.dk])?;
+            T::gla_prepare_launch(self, d, &mut qh, &mut kh, &mut gv)?;
+            let prepared = LinearAttention { q: &qh, k: &kh, gates: None, gate_decays: Some(&gv), ..*self };
+            return T::linear_attention_launch(&prepared, d, o, h_last);
+        }
         if d.batch == 0 || d.heads == 0 {
             return Ok(());
         }
@@ -1197,6 +1300,9 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
     pub fn backward(&self, dout: &Tensor<T>, dh_last: Option<&Tensor<f32>>) -> Result<LinearAttentionGrads<T>> {
         let d = self.dims(dout, dh_last, true)?;
         let dev = self.device;
+        if self.gates.is_some() {
+            return Err(self.arg("gates", "no per-channel gates: their backward is not built yet".into(), "gates".into()));
+        }
         if self.feature != FeatureMap::Identity {
             // The gradients of φ(q) and φ(k), then through φ′.
             let (q, k) = self.mapped()?;
@@ -1332,6 +1438,20 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
         }
         if o.shape() != self.v.shape() {
             return Err(arg(o_name, format!("shape {:?}, as v", self.v.shape()), format!("shape {:?}", o.shape())));
+        }
+        if let Some(gt) = self.gates {
+            if gt.shape() != self.k.shape() {
+                return Err(arg("gates", format!("k's shape {:?}", self.k.shape()), format!("shape {:?}", gt.shape())));
+            }
+            if q_heads != k_heads {
+                return Err(arg("gates", format!("q and k with as many heads ({k_heads})"), format!("q with {q_heads}")));
+            }
+            if self.g.is_some() {
+                return Err(arg("gates", "gates or a decay, not both".into(), "both".into()));
+            }
+            if !gt.is_contiguous() {
+                return Err(arg("gates", "a contiguous tensor".into(), "strides that are not".into()));
+            }
         }
         for (name, t) in [("decay", self.g), ("beta", self.beta)] {
             if let Some(t) = t {
