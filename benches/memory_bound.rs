@@ -376,6 +376,11 @@ fn main() {
         let la = tessera_kernels::LinearAttention::new(&dev, &q, &k, &v).gates(&gk);
         let mut f = || la.run(&mut o, None).expect("linear attention");
         norm_rows.push((format!("linear_attention fwd gates {b}x{t}x{h}x{d}"), bytes * 1.5, time_ms(&dev, 3, 10, &mut f)));
+        let mut f = || {
+            la.run(&mut o, None).expect("linear attention");
+            drop(la.backward(&dout, None).expect("linear attention backward"));
+        };
+        norm_rows.push((format!("linear_attention fwd+bwd gates {b}x{t}x{h}x{d}"), bytes_fb * 1.5, time_ms(&dev, 2, 5, &mut f)));
         // The elu + 1 feature map on q and k (a pass that maps them first, one that takes
         // dq, dk through φ′ after the backward).
         let la = tessera_kernels::LinearAttention::new(&dev, &q, &k, &v).feature_map(tessera_kernels::FeatureMap::EluPlusOne);

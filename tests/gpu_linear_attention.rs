@@ -124,8 +124,10 @@ fn inputs(dev: &Device, c: Case) -> Inputs {
     // Log decays as a gate gives them: between e^-0.6 and e^-0.002 a step.
     let (hg, hb) = (random(steps, -0.6, -0.002), random(steps, 0.1, 1.0));
     let hh0 = random(c.batch * c.heads * c.dk * c.dv, -1.0, 1.0);
-    // Per-channel log gates, as k: between e^-0.6 and e^-0.002 a step.
-    let hgv = random(nq, -0.6, -0.002);
+    // Per-channel log gates, as k: between e^-0.1 and e^-0.002 a step (GLA's logsigmoid/16
+    // gates are near −0.04). Their gradient is the difference q̂·dq̂ − k̂·dk̂ of 16-bit gradients
+    // (as fla's chunk_gla takes it): about 1e-2 relative at −0.2, 1.7e-2 at −0.6.
+    let hgv = random(nq, -0.1, -0.002);
     let f = |x: &[f32]| x.iter().map(|&v| f64::from(v)).collect::<Vec<_>>();
     Inputs {
         q: Tensor::from_host(dev, &hq, &shape(c, c.qk_heads, c.dk)).unwrap(),
@@ -183,13 +185,14 @@ fn run_case(dev: &Device, c: Case) {
 /// segment's rebuilt from its checkpoint on the way back.
 #[allow(clippy::too_many_arguments)]
 fn reference_backward(
-    c: Case, q: &[f64], k: &[f64], v: &[f64], g: &[f64], beta: &[f64], h0: &[f64], dout: &[f64], dh_last: &[f64], scale: f64,
+    c: Case, q: &[f64], k: &[f64], v: &[f64], g: &[f64], beta: &[f64], h0: &[f64], gates: &[f64], dout: &[f64], dh_last: &[f64], scale: f64,
 ) -> [Vec<f64>; 6] {
     let (dk, dv, group) = (c.dk, c.dv, c.heads / c.qk_heads);
     let mut gq = vec![0.0; q.len()];
     let mut gk = vec![0.0; k.len()];
     let mut gv = vec![0.0; v.len()];
-    let mut gg = vec![0.0; g.len()];
+    // ∂L/∂g: a scalar decay's ([batch, heads, seq]) or the gates' (as k).
+    let mut gg = vec![0.0; if c.gates { k.len() } else { g.len() }];
     let mut gb = vec![0.0; beta.len()];
     let mut gh0 = vec![0.0; h0.len()];
     for b in 0..c.batch {
@@ -199,10 +202,18 @@ fn reference_backward(
             let w = |t: usize| if c.beta { beta[bh * c.len + t] } else { 1.0 };
             let qi = |t: usize, i: usize| at(c, c.qk_heads, dk, b, h / group, t, i);
             let vi = |t: usize, j: usize| at(c, c.heads, dv, b, h, t, j);
+            // The decay of state row i at step t: the scalar one, or the gate of channel i.
+            let dec = |t: usize, i: usize| -> f64 {
+                if c.gates {
+                    gates[qi(t, i)].exp()
+                } else {
+                    decay(t)
+                }
+            };
             let step = |s: &mut [f64], t: usize| {
                 for i in 0..dk {
                     for j in 0..dv {
-                        s[i * dv + j] = decay(t) * s[i * dv + j] + w(t) * k[qi(t, i)] * v[vi(t, j)];
+                        s[i * dv + j] = dec(t, i) * s[i * dv + j] + w(t) * k[qi(t, i)] * v[vi(t, j)];
                     }
                 }
             };
@@ -216,7 +227,7 @@ fn reference_backward(
                 step(&mut s, t);
             }
             let mut dh: Vec<f64> =
-                if c.decay || c.beta || c.h0 { dh_last[bh * dk * dv..(bh + 1) * dk * dv].to_vec() } else { vec![0.0; dk * dv] };
+                if c.decay || c.beta || c.h0 || c.gates { dh_last[bh * dk * dv..(bh + 1) * dk * dv].to_vec() } else { vec![0.0; dk * dv] };
             for seg in (0..marks.len()).rev() {
                 // H_{t−1} for each t of the segment, rebuilt forward.
                 let mut states = vec![marks[seg].clone()];
@@ -241,8 +252,16 @@ fn reference_backward(
                         gv[vi(t, j)] += w(t) * (0..dk).map(|i| k[qi(t, i)] * dh[i * dv + j]).sum::<f64>();
                     }
                     gb[bh * c.len + t] = (0..dk).map(|i| k[qi(t, i)] * (0..dv).map(|j| dh[i * dv + j] * v[vi(t, j)]).sum::<f64>()).sum();
-                    gg[bh * c.len + t] = decay(t) * dh.iter().zip(prev).map(|(x, y)| x * y).sum::<f64>();
-                    dh.iter_mut().for_each(|x| *x *= decay(t));
+                    if c.gates {
+                        for i in 0..dk {
+                            let row: f64 = (0..dv).map(|j| dh[i * dv + j] * prev[i * dv + j]).sum();
+                            gg[qi(t, i)] += dec(t, i) * row;
+                            dh[i * dv..(i + 1) * dv].iter_mut().for_each(|x| *x *= dec(t, i));
+                        }
+                    } else {
+                        gg[bh * c.len + t] = decay(t) * dh.iter().zip(prev).map(|(x, y)| x * y).sum::<f64>();
+                        dh.iter_mut().for_each(|x| *x *= decay(t));
+                    }
                 }
             }
             gh0[bh * dk * dv..(bh + 1) * dk * dv].copy_from_slice(&dh);
@@ -258,11 +277,11 @@ fn run_backward(dev: &Device, c: Case) {
     let hdl = random(c.batch * c.heads * c.dk * c.dv, -1.0, 1.0);
     let dh_last = Tensor::from_host(dev, &hdl, &[c.batch, c.heads, c.dk, c.dv]).unwrap();
     // The last state's gradient rides along with any of the state's extras.
-    let with_dh = c.decay || c.beta || c.h0;
+    let with_dh = c.decay || c.beta || c.h0 || c.gates;
     let grads = inp.attention(dev, c).backward(&dout, with_dh.then_some(&dh_last)).unwrap();
-    let [q, k, v, g, b, h0, _] = &inp.host;
+    let [q, k, v, g, b, h0, gv] = &inp.host;
     let (fq, fk) = (mapped(c, q), mapped(c, k));
-    let mut want = reference_backward(c, &fq, &fk, v, g, b, h0, &wdo, &wide(&hdl), 1.0 / (c.dk as f64).sqrt());
+    let mut want = reference_backward(c, &fq, &fk, v, g, b, h0, gv, &wdo, &wide(&hdl), 1.0 / (c.dk as f64).sqrt());
     // Through φ: ∂L/∂x = ∂L/∂φ(x)·φ′(x).
     for (grad, x) in want.iter_mut().zip([q, k]) {
         grad.iter_mut().zip(x).for_each(|(d, &x)| *d *= phi(c.feature, x).1);
@@ -275,7 +294,7 @@ fn run_backward(dev: &Device, c: Case) {
         ("dbeta", grads.dbeta.map(|t| wide(&t.to_host().unwrap()))),
         ("dh0", grads.dh0.map(|t| wide(&t.to_host().unwrap()))),
     ];
-    let expected = [true, true, true, c.decay, c.beta, c.h0];
+    let expected = [true, true, true, c.decay || c.gates, c.beta, c.h0];
     for ((name, got), (want, present)) in got.into_iter().zip(want.iter().zip(expected)) {
         assert_eq!(got.is_some(), present, "{c:?}: {name} present");
         if let Some(got) = got {
@@ -346,6 +365,12 @@ fn gpu_linear_attention_backward_matches_reverse_mode() {
     run_backward(&dev, Case { beta: true, qk_heads: 1, layout: AttentionLayout::Bshd, ..c });
     run_backward(&dev, Case { feature: FeatureMap::EluPlusOne, ..gated(case(1000, 128, 128)) });
     run_backward(&dev, Case { feature: FeatureMap::Relu, decay: true, ..c });
+    // Per-channel gates (GLA).
+    for len in [1, 7, 1000, 4099] {
+        run_backward(&dev, Case { gates: true, beta: true, h0: true, ..case(len, 128, 128) });
+    }
+    run_backward(&dev, Case { gates: true, ..case(1000, 64, 64) });
+    run_backward(&dev, Case { gates: true, layout: AttentionLayout::Bhsd, ..c });
 }
 
 #[test]
@@ -358,6 +383,8 @@ fn interp_linear_attention_backward_matches_reverse_mode() {
     run_backward(&dev, Case { batch: 1, heads: 4, qk_heads: 2, layout: AttentionLayout::Bhsd, decay: true, ..case(100, 128, 64) });
     run_backward(&dev, Case { feature: FeatureMap::EluPlusOne, ..gated(case(7, 64, 64)) });
     run_backward(&dev, Case { feature: FeatureMap::Relu, ..case(70, 64, 128) });
+    run_backward(&dev, Case { gates: true, beta: true, h0: true, ..case(130, 64, 64) });
+    run_backward(&dev, Case { gates: true, heads: 4, qk_heads: 2, layout: AttentionLayout::Bhsd, ..case(70, 128, 64) });
 }
 
 #[test]
@@ -442,7 +469,7 @@ fn run_ssd(dev: &Device, batch: usize, len: usize, heads: usize, groups: usize, 
     let hdl = random(batch * heads * n * p, -1.0, 1.0);
     let dl = Tensor::from_host(dev, &hdl, &[batch, heads, n, p]).unwrap();
     let gr = ssd.backward(&dy, Some(&dl)).unwrap();
-    let [gc, gb, gx, gg, gbeta, gh0] = reference_backward(c, &wc, &wb, &wx, &g, &delta, &wh0, &wdy, &wide(&hdl), 1.0);
+    let [gc, gb, gx, gg, gbeta, gh0] = reference_backward(c, &wc, &wb, &wx, &g, &delta, &wh0, &[], &wdy, &wide(&hdl), 1.0);
     let mut want_dx = gx;
     // Per-head sums over every step (dD, dA, the bias's) can cancel: each is checked against
     // the sum of its terms' magnitudes (`scale_*`), not against its own size (3e-2 asserted).

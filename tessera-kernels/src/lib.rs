@@ -14,7 +14,7 @@
 //! | [`Norm`] | fused RMSNorm/LayerNorm: Philox dropout, residual add returning the new residual, weight, bias, scale and shift; forward and backward (`dx`, `dweight`, `dbias`) |
 //! | [`attention`], [`attention_with_lse`], [`attention_varlen`] | FlashAttention forward: bf16/f16, `[b, s, h, d]` or `[b, h, s, d]` or sequences packed end to end, causal or not, grouped-query heads, different query and key lengths, the log-sum-exp for a backward pass (Hopper) |
 //! | [`layer_norm`] | `y = (x − mean) / sqrt(var + eps) · weight + bias` per row, bf16/f16/f32, f32 statistics |
-//! | [`LinearAttention`] | causal linear attention, chunked, with a scalar decay a step and β (RetNet, simple GLA), per-channel gates (GLA; forward and step) and a feature map on q and k: forward, backward, decode step (Hopper) |
+//! | [`LinearAttention`] | causal linear attention, chunked, with a scalar decay a step and β (RetNet, simple GLA), per-channel gates (GLA) and a feature map on q and k: forward, backward, decode step (Hopper) |
 //! | [`Ssd`] | Mamba-2's state-space duality on the linear attention's kernels: forward and backward (Hopper) |
 //! | [`quantize_fp8`], [`dequantize_fp8`] | `y = x · scale` to fp8 ([`tessera::F8E4M3`], [`tessera::F8E5M2`]; round to nearest even, saturating, as the GPU's `cvt`) and back (sm_89 and later) |
 #![warn(missing_docs)]
@@ -70,11 +70,11 @@ pub mod kernels {
         gemm_tn_full_f16, pad_copy_bf16, pad_copy_f16,
     };
     pub use crate::linear_attention::{
-        feature_map_rows_bf16, feature_map_rows_f16, gla_prepare_bf16, gla_prepare_f16, linear_attention_bwd_dkv_bf16,
-        linear_attention_bwd_dkv_f16, linear_attention_bwd_dkv_v64_bf16, linear_attention_bwd_dkv_v64_f16, linear_attention_bwd_dq_bf16,
-        linear_attention_bwd_dq_f16, linear_attention_bwd_dq_v64_bf16, linear_attention_bwd_dq_v64_f16, linear_attention_fwd_bf16,
-        linear_attention_fwd_f16, linear_attention_fwd_v64_bf16, linear_attention_fwd_v64_f16, linear_attention_step_bf16,
-        linear_attention_step_f16,
+        feature_map_rows_bf16, feature_map_rows_f16, gla_finish_bf16, gla_finish_f16, gla_prepare_bf16, gla_prepare_f16,
+        linear_attention_bwd_dkv_bf16, linear_attention_bwd_dkv_f16, linear_attention_bwd_dkv_v64_bf16, linear_attention_bwd_dkv_v64_f16,
+        linear_attention_bwd_dq_bf16, linear_attention_bwd_dq_f16, linear_attention_bwd_dq_v64_bf16, linear_attention_bwd_dq_v64_f16,
+        linear_attention_fwd_bf16, linear_attention_fwd_f16, linear_attention_fwd_v64_bf16, linear_attention_fwd_v64_f16,
+        linear_attention_step_bf16, linear_attention_step_f16,
     };
     pub use crate::norm::{
         layer_norm_bf16, layer_norm_f16, layer_norm_f32, layer_norm_row_bf16, layer_norm_row_f16, layer_norm_row_f32,
@@ -148,6 +148,8 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         feature_map_rows_f16::VARIANTS,
         gla_prepare_bf16::VARIANTS,
         gla_prepare_f16::VARIANTS,
+        gla_finish_bf16::VARIANTS,
+        gla_finish_f16::VARIANTS,
         ssd_steps_bf16::VARIANTS,
         ssd_steps_f16::VARIANTS,
         ssd_steps_backward_bf16::VARIANTS,

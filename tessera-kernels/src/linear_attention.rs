@@ -259,7 +259,7 @@ pub fn put_gradient<T, const DK: usize>(
 pub fn linear_attention_dq_blocks<T, const DK: usize, const DV: usize>(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, beta: Global<f32, 2>,
     betac: Global<f32, 3>, h0: Global<f32, 3>, dq: Global<T, 3>, dq32: Global<f32, 3>, dg: Global<f32, 2>, hsave: Global<T, 3>, heads: i32,
-    q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_h0: i32, scale: f32,
+    q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_h0: i32, gv: Global<f32, 2>, has_gv: i32, scale: f32,
 ) {
     let sx = Smem::<f32, 64, DK>::ring(1);
     let su = Smem::<T, 64, 64>::ring(1);
@@ -343,6 +343,12 @@ pub fn linear_attention_dq_blocks<T, const DK: usize, const DV: usize>(
             mma_sync_kn(dqa, p.cast::<T>(), sk.at(s));
             add_outer(&mut hs, sk, sv, sw, s, col, v, vp, t0, vc + col, ws, last, has_g, has_g + has_beta);
             mma_wait(0);
+            if has_gv == 1 {
+                // Per-channel gates: the chunk's decay on the state's rows, as the forward; the
+                // state after the chunk kept for the gates' gradient.
+                hs = hs * gv.load::<Tile<f32, DK, 1>>([((b * (heads / k_group) + h / k_group) * chunks + c) * DK, 0]);
+                hsave.store([bh * chunks + c, 0, col], hs.cast::<T>());
+            }
             sh.at(0).rows(me * DK, DK).store(hs.cast::<T>());
             let total = sum_consumers::<DK, DV>(dqa * scale, sx, me);
             if me == 0 {
@@ -370,7 +376,7 @@ pub fn linear_attention_dkv_blocks<T, const DK: usize, const DV: usize>(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, betac: Global<f32, 3>,
     dh_last: Global<f32, 3>, hsave: Global<T, 3>, dk: Global<T, 3>, dk32: Global<f32, 3>, dv: Global<T, 3>, dbc: Global<f32, 3>,
     dg: Global<f32, 2>, dh0: Global<f32, 3>, heads: i32, q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_dh: i32,
-    keep_dh0: i32, scale: f32,
+    keep_dh0: i32, gv: Global<f32, 2>, dgl: Global<f32, 2>, has_gv: i32, scale: f32,
 ) {
     let sx = Smem::<f32, 64, DK>::ring(1);
     let sq = Smem::<T, 64, DK>::ring(2);
@@ -411,6 +417,17 @@ pub fn linear_attention_dkv_blocks<T, const DK: usize, const DV: usize>(
         drain_stages(pipe, chunks, |s, i| {
             let c = chunks - 1 - i;
             let t0 = c * 64;
+            if has_gv == 1 {
+                // Per-channel gates: dH is the gradient of the state after the chunk, H_c =
+                // D·(H_prev + Kᵀ·V) with D the chunk's decay a row: D ∘ ∂L/∂D = rowsum(dH ∘ H_c)
+                // goes to the gates' gradient (at the chunk's last step), and D·dH serves the
+                // chunk's keys and the state before it.
+                let row = ((b * (heads / k_group) + h / k_group) * chunks + c) * DK;
+                // (the load inside the expression, so that it takes dH's layout)
+                dgl.atomic_add([row, 0], (dh * hsave.load::<Tile<T, DK, 64>>([bh * chunks + c, 0, col]).cast::<f32>()).sum(1) * scale);
+                dh = dh * gv.load::<Tile<f32, DK, 1>>([row, 0]);
+                sdh.at(0).rows(me * DK, DK).store(dh.cast::<T>());
+            }
             // dV before β: scale·(S ∘ weights)ᵀ·dO + exp(G_last − G_j)·K·dH (S transposed as
             // K·Qᵀ, so that its rows are the key steps).
             let mut st = Tile::<f32, 64, 64>::zeros();
@@ -567,10 +584,11 @@ pub fn linear_attention_fwd_v64(
 pub fn linear_attention_bwd_dq(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, beta: Global<f32, 2>,
     betac: Global<f32, 3>, h0: Global<f32, 3>, dq: Global<T, 3>, dq32: Global<f32, 3>, dg: Global<f32, 2>, hsave: Global<T, 3>, heads: i32,
-    q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_h0: i32, scale: f32,
+    q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_h0: i32, gv: Global<f32, 2>, has_gv: i32, scale: f32,
 ) {
     linear_attention_dq_blocks::<T, DK, 128>(
-        q, k, v, dout, g, gc, beta, betac, h0, dq, dq32, dg, hsave, heads, q_group, k_group, bhtd, has_g, has_beta, has_h0, scale,
+        q, k, v, dout, g, gc, beta, betac, h0, dq, dq32, dg, hsave, heads, q_group, k_group, bhtd, has_g, has_beta, has_h0, gv, has_gv,
+        scale,
     );
 }
 
@@ -579,10 +597,11 @@ pub fn linear_attention_bwd_dq(
 pub fn linear_attention_bwd_dq_v64(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, beta: Global<f32, 2>,
     betac: Global<f32, 3>, h0: Global<f32, 3>, dq: Global<T, 3>, dq32: Global<f32, 3>, dg: Global<f32, 2>, hsave: Global<T, 3>, heads: i32,
-    q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_h0: i32, scale: f32,
+    q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_h0: i32, gv: Global<f32, 2>, has_gv: i32, scale: f32,
 ) {
     linear_attention_dq_blocks::<T, DK, 64>(
-        q, k, v, dout, g, gc, beta, betac, h0, dq, dq32, dg, hsave, heads, q_group, k_group, bhtd, has_g, has_beta, has_h0, scale,
+        q, k, v, dout, g, gc, beta, betac, h0, dq, dq32, dg, hsave, heads, q_group, k_group, bhtd, has_g, has_beta, has_h0, gv, has_gv,
+        scale,
     );
 }
 
@@ -592,11 +611,11 @@ pub fn linear_attention_bwd_dkv(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, betac: Global<f32, 3>,
     dh_last: Global<f32, 3>, hsave: Global<T, 3>, dk: Global<T, 3>, dk32: Global<f32, 3>, dv: Global<T, 3>, dbc: Global<f32, 3>,
     dg: Global<f32, 2>, dh0: Global<f32, 3>, heads: i32, q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_dh: i32,
-    keep_dh0: i32, scale: f32,
+    keep_dh0: i32, gv: Global<f32, 2>, dgl: Global<f32, 2>, has_gv: i32, scale: f32,
 ) {
     linear_attention_dkv_blocks::<T, DK, 128>(
         q, k, v, dout, g, gc, betac, dh_last, hsave, dk, dk32, dv, dbc, dg, dh0, heads, q_group, k_group, bhtd, has_g, has_beta, has_dh,
-        keep_dh0, scale,
+        keep_dh0, gv, dgl, has_gv, scale,
     );
 }
 
@@ -606,11 +625,11 @@ pub fn linear_attention_bwd_dkv_v64(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, betac: Global<f32, 3>,
     dh_last: Global<f32, 3>, hsave: Global<T, 3>, dk: Global<T, 3>, dk32: Global<f32, 3>, dv: Global<T, 3>, dbc: Global<f32, 3>,
     dg: Global<f32, 2>, dh0: Global<f32, 3>, heads: i32, q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_dh: i32,
-    keep_dh0: i32, scale: f32,
+    keep_dh0: i32, gv: Global<f32, 2>, dgl: Global<f32, 2>, has_gv: i32, scale: f32,
 ) {
     linear_attention_dkv_blocks::<T, DK, 64>(
         q, k, v, dout, g, gc, betac, dh_last, hsave, dk, dk32, dv, dbc, dg, dh0, heads, q_group, k_group, bhtd, has_g, has_beta, has_dh,
-        keep_dh0, scale,
+        keep_dh0, gv, dgl, has_gv, scale,
     );
 }
 
@@ -667,6 +686,37 @@ pub fn gla_prepare(
         qh.store([plane, t0, col + j], (q.load::<Tile<T, 64, 64>>([plane, t0, col + j]).cast::<f32>() * exp2(cum)).cast::<T>());
         kh.store([plane, t0, col + j], (k.load::<Tile<T, 64, 64>>([plane, t0, col + j]).cast::<f32>() * exp2(cum * -1.0)).cast::<T>());
         gv.store([bh * ((q.dim(1) + 63) / 64) + c, j], exp2(col_sum(gt)));
+    }
+}
+
+/// The gates' backward after the two walks on `gla_prepare`'s q̂, k̂ (views as there): with
+/// `G` each chunk's running sum of `g`, `dq = dq̂ ∘ exp(G)`, `dk = dk̂ ∘ exp(−G)`, and `dg_s =
+/// Σ_{t ≥ s in the chunk} (q̂ ∘ dq̂ − k̂ ∘ dk̂)_t + dgl` (`dgl` `[heads·chunks, DK]`: the chunk
+/// decay's share, `rowsum(dH ∘ H)` from the reverse walk).
+#[kernel(dtypes(T = [bf16, f16]), tune(DK = [128, 64]))]
+pub fn gla_finish(
+    q: Global<T, 3>, k: Global<T, 3>, g: Global<f32, 3>, dqh: Global<T, 3>, dkh: Global<T, 3>, dgl: Global<f32, 2>, dq: Global<T, 3>,
+    dk: Global<T, 3>, dg: Global<f32, 3>, heads: i32, bhtd: i32,
+) {
+    let bh = block::id_x();
+    let c = block::id_y();
+    let b = bh / heads;
+    let (plane, col) = head_origin(b, bh - b * heads, heads, DK, bhtd);
+    let t0 = c * 64;
+    // 32 channels at a time: nine 64-row tiles of them live at once.
+    for j in (0..DK).step_by(32) {
+        let cum = tile_scan::<scan_add>(g.load_or::<Tile<f32, 64, 32>>([plane, t0, col + j], 0.0) * f32::consts::LOG2_E, 0, 0.0);
+        let eq = exp2(cum);
+        let ek = exp2(cum * -1.0);
+        let dq_hat = dqh.load::<Tile<T, 64, 32>>([plane, t0, col + j]).cast::<f32>();
+        let dk_hat = dkh.load::<Tile<T, 64, 32>>([plane, t0, col + j]).cast::<f32>();
+        let qt = q.load::<Tile<T, 64, 32>>([plane, t0, col + j]).cast::<f32>();
+        let kt = k.load::<Tile<T, 64, 32>>([plane, t0, col + j]).cast::<f32>();
+        dq.store([plane, t0, col + j], (dq_hat * eq).cast::<T>());
+        dk.store([plane, t0, col + j], (dk_hat * ek).cast::<T>());
+        let dgt = qt * eq * dq_hat - kt * ek * dk_hat;
+        let after = col_sum(dgt) - tile_scan_exclusive::<scan_add>(dgt, 0, 0.0);
+        dg.store([plane, t0, col + j], after + dgl.load::<Tile<f32, 1, 32>>([bh * ((q.dim(1) + 63) / 64) + c, j]));
     }
 }
 
@@ -734,6 +784,10 @@ pub trait LinearAttentionElement: Element + sealed::Sealed {
         a: &LinearAttention<'_, Self>, d: Dims, qh: &mut Tensor<Self>, kh: &mut Tensor<Self>, gv: &mut Tensor<f32>,
     ) -> Result<()>;
     #[doc(hidden)]
+    fn gla_finish_launch(
+        a: &LinearAttention<'_, Self>, d: Dims, dqh: &Tensor<Self>, dkh: &Tensor<Self>, dgl: &Tensor<f32>, out: GlaGrads<'_, Self>,
+    ) -> Result<()>;
+    #[doc(hidden)]
     fn feature_launch(device: &Device, x: &Tensor<Self>, dy: Option<&Tensor<Self>>, y: &mut Tensor<Self>, kind: i32) -> Result<()>;
     #[doc(hidden)]
     fn step_launch(a: &LinearAttention<'_, Self>, d: Dims, state: &mut Tensor<f32>, o: &mut Tensor<Self>) -> Result<()>;
@@ -753,6 +807,16 @@ pub struct Backward<'t, T: Element> {
     dbeta: Option<&'t mut Tensor<f32>>,
     dh0: Option<&'t mut Tensor<f32>>,
     hsave: Option<&'t mut Tensor<T>>,
+    /// With per-channel gates: each chunk's `rowsum(dH ∘ H)` a key channel (f32, zeroed).
+    dgl: Option<&'t mut Tensor<f32>>,
+}
+
+/// The gates' backward's outputs.
+#[doc(hidden)]
+pub struct GlaGrads<'t, T: Element> {
+    dq: &'t mut Tensor<T>,
+    dk: &'t mut Tensor<T>,
+    dg: &'t mut Tensor<f32>,
 }
 
 /// The gradients [`LinearAttention::backward`] returns.
@@ -763,7 +827,7 @@ pub struct LinearAttentionGrads<T: Element> {
     pub dk: Tensor<T>,
     /// ∂L/∂v (as v).
     pub dv: Tensor<T>,
-    /// ∂L/∂g, with a decay (`[batch, heads, seq]`, f32).
+    /// ∂L/∂g, with a decay (`[batch, heads, seq]`, f32), or with per-channel gates (as them).
     pub dg: Option<Tensor<f32>>,
     /// ∂L/∂β, with a β (`[batch, heads, seq]`, f32).
     pub dbeta: Option<Tensor<f32>>,
@@ -831,7 +895,7 @@ fn dk_variant(variants: &[&tessera::KernelSpec], dk: usize) -> Result<usize> {
 }
 
 macro_rules! linear_attention_element {
-    ($t:ty, $k128:ident, $k64:ident, $dq128:ident, $dq64:ident, $dkv128:ident, $dkv64:ident, $cast:ident, $step:ident, $feature:ident, $prep:ident) => {
+    ($t:ty, $k128:ident, $k64:ident, $dq128:ident, $dq64:ident, $dkv128:ident, $dkv64:ident, $cast:ident, $step:ident, $feature:ident, $prep:ident, $fin:ident) => {
         impl LinearAttentionElement for $t {
             fn linear_attention_launch(
                 a: &LinearAttention<'_, Self>, d: Dims, o: &mut Tensor<Self>, h_last: Option<&mut Tensor<f32>>,
@@ -917,6 +981,8 @@ macro_rules! linear_attention_element {
                 let mut dbc = bw.dbeta.map(|t| t.view_mut(&[rows, len, 1], &[len, 1, 1])).transpose()?;
                 let keep_dh0 = bw.dh0.is_some();
                 let mut dh0 = bw.dh0.map(|t| t.view_mut(&[rows, dk, dv], &[dk * dv, dv, 1])).transpose()?;
+                let gv = a.gate_decays.map(|t| t.view(&[t.numel(), 1], &[1, 1])).transpose()?;
+                let mut dgl = bw.dgl.map(|t| t.view_mut(&[t.numel(), 1], &[1, 1])).transpose()?;
                 let flag = |b: bool| i32::from(b);
                 let scale = a.scale.unwrap_or(1.0 / (dk as f32).sqrt());
                 let (bhtd, has_g, has_beta) = (flag(a.layout == AttentionLayout::Bhsd), flag(a.g.is_some()), flag(a.beta.is_some()));
@@ -947,6 +1013,8 @@ macro_rules! linear_attention_element {
                             has_g,
                             has_beta,
                             flag(a.h0.is_some()),
+                            &Optional(gv.as_ref(), 2),
+                            flag(gv.is_some()),
                             scale,
                         )?;
                         drop(hsave);
@@ -978,6 +1046,9 @@ macro_rules! linear_attention_element {
                             has_beta,
                             flag(bw.dh_last.is_some()),
                             flag(keep_dh0),
+                            &Optional(gv.as_ref(), 2),
+                            &mut OptionalMut(dgl.as_mut(), 2),
+                            flag(gv.is_some()),
                             scale,
                         )
                     }};
@@ -1059,6 +1130,38 @@ macro_rules! linear_attention_element {
                 )
             }
 
+            fn gla_finish_launch(
+                a: &LinearAttention<'_, Self>, d: Dims, dqh: &Tensor<Self>, dkh: &Tensor<Self>, dgl: &Tensor<f32>, out: GlaGrads<'_, Self>,
+            ) -> Result<()> {
+                let Dims { batch, k_heads, len, dk, .. } = d;
+                let i = dk_variant($fin::VARIANTS, dk)?;
+                let (shape, strides) = heads_dims(a.layout, batch, k_heads, len, dk);
+                let (q, k) = (a.q.view(&shape, &strides)?, a.k.view(&shape, &strides)?);
+                let (dqv, dkv) = (dqh.view(&shape, &strides)?, dkh.view(&shape, &strides)?);
+                let g = a.gates.map(|t| t.view(&shape, &strides)).transpose()?;
+                let n = dgl.numel();
+                let dglv = dgl.view(&[n / dk, dk], &[dk, 1])?;
+                let GlaGrads { dq, dk: dkt, dg } = out;
+                let (mut dqo, mut dko, mut dgo) =
+                    (dq.view_mut(&shape, &strides)?, dkt.view_mut(&shape, &strides)?, dg.view_mut(&shape, &strides)?);
+                $fin::launch_variant(
+                    i,
+                    a.device,
+                    ((batch * k_heads) as u32, Grid::tiles(len, 64)),
+                    &q,
+                    &k,
+                    &Optional(g.as_ref(), 3),
+                    &dqv,
+                    &dkv,
+                    &dglv,
+                    &mut dqo,
+                    &mut dko,
+                    &mut dgo,
+                    k_heads as i32,
+                    i32::from(a.layout == AttentionLayout::Bhsd),
+                )
+            }
+
             fn feature_launch(device: &Device, x: &Tensor<Self>, dy: Option<&Tensor<Self>>, y: &mut Tensor<Self>, kind: i32) -> Result<()> {
                 let rows = x.shape().iter().product::<usize>() / 64;
                 let xv = x.view(&[rows, 64], &[64, 1])?;
@@ -1084,7 +1187,8 @@ linear_attention_element!(
     cast_from_f32_bf16,
     linear_attention_step_bf16,
     feature_map_rows_bf16,
-    gla_prepare_bf16
+    gla_prepare_bf16,
+    gla_finish_bf16
 );
 linear_attention_element!(
     tessera::f16,
@@ -1097,7 +1201,8 @@ linear_attention_element!(
     cast_from_f32_f16,
     linear_attention_step_f16,
     feature_map_rows_f16,
-    gla_prepare_f16
+    gla_prepare_f16,
+    gla_finish_f16
 );
 
 /// The feature map `φ` a [`LinearAttention`] applies to q and k: `o_t = scale·φ(q_t)·H_t`,
@@ -1198,8 +1303,10 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
     /// β_t·k_tᵀv_t`. q and k need the same number of heads; not with [`decay`](Self::decay).
     /// A pass scales q and k by each 64-step chunk's running gates first ([`gla_prepare`]), so
     /// a chunk's total gate on a channel, `Σ g`, must stay above about −80 (f32's range; GLA's
-    /// `logsigmoid(x)/16` gates stay far inside it). Forward and decode step; the backward of
-    /// gates is not built yet ([`backward`](Self::backward) refuses them).
+    /// `logsigmoid(x)/16` gates stay far inside it). Forward, backward (the gates' gradient as
+    /// the difference `q̂·dq̂ − k̂·dk̂` of the walks' 16-bit gradients, as flash-linear-attention's
+    /// `chunk_gla` takes it, plus each chunk decay's share `rowsum(dH ∘ H)`: about 1e-2
+    /// relative for gates near −0.1 a step, 1.7e-2 at −0.6) and decode step.
     pub fn gates(mut self, g: &'a Tensor<f32>) -> Self {
         self.gates = Some(g);
         self
@@ -1300,9 +1407,31 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
     pub fn backward(&self, dout: &Tensor<T>, dh_last: Option<&Tensor<f32>>) -> Result<LinearAttentionGrads<T>> {
         let d = self.dims(dout, dh_last, true)?;
         let dev = self.device;
-        if self.gates.is_some() {
-            return Err(self.arg("gates", "no per-channel gates: their backward is not built yet".into(), "gates".into()));
+        if self.gates.is_some() && d.batch * d.heads * d.len > 0 {
+            // The walks on q̂, k̂ with the chunks' decays on the state's rows, then the gates'
+            // own gradient and dq, dk back through the scaling (`gla_finish`).
+            let (mut qh, mut kh) = (Tensor::<T>::scratch(dev, self.q.shape())?, Tensor::<T>::scratch(dev, self.k.shape())?);
+            let mut gv = Tensor::<f32>::scratch(dev, &[d.batch * d.k_heads * d.len.div_ceil(64), d.dk])?;
+            T::gla_prepare_launch(self, d, &mut qh, &mut kh, &mut gv)?;
+            let mut dgl = Tensor::<f32>::zeros(dev, gv.shape())?;
+            let prepared = LinearAttention { q: &qh, k: &kh, gates: None, gate_decays: Some(&gv), ..*self };
+            let mut grads = prepared.walk_back(d, dout, dh_last, Some(&mut dgl))?;
+            let mut dq = Tensor::<T>::scratch(dev, self.q.shape())?;
+            let mut dk = Tensor::<T>::scratch(dev, self.k.shape())?;
+            let mut dg = Tensor::<f32>::scratch(dev, self.k.shape())?;
+            T::gla_finish_launch(self, d, &grads.dq, &grads.dk, &dgl, GlaGrads { dq: &mut dq, dk: &mut dk, dg: &mut dg })?;
+            (grads.dq, grads.dk, grads.dg) = (dq, dk, Some(dg));
+            return Ok(grads);
         }
+        self.walk_back(d, dout, dh_last, None)
+    }
+
+    /// The two walks of [`backward`](Self::backward) (with `dgl` where the state's rows carry
+    /// per-channel decays).
+    fn walk_back(
+        &self, d: Dims, dout: &Tensor<T>, dh_last: Option<&Tensor<f32>>, dgl: Option<&mut Tensor<f32>>,
+    ) -> Result<LinearAttentionGrads<T>> {
+        let dev = self.device;
         if self.feature != FeatureMap::Identity {
             // The gradients of φ(q) and φ(k), then through φ′.
             let (q, k) = self.mapped()?;
@@ -1327,7 +1456,8 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
         let mut dh0 = self.h0.map(|h| Tensor::<f32>::zeros(dev, h.shape())).transpose()?;
         // With a decay: each chunk's starting state (16-bit), for the decay's gradient.
         let (rows, chunks) = (d.batch * d.heads, d.len.div_ceil(64));
-        let mut hsave = self.g.map(|_| Tensor::<T>::scratch(dev, &[rows * chunks, d.dk, d.dv])).transpose()?;
+        let saves = self.g.is_some() || self.gate_decays.is_some();
+        let mut hsave = saves.then(|| Tensor::<T>::scratch(dev, &[rows * chunks, d.dk, d.dv])).transpose()?;
         let empty = d.batch == 0 || d.heads == 0 || d.len == 0;
         if !empty {
             let bw = Backward {
@@ -1342,6 +1472,7 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
                 dbeta: dbeta.as_mut(),
                 dh0: dh0.as_mut(),
                 hsave: hsave.as_mut(),
+                dgl,
             };
             T::linear_attention_bwd_launch(self, d, bw)?;
         } else if let (Some(d0), Some(dl)) = (dh0.as_mut(), dh_last) {
