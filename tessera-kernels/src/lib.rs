@@ -259,6 +259,18 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
     .concat()
 }
 
+/// The variant of a `tune(..)` kernel whose `knob` is `value`, or an [`tessera::Error::Argument`]
+/// of `kernel` naming `arg`, what was `expected` and the value found as `found`.
+pub(crate) fn knob_variant(
+    variants: &[&tessera::KernelSpec], knob: &str, value: usize, kernel: &'static str, arg: &str, expected: &str, found: String,
+) -> tessera::Result<usize> {
+    variants.iter().position(|v| v.knob(knob) == Some(value as i64)).ok_or_else(|| tessera::Error::Argument {
+        kernel,
+        arg: arg.into(),
+        expected: expected.into(),
+        found,
+    })
+}
 /// Checks that `t` is a 2-D tensor, naming the argument otherwise.
 pub(crate) fn check_2d<T: tessera::Element>(kernel: &'static str, arg: &str, t: &tessera::Tensor<T>) -> tessera::Result<(usize, usize)> {
     match *t.shape() {

@@ -665,6 +665,18 @@ pub fn linear_attention_step(
     o.store([bh, 0, col], ((s * q.load::<Tile<T, DK, 1>>([qp, 0, 0]).cast::<f32>()).sum(0) * scale).cast::<T>());
 }
 
+/// The chunk of `gla_prepare`'s and `gla_finish`'s block: chunk `block::id_y()` of q/k head
+/// `block::id_x()` of a sequence of `len` — its plane and first column in the rank-3 views, its
+/// first step, and its row of the per-chunk decays (`head·chunks + chunk`).
+#[device]
+pub fn gla_chunk<const DK: usize>(heads: i32, bhtd: i32, len: i32) -> (i32, i32, i32, i32) {
+    let bh = block::id_x();
+    let c = block::id_y();
+    let b = bh / heads;
+    let (plane, col) = head_origin(b, bh - b * heads, heads, DK, bhtd);
+    (plane, col, c * 64, bh * ((len + 63) / 64) + c)
+}
+
 /// Per-channel gates (GLA): for chunk `block::id_y()` of q/k head `block::id_x()` (rank-3
 /// views as the attention's, `g` as k), with `G` the chunk's running sum of `g` down its steps,
 /// `qh = q ∘ exp(G)`, `kh = k ∘ exp(−G)` and each channel's decay over the chunk `exp(G_last)`
@@ -674,18 +686,14 @@ pub fn linear_attention_step(
 pub fn gla_prepare(
     q: Global<T, 3>, k: Global<T, 3>, g: Global<f32, 3>, qh: Global<T, 3>, kh: Global<T, 3>, gv: Global<f32, 2>, heads: i32, bhtd: i32,
 ) {
-    let bh = block::id_x();
-    let c = block::id_y();
-    let b = bh / heads;
-    let (plane, col) = head_origin(b, bh - b * heads, heads, DK, bhtd);
-    let t0 = c * 64;
+    let (plane, col, t0, row) = gla_chunk::<DK>(heads, bhtd, q.dim(1));
     // 64 channels at a time (a 64×DK tile of each would not fit in registers).
     for j in (0..DK).step_by(64) {
         let gt = g.load_or::<Tile<f32, 64, 64>>([plane, t0, col + j], 0.0) * f32::consts::LOG2_E;
         let cum = tile_scan::<scan_add>(gt, 0, 0.0);
         qh.store([plane, t0, col + j], (q.load::<Tile<T, 64, 64>>([plane, t0, col + j]).cast::<f32>() * exp2(cum)).cast::<T>());
         kh.store([plane, t0, col + j], (k.load::<Tile<T, 64, 64>>([plane, t0, col + j]).cast::<f32>() * exp2(cum * -1.0)).cast::<T>());
-        gv.store([bh * ((q.dim(1) + 63) / 64) + c, j], exp2(col_sum(gt)));
+        gv.store([row, j], exp2(col_sum(gt)));
     }
 }
 
@@ -698,11 +706,7 @@ pub fn gla_finish(
     q: Global<T, 3>, k: Global<T, 3>, g: Global<f32, 3>, dqh: Global<T, 3>, dkh: Global<T, 3>, dgl: Global<f32, 2>, dq: Global<T, 3>,
     dk: Global<T, 3>, dg: Global<f32, 3>, heads: i32, bhtd: i32,
 ) {
-    let bh = block::id_x();
-    let c = block::id_y();
-    let b = bh / heads;
-    let (plane, col) = head_origin(b, bh - b * heads, heads, DK, bhtd);
-    let t0 = c * 64;
+    let (plane, col, t0, row) = gla_chunk::<DK>(heads, bhtd, q.dim(1));
     // 32 channels at a time: nine 64-row tiles of them live at once.
     for j in (0..DK).step_by(32) {
         let cum = tile_scan::<scan_add>(g.load_or::<Tile<f32, 64, 32>>([plane, t0, col + j], 0.0) * f32::consts::LOG2_E, 0, 0.0);
@@ -716,7 +720,7 @@ pub fn gla_finish(
         dk.store([plane, t0, col + j], (dk_hat * ek).cast::<T>());
         let dgt = qt * eq * dq_hat - kt * ek * dk_hat;
         let after = col_sum(dgt) - tile_scan_exclusive::<scan_add>(dgt, 0, 0.0);
-        dg.store([plane, t0, col + j], after + dgl.load::<Tile<f32, 1, 32>>([bh * ((q.dim(1) + 63) / 64) + c, j]));
+        dg.store([plane, t0, col + j], after + dgl.load::<Tile<f32, 1, 32>>([row, j]));
     }
 }
 
@@ -886,12 +890,7 @@ fn rows_cols(t: Option<&Tensor<f32>>, rows: usize, len: usize) -> Result<RowsCol
 
 /// The variant of a `tune(DK = [..])` kernel for key head dim `dk`, or the error naming `k`.
 fn dk_variant(variants: &[&tessera::KernelSpec], dk: usize) -> Result<usize> {
-    variants.iter().position(|v| v.knob("DK") == Some(dk as i64)).ok_or_else(|| Error::Argument {
-        kernel: "linear_attention",
-        arg: "k".into(),
-        expected: "a key head dim of 64 or 128".into(),
-        found: format!("{dk}"),
-    })
+    crate::knob_variant(variants, "DK", dk, "linear_attention", "k", "a key head dim of 64 or 128", format!("{dk}"))
 }
 
 macro_rules! linear_attention_element {

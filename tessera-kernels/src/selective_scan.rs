@@ -325,12 +325,7 @@ fn rows_of<T: Element>(t: &Tensor<T>, rows: usize, len: usize) -> Result<tessera
 
 /// The variant of a `tune(N = [16, 32, 64])` kernel for `states`, or the error naming `a`.
 fn state_variant(variants: &[&tessera::KernelSpec], states: usize) -> Result<usize> {
-    variants.iter().position(|v| v.knob("N") == Some(states as i64)).ok_or_else(|| Error::Argument {
-        kernel: "selective_scan",
-        arg: "a".into(),
-        expected: "d_state 16, 32 or 64".into(),
-        found: format!("d_state {states}"),
-    })
+    crate::knob_variant(variants, "N", states, "selective_scan", "a", "d_state 16, 32 or 64", format!("d_state {states}"))
 }
 
 /// The scan's inputs as the forward and backward kernels take them: `u`, `delta`, `z` as
