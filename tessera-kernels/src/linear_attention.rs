@@ -1300,9 +1300,10 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
     /// `[batch, heads, seq, dk]`, f32, natural-log units, ≤ 0): row `i` of the state is
     /// multiplied by `exp(g_t[i])` before step t adds to it, `H_t = diag(exp(g_t))·H_{t−1} +
     /// β_t·k_tᵀv_t`. q and k need the same number of heads; not with [`decay`](Self::decay).
-    /// A pass scales q and k by each 64-step chunk's running gates first ([`gla_prepare`](crate::kernels::gla_prepare_bf16)), so
-    /// a chunk's total gate on a channel, `Σ g`, must stay above about −80 (f32's range; GLA's
-    /// `logsigmoid(x)/16` gates stay far inside it). Forward, backward (the gates' gradient as
+    /// A pass scales q and k by each 64-step chunk's running gates first
+    /// ([`gla_prepare`](crate::kernels::gla_prepare_bf16)), so a chunk's total gate on a
+    /// channel, `Σ g`, must stay above about −80 (f32's range; GLA's `logsigmoid(x)/16` gates
+    /// stay far inside it). Forward, backward (the gates' gradient as
     /// the difference `q̂·dq̂ − k̂·dk̂` of the walks' 16-bit gradients, as flash-linear-attention's
     /// `chunk_gla` takes it, plus each chunk decay's share `rowsum(dH ∘ H)`: about 1e-2
     /// relative for gates near −0.1 a step, 1.7e-2 at −0.6) and decode step.
