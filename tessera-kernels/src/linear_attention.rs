@@ -1018,8 +1018,10 @@ macro_rules! linear_attention_element {
                         )?;
                         drop(hsave);
                         let hsave = bw.hsave.as_deref().map(|t| state_view(t, rows * chunks, dk, dv)).transpose()?;
+                        // The reverse walk's own variant: its list need not be the first's (a
+                        // variant over the shared memory is dropped from one kernel alone).
                         $dkv::launch_variant(
-                            i,
+                            dk_variant($dkv::VARIANTS, dk)?,
                             a.device,
                             Grid::from(rows as u32),
                             &q,
