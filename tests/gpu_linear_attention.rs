@@ -616,3 +616,35 @@ fn interp_linear_attention_steps_match_recurrence() {
     run_steps(&dev, Case { feature: FeatureMap::Relu, ..gated(case(5, 64, 64)) });
     run_steps(&dev, Case { gates: true, beta: true, h0: true, ..case(5, 64, 128) });
 }
+
+/// Every kernel of the linear attention keeps a variant for both key head dims: one dropped at
+/// build time (over the shared memory, say) would leave a head dim without its kernel, or a
+/// launch that takes another kernel's variant index onto the wrong one.
+#[test]
+fn every_key_head_dim_has_its_kernels() {
+    use tessera_kernels::kernels::*;
+    let kernels: [(&str, &[&tessera::KernelSpec]); 18] = [
+        ("fwd", linear_attention_fwd_bf16::VARIANTS),
+        ("fwd f16", linear_attention_fwd_f16::VARIANTS),
+        ("fwd_v64", linear_attention_fwd_v64_bf16::VARIANTS),
+        ("fwd_v64 f16", linear_attention_fwd_v64_f16::VARIANTS),
+        ("bwd_dq", linear_attention_bwd_dq_bf16::VARIANTS),
+        ("bwd_dq f16", linear_attention_bwd_dq_f16::VARIANTS),
+        ("bwd_dq_v64", linear_attention_bwd_dq_v64_bf16::VARIANTS),
+        ("bwd_dq_v64 f16", linear_attention_bwd_dq_v64_f16::VARIANTS),
+        ("bwd_dkv", linear_attention_bwd_dkv_bf16::VARIANTS),
+        ("bwd_dkv f16", linear_attention_bwd_dkv_f16::VARIANTS),
+        ("bwd_dkv_v64", linear_attention_bwd_dkv_v64_bf16::VARIANTS),
+        ("bwd_dkv_v64 f16", linear_attention_bwd_dkv_v64_f16::VARIANTS),
+        ("step", linear_attention_step_bf16::VARIANTS),
+        ("step f16", linear_attention_step_f16::VARIANTS),
+        ("gla_prepare", gla_prepare_bf16::VARIANTS),
+        ("gla_prepare f16", gla_prepare_f16::VARIANTS),
+        ("gla_finish", gla_finish_bf16::VARIANTS),
+        ("gla_finish f16", gla_finish_f16::VARIANTS),
+    ];
+    for (name, variants) in kernels {
+        let dks: Vec<i64> = variants.iter().filter_map(|v| v.knob("DK")).collect();
+        assert!(dks.contains(&128) && dks.contains(&64), "{name}: variants for DK {dks:?}");
+    }
+}
