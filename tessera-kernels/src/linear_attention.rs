@@ -1348,6 +1348,16 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
         Ok((map(self.q)?, map(self.k)?))
     }
 
+    /// With gates: q̂, k̂ and each chunk's decay a key channel (`gla_prepare`), what the
+    /// kernels take in their place.
+    fn gates_prepared(&self, d: Dims) -> Result<(Tensor<T>, Tensor<T>, Tensor<f32>)> {
+        let mut qh = Tensor::<T>::scratch(self.device, self.q.shape())?;
+        let mut kh = Tensor::<T>::scratch(self.device, self.k.shape())?;
+        let mut gv = Tensor::<f32>::scratch(self.device, &[d.batch * d.k_heads * d.len.div_ceil(64), d.dk])?;
+        T::gla_prepare_launch(self, d, &mut qh, &mut kh, &mut gv)?;
+        Ok((qh, kh, gv))
+    }
+
     /// The output's scale (`1/√dk` unless given).
     pub fn scale(mut self, scale: f32) -> Self {
         self.scale = Some(scale);
@@ -1367,10 +1377,7 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
             return self.with_qk(&q, &k).run(o, h_last);
         }
         if self.gates.is_some() && d.batch * d.heads * d.len > 0 {
-            let mut qh = Tensor::<T>::scratch(self.device, self.q.shape())?;
-            let mut kh = Tensor::<T>::scratch(self.device, self.k.shape())?;
-            let mut gv = Tensor::<f32>::scratch(self.device, &[d.batch * d.k_heads * d.len.div_ceil(64), d.dk])?;
-            T::gla_prepare_launch(self, d, &mut qh, &mut kh, &mut gv)?;
+            let (qh, kh, gv) = self.gates_prepared(d)?;
             let prepared = LinearAttention { q: &qh, k: &kh, gates: None, gate_decays: Some(&gv), ..*self };
             return T::linear_attention_launch(&prepared, d, o, h_last);
         }
@@ -1412,9 +1419,7 @@ impl<'a, T: LinearAttentionElement> LinearAttention<'a, T> {
         if self.gates.is_some() && d.batch * d.heads * d.len > 0 {
             // The walks on q̂, k̂ with the chunks' decays on the state's rows, then the gates'
             // own gradient and dq, dk back through the scaling (`gla_finish`).
-            let (mut qh, mut kh) = (Tensor::<T>::scratch(dev, self.q.shape())?, Tensor::<T>::scratch(dev, self.k.shape())?);
-            let mut gv = Tensor::<f32>::scratch(dev, &[d.batch * d.k_heads * d.len.div_ceil(64), d.dk])?;
-            T::gla_prepare_launch(self, d, &mut qh, &mut kh, &mut gv)?;
+            let (qh, kh, gv) = self.gates_prepared(d)?;
             let mut dgl = Tensor::<f32>::zeros(dev, gv.shape())?;
             let prepared = LinearAttention { q: &qh, k: &kh, gates: None, gate_decays: Some(&gv), ..*self };
             let mut grads = prepared.walk_back(d, dout, dh_last, Some(&mut dgl))?;

@@ -155,10 +155,7 @@ macro_rules! ssd_element {
             fn steps_backward_launch(s: &Ssd<'_, Self>, m: StepSums<'_, Self>) -> Result<()> {
                 let [batch, len, heads, p] = *s.x.shape() else { unreachable!("checked by Ssd::dims") };
                 let rows = batch * heads;
-                let i = $back::VARIANTS
-                    .iter()
-                    .position(|v| v.knob("P") == Some(p as i64))
-                    .ok_or_else(|| s.arg("x", "a head dim of 64 or 128".into(), format!("{p}")))?;
+                let i = crate::knob_variant($back::VARIANTS, "P", p, "ssd", "x", "a head dim of 64 or 128", format!("{p}"))?;
                 let (delta, dg, dbeta) = (steps_view(m.delta, rows, len)?, steps_view(m.dg, rows, len)?, steps_view(m.dbeta, rows, len)?);
                 let wide = [batch, len, heads * p];
                 let wide_strides = [len * heads * p, heads * p, 1];
