@@ -737,6 +737,14 @@ impl Frontend {
                     );
                 }
                 let stages = int_const(&c.args[0], "the number of stages must be a constant")?;
+                // The ring's bytes, checked before any product of them can overflow.
+                let bytes = u64::from(rows) * u64::from(cols) * u64::from(dtype.size()) * u64::from(stages);
+                if stages == 0 || bytes > MAX_RING_BYTES {
+                    return err(
+                        c,
+                        format!("a ring holds 1 or more stages of at most {MAX_RING_BYTES} bytes in all (227 KB of shared memory); found {stages} stages of {rows}×{cols} {dtype}, {bytes} bytes"),
+                    );
+                }
                 let row_bytes = cols * dtype.size();
                 let swizzle = if want == 2 {
                     int_const(&c.args[1], "the swizzle must be a constant: 128, 64, 32 or 0")?
@@ -1262,8 +1270,15 @@ fn tile_args(seg: &syn::PathSegment, name: &str) -> R<TileType> {
     Ok(TileType { dtype, rows, cols })
 }
 
+/// The largest tile dimension: no block holds more (a row of 16384 f32 is 64 KB), and products
+/// of dimensions, element sizes and lane counts stay far inside `u32`.
+const MAX_TILE_DIM: u32 = 16384;
+
+/// The most shared memory one ring may take: all of a Hopper block's 227 KB.
+const MAX_RING_BYTES: u64 = 227 * 1024;
+
 fn tile_dim(a: &syn::GenericArgument) -> R<u32> {
-    let v = const_arg(a, "a tile dimension")?;
+    let v = dim_arg(a)?;
     if v == 0 || !v.is_power_of_two() {
         return err(a, format!("tile dimensions are powers of two, found {v}"));
     }
@@ -1284,7 +1299,7 @@ fn smem_rows(a: &syn::GenericArgument) -> R<u32> {
 
 /// A dimension that is a power of two or a multiple of 8; `what` begins the error.
 fn pow2_or_multiple_of_8(a: &syn::GenericArgument, what: &str) -> R<u32> {
-    let v = const_arg(a, "a tile dimension")?;
+    let v = dim_arg(a)?;
     if v == 0 || !(v.is_power_of_two() || v.is_multiple_of(8)) {
         return err(a, format!("{what} a power of two or a multiple of 8, found {v}"));
     }
@@ -1304,6 +1319,15 @@ fn type_arg(a: &syn::GenericArgument) -> R<&syn::Type> {
         syn::GenericArgument::Type(t) => Ok(t),
         other => err(other, "expected a dtype: `f32`, `bf16` or `f16`"),
     }
+}
+
+/// A tile dimension: a constant generic argument of at most [`MAX_TILE_DIM`].
+fn dim_arg(a: &syn::GenericArgument) -> R<u32> {
+    let v = const_arg(a, "a tile dimension")?;
+    if v > MAX_TILE_DIM {
+        return err(a, format!("a tile dimension is at most {MAX_TILE_DIM}, found {v}"));
+    }
+    Ok(v)
 }
 
 /// A constant integer generic argument: a literal, or a constant expression in braces (`{ 128 / 2 }`,

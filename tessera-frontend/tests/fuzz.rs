@@ -365,4 +365,10 @@ fn regressions() {
     // A `tune` value of 2³¹ as a tile's width: 16 × 2³¹ elements overflowed u32 in the size check.
     let (attr, wide) = ("tune(D = [2147483648, 64])", "fn k(x: Global<f32, 2>) {\n    let t = Tile::<f32, 16, D>::zeros();\n}");
     check(attr.parse().expect("tokens"), wide.parse().expect("tokens")).unwrap_or_else(|e| panic!("{wide}: {e}"));
+    // A ring 2³⁰ columns wide: its row bytes overflowed u32 in the parser (CI, session 20).
+    for ring in ["Smem::<bf16, 64, 1073741824>::ring(2)", "Smem::<f32, 128, 128>::ring(4000000)", "Smem::<f32, 64, 64>::ring(0)"] {
+        let k = format!("fn k(x: Global<f32, 2>) {{\n    let s = {ring};\n}}");
+        check(TokenStream::new(), k.parse().expect("tokens")).unwrap_or_else(|e| panic!("{k}: {e}"));
+        assert!(tessera_frontend::compile(TokenStream::new(), k.parse().unwrap()).is_err(), "{ring} accepted");
+    }
 }

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# On the GPU machine: builds mamba-ssm's selective scan forward CUDA kernel (the baseline of the
+# bench's `selective_scan fwd` row) with the machine's nvcc and PyTorch's c10 headers, and runs
+# it at the bench's shape. Usage: bash scripts/mamba-selective-scan.sh <mamba_src> [batch dim len
+# d_state]. `mamba_src` is the mamba-ssm 2.3.1 sdist unpacked (`scripts/fetch-baselines.sh`).
+set -euo pipefail
+src="$1"; shift
+torch="$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))')"
+out="${TMPDIR:-/tmp}/mamba_selective_scan"
+nvcc -O3 -std=c++17 -arch=sm_90a --use_fast_math --expt-relaxed-constexpr --expt-extended-lambda \
+  -U__CUDA_NO_HALF_OPERATORS__ -U__CUDA_NO_HALF_CONVERSIONS__ -U__CUDA_NO_BFLOAT16_OPERATORS__ \
+  -U__CUDA_NO_BFLOAT16_CONVERSIONS__ -U__CUDA_NO_BFLOAT162_OPERATORS__ -U__CUDA_NO_BFLOAT162_CONVERSIONS__ \
+  -I "$src/csrc/selective_scan" -I "$torch/include" -L "$torch/lib" -lc10 -lc10_cuda -Xlinker -rpath="$torch/lib" \
+  "$(dirname "$0")/../benches/mamba_selective_scan.cu" -o "$out"
+"$out" "$@"
