@@ -12,7 +12,9 @@
 //! `TESSERA_TORCH_SCANS_SCRIPT` overrides its path); the selective scan's decode step has
 //! mamba-ssm's Triton kernel beside it (`benches/mamba_step.py`, which says what it needs), the
 //! linear attention flash-linear-attention's (`benches/fla_linear_attn.py`, likewise), Mamba-2's
-//! SSD mamba-ssm's Triton `mamba_chunk_scan_combined` (`benches/mamba_ssd.py`).
+//! SSD mamba-ssm's Triton `mamba_chunk_scan_combined` (`benches/mamba_ssd.py`), and the selective
+//! scan's forward mamba-ssm's own CUDA kernel (`scripts/mamba-selective-scan.sh`, built there
+//! with nvcc from the sources `scripts/fetch-baselines.sh` fetches).
 
 use criterion::Criterion;
 use std::time::Duration;
@@ -64,6 +66,29 @@ fn torch_scans(rows: usize, cols: usize) -> Result<Vec<(String, f64)>, String> {
 fn mamba_step(batch: usize, dim: usize, dstate: usize) -> Result<f64, String> {
     let lines = python_baseline("TESSERA_MAMBA_STEP_SCRIPT", "mamba_step.py", &[batch, dim, dstate])?;
     lines.iter().find(|(name, _)| name == "ms").map(|&(_, ms)| ms).ok_or_else(|| "mamba_step.py printed no `ms` line".to_string())
+}
+
+/// mamba-ssm's selective scan forward CUDA kernel at one shape, in ms, or why there is none:
+/// `scripts/mamba-selective-scan.sh` builds it with the machine's nvcc from mamba-ssm's sources
+/// (`TESSERA_MAMBA_CSRC`, else `mamba_csrc` or `.gpu2/mamba_csrc` as
+/// `scripts/fetch-baselines.sh` leaves them) and runs it.
+fn mamba_scan(batch: usize, dim: usize, len: usize, dstate: usize) -> Result<f64, String> {
+    let found = |paths: &[&str]| paths.iter().find(|p| std::path::Path::new(p).exists()).map(|p| p.to_string());
+    let csrc = std::env::var("TESSERA_MAMBA_CSRC").ok().or_else(|| found(&["mamba_csrc", ".gpu2/mamba_csrc"])).ok_or("no mamba_csrc")?;
+    let script =
+        found(&["scripts/mamba-selective-scan.sh", "../scripts/mamba-selective-scan.sh"]).ok_or("no scripts/mamba-selective-scan.sh")?;
+    let out = std::process::Command::new("bash")
+        .arg(&script)
+        .arg(&csrc)
+        .args([batch, dim, len, dstate].iter().map(|a| a.to_string()))
+        .output()
+        .map_err(|e| format!("bash {script}: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("mamba_selective_scan_fwd"))
+        .ok_or_else(|| format!("{script}: {}", String::from_utf8_lossy(&out.stderr)))?;
+    line.rsplit(' ').next().and_then(|ms| ms.parse::<f64>().ok()).ok_or_else(|| format!("{script}: `{line}`"))
 }
 
 fn main() {
@@ -324,6 +349,10 @@ fn main() {
         let scan = tessera_kernels::SelectiveScan::new(&dev, &u, &delta, &a, &bm, &cm).d(&dskip).z(&z).delta_softplus(true);
         let mut f = || scan.run(&mut y, &mut h).expect("selective scan");
         norm_rows.push((format!("selective_scan fwd {b}x{ch}x{l} N{n}"), bytes, time_ms(&dev, 3, 10, &mut f)));
+        match mamba_scan(b, ch, l, n) {
+            Ok(ms) => norm_rows.push((format!("  mamba cuda fwd {b}x{ch}x{l} N{n}"), bytes, ms)),
+            Err(why) => println!("memory_bound: no mamba selective scan baseline: {why}"),
+        }
         // The backward (gradients allocated and zeroed in each call): u, delta, z, dout, B, C
         // read, du, ddelta, dz written (bf16), dB and dC added into (f32, per channel).
         let dout = t(&[b, ch, l]);

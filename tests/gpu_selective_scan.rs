@@ -279,6 +279,11 @@ fn cases(dev: &Device) -> Vec<Case> {
             c(1, 4, 2, 32, 130, true),
             c(1, 2, 1, 64, 70, true),
             c(2, 140, 2, 16, 3, true),
+            // 128 channels of a group, rows of 16 bytes: a thread a channel
+            // (`selective_scan_fwd_rows`; bf16 at 12 steps falls back).
+            c(1, 128, 1, 16, 24, true),
+            c(2, 256, 2, 32, 12, true),
+            c(1, 128, 1, 64, 8, false),
         ]
     } else {
         vec![
@@ -291,6 +296,13 @@ fn cases(dev: &Device) -> Vec<Case> {
             c(1, 8, 4, 32, 4099, true),
             c(2, 4, 1, 64, 1000, false),
             c(1, 3, 3, 64, 4099, true),
+            // 128 channels of a group, rows of 16 bytes: a thread a channel
+            // (`selective_scan_fwd_rows`; a last chunk of 4 steps in f32 at 1004, bf16 falls
+            // back there).
+            c(3, 128, 1, 16, 1, true),
+            c(2, 256, 1, 16, 1000, true),
+            c(1, 256, 2, 32, 4104, true),
+            c(2, 128, 1, 64, 1004, false),
         ]
     }
 }

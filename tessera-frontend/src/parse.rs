@@ -737,14 +737,6 @@ impl Frontend {
                     );
                 }
                 let stages = int_const(&c.args[0], "the number of stages must be a constant")?;
-                // The ring's bytes, checked before any product of them can overflow.
-                let bytes = u64::from(rows) * u64::from(cols) * u64::from(dtype.size()) * u64::from(stages);
-                if stages == 0 || bytes > MAX_RING_BYTES {
-                    return err(
-                        c,
-                        format!("a ring holds 1 or more stages of at most {MAX_RING_BYTES} bytes in all (227 KB of shared memory); found {stages} stages of {rows}×{cols} {dtype}, {bytes} bytes"),
-                    );
-                }
                 let row_bytes = cols * dtype.size();
                 let swizzle = if want == 2 {
                     int_const(&c.args[1], "the swizzle must be a constant: 128, 64, 32 or 0")?
@@ -1273,9 +1265,6 @@ fn tile_args(seg: &syn::PathSegment, name: &str) -> R<TileType> {
 /// The largest tile dimension: no block holds more (a row of 16384 f32 is 64 KB), and products
 /// of dimensions, element sizes and lane counts stay far inside `u32`.
 const MAX_TILE_DIM: u32 = 16384;
-
-/// The most shared memory one ring may take: all of a Hopper block's 227 KB.
-const MAX_RING_BYTES: u64 = 227 * 1024;
 
 fn tile_dim(a: &syn::GenericArgument) -> R<u32> {
     let v = dim_arg(a)?;

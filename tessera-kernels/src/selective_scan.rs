@@ -13,7 +13,7 @@
 //! parallelism is `batch × channels`. The state is f32; the last
 //! one is stored for the next call (chunked prefill) and may start from one given.
 
-use crate::prelude::{linear_recurrence_chunk, scan_linear, softplus};
+use crate::prelude::{drain_stages, fill_stages, linear_recurrence_chunk, scan_linear, softplus};
 use tessera::{device, kernel, Device, Element, Error, Grid, Optional, OptionalMut, Result, Tensor};
 
 /// `selective_scan` for `N` states (`d_state`): `u`, `delta`, `z`, `y` as `[batch·channels, L]`
@@ -74,6 +74,116 @@ pub fn selective_scan_fwd(
         y.store([row, t], out.cast::<T>());
     }
     h_last.store([row * N, 0], h);
+}
+
+/// Channels a block of `selective_scan_fwd_rows` takes: one a thread.
+const ROWS_CHANNELS: usize = 128;
+
+/// `selective_scan_fwd` with a thread a channel, for 128 channels of one (batch, group) a block
+/// (`channels / groups` a multiple of 128, rows of Δ, u, z a multiple of 16 bytes), three
+/// warpgroups. A producer brings each 8-step chunk of Δ, u, z (128×8 boxes), B and C (N×8, f32)
+/// into a ring of shared memory by TMA. Two consumers take half of the states each: a
+/// `Tile<_, 128, 8>` holds one row a thread, so a chunk's recurrence is serial in registers (no
+/// lane exchanges), and a consumer's states go one after another (an unrolled loop; their
+/// carries and `A·log₂e` in shared memory, a row a thread), so that `y`'s sum over them stays in
+/// the thread; the second consumer's half of `y` meets the first's in shared memory. Per state
+/// and step: one `ex2`, the scan's multiply-adds and `C·h`. Arguments as `selective_scan_fwd`,
+/// but `bm`, `cm` f32, `a` `[channels, N]`, `h0` and `h_last` `[batch·channels, N]`, `dskip` and
+/// `bias` `[channels, 1]`.
+#[kernel(dtypes(T = [bf16, f32]), tune(N = [16, 32, 64]), warpgroups = 3)]
+pub fn selective_scan_fwd_rows(
+    u: Global<T, 2>, delta: Global<T, 2>, a: Global<f32, 2>, bm: Global<f32, 2>, cm: Global<f32, 2>, dskip: Global<f32, 2>,
+    z: Global<T, 2>, bias: Global<f32, 2>, h0: Global<f32, 2>, y: Global<T, 2>, h_last: Global<f32, 2>, channels: i32, groups: i32,
+    has_d: i32, has_z: i32, softplus: i32, has_h0: i32, has_bias: i32,
+) {
+    let blocks = channels / 128;
+    let b = block::id_x() / blocks;
+    let d0 = (block::id_x() - b * blocks) * 128;
+    let row0 = b * channels + d0;
+    let srow = (b * groups + d0 / (channels / groups)) * N;
+    let len = u.dim(1);
+    let chunks = (len + 7) / 8;
+    let sx = Smem::<T, 128, 8>::ring_swizzled(8, 0);
+    let su = Smem::<T, 128, 8>::ring_swizzled(8, 0);
+    let sz = Smem::<T, 128, 8>::ring_swizzled(8, 0);
+    let sb = Smem::<f32, N, 8>::ring_swizzled(8, 0);
+    let sc = Smem::<f32, N, 8>::ring_swizzled(8, 0);
+    // State n's carry and A·log₂e for the block's channels: row i is a consumer's thread i's.
+    let hs = Smem::<f32, 128, 1>::ring(N);
+    let a2 = Smem::<f32, 128, 1>::ring(N);
+    // The second consumer's part of y, by chunk parity.
+    let sy = Smem::<f32, 128, 8>::ring_swizzled(2, 0);
+    let pipe = Pipeline::<8>::new(2);
+    if warpgroup::id() == 0 {
+        setmaxnreg(40);
+        fill_stages(pipe, chunks, |s, c| {
+            tma::load(sx.at(s), delta, [row0, c * 8], pipe);
+            tma::load(su.at(s), u, [row0, c * 8], pipe);
+            if has_z == 1 {
+                tma::load(sz.at(s), z, [row0, c * 8], pipe);
+            }
+            tma::load(sb.at(s), bm, [srow, c * 8], pipe);
+            tma::load(sc.at(s), cm, [srow, c * 8], pipe);
+        });
+    } else {
+        setmaxnreg(232);
+        let me = warpgroup::id() - 1;
+        let n0 = me * (N / 2);
+        #[unroll]
+        for n in 0..N / 2 {
+            a2.at(n0 + n).store(a.load::<Tile<f32, 128, 1>>([d0, n0 + n]) * f32::consts::LOG2_E);
+            if has_h0 == 1 {
+                hs.at(n0 + n).store(h0.load::<Tile<f32, 128, 1>>([row0, n0 + n]));
+            } else {
+                hs.at(n0 + n).store(Tile::<f32, 128, 1>::zeros());
+            }
+        }
+        let mut bias_d = Tile::<f32, 128, 1>::zeros();
+        if has_bias == 1 {
+            bias_d = bias.load::<Tile<f32, 128, 1>>([d0, 0]);
+        }
+        let mut skip = Tile::<f32, 128, 1>::zeros();
+        if has_d == 1 {
+            skip = dskip.load::<Tile<f32, 128, 1>>([d0, 0]);
+        }
+        drain_stages(pipe, chunks, |s, c| {
+            let t = c * 8;
+            let x = sx.at(s).load().cast::<f32>() + bias_d;
+            let ut = su.at(s).load().cast::<f32>();
+            let mut dt = x;
+            if softplus == 1 {
+                dt = softplus(x);
+            }
+            // Steps past the end carry the state through: Δ = 0 gives a = 1, b = 0.
+            dt = dt.mask_cols(len - t, 0.0);
+            let du = dt * ut;
+            let mut out = Tile::<f32, 128, 8>::zeros();
+            #[unroll]
+            for n in 0..N / 2 {
+                let mut h = hs.at(n0 + n).load();
+                let states = linear_recurrence_chunk(exp2(dt * a2.at(n0 + n).load()), du * sb.at(s).rows(n0 + n, 1).load(), &mut h);
+                hs.at(n0 + n).store(h);
+                out = out + sc.at(s).rows(n0 + n, 1).load() * states;
+            }
+            if me == 1 {
+                sy.at(c % 2).store(out);
+            }
+            barrier::sync(1, 2);
+            if me == 0 {
+                out = out + sy.at(c % 2).load() + ut * skip;
+                if has_z == 1 {
+                    let zt = sz.at(s).load().cast::<f32>();
+                    let r = rsqrt(1.0 + exp2(zt * -f32::consts::LOG2_E));
+                    out = out * zt * r * r;
+                }
+                y.store([row0, t], out.cast::<T>());
+            }
+        });
+        #[unroll]
+        for n in 0..N / 2 {
+            h_last.store([row0, n0 + n], hs.at(n0 + n).load());
+        }
+    }
 }
 
 /// Channels a block of `selective_scan_bwd` takes, of one (batch, group): their dB and dC
@@ -357,7 +467,7 @@ impl<'a, T: Element> Rows<'a, T> {
 }
 
 macro_rules! selective_scan_element {
-    ($t:ty, $k:ident, $step:ident, $bwd:ident) => {
+    ($t:ty, $k:ident, $rows:ident, $f32rows:path, $step:ident, $bwd:ident) => {
         impl SelectiveScanElement for $t {
             fn selective_scan_bwd_launch(
                 s: &SelectiveScan<'_, Self>, dims @ Dims { batch, channels, groups, states, len }: Dims, dout: &Tensor<Self>,
@@ -462,11 +572,49 @@ macro_rules! selective_scan_element {
             ) -> Result<()> {
                 let dev = s.device;
                 let rows = batch * channels;
+                let flag = |b: bool| i32::from(b);
+                if (channels / groups) % ROWS_CHANNELS == 0 && (len * std::mem::size_of::<Self>()) % 16 == 0 {
+                    // A thread a channel, 128 channels of one group a block, its inputs by TMA
+                    // (whose rows start on 16 bytes).
+                    let i = state_variant($rows::VARIANTS, states)?;
+                    let Rows { u, delta, bm, cm, z, .. } = Rows::of(s, dims)?;
+                    // B and C in f32: each is read by every thread of a block.
+                    let (bm, cm) = ($f32rows(dev, bm)?, $f32rows(dev, cm)?);
+                    let a = s.a.view(&[channels, states], &[states, 1])?;
+                    let h0 = s.h0.map(|h| h.view(&[rows, states], &[states, 1])).transpose()?;
+                    let dskip = s.d.map(|d| d.view(&[channels, 1], &[1, 1])).transpose()?;
+                    let bias = s.delta_bias.map(|d| d.view(&[channels, 1], &[1, 1])).transpose()?;
+                    let mut yv = y.view_mut(&[rows, len], &[len, 1])?;
+                    let mut hv = h_last.view_mut(&[rows, states], &[states, 1])?;
+                    return $rows::launch_variant(
+                        i,
+                        dev,
+                        Grid::from((rows / ROWS_CHANNELS) as u32),
+                        &u,
+                        &delta,
+                        &a,
+                        &bm,
+                        &cm,
+                        &Optional(dskip.as_ref(), 2),
+                        // Without a gate, `u` stands in for it (TMA needs a tensor; it is not read).
+                        z.as_ref().unwrap_or(&u),
+                        &Optional(bias.as_ref(), 2),
+                        &Optional(h0.as_ref(), 2),
+                        &mut yv,
+                        &mut hv,
+                        channels as i32,
+                        groups as i32,
+                        flag(s.d.is_some()),
+                        flag(s.z.is_some()),
+                        flag(s.delta_softplus),
+                        flag(s.h0.is_some()),
+                        flag(s.delta_bias.is_some()),
+                    );
+                }
                 let i = state_variant($k::VARIANTS, states)?;
                 let Rows { u, delta, bm, cm, a, z, h0 } = Rows::of(s, dims)?;
                 let mut yv = y.view_mut(&[rows, len], &[len, 1])?;
                 let mut hv = h_last.view_mut(&[rows * states, 1], &[1, 1])?;
-                let flag = |b: bool| i32::from(b);
                 $k::launch_variant(
                     i,
                     dev,
@@ -494,8 +642,27 @@ macro_rules! selective_scan_element {
         }
     };
 }
-selective_scan_element!(tessera::bf16, selective_scan_fwd_bf16, selective_scan_step_bf16, selective_scan_bwd_bf16);
-selective_scan_element!(f32, selective_scan_fwd_f32, selective_scan_step_f32, selective_scan_bwd_f32);
+selective_scan_element!(
+    tessera::bf16,
+    selective_scan_fwd_bf16,
+    selective_scan_fwd_rows_bf16,
+    crate::elementwise::widened_bf16,
+    selective_scan_step_bf16,
+    selective_scan_bwd_bf16
+);
+selective_scan_element!(
+    f32,
+    selective_scan_fwd_f32,
+    selective_scan_fwd_rows_f32,
+    f32_as_is,
+    selective_scan_step_f32,
+    selective_scan_bwd_f32
+);
+
+/// An f32 view as the kernels take it (the f32 scan's B and C need no widening).
+fn f32_as_is<'a>(_: &Device, v: tessera::TensorView<'a, f32>) -> Result<tessera::TensorView<'a, f32>> {
+    Ok(v)
+}
 
 /// A selective scan (Mamba-1) to run: the required inputs, then builder calls for the
 /// optional ones. `u`, `delta` `[batch, channels, L]`; `a` `[channels, d_state]` (f32,

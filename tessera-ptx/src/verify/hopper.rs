@@ -84,7 +84,8 @@ impl Checker<'_> {
                 let rows = *rows;
                 match self.expr(view) {
                     Ok(Type::SmemView { dtype, rows: have, cols, swizzle }) => {
-                        if rows == 0 || rows > have || rows % 8 != 0 {
+                        // Swizzled rows go in 8-row atoms; unswizzled ones any number at a time.
+                        if rows == 0 || rows > have || (swizzle > 0 && rows % 8 != 0) {
                             Err(CompileError::ty(loc, format!("`rows`: expected a multiple of 8 up to {have}, found {rows}")))
                         } else {
                             self.expect_scalar(start, ScalarType::I32, "a first row").map(|_| Type::SmemView { dtype, rows, cols, swizzle })
@@ -181,6 +182,9 @@ impl Checker<'_> {
             return Err(CompileError::ty(loc, format!("`tma::load` copies from a rank-2 or rank-3 tensor, `{tensor}` has rank {rank}")));
         }
         match self.expr(dst)? {
+            Type::SmemView { dtype: d, cols, .. } if d == dtype && !(cols * d.size()).is_multiple_of(16) => {
+                Err(CompileError::ty(dst.loc, format!("`tma::load`: a box's rows are multiples of 16 bytes, found {}", cols * d.size())))
+            }
             Type::SmemView { dtype: d, rows, .. } if d == dtype && rows <= 256 => Ok(()),
             Type::SmemView { dtype: d, .. } if d != dtype => {
                 Err(CompileError::ty(dst.loc, format!("`tma::load`: `{tensor}` is `{dtype}`, the shared tile is `{d}`")))
@@ -262,8 +266,8 @@ fn check_ring(t: SmemType, loc: SourceLoc) -> Result<SmemType, CompileError> {
             format!("`{}` tiles live in registers and global memory: shared rings take bf16, f16, f32 or i32", t.dtype),
         ));
     }
-    if t.stages == 0 || t.stages > 16 {
-        return Err(CompileError::ty(loc, format!("a ring has 1 to 16 stages, found {}", t.stages)));
+    if t.stages == 0 || t.stages > 64 {
+        return Err(CompileError::ty(loc, format!("a ring has 1 to 64 stages, found {}", t.stages)));
     }
     // In u64, before any u32 product of the sizes: a ring this large fits no GPU.
     let bytes = u64::from(t.rows) * u64::from(t.cols) * u64::from(t.dtype.size()) * u64::from(t.stages);
@@ -287,9 +291,6 @@ fn check_ring(t: SmemType, loc: SourceLoc) -> Result<SmemType, CompileError> {
                 t.dtype, t.rows, t.cols, t.swizzle
             ),
         ));
-    }
-    if !row.is_multiple_of(16) {
-        return Err(CompileError::ty(loc, format!("shared tile rows are multiples of 16 bytes for TMA, found {row}")));
     }
     Ok(t)
 }
