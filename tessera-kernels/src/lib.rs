@@ -59,7 +59,7 @@ pub mod kernels {
         attention_combine_bf16, attention_combine_f16, flash_attention_bf16, flash_attention_f16, flash_attention_varlen_bf16,
         flash_attention_varlen_f16,
     };
-    pub use crate::elementwise::axpy_f32;
+    pub use crate::elementwise::{axpy_f32, to_f32_bf16, to_f32_f16};
     pub use crate::fp8::{
         dequantize_f8e4m3_bf16, dequantize_f8e4m3_f16, dequantize_f8e4m3_f32, dequantize_f8e5m2_bf16, dequantize_f8e5m2_f16,
         dequantize_f8e5m2_f32, quantize_bf16_f8e4m3, quantize_bf16_f8e5m2, quantize_f16_f8e4m3, quantize_f16_f8e5m2, quantize_f32_f8e4m3,
@@ -95,7 +95,10 @@ pub mod kernels {
         cumprod_bf16, cumprod_f16, cumprod_f32, cumsum_bf16, cumsum_f16, cumsum_f32, cumsum_reverse_bf16, cumsum_reverse_f16,
         cumsum_reverse_f32, logcumsumexp_bf16, logcumsumexp_f16, logcumsumexp_f32,
     };
-    pub use crate::selective_scan::{selective_scan_fwd_bf16, selective_scan_fwd_f32};
+    pub use crate::selective_scan::{
+        selective_scan_bwd_bf16, selective_scan_bwd_f32, selective_scan_fwd_bf16, selective_scan_fwd_f32, selective_scan_fwd_rows_bf16,
+        selective_scan_fwd_rows_f32, selective_scan_step_bf16, selective_scan_step_f32,
+    };
     pub use crate::softmax::{
         softmax_backward_bf16, softmax_backward_f16, softmax_backward_f32, softmax_backward_row_bf16, softmax_backward_row_f16,
         softmax_backward_row_f32, softmax_backward_rows4_bf16, softmax_backward_rows4_f16, softmax_backward_rows4_f32, softmax_bf16,
@@ -130,6 +133,14 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         logcumsumexp_f32::VARIANTS,
         selective_scan_fwd_bf16::VARIANTS,
         selective_scan_fwd_f32::VARIANTS,
+        selective_scan_fwd_rows_bf16::VARIANTS,
+        selective_scan_fwd_rows_f32::VARIANTS,
+        selective_scan_step_bf16::VARIANTS,
+        selective_scan_step_f32::VARIANTS,
+        selective_scan_bwd_bf16::VARIANTS,
+        selective_scan_bwd_f32::VARIANTS,
+        to_f32_bf16::VARIANTS,
+        to_f32_f16::VARIANTS,
         linear_attention_fwd_bf16::VARIANTS,
         linear_attention_fwd_f16::VARIANTS,
         linear_attention_fwd_v64_bf16::VARIANTS,

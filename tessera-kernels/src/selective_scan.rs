@@ -158,12 +158,17 @@ pub fn selective_scan_fwd_rows(
             dt = dt.mask_cols(len - t, 0.0);
             let du = dt * ut;
             let mut out = Tile::<f32, 128, 8>::zeros();
+            // Eight states unrolled at a time (more outrun the 168 registers of three
+            // warpgroups); at d_state 16 the loop after the first eight runs no times.
             #[unroll]
-            for n in 0..N / 2 {
-                let mut h = hs.at(n0 + n).load();
-                let states = linear_recurrence_chunk(exp2(dt * a2.at(n0 + n).load()), du * sb.at(s).rows(n0 + n, 1).load(), &mut h);
-                hs.at(n0 + n).store(h);
-                out = out + sc.at(s).rows(n0 + n, 1).load() * states;
+            for n in 0..8 {
+                state_chunk::<N>(hs, a2, sb, sc, s, n0 + n, dt, du, &mut out);
+            }
+            for q in 1..N / 16 {
+                #[unroll]
+                for n in 0..8 {
+                    state_chunk::<N>(hs, a2, sb, sc, s, n0 + q * 8 + n, dt, du, &mut out);
+                }
             }
             if me == 1 {
                 sy.at(c % 2).store(out);
@@ -184,6 +189,22 @@ pub fn selective_scan_fwd_rows(
             h_last.store([row0, n0 + n], hs.at(n0 + n).load());
         }
     }
+}
+
+/// State `j`'s 8-step chunk in `selective_scan_fwd_rows`, a thread a channel: its carry (`hs`)
+/// through the chunk's recurrence (`a = 2^(Δ·A·log₂e)` with `a2` holding `A·log₂e`,
+/// `b = Δ·u·B`), and `C·h` added into `out`. `sb`, `sc` hold the chunk's B and C (stage `s`,
+/// row `j`).
+#[device]
+#[allow(clippy::too_many_arguments)]
+fn state_chunk<const N: usize>(
+    hs: Smem<f32, 128, 1>, a2: Smem<f32, 128, 1>, sb: Smem<f32, N, 8>, sc: Smem<f32, N, 8>, s: i32, j: i32, dt: Tile<f32, 128, 8>,
+    du: Tile<f32, 128, 8>, out: &mut Tile<f32, 128, 8>,
+) {
+    let mut h = hs.at(j).load();
+    let states = linear_recurrence_chunk(exp2(dt * a2.at(j).load()), du * sb.at(s).rows(j, 1).load(), &mut h);
+    hs.at(j).store(h);
+    *out = *out + sc.at(s).rows(j, 1).load() * states;
 }
 
 /// Channels a block of `selective_scan_bwd` takes, of one (batch, group): their dB and dC

@@ -92,16 +92,20 @@
 //! ## Hopper (sm_90a)
 //!
 //! - `Smem::<T, M, N>::ring(stages)` (`M` a power of two or a multiple of 8, `N` a power of
-//!   two): a ring of shared tiles, swizzled by the row width (128,
+//!   two, 1 to 64 stages): a ring of shared tiles, swizzled by the row width (128,
 //!   64 or 32 bytes; `ring_swizzled(stages, bytes)` to choose), placed 1024-aligned in dynamic
-//!   shared memory (the launcher raises the limit above 48 KiB).
+//!   shared memory (the launcher raises the limit above 48 KiB). Rows narrower than 16 bytes
+//!   are fine where no TMA copies them: `Smem::<f32, 128, 1>::ring(16)` holds sixteen values a
+//!   thread for the 128 threads of a warpgroup, each `ring.at(n).load()` a `Tile<f32, 128, 1>`
+//!   (`tessera_kernels::kernels::selective_scan_fwd_rows_bf16` keeps its per-state carries so).
 //! - `Pipeline::<STAGES>::new(consumers)`: full/empty mbarriers per stage. The producer
 //!   `let s = pipe.acquire();` … `pipe.commit(s);`, each consumer `let s = pipe.wait();` …
 //!   `pipe.release(s);`.
 //! - `tma::load(ring.at(s), tensor, [i, j], pipe)`: a TMA box copy completing on the stage's
 //!   barrier; the runtime builds and caches the tensor map. Out-of-bounds elements land as 0.
 //! - `mma_sync(acc, a, b)`: `acc += a·bᵀ` with `wgmma.mma_async` m64nNk16 from shared
-//!   views `a` (M×K) and `b` (N×K); `view.rows(r, 64)` selects rows; `mma_wait(n)` leaves
+//!   views `a` (M×K) and `b` (N×K); `view.rows(r, 64)` selects rows (whole 8-row atoms of a
+//!   swizzled ring, any number of an unswizzled one: `view.rows(n, 1).load()` is row `n`); `mma_wait(n)` leaves
 //!   at most `n` groups in flight. `mma_sync_kn(acc, a, b)` takes `b` stored K×N (N-major);
 //!   `ring.at(s).t()` as `a` takes A stored K×M (M-major, 16-bit): `mma_sync_kn(h,
 //!   sk.at(s).t(), sv.at(s))` is `h += Kᵀ·V` with K and V as they arrived, time along rows.

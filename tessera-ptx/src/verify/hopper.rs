@@ -85,8 +85,13 @@ impl Checker<'_> {
                 match self.expr(view) {
                     Ok(Type::SmemView { dtype, rows: have, cols, swizzle }) => {
                         // Swizzled rows go in 8-row atoms; unswizzled ones any number at a time.
-                        if rows == 0 || rows > have || (swizzle > 0 && rows % 8 != 0) {
-                            Err(CompileError::ty(loc, format!("`rows`: expected a multiple of 8 up to {have}, found {rows}")))
+                        if rows == 0 || rows > have {
+                            Err(CompileError::ty(loc, format!("`rows`: expected 1 to {have} rows, found {rows}")))
+                        } else if swizzle > 0 && rows % 8 != 0 {
+                            Err(CompileError::ty(
+                                loc,
+                                format!("`rows` of a {swizzle}-byte swizzled ring: expected a multiple of 8 (its 8-row atoms) up to {have}, found {rows}; an unswizzled ring (`ring_swizzled(stages, 0)`) takes any number"),
+                            ))
                         } else {
                             self.expect_scalar(start, ScalarType::I32, "a first row").map(|_| Type::SmemView { dtype, rows, cols, swizzle })
                         }
