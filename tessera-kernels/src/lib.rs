@@ -34,7 +34,10 @@ mod selective_scan;
 mod softmax;
 mod ssd;
 
-pub use attention::{attention, attention_variants, attention_varlen, attention_with_lse, Attention, AttentionElement, AttentionLayout};
+pub use attention::{
+    attention, attention_backward, attention_variants, attention_varlen, attention_with_lse, Attention, AttentionElement, AttentionGrads,
+    AttentionLayout,
+};
 pub use elementwise::axpy;
 pub use fp8::{dequantize_fp8, quantize_fp8, Fp8Element, Fp8Source};
 pub use gemm::{bias_gelu, gemm, gemm_tn, gemm_variants, Activation, BLayout, Bias, GemmBuilder, GemmElement};
@@ -56,8 +59,9 @@ pub use ssd::{Ssd, SsdElement, SsdGrads};
 /// pick among them and launch them; these are for tools and for launching one variant by hand.
 pub mod kernels {
     pub use crate::attention::{
-        attention_combine_bf16, attention_combine_f16, flash_attention_bf16, flash_attention_f16, flash_attention_varlen_bf16,
-        flash_attention_varlen_f16,
+        attention_bwd_dkv_bf16, attention_bwd_dkv_f16, attention_bwd_dot_bf16, attention_bwd_dot_f16, attention_bwd_dq_bf16,
+        attention_bwd_dq_f16, attention_combine_bf16, attention_combine_f16, flash_attention_bf16, flash_attention_f16,
+        flash_attention_varlen_bf16, flash_attention_varlen_f16,
     };
     pub use crate::elementwise::{axpy_f32, to_f32_bf16, to_f32_f16};
     pub use crate::fp8::{
@@ -141,6 +145,12 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         selective_scan_bwd_f32::VARIANTS,
         to_f32_bf16::VARIANTS,
         to_f32_f16::VARIANTS,
+        attention_bwd_dot_bf16::VARIANTS,
+        attention_bwd_dot_f16::VARIANTS,
+        attention_bwd_dq_bf16::VARIANTS,
+        attention_bwd_dq_f16::VARIANTS,
+        attention_bwd_dkv_bf16::VARIANTS,
+        attention_bwd_dkv_f16::VARIANTS,
         linear_attention_fwd_bf16::VARIANTS,
         linear_attention_fwd_f16::VARIANTS,
         linear_attention_fwd_v64_bf16::VARIANTS,

@@ -3,7 +3,13 @@
 //! [`kernels`](self) (DSL source: `attention/kernels.rs`); this is the host side: layouts,
 //! grouped-query heads, causal alignment, checks.
 
+mod backward;
 pub(crate) mod kernels;
+
+pub use backward::{
+    attention_backward, attention_bwd_dkv_bf16, attention_bwd_dkv_f16, attention_bwd_dot_bf16, attention_bwd_dot_f16,
+    attention_bwd_dq_bf16, attention_bwd_dq_f16, AttentionGrads,
+};
 
 pub use kernels::{
     attention_combine_bf16, attention_combine_f16, flash_attention_bf16, flash_attention_f16, flash_attention_varlen_bf16,
@@ -106,6 +112,13 @@ pub trait AttentionElement: Element + sealed::Sealed {
         d: &Device, g: Grid, variant: usize, t: [&TensorView<Self>; 3], o: &mut TensorViewMut<Self>, lse: &mut TensorViewMut<f32>,
         cu: [&Optional<Tensor<i32>>; 2], split: Split<'_>, ints: [i32; 12], scale_log2: f32,
     ) -> Result<()>;
+    /// The backward's three kernels ([`attention_backward`]), their variant of head dim `d`.
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn backward(
+        d: &Device, head_dim: usize, grids: [usize; 2], qkv_do_o: [&TensorView<Self>; 5], lse: [&TensorView<f32>; 2],
+        dsum: &mut Tensor<f32>, grads: [&mut TensorViewMut<Self>; 3], ints: [i32; 7], scales: [f32; 2],
+    ) -> Result<()>;
     /// Puts the split tiles back together: `attention_combine`, its variant of head dim `d`.
     #[doc(hidden)]
     fn combine(
@@ -129,8 +142,67 @@ mod sealed {
 }
 
 macro_rules! attention_element {
-    ($t:ty, $dense:ident, $varlen:ident, $combine:ident) => {
+    ($t:ty, $dense:ident, $varlen:ident, $combine:ident, $dot:ident, $dq:ident, $dkv:ident) => {
         impl AttentionElement for $t {
+            fn backward(
+                d: &Device, head_dim: usize, [bq, bk]: [usize; 2], [q, k, v, dout, o]: [&TensorView<Self>; 5],
+                [lse3, lse2]: [&TensorView<f32>; 2], dsum: &mut Tensor<f32>, [dq, dk, dv]: [&mut TensorViewMut<Self>; 3],
+                [heads, group, q_bm, k_bm, hm, cm, causal]: [i32; 7], [scale_log2, scale]: [f32; 2],
+            ) -> Result<()> {
+                let pick = |all: &[&KernelSpec]| {
+                    (0..all.len())
+                        .find(|&i| of_head_dim(all[i], head_dim))
+                        .ok_or_else(|| arg("q", "head_dim 64 or 128".into(), format!("head_dim {head_dim}")))
+                };
+                let (sq, n) = (dsum.shape()[1], dsum.shape()[0]);
+                let mut dsum3 = dsum.view_mut(&[n, sq, 1], &[sq, 1, 1])?;
+                $dot::launch_variant(pick($dot::VARIANTS)?, d, Grid::from(bq as u32), o, dout, &mut dsum3, heads, q_bm, hm, cm)?;
+                let dsum3 = dsum.view(&[n, sq, 1], &[sq, 1, 1])?;
+                let dsum2 = dsum.view(&[n, sq], &[sq, 1])?;
+                $dq::launch_variant(
+                    pick($dq::VARIANTS)?,
+                    d,
+                    Grid::from(bq as u32),
+                    q,
+                    k,
+                    v,
+                    dout,
+                    lse3,
+                    &dsum3,
+                    dq,
+                    heads,
+                    group,
+                    q_bm,
+                    k_bm,
+                    hm,
+                    cm,
+                    causal,
+                    scale_log2,
+                    scale,
+                )?;
+                $dkv::launch_variant(
+                    pick($dkv::VARIANTS)?,
+                    d,
+                    Grid::from(bk as u32),
+                    q,
+                    k,
+                    v,
+                    dout,
+                    lse2,
+                    &dsum2,
+                    dk,
+                    dv,
+                    heads,
+                    group,
+                    q_bm,
+                    k_bm,
+                    hm,
+                    cm,
+                    causal,
+                    scale_log2,
+                    scale,
+                )
+            }
             fn variants(varlen: bool) -> &'static [&'static KernelSpec] {
                 if varlen {
                     $varlen::VARIANTS
@@ -174,8 +246,24 @@ macro_rules! attention_element {
         }
     };
 }
-attention_element!(bf16, flash_attention_bf16, flash_attention_varlen_bf16, attention_combine_bf16);
-attention_element!(f16, flash_attention_f16, flash_attention_varlen_f16, attention_combine_f16);
+attention_element!(
+    bf16,
+    flash_attention_bf16,
+    flash_attention_varlen_bf16,
+    attention_combine_bf16,
+    attention_bwd_dot_bf16,
+    attention_bwd_dq_bf16,
+    attention_bwd_dkv_bf16
+);
+attention_element!(
+    f16,
+    flash_attention_f16,
+    flash_attention_varlen_f16,
+    attention_combine_f16,
+    attention_bwd_dot_f16,
+    attention_bwd_dq_f16,
+    attention_bwd_dkv_f16
+);
 
 fn arg(name: &str, expected: String, found: String) -> Error {
     Error::Argument { kernel: "attention", arg: name.into(), expected, found }

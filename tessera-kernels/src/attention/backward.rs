@@ -1,0 +1,278 @@
+//! FlashAttention backward (FA2's algorithm), in three kernels with no float atomics, so that
+//! every run gives the same bits: `attention_bwd_dot` forms `D = rowsum(dO ∘ O)` per query;
+//! `attention_bwd_dq` walks a 64-query tile's key blocks (`S = Q·Kᵀ`, `P = exp(S·scale − LSE)`
+//! from the forward's log-sum-exp, `dP = dO·Vᵀ`, `dS = P ∘ (dP − D)`, `dQ += dS·K`);
+//! `attention_bwd_dkv` walks a 64-key tile's query blocks, of every query head of its group
+//! (`Sᵀ = K·Qᵀ`, `Pᵀ`, `dV += Pᵀ·dO`, `dPᵀ = V·dOᵀ`, `dK += dSᵀ·Q`), so that grouped heads'
+//! dK and dV are summed in registers. S and dP are computed in both walks (seven MMAs where a
+//! walk with atomic dQ has five). Tensors as the forward's rank-3 views; `lse` and `dsum`
+//! `[batch·heads, seq_q, 1]` (or `[batch·heads, seq_q]` where rows of queries are read).
+
+use super::{arg, check_rest, dims, view3, Attention, AttentionElement, AttentionLayout};
+use crate::prelude::{drain_stages, fill_stages};
+use tessera::{kernel, Device, Element, Result, Tensor};
+
+/// `D = rowsum(dO ∘ O)` (f32) for 64 query rows of one (batch, head) a block, into `dsum`.
+#[kernel(dtypes(T = [bf16, f16]), tune(D = [128, 64]))]
+pub fn attention_bwd_dot(o: Global<T, 3>, dout: Global<T, 3>, dsum: Global<f32, 3>, heads: i32, q_bm: i32, hm: i32, cm: i32) {
+    let tiles = (o.dim(1) + 63) / 64;
+    let bh = block::id_x() / tiles;
+    let q0 = (block::id_x() - bh * tiles) * 64;
+    let b = bh / heads;
+    let h = bh - b * heads;
+    let plane = b * q_bm + h * hm;
+    let col = h * cm;
+    dsum.store(
+        [bh, q0, 0],
+        row_sum(o.load::<Tile<T, 64, D>>([plane, q0, col]).cast::<f32>() * dout.load::<Tile<T, 64, D>>([plane, q0, col]).cast::<f32>()),
+    );
+}
+
+/// dQ for 64 query rows of one (batch, head) a block: a producer brings Q and dO once and K, V
+/// block by block (64 keys, up to the causal diagonal); the consumer recomputes P from the
+/// log-sum-exp and adds `dS·K` into dQ in registers, stored once (`× scale`).
+#[kernel(warpgroups = 2, dtypes(T = [bf16, f16]), tune(D = [128, 64]), targets(sm_90a))]
+pub fn attention_bwd_dq(
+    q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 3>, dsum: Global<f32, 3>, dq: Global<T, 3>,
+    heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32, causal: i32, scale_log2: f32, scale: f32,
+) {
+    let seq_q = q.dim(1);
+    let seq_k = k.dim(1);
+    // Causally, key j is visible to query i when j ≤ i + seq_k − seq_q (aligned at the end).
+    let shift = seq_k - seq_q;
+    let tiles = (seq_q + 63) / 64;
+    let bh = block::id_x() / tiles;
+    let q0 = (block::id_x() - bh * tiles) * 64;
+    let b = bh / heads;
+    let h = bh - b * heads;
+    let kvh = h / group;
+    let mut kv_end = seq_k;
+    if causal == 1 {
+        kv_end = min(seq_k, q0 + 64 + shift);
+    }
+    let nb = (kv_end + 63) / 64;
+    let sq = Smem::<T, 64, D>::ring(1);
+    let sdo = Smem::<T, 64, D>::ring(1);
+    let sk = Smem::<T, 64, D>::ring(2);
+    let sv = Smem::<T, 64, D>::ring(2);
+    let qpipe = Pipeline::<1>::new(1);
+    let kvpipe = Pipeline::<2>::new(1);
+    if warpgroup::id() == 0 {
+        setmaxnreg(40);
+        let s = qpipe.acquire();
+        tma::load(sq.at(s), q, [b * q_bm + h * hm, q0, h * cm], qpipe);
+        tma::load(sdo.at(s), dout, [b * q_bm + h * hm, q0, h * cm], qpipe);
+        qpipe.commit(s);
+        fill_stages(kvpipe, nb, |s, j| {
+            tma::load(sk.at(s), k, [b * k_bm + kvh * hm, j * 64, kvh * cm], kvpipe);
+            tma::load(sv.at(s), v, [b * k_bm + kvh * hm, j * 64, kvh * cm], kvpipe);
+        });
+    } else {
+        setmaxnreg(248);
+        // The log-sum-exp in log₂ units (a row with every key masked has −∞: kept finite, its
+        // scores are all masked anyway).
+        let lse2 = max(lse.load_or::<Tile<f32, 64, 1>>([bh, q0, 0], 0.0), -1e30) * f32::consts::LOG2_E;
+        let d = dsum.load_or::<Tile<f32, 64, 1>>([bh, q0, 0], 0.0);
+        // Row r sees the keys below r + diag.
+        let diag = q0 + 1 + shift;
+        let mut dqa = Tile::<f32, 64, D>::zeros();
+        let qs = qpipe.wait();
+        drain_stages(kvpipe, nb, |s, j| {
+            let k0 = j * 64;
+            let mut sc = Tile::<f32, 64, 64>::zeros();
+            mma_sync(sc, sq.at(qs), sk.at(s));
+            let mut dp = Tile::<f32, 64, 64>::zeros();
+            mma_sync(dp, sdo.at(qs), sv.at(s));
+            mma_wait(0);
+            let mut x = sc * scale_log2 - lse2;
+            if k0 + 64 > seq_k {
+                x = x.mask_cols(seq_k - k0, f32::NEG_INFINITY);
+            }
+            if causal == 1 && k0 + 64 > diag {
+                x = x.mask_cols(Tile::<f32, 64, 1>::row_index() + (diag - k0) as f32, f32::NEG_INFINITY);
+            }
+            mma_sync_kn(dqa, (exp2(x) * (dp - d)).cast::<T>(), sk.at(s));
+            mma_wait(0);
+        });
+        qpipe.release(qs);
+        dq.store([b * q_bm + h * hm, q0, h * cm], (dqa * scale).cast::<T>());
+    }
+}
+
+/// dK and dV for 64 keys of one (batch, key/value head) a block: a producer brings K and V once
+/// and Q, dO block by block for every query head of the group (from the causal diagonal on);
+/// the consumer recomputes Pᵀ from the log-sum-exp and adds `Pᵀ·dO` into dV and `dSᵀ·Q` into dK
+/// in registers, stored once (dK `× scale`). `lse`, `dsum` as `[batch·heads, seq_q]`.
+#[kernel(warpgroups = 2, dtypes(T = [bf16, f16]), tune(D = [128, 64]), targets(sm_90a))]
+pub fn attention_bwd_dkv(
+    q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 2>, dsum: Global<f32, 2>, dk: Global<T, 3>,
+    dv: Global<T, 3>, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32, causal: i32, scale_log2: f32, scale: f32,
+) {
+    let seq_q = q.dim(1);
+    let seq_k = k.dim(1);
+    let shift = seq_k - seq_q;
+    let kv_heads = heads / group;
+    let tiles = (seq_k + 63) / 64;
+    let bkh = block::id_x() / tiles;
+    let k0 = (block::id_x() - bkh * tiles) * 64;
+    let b = bkh / kv_heads;
+    let kvh = bkh - b * kv_heads;
+    // Causally, query i sees key j when i ≥ j − shift: the walk starts at the query tile of
+    // the block's first key.
+    let mut i0 = 0;
+    if causal == 1 {
+        i0 = max(k0 - shift, 0) / 64;
+    }
+    let per_head = max((seq_q + 63) / 64 - i0, 0);
+    let total = group * per_head;
+    let sk = Smem::<T, 64, D>::ring(1);
+    let sv = Smem::<T, 64, D>::ring(1);
+    let sq = Smem::<T, 64, D>::ring(2);
+    let sdo = Smem::<T, 64, D>::ring(2);
+    let kpipe = Pipeline::<1>::new(1);
+    let qpipe = Pipeline::<2>::new(1);
+    if warpgroup::id() == 0 {
+        setmaxnreg(40);
+        let s = kpipe.acquire();
+        tma::load(sk.at(s), k, [b * k_bm + kvh * hm, k0, kvh * cm], kpipe);
+        tma::load(sv.at(s), v, [b * k_bm + kvh * hm, k0, kvh * cm], kpipe);
+        kpipe.commit(s);
+        fill_stages(qpipe, total, |s, n| {
+            let hh = n / per_head;
+            let h = kvh * group + hh;
+            let q0 = (i0 + n - hh * per_head) * 64;
+            tma::load(sq.at(s), q, [b * q_bm + h * hm, q0, h * cm], qpipe);
+            tma::load(sdo.at(s), dout, [b * q_bm + h * hm, q0, h * cm], qpipe);
+        });
+    } else {
+        setmaxnreg(248);
+        let mut dka = Tile::<f32, 64, D>::zeros();
+        let mut dva = Tile::<f32, 64, D>::zeros();
+        let ks = kpipe.wait();
+        drain_stages(qpipe, total, |s, n| {
+            let hh = n / per_head;
+            let bh = b * heads + kvh * group + hh;
+            let q0 = (i0 + n - hh * per_head) * 64;
+            let mut st = Tile::<f32, 64, 64>::zeros();
+            mma_sync(st, sk.at(ks), sq.at(s));
+            mma_wait(0);
+            // Queries past the end read a log-sum-exp of +∞: P = 0 there.
+            let mut x = st * scale_log2 - max(lse.load_or::<Tile<f32, 1, 64>>([bh, q0], f32::INFINITY), -1e30) * f32::consts::LOG2_E;
+            if causal == 1 && k0 + 63 > q0 + shift {
+                // Key k0 + r is visible to query q0 + c when q0 + c + shift − k0 − r ≥ 0; the
+                // others get −10³⁸ (0 after exp2, where a mask after it could meet ∞; a row
+                // with no key at all has x up to 1.5·10³⁰ from its clamped log-sum-exp).
+                let seen = (Tile::<f32, 64, 64>::col_index() - Tile::<f32, 64, 64>::row_index() + (q0 + shift - k0) as f32).step();
+                x = x + (seen - 1.0) * 1e38;
+            }
+            let pt = exp2(x);
+            // dV's MMA and dPᵀ's run together; S's registers are free by then.
+            mma_sync_kn(dva, pt.cast::<T>(), sdo.at(s));
+            let mut dpt = Tile::<f32, 64, 64>::zeros();
+            mma_sync(dpt, sv.at(ks), sdo.at(s));
+            mma_wait(0);
+            mma_sync_kn(dka, (pt * (dpt - dsum.load_or::<Tile<f32, 1, 64>>([bh, q0], 0.0))).cast::<T>(), sq.at(s));
+            mma_wait(0);
+        });
+        kpipe.release(ks);
+        let plane = b * k_bm + kvh * hm;
+        dk.store([plane, k0, kvh * cm], (dka * scale).cast::<T>());
+        dv.store([plane, k0, kvh * cm], dva.cast::<T>());
+    }
+}
+
+/// The gradients of attention ([`attention_backward`]), each in the layout and shape of what
+/// it differentiates: `dq` as q, `dk` as k, `dv` as v (summed over a group's query heads).
+pub struct AttentionGrads<T: Element> {
+    /// ∂L/∂q.
+    pub dq: Tensor<T>,
+    /// ∂L/∂k.
+    pub dk: Tensor<T>,
+    /// ∂L/∂v.
+    pub dv: Tensor<T>,
+}
+
+/// FlashAttention backward: from the forward's inputs `q`, `k`, `v`, its output `o` and
+/// log-sum-exp `lse` ([`attention_with_lse`](super::attention_with_lse), same `opts`) and the
+/// gradient `dout` reaching `o`, the gradients of `q`, `k` and `v`. P is recomputed from the
+/// log-sum-exp, never stored; the three kernels use no float atomics, so the same inputs give
+/// the same bits every run. Layouts, grouped-query heads, causal alignment and head dims as the
+/// forward's.
+///
+/// ```no_run
+/// use tessera::{bf16, Device, Tensor};
+/// use tessera_kernels::{attention_backward, attention_with_lse, Attention};
+/// let dev = Device::new(0)?;
+/// let q = Tensor::<bf16>::zeros(&dev, &[2, 1024, 16, 128])?; // [batch, seq, heads, dim]
+/// let k = Tensor::<bf16>::zeros(&dev, &[2, 1024, 4, 128])?; // 4 key/value heads
+/// let v = Tensor::<bf16>::zeros(&dev, &[2, 1024, 4, 128])?;
+/// let opts = Attention::new().causal(true);
+/// let mut o = Tensor::<bf16>::zeros(&dev, &[2, 1024, 16, 128])?;
+/// let mut lse = Tensor::<f32>::zeros(&dev, &[2, 16, 1024])?;
+/// attention_with_lse(&dev, &opts, &q, &k, &v, &mut o, &mut lse)?;
+/// let dout = Tensor::<bf16>::zeros(&dev, &[2, 1024, 16, 128])?;
+/// let grads = attention_backward(&dev, &opts, &q, &k, &v, &o, &lse, &dout)?;
+/// assert_eq!(grads.dk.shape(), k.shape());
+/// # Ok::<(), tessera::Error>(())
+/// ```
+///
+/// # Errors
+/// As the forward's, and [`Error::Argument`] naming `dout` when it is not o's shape or is not
+/// contiguous.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward<T: AttentionElement>(
+    device: &Device, opts: &Attention, q: &Tensor<T>, k: &Tensor<T>, v: &Tensor<T>, o: &Tensor<T>, lse: &Tensor<f32>, dout: &Tensor<T>,
+) -> Result<AttentionGrads<T>> {
+    let layout = opts.layout;
+    let [b, sq, h, d] = dims("q", q, layout)?;
+    let [bk, sk, hk, dk] = dims("k", k, layout)?;
+    if bk != b {
+        return Err(arg("k", format!("batch {b}"), format!("batch {bk}")));
+    }
+    let form = |name: &str, t: &Tensor<T>| dims(name, t, layout).map(|_| ());
+    check_rest(form, (h, d), (hk, dk), [q, k, v, o], lse, &[b, h, sq])?;
+    if dout.shape() != o.shape() {
+        return Err(arg("dout", format!("o's shape {:?}", o.shape()), format!("shape {:?}", dout.shape())));
+    }
+    form("dout", dout)?;
+    if b == 0 || sq == 0 || sk == 0 || h == 0 {
+        return Err(arg("q", "batch, heads and both sequence lengths ≥ 1".into(), format!("batch {b}, seq_q {sq}, seq_k {sk}, {h} heads")));
+    }
+    let too_big = |x: usize| i32::try_from(x).is_err();
+    if too_big(b * h * sq) || too_big(b * hk * sk) || too_big(h * d) {
+        return Err(arg("q", "fewer than 2³¹ rows".into(), format!("batch {b}, seq_q {sq}, seq_k {sk}, {h} heads")));
+    }
+    let mut grads = AttentionGrads {
+        dq: Tensor::scratch(device, q.shape())?,
+        dk: Tensor::scratch(device, k.shape())?,
+        dv: Tensor::scratch(device, v.shape())?,
+    };
+    let mut dsum = Tensor::<f32>::scratch(device, &[b * h, sq])?;
+    let (qs, qst) = view3(layout, [b, sq, h, d]);
+    let (ks, kst) = view3(layout, [b, sk, hk, d]);
+    let (qv, kv, vv) = (q.view(&qs, &qst)?, k.view(&ks, &kst)?, v.view(&ks, &kst)?);
+    let (ov, dov) = (o.view(&qs, &qst)?, dout.view(&qs, &qst)?);
+    let lse3 = lse.view(&[b * h, sq, 1], &[sq, 1, 1])?;
+    let lse2 = lse.view(&[b * h, sq], &[sq, 1])?;
+    let (q_bm, k_bm, hm, cm) = match layout {
+        AttentionLayout::Bshd => (1, 1, 0, d),
+        AttentionLayout::Bhsd => (h, hk, 1, 0),
+    };
+    let scale = opts.scale.unwrap_or(1.0 / (d as f32).sqrt());
+    let ints = [h, h / hk, q_bm, k_bm, hm, cm, usize::from(opts.causal)].map(|x| x as i32);
+    let AttentionGrads { dq, dk: dkt, dv } = &mut grads;
+    let (mut dqv, mut dkv, mut dvv) = (dq.view_mut(&qs, &qst)?, dkt.view_mut(&ks, &kst)?, dv.view_mut(&ks, &kst)?);
+    T::backward(
+        device,
+        d,
+        [b * h * sq.div_ceil(64), b * hk * sk.div_ceil(64)],
+        [&qv, &kv, &vv, &dov, &ov],
+        [&lse3, &lse2],
+        &mut dsum,
+        [&mut dqv, &mut dkv, &mut dvv],
+        ints,
+        [scale * std::f32::consts::LOG2_E, scale],
+    )?;
+    drop((dqv, dkv, dvv));
+    Ok(grads)
+}

@@ -1,0 +1,177 @@
+//! FlashAttention backward against float64 gradients of softmax(Q·Kᵀ·scale)·V computed on the
+//! host from the definition (P from its own softmax, not from our forward's log-sum-exp):
+//! `dV = Pᵀ·dO`, `dP = dO·Vᵀ`, `dS = P ∘ (dP − rowsum(dP ∘ P))`, `dQ = scale·dS·K`,
+//! `dK = scale·dSᵀ·Q`, summed over the query heads of a key/value group. Fresh random inputs,
+//! odd lengths, both layouts, causal and not, grouped-query heads, seq_q ≠ seq_k; gradients
+//! poisoned before the launch (the library allocates them, so the forward's outputs are
+//! poisoned instead). On the GPU (Hopper) and, at small shapes, in the interpreter.
+
+mod common;
+
+use common::random;
+use tessera::testing::{gpu_or_skip, rel_error};
+use tessera::{bf16, f16, Device, Tensor};
+use tessera_kernels::{Attention, AttentionElement, AttentionLayout};
+
+/// One problem: batch, query length, key length, query heads, key/value heads, head dim.
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    b: usize,
+    sq: usize,
+    sk: usize,
+    h: usize,
+    hk: usize,
+    d: usize,
+}
+
+/// The f64 gradients `(dq, dk, dv)` in `layout`.
+#[allow(clippy::too_many_arguments)]
+fn reference(
+    c: Case, layout: AttentionLayout, causal: bool, scale: f64, q: &[f64], k: &[f64], v: &[f64], dout: &[f64],
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let at = |s_len: usize, heads: usize, bi: usize, si: usize, hi: usize| match layout {
+        AttentionLayout::Bshd => ((bi * s_len + si) * heads + hi) * c.d,
+        AttentionLayout::Bhsd => ((bi * heads + hi) * s_len + si) * c.d,
+    };
+    let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
+    let group = c.h / c.hk;
+    let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+    for bi in 0..c.b {
+        for hi in 0..c.h {
+            let kh = hi / group;
+            for i in 0..c.sq {
+                let qi = at(c.sq, c.h, bi, i, hi);
+                let visible = |j: usize| !causal || j + c.sq <= i + c.sk;
+                let s: Vec<f64> =
+                    (0..c.sk)
+                        .map(|j| {
+                            if visible(j) {
+                                dot(&q[qi..qi + c.d], &k[at(c.sk, c.hk, bi, j, kh)..][..c.d]) * scale
+                            } else {
+                                f64::NEG_INFINITY
+                            }
+                        })
+                        .collect();
+                let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                if mx == f64::NEG_INFINITY {
+                    continue;
+                }
+                let e: Vec<f64> = s.iter().map(|x| (x - mx).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                let p: Vec<f64> = e.iter().map(|x| x / sum).collect();
+                let dp: Vec<f64> = (0..c.sk).map(|j| dot(&dout[qi..qi + c.d], &v[at(c.sk, c.hk, bi, j, kh)..][..c.d])).collect();
+                let rowdot: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+                for j in 0..c.sk {
+                    if p[j] == 0.0 {
+                        continue;
+                    }
+                    let kj = at(c.sk, c.hk, bi, j, kh);
+                    let ds = p[j] * (dp[j] - rowdot);
+                    for x in 0..c.d {
+                        dv[kj + x] += p[j] * dout[qi + x];
+                        dq[qi + x] += scale * ds * k[kj + x];
+                        dk[kj + x] += scale * ds * q[qi + x];
+                    }
+                }
+            }
+        }
+    }
+    (dq, dk, dv)
+}
+
+fn check<T: AttentionElement>(
+    dev: &Device, c: Case, layout: AttentionLayout, causal: bool, tol: f64, to: fn(f32) -> T, from: fn(T) -> f64,
+) {
+    let (qs, ks) = match layout {
+        AttentionLayout::Bshd => ([c.b, c.sq, c.h, c.d], [c.b, c.sk, c.hk, c.d]),
+        AttentionLayout::Bhsd => ([c.b, c.h, c.sq, c.d], [c.b, c.hk, c.sk, c.d]),
+    };
+    let gen = |n: usize, r: f32| -> (Vec<T>, Vec<f64>) {
+        let x: Vec<T> = random(n, -r, r).into_iter().map(to).collect();
+        let w = x.iter().map(|&v| from(v)).collect();
+        (x, w)
+    };
+    let (q, qw) = gen(qs.iter().product(), 2.0);
+    let (k, kw) = gen(ks.iter().product(), 2.0);
+    let (v, vw) = gen(ks.iter().product(), 1.0);
+    let (dout, dow) = gen(qs.iter().product(), 1.0);
+    let scale = 1.0 / (c.d as f32).sqrt() * random(1, 0.5, 1.5)[0];
+    let opts = Attention::new().layout(layout).causal(causal).scale(scale);
+    let t = |x: &[T], s: &[usize]| Tensor::from_host(dev, x, s).unwrap();
+    let (qt, kt, vt, dot) = (t(&q, &qs), t(&k, &ks), t(&v, &ks), t(&dout, &qs));
+    let mut o = Tensor::full(dev, &qs, to(f32::NAN)).unwrap();
+    let mut lse = Tensor::full(dev, &[c.b, c.h, c.sq], f32::NAN).unwrap();
+    tessera_kernels::attention_with_lse(dev, &opts, &qt, &kt, &vt, &mut o, &mut lse).unwrap();
+    let what = format!("{c:?} {layout:?} causal={causal}");
+    let g = tessera_kernels::attention_backward(dev, &opts, &qt, &kt, &vt, &o, &lse, &dot).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let (want_dq, want_dk, want_dv) = reference(c, layout, causal, f64::from(scale), &qw, &kw, &vw, &dow);
+    let host = |t: &Tensor<T>| t.to_host().unwrap().into_iter().map(from).collect::<Vec<f64>>();
+    for (name, got, want) in [("dq", host(&g.dq), want_dq), ("dk", host(&g.dk), want_dk), ("dv", host(&g.dv), want_dv)] {
+        assert!(got.iter().all(|x| x.is_finite()), "{what}: {name} has a non-finite element");
+        let err = rel_error(&got, &want);
+        assert!(err < tol, "{what}: {name} relative error {err}");
+    }
+    // No float atomics: the same bits on a second run.
+    let g2 = tessera_kernels::attention_backward(dev, &opts, &qt, &kt, &vt, &o, &lse, &dot).unwrap();
+    let bits = |t: &Tensor<T>| host(t).into_iter().map(f64::to_bits).collect::<Vec<_>>();
+    assert!(bits(&g2.dq) == bits(&g.dq) && bits(&g2.dk) == bits(&g.dk) && bits(&g2.dv) == bits(&g.dv), "{what}: a second run differs");
+}
+
+fn cases(dev: &Device) -> Vec<Case> {
+    let c = |b, sq, sk, h, hk, d| Case { b, sq, sk, h, hk, d };
+    if dev.is_cpu() {
+        vec![c(1, 7, 5, 2, 1, 64), c(1, 70, 130, 2, 1, 64), c(1, 65, 17, 1, 1, 128)]
+    } else {
+        vec![
+            c(1, 1, 1, 1, 1, 128),
+            c(2, 200, 333, 4, 2, 128),
+            c(1, 300, 129, 2, 1, 128),
+            c(1, 1031, 1031, 2, 1, 128),
+            c(1, 1, 1000, 8, 2, 64),
+            c(2, 200, 333, 4, 2, 64),
+            c(3, 700, 517, 4, 1, 64),
+            c(1, 4099, 4099, 2, 2, 64),
+        ]
+    }
+}
+
+fn backward_matches_f64(dev: &Device) {
+    for c in cases(dev) {
+        for layout in [AttentionLayout::Bshd, AttentionLayout::Bhsd] {
+            for causal in [false, true] {
+                check::<bf16>(dev, c, layout, causal, 3e-2, bf16::from_f32, |v| v.to_f64());
+                check::<f16>(dev, c, layout, causal, 6e-3, f16::from_f32, |v| v.to_f64());
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_attention_backward_matches_f64_reference() {
+    if let Some(dev) = gpu_or_skip("gpu_attention_backward_matches_f64_reference") {
+        backward_matches_f64(&dev);
+    }
+}
+
+#[test]
+fn interp_attention_backward_matches_f64_reference() {
+    backward_matches_f64(&Device::cpu());
+}
+
+#[test]
+fn attention_backward_refuses_bad_input() {
+    let dev = Device::cpu();
+    let z = |s: &[usize]| Tensor::<bf16>::zeros(&dev, s).unwrap();
+    let (q, k, o) = (z(&[1, 8, 2, 64]), z(&[1, 8, 1, 64]), z(&[1, 8, 2, 64]));
+    let lse = Tensor::<f32>::zeros(&dev, &[1, 2, 8]).unwrap();
+    let opts = Attention::new();
+    let e = tessera_kernels::attention_backward(&dev, &opts, &q, &k, &k, &o, &lse, &z(&[1, 8, 2, 32])).err().expect("dout's shape");
+    assert!(e.to_string().contains("dout"), "{e}");
+    let bad_lse = Tensor::<f32>::zeros(&dev, &[1, 2, 9]).unwrap();
+    let e = tessera_kernels::attention_backward(&dev, &opts, &q, &k, &k, &o, &bad_lse, &o).err().expect("lse's shape");
+    assert!(e.to_string().contains("lse"), "{e}");
+    let (q96, k96) = (z(&[1, 8, 2, 96]), z(&[1, 8, 1, 96]));
+    let lse2 = Tensor::<f32>::zeros(&dev, &[1, 2, 8]).unwrap();
+    let e = tessera_kernels::attention_backward(&dev, &opts, &q96, &k96, &k96, &q96, &lse2, &q96).err().expect("head_dim 96");
+    assert!(e.to_string().contains("head_dim"), "{e}");
+}
