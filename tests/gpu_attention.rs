@@ -446,6 +446,20 @@ fn bad_input_attention_names_the_argument() {
     let cq = Tensor::from_host(&dev, &[0i32, 8], &[2]).unwrap();
     let r = tessera_kernels::attention_varlen(&dev, &opts.kv_splits(2), &q, &k, &k, &mut o, &mut lse, &cq, &cq, 8);
     assert_eq!(named(r), "kv_splits", "packed sequences split");
+    // Offsets read back and checked (on by default in debug builds; asked for here): decreasing,
+    // past the packed rows, not from 0, a sequence longer than max_seqlen_q.
+    let checked = opts.check_offsets(true);
+    let offsets = |x: &[i32]| Tensor::from_host(&dev, x, &[x.len()]).unwrap();
+    for (cq, ck, max_q, bad, why) in [
+        (&[0, 6, 4][..], &[0, 4, 8][..], 8, "cu_seqlens_q", "decreasing query offsets"),
+        (&[0, 4, 8], &[0, 4, 9], 8, "cu_seqlens_k", "key offsets past the 8 packed rows"),
+        (&[1, 4, 8], &[0, 4, 8], 8, "cu_seqlens_q", "offsets not from 0"),
+        (&[0, 2, 8], &[0, 4, 8], 5, "cu_seqlens_q", "a sequence of 6 rows with max_seqlen_q 5"),
+    ] {
+        let r = tessera_kernels::attention_varlen(&dev, &checked, &q, &k, &k, &mut o, &mut lse, &offsets(cq), &offsets(ck), max_q);
+        assert_eq!(named(r), bad, "{why}");
+    }
+    assert!(tessera_kernels::check_cu_seqlens(&[0, 3, 3, 8], &[0, 0, 5, 8], 8, 8, 5).is_ok(), "empty sequences are fine");
     let (q, k) = (t(&[1, 8, 2, 64]), t(&[1, 8, 2, 64]));
     let mut o = t(&[1, 8, 2, 64]);
     assert_eq!(named(tessera_kernels::attention(&dev, &opts.kv_splits(0), &q, &k, &k, &mut o)), "kv_splits", "no parts");

@@ -48,6 +48,7 @@ pub struct Attention {
     scale: Option<f32>,
     variant: Option<&'static str>,
     kv_splits: Option<usize>,
+    check_offsets: Option<bool>,
 }
 
 impl Attention {
@@ -86,6 +87,48 @@ impl Attention {
     pub fn kv_splits(self, n: usize) -> Attention {
         Attention { kv_splits: Some(n), ..self }
     }
+
+    /// Whether [`attention_varlen`] reads `cu_seqlens_q` and `cu_seqlens_k` back from the device
+    /// and checks them ([`check_cu_seqlens`]) before the launch: a synchronizing copy of
+    /// `2·(batch + 1)` integers. On by default in debug builds, off in release ones (the
+    /// kernels then take what they are given: no access outside the tensors, but wrong rows).
+    pub fn check_offsets(self, on: bool) -> Attention {
+        Attention { check_offsets: Some(on), ..self }
+    }
+}
+
+/// Checks packed-sequence offsets as [`attention_varlen`] reads them: each of `cu_seqlens_q`
+/// and `cu_seqlens_k` starts at 0, never decreases and ends at most at its total (`total_q`
+/// query rows, `total_k` key rows), and no sequence has more than `max_seqlen_q` query rows.
+/// For offsets the caller still holds on the host; [`Attention::check_offsets`] runs it on
+/// device offsets.
+///
+/// # Errors
+/// [`Error::Argument`] naming the offsets and the first entry that breaks a rule.
+pub fn check_cu_seqlens(cu_seqlens_q: &[i32], cu_seqlens_k: &[i32], total_q: usize, total_k: usize, max_seqlen_q: usize) -> Result<()> {
+    for (name, cu, total) in [("cu_seqlens_q", cu_seqlens_q, total_q), ("cu_seqlens_k", cu_seqlens_k, total_k)] {
+        if cu.first() != Some(&0) {
+            return Err(arg(name, "offsets starting at 0".into(), format!("{:?}", cu.first())));
+        }
+        for (i, w) in cu.windows(2).enumerate() {
+            if w[1] < w[0] {
+                return Err(arg(name, "non-decreasing offsets".into(), format!("offset {} = {} after {}", i + 1, w[1], w[0])));
+            }
+            if name == "cu_seqlens_q" && (w[1] - w[0]) as usize > max_seqlen_q {
+                return Err(arg(
+                    name,
+                    format!("sequences of at most max_seqlen_q = {max_seqlen_q} query rows"),
+                    format!("sequence {i}: {} rows", w[1] - w[0]),
+                ));
+            }
+        }
+        if let Some(&last) = cu.last() {
+            if last as usize > total {
+                return Err(arg(name, format!("offsets within the {total} packed rows"), format!("last offset {last}")));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The kernel variants attention chooses among for `head_dim` (K/V pipeline depths and key
@@ -535,8 +578,10 @@ fn launch<T: AttentionElement>(
 /// # Errors
 /// [`Error::Argument`] naming the tensor whose rank, shape or contiguity does not fit, a
 /// head_dim other than 64 or 128, offsets of another length than each other, or
-/// `max_seqlen_q` of 0; the launch's own checks. Offsets are device data: out-of-range ones
-/// give wrong rows, never a write outside `o` and `lse`.
+/// `max_seqlen_q` of 0; the launch's own checks. Offsets are device data: with
+/// [`Attention::check_offsets`] (on by default in debug builds) they are read back and
+/// checked ([`check_cu_seqlens`]), else out-of-range ones give wrong rows, never a write
+/// outside `o` and `lse`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_varlen<T: AttentionElement>(
     device: &Device, opts: &Attention, q: &Tensor<T>, k: &Tensor<T>, v: &Tensor<T>, o: &mut Tensor<T>, lse: &mut Tensor<f32>,
@@ -575,6 +620,9 @@ pub fn attention_varlen<T: AttentionElement>(
     let too_big = |x: usize| i32::try_from(x).is_err();
     if too_big(tq * h) || too_big(tk * hk) || too_big(b * h * max_seqlen_q.div_ceil(128)) || too_big(h * d) {
         return Err(arg("q", "fewer than 2³¹ rows".into(), format!("total_q {tq}, total_k {tk}, {h} heads")));
+    }
+    if opts.check_offsets.unwrap_or(cfg!(debug_assertions)) {
+        check_cu_seqlens(&cu_seqlens_q.to_host()?, &cu_seqlens_k.to_host()?, tq, tk, max_seqlen_q)?;
     }
     let (qv, kv, vv) = (
         q.view(&[1, tq, h * d], &[tq * h * d, h * d, 1])?,
