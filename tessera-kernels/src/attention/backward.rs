@@ -8,7 +8,7 @@
 //! walk with atomic dQ has five). Tensors as the forward's rank-3 views; `lse` and `dsum`
 //! `[batch·heads, seq_q, 1]` (or `[batch·heads, seq_q]` where rows of queries are read).
 
-use super::{arg, check_rest, dims, view3, Attention, AttentionElement, AttentionLayout};
+use super::{arg, dense_sizes, dims, view3, Attention, AttentionElement, AttentionLayout};
 use crate::prelude::{drain_stages, fill_stages};
 use tessera::{kernel, Device, Element, Result, Tensor};
 
@@ -224,24 +224,11 @@ pub fn attention_backward<T: AttentionElement>(
     device: &Device, opts: &Attention, q: &Tensor<T>, k: &Tensor<T>, v: &Tensor<T>, o: &Tensor<T>, lse: &Tensor<f32>, dout: &Tensor<T>,
 ) -> Result<AttentionGrads<T>> {
     let layout = opts.layout;
-    let [b, sq, h, d] = dims("q", q, layout)?;
-    let [bk, sk, hk, dk] = dims("k", k, layout)?;
-    if bk != b {
-        return Err(arg("k", format!("batch {b}"), format!("batch {bk}")));
-    }
-    let form = |name: &str, t: &Tensor<T>| dims(name, t, layout).map(|_| ());
-    check_rest(form, (h, d), (hk, dk), [q, k, v, o], lse, &[b, h, sq])?;
+    let ([b, sq, h, d], [sk, hk]) = dense_sizes(opts, [q, k, v, o], lse)?;
     if dout.shape() != o.shape() {
         return Err(arg("dout", format!("o's shape {:?}", o.shape()), format!("shape {:?}", dout.shape())));
     }
-    form("dout", dout)?;
-    if b == 0 || sq == 0 || sk == 0 || h == 0 {
-        return Err(arg("q", "batch, heads and both sequence lengths ≥ 1".into(), format!("batch {b}, seq_q {sq}, seq_k {sk}, {h} heads")));
-    }
-    let too_big = |x: usize| i32::try_from(x).is_err();
-    if too_big(b * h * sq) || too_big(b * hk * sk) || too_big(h * d) {
-        return Err(arg("q", "fewer than 2³¹ rows".into(), format!("batch {b}, seq_q {sq}, seq_k {sk}, {h} heads")));
-    }
+    dims("dout", dout, layout)?;
     let mut grads = AttentionGrads {
         dq: Tensor::scratch(device, q.shape())?,
         dk: Tensor::scratch(device, k.shape())?,

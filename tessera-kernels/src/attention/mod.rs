@@ -380,10 +380,11 @@ pub fn attention_with_lse<T: AttentionElement>(
     dense(device, opts, [q, k, v], o, lse, true)
 }
 
-/// The dense forward: [`attention_with_lse`], writing `lse` only with `keep_lse`.
-fn dense<T: AttentionElement>(
-    device: &Device, opts: &Attention, [q, k, v]: [&Tensor<T>; 3], o: &mut Tensor<T>, lse: &mut Tensor<f32>, keep_lse: bool,
-) -> Result<()> {
+/// The sizes of a padded-layout call, `([batch, seq_q, heads, dim], [seq_k, kv_heads])`, after
+/// every check of its tensors that the forward and the backward share.
+fn dense_sizes<T: AttentionElement>(
+    opts: &Attention, [q, k, v, o]: [&Tensor<T>; 4], lse: &Tensor<f32>,
+) -> Result<([usize; 4], [usize; 2])> {
     let layout = opts.layout;
     let [b, sq, h, d] = dims("q", q, layout)?;
     let [bk, sk, hk, dk] = dims("k", k, layout)?;
@@ -399,6 +400,15 @@ fn dense<T: AttentionElement>(
     if too_big(b * h * sq) || too_big(b * hk * sk) || too_big(h * d) {
         return Err(arg("q", "fewer than 2³¹ rows".into(), format!("batch {b}, seq_q {sq}, seq_k {sk}, {h} heads")));
     }
+    Ok(([b, sq, h, d], [sk, hk]))
+}
+
+/// The dense forward: [`attention_with_lse`], writing `lse` only with `keep_lse`.
+fn dense<T: AttentionElement>(
+    device: &Device, opts: &Attention, [q, k, v]: [&Tensor<T>; 3], o: &mut Tensor<T>, lse: &mut Tensor<f32>, keep_lse: bool,
+) -> Result<()> {
+    let layout = opts.layout;
+    let ([b, sq, h, d], [sk, hk]) = dense_sizes(opts, [q, k, v, o], lse)?;
     let (qs, qst) = view3(layout, [b, sq, h, d]);
     let (ks, kst) = view3(layout, [b, sk, hk, d]);
     let (qv, kv, vv) = (q.view(&qs, &qst)?, k.view(&ks, &kst)?, v.view(&ks, &kst)?);
