@@ -13,7 +13,9 @@
 //!
 //! `cargo bench --bench attention` (prints a skip where there is no GPU; the baseline column
 //! says why where PyTorch or cuDNN is missing). `TESSERA_CUDNN_SCRIPT` overrides the script's
-//! path.
+//! path. `TESSERA_BENCH_ATTENTION=backward` times the backward alone instead
+//! ([`tessera_kernels::attention_backward`] from a saved forward beside cuDNN's through
+//! `torch.autograd.grad`, FLOPs counted as 2.5× the forward's).
 
 use criterion::Criterion;
 mod common;
@@ -68,8 +70,14 @@ impl Cudnn {
     }
 
     /// cuDNN's TFLOP/s on one shape, or why there is none.
-    fn time(&mut self, (b, h, s, d, causal): (usize, usize, usize, usize, bool)) -> Result<f64, String> {
-        writeln!(self.input, "{b} {h} {s} {d} {}", u8::from(causal)).map_err(|e| format!("{}: {e}", self.script))?;
+    fn time(&mut self, shape: (usize, usize, usize, usize, bool)) -> Result<f64, String> {
+        self.time_pass(shape, false)
+    }
+
+    /// cuDNN's forward (`bwd` false) or backward TFLOP/s on one shape, or why there is none.
+    fn time_pass(&mut self, (b, h, s, d, causal): (usize, usize, usize, usize, bool), bwd: bool) -> Result<f64, String> {
+        let pass = if bwd { " bwd" } else { "" };
+        writeln!(self.input, "{b} {h} {s} {d} {}{pass}", u8::from(causal)).map_err(|e| format!("{}: {e}", self.script))?;
         self.input.flush().map_err(|e| e.to_string())?;
         let mut line = String::new();
         self.output.read_line(&mut line).map_err(|e| e.to_string())?;
@@ -93,6 +101,9 @@ fn main() {
         return;
     };
     common::temporary_tune_cache();
+    if std::env::var("TESSERA_BENCH_ATTENTION").as_deref() == Ok("backward") {
+        return backward(&dev);
+    }
     let shapes = shapes();
     let mut cudnn = Cudnn::spawn();
     let mut criterion = Criterion::default()
@@ -220,4 +231,45 @@ fn tuned_vs_default(dev: &Device, rng: &mut Uniform) {
         println!("| {name} | {td:.0} | {tt:.0} | {:.2} | {chosen} |", tt / td);
     }
     Tuner::global().set_mode(TuneMode::Replay);
+}
+
+/// The backward alone, beside cuDNN's in turn (seven rounds, the median of each): ours from a
+/// saved forward (`attention_with_lse`), the gradients allocated in each call as a training
+/// step would; FLOPs 2.5× the forward's (causal halved).
+fn backward(dev: &Device) {
+    let mut cudnn = Cudnn::spawn();
+    let mut rng = Uniform::new();
+    println!("\nattention bf16 backward on {} (TFLOP/s; baseline: cuDNN through PyTorch, same run)", dev.name());
+    println!("| shape | cuDNN | tessera | × cuDNN |");
+    println!("|---|---|---|---|");
+    for d in [128, 64] {
+        for s in [1024, 4096, 8192] {
+            for causal in [false, true] {
+                let (b, h) = (4, 16);
+                let shape = [b, h, s, d];
+                let mut t = || Tensor::from_host(dev, &rng.vec(b * h * s * d, bf16::from_f32), &shape).expect("input");
+                let (q, k, v, dout) = (t(), t(), t(), t());
+                let mut o = Tensor::<bf16>::zeros(dev, &shape).expect("o");
+                let mut lse = Tensor::<f32>::zeros(dev, &[b, h, s]).expect("lse");
+                let opts = Attention::new().layout(AttentionLayout::Bhsd).causal(causal);
+                tessera_kernels::attention_with_lse(dev, &opts, &q, &k, &v, &mut o, &mut lse).expect("attention");
+                let mut ours = || drop(tessera_kernels::attention_backward(dev, &opts, &q, &k, &v, &o, &lse, &dout).expect("backward"));
+                let flop = 2.5 * 4.0 * (b * h * s * s * d) as f64 / if causal { 2.0 } else { 1.0 };
+                let (mut base, mut mine) = (Vec::new(), Vec::new());
+                for _ in 0..7 {
+                    base.push(match &mut cudnn {
+                        Ok(c) => c.time_pass((b, h, s, d, causal), true),
+                        Err(why) => Err(why.clone()),
+                    });
+                    mine.push(flop / tessera::testing::time_ms(dev, 3, 10, &mut ours).expect("timing") * 1e-9);
+                }
+                let name = format!("b{b} h{h} s{s} d{d}{}", if causal { " causal" } else { "" });
+                let ours = median(mine);
+                match base.into_iter().collect::<Result<Vec<f64>, String>>().map(median) {
+                    Ok(v) => println!("| {name} | {v:.0} | {ours:.0} | {:.2} |", ours / v),
+                    Err(why) => println!("| {name} | — ({why}) | {ours:.0} | — |"),
+                }
+            }
+        }
+    }
 }
