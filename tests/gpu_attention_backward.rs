@@ -158,6 +158,93 @@ fn interp_attention_backward_matches_f64_reference() {
     backward_matches_f64(&Device::cpu());
 }
 
+/// Packed sequences (`attention_varlen_backward`): each sequence's gradients against the
+/// reference of that sequence alone; a sequence without keys (gradients 0) and one without
+/// queries (dK, dV 0) among them.
+#[allow(clippy::too_many_arguments)]
+fn varlen_backward_matches_f64<T: AttentionElement>(
+    dev: &Device, lq: &[usize], lk: &[usize], h: usize, hk: usize, d: usize, causal: bool, tol: f64, to: fn(f32) -> T, from: fn(T) -> f64,
+) {
+    let (tq, tk): (usize, usize) = (lq.iter().sum(), lk.iter().sum());
+    let offsets = |l: &[usize]| {
+        std::iter::once(0)
+            .chain(l.iter().scan(0, |a, &x| {
+                *a += x as i32;
+                Some(*a)
+            }))
+            .collect::<Vec<i32>>()
+    };
+    let (cq, ck) = (offsets(lq), offsets(lk));
+    let gen = |n: usize, r: f32| -> (Vec<T>, Vec<f64>) {
+        let x: Vec<T> = random(n, -r, r).into_iter().map(to).collect();
+        let w = x.iter().map(|&v| from(v)).collect();
+        (x, w)
+    };
+    let (q, qw) = gen(tq * h * d, 2.0);
+    let (k, kw) = gen(tk * hk * d, 2.0);
+    let (v, vw) = gen(tk * hk * d, 1.0);
+    let (dout, dow) = gen(tq * h * d, 1.0);
+    let scale = 1.0 / (d as f32).sqrt();
+    let opts = Attention::new().causal(causal).check_offsets(true);
+    let t = |x: &[T], s: &[usize]| Tensor::from_host(dev, x, s).unwrap();
+    let (qt, kt, vt, dot) = (t(&q, &[tq, h, d]), t(&k, &[tk, hk, d]), t(&v, &[tk, hk, d]), t(&dout, &[tq, h, d]));
+    let (cqt, ckt) = (Tensor::from_host(dev, &cq, &[cq.len()]).unwrap(), Tensor::from_host(dev, &ck, &[ck.len()]).unwrap());
+    let mut o = Tensor::full(dev, &[tq, h, d], to(f32::NAN)).unwrap();
+    let mut lse = Tensor::full(dev, &[h, tq], f32::NAN).unwrap();
+    let (max_q, max_k) = (lq.iter().copied().max().unwrap_or(1).max(1), lk.iter().copied().max().unwrap_or(1).max(1));
+    tessera_kernels::attention_varlen(dev, &opts, &qt, &kt, &vt, &mut o, &mut lse, &cqt, &ckt, max_q).unwrap();
+    let g = tessera_kernels::attention_varlen_backward(dev, &opts, &qt, &kt, &vt, &o, &lse, &dot, &cqt, &ckt, max_q, max_k).unwrap();
+    let host = |t: &Tensor<T>| t.to_host().unwrap().into_iter().map(from).collect::<Vec<f64>>();
+    let (gq, gk, gv) = (host(&g.dq), host(&g.dk), host(&g.dv));
+    for bi in 0..lq.len() {
+        let (q0, k0) = (cq[bi] as usize, ck[bi] as usize);
+        let (rq, rk) = (q0 * h * d..(q0 + lq[bi]) * h * d, k0 * hk * d..(k0 + lk[bi]) * hk * d);
+        let c = Case { b: 1, sq: lq[bi], sk: lk[bi], h, hk, d };
+        let (wq, wk, wv) = reference(
+            c,
+            AttentionLayout::Bshd,
+            causal,
+            f64::from(scale),
+            &qw[rq.clone()],
+            &kw[rk.clone()],
+            &vw[rk.clone()],
+            &dow[rq.clone()],
+        );
+        let what = format!("varlen sequence {bi} ({}×{}, d{d}) causal={causal}", lq[bi], lk[bi]);
+        for (name, got, want) in [("dq", &gq[rq.clone()], wq), ("dk", &gk[rk.clone()], wk), ("dv", &gv[rk.clone()], wv)] {
+            assert!(got.iter().all(|x| x.is_finite()), "{what}: {name} has a non-finite element");
+            if want.iter().all(|&x| x == 0.0) {
+                assert!(got.iter().all(|&x| x == 0.0), "{what}: {name} should be 0");
+            } else {
+                let err = rel_error(got, &want);
+                assert!(err < tol, "{what}: {name} relative error {err}");
+            }
+        }
+    }
+}
+
+#[test]
+fn interp_attention_varlen_backward_matches_f64_reference() {
+    let dev = Device::cpu();
+    for causal in [false, true] {
+        varlen_backward_matches_f64::<bf16>(&dev, &[3, 70, 0, 9], &[7, 140, 2, 0], 2, 1, 64, causal, 3e-2, bf16::from_f32, |v| v.to_f64());
+        varlen_backward_matches_f64::<f16>(&dev, &[65, 5], &[17, 5], 1, 1, 128, causal, 6e-3, f16::from_f32, |v| v.to_f64());
+    }
+}
+
+#[test]
+fn gpu_attention_varlen_backward_matches_f64_reference() {
+    if let Some(dev) = gpu_or_skip("gpu_attention_varlen_backward_matches_f64_reference") {
+        for causal in [false, true] {
+            for d in [64, 128] {
+                let (lq, lk) = ([1, 200, 0, 129, 700, 64], [5, 333, 17, 0, 700, 1]);
+                varlen_backward_matches_f64::<bf16>(&dev, &lq, &lk, 4, 2, d, causal, 3e-2, bf16::from_f32, |v| v.to_f64());
+                varlen_backward_matches_f64::<f16>(&dev, &lq, &lk, 4, 2, d, causal, 6e-3, f16::from_f32, |v| v.to_f64());
+            }
+        }
+    }
+}
+
 #[test]
 fn attention_backward_refuses_bad_input() {
     let dev = Device::cpu();

@@ -8,9 +8,9 @@
 //! walk with atomic dQ has five). Tensors as the forward's rank-3 views; `lse` and `dsum`
 //! `[batch·heads, seq_q, 1]` (or `[batch·heads, seq_q]` where rows of queries are read).
 
-use super::{arg, dense_sizes, dims, view3, Attention, AttentionElement, AttentionLayout};
+use super::{arg, dense_sizes, dims, varlen_sizes, view3, Attention, AttentionElement, AttentionLayout};
 use crate::prelude::{drain_stages, fill_stages};
-use tessera::{kernel, Device, Element, Result, Tensor};
+use tessera::{device, kernel, Device, Element, Optional, Result, Tensor};
 
 /// `D = rowsum(dO ∘ O)` (f32) for 64 query rows of one (batch, head) a block, into `dsum`.
 #[kernel(dtypes(T = [bf16, f16]), tune(D = [128, 64]))]
@@ -34,23 +34,28 @@ pub fn attention_bwd_dot(o: Global<T, 3>, dout: Global<T, 3>, dsum: Global<f32, 
 #[kernel(warpgroups = 2, dtypes(T = [bf16, f16]), tune(D = [128, 64]), targets(sm_90a))]
 pub fn attention_bwd_dq(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 3>, dsum: Global<f32, 3>, dq: Global<T, 3>,
-    heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32, causal: i32, scale_log2: f32, scale: f32,
+    cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, max_q: i32, varlen: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32,
+    causal: i32, scale_log2: f32, scale: f32,
 ) {
-    let seq_q = q.dim(1);
-    let seq_k = k.dim(1);
-    // Causally, key j is visible to query i when j ≤ i + seq_k − seq_q (aligned at the end).
-    let shift = seq_k - seq_q;
-    let tiles = (seq_q + 63) / 64;
+    let tiles = (max_q + 63) / 64;
     let bh = block::id_x() / tiles;
     let q0 = (block::id_x() - bh * tiles) * 64;
     let b = bh / heads;
     let h = bh - b * heads;
     let kvh = h / group;
+    let (q_start, seq_q, k_start, seq_k, lrow, lcol) = sequence(q, k, cu_q, cu_k, varlen, b, bh, h);
+    // Causally, key j is visible to query i when j ≤ i + seq_k − seq_q (aligned at the end).
+    let shift = seq_k - seq_q;
     let mut kv_end = seq_k;
     if causal == 1 {
         kv_end = min(seq_k, q0 + 64 + shift);
     }
-    let nb = (kv_end + 63) / 64;
+    // A tile past its sequence's rows (packed: shorter than the longest) has nothing to do.
+    let mut nb = (kv_end + 63) / 64;
+    let live = q0 < seq_q;
+    if !live {
+        nb = 0;
+    }
     let sq = Smem::<T, 64, D>::ring(1);
     let sdo = Smem::<T, 64, D>::ring(1);
     let sk = Smem::<T, 64, D>::ring(2);
@@ -59,20 +64,22 @@ pub fn attention_bwd_dq(
     let kvpipe = Pipeline::<2>::new(1);
     if warpgroup::id() == 0 {
         setmaxnreg(40);
-        let s = qpipe.acquire();
-        tma::load(sq.at(s), q, [b * q_bm + h * hm, q0, h * cm], qpipe);
-        tma::load(sdo.at(s), dout, [b * q_bm + h * hm, q0, h * cm], qpipe);
-        qpipe.commit(s);
+        if live {
+            let s = qpipe.acquire();
+            tma::load(sq.at(s), q, [b * q_bm + h * hm, q_start + q0, h * cm], qpipe);
+            tma::load(sdo.at(s), dout, [b * q_bm + h * hm, q_start + q0, h * cm], qpipe);
+            qpipe.commit(s);
+        }
         fill_stages(kvpipe, nb, |s, j| {
-            tma::load(sk.at(s), k, [b * k_bm + kvh * hm, j * 64, kvh * cm], kvpipe);
-            tma::load(sv.at(s), v, [b * k_bm + kvh * hm, j * 64, kvh * cm], kvpipe);
+            tma::load(sk.at(s), k, [b * k_bm + kvh * hm, k_start + j * 64, kvh * cm], kvpipe);
+            tma::load(sv.at(s), v, [b * k_bm + kvh * hm, k_start + j * 64, kvh * cm], kvpipe);
         });
-    } else {
+    } else if live {
         setmaxnreg(248);
         // The log-sum-exp in log₂ units (a row with every key masked has −∞: kept finite, its
         // scores are all masked anyway).
-        let lse2 = max(lse.load_or::<Tile<f32, 64, 1>>([bh, q0, 0], 0.0), -1e30) * f32::consts::LOG2_E;
-        let d = dsum.load_or::<Tile<f32, 64, 1>>([bh, q0, 0], 0.0);
+        let lse2 = max(lse.load_or::<Tile<f32, 64, 1>>([lrow, lcol + q0, 0], 0.0), -1e30) * f32::consts::LOG2_E;
+        let d = dsum.load_or::<Tile<f32, 64, 1>>([lrow, lcol + q0, 0], 0.0);
         // Row r sees the keys below r + diag.
         let diag = q0 + 1 + shift;
         let mut dqa = Tile::<f32, 64, D>::zeros();
@@ -95,7 +102,8 @@ pub fn attention_bwd_dq(
             mma_wait(0);
         });
         qpipe.release(qs);
-        dq.store([b * q_bm + h * hm, q0, h * cm], (dqa * scale).cast::<T>());
+        // Rows past the sequence are not stored (packed: they are the next sequence's).
+        dq.store_within([b * q_bm + h * hm, q_start + q0, h * cm], (dqa * scale).cast::<T>(), [dq.dim(0), q_start + seq_q, dq.dim(2)]);
     }
 }
 
@@ -106,24 +114,28 @@ pub fn attention_bwd_dq(
 #[kernel(warpgroups = 2, dtypes(T = [bf16, f16]), tune(D = [128, 64]), targets(sm_90a))]
 pub fn attention_bwd_dkv(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 2>, dsum: Global<f32, 2>, dk: Global<T, 3>,
-    dv: Global<T, 3>, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32, causal: i32, scale_log2: f32, scale: f32,
+    dv: Global<T, 3>, cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, max_k: i32, varlen: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32,
+    hm: i32, cm: i32, causal: i32, scale_log2: f32, scale: f32,
 ) {
-    let seq_q = q.dim(1);
-    let seq_k = k.dim(1);
-    let shift = seq_k - seq_q;
     let kv_heads = heads / group;
-    let tiles = (seq_k + 63) / 64;
+    let tiles = (max_k + 63) / 64;
     let bkh = block::id_x() / tiles;
     let k0 = (block::id_x() - bkh * tiles) * 64;
     let b = bkh / kv_heads;
     let kvh = bkh - b * kv_heads;
+    let (q_start, seq_q, k_start, seq_k, _, _) = sequence(q, k, cu_q, cu_k, varlen, b, 0, 0);
+    let shift = seq_k - seq_q;
     // Causally, query i sees key j when i ≥ j − shift: the walk starts at the query tile of
     // the block's first key.
     let mut i0 = 0;
     if causal == 1 {
         i0 = max(k0 - shift, 0) / 64;
     }
-    let per_head = max((seq_q + 63) / 64 - i0, 0);
+    let live = k0 < seq_k;
+    let mut per_head = max((seq_q + 63) / 64 - i0, 0);
+    if !live {
+        per_head = 0;
+    }
     let total = group * per_head;
     let sk = Smem::<T, 64, D>::ring(1);
     let sv = Smem::<T, 64, D>::ring(1);
@@ -133,31 +145,43 @@ pub fn attention_bwd_dkv(
     let qpipe = Pipeline::<2>::new(1);
     if warpgroup::id() == 0 {
         setmaxnreg(40);
-        let s = kpipe.acquire();
-        tma::load(sk.at(s), k, [b * k_bm + kvh * hm, k0, kvh * cm], kpipe);
-        tma::load(sv.at(s), v, [b * k_bm + kvh * hm, k0, kvh * cm], kpipe);
-        kpipe.commit(s);
+        if live {
+            let s = kpipe.acquire();
+            tma::load(sk.at(s), k, [b * k_bm + kvh * hm, k_start + k0, kvh * cm], kpipe);
+            tma::load(sv.at(s), v, [b * k_bm + kvh * hm, k_start + k0, kvh * cm], kpipe);
+            kpipe.commit(s);
+        }
         fill_stages(qpipe, total, |s, n| {
             let hh = n / per_head;
             let h = kvh * group + hh;
             let q0 = (i0 + n - hh * per_head) * 64;
-            tma::load(sq.at(s), q, [b * q_bm + h * hm, q0, h * cm], qpipe);
-            tma::load(sdo.at(s), dout, [b * q_bm + h * hm, q0, h * cm], qpipe);
+            tma::load(sq.at(s), q, [b * q_bm + h * hm, q_start + q0, h * cm], qpipe);
+            tma::load(sdo.at(s), dout, [b * q_bm + h * hm, q_start + q0, h * cm], qpipe);
         });
-    } else {
+    } else if live {
         setmaxnreg(248);
         let mut dka = Tile::<f32, 64, D>::zeros();
         let mut dva = Tile::<f32, 64, D>::zeros();
         let ks = kpipe.wait();
         drain_stages(qpipe, total, |s, n| {
             let hh = n / per_head;
-            let bh = b * heads + kvh * group + hh;
+            let h = kvh * group + hh;
             let q0 = (i0 + n - hh * per_head) * 64;
+            // The log-sum-exp's and D's row: (batch·head, query), or packed (head, row).
+            let mut lrow = b * heads + h;
+            if varlen == 1 {
+                lrow = h;
+            }
             let mut st = Tile::<f32, 64, 64>::zeros();
             mma_sync(st, sk.at(ks), sq.at(s));
             mma_wait(0);
-            // Queries past the end read a log-sum-exp of +∞: P = 0 there.
-            let mut x = st * scale_log2 - max(lse.load_or::<Tile<f32, 1, 64>>([bh, q0], f32::INFINITY), -1e30) * f32::consts::LOG2_E;
+            // Queries past the tensor read a log-sum-exp of +∞ (P = 0 there); past a packed
+            // sequence, the next one's rows are masked.
+            let mut x =
+                st * scale_log2 - max(lse.load_or::<Tile<f32, 1, 64>>([lrow, q_start + q0], f32::INFINITY), -1e30) * f32::consts::LOG2_E;
+            if q0 + 64 > seq_q {
+                x = x.mask_cols(seq_q - q0, f32::NEG_INFINITY);
+            }
             if causal == 1 && k0 + 63 > q0 + shift {
                 // Key k0 + r is visible to query q0 + c when q0 + c + shift − k0 − r ≥ 0; the
                 // others get −10³⁸ (0 after exp2, where a mask after it could meet ∞; a row
@@ -171,14 +195,40 @@ pub fn attention_bwd_dkv(
             let mut dpt = Tile::<f32, 64, 64>::zeros();
             mma_sync(dpt, sv.at(ks), sdo.at(s));
             mma_wait(0);
-            mma_sync_kn(dka, (pt * (dpt - dsum.load_or::<Tile<f32, 1, 64>>([bh, q0], 0.0))).cast::<T>(), sq.at(s));
+            mma_sync_kn(dka, (pt * (dpt - dsum.load_or::<Tile<f32, 1, 64>>([lrow, q_start + q0], 0.0))).cast::<T>(), sq.at(s));
             mma_wait(0);
         });
         kpipe.release(ks);
+        // Rows past the sequence are not stored (packed: they are the next sequence's).
         let plane = b * k_bm + kvh * hm;
-        dk.store([plane, k0, kvh * cm], (dka * scale).cast::<T>());
-        dv.store([plane, k0, kvh * cm], dva.cast::<T>());
+        let end = k_start + seq_k;
+        dk.store_within([plane, k_start + k0, kvh * cm], (dka * scale).cast::<T>(), [dk.dim(0), end, dk.dim(2)]);
+        dv.store_within([plane, k_start + k0, kvh * cm], dva.cast::<T>(), [dv.dim(0), end, dv.dim(2)]);
     }
+}
+
+/// Where batch entry `b`'s rows lie: `(q_start, seq_q, k_start, seq_k, lse_row, lse_col)` —
+/// from the offsets `cu_q`, `cu_k` when sequences are packed (`varlen` 1: the log-sum-exp's
+/// row is the head `h`, its columns the packed rows), else whole planes of `q`, `k` (row
+/// `bh`).
+#[device]
+#[allow(clippy::too_many_arguments)]
+fn sequence<T>(
+    q: Global<T, 3>, k: Global<T, 3>, cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, varlen: i32, b: i32, bh: i32, h: i32,
+) -> (i32, i32, i32, i32, i32, i32) {
+    let mut q_start = 0;
+    let mut seq_q = q.dim(1);
+    let mut k_start = 0;
+    let mut seq_k = k.dim(1);
+    let mut row = bh;
+    if varlen == 1 {
+        q_start = cu_q.get([b]);
+        seq_q = cu_q.get([b + 1]) - q_start;
+        k_start = cu_k.get([b]);
+        seq_k = cu_k.get([b + 1]) - k_start;
+        row = h;
+    }
+    (q_start, seq_q, k_start, seq_k, row, q_start)
 }
 
 /// The gradients of attention ([`attention_backward`]), each in the layout and shape of what
@@ -246,17 +296,76 @@ pub fn attention_backward<T: AttentionElement>(
         AttentionLayout::Bhsd => (h, hk, 1, 0),
     };
     let scale = opts.scale.unwrap_or(1.0 / (d as f32).sqrt());
-    let ints = [h, h / hk, q_bm, k_bm, hm, cm, usize::from(opts.causal)].map(|x| x as i32);
+    let ints = [h, h / hk, q_bm, k_bm, hm, cm, usize::from(opts.causal), sq, sk, 0].map(|x| x as i32);
     let AttentionGrads { dq, dk: dkt, dv } = &mut grads;
     let (mut dqv, mut dkv, mut dvv) = (dq.view_mut(&qs, &qst)?, dkt.view_mut(&ks, &kst)?, dv.view_mut(&ks, &kst)?);
+    let none = Optional(None, 1);
+    let bq = b * h * sq.div_ceil(64);
     T::backward(
         device,
         d,
-        [b * h * sq.div_ceil(64), b * hk * sk.div_ceil(64)],
+        [bq, bq, b * hk * sk.div_ceil(64)],
         [&qv, &kv, &vv, &dov, &ov],
         [&lse3, &lse2],
         &mut dsum,
         [&mut dqv, &mut dkv, &mut dvv],
+        [&none, &none],
+        ints,
+        [scale * std::f32::consts::LOG2_E, scale],
+    )?;
+    drop((dqv, dkv, dvv));
+    Ok(grads)
+}
+
+/// [`attention_backward`] for sequences packed end to end, as [`attention_varlen`](super::attention_varlen)
+/// takes them: `q`, `o`, `dout` `[total_q, heads, dim]`, `k`, `v` `[total_k, kv_heads, dim]`,
+/// `lse` `[heads, total_q]`, the offsets on the device, `max_seqlen_q` and `max_seqlen_k` at
+/// least every sequence's query and key length (tiles past them are not computed). The
+/// gradients come in the inputs' packed shapes.
+///
+/// # Errors
+/// As [`attention_varlen`](super::attention_varlen)'s (offsets read back and checked with
+/// [`Attention::check_offsets`]), and [`Error::Argument`](tessera::Error::Argument) naming
+/// `dout` when it is not o's shape, or `max_seqlen_k` of 0.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_varlen_backward<T: AttentionElement>(
+    device: &Device, opts: &Attention, q: &Tensor<T>, k: &Tensor<T>, v: &Tensor<T>, o: &Tensor<T>, lse: &Tensor<f32>, dout: &Tensor<T>,
+    cu_seqlens_q: &Tensor<i32>, cu_seqlens_k: &Tensor<i32>, max_seqlen_q: usize, max_seqlen_k: usize,
+) -> Result<AttentionGrads<T>> {
+    let ([tq, h, d], [tk, hk], b) = varlen_sizes(opts, [q, k, v, o], lse, [cu_seqlens_q, cu_seqlens_k], max_seqlen_q)?;
+    if dout.shape() != o.shape() || !dout.is_contiguous() {
+        return Err(arg("dout", format!("a contiguous tensor of o's shape {:?}", o.shape()), format!("shape {:?}", dout.shape())));
+    }
+    if max_seqlen_k == 0 || i32::try_from(b * hk * max_seqlen_k.div_ceil(64)).is_err() {
+        return Err(arg("max_seqlen_k", "1 or more, and fewer than 2³¹ tiles".into(), format!("{max_seqlen_k}")));
+    }
+    let mut grads = AttentionGrads {
+        dq: Tensor::scratch(device, q.shape())?,
+        dk: Tensor::scratch(device, k.shape())?,
+        dv: Tensor::scratch(device, v.shape())?,
+    };
+    let mut dsum = Tensor::<f32>::scratch(device, &[h, tq])?;
+    let (qs, qst) = ([1, tq, h * d], [tq * h * d, h * d, 1]);
+    let (ks, kst) = ([1, tk, hk * d], [tk * hk * d, hk * d, 1]);
+    let (qv, kv, vv) = (q.view(&qs, &qst)?, k.view(&ks, &kst)?, v.view(&ks, &kst)?);
+    let (ov, dov) = (o.view(&qs, &qst)?, dout.view(&qs, &qst)?);
+    let lse3 = lse.view(&[h, tq, 1], &[tq, 1, 1])?;
+    let lse2 = lse.view(&[h, tq], &[tq, 1])?;
+    let scale = opts.scale.unwrap_or(1.0 / (d as f32).sqrt());
+    let ints = [h, h / hk, 0, 0, 0, d, usize::from(opts.causal), max_seqlen_q, max_seqlen_k, 1].map(|x| x as i32);
+    let AttentionGrads { dq, dk: dkt, dv } = &mut grads;
+    let (mut dqv, mut dkv, mut dvv) = (dq.view_mut(&qs, &qst)?, dkt.view_mut(&ks, &kst)?, dv.view_mut(&ks, &kst)?);
+    let (cq, ck) = (Optional(Some(cu_seqlens_q), 1), Optional(Some(cu_seqlens_k), 1));
+    T::backward(
+        device,
+        d,
+        // D = rowsum(dO∘O) needs no offsets: the packed rows as one plane, a row of D a head.
+        [h * tq.div_ceil(64), b * h * max_seqlen_q.div_ceil(64), b * hk * max_seqlen_k.div_ceil(64)],
+        [&qv, &kv, &vv, &dov, &ov],
+        [&lse3, &lse2],
+        &mut dsum,
+        [&mut dqv, &mut dkv, &mut dvv],
+        [&cq, &ck],
         ints,
         [scale * std::f32::consts::LOG2_E, scale],
     )?;

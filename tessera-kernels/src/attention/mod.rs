@@ -8,7 +8,7 @@ pub(crate) mod kernels;
 
 pub use backward::{
     attention_backward, attention_bwd_dkv_bf16, attention_bwd_dkv_f16, attention_bwd_dot_bf16, attention_bwd_dot_f16,
-    attention_bwd_dq_bf16, attention_bwd_dq_f16, AttentionGrads,
+    attention_bwd_dq_bf16, attention_bwd_dq_f16, attention_varlen_backward, AttentionGrads,
 };
 
 pub use kernels::{
@@ -159,8 +159,8 @@ pub trait AttentionElement: Element + sealed::Sealed {
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     fn backward(
-        d: &Device, head_dim: usize, grids: [usize; 2], qkv_do_o: [&TensorView<Self>; 5], lse: [&TensorView<f32>; 2],
-        dsum: &mut Tensor<f32>, grads: [&mut TensorViewMut<Self>; 3], ints: [i32; 7], scales: [f32; 2],
+        d: &Device, head_dim: usize, grids: [usize; 3], qkv_do_o: [&TensorView<Self>; 5], lse: [&TensorView<f32>; 2],
+        dsum: &mut Tensor<f32>, grads: [&mut TensorViewMut<Self>; 3], cu: [&Optional<Tensor<i32>>; 2], ints: [i32; 10], scales: [f32; 2],
     ) -> Result<()>;
     /// Puts the split tiles back together: `attention_combine`, its variant of head dim `d`.
     #[doc(hidden)]
@@ -188,9 +188,10 @@ macro_rules! attention_element {
     ($t:ty, $dense:ident, $varlen:ident, $combine:ident, $dot:ident, $dq:ident, $dkv:ident) => {
         impl AttentionElement for $t {
             fn backward(
-                d: &Device, head_dim: usize, [bq, bk]: [usize; 2], [q, k, v, dout, o]: [&TensorView<Self>; 5],
+                d: &Device, head_dim: usize, [bd, bq, bk]: [usize; 3], [q, k, v, dout, o]: [&TensorView<Self>; 5],
                 [lse3, lse2]: [&TensorView<f32>; 2], dsum: &mut Tensor<f32>, [dq, dk, dv]: [&mut TensorViewMut<Self>; 3],
-                [heads, group, q_bm, k_bm, hm, cm, causal]: [i32; 7], [scale_log2, scale]: [f32; 2],
+                [cu_q, cu_k]: [&Optional<Tensor<i32>>; 2], [heads, group, q_bm, k_bm, hm, cm, causal, max_q, max_k, varlen]: [i32; 10],
+                [scale_log2, scale]: [f32; 2],
             ) -> Result<()> {
                 let pick = |all: &[&KernelSpec]| {
                     (0..all.len())
@@ -199,7 +200,7 @@ macro_rules! attention_element {
                 };
                 let (sq, n) = (dsum.shape()[1], dsum.shape()[0]);
                 let mut dsum3 = dsum.view_mut(&[n, sq, 1], &[sq, 1, 1])?;
-                $dot::launch_variant(pick($dot::VARIANTS)?, d, Grid::from(bq as u32), o, dout, &mut dsum3, heads, q_bm, hm, cm)?;
+                $dot::launch_variant(pick($dot::VARIANTS)?, d, Grid::from(bd as u32), o, dout, &mut dsum3, heads, q_bm, hm, cm)?;
                 let dsum3 = dsum.view(&[n, sq, 1], &[sq, 1, 1])?;
                 let dsum2 = dsum.view(&[n, sq], &[sq, 1])?;
                 $dq::launch_variant(
@@ -213,6 +214,10 @@ macro_rules! attention_element {
                     lse3,
                     &dsum3,
                     dq,
+                    cu_q,
+                    cu_k,
+                    max_q,
+                    varlen,
                     heads,
                     group,
                     q_bm,
@@ -235,6 +240,10 @@ macro_rules! attention_element {
                     &dsum2,
                     dk,
                     dv,
+                    cu_q,
+                    cu_k,
+                    max_k,
+                    varlen,
                     heads,
                     group,
                     q_bm,
@@ -597,6 +606,27 @@ pub fn attention_varlen<T: AttentionElement>(
     device: &Device, opts: &Attention, q: &Tensor<T>, k: &Tensor<T>, v: &Tensor<T>, o: &mut Tensor<T>, lse: &mut Tensor<f32>,
     cu_seqlens_q: &Tensor<i32>, cu_seqlens_k: &Tensor<i32>, max_seqlen_q: usize,
 ) -> Result<()> {
+    let ([tq, h, d], [tk, hk], b) = varlen_sizes(opts, [q, k, v, o], lse, [cu_seqlens_q, cu_seqlens_k], max_seqlen_q)?;
+    let (qv, kv, vv) = (
+        q.view(&[1, tq, h * d], &[tq * h * d, h * d, 1])?,
+        k.view(&[1, tk, hk * d], &[tk * hk * d, hk * d, 1])?,
+        v.view(&[1, tk, hk * d], &[tk * hk * d, hk * d, 1])?,
+    );
+    let mut ov = o.view_mut(&[1, tq, h * d], &[tq * h * d, h * d, 1])?;
+    let mut lv = lse.view_mut(&[h, tq, 1], &[tq, 1, 1])?;
+    let ints = [b, max_seqlen_q, 1, h, h / hk, 0, 0, 0, d, usize::from(opts.causal), 0, 1].map(|x| x as i32);
+    let (cq, ck) = (Optional(Some(cu_seqlens_q), 1), Optional(Some(cu_seqlens_k), 1));
+    launch(device, opts, d, [&qv, &kv, &vv], &mut ov, &mut lv, [&cq, &ck], ints)
+}
+
+/// The sizes of a packed call, `([total_q, heads, dim], [total_k, kv_heads], batch)`, after
+/// every check of its tensors and offsets that [`attention_varlen`] and
+/// [`attention_varlen_backward`] share (the offsets read back with
+/// [`Attention::check_offsets`]).
+fn varlen_sizes<T: AttentionElement>(
+    opts: &Attention, [q, k, v, o]: [&Tensor<T>; 4], lse: &Tensor<f32>, [cu_seqlens_q, cu_seqlens_k]: [&Tensor<i32>; 2],
+    max_seqlen_q: usize,
+) -> Result<([usize; 3], [usize; 2], usize)> {
     let packed = |name: &str, t: &Tensor<T>| -> Result<[usize; 3]> {
         match *t.shape() {
             [n, h, d] if t.is_contiguous() => Ok([n, h, d]),
@@ -634,16 +664,7 @@ pub fn attention_varlen<T: AttentionElement>(
     if opts.check_offsets.unwrap_or(cfg!(debug_assertions)) {
         check_cu_seqlens(&cu_seqlens_q.to_host()?, &cu_seqlens_k.to_host()?, tq, tk, max_seqlen_q)?;
     }
-    let (qv, kv, vv) = (
-        q.view(&[1, tq, h * d], &[tq * h * d, h * d, 1])?,
-        k.view(&[1, tk, hk * d], &[tk * hk * d, hk * d, 1])?,
-        v.view(&[1, tk, hk * d], &[tk * hk * d, hk * d, 1])?,
-    );
-    let mut ov = o.view_mut(&[1, tq, h * d], &[tq * h * d, h * d, 1])?;
-    let mut lv = lse.view_mut(&[h, tq, 1], &[tq, 1, 1])?;
-    let ints = [b, max_seqlen_q, 1, h, h / hk, 0, 0, 0, d, usize::from(opts.causal), 0, 1].map(|x| x as i32);
-    let (cq, ck) = (Optional(Some(cu_seqlens_q), 1), Optional(Some(cu_seqlens_k), 1));
-    launch(device, opts, d, [&qv, &kv, &vv], &mut ov, &mut lv, [&cq, &ck], ints)
+    Ok(([tq, h, d], [tk, hk], b))
 }
 
 /// [`attention_with_lse`] without keeping the log-sum-exp (for inference).
