@@ -267,7 +267,7 @@ pub struct AttentionGrads<T: Element> {
 /// ```
 ///
 /// # Errors
-/// As the forward's, and [`Error::Argument`] naming `dout` when it is not o's shape or is not
+/// As the forward's, and [`Error::Argument`](tessera::Error::Argument) naming `dout` when it is not o's shape or is not
 /// contiguous.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_backward<T: AttentionElement>(
