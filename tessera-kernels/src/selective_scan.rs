@@ -556,10 +556,8 @@ macro_rules! selective_scan_element {
                 let (u, delta) = (rows_of(s.u, rows, 1)?, rows_of(s.delta, rows, 1)?);
                 let bm = s.b.view(&[batch * groups, states], &[states, 1])?;
                 let cm = s.c.view(&[batch * groups, states], &[states, 1])?;
-                let a = s.a.view(&[channels, states], &[states, 1])?;
                 let z = s.z.map(|z| rows_of(z, rows, 1)).transpose()?;
-                let dskip = s.d.map(|d| d.view(&[channels, 1], &[1, 1])).transpose()?;
-                let bias = s.delta_bias.map(|d| d.view(&[channels, 1], &[1, 1])).transpose()?;
+                let (a, dskip, bias) = s.per_channel(channels, states)?;
                 let mut yv = y.view_mut(&[rows, 1], &[1, 1])?;
                 let mut hv = state.view_mut(&[rows, states], &[states, 1])?;
                 let blocks = batch * groups * (channels / groups).div_ceil(64);
@@ -601,10 +599,8 @@ macro_rules! selective_scan_element {
                     let Rows { u, delta, bm, cm, z, .. } = Rows::of(s, dims)?;
                     // B and C in f32: each is read by every thread of a block.
                     let (bm, cm) = ($f32rows(dev, bm)?, $f32rows(dev, cm)?);
-                    let a = s.a.view(&[channels, states], &[states, 1])?;
+                    let (a, dskip, bias) = s.per_channel(channels, states)?;
                     let h0 = s.h0.map(|h| h.view(&[rows, states], &[states, 1])).transpose()?;
-                    let dskip = s.d.map(|d| d.view(&[channels, 1], &[1, 1])).transpose()?;
-                    let bias = s.delta_bias.map(|d| d.view(&[channels, 1], &[1, 1])).transpose()?;
                     let mut yv = y.view_mut(&[rows, len], &[len, 1])?;
                     let mut hv = h_last.view_mut(&[rows, states], &[states, 1])?;
                     return $rows::launch_variant(
@@ -848,6 +844,16 @@ impl<'a, T: SelectiveScanElement> SelectiveScan<'a, T> {
         }
         T::selective_scan_bwd_launch(self, dims, dout, &mut grads)?;
         Ok(grads)
+    }
+
+    /// `a` as `[channels, d_state]` and the optional `D` and delta bias as `[channels, 1]`
+    /// columns, as the step and the thread-a-channel kernels read them.
+    #[allow(clippy::type_complexity)]
+    fn per_channel(
+        &self, channels: usize, states: usize,
+    ) -> Result<(tessera::TensorView<'a, f32>, Option<tessera::TensorView<'a, f32>>, Option<tessera::TensorView<'a, f32>>)> {
+        let column = |t: Option<&'a Tensor<f32>>| t.map(|d| d.view(&[channels, 1], &[1, 1])).transpose();
+        Ok((self.a.view(&[channels, states], &[states, 1])?, column(self.d)?, column(self.delta_bias)?))
     }
 
     fn arg(&self, arg: &str, expected: String, found: String) -> Error {

@@ -8,7 +8,7 @@
 //! walk with atomic dQ has five). Tensors as the forward's rank-3 views; `lse` and `dsum`
 //! `[batch·heads, seq_q, 1]` (or `[batch·heads, seq_q]` where rows of queries are read).
 
-use super::{arg, dense_sizes, dims, varlen_sizes, view3, Attention, AttentionElement, AttentionLayout};
+use super::{arg, dense_sizes, dims, head_origins, varlen_sizes, view3, Attention, AttentionElement};
 use crate::prelude::{drain_stages, fill_stages};
 use tessera::{device, kernel, Device, Element, Optional, Result, Tensor};
 
@@ -279,42 +279,24 @@ pub fn attention_backward<T: AttentionElement>(
         return Err(arg("dout", format!("o's shape {:?}", o.shape()), format!("shape {:?}", dout.shape())));
     }
     dims("dout", dout, layout)?;
-    let mut grads = AttentionGrads {
-        dq: Tensor::scratch(device, q.shape())?,
-        dk: Tensor::scratch(device, k.shape())?,
-        dv: Tensor::scratch(device, v.shape())?,
-    };
-    let mut dsum = Tensor::<f32>::scratch(device, &[b * h, sq])?;
     let (qs, qst) = view3(layout, [b, sq, h, d]);
     let (ks, kst) = view3(layout, [b, sk, hk, d]);
-    let (qv, kv, vv) = (q.view(&qs, &qst)?, k.view(&ks, &kst)?, v.view(&ks, &kst)?);
-    let (ov, dov) = (o.view(&qs, &qst)?, dout.view(&qs, &qst)?);
-    let lse3 = lse.view(&[b * h, sq, 1], &[sq, 1, 1])?;
-    let lse2 = lse.view(&[b * h, sq], &[sq, 1])?;
-    let (q_bm, k_bm, hm, cm) = match layout {
-        AttentionLayout::Bshd => (1, 1, 0, d),
-        AttentionLayout::Bhsd => (h, hk, 1, 0),
-    };
-    let scale = opts.scale.unwrap_or(1.0 / (d as f32).sqrt());
+    let (q_bm, k_bm, hm, cm) = head_origins(layout, h, hk, d);
     let ints = [h, h / hk, q_bm, k_bm, hm, cm, usize::from(opts.causal), sq, sk, 0].map(|x| x as i32);
-    let AttentionGrads { dq, dk: dkt, dv } = &mut grads;
-    let (mut dqv, mut dkv, mut dvv) = (dq.view_mut(&qs, &qst)?, dkt.view_mut(&ks, &kst)?, dv.view_mut(&ks, &kst)?);
     let none = Optional(None, 1);
     let bq = b * h * sq.div_ceil(64);
-    T::backward(
+    run(
         device,
+        opts,
         d,
+        [q, k, v, o, dout],
+        lse,
+        [b * h, sq],
+        [(qs, qst), (ks, kst)],
         [bq, bq, b * hk * sk.div_ceil(64)],
-        [&qv, &kv, &vv, &dov, &ov],
-        [&lse3, &lse2],
-        &mut dsum,
-        [&mut dqv, &mut dkv, &mut dvv],
         [&none, &none],
         ints,
-        [scale * std::f32::consts::LOG2_E, scale],
-    )?;
-    drop((dqv, dkv, dvv));
-    Ok(grads)
+    )
 }
 
 /// [`attention_backward`] for sequences packed end to end, as [`attention_varlen`](super::attention_varlen)
@@ -339,33 +321,45 @@ pub fn attention_varlen_backward<T: AttentionElement>(
     if max_seqlen_k == 0 || i32::try_from(b * hk * max_seqlen_k.div_ceil(64)).is_err() {
         return Err(arg("max_seqlen_k", "1 or more, and fewer than 2³¹ tiles".into(), format!("{max_seqlen_k}")));
     }
+    let (qs, qst) = ([1, tq, h * d], [tq * h * d, h * d, 1]);
+    let (ks, kst) = ([1, tk, hk * d], [tk * hk * d, hk * d, 1]);
+    let ints = [h, h / hk, 0, 0, 0, d, usize::from(opts.causal), max_seqlen_q, max_seqlen_k, 1].map(|x| x as i32);
+    let (cq, ck) = (Optional(Some(cu_seqlens_q), 1), Optional(Some(cu_seqlens_k), 1));
+    // D = rowsum(dO∘O) needs no offsets: the packed rows as one plane, a row of D a head.
+    let grids = [h * tq.div_ceil(64), b * h * max_seqlen_q.div_ceil(64), b * hk * max_seqlen_k.div_ceil(64)];
+    run(device, opts, d, [q, k, v, o, dout], lse, [h, tq], [(qs, qst), (ks, kst)], grids, [&cq, &ck], ints)
+}
+
+/// What both forms share once their views' shapes are known (head dim `d`): the gradients
+/// allocated, the rank-3 views (`views` for q/o/dout and k/v), the log-sum-exp as `lse_rows` rows of queries
+/// (3-D for the dQ walk, 2-D for the dK/dV walk), D's scratch, and the three launches.
+#[allow(clippy::too_many_arguments)]
+fn run<T: AttentionElement>(
+    device: &Device, opts: &Attention, d: usize, [q, k, v, o, dout]: [&Tensor<T>; 5], lse: &Tensor<f32>, [rows, cols]: [usize; 2],
+    [(qs, qst), (ks, kst)]: [([usize; 3], [usize; 3]); 2], grids: [usize; 3], cu: [&Optional<Tensor<i32>>; 2], ints: [i32; 10],
+) -> Result<AttentionGrads<T>> {
     let mut grads = AttentionGrads {
         dq: Tensor::scratch(device, q.shape())?,
         dk: Tensor::scratch(device, k.shape())?,
         dv: Tensor::scratch(device, v.shape())?,
     };
-    let mut dsum = Tensor::<f32>::scratch(device, &[h, tq])?;
-    let (qs, qst) = ([1, tq, h * d], [tq * h * d, h * d, 1]);
-    let (ks, kst) = ([1, tk, hk * d], [tk * hk * d, hk * d, 1]);
+    let mut dsum = Tensor::<f32>::scratch(device, &[rows, cols])?;
     let (qv, kv, vv) = (q.view(&qs, &qst)?, k.view(&ks, &kst)?, v.view(&ks, &kst)?);
     let (ov, dov) = (o.view(&qs, &qst)?, dout.view(&qs, &qst)?);
-    let lse3 = lse.view(&[h, tq, 1], &[tq, 1, 1])?;
-    let lse2 = lse.view(&[h, tq], &[tq, 1])?;
-    let scale = opts.scale.unwrap_or(1.0 / (d as f32).sqrt());
-    let ints = [h, h / hk, 0, 0, 0, d, usize::from(opts.causal), max_seqlen_q, max_seqlen_k, 1].map(|x| x as i32);
-    let AttentionGrads { dq, dk: dkt, dv } = &mut grads;
-    let (mut dqv, mut dkv, mut dvv) = (dq.view_mut(&qs, &qst)?, dkt.view_mut(&ks, &kst)?, dv.view_mut(&ks, &kst)?);
-    let (cq, ck) = (Optional(Some(cu_seqlens_q), 1), Optional(Some(cu_seqlens_k), 1));
+    let lse3 = lse.view(&[rows, cols, 1], &[cols, 1, 1])?;
+    let lse2 = lse.view(&[rows, cols], &[cols, 1])?;
+    let scale = opts.scale_for(d);
+    let AttentionGrads { dq, dk, dv } = &mut grads;
+    let (mut dqv, mut dkv, mut dvv) = (dq.view_mut(&qs, &qst)?, dk.view_mut(&ks, &kst)?, dv.view_mut(&ks, &kst)?);
     T::backward(
         device,
         d,
-        // D = rowsum(dO∘O) needs no offsets: the packed rows as one plane, a row of D a head.
-        [h * tq.div_ceil(64), b * h * max_seqlen_q.div_ceil(64), b * hk * max_seqlen_k.div_ceil(64)],
+        grids,
         [&qv, &kv, &vv, &dov, &ov],
         [&lse3, &lse2],
         &mut dsum,
         [&mut dqv, &mut dkv, &mut dvv],
-        [&cq, &ck],
+        cu,
         ints,
         [scale * std::f32::consts::LOG2_E, scale],
     )?;

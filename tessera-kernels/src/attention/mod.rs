@@ -95,6 +95,11 @@ impl Attention {
     pub fn check_offsets(self, on: bool) -> Attention {
         Attention { check_offsets: Some(on), ..self }
     }
+
+    /// The factor on `Q·Kᵀ` at `head_dim`: the one given, else `1/√head_dim`.
+    fn scale_for(&self, head_dim: usize) -> f32 {
+        self.scale.unwrap_or(1.0 / (head_dim as f32).sqrt())
+    }
 }
 
 /// Checks packed-sequence offsets as [`attention_varlen`] reads them: each of `cu_seqlens_q`
@@ -363,6 +368,15 @@ fn check_rest<T: AttentionElement>(
     Ok(())
 }
 
+/// How the kernels find head `h` of batch entry `b` in the rank-3 views ([`view3`]): its plane
+/// is `b·q_bm + h·hm` (`k_bm` for k and v) and its first column `h·cm`.
+fn head_origins(layout: AttentionLayout, heads: usize, kv_heads: usize, d: usize) -> (usize, usize, usize, usize) {
+    match layout {
+        AttentionLayout::Bshd => (1, 1, 0, d),
+        AttentionLayout::Bhsd => (heads, kv_heads, 1, 0),
+    }
+}
+
 /// The rank-3 view the kernel reads: `[batch, seq, heads·dim]` or `[batch·heads, seq, dim]`.
 fn view3(layout: AttentionLayout, [b, s, h, d]: [usize; 4]) -> ([usize; 3], [usize; 3]) {
     match layout {
@@ -423,10 +437,7 @@ fn dense<T: AttentionElement>(
     let (qv, kv, vv) = (q.view(&qs, &qst)?, k.view(&ks, &kst)?, v.view(&ks, &kst)?);
     let mut ov = o.view_mut(&qs, &qst)?;
     let mut lv = lse.view_mut(&[b * h, sq, 1], &[sq, 1, 1])?;
-    let (q_bm, k_bm, hm, cm) = match layout {
-        AttentionLayout::Bshd => (1, 1, 0, d),
-        AttentionLayout::Bhsd => (h, hk, 1, 0),
-    };
+    let (q_bm, k_bm, hm, cm) = head_origins(layout, h, hk, d);
     let ints = [b, sq, 0, h, h / hk, q_bm, k_bm, hm, cm, usize::from(opts.causal), 0, usize::from(keep_lse)].map(|x| x as i32);
     let none = Optional(None, 1);
     launch(device, opts, d, [&qv, &kv, &vv], &mut ov, &mut lv, [&none, &none], ints)
@@ -499,7 +510,7 @@ fn launch<T: AttentionElement>(
     device: &Device, opts: &Attention, d: usize, qkv: [&TensorView<T>; 3], o: &mut TensorViewMut<T>, lse: &mut TensorViewMut<f32>,
     cu: [&Optional<Tensor<i32>>; 2], mut ints: [i32; 12],
 ) -> Result<()> {
-    let scale = opts.scale.unwrap_or(1.0 / (d as f32).sqrt());
+    let scale = opts.scale_for(d);
     let [batch, max_q, varlen, heads, group, q_bm, _, hm, cm, ..] = ints;
     let seq_k = qkv[1].shape()[1];
     ints[10] = heads_per_group(opts.causal, seq_k, d);

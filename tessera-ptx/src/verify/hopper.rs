@@ -187,10 +187,7 @@ impl Checker<'_> {
             return Err(CompileError::ty(loc, format!("`tma::load` copies from a rank-2 or rank-3 tensor, `{tensor}` has rank {rank}")));
         }
         match self.expr(dst)? {
-            Type::SmemView { dtype: d, cols, .. } if d == dtype && !(cols * d.size()).is_multiple_of(16) => {
-                Err(CompileError::ty(dst.loc, format!("`tma::load`: a box's rows are multiples of 16 bytes, found {}", cols * d.size())))
-            }
-            Type::SmemView { dtype: d, rows, .. } if d == dtype && rows <= 256 => Ok(()),
+            Type::SmemView { dtype: d, rows, cols, .. } if d == dtype && rows <= 256 => tma_rows("tma::load", d, cols, dst.loc),
             Type::SmemView { dtype: d, .. } if d != dtype => {
                 Err(CompileError::ty(dst.loc, format!("`tma::load`: `{tensor}` is `{dtype}`, the shared tile is `{d}`")))
             }
@@ -262,6 +259,17 @@ impl Checker<'_> {
 
 fn describe(t: Option<Type>) -> String {
     t.map_or_else(|| "not defined".to_string(), |t| format!("`{t}`"))
+}
+
+/// A TMA box's rows: multiples of 16 bytes (a ring's rows may be narrower where no TMA copies
+/// them).
+pub(super) fn tma_rows(what: &str, dtype: crate::DType, cols: u32, loc: SourceLoc) -> Result<(), CompileError> {
+    let row = cols * dtype.size();
+    if row.is_multiple_of(16) {
+        Ok(())
+    } else {
+        Err(CompileError::ty(loc, format!("`{what}`: a box's rows are multiples of 16 bytes, found {row}")))
+    }
 }
 
 fn check_ring(t: SmemType, loc: SourceLoc) -> Result<SmemType, CompileError> {

@@ -352,13 +352,7 @@ impl Checker<'_> {
                     ));
                 }
                 match self.expr(src)? {
-                    Type::SmemView { dtype: d, cols, .. } if d == dtype && !(cols * d.size()).is_multiple_of(16) => {
-                        return Err(CompileError::ty(
-                            src.loc,
-                            format!("`tma::store`: a box's rows are multiples of 16 bytes, found {}", cols * d.size()),
-                        ))
-                    }
-                    Type::SmemView { dtype: d, .. } if d == dtype => {}
+                    Type::SmemView { dtype: d, cols, .. } if d == dtype => hopper::tma_rows("tma::store", d, cols, src.loc)?,
                     other => {
                         return Err(CompileError::ty(
                             src.loc,
