@@ -213,8 +213,16 @@ fn varlen_backward_matches_f64<T: AttentionElement>(
         let what = format!("varlen sequence {bi} ({}×{}, d{d}) causal={causal}", lq[bi], lk[bi]);
         for (name, got, want) in [("dq", &gq[rq.clone()], wq), ("dk", &gk[rk.clone()], wk), ("dv", &gv[rk.clone()], wv)] {
             assert!(got.iter().all(|x| x.is_finite()), "{what}: {name} has a non-finite element");
-            if want.iter().all(|&x| x == 0.0) {
+            // Structural zeros (no keys: dQ; no queries: dK, dV) are written as zeros. A
+            // sequence of one key has dQ = 0 only by cancellation (dP − D with P = 1, O = V):
+            // the kernel's D comes from the rounded O, so it gets rounding-sized values there,
+            // bounded by the terms' magnitude (|dO|·|V| ≤ 1, |K| ≤ 2, scale).
+            let structural = if name == "dq" { lk[bi] == 0 } else { lq[bi] == 0 };
+            if structural {
                 assert!(got.iter().all(|&x| x == 0.0), "{what}: {name} should be 0");
+            } else if want.iter().all(|&x| x == 0.0) {
+                let worst = got.iter().fold(0.0f64, |a, &x| a.max(x.abs()));
+                assert!(worst < tol * 2.0 * f64::from(scale) * (d as f64).sqrt(), "{what}: {name} should be about 0, has {worst}");
             } else {
                 let err = rel_error(got, &want);
                 assert!(err < tol, "{what}: {name} relative error {err}");
@@ -227,7 +235,7 @@ fn varlen_backward_matches_f64<T: AttentionElement>(
 fn interp_attention_varlen_backward_matches_f64_reference() {
     let dev = Device::cpu();
     for causal in [false, true] {
-        varlen_backward_matches_f64::<bf16>(&dev, &[3, 70, 0, 9], &[7, 140, 2, 0], 2, 1, 64, causal, 3e-2, bf16::from_f32, |v| v.to_f64());
+        varlen_backward_matches_f64::<bf16>(&dev, &[3, 70, 0, 9, 5], &[7, 140, 2, 0, 1], 2, 1, 64, causal, 3e-2, bf16::from_f32, |v| v.to_f64());
         varlen_backward_matches_f64::<f16>(&dev, &[65, 5], &[17, 5], 1, 1, 128, causal, 6e-3, f16::from_f32, |v| v.to_f64());
     }
 }
