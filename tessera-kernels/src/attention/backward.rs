@@ -1,8 +1,8 @@
 //! FlashAttention backward (FA2's algorithm), in three kernels with no float atomics, so that
 //! every run gives the same bits: `attention_bwd_dot` forms `D = rowsum(dO ∘ O)` per query;
-//! `attention_bwd_dq` walks a 64-query tile's key blocks (`S = Q·Kᵀ`, `P = exp(S·scale − LSE)`
+//! `attention_bwd_dq` walks a 128-query tile's key blocks (`S = Q·Kᵀ`, `P = exp(S·scale − LSE)`
 //! from the forward's log-sum-exp, `dP = dO·Vᵀ`, `dS = P ∘ (dP − D)`, `dQ += dS·K`);
-//! `attention_bwd_dkv` walks a 64-key tile's query blocks, of every query head of its group
+//! `attention_bwd_dkv` walks a 128-key tile's query blocks, of every query head of its group
 //! (`Sᵀ = K·Qᵀ`, `Pᵀ`, `dV += Pᵀ·dO`, `dPᵀ = V·dOᵀ`, `dK += dSᵀ·Q`), so that grouped heads'
 //! dK and dV are summed in registers. S and dP are computed in both walks (seven MMAs where a
 //! walk with atomic dQ has five). Tensors as the forward's rank-3 views; `lse` and `dsum`
@@ -28,18 +28,19 @@ pub fn attention_bwd_dot(o: Global<T, 3>, dout: Global<T, 3>, dsum: Global<f32, 
     );
 }
 
-/// dQ for 64 query rows of one (batch, head) a block: a producer brings Q and dO once and K, V
-/// block by block (64 keys, up to the causal diagonal); the consumer recomputes P from the
-/// log-sum-exp and adds `dS·K` into dQ in registers, stored once (`× scale`).
-#[kernel(warpgroups = 2, dtypes(T = [bf16, f16]), tune(D = [128, 64]), targets(sm_90a))]
+/// dQ for 128 query rows of one (batch, head) a block: a producer brings Q and dO once and K,
+/// V block by block (64 keys, up to the causal diagonal); two consumers, 64 rows each, share
+/// the blocks, recompute P from the log-sum-exp and add `dS·K` into dQ in registers, stored
+/// once (`× scale`). Causally, the first consumer skips the last block, past its diagonal.
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64]), targets(sm_90a))]
 pub fn attention_bwd_dq(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 3>, dsum: Global<f32, 3>, dq: Global<T, 3>,
     cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, max_q: i32, varlen: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32,
     causal: i32, scale_log2: f32, scale: f32,
 ) {
-    let tiles = (max_q + 63) / 64;
+    let tiles = (max_q + 127) / 128;
     let bh = block::id_x() / tiles;
-    let q0 = (block::id_x() - bh * tiles) * 64;
+    let q0 = (block::id_x() - bh * tiles) * 128;
     let b = bh / heads;
     let h = bh - b * heads;
     let kvh = h / group;
@@ -48,7 +49,7 @@ pub fn attention_bwd_dq(
     let shift = seq_k - seq_q;
     let mut kv_end = seq_k;
     if causal == 1 {
-        kv_end = min(seq_k, q0 + 64 + shift);
+        kv_end = min(seq_k, q0 + 128 + shift);
     }
     // A tile past its sequence's rows (packed: shorter than the longest) has nothing to do.
     let mut nb = (kv_end + 63) / 64;
@@ -56,14 +57,14 @@ pub fn attention_bwd_dq(
     if !live {
         nb = 0;
     }
-    let sq = Smem::<T, 64, D>::ring(1);
-    let sdo = Smem::<T, 64, D>::ring(1);
+    let sq = Smem::<T, 128, D>::ring(1);
+    let sdo = Smem::<T, 128, D>::ring(1);
     let sk = Smem::<T, 64, D>::ring(2);
     let sv = Smem::<T, 64, D>::ring(2);
-    let qpipe = Pipeline::<1>::new(1);
-    let kvpipe = Pipeline::<2>::new(1);
+    let qpipe = Pipeline::<1>::new(2);
+    let kvpipe = Pipeline::<2>::new(2);
     if warpgroup::id() == 0 {
-        setmaxnreg(40);
+        setmaxnreg(24);
         if live {
             let s = qpipe.acquire();
             tma::load(sq.at(s), q, [b * q_bm + h * hm, q_start + q0, h * cm], qpipe);
@@ -75,52 +76,61 @@ pub fn attention_bwd_dq(
             tma::load(sv.at(s), v, [b * k_bm + kvh * hm, k_start + j * 64, kvh * cm], kvpipe);
         });
     } else if live {
-        setmaxnreg(248);
+        setmaxnreg(240);
+        let row = (warpgroup::id() - 1) * 64;
+        let qr = q0 + row;
         // The log-sum-exp in log₂ units (a row with every key masked has −∞: kept finite, its
         // scores are all masked anyway).
-        let lse2 = max(lse.load_or::<Tile<f32, 64, 1>>([lrow, lcol + q0, 0], 0.0), -1e30) * f32::consts::LOG2_E;
-        let d = dsum.load_or::<Tile<f32, 64, 1>>([lrow, lcol + q0, 0], 0.0);
-        // Row r sees the keys below r + diag.
-        let diag = q0 + 1 + shift;
+        let lse2 = max(lse.load_or::<Tile<f32, 64, 1>>([lrow, lcol + qr, 0], 0.0), -1e30) * f32::consts::LOG2_E;
+        let d = dsum.load_or::<Tile<f32, 64, 1>>([lrow, lcol + qr, 0], 0.0);
+        // Row r sees the keys below r + diag; this consumer's blocks end at `mine`.
+        let diag = qr + 1 + shift;
+        let mut mine = nb;
+        if causal == 1 {
+            mine = (min(seq_k, qr + 64 + shift) + 63) / 64;
+        }
         let mut dqa = Tile::<f32, 64, D>::zeros();
         let qs = qpipe.wait();
         drain_stages(kvpipe, nb, |s, j| {
-            let k0 = j * 64;
-            let mut sc = Tile::<f32, 64, 64>::zeros();
-            mma_sync(sc, sq.at(qs), sk.at(s));
-            let mut dp = Tile::<f32, 64, 64>::zeros();
-            mma_sync(dp, sdo.at(qs), sv.at(s));
-            mma_wait(0);
-            let mut x = sc * scale_log2 - lse2;
-            if k0 + 64 > seq_k {
-                x = x.mask_cols(seq_k - k0, f32::NEG_INFINITY);
+            if j < mine {
+                let k0 = j * 64;
+                let mut sc = Tile::<f32, 64, 64>::zeros();
+                mma_sync(sc, sq.at(qs).rows(row, 64), sk.at(s));
+                let mut dp = Tile::<f32, 64, 64>::zeros();
+                mma_sync(dp, sdo.at(qs).rows(row, 64), sv.at(s));
+                mma_wait(0);
+                let mut x = sc * scale_log2 - lse2;
+                if k0 + 64 > seq_k {
+                    x = x.mask_cols(seq_k - k0, f32::NEG_INFINITY);
+                }
+                if causal == 1 && k0 + 64 > diag {
+                    x = x.mask_cols(Tile::<f32, 64, 1>::row_index() + (diag - k0) as f32, f32::NEG_INFINITY);
+                }
+                mma_sync_kn(dqa, (exp2(x) * (dp - d)).cast::<T>(), sk.at(s));
+                mma_wait(0);
             }
-            if causal == 1 && k0 + 64 > diag {
-                x = x.mask_cols(Tile::<f32, 64, 1>::row_index() + (diag - k0) as f32, f32::NEG_INFINITY);
-            }
-            mma_sync_kn(dqa, (exp2(x) * (dp - d)).cast::<T>(), sk.at(s));
-            mma_wait(0);
         });
         qpipe.release(qs);
         // Rows past the sequence are not stored (packed: they are the next sequence's).
-        dq.store_within([b * q_bm + h * hm, q_start + q0, h * cm], (dqa * scale).cast::<T>(), [dq.dim(0), q_start + seq_q, dq.dim(2)]);
+        dq.store_within([b * q_bm + h * hm, q_start + qr, h * cm], (dqa * scale).cast::<T>(), [dq.dim(0), q_start + seq_q, dq.dim(2)]);
     }
 }
 
-/// dK and dV for 64 keys of one (batch, key/value head) a block: a producer brings K and V once
-/// and Q, dO block by block for every query head of the group (from the causal diagonal on);
-/// the consumer recomputes Pᵀ from the log-sum-exp and adds `Pᵀ·dO` into dV and `dSᵀ·Q` into dK
-/// in registers, stored once (dK `× scale`). `lse`, `dsum` as `[batch·heads, seq_q]`.
-#[kernel(warpgroups = 2, dtypes(T = [bf16, f16]), tune(D = [128, 64]), targets(sm_90a))]
+/// dK and dV for 128 keys of one (batch, key/value head) a block: a producer brings K and V
+/// once and Q, dO block by block (64 queries) for every query head of the group (from the
+/// causal diagonal on); two consumers, 64 keys each, share the blocks, recompute Pᵀ from the
+/// log-sum-exp and add `Pᵀ·dO` into dV and `dSᵀ·Q` into dK in registers, stored once (dK
+/// `× scale`). `lse`, `dsum` as `[batch·heads, seq_q]`.
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64]), targets(sm_90a))]
 pub fn attention_bwd_dkv(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 2>, dsum: Global<f32, 2>, dk: Global<T, 3>,
     dv: Global<T, 3>, cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, max_k: i32, varlen: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32,
     hm: i32, cm: i32, causal: i32, scale_log2: f32, scale: f32,
 ) {
     let kv_heads = heads / group;
-    let tiles = (max_k + 63) / 64;
+    let tiles = (max_k + 127) / 128;
     let bkh = block::id_x() / tiles;
-    let k0 = (block::id_x() - bkh * tiles) * 64;
+    let k0 = (block::id_x() - bkh * tiles) * 128;
     let b = bkh / kv_heads;
     let kvh = bkh - b * kv_heads;
     let (q_start, seq_q, k_start, seq_k, _, _) = sequence(q, k, cu_q, cu_k, varlen, b, 0, 0);
@@ -137,14 +147,14 @@ pub fn attention_bwd_dkv(
         per_head = 0;
     }
     let total = group * per_head;
-    let sk = Smem::<T, 64, D>::ring(1);
-    let sv = Smem::<T, 64, D>::ring(1);
+    let sk = Smem::<T, 128, D>::ring(1);
+    let sv = Smem::<T, 128, D>::ring(1);
     let sq = Smem::<T, 64, D>::ring(2);
     let sdo = Smem::<T, 64, D>::ring(2);
-    let kpipe = Pipeline::<1>::new(1);
-    let qpipe = Pipeline::<2>::new(1);
+    let kpipe = Pipeline::<1>::new(2);
+    let qpipe = Pipeline::<2>::new(2);
     if warpgroup::id() == 0 {
-        setmaxnreg(40);
+        setmaxnreg(24);
         if live {
             let s = kpipe.acquire();
             tma::load(sk.at(s), k, [b * k_bm + kvh * hm, k_start + k0, kvh * cm], kpipe);
@@ -159,7 +169,9 @@ pub fn attention_bwd_dkv(
             tma::load(sdo.at(s), dout, [b * q_bm + h * hm, q_start + q0, h * cm], qpipe);
         });
     } else if live {
-        setmaxnreg(248);
+        setmaxnreg(240);
+        let row = (warpgroup::id() - 1) * 64;
+        let kr = k0 + row;
         let mut dka = Tile::<f32, 64, D>::zeros();
         let mut dva = Tile::<f32, 64, D>::zeros();
         let ks = kpipe.wait();
@@ -173,7 +185,7 @@ pub fn attention_bwd_dkv(
                 lrow = h;
             }
             let mut st = Tile::<f32, 64, 64>::zeros();
-            mma_sync(st, sk.at(ks), sq.at(s));
+            mma_sync(st, sk.at(ks).rows(row, 64), sq.at(s));
             mma_wait(0);
             // Queries past the tensor read a log-sum-exp of +∞ (P = 0 there); past a packed
             // sequence, the next one's rows are masked.
@@ -182,18 +194,18 @@ pub fn attention_bwd_dkv(
             if q0 + 64 > seq_q {
                 x = x.mask_cols(seq_q - q0, f32::NEG_INFINITY);
             }
-            if causal == 1 && k0 + 63 > q0 + shift {
+            if causal == 1 && kr + 63 > q0 + shift {
                 // Key k0 + r is visible to query q0 + c when q0 + c + shift − k0 − r ≥ 0; the
                 // others get −10³⁸ (0 after exp2, where a mask after it could meet ∞; a row
                 // with no key at all has x up to 1.5·10³⁰ from its clamped log-sum-exp).
-                let seen = (Tile::<f32, 64, 64>::col_index() - Tile::<f32, 64, 64>::row_index() + (q0 + shift - k0) as f32).step();
+                let seen = (Tile::<f32, 64, 64>::col_index() - Tile::<f32, 64, 64>::row_index() + (q0 + shift - kr) as f32).step();
                 x = x + (seen - 1.0) * 1e38;
             }
             let pt = exp2(x);
             // dV's MMA and dPᵀ's run together; S's registers are free by then.
             mma_sync_kn(dva, pt.cast::<T>(), sdo.at(s));
             let mut dpt = Tile::<f32, 64, 64>::zeros();
-            mma_sync(dpt, sv.at(ks), sdo.at(s));
+            mma_sync(dpt, sv.at(ks).rows(row, 64), sdo.at(s));
             mma_wait(0);
             mma_sync_kn(dka, (pt * (dpt - dsum.load_or::<Tile<f32, 1, 64>>([lrow, q_start + q0], 0.0))).cast::<T>(), sq.at(s));
             mma_wait(0);
@@ -202,8 +214,8 @@ pub fn attention_bwd_dkv(
         // Rows past the sequence are not stored (packed: they are the next sequence's).
         let plane = b * k_bm + kvh * hm;
         let end = k_start + seq_k;
-        dk.store_within([plane, k_start + k0, kvh * cm], (dka * scale).cast::<T>(), [dk.dim(0), end, dk.dim(2)]);
-        dv.store_within([plane, k_start + k0, kvh * cm], dva.cast::<T>(), [dv.dim(0), end, dv.dim(2)]);
+        dk.store_within([plane, k_start + kr, kvh * cm], (dka * scale).cast::<T>(), [dk.dim(0), end, dk.dim(2)]);
+        dv.store_within([plane, k_start + kr, kvh * cm], dva.cast::<T>(), [dv.dim(0), end, dv.dim(2)]);
     }
 }
 
@@ -284,7 +296,7 @@ pub fn attention_backward<T: AttentionElement>(
     let (q_bm, k_bm, hm, cm) = head_origins(layout, h, hk, d);
     let ints = [h, h / hk, q_bm, k_bm, hm, cm, usize::from(opts.causal), sq, sk, 0].map(|x| x as i32);
     let none = Optional(None, 1);
-    let bq = b * h * sq.div_ceil(64);
+    let (bd, bq) = (b * h * sq.div_ceil(64), b * h * sq.div_ceil(128));
     run(
         device,
         opts,
@@ -293,7 +305,7 @@ pub fn attention_backward<T: AttentionElement>(
         lse,
         [b * h, sq],
         [(qs, qst), (ks, kst)],
-        [bq, bq, b * hk * sk.div_ceil(64)],
+        [bd, bq, b * hk * sk.div_ceil(128)],
         [&none, &none],
         ints,
     )
@@ -326,7 +338,7 @@ pub fn attention_varlen_backward<T: AttentionElement>(
     let ints = [h, h / hk, 0, 0, 0, d, usize::from(opts.causal), max_seqlen_q, max_seqlen_k, 1].map(|x| x as i32);
     let (cq, ck) = (Optional(Some(cu_seqlens_q), 1), Optional(Some(cu_seqlens_k), 1));
     // D = rowsum(dO∘O) needs no offsets: the packed rows as one plane, a row of D a head.
-    let grids = [h * tq.div_ceil(64), b * h * max_seqlen_q.div_ceil(64), b * hk * max_seqlen_k.div_ceil(64)];
+    let grids = [h * tq.div_ceil(64), b * h * max_seqlen_q.div_ceil(128), b * hk * max_seqlen_k.div_ceil(128)];
     run(device, opts, d, [q, k, v, o, dout], lse, [h, tq], [(qs, qst), (ks, kst)], grids, [&cq, &ck], ints)
 }
 
