@@ -235,7 +235,9 @@ fn varlen_backward_matches_f64<T: AttentionElement>(
 fn interp_attention_varlen_backward_matches_f64_reference() {
     let dev = Device::cpu();
     for causal in [false, true] {
-        varlen_backward_matches_f64::<bf16>(&dev, &[3, 70, 0, 9, 5], &[7, 140, 2, 0, 1], 2, 1, 64, causal, 3e-2, bf16::from_f32, |v| v.to_f64());
+        varlen_backward_matches_f64::<bf16>(&dev, &[3, 70, 0, 9, 5], &[7, 140, 2, 0, 1], 2, 1, 64, causal, 3e-2, bf16::from_f32, |v| {
+            v.to_f64()
+        });
         varlen_backward_matches_f64::<f16>(&dev, &[65, 5], &[17, 5], 1, 1, 128, causal, 6e-3, f16::from_f32, |v| v.to_f64());
     }
 }

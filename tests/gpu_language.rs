@@ -785,6 +785,51 @@ fn interp_atomic_adds_sum_over_blocks() {
     atomic_adds_sum_over_blocks(&Device::cpu());
 }
 
+/// Every block adds its 64×64 tile of `x` into the one tile of `sum` by two TMA reduce-adds
+/// of 32-column panels from shared memory (`sum` narrower than 64: the second panel's columns
+/// past it are skipped).
+#[kernel(targets(sm_90a))]
+fn tma_reduce_sums(x: Global<f32, 2>, sum: Global<f32, 2>) {
+    let r = block::id_x() * 64;
+    let ring = Smem::<f32, 64, 32>::ring(2);
+    #[unroll]
+    for p in 0..2 {
+        ring.at(p).store(x.load_or::<Tile<f32, 64, 32>>([r, p * 32], 0.0));
+        tma::reduce_add(sum, [0, p * 32], ring.at(p));
+    }
+    tma::store_wait(0);
+}
+
+fn tma_reduce_adds_sum_over_blocks(dev: &Device) {
+    for (m, n) in [(64, 64), (300, 48)] {
+        let x = random(m * 64, -1.0, 1.0);
+        let xd = Tensor::from_host(dev, &x, &[m, 64]).expect("x");
+        let s0 = random(64 * n, -1.0, 1.0);
+        let mut sum = Tensor::from_host(dev, &s0, &[64, n]).expect("sum");
+        tma_reduce_sums::launch(dev, m.div_ceil(64) as u32, &xd, &mut sum).expect("launch");
+        let mut want: Vec<f64> = s0.iter().map(|&v| f64::from(v)).collect();
+        for i in 0..m {
+            for j in 0..n {
+                want[(i % 64) * n + j] += f64::from(x[i * 64 + j]);
+            }
+        }
+        let got = wide(&sum.to_host().expect("sum"));
+        assert!(rel_error(&got, &want) < 1e-5, "reduce-add sums {m}×{n}: {}", rel_error(&got, &want));
+    }
+}
+
+#[test]
+fn gpu_tma_reduce_adds_sum_over_blocks() {
+    if let Some(dev) = gpu_or_skip("gpu_tma_reduce_adds_sum_over_blocks") {
+        tma_reduce_adds_sum_over_blocks(&dev);
+    }
+}
+
+#[test]
+fn interp_tma_reduce_adds_sum_over_blocks() {
+    tma_reduce_adds_sum_over_blocks(&Device::cpu());
+}
+
 /// `C = A·Bᵀ` for one 64×64 tile of C, K streamed through a two-stage ring by the prelude's
 /// pipeline loops: the producer fills each stage with `fill_stages`, the consumer multiplies
 /// and releases it with `drain_stages` (closures with the copies and the MMA), no

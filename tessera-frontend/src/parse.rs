@@ -354,6 +354,7 @@ impl Frontend {
             segs.iter().map(String::as_str).collect::<Vec<_>>().as_slice(),
             ["tma", "load"]
                 | ["tma", "store"]
+                | ["tma", "reduce_add"]
                 | ["tma", "store_wait"]
                 | ["mma_sync"]
                 | ["mma_sync_kn"]
@@ -371,11 +372,15 @@ impl Frontend {
         let last = p.path.segments.last().map(|s| s.ident.to_string()).unwrap_or_default();
         let args: Vec<&SynExpr> = c.args.iter().collect();
         match last.as_str() {
-            "store" => {
+            "store" | "reduce_add" => {
                 let [tensor, index, src] = args.as_slice() else {
-                    return err(c, "`tma::store` takes a tensor, an origin and a shared view: `tma::store(c, [i, j], ring.at(s))`");
+                    return err(
+                        c,
+                        format!("`tma::{last}` takes a tensor, an origin and a shared view: `tma::{last}(c, [i, j], ring.at(s))`"),
+                    );
                 };
-                Ok(StmtKind::TmaStore { tensor: receiver_name(tensor)?, index: self.index(index)?, src: self.expr(src)? })
+                let add = last == "reduce_add";
+                Ok(StmtKind::TmaStore { tensor: receiver_name(tensor)?, index: self.index(index)?, src: self.expr(src)?, add })
             }
             "store_wait" => {
                 let [n] = args.as_slice() else { return err(c, "`tma::store_wait` takes how many stores may still read shared memory") };

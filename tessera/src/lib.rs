@@ -117,7 +117,10 @@
 //!   into registers (what TMA put there, or another warpgroup's `store` behind a
 //!   `barrier::sync`): consumers exchange partial sums this way;
 //!   `tma::store(tensor, [i, j], view)` stores it with a TMA bulk copy (out-of-bounds elements
-//!   skipped), `tma::store_wait(n)` waits until at most `n` such stores still read shared memory.
+//!   skipped), `tma::store_wait(n)` waits until at most `n` such stores still read shared memory;
+//!   `tma::reduce_add(tensor, [i, j], view)` adds the view into an f32 tensor instead (a bulk
+//!   reduce the L2 performs, atomic per element: partial sums of many blocks into one tensor,
+//!   as the attention backward's dQ), waited for the same way.
 //!
 //! The same statements lower to `sm_80` too: TMA loads to `cp.async` by the producer
 //! warpgroup, the pipeline's waits to `mbarrier.test_wait`, `mma_sync` to `ldmatrix` +

@@ -366,7 +366,7 @@ impl Lowerer<'_> {
                 message: "`tma::store` needs sm_90a: build the kernel with `targets(sm_90a)`".into(),
                 loc: s.loc,
             }),
-            StmtKind::TmaStore { tensor, index, src } => self.tma_store(tensor, index, src),
+            StmtKind::TmaStore { tensor, index, src, add } => self.tma_store(tensor, index, src, *add),
             StmtKind::TmaStoreWait(n) => {
                 let leader = self.leader;
                 self.op_if(leader, false, "cp.async.bulk.wait_group.read", vec![Operand::Imm(i64::from(*n))]);
@@ -643,9 +643,10 @@ impl Lowerer<'_> {
         }
     }
 
-    /// A TMA bulk store of a shared view: every writer fences its shared writes for the async
-    /// proxy, the warpgroup syncs, and its leader issues and commits the copy.
-    fn tma_store(&mut self, tensor: &str, index: &[Expr], src: &Expr) -> Result<(), CompileError> {
+    /// A TMA bulk store of a shared view (or, `add`, a bulk reduce-add into the tensor): every
+    /// writer fences its shared writes for the async proxy, the warpgroup syncs, and its leader
+    /// issues and commits the copy.
+    fn tma_store(&mut self, tensor: &str, index: &[Expr], src: &Expr, add: bool) -> Result<(), CompileError> {
         let v = self.view(src)?;
         let idx = index.iter().map(|i| self.scalar(i)).collect::<Result<Vec<_>, _>>()?;
         let map = self.tma_map(tensor);
@@ -656,7 +657,11 @@ impl Lowerer<'_> {
         let leader = self.leader;
         self.body.push(Inst::Op {
             pred: Some((leader, false)),
-            op: format!("cp.async.bulk.tensor.{}d.global.shared::cta.tile.bulk_group", coords.len()),
+            op: if add {
+                format!("cp.reduce.async.bulk.tensor.{}d.global.shared::cta.add.tile.bulk_group", coords.len())
+            } else {
+                format!("cp.async.bulk.tensor.{}d.global.shared::cta.tile.bulk_group", coords.len())
+            },
             args: vec![Operand::Sym(format!("[{}, {{{names}}}]", self.reg_name(map))), Operand::Addr(v.addr, 0)],
         });
         self.op_if(leader, false, "cp.async.bulk.commit_group", vec![]);

@@ -65,8 +65,9 @@ fn write_stmt(f: &mut fmt::Formatter<'_>, s: &Stmt, depth: usize) -> fmt::Result
         StmtKind::PipeCommit { pipe, stage } => writeln!(f, "{pad}{pipe}.commit({stage});  // line {}", s.loc.line),
         StmtKind::PipeRelease { pipe, stage } => writeln!(f, "{pad}{pipe}.release({stage});  // line {}", s.loc.line),
         StmtKind::SmemStore { view, value } => writeln!(f, "{pad}{view} <- {value};  // line {}", s.loc.line),
-        StmtKind::TmaStore { tensor, index, src } => {
-            writeln!(f, "{pad}tma.store {tensor}[{}] <- {src};  // line {}", list(index), s.loc.line)
+        StmtKind::TmaStore { tensor, index, src, add } => {
+            let op = if *add { "reduce_add" } else { "store" };
+            writeln!(f, "{pad}tma.{op} {tensor}[{}] <- {src};  // line {}", list(index), s.loc.line)
         }
         StmtKind::TmaStoreWait(n) => writeln!(f, "{pad}tma.store_wait {n};  // line {}", s.loc.line),
         StmtKind::NamedBarrier { id, warpgroups, wait, .. } => {

@@ -338,6 +338,10 @@ pub enum StmtKind {
         index: Vec<Expr>,
         /// The shared view to copy from.
         src: Expr,
+        /// `tma::reduce_add`: each element added to the tensor's (an f32 tensor; the L2
+        /// performs the adds, atomically per element), not written.
+        #[serde(default)]
+        add: bool,
     },
     /// `tma::store_wait(n)`: waits until at most `n` of this warpgroup's TMA stores still read
     /// shared memory.

@@ -341,8 +341,11 @@ impl Checker<'_> {
                     (other, _) => return Err(CompileError::ty(view.loc, format!("`store(tile)` writes a shared view, found `{other}`"))),
                 }
             }
-            StmtKind::TmaStore { tensor, index, src } => {
+            StmtKind::TmaStore { tensor, index, src, add } => {
                 let (dtype, rank) = self.global(tensor, loc)?;
+                if *add && dtype != DType::F32 {
+                    return Err(CompileError::ty(loc, format!("`tma::reduce_add` adds into an f32 tensor, `{tensor}` holds `{dtype}`")));
+                }
                 let tensor = tensor.clone();
                 self.indices(&tensor, rank, index, loc)?;
                 if !(2..=3).contains(&rank) {

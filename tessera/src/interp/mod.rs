@@ -660,11 +660,11 @@ impl<'p> Kernel<'p> {
                     }
                 }
             }
-            StmtKind::TmaStore { tensor, index, src } => {
+            StmtKind::TmaStore { tensor, index, src, add } => {
                 let view = self.view(src, wg, blk)?;
                 let g = self.global(tensor, wg)?;
                 let idx = self.indices(index, wg, blk)?;
-                self.tma_store(g, &idx, view, blk)?;
+                self.tma_store(g, &idx, view, blk, *add)?;
                 wg.stores.push_back(PendingStore { view, line: s.loc.line });
             }
             StmtKind::NamedBarrier { id, warpgroups, wait, .. } => {
@@ -1158,7 +1158,9 @@ impl<'p> Kernel<'p> {
         Ok(())
     }
 
-    fn tma_store(&self, g: &Global, idx: &[i64], view: View, blk: &Block) -> Flowing<()> {
+    /// `tma::store` (or `tma::reduce_add`, `add`: each element added to the tensor's) of a
+    /// shared view into `g` at `idx`, out-of-bounds elements skipped.
+    fn tma_store(&self, g: &Global, idx: &[i64], view: View, blk: &Block, add: bool) -> Flowing<()> {
         let (name, ty) = &self.prog.rings[view.ring];
         if ty.panels() > 1 {
             return Err(format!(
@@ -1190,7 +1192,8 @@ impl<'p> Kernel<'p> {
                         )
                         .into());
                     }
-                    value::write(&mut bytes, g.dtype, at as usize, ring.data[s]);
+                    let x = if add { value::read(&bytes, g.dtype, at as usize) + ring.data[s] } else { ring.data[s] };
+                    value::write(&mut bytes, g.dtype, at as usize, x);
                 }
             }
         }
