@@ -102,19 +102,28 @@ fn check<T: AttentionElement>(
     let mut o = Tensor::full(dev, &qs, to(f32::NAN)).unwrap();
     let mut lse = Tensor::full(dev, &[c.b, c.h, c.sq], f32::NAN).unwrap();
     tessera_kernels::attention_with_lse(dev, &opts, &qt, &kt, &vt, &mut o, &mut lse).unwrap();
-    let what = format!("{c:?} {layout:?} causal={causal}");
-    let g = tessera_kernels::attention_backward(dev, &opts, &qt, &kt, &vt, &o, &lse, &dot).unwrap_or_else(|e| panic!("{what}: {e}"));
     let (want_dq, want_dk, want_dv) = reference(c, layout, causal, f64::from(scale), &qw, &kw, &vw, &dow);
     let host = |t: &Tensor<T>| t.to_host().unwrap().into_iter().map(from).collect::<Vec<f64>>();
-    for (name, got, want) in [("dq", host(&g.dq), want_dq), ("dk", host(&g.dk), want_dk), ("dv", host(&g.dv), want_dv)] {
-        assert!(got.iter().all(|x| x.is_finite()), "{what}: {name} has a non-finite element");
-        let err = rel_error(&got, &want);
-        assert!(err < tol, "{what}: {name} relative error {err}");
+    // The fast mode (dQ by reduce-adds) and the deterministic one.
+    for deterministic in [false, true] {
+        let opts = opts.deterministic(deterministic);
+        let what = format!("{c:?} {layout:?} causal={causal} deterministic={deterministic}");
+        let g = tessera_kernels::attention_backward(dev, &opts, &qt, &kt, &vt, &o, &lse, &dot).unwrap_or_else(|e| panic!("{what}: {e}"));
+        for (name, got, want) in [("dq", host(&g.dq), &want_dq), ("dk", host(&g.dk), &want_dk), ("dv", host(&g.dv), &want_dv)] {
+            assert!(got.iter().all(|x| x.is_finite()), "{what}: {name} has a non-finite element");
+            let err = rel_error(&got, want);
+            assert!(err < tol, "{what}: {name} relative error {err}");
+        }
+        if deterministic {
+            // No float atomics: the same bits on a second run.
+            let g2 = tessera_kernels::attention_backward(dev, &opts, &qt, &kt, &vt, &o, &lse, &dot).unwrap();
+            let bits = |t: &Tensor<T>| host(t).into_iter().map(f64::to_bits).collect::<Vec<_>>();
+            assert!(
+                bits(&g2.dq) == bits(&g.dq) && bits(&g2.dk) == bits(&g.dk) && bits(&g2.dv) == bits(&g.dv),
+                "{what}: a second run differs"
+            );
+        }
     }
-    // No float atomics: the same bits on a second run.
-    let g2 = tessera_kernels::attention_backward(dev, &opts, &qt, &kt, &vt, &o, &lse, &dot).unwrap();
-    let bits = |t: &Tensor<T>| host(t).into_iter().map(f64::to_bits).collect::<Vec<_>>();
-    assert!(bits(&g2.dq) == bits(&g.dq) && bits(&g2.dk) == bits(&g.dk) && bits(&g2.dv) == bits(&g.dv), "{what}: a second run differs");
 }
 
 fn cases(dev: &Device) -> Vec<Case> {
@@ -163,7 +172,8 @@ fn interp_attention_backward_matches_f64_reference() {
 /// queries (dK, dV 0) among them.
 #[allow(clippy::too_many_arguments)]
 fn varlen_backward_matches_f64<T: AttentionElement>(
-    dev: &Device, lq: &[usize], lk: &[usize], h: usize, hk: usize, d: usize, causal: bool, tol: f64, to: fn(f32) -> T, from: fn(T) -> f64,
+    dev: &Device, lq: &[usize], lk: &[usize], h: usize, hk: usize, d: usize, causal: bool, deterministic: bool, tol: f64, to: fn(f32) -> T,
+    from: fn(T) -> f64,
 ) {
     let (tq, tk): (usize, usize) = (lq.iter().sum(), lk.iter().sum());
     let offsets = |l: &[usize]| {
@@ -185,7 +195,7 @@ fn varlen_backward_matches_f64<T: AttentionElement>(
     let (v, vw) = gen(tk * hk * d, 1.0);
     let (dout, dow) = gen(tq * h * d, 1.0);
     let scale = 1.0 / (d as f32).sqrt();
-    let opts = Attention::new().causal(causal).check_offsets(true);
+    let opts = Attention::new().causal(causal).check_offsets(true).deterministic(deterministic);
     let t = |x: &[T], s: &[usize]| Tensor::from_host(dev, x, s).unwrap();
     let (qt, kt, vt, dot) = (t(&q, &[tq, h, d]), t(&k, &[tk, hk, d]), t(&v, &[tk, hk, d]), t(&dout, &[tq, h, d]));
     let (cqt, ckt) = (Tensor::from_host(dev, &cq, &[cq.len()]).unwrap(), Tensor::from_host(dev, &ck, &[ck.len()]).unwrap());
@@ -210,7 +220,7 @@ fn varlen_backward_matches_f64<T: AttentionElement>(
             &vw[rk.clone()],
             &dow[rq.clone()],
         );
-        let what = format!("varlen sequence {bi} ({}×{}, d{d}) causal={causal}", lq[bi], lk[bi]);
+        let what = format!("varlen sequence {bi} ({}×{}, d{d}) causal={causal} deterministic={deterministic}", lq[bi], lk[bi]);
         for (name, got, want) in [("dq", &gq[rq.clone()], wq), ("dk", &gk[rk.clone()], wk), ("dv", &gv[rk.clone()], wv)] {
             assert!(got.iter().all(|x| x.is_finite()), "{what}: {name} has a non-finite element");
             // Structural zeros (no keys: dQ; no queries: dK, dV) are written as zeros. A
@@ -234,22 +244,21 @@ fn varlen_backward_matches_f64<T: AttentionElement>(
 #[test]
 fn interp_attention_varlen_backward_matches_f64_reference() {
     let dev = Device::cpu();
-    for causal in [false, true] {
-        varlen_backward_matches_f64::<bf16>(&dev, &[3, 70, 0, 9, 5], &[7, 140, 2, 0, 1], 2, 1, 64, causal, 3e-2, bf16::from_f32, |v| {
-            v.to_f64()
-        });
-        varlen_backward_matches_f64::<f16>(&dev, &[65, 5], &[17, 5], 1, 1, 128, causal, 6e-3, f16::from_f32, |v| v.to_f64());
+    for (causal, det) in [(false, false), (false, true), (true, false), (true, true)] {
+        let (lq, lk) = ([3, 70, 0, 9, 5], [7, 140, 2, 0, 1]);
+        varlen_backward_matches_f64::<bf16>(&dev, &lq, &lk, 2, 1, 64, causal, det, 3e-2, bf16::from_f32, |v| v.to_f64());
+        varlen_backward_matches_f64::<f16>(&dev, &[65, 5], &[17, 5], 1, 1, 128, causal, det, 6e-3, f16::from_f32, |v| v.to_f64());
     }
 }
 
 #[test]
 fn gpu_attention_varlen_backward_matches_f64_reference() {
     if let Some(dev) = gpu_or_skip("gpu_attention_varlen_backward_matches_f64_reference") {
-        for causal in [false, true] {
+        for (causal, det) in [(false, false), (false, true), (true, false), (true, true)] {
             for d in [64, 128] {
                 let (lq, lk) = ([1, 200, 0, 129, 700, 64], [5, 333, 17, 0, 700, 1]);
-                varlen_backward_matches_f64::<bf16>(&dev, &lq, &lk, 4, 2, d, causal, 3e-2, bf16::from_f32, |v| v.to_f64());
-                varlen_backward_matches_f64::<f16>(&dev, &lq, &lk, 4, 2, d, causal, 6e-3, f16::from_f32, |v| v.to_f64());
+                varlen_backward_matches_f64::<bf16>(&dev, &lq, &lk, 4, 2, d, causal, det, 3e-2, bf16::from_f32, |v| v.to_f64());
+                varlen_backward_matches_f64::<f16>(&dev, &lq, &lk, 4, 2, d, causal, det, 6e-3, f16::from_f32, |v| v.to_f64());
             }
         }
     }

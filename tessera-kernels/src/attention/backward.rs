@@ -15,17 +15,32 @@ use tessera::{device, kernel, Device, Element, Optional, Result, Tensor};
 /// `D = rowsum(dO ∘ O)` (f32) for 64 query rows of one (batch, head) a block, into `dsum`.
 #[kernel(dtypes(T = [bf16, f16]), tune(D = [128, 64]))]
 pub fn attention_bwd_dot(o: Global<T, 3>, dout: Global<T, 3>, dsum: Global<f32, 3>, heads: i32, q_bm: i32, hm: i32, cm: i32) {
-    let tiles = (o.dim(1) + 63) / 64;
-    let bh = block::id_x() / tiles;
-    let q0 = (block::id_x() - bh * tiles) * 64;
-    let b = bh / heads;
-    let h = bh - b * heads;
-    let plane = b * q_bm + h * hm;
-    let col = h * cm;
+    let (bh, q0, plane, col) = query_rows(o.dim(1), heads, q_bm, hm, cm);
     dsum.store(
         [bh, q0, 0],
         row_sum(o.load::<Tile<T, 64, D>>([plane, q0, col]).cast::<f32>() * dout.load::<Tile<T, 64, D>>([plane, q0, col]).cast::<f32>()),
     );
+}
+
+/// The fast mode's dQ from its f32 sums: `dq = dq_acc × scale` in `T`, for the rows
+/// `attention_bwd_dot` takes.
+#[kernel(dtypes(T = [bf16, f16]), tune(D = [128, 64]))]
+pub fn attention_bwd_dq_out(dq_acc: Global<f32, 3>, dq: Global<T, 3>, heads: i32, q_bm: i32, hm: i32, cm: i32, scale: f32) {
+    let (bh, q0, plane, col) = query_rows(dq.dim(1), heads, q_bm, hm, cm);
+    dq.store([plane, q0, col], (dq_acc.load::<Tile<f32, 64, D>>([bh, q0, 0]) * scale).cast::<T>());
+}
+
+/// A block's 64 query rows (of `seq` a head) in the per-query kernels: `(bh, q0, plane, col)`,
+/// its (batch·head) row of the log-sum-exp, first query and origin in the rank-3 views (packed
+/// sequences: one plane, `bh` the head).
+#[device]
+fn query_rows(seq: i32, heads: i32, q_bm: i32, hm: i32, cm: i32) -> (i32, i32, i32, i32) {
+    let tiles = (seq + 63) / 64;
+    let bh = block::id_x() / tiles;
+    let q0 = (block::id_x() - bh * tiles) * 64;
+    let b = bh / heads;
+    let h = bh - b * heads;
+    (bh, q0, b * q_bm + h * hm, h * cm)
 }
 
 /// dQ for 128 query rows of one (batch, head) a block: a producer brings Q and dO once and K,
@@ -120,12 +135,15 @@ pub fn attention_bwd_dq(
 /// once and Q, dO block by block (64 queries) for every query head of the group (from the
 /// causal diagonal on); two consumers, 64 keys each, share the blocks, recompute Pᵀ from the
 /// log-sum-exp and add `Pᵀ·dO` into dV and `dSᵀ·Q` into dK in registers, stored once (dK
-/// `× scale`). `lse`, `dsum` as `[batch·heads, seq_q]`.
+/// `× scale`). `lse`, `dsum` as `[batch·heads, seq_q]`. With `fused` 1 (the fast mode) each
+/// consumer also forms its keys' part of dQ, `dS·K` (dSᵀ through shared memory, read
+/// transposed), and adds it into the f32 `dq_acc` (`[lse's rows, seq, D]`) by TMA reduce-adds
+/// of 32-column panels: no dQ walk, but the sums' order varies from run to run.
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64]), targets(sm_90a))]
 pub fn attention_bwd_dkv(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 2>, dsum: Global<f32, 2>, dk: Global<T, 3>,
-    dv: Global<T, 3>, cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, max_k: i32, varlen: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32,
-    hm: i32, cm: i32, causal: i32, scale_log2: f32, scale: f32,
+    dv: Global<T, 3>, dq_acc: Global<f32, 3>, cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, max_k: i32, varlen: i32, heads: i32, group: i32,
+    q_bm: i32, k_bm: i32, hm: i32, cm: i32, causal: i32, fused: i32, scale_log2: f32, scale: f32,
 ) {
     let kv_heads = heads / group;
     let tiles = (max_k + 127) / 128;
@@ -151,6 +169,9 @@ pub fn attention_bwd_dkv(
     let sv = Smem::<T, 128, D>::ring(1);
     let sq = Smem::<T, 64, D>::ring(2);
     let sdo = Smem::<T, 64, D>::ring(2);
+    // The fused dQ's staging: each consumer's dSᵀ, and its f32 partial in 32-column panels.
+    let sds = Smem::<T, 64, 64>::ring(2);
+    let sdq = Smem::<f32, 64, 32>::ring({ D / 16 });
     let kpipe = Pipeline::<1>::new(2);
     let qpipe = Pipeline::<2>::new(2);
     if warpgroup::id() == 0 {
@@ -170,7 +191,8 @@ pub fn attention_bwd_dkv(
         });
     } else if live {
         setmaxnreg(240);
-        let row = (warpgroup::id() - 1) * 64;
+        let me = warpgroup::id() - 1;
+        let row = me * 64;
         let kr = k0 + row;
         let mut dka = Tile::<f32, 64, D>::zeros();
         let mut dva = Tile::<f32, 64, D>::zeros();
@@ -198,8 +220,14 @@ pub fn attention_bwd_dkv(
                 // Key k0 + r is visible to query q0 + c when q0 + c + shift − k0 − r ≥ 0; the
                 // others get −10³⁸ (0 after exp2, where a mask after it could meet ∞; a row
                 // with no key at all has x up to 1.5·10³⁰ from its clamped log-sum-exp).
-                let seen = (Tile::<f32, 64, 64>::col_index() - Tile::<f32, 64, 64>::row_index() + (q0 + shift - kr) as f32).step();
-                x = x + (seen - 1.0) * 1e38;
+                // (Inline, so that the index tiles take x's layout.)
+                x = x
+                    + ((Tile::<f32, 64, 64>::col_index() - Tile::<f32, 64, 64>::row_index() + (q0 + shift - kr) as f32).step() - 1.0)
+                        * 1e38;
+            }
+            if fused == 1 && kr + 64 > seq_k {
+                // Keys past the sequence (packed: the next one's) must not reach dQ.
+                x = x - (Tile::<f32, 64, 64>::row_index() - (seq_k - kr) as f32).step() * 1e38;
             }
             let pt = exp2(x);
             // dV's MMA and dPᵀ's run together; S's registers are free by then.
@@ -207,9 +235,24 @@ pub fn attention_bwd_dkv(
             let mut dpt = Tile::<f32, 64, 64>::zeros();
             mma_sync(dpt, sv.at(ks).rows(row, 64), sdo.at(s));
             mma_wait(0);
-            mma_sync_kn(dka, (pt * (dpt - dsum.load_or::<Tile<f32, 1, 64>>([lrow, q_start + q0], 0.0))).cast::<T>(), sq.at(s));
+            let ds = (pt * (dpt - dsum.load_or::<Tile<f32, 1, 64>>([lrow, q_start + q0], 0.0))).cast::<T>();
+            mma_sync_kn(dka, ds, sq.at(s));
+            if fused == 1 {
+                sds.at(me).store(ds);
+                let mut dqp = Tile::<f32, 64, D>::zeros();
+                mma_sync_kn(dqp, sds.at(me).t(), sk.at(ks).rows(row, 64));
+                mma_wait(0);
+                // The previous block's reduce-adds have read their panels.
+                tma::store_wait(0);
+                #[unroll]
+                for p in 0..D / 32 {
+                    sdq.at(me * (D / 32) + p).store(dqp.cols(p * 32, 32));
+                    tma::reduce_add(dq_acc, [lrow, q_start + q0, p * 32], sdq.at(me * (D / 32) + p));
+                }
+            }
             mma_wait(0);
         });
+        tma::store_wait(0);
         kpipe.release(ks);
         // Rows past the sequence are not stored (packed: they are the next sequence's).
         let plane = b * k_bm + kvh * hm;
@@ -361,6 +404,8 @@ fn run<T: AttentionElement>(
     let lse3 = lse.view(&[rows, cols, 1], &[cols, 1, 1])?;
     let lse2 = lse.view(&[rows, cols], &[cols, 1])?;
     let scale = opts.scale_for(d);
+    // The fast mode's dQ sums, f32, a row a query as the log-sum-exp's.
+    let mut dq_acc = if opts.deterministic { None } else { Some(Tensor::<f32>::zeros(device, &[rows, cols, d])?) };
     let AttentionGrads { dq, dk, dv } = &mut grads;
     let (mut dqv, mut dkv, mut dvv) = (dq.view_mut(&qs, &qst)?, dk.view_mut(&ks, &kst)?, dv.view_mut(&ks, &kst)?);
     T::backward(
@@ -370,6 +415,7 @@ fn run<T: AttentionElement>(
         [&qv, &kv, &vv, &dov, &ov],
         [&lse3, &lse2],
         &mut dsum,
+        dq_acc.as_mut(),
         [&mut dqv, &mut dkv, &mut dvv],
         cu,
         ints,

@@ -8,7 +8,8 @@ pub(crate) mod kernels;
 
 pub use backward::{
     attention_backward, attention_bwd_dkv_bf16, attention_bwd_dkv_f16, attention_bwd_dot_bf16, attention_bwd_dot_f16,
-    attention_bwd_dq_bf16, attention_bwd_dq_f16, attention_varlen_backward, AttentionGrads,
+    attention_bwd_dq_bf16, attention_bwd_dq_f16, attention_bwd_dq_out_bf16, attention_bwd_dq_out_f16, attention_varlen_backward,
+    AttentionGrads,
 };
 
 pub use kernels::{
@@ -49,6 +50,7 @@ pub struct Attention {
     variant: Option<&'static str>,
     kv_splits: Option<usize>,
     check_offsets: Option<bool>,
+    deterministic: bool,
 }
 
 impl Attention {
@@ -94,6 +96,14 @@ impl Attention {
     /// kernels then take what they are given: no access outside the tensors, but wrong rows).
     pub fn check_offsets(self, on: bool) -> Attention {
         Attention { check_offsets: Some(on), ..self }
+    }
+
+    /// Whether [`attention_backward`] gives the same bits every run (off by default): dQ from
+    /// a walk of its own over the key blocks (S and dP recomputed, seven MMAs a block pair
+    /// where the fast mode has five). Off, dQ is summed across key blocks by reduce-adds into
+    /// an f32 buffer, whose order varies.
+    pub fn deterministic(self, on: bool) -> Attention {
+        Attention { deterministic: on, ..self }
     }
 
     /// The factor on `Q·Kᵀ` at `head_dim`: the one given, else `1/√head_dim`.
@@ -165,7 +175,8 @@ pub trait AttentionElement: Element + sealed::Sealed {
     #[allow(clippy::too_many_arguments)]
     fn backward(
         d: &Device, head_dim: usize, grids: [usize; 3], qkv_do_o: [&TensorView<Self>; 5], lse: [&TensorView<f32>; 2],
-        dsum: &mut Tensor<f32>, grads: [&mut TensorViewMut<Self>; 3], cu: [&Optional<Tensor<i32>>; 2], ints: [i32; 10], scales: [f32; 2],
+        dsum: &mut Tensor<f32>, dq_acc: Option<&mut Tensor<f32>>, grads: [&mut TensorViewMut<Self>; 3], cu: [&Optional<Tensor<i32>>; 2],
+        ints: [i32; 10], scales: [f32; 2],
     ) -> Result<()>;
     /// Puts the split tiles back together: `attention_combine`, its variant of head dim `d`.
     #[doc(hidden)]
@@ -190,13 +201,13 @@ mod sealed {
 }
 
 macro_rules! attention_element {
-    ($t:ty, $dense:ident, $varlen:ident, $combine:ident, $dot:ident, $dq:ident, $dkv:ident) => {
+    ($t:ty, $dense:ident, $varlen:ident, $combine:ident, $dot:ident, $dq:ident, $dkv:ident, $dq_out:ident) => {
         impl AttentionElement for $t {
             fn backward(
                 d: &Device, head_dim: usize, [bd, bq, bk]: [usize; 3], [q, k, v, dout, o]: [&TensorView<Self>; 5],
-                [lse3, lse2]: [&TensorView<f32>; 2], dsum: &mut Tensor<f32>, [dq, dk, dv]: [&mut TensorViewMut<Self>; 3],
-                [cu_q, cu_k]: [&Optional<Tensor<i32>>; 2], [heads, group, q_bm, k_bm, hm, cm, causal, max_q, max_k, varlen]: [i32; 10],
-                [scale_log2, scale]: [f32; 2],
+                [lse3, lse2]: [&TensorView<f32>; 2], dsum: &mut Tensor<f32>, dq_acc: Option<&mut Tensor<f32>>,
+                [dq, dk, dv]: [&mut TensorViewMut<Self>; 3], [cu_q, cu_k]: [&Optional<Tensor<i32>>; 2],
+                [heads, group, q_bm, k_bm, hm, cm, causal, max_q, max_k, varlen]: [i32; 10], [scale_log2, scale]: [f32; 2],
             ) -> Result<()> {
                 let pick = |all: &[&KernelSpec]| {
                     (0..all.len())
@@ -208,57 +219,31 @@ macro_rules! attention_element {
                 $dot::launch_variant(pick($dot::VARIANTS)?, d, Grid::from(bd as u32), o, dout, &mut dsum3, heads, q_bm, hm, cm)?;
                 let dsum3 = dsum.view(&[n, sq, 1], &[sq, 1, 1])?;
                 let dsum2 = dsum.view(&[n, sq], &[sq, 1])?;
-                $dq::launch_variant(
-                    pick($dq::VARIANTS)?,
-                    d,
-                    Grid::from(bq as u32),
-                    q,
-                    k,
-                    v,
-                    dout,
-                    lse3,
-                    &dsum3,
-                    dq,
-                    cu_q,
-                    cu_k,
-                    max_q,
-                    varlen,
-                    heads,
-                    group,
-                    q_bm,
-                    k_bm,
-                    hm,
-                    cm,
-                    causal,
-                    scale_log2,
-                    scale,
-                )?;
-                $dkv::launch_variant(
-                    pick($dkv::VARIANTS)?,
-                    d,
-                    Grid::from(bk as u32),
-                    q,
-                    k,
-                    v,
-                    dout,
-                    lse2,
-                    &dsum2,
-                    dk,
-                    dv,
-                    cu_q,
-                    cu_k,
-                    max_k,
-                    varlen,
-                    heads,
-                    group,
-                    q_bm,
-                    k_bm,
-                    hm,
-                    cm,
-                    causal,
-                    scale_log2,
-                    scale,
-                )
+                // Deterministic: dQ's own walk, and a stand-in for the sums the dK/dV walk
+                // then leaves alone.
+                let fused = i32::from(dq_acc.is_some());
+                let mut stand_in;
+                let acc = match dq_acc {
+                    Some(acc) => acc,
+                    None => {
+                        #[rustfmt::skip]
+                                $dq::launch_variant(
+                                    pick($dq::VARIANTS)?, d, Grid::from(bq as u32), q, k, v, dout, lse3, &dsum3, dq, cu_q, cu_k, max_q,
+                                    varlen, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2, scale,
+                                )?;
+                        stand_in = Tensor::<f32>::scratch(d, &[1, 64, head_dim])?;
+                        &mut stand_in
+                    }
+                };
+                #[rustfmt::skip]
+                        $dkv::launch_variant(
+                            pick($dkv::VARIANTS)?, d, Grid::from(bk as u32), q, k, v, dout, lse2, &dsum2, dk, dv, acc, cu_q, cu_k, max_k,
+                            varlen, heads, group, q_bm, k_bm, hm, cm, causal, fused, scale_log2, scale,
+                        )?;
+                if fused == 1 {
+                    $dq_out::launch_variant(pick($dq_out::VARIANTS)?, d, Grid::from(bd as u32), acc, dq, heads, q_bm, hm, cm, scale)?;
+                }
+                Ok(())
             }
             fn variants(varlen: bool) -> &'static [&'static KernelSpec] {
                 if varlen {
@@ -310,7 +295,8 @@ attention_element!(
     attention_combine_bf16,
     attention_bwd_dot_bf16,
     attention_bwd_dq_bf16,
-    attention_bwd_dkv_bf16
+    attention_bwd_dkv_bf16,
+    attention_bwd_dq_out_bf16
 );
 attention_element!(
     f16,
@@ -319,7 +305,8 @@ attention_element!(
     attention_combine_f16,
     attention_bwd_dot_f16,
     attention_bwd_dq_f16,
-    attention_bwd_dkv_f16
+    attention_bwd_dkv_f16,
+    attention_bwd_dq_out_f16
 );
 
 fn arg(name: &str, expected: String, found: String) -> Error {
