@@ -172,6 +172,9 @@ pub fn attention_bwd_dkv(
     // The fused dQ's staging: each consumer's dSᵀ, and its f32 partial in 32-column panels.
     let sds = Smem::<T, 64, 64>::ring(2);
     let sdq = Smem::<f32, 64, 32>::ring({ D / 16 });
+    // Each block's log-sum-exp and D rows, brought with its Q and dO.
+    let slse = Smem::<f32, 1, 64>::ring_swizzled(2, 0);
+    let sdsum = Smem::<f32, 1, 64>::ring_swizzled(2, 0);
     let kpipe = Pipeline::<1>::new(2);
     let qpipe = Pipeline::<2>::new(2);
     if warpgroup::id() == 0 {
@@ -183,11 +186,11 @@ pub fn attention_bwd_dkv(
             kpipe.commit(s);
         }
         fill_stages(qpipe, total, |s, n| {
-            let hh = n / per_head;
-            let h = kvh * group + hh;
-            let q0 = (i0 + n - hh * per_head) * 64;
+            let (h, q0, lrow) = query_block(n, per_head, i0, kvh, group, b, heads, varlen);
             tma::load(sq.at(s), q, [b * q_bm + h * hm, q_start + q0, h * cm], qpipe);
             tma::load(sdo.at(s), dout, [b * q_bm + h * hm, q_start + q0, h * cm], qpipe);
+            tma::load(slse.at(s), lse, [lrow, q_start + q0], qpipe);
+            tma::load(sdsum.at(s), dsum, [lrow, q_start + q0], qpipe);
         });
     } else if live {
         setmaxnreg(240);
@@ -198,21 +201,13 @@ pub fn attention_bwd_dkv(
         let mut dva = Tile::<f32, 64, D>::zeros();
         let ks = kpipe.wait();
         drain_stages(qpipe, total, |s, n| {
-            let hh = n / per_head;
-            let h = kvh * group + hh;
-            let q0 = (i0 + n - hh * per_head) * 64;
-            // The log-sum-exp's and D's row: (batch·head, query), or packed (head, row).
-            let mut lrow = b * heads + h;
-            if varlen == 1 {
-                lrow = h;
-            }
+            let (_, q0, lrow) = query_block(n, per_head, i0, kvh, group, b, heads, varlen);
             let mut st = Tile::<f32, 64, 64>::zeros();
             mma_sync(st, sk.at(ks).rows(row, 64), sq.at(s));
             mma_wait(0);
-            // Queries past the tensor read a log-sum-exp of +∞ (P = 0 there); past a packed
-            // sequence, the next one's rows are masked.
-            let mut x =
-                st * scale_log2 - max(lse.load_or::<Tile<f32, 1, 64>>([lrow, q_start + q0], f32::INFINITY), -1e30) * f32::consts::LOG2_E;
+            // Queries past the sequence (the tensor's: TMA's zeros; packed: the next one's)
+            // are masked below.
+            let mut x = st * scale_log2 - max(slse.at(s).load(), -1e30) * f32::consts::LOG2_E;
             if q0 + 64 > seq_q {
                 x = x.mask_cols(seq_q - q0, f32::NEG_INFINITY);
             }
@@ -235,7 +230,7 @@ pub fn attention_bwd_dkv(
             let mut dpt = Tile::<f32, 64, 64>::zeros();
             mma_sync(dpt, sv.at(ks).rows(row, 64), sdo.at(s));
             mma_wait(0);
-            let ds = (pt * (dpt - dsum.load_or::<Tile<f32, 1, 64>>([lrow, q_start + q0], 0.0))).cast::<T>();
+            let ds = (pt * (dpt - sdsum.at(s).load())).cast::<T>();
             mma_sync_kn(dka, ds, sq.at(s));
             if fused == 1 {
                 sds.at(me).store(ds);
@@ -247,6 +242,9 @@ pub fn attention_bwd_dkv(
                 #[unroll]
                 for p in 0..D / 32 {
                     sdq.at(me * (D / 32) + p).store(dqp.cols(p * 32, 32));
+                }
+                #[unroll]
+                for p in 0..D / 32 {
                     tma::reduce_add(dq_acc, [lrow, q_start + q0, p * 32], sdq.at(me * (D / 32) + p));
                 }
             }
@@ -260,6 +258,21 @@ pub fn attention_bwd_dkv(
         dk.store_within([plane, k_start + kr, kvh * cm], (dka * scale).cast::<T>(), [dk.dim(0), end, dk.dim(2)]);
         dv.store_within([plane, k_start + kr, kvh * cm], dva.cast::<T>(), [dv.dim(0), end, dv.dim(2)]);
     }
+}
+
+/// The dK/dV walk's block `n` (of `per_head` a query head, from query tile `i0`) for key/value
+/// head `kvh`: `(h, q0, lrow)`, its query head, first query and row of the log-sum-exp and D
+/// (`(batch·head, query)`, or packed `(head, row)`).
+#[device]
+#[allow(clippy::too_many_arguments)]
+fn query_block(n: i32, per_head: i32, i0: i32, kvh: i32, group: i32, b: i32, heads: i32, varlen: i32) -> (i32, i32, i32) {
+    let hh = n / per_head;
+    let h = kvh * group + hh;
+    let mut lrow = b * heads + h;
+    if varlen == 1 {
+        lrow = h;
+    }
+    (h, (i0 + n - hh * per_head) * 64, lrow)
 }
 
 /// Where batch entry `b`'s rows lie: `(q_start, seq_q, k_start, seq_k, lse_row, lse_col)` —

@@ -492,21 +492,41 @@ impl Lowerer<'_> {
         self.op("mul.lo.u32", vec![R(c), R(lr.col), Imm(i64::from(es))]);
         self.op("add.u32", vec![R(base), R(base), R(c)]);
         let slots = t.layout.slots();
-        let pair = es == 2 && t.layout.run_len() >= 2;
+        let rb = v.ty.row_bytes();
+        let pair = t.layout.run_len() >= 2 && (es == 2 || (es == 4 && rb % 8 == 0));
         let step = if pair { 2 } else { 1 };
+        // Rows a multiple of 8 swizzle rows apart (1024 bytes: every swizzle's period) share
+        // the swizzled column offset: one address a column, the rows as immediate offsets.
+        let hoist = slots.iter().all(|sl| (sl.dr * rb) % 1024 == 0);
+        let mut by_col: Vec<(u32, Reg)> = Vec::new();
         let mut i = 0;
         while i < slots.len() {
-            let off = self.reg(RegClass::B32, "soff");
-            self.op("add.u32", vec![R(off), R(base), Imm(i64::from(slots[i].dr * v.ty.row_bytes() + slots[i].dc * es))]);
-            let off = self.swizzled_offset(off, v.ty.swizzle);
-            let addr = self.reg(RegClass::B32, "saddr");
-            self.op("add.u32", vec![R(addr), R(v.addr), R(off)]);
-            if pair {
-                let w = self.reg(RegClass::B32, "pack");
-                self.op("mov.b32", vec![R(w), Operand::Vec(vec![t.regs[i], t.regs[i + 1]])]);
-                self.op_if(lr.owner, false, "st.shared.b32", vec![Operand::Addr(addr, 0), R(w)]);
-            } else {
-                self.op_if(lr.owner, false, &format!("st.shared.b{}", es * 8), vec![Operand::Addr(addr, 0), R(t.regs[i])]);
+            let (dr, dc) = (slots[i].dr, slots[i].dc);
+            let (addr, imm) = match by_col.iter().find(|(c, _)| hoist && *c == dc) {
+                Some(&(_, a)) => (a, dr * rb),
+                None => {
+                    let row_off = if hoist { 0 } else { dr * rb };
+                    let off = self.reg(RegClass::B32, "soff");
+                    self.op("add.u32", vec![R(off), R(base), Imm(i64::from(row_off + dc * es))]);
+                    let off = self.swizzled_offset(off, v.ty.swizzle);
+                    let addr = self.reg(RegClass::B32, "saddr");
+                    self.op("add.u32", vec![R(addr), R(v.addr), R(off)]);
+                    if hoist {
+                        by_col.push((dc, addr));
+                    }
+                    (addr, dr * rb - row_off)
+                }
+            };
+            let at = Operand::Addr(addr, i64::from(imm));
+            match (pair, es) {
+                (true, 2) => {
+                    let w = self.reg(RegClass::B32, "pack");
+                    self.op("mov.b32", vec![R(w), Operand::Vec(vec![t.regs[i], t.regs[i + 1]])]);
+                    self.op_if(lr.owner, false, "st.shared.b32", vec![at, R(w)]);
+                }
+                // f32 pairs (an accumulator's) in one 8-byte store.
+                (true, _) => self.op_if(lr.owner, false, "st.shared.v2.b32", vec![at, Operand::Vec(vec![t.regs[i], t.regs[i + 1]])]),
+                _ => self.op_if(lr.owner, false, &format!("st.shared.b{}", es * 8), vec![at, R(t.regs[i])]),
             }
             i += step;
         }
