@@ -167,6 +167,15 @@ impl<'d> Launch<'d> {
             ));
         }
         let Some(kernel) = &self.kernel else {
+            // The interpreter runs the Hopper schedule: a tensor its TMA copies must be one
+            // the GPU's TMA could.
+            if let Some(why) = tma.and_then(|_| crate::tma::tma_unfit(d.ptr, dtype, &d.shape, &d.strides)) {
+                return Err(self.arg_err(
+                    index,
+                    "a tensor TMA can copy (16-byte aligned, unit last stride, other strides multiples of 16 bytes)",
+                    why,
+                ));
+            }
             self.words.push(Word::Host(d));
             return Ok(());
         };

@@ -5,21 +5,29 @@
 //! `attention_bwd_dkv` walks a 128-key tile's query blocks, of every query head of its group
 //! (`Sᵀ = K·Qᵀ`, `Pᵀ`, `dV += Pᵀ·dO`, `dPᵀ = V·dOᵀ`, `dK += dSᵀ·Q`), so that grouped heads'
 //! dK and dV are summed in registers. S and dP are computed in both walks (seven MMAs where a
-//! walk with atomic dQ has five). Tensors as the forward's rank-3 views; `lse` and `dsum`
-//! `[batch·heads, seq_q, 1]` (or `[batch·heads, seq_q]` where rows of queries are read).
+//! walk with atomic dQ has five). Tensors as the forward's rank-3 views; `lse` (in log₂ units,
+//! as `attention_bwd_dot` leaves it) and `dsum` `[batch·heads, seq_q, 1]` (or `[batch·heads,
+//! seq_q]` where rows of queries are read).
 
 use super::{arg, dense_sizes, dims, head_origins, varlen_sizes, view3, Attention, AttentionElement};
 use crate::prelude::{drain_stages, fill_stages};
 use tessera::{device, kernel, Device, Element, Optional, Result, Tensor};
 
-/// `D = rowsum(dO ∘ O)` (f32) for 64 query rows of one (batch, head) a block, into `dsum`.
+/// `D = rowsum(dO ∘ O)` (f32) for 64 query rows of one (batch, head) a block, into `dsum`, and
+/// the log-sum-exp in log₂ units into `lse_log2` (a row with every key masked has −∞: kept
+/// finite, its scores are all masked anyway), both with rows TMA can copy.
 #[kernel(dtypes(T = [bf16, f16]), tune(D = [128, 64]))]
-pub fn attention_bwd_dot(o: Global<T, 3>, dout: Global<T, 3>, dsum: Global<f32, 3>, heads: i32, q_bm: i32, hm: i32, cm: i32) {
+#[allow(clippy::too_many_arguments)]
+pub fn attention_bwd_dot(
+    o: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 3>, dsum: Global<f32, 3>, lse_log2: Global<f32, 3>, heads: i32, q_bm: i32,
+    hm: i32, cm: i32,
+) {
     let (bh, q0, plane, col) = query_rows(o.dim(1), heads, q_bm, hm, cm);
     dsum.store(
         [bh, q0, 0],
         row_sum(o.load::<Tile<T, 64, D>>([plane, q0, col]).cast::<f32>() * dout.load::<Tile<T, 64, D>>([plane, q0, col]).cast::<f32>()),
     );
+    lse_log2.store([bh, q0, 0], max(lse.load::<Tile<f32, 64, 1>>([bh, q0, 0]), -1e30) * f32::consts::LOG2_E);
 }
 
 /// The fast mode's dQ from its f32 sums: `dq = dq_acc × scale` in `T`, for the rows
@@ -94,9 +102,8 @@ pub fn attention_bwd_dq(
         setmaxnreg(240);
         let row = (warpgroup::id() - 1) * 64;
         let qr = q0 + row;
-        // The log-sum-exp in log₂ units (a row with every key masked has −∞: kept finite, its
-        // scores are all masked anyway).
-        let lse2 = max(lse.load_or::<Tile<f32, 64, 1>>([lrow, lcol + qr, 0], 0.0), -1e30) * f32::consts::LOG2_E;
+        // The log-sum-exp in log₂ units.
+        let lse2 = lse.load_or::<Tile<f32, 64, 1>>([lrow, lcol + qr, 0], 0.0);
         let d = dsum.load_or::<Tile<f32, 64, 1>>([lrow, lcol + qr, 0], 0.0);
         // Row r sees the keys below r + diag; this consumer's blocks end at `mine`.
         let diag = qr + 1 + shift;
@@ -207,7 +214,7 @@ pub fn attention_bwd_dkv(
             mma_wait(0);
             // Queries past the sequence (the tensor's: TMA's zeros; packed: the next one's)
             // are masked below.
-            let mut x = st * scale_log2 - max(slse.at(s).load(), -1e30) * f32::consts::LOG2_E;
+            let mut x = st * scale_log2 - slse.at(s).load();
             if q0 + 64 > seq_q {
                 x = x.mask_cols(seq_q - q0, f32::NEG_INFINITY);
             }
@@ -243,9 +250,11 @@ pub fn attention_bwd_dkv(
                 for p in 0..D / 32 {
                     sdq.at(me * (D / 32) + p).store(dqp.cols(p * 32, 32));
                 }
+                // The two consumers add into the same rows: each starts at another panel.
                 #[unroll]
                 for p in 0..D / 32 {
-                    tma::reduce_add(dq_acc, [lrow, q_start + q0, p * 32], sdq.at(me * (D / 32) + p));
+                    let pp = (p + me * (D / 64)) % (D / 32);
+                    tma::reduce_add(dq_acc, [lrow, q_start + q0, pp * 32], sdq.at(me * (D / 32) + pp));
                 }
             }
             mma_wait(0);
@@ -411,11 +420,12 @@ fn run<T: AttentionElement>(
         dk: Tensor::scratch(device, k.shape())?,
         dv: Tensor::scratch(device, v.shape())?,
     };
-    let mut dsum = Tensor::<f32>::scratch(device, &[rows, cols])?;
+    // D and the log-sum-exp in log₂ units, rows padded to 16 bytes for TMA.
+    let pitch = cols.next_multiple_of(4);
+    let (mut dsum, mut lse_log2) = (Tensor::<f32>::scratch(device, &[rows, pitch])?, Tensor::<f32>::scratch(device, &[rows, pitch])?);
     let (qv, kv, vv) = (q.view(&qs, &qst)?, k.view(&ks, &kst)?, v.view(&ks, &kst)?);
     let (ov, dov) = (o.view(&qs, &qst)?, dout.view(&qs, &qst)?);
     let lse3 = lse.view(&[rows, cols, 1], &[cols, 1, 1])?;
-    let lse2 = lse.view(&[rows, cols], &[cols, 1])?;
     let scale = opts.scale_for(d);
     // The fast mode's dQ sums, f32, a row a query as the log-sum-exp's.
     let mut dq_acc = if opts.deterministic { None } else { Some(Tensor::<f32>::zeros(device, &[rows, cols, d])?) };
@@ -426,8 +436,9 @@ fn run<T: AttentionElement>(
         d,
         grids,
         [&qv, &kv, &vv, &dov, &ov],
-        [&lse3, &lse2],
-        &mut dsum,
+        &lse3,
+        [&mut dsum, &mut lse_log2],
+        cols,
         dq_acc.as_mut(),
         [&mut dqv, &mut dkv, &mut dvv],
         cu,

@@ -174,9 +174,9 @@ pub trait AttentionElement: Element + sealed::Sealed {
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     fn backward(
-        d: &Device, head_dim: usize, grids: [usize; 3], qkv_do_o: [&TensorView<Self>; 5], lse: [&TensorView<f32>; 2],
-        dsum: &mut Tensor<f32>, dq_acc: Option<&mut Tensor<f32>>, grads: [&mut TensorViewMut<Self>; 3], cu: [&Optional<Tensor<i32>>; 2],
-        ints: [i32; 10], scales: [f32; 2],
+        d: &Device, head_dim: usize, grids: [usize; 3], qkv_do_o: [&TensorView<Self>; 5], lse: &TensorView<f32>,
+        stats: [&mut Tensor<f32>; 2], cols: usize, dq_acc: Option<&mut Tensor<f32>>, grads: [&mut TensorViewMut<Self>; 3],
+        cu: [&Optional<Tensor<i32>>; 2], ints: [i32; 10], scales: [f32; 2],
     ) -> Result<()>;
     /// Puts the split tiles back together: `attention_combine`, its variant of head dim `d`.
     #[doc(hidden)]
@@ -204,8 +204,8 @@ macro_rules! attention_element {
     ($t:ty, $dense:ident, $varlen:ident, $combine:ident, $dot:ident, $dq:ident, $dkv:ident, $dq_out:ident) => {
         impl AttentionElement for $t {
             fn backward(
-                d: &Device, head_dim: usize, [bd, bq, bk]: [usize; 3], [q, k, v, dout, o]: [&TensorView<Self>; 5],
-                [lse3, lse2]: [&TensorView<f32>; 2], dsum: &mut Tensor<f32>, dq_acc: Option<&mut Tensor<f32>>,
+                d: &Device, head_dim: usize, [bd, bq, bk]: [usize; 3], [q, k, v, dout, o]: [&TensorView<Self>; 5], lse: &TensorView<f32>,
+                [dsum, lse_log2]: [&mut Tensor<f32>; 2], cols: usize, dq_acc: Option<&mut Tensor<f32>>,
                 [dq, dk, dv]: [&mut TensorViewMut<Self>; 3], [cu_q, cu_k]: [&Optional<Tensor<i32>>; 2],
                 [heads, group, q_bm, k_bm, hm, cm, causal, max_q, max_k, varlen]: [i32; 10], [scale_log2, scale]: [f32; 2],
             ) -> Result<()> {
@@ -214,11 +214,18 @@ macro_rules! attention_element {
                         .find(|&i| of_head_dim(all[i], head_dim))
                         .ok_or_else(|| arg("q", "head_dim 64 or 128".into(), format!("head_dim {head_dim}")))
                 };
-                let (sq, n) = (dsum.shape()[1], dsum.shape()[0]);
-                let mut dsum3 = dsum.view_mut(&[n, sq, 1], &[sq, 1, 1])?;
-                $dot::launch_variant(pick($dot::VARIANTS)?, d, Grid::from(bd as u32), o, dout, &mut dsum3, heads, q_bm, hm, cm)?;
-                let dsum3 = dsum.view(&[n, sq, 1], &[sq, 1, 1])?;
-                let dsum2 = dsum.view(&[n, sq], &[sq, 1])?;
+                // D and the log-sum-exp in log₂ units, rows padded for TMA.
+                let (n, sq, pitch) = (dsum.shape()[0], cols, dsum.shape()[1]);
+                let (s3, s2) = ([n, sq, 1], [n, sq]);
+                let (st3, st2) = ([pitch, 1, 1], [pitch, 1]);
+                let (mut dsum3, mut lse3) = (dsum.view_mut(&s3, &st3)?, lse_log2.view_mut(&s3, &st3)?);
+                #[rustfmt::skip]
+                        $dot::launch_variant(
+                            pick($dot::VARIANTS)?, d, Grid::from(bd as u32), o, dout, lse, &mut dsum3, &mut lse3, heads, q_bm, hm, cm,
+                        )?;
+                drop((dsum3, lse3));
+                let (dsum3, lse3) = (dsum.view(&s3, &st3)?, lse_log2.view(&s3, &st3)?);
+                let (dsum2, lse2) = (dsum.view(&s2, &st2)?, lse_log2.view(&s2, &st2)?);
                 // Deterministic: dQ's own walk, and a stand-in for the sums the dK/dV walk
                 // then leaves alone.
                 let fused = i32::from(dq_acc.is_some());
@@ -228,7 +235,7 @@ macro_rules! attention_element {
                     None => {
                         #[rustfmt::skip]
                                 $dq::launch_variant(
-                                    pick($dq::VARIANTS)?, d, Grid::from(bq as u32), q, k, v, dout, lse3, &dsum3, dq, cu_q, cu_k, max_q,
+                                    pick($dq::VARIANTS)?, d, Grid::from(bq as u32), q, k, v, dout, &lse3, &dsum3, dq, cu_q, cu_k, max_q,
                                     varlen, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2, scale,
                                 )?;
                         stand_in = Tensor::<f32>::scratch(d, &[1, 64, head_dim])?;
@@ -237,7 +244,7 @@ macro_rules! attention_element {
                 };
                 #[rustfmt::skip]
                         $dkv::launch_variant(
-                            pick($dkv::VARIANTS)?, d, Grid::from(bk as u32), q, k, v, dout, lse2, &dsum2, dk, dv, acc, cu_q, cu_k, max_k,
+                            pick($dkv::VARIANTS)?, d, Grid::from(bk as u32), q, k, v, dout, &lse2, &dsum2, dk, dv, acc, cu_q, cu_k, max_k,
                             varlen, heads, group, q_bm, k_bm, hm, cm, causal, fused, scale_log2, scale,
                         )?;
                 if fused == 1 {

@@ -670,8 +670,11 @@ impl Lowerer<'_> {
         let v = self.view(src)?;
         let idx = index.iter().map(|i| self.scalar(i)).collect::<Result<Vec<_>, _>>()?;
         let map = self.tma_map(tensor);
-        self.op("fence.proxy.async.shared::cta", vec![]);
-        self.warpgroup_barrier();
+        // A store straight after another: the first's fence and barrier cover this one's view.
+        if !self.tma_store_chained {
+            self.op("fence.proxy.async.shared::cta", vec![]);
+            self.warpgroup_barrier();
+        }
         let coords: Vec<Reg> = idx.iter().rev().map(|i| self.in_reg(i.clone(), crate::dtype::ScalarType::I32, "coord")).collect();
         let names = coords.iter().map(|r| self.reg_name(*r)).collect::<Vec<_>>().join(", ");
         let leader = self.leader;

@@ -139,6 +139,11 @@ pub(crate) struct Lowerer<'a> {
     labels: u32,
     /// Bytes of scratch each warpgroup needs.
     pub scratch_bytes: u32,
+    /// Whether the statement lowered last was a TMA store (so that the next one, if it follows
+    /// straight on, needs no fence and barrier of its own: nothing was written in between).
+    pub(crate) after_tma_store: bool,
+    /// Whether the TMA store being lowered follows another straight on.
+    pub(crate) tma_store_chained: bool,
     /// The block-wide exchange (`block_sum`…), after the warpgroups' scratch: its base
     /// (set in the prologue once the scratch size is known) and the bytes it needs.
     pub xchg: Option<Reg>,
@@ -194,6 +199,8 @@ impl<'a> Lowerer<'a> {
             scopes: vec![HashMap::new()],
             labels: 0,
             scratch_bytes: 0,
+            after_tma_store: false,
+            tma_store_chained: false,
             xchg: None,
             xchg_bytes: 0,
             lane: placeholder,
@@ -521,6 +528,23 @@ impl<'a> Lowerer<'a> {
     }
 
     fn stmt(&mut self, s: &Stmt) -> Result<(), CompileError> {
+        // An `#[unroll]` copy (a scope always entered) runs straight on from what came before.
+        let scope = matches!(&s.kind, StmtKind::If { cond, otherwise, .. }
+            if matches!(cond.kind, crate::tirh::ExprKind::Bool(true)) && otherwise.is_empty());
+        if scope {
+            return self.stmt_kind(s);
+        }
+        let tma_store = matches!(s.kind, StmtKind::TmaStore { .. });
+        self.tma_store_chained = tma_store && self.after_tma_store;
+        self.after_tma_store = false;
+        let r = self.stmt_kind(s);
+        // After a compound statement (a loop that may run no times, a branch) nothing follows
+        // straight on.
+        self.after_tma_store = tma_store;
+        r
+    }
+
+    fn stmt_kind(&mut self, s: &Stmt) -> Result<(), CompileError> {
         self.stmt_start(s);
         if let Some(r) = self.hopper_stmt(s) {
             return r;
