@@ -179,7 +179,8 @@ pub fn attention_bwd_dkv(
     // The fused dQ's staging: each consumer's dSᵀ, and its f32 partial in 32-column panels.
     let sds = Smem::<T, 64, 64>::ring(2);
     let sdq = Smem::<f32, 64, 32>::ring({ D / 16 });
-    // Each block's log-sum-exp and D rows, brought with its Q and dO.
+    // Each block's log-sum-exp and D rows, brought with its Q and dO (dense layouts: TMA needs
+    // a box's first column 16-byte aligned, which a packed sequence's start is not).
     let slse = Smem::<f32, 1, 64>::ring_swizzled(2, 0);
     let sdsum = Smem::<f32, 1, 64>::ring_swizzled(2, 0);
     let kpipe = Pipeline::<1>::new(2);
@@ -196,8 +197,10 @@ pub fn attention_bwd_dkv(
             let (h, q0, lrow) = query_block(n, per_head, i0, kvh, group, b, heads, varlen);
             tma::load(sq.at(s), q, [b * q_bm + h * hm, q_start + q0, h * cm], qpipe);
             tma::load(sdo.at(s), dout, [b * q_bm + h * hm, q_start + q0, h * cm], qpipe);
-            tma::load(slse.at(s), lse, [lrow, q_start + q0], qpipe);
-            tma::load(sdsum.at(s), dsum, [lrow, q_start + q0], qpipe);
+            if varlen == 0 {
+                tma::load(slse.at(s), lse, [lrow, q0], qpipe);
+                tma::load(sdsum.at(s), dsum, [lrow, q0], qpipe);
+            }
         });
     } else if live {
         setmaxnreg(240);
@@ -214,7 +217,12 @@ pub fn attention_bwd_dkv(
             mma_wait(0);
             // Queries past the sequence (the tensor's: TMA's zeros; packed: the next one's)
             // are masked below.
-            let mut x = st * scale_log2 - slse.at(s).load();
+            let mut x = st * scale_log2;
+            if varlen == 1 {
+                x = x - lse.load_or::<Tile<f32, 1, 64>>([lrow, q_start + q0], 0.0);
+            } else {
+                x = x - slse.at(s).load();
+            }
             if q0 + 64 > seq_q {
                 x = x.mask_cols(seq_q - q0, f32::NEG_INFINITY);
             }
@@ -237,7 +245,13 @@ pub fn attention_bwd_dkv(
             let mut dpt = Tile::<f32, 64, 64>::zeros();
             mma_sync(dpt, sv.at(ks).rows(row, 64), sdo.at(s));
             mma_wait(0);
-            let ds = (pt * (dpt - sdsum.at(s).load())).cast::<T>();
+            let mut dp = dpt;
+            if varlen == 1 {
+                dp = dp - dsum.load_or::<Tile<f32, 1, 64>>([lrow, q_start + q0], 0.0);
+            } else {
+                dp = dp - sdsum.at(s).load();
+            }
+            let ds = (pt * dp).cast::<T>();
             mma_sync_kn(dka, ds, sq.at(s));
             if fused == 1 {
                 sds.at(me).store(ds);
@@ -427,8 +441,8 @@ fn run<T: AttentionElement>(
     let (ov, dov) = (o.view(&qs, &qst)?, dout.view(&qs, &qst)?);
     let lse3 = lse.view(&[rows, cols, 1], &[cols, 1, 1])?;
     let scale = opts.scale_for(d);
-    // The fast mode's dQ sums, f32, a row a query as the log-sum-exp's.
-    let mut dq_acc = if opts.deterministic { None } else { Some(Tensor::<f32>::zeros(device, &[rows, cols, d])?) };
+    // `deterministic(false)`'s dQ sums, f32, a row a query as the log-sum-exp's.
+    let mut dq_acc = if !opts.reduce_dq { None } else { Some(Tensor::<f32>::zeros(device, &[rows, cols, d])?) };
     let AttentionGrads { dq, dk, dv } = &mut grads;
     let (mut dqv, mut dkv, mut dvv) = (dq.view_mut(&qs, &qst)?, dk.view_mut(&ks, &kst)?, dv.view_mut(&ks, &kst)?);
     T::backward(

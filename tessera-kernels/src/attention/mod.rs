@@ -50,7 +50,8 @@ pub struct Attention {
     variant: Option<&'static str>,
     kv_splits: Option<usize>,
     check_offsets: Option<bool>,
-    deterministic: bool,
+    /// `deterministic(false)`: dQ by reduce-adds.
+    reduce_dq: bool,
 }
 
 impl Attention {
@@ -98,12 +99,14 @@ impl Attention {
         Attention { check_offsets: Some(on), ..self }
     }
 
-    /// Whether [`attention_backward`] gives the same bits every run (off by default): dQ from
-    /// a walk of its own over the key blocks (S and dP recomputed, seven MMAs a block pair
-    /// where the fast mode has five). Off, dQ is summed across key blocks by reduce-adds into
-    /// an f32 buffer, whose order varies.
+    /// Whether [`attention_backward`] gives the same bits every run (on by default): dQ from
+    /// a walk of its own over the key blocks, S and dP recomputed (seven MMAs a block pair).
+    /// Off, the dK/dV walk also forms each key block's part of dQ and sums it by TMA
+    /// reduce-adds into an f32 buffer (five MMAs, no dQ walk; the sums' order varies from run
+    /// to run) — on the H200 that mode is not yet the faster one (0.6–0.7× cuDNN against
+    /// 0.7–0.8×, `notes/ISSUE-28.md`).
     pub fn deterministic(self, on: bool) -> Attention {
-        Attention { deterministic: on, ..self }
+        Attention { reduce_dq: !on, ..self }
     }
 
     /// The factor on `Q·Kᵀ` at `head_dim`: the one given, else `1/√head_dim`.
