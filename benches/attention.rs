@@ -256,7 +256,8 @@ fn backward(dev: &Device) {
                 tessera_kernels::attention_with_lse(dev, &opts, &q, &k, &v, &mut o, &mut lse).expect("attention");
                 let mut ours = || drop(tessera_kernels::attention_backward(dev, &opts, &q, &k, &v, &o, &lse, &dout).expect("backward"));
                 let reduce = opts.deterministic(false);
-                let mut ours_reduce = || drop(tessera_kernels::attention_backward(dev, &reduce, &q, &k, &v, &o, &lse, &dout).expect("backward"));
+                let mut ours_reduce =
+                    || drop(tessera_kernels::attention_backward(dev, &reduce, &q, &k, &v, &o, &lse, &dout).expect("backward"));
                 let flop = 2.5 * 4.0 * (b * h * s * s * d) as f64 / if causal { 2.0 } else { 1.0 };
                 let (mut base, mut mine, mut mine_reduce) = (Vec::new(), Vec::new(), Vec::new());
                 for _ in 0..7 {

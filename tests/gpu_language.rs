@@ -830,6 +830,38 @@ fn interp_tma_reduce_adds_sum_over_blocks() {
     tma_reduce_adds_sum_over_blocks(&Device::cpu());
 }
 
+/// One row of `x` from column `col` through TMA, into `out`.
+#[kernel(warpgroups = 2, targets(sm_90a))]
+fn tma_row_from(x: Global<f32, 2>, out: Global<f32, 2>, col: i32) {
+    let ring = Smem::<f32, 1, 64>::ring_swizzled(1, 0);
+    let pipe = Pipeline::<1>::new(1);
+    if warpgroup::id() == 0 {
+        let s = pipe.acquire();
+        tma::load(ring.at(s), x, [0, col], pipe);
+        pipe.commit(s);
+    } else {
+        let s = pipe.wait();
+        out.store([0, 0], ring.at(s).load());
+        pipe.release(s);
+    }
+}
+
+/// A TMA box starting off 16 bytes along the rows stops the GPU on an illegal instruction
+/// (seen on the H200, and as packed attention sequences first met it): the interpreter
+/// refuses it, naming the column; a box at 4 f32 columns in is fine.
+#[test]
+fn interp_tma_box_starts_16_byte_aligned() {
+    let dev = Device::cpu();
+    let x = random(4 * 128, -1.0, 1.0);
+    let xd = Tensor::from_host(&dev, &x, &[4, 128]).expect("x");
+    let mut out = Tensor::from_host(&dev, &[f32::NAN; 64], &[1, 64]).expect("out");
+    tma_row_from::launch(&dev, 1, &xd, &mut out, 4).expect("an aligned box");
+    assert_eq!(out.to_host().expect("out"), x[4..68].to_vec());
+    let err = tma_row_from::launch(&dev, 1, &xd, &mut out, 1).map(|_| ()).and_then(|_| dev.synchronize());
+    let msg = format!("{err:?}");
+    assert!(err.is_err() && msg.contains("column 1") && msg.contains("16-byte aligned"), "{msg}");
+}
+
 /// `C = A·Bᵀ` for one 64×64 tile of C, K streamed through a two-stage ring by the prelude's
 /// pipeline loops: the producer fills each stage with `fill_stages`, the consumer multiplies
 /// and releases it with `drain_stages` (closures with the copies and the MMA), no

@@ -1120,6 +1120,7 @@ impl<'p> Kernel<'p> {
     fn tma_load(&self, view: View, g: &Global, idx: &[i64], pipe: usize, blk: &mut Block) -> Flowing<()> {
         let (name, ty) = &self.prog.rings[view.ring];
         let rank = g.shape.len();
+        Self::tma_box_aligned("tma::load", g, idx)?;
         let col_dim = g.shape[rank - 1];
         let (panels, pcols) = (ty.panels(), ty.panel_cols());
         let bytes = g.buf.lock();
@@ -1158,10 +1159,27 @@ impl<'p> Kernel<'p> {
         Ok(())
     }
 
+    /// A TMA box must start on 16 bytes along the tensor's rows (its tensor map's base and
+    /// strides are): elsewhere the GPU stops on an illegal instruction.
+    fn tma_box_aligned(what: &str, g: &Global, idx: &[i64]) -> Flowing<()> {
+        let col = idx.last().copied().unwrap_or(0);
+        let es = i64::from(g.dtype.size());
+        if (col * es).rem_euclid(16) != 0 {
+            return Err(format!(
+                "`{what}` of `{}` at column {col} ({} bytes into a row): a TMA box starts 16-byte aligned along the rows, or the GPU stops on an illegal instruction",
+                g.name,
+                col * es
+            )
+            .into());
+        }
+        Ok(())
+    }
+
     /// `tma::store` (or `tma::reduce_add`, `add`: each element added to the tensor's) of a
     /// shared view into `g` at `idx`, out-of-bounds elements skipped.
     fn tma_store(&self, g: &Global, idx: &[i64], view: View, blk: &Block, add: bool) -> Flowing<()> {
         let (name, ty) = &self.prog.rings[view.ring];
+        Self::tma_box_aligned(if add { "tma::reduce_add" } else { "tma::store" }, g, idx)?;
         if ty.panels() > 1 {
             return Err(format!(
                 "`tma::store` of a view of ring `{name}`, whose rows ({} bytes) are wider than its {}-byte swizzle span: the GPU stores one box of one span",
