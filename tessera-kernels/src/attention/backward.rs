@@ -5,7 +5,9 @@
 //! `attention_bwd_dkv` walks a 128-key tile's query blocks, of every query head of its group
 //! (`Sᵀ = K·Qᵀ`, `Pᵀ`, `dV += Pᵀ·dO`, `dPᵀ = V·dOᵀ`, `dK += dSᵀ·Q`), so that grouped heads'
 //! dK and dV are summed in registers. S and dP are computed in both walks (seven MMAs where a
-//! walk with atomic dQ has five). Tensors as the forward's rank-3 views; `lse` (in log₂ units,
+//! walk with atomic dQ has five). `Attention::deterministic(false)` takes that walk instead:
+//! the dK/dV walk forms each block's `dS·K` too and adds it into an f32 buffer by TMA
+//! reduce-adds (`fused` 1), `attention_bwd_dq_out` scaling it into dq after. Tensors as the forward's rank-3 views; `lse` (in log₂ units,
 //! as `attention_bwd_dot` leaves it) and `dsum` `[batch·heads, seq_q, 1]` (or `[batch·heads,
 //! seq_q]` where rows of queries are read).
 
@@ -336,8 +338,8 @@ pub struct AttentionGrads<T: Element> {
 /// FlashAttention backward: from the forward's inputs `q`, `k`, `v`, its output `o` and
 /// log-sum-exp `lse` ([`attention_with_lse`](super::attention_with_lse), same `opts`) and the
 /// gradient `dout` reaching `o`, the gradients of `q`, `k` and `v`. P is recomputed from the
-/// log-sum-exp, never stored; the three kernels use no float atomics, so the same inputs give
-/// the same bits every run. Layouts, grouped-query heads, causal alignment and head dims as the
+/// log-sum-exp, never stored; by default the kernels use no float atomics, so the same inputs
+/// give the same bits every run ([`Attention::deterministic`]). Layouts, grouped-query heads, causal alignment and head dims as the
 /// forward's.
 ///
 /// ```no_run
