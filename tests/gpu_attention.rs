@@ -465,6 +465,32 @@ fn bad_input_attention_names_the_argument() {
     assert_eq!(named(tessera_kernels::attention(&dev, &opts.kv_splits(0), &q, &k, &k, &mut o)), "kv_splits", "no parts");
 }
 
+/// Unchecked offsets that decrease or run past the packed rows (`check_offsets(false)`): the
+/// kernels clamp each sequence to the tensors, so the forward and the backward run to the end
+/// without touching memory outside them (the interpreter stops on any such access), their
+/// outputs finite.
+#[test]
+fn interp_attention_varlen_clamps_bad_offsets() {
+    let dev = Device::cpu();
+    let (tq, h, d) = (24, 2, 64);
+    let gen = |n: usize| random(n, -1.0, 1.0).into_iter().map(bf16::from_f32).collect::<Vec<_>>();
+    let t = |x: &[bf16]| Tensor::from_host(&dev, x, &[tq, h, d]).unwrap();
+    let (q, k, v, dout) = (t(&gen(tq * h * d)), t(&gen(tq * h * d)), t(&gen(tq * h * d)), t(&gen(tq * h * d)));
+    let offsets = |x: &[i32]| Tensor::from_host(&dev, x, &[x.len()]).unwrap();
+    let opts = Attention::new().check_offsets(false);
+    for (cu, why) in [(&[0, 8, 5, 24][..], "decreasing"), (&[0, 8, 40, 90][..], "past the 24 rows"), (&[-9, 8, 16, 24][..], "negative")] {
+        let (cq, ck) = (offsets(cu), offsets(cu));
+        let mut o = Tensor::full(&dev, &[tq, h, d], bf16::from_f32(0.0)).unwrap();
+        let mut lse = Tensor::full(&dev, &[h, tq], 0.0f32).unwrap();
+        tessera_kernels::attention_varlen(&dev, &opts, &q, &k, &v, &mut o, &mut lse, &cq, &ck, 24).unwrap_or_else(|e| panic!("{why}: {e}"));
+        let g = tessera_kernels::attention_varlen_backward(&dev, &opts, &q, &k, &v, &o, &lse, &dout, &cq, &ck, 24, 24)
+            .unwrap_or_else(|e| panic!("{why}: backward: {e}"));
+        for (name, x) in [("o", &o), ("dq", &g.dq), ("dk", &g.dk), ("dv", &g.dv)] {
+            assert!(x.to_host().unwrap().iter().all(|v| v.to_f32().is_finite()), "{why}: {name} not finite");
+        }
+    }
+}
+
 /// Attention at the edges: rows whose every key is masked (causal, seq_q > seq_k) give 0 and
 /// an lse of −∞, never NaN, unsplit and split; a NaN in one query row makes that row's output
 /// and lse NaN and no other's; logits of ±1e4 (queries and keys of ±95) match the f64

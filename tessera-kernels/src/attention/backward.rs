@@ -11,6 +11,7 @@
 //! as `attention_bwd_dot` leaves it) and `dsum` `[batch·heads, seq_q, 1]` (or `[batch·heads,
 //! seq_q]` where rows of queries are read).
 
+use super::kernels::packed_span;
 use super::{arg, dense_sizes, dims, head_origins, varlen_sizes, view3, Attention, AttentionElement};
 use crate::prelude::{drain_stages, fill_stages};
 use tessera::{device, kernel, Device, Element, Optional, Result, Tensor};
@@ -315,10 +316,12 @@ fn sequence<T>(
     let mut seq_k = k.dim(1);
     let mut row = bh;
     if varlen == 1 {
-        q_start = cu_q.get([b]);
-        seq_q = cu_q.get([b + 1]) - q_start;
-        k_start = cu_k.get([b]);
-        seq_k = cu_k.get([b + 1]) - k_start;
+        let (qs, lq) = packed_span(cu_q, b, q.dim(1));
+        let (ks, lk) = packed_span(cu_k, b, k.dim(1));
+        q_start = qs;
+        seq_q = lq;
+        k_start = ks;
+        seq_k = lk;
         row = h;
     }
     (q_start, seq_q, k_start, seq_k, row, q_start)

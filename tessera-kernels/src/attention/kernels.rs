@@ -52,6 +52,16 @@ pub fn load_kv<T, const BN: usize, const D: usize, const S: usize>(
     }
 }
 
+/// Sequence `b`'s rows in a packed tensor of `total` rows, from its offsets `cu`:
+/// `(start, len)`, clamped to the tensor, so that offsets that decrease or run past it (unchecked:
+/// `Attention::check_offsets(false)`) give an empty or shortened sequence, never rows outside.
+#[tessera::device]
+pub fn packed_span(cu: Global<i32, 1>, b: i32, total: i32) -> (i32, i32) {
+    let start = min(max(cu.get([b]), 0), total);
+    let end = min(max(cu.get([b + 1]), start), total);
+    (start, end - start)
+}
+
 /// A consumer warpgroup's start: its index `me` (0 or 1) and its zeroed running state — the
 /// output `acc`, P, the row maxima `m` (finite, so that a row with every key masked keeps a
 /// scale of exp2(0) = 1 and sums 0) and sums `l`. The consumers take turns issuing their MMAs
@@ -418,10 +428,12 @@ pub fn attention_varlen_persistent<T, const D: usize, const BN: usize, const S: 
             let mut len_q = q.dim(1);
             let mut len_k = k.dim(1);
             if varlen == 1 {
-                q_start = cu_q.get([b]);
-                len_q = cu_q.get([b + 1]) - q_start;
-                k_start = cu_k.get([b]);
-                len_k = cu_k.get([b + 1]) - k_start;
+                let (qs, lq) = packed_span(cu_q, b, q.dim(1));
+                let (ks, lk) = packed_span(cu_k, b, k.dim(1));
+                q_start = qs;
+                len_q = lq;
+                k_start = ks;
+                len_k = lk;
             }
             if q0 < len_q {
                 let mut kv_end = len_k;
@@ -453,9 +465,11 @@ pub fn attention_varlen_persistent<T, const D: usize, const BN: usize, const S: 
             let mut len_k = k.dim(1);
             let mut lse_row = bh;
             if varlen == 1 {
-                q_start = cu_q.get([b]);
-                len_q = cu_q.get([b + 1]) - q_start;
-                len_k = cu_k.get([b + 1]) - cu_k.get([b]);
+                let (qs, lq) = packed_span(cu_q, b, q.dim(1));
+                let (_, lk) = packed_span(cu_k, b, k.dim(1));
+                q_start = qs;
+                len_q = lq;
+                len_k = lk;
                 lse_row = h;
             }
             if q0 < len_q {

@@ -94,7 +94,8 @@ impl Attention {
     /// Whether [`attention_varlen`] reads `cu_seqlens_q` and `cu_seqlens_k` back from the device
     /// and checks them ([`check_cu_seqlens`]) before the launch: a synchronizing copy of
     /// `2·(batch + 1)` integers. On by default in debug builds, off in release ones (the
-    /// kernels then take what they are given: no access outside the tensors, but wrong rows).
+    /// kernels then clamp each sequence to the packed rows: nothing outside the tensors is
+    /// touched, but bad offsets give wrong rows).
     pub fn check_offsets(self, on: bool) -> Attention {
         Attention { check_offsets: Some(on), ..self }
     }
