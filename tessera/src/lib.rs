@@ -103,6 +103,8 @@
 //!   `pipe.release(s);`.
 //! - `tma::load(ring.at(s), tensor, [i, j], pipe)`: a TMA box copy completing on the stage's
 //!   barrier; the runtime builds and caches the tensor map. Out-of-bounds elements land as 0.
+//!   A box's first column must lie a multiple of 16 bytes into its row (column × element
+//!   size): elsewhere the GPU stops on an illegal instruction, and the interpreter refuses it.
 //! - `mma_sync(acc, a, b)`: `acc += a·bᵀ` with `wgmma.mma_async` m64nNk16 from shared
 //!   views `a` (M×K) and `b` (N×K); `view.rows(r, 64)` selects rows (whole 8-row atoms of a
 //!   swizzled ring, any number of an unswizzled one: `view.rows(n, 1).load()` is row `n`); `mma_wait(n)` leaves
