@@ -11,7 +11,7 @@
 //! as `attention_bwd_dot` leaves it) and `dsum` `[batch·heads, seq_q, 1]` (or `[batch·heads,
 //! seq_q]` where rows of queries are read).
 
-use super::kernels::packed_span;
+use super::kernels::sequence;
 use super::{arg, dense_sizes, dims, head_origins, varlen_sizes, view3, Attention, AttentionElement};
 use crate::prelude::{drain_stages, fill_stages};
 use tessera::{device, kernel, Device, Element, Optional, Result, Tensor};
@@ -70,7 +70,7 @@ pub fn attention_bwd_dq(
     let b = bh / heads;
     let h = bh - b * heads;
     let kvh = h / group;
-    let (q_start, seq_q, k_start, seq_k, lrow, lcol) = sequence(q, k, cu_q, cu_k, varlen, b, bh, h);
+    let (q_start, seq_q, k_start, seq_k, lrow) = sequence(q, k, cu_q, cu_k, varlen, b, bh, h);
     // Causally, key j is visible to query i when j ≤ i + seq_k − seq_q (aligned at the end).
     let shift = seq_k - seq_q;
     let mut kv_end = seq_k;
@@ -106,8 +106,8 @@ pub fn attention_bwd_dq(
         let row = (warpgroup::id() - 1) * 64;
         let qr = q0 + row;
         // The log-sum-exp in log₂ units.
-        let lse2 = lse.load_or::<Tile<f32, 64, 1>>([lrow, lcol + qr, 0], 0.0);
-        let d = dsum.load_or::<Tile<f32, 64, 1>>([lrow, lcol + qr, 0], 0.0);
+        let lse2 = lse.load_or::<Tile<f32, 64, 1>>([lrow, q_start + qr, 0], 0.0);
+        let d = dsum.load_or::<Tile<f32, 64, 1>>([lrow, q_start + qr, 0], 0.0);
         // Row r sees the keys below r + diag; this consumer's blocks end at `mine`.
         let diag = qr + 1 + shift;
         let mut mine = nb;
@@ -161,7 +161,7 @@ pub fn attention_bwd_dkv(
     let k0 = (block::id_x() - bkh * tiles) * 128;
     let b = bkh / kv_heads;
     let kvh = bkh - b * kv_heads;
-    let (q_start, seq_q, k_start, seq_k, _, _) = sequence(q, k, cu_q, cu_k, varlen, b, 0, 0);
+    let (q_start, seq_q, k_start, seq_k, _) = sequence(q, k, cu_q, cu_k, varlen, b, 0, 0);
     let shift = seq_k - seq_q;
     // Causally, query i sees key j when i ≥ j − shift: the walk starts at the query tile of
     // the block's first key.
@@ -299,32 +299,6 @@ fn query_block(n: i32, per_head: i32, i0: i32, kvh: i32, group: i32, b: i32, hea
         lrow = h;
     }
     (h, (i0 + n - hh * per_head) * 64, lrow)
-}
-
-/// Where batch entry `b`'s rows lie: `(q_start, seq_q, k_start, seq_k, lse_row, lse_col)` —
-/// from the offsets `cu_q`, `cu_k` when sequences are packed (`varlen` 1: the log-sum-exp's
-/// row is the head `h`, its columns the packed rows), else whole planes of `q`, `k` (row
-/// `bh`).
-#[device]
-#[allow(clippy::too_many_arguments)]
-fn sequence<T>(
-    q: Global<T, 3>, k: Global<T, 3>, cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, varlen: i32, b: i32, bh: i32, h: i32,
-) -> (i32, i32, i32, i32, i32, i32) {
-    let mut q_start = 0;
-    let mut seq_q = q.dim(1);
-    let mut k_start = 0;
-    let mut seq_k = k.dim(1);
-    let mut row = bh;
-    if varlen == 1 {
-        let (qs, lq) = packed_span(cu_q, b, q.dim(1));
-        let (ks, lk) = packed_span(cu_k, b, k.dim(1));
-        q_start = qs;
-        seq_q = lq;
-        k_start = ks;
-        seq_k = lk;
-        row = h;
-    }
-    (q_start, seq_q, k_start, seq_k, row, q_start)
 }
 
 /// The gradients of attention ([`attention_backward`]), each in the layout and shape of what

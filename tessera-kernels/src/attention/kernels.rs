@@ -62,6 +62,32 @@ pub fn packed_span(cu: Global<i32, 1>, b: i32, total: i32) -> (i32, i32) {
     (start, end - start)
 }
 
+/// Where batch entry `b`'s rows lie: `(q_start, seq_q, k_start, seq_k, lse_row)` — from the
+/// offsets `cu_q`, `cu_k` when sequences are packed (`varlen` 1: [`packed_span`]'s, the
+/// log-sum-exp's row the head `h`, its columns the packed rows), else whole planes of `q`, `k`
+/// (the log-sum-exp's row `bh`).
+#[tessera::device]
+#[allow(clippy::too_many_arguments)]
+pub fn sequence<T>(
+    q: Global<T, 3>, k: Global<T, 3>, cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, varlen: i32, b: i32, bh: i32, h: i32,
+) -> (i32, i32, i32, i32, i32) {
+    let mut q_start = 0;
+    let mut seq_q = q.dim(1);
+    let mut k_start = 0;
+    let mut seq_k = k.dim(1);
+    let mut row = bh;
+    if varlen == 1 {
+        let (qs, lq) = packed_span(cu_q, b, q.dim(1));
+        let (ks, lk) = packed_span(cu_k, b, k.dim(1));
+        q_start = qs;
+        seq_q = lq;
+        k_start = ks;
+        seq_k = lk;
+        row = h;
+    }
+    (q_start, seq_q, k_start, seq_k, row)
+}
+
 /// A consumer warpgroup's start: its index `me` (0 or 1) and its zeroed running state — the
 /// output `acc`, P, the row maxima `m` (finite, so that a row with every key masked keeps a
 /// scale of exp2(0) = 1 and sums 0) and sums `l`. The consumers take turns issuing their MMAs
@@ -423,18 +449,7 @@ pub fn attention_varlen_persistent<T, const D: usize, const BN: usize, const S: 
             let b = bh / heads;
             let h = bh - b * heads;
             let kvh = h / group;
-            let mut q_start = 0;
-            let mut k_start = 0;
-            let mut len_q = q.dim(1);
-            let mut len_k = k.dim(1);
-            if varlen == 1 {
-                let (qs, lq) = packed_span(cu_q, b, q.dim(1));
-                let (ks, lk) = packed_span(cu_k, b, k.dim(1));
-                q_start = qs;
-                len_q = lq;
-                k_start = ks;
-                len_k = lk;
-            }
+            let (q_start, len_q, k_start, len_k, _) = sequence(q, k, cu_q, cu_k, varlen, b, bh, h);
             if q0 < len_q {
                 let mut kv_end = len_k;
                 if causal == 1 {
@@ -460,18 +475,7 @@ pub fn attention_varlen_persistent<T, const D: usize, const BN: usize, const S: 
             let q0 = (m_tiles - 1 - rq) * 128;
             let b = bh / heads;
             let h = bh - b * heads;
-            let mut q_start = 0;
-            let mut len_q = q.dim(1);
-            let mut len_k = k.dim(1);
-            let mut lse_row = bh;
-            if varlen == 1 {
-                let (qs, lq) = packed_span(cu_q, b, q.dim(1));
-                let (_, lk) = packed_span(cu_k, b, k.dim(1));
-                q_start = qs;
-                len_q = lq;
-                len_k = lk;
-                lse_row = h;
-            }
+            let (q_start, len_q, _, len_k, lse_row) = sequence(q, k, cu_q, cu_k, varlen, b, bh, h);
             if q0 < len_q {
                 // Causally, key j is visible to query i when j ≤ i + len_k − len_q (aligned
                 // at the end).
