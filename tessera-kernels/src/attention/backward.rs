@@ -401,8 +401,9 @@ pub fn attention_varlen_backward<T: AttentionElement>(
 }
 
 /// What both forms share once their views' shapes are known (head dim `d`): the gradients
-/// allocated, the rank-3 views (`views` for q/o/dout and k/v), the log-sum-exp as `lse_rows` rows of queries
-/// (3-D for the dQ walk, 2-D for the dK/dV walk), D's scratch, and the three launches.
+/// allocated, the rank-3 views (q/o/dout and k/v), the log-sum-exp as `rows × cols` queries,
+/// the padded scratch for D and the log-sum-exp in log₂ units, `deterministic(false)`'s f32 dQ
+/// sums, and the launches.
 #[allow(clippy::too_many_arguments)]
 fn run<T: AttentionElement>(
     device: &Device, opts: &Attention, d: usize, [q, k, v, o, dout]: [&Tensor<T>; 5], lse: &Tensor<f32>, [rows, cols]: [usize; 2],

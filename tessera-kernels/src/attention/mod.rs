@@ -174,7 +174,8 @@ pub trait AttentionElement: Element + sealed::Sealed {
         d: &Device, g: Grid, variant: usize, t: [&TensorView<Self>; 3], o: &mut TensorViewMut<Self>, lse: &mut TensorViewMut<f32>,
         cu: [&Optional<Tensor<i32>>; 2], split: Split<'_>, ints: [i32; 12], scale_log2: f32,
     ) -> Result<()>;
-    /// The backward's three kernels ([`attention_backward`]), their variant of head dim `d`.
+    /// The backward's kernels ([`attention_backward`]: three, or with `dq_acc` the dot, the
+    /// dK/dV walk summing dQ, and its scaling), their variant of head dim `d`.
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     fn backward(
