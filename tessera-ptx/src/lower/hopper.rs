@@ -152,6 +152,39 @@ pub(crate) fn acc_derived(body: &[Stmt], accs: &[String]) -> Vec<String> {
     }
 }
 
+/// The names bound by `let` to a layout-free value (a load, say: [`super::tile::layout_free`])
+/// that a value computed from an accumulator (`derived`, from [`acc_derived`]) uses: a per-row
+/// vector among them (a row's log-sum-exp loaded before a loop, say) is loaded straight into the
+/// accumulator's row layout, so that it meets the accumulator without moving through shared
+/// memory at each use.
+pub(crate) fn acc_partners(body: &[Stmt], derived: &[String]) -> Vec<String> {
+    fn walk<'a>(body: &'a [Stmt], lets: &mut Vec<&'a str>, defs: &mut Vec<&'a Expr>) {
+        for s in body {
+            match &s.kind {
+                StmtKind::Let { name, value, .. } => {
+                    if super::tile::layout_free(value) {
+                        lets.push(name);
+                    }
+                    defs.push(value);
+                }
+                StmtKind::Assign { value, .. } => defs.push(value),
+                // A register A operand computed in place: `mma_sync_kn(dq, (p * (dp − d)).cast(), …)`.
+                StmtKind::Mma { a, .. } => defs.push(a),
+                StmtKind::For { body, .. } | StmtKind::QueueFor { body, .. } => walk(body, lets, defs),
+                StmtKind::If { then, otherwise, .. } => {
+                    walk(then, lets, defs);
+                    walk(otherwise, lets, defs);
+                }
+                _ => {}
+            }
+        }
+    }
+    let (mut lets, mut defs) = (Vec::new(), Vec::new());
+    walk(body, &mut lets, &mut defs);
+    let computed: Vec<&Expr> = defs.into_iter().filter(|v| derived.iter().any(|d| v.uses(d))).collect();
+    lets.into_iter().filter(|l| !derived.iter().any(|d| d == l) && computed.iter().any(|v| v.uses(l))).map(str::to_string).collect()
+}
+
 fn align(x: u32, a: u32) -> u32 {
     x.div_ceil(a) * a
 }
@@ -900,7 +933,7 @@ impl Lowerer<'_> {
             Some(n) if self.mma_accs.iter().any(|a| a == n) && ty.rows.is_multiple_of(64) && ty.cols.is_multiple_of(8) => {
                 Layout::wgmma(ty.rows, ty.cols)
             }
-            Some(n) if self.acc_derived.iter().any(|a| a == n) && ty.rows.is_multiple_of(64) && ty.cols == 1 => {
+            Some(n) if self.acc_derived.iter().chain(&self.acc_partners).any(|a| a == n) && ty.rows.is_multiple_of(64) && ty.cols == 1 => {
                 Layout::wgmma(ty.rows, 8).reduced(1)
             }
             Some(n) if self.acc_derived.iter().any(|a| a == n) && ty.rows.is_multiple_of(64) && ty.cols.is_multiple_of(8) => {

@@ -51,6 +51,7 @@ pub fn lower(ir: &TileIr, target: crate::reflect::Target) -> Result<PtxKernel, C
     let mut lw = Lowerer::new(ir);
     lw.target = target;
     lw.acc_derived = hopper::acc_derived(&ir.body, &scan.mma_accs);
+    lw.acc_partners = hopper::acc_partners(&ir.body, &lw.acc_derived);
     lw.mma_accs = scan.mma_accs;
     lw.any_mma = scan.any_mma;
     lw.mma_rings = scan.mma_rings;
@@ -169,6 +170,8 @@ pub(crate) struct Lowerer<'a> {
     pub mma_rings: Vec<String>,
     /// Names computed from accumulators (see [`hopper::acc_derived`]).
     pub acc_derived: Vec<String>,
+    /// Layout-free names used with accumulators (see [`hopper::acc_partners`]).
+    pub acc_partners: Vec<String>,
     pub any_mma: bool,
     /// A `store_within`'s clamped dims for its tensor, while it is lowered.
     pub dims_within: Option<(String, Vec<Reg>)>,
@@ -219,6 +222,7 @@ impl<'a> Lowerer<'a> {
             mma_accs: Vec::new(),
             mma_rings: Vec::new(),
             acc_derived: Vec::new(),
+            acc_partners: Vec::new(),
             any_mma: false,
             dims_within: None,
             pending_accs: Vec::new(),
@@ -406,6 +410,8 @@ impl<'a> Lowerer<'a> {
         let mut i = 0;
         while i < body.len() {
             let (loads, reductions) = (load_run(&body[i..]), reduction_run(&body[i..]));
+            // The runs below are lowered without `stmt`: nothing follows a TMA store across them.
+            self.after_tma_store &= loads <= 1 && reductions <= 1;
             let n = if self.zero_then_mma(&body[i..]) {
                 self.stmt_start(&body[i]);
                 self.stmt(&body[i + 1])?;
@@ -475,7 +481,7 @@ impl<'a> Lowerer<'a> {
     fn reductions(&mut self, run: &[Stmt]) -> Result<(), CompileError> {
         self.lets_together(
             run,
-            |lw, value| {
+            |lw, _, value| {
                 let crate::tirh::ExprKind::Reduce { op, axis, value } = &value.kind else { unreachable!("a reduction run reduces") };
                 Ok((lw.tile(value)?, *op, *axis))
             },
@@ -487,7 +493,15 @@ impl<'a> Lowerer<'a> {
     fn loads(&mut self, run: &[Stmt]) -> Result<(), CompileError> {
         self.lets_together(
             run,
-            |lw, value| lw.load_args(loaded(value).expect("a load run loads")),
+            |lw, name, value| {
+                // A per-row vector for an accumulator's rows loads in their layout.
+                if let (true, Type::Tile(ty)) = (lw.acc_partners.iter().any(|p| p == name), value.checked_ty()) {
+                    lw.layout_hint = Some(lw.full_layout(Some(name), ty));
+                }
+                let args = lw.load_args(loaded(value).expect("a load run loads"));
+                lw.layout_hint = None;
+                args
+            },
             |lw, args| {
                 let tiles = lw.load_group(args);
                 run.iter()
@@ -504,13 +518,14 @@ impl<'a> Lowerer<'a> {
     /// Lowers a run of `let`s together: `each` takes a value's operands (after its statement's
     /// comment), `all` the whole run's; each result is bound to its name.
     fn lets_together<A>(
-        &mut self, run: &[Stmt], each: impl Fn(&mut Self, &crate::tirh::Expr) -> Result<A, CompileError>,
+        &mut self, run: &[Stmt], each: impl Fn(&mut Self, &str, &crate::tirh::Expr) -> Result<A, CompileError>,
         all: impl FnOnce(&mut Self, Vec<A>) -> Vec<TileVal>,
     ) -> Result<(), CompileError> {
         let mut parts = Vec::with_capacity(run.len());
         for s in run {
             self.stmt_start(s);
-            parts.push(each(self, let_parts(s).1)?);
+            let (name, value) = let_parts(s);
+            parts.push(each(self, name, value)?);
         }
         for (s, t) in run.iter().zip(all(self, parts)) {
             self.bind(let_parts(s).0, Value::Tile(t));
@@ -555,6 +570,13 @@ impl<'a> Lowerer<'a> {
                     (crate::tirh::ExprKind::Full { .. }, Type::Tile(ty)) => {
                         let layout = self.full_layout(Some(name), ty);
                         Value::Tile(self.full(value, ty, layout)?)
+                    }
+                    // A per-row vector loaded for an accumulator's rows: in their layout.
+                    (_, Type::Tile(ty)) if self.acc_partners.iter().any(|p| p == name) => {
+                        self.layout_hint = Some(self.full_layout(Some(name), ty));
+                        let v = self.expr(value);
+                        self.layout_hint = None;
+                        v?
                     }
                     _ => self.expr(value)?,
                 };

@@ -1063,7 +1063,7 @@ fn swap_pairs(t: TileVal) -> TileVal {
 /// Whether an expression's layout is decided by its use: a load or a constructor, under
 /// casts, unary functions, scalar factors and elementwise operations between such tiles of
 /// one shape.
-fn layout_free(e: &Expr) -> bool {
+pub(crate) fn layout_free(e: &Expr) -> bool {
     match &e.kind {
         ExprKind::Load { .. } | ExprKind::SmemLoad(_) | ExprKind::Full { .. } | ExprKind::Iota { .. } | ExprKind::Uniform { .. } => true,
         ExprKind::Cast { value, .. } | ExprKind::Unary(_, value) => layout_free(value),
