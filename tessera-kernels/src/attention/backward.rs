@@ -58,7 +58,7 @@ fn query_rows(seq: i32, heads: i32, q_bm: i32, hm: i32, cm: i32) -> (i32, i32, i
 /// V block by block (64 keys, up to the causal diagonal); two consumers, 64 rows each, share
 /// the blocks, recompute P from the log-sum-exp and add `dS·K` into dQ in registers, stored
 /// once (`× scale`). Causally, the first consumer skips the last block, past its diagonal.
-#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64]), targets(sm_90a))]
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], BN = [64, 128]), targets(sm_90a))]
 pub fn attention_bwd_dq(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 3>, dsum: Global<f32, 3>, dq: Global<T, 3>,
     cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, max_q: i32, varlen: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32,
@@ -78,15 +78,15 @@ pub fn attention_bwd_dq(
         kv_end = min(seq_k, q0 + 128 + shift);
     }
     // A tile past its sequence's rows (packed: shorter than the longest) has nothing to do.
-    let mut nb = (kv_end + 63) / 64;
+    let mut nb = (kv_end + BN - 1) / BN;
     let live = q0 < seq_q;
     if !live {
         nb = 0;
     }
     let sq = Smem::<T, 128, D>::ring(1);
     let sdo = Smem::<T, 128, D>::ring(1);
-    let sk = Smem::<T, 64, D>::ring(2);
-    let sv = Smem::<T, 64, D>::ring(2);
+    let sk = Smem::<T, BN, D>::ring(2);
+    let sv = Smem::<T, BN, D>::ring(2);
     let qpipe = Pipeline::<1>::new(2);
     let kvpipe = Pipeline::<2>::new(2);
     if warpgroup::id() == 0 {
@@ -98,8 +98,8 @@ pub fn attention_bwd_dq(
             qpipe.commit(s);
         }
         fill_stages(kvpipe, nb, |s, j| {
-            tma::load(sk.at(s), k, [b * k_bm + kvh * hm, k_start + j * 64, kvh * cm], kvpipe);
-            tma::load(sv.at(s), v, [b * k_bm + kvh * hm, k_start + j * 64, kvh * cm], kvpipe);
+            tma::load(sk.at(s), k, [b * k_bm + kvh * hm, k_start + j * BN, kvh * cm], kvpipe);
+            tma::load(sv.at(s), v, [b * k_bm + kvh * hm, k_start + j * BN, kvh * cm], kvpipe);
         });
     } else if live {
         setmaxnreg(240);
@@ -112,23 +112,23 @@ pub fn attention_bwd_dq(
         let diag = qr + 1 + shift;
         let mut mine = nb;
         if causal == 1 {
-            mine = (min(seq_k, qr + 64 + shift) + 63) / 64;
+            mine = (min(seq_k, qr + 64 + shift) + BN - 1) / BN;
         }
         let mut dqa = Tile::<f32, 64, D>::zeros();
         let qs = qpipe.wait();
         drain_stages(kvpipe, nb, |s, j| {
             if j < mine {
-                let k0 = j * 64;
-                let mut sc = Tile::<f32, 64, 64>::zeros();
+                let k0 = j * BN;
+                let mut sc = Tile::<f32, 64, BN>::zeros();
                 mma_sync(sc, sq.at(qs).rows(row, 64), sk.at(s));
-                let mut dp = Tile::<f32, 64, 64>::zeros();
+                let mut dp = Tile::<f32, 64, BN>::zeros();
                 mma_sync(dp, sdo.at(qs).rows(row, 64), sv.at(s));
                 mma_wait(0);
                 let mut x = sc * scale_log2 - lse2;
-                if k0 + 64 > seq_k {
+                if k0 + BN > seq_k {
                     x = x.mask_cols(seq_k - k0, f32::NEG_INFINITY);
                 }
-                if causal == 1 && k0 + 64 > diag {
+                if causal == 1 && k0 + BN > diag {
                     x = x.mask_cols(Tile::<f32, 64, 1>::row_index() + (diag - k0) as f32, f32::NEG_INFINITY);
                 }
                 mma_sync_kn(dqa, (exp2(x) * (dp - d)).cast::<T>(), sk.at(s));
@@ -149,7 +149,7 @@ pub fn attention_bwd_dq(
 /// consumer also forms its keys' part of dQ, `dS·K` (dSᵀ through shared memory, read
 /// transposed), and adds it into the f32 `dq_acc` (`[lse's rows, seq, D]`) by TMA reduce-adds
 /// of 32-column panels: no dQ walk, but the sums' order varies from run to run.
-#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64]), targets(sm_90a))]
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], BQ = [64, 128]), targets(sm_90a))]
 pub fn attention_bwd_dkv(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 2>, dsum: Global<f32, 2>, dk: Global<T, 3>,
     dv: Global<T, 3>, dq_acc: Global<f32, 3>, cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, max_k: i32, varlen: i32, heads: i32, group: i32,
@@ -167,25 +167,25 @@ pub fn attention_bwd_dkv(
     // the block's first key.
     let mut i0 = 0;
     if causal == 1 {
-        i0 = max(k0 - shift, 0) / 64;
+        i0 = max(k0 - shift, 0) / BQ;
     }
     let live = k0 < seq_k;
-    let mut per_head = max((seq_q + 63) / 64 - i0, 0);
+    let mut per_head = max((seq_q + BQ - 1) / BQ - i0, 0);
     if !live {
         per_head = 0;
     }
     let total = group * per_head;
     let sk = Smem::<T, 128, D>::ring(1);
     let sv = Smem::<T, 128, D>::ring(1);
-    let sq = Smem::<T, 64, D>::ring(2);
-    let sdo = Smem::<T, 64, D>::ring(2);
+    let sq = Smem::<T, BQ, D>::ring(2);
+    let sdo = Smem::<T, BQ, D>::ring(2);
     // The fused dQ's staging: each consumer's dSᵀ, and its f32 partial in 32-column panels.
-    let sds = Smem::<T, 64, 64>::ring(2);
-    let sdq = Smem::<f32, 64, 32>::ring({ D / 16 });
+    let sds = Smem::<T, 64, BQ>::ring(2);
+    let sdq = Smem::<f32, BQ, 32>::ring({ D / 16 });
     // Each block's log-sum-exp and D rows, brought with its Q and dO (dense layouts: TMA needs
     // a box's first column 16-byte aligned, which a packed sequence's start is not).
-    let slse = Smem::<f32, 1, 64>::ring_swizzled(2, 0);
-    let sdsum = Smem::<f32, 1, 64>::ring_swizzled(2, 0);
+    let slse = Smem::<f32, 1, BQ>::ring_swizzled(2, 0);
+    let sdsum = Smem::<f32, 1, BQ>::ring_swizzled(2, 0);
     let kpipe = Pipeline::<1>::new(2);
     let qpipe = Pipeline::<2>::new(2);
     if warpgroup::id() == 0 {
@@ -197,7 +197,7 @@ pub fn attention_bwd_dkv(
             kpipe.commit(s);
         }
         fill_stages(qpipe, total, |s, n| {
-            let (h, q0, lrow) = query_block(n, per_head, i0, kvh, group, b, heads, varlen);
+            let (h, q0, lrow) = query_block(n, per_head, i0, kvh, group, b, heads, varlen, BQ);
             tma::load(sq.at(s), q, [b * q_bm + h * hm, q_start + q0, h * cm], qpipe);
             tma::load(sdo.at(s), dout, [b * q_bm + h * hm, q_start + q0, h * cm], qpipe);
             if varlen == 0 {
@@ -214,19 +214,19 @@ pub fn attention_bwd_dkv(
         let mut dva = Tile::<f32, 64, D>::zeros();
         let ks = kpipe.wait();
         drain_stages(qpipe, total, |s, n| {
-            let (_, q0, lrow) = query_block(n, per_head, i0, kvh, group, b, heads, varlen);
-            let mut st = Tile::<f32, 64, 64>::zeros();
+            let (_, q0, lrow) = query_block(n, per_head, i0, kvh, group, b, heads, varlen, BQ);
+            let mut st = Tile::<f32, 64, BQ>::zeros();
             mma_sync(st, sk.at(ks).rows(row, 64), sq.at(s));
             mma_wait(0);
             // Queries past the sequence (the tensor's: TMA's zeros; packed: the next one's)
             // are masked below.
             let mut x = st * scale_log2;
             if varlen == 1 {
-                x = x - lse.load_or::<Tile<f32, 1, 64>>([lrow, q_start + q0], 0.0);
+                x = x - lse.load_or::<Tile<f32, 1, BQ>>([lrow, q_start + q0], 0.0);
             } else {
                 x = x - slse.at(s).load();
             }
-            if q0 + 64 > seq_q {
+            if q0 + BQ > seq_q {
                 x = x.mask_cols(seq_q - q0, f32::NEG_INFINITY);
             }
             if causal == 1 && kr + 63 > q0 + shift {
@@ -235,22 +235,22 @@ pub fn attention_bwd_dkv(
                 // with no key at all has x up to 1.5·10³⁰ from its clamped log-sum-exp).
                 // (Inline, so that the index tiles take x's layout.)
                 x = x
-                    + ((Tile::<f32, 64, 64>::col_index() - Tile::<f32, 64, 64>::row_index() + (q0 + shift - kr) as f32).step() - 1.0)
+                    + ((Tile::<f32, 64, BQ>::col_index() - Tile::<f32, 64, BQ>::row_index() + (q0 + shift - kr) as f32).step() - 1.0)
                         * 1e38;
             }
             if fused == 1 && kr + 64 > seq_k {
                 // Keys past the sequence (packed: the next one's) must not reach dQ.
-                x = x - (Tile::<f32, 64, 64>::row_index() - (seq_k - kr) as f32).step() * 1e38;
+                x = x - (Tile::<f32, 64, BQ>::row_index() - (seq_k - kr) as f32).step() * 1e38;
             }
             let pt = exp2(x);
             // dV's MMA and dPᵀ's run together; S's registers are free by then.
             mma_sync_kn(dva, pt.cast::<T>(), sdo.at(s));
-            let mut dpt = Tile::<f32, 64, 64>::zeros();
+            let mut dpt = Tile::<f32, 64, BQ>::zeros();
             mma_sync(dpt, sv.at(ks).rows(row, 64), sdo.at(s));
             mma_wait(0);
             let mut dp = dpt;
             if varlen == 1 {
-                dp = dp - dsum.load_or::<Tile<f32, 1, 64>>([lrow, q_start + q0], 0.0);
+                dp = dp - dsum.load_or::<Tile<f32, 1, BQ>>([lrow, q_start + q0], 0.0);
             } else {
                 dp = dp - sdsum.at(s).load();
             }
@@ -258,7 +258,7 @@ pub fn attention_bwd_dkv(
             mma_sync_kn(dka, ds, sq.at(s));
             if fused == 1 {
                 sds.at(me).store(ds);
-                let mut dqp = Tile::<f32, 64, D>::zeros();
+                let mut dqp = Tile::<f32, BQ, D>::zeros();
                 mma_sync_kn(dqp, sds.at(me).t(), sk.at(ks).rows(row, 64));
                 mma_wait(0);
                 // The previous block's reduce-adds have read their panels.
@@ -291,14 +291,14 @@ pub fn attention_bwd_dkv(
 /// (`(batch·head, query)`, or packed `(head, row)`).
 #[device]
 #[allow(clippy::too_many_arguments)]
-fn query_block(n: i32, per_head: i32, i0: i32, kvh: i32, group: i32, b: i32, heads: i32, varlen: i32) -> (i32, i32, i32) {
+fn query_block(n: i32, per_head: i32, i0: i32, kvh: i32, group: i32, b: i32, heads: i32, varlen: i32, bq: i32) -> (i32, i32, i32) {
     let hh = n / per_head;
     let h = kvh * group + hh;
     let mut lrow = b * heads + h;
     if varlen == 1 {
         lrow = h;
     }
-    (h, (i0 + n - hh * per_head) * 64, lrow)
+    (h, (i0 + n - hh * per_head) * bq, lrow)
 }
 
 /// The gradients of attention ([`attention_backward`]), each in the layout and shape of what

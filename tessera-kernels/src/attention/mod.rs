@@ -219,6 +219,20 @@ macro_rules! attention_element {
                         .find(|&i| of_head_dim(all[i], head_dim))
                         .ok_or_else(|| arg("q", "head_dim 64 or 128".into(), format!("head_dim {head_dim}")))
                 };
+                // The dK/dV walk's query blocks: 128 at head_dim 64 (a block's fixed costs over
+                // twice the work), 64 at 128 (what fits in shared memory).
+                let q_block = if head_dim == 64 { 128 } else { 64 };
+                // The dQ walk's key blocks likewise.
+                let pick_dq = |all: &[&KernelSpec]| {
+                    (0..all.len())
+                        .find(|&i| of_head_dim(all[i], head_dim) && all[i].knob("BN") == Some(q_block))
+                        .ok_or_else(|| arg("q", "head_dim 64 or 128".into(), format!("head_dim {head_dim}")))
+                };
+                let pick_dkv = |all: &[&KernelSpec]| {
+                    (0..all.len())
+                        .find(|&i| of_head_dim(all[i], head_dim) && all[i].knob("BQ") == Some(q_block))
+                        .ok_or_else(|| arg("q", "head_dim 64 or 128".into(), format!("head_dim {head_dim}")))
+                };
                 // D and the log-sum-exp in log₂ units, rows padded for TMA.
                 let (n, sq, pitch) = (dsum.shape()[0], cols, dsum.shape()[1]);
                 let (s3, s2) = ([n, sq, 1], [n, sq]);
@@ -240,7 +254,7 @@ macro_rules! attention_element {
                     None => {
                         #[rustfmt::skip]
                                 $dq::launch_variant(
-                                    pick($dq::VARIANTS)?, d, Grid::from(bq as u32), q, k, v, dout, &lse3, &dsum3, dq, cu_q, cu_k, max_q,
+                                    pick_dq($dq::VARIANTS)?, d, Grid::from(bq as u32), q, k, v, dout, &lse3, &dsum3, dq, cu_q, cu_k, max_q,
                                     varlen, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2, scale,
                                 )?;
                         stand_in = Tensor::<f32>::scratch(d, &[1, 64, head_dim])?;
@@ -249,7 +263,7 @@ macro_rules! attention_element {
                 };
                 #[rustfmt::skip]
                         $dkv::launch_variant(
-                            pick($dkv::VARIANTS)?, d, Grid::from(bk as u32), q, k, v, dout, &lse2, &dsum2, dk, dv, acc, cu_q, cu_k, max_k,
+                            pick_dkv($dkv::VARIANTS)?, d, Grid::from(bk as u32), q, k, v, dout, &lse2, &dsum2, dk, dv, acc, cu_q, cu_k, max_k,
                             varlen, heads, group, q_bm, k_bm, hm, cm, causal, fused, scale_log2, scale,
                         )?;
                 if fused == 1 {
