@@ -1026,3 +1026,52 @@ fn gpu_shared_loads_round_trip() {
 fn interp_shared_loads_round_trip() {
     shared_loads_round_trip(&Device::cpu());
 }
+
+/// Integer division and remainder by constants (powers of two, lowered to shifts; others; and
+/// constants folded) of a block's signed index `id − off`: row `id`, one 16-column run each.
+#[kernel]
+fn int_div_rem(y: Global<f32, 2>, off: i32) {
+    let r = block::id_x();
+    let x = r - off;
+    let z = Tile::<f32, 1, 16>::zeros();
+    y.store([r, 0], z + (x / 4) as f32);
+    y.store([r, 16], z + (x % 4) as f32);
+    y.store([r, 32], z + (x / 64) as f32);
+    y.store([r, 48], z + (x % 64) as f32);
+    y.store([r, 64], z + (x / 1) as f32);
+    y.store([r, 80], z + (x % 1) as f32);
+    y.store([r, 96], z + (x / 3) as f32);
+    y.store([r, 112], z + (x % 3) as f32);
+    y.store([r, 128], z + (x / -8) as f32);
+    y.store([r, 144], z + (x % -8) as f32);
+    y.store([r, 160], z + ((128 / 32) * x) as f32);
+    y.store([r, 176], z + (7 % 4 - x) as f32);
+}
+
+fn int_div_rem_truncate(dev: &Device) {
+    let (n, off) = (600, 300);
+    let mut y = Tensor::full(dev, &[n, 192], f32::NAN).unwrap();
+    int_div_rem::launch(dev, Grid::tiles(n, 1), &mut y, off).unwrap();
+    let got = y.to_host().unwrap();
+    for r in 0..n {
+        let x = r as i32 - off;
+        let want = [x / 4, x % 4, x / 64, x % 64, x, 0, x / 3, x % 3, x / -8, x % -8, 4 * x, 3 - x];
+        for (c, w) in want.iter().enumerate() {
+            for k in 0..16 {
+                assert_eq!(got[r * 192 + c * 16 + k], *w as f32, "x = {x}, operation {c}");
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_int_div_rem_truncate() {
+    if let Some(dev) = gpu_or_skip("gpu_int_div_rem_truncate") {
+        int_div_rem_truncate(&dev);
+    }
+}
+
+#[test]
+fn interp_int_div_rem_truncate() {
+    int_div_rem_truncate(&Device::cpu());
+}

@@ -637,6 +637,10 @@ impl<'a> Lowerer<'a> {
             }
             StmtKind::If { cond, then, otherwise } => {
                 let p = self.scalar(cond)?;
+                if let Operand::Imm(c) = p {
+                    // A constant condition (a tuned knob's test): the branch taken, alone.
+                    return self.block(if c != 0 { then } else { otherwise });
+                }
                 let p = self.in_reg(p, ScalarType::Bool, "cond");
                 let (l_else, l_end) = (self.label("else"), self.label("endif"));
                 self.op_if(p, true, "bra.uni", vec![Operand::Sym(l_else.clone())]);

@@ -91,6 +91,15 @@ impl Lowerer<'_> {
             }
             ExprKind::Unary(op, a) => {
                 let v = self.scalar(a)?;
+                match (op, &v) {
+                    (UnOp::Not, Imm(b)) => return Ok(Imm(i64::from(*b == 0))),
+                    (UnOp::Neg, Imm(x)) if ty == ScalarType::I32 => {
+                        if let Some(n) = i32::try_from(*x).ok().and_then(i32::checked_neg) {
+                            return Ok(Imm(i64::from(n)));
+                        }
+                    }
+                    _ => {}
+                }
                 match (op, ty) {
                     (UnOp::Not, _) | (UnOp::Neg, ScalarType::I32) => {
                         let r = self.reg(scalar_class(ty), "t");
@@ -107,8 +116,24 @@ impl Lowerer<'_> {
             ExprKind::Binary(op, a, b) => {
                 let Type::Scalar(operand_ty) = a.checked_ty() else { unreachable!("verified TIR-H: scalar operands") };
                 let va = self.scalar(a)?;
-                let va = R(self.in_reg(va, operand_ty, "lhs"));
                 let vb = self.scalar(b)?;
+                if let (Imm(x), Imm(y)) = (&va, &vb) {
+                    // Constants fold here: ptxas leaves `mov 128; div.s32 …, 32` as a division
+                    // by a reciprocal computed at run time (a tuned `D / 32` in a ring index),
+                    // and a branch on a tuned constant (`if BQ == 64`) is lowered one way only.
+                    if let Some(v) = fold(*op, operand_ty, *x, *y) {
+                        return Ok(Imm(v));
+                    }
+                }
+                // Predicates take no immediates.
+                let vb = if operand_ty == ScalarType::Bool { R(self.in_reg(vb, operand_ty, "rhs")) } else { vb };
+                let va = self.in_reg(va, operand_ty, "lhs");
+                if let (Imm(d), ScalarType::I32, BinOp::Div | BinOp::Rem) = (&vb, operand_ty, op) {
+                    if *d > 1 && d.count_ones() == 1 && *d <= 1 << 30 {
+                        return Ok(R(self.div_pow2(*op, va, d.trailing_zeros())));
+                    }
+                }
+                let va = R(va);
                 let r = self.reg(scalar_class(ty), "t");
                 self.op(&scalar_binop(*op, operand_ty), vec![R(r), va, vb]);
                 R(r)
@@ -124,6 +149,29 @@ impl Lowerer<'_> {
 }
 
 impl Lowerer<'_> {
+    /// `x / 2^k` or `x % 2^k` for a signed `x`, truncating toward zero as `div.s32` does, by
+    /// shifts: ptxas turns `div.s32`/`rem.s32` by a constant into a division by a reciprocal
+    /// computed at run time (about twenty instructions where these are four or five).
+    fn div_pow2(&mut self, op: BinOp, x: Reg, k: u32) -> Reg {
+        use Operand::{Imm, Reg as R};
+        let t = |lw: &mut Self| lw.reg(RegClass::B32, "t");
+        // A negative x is biased by 2^k − 1 so that the arithmetic shift truncates toward 0.
+        let bias = t(self);
+        self.op("shr.s32", vec![R(bias), R(x), Imm(31)]);
+        self.op("shr.u32", vec![R(bias), R(bias), Imm(i64::from(32 - k))]);
+        let biased = t(self);
+        self.op("add.s32", vec![R(biased), R(x), R(bias)]);
+        let r = t(self);
+        if op == BinOp::Div {
+            self.op("shr.s32", vec![R(r), R(biased), Imm(i64::from(k))]);
+        } else {
+            // x − (x / 2^k)·2^k: the biased value's low bits cleared, taken from x.
+            self.op("and.b32", vec![R(biased), R(biased), Imm(-(1i64 << k))]);
+            self.op("sub.s32", vec![R(r), R(x), R(biased)]);
+        }
+        r
+    }
+
     /// A unary float function of `x`.
     pub(crate) fn f32_unary(&mut self, op: UnOp, x: Reg) -> Reg {
         use Operand::{Reg as R, F32};
@@ -200,6 +248,37 @@ impl Lowerer<'_> {
     }
 }
 
+/// `a op b` on two constants of type `t` (a `bool` as 0 or 1), as the GPU computes it:
+/// `i32` wrapping, division truncating toward zero; `None` where the GPU's answer is not
+/// defined (division by zero, overflow) or `t` is `f32`.
+fn fold(op: BinOp, t: ScalarType, a: i64, b: i64) -> Option<i64> {
+    let cmp = |c: bool| Some(i64::from(c));
+    match (op, t) {
+        (BinOp::And, ScalarType::Bool) => return cmp(a != 0 && b != 0),
+        (BinOp::Or, ScalarType::Bool) => return cmp(a != 0 || b != 0),
+        (_, ScalarType::I32) => {}
+        _ => return None,
+    }
+    let (a, b) = (i32::try_from(a).ok()?, i32::try_from(b).ok()?);
+    let v = match op {
+        BinOp::Lt => return cmp(a < b),
+        BinOp::Le => return cmp(a <= b),
+        BinOp::Gt => return cmp(a > b),
+        BinOp::Ge => return cmp(a >= b),
+        BinOp::Eq => return cmp(a == b),
+        BinOp::Ne => return cmp(a != b),
+        BinOp::Add => a.wrapping_add(b),
+        BinOp::Sub => a.wrapping_sub(b),
+        BinOp::Mul => a.wrapping_mul(b),
+        BinOp::Div => a.checked_div(b)?,
+        BinOp::Rem => a.checked_rem(b)?,
+        BinOp::Max => a.max(b),
+        BinOp::Min => a.min(b),
+        _ => return None,
+    };
+    Some(i64::from(v))
+}
+
 /// The PTX instruction for a binary operator on scalars of type `t`.
 pub(crate) fn scalar_binop(op: BinOp, t: ScalarType) -> String {
     let ty = match t {
@@ -227,4 +306,31 @@ pub(crate) fn scalar_binop(op: BinOp, t: ScalarType) -> String {
         (BinOp::Ne, _) => "setp.ne",
     };
     format!("{name}.{ty}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fold;
+    use crate::dtype::ScalarType;
+    use crate::tirh::BinOp;
+
+    fn fold_i32(op: BinOp, a: i64, b: i64) -> Option<i64> {
+        fold(op, ScalarType::I32, a, b)
+    }
+
+    #[test]
+    fn constants_fold_as_the_gpu_computes_them() {
+        assert_eq!(fold_i32(BinOp::Div, 128, 32), Some(4));
+        assert_eq!(fold_i32(BinOp::Div, -7, 2), Some(-3));
+        assert_eq!(fold_i32(BinOp::Rem, -7, 2), Some(-1));
+        assert_eq!(fold_i32(BinOp::Mul, 1 << 30, 4), Some(0));
+        assert_eq!(fold_i32(BinOp::Min, 3, -5), Some(-5));
+        // Left to the GPU: no defined answer to fold to.
+        assert_eq!(fold_i32(BinOp::Div, 1, 0), None);
+        assert_eq!(fold_i32(BinOp::Div, i64::from(i32::MIN), -1), None);
+        assert_eq!(fold_i32(BinOp::Lt, 1, 2), Some(1));
+        assert_eq!(fold_i32(BinOp::Eq, 64, 128), Some(0));
+        assert_eq!(fold(BinOp::And, ScalarType::Bool, 1, 0), Some(0));
+        assert_eq!(fold(BinOp::Add, ScalarType::F32, 1, 2), None);
+    }
 }
