@@ -123,7 +123,8 @@ pub fn attention_bwd_dq(
                 mma_sync(sc, sq.at(qs).rows(row, 64), sk.at(s));
                 let mut dp = Tile::<f32, 64, BN>::zeros();
                 mma_sync(dp, sdo.at(qs).rows(row, 64), sv.at(s));
-                mma_wait(0);
+                // S is done; dP's MMA runs under the softmax.
+                mma_wait(1);
                 let mut x = sc * scale_log2 - lse2;
                 if k0 + BN > seq_k {
                     x = x.mask_cols(seq_k - k0, f32::NEG_INFINITY);
@@ -131,7 +132,9 @@ pub fn attention_bwd_dq(
                 if causal == 1 && k0 + BN > diag {
                     x = x.mask_cols(Tile::<f32, 64, 1>::row_index() + (diag - k0) as f32, f32::NEG_INFINITY);
                 }
-                mma_sync_kn(dqa, (exp2(x) * (dp - d)).cast::<T>(), sk.at(s));
+                let p = exp2(x);
+                mma_wait(0);
+                mma_sync_kn(dqa, (p * (dp - d)).cast::<T>(), sk.at(s));
                 mma_wait(0);
             }
         });
@@ -217,6 +220,8 @@ pub fn attention_bwd_dkv(
             let (_, q0, lrow) = query_block(n, per_head, i0, kvh, group, b, heads, varlen, BQ);
             let mut st = Tile::<f32, 64, BQ>::zeros();
             mma_sync(st, sk.at(ks).rows(row, 64), sq.at(s));
+            // (dPᵀ's MMA issued here too, to run under the softmax, serializes the MMAs: its
+            // registers beside S's, dK's and dV's do not fit.)
             mma_wait(0);
             // Queries past the sequence (the tensor's: TMA's zeros; packed: the next one's)
             // are masked below.
@@ -270,8 +275,11 @@ pub fn attention_bwd_dkv(
                 // The two consumers add into the same rows: each starts at another panel.
                 #[unroll]
                 for p in 0..D / 32 {
-                    let pp = (p + me * (D / 64)) % (D / 32);
-                    tma::reduce_add(dq_acc, [lrow, q_start + q0, pp * 32], sdq.at(me * (D / 32) + pp));
+                    tma::reduce_add(
+                        dq_acc,
+                        [lrow, q_start + q0, ((p + me * (D / 64)) % (D / 32)) * 32],
+                        sdq.at(me * (D / 32) + (p + me * (D / 64)) % (D / 32)),
+                    );
                 }
             }
             mma_wait(0);
