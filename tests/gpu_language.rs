@@ -1075,3 +1075,68 @@ fn gpu_int_div_rem_truncate() {
 fn interp_int_div_rem_truncate() {
     int_div_rem_truncate(&Device::cpu());
 }
+
+/// `view.cols(start, n)`: whole column panels of a shared view. Two consumers split
+/// `H = Kᵀ·V` (K `[T, 128]`, V `[T, 128]`) by V's columns, each taking its 64-column panel of
+/// the same V stage as `mma_sync_kn`'s B; the second also reads its panel back (`y`, V's first
+/// 64 rows, columns 64..128).
+#[kernel(warpgroups = 3, targets(sm_90a))]
+fn column_panels(k: Global<bf16, 2>, v: Global<bf16, 2>, h: Global<f32, 2>, y: Global<f32, 2>) {
+    let sk = Smem::<bf16, 64, 128>::ring(2);
+    let sv = Smem::<bf16, 64, 128>::ring(2);
+    let pipe = Pipeline::<2>::new(2);
+    let steps = (k.dim(0) + 63) / 64;
+    if warpgroup::id() == 0 {
+        tessera_kernels::prelude::fill_stages(pipe, steps, |s, j| {
+            tma::load(sk.at(s), k, [j * 64, 0], pipe);
+            tma::load(sv.at(s), v, [j * 64, 0], pipe);
+        });
+    } else {
+        let mut acc = Tile::<f32, 128, 64>::zeros();
+        tessera_kernels::prelude::drain_stages(pipe, steps, |s, j| {
+            if warpgroup::id() == 1 {
+                mma_sync_kn(acc, sk.at(s).t(), sv.at(s).cols(0, 64));
+            } else {
+                mma_sync_kn(acc, sk.at(s).t(), sv.at(s).cols(64, 64));
+                if j == 0 {
+                    y.store([0, 0], sv.at(s).cols(64, 64).load().cast::<f32>());
+                }
+            }
+            mma_wait(0);
+        });
+        h.store([0, (warpgroup::id() - 1) * 64], acc);
+    }
+}
+
+fn column_panel_views(dev: &Device) {
+    for t in [64, 7, 200] {
+        let bf = |n: usize| random(n, -1.0, 1.0).into_iter().map(bf16::from_f32).collect::<Vec<_>>();
+        let (hk, hv) = (bf(t * 128), bf(t * 128));
+        let k = Tensor::from_host(dev, &hk, &[t, 128]).unwrap();
+        let v = Tensor::from_host(dev, &hv, &[t, 128]).unwrap();
+        let mut h = Tensor::full(dev, &[128, 128], f32::NAN).unwrap();
+        let mut y = Tensor::full(dev, &[64, 64], f32::NAN).unwrap();
+        column_panels::launch(dev, 1, &k, &v, &mut h, &mut y).unwrap();
+        let want: Vec<f64> = (0..128 * 128)
+            .map(|ij| (0..t).map(|s| f64::from(hk[s * 128 + ij / 128].to_f32()) * f64::from(hv[s * 128 + ij % 128].to_f32())).sum())
+            .collect();
+        let got: Vec<f64> = h.to_host().unwrap().into_iter().map(f64::from).collect();
+        let err = rel_error(&got, &want);
+        assert!(err < 1e-5, "T = {t}: relative error {err}");
+        // Rows past T arrive as TMA's zeros.
+        let want_y: Vec<f32> = (0..64 * 64).map(|ij| if ij / 64 < t { hv[(ij / 64) * 128 + 64 + ij % 64].to_f32() } else { 0.0 }).collect();
+        assert_eq!(y.to_host().unwrap(), want_y, "T = {t}: V's second panel read back");
+    }
+}
+
+#[test]
+fn gpu_column_panel_views() {
+    if let Some(dev) = gpu_or_skip("gpu_column_panel_views") {
+        column_panel_views(&dev);
+    }
+}
+
+#[test]
+fn interp_column_panel_views() {
+    column_panel_views(&Device::cpu());
+}

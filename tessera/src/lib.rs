@@ -107,7 +107,10 @@
 //!   size): elsewhere the GPU stops on an illegal instruction, and the interpreter refuses it.
 //! - `mma_sync(acc, a, b)`: `acc += a·bᵀ` with `wgmma.mma_async` m64nNk16 from shared
 //!   views `a` (M×K) and `b` (N×K); `view.rows(r, 64)` selects rows (whole 8-row atoms of a
-//!   swizzled ring, any number of an unswizzled one: `view.rows(n, 1).load()` is row `n`); `mma_wait(n)` leaves
+//!   swizzled ring, any number of an unswizzled one: `view.rows(n, 1).load()` is row `n`), and
+//!   `view.cols(c, n)` whole column panels of a ring wider than its swizzle span (64 bf16
+//!   columns each under 128 bytes; `c` constant): two warpgroups can each take half of a
+//!   stage's columns as B; `mma_wait(n)` leaves
 //!   at most `n` groups in flight. `mma_sync_kn(acc, a, b)` takes `b` stored K×N (N-major);
 //!   `ring.at(s).t()` as `a` takes A stored K×M (M-major, 16-bit): `mma_sync_kn(h,
 //!   sk.at(s).t(), sv.at(s))` is `h += Kᵀ·V` with K and V as they arrived, time along rows.

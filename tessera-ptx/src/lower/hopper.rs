@@ -82,7 +82,7 @@ pub(crate) struct HopperScan {
 pub(crate) fn ring_of(e: &Expr) -> Option<&str> {
     match &e.kind {
         ExprKind::SmemAt { ring, .. } => Some(ring),
-        ExprKind::SmemRows { view, .. } => ring_of(view),
+        ExprKind::SmemRows { view, .. } | ExprKind::SmemCols { view, .. } => ring_of(view),
         _ => None,
     }
 }
@@ -247,6 +247,19 @@ impl Lowerer<'_> {
                 let addr = self.reg(RegClass::B32, "rows_at");
                 self.op("mad.lo.u32", vec![R(addr), R(s), Imm(i64::from(v.ty.pitch())), R(v.addr)]);
                 Value::View(ViewVal { addr, rows: *rows, ..v })
+            }
+            ExprKind::SmemCols { view, start, cols } => {
+                let v = match self.expr(view) {
+                    Ok(Value::View(v)) => v,
+                    Ok(_) => unreachable!("verified TIR-H: a view"),
+                    Err(err) => return Some(Err(err)),
+                };
+                // Whole panels (verified): panel p starts p × rows × pitch bytes in, and the
+                // panels from `start` on are laid out as a ring `cols` wide.
+                let panel = start / v.ty.panel_cols();
+                let addr = self.reg(RegClass::B32, "cols_at");
+                self.op("add.u32", vec![R(addr), R(v.addr), Imm(i64::from(panel * v.ty.rows * v.ty.pitch()))]);
+                Value::View(ViewVal { addr, ty: SmemType { cols: *cols, ..v.ty }, ..v })
             }
             ExprKind::PipeStage { pipe, producer } => {
                 let Value::Pipe(p) = self.lookup(pipe) else { unreachable!("verified TIR-H: `{pipe}` is a pipeline") };

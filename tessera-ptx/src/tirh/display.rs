@@ -148,6 +148,7 @@ impl fmt::Display for Expr {
             ExprKind::QueueNew { stages, consumers, counter } => write!(f, "tile_queue<{stages}>({counter}, consumers={consumers})"),
             ExprKind::SmemAt { ring, stage } => write!(f, "{ring}[{stage}]"),
             ExprKind::SmemRows { view, start, rows } => write!(f, "{view}.rows({start}, {rows})"),
+            ExprKind::SmemCols { view, start, cols } => write!(f, "{view}.cols({start}, {cols})"),
             ExprKind::SmemLoad(view) => write!(f, "{view}.load()"),
             ExprKind::PipeStage { pipe, producer: true } => write!(f, "{pipe}.acquire()"),
             ExprKind::PipeStage { pipe, producer: false } => write!(f, "{pipe}.wait()"),

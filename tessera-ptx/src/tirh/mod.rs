@@ -449,6 +449,7 @@ impl Expr {
             | K::SmemLoad(a)
             | K::EdgeCol { value: a, .. }
             | K::TileCols { value: a, .. }
+            | K::SmemCols { view: a, .. }
             | K::Reduce { value: a, .. }
             | K::BlockReduce { value: a, .. } => {
                 vec![a]
@@ -820,6 +821,19 @@ pub enum ExprKind {
         start: Box<Expr>,
         /// Rows.
         rows: u32,
+    },
+    /// `view.cols(start, n)`: columns `start..start + n` of a view whose rows are stored in
+    /// column panels (a swizzled ring wider than its swizzle span), whole panels only: the
+    /// panels' rows as a view of their own, e.g. half of K's columns as one warpgroup's
+    /// `mma_sync_kn` B operand. Written `.cols` like [`ExprKind::TileCols`]; the verifier
+    /// turns a `cols` of a view into this.
+    SmemCols {
+        /// The view.
+        view: Box<Expr>,
+        /// First column (a multiple of the panel's columns).
+        start: u32,
+        /// Columns (a multiple of the panel's columns).
+        cols: u32,
     },
     /// `pipe.acquire()` (producer) or `pipe.wait()` (consumer): waits for the current stage
     /// to be empty or full and gives its index.

@@ -98,6 +98,7 @@ impl Checker<'_> {
             | ExprKind::QueueNew { .. }
             | ExprKind::SmemAt { .. }
             | ExprKind::SmemRows { .. }
+            | ExprKind::SmemCols { .. }
             | ExprKind::SmemLoad(_)
             | ExprKind::PipeStage { .. } => {
                 unreachable!("typed by hopper_expr")
@@ -177,6 +178,12 @@ impl Checker<'_> {
             }
             ExprKind::TileCols { value, start, cols } => {
                 let ty = self.expr(value)?;
+                if let Type::SmemView { .. } = ty {
+                    // Columns of a shared view: typed (and lowered) as one.
+                    let view = std::mem::replace(value, Box::new(Expr::new(ExprKind::Bool(false), value.loc)));
+                    e.kind = ExprKind::SmemCols { view, start: *start, cols: *cols };
+                    return self.infer(e, expect);
+                }
                 let Type::Tile(t) = ty else {
                     return Err(CompileError::ty(value.loc, format!("`cols` takes a tile, found `{ty}`")));
                 };

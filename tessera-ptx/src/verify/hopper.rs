@@ -100,6 +100,25 @@ impl Checker<'_> {
                     Err(e) => Err(e),
                 }
             }
+            K::SmemCols { view, start, cols } => {
+                let (start, cols) = (*start, *cols);
+                match self.expr(view) {
+                    Ok(Type::SmemView { dtype, rows, cols: have, swizzle }) => {
+                        // Whole column panels of one swizzle span each.
+                        let panel = if swizzle == 0 { have } else { swizzle / dtype.size() };
+                        if swizzle == 0 || have <= panel || cols == 0 || start % panel != 0 || cols % panel != 0 || start + cols > have {
+                            Err(CompileError::ty(
+                                loc,
+                                format!("`cols({start}, {cols})` of a `{rows}×{have}` shared view: expected whole column panels of a swizzled ring wider than its swizzle span ({panel} columns each here), inside its {have} columns"),
+                            ))
+                        } else {
+                            Ok(Type::SmemView { dtype, rows, cols, swizzle })
+                        }
+                    }
+                    Ok(other) => Err(CompileError::ty(view.loc, format!("`cols` takes a tile or a shared view, found `{other}`"))),
+                    Err(e) => Err(e),
+                }
+            }
             K::PipeStage { pipe, .. } => self.pipeline(pipe, loc).map(|_| Type::Scalar(ScalarType::I32)),
             K::SmemLoad(view) => match self.expr(view) {
                 Ok(Type::SmemView { dtype, rows, cols, swizzle }) => {
@@ -170,7 +189,7 @@ impl Checker<'_> {
         self.indices(tensor, rank, index, loc)?;
         // The ring the copy lands in (`ring.at(s)`, or rows of it) fills the pipeline's stages.
         let mut view = &*dst;
-        while let ExprKind::SmemRows { view: v, .. } = &view.kind {
+        while let ExprKind::SmemRows { view: v, .. } | ExprKind::SmemCols { view: v, .. } = &view.kind {
             view = v;
         }
         if let ExprKind::SmemAt { ring, .. } = &view.kind {

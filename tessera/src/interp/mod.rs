@@ -250,13 +250,16 @@ struct Pipe {
     slots: Vec<i32>,
 }
 
-/// A shared view: rows `row0..row0 + rows` of one stage of a ring.
+/// A shared view: rows `row0..row0 + rows` and columns `col0..col0 + cols` of one stage of a
+/// ring.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct View {
     ring: usize,
     stage: u32,
     row0: u32,
     rows: u32,
+    col0: u32,
+    cols: u32,
 }
 
 /// The A operand of an `mma_sync`: a shared view or a register tile.
@@ -914,13 +917,13 @@ impl<'p> Kernel<'p> {
                 let v = self.view(view, wg, blk)?;
                 let rt = self.prog.rings[v.ring].1;
                 let ring = &blk.rings[v.ring];
-                let ty = tessera_ptx::tirh::TileType { dtype: rt.dtype, rows: v.rows, cols: rt.cols };
+                let ty = tessera_ptx::tirh::TileType { dtype: rt.dtype, rows: v.rows, cols: v.cols };
                 let mut t = Tile::full(ty, 0.0);
                 let mut bad = vec![false; t.v.len()];
                 for r in 0..v.rows {
-                    for c in 0..rt.cols {
+                    for c in 0..v.cols {
                         let at = ring_index(rt, v, r, c);
-                        let i = (r * rt.cols + c) as usize;
+                        let i = (r * v.cols + c) as usize;
                         t.v[i] = ring.data[at];
                         bad[i] = !ring.written[at];
                     }
@@ -1007,7 +1010,7 @@ impl<'p> Kernel<'p> {
                 if st < 0 || st as u32 >= ty.stages {
                     return Err(format!("stage {st} of ring `{name}`, which has {} stages", ty.stages).into());
                 }
-                Val::View(View { ring: r, stage: st as u32, row0: 0, rows: ty.rows })
+                Val::View(View { ring: r, stage: st as u32, row0: 0, rows: ty.rows, col0: 0, cols: ty.cols })
             }
             ExprKind::SmemRows { view, start, rows } => {
                 let v = self.view(view, wg, blk)?;
@@ -1016,6 +1019,13 @@ impl<'p> Kernel<'p> {
                     return Err(format!("rows {st}..{} of a view of {} rows", i64::from(st) + i64::from(*rows), v.rows).into());
                 }
                 Val::View(View { row0: v.row0 + st as u32, rows: *rows, ..v })
+            }
+            ExprKind::SmemCols { view, start, cols } => {
+                let v = self.view(view, wg, blk)?;
+                if start + cols > v.cols {
+                    return Err(format!("columns {start}..{} of a view of {} columns", start + cols, v.cols).into());
+                }
+                Val::View(View { col0: v.col0 + start, cols: *cols, ..v })
             }
             ExprKind::PipeStage { pipe, producer } => {
                 let p = self.pipe(pipe, wg)?;
@@ -1122,7 +1132,9 @@ impl<'p> Kernel<'p> {
         let rank = g.shape.len();
         Self::tma_box_aligned("tma::load", g, idx)?;
         let col_dim = g.shape[rank - 1];
-        let (panels, pcols) = (ty.panels(), ty.panel_cols());
+        // The view's own panels (whole panels of the ring's, a `cols` view fewer of them).
+        let pcols = ty.panel_cols();
+        let panels = view.cols / pcols;
         let bytes = g.buf.lock();
         let len = g.buf.len;
         let ring = &mut blk.rings[view.ring];
@@ -1180,10 +1192,10 @@ impl<'p> Kernel<'p> {
     fn tma_store(&self, g: &Global, idx: &[i64], view: View, blk: &Block, add: bool) -> Flowing<()> {
         let (name, ty) = &self.prog.rings[view.ring];
         Self::tma_box_aligned(if add { "tma::reduce_add" } else { "tma::store" }, g, idx)?;
-        if ty.panels() > 1 {
+        if ty.swizzle > 0 && view.cols * ty.dtype.size() > ty.swizzle {
             return Err(format!(
                 "`tma::store` of a view of ring `{name}`, whose rows ({} bytes) are wider than its {}-byte swizzle span: the GPU stores one box of one span",
-                ty.row_bytes(),
+                view.cols * ty.dtype.size(),
                 ty.swizzle
             )
             .into());
@@ -1194,7 +1206,7 @@ impl<'p> Kernel<'p> {
         let len = g.buf.len;
         let mut co = Vec::with_capacity(rank);
         for r in 0..view.rows {
-            for c in 0..ty.cols {
+            for c in 0..view.cols {
                 Self::coords(idx, rank, 2, r, c, &mut co);
                 if let Some(at) = Self::offset(g, &co) {
                     if let Some(m) = Self::outside(g, at, len) {
@@ -1224,11 +1236,11 @@ impl<'p> Kernel<'p> {
     fn mma_product(&self, a: MmaA, b: View, b_kn: bool, a_t: bool, blk: &Block, line: u32) -> (Vec<f64>, Option<Poison>) {
         let tb = self.prog.rings[b.ring].1;
         let (m, k) = match &a {
-            MmaA::View(a) if a_t => (self.prog.rings[a.ring].1.cols, a.rows),
-            MmaA::View(a) => (a.rows, self.prog.rings[a.ring].1.cols),
+            MmaA::View(a) if a_t => (a.cols, a.rows),
+            MmaA::View(a) => (a.rows, a.cols),
             MmaA::Tile(t) => (t.ty.rows, t.ty.cols),
         };
-        let n = if b_kn { tb.cols } else { b.rows };
+        let n = if b_kn { b.cols } else { b.rows };
         let rb = &blk.rings[b.ring];
         let b_el = |j: u32, kk: u32| if b_kn { ring_index(tb, b, kk, j) } else { ring_index(tb, b, j, kk) };
         // Gather the operands densely (rows of A and rows of Bᵀ, K contiguous), noting the
@@ -1307,9 +1319,14 @@ fn lookup<'a>(wg: &'a Wg<'_>, name: &str) -> Flowing<&'a Val> {
 
 /// The element index of view row `r`, column `c` in its ring.
 fn ring_index(ty: SmemType, v: View, r: u32, c: u32) -> usize {
-    ((v.stage * ty.rows + v.row0 + r) * ty.cols + c) as usize
+    ((v.stage * ty.rows + v.row0 + r) * ty.cols + v.col0 + c) as usize
 }
 
 fn overlaps(a: View, b: View) -> bool {
-    a.ring == b.ring && a.stage == b.stage && a.row0 < b.row0 + b.rows && b.row0 < a.row0 + a.rows
+    a.ring == b.ring
+        && a.stage == b.stage
+        && a.row0 < b.row0 + b.rows
+        && b.row0 < a.row0 + a.rows
+        && a.col0 < b.col0 + b.cols
+        && b.col0 < a.col0 + a.cols
 }
