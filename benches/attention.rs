@@ -15,8 +15,8 @@
 //! says why where PyTorch or cuDNN is missing). `TESSERA_CUDNN_SCRIPT` overrides the script's
 //! path. `TESSERA_BENCH_ATTENTION=backward` times the backward alone instead
 //! ([`tessera_kernels::attention_backward`] from a saved forward beside cuDNN's through
-//! `torch.autograd.grad`, FLOPs counted as 2.5× the forward's; the default (deterministic) and
-//! `deterministic(false)`, dQ by reduce-adds, in turn).
+//! `torch.autograd.grad`, FLOPs counted as 2.5× the forward's; the default (dQ by reduce-adds)
+//! and `deterministic(true)`, in turn).
 
 use criterion::Criterion;
 mod common;
@@ -241,7 +241,7 @@ fn backward(dev: &Device) {
     let mut cudnn = Cudnn::spawn();
     let mut rng = Uniform::new();
     println!("\nattention bf16 backward on {} (TFLOP/s; baseline: cuDNN through PyTorch, same run)", dev.name());
-    println!("| shape | cuDNN | tessera | × cuDNN | reduce-add dQ | × cuDNN |");
+    println!("| shape | cuDNN | tessera | × cuDNN | deterministic | × cuDNN |");
     println!("|---|---|---|---|---|---|");
     for d in [128, 64] {
         for s in [1024, 4096, 8192, 16384] {
@@ -255,24 +255,23 @@ fn backward(dev: &Device) {
                 let opts = Attention::new().layout(AttentionLayout::Bhsd).causal(causal);
                 tessera_kernels::attention_with_lse(dev, &opts, &q, &k, &v, &mut o, &mut lse).expect("attention");
                 let mut ours = || drop(tessera_kernels::attention_backward(dev, &opts, &q, &k, &v, &o, &lse, &dout).expect("backward"));
-                let reduce = opts.deterministic(false);
-                let mut ours_reduce =
-                    || drop(tessera_kernels::attention_backward(dev, &reduce, &q, &k, &v, &o, &lse, &dout).expect("backward"));
+                let det = opts.deterministic(true);
+                let mut ours_det = || drop(tessera_kernels::attention_backward(dev, &det, &q, &k, &v, &o, &lse, &dout).expect("backward"));
                 let flop = 2.5 * 4.0 * (b * h * s * s * d) as f64 / if causal { 2.0 } else { 1.0 };
-                let (mut base, mut mine, mut mine_reduce) = (Vec::new(), Vec::new(), Vec::new());
+                let (mut base, mut mine, mut mine_det) = (Vec::new(), Vec::new(), Vec::new());
                 for _ in 0..7 {
                     base.push(match &mut cudnn {
                         Ok(c) => c.time_pass((b, h, s, d, causal), true),
                         Err(why) => Err(why.clone()),
                     });
                     mine.push(flop / tessera::testing::time_ms(dev, 3, 10, &mut ours).expect("timing") * 1e-9);
-                    mine_reduce.push(flop / tessera::testing::time_ms(dev, 3, 10, &mut ours_reduce).expect("timing") * 1e-9);
+                    mine_det.push(flop / tessera::testing::time_ms(dev, 3, 10, &mut ours_det).expect("timing") * 1e-9);
                 }
                 let name = format!("b{b} h{h} s{s} d{d}{}", if causal { " causal" } else { "" });
-                let (ours, reduce) = (median(mine), median(mine_reduce));
+                let (ours, det) = (median(mine), median(mine_det));
                 match base.into_iter().collect::<Result<Vec<f64>, String>>().map(median) {
-                    Ok(v) => println!("| {name} | {v:.0} | {ours:.0} | {:.2} | {reduce:.0} | {:.2} |", ours / v, reduce / v),
-                    Err(why) => println!("| {name} | — ({why}) | {ours:.0} | — | {reduce:.0} | — |"),
+                    Ok(v) => println!("| {name} | {v:.0} | {ours:.0} | {:.2} | {det:.0} | {:.2} |", ours / v, det / v),
+                    Err(why) => println!("| {name} | — ({why}) | {ours:.0} | — | {det:.0} | — |"),
                 }
             }
         }

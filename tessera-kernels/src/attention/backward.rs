@@ -1,14 +1,14 @@
-//! FlashAttention backward (FA2's algorithm), in three kernels with no float atomics, so that
-//! every run gives the same bits: `attention_bwd_dot` forms `D = rowsum(dO ∘ O)` per query;
-//! `attention_bwd_dq` walks a 128-query tile's key blocks (`S = Q·Kᵀ`, `P = exp(S·scale − LSE)`
-//! from the forward's log-sum-exp, `dP = dO·Vᵀ`, `dS = P ∘ (dP − D)`, `dQ += dS·K`);
-//! `attention_bwd_dkv` walks a 128-key tile's query blocks, of every query head of its group
-//! (`Sᵀ = K·Qᵀ`, `Pᵀ`, `dV += Pᵀ·dO`, `dPᵀ = V·dOᵀ`, `dK += dSᵀ·Q`), so that grouped heads'
-//! dK and dV are summed in registers. S and dP are computed in both walks (seven MMAs where a
-//! walk with atomic dQ has five). `Attention::deterministic(false)` takes that walk instead:
-//! the dK/dV walk forms each block's `dS·K` too and adds it into an f32 buffer by TMA
-//! reduce-adds (`fused` 1), `attention_bwd_dq_out` scaling it into dq after. Tensors as the forward's rank-3 views; `lse` (in log₂ units,
-//! as `attention_bwd_dot` leaves it) and `dsum` `[batch·heads, seq_q, 1]` (or `[batch·heads,
+//! FlashAttention backward (FA2's algorithm). `attention_bwd_dot` forms `D = rowsum(dO ∘ O)`
+//! per query; `attention_bwd_dkv` walks a 128-key tile's query blocks, of every query head of
+//! its group (`Sᵀ = K·Qᵀ`, `Pᵀ = exp(Sᵀ·scale − LSE)` from the forward's log-sum-exp, `dV +=
+//! Pᵀ·dO`, `dPᵀ = V·dOᵀ`, `dSᵀ = Pᵀ ∘ (dPᵀ − D)`, `dK += dSᵀ·Q`), so that grouped heads' dK
+//! and dV are summed in registers. By default (the fast mode, `fused` 1) the same walk forms
+//! each block's `dQ = dS·K` too, the two consumers one half each, and adds it into an f32
+//! buffer by TMA reduce-adds, `attention_bwd_dq_out` scaling it into dq after: five MMAs a
+//! block pair, but the sums' order varies from run to run. `Attention::deterministic(true)`
+//! uses no float atomics: `attention_bwd_dq` walks a 128-query tile's key blocks for dQ, S and
+//! dP recomputed (seven MMAs). Tensors as the forward's rank-3 views; `lse` (in log₂ units, as
+//! `attention_bwd_dot` leaves it) and `dsum` `[batch·heads, seq_q, 1]` (or `[batch·heads,
 //! seq_q]` where rows of queries are read).
 
 use super::kernels::sequence;
@@ -148,10 +148,11 @@ pub fn attention_bwd_dq(
 /// once and Q, dO block by block (64 queries) for every query head of the group (from the
 /// causal diagonal on); two consumers, 64 keys each, share the blocks, recompute Pᵀ from the
 /// log-sum-exp and add `Pᵀ·dO` into dV and `dSᵀ·Q` into dK in registers, stored once (dK
-/// `× scale`). `lse`, `dsum` as `[batch·heads, seq_q]`. With `fused` 1 (the fast mode) each
-/// consumer also forms its keys' part of dQ, `dS·K` (dSᵀ through shared memory, read
-/// transposed), and adds it into the f32 `dq_acc` (`[lse's rows, seq, D]`) by TMA reduce-adds
-/// of 32-column panels: no dQ walk, but the sums' order varies from run to run.
+/// `× scale`). `lse`, `dsum` as `[batch·heads, seq_q]`. With `fused` 1 (the fast mode) the
+/// consumers also form the block's dQ, `dS·K` over the tile's 128 keys (both consumers' dSᵀ
+/// through shared memory, read transposed), each one half — 64 queries by `D·BQ/128` columns
+/// — and add it into the f32 `dq_acc` (`[lse's rows, seq, D]`) by TMA reduce-adds of
+/// 32-column panels: no dQ walk, but the sums' order varies from run to run.
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], BQ = [64, 128]), targets(sm_90a))]
 pub fn attention_bwd_dkv(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 2>, dsum: Global<f32, 2>, dk: Global<T, 3>,
@@ -182,9 +183,10 @@ pub fn attention_bwd_dkv(
     let sv = Smem::<T, 128, D>::ring(1);
     let sq = Smem::<T, BQ, D>::ring(2);
     let sdo = Smem::<T, BQ, D>::ring(2);
-    // The fused dQ's staging: each consumer's dSᵀ, and its f32 partial in 32-column panels.
-    let sds = Smem::<T, 64, BQ>::ring(2);
-    let sdq = Smem::<f32, BQ, 32>::ring({ D / 16 });
+    // The fused dQ's staging: both consumers' dSᵀ (a block's 128 keys, two blocks in turn),
+    // and each consumer's half of the block's dQ, f32, in 32-column panels.
+    let sds = Smem::<T, 128, BQ>::ring(2);
+    let sdq = Smem::<f32, 64, 32>::ring({ D * BQ / 2048 });
     // Each block's log-sum-exp and D rows, brought with its Q and dO (dense layouts: TMA needs
     // a box's first column 16-byte aligned, which a packed sequence's start is not).
     let slse = Smem::<f32, 1, BQ>::ring_swizzled(2, 0);
@@ -262,24 +264,31 @@ pub fn attention_bwd_dkv(
             let ds = (pt * dp).cast::<T>();
             mma_sync_kn(dka, ds, sq.at(s));
             if fused == 1 {
-                sds.at(me).store(ds);
-                let mut dqp = Tile::<f32, BQ, D>::zeros();
-                mma_sync_kn(dqp, sds.at(me).t(), sk.at(ks).rows(row, 64));
+                // The block's dQ = dS·K over all 128 keys: each consumer puts its keys' dSᵀ
+                // rows in, and once both are there forms half of dQ, 64 queries by
+                // `D·BQ/128` columns: by queries at 128 queries a block (A's panels: dSᵀ's
+                // columns), by K's columns at 64 (B's panels).
+                let b2 = n % 2;
+                sds.at(b2).rows(row, 64).store(ds);
+                barrier::sync(0, 2);
+                let mut dqp = Tile::<f32, 64, { D * BQ / 128 }>::zeros();
+                if me == 0 {
+                    mma_sync_kn(dqp, sds.at(b2).cols(0, 64).t(), sk.at(ks).cols(0, D * BQ / 128));
+                } else {
+                    mma_sync_kn(dqp, sds.at(b2).cols(BQ - 64, 64).t(), sk.at(ks).cols(D - D * BQ / 128, D * BQ / 128));
+                }
                 mma_wait(0);
                 // The previous block's reduce-adds have read their panels.
                 tma::store_wait(0);
+                let qh = me * (BQ - 64);
+                let ch = me * (D - D * BQ / 128);
                 #[unroll]
-                for p in 0..D / 32 {
-                    sdq.at(me * (D / 32) + p).store(dqp.cols(p * 32, 32));
+                for p in 0..D * BQ / 4096 {
+                    sdq.at(me * (D * BQ / 4096) + p).store(dqp.cols(p * 32, 32));
                 }
-                // The two consumers add into the same rows: each starts at another panel.
                 #[unroll]
-                for p in 0..D / 32 {
-                    tma::reduce_add(
-                        dq_acc,
-                        [lrow, q_start + q0, ((p + me * (D / 64)) % (D / 32)) * 32],
-                        sdq.at(me * (D / 32) + (p + me * (D / 64)) % (D / 32)),
-                    );
+                for p in 0..D * BQ / 4096 {
+                    tma::reduce_add(dq_acc, [lrow, q_start + q0 + qh, ch + p * 32], sdq.at(me * (D * BQ / 4096) + p));
                 }
             }
             mma_wait(0);
@@ -323,8 +332,9 @@ pub struct AttentionGrads<T: Element> {
 /// FlashAttention backward: from the forward's inputs `q`, `k`, `v`, its output `o` and
 /// log-sum-exp `lse` ([`attention_with_lse`](super::attention_with_lse), same `opts`) and the
 /// gradient `dout` reaching `o`, the gradients of `q`, `k` and `v`. P is recomputed from the
-/// log-sum-exp, never stored; by default the kernels use no float atomics, so the same inputs
-/// give the same bits every run ([`Attention::deterministic`]). Layouts, grouped-query heads, causal alignment and head dims as the
+/// log-sum-exp, never stored; dQ is summed by reduce-adds into f32, whose order varies from
+/// run to run: [`Attention::deterministic`]`(true)` gives the same bits every run, a little
+/// slower. Layouts, grouped-query heads, causal alignment and head dims as the
 /// forward's.
 ///
 /// ```no_run
@@ -410,8 +420,8 @@ pub fn attention_varlen_backward<T: AttentionElement>(
 
 /// What both forms share once their views' shapes are known (head dim `d`): the gradients
 /// allocated, the rank-3 views (q/o/dout and k/v), the log-sum-exp as `rows × cols` queries,
-/// the padded scratch for D and the log-sum-exp in log₂ units, `deterministic(false)`'s f32 dQ
-/// sums, and the launches.
+/// the padded scratch for D and the log-sum-exp in log₂ units, the fast mode's f32 dQ sums,
+/// and the launches.
 #[allow(clippy::too_many_arguments)]
 fn run<T: AttentionElement>(
     device: &Device, opts: &Attention, d: usize, [q, k, v, o, dout]: [&Tensor<T>; 5], lse: &Tensor<f32>, [rows, cols]: [usize; 2],
@@ -429,8 +439,8 @@ fn run<T: AttentionElement>(
     let (ov, dov) = (o.view(&qs, &qst)?, dout.view(&qs, &qst)?);
     let lse3 = lse.view(&[rows, cols, 1], &[cols, 1, 1])?;
     let scale = opts.scale_for(d);
-    // `deterministic(false)`'s dQ sums, f32, a row a query as the log-sum-exp's.
-    let mut dq_acc = if !opts.reduce_dq { None } else { Some(Tensor::<f32>::zeros(device, &[rows, cols, d])?) };
+    // The fast mode's dQ sums, f32, a row a query as the log-sum-exp's.
+    let mut dq_acc = if opts.deterministic { None } else { Some(Tensor::<f32>::zeros(device, &[rows, cols, d])?) };
     let AttentionGrads { dq, dk, dv } = &mut grads;
     let (mut dqv, mut dkv, mut dvv) = (dq.view_mut(&qs, &qst)?, dk.view_mut(&ks, &kst)?, dv.view_mut(&ks, &kst)?);
     T::backward(

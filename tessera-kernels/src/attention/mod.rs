@@ -50,8 +50,8 @@ pub struct Attention {
     variant: Option<&'static str>,
     kv_splits: Option<usize>,
     check_offsets: Option<bool>,
-    /// `deterministic(false)`: dQ by reduce-adds.
-    reduce_dq: bool,
+    /// `deterministic(true)`: dQ by a walk of its own, no reduce-adds.
+    deterministic: bool,
 }
 
 impl Attention {
@@ -100,14 +100,14 @@ impl Attention {
         Attention { check_offsets: Some(on), ..self }
     }
 
-    /// Whether [`attention_backward`] gives the same bits every run (on by default): dQ from
-    /// a walk of its own over the key blocks, S and dP recomputed (seven MMAs a block pair).
-    /// Off, the dK/dV walk also forms each key block's part of dQ and sums it by TMA
-    /// reduce-adds into an f32 buffer (five MMAs, no dQ walk; the sums' order varies from run
-    /// to run) — on the H200 that mode is not yet the faster one (0.6–0.7× cuDNN against
-    /// 0.7–0.8×, `notes/ISSUE-28.md`).
+    /// Whether [`attention_backward`] gives the same bits every run (off by default). Off, the
+    /// dK/dV walk also forms each key block's part of dQ (the two consumer warpgroups one half
+    /// each) and sums it by TMA reduce-adds into an f32 buffer — five MMAs a block pair, the
+    /// faster mode (0.86–1.00× cuDNN on the H100, `notes/ISSUE-28.md`), but the sums' order,
+    /// and so dQ's last bits, vary from run to run. On, dQ comes from a walk of its own over the
+    /// key blocks with S and dP recomputed (seven MMAs, 0.77–0.92×): no float atomics.
     pub fn deterministic(self, on: bool) -> Attention {
-        Attention { reduce_dq: !on, ..self }
+        Attention { deterministic: on, ..self }
     }
 
     /// The factor on `Q·Kᵀ` at `head_dim`: the one given, else `1/√head_dim`.

@@ -106,10 +106,11 @@ impl Checker<'_> {
                     Ok(Type::SmemView { dtype, rows, cols: have, swizzle }) => {
                         // Whole column panels of one swizzle span each.
                         let panel = if swizzle == 0 { have } else { swizzle / dtype.size() };
-                        if swizzle == 0 || have <= panel || cols == 0 || start % panel != 0 || cols % panel != 0 || start + cols > have {
+                        let whole = start == 0 && cols == have;
+                        if !whole && (swizzle == 0 || cols == 0 || start % panel != 0 || cols % panel != 0 || start + cols > have) {
                             Err(CompileError::ty(
                                 loc,
-                                format!("`cols({start}, {cols})` of a `{rows}×{have}` shared view: expected whole column panels of a swizzled ring wider than its swizzle span ({panel} columns each here), inside its {have} columns"),
+                                format!("`cols({start}, {cols})` of a `{rows}×{have}` shared view: expected whole column panels of a swizzled ring ({panel} columns each here), inside its {have} columns"),
                             ))
                         } else {
                             Ok(Type::SmemView { dtype, rows, cols, swizzle })
