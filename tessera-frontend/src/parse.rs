@@ -730,7 +730,7 @@ impl Frontend {
                 let seg = &p.path.segments[0];
                 let ga = generic_args(seg, 3, &format!("`{t}<T, M, N>`"))?;
                 let dtype = dtype_of(type_arg(ga[0])?)?;
-                let (rows, cols) = (smem_rows(ga[1])?, tile_dim(ga[2])?);
+                let (rows, cols) = (smem_rows(ga[1])?, pow2_or_multiple_of_8(ga[2], "a shared tile's columns are")?);
                 let want = if *ctor == "ring" { 1 } else { 2 };
                 if nargs != want {
                     return err(
@@ -753,6 +753,12 @@ impl Frontend {
                 } else {
                     0
                 };
+                if swizzle != 0 && !cols.is_power_of_two() {
+                    return err(
+                        ga[2],
+                        format!("a swizzled ring's columns are a power of two, found {cols}; an unswizzled one (`ring_swizzled(stages, 0)`) takes any multiple of 8"),
+                    );
+                }
                 ExprKind::SmemRing(tessera_ptx::tirh::SmemType { dtype, rows, cols, stages, swizzle })
             }
             ["Pipeline", "new"] => {

@@ -3,7 +3,8 @@
 //! weight and bias, and a per-group scale and shift (`y · (1 + scale) + shift`, as adaLN).
 //!
 //! Rows up to [`FUSED_ROW_IN_REGISTERS`] wide (backward: [`FUSED_BACKWARD_ROW_IN_REGISTERS`])
-//! are read once, a row per block in registers;
+//! are read once, a row per block in registers (the backward's sums for `dweight` and `dbias`
+//! in shared memory above 2048 columns);
 //! wider rows take kernels that pass over 2048-column chunks (recomputing the dropout and the
 //! residual sum in each pass rather than storing them). The backward kernels stride over
 //! rows, summing `dy · x̂` and `dy` into one row of f32 partials per block, which a last
@@ -16,12 +17,13 @@ use tessera::{kernel, Device, Element, Error, Grid, Launch, Optional, OptionalMu
 /// The fused kernels of element type `dtype` (bf16, f16 or f32: every [`NormElement`]).
 fn fused_specs(dtype: tessera::DType) -> FusedSpecs {
     macro_rules! specs {
-        ($rows4:ident, $row:ident, $wide:ident, $brow:ident, $bwide:ident, $sum:ident) => {
+        ($rows4:ident, $row:ident, $wide:ident, $brow:ident, $brows:ident, $bwide:ident, $sum:ident) => {
             FusedSpecs {
                 rows4: $rows4::VARIANTS,
                 row: $row::VARIANTS,
                 wide: &$wide::SPEC,
                 backward_row: &$brow::SPEC,
+                backward_rows: $brows::VARIANTS,
                 backward_wide: &$bwide::SPEC,
                 sum_partials: &$sum::SPEC,
             }
@@ -33,6 +35,7 @@ fn fused_specs(dtype: tessera::DType) -> FusedSpecs {
             norm_fused_row_bf16,
             norm_fused_wide_bf16,
             norm_backward_row_bf16,
+            norm_backward_rows_bf16,
             norm_backward_wide_bf16,
             sum_partials_bf16
         ),
@@ -41,6 +44,7 @@ fn fused_specs(dtype: tessera::DType) -> FusedSpecs {
             norm_fused_row_f16,
             norm_fused_wide_f16,
             norm_backward_row_f16,
+            norm_backward_rows_f16,
             norm_backward_wide_f16,
             sum_partials_f16
         ),
@@ -49,6 +53,7 @@ fn fused_specs(dtype: tessera::DType) -> FusedSpecs {
             norm_fused_row_f32,
             norm_fused_wide_f32,
             norm_backward_row_f32,
+            norm_backward_rows_f32,
             norm_backward_wide_f32,
             sum_partials_f32
         ),
@@ -58,8 +63,12 @@ fn fused_specs(dtype: tessera::DType) -> FusedSpecs {
 /// The widest row the fused forward kernel holds in registers (a block per row).
 pub const FUSED_ROW_IN_REGISTERS: usize = 12288;
 
-/// The widest row the fused backward kernel holds in registers.
-pub const FUSED_BACKWARD_ROW_IN_REGISTERS: usize = 2048;
+/// The widest row the fused backward kernels hold in registers (one row a block; to 2048,
+/// with the weight gradient's sums in registers too, wider in shared memory).
+pub const FUSED_BACKWARD_ROW_IN_REGISTERS: usize = 12288;
+
+/// The widest row the fused backward's first kernel takes (its one tile).
+const FUSED_BACKWARD_ROW_NARROW: usize = 2048;
 
 /// The widest row the fused four-rows-per-block forward takes (its widest tile).
 const FUSED_ROWS4_MAX: usize = 2048;
@@ -281,6 +290,58 @@ pub fn norm_backward_row(
     db_part.store([block::id_x(), 0], db);
 }
 
+/// `norm_backward_row` for rows of 2049 to [`FUSED_BACKWARD_ROW_IN_REGISTERS`] columns, a
+/// variant per tile width `W` (the narrowest that holds the row launched): `h` and `dy` read
+/// once a row into registers; the block's sums of `dy · x̂` and `dy` kept in shared memory,
+/// each thread adding into the columns its tiles hold (no barrier: no thread reads another's),
+/// and stored to its rows of `dw_part` and `db_part` at the end.
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [4096, 3072, 5120, 6144, 7168, 8192, 9216, 10240, 11264, 12288]))]
+pub fn norm_backward_rows(
+    h: Global<T, 2>, dy: Global<T, 2>, dres: Global<T, 2>, w: Global<T, 1>, dh: Global<T, 2>, dx: Global<T, 2>, dw_part: Global<f32, 2>,
+    db_part: Global<f32, 2>, eps: f32, layer: i32, has_w: i32, has_dres: i32, drop_p: f32, drop_scale: f32, seed_lo: i32, seed_hi: i32,
+    offset: i32,
+) {
+    let n = h.dim(1);
+    let inv_n = 1.0 / n as f32;
+    let sdw = Smem::<f32, 1, W>::ring_swizzled(1, 0);
+    let sdb = Smem::<f32, 1, W>::ring_swizzled(1, 0);
+    sdw.at(0).store(Tile::<f32, 1, W>::zeros());
+    sdb.at(0).store(Tile::<f32, 1, W>::zeros());
+    let step = grid::dim_x();
+    for r in (block::id_x()..h.dim(0)).step_by(step) {
+        h.prefetch::<Tile<T, 1, W>>([r + step, 0]);
+        dy.prefetch::<Tile<T, 1, W>>([r + step, 0]);
+        let x = h.load::<Tile<T, 1, W>>([r, 0]).cast::<f32>();
+        let g = dy.load::<Tile<T, 1, W>>([r, 0]).cast::<f32>();
+        let mut d = x;
+        if layer == 1 {
+            d = (x - row_sum(x) * inv_n).mask_cols(n, 0.0);
+        }
+        let rstd = rsqrt(row_sum(d * d) * inv_n + eps);
+        let xhat = d * rstd;
+        sdw.at(0).store(sdw.at(0).load() + g * xhat);
+        sdb.at(0).store(sdb.at(0).load() + g);
+        let mut gw = g;
+        if has_w == 1 {
+            gw = g * w.load::<Tile<T, 1, W>>([0]).cast::<f32>();
+        }
+        let mut t = gw - xhat * (row_sum(gw * xhat) * inv_n);
+        if layer == 1 {
+            t = t - row_sum(gw) * inv_n;
+        }
+        let mut o = t * rstd;
+        if has_dres == 1 {
+            o = o + dres.load::<Tile<T, 1, W>>([r, 0]).cast::<f32>();
+        }
+        dh.store([r, 0], o.cast::<T>());
+        if drop_p > 0.0 {
+            dx.store([r, 0], dropout(o, drop_p, drop_scale, seed_lo, seed_hi, offset, r, 0).cast::<T>());
+        }
+    }
+    dw_part.store([block::id_x(), 0], sdw.at(0).load());
+    db_part.store([block::id_x(), 0], sdb.at(0).load());
+}
+
 /// `norm_backward_row` for any width, in 2048-column chunks: passes for the mean
 /// (LayerNorm), the variance, the two sums the gradient needs, then the output; the block's
 /// partial sums of `dy · x̂` and `dy` are added into its rows of `dw_part` and `db_part` in
@@ -448,6 +509,7 @@ pub struct FusedSpecs {
     pub row: &'static [&'static tessera::KernelSpec],
     pub wide: &'static tessera::KernelSpec,
     pub backward_row: &'static tessera::KernelSpec,
+    pub backward_rows: &'static [&'static tessera::KernelSpec],
     pub backward_wide: &'static tessera::KernelSpec,
     pub sum_partials: &'static tessera::KernelSpec,
 }
@@ -642,14 +704,26 @@ impl<'a, T: NormElement> Norm<'a, T> {
         }
         let specs = fused_specs(T::DTYPE);
         // Blocks stride over the rows: as many as fit on the GPU at once (ptxas: about 165
-        // registers for the row kernel, 250 for the wide one), each summing into its own row
-        // of partials.
-        let row = n <= FUSED_BACKWARD_ROW_IN_REGISTERS;
-        let blocks = m.min(if row { 3 } else { 2 } * device.sm_count().max(1) as usize);
+        // registers for the row kernel; 95–127 for the wider rows' tiles to 4096, 167–255
+        // above; 250 for the chunked one), each summing into its own row of partials.
+        let spec = if n <= FUSED_BACKWARD_ROW_NARROW {
+            specs.backward_row
+        } else if n <= FUSED_BACKWARD_ROW_IN_REGISTERS {
+            specs.backward_rows[crate::norm::narrowest(specs.backward_rows, n)]
+        } else {
+            specs.backward_wide
+        };
+        let per_sm = match n {
+            _ if n <= FUSED_BACKWARD_ROW_NARROW => 3,
+            _ if n <= 4096 => 4,
+            _ if n <= 6144 => 3,
+            _ => 2,
+        };
+        let blocks = m.min(per_sm * device.sm_count().max(1) as usize);
         let mut dw_part = Tensor::<f32>::zeros(device, &[blocks, n])?;
         let mut db_part = Tensor::<f32>::zeros(device, &[blocks, n])?;
         {
-            let mut l = Launch::new(if row { specs.backward_row } else { specs.backward_wide }, device)?;
+            let mut l = Launch::new(spec, device)?;
             let _g0 = l.global(0, h)?;
             let _g1 = l.global(1, dy)?;
             let ins = [Optional(dresidual, 2), Optional(self.weight, 1)];
