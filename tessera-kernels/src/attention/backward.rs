@@ -186,7 +186,9 @@ pub fn attention_bwd_dkv(
     // The fused dQ's staging: both consumers' dSᵀ (a block's 128 keys, two blocks in turn),
     // and each consumer's half of the block's dQ, f32, in 32-column panels.
     let sds = Smem::<T, 128, BQ>::ring(2);
-    let sdq = Smem::<f32, 64, 32>::ring({ D * BQ / 2048 });
+    // (Two blocks' worth at head_dim 128, so that a block's reduce-adds are not waited for by
+    // the next; at 64 that would pass the shared-memory limit by 48 bytes.)
+    let sdq = Smem::<f32, 64, 32>::ring({ D * BQ / 2048 * (D / 64) });
     // Each block's log-sum-exp and D rows, brought with its Q and dO (dense layouts: TMA needs
     // a box's first column 16-byte aligned, which a packed sequence's start is not).
     let slse = Smem::<f32, 1, BQ>::ring_swizzled(2, 0);
@@ -278,17 +280,19 @@ pub fn attention_bwd_dkv(
                     mma_sync_kn(dqp, sds.at(b2).cols(BQ - 64, 64).t(), sk.at(ks).cols(D - D * BQ / 128, D * BQ / 128));
                 }
                 mma_wait(0);
-                // The previous block's reduce-adds have read their panels.
-                tma::store_wait(0);
+                // The reduce-adds of the block that last used these panels have read them (at
+                // head_dim 128 the previous block's, D·BQ/4096 of them, may still run).
+                tma::store_wait(D * BQ / 4096 * (D / 64 - 1));
+                let panel = (n % (D / 64)) * (D * BQ / 2048) + me * (D * BQ / 4096);
                 let qh = me * (BQ - 64);
                 let ch = me * (D - D * BQ / 128);
                 #[unroll]
                 for p in 0..D * BQ / 4096 {
-                    sdq.at(me * (D * BQ / 4096) + p).store(dqp.cols(p * 32, 32));
+                    sdq.at(panel + p).store(dqp.cols(p * 32, 32));
                 }
                 #[unroll]
                 for p in 0..D * BQ / 4096 {
-                    tma::reduce_add(dq_acc, [lrow, q_start + q0 + qh, ch + p * 32], sdq.at(me * (D * BQ / 4096) + p));
+                    tma::reduce_add(dq_acc, [lrow, q_start + q0 + qh, ch + p * 32], sdq.at(panel + p));
                 }
             }
             mma_wait(0);

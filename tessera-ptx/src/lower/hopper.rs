@@ -658,7 +658,9 @@ impl Lowerer<'_> {
     fn fence_for_mma(&mut self, view: &Expr) {
         if ring_of(view).is_some_and(|r| self.mma_rings.iter().any(|m| m == r)) {
             self.op("fence.proxy.async.shared::cta", vec![]);
-            self.warpgroup_barrier();
+            if !self.named_sync_follows {
+                self.warpgroup_barrier();
+            }
         }
     }
 

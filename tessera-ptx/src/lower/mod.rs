@@ -168,6 +168,8 @@ pub(crate) struct Lowerer<'a> {
     pub mma_accs: Vec<String>,
     /// The rings an `mma_sync` reads.
     pub mma_rings: Vec<String>,
+    /// The statement being lowered is followed by a named barrier's `sync`.
+    pub named_sync_follows: bool,
     /// Names computed from accumulators (see [`hopper::acc_derived`]).
     pub acc_derived: Vec<String>,
     /// Layout-free names used with accumulators (see [`hopper::acc_partners`]).
@@ -221,6 +223,7 @@ impl<'a> Lowerer<'a> {
             param_cache: HashMap::new(),
             mma_accs: Vec::new(),
             mma_rings: Vec::new(),
+            named_sync_follows: false,
             acc_derived: Vec::new(),
             acc_partners: Vec::new(),
             any_mma: false,
@@ -423,7 +426,12 @@ impl<'a> Lowerer<'a> {
                 self.reductions(&body[i..i + reductions])?;
                 reductions
             } else {
-                self.stmt(&body[i])?;
+                // A store right before a named barrier's sync needs no warpgroup barrier of its
+                // own (`fence_for_mma`): the named one waits for this warpgroup's threads too.
+                self.named_sync_follows = matches!(body.get(i + 1).map(|s| &s.kind), Some(StmtKind::NamedBarrier { wait: true, .. }));
+                let r = self.stmt(&body[i]);
+                self.named_sync_follows = false;
+                r?;
                 1
             };
             i += n;
