@@ -92,7 +92,8 @@
 //! ## Hopper (sm_90a)
 //!
 //! - `Smem::<T, M, N>::ring(stages)` (`M` a power of two or a multiple of 8, `N` a power of
-//!   two, 1 to 64 stages): a ring of shared tiles, swizzled by the row width (128,
+//!   two — an unswizzled ring's any multiple of 8 —, 1 to 64 stages): a ring of shared tiles,
+//!   swizzled by the row width (128,
 //!   64 or 32 bytes; `ring_swizzled(stages, bytes)` to choose), placed 1024-aligned in dynamic
 //!   shared memory (the launcher raises the limit above 48 KiB). Rows narrower than 16 bytes
 //!   are fine where no TMA copies them: `Smem::<f32, 128, 1>::ring(16)` holds sixteen values a
@@ -108,9 +109,9 @@
 //! - `mma_sync(acc, a, b)`: `acc += a·bᵀ` with `wgmma.mma_async` m64nNk16 from shared
 //!   views `a` (M×K) and `b` (N×K); `view.rows(r, 64)` selects rows (whole 8-row atoms of a
 //!   swizzled ring, any number of an unswizzled one: `view.rows(n, 1).load()` is row `n`), and
-//!   `view.cols(c, n)` whole column panels of a ring wider than its swizzle span (64 bf16
-//!   columns each under 128 bytes; `c` constant): two warpgroups can each take half of a
-//!   stage's columns as B; `mma_wait(n)` leaves
+//!   `view.cols(c, n)` whole column panels of a swizzled ring (64 bf16 columns each under
+//!   128 bytes; `c` constant; or the whole view): two warpgroups can each take half of a
+//!   stage's columns as B, or of a transposed A's; `mma_wait(n)` leaves
 //!   at most `n` groups in flight. `mma_sync_kn(acc, a, b)` takes `b` stored K×N (N-major);
 //!   `ring.at(s).t()` as `a` takes A stored K×M (M-major, 16-bit): `mma_sync_kn(h,
 //!   sk.at(s).t(), sv.at(s))` is `h += Kᵀ·V` with K and V as they arrived, time along rows.
