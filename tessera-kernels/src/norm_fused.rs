@@ -242,49 +242,67 @@ pub fn norm_fused_wide(
     }
 }
 
-/// The backward pass for rows of at most 2048 (five rows of state per thread: the row, `dy`,
-/// the weight and the two sums), striding over rows: from the norm's input `h`
-/// and `dy`, `dh = rstd · (dy·w − mean(dy·w) − x̂ · mean(dy·w·x̂))` (no mean term for RMSNorm)
-/// plus `dres` if given, and `dx = dh · mask / (1 − p)` under dropout; each block's sums of
-/// `dy · x̂` and `dy` go to its row of `dw_part` and `db_part`.
+/// A row's `x̂ = (x − mean) · rstd` (no mean for RMSNorm) and `rstd`, from its input `x` (f32,
+/// `n` columns of `W`).
+#[tessera::device]
+fn normalized<const W: usize>(x: Tile<f32, 1, W>, n: i32, eps: f32, layer: i32) -> (Tile<f32, 1, W>, Tile<f32, 1, 1>) {
+    let inv_n = 1.0 / n as f32;
+    let mut d = x;
+    if layer == 1 {
+        d = (x - row_sum(x) * inv_n).mask_cols(n, 0.0);
+    }
+    let rstd = rsqrt(row_sum(d * d) * inv_n + eps);
+    (d * rstd, rstd)
+}
+
+/// Row `r`'s input gradient from its output gradient `g`, `x̂` and `rstd` ([`normalized`]) and
+/// the weight `w` (read again each row: L1 hits; held across rows it would spill the widest
+/// tiles): `dh = rstd · (g·w − mean(g·w) − x̂ · mean(g·w·x̂))` (no mean term for RMSNorm) plus
+/// `dres` if given, stored, and `dx = dh · mask / (1 − p)` under dropout.
+#[tessera::device]
+#[allow(clippy::too_many_arguments)]
+fn store_row_grad<const W: usize, T>(
+    g: Tile<f32, 1, W>, xhat: Tile<f32, 1, W>, rstd: Tile<f32, 1, 1>, w: Global<T, 1>, dres: Global<T, 2>, dh: Global<T, 2>,
+    dx: Global<T, 2>, r: i32, layer: i32, has_w: i32, has_dres: i32, drop_p: f32, drop_scale: f32, seed_lo: i32, seed_hi: i32, offset: i32,
+) {
+    let inv_n = 1.0 / dh.dim(1) as f32;
+    let mut gw = g;
+    if has_w == 1 {
+        gw = g * w.load::<Tile<T, 1, W>>([0]).cast::<f32>();
+    }
+    let mut t = gw - xhat * (row_sum(gw * xhat) * inv_n);
+    if layer == 1 {
+        t = t - row_sum(gw) * inv_n;
+    }
+    let mut o = t * rstd;
+    if has_dres == 1 {
+        o = o + dres.load::<Tile<T, 1, W>>([r, 0]).cast::<f32>();
+    }
+    dh.store([r, 0], o.cast::<T>());
+    if drop_p > 0.0 {
+        dx.store([r, 0], dropout(o, drop_p, drop_scale, seed_lo, seed_hi, offset, r, 0).cast::<T>());
+    }
+}
+
+/// The backward pass for rows of at most 2048 (four rows of state per thread: the row, `dy`
+/// and the two sums), striding over rows: each row's `dh` (and `dx`) from the
+/// norm's input `h` and `dy` (`normalized`, `store_row_grad`); each block's sums of `dy · x̂` and `dy` go to
+/// its row of `dw_part` and `db_part`.
 #[kernel(dtypes(T = [bf16, f16, f32]))]
 pub fn norm_backward_row(
     h: Global<T, 2>, dy: Global<T, 2>, dres: Global<T, 2>, w: Global<T, 1>, dh: Global<T, 2>, dx: Global<T, 2>, dw_part: Global<f32, 2>,
     db_part: Global<f32, 2>, eps: f32, layer: i32, has_w: i32, has_dres: i32, drop_p: f32, drop_scale: f32, seed_lo: i32, seed_hi: i32,
     offset: i32,
 ) {
-    let n = h.dim(1);
-    let inv_n = 1.0 / n as f32;
-    let mut wt = Tile::<f32, 1, 2048>::full(1.0);
-    if has_w == 1 {
-        wt = w.load::<Tile<T, 1, 2048>>([0]).cast::<f32>();
-    }
     let mut dw = Tile::<f32, 1, 2048>::zeros();
     let mut db = Tile::<f32, 1, 2048>::zeros();
     for r in (block::id_x()..h.dim(0)).step_by(grid::dim_x()) {
         let x = h.load::<Tile<T, 1, 2048>>([r, 0]).cast::<f32>();
         let g = dy.load::<Tile<T, 1, 2048>>([r, 0]).cast::<f32>();
-        let mut d = x;
-        if layer == 1 {
-            d = (x - row_sum(x) * inv_n).mask_cols(n, 0.0);
-        }
-        let rstd = rsqrt(row_sum(d * d) * inv_n + eps);
-        let xhat = d * rstd;
+        let (xhat, rstd) = normalized(x, h.dim(1), eps, layer);
         dw = dw + g * xhat;
         db = db + g;
-        let gw = g * wt;
-        let mut t = gw - xhat * (row_sum(gw * xhat) * inv_n);
-        if layer == 1 {
-            t = t - row_sum(gw) * inv_n;
-        }
-        let mut o = t * rstd;
-        if has_dres == 1 {
-            o = o + dres.load::<Tile<T, 1, 2048>>([r, 0]).cast::<f32>();
-        }
-        dh.store([r, 0], o.cast::<T>());
-        if drop_p > 0.0 {
-            dx.store([r, 0], dropout(o, drop_p, drop_scale, seed_lo, seed_hi, offset, r, 0).cast::<T>());
-        }
+        store_row_grad(g, xhat, rstd, w, dres, dh, dx, r, layer, has_w, has_dres, drop_p, drop_scale, seed_lo, seed_hi, offset);
     }
     dw_part.store([block::id_x(), 0], dw);
     db_part.store([block::id_x(), 0], db);
@@ -301,8 +319,6 @@ pub fn norm_backward_rows(
     db_part: Global<f32, 2>, eps: f32, layer: i32, has_w: i32, has_dres: i32, drop_p: f32, drop_scale: f32, seed_lo: i32, seed_hi: i32,
     offset: i32,
 ) {
-    let n = h.dim(1);
-    let inv_n = 1.0 / n as f32;
     let sdw = Smem::<f32, 1, W>::ring_swizzled(1, 0);
     let sdb = Smem::<f32, 1, W>::ring_swizzled(1, 0);
     sdw.at(0).store(Tile::<f32, 1, W>::zeros());
@@ -313,30 +329,10 @@ pub fn norm_backward_rows(
         dy.prefetch::<Tile<T, 1, W>>([r + step, 0]);
         let x = h.load::<Tile<T, 1, W>>([r, 0]).cast::<f32>();
         let g = dy.load::<Tile<T, 1, W>>([r, 0]).cast::<f32>();
-        let mut d = x;
-        if layer == 1 {
-            d = (x - row_sum(x) * inv_n).mask_cols(n, 0.0);
-        }
-        let rstd = rsqrt(row_sum(d * d) * inv_n + eps);
-        let xhat = d * rstd;
+        let (xhat, rstd) = normalized(x, h.dim(1), eps, layer);
         sdw.at(0).store(sdw.at(0).load() + g * xhat);
         sdb.at(0).store(sdb.at(0).load() + g);
-        let mut gw = g;
-        if has_w == 1 {
-            gw = g * w.load::<Tile<T, 1, W>>([0]).cast::<f32>();
-        }
-        let mut t = gw - xhat * (row_sum(gw * xhat) * inv_n);
-        if layer == 1 {
-            t = t - row_sum(gw) * inv_n;
-        }
-        let mut o = t * rstd;
-        if has_dres == 1 {
-            o = o + dres.load::<Tile<T, 1, W>>([r, 0]).cast::<f32>();
-        }
-        dh.store([r, 0], o.cast::<T>());
-        if drop_p > 0.0 {
-            dx.store([r, 0], dropout(o, drop_p, drop_scale, seed_lo, seed_hi, offset, r, 0).cast::<T>());
-        }
+        store_row_grad(g, xhat, rstd, w, dres, dh, dx, r, layer, has_w, has_dres, drop_p, drop_scale, seed_lo, seed_hi, offset);
     }
     dw_part.store([block::id_x(), 0], sdw.at(0).load());
     db_part.store([block::id_x(), 0], sdb.at(0).load());
@@ -703,8 +699,8 @@ impl<'a, T: NormElement> Norm<'a, T> {
             return Ok(());
         }
         let specs = fused_specs(T::DTYPE);
-        // Blocks stride over the rows: as many as fit on the GPU at once (ptxas: about 165
-        // registers for the row kernel; 95–127 for the wider rows' tiles to 4096, 167–255
+        // Blocks stride over the rows: as many as fit on the GPU at once (ptxas: 96 registers
+        // for the row kernel; 96–128 for the wider rows' tiles to 4096, 154–168 to 6144, 208–255
         // above; 250 for the chunked one), each summing into its own row of partials.
         let spec = if n <= FUSED_BACKWARD_ROW_NARROW {
             specs.backward_row
@@ -714,7 +710,7 @@ impl<'a, T: NormElement> Norm<'a, T> {
             specs.backward_wide
         };
         let per_sm = match n {
-            _ if n <= FUSED_BACKWARD_ROW_NARROW => 3,
+            _ if n <= FUSED_BACKWARD_ROW_NARROW => 4,
             _ if n <= 4096 => 4,
             _ if n <= 6144 => 3,
             _ => 2,
