@@ -88,10 +88,10 @@ pub mod kernels {
         rms_norm_rows4_bf16, rms_norm_rows4_f16, rms_norm_rows4_f32, rms_norm_wide_bf16, rms_norm_wide_f16, rms_norm_wide_f32,
     };
     pub use crate::norm_fused::{
-        norm_backward_row_bf16, norm_backward_row_f16, norm_backward_row_f32, norm_backward_wide_bf16, norm_backward_wide_f16,
-        norm_backward_wide_f32, norm_fused_row_bf16, norm_fused_row_f16, norm_fused_row_f32, norm_fused_rows4_bf16, norm_fused_rows4_f16,
-        norm_fused_rows4_f32, norm_fused_wide_bf16, norm_fused_wide_f16, norm_fused_wide_f32, sum_partials_bf16, sum_partials_f16,
-        sum_partials_f32,
+        norm_backward_row_bf16, norm_backward_row_f16, norm_backward_row_f32, norm_backward_rows_bf16, norm_backward_rows_f16,
+        norm_backward_rows_f32, norm_backward_wide_bf16, norm_backward_wide_f16, norm_backward_wide_f32, norm_fused_row_bf16,
+        norm_fused_row_f16, norm_fused_row_f32, norm_fused_rows4_bf16, norm_fused_rows4_f16, norm_fused_rows4_f32, norm_fused_wide_bf16,
+        norm_fused_wide_f16, norm_fused_wide_f32, sum_partials_bf16, sum_partials_f16, sum_partials_f32,
     };
     pub use crate::reduce::{col_max_f32, col_sum_f32, row_max_f32, row_sum_f32, scale_f32};
     pub use crate::rope::{rope_half_bf16, rope_half_f16, rope_half_f32, rope_pairs_bf16, rope_pairs_f16, rope_pairs_f32};
@@ -248,6 +248,9 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         norm_backward_row_bf16::VARIANTS,
         norm_backward_row_f16::VARIANTS,
         norm_backward_row_f32::VARIANTS,
+        norm_backward_rows_bf16::VARIANTS,
+        norm_backward_rows_f16::VARIANTS,
+        norm_backward_rows_f32::VARIANTS,
         norm_backward_wide_bf16::VARIANTS,
         norm_backward_wide_f16::VARIANTS,
         norm_backward_wide_f32::VARIANTS,

@@ -645,10 +645,8 @@ impl<'a> Lowerer<'a> {
             }
             StmtKind::If { cond, then, otherwise } => {
                 let p = self.scalar(cond)?;
-                if let Operand::Imm(c) = p {
-                    // A constant condition (a tuned knob's test): the branch taken, alone.
-                    return self.block(if c != 0 { then } else { otherwise });
-                }
+                // (A constant condition is branched on too: lowered one way only, the reverse
+                // scan's chunk index became affine in the loop counter and ptxas spilled it.)
                 let p = self.in_reg(p, ScalarType::Bool, "cond");
                 let (l_else, l_end) = (self.label("else"), self.label("endif"));
                 self.op_if(p, true, "bra.uni", vec![Operand::Sym(l_else.clone())]);

@@ -119,8 +119,7 @@ impl Lowerer<'_> {
                 let vb = self.scalar(b)?;
                 if let (Imm(x), Imm(y)) = (&va, &vb) {
                     // Constants fold here: ptxas leaves `mov 128; div.s32 …, 32` as a division
-                    // by a reciprocal computed at run time (a tuned `D / 32` in a ring index),
-                    // and a branch on a tuned constant (`if BQ == 64`) is lowered one way only.
+                    // by a reciprocal computed at run time (a tuned `D / 32` in a ring index).
                     if let Some(v) = fold(*op, operand_ty, *x, *y) {
                         return Ok(Imm(v));
                     }
