@@ -103,9 +103,9 @@ impl Attention {
     /// Whether [`attention_backward`] gives the same bits every run (off by default). Off, the
     /// dK/dV walk also forms each key block's part of dQ (the two consumer warpgroups one half
     /// each) and sums it by TMA reduce-adds into an f32 buffer — five MMAs a block pair, the
-    /// faster mode (0.86–1.00× cuDNN on the H100, `notes/ISSUE-28.md`), but the sums' order,
+    /// faster mode (0.86–0.97× cuDNN on the H100, `notes/ISSUE-28.md`), but the sums' order,
     /// and so dQ's last bits, vary from run to run. On, dQ comes from a walk of its own over the
-    /// key blocks with S and dP recomputed (seven MMAs, 0.77–0.92×): no float atomics.
+    /// key blocks with S and dP recomputed (seven MMAs, 0.80–0.94×): no float atomics.
     pub fn deterministic(self, on: bool) -> Attention {
         Attention { deterministic: on, ..self }
     }

@@ -552,8 +552,9 @@ impl<'a> Lowerer<'a> {
 
     fn stmt(&mut self, s: &Stmt) -> Result<(), CompileError> {
         // An `#[unroll]` copy (a scope always entered) runs straight on from what came before.
+        // (So is a branch on literals alone that holds, as an unrolled loop's guard.)
         let scope = matches!(&s.kind, StmtKind::If { cond, otherwise, .. }
-            if matches!(cond.kind, crate::tirh::ExprKind::Bool(true)) && otherwise.is_empty());
+            if scalar::literal_value(cond) == Some(1) && otherwise.is_empty());
         if scope {
             return self.stmt_kind(s);
         }
@@ -644,9 +645,14 @@ impl<'a> Lowerer<'a> {
                 self.loop_pending(body, Some(accs));
             }
             StmtKind::If { cond, then, otherwise } => {
+                if let Some(c) = scalar::literal_value(cond) {
+                    // Literals alone (an unrolled loop's guard, a scope): the way taken, alone.
+                    return self.block(if c != 0 { then } else { otherwise });
+                }
+                // (A variable bound to a constant is branched on: lowered one way only, the
+                // reverse scan's chunk index became affine in its loop counter and ptxas
+                // spilled it.)
                 let p = self.scalar(cond)?;
-                // (A constant condition is branched on too: lowered one way only, the reverse
-                // scan's chunk index became affine in the loop counter and ptxas spilled it.)
                 let p = self.in_reg(p, ScalarType::Bool, "cond");
                 let (l_else, l_end) = (self.label("else"), self.label("endif"));
                 self.op_if(p, true, "bra.uni", vec![Operand::Sym(l_else.clone())]);

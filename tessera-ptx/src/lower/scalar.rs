@@ -247,6 +247,22 @@ impl Lowerer<'_> {
     }
 }
 
+/// The value of an expression of literals alone (an unrolled loop's guard, `0 < 128 * 64 /
+/// 4096`), as [`fold`] computes it; `None` where it names anything (a variable bound to a
+/// constant included: such a branch stays a branch).
+pub(crate) fn literal_value(e: &Expr) -> Option<i64> {
+    match &e.kind {
+        ExprKind::Int(v) => Some(*v),
+        ExprKind::Bool(b) => Some(i64::from(*b)),
+        ExprKind::Unary(UnOp::Not, a) => Some(i64::from(literal_value(a)? == 0)),
+        ExprKind::Binary(op, a, b) => {
+            let Type::Scalar(t) = a.checked_ty() else { return None };
+            fold(*op, t, literal_value(a)?, literal_value(b)?)
+        }
+        _ => None,
+    }
+}
+
 /// `a op b` on two constants of type `t` (a `bool` as 0 or 1), as the GPU computes it:
 /// `i32` wrapping, division truncating toward zero; `None` where the GPU's answer is not
 /// defined (division by zero, overflow) or `t` is `f32`.
