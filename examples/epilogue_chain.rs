@@ -11,7 +11,7 @@
 //! the GPU where there is one (Hopper), else in the CPU interpreter at a smaller size.
 
 use tessera::{bf16, device, kernel, Device, Grid, Tensor, F8E4M3};
-use tessera_kernels::prelude::{attention_persistent, dropout, gelu_tanh, gemm_persistent, gemm_portable};
+use tessera_kernels::prelude::{attention_persistent, causal_keys, causal_visible, dropout, gelu_tanh, gemm_persistent, gemm_portable};
 
 /// `residual + dropout(gelu(x + bias[col]))` on the chunk at `[plane, row, col]` of an
 /// output: `bias` per column, `residual` shaped as the output, elements dropped with
@@ -69,12 +69,17 @@ pub fn attention_chain(
     seed: i32,
 ) {
     let tiles = (q.dim(1) + 127) / 128 * q.dim(0);
+    let (seq_k, shift) = (k.dim(1), k.dim(1) - q.dim(1));
     // [batch·heads, seq, dim] views, one head a plane: (q_bm, k_bm, hm, cm) = (1, 1, 0, 0)
-    // with `heads` 1; no grouped heads, one head per group, no log-sum-exp.
+    // with `heads` 1; no grouped heads, one head per group, no log-sum-exp; scores as they
+    // are, under the causal mask when `causal` is 1.
     #[rustfmt::skip]
     attention_persistent::<bf16, 128, 128, 2>(
-        q, k, v, o, lse, counter, opart, lpart, tiles, 1, 1, 1, 1, 1, 0, 0, causal, 1, 0, scale_log2,
+        q, k, v, o, lse, counter, opart, lpart, tiles, 1, 1, 1, 1, 1, 0, 0, 1, 0, scale_log2,
         |x, plane, row, col| bias_gelu_dropout_residual(x, bias, residual, p, seed, plane, row, col),
+        |s, _qi, _kj, _bh| s,
+        |qi, kj, _bh| causal_visible(qi, kj, shift),
+        |_bh, q0, rows| causal_keys(q0, rows, seq_k, shift, causal),
     );
 }
 

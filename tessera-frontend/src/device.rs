@@ -796,6 +796,15 @@ impl Callees for Frontend {
                 other => vec![concrete(other)],
             },
         };
+        // A body that ends with a call of a function returning the tuple (`|q| keys(q, n)`):
+        // its results bound by a `let` of the tuple, and those returned.
+        let mut stmts = stmts;
+        if let ([syn::Expr::Call(c)], true) = (results.as_slice(), returns.len() > 1) {
+            let names: Vec<syn::Ident> = (0..returns.len()).map(|i| quote::format_ident!("__tail{}_{}", i, k)).collect();
+            let c = c.clone();
+            stmts.push(syn::parse_quote!(let (#(#names),*) = #c;));
+            results = names.iter().map(|n| syn::parse_quote!(#n)).collect();
+        }
         let site = self.sites.len() as u32;
         self.sites.push((call.loc.span, name.clone()));
         let deps = def.deps.iter().cloned().chain(extra).collect();

@@ -47,7 +47,7 @@ const FUNCTIONS: &str = "`exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, 
 
 /// The scans: inclusive or exclusive, from the first element or from the last.
 const SCANS: [&str; 4] = ["tile_scan", "tile_scan_exclusive", "tile_scan_reverse", "tile_scan_reverse_exclusive"];
-const METHODS: &str = "`load`, `load_or`, `get`, `store`, `store_within`, `atomic_add`, `dim`, `cast`, `exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `mask_cols`, `swap_pairs`, `last_col`, `first_col`, `shift_cols`, `shift_rows`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
+const METHODS: &str = "`load`, `load_or`, `get`, `store`, `store_within`, `atomic_add`, `dim`, `cast`, `exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `mask_cols`, `keep_where`, `swap_pairs`, `last_col`, `first_col`, `shift_cols`, `shift_rows`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
 
 /// Whether a call's path names one of the language's own functions (which a device function
 /// cannot shadow): every other call is a device function's.
@@ -900,6 +900,10 @@ impl Frontend {
                     .ok_or_else(|| syn::Error::new_spanned(&m.args[0], format!("`{name}` takes a constant, non-negative distance")))?;
                 let axis = u32::from(name == "shift_cols");
                 ExprKind::Shift { value: recv(self)?, axis, by, reverse: false, fill: Box::new(self.expr(&m.args[1])?) }
+            }
+            "keep_where" => {
+                want(2)?;
+                ExprKind::KeepWhere { value: recv(self)?, cond: Box::new(self.expr(&m.args[0])?), fill: Box::new(self.expr(&m.args[1])?) }
             }
             "mask_cols" => {
                 want(2)?;

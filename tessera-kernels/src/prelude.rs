@@ -19,7 +19,9 @@
 
 use tessera::device;
 
-pub use crate::attention::kernels::{attend_blocks, attention_persistent, attention_varlen_persistent};
+pub use crate::attention::kernels::{
+    attend_blocks, attention_persistent, attention_varlen_persistent, causal_keys, causal_visible, key_blocks, modified_scores,
+};
 pub use crate::linear_attention::{feature_map, feature_map_grad};
 
 /// `t / sqrt(mean(t²) + eps)` per row, the mean over `n` columns (the tile's columns from `n`

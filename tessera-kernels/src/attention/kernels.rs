@@ -125,19 +125,45 @@ pub fn dense_tile(tile: i32, full: i32, parts: i32, m_tiles: i32, hg: i32, bhs: 
     (part, np, g0 * hg + r - rq * gs, (m_tiles - 1 - rq) * 128)
 }
 
+/// One block's scores as the softmax takes them: `score_mod(s, qi, kj, bh)` on the raw
+/// `Q·Kᵀ` block `s` of keys `k0..` for the warpgroup's 64 queries from `q` (`qi`, `kj`: each
+/// element's query and key index, f32), keys past `seq_k` masked to −∞, and — only in a block
+/// that reaches outside `full_lo..full_hi`, the keys every one of the 64 queries sees —
+/// those where `mask_mod(qi, kj, bh)` is below 0.
+#[tessera::device]
+#[allow(clippy::too_many_arguments)]
+pub fn modified_scores<const BN: usize>(
+    s: Tile<f32, 64, BN>, bh: i32, q: i32, k0: i32, seq_k: i32, full_lo: i32, full_hi: i32,
+    score_mod: impl Fn(Tile<f32, 64, BN>, Tile<f32, 64, BN>, Tile<f32, 64, BN>, i32) -> Tile<f32, 64, BN>,
+    mask_mod: impl Fn(Tile<f32, 64, BN>, Tile<f32, 64, BN>, i32) -> Tile<f32, 64, BN>,
+) -> Tile<f32, 64, BN> {
+    let qi = Tile::<f32, 64, BN>::row_index() + q as f32;
+    let kj = Tile::<f32, 64, BN>::col_index() + k0 as f32;
+    let mut x = score_mod(s, qi, kj, bh);
+    if k0 + BN > seq_k {
+        x = x.mask_cols(seq_k - k0, f32::NEG_INFINITY);
+    }
+    if k0 < full_lo || k0 + BN > full_hi {
+        x = x.keep_where(mask_mod(qi, kj, bh), f32::NEG_INFINITY);
+    }
+    x
+}
+
 /// One query tile's key blocks `j0..n` (`n > j0`) in a consumer warpgroup: the online
-/// softmax (base 2, running max `m` and sum `l`) of `S = Q·Kᵀ` over each block, masked past
-/// `seq_k` and, causally, past the diagonal (`diag`: the last key its first row sees, plus
-/// one), and `O += P·V` into `acc`. The two consumers take turns issuing their MMAs (named
-/// barriers 0 and 1), so that one's softmax runs beside the other's MMAs: block j's turn issues
-/// its S and block j − 1's P·V. Q's stage `qs` is released with the last S. `flash_attention`
-/// and `flash_attention_varlen` (which starts at block 0) share it.
+/// softmax (base 2, running max `m` and sum `l`) of `S = Q·Kᵀ` over each block, through
+/// [`modified_scores`] (the warpgroup's first query `q` of (batch·head) `bh`; keys
+/// `full_lo..full_hi` seen by all its rows), and `O += P·V` into `acc`. The two consumers take
+/// turns issuing their MMAs (named barriers 0 and 1), so that one's softmax runs beside the
+/// other's MMAs: block j's turn issues its S and block j − 1's P·V. Q's stage `qs` is released
+/// with the last S. `flash_attention` and `flash_attention_varlen` share it.
 #[tessera::device]
 #[allow(clippy::too_many_arguments)]
 pub fn attend_blocks<T, const D: usize, const BN: usize, const S: usize>(
     acc: &mut Tile<f32, 64, D>, m: &mut Tile<f32, 64, 1>, l: &mut Tile<f32, 64, 1>, p: &mut Tile<T, 64, BN>, sq: Smem<T, 128, D>,
     sk: Smem<T, BN, D>, sv: Smem<T, BN, D>, qpipe: Pipeline<1>, kpipe: Pipeline<S>, vpipe: Pipeline<S>, qs: i32, me: i32, row: i32,
-    j0: i32, n: i32, seq_k: i32, diag: i32, causal: i32, scale_log2: f32,
+    j0: i32, n: i32, seq_k: i32, bh: i32, q: i32, full_lo: i32, full_hi: i32, scale_log2: f32,
+    score_mod: impl Fn(Tile<f32, 64, BN>, Tile<f32, 64, BN>, Tile<f32, 64, BN>, i32) -> Tile<f32, 64, BN>,
+    mask_mod: impl Fn(Tile<f32, 64, BN>, Tile<f32, 64, BN>, i32) -> Tile<f32, 64, BN>,
 ) {
     // The first block: S alone.
     let ks = kpipe.wait();
@@ -158,13 +184,7 @@ pub fn attend_blocks<T, const D: usize, const BN: usize, const S: usize>(
     if n == j0 + 1 {
         qpipe.release(qs);
     }
-    let k0 = j0 * BN;
-    if k0 + BN > seq_k {
-        s = s.mask_cols(seq_k - k0, f32::NEG_INFINITY);
-    }
-    if causal == 1 && k0 + BN > diag {
-        s = s.mask_cols(Tile::<f32, 64, 1>::row_index() + (diag - k0) as f32, f32::NEG_INFINITY);
-    }
+    s = modified_scores(s, bh, q, j0 * BN, seq_k, full_lo, full_hi, score_mod, mask_mod);
     *m = max(*m, row_max(s) * scale_log2);
     let pf = exp2(s * scale_log2 - *m);
     *l = row_sum(pf);
@@ -193,13 +213,7 @@ pub fn attend_blocks<T, const D: usize, const BN: usize, const S: usize>(
         if j + 1 == n {
             qpipe.release(qs);
         }
-        let k0 = j * BN;
-        if k0 + BN > seq_k {
-            s = s.mask_cols(seq_k - k0, f32::NEG_INFINITY);
-        }
-        if causal == 1 && k0 + BN > diag {
-            s = s.mask_cols(Tile::<f32, 64, 1>::row_index() + (diag - k0) as f32, f32::NEG_INFINITY);
-        }
+        s = modified_scores(s, bh, q, j * BN, seq_k, full_lo, full_hi, score_mod, mask_mod);
         let m_new = max(*m, row_max(s) * scale_log2);
         let pf = exp2(s * scale_log2 - m_new);
         let c = exp2(*m - m_new);
@@ -228,6 +242,38 @@ pub fn attend_blocks<T, const D: usize, const BN: usize, const S: usize>(
     vpipe.release(vs);
 }
 
+/// The key blocks `(j0, j1)` of part `part` of `np` of a query tile whose queries see keys
+/// `lo..hi` (clamped to `0..seq_k`) in blocks of `bn`: empty when they see none.
+#[tessera::device]
+pub fn key_blocks(lo: i32, hi: i32, seq_k: i32, bn: i32, part: i32, np: i32) -> (i32, i32) {
+    let jl = max(lo, 0) / bn;
+    let jh = max((min(hi, seq_k) + bn - 1) / bn, jl);
+    (jl + part * (jh - jl) / np, jl + (part + 1) * (jh - jl) / np)
+}
+
+/// The causal mask as [`modified_scores`]' `mask_mod` takes it: ≥ 0 where key `kj` is
+/// visible to query `qi`, `kj ≤ qi + shift` (the diagonal aligned at the end: `shift` =
+/// `seq_k − seq_q`).
+#[tessera::device]
+pub fn causal_visible<const BN: usize>(qi: Tile<f32, 64, BN>, kj: Tile<f32, 64, BN>, shift: i32) -> Tile<f32, 64, BN> {
+    qi - kj + shift as f32
+}
+
+/// The key range of queries `q..q + rows` without a mask (`causal` 0: all `seq_k` keys, none
+/// masked) or under [`causal_visible`]: `(lo, hi, full_lo, full_hi)` — keys `lo..hi` are
+/// seen by some of them, `full_lo..full_hi` by all — as `attention_persistent`'s `key_range`.
+#[tessera::device]
+pub fn causal_keys(q: i32, rows: i32, seq_k: i32, shift: i32, causal: i32) -> (i32, i32, i32, i32) {
+    let mut hi = seq_k;
+    // (Past every key: the bound keys past `seq_k` are masked by.)
+    let mut full_hi = 1073741824;
+    if causal == 1 {
+        hi = min(seq_k, q + rows + shift);
+        full_hi = q + 1 + shift;
+    }
+    (0, hi, 0, full_hi)
+}
+
 /// The FlashAttention forward's persistent body (see the module's notes), with an epilogue on
 /// the output: `flash_attention` is its rings and one call with `|x, _, _, _| x`, and a kernel
 /// of yours gets the same schedule with its own epilogue. Each 64×64 chunk of a finished tile's
@@ -244,7 +290,9 @@ pub fn attend_blocks<T, const D: usize, const BN: usize, const S: usize>(
 pub fn attention_persistent<T, const D: usize, const BN: usize, const S: usize>(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, o: Global<T, 3>, lse: Global<f32, 3>, counter: Global<i32, 1>,
     opart: Global<f32, 3>, lpart: Global<f32, 3>, full: i32, parts: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32,
-    causal: i32, hg: i32, keep_lse: i32, scale_log2: f32, epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
+    hg: i32, keep_lse: i32, scale_log2: f32, epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
+    score_mod: impl Fn(Tile<f32, 64, BN>, Tile<f32, 64, BN>, Tile<f32, 64, BN>, i32) -> Tile<f32, 64, BN>,
+    mask_mod: impl Fn(Tile<f32, 64, BN>, Tile<f32, 64, BN>, i32) -> Tile<f32, 64, BN>, key_range: impl Fn(i32, i32, i32) -> (i32, i32, i32, i32),
 ) {
     let sq = Smem::<T, 128, D>::ring(1);
     let sk = Smem::<T, BN, D>::ring(S);
@@ -255,8 +303,6 @@ pub fn attention_persistent<T, const D: usize, const BN: usize, const S: usize>(
     let vpipe = Pipeline::<S>::new(2);
     let seq_q = q.dim(1);
     let seq_k = k.dim(1);
-    // Causally, key j is visible to query i when j ≤ i + seq_k − seq_q (aligned at the end).
-    let shift = seq_k - seq_q;
     let m_tiles = (seq_q + 127) / 128;
     // Tiles are claimed at run time, `hg` heads at a time, the group's heaviest (causal: last)
     // query tiles first — so that the grid ends on light tiles — and its K and V kept in L2;
@@ -269,15 +315,12 @@ pub fn attention_persistent<T, const D: usize, const BN: usize, const S: usize>(
             let b = bh / heads;
             let h = bh - b * heads;
             let kvh = h / group;
-            let mut kv_end = seq_k;
-            if causal == 1 {
-                kv_end = min(seq_k, q0 + 128 + shift);
-            }
+            let (lo, hi, _, _) = key_range(bh, q0, 128);
+            let (j0, j1) = key_blocks(lo, hi, seq_k, BN, part, np);
             let s = qpipe.acquire();
             tma::load(sq.at(s), q, [b * q_bm + h * hm, q0, h * cm], qpipe);
             qpipe.commit(s);
-            let nb = (kv_end + BN - 1) / BN;
-            load_kv(k, v, sk, sv, kpipe, vpipe, b * k_bm + kvh * hm, 0, kvh * cm, part * nb / np, (part + 1) * nb / np);
+            load_kv(k, v, sk, sv, kpipe, vpipe, b * k_bm + kvh * hm, 0, kvh * cm, j0, j1);
         }
     } else {
         let (me, mut acc, mut p, mut m, mut l) = consumer_begin::<T, D, BN>();
@@ -287,26 +330,18 @@ pub fn attention_persistent<T, const D: usize, const BN: usize, const S: usize>(
             let (part, np, bh, q0) = dense_tile(tile, full, parts, m_tiles, hg, lse.dim(0));
             let b = bh / heads;
             let h = bh - b * heads;
-            let mut kv_end = seq_k;
-            if causal == 1 {
-                kv_end = min(seq_k, q0 + 128 + shift);
-            }
-            let nb = (kv_end + BN - 1) / BN;
-            let mut j0 = 0;
-            let mut n = nb;
-            if np > 1 {
-                j0 = part * nb / np;
-                n = (part + 1) * nb / np;
-            }
+            let (lo, hi, _, _) = key_range(bh, q0, 128);
+            let (j0, n) = key_blocks(lo, hi, seq_k, BN, part, np);
+            // The keys every query of the warpgroup sees: no mask there.
+            let (_, _, full_lo, full_hi) = key_range(bh, q0 + row, 64);
             acc = Tile::<f32, 64, D>::zeros();
             m = Tile::<f32, 64, 1>::full(f32::MIN);
             l = Tile::<f32, 64, 1>::zeros();
-            // The last key the warpgroup's first row sees, plus one.
-            let diag = q0 + row + 1 + shift;
             let qs = qpipe.wait();
             if n > j0 {
                 attend_blocks(
-                    &mut acc, &mut m, &mut l, &mut p, sq, sk, sv, qpipe, kpipe, vpipe, qs, me, row, j0, n, seq_k, diag, causal, scale_log2,
+                    &mut acc, &mut m, &mut l, &mut p, sq, sk, sv, qpipe, kpipe, vpipe, qs, me, row, j0, n, seq_k, bh, q0 + row, full_lo, full_hi,
+                    scale_log2, score_mod, mask_mod,
                 );
             }
             if n <= j0 {
@@ -350,6 +385,9 @@ pub fn flash_attention(
     opart: Global<f32, 3>, lpart: Global<f32, 3>, full: i32, parts: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32,
     causal: i32, hg: i32, keep_lse: i32, scale_log2: f32,
 ) {
+    let seq_k = k.dim(1);
+    // Causally, key j is visible to query i when j ≤ i + seq_k − seq_q (aligned at the end).
+    let shift = seq_k - q.dim(1);
     attention_persistent::<T, D, BN, STAGES>(
         q,
         k,
@@ -367,11 +405,87 @@ pub fn flash_attention(
         k_bm,
         hm,
         cm,
-        causal,
         hg,
         keep_lse,
         scale_log2,
         |x, _plane, _row, _col| x,
+        |s, _qi, _kj, _bh| s,
+        |qi, kj, _bh| causal_visible(qi, kj, shift),
+        |_bh, q0, rows| causal_keys(q0, rows, seq_k, shift, causal),
+    );
+}
+
+/// The library's score modifiers, as [`attention_persistent`]'s `score_mod` takes them (raw
+/// scores: the kernel's `scale_log2` multiplies what this returns): `cap` > 0 caps the scores
+/// softly, `s ↦ cap·tanh(s / cap)` (the caller's cap divided by the softmax scale), then
+/// `alibi` > 0 subtracts ALiBi's distance penalty `slope_h·|qi − kj + shift|` with head `h`'s
+/// slope `2^(−alibi·(h + 1)/heads)` times `alibi_scale` (1 / the softmax scale).
+#[tessera::device]
+#[allow(clippy::too_many_arguments)]
+pub fn softcap_alibi<const BN: usize>(
+    s: Tile<f32, 64, BN>, qi: Tile<f32, 64, BN>, kj: Tile<f32, 64, BN>, bh: i32, heads: i32, cap: f32, alibi: f32, alibi_scale: f32,
+    shift: i32,
+) -> Tile<f32, 64, BN> {
+    let mut x = s;
+    if cap > 0.0 {
+        x = tanh(x * (1.0 / cap)) * cap;
+    }
+    if alibi > 0.0 {
+        let slope = exp2(-alibi * ((bh % heads + 1) as f32) / heads as f32) * alibi_scale;
+        x = x - abs(qi - kj + shift as f32) * slope;
+    }
+    x
+}
+
+/// The library's masks beside the causal one, as `mask_mod` takes them (≥ 0: visible): key
+/// `kj` is visible to query `qi` when `kj ≤ qi + shift` and within the last `window` keys
+/// (`kj > qi + shift − window`), or when `kj < prefix` (a prefix every query sees, as in a
+/// prefix LM). No window: one past every key (2³⁰); no prefix: 0.
+#[tessera::device]
+pub fn window_prefix_visible<const BN: usize>(qi: Tile<f32, 64, BN>, kj: Tile<f32, 64, BN>, shift: i32, window: i32, prefix: i32) -> Tile<f32, 64, BN> {
+    min(max(qi - kj + shift as f32, (prefix - 1) as f32 - kj), kj - qi + (window - 1 - shift) as f32)
+}
+
+/// The key range of queries `q..q + rows` under [`window_prefix_visible`] (`causal` 1) or no
+/// mask (`causal` 0, where `window` and `prefix` do not apply): `(lo, hi, full_lo, full_hi)`
+/// as `attention_persistent`'s `key_range` — key blocks before the window are skipped, unless
+/// a prefix keeps them.
+#[tessera::device]
+pub fn window_prefix_keys(q: i32, rows: i32, seq_k: i32, shift: i32, causal: i32, window: i32, prefix: i32) -> (i32, i32, i32, i32) {
+    let mut lo = 0;
+    let mut hi = seq_k;
+    let mut full_lo = 0;
+    let mut full_hi = 1073741824;
+    if causal == 1 {
+        hi = min(seq_k, max(q + rows + shift, prefix));
+        full_hi = max(q + 1 + shift, prefix);
+        full_lo = q + rows + shift - window;
+        if prefix == 0 {
+            lo = max(q + shift - window + 1, 0);
+        }
+    }
+    (lo, hi, full_lo, full_hi)
+}
+
+/// FlashAttention forward with the library's modifiers, chosen at run time: `flash_attention`
+/// with [`softcap_alibi`] on the scores and, causally, [`window_prefix_visible`]'s sliding
+/// window and prefix, whose key blocks outside the window are never loaded. Head dims 64 and
+/// 128, 128-key blocks, two stages.
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], STAGES = [2], BN = [128]), targets(sm_90a))]
+pub fn flash_attention_mods(
+    q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, o: Global<T, 3>, lse: Global<f32, 3>, counter: Global<i32, 1>,
+    opart: Global<f32, 3>, lpart: Global<f32, 3>, full: i32, parts: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32,
+    causal: i32, hg: i32, keep_lse: i32, scale_log2: f32, cap: f32, alibi: f32, alibi_scale: f32, window: i32, prefix: i32,
+) {
+    let seq_k = k.dim(1);
+    let shift = seq_k - q.dim(1);
+    #[rustfmt::skip]
+    attention_persistent::<T, D, BN, STAGES>(
+        q, k, v, o, lse, counter, opart, lpart, full, parts, heads, group, q_bm, k_bm, hm, cm, hg, keep_lse, scale_log2,
+        |x, _plane, _row, _col| x,
+        |s, qi, kj, bh| softcap_alibi(s, qi, kj, bh, heads, cap, alibi, alibi_scale, shift),
+        |qi, kj, _bh| window_prefix_visible(qi, kj, shift, window, prefix),
+        |_bh, q0, rows| window_prefix_keys(q0, rows, seq_k, shift, causal, window, prefix),
     );
 }
 
@@ -480,21 +594,17 @@ pub fn attention_varlen_persistent<T, const D: usize, const BN: usize, const S: 
                 // Causally, key j is visible to query i when j ≤ i + len_k − len_q (aligned
                 // at the end).
                 let shift = len_k - len_q;
-                let mut kv_end = len_k;
-                if causal == 1 {
-                    kv_end = min(len_k, q0 + 128 + shift);
-                }
-                let n = (kv_end + BN - 1) / BN;
+                let (_, hi, _, _) = causal_keys(q0, 128, len_k, shift, causal);
+                let n = (hi + BN - 1) / BN;
+                let (_, _, full_lo, full_hi) = causal_keys(q0 + row, 64, len_k, shift, causal);
                 acc = Tile::<f32, 64, D>::zeros();
                 m = Tile::<f32, 64, 1>::full(f32::MIN);
                 l = Tile::<f32, 64, 1>::zeros();
-                // The last key the warpgroup's first row sees, plus one.
-                let diag = q0 + row + 1 + shift;
                 let qs = qpipe.wait();
                 if n > 0 {
                     attend_blocks(
-                        &mut acc, &mut m, &mut l, &mut p, sq, sk, sv, qpipe, kpipe, vpipe, qs, me, row, 0, n, len_k, diag, causal,
-                        scale_log2,
+                        &mut acc, &mut m, &mut l, &mut p, sq, sk, sv, qpipe, kpipe, vpipe, qs, me, row, 0, n, len_k, bh, q0 + row, full_lo,
+                        full_hi, scale_log2, |x, _qi, _kj, _bh| x, |qi, kj, _bh| causal_visible(qi, kj, shift),
                     );
                 }
                 if n == 0 {

@@ -13,8 +13,8 @@ pub use backward::{
 };
 
 pub use kernels::{
-    attention_combine_bf16, attention_combine_f16, flash_attention_bf16, flash_attention_f16, flash_attention_varlen_bf16,
-    flash_attention_varlen_f16,
+    attention_combine_bf16, attention_combine_f16, flash_attention_bf16, flash_attention_f16, flash_attention_mods_bf16,
+    flash_attention_mods_f16, flash_attention_varlen_bf16, flash_attention_varlen_f16,
 };
 
 use tessera::{bf16, f16, Device, Element, Error, Grid, KernelSpec, Optional, OptionalMut, Result, Tensor, TensorView, TensorViewMut};
@@ -52,6 +52,44 @@ pub struct Attention {
     check_offsets: Option<bool>,
     /// `deterministic(true)`: dQ by a walk of its own, no reduce-adds.
     deterministic: bool,
+    /// The library's modifiers (`flash_attention_mods`).
+    softcap: Option<f32>,
+    alibi: Option<f32>,
+    window: Option<usize>,
+    prefix: Option<usize>,
+    /// A caller's kernel in place of the library's.
+    kernel: Option<AttentionKernel>,
+}
+
+/// A kernel of yours that [`attention`] runs in place of the library's forward (see
+/// [`Attention::kernel`]): its `VARIANTS`. Its parameters must be `flash_attention`'s, in
+/// order; it is compared by address.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionKernel(pub &'static [&'static KernelSpec]);
+
+impl PartialEq for AttentionKernel {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self.0, other.0)
+    }
+}
+
+/// The parameters a kernel given to [`Attention::kernel`] takes, in order: those of
+/// `flash_attention` (and of [`kernels::attention_persistent`] before its functions).
+pub const ATTENTION_KERNEL_PARAMS: [&str; 20] = [
+    "q", "k", "v", "o", "lse", "counter", "opart", "lpart", "full", "parts", "heads", "group", "q_bm", "k_bm", "hm", "cm", "causal", "hg",
+    "keep_lse", "scale_log2",
+];
+
+/// Which forward kernel a call runs.
+#[derive(Clone, Copy)]
+enum Flavor {
+    /// `flash_attention` / `flash_attention_varlen`.
+    Plain,
+    /// `flash_attention_mods` with `[cap, alibi, alibi_scale]` and `[window, prefix]` (raw
+    /// units, see `kernels::softcap_alibi`).
+    Mods([f32; 3], [i32; 2]),
+    /// The caller's.
+    Custom(&'static [&'static KernelSpec]),
 }
 
 impl Attention {
@@ -110,9 +148,103 @@ impl Attention {
         Attention { deterministic: on, ..self }
     }
 
+    /// Caps the scaled scores softly before the softmax: `s ↦ cap·tanh(s / cap)` (Gemma 2's
+    /// logit soft-capping), `s` = `q·k·scale`. Forward only, for now.
+    pub fn softcap(self, cap: f32) -> Attention {
+        Attention { softcap: Some(cap), ..self }
+    }
+
+    /// Adds ALiBi's linear bias to the scaled scores: `−slope_h·|i − j|` between query `i` and
+    /// key `j` (the diagonal aligned at the end when the lengths differ), head `h`'s slope
+    /// `2^(−max_bias·(h + 1)/heads)` (the paper's slopes for a power-of-two number of heads
+    /// with `max_bias` 8). After [`Attention::softcap`], where both are set. Forward only.
+    pub fn alibi(self, max_bias: f32) -> Attention {
+        Attention { alibi: Some(max_bias), ..self }
+    }
+
+    /// A sliding window, with [`Attention::causal`]: each query sees its last `keys` keys, the
+    /// diagonal's included (Mistral's and Gemma's local layers). Key blocks wholly before a
+    /// tile's window are skipped, not masked: the work grows with `keys`, not the sequence.
+    /// Forward only.
+    pub fn sliding_window(self, keys: usize) -> Attention {
+        Attention { window: Some(keys), ..self }
+    }
+
+    /// A prefix every query sees, with [`Attention::causal`]: keys `0..keys` are visible to all
+    /// queries, the rest causally (a prefix LM). Forward only.
+    pub fn prefix(self, keys: usize) -> Attention {
+        Attention { prefix: Some(keys), ..self }
+    }
+
+    /// Runs `kernel` — a kernel of yours whose body calls [`kernels::attention_persistent`]
+    /// with your own `score_mod`, `mask_mod` and `key_range` (or epilogue) — in place of the
+    /// library's forward: pass its module's `VARIANTS`. Its parameters must be
+    /// [`ATTENTION_KERNEL_PARAMS`], its tune knob `D` the head dim (a variant per head dim it
+    /// serves). Its tiles are never split into key ranges. Dense layouts only, forward only.
+    ///
+    /// ```ignore
+    /// #[tessera::kernel(warpgroups = 3, dtypes(T = [bf16]), tune(D = [128]), targets(sm_90a))]
+    /// pub fn banded(q: Global<T, 3>, /* … flash_attention's parameters … */ scale_log2: f32) {
+    ///     let (seq_k, shift) = (k.dim(1), k.dim(1) - q.dim(1));
+    ///     attention_persistent::<T, D, 128, 2>(q, k, v, o, lse, counter, opart, lpart, full, parts,
+    ///         heads, group, q_bm, k_bm, hm, cm, hg, keep_lse, scale_log2,
+    ///         |x, _, _, _| x,
+    ///         |s, qi, kj, _bh| s - abs(qi - kj) * 0.01,           // score_mod
+    ///         |qi, kj, _bh| causal_visible(qi, kj, shift),        // mask_mod
+    ///         |_bh, q0, rows| causal_keys(q0, rows, seq_k, shift, causal));
+    /// }
+    /// attention(&dev, &Attention::new().causal(true).kernel(banded_bf16::VARIANTS), &q, &k, &v, &mut o)?;
+    /// ```
+    pub fn kernel(self, variants: &'static [&'static KernelSpec]) -> Attention {
+        Attention { kernel: Some(AttentionKernel(variants)), ..self }
+    }
+
     /// The factor on `Q·Kᵀ` at `head_dim`: the one given, else `1/√head_dim`.
     fn scale_for(&self, head_dim: usize) -> f32 {
         self.scale.unwrap_or(1.0 / (head_dim as f32).sqrt())
+    }
+
+    /// Whether any modifier or a kernel of the caller's is set.
+    pub(crate) fn modified(&self) -> bool {
+        self.softcap.is_some() || self.alibi.is_some() || self.window.is_some() || self.prefix.is_some() || self.kernel.is_some()
+    }
+
+    /// The forward kernel this call runs at `head_dim`, its modifiers checked.
+    fn flavor(&self, head_dim: usize, varlen: bool) -> Result<Flavor> {
+        if !self.modified() {
+            return Ok(Flavor::Plain);
+        }
+        if varlen {
+            return Err(arg("opts", "no modifiers or kernel of yours with packed sequences (not built yet)".into(), format!("{self:?}")));
+        }
+        if let Some(AttentionKernel(k)) = self.kernel {
+            if self.softcap.is_some() || self.alibi.is_some() || self.window.is_some() || self.prefix.is_some() {
+                return Err(arg("kernel", "a kernel of yours alone (its own modifiers), or the library's modifiers".into(), format!("{self:?}")));
+            }
+            return Ok(Flavor::Custom(k));
+        }
+        let scale = self.scale_for(head_dim);
+        let cap = match self.softcap {
+            Some(c) if !(c.is_finite() && c > 0.0) => return Err(arg("softcap", "a finite cap > 0".into(), format!("{c}"))),
+            Some(c) => c / scale,
+            None => 0.0,
+        };
+        let alibi = match self.alibi {
+            Some(b) if !(b.is_finite() && b > 0.0) => return Err(arg("alibi", "a finite max_bias > 0".into(), format!("{b}"))),
+            Some(b) => b,
+            None => 0.0,
+        };
+        if !self.causal && (self.window.is_some() || self.prefix.is_some()) {
+            let which = if self.window.is_some() { "sliding_window" } else { "prefix" };
+            return Err(arg(which, "a causal attention (Attention::causal(true))".into(), "causal false".into()));
+        }
+        let window = match self.window {
+            Some(0) => return Err(arg("sliding_window", "at least 1 key".into(), "0".into())),
+            Some(w) => i32::try_from(w).unwrap_or(i32::MAX).min(1 << 30),
+            None => 1 << 30,
+        };
+        let prefix = i32::try_from(self.prefix.unwrap_or(0)).unwrap_or(i32::MAX);
+        Ok(Flavor::Mods([cap, alibi, 1.0 / scale], [window, prefix]))
     }
 }
 
@@ -168,6 +300,9 @@ pub trait AttentionElement: Element + sealed::Sealed {
     /// (head dim), `STAGES` (K/V pipeline depth) and `BN` (keys a block).
     #[doc(hidden)]
     fn variants(varlen: bool) -> &'static [&'static KernelSpec];
+    /// The variants of `flash_attention_mods`.
+    #[doc(hidden)]
+    fn mods_variants() -> &'static [&'static KernelSpec];
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     fn forward(
@@ -182,6 +317,15 @@ pub trait AttentionElement: Element + sealed::Sealed {
         d: &Device, head_dim: usize, grids: [usize; 3], qkv_do_o: [&TensorView<Self>; 5], lse: &TensorView<f32>,
         stats: [&mut Tensor<f32>; 2], cols: usize, dq_acc: Option<&mut Tensor<f32>>, grads: [&mut TensorViewMut<Self>; 3],
         cu: [&Optional<Tensor<i32>>; 2], ints: [i32; 10], scales: [f32; 2],
+    ) -> Result<()>;
+    /// The dense forward with the library's modifiers (`flash_attention_mods`, variant `i`):
+    /// `ints` as [`AttentionElement::forward`]'s, `mods` `[cap, alibi, alibi_scale]` and
+    /// `masks` `[window, prefix]`.
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn forward_mods(
+        d: &Device, g: Grid, variant: usize, t: [&TensorView<Self>; 3], o: &mut TensorViewMut<Self>, lse: &mut TensorViewMut<f32>,
+        split: Split<'_>, ints: [i32; 12], scale_log2: f32, mods: [f32; 3], masks: [i32; 2],
     ) -> Result<()>;
     /// Puts the split tiles back together: `attention_combine`, its variant of head dim `d`.
     #[doc(hidden)]
@@ -206,7 +350,7 @@ mod sealed {
 }
 
 macro_rules! attention_element {
-    ($t:ty, $dense:ident, $varlen:ident, $combine:ident, $dot:ident, $dq:ident, $dkv:ident, $dq_out:ident) => {
+    ($t:ty, $dense:ident, $varlen:ident, $mods:ident, $combine:ident, $dot:ident, $dq:ident, $dkv:ident, $dq_out:ident) => {
         impl AttentionElement for $t {
             fn backward(
                 d: &Device, head_dim: usize, [bd, bq, bk]: [usize; 3], [q, k, v, dout, o]: [&TensorView<Self>; 5], lse: &TensorView<f32>,
@@ -299,6 +443,21 @@ macro_rules! attention_element {
                     )
                 }
             }
+            fn mods_variants() -> &'static [&'static KernelSpec] {
+                $mods::VARIANTS
+            }
+            fn forward_mods(
+                d: &Device, g: Grid, i: usize, [q, k, v]: [&TensorView<Self>; 3], o: &mut TensorViewMut<Self>,
+                lse: &mut TensorViewMut<f32>, Split { full, parts, out: [mut op, mut lp] }: Split<'_>,
+                [_, _, _, heads, group, q_bm, k_bm, hm, cm, causal, hg, keep_lse]: [i32; 12], scale_log2: f32,
+                [cap, alibi, alibi_scale]: [f32; 3], [window, prefix]: [i32; 2],
+            ) -> Result<()> {
+                let mut c = d.tile_counter()?;
+                $mods::launch_variant(
+                    i, d, g, q, k, v, o, lse, &mut c, &mut op, &mut lp, full, parts, heads, group, q_bm, k_bm, hm, cm, causal, hg,
+                    keep_lse, scale_log2, cap, alibi, alibi_scale, window, prefix,
+                )
+            }
             fn combine(
                 d: &Device, head_dim: usize, [op, lp]: [&Tensor<f32>; 2], o: &mut TensorViewMut<Self>, lse: &mut TensorViewMut<f32>,
                 [full, parts, heads, q_bm, hm, cm, hg]: [i32; 7],
@@ -318,6 +477,7 @@ attention_element!(
     bf16,
     flash_attention_bf16,
     flash_attention_varlen_bf16,
+    flash_attention_mods_bf16,
     attention_combine_bf16,
     attention_bwd_dot_bf16,
     attention_bwd_dq_bf16,
@@ -328,6 +488,7 @@ attention_element!(
     f16,
     flash_attention_f16,
     flash_attention_varlen_f16,
+    flash_attention_mods_f16,
     attention_combine_f16,
     attention_bwd_dot_f16,
     attention_bwd_dq_f16,
@@ -529,11 +690,20 @@ fn launch<T: AttentionElement>(
     ints[10] = heads_per_group(opts.causal, seq_k, d);
     let tiles = (max_q as usize).div_ceil(128) * batch as usize * heads as usize;
     let sms = device.sm_count() as usize;
+    let flavor = opts.flavor(d, varlen != 0)?;
     // The variants of this head dimension (pipeline depths, key blocks).
-    let all = T::variants(varlen != 0);
+    let all = match flavor {
+        Flavor::Plain => T::variants(varlen != 0),
+        Flavor::Mods(..) => T::mods_variants(),
+        Flavor::Custom(k) => k,
+    };
     let ids: Vec<usize> = (0..all.len()).filter(|&i| of_head_dim(all[i], d)).collect();
     let block_of = |i: usize| all[i].knob("BN").map_or(128, |b| b as usize);
     let Some(bn) = key_block(ids.iter().map(|&i| block_of(i)), seq_k) else {
+        if let Flavor::Custom(k) = flavor {
+            let name = k.first().map_or("", |s| s.name);
+            return Err(arg("kernel", format!("a variant of `{name}` with the tune knob D = {d}"), format!("head_dim {d}")));
+        }
         return Err(arg("q", "head_dim 64 or 128".into(), format!("head_dim {d}")));
     };
     // The default: the first variant with the cheapest key block for this length.
@@ -544,9 +714,12 @@ fn launch<T: AttentionElement>(
         Some(n) if varlen != 0 && n > 1 => {
             return Err(arg("kv_splits", "1 or unset for packed sequences".into(), format!("{n}")));
         }
+        Some(n) if n > 1 && matches!(flavor, Flavor::Custom(_)) => {
+            return Err(arg("kv_splits", "1 or unset with a kernel of yours (its epilogue is not the combine's)".into(), format!("{n}")));
+        }
         // A part may come out empty under a variant of larger blocks: it adds nothing.
         Some(n) => (0, n.min(kv_blocks)),
-        None if varlen == 0 && !opts.causal => split_tail(tiles, sms, kv_blocks),
+        None if varlen == 0 && !opts.causal && !matches!(flavor, Flavor::Custom(_)) => split_tail(tiles, sms, kv_blocks),
         None => (tiles, 1),
     };
     let (full, parts) = if parts <= 1 { (tiles, 1) } else { (full, parts) };
@@ -571,7 +744,11 @@ fn launch<T: AttentionElement>(
             None => [OptionalMut(None, 3), OptionalMut(None, 3)],
         };
         let split = Split { full: full as i32, parts: parts as i32, out: split_out };
-        T::forward(device, grid.into(), ids[i], qkv, o, lse, cu, split, ints, scale_log2)?;
+        match flavor {
+            Flavor::Plain => T::forward(device, grid.into(), ids[i], qkv, o, lse, cu, split, ints, scale_log2)?,
+            Flavor::Mods(mods, masks) => T::forward_mods(device, grid.into(), ids[i], qkv, o, lse, split, ints, scale_log2, mods, masks)?,
+            Flavor::Custom(k) => launch_custom(k[ids[i]], device, grid.into(), qkv, o, lse, ints, scale_log2)?,
+        }
         match out {
             Some([op, lp]) => T::combine(device, d, [op, lp], o, lse, combine),
             None => Ok(()),
@@ -585,13 +762,15 @@ fn launch<T: AttentionElement>(
         };
     }
     let (dtype, shape, split_key) = (T::DTYPE, (batch, heads, group, max_q, seq_k, d), (full, parts));
+    let kernel_name = all.first().map_or("", |k| k.name);
     let key = tessera::TuneKey::new("attention", device)
         .field("dtype", &dtype)
         .field("varlen", &varlen)
         .field("shape", &shape)
         .field("causal", &opts.causal)
         .field("layout", &opts.layout)
-        .field("split", &split_key);
+        .field("split", &split_key)
+        .field("kernel", &kernel_name);
     let choice = tessera::Tuner::global().choose(&key, &names, default, || {
         // Timing writes scratch outputs, never the caller's.
         // The views the host built are contiguous over their shapes, so plain tensors of the
@@ -606,6 +785,36 @@ fn launch<T: AttentionElement>(
         }))
     })?;
     run(choice, o, lse, &mut part_outputs()?)
+}
+
+/// Launches a caller's attention kernel ([`Attention::kernel`]) with `flash_attention`'s
+/// arguments, every tile whole: its parameters checked by name first.
+#[allow(clippy::too_many_arguments)]
+fn launch_custom<T: AttentionElement>(
+    spec: &'static KernelSpec, device: &Device, grid: Grid, [q, k, v]: [&TensorView<T>; 3], o: &mut TensorViewMut<T>,
+    lse: &mut TensorViewMut<f32>, ints: [i32; 12], scale_log2: f32,
+) -> Result<()> {
+    let names: Vec<&str> = spec.params.iter().map(|p| p.name).collect();
+    if names != ATTENTION_KERNEL_PARAMS {
+        return Err(arg("kernel", format!("a kernel with the parameters {ATTENTION_KERNEL_PARAMS:?}"), format!("`{}` with {names:?}", spec.name)));
+    }
+    let [b, sq, _, heads, group, q_bm, k_bm, hm, cm, causal, hg, keep_lse] = ints;
+    let tiles = (sq as usize).div_ceil(128) * b as usize * heads as usize;
+    let mut counter = device.tile_counter()?;
+    // Unused without parts, any f32 tensors of rank 3.
+    let (mut op, mut lp) = (Tensor::<f32>::scratch(device, &[1, 128, 1])?, Tensor::<f32>::scratch(device, &[1, 128, 1])?);
+    let mut l = tessera::Launch::new(spec, device)?;
+    let _g = (l.global(0, q)?, l.global(1, k)?, l.global(2, v)?);
+    let _o = l.global_mut(3, o)?;
+    let _l = l.global_mut(4, lse)?;
+    let _c = l.global_mut(5, &mut counter)?;
+    let _p = (l.global_mut(6, &mut op)?, l.global_mut(7, &mut lp)?);
+    let scalars = [tiles as i32, 1, heads, group, q_bm, k_bm, hm, cm, causal, hg, keep_lse];
+    for (i, x) in scalars.into_iter().enumerate() {
+        l.scalar(8 + i, tessera::ScalarArg::from(x))?;
+    }
+    l.scalar(19, tessera::ScalarArg::from(scale_log2))?;
+    l.launch(grid)
 }
 
 /// FlashAttention forward over a batch of sequences of different lengths packed end to end

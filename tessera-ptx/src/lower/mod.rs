@@ -174,6 +174,12 @@ pub(crate) struct Lowerer<'a> {
     pub acc_derived: Vec<String>,
     /// Layout-free names used with accumulators (see [`hopper::acc_partners`]).
     pub acc_partners: Vec<String>,
+    /// Immutable `let`s of index tiles (`Tile::row_index() + q`, see [`tile::index_like`]),
+    /// each with its value: lowered again, in the layout a use needs, wherever that differs
+    /// from the binding's (an index tile passed to a device function's `impl Fn` parameter is
+    /// bound by a `let` before it meets the accumulator it masks). Dropped when a name the
+    /// value reads is bound again.
+    pub deferred: Vec<(String, std::rc::Rc<crate::tirh::Expr>)>,
     pub any_mma: bool,
     /// A `store_within`'s clamped dims for its tensor, while it is lowered.
     pub dims_within: Option<(String, Vec<Reg>)>,
@@ -226,6 +232,7 @@ impl<'a> Lowerer<'a> {
             named_sync_follows: false,
             acc_derived: Vec::new(),
             acc_partners: Vec::new(),
+            deferred: Vec::new(),
             any_mma: false,
             dims_within: None,
             pending_accs: Vec::new(),
@@ -337,6 +344,7 @@ impl<'a> Lowerer<'a> {
     }
 
     pub fn bind(&mut self, name: &str, v: Value) {
+        self.forget_deferred(name);
         if let Some(s) = self.scopes.last_mut() {
             s.insert(name.to_string(), v);
         }
@@ -389,8 +397,16 @@ impl<'a> Lowerer<'a> {
         self.param_reg(&sym, RegClass::B64, &["mov.u64", "cvta.param.u64"])
     }
 
+    /// Drops the deferred index tiles named `name` or reading it: `name` is bound anew.
+    fn forget_deferred(&mut self, name: &str) {
+        if !self.deferred.is_empty() {
+            self.deferred.retain(|(n, e)| n != name && !e.uses(name));
+        }
+    }
+
     /// Replaces the binding of `name` where it is bound.
     pub fn rebind(&mut self, name: &str, v: Value) {
+        self.forget_deferred(name);
         if let Some(scope) = self.scopes.iter_mut().rev().find(|s| s.contains_key(name)) {
             scope.insert(name.to_string(), v);
         }
@@ -593,6 +609,9 @@ impl<'a> Lowerer<'a> {
                     v = self.copy(&v, name);
                 }
                 self.bind(name, v);
+                if !*mutable && matches!(value.checked_ty(), Type::Tile(_)) && tile::index_like(value, &self.deferred) {
+                    self.deferred.push((name.clone(), std::rc::Rc::new(value.clone())));
+                }
             }
             StmtKind::Assign { name, value } => {
                 let target = self.lookup(name);

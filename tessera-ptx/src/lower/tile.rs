@@ -5,16 +5,33 @@ use super::{elem_class, Lowerer, TileVal};
 use crate::dtype::DType;
 use crate::error::CompileError;
 use crate::layout::{Layout, LayoutKind};
-use crate::tirh::{BinOp, Expr, ExprKind, ReduceOp, ScanKind, ScanStep, TileType, Type};
+use crate::tirh::{BinOp, Expr, ExprKind, ReduceOp, ScanKind, ScanStep, TileType, Type, UnOp};
 use crate::tirt::{Operand, Reg, RegClass};
 
 impl Lowerer<'_> {
     /// Lowers a tile expression.
     pub(crate) fn tile(&mut self, e: &Expr) -> Result<TileVal, CompileError> {
         let Type::Tile(ty) = e.checked_ty() else { unreachable!("verified TIR-H: a tile") };
+        if matches!(e.kind, ExprKind::Binary(..) | ExprKind::Unary(..)) && ty.dtype == DType::F32 && index_like(e, &self.deferred) {
+            let layout = self.hinted_layout(ty);
+            return Ok(self.index_tile(e, ty, layout));
+        }
         Ok(match &e.kind {
             ExprKind::Var(n) => match self.lookup(n) {
                 super::Value::Tile(t) => {
+                    // An index tile needed in a layout it would move into through shared
+                    // memory: computed again in that one.
+                    let again = match (self.layout_hint, self.deferred.iter().rev().find(|(d, _)| d == n)) {
+                        (Some(h), Some((_, value)))
+                            if h.rows == ty.rows && h.cols == ty.cols && h != t.layout && t.layout.local_map(&h).is_none() =>
+                        {
+                            Some(value.clone())
+                        }
+                        _ => None,
+                    };
+                    if let Some(value) = again {
+                        return self.tile(&std::rc::Rc::clone(&value));
+                    }
                     self.before_tile_read(&t);
                     t
                 }
@@ -87,6 +104,7 @@ impl Lowerer<'_> {
                 let t = self.tile(value)?;
                 self.mask_cols(t, limit, fill)?
             }
+            ExprKind::KeepWhere { value, cond, fill } => self.keep_where(value, cond, fill, ty)?,
             ExprKind::TileCols { value, start, cols } => {
                 let t = self.tile(value)?;
                 let LayoutKind::Wgmma { m_blocks } = t.layout.kind else {
@@ -155,6 +173,213 @@ impl Lowerer<'_> {
             })
             .collect();
         TileVal { ty, layout, regs }
+    }
+
+    /// An index tile ([`index_like`]) in `layout`, element by element: each element's value
+    /// from its own row and column, every subexpression computed once for each row (column)
+    /// it depends on — `qi − kj + c` is two row values, a column value per column and one
+    /// subtraction and addition per element, interleaved, rather than three whole tiles.
+    fn index_tile(&mut self, e: &Expr, ty: TileType, layout: Layout) -> TileVal {
+        let lr = self.layout_regs(layout);
+        let mut memo = IndexMemo::default();
+        let regs = layout.slots().iter().map(|slot| self.index_elem(e, (lr.row, lr.col), (slot.dr, slot.dc), &mut memo)).collect();
+        TileVal { ty, layout, regs }
+    }
+
+    /// One element of the index tile `e` at row `base.0 + at.0`, column `base.1 + at.1`.
+    fn index_elem(&mut self, e: &Expr, base: (Reg, Reg), at: (u32, u32), memo: &mut IndexMemo) -> Reg {
+        use Operand::{Imm, Reg as R};
+        let (by_row, by_col) = index_deps(e, &self.deferred);
+        let key = (std::ptr::from_ref(e) as usize, if by_row { at.0 } else { u32::MAX }, if by_col { at.1 } else { u32::MAX });
+        if let Some(&r) = memo.elems.get(&key) {
+            return r;
+        }
+        let tile = |x: &Expr| matches!(x.checked_ty(), Type::Tile(_));
+        // A sum of rows, columns and scalars: the rows' and scalars' part once a row, then one
+        // addition an element.
+        if let (ExprKind::Binary(..), Some(f)) = (&e.kind, affine(e, &self.deferred)) {
+            let row_part = (f.row != 0 || !f.scalars.is_empty()).then(|| self.index_row_part(e, base, at, memo));
+            let r = match (row_part, f.col) {
+                (Some(p), 0) => p,
+                (p, c) => {
+                    let col = self.index_coord(base.1, at.1, &mut memo.cols);
+                    let out = self.reg(RegClass::F32, "idx");
+                    match (p, c) {
+                        (Some(p), 1) => self.op("add.f32", vec![R(out), R(p), R(col)]),
+                        (Some(p), -1) => self.op("sub.f32", vec![R(out), R(p), R(col)]),
+                        (Some(p), c) => self.op("fma.rn.f32", vec![R(out), R(col), Operand::F32(c as f32), R(p)]),
+                        (None, c) => self.op("mul.f32", vec![R(out), R(col), Operand::F32(c as f32)]),
+                    }
+                    out
+                }
+            };
+            memo.elems.insert(key, r);
+            return r;
+        }
+        let r = match &e.kind {
+            ExprKind::Iota { axis, tile: t } => {
+                let f = self.reg(RegClass::F32, "idx");
+                let along = if *axis == 1 { t.cols } else { t.rows };
+                if along == 1 {
+                    self.op("mov.f32", vec![R(f), Operand::F32(0.0)]);
+                } else {
+                    let i = self.reg(RegClass::B32, "idx");
+                    let (b, off) = if *axis == 1 { (base.1, at.1) } else { (base.0, at.0) };
+                    self.op("add.s32", vec![R(i), R(b), Imm(i64::from(off))]);
+                    self.op("cvt.rn.f32.s32", vec![R(f), R(i)]);
+                }
+                f
+            }
+            ExprKind::Var(n) => {
+                // (Shared, not copied: its address keys the memo.)
+                let value = self.deferred.iter().rev().find(|(d, _)| d == n).map(|(_, v)| v.clone()).expect("index_like: a deferred index tile");
+                self.index_elem(&value, base, at, memo)
+            }
+            ExprKind::Unary(op, x) => {
+                let x = self.index_elem(x, base, at, memo);
+                self.f32_unary(*op, x)
+            }
+            ExprKind::Binary(op, x, y) => {
+                let inst = super::scalar::scalar_binop(*op, crate::dtype::ScalarType::F32);
+                let mut operand = |lw: &mut Self, v: &Expr| -> Reg {
+                    if tile(v) {
+                        lw.index_elem(v, base, at, memo)
+                    } else {
+                        let k = std::ptr::from_ref(v) as usize;
+                        if let Some(&r) = memo.scalars.get(&k) {
+                            return r;
+                        }
+                        let s = lw.scalar(v).expect("index_like: a plain scalar lowers");
+                        let r = lw.in_reg(s, crate::dtype::ScalarType::F32, "s");
+                        memo.scalars.insert(k, r);
+                        r
+                    }
+                };
+                let (a, b) = (operand(self, x), operand(self, y));
+                let out = self.reg(RegClass::F32, "idx");
+                self.op(&inst, vec![R(out), R(a), R(b)]);
+                out
+            }
+            _ => unreachable!("index_like: iota, deferred names, unary and binary operations"),
+        };
+        memo.elems.insert(key, r);
+        r
+    }
+
+    /// Whether an element of the index tile `cond` is ≥ 0, as a predicate: for `p − col` (a
+    /// row part `p`, [`affine`]) the comparison `p ≥ col` itself, no subtraction.
+    fn index_nonnegative(&mut self, cond: &Expr, base: (Reg, Reg), at: (u32, u32), memo: &mut IndexMemo) -> Reg {
+        use Operand::Reg as R;
+        let keep = self.reg(RegClass::Pred, "keep");
+        let minus_col = matches!(affine(cond, &self.deferred), Some(Affine { col: -1, row, ref scalars }) if row != 0 || !scalars.is_empty());
+        if minus_col {
+            // The row part: the value at column 0 of this row, minus that column's index.
+            let row_only = self.index_row_part(cond, base, at, memo);
+            let col = self.index_coord(base.1, at.1, &mut memo.cols);
+            self.op("setp.ge.f32", vec![R(keep), R(row_only), R(col)]);
+        } else {
+            let c = self.index_elem(cond, base, at, memo);
+            self.op("setp.ge.f32", vec![R(keep), R(c), Operand::F32(0.0)]);
+        }
+        keep
+    }
+
+    /// An affine index tile's ([`affine`]) part of the row and scalars, at row `base.0 + at.0`,
+    /// once for each row. (Only for one with such a part.)
+    fn index_row_part(&mut self, e: &Expr, base: (Reg, Reg), at: (u32, u32), memo: &mut IndexMemo) -> Reg {
+        use Operand::Reg as R;
+        let row_key = (std::ptr::from_ref(e) as usize, at.0);
+        if let Some(&r) = memo.row_parts.get(&row_key) {
+            return r;
+        }
+        let f = affine(e, &self.deferred).expect("an affine index tile");
+        // Integers throughout (`q as f32 − k0 as f32 + …`, the row itself): summed as integers,
+        // exactly — ptxas may hoist the sum of loop-invariant ones — and converted once.
+        let ints: Option<Vec<(bool, &Expr)>> = f
+            .scalars
+            .iter()
+            .map(|(neg, x)| match &x.kind {
+                ExprKind::Cast { value, .. } if value.checked_ty() == Type::Scalar(crate::dtype::ScalarType::I32) => Some((*neg, &**value)),
+                _ => None,
+            })
+            .collect();
+        if let (Some(ints), 0 | 1 | -1) = (ints, f.row) {
+            let mut acc: Option<(Reg, bool)> = None;
+            if f.row != 0 {
+                let i = self.reg(RegClass::B32, "idx");
+                self.op("add.s32", vec![R(i), R(base.0), Operand::Imm(i64::from(at.0))]);
+                acc = Some((i, f.row < 0));
+            }
+            for (neg, x) in ints {
+                let v = self.scalar(x).expect("index_like: a plain scalar lowers");
+                let v = self.in_reg(v, crate::dtype::ScalarType::I32, "s");
+                acc = Some(match acc {
+                    None => (v, neg),
+                    Some((a, a_neg)) => {
+                        let out = self.reg(RegClass::B32, "idx");
+                        // a_neg: the sum so far is negated.
+                        let op = if neg == a_neg { "add.s32" } else { "sub.s32" };
+                        self.op(op, vec![R(out), R(a), R(v)]);
+                        (out, a_neg)
+                    }
+                });
+            }
+            let (i, neg) = acc.expect("an affine index tile with a row part");
+            let i = if neg {
+                let n = self.reg(RegClass::B32, "idx");
+                self.op("neg.s32", vec![R(n), R(i)]);
+                n
+            } else {
+                i
+            };
+            let r = self.reg(RegClass::F32, "idx");
+            self.op("cvt.rn.f32.s32", vec![R(r), R(i)]);
+            memo.row_parts.insert(row_key, r);
+            return r;
+        }
+        let mut acc: Option<Reg> = None;
+        if f.row != 0 {
+            let r = self.index_coord(base.0, at.0, &mut memo.rows);
+            acc = Some(self.scaled(r, f.row));
+        }
+        for (neg, x) in &f.scalars {
+            let v = self.scalar(x).expect("index_like: a plain scalar lowers");
+            let v = self.in_reg(v, crate::dtype::ScalarType::F32, "s");
+            let out = self.reg(RegClass::F32, "idx");
+            match (acc, neg) {
+                (Some(a), false) => self.op("add.f32", vec![R(out), R(a), R(v)]),
+                (Some(a), true) => self.op("sub.f32", vec![R(out), R(a), R(v)]),
+                (None, false) => self.op("mov.f32", vec![R(out), R(v)]),
+                (None, true) => self.op("neg.f32", vec![R(out), R(v)]),
+            }
+            acc = Some(out);
+        }
+        let r = acc.expect("an affine index tile with a row part");
+        memo.row_parts.insert(row_key, r);
+        r
+    }
+
+    /// A thread's row (column) `base + off` as an f32, once for each `off`.
+    fn index_coord(&mut self, base: Reg, off: u32, memo: &mut std::collections::HashMap<u32, Reg>) -> Reg {
+        if let Some(&r) = memo.get(&off) {
+            return r;
+        }
+        let i = self.reg(RegClass::B32, "idx");
+        self.op("add.s32", vec![Operand::Reg(i), Operand::Reg(base), Operand::Imm(i64::from(off))]);
+        let f = self.reg(RegClass::F32, "idx");
+        self.op("cvt.rn.f32.s32", vec![Operand::Reg(f), Operand::Reg(i)]);
+        memo.insert(off, f);
+        f
+    }
+
+    /// `c·x` (`x` itself for 1).
+    fn scaled(&mut self, x: Reg, c: i64) -> Reg {
+        if c == 1 {
+            return x;
+        }
+        let out = self.reg(RegClass::F32, "idx");
+        self.op("mul.f32", vec![Operand::Reg(out), Operand::Reg(x), Operand::F32(c as f32)]);
+        out
     }
 
     /// `Tile::<f32, M, N>::uniform(seed_lo, seed_hi, offset, [row, col])` in `layout` (the
@@ -316,6 +541,58 @@ impl Lowerer<'_> {
         Ok(TileVal { regs, ..t })
     }
 
+    /// `t.keep_where(cond, fill)`: each register of `t` whose element of `cond` (lowered in
+    /// `t`'s layout where it is free to take it, else moved into its broadcast layout) is
+    /// below 0 becomes `fill`.
+    fn keep_where(&mut self, value: &Expr, cond: &Expr, fill: &Expr, ty: TileType) -> Result<TileVal, CompileError> {
+        use Operand::Reg as R;
+        // An index condition: each element's computed beside its selection (no whole tile of
+        // conditions live at once).
+        if index_like(cond, &self.deferred) {
+            let t = self.tile(value)?;
+            let f = self.scalar(fill)?;
+            let f = self.elem_from_f32(f, t.ty.dtype);
+            let class = elem_class(t.ty.dtype);
+            let fr = self.reg(class, "fill");
+            self.op(super::mov_for(class), vec![R(fr), f]);
+            let sel = if class == RegClass::F32 { "selp.f32" } else { "selp.b16" };
+            let lr = self.layout_regs(t.layout);
+            let mut memo = IndexMemo::default();
+            let regs = t
+                .layout
+                .slots()
+                .iter()
+                .zip(&t.regs)
+                .map(|(slot, &x)| {
+                    let keep = self.index_nonnegative(cond, (lr.row, lr.col), (slot.dr, slot.dc), &mut memo);
+                    let out = self.reg(class, "kept");
+                    self.op(sel, vec![R(out), R(x), R(fr), R(keep)]);
+                    out
+                })
+                .collect();
+            return Ok(TileVal { regs, ..t });
+        }
+        let (t, c) = self.operands(value, cond, ty)?;
+        let want = t.layout.broadcast_operand(c.ty.rows, c.ty.cols);
+        let c = self.convert(c, want);
+        let f = self.scalar(fill)?;
+        let f = self.elem_from_f32(f, t.ty.dtype);
+        let class = elem_class(t.ty.dtype);
+        let fr = self.reg(class, "fill");
+        self.op(super::mov_for(class), vec![R(fr), f]);
+        let sel = if class == RegClass::F32 { "selp.f32" } else { "selp.b16" };
+        let regs = (0..t.regs.len())
+            .map(|i| {
+                let j = t.layout.broadcast_slot(i, &c.layout);
+                let (keep, out) = (self.reg(RegClass::Pred, "keep"), self.reg(class, "kept"));
+                self.op("setp.ge.f32", vec![R(keep), R(c.regs[j]), Operand::F32(0.0)]);
+                self.op(sel, vec![R(out), R(t.regs[i]), R(fr), R(keep)]);
+                out
+            })
+            .collect();
+        Ok(TileVal { regs, ..t })
+    }
+
     /// `Tile::full(v)` in `layout`.
     pub(crate) fn full(&mut self, e: &Expr, ty: TileType, layout: Layout) -> Result<TileVal, CompileError> {
         let ExprKind::Full { value, .. } = &e.kind else { unreachable!("a Full expression") };
@@ -453,24 +730,36 @@ impl Lowerer<'_> {
         let inst = super::scalar::scalar_binop(op, crate::dtype::ScalarType::F32);
         let (a_tile, b_tile) = (matches!(a.checked_ty(), Type::Tile(_)), matches!(b.checked_ty(), Type::Tile(_)));
         match (a_tile, b_tile) {
-            (true, true) => {
-                let (ta, tb) = self.operands(a, b, ty)?;
-                // The operand with the result's shape sets the layout; the other broadcasts.
-                let (big, small, big_left) = if ta.ty.rows == ty.rows && ta.ty.cols == ty.cols { (ta, tb, true) } else { (tb, ta, false) };
-                let want = big.layout.broadcast_operand(small.ty.rows, small.ty.cols);
-                let small = self.convert(small, want);
-                let regs = (0..big.regs.len())
-                    .map(|i| {
-                        let j = big.layout.broadcast_slot(i, &small.layout);
-                        let x = self.widen_f32(big.regs[i], ty.dtype);
-                        let y = self.widen_f32(small.regs[j], ty.dtype);
-                        let (l, r) = if big_left { (x, y) } else { (y, x) };
+            // A full tile and an index tile: each index element computed beside its use.
+            (true, true) if index_like(a, &self.deferred) != index_like(b, &self.deferred) && ty.dtype == DType::F32 => {
+                let (idx, other, idx_left) = if index_like(a, &self.deferred) { (a, b, true) } else { (b, a, false) };
+                let Type::Tile(ot) = other.checked_ty() else { unreachable!("a tile operand") };
+                if (ot.rows, ot.cols) != (ty.rows, ty.cols) {
+                    let (ta, tb) = self.operands(a, b, ty)?;
+                    return Ok(self.broadcast_binary(&inst, ta, tb, ty));
+                }
+                let t = self.tile(other)?;
+                let lr = self.layout_regs(t.layout);
+                let mut memo = IndexMemo::default();
+                let regs = t
+                    .layout
+                    .slots()
+                    .iter()
+                    .zip(&t.regs)
+                    .map(|(slot, &x)| {
+                        let c = self.index_elem(idx, (lr.row, lr.col), (slot.dr, slot.dc), &mut memo);
+                        let x = self.widen_f32(x, t.ty.dtype);
+                        let (l, r) = if idx_left { (c, x) } else { (x, c) };
                         let out = self.reg(RegClass::F32, "t");
                         self.op(&inst, vec![Operand::Reg(out), Operand::Reg(l), Operand::Reg(r)]);
-                        self.f32_to(out, ty.dtype)
+                        out
                     })
                     .collect();
-                Ok(TileVal { ty, layout: big.layout, regs })
+                Ok(TileVal { ty, layout: t.layout, regs })
+            }
+            (true, true) => {
+                let (ta, tb) = self.operands(a, b, ty)?;
+                Ok(self.broadcast_binary(&inst, ta, tb, ty))
             }
             (true, false) | (false, true) => {
                 let (t, s, tile_left) =
@@ -491,6 +780,27 @@ impl Lowerer<'_> {
         }
     }
 
+    /// `inst` elementwise between two lowered tiles, one of the result's shape `ty` and the
+    /// other of it or broadcast to it (moved into its broadcast layout).
+    fn broadcast_binary(&mut self, inst: &str, ta: TileVal, tb: TileVal, ty: TileType) -> TileVal {
+        // The operand with the result's shape sets the layout; the other broadcasts.
+        let (big, small, big_left) = if ta.ty.rows == ty.rows && ta.ty.cols == ty.cols { (ta, tb, true) } else { (tb, ta, false) };
+        let want = big.layout.broadcast_operand(small.ty.rows, small.ty.cols);
+        let small = self.convert(small, want);
+        let regs = (0..big.regs.len())
+            .map(|i| {
+                let j = big.layout.broadcast_slot(i, &small.layout);
+                let x = self.widen_f32(big.regs[i], ty.dtype);
+                let y = self.widen_f32(small.regs[j], ty.dtype);
+                let (l, r) = if big_left { (x, y) } else { (y, x) };
+                let out = self.reg(RegClass::F32, "t");
+                self.op(inst, vec![Operand::Reg(out), Operand::Reg(l), Operand::Reg(r)]);
+                self.f32_to(out, ty.dtype)
+            })
+            .collect();
+        TileVal { ty, layout: big.layout, regs }
+    }
+
     /// Lowers the two tile operands of an elementwise operation. An operand whose layout is
     /// free (a load, possibly under casts, unary functions and scalar factors) is lowered
     /// second, in the layout the other operand needs, so that nothing moves through shared
@@ -501,7 +811,8 @@ impl Lowerer<'_> {
             _ => (0, 0),
         };
         let full = |e: &Expr| shape(e) == (ty.rows, ty.cols);
-        if layout_free(a) && !layout_free(b) && full(b) {
+        let free = |lw: &Self, e: &Expr| layout_free(e) || index_like(e, &lw.deferred);
+        if free(self, a) && !free(self, b) && full(b) {
             let tb = self.tile(b)?;
             let (r, c) = shape(a);
             self.layout_hint = Some(tb.layout.broadcast_operand(r, c));
@@ -510,7 +821,7 @@ impl Lowerer<'_> {
             return Ok((ta?, tb));
         }
         let ta = self.tile(a)?;
-        if layout_free(b) && full(a) {
+        if free(self, b) && full(a) {
             let (r, c) = shape(b);
             self.layout_hint = Some(ta.layout.broadcast_operand(r, c));
         }
@@ -1058,6 +1369,96 @@ fn swap_pairs(t: TileVal) -> TileVal {
         })
         .collect();
     TileVal { regs, ..t }
+}
+
+/// Whether a tile expression is an index tile computed from nothing but `row_index()` /
+/// `col_index()`, scalars of plain arithmetic, and the `deferred` such tiles: cheap to compute
+/// again in whatever layout a use needs.
+pub(crate) fn index_like(e: &Expr, deferred: &[(String, std::rc::Rc<Expr>)]) -> bool {
+    fn plain_scalar(e: &Expr) -> bool {
+        match &e.kind {
+            ExprKind::Var(_) | ExprKind::Int(_) | ExprKind::Float(_) | ExprKind::Bool(_) => true,
+            ExprKind::Binary(_, x, y) => plain_scalar(x) && plain_scalar(y),
+            ExprKind::Unary(_, x) | ExprKind::Cast { value: x, .. } => plain_scalar(x),
+            _ => false,
+        }
+    }
+    let tile = |x: &Expr| matches!(x.checked_ty(), Type::Tile(_));
+    match &e.kind {
+        ExprKind::Iota { .. } => true,
+        ExprKind::Var(n) => tile(e) && deferred.iter().any(|(d, _)| d == n),
+        ExprKind::Unary(_, value) => tile(value) && index_like(value, deferred),
+        ExprKind::Binary(_, x, y) => match (tile(x), tile(y)) {
+            (true, true) => index_like(x, deferred) && index_like(y, deferred),
+            (true, false) => index_like(x, deferred) && plain_scalar(y),
+            (false, true) => plain_scalar(x) && index_like(y, deferred),
+            (false, false) => false,
+        },
+        _ => false,
+    }
+}
+
+/// What [`Lowerer::index_tile`] has computed: elements by (expression, row, column) — the
+/// row or column `u32::MAX` where the expression does not depend on it — and scalars by
+/// expression.
+#[derive(Default)]
+struct IndexMemo {
+    elems: std::collections::HashMap<(usize, u32, u32), Reg>,
+    scalars: std::collections::HashMap<usize, Reg>,
+    /// Rows and columns as f32, by offset from the thread's first.
+    rows: std::collections::HashMap<u32, Reg>,
+    cols: std::collections::HashMap<u32, Reg>,
+    /// An affine expression's part of its row and scalars, by (expression, row).
+    row_parts: std::collections::HashMap<(usize, u32), Reg>,
+}
+
+/// An index tile as `row·r + col·c + Σ ± scalars` ([`affine`]).
+struct Affine {
+    row: i64,
+    col: i64,
+    scalars: Vec<(bool, Expr)>,
+}
+
+/// `e` as an [`Affine`] sum, if it is one: sums and differences of `row_index()`,
+/// `col_index()` (of tiles whose rows, columns they count), negations, and plain scalars.
+fn affine(e: &Expr, deferred: &[(String, std::rc::Rc<Expr>)]) -> Option<Affine> {
+    fn walk(e: &Expr, deferred: &[(String, std::rc::Rc<Expr>)], sign: i64, f: &mut Affine) -> bool {
+        match &e.kind {
+            _ if !matches!(e.checked_ty(), Type::Tile(_)) => {
+                f.scalars.push((sign < 0, e.clone()));
+                true
+            }
+            ExprKind::Iota { axis: 0, tile } => {
+                f.row += if tile.rows > 1 { sign } else { 0 };
+                true
+            }
+            ExprKind::Iota { tile, .. } => {
+                f.col += if tile.cols > 1 { sign } else { 0 };
+                true
+            }
+            ExprKind::Var(n) => deferred.iter().rev().find(|(d, _)| d == n).is_some_and(|(_, v)| walk(v, deferred, sign, f)),
+            ExprKind::Unary(UnOp::Neg, x) => walk(x, deferred, -sign, f),
+            ExprKind::Binary(BinOp::Add, x, y) => walk(x, deferred, sign, f) && walk(y, deferred, sign, f),
+            ExprKind::Binary(BinOp::Sub, x, y) => walk(x, deferred, sign, f) && walk(y, deferred, -sign, f),
+            _ => false,
+        }
+    }
+    let mut f = Affine { row: 0, col: 0, scalars: Vec::new() };
+    walk(e, deferred, 1, &mut f).then_some(f)
+}
+
+/// Whether an index tile's elements depend on their row, their column.
+fn index_deps(e: &Expr, deferred: &[(String, std::rc::Rc<Expr>)]) -> (bool, bool) {
+    match &e.kind {
+        ExprKind::Iota { axis, tile } => (*axis == 0 && tile.rows > 1, *axis == 1 && tile.cols > 1),
+        ExprKind::Var(n) => deferred.iter().rev().find(|(d, _)| d == n).map_or((false, false), |(_, v)| index_deps(v, deferred)),
+        ExprKind::Unary(_, x) => index_deps(x, deferred),
+        ExprKind::Binary(_, x, y) => {
+            let (a, b) = (index_deps(x, deferred), index_deps(y, deferred));
+            (a.0 || b.0, a.1 || b.1)
+        }
+        _ => (false, false),
+    }
 }
 
 /// Whether an expression's layout is decided by its use: a load or a constructor, under

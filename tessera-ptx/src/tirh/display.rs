@@ -153,6 +153,7 @@ impl fmt::Display for Expr {
             ExprKind::PipeStage { pipe, producer: true } => write!(f, "{pipe}.acquire()"),
             ExprKind::PipeStage { pipe, producer: false } => write!(f, "{pipe}.wait()"),
             ExprKind::MaskCols { value, limit, fill } => write!(f, "{value}.mask_cols({limit}, {fill})"),
+            ExprKind::KeepWhere { value, cond, fill } => write!(f, "{value}.keep_where({cond}, {fill})"),
             ExprKind::Iota { tile, axis } => write!(f, "{}<{tile}>()", if *axis == 1 { "col_index" } else { "row_index" }),
             ExprKind::Uniform { tile, seed, origin } => {
                 write!(f, "uniform<{tile}>({}, {}, {}, [{}, {}])", seed[0], seed[1], seed[2], origin[0], origin[1])

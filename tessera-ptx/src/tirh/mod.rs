@@ -459,6 +459,7 @@ impl Expr {
             K::SmemAt { stage, .. } => vec![stage],
             K::SmemRows { view, start, .. } => vec![view, start],
             K::MaskCols { value, limit, fill } => vec![value, limit, fill],
+            K::KeepWhere { value, cond, fill } => vec![value, cond, fill],
             K::Uniform { seed, origin, .. } => seed.iter().chain(origin).collect(),
             K::Get { index, .. } | K::Call { args: index, .. } => index.iter().collect(),
             K::Shift { value, fill, .. } | K::ScanPart { value, fill, .. } => vec![value, fill],
@@ -862,6 +863,17 @@ pub enum ExprKind {
         /// The first column replaced: an i32 for every row, or a `Tile<f32, M, 1>` of one per
         /// row (columns `0..limit` are kept).
         limit: Box<Expr>,
+        /// The value of the replaced elements (a scalar).
+        fill: Box<Expr>,
+    },
+    /// `t.keep_where(cond, fill)`: `t` with every element whose `cond` is below 0 replaced by
+    /// `fill` — a mask written as arithmetic on index tiles (`q − k ≥ 0` keeps the causal
+    /// part), where `fill` may be −∞ (which no arithmetic on `t` could give).
+    KeepWhere {
+        /// The tile.
+        value: Box<Expr>,
+        /// An f32 tile of `t`'s shape, or one that broadcasts to it (`M×1`, `1×N`).
+        cond: Box<Expr>,
         /// The value of the replaced elements (a scalar).
         fill: Box<Expr>,
     },

@@ -122,6 +122,27 @@ impl Checker<'_> {
                 self.fill_value(fill, t.dtype)?;
                 Type::Tile(t)
             }
+            ExprKind::KeepWhere { value, cond, fill } => {
+                let ty = self.expr(value)?;
+                let Type::Tile(t) = ty else {
+                    return Err(CompileError::ty(value.loc, format!("`keep_where` takes a tile, found `{ty}`")));
+                };
+                // An f32 condition of the tile's shape, or one that broadcasts to it.
+                match self.expr(cond)? {
+                    Type::Tile(c) if c.dtype == DType::F32 && broadcast(t, TileType { dtype: t.dtype, ..c }) == Some(t) => {}
+                    other => {
+                        return Err(CompileError::ty(
+                            cond.loc,
+                            format!(
+                                "`keep_where`'s condition must be an `f32` tile of the shape `{}×{}` (or `{}×1`, `1×{}`, broadcast), found `{other}`",
+                                t.rows, t.cols, t.rows, t.cols
+                            ),
+                        ))
+                    }
+                }
+                self.fill_value(fill, t.dtype)?;
+                Type::Tile(t)
+            }
             ExprKind::Iota { tile, axis } => {
                 if tile.dtype != DType::F32 {
                     let what = if *axis == 1 { "col_index" } else { "row_index" };

@@ -891,6 +891,21 @@ impl<'p> Kernel<'p> {
                 }
                 Val::T(t)
             }
+            ExprKind::KeepWhere { value, cond, fill } => {
+                let Val::T(mut t) = self.eval(value, wg, blk)? else { return Err("`keep_where` takes a tile".to_string().into()) };
+                let Val::T(c) = self.eval(cond, wg, blk)? else { return Err("`keep_where` takes a tile condition".to_string().into()) };
+                let fill = value::element_of(&self.eval(fill, wg, blk)?, t.ty.dtype);
+                let (cols, c_rows, c_cols) = (t.ty.cols as usize, c.ty.rows as usize, c.ty.cols as usize);
+                for (i, x) in t.v.iter_mut().enumerate() {
+                    let (r, k) = (i / cols, i % cols);
+                    // A 1-wide or 1-high condition broadcasts.
+                    let at = (r % c_rows) * c_cols + k % c_cols;
+                    if c.v[at] < 0.0 || c.v[at].is_nan() {
+                        *x = fill;
+                    }
+                }
+                Val::T(t)
+            }
             ExprKind::Iota { tile, axis } => {
                 let mut t = Tile::full(*tile, 0.0);
                 let cols = tile.cols as usize;
