@@ -16,7 +16,10 @@
 //! path. `TESSERA_BENCH_ATTENTION=backward` times the backward alone instead
 //! ([`tessera_kernels::attention_backward`] from a saved forward beside cuDNN's through
 //! `torch.autograd.grad`, FLOPs counted as 2.5× the forward's; the default (dQ by reduce-adds)
-//! and `deterministic(true)`, in turn).
+//! and `deterministic(true)`, in turn). `TESSERA_BENCH_ATTENTION=mods` times the score and
+//! mask modifiers beside the plain kernel in alternating rounds: soft-capping and ALiBi
+//! against the same mask without them, and a 1024-key sliding window against the plain causal
+//! kernel, both counted over the key blocks each computes (`128 × BN` scores a block).
 
 use criterion::Criterion;
 mod common;
@@ -102,8 +105,10 @@ fn main() {
         return;
     };
     common::temporary_tune_cache();
-    if std::env::var("TESSERA_BENCH_ATTENTION").as_deref() == Ok("backward") {
-        return backward(&dev);
+    match std::env::var("TESSERA_BENCH_ATTENTION").as_deref() {
+        Ok("backward") => return backward(&dev),
+        Ok("mods") => return modifiers(&dev),
+        _ => {}
     }
     let shapes = shapes();
     let mut cudnn = Cudnn::spawn();
@@ -272,6 +277,62 @@ fn backward(dev: &Device) {
                 match base.into_iter().collect::<Result<Vec<f64>, String>>().map(median) {
                     Ok(v) => println!("| {name} | {v:.0} | {ours:.0} | {:.2} | {det:.0} | {:.2} |", ours / v, det / v),
                     Err(why) => println!("| {name} | — ({why}) | {ours:.0} | — | {det:.0} | — |"),
+                }
+            }
+        }
+    }
+}
+
+/// The modifiers beside the plain kernel ([`modifiers`]'s rows): the ratio of their times on
+/// the same shape (softcap, ALiBi), and for the sliding window, TFLOP/s over the key blocks
+/// each kernel computes (the plain one's 160- or 192-key blocks, the window's 128).
+fn modifiers(dev: &Device) {
+    let mut rng = Uniform::new();
+    println!("\nattention bf16 forward modifiers on {} (B4 H16; ms, and TFLOP/s over computed blocks for the window)", dev.name());
+    println!("| shape | plain | modified | × plain (time) | plain TFLOP/s | modified TFLOP/s | × plain (TFLOP/s) |");
+    println!("|---|---|---|---|---|---|---|");
+    for d in [128, 64] {
+        for s in [4096, 16384] {
+            let (b, h) = (4, 16);
+            let shape = [b, h, s, d];
+            let mut t = || Tensor::from_host(dev, &rng.vec(b * h * s * d, bf16::from_f32), &shape).expect("input");
+            let (q, k, v) = (t(), t(), t());
+            let mut o = Tensor::<bf16>::zeros(dev, &shape).expect("o");
+            let base = Attention::new().layout(AttentionLayout::Bhsd);
+            // The computed blocks' FLOPs: `blocks(q0)` key blocks of `bn` for the tile at q0.
+            let block_flop = |bn: usize, blocks: &dyn Fn(usize) -> usize| {
+                (0..s.div_ceil(128)).map(|t| blocks(t * 128)).sum::<usize>() as f64 * (4 * 128 * bn * d * b * h) as f64
+            };
+            let plain_bn = if d == 128 { 160 } else { 192 };
+            let causal_blocks = |q0: usize| (q0 + 128).min(s).div_ceil(plain_bn);
+            let window = 1024;
+            let window_blocks = |q0: usize| (q0 + 128).min(s).div_ceil(128) - (q0 + 1).saturating_sub(window) / 128;
+            for (what, plain, modified, flop) in [
+                ("softcap 30", base, base.softcap(30.0), None),
+                ("softcap 30 causal", base.causal(true), base.causal(true).softcap(30.0), None),
+                ("alibi causal", base.causal(true), base.causal(true).alibi(8.0), None),
+                (
+                    "window 1024",
+                    base.causal(true),
+                    base.causal(true).sliding_window(window),
+                    Some((block_flop(plain_bn, &causal_blocks), block_flop(128, &window_blocks))),
+                ),
+            ] {
+                let (mut tp, mut tm) = (Vec::new(), Vec::new());
+                for _ in 0..5 {
+                    for (opts, times) in [(&plain, &mut tp), (&modified, &mut tm)] {
+                        let mut run = || tessera_kernels::attention(dev, opts, &q, &k, &v, &mut o).expect("attention");
+                        times.push(tessera::testing::time_ms(dev, 3, 10, &mut run).expect("timing"));
+                    }
+                }
+                let (tp, tm) = (median(tp), median(tm));
+                let name = format!("s{s} d{d} {what}");
+                match flop {
+                    Some((fp, fm)) => {
+                        let (p, m) = (fp / tp * 1e-9, fm / tm * 1e-9);
+                        println!("| {name} | {tp:.3} | {tm:.3} | {:.2} | {p:.0} | {m:.0} | {:.2} |", tp / tm, m / p);
+                    }
+                    None => println!("| {name} | {tp:.3} | {tm:.3} | {:.2} | | | |", tp / tm),
                 }
             }
         }

@@ -1140,3 +1140,113 @@ fn gpu_column_panel_views() {
 fn interp_column_panel_views() {
     column_panel_views(&Device::cpu());
 }
+
+/// `keep_where` on a tile's own layout: a condition loaded from memory, one per row, one per
+/// column, and index tiles (`row_index()`, `col_index()` and scalars) given to a device
+/// function, whose `let`-bound parameters meet the tile where it is.
+#[tessera::device]
+fn band<const M: usize, const N: usize>(x: Tile<f32, M, N>, qi: Tile<f32, M, N>, kj: Tile<f32, M, N>, w: i32) -> Tile<f32, M, N> {
+    x.keep_where(min(qi - kj, kj - qi) + w as f32, f32::NEG_INFINITY) + (kj - qi) * 0.5
+}
+
+#[kernel]
+fn keep_where_forms(
+    x: Global<f32, 2>, c: Global<f32, 2>, rc: Global<f32, 2>, cc: Global<f32, 2>, y: Global<f32, 3>, r0: i32, c0: i32, w: i32,
+) {
+    let t: Tile<f32, 16, 64> = x.load([0, 0]);
+    let full: Tile<f32, 16, 64> = c.load([0, 0]);
+    let rows: Tile<f32, 16, 1> = rc.load([0, 0]);
+    let cols: Tile<f32, 1, 64> = cc.load([0, 0]);
+    y.store([0, 0, 0], t.keep_where(full, -1.0));
+    y.store([1, 0, 0], t.keep_where(rows, 7.0));
+    y.store([2, 0, 0], t.keep_where(cols, f32::NEG_INFINITY));
+    let qi = Tile::<f32, 16, 64>::row_index() + r0 as f32;
+    let kj = Tile::<f32, 16, 64>::col_index() + c0 as f32;
+    y.store([3, 0, 0], band(t, qi, kj, w));
+}
+
+/// The same band on an MMA accumulator: `S = A·Bᵀ` (A `[64, 64]`, B `[64, 64]`, one stage).
+#[kernel(warpgroups = 2, targets(sm_90a))]
+fn keep_where_acc(a: Global<bf16, 2>, b: Global<bf16, 2>, s: Global<f32, 2>, r0: i32, c0: i32, w: i32) {
+    let sa = Smem::<bf16, 64, 64>::ring(1);
+    let sb = Smem::<bf16, 64, 64>::ring(1);
+    let pipe = Pipeline::<1>::new(1);
+    if warpgroup::id() == 0 {
+        let st = pipe.acquire();
+        tma::load(sa.at(st), a, [0, 0], pipe);
+        tma::load(sb.at(st), b, [0, 0], pipe);
+        pipe.commit(st);
+    } else {
+        let st = pipe.wait();
+        let mut acc = Tile::<f32, 64, 64>::zeros();
+        mma_sync(acc, sa.at(st), sb.at(st));
+        mma_wait(0);
+        pipe.release(st);
+        let qi = Tile::<f32, 64, 64>::row_index() + r0 as f32;
+        let kj = Tile::<f32, 64, 64>::col_index() + c0 as f32;
+        s.store([0, 0], band(acc, qi, kj, w));
+    }
+}
+
+/// The host's band: `x` where `|i − j| ≤ w` (else −∞), plus `(j − i)/2`.
+fn band_ref(x: f64, i: i64, j: i64, w: i64) -> f64 {
+    let kept = if (i - j).abs() <= w { x } else { f64::NEG_INFINITY };
+    kept + 0.5 * (j - i) as f64
+}
+
+fn keep_where_selects(dev: &Device) {
+    let (r0, c0, w) = (random(1, 0.0, 50.0)[0] as i32, random(1, 0.0, 50.0)[0] as i32, 9);
+    let hx = random(16 * 64, -4.0, 4.0);
+    let hc = random(16 * 64, -1.0, 1.0);
+    let hr = random(16, -1.0, 1.0);
+    let hcol = random(64, -1.0, 1.0);
+    let x = Tensor::from_host(dev, &hx, &[16, 64]).unwrap();
+    let c = Tensor::from_host(dev, &hc, &[16, 64]).unwrap();
+    let rc = Tensor::from_host(dev, &hr, &[16, 1]).unwrap();
+    let cc = Tensor::from_host(dev, &hcol, &[1, 64]).unwrap();
+    let mut y = Tensor::full(dev, &[4, 16, 64], f32::NAN).unwrap();
+    keep_where_forms::launch(dev, 1, &x, &c, &rc, &cc, &mut y, r0, c0, w).unwrap();
+    let got = y.to_host().unwrap();
+    for i in 0..16 {
+        for j in 0..64 {
+            let e = i * 64 + j;
+            let at = |f: usize| got[f * 1024 + e];
+            assert_eq!(at(0), if hc[e] >= 0.0 { hx[e] } else { -1.0 }, "full condition at {i},{j}");
+            assert_eq!(at(1), if hr[i] >= 0.0 { hx[e] } else { 7.0 }, "row condition at {i},{j}");
+            assert_eq!(at(2), if hcol[j] >= 0.0 { hx[e] } else { f32::NEG_INFINITY }, "column condition at {i},{j}");
+            let want = band_ref(f64::from(hx[e]), (i as i32 + r0).into(), (j as i32 + c0).into(), w.into());
+            assert_eq!(f64::from(at(3)), want, "index condition at {i},{j}");
+        }
+    }
+    {
+        let bf = |n: usize| random(n, -1.0, 1.0).into_iter().map(bf16::from_f32).collect::<Vec<_>>();
+        let (ha, hb) = (bf(64 * 64), bf(64 * 64));
+        let a = Tensor::from_host(dev, &ha, &[64, 64]).unwrap();
+        let b = Tensor::from_host(dev, &hb, &[64, 64]).unwrap();
+        let mut s = Tensor::full(dev, &[64, 64], f32::NAN).unwrap();
+        let (r0, c0) = (r0 + 20, c0);
+        keep_where_acc::launch(dev, 1, &a, &b, &mut s, r0, c0, w).unwrap();
+        let got = s.to_host().unwrap();
+        for i in 0..64 {
+            for j in 0..64 {
+                let dot: f64 = (0..64).map(|x| f64::from(ha[i * 64 + x].to_f32()) * f64::from(hb[j * 64 + x].to_f32())).sum();
+                let want = band_ref(dot, (i as i32 + r0).into(), (j as i32 + c0).into(), w.into());
+                let g = f64::from(got[i * 64 + j]);
+                let ok = if want.is_infinite() { g == want } else { (g - want).abs() <= 1e-4 * want.abs().max(1.0) };
+                assert!(ok, "accumulator at {i},{j}: {g}, expected {want}");
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_keep_where_selects() {
+    if let Some(dev) = gpu_or_skip("gpu_keep_where_selects") {
+        keep_where_selects(&dev);
+    }
+}
+
+#[test]
+fn interp_keep_where_selects() {
+    keep_where_selects(&Device::cpu());
+}

@@ -36,7 +36,7 @@ mod ssd;
 
 pub use attention::{
     attention, attention_backward, attention_variants, attention_varlen, attention_varlen_backward, attention_with_lse, check_cu_seqlens,
-    Attention, AttentionElement, AttentionGrads, AttentionLayout,
+    Attention, AttentionElement, AttentionGrads, AttentionKernel, AttentionLayout, ATTENTION_KERNEL_PARAMS,
 };
 pub use elementwise::axpy;
 pub use fp8::{dequantize_fp8, quantize_fp8, Fp8Element, Fp8Source};
@@ -61,7 +61,8 @@ pub mod kernels {
     pub use crate::attention::{
         attention_bwd_dkv_bf16, attention_bwd_dkv_f16, attention_bwd_dot_bf16, attention_bwd_dot_f16, attention_bwd_dq_bf16,
         attention_bwd_dq_f16, attention_bwd_dq_out_bf16, attention_bwd_dq_out_f16, attention_combine_bf16, attention_combine_f16,
-        flash_attention_bf16, flash_attention_f16, flash_attention_varlen_bf16, flash_attention_varlen_f16,
+        flash_attention_bf16, flash_attention_f16, flash_attention_mods_bf16, flash_attention_mods_f16, flash_attention_varlen_bf16,
+        flash_attention_varlen_f16,
     };
     pub use crate::elementwise::{axpy_f32, to_f32_bf16, to_f32_f16};
     pub use crate::fp8::{
@@ -266,6 +267,8 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         flash_attention_bf16::VARIANTS,
         flash_attention_f16::VARIANTS,
         flash_attention_varlen_bf16::VARIANTS,
+        flash_attention_mods_bf16::VARIANTS,
+        flash_attention_mods_f16::VARIANTS,
         flash_attention_varlen_f16::VARIANTS,
         attention_combine_bf16::VARIANTS,
         attention_combine_f16::VARIANTS,

@@ -1,0 +1,248 @@
+//! The attention forward's score and mask modifiers against a float64 softmax of the modified
+//! scores: soft-capping, ALiBi, a sliding window, a prefix LM, their combinations, and a kernel
+//! of the caller's own (a score modifier and a banded mask written as closures given to
+//! `attention_persistent`). Fresh random inputs, odd lengths, outputs poisoned before each
+//! launch; on the GPU (Hopper) and, on small shapes, in the interpreter.
+
+mod common;
+
+use common::random;
+use tessera::testing::{gpu_or_skip, rel_error};
+use tessera::{bf16, kernel, Device, Tensor};
+use tessera_kernels::prelude::attention_persistent;
+use tessera_kernels::{Attention, AttentionLayout};
+
+/// One problem: batch, query length, key length, query heads, key/value heads, head dim.
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    b: usize,
+    sq: usize,
+    sk: usize,
+    h: usize,
+    hk: usize,
+    d: usize,
+}
+
+/// What the scores go through: `score(s, i, j, h)` on the scaled score of query `i` and key
+/// `j` in head `h` of `heads`, and whether key `j` is visible to query `i` (the diagonal
+/// aligned at the end).
+struct Mods<'a> {
+    score: &'a dyn Fn(f64, i64, i64, usize) -> f64,
+    visible: &'a dyn Fn(i64, i64) -> bool,
+}
+
+/// The f64 reference in `[batch, seq, heads, dim]`: `o` and the natural-log LSE (−∞ where
+/// every key is masked, `o` 0 there).
+fn reference(c: Case, scale: f64, mods: &Mods<'_>, q: &[f64], k: &[f64], v: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    let at = |s_len: usize, heads: usize, bi: usize, si: usize, hi: usize| ((bi * s_len + si) * heads + hi) * c.d;
+    let mut o = vec![0.0; c.b * c.sq * c.h * c.d];
+    let mut lse = vec![0.0; c.b * c.h * c.sq];
+    let group = c.h / c.hk;
+    let mut s = vec![0.0; c.sk];
+    for bi in 0..c.b {
+        for hi in 0..c.h {
+            let kh = hi / group;
+            for i in 0..c.sq {
+                let qi = at(c.sq, c.h, bi, i, hi);
+                let mut mx = f64::NEG_INFINITY;
+                for (j, sj) in s.iter_mut().enumerate() {
+                    *sj = if (mods.visible)(i as i64, j as i64) {
+                        let kj = at(c.sk, c.hk, bi, j, kh);
+                        let raw = (0..c.d).map(|x| q[qi + x] * k[kj + x]).sum::<f64>() * scale;
+                        (mods.score)(raw, i as i64, j as i64, hi)
+                    } else {
+                        f64::NEG_INFINITY
+                    };
+                    mx = mx.max(*sj);
+                }
+                let out = &mut o[qi..qi + c.d];
+                if mx == f64::NEG_INFINITY {
+                    lse[(bi * c.h + hi) * c.sq + i] = f64::NEG_INFINITY;
+                    continue;
+                }
+                let mut sum = 0.0;
+                for (j, &sj) in s.iter().enumerate() {
+                    let p = (sj - mx).exp();
+                    sum += p;
+                    if p > 0.0 {
+                        let vj = at(c.sk, c.hk, bi, j, kh);
+                        for x in 0..c.d {
+                            out[x] += p * v[vj + x];
+                        }
+                    }
+                }
+                out.iter_mut().for_each(|x| *x /= sum);
+                lse[(bi * c.h + hi) * c.sq + i] = mx + sum.ln();
+            }
+        }
+    }
+    (o, lse)
+}
+
+/// Runs `opts` (bf16, `[batch, seq, heads, dim]`) on one case and checks O by relative error
+/// and the LSE elementwise against the reference under `mods`.
+fn check(dev: &Device, c: Case, opts: Attention, scale: f32, mods: &Mods<'_>, what: &str) {
+    let (qs, ks) = ([c.b, c.sq, c.h, c.d], [c.b, c.sk, c.hk, c.d]);
+    let gen = |n: usize, r: f32| -> (Vec<bf16>, Vec<f64>) {
+        let x: Vec<bf16> = random(n, -r, r).into_iter().map(bf16::from_f32).collect();
+        let w = x.iter().map(|v| v.to_f64()).collect();
+        (x, w)
+    };
+    let (q, qw) = gen(qs.iter().product(), 2.0);
+    let (k, kw) = gen(ks.iter().product(), 2.0);
+    let (v, vw) = gen(ks.iter().product(), 1.0);
+    let (qt, kt, vt) =
+        (Tensor::from_host(dev, &q, &qs).unwrap(), Tensor::from_host(dev, &k, &ks).unwrap(), Tensor::from_host(dev, &v, &ks).unwrap());
+    let mut o = Tensor::full(dev, &qs, bf16::from_f32(f32::NAN)).unwrap();
+    let mut lse = Tensor::full(dev, &[c.b, c.h, c.sq], f32::NAN).unwrap();
+    let opts = opts.layout(AttentionLayout::Bshd).scale(scale);
+    tessera_kernels::attention_with_lse(dev, &opts, &qt, &kt, &vt, &mut o, &mut lse).unwrap();
+    let (want_o, want_lse) = reference(c, f64::from(scale), mods, &qw, &kw, &vw);
+    let got: Vec<f64> = o.to_host().unwrap().into_iter().map(|x| x.to_f64()).collect();
+    let what = format!("{c:?} {what}");
+    let err = rel_error(&got, &want_o);
+    assert!(err < 2e-2, "{what}: O relative error {err}");
+    for (i, (g, w)) in lse.to_host().unwrap().into_iter().zip(&want_lse).enumerate() {
+        let g = f64::from(g);
+        let ok = if w.is_infinite() { g == *w } else { (g - w).abs() <= 2e-3 * w.abs().max(1.0) };
+        assert!(ok, "{what}: lse[{i}] = {g}, expected {w}");
+    }
+}
+
+fn cases(dev: &Device) -> Vec<Case> {
+    let c = |b, sq, sk, h, hk, d| Case { b, sq, sk, h, hk, d };
+    if dev.is_cpu() {
+        vec![c(1, 130, 140, 2, 1, 64), c(1, 7, 300, 2, 2, 128)]
+    } else {
+        vec![c(2, 1000, 1000, 4, 2, 128), c(1, 1, 777, 8, 2, 128), c(1, 300, 129, 2, 1, 64), c(2, 4099, 4099, 2, 1, 64)]
+    }
+}
+
+fn library_modifiers(dev: &Device) {
+    for c in cases(dev) {
+        let shift = c.sk as i64 - c.sq as i64;
+        let scale = 1.0 / (c.d as f32).sqrt() * random(1, 0.5, 1.5)[0];
+        let causal = |i: i64, j: i64| j <= i + shift;
+        let all = |_: i64, _: i64| true;
+        let plain = |s: f64, _: i64, _: i64, _: usize| s;
+        // Soft-capping at 5 (the random scores reach ±10 or so: the cap bites).
+        let cap = 5.0;
+        let capped = |s: f64, _: i64, _: i64, _: usize| cap * (s / cap).tanh();
+        for (causal_on, vis) in [(false, &all as &dyn Fn(i64, i64) -> bool), (true, &causal)] {
+            let opts = Attention::new().causal(causal_on).softcap(cap as f32);
+            check(dev, c, opts, scale, &Mods { score: &capped, visible: vis }, &format!("softcap 5 causal={causal_on}"));
+        }
+        // ALiBi with the paper's slopes over `h` heads.
+        let heads = c.h as f64;
+        let alibi = |s: f64, i: i64, j: i64, h: usize| s - 2f64.powf(-8.0 * (h as f64 + 1.0) / heads) * ((i + shift - j).abs() as f64);
+        for (causal_on, vis) in [(false, &all as &dyn Fn(i64, i64) -> bool), (true, &causal)] {
+            let opts = Attention::new().causal(causal_on).alibi(8.0);
+            check(dev, c, opts, scale, &Mods { score: &alibi, visible: vis }, &format!("alibi 8 causal={causal_on}"));
+        }
+        // Sliding windows: one key (the diagonal), a few, a block's worth and more.
+        for w in [1usize, 7, 100, 300] {
+            let win = move |i: i64, j: i64| j <= i + shift && j > i + shift - w as i64;
+            let opts = Attention::new().causal(true).sliding_window(w);
+            check(dev, c, opts, scale, &Mods { score: &plain, visible: &win }, &format!("sliding window {w}"));
+        }
+        // A prefix every query sees.
+        for p in [5usize, 200] {
+            let pre = move |i: i64, j: i64| j < p as i64 || j <= i + shift;
+            let opts = Attention::new().causal(true).prefix(p);
+            check(dev, c, opts, scale, &Mods { score: &plain, visible: &pre }, &format!("prefix {p}"));
+        }
+        // Together: a window under soft-capping and ALiBi.
+        let w = 150i64;
+        let win = move |i: i64, j: i64| j <= i + shift && j > i + shift - w;
+        let both = |s: f64, i: i64, j: i64, h: usize| alibi(capped(s, i, j, h), i, j, h);
+        let opts = Attention::new().causal(true).sliding_window(w as usize).softcap(cap as f32).alibi(8.0);
+        check(dev, c, opts, scale, &Mods { score: &both, visible: &win }, "window 150, softcap, alibi");
+    }
+}
+
+#[test]
+fn gpu_attention_modifiers_match_f64_reference() {
+    if let Some(dev) = gpu_or_skip("gpu_attention_modifiers_match_f64_reference") {
+        library_modifiers(&dev);
+    }
+}
+
+#[test]
+fn interp_attention_modifiers_match_f64_reference() {
+    library_modifiers(&Device::cpu());
+}
+
+/// A kernel of the caller's: scores plus `0.01·(kj − qi)` (in raw units), keys within 40 of
+/// the query either side visible (a band), its key blocks found by `key_range`.
+#[kernel(warpgroups = 3, dtypes(T = [bf16]), tune(D = [128, 64]), targets(sm_90a))]
+pub fn banded_attention(
+    q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, o: Global<T, 3>, lse: Global<f32, 3>, counter: Global<i32, 1>,
+    opart: Global<f32, 3>, lpart: Global<f32, 3>, full: i32, parts: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32,
+    causal: i32, hg: i32, keep_lse: i32, scale_log2: f32,
+) {
+    let seq_k = k.dim(1);
+    #[rustfmt::skip]
+    attention_persistent::<T, D, 128, 2>(
+        q, k, v, o, lse, counter, opart, lpart, full, parts, heads, group, q_bm, k_bm, hm, cm, hg, keep_lse, scale_log2,
+        |x, _plane, _row, _col| x,
+        |s, qi, kj, _bh| s + (kj - qi) * 0.01,
+        |qi, kj, _bh| 40.0 - abs(qi - kj),
+        |_bh, q0, rows| (max(q0 - 40, 0), min(q0 + rows + 40, seq_k), q0 + rows - 1 - 40, q0 + 41),
+    );
+}
+
+fn custom_kernel(dev: &Device) {
+    for c in cases(dev) {
+        let scale = 1.0 / (c.d as f32).sqrt();
+        let score = |s: f64, i: i64, j: i64, _: usize| s + 0.01 * f64::from(scale) * (j - i) as f64;
+        let band = |i: i64, j: i64| (i - j).abs() <= 40;
+        let opts = Attention::new().kernel(banded_attention_bf16::VARIANTS);
+        check(dev, c, opts, scale, &Mods { score: &score, visible: &band }, "banded kernel of the caller's");
+    }
+    // Its parameters checked by name: a kernel of another signature is refused.
+    let bad = Attention::new().kernel(tessera_kernels::kernels::attention_combine_bf16::VARIANTS);
+    let (qs, ks) = ([1, 8, 1, 64], [1, 8, 1, 64]);
+    let q = Tensor::<bf16>::full(dev, &qs, bf16::from_f32(0.5)).unwrap();
+    let k = Tensor::<bf16>::full(dev, &ks, bf16::from_f32(0.5)).unwrap();
+    let mut o = Tensor::<bf16>::full(dev, &qs, bf16::from_f32(0.0)).unwrap();
+    let err = tessera_kernels::attention(dev, &bad, &q, &k, &k, &mut o).unwrap_err().to_string();
+    assert!(err.contains("kernel"), "{err}");
+}
+
+#[test]
+fn gpu_attention_kernel_of_callers_matches_f64_reference() {
+    if let Some(dev) = gpu_or_skip("gpu_attention_kernel_of_callers_matches_f64_reference") {
+        custom_kernel(&dev);
+    }
+}
+
+#[test]
+fn interp_attention_kernel_of_callers_matches_f64_reference() {
+    custom_kernel(&Device::cpu());
+}
+
+/// Modifiers that cannot apply are refused, naming the option.
+#[test]
+fn bad_input_attention_modifiers_name_the_option() {
+    let dev = Device::cpu();
+    let s = [1, 16, 2, 64];
+    let x = Tensor::<bf16>::full(&dev, &s, bf16::from_f32(0.5)).unwrap();
+    let mut o = Tensor::<bf16>::full(&dev, &s, bf16::from_f32(0.0)).unwrap();
+    let run = |opts: Attention, o: &mut Tensor<bf16>| tessera_kernels::attention(&dev, &opts, &x, &x, &x, o).unwrap_err().to_string();
+    for (opts, name) in [
+        (Attention::new().sliding_window(8), "sliding_window"),
+        (Attention::new().prefix(8), "prefix"),
+        (Attention::new().causal(true).sliding_window(0), "sliding_window"),
+        (Attention::new().softcap(-1.0), "softcap"),
+        (Attention::new().softcap(f32::NAN), "softcap"),
+        (Attention::new().alibi(0.0), "alibi"),
+    ] {
+        let err = run(opts, &mut o);
+        assert!(err.contains(name), "{opts:?}: {err}");
+    }
+    // The backward of a modifier is refused rather than computed without it.
+    let lse = Tensor::<f32>::full(&dev, &[1, 2, 16], 0.0).unwrap();
+    let opts = Attention::new().causal(true).sliding_window(4);
+    let err = tessera_kernels::attention_backward(&dev, &opts, &x, &x, &x, &x, &lse, &x).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.contains("modifiers"), "{err}");
+}
