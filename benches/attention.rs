@@ -20,6 +20,8 @@
 //! mask modifiers beside the plain kernel in alternating rounds: soft-capping and ALiBi
 //! against the same mask without them, and a 1024-key sliding window against the plain causal
 //! kernel, both counted over the key blocks each computes (`128 × BN` scores a block).
+//! `TESSERA_BENCH_ATTENTION=varlen` times each variant of the packed kernel at head dim 128
+//! (eight sequences of 4096 packed, causal and not), in alternating rounds.
 
 use criterion::Criterion;
 mod common;
@@ -108,6 +110,7 @@ fn main() {
     match std::env::var("TESSERA_BENCH_ATTENTION").as_deref() {
         Ok("backward") => return backward(&dev),
         Ok("mods") => return modifiers(&dev),
+        Ok("varlen") => return varlen_variants(&dev),
         _ => {}
     }
     let shapes = shapes();
@@ -283,9 +286,9 @@ fn backward(dev: &Device) {
     }
 }
 
-/// The modifiers beside the plain kernel ([`modifiers`]'s rows): the ratio of their times on
-/// the same shape (softcap, ALiBi), and for the sliding window, TFLOP/s over the key blocks
-/// each kernel computes (the plain one's 160- or 192-key blocks, the window's 128).
+/// The modifiers beside the plain kernel: the ratio of their times on the same shape
+/// (softcap, ALiBi), and for the sliding window, TFLOP/s over the key blocks each kernel
+/// computes.
 fn modifiers(dev: &Device) {
     let mut rng = Uniform::new();
     println!("\nattention bf16 forward modifiers on {} (B4 H16; ms, and TFLOP/s over computed blocks for the window)", dev.name());
@@ -303,19 +306,23 @@ fn modifiers(dev: &Device) {
             let block_flop = |bn: usize, blocks: &dyn Fn(usize) -> usize| {
                 (0..s.div_ceil(128)).map(|t| blocks(t * 128)).sum::<usize>() as f64 * (4 * 128 * bn * d * b * h) as f64
             };
-            let plain_bn = if d == 128 { 160 } else { 192 };
-            let causal_blocks = |q0: usize| (q0 + 128).min(s).div_ceil(plain_bn);
+            // Both kernels' blocks at these lengths (`key_block`'s choice): 160 keys at head
+            // dim 128, 192 at 64.
+            let bn = if d == 128 { 160 } else { 192 };
+            let causal_blocks = |q0: usize| (q0 + 128).min(s).div_ceil(bn);
             let window = 1024;
-            let window_blocks = |q0: usize| (q0 + 128).min(s).div_ceil(128) - (q0 + 1).saturating_sub(window) / 128;
+            let window_blocks = |q0: usize| (q0 + 128).min(s).div_ceil(bn) - (q0 + 1).saturating_sub(window) / bn;
             for (what, plain, modified, flop) in [
                 ("softcap 30", base, base.softcap(30.0), None),
                 ("softcap 30 causal", base.causal(true), base.causal(true).softcap(30.0), None),
                 ("alibi causal", base.causal(true), base.causal(true).alibi(8.0), None),
+                // The window's kernel on the plain causal mask's work (a prefix of one key).
+                ("prefix 1 (no-op)", base.causal(true), base.causal(true).prefix(1), None),
                 (
                     "window 1024",
                     base.causal(true),
                     base.causal(true).sliding_window(window),
-                    Some((block_flop(plain_bn, &causal_blocks), block_flop(128, &window_blocks))),
+                    Some((block_flop(bn, &causal_blocks), block_flop(bn, &window_blocks))),
                 ),
             ] {
                 let (mut tp, mut tm) = (Vec::new(), Vec::new());
@@ -335,6 +342,36 @@ fn modifiers(dev: &Device) {
                     None => println!("| {name} | {tp:.3} | {tm:.3} | {:.2} | | | |", tp / tm),
                 }
             }
+        }
+    }
+}
+
+/// Each packed-kernel variant at head dim 128, eight sequences of 4096, 16 heads, causal and
+/// not: TFLOP/s, the median of five alternating rounds.
+fn varlen_variants(dev: &Device) {
+    let mut rng = Uniform::new();
+    let (n, s, h, d) = (8, 4096, 16, 128);
+    let total = n * s;
+    let mut t = || Tensor::from_host(dev, &rng.vec(total * h * d, bf16::from_f32), &[total, h, d]).expect("input");
+    let (q, k, v) = (t(), t(), t());
+    let mut o = Tensor::<bf16>::zeros(dev, &[total, h, d]).expect("o");
+    let mut lse = Tensor::<f32>::zeros(dev, &[h, total]).expect("lse");
+    let cu: Vec<i32> = (0..=n).map(|i| (i * s) as i32).collect();
+    let cu = Tensor::from_host(dev, &cu, &[n + 1]).expect("offsets");
+    let names = tessera_kernels::attention_variants::<bf16>(d, true);
+    println!("\npacked attention bf16 d{d} on {} (8 × {s}, H{h}; TFLOP/s)", dev.name());
+    for causal in [false, true] {
+        let flop = 4.0 * (n * h * s * s * d) as f64 / if causal { 2.0 } else { 1.0 };
+        let mut times = vec![Vec::new(); names.len()];
+        for _ in 0..5 {
+            for (name, ts) in names.iter().zip(&mut times) {
+                let opts = Attention::new().causal(causal).variant(name);
+                let mut run = || tessera_kernels::attention_varlen(dev, &opts, &q, &k, &v, &mut o, &mut lse, &cu, &cu, s).expect("varlen");
+                ts.push(tessera::testing::time_ms(dev, 3, 10, &mut run).expect("timing"));
+            }
+        }
+        for (name, ts) in names.iter().zip(times) {
+            println!("| causal={causal} | {name} | {:.0} |", flop / median(ts) * 1e-9);
         }
     }
 }

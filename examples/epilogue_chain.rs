@@ -69,7 +69,8 @@ pub fn attention_chain(
     seed: i32,
 ) {
     let tiles = (q.dim(1) + 127) / 128 * q.dim(0);
-    let (seq_k, shift) = (k.dim(1), k.dim(1) - q.dim(1));
+    let seq_k = k.dim(1);
+    let shift = seq_k - q.dim(1);
     // [batch·heads, seq, dim] views, one head a plane: (q_bm, k_bm, hm, cm) = (1, 1, 0, 0)
     // with `heads` 1; no grouped heads, one head per group, no log-sum-exp; scores as they
     // are, under the causal mask when `causal` is 1.

@@ -1207,13 +1207,13 @@ fn keep_where_selects(dev: &Device) {
     let mut y = Tensor::full(dev, &[4, 16, 64], f32::NAN).unwrap();
     keep_where_forms::launch(dev, 1, &x, &c, &rc, &cc, &mut y, r0, c0, w).unwrap();
     let got = y.to_host().unwrap();
-    for i in 0..16 {
-        for j in 0..64 {
+    for (i, &row_cond) in hr.iter().enumerate() {
+        for (j, &col_cond) in hcol.iter().enumerate() {
             let e = i * 64 + j;
             let at = |f: usize| got[f * 1024 + e];
             assert_eq!(at(0), if hc[e] >= 0.0 { hx[e] } else { -1.0 }, "full condition at {i},{j}");
-            assert_eq!(at(1), if hr[i] >= 0.0 { hx[e] } else { 7.0 }, "row condition at {i},{j}");
-            assert_eq!(at(2), if hcol[j] >= 0.0 { hx[e] } else { f32::NEG_INFINITY }, "column condition at {i},{j}");
+            assert_eq!(at(1), if row_cond >= 0.0 { hx[e] } else { 7.0 }, "row condition at {i},{j}");
+            assert_eq!(at(2), if col_cond >= 0.0 { hx[e] } else { f32::NEG_INFINITY }, "column condition at {i},{j}");
             let want = band_ref(f64::from(hx[e]), (i as i32 + r0).into(), (j as i32 + c0).into(), w.into());
             assert_eq!(f64::from(at(3)), want, "index condition at {i},{j}");
         }

@@ -432,7 +432,11 @@ fn run<T: AttentionElement>(
     [(qs, qst), (ks, kst)]: [([usize; 3], [usize; 3]); 2], grids: [usize; 3], cu: [&Optional<Tensor<i32>>; 2], ints: [i32; 10],
 ) -> Result<AttentionGrads<T>> {
     if opts.modified() {
-        return Err(arg("opts", "no score or mask modifiers and no kernel of yours (their backward is not built yet)".into(), format!("{opts:?}")));
+        return Err(arg(
+            "opts",
+            "no score or mask modifiers and no kernel of yours (their backward is not built yet)".into(),
+            format!("{opts:?}"),
+        ));
     }
     let mut grads = AttentionGrads {
         dq: Tensor::scratch(device, q.shape())?,

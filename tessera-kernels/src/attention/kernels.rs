@@ -292,7 +292,8 @@ pub fn attention_persistent<T, const D: usize, const BN: usize, const S: usize>(
     opart: Global<f32, 3>, lpart: Global<f32, 3>, full: i32, parts: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32,
     hg: i32, keep_lse: i32, scale_log2: f32, epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
     score_mod: impl Fn(Tile<f32, 64, BN>, Tile<f32, 64, BN>, Tile<f32, 64, BN>, i32) -> Tile<f32, 64, BN>,
-    mask_mod: impl Fn(Tile<f32, 64, BN>, Tile<f32, 64, BN>, i32) -> Tile<f32, 64, BN>, key_range: impl Fn(i32, i32, i32) -> (i32, i32, i32, i32),
+    mask_mod: impl Fn(Tile<f32, 64, BN>, Tile<f32, 64, BN>, i32) -> Tile<f32, 64, BN>,
+    key_range: impl Fn(i32, i32, i32) -> (i32, i32, i32, i32),
 ) {
     let sq = Smem::<T, 128, D>::ring(1);
     let sk = Smem::<T, BN, D>::ring(S);
@@ -340,8 +341,29 @@ pub fn attention_persistent<T, const D: usize, const BN: usize, const S: usize>(
             let qs = qpipe.wait();
             if n > j0 {
                 attend_blocks(
-                    &mut acc, &mut m, &mut l, &mut p, sq, sk, sv, qpipe, kpipe, vpipe, qs, me, row, j0, n, seq_k, bh, q0 + row, full_lo, full_hi,
-                    scale_log2, score_mod, mask_mod,
+                    &mut acc,
+                    &mut m,
+                    &mut l,
+                    &mut p,
+                    sq,
+                    sk,
+                    sv,
+                    qpipe,
+                    kpipe,
+                    vpipe,
+                    qs,
+                    me,
+                    row,
+                    j0,
+                    n,
+                    seq_k,
+                    bh,
+                    q0 + row,
+                    full_lo,
+                    full_hi,
+                    scale_log2,
+                    score_mod,
+                    mask_mod,
                 );
             }
             if n <= j0 {
@@ -415,26 +437,24 @@ pub fn flash_attention(
     );
 }
 
-/// The library's score modifiers, as [`attention_persistent`]'s `score_mod` takes them (raw
-/// scores: the kernel's `scale_log2` multiplies what this returns): `cap` > 0 caps the scores
-/// softly, `s ↦ cap·tanh(s / cap)` (the caller's cap divided by the softmax scale), then
-/// `alibi` > 0 subtracts ALiBi's distance penalty `slope_h·|qi − kj + shift|` with head `h`'s
-/// slope `2^(−alibi·(h + 1)/heads)` times `alibi_scale` (1 / the softmax scale).
+/// Soft-capping as a `score_mod` step: `s ↦ cap·tanh(s / cap)` on raw scores (the kernel's
+/// `scale_log2` multiplies what the modifiers return: `cap` is the caller's divided by the
+/// softmax scale).
+#[tessera::device]
+pub fn softcap<const BN: usize>(s: Tile<f32, 64, BN>, cap: f32) -> Tile<f32, 64, BN> {
+    tanh(s * (1.0 / cap)) * cap
+}
+
+/// ALiBi as a `score_mod` step: `s − slope_h·|qi − kj + shift|`, head `h` (of `bh`, `heads` a
+/// batch entry) with the slope `2^(−max_bias·(h + 1)/heads)` times `alibi_scale` (1 / the
+/// softmax scale: raw units).
 #[tessera::device]
 #[allow(clippy::too_many_arguments)]
-pub fn softcap_alibi<const BN: usize>(
-    s: Tile<f32, 64, BN>, qi: Tile<f32, 64, BN>, kj: Tile<f32, 64, BN>, bh: i32, heads: i32, cap: f32, alibi: f32, alibi_scale: f32,
-    shift: i32,
+pub fn alibi<const BN: usize>(
+    s: Tile<f32, 64, BN>, qi: Tile<f32, 64, BN>, kj: Tile<f32, 64, BN>, bh: i32, heads: i32, max_bias: f32, alibi_scale: f32, shift: i32,
 ) -> Tile<f32, 64, BN> {
-    let mut x = s;
-    if cap > 0.0 {
-        x = tanh(x * (1.0 / cap)) * cap;
-    }
-    if alibi > 0.0 {
-        let slope = exp2(-alibi * ((bh % heads + 1) as f32) / heads as f32) * alibi_scale;
-        x = x - abs(qi - kj + shift as f32) * slope;
-    }
-    x
+    let slope = exp2(-max_bias * ((bh % heads + 1) as f32) / heads as f32) * alibi_scale;
+    s - abs(qi - kj + shift as f32) * slope
 }
 
 /// The library's masks beside the causal one, as `mask_mod` takes them (≥ 0: visible): key
@@ -442,7 +462,9 @@ pub fn softcap_alibi<const BN: usize>(
 /// (`kj > qi + shift − window`), or when `kj < prefix` (a prefix every query sees, as in a
 /// prefix LM). No window: one past every key (2³⁰); no prefix: 0.
 #[tessera::device]
-pub fn window_prefix_visible<const BN: usize>(qi: Tile<f32, 64, BN>, kj: Tile<f32, 64, BN>, shift: i32, window: i32, prefix: i32) -> Tile<f32, 64, BN> {
+pub fn window_prefix_visible<const BN: usize>(
+    qi: Tile<f32, 64, BN>, kj: Tile<f32, 64, BN>, shift: i32, window: i32, prefix: i32,
+) -> Tile<f32, 64, BN> {
     min(max(qi - kj + shift as f32, (prefix - 1) as f32 - kj), kj - qi + (window - 1 - shift) as f32)
 }
 
@@ -467,23 +489,64 @@ pub fn window_prefix_keys(q: i32, rows: i32, seq_k: i32, shift: i32, causal: i32
     (lo, hi, full_lo, full_hi)
 }
 
-/// FlashAttention forward with the library's modifiers, chosen at run time: `flash_attention`
-/// with [`softcap_alibi`] on the scores and, causally, [`window_prefix_visible`]'s sliding
-/// window and prefix, whose key blocks outside the window are never loaded. Head dims 64 and
-/// 128, 128-key blocks, two stages.
-#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], STAGES = [2], BN = [128]), targets(sm_90a))]
+/// FlashAttention forward with the library's modifiers: `flash_attention` with [`softcap`]
+/// (knob `M` bit 1, `cap` > 0; with `M` 1 alone, `scale_log2` carries the cap's factor) then
+/// [`alibi`] (bit 2, `alibi` > 0) on the scores and, with
+/// bit 4, causally, [`window_prefix_visible`]'s sliding window and prefix, whose key blocks
+/// outside the window are never loaded. A variant per set of modifiers (1, 4, and all of
+/// them, 7, switched at run time: ALiBi's alone spills at 160-key blocks): the others' code is
+/// not in it. Head dims 64 and 128, two stages of 192- (head dim 64), 160- or 128-key blocks.
+#[kernel(
+    warpgroups = 3,
+    dtypes(T = [bf16, f16]),
+    tune(D = [128, 64], STAGES = [2], BN = [192, 160, 128], M = [1, 4, 7]),
+    targets(sm_90a)
+)]
 pub fn flash_attention_mods(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, o: Global<T, 3>, lse: Global<f32, 3>, counter: Global<i32, 1>,
     opart: Global<f32, 3>, lpart: Global<f32, 3>, full: i32, parts: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32,
-    causal: i32, hg: i32, keep_lse: i32, scale_log2: f32, cap: f32, alibi: f32, alibi_scale: f32, window: i32, prefix: i32,
+    causal: i32, hg: i32, keep_lse: i32, scale_log2: f32, cap: f32, max_bias: f32, alibi_scale: f32, window: i32, prefix: i32,
 ) {
     let seq_k = k.dim(1);
     let shift = seq_k - q.dim(1);
-    #[rustfmt::skip]
     attention_persistent::<T, D, BN, STAGES>(
-        q, k, v, o, lse, counter, opart, lpart, full, parts, heads, group, q_bm, k_bm, hm, cm, hg, keep_lse, scale_log2,
+        q,
+        k,
+        v,
+        o,
+        lse,
+        counter,
+        opart,
+        lpart,
+        full,
+        parts,
+        heads,
+        group,
+        q_bm,
+        k_bm,
+        hm,
+        cm,
+        hg,
+        keep_lse,
+        scale_log2,
         |x, _plane, _row, _col| x,
-        |s, qi, kj, bh| softcap_alibi(s, qi, kj, bh, heads, cap, alibi, alibi_scale, shift),
+        |s, qi, kj, bh| {
+            let mut x = s;
+            if M == 1 {
+                // Soft-capping alone: `cap` folded into `scale_log2` by the host (one
+                // multiplication an element fewer).
+                x = tanh(x * (1.0 / cap));
+            }
+            if M == 7 && cap > 0.0 {
+                x = softcap(x, cap);
+            }
+            if M / 2 % 2 == 1 {
+                if max_bias > 0.0 {
+                    x = alibi(x, qi, kj, bh, heads, max_bias, alibi_scale, shift);
+                }
+            }
+            x
+        },
         |qi, kj, _bh| window_prefix_visible(qi, kj, shift, window, prefix),
         |_bh, q0, rows| window_prefix_keys(q0, rows, seq_k, shift, causal, window, prefix),
     );
@@ -603,8 +666,29 @@ pub fn attention_varlen_persistent<T, const D: usize, const BN: usize, const S: 
                 let qs = qpipe.wait();
                 if n > 0 {
                     attend_blocks(
-                        &mut acc, &mut m, &mut l, &mut p, sq, sk, sv, qpipe, kpipe, vpipe, qs, me, row, 0, n, len_k, bh, q0 + row, full_lo,
-                        full_hi, scale_log2, |x, _qi, _kj, _bh| x, |qi, kj, _bh| causal_visible(qi, kj, shift),
+                        &mut acc,
+                        &mut m,
+                        &mut l,
+                        &mut p,
+                        sq,
+                        sk,
+                        sv,
+                        qpipe,
+                        kpipe,
+                        vpipe,
+                        qs,
+                        me,
+                        row,
+                        0,
+                        n,
+                        len_k,
+                        bh,
+                        q0 + row,
+                        full_lo,
+                        full_hi,
+                        scale_log2,
+                        |x, _qi, _kj, _bh| x,
+                        |qi, kj, _bh| causal_visible(qi, kj, shift),
                     );
                 }
                 if n == 0 {

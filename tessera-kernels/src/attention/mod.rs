@@ -76,8 +76,26 @@ impl PartialEq for AttentionKernel {
 /// The parameters a kernel given to [`Attention::kernel`] takes, in order: those of
 /// `flash_attention` (and of [`kernels::attention_persistent`] before its functions).
 pub const ATTENTION_KERNEL_PARAMS: [&str; 20] = [
-    "q", "k", "v", "o", "lse", "counter", "opart", "lpart", "full", "parts", "heads", "group", "q_bm", "k_bm", "hm", "cm", "causal", "hg",
-    "keep_lse", "scale_log2",
+    "q",
+    "k",
+    "v",
+    "o",
+    "lse",
+    "counter",
+    "opart",
+    "lpart",
+    "full",
+    "parts",
+    "heads",
+    "group",
+    "q_bm",
+    "k_bm",
+    "hm",
+    "cm",
+    "causal",
+    "hg",
+    "keep_lse",
+    "scale_log2",
 ];
 
 /// Which forward kernel a call runs.
@@ -85,9 +103,10 @@ pub const ATTENTION_KERNEL_PARAMS: [&str; 20] = [
 enum Flavor {
     /// `flash_attention` / `flash_attention_varlen`.
     Plain,
-    /// `flash_attention_mods` with `[cap, alibi, alibi_scale]` and `[window, prefix]` (raw
-    /// units, see `kernels::softcap_alibi`).
-    Mods([f32; 3], [i32; 2]),
+    /// `flash_attention_mods`'s variants of knob `M` (the modifiers' bits: 1 soft-capping, 2
+    /// ALiBi, 4 window or prefix), with `[cap, max_bias, alibi_scale]` and `[window, prefix]`
+    /// (raw units, see `kernels::softcap`).
+    Mods(i64, [f32; 3], [i32; 2]),
     /// The caller's.
     Custom(&'static [&'static KernelSpec]),
 }
@@ -219,7 +238,11 @@ impl Attention {
         }
         if let Some(AttentionKernel(k)) = self.kernel {
             if self.softcap.is_some() || self.alibi.is_some() || self.window.is_some() || self.prefix.is_some() {
-                return Err(arg("kernel", "a kernel of yours alone (its own modifiers), or the library's modifiers".into(), format!("{self:?}")));
+                return Err(arg(
+                    "kernel",
+                    "a kernel of yours alone (its own modifiers), or the library's modifiers".into(),
+                    format!("{self:?}"),
+                ));
             }
             return Ok(Flavor::Custom(k));
         }
@@ -244,7 +267,10 @@ impl Attention {
             None => 1 << 30,
         };
         let prefix = i32::try_from(self.prefix.unwrap_or(0)).unwrap_or(i32::MAX);
-        Ok(Flavor::Mods([cap, alibi, 1.0 / scale], [window, prefix]))
+        // The variant of just these modifiers, where there is one; else the one of all.
+        let bits = i64::from(cap > 0.0) | i64::from(alibi > 0.0) << 1 | i64::from(self.window.is_some() || self.prefix.is_some()) << 2;
+        let m = if [1, 4].contains(&bits) { bits } else { 7 };
+        Ok(Flavor::Mods(m, [cap, alibi, 1.0 / scale], [window, prefix]))
     }
 }
 
@@ -450,12 +476,12 @@ macro_rules! attention_element {
                 d: &Device, g: Grid, i: usize, [q, k, v]: [&TensorView<Self>; 3], o: &mut TensorViewMut<Self>,
                 lse: &mut TensorViewMut<f32>, Split { full, parts, out: [mut op, mut lp] }: Split<'_>,
                 [_, _, _, heads, group, q_bm, k_bm, hm, cm, causal, hg, keep_lse]: [i32; 12], scale_log2: f32,
-                [cap, alibi, alibi_scale]: [f32; 3], [window, prefix]: [i32; 2],
+                [cap, max_bias, alibi_scale]: [f32; 3], [window, prefix]: [i32; 2],
             ) -> Result<()> {
                 let mut c = d.tile_counter()?;
                 $mods::launch_variant(
                     i, d, g, q, k, v, o, lse, &mut c, &mut op, &mut lp, full, parts, heads, group, q_bm, k_bm, hm, cm, causal, hg,
-                    keep_lse, scale_log2, cap, alibi, alibi_scale, window, prefix,
+                    keep_lse, scale_log2, cap, max_bias, alibi_scale, window, prefix,
                 )
             }
             fn combine(
@@ -697,7 +723,13 @@ fn launch<T: AttentionElement>(
         Flavor::Mods(..) => T::mods_variants(),
         Flavor::Custom(k) => k,
     };
-    let ids: Vec<usize> = (0..all.len()).filter(|&i| of_head_dim(all[i], d)).collect();
+    let ids: Vec<usize> = (0..all.len())
+        .filter(|&i| of_head_dim(all[i], d))
+        .filter(|&i| match flavor {
+            Flavor::Mods(m, ..) => all[i].knob("M") == Some(m),
+            _ => true,
+        })
+        .collect();
     let block_of = |i: usize| all[i].knob("BN").map_or(128, |b| b as usize);
     let Some(bn) = key_block(ids.iter().map(|&i| block_of(i)), seq_k) else {
         if let Flavor::Custom(k) = flavor {
@@ -746,7 +778,11 @@ fn launch<T: AttentionElement>(
         let split = Split { full: full as i32, parts: parts as i32, out: split_out };
         match flavor {
             Flavor::Plain => T::forward(device, grid.into(), ids[i], qkv, o, lse, cu, split, ints, scale_log2)?,
-            Flavor::Mods(mods, masks) => T::forward_mods(device, grid.into(), ids[i], qkv, o, lse, split, ints, scale_log2, mods, masks)?,
+            Flavor::Mods(m, mods, masks) => {
+                // Soft-capping alone returns `tanh(s / cap)`: the cap's factor goes with the scale.
+                let scale_log2 = if m == 1 { scale_log2 * mods[0] } else { scale_log2 };
+                T::forward_mods(device, grid.into(), ids[i], qkv, o, lse, split, ints, scale_log2, mods, masks)?
+            }
             Flavor::Custom(k) => launch_custom(k[ids[i]], device, grid.into(), qkv, o, lse, ints, scale_log2)?,
         }
         match out {
@@ -796,7 +832,11 @@ fn launch_custom<T: AttentionElement>(
 ) -> Result<()> {
     let names: Vec<&str> = spec.params.iter().map(|p| p.name).collect();
     if names != ATTENTION_KERNEL_PARAMS {
-        return Err(arg("kernel", format!("a kernel with the parameters {ATTENTION_KERNEL_PARAMS:?}"), format!("`{}` with {names:?}", spec.name)));
+        return Err(arg(
+            "kernel",
+            format!("a kernel with the parameters {ATTENTION_KERNEL_PARAMS:?}"),
+            format!("`{}` with {names:?}", spec.name),
+        ));
     }
     let [b, sq, _, heads, group, q_bm, k_bm, hm, cm, causal, hg, keep_lse] = ints;
     let tiles = (sq as usize).div_ceil(128) * b as usize * heads as usize;

@@ -198,20 +198,16 @@ impl Lowerer<'_> {
         // A sum of rows, columns and scalars: the rows' and scalars' part once a row, then one
         // addition an element.
         if let (ExprKind::Binary(..), Some(f)) = (&e.kind, affine(e, &self.deferred)) {
-            let row_part = (f.row != 0 || !f.scalars.is_empty()).then(|| self.index_row_part(e, base, at, memo));
-            let r = match (row_part, f.col) {
-                (Some(p), 0) => p,
-                (p, c) => {
-                    let col = self.index_coord(base.1, at.1, &mut memo.cols);
-                    let out = self.reg(RegClass::F32, "idx");
-                    match (p, c) {
-                        (Some(p), 1) => self.op("add.f32", vec![R(out), R(p), R(col)]),
-                        (Some(p), -1) => self.op("sub.f32", vec![R(out), R(p), R(col)]),
-                        (Some(p), c) => self.op("fma.rn.f32", vec![R(out), R(col), Operand::F32(c as f32), R(p)]),
-                        (None, c) => self.op("mul.f32", vec![R(out), R(col), Operand::F32(c as f32)]),
-                    }
-                    out
-                }
+            // The value at the thread's first column of this row, then the column's offset as
+            // an immediate: nothing the same in every block of a loop (that ptxas would hoist
+            // and hold, a register a column).
+            let p = self.index_row_part(e, base, at, memo);
+            let r = if f.col == 0 || at.1 == 0 {
+                p
+            } else {
+                let out = self.reg(RegClass::F32, "idx");
+                self.op("add.f32", vec![R(out), R(p), Operand::F32((f.col * i64::from(at.1)) as f32)]);
+                out
             };
             memo.elems.insert(key, r);
             return r;
@@ -232,7 +228,8 @@ impl Lowerer<'_> {
             }
             ExprKind::Var(n) => {
                 // (Shared, not copied: its address keys the memo.)
-                let value = self.deferred.iter().rev().find(|(d, _)| d == n).map(|(_, v)| v.clone()).expect("index_like: a deferred index tile");
+                let value =
+                    self.deferred.iter().rev().find(|(d, _)| d == n).map(|(_, v)| v.clone()).expect("index_like: a deferred index tile");
                 self.index_elem(&value, base, at, memo)
             }
             ExprKind::Unary(op, x) => {
@@ -266,17 +263,15 @@ impl Lowerer<'_> {
         r
     }
 
-    /// Whether an element of the index tile `cond` is ≥ 0, as a predicate: for `p − col` (a
-    /// row part `p`, [`affine`]) the comparison `p ≥ col` itself, no subtraction.
+    /// Whether an element of the index tile `cond` is ≥ 0, as a predicate: for an [`affine`]
+    /// one, its row part compared with the column's offset, no arithmetic.
     fn index_nonnegative(&mut self, cond: &Expr, base: (Reg, Reg), at: (u32, u32), memo: &mut IndexMemo) -> Reg {
         use Operand::Reg as R;
         let keep = self.reg(RegClass::Pred, "keep");
-        let minus_col = matches!(affine(cond, &self.deferred), Some(Affine { col: -1, row, ref scalars }) if row != 0 || !scalars.is_empty());
-        if minus_col {
-            // The row part: the value at column 0 of this row, minus that column's index.
-            let row_only = self.index_row_part(cond, base, at, memo);
-            let col = self.index_coord(base.1, at.1, &mut memo.cols);
-            self.op("setp.ge.f32", vec![R(keep), R(row_only), R(col)]);
+        if let Some(f) = affine(cond, &self.deferred) {
+            // `p + c·dc ≥ 0` as `p ≥ −c·dc`: one comparison with an immediate an element.
+            let p = self.index_row_part(cond, base, at, memo);
+            self.op("setp.ge.f32", vec![R(keep), R(p), Operand::F32((-f.col * i64::from(at.1)) as f32)]);
         } else {
             let c = self.index_elem(cond, base, at, memo);
             self.op("setp.ge.f32", vec![R(keep), R(c), Operand::F32(0.0)]);
@@ -284,8 +279,8 @@ impl Lowerer<'_> {
         keep
     }
 
-    /// An affine index tile's ([`affine`]) part of the row and scalars, at row `base.0 + at.0`,
-    /// once for each row. (Only for one with such a part.)
+    /// An affine index tile's ([`affine`]) value at row `base.0 + at.0` and the thread's first
+    /// column `base.1` (rows, scalars and that column summed), once for each row.
     fn index_row_part(&mut self, e: &Expr, base: (Reg, Reg), at: (u32, u32), memo: &mut IndexMemo) -> Reg {
         use Operand::Reg as R;
         let row_key = (std::ptr::from_ref(e) as usize, at.0);
@@ -303,16 +298,23 @@ impl Lowerer<'_> {
                 _ => None,
             })
             .collect();
-        if let (Some(ints), 0 | 1 | -1) = (ints, f.row) {
+        if let (Some(ints), -1..=1, -1..=1) = (ints, f.row, f.col) {
             let mut acc: Option<(Reg, bool)> = None;
             if f.row != 0 {
                 let i = self.reg(RegClass::B32, "idx");
                 self.op("add.s32", vec![R(i), R(base.0), Operand::Imm(i64::from(at.0))]);
                 acc = Some((i, f.row < 0));
             }
-            for (neg, x) in ints {
-                let v = self.scalar(x).expect("index_like: a plain scalar lowers");
-                let v = self.in_reg(v, crate::dtype::ScalarType::I32, "s");
+            let col = (f.col != 0).then_some((base.1, f.col < 0));
+            let terms: Vec<(bool, Reg)> = ints
+                .into_iter()
+                .map(|(neg, x)| {
+                    let v = self.scalar(x).expect("index_like: a plain scalar lowers");
+                    (neg, self.in_reg(v, crate::dtype::ScalarType::I32, "s"))
+                })
+                .chain(col.map(|(c, neg)| (neg, c)))
+                .collect();
+            for (neg, v) in terms {
                 acc = Some(match acc {
                     None => (v, neg),
                     Some((a, a_neg)) => {
@@ -324,7 +326,12 @@ impl Lowerer<'_> {
                     }
                 });
             }
-            let (i, neg) = acc.expect("an affine index tile with a row part");
+            let Some((i, neg)) = acc else {
+                let r = self.reg(RegClass::F32, "idx");
+                self.op("mov.f32", vec![R(r), Operand::F32(0.0)]);
+                memo.row_parts.insert(row_key, r);
+                return r;
+            };
             let i = if neg {
                 let n = self.reg(RegClass::B32, "idx");
                 self.op("neg.s32", vec![R(n), R(i)]);
@@ -342,6 +349,18 @@ impl Lowerer<'_> {
             let r = self.index_coord(base.0, at.0, &mut memo.rows);
             acc = Some(self.scaled(r, f.row));
         }
+        if f.col != 0 {
+            let c = self.index_coord(base.1, 0, &mut memo.cols);
+            let c = self.scaled(c, f.col);
+            acc = Some(match acc {
+                Some(a) => {
+                    let out = self.reg(RegClass::F32, "idx");
+                    self.op("add.f32", vec![R(out), R(a), R(c)]);
+                    out
+                }
+                None => c,
+            });
+        }
         for (neg, x) in &f.scalars {
             let v = self.scalar(x).expect("index_like: a plain scalar lowers");
             let v = self.in_reg(v, crate::dtype::ScalarType::F32, "s");
@@ -354,7 +373,14 @@ impl Lowerer<'_> {
             }
             acc = Some(out);
         }
-        let r = acc.expect("an affine index tile with a row part");
+        let r = match acc {
+            Some(r) => r,
+            None => {
+                let r = self.reg(RegClass::F32, "idx");
+                self.op("mov.f32", vec![R(r), Operand::F32(0.0)]);
+                r
+            }
+        };
         memo.row_parts.insert(row_key, r);
         r
     }
