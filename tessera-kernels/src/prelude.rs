@@ -20,7 +20,8 @@
 use tessera::device;
 
 pub use crate::attention::kernels::{
-    attend_blocks, attention_persistent, attention_varlen_persistent, causal_keys, causal_visible, key_blocks, modified_scores,
+    alibi, attend_blocks, attention_persistent, attention_varlen_persistent, causal_keys, causal_visible, key_blocks, modified_scores,
+    softcap, window_prefix_keys, window_prefix_visible,
 };
 pub use crate::linear_attention::{feature_map, feature_map_grad};
 

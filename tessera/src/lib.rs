@@ -62,7 +62,11 @@
 //!   `t.swap_pairs()` (columns 2k and 2k+1 exchanged, in registers), `t.last_col()` (the last
 //!   column, `M×1`: a chunked scan's carry), `t.mask_cols(limit, fill)`
 //!   (columns from `limit` on replaced; `limit` an `i32`, or a `Tile<f32, M, 1>` of one per
-//!   row). `M×1` and `1×N` tiles broadcast.
+//!   row), `t.keep_where(cond, fill)` (elements whose `cond`, an f32 tile of `t`'s shape or
+//!   one broadcast to it, is below 0 — or NaN — replaced by `fill`; a condition computed from
+//!   `row_index()`, `col_index()` and scalars, even through `let`s and device-function
+//!   parameters, is evaluated element by element in `t`'s own layout, a sum of them as a row's
+//!   part plus a column's immediate). `M×1` and `1×N` tiles broadcast.
 //! - Across warpgroups: `let s = block_sum(t);` (`block_max`, `block_min`) combines each
 //!   warpgroup's own `t` (same type in all) elementwise through shared memory between two
 //!   barriers of the whole block, in warpgroup order, so every warpgroup gets the same bits:
