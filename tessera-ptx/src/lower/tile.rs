@@ -12,7 +12,7 @@ impl Lowerer<'_> {
     /// Lowers a tile expression.
     pub(crate) fn tile(&mut self, e: &Expr) -> Result<TileVal, CompileError> {
         let Type::Tile(ty) = e.checked_ty() else { unreachable!("verified TIR-H: a tile") };
-        if matches!(e.kind, ExprKind::Binary(..) | ExprKind::Unary(..)) && ty.dtype == DType::F32 && index_like(e, &self.deferred) {
+        if matches!(e.kind, ExprKind::Binary(..) | ExprKind::Unary(..)) && ty.dtype == DType::F32 && per_element(e, &self.deferred) {
             let layout = self.hinted_layout(ty);
             return Ok(self.index_tile(e, ty, layout));
         }
@@ -757,8 +757,8 @@ impl Lowerer<'_> {
         let (a_tile, b_tile) = (matches!(a.checked_ty(), Type::Tile(_)), matches!(b.checked_ty(), Type::Tile(_)));
         match (a_tile, b_tile) {
             // A full tile and an index tile: each index element computed beside its use.
-            (true, true) if index_like(a, &self.deferred) != index_like(b, &self.deferred) && ty.dtype == DType::F32 => {
-                let (idx, other, idx_left) = if index_like(a, &self.deferred) { (a, b, true) } else { (b, a, false) };
+            (true, true) if per_element(a, &self.deferred) != per_element(b, &self.deferred) && ty.dtype == DType::F32 => {
+                let (idx, other, idx_left) = if per_element(a, &self.deferred) { (a, b, true) } else { (b, a, false) };
                 let Type::Tile(ot) = other.checked_ty() else { unreachable!("a tile operand") };
                 if (ot.rows, ot.cols) != (ty.rows, ty.cols) {
                     let (ta, tb) = self.operands(a, b, ty)?;
@@ -1446,7 +1446,8 @@ struct Affine {
 }
 
 /// `e` as an [`Affine`] sum, if it is one: sums and differences of `row_index()`,
-/// `col_index()` (of tiles whose rows, columns they count), negations, and plain scalars.
+/// `col_index()` (of tiles whose rows, columns they count), negations, and plain scalars, one
+/// of them at least not a literal.
 fn affine(e: &Expr, deferred: &[(String, std::rc::Rc<Expr>)]) -> Option<Affine> {
     fn walk(e: &Expr, deferred: &[(String, std::rc::Rc<Expr>)], sign: i64, f: &mut Affine) -> bool {
         match &e.kind {
@@ -1470,7 +1471,10 @@ fn affine(e: &Expr, deferred: &[(String, std::rc::Rc<Expr>)]) -> Option<Affine> 
         }
     }
     let mut f = Affine { row: 0, col: 0, scalars: Vec::new() };
-    walk(e, deferred, 1, &mut f).then_some(f)
+    // Only with a scalar that names something (`k0`, a block's first key): one of literals
+    // alone is the same in every iteration of a loop around it, and ptxas would hoist each
+    // element's value out of the loop and hold them all (a register an element).
+    (walk(e, deferred, 1, &mut f) && f.scalars.iter().any(|(_, x)| !literal(x))).then_some(f)
 }
 
 /// Whether an index tile's elements depend on their row, their column.
@@ -1484,6 +1488,34 @@ fn index_deps(e: &Expr, deferred: &[(String, std::rc::Rc<Expr>)]) -> (bool, bool
             (a.0 || b.0, a.1 || b.1)
         }
         _ => (false, false),
+    }
+}
+
+/// Whether an index tile ([`index_like`]) is lowered element by element where it is used: one
+/// that reads a named scalar (a block's first key, say). One of literals alone is the same in
+/// every iteration of any loop around it, and its elements computed one by one beside their use
+/// are values ptxas hoists out of the loop and holds (the linear attention's backward spilled
+/// four times as much); as whole tiles, it keeps them as before.
+pub(crate) fn per_element(e: &Expr, deferred: &[(String, std::rc::Rc<Expr>)]) -> bool {
+    fn names(e: &Expr, deferred: &[(String, std::rc::Rc<Expr>)]) -> bool {
+        match &e.kind {
+            ExprKind::Var(n) => match deferred.iter().rev().find(|(d, _)| d == n) {
+                Some((_, v)) => names(v, deferred),
+                None => true,
+            },
+            _ => e.children().iter().any(|c| names(c, deferred)),
+        }
+    }
+    index_like(e, deferred) && names(e, deferred)
+}
+
+/// Whether a scalar expression is made of literals alone.
+fn literal(e: &Expr) -> bool {
+    match &e.kind {
+        ExprKind::Int(_) | ExprKind::Float(_) | ExprKind::Bool(_) => true,
+        ExprKind::Binary(_, x, y) => literal(x) && literal(y),
+        ExprKind::Unary(_, x) | ExprKind::Cast { value: x, .. } => literal(x),
+        _ => false,
     }
 }
 
