@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::random;
+use common::{attention_reference, random, AttentionDims, ScoreMods};
 use tessera::testing::{gpu_or_skip, rel_error};
 use tessera::{bf16, f16, Device, Tensor};
 use tessera_kernels::{Attention, AttentionElement, AttentionLayout};
@@ -27,48 +27,11 @@ fn reference(c: Case, layout: AttentionLayout, causal: bool, scale: f64, q: &[f6
         AttentionLayout::Bshd => ((bi * s_len + si) * heads + hi) * c.d,
         AttentionLayout::Bhsd => ((bi * heads + hi) * s_len + si) * c.d,
     };
-    let mut o = vec![0.0; c.b * c.sq * c.h * c.d];
-    let mut lse = vec![0.0; c.b * c.h * c.sq];
-    let group = c.h / c.hk;
-    let mut s = vec![0.0; c.sk];
-    for bi in 0..c.b {
-        for hi in 0..c.h {
-            let kh = hi / group;
-            for i in 0..c.sq {
-                let qi = at(c.sq, c.h, bi, i, hi);
-                let mut mx = f64::NEG_INFINITY;
-                for (j, sj) in s.iter_mut().enumerate() {
-                    let visible = !causal || j + c.sq <= i + c.sk;
-                    *sj = if visible {
-                        let kj = at(c.sk, c.hk, bi, j, kh);
-                        (0..c.d).map(|x| q[qi + x] * k[kj + x]).sum::<f64>() * scale
-                    } else {
-                        f64::NEG_INFINITY
-                    };
-                    mx = mx.max(*sj);
-                }
-                let out = &mut o[qi..qi + c.d];
-                if mx == f64::NEG_INFINITY {
-                    lse[(bi * c.h + hi) * c.sq + i] = f64::NEG_INFINITY;
-                    continue;
-                }
-                let mut sum = 0.0;
-                for (j, &sj) in s.iter().enumerate() {
-                    let p = (sj - mx).exp();
-                    sum += p;
-                    if p > 0.0 {
-                        let vj = at(c.sk, c.hk, bi, j, kh);
-                        for x in 0..c.d {
-                            out[x] += p * v[vj + x];
-                        }
-                    }
-                }
-                out.iter_mut().for_each(|x| *x /= sum);
-                lse[(bi * c.h + hi) * c.sq + i] = mx + sum.ln();
-            }
-        }
-    }
-    (o, lse)
+    let (sq, sk) = (c.sq as i64, c.sk as i64);
+    let visible = |i: i64, j: i64| !causal || j + sq <= i + sk;
+    let mods = ScoreMods { score: &|s, _, _, _| s, visible: &visible };
+    let dims = AttentionDims { b: c.b, sq: c.sq, sk: c.sk, h: c.h, hk: c.hk, d: c.d };
+    attention_reference(dims, &at, scale, &mods, q, k, v)
 }
 
 /// Runs one case in `T` and checks O by relative error and the LSE elementwise.

@@ -6,77 +6,19 @@
 
 mod common;
 
-use common::random;
+use common::{attention_reference, random, AttentionDims, ScoreMods as Mods};
 use tessera::testing::{gpu_or_skip, rel_error};
 use tessera::{bf16, kernel, Device, Tensor};
 use tessera_kernels::prelude::attention_persistent;
 use tessera_kernels::{Attention, AttentionLayout};
 
 /// One problem: batch, query length, key length, query heads, key/value heads, head dim.
-#[derive(Clone, Copy, Debug)]
-struct Case {
-    b: usize,
-    sq: usize,
-    sk: usize,
-    h: usize,
-    hk: usize,
-    d: usize,
-}
+type Case = AttentionDims;
 
-/// What the scores go through: `score(s, i, j, h)` on the scaled score of query `i` and key
-/// `j` in head `h` of `heads`, and whether key `j` is visible to query `i` (the diagonal
-/// aligned at the end).
-struct Mods<'a> {
-    score: &'a dyn Fn(f64, i64, i64, usize) -> f64,
-    visible: &'a dyn Fn(i64, i64) -> bool,
-}
-
-/// The f64 reference in `[batch, seq, heads, dim]`: `o` and the natural-log LSE (−∞ where
-/// every key is masked, `o` 0 there).
+/// The f64 reference in `[batch, seq, heads, dim]` under `mods`.
 fn reference(c: Case, scale: f64, mods: &Mods<'_>, q: &[f64], k: &[f64], v: &[f64]) -> (Vec<f64>, Vec<f64>) {
     let at = |s_len: usize, heads: usize, bi: usize, si: usize, hi: usize| ((bi * s_len + si) * heads + hi) * c.d;
-    let mut o = vec![0.0; c.b * c.sq * c.h * c.d];
-    let mut lse = vec![0.0; c.b * c.h * c.sq];
-    let group = c.h / c.hk;
-    let mut s = vec![0.0; c.sk];
-    for bi in 0..c.b {
-        for hi in 0..c.h {
-            let kh = hi / group;
-            for i in 0..c.sq {
-                let qi = at(c.sq, c.h, bi, i, hi);
-                let mut mx = f64::NEG_INFINITY;
-                for (j, sj) in s.iter_mut().enumerate() {
-                    *sj = if (mods.visible)(i as i64, j as i64) {
-                        let kj = at(c.sk, c.hk, bi, j, kh);
-                        let raw = (0..c.d).map(|x| q[qi + x] * k[kj + x]).sum::<f64>() * scale;
-                        (mods.score)(raw, i as i64, j as i64, hi)
-                    } else {
-                        f64::NEG_INFINITY
-                    };
-                    mx = mx.max(*sj);
-                }
-                let out = &mut o[qi..qi + c.d];
-                if mx == f64::NEG_INFINITY {
-                    lse[(bi * c.h + hi) * c.sq + i] = f64::NEG_INFINITY;
-                    continue;
-                }
-                let mut sum = 0.0;
-                for (j, &sj) in s.iter().enumerate() {
-                    let p = (sj - mx).exp();
-                    sum += p;
-                    if p > 0.0 {
-                        let vj = at(c.sk, c.hk, bi, j, kh);
-                        for x in 0..c.d {
-                            out[x] += p * v[vj + x];
-                        }
-                    }
-                }
-                out.iter_mut().for_each(|x| *x /= sum);
-                lse[(bi * c.h + hi) * c.sq + i] = mx + sum.ln();
-            }
-        }
-    }
-    (o, lse)
+    attention_reference(c, &at, scale, mods, q, k, v)
 }
 
 /// Runs `opts` (bf16, `[batch, seq, heads, dim]`) on one case and checks O by relative error

@@ -37,3 +37,76 @@ pub fn erf(x: f64) -> f64 {
     }
     (s * h / 3.0 * 2.0 / std::f64::consts::PI.sqrt()).copysign(x)
 }
+
+/// Attention's shape for [`attention_reference`]: batch, query length, key length, query heads,
+/// key/value heads, head dim.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionDims {
+    pub b: usize,
+    pub sq: usize,
+    pub sk: usize,
+    pub h: usize,
+    pub hk: usize,
+    pub d: usize,
+}
+
+/// What attention's scores go through in [`attention_reference`]: `score(s, i, j, h)` on the
+/// scaled score of query `i` and key `j` in head `h`, and whether key `j` is visible to query
+/// `i`.
+pub struct ScoreMods<'a> {
+    pub score: &'a dyn Fn(f64, i64, i64, usize) -> f64,
+    pub visible: &'a dyn Fn(i64, i64) -> bool,
+}
+
+/// Attention in float64: `o` (laid out as `q`) and the natural-log LSE `[b, h, sq]` (−∞ where
+/// every key is masked, `o` 0 there). `at(len, heads, b, s, h)` is where row `s` of head `h`
+/// of batch entry `b` starts in a tensor of `len` rows and `heads` heads; query head `h` reads
+/// key/value head `h / (h_q / h_kv)`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_reference(
+    c: AttentionDims, at: &dyn Fn(usize, usize, usize, usize, usize) -> usize, scale: f64, mods: &ScoreMods<'_>, q: &[f64], k: &[f64],
+    v: &[f64],
+) -> (Vec<f64>, Vec<f64>) {
+    let mut o = vec![0.0; c.b * c.sq * c.h * c.d];
+    let mut lse = vec![0.0; c.b * c.h * c.sq];
+    let group = c.h / c.hk;
+    let mut s = vec![0.0; c.sk];
+    for bi in 0..c.b {
+        for hi in 0..c.h {
+            let kh = hi / group;
+            for i in 0..c.sq {
+                let qi = at(c.sq, c.h, bi, i, hi);
+                let mut mx = f64::NEG_INFINITY;
+                for (j, sj) in s.iter_mut().enumerate() {
+                    *sj = if (mods.visible)(i as i64, j as i64) {
+                        let kj = at(c.sk, c.hk, bi, j, kh);
+                        let raw = (0..c.d).map(|x| q[qi + x] * k[kj + x]).sum::<f64>() * scale;
+                        (mods.score)(raw, i as i64, j as i64, hi)
+                    } else {
+                        f64::NEG_INFINITY
+                    };
+                    mx = mx.max(*sj);
+                }
+                let out = &mut o[qi..qi + c.d];
+                if mx == f64::NEG_INFINITY {
+                    lse[(bi * c.h + hi) * c.sq + i] = f64::NEG_INFINITY;
+                    continue;
+                }
+                let mut sum = 0.0;
+                for (j, &sj) in s.iter().enumerate() {
+                    let p = (sj - mx).exp();
+                    sum += p;
+                    if p > 0.0 {
+                        let vj = at(c.sk, c.hk, bi, j, kh);
+                        for x in 0..c.d {
+                            out[x] += p * v[vj + x];
+                        }
+                    }
+                }
+                out.iter_mut().for_each(|x| *x /= sum);
+                lse[(bi * c.h + hi) * c.sq + i] = mx + sum.ln();
+            }
+        }
+    }
+    (o, lse)
+}

@@ -186,6 +186,15 @@ impl Lowerer<'_> {
         TileVal { ty, layout, regs }
     }
 
+    /// `f(base, at, x, memo)` for each register `x` of `t`, with its thread's first row and
+    /// column `base` and its offsets `at` from them: an index tile's elements computed one by
+    /// one beside their use, sharing one memo.
+    fn beside_index(&mut self, t: &TileVal, mut f: impl FnMut(&mut Self, (Reg, Reg), (u32, u32), Reg, &mut IndexMemo) -> Reg) -> Vec<Reg> {
+        let lr = self.layout_regs(t.layout);
+        let mut memo = IndexMemo::default();
+        t.layout.slots().iter().zip(&t.regs).map(|(slot, &x)| f(self, (lr.row, lr.col), (slot.dr, slot.dc), x, &mut memo)).collect()
+    }
+
     /// One element of the index tile `e` at row `base.0 + at.0`, column `base.1 + at.1`.
     fn index_elem(&mut self, e: &Expr, base: (Reg, Reg), at: (u32, u32), memo: &mut IndexMemo) -> Reg {
         use Operand::{Imm, Reg as R};
@@ -582,20 +591,12 @@ impl Lowerer<'_> {
             let fr = self.reg(class, "fill");
             self.op(super::mov_for(class), vec![R(fr), f]);
             let sel = if class == RegClass::F32 { "selp.f32" } else { "selp.b16" };
-            let lr = self.layout_regs(t.layout);
-            let mut memo = IndexMemo::default();
-            let regs = t
-                .layout
-                .slots()
-                .iter()
-                .zip(&t.regs)
-                .map(|(slot, &x)| {
-                    let keep = self.index_nonnegative(cond, (lr.row, lr.col), (slot.dr, slot.dc), &mut memo);
-                    let out = self.reg(class, "kept");
-                    self.op(sel, vec![R(out), R(x), R(fr), R(keep)]);
-                    out
-                })
-                .collect();
+            let regs = self.beside_index(&t, |lw, base, at, x, memo| {
+                let keep = lw.index_nonnegative(cond, base, at, memo);
+                let out = lw.reg(class, "kept");
+                lw.op(sel, vec![R(out), R(x), R(fr), R(keep)]);
+                out
+            });
             return Ok(TileVal { regs, ..t });
         }
         let (t, c) = self.operands(value, cond, ty)?;
@@ -765,22 +766,14 @@ impl Lowerer<'_> {
                     return Ok(self.broadcast_binary(&inst, ta, tb, ty));
                 }
                 let t = self.tile(other)?;
-                let lr = self.layout_regs(t.layout);
-                let mut memo = IndexMemo::default();
-                let regs = t
-                    .layout
-                    .slots()
-                    .iter()
-                    .zip(&t.regs)
-                    .map(|(slot, &x)| {
-                        let c = self.index_elem(idx, (lr.row, lr.col), (slot.dr, slot.dc), &mut memo);
-                        let x = self.widen_f32(x, t.ty.dtype);
-                        let (l, r) = if idx_left { (c, x) } else { (x, c) };
-                        let out = self.reg(RegClass::F32, "t");
-                        self.op(&inst, vec![Operand::Reg(out), Operand::Reg(l), Operand::Reg(r)]);
-                        out
-                    })
-                    .collect();
+                let regs = self.beside_index(&t, |lw, base, at, x, memo| {
+                    let c = lw.index_elem(idx, base, at, memo);
+                    let x = lw.widen_f32(x, t.ty.dtype);
+                    let (l, r) = if idx_left { (c, x) } else { (x, c) };
+                    let out = lw.reg(RegClass::F32, "t");
+                    lw.op(&inst, vec![Operand::Reg(out), Operand::Reg(l), Operand::Reg(r)]);
+                    out
+                });
                 Ok(TileVal { ty, layout: t.layout, regs })
             }
             (true, true) => {
