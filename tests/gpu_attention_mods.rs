@@ -148,7 +148,11 @@ fn custom_kernel(dev: &Device) {
     let k = Tensor::<bf16>::full(dev, &ks, bf16::from_f32(0.5)).unwrap();
     let mut o = Tensor::<bf16>::full(dev, &qs, bf16::from_f32(0.0)).unwrap();
     let err = tessera_kernels::attention(dev, &bad, &q, &k, &k, &mut o).unwrap_err().to_string();
-    assert!(err.contains("kernel"), "{err}");
+    assert!(err.contains("kernel") && err.contains("attention_combine_bf16"), "{err}");
+    // A kernel beside the library's modifiers is refused, named (not its PTX) in the message.
+    let both = Attention::new().softcap(5.0).kernel(banded_attention_bf16::VARIANTS);
+    let err = tessera_kernels::attention(dev, &both, &q, &k, &k, &mut o).unwrap_err().to_string();
+    assert!(err.contains("AttentionKernel(banded_attention_bf16") && err.len() < 1000, "{err}");
 }
 
 #[test]

@@ -340,30 +340,10 @@ pub fn attention_persistent<T, const D: usize, const BN: usize, const S: usize>(
             l = Tile::<f32, 64, 1>::zeros();
             let qs = qpipe.wait();
             if n > j0 {
+                #[rustfmt::skip]
                 attend_blocks(
-                    &mut acc,
-                    &mut m,
-                    &mut l,
-                    &mut p,
-                    sq,
-                    sk,
-                    sv,
-                    qpipe,
-                    kpipe,
-                    vpipe,
-                    qs,
-                    me,
-                    row,
-                    j0,
-                    n,
-                    seq_k,
-                    bh,
-                    q0 + row,
-                    full_lo,
-                    full_hi,
-                    scale_log2,
-                    score_mod,
-                    mask_mod,
+                    &mut acc, &mut m, &mut l, &mut p, sq, sk, sv, qpipe, kpipe, vpipe, qs, me, row, j0, n, seq_k, bh, q0 + row,
+                    full_lo, full_hi, scale_log2, score_mod, mask_mod,
                 );
             }
             if n <= j0 {
@@ -633,30 +613,10 @@ pub fn attention_varlen_persistent<T, const D: usize, const BN: usize, const S: 
                 l = Tile::<f32, 64, 1>::zeros();
                 let qs = qpipe.wait();
                 if n > 0 {
+                    #[rustfmt::skip]
                     attend_blocks(
-                        &mut acc,
-                        &mut m,
-                        &mut l,
-                        &mut p,
-                        sq,
-                        sk,
-                        sv,
-                        qpipe,
-                        kpipe,
-                        vpipe,
-                        qs,
-                        me,
-                        row,
-                        0,
-                        n,
-                        len_k,
-                        bh,
-                        q0 + row,
-                        full_lo,
-                        full_hi,
-                        scale_log2,
-                        |x, _qi, _kj, _bh| x,
-                        |qi, kj, _bh| causal_visible(qi, kj, shift),
+                        &mut acc, &mut m, &mut l, &mut p, sq, sk, sv, qpipe, kpipe, vpipe, qs, me, row, 0, n, len_k, bh, q0 + row,
+                        full_lo, full_hi, scale_log2, |x, _qi, _kj, _bh| x, |qi, kj, _bh| causal_visible(qi, kj, shift),
                     );
                 }
                 if n == 0 {

@@ -64,8 +64,15 @@ pub struct Attention {
 /// A kernel of yours that [`attention`] runs in place of the library's forward (see
 /// [`Attention::kernel`]): its `VARIANTS`. Its parameters must be `flash_attention`'s, in
 /// order; it is compared by address.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct AttentionKernel(pub &'static [&'static KernelSpec]);
+
+impl std::fmt::Debug for AttentionKernel {
+    /// The kernel's name, not its specs (their PTX).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AttentionKernel({})", self.0.first().map_or("no variants", |k| k.name))
+    }
+}
 
 impl PartialEq for AttentionKernel {
     fn eq(&self, other: &Self) -> bool {

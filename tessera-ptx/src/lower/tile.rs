@@ -585,12 +585,7 @@ impl Lowerer<'_> {
         // conditions live at once).
         if index_like(cond, &self.deferred) {
             let t = self.tile(value)?;
-            let f = self.scalar(fill)?;
-            let f = self.elem_from_f32(f, t.ty.dtype);
-            let class = elem_class(t.ty.dtype);
-            let fr = self.reg(class, "fill");
-            self.op(super::mov_for(class), vec![R(fr), f]);
-            let sel = if class == RegClass::F32 { "selp.f32" } else { "selp.b16" };
+            let (fr, class, sel) = self.fill_select(fill, t.ty.dtype)?;
             let regs = self.beside_index(&t, |lw, base, at, x, memo| {
                 let keep = lw.index_nonnegative(cond, base, at, memo);
                 let out = lw.reg(class, "kept");
@@ -602,12 +597,7 @@ impl Lowerer<'_> {
         let (t, c) = self.operands(value, cond, ty)?;
         let want = t.layout.broadcast_operand(c.ty.rows, c.ty.cols);
         let c = self.convert(c, want);
-        let f = self.scalar(fill)?;
-        let f = self.elem_from_f32(f, t.ty.dtype);
-        let class = elem_class(t.ty.dtype);
-        let fr = self.reg(class, "fill");
-        self.op(super::mov_for(class), vec![R(fr), f]);
-        let sel = if class == RegClass::F32 { "selp.f32" } else { "selp.b16" };
+        let (fr, class, sel) = self.fill_select(fill, t.ty.dtype)?;
         let regs = (0..t.regs.len())
             .map(|i| {
                 let j = t.layout.broadcast_slot(i, &c.layout);
@@ -618,6 +608,17 @@ impl Lowerer<'_> {
             })
             .collect();
         Ok(TileVal { regs, ..t })
+    }
+
+    /// `keep_where`'s fill in a register of a `dtype` tile's class, that class, and the
+    /// selection instruction for it.
+    fn fill_select(&mut self, fill: &Expr, dtype: DType) -> Result<(Reg, RegClass, &'static str), CompileError> {
+        let f = self.scalar(fill)?;
+        let f = self.elem_from_f32(f, dtype);
+        let class = elem_class(dtype);
+        let fr = self.reg(class, "fill");
+        self.op(super::mov_for(class), vec![Operand::Reg(fr), f]);
+        Ok((fr, class, if class == RegClass::F32 { "selp.f32" } else { "selp.b16" }))
     }
 
     /// `Tile::full(v)` in `layout`.
