@@ -232,7 +232,12 @@ impl Attention {
 
     /// Whether any modifier or a kernel of the caller's is set.
     pub(crate) fn modified(&self) -> bool {
-        self.softcap.is_some() || self.alibi.is_some() || self.window.is_some() || self.prefix.is_some() || self.kernel.is_some()
+        self.library_mods() || self.kernel.is_some()
+    }
+
+    /// Whether any of the library's modifiers is set.
+    fn library_mods(&self) -> bool {
+        self.softcap.is_some() || self.alibi.is_some() || self.window.is_some() || self.prefix.is_some()
     }
 
     /// The forward kernel this call runs at `head_dim`, its modifiers checked.
@@ -244,7 +249,7 @@ impl Attention {
             return Err(arg("opts", "no modifiers or kernel of yours with packed sequences (not built yet)".into(), format!("{self:?}")));
         }
         if let Some(AttentionKernel(k)) = self.kernel {
-            if self.softcap.is_some() || self.alibi.is_some() || self.window.is_some() || self.prefix.is_some() {
+            if self.library_mods() {
                 return Err(arg(
                     "kernel",
                     "a kernel of yours alone (its own modifiers), or the library's modifiers".into(),
