@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{attention_reference, random, AttentionDims, ScoreMods};
+use common::{attention_reference, plain_scores, random, AttentionDims, ScoreMods};
 use tessera::testing::{gpu_or_skip, rel_error};
 use tessera::{bf16, f16, Device, Tensor};
 use tessera_kernels::{Attention, AttentionElement, AttentionLayout};
@@ -27,9 +27,8 @@ fn reference(c: Case, layout: AttentionLayout, causal: bool, scale: f64, q: &[f6
         AttentionLayout::Bshd => ((bi * s_len + si) * heads + hi) * c.d,
         AttentionLayout::Bhsd => ((bi * heads + hi) * s_len + si) * c.d,
     };
-    let (sq, sk) = (c.sq as i64, c.sk as i64);
-    let visible = |i: i64, j: i64| !causal || j + sq <= i + sk;
-    let mods = ScoreMods { score: &|s, _, _, _| s, visible: &visible };
+    let (score, grad, visible) = plain_scores(causal, c.sk as i64 - c.sq as i64);
+    let mods = ScoreMods { score: &score, grad: &grad, visible: &visible };
     let dims = AttentionDims { b: c.b, sq: c.sq, sk: c.sk, h: c.h, hk: c.hk, d: c.d };
     attention_reference(dims, &at, scale, &mods, q, k, v)
 }

@@ -8,21 +8,13 @@
 
 mod common;
 
-use common::random;
+use common::{attention_backward_reference, plain_scores, random, AttentionDims, ScoreMods};
 use tessera::testing::{gpu_or_skip, rel_error};
 use tessera::{bf16, f16, Device, Tensor};
 use tessera_kernels::{Attention, AttentionElement, AttentionLayout};
 
 /// One problem: batch, query length, key length, query heads, key/value heads, head dim.
-#[derive(Clone, Copy, Debug)]
-struct Case {
-    b: usize,
-    sq: usize,
-    sk: usize,
-    h: usize,
-    hk: usize,
-    d: usize,
-}
+type Case = AttentionDims;
 
 /// The f64 gradients `(dq, dk, dv)` in `layout`.
 #[allow(clippy::too_many_arguments)]
@@ -33,50 +25,8 @@ fn reference(
         AttentionLayout::Bshd => ((bi * s_len + si) * heads + hi) * c.d,
         AttentionLayout::Bhsd => ((bi * heads + hi) * s_len + si) * c.d,
     };
-    let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
-    let group = c.h / c.hk;
-    let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
-    for bi in 0..c.b {
-        for hi in 0..c.h {
-            let kh = hi / group;
-            for i in 0..c.sq {
-                let qi = at(c.sq, c.h, bi, i, hi);
-                let visible = |j: usize| !causal || j + c.sq <= i + c.sk;
-                let s: Vec<f64> =
-                    (0..c.sk)
-                        .map(|j| {
-                            if visible(j) {
-                                dot(&q[qi..qi + c.d], &k[at(c.sk, c.hk, bi, j, kh)..][..c.d]) * scale
-                            } else {
-                                f64::NEG_INFINITY
-                            }
-                        })
-                        .collect();
-                let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                if mx == f64::NEG_INFINITY {
-                    continue;
-                }
-                let e: Vec<f64> = s.iter().map(|x| (x - mx).exp()).collect();
-                let sum: f64 = e.iter().sum();
-                let p: Vec<f64> = e.iter().map(|x| x / sum).collect();
-                let dp: Vec<f64> = (0..c.sk).map(|j| dot(&dout[qi..qi + c.d], &v[at(c.sk, c.hk, bi, j, kh)..][..c.d])).collect();
-                let rowdot: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
-                for j in 0..c.sk {
-                    if p[j] == 0.0 {
-                        continue;
-                    }
-                    let kj = at(c.sk, c.hk, bi, j, kh);
-                    let ds = p[j] * (dp[j] - rowdot);
-                    for x in 0..c.d {
-                        dv[kj + x] += p[j] * dout[qi + x];
-                        dq[qi + x] += scale * ds * k[kj + x];
-                        dk[kj + x] += scale * ds * q[qi + x];
-                    }
-                }
-            }
-        }
-    }
-    (dq, dk, dv)
+    let (score, grad, visible) = plain_scores(causal, c.sk as i64 - c.sq as i64);
+    attention_backward_reference(c, &at, scale, &ScoreMods { score: &score, grad: &grad, visible: &visible }, q, k, v, dout)
 }
 
 fn check<T: AttentionElement>(

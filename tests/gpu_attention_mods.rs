@@ -1,12 +1,13 @@
-//! The attention forward's score and mask modifiers against a float64 softmax of the modified
-//! scores: soft-capping, ALiBi, a sliding window, a prefix LM, their combinations, and a kernel
-//! of the caller's own (a score modifier and a banded mask written as closures given to
-//! `attention_persistent`). Fresh random inputs, odd lengths, outputs poisoned before each
-//! launch; on the GPU (Hopper) and, on small shapes, in the interpreter.
+//! Attention's score and mask modifiers against a float64 softmax of the modified scores:
+//! soft-capping, ALiBi, a sliding window, a prefix LM and their combinations, forward and
+//! backward (gradients from the definition, both backward modes), and a kernel of the caller's
+//! own (a score modifier and a banded mask written as closures given to
+//! `attention_persistent`; forward only). Fresh random inputs, odd lengths, outputs poisoned
+//! before each launch; on the GPU (Hopper) and, on small shapes, in the interpreter.
 
 mod common;
 
-use common::{attention_reference, random, AttentionDims, ScoreMods as Mods};
+use common::{attention_backward_reference, attention_reference, random, AttentionDims, ScoreMods as Mods};
 use tessera::testing::{gpu_or_skip, rel_error};
 use tessera::{bf16, kernel, Device, Tensor};
 use tessera_kernels::prelude::attention_persistent;
@@ -15,15 +16,15 @@ use tessera_kernels::{Attention, AttentionLayout};
 /// One problem: batch, query length, key length, query heads, key/value heads, head dim.
 type Case = AttentionDims;
 
-/// The f64 reference in `[batch, seq, heads, dim]` under `mods`.
-fn reference(c: Case, scale: f64, mods: &Mods<'_>, q: &[f64], k: &[f64], v: &[f64]) -> (Vec<f64>, Vec<f64>) {
-    let at = |s_len: usize, heads: usize, bi: usize, si: usize, hi: usize| ((bi * s_len + si) * heads + hi) * c.d;
-    attention_reference(c, &at, scale, mods, q, k, v)
+/// Where row `si` of head `hi` of batch entry `bi` starts in `[batch, seq, heads, dim]`.
+fn bshd(d: usize) -> impl Fn(usize, usize, usize, usize, usize) -> usize {
+    move |s_len, heads, bi, si, hi| ((bi * s_len + si) * heads + hi) * d
 }
 
 /// Runs `opts` (bf16, `[batch, seq, heads, dim]`) on one case and checks O by relative error
-/// and the LSE elementwise against the reference under `mods`.
-fn check(dev: &Device, c: Case, opts: Attention, scale: f32, mods: &Mods<'_>, what: &str) {
+/// and the LSE elementwise against the reference under `mods`; with `backward`, the gradients
+/// of both backward modes too.
+fn check(dev: &Device, c: Case, opts: Attention, scale: f32, mods: &Mods<'_>, what: &str, backward: bool) {
     let (qs, ks) = ([c.b, c.sq, c.h, c.d], [c.b, c.sk, c.hk, c.d]);
     let gen = |n: usize, r: f32| -> (Vec<bf16>, Vec<f64>) {
         let x: Vec<bf16> = random(n, -r, r).into_iter().map(bf16::from_f32).collect();
@@ -39,7 +40,7 @@ fn check(dev: &Device, c: Case, opts: Attention, scale: f32, mods: &Mods<'_>, wh
     let mut lse = Tensor::full(dev, &[c.b, c.h, c.sq], f32::NAN).unwrap();
     let opts = opts.layout(AttentionLayout::Bshd).scale(scale);
     tessera_kernels::attention_with_lse(dev, &opts, &qt, &kt, &vt, &mut o, &mut lse).unwrap();
-    let (want_o, want_lse) = reference(c, f64::from(scale), mods, &qw, &kw, &vw);
+    let (want_o, want_lse) = attention_reference(c, &bshd(c.d), f64::from(scale), mods, &qw, &kw, &vw);
     let got: Vec<f64> = o.to_host().unwrap().into_iter().map(|x| x.to_f64()).collect();
     let what = format!("{c:?} {what}");
     let err = rel_error(&got, &want_o);
@@ -48,6 +49,24 @@ fn check(dev: &Device, c: Case, opts: Attention, scale: f32, mods: &Mods<'_>, wh
         let g = f64::from(g);
         let ok = if w.is_infinite() { g == *w } else { (g - w).abs() <= 2e-3 * w.abs().max(1.0) };
         assert!(ok, "{what}: lse[{i}] = {g}, expected {w}");
+    }
+    if !backward {
+        return;
+    }
+    let (dout, dow) = gen(qs.iter().product(), 1.0);
+    let dot = Tensor::from_host(dev, &dout, &qs).unwrap();
+    let (want_dq, want_dk, want_dv) = attention_backward_reference(c, &bshd(c.d), f64::from(scale), mods, &qw, &kw, &vw, &dow);
+    let host = |t: &Tensor<bf16>| t.to_host().unwrap().into_iter().map(|x| x.to_f64()).collect::<Vec<f64>>();
+    // The fast mode (dQ by reduce-adds) and the deterministic one.
+    for deterministic in [false, true] {
+        let opts = opts.deterministic(deterministic);
+        let g = tessera_kernels::attention_backward(dev, &opts, &qt, &kt, &vt, &o, &lse, &dot)
+            .unwrap_or_else(|e| panic!("{what} deterministic={deterministic}: {e}"));
+        for (name, got, want) in [("dq", host(&g.dq), &want_dq), ("dk", host(&g.dk), &want_dk), ("dv", host(&g.dv), &want_dv)] {
+            assert!(got.iter().all(|x| x.is_finite()), "{what} deterministic={deterministic}: {name} has a non-finite element");
+            let err = rel_error(&got, want);
+            assert!(err < 3e-2, "{what} deterministic={deterministic}: {name} relative error {err}");
+        }
     }
 }
 
@@ -67,38 +86,48 @@ fn library_modifiers(dev: &Device) {
         let causal = |i: i64, j: i64| j <= i + shift;
         let all = |_: i64, _: i64| true;
         let plain = |s: f64, _: i64, _: i64, _: usize| s;
+        let one = |_: f64, _: i64, _: i64, _: usize| 1.0;
         // Soft-capping at 5 (the random scores reach ±10 or so: the cap bites).
         let cap = 5.0;
         let capped = |s: f64, _: i64, _: i64, _: usize| cap * (s / cap).tanh();
+        let capped_grad = |s: f64, _: i64, _: i64, _: usize| 1.0 - (s / cap).tanh().powi(2);
         for (causal_on, vis) in [(false, &all as &dyn Fn(i64, i64) -> bool), (true, &causal)] {
             let opts = Attention::new().causal(causal_on).softcap(cap as f32);
-            check(dev, c, opts, scale, &Mods { score: &capped, visible: vis }, &format!("softcap 5 causal={causal_on}"));
+            check(
+                dev,
+                c,
+                opts,
+                scale,
+                &Mods { score: &capped, grad: &capped_grad, visible: vis },
+                &format!("softcap 5 causal={causal_on}"),
+                true,
+            );
         }
         // ALiBi with the paper's slopes over `h` heads.
         let heads = c.h as f64;
         let alibi = |s: f64, i: i64, j: i64, h: usize| s - 2f64.powf(-8.0 * (h as f64 + 1.0) / heads) * ((i + shift - j).abs() as f64);
         for (causal_on, vis) in [(false, &all as &dyn Fn(i64, i64) -> bool), (true, &causal)] {
             let opts = Attention::new().causal(causal_on).alibi(8.0);
-            check(dev, c, opts, scale, &Mods { score: &alibi, visible: vis }, &format!("alibi 8 causal={causal_on}"));
+            check(dev, c, opts, scale, &Mods { score: &alibi, grad: &one, visible: vis }, &format!("alibi 8 causal={causal_on}"), true);
         }
         // Sliding windows: one key (the diagonal), a few, a block's worth and more.
         for w in [1usize, 7, 100, 300] {
             let win = move |i: i64, j: i64| j <= i + shift && j > i + shift - w as i64;
             let opts = Attention::new().causal(true).sliding_window(w);
-            check(dev, c, opts, scale, &Mods { score: &plain, visible: &win }, &format!("sliding window {w}"));
+            check(dev, c, opts, scale, &Mods { score: &plain, grad: &one, visible: &win }, &format!("sliding window {w}"), true);
         }
         // A prefix every query sees.
         for p in [5usize, 200] {
             let pre = move |i: i64, j: i64| j < p as i64 || j <= i + shift;
             let opts = Attention::new().causal(true).prefix(p);
-            check(dev, c, opts, scale, &Mods { score: &plain, visible: &pre }, &format!("prefix {p}"));
+            check(dev, c, opts, scale, &Mods { score: &plain, grad: &one, visible: &pre }, &format!("prefix {p}"), true);
         }
         // Together: a window under soft-capping and ALiBi.
         let w = 150i64;
         let win = move |i: i64, j: i64| j <= i + shift && j > i + shift - w;
         let both = |s: f64, i: i64, j: i64, h: usize| alibi(capped(s, i, j, h), i, j, h);
         let opts = Attention::new().causal(true).sliding_window(w as usize).softcap(cap as f32).alibi(8.0);
-        check(dev, c, opts, scale, &Mods { score: &both, visible: &win }, "window 150, softcap, alibi");
+        check(dev, c, opts, scale, &Mods { score: &both, grad: &capped_grad, visible: &win }, "window 150, softcap, alibi", true);
     }
 }
 
@@ -139,7 +168,8 @@ fn custom_kernel(dev: &Device) {
         let score = |s: f64, i: i64, j: i64, _: usize| s + 0.01 * f64::from(scale) * (j - i) as f64;
         let band = |i: i64, j: i64| (i - j).abs() <= 40;
         let opts = Attention::new().kernel(banded_attention_bf16::VARIANTS);
-        check(dev, c, opts, scale, &Mods { score: &score, visible: &band }, "banded kernel of the caller's");
+        let one = |_: f64, _: i64, _: i64, _: usize| 1.0;
+        check(dev, c, opts, scale, &Mods { score: &score, grad: &one, visible: &band }, "banded kernel of the caller's", false);
     }
     // Its parameters checked by name: a kernel of another signature is refused.
     let bad = Attention::new().kernel(tessera_kernels::kernels::attention_combine_bf16::VARIANTS);
@@ -186,9 +216,14 @@ fn bad_input_attention_modifiers_name_the_option() {
         let err = run(opts, &mut o);
         assert!(err.contains(name), "{opts:?}: {err}");
     }
-    // The backward of a modifier is refused rather than computed without it.
+    // The backward of a kernel of the caller's is refused rather than computed without it;
+    // the modifiers' backward refuses what their forward does.
     let lse = Tensor::<f32>::full(&dev, &[1, 2, 16], 0.0).unwrap();
-    let opts = Attention::new().causal(true).sliding_window(4);
-    let err = tessera_kernels::attention_backward(&dev, &opts, &x, &x, &x, &x, &lse, &x).err().map(|e| e.to_string()).unwrap_or_default();
-    assert!(err.contains("modifiers"), "{err}");
+    let backward_err = |opts: Attention| {
+        tessera_kernels::attention_backward(&dev, &opts, &x, &x, &x, &x, &lse, &x).err().map(|e| e.to_string()).unwrap_or_default()
+    };
+    let err = backward_err(Attention::new().kernel(banded_attention_bf16::VARIANTS));
+    assert!(err.contains("kernel of yours"), "{err}");
+    let err = backward_err(Attention::new().sliding_window(4));
+    assert!(err.contains("sliding_window"), "{err}");
 }

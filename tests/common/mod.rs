@@ -51,11 +51,19 @@ pub struct AttentionDims {
 }
 
 /// What attention's scores go through in [`attention_reference`]: `score(s, i, j, h)` on the
-/// scaled score of query `i` and key `j` in head `h`, and whether key `j` is visible to query
-/// `i`.
+/// scaled score of query `i` and key `j` in head `h`, its derivative `grad(s, i, j, h)` by `s`
+/// (for [`attention_backward_reference`]), and whether key `j` is visible to query `i`.
 pub struct ScoreMods<'a> {
     pub score: &'a dyn Fn(f64, i64, i64, usize) -> f64,
+    pub grad: &'a dyn Fn(f64, i64, i64, usize) -> f64,
     pub visible: &'a dyn Fn(i64, i64) -> bool,
+}
+
+/// No modifier: causal (the diagonal aligned at the end, `shift` = seq_k − seq_q) or not.
+pub fn plain_scores(
+    causal: bool, shift: i64,
+) -> (impl Fn(f64, i64, i64, usize) -> f64, impl Fn(f64, i64, i64, usize) -> f64, impl Fn(i64, i64) -> bool) {
+    (|s, _, _, _| s, |_, _, _, _| 1.0, move |i, j| !causal || j <= i + shift)
 }
 
 /// Attention in float64: `o` (laid out as `q`) and the natural-log LSE `[b, h, sq]` (−∞ where
@@ -109,4 +117,60 @@ pub fn attention_reference(
         }
     }
     (o, lse)
+}
+
+/// Attention's gradients in float64 from the definition, under `mods` (layouts and heads as
+/// [`attention_reference`]'s): per query row, P = softmax of the modified scores over its
+/// visible keys, `dV += Pᵀ·dO`, `dP = dO·Vᵀ`, `dS = P ∘ (dP − rowsum(dP ∘ P))` taken back
+/// through the modifier (`× grad`), `dQ = scale·dS·K`, `dK = scale·dSᵀ·Q`, summed over the query
+/// heads of a key/value group. Returns `(dq, dk, dv)`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward_reference(
+    c: AttentionDims, at: &dyn Fn(usize, usize, usize, usize, usize) -> usize, scale: f64, mods: &ScoreMods<'_>, q: &[f64], k: &[f64],
+    v: &[f64], dout: &[f64],
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
+    let group = c.h / c.hk;
+    let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+    for bi in 0..c.b {
+        for hi in 0..c.h {
+            let kh = hi / group;
+            for i in 0..c.sq {
+                let qi = at(c.sq, c.h, bi, i, hi);
+                let raw: Vec<f64> = (0..c.sk).map(|j| dot(&q[qi..qi + c.d], &k[at(c.sk, c.hk, bi, j, kh)..][..c.d]) * scale).collect();
+                let s: Vec<f64> =
+                    (0..c.sk)
+                        .map(|j| {
+                            if (mods.visible)(i as i64, j as i64) {
+                                (mods.score)(raw[j], i as i64, j as i64, hi)
+                            } else {
+                                f64::NEG_INFINITY
+                            }
+                        })
+                        .collect();
+                let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                if mx == f64::NEG_INFINITY {
+                    continue;
+                }
+                let e: Vec<f64> = s.iter().map(|x| (x - mx).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                let p: Vec<f64> = e.iter().map(|x| x / sum).collect();
+                let dp: Vec<f64> = (0..c.sk).map(|j| dot(&dout[qi..qi + c.d], &v[at(c.sk, c.hk, bi, j, kh)..][..c.d])).collect();
+                let rowdot: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+                for j in 0..c.sk {
+                    if p[j] == 0.0 {
+                        continue;
+                    }
+                    let kj = at(c.sk, c.hk, bi, j, kh);
+                    let ds = p[j] * (dp[j] - rowdot) * (mods.grad)(raw[j], i as i64, j as i64, hi);
+                    for x in 0..c.d {
+                        dv[kj + x] += p[j] * dout[qi + x];
+                        dq[qi + x] += scale * ds * k[kj + x];
+                        dk[kj + x] += scale * ds * q[qi + x];
+                    }
+                }
+            }
+        }
+    }
+    (dq, dk, dv)
 }

@@ -11,8 +11,11 @@
 //! `attention_bwd_dot` leaves it) and `dsum` `[batch·heads, seq_q, 1]` (or `[batch·heads,
 //! seq_q]` where rows of queries are read).
 
-use super::kernels::sequence;
-use super::{arg, dense_sizes, dims, head_origins, varlen_sizes, view3, Attention, AttentionElement};
+use super::kernels::{
+    causal_keys, causal_visible, key_blocks, library_score_grad, library_scores, masked_scores, sequence, window_prefix_keys,
+    window_prefix_queries, window_prefix_visible,
+};
+use super::{arg, dense_sizes, dims, head_origins, varlen_sizes, view3, Attention, AttentionElement, Flavor};
 use crate::prelude::{drain_stages, fill_stages};
 use tessera::{device, kernel, Device, Element, Optional, Result, Tensor};
 
@@ -54,32 +57,42 @@ fn query_rows(seq: i32, heads: i32, q_bm: i32, hm: i32, cm: i32) -> (i32, i32, i
     (bh, q0, b * q_bm + h * hm, h * cm)
 }
 
-/// dQ for 128 query rows of one (batch, head) a block: a producer brings Q and dO once and K,
-/// V block by block (64 keys, up to the causal diagonal); two consumers, 64 rows each, share
-/// the blocks, recompute P from the log-sum-exp and add `dS·K` into dQ in registers, stored
-/// once (`× scale`). Causally, the first consumer skips the last block, past its diagonal.
-#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], BN = [64, 128]), targets(sm_90a))]
-pub fn attention_bwd_dq(
-    q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 3>, dsum: Global<f32, 3>, dq: Global<T, 3>,
-    cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, max_q: i32, varlen: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32,
-    causal: i32, scale_log2: f32, scale: f32,
-) {
-    let tiles = (max_q + 127) / 128;
+/// A backward block's tile: `(b, h, r0)` — its batch entry, head (of `heads` a batch entry)
+/// and first row — for tiles of 128 rows over `max_len` rows a head.
+#[device]
+fn backward_tile(max_len: i32, heads: i32) -> (i32, i32, i32) {
+    let tiles = (max_len + 127) / 128;
     let bh = block::id_x() / tiles;
-    let q0 = (block::id_x() - bh * tiles) * 128;
     let b = bh / heads;
-    let h = bh - b * heads;
+    (b, bh - b * heads, (block::id_x() - bh * tiles) * 128)
+}
+
+/// dQ for the 128 query rows `q0..` of query head `h` of batch entry `b` (its sequence
+/// `q_start..`/`k_start..` of `seq_q`/`seq_k` rows, log-sum-exp row `lrow`): a producer brings
+/// Q and dO once and K, V block by block (`BN` keys) over `key_range(bh, q0, 128)`'s keys; two
+/// consumers, 64 rows each, share the blocks (each skips those outside its own range),
+/// recompute P from the log-sum-exp through [`modified_scores`] (the forward's `score_mod`
+/// and `mask_mod`), take `dS = P∘(dP − D)` back through `score_grad(ds, s, x, qi, kj, bh)`
+/// (raw scores `s`, modified `x`) and add `dS·K` into dQ in registers, stored once
+/// (`× scale`). `attention_bwd_dq` is it with the causal mask.
+#[device]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_dq_tile<T, const D: usize, const BN: usize>(
+    q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 3>, dsum: Global<f32, 3>, dq: Global<T, 3>,
+    b: i32, h: i32, q0: i32, q_start: i32, seq_q: i32, k_start: i32, seq_k: i32, lrow: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32,
+    hm: i32, cm: i32, scale_log2: f32, scale: f32,
+    score_mod: impl Fn(Tile<f32, 64, BN>, Tile<f32, 64, BN>, Tile<f32, 64, BN>, i32) -> Tile<f32, 64, BN>,
+    score_grad: impl Fn(Tile<f32, 64, BN>, Tile<f32, 64, BN>, Tile<f32, 64, BN>, Tile<f32, 64, BN>, Tile<f32, 64, BN>, i32) -> Tile<f32, 64, BN>,
+    mask_mod: impl Fn(Tile<f32, 64, BN>, Tile<f32, 64, BN>, i32) -> Tile<f32, 64, BN>,
+    key_range: impl Fn(i32, i32, i32) -> (i32, i32, i32, i32),
+) {
+    let bh = b * heads + h;
     let kvh = h / group;
-    let (q_start, seq_q, k_start, seq_k, lrow) = sequence(q, k, cu_q, cu_k, varlen, b, bh, h);
-    // Causally, key j is visible to query i when j ≤ i + seq_k − seq_q (aligned at the end).
-    let shift = seq_k - seq_q;
-    let mut kv_end = seq_k;
-    if causal == 1 {
-        kv_end = min(seq_k, q0 + 128 + shift);
-    }
+    let (lo, hi, _, _) = key_range(bh, q0, 128);
+    let (j0, j1) = key_blocks(lo, hi, seq_k, BN, 0, 1);
     // A tile past its sequence's rows (packed: shorter than the longest) has nothing to do.
-    let mut nb = (kv_end + BN - 1) / BN;
     let live = q0 < seq_q;
+    let mut nb = j1 - j0;
     if !live {
         nb = 0;
     }
@@ -98,8 +111,8 @@ pub fn attention_bwd_dq(
             qpipe.commit(s);
         }
         fill_stages(kvpipe, nb, |s, j| {
-            tma::load(sk.at(s), k, [b * k_bm + kvh * hm, k_start + j * BN, kvh * cm], kvpipe);
-            tma::load(sv.at(s), v, [b * k_bm + kvh * hm, k_start + j * BN, kvh * cm], kvpipe);
+            tma::load(sk.at(s), k, [b * k_bm + kvh * hm, k_start + (j0 + j) * BN, kvh * cm], kvpipe);
+            tma::load(sv.at(s), v, [b * k_bm + kvh * hm, k_start + (j0 + j) * BN, kvh * cm], kvpipe);
         });
     } else if live {
         setmaxnreg(240);
@@ -108,16 +121,14 @@ pub fn attention_bwd_dq(
         // The log-sum-exp in log₂ units.
         let lse2 = lse.load_or::<Tile<f32, 64, 1>>([lrow, q_start + qr, 0], 0.0);
         let d = dsum.load_or::<Tile<f32, 64, 1>>([lrow, q_start + qr, 0], 0.0);
-        // Row r sees the keys below r + diag; this consumer's blocks end at `mine`.
-        let diag = qr + 1 + shift;
-        let mut mine = nb;
-        if causal == 1 {
-            mine = (min(seq_k, qr + 64 + shift) + BN - 1) / BN;
-        }
+        // This consumer's blocks, and the keys all its rows see (no mask there).
+        let (clo, chi, full_lo, full_hi) = key_range(bh, qr, 64);
+        let (c0, c1) = key_blocks(clo, chi, seq_k, BN, 0, 1);
         let mut dqa = Tile::<f32, 64, D>::zeros();
         let qs = qpipe.wait();
-        drain_stages(kvpipe, nb, |s, j| {
-            if j < mine {
+        drain_stages(kvpipe, nb, |s, jj| {
+            let j = j0 + jj;
+            if j >= c0 && j < c1 {
                 let k0 = j * BN;
                 let mut sc = Tile::<f32, 64, BN>::zeros();
                 mma_sync(sc, sq.at(qs).rows(row, 64), sk.at(s));
@@ -125,16 +136,12 @@ pub fn attention_bwd_dq(
                 mma_sync(dp, sdo.at(qs).rows(row, 64), sv.at(s));
                 // S is done; dP's MMA runs under the softmax.
                 mma_wait(1);
-                let mut x = sc * scale_log2 - lse2;
-                if k0 + BN > seq_k {
-                    x = x.mask_cols(seq_k - k0, f32::NEG_INFINITY);
-                }
-                if causal == 1 && k0 + BN > diag {
-                    x = x.mask_cols(Tile::<f32, 64, 1>::row_index() + (diag - k0) as f32, f32::NEG_INFINITY);
-                }
-                let p = exp2(x);
+                let qi = Tile::<f32, 64, BN>::row_index() + qr as f32;
+                let kj = Tile::<f32, 64, BN>::col_index() + k0 as f32;
+                let x = score_mod(sc, qi, kj, bh);
+                let p = exp2(masked_scores(x, bh, qr, k0, seq_k, full_lo, full_hi, mask_mod) * scale_log2 - lse2);
                 mma_wait(0);
-                mma_sync_kn(dqa, (p * (dp - d)).cast::<T>(), sk.at(s));
+                mma_sync_kn(dqa, score_grad(p * (dp - d), sc, x, qi, kj, bh).cast::<T>(), sk.at(s));
                 mma_wait(0);
             }
         });
@@ -144,37 +151,78 @@ pub fn attention_bwd_dq(
     }
 }
 
-/// dK and dV for 128 keys of one (batch, key/value head) a block: a producer brings K and V
-/// once and Q, dO block by block (64 queries) for every query head of the group (from the
-/// causal diagonal on); two consumers, 64 keys each, share the blocks, recompute Pᵀ from the
-/// log-sum-exp and add `Pᵀ·dO` into dV and `dSᵀ·Q` into dK in registers, stored once (dK
-/// `× scale`). `lse`, `dsum` as `[batch·heads, seq_q]`. With `fused` 1 (the fast mode) the
-/// consumers also form the block's dQ, `dS·K` over the tile's 128 keys (both consumers' dSᵀ
-/// through shared memory, read transposed), each one half — 64 queries by `D·BQ/128` columns
-/// — and add it into the f32 `dq_acc` (`[lse's rows, seq, D]`) by TMA reduce-adds of
-/// 32-column panels: no dQ walk, but the sums' order varies from run to run.
-#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], BQ = [64, 128]), targets(sm_90a))]
-pub fn attention_bwd_dkv(
-    q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 2>, dsum: Global<f32, 2>, dk: Global<T, 3>,
-    dv: Global<T, 3>, dq_acc: Global<f32, 3>, cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, max_k: i32, varlen: i32, heads: i32, group: i32,
-    q_bm: i32, k_bm: i32, hm: i32, cm: i32, causal: i32, fused: i32, scale_log2: f32, scale: f32,
+/// dQ for 128 query rows of one (batch, head) a block: [`attention_dq_tile`] with the causal
+/// mask (`causal` 1, the diagonal aligned at the end) or none, packed sequences (`varlen` 1)
+/// or padded. Causally, the first consumer skips the last block, past its diagonal.
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], BN = [64, 128]), targets(sm_90a))]
+pub fn attention_bwd_dq(
+    q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 3>, dsum: Global<f32, 3>, dq: Global<T, 3>,
+    cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, max_q: i32, varlen: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32,
+    causal: i32, scale_log2: f32, scale: f32,
 ) {
-    let kv_heads = heads / group;
-    let tiles = (max_k + 127) / 128;
-    let bkh = block::id_x() / tiles;
-    let k0 = (block::id_x() - bkh * tiles) * 128;
-    let b = bkh / kv_heads;
-    let kvh = bkh - b * kv_heads;
-    let (q_start, seq_q, k_start, seq_k, _) = sequence(q, k, cu_q, cu_k, varlen, b, 0, 0);
+    let (b, h, q0) = backward_tile(max_q, heads);
+    let (q_start, seq_q, k_start, seq_k, lrow) = sequence(q, k, cu_q, cu_k, varlen, b, b * heads + h, h);
     let shift = seq_k - seq_q;
-    // Causally, query i sees key j when i ≥ j − shift: the walk starts at the query tile of
-    // the block's first key.
-    let mut i0 = 0;
-    if causal == 1 {
-        i0 = max(k0 - shift, 0) / BQ;
-    }
+    #[rustfmt::skip]
+    attention_dq_tile::<T, D, BN>(
+        q, k, v, dout, lse, dsum, dq, b, h, q0, q_start, seq_q, k_start, seq_k, lrow, heads, group, q_bm, k_bm, hm, cm, scale_log2, scale,
+        |s, _qi, _kj, _bh| s,
+        |ds, _s, _x, _qi, _kj, _bh| ds,
+        |qi, kj, _bh| causal_visible(qi, kj, shift),
+        |_bh, q0, rows| causal_keys(q0, rows, seq_k, shift, causal),
+    );
+}
+
+/// [`attention_bwd_dq`] with the library's modifiers (`flash_attention_mods`' knob `M` and
+/// parameters; padded layouts): [`library_scores`], [`library_score_grad`] and
+/// [`window_prefix_visible`] over [`window_prefix_keys`]. Key blocks of `8192 / D`.
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], M = [1, 4, 7]), targets(sm_90a))]
+pub fn attention_bwd_dq_mods(
+    q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 3>, dsum: Global<f32, 3>, dq: Global<T, 3>,
+    heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32, causal: i32, scale_log2: f32, scale: f32, cap: f32, max_bias: f32,
+    alibi_scale: f32, window: i32, prefix: i32,
+) {
+    let (b, h, q0) = backward_tile(q.dim(1), heads);
+    let seq_q = q.dim(1);
+    let seq_k = k.dim(1);
+    let shift = seq_k - seq_q;
+    #[rustfmt::skip]
+    attention_dq_tile::<T, D, { 8192 / D }>(
+        q, k, v, dout, lse, dsum, dq, b, h, q0, 0, seq_q, 0, seq_k, b * heads + h, heads, group, q_bm, k_bm, hm, cm, scale_log2, scale,
+        |s, qi, kj, bh| library_scores::<M, { 8192 / D }>(s, qi, kj, bh, heads, cap, max_bias, alibi_scale, shift),
+        |ds, s, x, _qi, _kj, _bh| library_score_grad::<M, { 8192 / D }>(ds, s, x, cap),
+        |qi, kj, _bh| window_prefix_visible(qi, kj, shift, window, prefix),
+        |_bh, q0, rows| window_prefix_keys(q0, rows, seq_k, shift, causal, window, prefix),
+    );
+}
+
+/// dK and dV for the 128 keys `k0..` of key/value head `kvh` of batch entry `b` (its sequence
+/// as [`attention_dq_tile`]'s): a producer brings K and V once and Q, dO block by block (`BQ`
+/// queries) over `query_range(k0, 128)`'s queries, for every query head of the group; two
+/// consumers, 64 keys each, share the blocks, recompute Pᵀ from the log-sum-exp (the same
+/// `score_mod` and `mask_mod` on `Sᵀ = K·Qᵀ`, `qi` along its columns, `kj` along its rows;
+/// masks applied in blocks outside `query_range(kr, 64)`'s full range), take `dSᵀ` back
+/// through `score_grad` and add `Pᵀ·dO` into dV and `dSᵀ·Q` into dK in registers, stored once
+/// (dK `× scale`). `lse`, `dsum` as `[batch·heads, seq_q]`. With `fused` 1 (the fast mode)
+/// the consumers also form the block's dQ, `dS·K` over the tile's 128 keys (both consumers'
+/// dSᵀ through shared memory, read transposed), each one half — 64 queries by `D·BQ/128`
+/// columns — and add it into the f32 `dq_acc` (`[lse's rows, seq, D]`) by TMA reduce-adds of
+/// 32-column panels: no dQ walk, but the sums' order varies from run to run.
+#[device]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_dkv_tile<T, const D: usize, const BQ: usize>(
+    q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 2>, dsum: Global<f32, 2>, dk: Global<T, 3>,
+    dv: Global<T, 3>, dq_acc: Global<f32, 3>, b: i32, kvh: i32, k0: i32, q_start: i32, seq_q: i32, k_start: i32, seq_k: i32, varlen: i32,
+    heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32, fused: i32, scale_log2: f32, scale: f32,
+    score_mod: impl Fn(Tile<f32, 64, BQ>, Tile<f32, 64, BQ>, Tile<f32, 64, BQ>, i32) -> Tile<f32, 64, BQ>,
+    score_grad: impl Fn(Tile<f32, 64, BQ>, Tile<f32, 64, BQ>, Tile<f32, 64, BQ>, Tile<f32, 64, BQ>, Tile<f32, 64, BQ>, i32) -> Tile<f32, 64, BQ>,
+    mask_mod: impl Fn(Tile<f32, 64, BQ>, Tile<f32, 64, BQ>, i32) -> Tile<f32, 64, BQ>,
+    query_range: impl Fn(i32, i32) -> (i32, i32, i32, i32),
+) {
+    let (lo, hi, _, _) = query_range(k0, 128);
+    let (i0, i1) = key_blocks(lo, hi, seq_q, BQ, 0, 1);
     let live = k0 < seq_k;
-    let mut per_head = max((seq_q + BQ - 1) / BQ - i0, 0);
+    let mut per_head = i1 - i0;
     if !live {
         per_head = 0;
     }
@@ -217,42 +265,44 @@ pub fn attention_bwd_dkv(
         let me = warpgroup::id() - 1;
         let row = me * 64;
         let kr = k0 + row;
+        // The queries that see all this consumer's keys: no mask there.
+        let (_, _, full_lo, full_hi) = query_range(kr, 64);
         let mut dka = Tile::<f32, 64, D>::zeros();
         let mut dva = Tile::<f32, 64, D>::zeros();
         let ks = kpipe.wait();
         drain_stages(qpipe, total, |s, n| {
-            let (_, q0, lrow) = query_block(n, per_head, i0, kvh, group, b, heads, varlen, BQ);
+            let (h, q0, lrow) = query_block(n, per_head, i0, kvh, group, b, heads, varlen, BQ);
+            let bh = b * heads + h;
             let mut st = Tile::<f32, 64, BQ>::zeros();
             mma_sync(st, sk.at(ks).rows(row, 64), sq.at(s));
             // (dPᵀ's MMA issued here too, to run under the softmax, serializes the MMAs: its
             // registers beside S's, dK's and dV's do not fit.)
             mma_wait(0);
-            // Queries past the sequence (the tensor's: TMA's zeros; packed: the next one's)
-            // are masked below.
-            let mut x = st * scale_log2;
+            // Each element's query (along Sᵀ's columns) and key (along its rows).
+            let qi = Tile::<f32, 64, BQ>::col_index() + q0 as f32;
+            let kj = Tile::<f32, 64, BQ>::row_index() + kr as f32;
+            let xm = score_mod(st, qi, kj, bh);
+            let mut x = xm * scale_log2;
             if varlen == 1 {
                 x = x - lse.load_or::<Tile<f32, 1, BQ>>([lrow, q_start + q0], 0.0);
             } else {
                 x = x - slse.at(s).load();
             }
+            // Queries past the sequence (the tensor's: TMA's zeros; packed: the next one's),
+            // and the masked ones (a row with no key at all has x up to 1.5·10³⁰ from its
+            // clamped log-sum-exp: selected away, not added to).
             if q0 + BQ > seq_q {
                 x = x.mask_cols(seq_q - q0, f32::NEG_INFINITY);
             }
-            if causal == 1 && kr + 63 > q0 + shift {
-                // Key k0 + r is visible to query q0 + c when q0 + c + shift − k0 − r ≥ 0; the
-                // others get −10³⁸ (0 after exp2, where a mask after it could meet ∞; a row
-                // with no key at all has x up to 1.5·10³⁰ from its clamped log-sum-exp).
-                // (Inline, so that the index tiles take x's layout.)
-                x = x
-                    + ((Tile::<f32, 64, BQ>::col_index() - Tile::<f32, 64, BQ>::row_index() + (q0 + shift - kr) as f32).step() - 1.0)
-                        * 1e38;
+            if q0 < full_lo || q0 + BQ > full_hi {
+                x = x.keep_where(mask_mod(qi, kj, bh), f32::NEG_INFINITY);
             }
             if fused == 1 && kr + 64 > seq_k {
                 // Keys past the sequence (packed: the next one's) must not reach dQ.
                 x = x - (Tile::<f32, 64, BQ>::row_index() - (seq_k - kr) as f32).step() * 1e38;
             }
             let pt = exp2(x);
-            // dV's MMA and dPᵀ's run together; S's registers are free by then.
+            // dV's MMA and dPᵀ's run together.
             mma_sync_kn(dva, pt.cast::<T>(), sdo.at(s));
             let mut dpt = Tile::<f32, 64, BQ>::zeros();
             mma_sync(dpt, sv.at(ks).rows(row, 64), sdo.at(s));
@@ -263,7 +313,7 @@ pub fn attention_bwd_dkv(
             } else {
                 dp = dp - sdsum.at(s).load();
             }
-            let ds = (pt * dp).cast::<T>();
+            let ds = score_grad(pt * dp, st, xm, qi, kj, bh).cast::<T>();
             mma_sync_kn(dka, ds, sq.at(s));
             if fused == 1 {
                 // The block's dQ = dS·K over all 128 keys: each consumer puts its keys' dSᵀ
@@ -305,6 +355,52 @@ pub fn attention_bwd_dkv(
         dk.store_within([plane, k_start + kr, kvh * cm], (dka * scale).cast::<T>(), [dk.dim(0), end, dk.dim(2)]);
         dv.store_within([plane, k_start + kr, kvh * cm], dva.cast::<T>(), [dv.dim(0), end, dv.dim(2)]);
     }
+}
+
+/// dK and dV for 128 keys of one (batch, key/value head) a block: [`attention_dkv_tile`] with
+/// the causal mask (`causal` 1; the walk starts at the query block of the tile's first key) or
+/// none, packed sequences (`varlen` 1) or padded.
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], BQ = [64, 128]), targets(sm_90a))]
+pub fn attention_bwd_dkv(
+    q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 2>, dsum: Global<f32, 2>, dk: Global<T, 3>,
+    dv: Global<T, 3>, dq_acc: Global<f32, 3>, cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, max_k: i32, varlen: i32, heads: i32, group: i32,
+    q_bm: i32, k_bm: i32, hm: i32, cm: i32, causal: i32, fused: i32, scale_log2: f32, scale: f32,
+) {
+    let (b, kvh, k0) = backward_tile(max_k, heads / group);
+    let (q_start, seq_q, k_start, seq_k, _) = sequence(q, k, cu_q, cu_k, varlen, b, 0, 0);
+    let shift = seq_k - seq_q;
+    #[rustfmt::skip]
+    attention_dkv_tile::<T, D, BQ>(
+        q, k, v, dout, lse, dsum, dk, dv, dq_acc, b, kvh, k0, q_start, seq_q, k_start, seq_k, varlen, heads, group, q_bm, k_bm, hm, cm,
+        fused, scale_log2, scale,
+        |s, _qi, _kj, _bh| s,
+        |ds, _s, _x, _qi, _kj, _bh| ds,
+        |qi, kj, _bh| causal_visible(qi, kj, shift),
+        |k0, rows| window_prefix_queries(k0, rows, seq_q, shift, causal, 1073741824, 0),
+    );
+}
+
+/// [`attention_bwd_dkv`] with the library's modifiers, as [`attention_bwd_dq_mods`]: query
+/// blocks of `8192 / D`, the walk over [`window_prefix_queries`]' range.
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], M = [1, 4, 7]), targets(sm_90a))]
+pub fn attention_bwd_dkv_mods(
+    q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 2>, dsum: Global<f32, 2>, dk: Global<T, 3>,
+    dv: Global<T, 3>, dq_acc: Global<f32, 3>, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32, causal: i32, fused: i32,
+    scale_log2: f32, scale: f32, cap: f32, max_bias: f32, alibi_scale: f32, window: i32, prefix: i32,
+) {
+    let (b, kvh, k0) = backward_tile(k.dim(1), heads / group);
+    let seq_q = q.dim(1);
+    let seq_k = k.dim(1);
+    let shift = seq_k - seq_q;
+    #[rustfmt::skip]
+    attention_dkv_tile::<T, D, { 8192 / D }>(
+        q, k, v, dout, lse, dsum, dk, dv, dq_acc, b, kvh, k0, 0, seq_q, 0, seq_k, 0, heads, group, q_bm, k_bm, hm, cm, fused,
+        scale_log2, scale,
+        |s, qi, kj, bh| library_scores::<M, { 8192 / D }>(s, qi, kj, bh, heads, cap, max_bias, alibi_scale, shift),
+        |ds, s, x, _qi, _kj, _bh| library_score_grad::<M, { 8192 / D }>(ds, s, x, cap),
+        |qi, kj, _bh| window_prefix_visible(qi, kj, shift, window, prefix),
+        |k0, rows| window_prefix_queries(k0, rows, seq_q, shift, causal, window, prefix),
+    );
 }
 
 /// The dK/dV walk's block `n` (of `per_head` a query head, from query tile `i0`) for key/value
@@ -431,13 +527,18 @@ fn run<T: AttentionElement>(
     device: &Device, opts: &Attention, d: usize, [q, k, v, o, dout]: [&Tensor<T>; 5], lse: &Tensor<f32>, [rows, cols]: [usize; 2],
     [(qs, qst), (ks, kst)]: [([usize; 3], [usize; 3]); 2], grids: [usize; 3], cu: [&Optional<Tensor<i32>>; 2], ints: [i32; 10],
 ) -> Result<AttentionGrads<T>> {
-    if opts.modified() {
-        return Err(arg(
-            "opts",
-            "no score or mask modifiers and no kernel of yours (their backward is not built yet)".into(),
-            format!("{opts:?}"),
-        ));
-    }
+    // The library's modifiers have their walks; a kernel of the caller's has no backward.
+    let mods = match opts.flavor(d, ints[9] != 0)? {
+        Flavor::Plain => None,
+        Flavor::Mods(m, mods, masks) => Some((m, mods, masks)),
+        Flavor::Custom(_) => {
+            return Err(arg(
+                "kernel",
+                "no kernel of yours (its backward is not built: the library's modifiers have one)".into(),
+                format!("{opts:?}"),
+            ))
+        }
+    };
     let mut grads = AttentionGrads {
         dq: Tensor::scratch(device, q.shape())?,
         dk: Tensor::scratch(device, k.shape())?,
@@ -466,7 +567,10 @@ fn run<T: AttentionElement>(
         [&mut dqv, &mut dkv, &mut dvv],
         cu,
         ints,
-        [scale * std::f32::consts::LOG2_E, scale],
+        // Soft-capping alone returns `tanh(s / cap)`: the cap's factor goes with the scale (the
+        // scores' factor, not dQ's and dK's).
+        [scale * std::f32::consts::LOG2_E * mods.map_or(1.0, |(m, [cap, ..], _)| if m == 1 { cap } else { 1.0 }), scale],
+        mods,
     )?;
     drop((dqv, dkv, dvv));
     Ok(grads)

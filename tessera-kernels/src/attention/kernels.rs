@@ -127,9 +127,7 @@ pub fn dense_tile(tile: i32, full: i32, parts: i32, m_tiles: i32, hg: i32, bhs: 
 
 /// One block's scores as the softmax takes them: `score_mod(s, qi, kj, bh)` on the raw
 /// `Q·Kᵀ` block `s` of keys `k0..` for the warpgroup's 64 queries from `q` (`qi`, `kj`: each
-/// element's query and key index, f32), keys past `seq_k` masked to −∞, and — only in a block
-/// that reaches outside `full_lo..full_hi`, the keys every one of the 64 queries sees —
-/// those where `mask_mod(qi, kj, bh)` is below 0.
+/// element's query and key index, f32), then [`masked_scores`].
 #[tessera::device]
 #[allow(clippy::too_many_arguments)]
 pub fn modified_scores<const BN: usize>(
@@ -139,12 +137,27 @@ pub fn modified_scores<const BN: usize>(
 ) -> Tile<f32, 64, BN> {
     let qi = Tile::<f32, 64, BN>::row_index() + q as f32;
     let kj = Tile::<f32, 64, BN>::col_index() + k0 as f32;
-    let mut x = score_mod(s, qi, kj, bh);
+    masked_scores(score_mod(s, qi, kj, bh), bh, q, k0, seq_k, full_lo, full_hi, mask_mod)
+}
+
+/// Modified scores `x` of keys `k0..` for 64 queries from `q` with their masks: keys past
+/// `seq_k` to −∞ and — only in a block that reaches outside `full_lo..full_hi`, the keys
+/// every one of the 64 queries sees — those where `mask_mod(qi, kj, bh)` is below 0.
+#[tessera::device]
+#[allow(clippy::too_many_arguments)]
+pub fn masked_scores<const BN: usize>(
+    x: Tile<f32, 64, BN>, bh: i32, q: i32, k0: i32, seq_k: i32, full_lo: i32, full_hi: i32,
+    mask_mod: impl Fn(Tile<f32, 64, BN>, Tile<f32, 64, BN>, i32) -> Tile<f32, 64, BN>,
+) -> Tile<f32, 64, BN> {
+    let mut x = x;
     if k0 + BN > seq_k {
         x = x.mask_cols(seq_k - k0, f32::NEG_INFINITY);
     }
     if k0 < full_lo || k0 + BN > full_hi {
-        x = x.keep_where(mask_mod(qi, kj, bh), f32::NEG_INFINITY);
+        x = x.keep_where(
+            mask_mod(Tile::<f32, 64, BN>::row_index() + q as f32, Tile::<f32, 64, BN>::col_index() + k0 as f32, bh),
+            f32::NEG_INFINITY,
+        );
     }
     x
 }
@@ -452,6 +465,73 @@ pub fn window_prefix_keys(q: i32, rows: i32, seq_k: i32, shift: i32, causal: i32
     (lo, hi, full_lo, full_hi)
 }
 
+/// The query range of keys `k..k + rows` under [`window_prefix_visible`] (`causal` 1) or no
+/// mask (`causal` 0): `(lo, hi, full_lo, full_hi)` — queries `lo..hi` see some of the keys,
+/// `full_lo..full_hi` all of them — as the backward's dK/dV walk takes it. Key `j` is seen by
+/// queries `j − shift ..= j − shift + window − 1`, a prefix key by all.
+#[tessera::device]
+pub fn window_prefix_queries(k: i32, rows: i32, seq_q: i32, shift: i32, causal: i32, window: i32, prefix: i32) -> (i32, i32, i32, i32) {
+    let mut lo = 0;
+    let mut hi = seq_q;
+    let mut full_lo = 0;
+    let mut full_hi = 1073741824;
+    if causal == 1 && k + rows > prefix {
+        full_lo = k + rows - 1 - shift;
+        full_hi = max(k, prefix) - shift + window;
+        if k >= prefix {
+            lo = k - shift;
+            hi = min(seq_q, k + rows - 1 - shift + window);
+        }
+    }
+    (lo, hi, full_lo, full_hi)
+}
+
+/// The library's score modifiers of variant `M` (knob bits: 1 soft-capping, 2 ALiBi — with
+/// `M` 7 each where its parameter is above 0, switched at run time): [`softcap`] then
+/// [`alibi`] on raw scores `s`. `M` 1 (soft-capping alone) returns `tanh(s / cap)`, the cap's
+/// factor folded into the kernel's `scale_log2` by the host. (Conditions of literals alone are
+/// compiled one way: a variant holds no code of the others.)
+#[tessera::device]
+#[allow(clippy::too_many_arguments)]
+pub fn library_scores<const M: usize, const BN: usize>(
+    s: Tile<f32, 64, BN>, qi: Tile<f32, 64, BN>, kj: Tile<f32, 64, BN>, bh: i32, heads: i32, cap: f32, max_bias: f32, alibi_scale: f32,
+    shift: i32,
+) -> Tile<f32, 64, BN> {
+    let mut x = s;
+    if M == 1 {
+        x = tanh(x * (1.0 / cap));
+    }
+    if M == 7 {
+        if cap > 0.0 {
+            x = softcap(x, cap);
+        }
+        if max_bias > 0.0 {
+            x = alibi(x, qi, kj, bh, heads, max_bias, alibi_scale, shift);
+        }
+    }
+    x
+}
+
+/// [`library_scores`]' chain rule for the backward: the gradient `ds` reaching the modified
+/// scores `x` (of raw scores `s`) taken back to `s` — soft-capping's `1 − tanh²(s / cap)`
+/// (from `x` itself with `M` 1, recomputed with `M` 7); ALiBi and masks pass it on.
+#[tessera::device]
+pub fn library_score_grad<const M: usize, const BN: usize>(
+    ds: Tile<f32, 64, BN>, s: Tile<f32, 64, BN>, x: Tile<f32, 64, BN>, cap: f32,
+) -> Tile<f32, 64, BN> {
+    let mut g = ds;
+    if M == 1 {
+        g = g * (1.0 - x * x);
+    }
+    if M == 7 {
+        if cap > 0.0 {
+            let t = tanh(s * (1.0 / cap));
+            g = g * (1.0 - t * t);
+        }
+    }
+    g
+}
+
 /// FlashAttention forward with the library's modifiers: `flash_attention` with [`softcap`]
 /// (knob `M` bit 1, `cap` > 0; with `M` 1 alone, `scale_log2` carries the cap's factor) then
 /// [`alibi`] (bit 2, `alibi` > 0) on the scores and, with
@@ -476,25 +556,7 @@ pub fn flash_attention_mods(
     attention_persistent::<T, D, BN, STAGES>(
         q, k, v, o, lse, counter, opart, lpart, full, parts, heads, group, q_bm, k_bm, hm, cm, hg, keep_lse, scale_log2,
         |x, _plane, _row, _col| x,
-        |s, qi, kj, bh| {
-            let mut x = s;
-            if M == 1 {
-                // Soft-capping alone: `cap` folded into `scale_log2` by the host (one
-                // multiplication an element fewer).
-                x = tanh(x * (1.0 / cap));
-            }
-            // (A condition of literals alone is compiled one way: the other variants hold no
-            // code of these.)
-            if M == 7 {
-                if cap > 0.0 {
-                    x = softcap(x, cap);
-                }
-                if max_bias > 0.0 {
-                    x = alibi(x, qi, kj, bh, heads, max_bias, alibi_scale, shift);
-                }
-            }
-            x
-        },
+        |s, qi, kj, bh| library_scores::<M, BN>(s, qi, kj, bh, heads, cap, max_bias, alibi_scale, shift),
         |qi, kj, _bh| window_prefix_visible(qi, kj, shift, window, prefix),
         |_bh, q0, rows| window_prefix_keys(q0, rows, seq_k, shift, causal, window, prefix),
     );

@@ -7,9 +7,9 @@ mod backward;
 pub(crate) mod kernels;
 
 pub use backward::{
-    attention_backward, attention_bwd_dkv_bf16, attention_bwd_dkv_f16, attention_bwd_dot_bf16, attention_bwd_dot_f16,
-    attention_bwd_dq_bf16, attention_bwd_dq_f16, attention_bwd_dq_out_bf16, attention_bwd_dq_out_f16, attention_varlen_backward,
-    AttentionGrads,
+    attention_backward, attention_bwd_dkv_bf16, attention_bwd_dkv_f16, attention_bwd_dkv_mods_bf16, attention_bwd_dkv_mods_f16,
+    attention_bwd_dot_bf16, attention_bwd_dot_f16, attention_bwd_dq_bf16, attention_bwd_dq_f16, attention_bwd_dq_mods_bf16,
+    attention_bwd_dq_mods_f16, attention_bwd_dq_out_bf16, attention_bwd_dq_out_f16, attention_varlen_backward, AttentionGrads,
 };
 
 pub use kernels::{
@@ -348,13 +348,14 @@ pub trait AttentionElement: Element + sealed::Sealed {
         cu: [&Optional<Tensor<i32>>; 2], split: Split<'_>, ints: [i32; 12], scale_log2: f32,
     ) -> Result<()>;
     /// The backward's kernels ([`attention_backward`]: three, or with `dq_acc` the dot, the
-    /// dK/dV walk summing dQ, and its scaling), their variant of head dim `d`.
+    /// dK/dV walk summing dQ, and its scaling), their variant of head dim `d`; with `mods`
+    /// (`Mods`' `M`, parameters and masks) the walks of the library's modifiers.
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     fn backward(
         d: &Device, head_dim: usize, grids: [usize; 3], qkv_do_o: [&TensorView<Self>; 5], lse: &TensorView<f32>,
         stats: [&mut Tensor<f32>; 2], cols: usize, dq_acc: Option<&mut Tensor<f32>>, grads: [&mut TensorViewMut<Self>; 3],
-        cu: [&Optional<Tensor<i32>>; 2], ints: [i32; 10], scales: [f32; 2],
+        cu: [&Optional<Tensor<i32>>; 2], ints: [i32; 10], scales: [f32; 2], mods: Option<(i64, [f32; 3], [i32; 2])>,
     ) -> Result<()>;
     /// The dense forward with the library's modifiers (`flash_attention_mods`, variant `i`):
     /// `ints` as [`AttentionElement::forward`]'s, `mods` `[cap, alibi, alibi_scale]` and
@@ -388,13 +389,14 @@ mod sealed {
 }
 
 macro_rules! attention_element {
-    ($t:ty, $dense:ident, $varlen:ident, $mods:ident, $combine:ident, $dot:ident, $dq:ident, $dkv:ident, $dq_out:ident) => {
+    ($t:ty, $dense:ident, $varlen:ident, $mods:ident, $combine:ident, $dot:ident, $dq:ident, $dkv:ident, $dq_out:ident, $dq_mods:ident, $dkv_mods:ident) => {
         impl AttentionElement for $t {
             fn backward(
                 d: &Device, head_dim: usize, [bd, bq, bk]: [usize; 3], [q, k, v, dout, o]: [&TensorView<Self>; 5], lse: &TensorView<f32>,
                 [dsum, lse_log2]: [&mut Tensor<f32>; 2], cols: usize, dq_acc: Option<&mut Tensor<f32>>,
                 [dq, dk, dv]: [&mut TensorViewMut<Self>; 3], [cu_q, cu_k]: [&Optional<Tensor<i32>>; 2],
                 [heads, group, q_bm, k_bm, hm, cm, causal, max_q, max_k, varlen]: [i32; 10], [scale_log2, scale]: [f32; 2],
+                mods: Option<(i64, [f32; 3], [i32; 2])>,
             ) -> Result<()> {
                 let pick = |all: &[&KernelSpec]| {
                     (0..all.len())
@@ -427,6 +429,12 @@ macro_rules! attention_element {
                 drop((dsum3, lse3));
                 let (dsum3, lse3) = (dsum.view(&s3, &st3)?, lse_log2.view(&s3, &st3)?);
                 let (dsum2, lse2) = (dsum.view(&s2, &st2)?, lse_log2.view(&s2, &st2)?);
+                // The modifiers' walks: their variant of `M` (key and query blocks of 8192 / D).
+                let pick_mods = |all: &[&KernelSpec], m: i64| {
+                    (0..all.len())
+                        .find(|&i| of_head_dim(all[i], head_dim) && all[i].knob("M") == Some(m))
+                        .ok_or_else(|| arg("q", "head_dim 64 or 128".into(), format!("head_dim {head_dim}")))
+                };
                 // Deterministic: dQ's own walk, and a stand-in for the sums the dK/dV walk
                 // then leaves alone.
                 let fused = i32::from(dq_acc.is_some());
@@ -434,20 +442,30 @@ macro_rules! attention_element {
                 let acc = match dq_acc {
                     Some(acc) => acc,
                     None => {
-                        #[rustfmt::skip]
-                                $dq::launch_variant(
-                                    pick_dq($dq::VARIANTS)?, d, Grid::from(bq as u32), q, k, v, dout, &lse3, &dsum3, dq, cu_q, cu_k, max_q,
-                                    varlen, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2, scale,
-                                )?;
+                        match mods {
+                            None => $dq::launch_variant(
+                                pick_dq($dq::VARIANTS)?, d, Grid::from(bq as u32), q, k, v, dout, &lse3, &dsum3, dq, cu_q, cu_k, max_q,
+                                varlen, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2, scale,
+                            )?,
+                            Some((m, [cap, max_bias, alibi_scale], [window, prefix])) => $dq_mods::launch_variant(
+                                pick_mods($dq_mods::VARIANTS, m)?, d, Grid::from(bq as u32), q, k, v, dout, &lse3, &dsum3, dq, heads,
+                                group, q_bm, k_bm, hm, cm, causal, scale_log2, scale, cap, max_bias, alibi_scale, window, prefix,
+                            )?,
+                        }
                         stand_in = Tensor::<f32>::scratch(d, &[1, 64, head_dim])?;
                         &mut stand_in
                     }
                 };
-                #[rustfmt::skip]
-                        $dkv::launch_variant(
-                            pick_dkv($dkv::VARIANTS)?, d, Grid::from(bk as u32), q, k, v, dout, &lse2, &dsum2, dk, dv, acc, cu_q, cu_k, max_k,
-                            varlen, heads, group, q_bm, k_bm, hm, cm, causal, fused, scale_log2, scale,
-                        )?;
+                match mods {
+                    None => $dkv::launch_variant(
+                        pick_dkv($dkv::VARIANTS)?, d, Grid::from(bk as u32), q, k, v, dout, &lse2, &dsum2, dk, dv, acc, cu_q, cu_k, max_k,
+                        varlen, heads, group, q_bm, k_bm, hm, cm, causal, fused, scale_log2, scale,
+                    )?,
+                    Some((m, [cap, max_bias, alibi_scale], [window, prefix])) => $dkv_mods::launch_variant(
+                        pick_mods($dkv_mods::VARIANTS, m)?, d, Grid::from(bk as u32), q, k, v, dout, &lse2, &dsum2, dk, dv, acc, heads,
+                        group, q_bm, k_bm, hm, cm, causal, fused, scale_log2, scale, cap, max_bias, alibi_scale, window, prefix,
+                    )?,
+                }
                 if fused == 1 {
                     $dq_out::launch_variant(pick($dq_out::VARIANTS)?, d, Grid::from(bd as u32), acc, dq, heads, q_bm, hm, cm, scale)?;
                 }
@@ -520,7 +538,9 @@ attention_element!(
     attention_bwd_dot_bf16,
     attention_bwd_dq_bf16,
     attention_bwd_dkv_bf16,
-    attention_bwd_dq_out_bf16
+    attention_bwd_dq_out_bf16,
+    attention_bwd_dq_mods_bf16,
+    attention_bwd_dkv_mods_bf16
 );
 attention_element!(
     f16,
@@ -531,7 +551,9 @@ attention_element!(
     attention_bwd_dot_f16,
     attention_bwd_dq_f16,
     attention_bwd_dkv_f16,
-    attention_bwd_dq_out_f16
+    attention_bwd_dq_out_f16,
+    attention_bwd_dq_mods_f16,
+    attention_bwd_dkv_mods_f16
 );
 
 fn arg(name: &str, expected: String, found: String) -> Error {
