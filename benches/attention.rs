@@ -17,9 +17,9 @@
 //! ([`tessera_kernels::attention_backward`] from a saved forward beside cuDNN's through
 //! `torch.autograd.grad`, FLOPs counted as 2.5× the forward's; the default (dQ by reduce-adds)
 //! and `deterministic(true)`, in turn). `TESSERA_BENCH_ATTENTION=mods` times the score and
-//! mask modifiers beside the plain kernel in alternating rounds: soft-capping and ALiBi
-//! against the same mask without them, and a 1024-key sliding window against the plain causal
-//! kernel, both counted over the key blocks each computes (`128 × BN` scores a block).
+//! mask modifiers beside the plain kernel in alternating rounds, forward and backward:
+//! soft-capping and ALiBi against the same mask without them, and a 1024-key sliding window
+//! against the plain causal kernel, both counted over the blocks each computes.
 //! `TESSERA_BENCH_ATTENTION=varlen` times each variant of the packed kernel at head dim 128
 //! (eight sequences of 4096 packed, causal and not), in alternating rounds.
 
@@ -286,64 +286,77 @@ fn backward(dev: &Device) {
     }
 }
 
-/// The modifiers beside the plain kernel: the ratio of their times on the same shape
-/// (softcap, ALiBi), and for the sliding window, TFLOP/s over the key blocks each kernel
-/// computes.
+/// The modifiers beside the plain kernel, forward and backward: the ratio of their times on
+/// the same shape (softcap, ALiBi), and for the sliding window, TFLOP/s over the blocks each
+/// kernel computes (forward: 128 queries × `BN` keys; backward, the default mode's dK/dV walk:
+/// 128 keys × `8192 / d` queries, FLOPs 2.5× the forward's).
 fn modifiers(dev: &Device) {
     let mut rng = Uniform::new();
-    println!("\nattention bf16 forward modifiers on {} (B4 H16; ms, and TFLOP/s over computed blocks for the window)", dev.name());
-    println!("| shape | plain | modified | × plain (time) | plain TFLOP/s | modified TFLOP/s | × plain (TFLOP/s) |");
-    println!("|---|---|---|---|---|---|---|");
+    let mut rows = Vec::new();
     for d in [128, 64] {
         for s in [4096, 16384] {
             let (b, h) = (4, 16);
             let shape = [b, h, s, d];
             let mut t = || Tensor::from_host(dev, &rng.vec(b * h * s * d, bf16::from_f32), &shape).expect("input");
-            let (q, k, v) = (t(), t(), t());
+            let (q, k, v, dout) = (t(), t(), t(), t());
             let mut o = Tensor::<bf16>::zeros(dev, &shape).expect("o");
+            let mut lse = Tensor::<f32>::zeros(dev, &[b, h, s]).expect("lse");
             let base = Attention::new().layout(AttentionLayout::Bhsd);
-            // The computed blocks' FLOPs: `blocks(q0)` key blocks of `bn` for the tile at q0.
-            let block_flop = |bn: usize, blocks: &dyn Fn(usize) -> usize| {
-                (0..s.div_ceil(128)).map(|t| blocks(t * 128)).sum::<usize>() as f64 * (4 * 128 * bn * d * b * h) as f64
+            // Blocks of `rows` × `cols` over `s`, `blocks(r0)` of them for the tile at r0.
+            let block_flop = |rows: usize, cols: usize, blocks: &dyn Fn(usize) -> usize| {
+                (0..s.div_ceil(rows)).map(|t| blocks(t * rows)).sum::<usize>() as f64 * (4 * rows * cols * d * b * h) as f64
             };
-            // Both kernels' blocks at these lengths (`key_block`'s choice): 160 keys at head
-            // dim 128, 192 at 64.
-            let bn = if d == 128 { 160 } else { 192 };
-            let causal_blocks = |q0: usize| (q0 + 128).min(s).div_ceil(bn);
+            // The forward's key blocks at these lengths (`key_block`'s choice): 160 keys at head
+            // dim 128, 192 at 64; the backward's query blocks 8192 / d.
+            let (bn, bq) = (if d == 128 { 160 } else { 192 }, 8192 / d);
             let window = 1024;
-            let window_blocks = |q0: usize| (q0 + 128).min(s).div_ceil(bn) - (q0 + 1).saturating_sub(window) / bn;
-            for (what, plain, modified, flop) in [
+            let causal_fwd = |q0: usize| (q0 + 128).min(s).div_ceil(bn);
+            let window_fwd = |q0: usize| (q0 + 128).min(s).div_ceil(bn) - (q0 + 1).saturating_sub(window) / bn;
+            let causal_bwd = |k0: usize| s.div_ceil(bq) - k0 / bq;
+            let window_bwd = |k0: usize| (k0 + 127 + window).min(s).div_ceil(bq) - k0 / bq;
+            let flops = [
+                (block_flop(128, bn, &causal_fwd), block_flop(128, bn, &window_fwd)),
+                (2.5 * block_flop(128, bq, &causal_bwd), 2.5 * block_flop(128, bq, &window_bwd)),
+            ];
+            for (what, plain, modified, window_flops) in [
                 ("softcap 30", base, base.softcap(30.0), None),
                 ("softcap 30 causal", base.causal(true), base.causal(true).softcap(30.0), None),
                 ("alibi causal", base.causal(true), base.causal(true).alibi(8.0), None),
                 // The window's kernel on the plain causal mask's work (a prefix of one key).
                 ("prefix 1 (no-op)", base.causal(true), base.causal(true).prefix(1), None),
-                (
-                    "window 1024",
-                    base.causal(true),
-                    base.causal(true).sliding_window(window),
-                    Some((block_flop(bn, &causal_blocks), block_flop(bn, &window_blocks))),
-                ),
+                ("window 1024", base.causal(true), base.causal(true).sliding_window(window), Some(flops)),
             ] {
-                let (mut tp, mut tm) = (Vec::new(), Vec::new());
+                let (mut tp, mut tm, mut bp, mut bm) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
                 for _ in 0..5 {
-                    for (opts, times) in [(&plain, &mut tp), (&modified, &mut tm)] {
+                    for (opts, times, bwd_times) in [(&plain, &mut tp, &mut bp), (&modified, &mut tm, &mut bm)] {
                         let mut run = || tessera_kernels::attention(dev, opts, &q, &k, &v, &mut o).expect("attention");
                         times.push(tessera::testing::time_ms(dev, 3, 10, &mut run).expect("timing"));
+                        tessera_kernels::attention_with_lse(dev, opts, &q, &k, &v, &mut o, &mut lse).expect("attention");
+                        let mut bwd =
+                            || drop(tessera_kernels::attention_backward(dev, opts, &q, &k, &v, &o, &lse, &dout).expect("backward"));
+                        bwd_times.push(tessera::testing::time_ms(dev, 3, 10, &mut bwd).expect("timing"));
                     }
                 }
-                let (tp, tm) = (median(tp), median(tm));
                 let name = format!("s{s} d{d} {what}");
-                match flop {
-                    Some((fp, fm)) => {
-                        let (p, m) = (fp / tp * 1e-9, fm / tm * 1e-9);
-                        println!("| {name} | {tp:.3} | {tm:.3} | {:.2} | {p:.0} | {m:.0} | {:.2} |", tp / tm, m / p);
-                    }
-                    None => println!("| {name} | {tp:.3} | {tm:.3} | {:.2} | | | |", tp / tm),
+                for (pass, tp, tm, flop) in [
+                    ("forward", median(tp), median(tm), window_flops.map(|f| f[0])),
+                    ("backward", median(bp), median(bm), window_flops.map(|f| f[1])),
+                ] {
+                    rows.push(match flop {
+                        Some((fp, fm)) => {
+                            let (p, m) = (fp / tp * 1e-9, fm / tm * 1e-9);
+                            format!("| {name} | {pass} | {tp:.3} | {tm:.3} | {:.2} | {p:.0} | {m:.0} | {:.2} |", tp / tm, m / p)
+                        }
+                        None => format!("| {name} | {pass} | {tp:.3} | {tm:.3} | {:.2} | | | |", tp / tm),
+                    });
                 }
             }
         }
     }
+    println!("\nattention bf16 modifiers on {} (B4 H16; ms, and TFLOP/s over computed blocks for the window)", dev.name());
+    println!("| shape | pass | plain | modified | × plain (time) | plain TFLOP/s | modified TFLOP/s | × plain (TFLOP/s) |");
+    println!("|---|---|---|---|---|---|---|---|");
+    rows.iter().for_each(|r| println!("{r}"));
 }
 
 /// Each packed-kernel variant at head dim 128, eight sequences of 4096, 16 heads, causal and

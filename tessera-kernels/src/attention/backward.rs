@@ -71,10 +71,12 @@ fn backward_tile(max_len: i32, heads: i32) -> (i32, i32, i32) {
 /// `q_start..`/`k_start..` of `seq_q`/`seq_k` rows, log-sum-exp row `lrow`): a producer brings
 /// Q and dO once and K, V block by block (`BN` keys) over `key_range(bh, q0, 128)`'s keys; two
 /// consumers, 64 rows each, share the blocks (each skips those outside its own range),
-/// recompute P from the log-sum-exp through [`modified_scores`] (the forward's `score_mod`
-/// and `mask_mod`), take `dS = P∘(dP − D)` back through `score_grad(ds, s, x, qi, kj, bh)`
-/// (raw scores `s`, modified `x`) and add `dS·K` into dQ in registers, stored once
-/// (`× scale`). `attention_bwd_dq` is it with the causal mask.
+/// recompute P from the log-sum-exp (the forward's `score_mod`, then [`masked_scores`] with
+/// its `mask_mod`), take `dS = P∘(dP − D)` back to the raw scores through
+/// `score_grad(g, s, x, qi, kj, bh)` (raw scores `s`, modified `x`: `g·∂x/∂s`, linear in `g` as
+/// an elementwise modifier's chain rule is, so it is applied to P before dP is there) and add
+/// `dS·K` into dQ in registers, stored once (`× scale`). `attention_bwd_dq` is it with the
+/// causal mask.
 #[device]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_dq_tile<T, const D: usize, const BN: usize>(
@@ -139,9 +141,18 @@ pub fn attention_dq_tile<T, const D: usize, const BN: usize>(
                 let qi = Tile::<f32, 64, BN>::row_index() + qr as f32;
                 let kj = Tile::<f32, 64, BN>::col_index() + k0 as f32;
                 let x = score_mod(sc, qi, kj, bh);
-                let p = exp2(masked_scores(x, bh, qr, k0, seq_k, full_lo, full_hi, mask_mod) * scale_log2 - lse2);
+                // P with the modifier's derivative taken in (`score_grad` is linear in what it
+                // takes back): S's and x's registers free before dP's.
+                let pg = score_grad(
+                    exp2(masked_scores(x, bh, qr, k0, seq_k, full_lo, full_hi, mask_mod) * scale_log2 - lse2),
+                    sc,
+                    x,
+                    qi,
+                    kj,
+                    bh,
+                );
                 mma_wait(0);
-                mma_sync_kn(dqa, score_grad(p * (dp - d), sc, x, qi, kj, bh).cast::<T>(), sk.at(s));
+                mma_sync_kn(dqa, (pg * (dp - d)).cast::<T>(), sk.at(s));
                 mma_wait(0);
             }
         });
@@ -175,7 +186,8 @@ pub fn attention_bwd_dq(
 
 /// [`attention_bwd_dq`] with the library's modifiers (`flash_attention_mods`' knob `M` and
 /// parameters; padded layouts): [`library_scores`], [`library_score_grad`] and
-/// [`window_prefix_visible`] over [`window_prefix_keys`]. Key blocks of `8192 / D`.
+/// [`window_prefix_visible`] over [`window_prefix_keys`]. Key blocks of 64 (at head dim 64,
+/// 128 spill: the modified scores live beside P, dP and dQ).
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], M = [1, 4, 7]), targets(sm_90a))]
 pub fn attention_bwd_dq_mods(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 3>, dsum: Global<f32, 3>, dq: Global<T, 3>,
@@ -187,10 +199,10 @@ pub fn attention_bwd_dq_mods(
     let seq_k = k.dim(1);
     let shift = seq_k - seq_q;
     #[rustfmt::skip]
-    attention_dq_tile::<T, D, { 8192 / D }>(
+    attention_dq_tile::<T, D, 64>(
         q, k, v, dout, lse, dsum, dq, b, h, q0, 0, seq_q, 0, seq_k, b * heads + h, heads, group, q_bm, k_bm, hm, cm, scale_log2, scale,
-        |s, qi, kj, bh| library_scores::<M, { 8192 / D }>(s, qi, kj, bh, heads, cap, max_bias, alibi_scale, shift),
-        |ds, s, x, _qi, _kj, _bh| library_score_grad::<M, { 8192 / D }>(ds, s, x, cap),
+        |s, qi, kj, bh| library_scores::<M, 64>(s, qi, kj, bh, heads, cap, max_bias, alibi_scale, shift),
+        |ds, s, x, _qi, _kj, _bh| library_score_grad::<M, 64>(ds, s, x, cap),
         |qi, kj, _bh| window_prefix_visible(qi, kj, shift, window, prefix),
         |_bh, q0, rows| window_prefix_keys(q0, rows, seq_k, shift, causal, window, prefix),
     );
@@ -304,6 +316,9 @@ pub fn attention_dkv_tile<T, const D: usize, const BQ: usize>(
             let pt = exp2(x);
             // dV's MMA and dPᵀ's run together.
             mma_sync_kn(dva, pt.cast::<T>(), sdo.at(s));
+            // Pᵀ with the modifier's derivative taken in (`score_grad` is linear in what it
+            // takes back): Sᵀ's and the modified scores' registers free before dPᵀ's.
+            let pg = score_grad(pt, st, xm, qi, kj, bh);
             let mut dpt = Tile::<f32, 64, BQ>::zeros();
             mma_sync(dpt, sv.at(ks).rows(row, 64), sdo.at(s));
             mma_wait(0);
@@ -313,7 +328,7 @@ pub fn attention_dkv_tile<T, const D: usize, const BQ: usize>(
             } else {
                 dp = dp - sdsum.at(s).load();
             }
-            let ds = score_grad(pt * dp, st, xm, qi, kj, bh).cast::<T>();
+            let ds = (pg * dp).cast::<T>();
             mma_sync_kn(dka, ds, sq.at(s));
             if fused == 1 {
                 // The block's dQ = dS·K over all 128 keys: each consumer puts its keys' dSᵀ

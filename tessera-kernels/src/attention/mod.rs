@@ -429,7 +429,8 @@ macro_rules! attention_element {
                 drop((dsum3, lse3));
                 let (dsum3, lse3) = (dsum.view(&s3, &st3)?, lse_log2.view(&s3, &st3)?);
                 let (dsum2, lse2) = (dsum.view(&s2, &st2)?, lse_log2.view(&s2, &st2)?);
-                // The modifiers' walks: their variant of `M` (key and query blocks of 8192 / D).
+                // The modifiers' walks: their variant of `M` (dQ's key blocks of 64, dK/dV's query
+                // blocks of 8192 / D).
                 let pick_mods = |all: &[&KernelSpec], m: i64| {
                     (0..all.len())
                         .find(|&i| of_head_dim(all[i], head_dim) && all[i].knob("M") == Some(m))
