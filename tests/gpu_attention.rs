@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{attention_reference, plain_scores, random, AttentionDims, ScoreMods};
+use common::{attention_reference, causal_mask, random, unit_grad, unmodified, AttentionDims, ScoreMods};
 use tessera::testing::{gpu_or_skip, rel_error};
 use tessera::{bf16, f16, Device, Tensor};
 use tessera_kernels::{Attention, AttentionElement, AttentionLayout};
@@ -27,8 +27,8 @@ fn reference(c: Case, layout: AttentionLayout, causal: bool, scale: f64, q: &[f6
         AttentionLayout::Bshd => ((bi * s_len + si) * heads + hi) * c.d,
         AttentionLayout::Bhsd => ((bi * heads + hi) * s_len + si) * c.d,
     };
-    let (score, grad, visible) = plain_scores(causal, c.sk as i64 - c.sq as i64);
-    let mods = ScoreMods { score: &score, grad: &grad, visible: &visible };
+    let visible = causal_mask(causal, c.sk as i64 - c.sq as i64);
+    let mods = ScoreMods { score: &unmodified, grad: &unit_grad, visible: &visible };
     let dims = AttentionDims { b: c.b, sq: c.sq, sk: c.sk, h: c.h, hk: c.hk, d: c.d };
     attention_reference(dims, &at, scale, &mods, q, k, v)
 }

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{attention_backward_reference, plain_scores, random, AttentionDims, ScoreMods};
+use common::{attention_backward_reference, causal_mask, random, unit_grad, unmodified, AttentionDims, ScoreMods};
 use tessera::testing::{gpu_or_skip, rel_error};
 use tessera::{bf16, f16, Device, Tensor};
 use tessera_kernels::{Attention, AttentionElement, AttentionLayout};
@@ -25,8 +25,8 @@ fn reference(
         AttentionLayout::Bshd => ((bi * s_len + si) * heads + hi) * c.d,
         AttentionLayout::Bhsd => ((bi * heads + hi) * s_len + si) * c.d,
     };
-    let (score, grad, visible) = plain_scores(causal, c.sk as i64 - c.sq as i64);
-    attention_backward_reference(c, &at, scale, &ScoreMods { score: &score, grad: &grad, visible: &visible }, q, k, v, dout)
+    let visible = causal_mask(causal, c.sk as i64 - c.sq as i64);
+    attention_backward_reference(c, &at, scale, &ScoreMods { score: &unmodified, grad: &unit_grad, visible: &visible }, q, k, v, dout)
 }
 
 fn check<T: AttentionElement>(

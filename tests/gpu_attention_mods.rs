@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{attention_backward_reference, attention_reference, random, AttentionDims, ScoreMods as Mods};
+use common::{attention_backward_reference, attention_reference, random, unit_grad, unmodified, AttentionDims, ScoreMods as Mods};
 use tessera::testing::{gpu_or_skip, rel_error};
 use tessera::{bf16, kernel, Device, Tensor};
 use tessera_kernels::prelude::attention_persistent;
@@ -85,8 +85,6 @@ fn library_modifiers(dev: &Device) {
         let scale = 1.0 / (c.d as f32).sqrt() * random(1, 0.5, 1.5)[0];
         let causal = |i: i64, j: i64| j <= i + shift;
         let all = |_: i64, _: i64| true;
-        let plain = |s: f64, _: i64, _: i64, _: usize| s;
-        let one = |_: f64, _: i64, _: i64, _: usize| 1.0;
         // Soft-capping at 5 (the random scores reach ±10 or so: the cap bites).
         let cap = 5.0;
         let capped = |s: f64, _: i64, _: i64, _: usize| cap * (s / cap).tanh();
@@ -108,19 +106,27 @@ fn library_modifiers(dev: &Device) {
         let alibi = |s: f64, i: i64, j: i64, h: usize| s - 2f64.powf(-8.0 * (h as f64 + 1.0) / heads) * ((i + shift - j).abs() as f64);
         for (causal_on, vis) in [(false, &all as &dyn Fn(i64, i64) -> bool), (true, &causal)] {
             let opts = Attention::new().causal(causal_on).alibi(8.0);
-            check(dev, c, opts, scale, &Mods { score: &alibi, grad: &one, visible: vis }, &format!("alibi 8 causal={causal_on}"), true);
+            check(
+                dev,
+                c,
+                opts,
+                scale,
+                &Mods { score: &alibi, grad: &unit_grad, visible: vis },
+                &format!("alibi 8 causal={causal_on}"),
+                true,
+            );
         }
         // Sliding windows: one key (the diagonal), a few, a block's worth and more.
         for w in [1usize, 7, 100, 300] {
             let win = move |i: i64, j: i64| j <= i + shift && j > i + shift - w as i64;
             let opts = Attention::new().causal(true).sliding_window(w);
-            check(dev, c, opts, scale, &Mods { score: &plain, grad: &one, visible: &win }, &format!("sliding window {w}"), true);
+            check(dev, c, opts, scale, &Mods { score: &unmodified, grad: &unit_grad, visible: &win }, &format!("sliding window {w}"), true);
         }
         // A prefix every query sees.
         for p in [5usize, 200] {
             let pre = move |i: i64, j: i64| j < p as i64 || j <= i + shift;
             let opts = Attention::new().causal(true).prefix(p);
-            check(dev, c, opts, scale, &Mods { score: &plain, grad: &one, visible: &pre }, &format!("prefix {p}"), true);
+            check(dev, c, opts, scale, &Mods { score: &unmodified, grad: &unit_grad, visible: &pre }, &format!("prefix {p}"), true);
         }
         // Together: a window under soft-capping and ALiBi.
         let w = 150i64;
@@ -168,8 +174,7 @@ fn custom_kernel(dev: &Device) {
         let score = |s: f64, i: i64, j: i64, _: usize| s + 0.01 * f64::from(scale) * (j - i) as f64;
         let band = |i: i64, j: i64| (i - j).abs() <= 40;
         let opts = Attention::new().kernel(banded_attention_bf16::VARIANTS);
-        let one = |_: f64, _: i64, _: i64, _: usize| 1.0;
-        check(dev, c, opts, scale, &Mods { score: &score, grad: &one, visible: &band }, "banded kernel of the caller's", false);
+        check(dev, c, opts, scale, &Mods { score: &score, grad: &unit_grad, visible: &band }, "banded kernel of the caller's", false);
     }
     // Its parameters checked by name: a kernel of another signature is refused.
     let bad = Attention::new().kernel(tessera_kernels::kernels::attention_combine_bf16::VARIANTS);

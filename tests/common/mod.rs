@@ -59,11 +59,20 @@ pub struct ScoreMods<'a> {
     pub visible: &'a dyn Fn(i64, i64) -> bool,
 }
 
-/// No modifier: causal (the diagonal aligned at the end, `shift` = seq_k − seq_q) or not.
-pub fn plain_scores(
-    causal: bool, shift: i64,
-) -> (impl Fn(f64, i64, i64, usize) -> f64, impl Fn(f64, i64, i64, usize) -> f64, impl Fn(i64, i64) -> bool) {
-    (|s, _, _, _| s, |_, _, _, _| 1.0, move |i, j| !causal || j <= i + shift)
+/// No score modifier, as [`ScoreMods::score`].
+pub fn unmodified(s: f64, _: i64, _: i64, _: usize) -> f64 {
+    s
+}
+
+/// [`unmodified`]'s derivative, as [`ScoreMods::grad`].
+pub fn unit_grad(_: f64, _: i64, _: i64, _: usize) -> f64 {
+    1.0
+}
+
+/// The causal mask (the diagonal aligned at the end, `shift` = seq_k − seq_q) or none, as
+/// [`ScoreMods::visible`].
+pub fn causal_mask(causal: bool, shift: i64) -> impl Fn(i64, i64) -> bool {
+    move |i, j| !causal || j <= i + shift
 }
 
 /// Attention in float64: `o` (laid out as `q`) and the natural-log LSE `[b, h, sq]` (−∞ where

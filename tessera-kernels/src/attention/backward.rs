@@ -71,7 +71,7 @@ fn backward_tile(max_len: i32, heads: i32) -> (i32, i32, i32) {
 /// `q_start..`/`k_start..` of `seq_q`/`seq_k` rows, log-sum-exp row `lrow`): a producer brings
 /// Q and dO once and K, V block by block (`BN` keys) over `key_range(bh, q0, 128)`'s keys; two
 /// consumers, 64 rows each, share the blocks (each skips those outside its own range),
-/// recompute P from the log-sum-exp (the forward's `score_mod`, then [`masked_scores`] with
+/// recompute P from the log-sum-exp (the forward's `score_mod`, then [`masked_scores`](crate::prelude::masked_scores) with
 /// its `mask_mod`), take `dS = P∘(dP − D)` back to the raw scores through
 /// `score_grad(g, s, x, qi, kj, bh)` (raw scores `s`, modified `x`: `g·∂x/∂s`, linear in `g` as
 /// an elementwise modifier's chain rule is, so it is applied to P before dP is there) and add
@@ -162,7 +162,7 @@ pub fn attention_dq_tile<T, const D: usize, const BN: usize>(
     }
 }
 
-/// dQ for 128 query rows of one (batch, head) a block: [`attention_dq_tile`] with the causal
+/// dQ for 128 query rows of one (batch, head) a block: [`attention_dq_tile`](crate::prelude::attention_dq_tile) with the causal
 /// mask (`causal` 1, the diagonal aligned at the end) or none, packed sequences (`varlen` 1)
 /// or padded. Causally, the first consumer skips the last block, past its diagonal.
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], BN = [64, 128]), targets(sm_90a))]
@@ -184,9 +184,9 @@ pub fn attention_bwd_dq(
     );
 }
 
-/// [`attention_bwd_dq`] with the library's modifiers (`flash_attention_mods`' knob `M` and
-/// parameters; padded layouts): [`library_scores`], [`library_score_grad`] and
-/// [`window_prefix_visible`] over [`window_prefix_keys`]. Key blocks of 64 (at head dim 64,
+/// `attention_bwd_dq` with the library's modifiers (`flash_attention_mods`' knob `M` and
+/// parameters; padded layouts): [`library_scores`](crate::prelude::library_scores), [`library_score_grad`](crate::prelude::library_score_grad) and
+/// [`window_prefix_visible`](crate::prelude::window_prefix_visible) over [`window_prefix_keys`](crate::prelude::window_prefix_keys). Key blocks of 64 (at head dim 64,
 /// 128 spill: the modified scores live beside P, dP and dQ).
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], M = [1, 4, 7]), targets(sm_90a))]
 pub fn attention_bwd_dq_mods(
@@ -209,7 +209,7 @@ pub fn attention_bwd_dq_mods(
 }
 
 /// dK and dV for the 128 keys `k0..` of key/value head `kvh` of batch entry `b` (its sequence
-/// as [`attention_dq_tile`]'s): a producer brings K and V once and Q, dO block by block (`BQ`
+/// as [`attention_dq_tile`](crate::prelude::attention_dq_tile)'s): a producer brings K and V once and Q, dO block by block (`BQ`
 /// queries) over `query_range(k0, 128)`'s queries, for every query head of the group; two
 /// consumers, 64 keys each, share the blocks, recompute Pᵀ from the log-sum-exp (the same
 /// `score_mod` and `mask_mod` on `Sᵀ = K·Qᵀ`, `qi` along its columns, `kj` along its rows;
@@ -372,7 +372,7 @@ pub fn attention_dkv_tile<T, const D: usize, const BQ: usize>(
     }
 }
 
-/// dK and dV for 128 keys of one (batch, key/value head) a block: [`attention_dkv_tile`] with
+/// dK and dV for 128 keys of one (batch, key/value head) a block: [`attention_dkv_tile`](crate::prelude::attention_dkv_tile) with
 /// the causal mask (`causal` 1; the walk starts at the query block of the tile's first key) or
 /// none, packed sequences (`varlen` 1) or padded.
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], BQ = [64, 128]), targets(sm_90a))]
@@ -395,8 +395,8 @@ pub fn attention_bwd_dkv(
     );
 }
 
-/// [`attention_bwd_dkv`] with the library's modifiers, as [`attention_bwd_dq_mods`]: query
-/// blocks of `8192 / D`, the walk over [`window_prefix_queries`]' range.
+/// `attention_bwd_dkv` with the library's modifiers, as `attention_bwd_dq_mods`: query
+/// blocks of `8192 / D`, the walk over [`window_prefix_queries`](crate::prelude::window_prefix_queries)' range.
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], M = [1, 4, 7]), targets(sm_90a))]
 pub fn attention_bwd_dkv_mods(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 2>, dsum: Global<f32, 2>, dk: Global<T, 3>,
@@ -450,7 +450,9 @@ pub struct AttentionGrads<T: Element> {
 /// log-sum-exp, never stored; dQ is summed by reduce-adds into f32, whose order varies from
 /// run to run: [`Attention::deterministic`]`(true)` gives the same bits every run, a little
 /// slower. Layouts, grouped-query heads, causal alignment and head dims as the
-/// forward's.
+/// forward's, and the library's modifiers ([`Attention::softcap`], [`Attention::alibi`],
+/// [`Attention::sliding_window`], [`Attention::prefix`]) taken back through (not a kernel of
+/// yours: [`Attention::kernel`] is refused).
 ///
 /// ```no_run
 /// use tessera::{bf16, Device, Tensor};
@@ -471,7 +473,7 @@ pub struct AttentionGrads<T: Element> {
 ///
 /// # Errors
 /// As the forward's, and [`Error::Argument`](tessera::Error::Argument) naming `dout` when it is not o's shape or is not
-/// contiguous.
+/// contiguous, or `kernel` when `opts` holds a kernel of yours.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_backward<T: AttentionElement>(
     device: &Device, opts: &Attention, q: &Tensor<T>, k: &Tensor<T>, v: &Tensor<T>, o: &Tensor<T>, lse: &Tensor<f32>, dout: &Tensor<T>,

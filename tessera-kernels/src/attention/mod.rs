@@ -11,6 +11,7 @@ pub use backward::{
     attention_bwd_dot_bf16, attention_bwd_dot_f16, attention_bwd_dq_bf16, attention_bwd_dq_f16, attention_bwd_dq_mods_bf16,
     attention_bwd_dq_mods_f16, attention_bwd_dq_out_bf16, attention_bwd_dq_out_f16, attention_varlen_backward, AttentionGrads,
 };
+pub use backward::{attention_dkv_tile, attention_dq_tile};
 
 pub use kernels::{
     attention_combine_bf16, attention_combine_f16, flash_attention_bf16, flash_attention_f16, flash_attention_mods_bf16,
@@ -175,7 +176,8 @@ impl Attention {
     }
 
     /// Caps the scaled scores softly before the softmax: `s ↦ cap·tanh(s / cap)` (Gemma 2's
-    /// logit soft-capping), `s` = `q·k·scale`. Forward only, for now.
+    /// logit soft-capping), `s` = `q·k·scale`. [`attention_backward`] takes it back through
+    /// `1 − tanh²(s / cap)`.
     pub fn softcap(self, cap: f32) -> Attention {
         Attention { softcap: Some(cap), ..self }
     }
@@ -183,7 +185,8 @@ impl Attention {
     /// Adds ALiBi's linear bias to the scaled scores: `−slope_h·|i − j|` between query `i` and
     /// key `j` (the diagonal aligned at the end when the lengths differ), head `h`'s slope
     /// `2^(−max_bias·(h + 1)/heads)` (the paper's slopes for a power-of-two number of heads
-    /// with `max_bias` 8). After [`Attention::softcap`], where both are set. Forward only.
+    /// with `max_bias` 8). After [`Attention::softcap`], where both are set. Forward and
+    /// backward.
     pub fn alibi(self, max_bias: f32) -> Attention {
         Attention { alibi: Some(max_bias), ..self }
     }
@@ -191,13 +194,13 @@ impl Attention {
     /// A sliding window, with [`Attention::causal`]: each query sees its last `keys` keys, the
     /// diagonal's included (Mistral's and Gemma's local layers). Key blocks wholly before a
     /// tile's window are skipped, not masked: the work grows with `keys`, not the sequence.
-    /// Forward only.
+    /// Forward and backward (whose walks skip the blocks outside the window likewise).
     pub fn sliding_window(self, keys: usize) -> Attention {
         Attention { window: Some(keys), ..self }
     }
 
     /// A prefix every query sees, with [`Attention::causal`]: keys `0..keys` are visible to all
-    /// queries, the rest causally (a prefix LM). Forward only.
+    /// queries, the rest causally (a prefix LM). Forward and backward.
     pub fn prefix(self, keys: usize) -> Attention {
         Attention { prefix: Some(keys), ..self }
     }
@@ -206,7 +209,8 @@ impl Attention {
     /// with your own `score_mod`, `mask_mod` and `key_range` (or epilogue) — in place of the
     /// library's forward: pass its module's `VARIANTS`. Its parameters must be
     /// [`ATTENTION_KERNEL_PARAMS`], its tune knob `D` the head dim (a variant per head dim it
-    /// serves). Its tiles are never split into key ranges. Dense layouts only, forward only.
+    /// serves). Its tiles are never split into key ranges. Dense layouts only, forward only
+    /// ([`attention_backward`] refuses it).
     ///
     /// ```ignore
     /// #[tessera::kernel(warpgroups = 3, dtypes(T = [bf16]), tune(D = [128]), targets(sm_90a))]
