@@ -231,3 +231,74 @@ fn attention_backward_refuses_bad_input() {
     let e = tessera_kernels::attention_backward(&dev, &opts, &q96, &k96, &k96, &q96, &lse2, &q96).err().expect("head_dim 96");
     assert!(e.to_string().contains("head_dim"), "{e}");
 }
+
+/// At training sizes, beside PyTorch on the device: each gradient's relative error against a
+/// float64 reference computed by `tests/attention_torch_reference.py` (PyTorch on the GPU, from
+/// the definition), printed beside PyTorch's own bf16 backward's, and asserted below 2·10⁻²
+/// — odd lengths, grouped heads, causal and not, soft-capping and a sliding window. Skips where
+/// there is no GPU, or no PyTorch (`TESSERA_TORCH_REFERENCE` names the script elsewhere).
+#[test]
+fn gpu_attention_backward_matches_torch_at_scale() {
+    let Some(dev) = gpu_or_skip("gpu_attention_backward_matches_torch_at_scale") else { return };
+    let script = std::env::var("TESSERA_TORCH_REFERENCE")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/tests/attention_torch_reference.py").into());
+    let dir = std::env::temp_dir().join(format!("tessera-torch-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, x: &[bf16]| {
+        let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
+        std::fs::write(dir.join(format!("{name}.bin")), bytes).unwrap();
+    };
+    // (shape, causal, soft-cap, window)
+    let cases = [
+        (Case { b: 2, sq: 4099, sk: 4099, h: 8, hk: 2, d: 128 }, false, 0.0, 0),
+        (Case { b: 2, sq: 4099, sk: 4099, h: 8, hk: 2, d: 128 }, true, 0.0, 0),
+        (Case { b: 2, sq: 4099, sk: 4099, h: 8, hk: 8, d: 64 }, true, 0.0, 0),
+        (Case { b: 1, sq: 2048, sk: 2048, h: 8, hk: 4, d: 128 }, true, 30.0, 0),
+        (Case { b: 1, sq: 4099, sk: 4099, h: 8, hk: 4, d: 64 }, true, 0.0, 1024),
+    ];
+    for (c, causal, cap, window) in cases {
+        let (qs, ks) = ([c.b, c.sq, c.h, c.d], [c.b, c.sk, c.hk, c.d]);
+        let gen = |n: usize, r: f32| random(n, -r, r).into_iter().map(bf16::from_f32).collect::<Vec<bf16>>();
+        let (q, k, v, dout) =
+            (gen(qs.iter().product(), 2.0), gen(ks.iter().product(), 2.0), gen(ks.iter().product(), 1.0), gen(qs.iter().product(), 1.0));
+        let scale = 1.0 / (c.d as f32).sqrt();
+        let mut opts = Attention::new().causal(causal).scale(scale);
+        if cap > 0.0 {
+            opts = opts.softcap(cap);
+        }
+        if window > 0 {
+            opts = opts.sliding_window(window);
+        }
+        let t = |x: &[bf16], s: &[usize]| Tensor::from_host(&dev, x, s).unwrap();
+        let (qt, kt, vt, dot) = (t(&q, &qs), t(&k, &ks), t(&v, &ks), t(&dout, &qs));
+        let mut o = Tensor::full(&dev, &qs, bf16::from_f32(f32::NAN)).unwrap();
+        let mut lse = Tensor::full(&dev, &[c.b, c.h, c.sq], f32::NAN).unwrap();
+        tessera_kernels::attention_with_lse(&dev, &opts, &qt, &kt, &vt, &mut o, &mut lse).unwrap();
+        for (name, x) in [("q", &q), ("k", &k), ("v", &v), ("dout", &dout)] {
+            write(name, x);
+        }
+        let meta = format!("{} {} {} {} {} {} {} {scale} {cap} {window}", c.b, c.sq, c.sk, c.h, c.hk, c.d, u8::from(causal));
+        std::fs::write(dir.join("meta.txt"), meta).unwrap();
+        for deterministic in [false, true] {
+            let g = tessera_kernels::attention_backward(&dev, &opts.deterministic(deterministic), &qt, &kt, &vt, &o, &lse, &dot).unwrap();
+            for (name, x) in [("dq", &g.dq), ("dk", &g.dk), ("dv", &g.dv)] {
+                write(name, &x.to_host().unwrap());
+            }
+            let out = std::process::Command::new("python3").arg(&script).arg(&dir).output().expect("python3");
+            let text = String::from_utf8_lossy(&out.stdout).to_string();
+            if text.starts_with("error") || !out.status.success() {
+                eprintln!("skipped the comparison with PyTorch: {text}{}", String::from_utf8_lossy(&out.stderr));
+                return;
+            }
+            let what = format!("{c:?} causal={causal} softcap={cap} window={window} deterministic={deterministic}");
+            for line in text.lines() {
+                // `name ours torch`
+                let w: Vec<&str> = line.split_whitespace().collect();
+                let ours: f64 = w[1].parse().unwrap();
+                println!("{what}: {} relative error {ours:.2e} (PyTorch's bf16 backward: {})", w[0], w[2]);
+                assert!(ours < 2e-2, "{what}: {} relative error {ours}", w[0]);
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
