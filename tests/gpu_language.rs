@@ -1250,3 +1250,83 @@ fn gpu_keep_where_selects() {
 fn interp_keep_where_selects() {
     keep_where_selects(&Device::cpu());
 }
+
+/// `exp2`, `exp2_fma` (a polynomial on the FMA pipe) and `exp2_split` (a tile's registers
+/// shared between the two) of one tile.
+#[kernel]
+fn exp2_forms(x: Global<f32, 2>, y: Global<f32, 3>) {
+    let t: Tile<f32, 16, 64> = x.load([0, 0]);
+    y.store([0, 0, 0], exp2(t));
+    y.store([1, 0, 0], exp2_fma(t));
+    y.store([2, 0, 0], t.exp2_split());
+}
+
+/// `exp2_fma` within 3·10⁻⁷ of 2ˣ from −126 to 127, 0 below −126.5 (−∞ and NaN too), 2¹²⁷
+/// above 127; `exp2_split` gives each element one of the two (on the GPU both occur).
+fn exp2_on_the_fma_pipe(dev: &Device) {
+    let special = [
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -1e30,
+        -200.0,
+        -127.0,
+        -126.6,
+        -126.5,
+        -126.0,
+        -125.5,
+        -1.5,
+        -0.5,
+        0.0,
+        0.5,
+        1e-3,
+        126.9,
+        127.0,
+        200.0,
+    ];
+    let mut hx = random(16 * 64, -130.0, 130.0);
+    hx[..special.len()].copy_from_slice(&special);
+    // Fractions near ±½ (the rounding's edges) and small magnitudes.
+    for (i, v) in hx.iter_mut().enumerate().skip(special.len()).take(200) {
+        *v = (i as f32 - 100.0) * 0.5 + if i % 2 == 0 { 1e-6 } else { -1e-6 };
+    }
+    let x = Tensor::from_host(dev, &hx, &[16, 64]).unwrap();
+    let mut y = Tensor::full(dev, &[3, 16, 64], f32::NAN).unwrap();
+    exp2_forms::launch(dev, 1, &x, &mut y).unwrap();
+    let got = y.to_host().unwrap();
+    let (mut by_mufu, mut by_fma) = (0, 0);
+    for (e, &xv) in hx.iter().enumerate() {
+        let (mufu, fma, split) = (got[e], got[1024 + e], got[2048 + e]);
+        let want = 2f64.powf(f64::from(xv.clamp(-127.0, 127.0)));
+        if !(xv >= -126.5) {
+            assert_eq!(fma.to_bits(), 0, "exp2_fma({xv}) = {fma}, expected 0");
+        } else if xv >= -126.0 {
+            let err = (f64::from(fma) - want).abs() / want;
+            assert!(err < 3e-7, "exp2_fma({xv}) = {fma}, expected {want} (relative error {err})");
+        } else {
+            assert!(f64::from(fma) <= 2f64.powi(-125) && fma >= 0.0, "exp2_fma({xv}) = {fma}");
+        }
+        assert!(
+            split.to_bits() == mufu.to_bits() || split.to_bits() == fma.to_bits(),
+            "exp2_split({xv}) = {split}: neither {mufu} nor {fma}"
+        );
+        if mufu.to_bits() != fma.to_bits() {
+            by_mufu += usize::from(split.to_bits() == mufu.to_bits());
+            by_fma += usize::from(split.to_bits() == fma.to_bits());
+        }
+    }
+    if !dev.is_cpu() {
+        assert!(by_mufu > 0 && by_fma > 0, "exp2_split took the MUFU {by_mufu} times and the polynomial {by_fma} times");
+    }
+}
+
+#[test]
+fn gpu_exp2_on_the_fma_pipe() {
+    if let Some(dev) = gpu_or_skip("gpu_exp2_on_the_fma_pipe") {
+        exp2_on_the_fma_pipe(&dev);
+    }
+}
+
+#[test]
+fn interp_exp2_on_the_fma_pipe() {
+    exp2_on_the_fma_pipe(&Device::cpu());
+}

@@ -47,7 +47,7 @@ const FUNCTIONS: &str = "`exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, 
 
 /// The scans: inclusive or exclusive, from the first element or from the last.
 const SCANS: [&str; 4] = ["tile_scan", "tile_scan_exclusive", "tile_scan_reverse", "tile_scan_reverse_exclusive"];
-const METHODS: &str = "`load`, `load_or`, `get`, `store`, `store_within`, `atomic_add`, `dim`, `cast`, `exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `mask_cols`, `keep_where`, `swap_pairs`, `last_col`, `first_col`, `shift_cols`, `shift_rows`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
+const METHODS: &str = "`load`, `load_or`, `get`, `store`, `store_within`, `atomic_add`, `dim`, `cast`, `exp2`, `exp2_fma`, `exp2_split`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `mask_cols`, `keep_where`, `swap_pairs`, `last_col`, `first_col`, `shift_cols`, `shift_rows`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
 
 /// Whether a call's path names one of the language's own functions (which a device function
 /// cannot shadow): every other call is a device function's.
@@ -57,7 +57,7 @@ pub(crate) fn is_builtin(segs: &[&str]) -> bool {
         ["block", "id_x" | "id_y" | "id_z"]
             | ["grid", "dim_x" | "dim_y" | "dim_z"]
             | ["warpgroup", "id" | "setmaxnreg"]
-            | ["exp2" | "log2" | "abs" | "sqrt" | "rsqrt" | "tanh" | "erf" | "sin" | "cos" | "floor" | "step"]
+            | ["exp2" | "exp2_fma" | "exp2_split" | "log2" | "abs" | "sqrt" | "rsqrt" | "tanh" | "erf" | "sin" | "cos" | "floor" | "step"]
             | ["max" | "min" | "block_sum" | "block_max" | "block_min"]
             | ["row_sum" | "row_max" | "row_min" | "col_sum" | "col_max" | "col_min"]
             | ["Smem" | "smem", _]
@@ -708,7 +708,8 @@ impl Frontend {
                 args(self, 0)?;
                 ExprKind::Builtin(Builtin::WarpgroupId)
             }
-            [f @ ("exp2" | "log2" | "abs" | "sqrt" | "rsqrt" | "tanh" | "erf" | "sin" | "cos" | "floor" | "step")] => {
+            [f @ ("exp2" | "exp2_fma" | "exp2_split" | "log2" | "abs" | "sqrt" | "rsqrt" | "tanh" | "erf" | "sin" | "cos" | "floor"
+            | "step")] => {
                 let mut a = args(self, 1)?;
                 ExprKind::Unary(unary_fn(f), Box::new(a.remove(0)))
             }
@@ -924,7 +925,7 @@ impl Frontend {
                 let dtype = dtype_of(to)?;
                 ExprKind::Cast { value: recv(self)?, to: dtype }
             }
-            "exp2" | "log2" | "abs" | "sqrt" | "rsqrt" | "tanh" | "erf" | "sin" | "cos" | "floor" | "step" => {
+            "exp2" | "exp2_fma" | "exp2_split" | "log2" | "abs" | "sqrt" | "rsqrt" | "tanh" | "erf" | "sin" | "cos" | "floor" | "step" => {
                 want(0)?;
                 ExprKind::Unary(unary_fn(&name), recv(self)?)
             }
@@ -1145,6 +1146,8 @@ fn bin_op(op: &SynBinOp) -> Option<BinOp> {
 fn unary_fn(name: &str) -> UnOp {
     match name {
         "exp2" => UnOp::Exp2,
+        "exp2_fma" => UnOp::Exp2Fma,
+        "exp2_split" => UnOp::Exp2Split,
         "log2" => UnOp::Log2,
         "abs" => UnOp::Abs,
         "sqrt" => UnOp::Sqrt,

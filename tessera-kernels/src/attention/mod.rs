@@ -215,7 +215,8 @@ impl Attention {
     /// ```ignore
     /// #[tessera::kernel(warpgroups = 3, dtypes(T = [bf16]), tune(D = [128]), targets(sm_90a))]
     /// pub fn banded(q: Global<T, 3>, /* … flash_attention's parameters … */ scale_log2: f32) {
-    ///     let (seq_k, shift) = (k.dim(1), k.dim(1) - q.dim(1));
+    ///     let seq_k = k.dim(1);
+    ///     let shift = seq_k - q.dim(1);
     ///     attention_persistent::<T, D, 128, 2>(q, k, v, o, lse, counter, opart, lpart, full, parts,
     ///         heads, group, q_bm, k_bm, hm, cm, hg, keep_lse, scale_log2,
     ///         |x, _, _, _| x,

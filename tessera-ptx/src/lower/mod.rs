@@ -15,6 +15,7 @@ pub mod hopper;
 mod memory;
 mod queue;
 mod scalar;
+pub use scalar::EXP2_POLY;
 mod tile;
 
 use crate::dtype::{DType, ScalarType};

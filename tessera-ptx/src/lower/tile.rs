@@ -89,7 +89,16 @@ impl Lowerer<'_> {
             }
             ExprKind::Unary(op, a) => {
                 let t = self.tile(a)?;
-                self.map_f32(&t, "u", |lw, x| lw.f32_unary(*op, x))
+                // `exp2_split`: every other register by the MUFU, the others by the FMA pipe.
+                let mut n = 0;
+                self.map_f32(&t, "u", |lw, x| {
+                    n += 1;
+                    let op = match op {
+                        UnOp::Exp2Split if n % 2 == 0 => UnOp::Exp2Fma,
+                        _ => *op,
+                    };
+                    lw.f32_unary(op, x)
+                })
             }
             ExprKind::Binary(op, a, b) => self.binary(*op, a, b, ty)?,
             ExprKind::Reduce { op, axis, value } => {

@@ -566,6 +566,17 @@ pub enum UnOp {
     Not,
     /// `exp2(x)` (the hardware's approximation; results below 2⁻¹²⁶ flush to 0)
     Exp2,
+    /// `exp2_fma(x)`: 2ˣ without the special-function unit — `x` rounded to an integer `j`
+    /// and a fraction `f` in [−½, ½] by float additions, a degree-5 polynomial for 2ᶠ (FMAs,
+    /// relative error below 2.2·10⁻⁷), `j` added to its exponent bits; 0 below −126.5 (NaN
+    /// too), 2¹²⁷ above 127. For kernels whose MUFU is the bottleneck.
+    Exp2Fma,
+    /// `exp2_split(x)`: 2ˣ with a tile's elements shared between the two: every other
+    /// register a thread holds by the MUFU (`exp2`), the others by `exp2_fma` (a scalar by the
+    /// MUFU). Where MUFU throughput bounds a loop and instruction issue does not: the
+    /// polynomial's 16 instructions an element cost issue slots (a soft-capped attention's
+    /// softmax with it ran 10–15% slower on the H100, its issue the limit: notes, run 223).
+    Exp2Split,
     /// `log2(x)` (the hardware's approximation; `log2(0)` is −∞)
     Log2,
     /// `abs(x)`
@@ -596,6 +607,8 @@ impl UnOp {
             UnOp::Neg => "-",
             UnOp::Not => "!",
             UnOp::Exp2 => "exp2",
+            UnOp::Exp2Fma => "exp2_fma",
+            UnOp::Exp2Split => "exp2_split",
             UnOp::Log2 => "log2",
             UnOp::Abs => "abs",
             UnOp::Sqrt => "sqrt",

@@ -238,11 +238,29 @@ fn erf(x: f32) -> f32 {
     (-(p * t)).mul_add(e, 1.0).copysign(x)
 }
 
+/// `exp2_fma` as the lowering computes it, operation for operation (the same bits).
+fn exp2_fma(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    let t = x.clamp(-127.0, 127.0);
+    let r = t + MAGIC;
+    let f = t - (r - MAGIC);
+    let [c0, c1, c2, c3, c4, c5] = tessera_ptx::lower::EXP2_POLY;
+    let p = c5.mul_add(f, c4).mul_add(f, c3).mul_add(f, c2).mul_add(f, c1).mul_add(f, c0);
+    if x >= -126.5 {
+        f32::from_bits(p.to_bits().wrapping_add(r.to_bits() << 23))
+    } else {
+        0.0
+    }
+}
+
 fn f32_unary(op: UnOp, x: f32) -> f32 {
     match op {
         UnOp::Neg => -x,
         // As the GPU's ex2.approx.ftz: results below the smallest normal flush to 0.
-        UnOp::Exp2 => {
+        UnOp::Exp2Fma => exp2_fma(x),
+        // (Which elements the GPU computes by the polynomial depends on its registers: here all
+        // by the exact function, within the polynomial's 2.2·10⁻⁷ of it.)
+        UnOp::Exp2 | UnOp::Exp2Split => {
             let y = x.exp2();
             if y < f32::MIN_POSITIVE {
                 0.0
