@@ -63,6 +63,7 @@ pub mod kernels {
         attention_bwd_dot_f16, attention_bwd_dq_bf16, attention_bwd_dq_f16, attention_bwd_dq_mods_bf16, attention_bwd_dq_mods_f16,
         attention_bwd_dq_out_bf16, attention_bwd_dq_out_f16, attention_combine_bf16, attention_combine_f16, flash_attention_bf16,
         flash_attention_f16, flash_attention_mods_bf16, flash_attention_mods_f16, flash_attention_varlen_bf16, flash_attention_varlen_f16,
+        flash_attention_varlen_mods_bf16, flash_attention_varlen_mods_f16,
     };
     pub use crate::elementwise::{axpy_f32, to_f32_bf16, to_f32_f16};
     pub use crate::fp8::{
@@ -274,6 +275,8 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         flash_attention_mods_bf16::VARIANTS,
         flash_attention_mods_f16::VARIANTS,
         flash_attention_varlen_f16::VARIANTS,
+        flash_attention_varlen_mods_bf16::VARIANTS,
+        flash_attention_varlen_mods_f16::VARIANTS,
         attention_combine_bf16::VARIANTS,
         attention_combine_f16::VARIANTS,
         quantize_bf16_f8e4m3::VARIANTS,

@@ -185,22 +185,21 @@ pub fn attention_bwd_dq(
 }
 
 /// `attention_bwd_dq` with the library's modifiers (`flash_attention_mods`' knob `M` and
-/// parameters; padded layouts): [`library_scores`](crate::prelude::library_scores), [`library_score_grad`](crate::prelude::library_score_grad) and
+/// parameters; padded layouts or packed sequences): [`library_scores`](crate::prelude::library_scores), [`library_score_grad`](crate::prelude::library_score_grad) and
 /// [`window_prefix_visible`](crate::prelude::window_prefix_visible) over [`window_prefix_keys`](crate::prelude::window_prefix_keys). Key blocks of 64 (at head dim 64,
 /// 128 spill: the modified scores live beside P, dP and dQ).
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], M = [1, 4, 7]), targets(sm_90a))]
 pub fn attention_bwd_dq_mods(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 3>, dsum: Global<f32, 3>, dq: Global<T, 3>,
-    heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32, causal: i32, scale_log2: f32, scale: f32, cap: f32, max_bias: f32,
-    alibi_scale: f32, window: i32, prefix: i32,
+    cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, max_q: i32, varlen: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32,
+    causal: i32, scale_log2: f32, scale: f32, cap: f32, max_bias: f32, alibi_scale: f32, window: i32, prefix: i32,
 ) {
-    let (b, h, q0) = backward_tile(q.dim(1), heads);
-    let seq_q = q.dim(1);
-    let seq_k = k.dim(1);
+    let (b, h, q0) = backward_tile(max_q, heads);
+    let (q_start, seq_q, k_start, seq_k, lrow) = sequence(q, k, cu_q, cu_k, varlen, b, b * heads + h, h);
     let shift = seq_k - seq_q;
     #[rustfmt::skip]
     attention_dq_tile::<T, D, 64>(
-        q, k, v, dout, lse, dsum, dq, b, h, q0, 0, seq_q, 0, seq_k, b * heads + h, heads, group, q_bm, k_bm, hm, cm, scale_log2, scale,
+        q, k, v, dout, lse, dsum, dq, b, h, q0, q_start, seq_q, k_start, seq_k, lrow, heads, group, q_bm, k_bm, hm, cm, scale_log2, scale,
         |s, qi, kj, bh| library_scores::<M, 64>(s, qi, kj, bh, heads, cap, max_bias, alibi_scale, shift),
         |ds, s, x, _qi, _kj, _bh| library_score_grad::<M, 64>(ds, s, x, cap),
         |qi, kj, _bh| window_prefix_visible(qi, kj, shift, window, prefix),
@@ -400,17 +399,17 @@ pub fn attention_bwd_dkv(
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], M = [1, 4, 7]), targets(sm_90a))]
 pub fn attention_bwd_dkv_mods(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 2>, dsum: Global<f32, 2>, dk: Global<T, 3>,
-    dv: Global<T, 3>, dq_acc: Global<f32, 3>, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32, causal: i32, fused: i32,
-    scale_log2: f32, scale: f32, cap: f32, max_bias: f32, alibi_scale: f32, window: i32, prefix: i32,
+    dv: Global<T, 3>, dq_acc: Global<f32, 3>, cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, max_k: i32, varlen: i32, heads: i32, group: i32,
+    q_bm: i32, k_bm: i32, hm: i32, cm: i32, causal: i32, fused: i32, scale_log2: f32, scale: f32, cap: f32, max_bias: f32,
+    alibi_scale: f32, window: i32, prefix: i32,
 ) {
-    let (b, kvh, k0) = backward_tile(k.dim(1), heads / group);
-    let seq_q = q.dim(1);
-    let seq_k = k.dim(1);
+    let (b, kvh, k0) = backward_tile(max_k, heads / group);
+    let (q_start, seq_q, k_start, seq_k, _) = sequence(q, k, cu_q, cu_k, varlen, b, 0, 0);
     let shift = seq_k - seq_q;
     #[rustfmt::skip]
     attention_dkv_tile::<T, D, { 8192 / D }>(
-        q, k, v, dout, lse, dsum, dk, dv, dq_acc, b, kvh, k0, 0, seq_q, 0, seq_k, 0, heads, group, q_bm, k_bm, hm, cm, fused,
-        scale_log2, scale,
+        q, k, v, dout, lse, dsum, dk, dv, dq_acc, b, kvh, k0, q_start, seq_q, k_start, seq_k, varlen, heads, group, q_bm, k_bm, hm, cm,
+        fused, scale_log2, scale,
         |s, qi, kj, bh| library_scores::<M, { 8192 / D }>(s, qi, kj, bh, heads, cap, max_bias, alibi_scale, shift),
         |ds, s, x, _qi, _kj, _bh| library_score_grad::<M, { 8192 / D }>(ds, s, x, cap),
         |qi, kj, _bh| window_prefix_visible(qi, kj, shift, window, prefix),

@@ -599,16 +599,24 @@ pub fn attention_combine(
     lse.store([bh, q0 + r, 0], (top + log2(sum)) * 0.6931471805599453);
 }
 
-/// The packed (varlen) FlashAttention forward's body, with an epilogue on the output as
-/// [`attention_persistent`] takes it: `flash_attention_varlen` is its rings and one call with
-/// `|x, _, _, _| x`. A sequence's last rows, stored with bounds rather than by TMA, go through
-/// the epilogue too (their plane 0 of the packed `[1, total, heads·dim]` view).
+/// The packed (varlen) FlashAttention forward's body, with an epilogue on the output and the
+/// modifiers as [`attention_persistent`] takes them: `flash_attention_varlen` is its rings and
+/// one call with `|x, _, _, _| x` and the causal closures. A sequence's last rows, stored with
+/// bounds rather than by TMA, go through the epilogue too (their plane 0 of the packed `[1,
+/// total, heads·dim]` view). As sequences differ in length, the modifiers see each query on
+/// the key axis — query `i` of a sequence of `len_q` queries and `len_k` keys as
+/// `i + len_k − len_q` (the causal diagonal aligned at the end: `kj ≤ qi`) — in `score_mod`'s
+/// and `mask_mod`'s `qi` and `key_range`'s first query; `key_range`'s key bounds may pass the
+/// sequence's keys (they are clamped).
 #[tessera::device]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_varlen_persistent<T, const D: usize, const BN: usize, const S: usize>(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, o: Global<T, 3>, lse: Global<f32, 3>, counter: Global<i32, 1>, cu_q: Global<i32, 1>,
-    cu_k: Global<i32, 1>, batch: i32, max_q: i32, varlen: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32, causal: i32,
-    hg: i32, scale_log2: f32, epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
+    cu_k: Global<i32, 1>, batch: i32, max_q: i32, varlen: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32, hg: i32,
+    scale_log2: f32, epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
+    score_mod: impl Fn(Tile<f32, 64, BN>, Tile<f32, 64, BN>, Tile<f32, 64, BN>, i32) -> Tile<f32, 64, BN>,
+    mask_mod: impl Fn(Tile<f32, 64, BN>, Tile<f32, 64, BN>, i32) -> Tile<f32, 64, BN>,
+    key_range: impl Fn(i32, i32, i32) -> (i32, i32, i32, i32),
 ) {
     let sq = Smem::<T, 128, D>::ring(1);
     let sk = Smem::<T, BN, D>::ring(S);
@@ -638,14 +646,13 @@ pub fn attention_varlen_persistent<T, const D: usize, const BN: usize, const S: 
             let kvh = h / group;
             let (q_start, len_q, k_start, len_k, _) = sequence(q, k, cu_q, cu_k, varlen, b, bh, h);
             if q0 < len_q {
-                let mut kv_end = len_k;
-                if causal == 1 {
-                    kv_end = min(len_k, q0 + 128 + len_k - len_q);
-                }
+                // (Queries on the key axis: the diagonal aligned at the end of each sequence.)
+                let (lo, hi, _, _) = key_range(bh, q0 + len_k - len_q, 128);
+                let (j0, j1) = key_blocks(lo, hi, len_k, BN, 0, 1);
                 let s = qpipe.acquire();
                 tma::load(sq.at(s), q, [b * q_bm + h * hm, q_start + q0, h * cm], qpipe);
                 qpipe.commit(s);
-                load_kv(k, v, sk, sv, kpipe, vpipe, b * k_bm + kvh * hm, k_start, kvh * cm, 0, (kv_end + BN - 1) / BN);
+                load_kv(k, v, sk, sv, kpipe, vpipe, b * k_bm + kvh * hm, k_start, kvh * cm, j0, j1);
             }
         }
     } else {
@@ -664,24 +671,23 @@ pub fn attention_varlen_persistent<T, const D: usize, const BN: usize, const S: 
             let h = bh - b * heads;
             let (q_start, len_q, _, len_k, lse_row) = sequence(q, k, cu_q, cu_k, varlen, b, bh, h);
             if q0 < len_q {
-                // Causally, key j is visible to query i when j ≤ i + len_k − len_q (aligned
-                // at the end).
-                let shift = len_k - len_q;
-                let (_, hi, _, _) = causal_keys(q0, 128, len_k, shift, causal);
-                let n = (hi + BN - 1) / BN;
-                let (_, _, full_lo, full_hi) = causal_keys(q0 + row, 64, len_k, shift, causal);
+                // Queries on the key axis: query i of the sequence is `i + len_k − len_q`.
+                let qa = q0 + len_k - len_q;
+                let (lo, hi, _, _) = key_range(bh, qa, 128);
+                let (j0, n) = key_blocks(lo, hi, len_k, BN, 0, 1);
+                let (_, _, full_lo, full_hi) = key_range(bh, qa + row, 64);
                 acc = Tile::<f32, 64, D>::zeros();
                 m = Tile::<f32, 64, 1>::full(f32::MIN);
                 l = Tile::<f32, 64, 1>::zeros();
                 let qs = qpipe.wait();
-                if n > 0 {
+                if n > j0 {
                     #[rustfmt::skip]
                     attend_blocks(
-                        &mut acc, &mut m, &mut l, &mut p, sq, sk, sv, qpipe, kpipe, vpipe, qs, me, row, 0, n, len_k, bh, q0 + row,
-                        full_lo, full_hi, scale_log2, |x, _qi, _kj, _bh| x, |qi, kj, _bh| causal_visible(qi, kj, shift),
+                        &mut acc, &mut m, &mut l, &mut p, sq, sk, sv, qpipe, kpipe, vpipe, qs, me, row, j0, n, len_k, bh, qa + row,
+                        full_lo, full_hi, scale_log2, score_mod, mask_mod,
                     );
                 }
-                if n == 0 {
+                if n <= j0 {
                     qpipe.release(qs);
                 }
                 let inv = 1.0 / max(l, 1e-30);
@@ -745,9 +751,30 @@ pub fn flash_attention_varlen(
         k_bm,
         hm,
         cm,
-        causal,
         hg,
         scale_log2,
         |x, _plane, _row, _col| x,
+        |s, _qi, _kj, _bh| s,
+        |qi, kj, _bh| causal_visible(qi, kj, 0),
+        |_bh, q0, rows| causal_keys(q0, rows, 1073741824, 0, causal),
+    );
+}
+
+/// [`flash_attention_varlen`] with the library's modifiers (`flash_attention_mods`' knob `M`
+/// and parameters), each sequence's queries on its key axis (see
+/// [`attention_varlen_persistent`]): two stages of 128-key blocks.
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], STAGES = [2], BN = [128], M = [1, 4, 7]), targets(sm_90a))]
+pub fn flash_attention_varlen_mods(
+    q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, o: Global<T, 3>, lse: Global<f32, 3>, counter: Global<i32, 1>, cu_q: Global<i32, 1>,
+    cu_k: Global<i32, 1>, batch: i32, max_q: i32, varlen: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32, causal: i32,
+    hg: i32, scale_log2: f32, cap: f32, max_bias: f32, alibi_scale: f32, window: i32, prefix: i32,
+) {
+    #[rustfmt::skip]
+    attention_varlen_persistent::<T, D, BN, STAGES>(
+        q, k, v, o, lse, counter, cu_q, cu_k, batch, max_q, varlen, heads, group, q_bm, k_bm, hm, cm, hg, scale_log2,
+        |x, _plane, _row, _col| x,
+        |s, qi, kj, bh| library_scores::<M, BN>(s, qi, kj, bh, heads, cap, max_bias, alibi_scale, 0),
+        |qi, kj, _bh| window_prefix_visible(qi, kj, 0, window, prefix),
+        |_bh, q0, rows| window_prefix_keys(q0, rows, 1073741824, 0, causal, window, prefix),
     );
 }

@@ -15,7 +15,8 @@ pub use backward::{attention_dkv_tile, attention_dq_tile};
 
 pub use kernels::{
     attention_combine_bf16, attention_combine_f16, flash_attention_bf16, flash_attention_f16, flash_attention_mods_bf16,
-    flash_attention_mods_f16, flash_attention_varlen_bf16, flash_attention_varlen_f16,
+    flash_attention_mods_f16, flash_attention_varlen_bf16, flash_attention_varlen_f16, flash_attention_varlen_mods_bf16,
+    flash_attention_varlen_mods_f16,
 };
 
 use tessera::{bf16, f16, Device, Element, Error, Grid, KernelSpec, Optional, OptionalMut, Result, Tensor, TensorView, TensorViewMut};
@@ -250,10 +251,10 @@ impl Attention {
         if !self.modified() {
             return Ok(Flavor::Plain);
         }
-        if varlen {
-            return Err(arg("opts", "no modifiers or kernel of yours with packed sequences (not built yet)".into(), format!("{self:?}")));
-        }
         if let Some(AttentionKernel(k)) = self.kernel {
+            if varlen {
+                return Err(arg("kernel", "no kernel of yours with packed sequences (dense layouts only)".into(), format!("{self:?}")));
+            }
             if self.library_mods() {
                 return Err(arg(
                     "kernel",
@@ -343,9 +344,9 @@ pub trait AttentionElement: Element + sealed::Sealed {
     /// (head dim), `STAGES` (K/V pipeline depth) and `BN` (keys a block).
     #[doc(hidden)]
     fn variants(varlen: bool) -> &'static [&'static KernelSpec];
-    /// The variants of `flash_attention_mods`.
+    /// The variants of `flash_attention_mods` (`varlen` false) or `flash_attention_varlen_mods`.
     #[doc(hidden)]
-    fn mods_variants() -> &'static [&'static KernelSpec];
+    fn mods_variants(varlen: bool) -> &'static [&'static KernelSpec];
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     fn forward(
@@ -369,7 +370,7 @@ pub trait AttentionElement: Element + sealed::Sealed {
     #[allow(clippy::too_many_arguments)]
     fn forward_mods(
         d: &Device, g: Grid, variant: usize, t: [&TensorView<Self>; 3], o: &mut TensorViewMut<Self>, lse: &mut TensorViewMut<f32>,
-        split: Split<'_>, ints: [i32; 12], scale_log2: f32, mods: [f32; 3], masks: [i32; 2],
+        cu: [&Optional<Tensor<i32>>; 2], split: Split<'_>, ints: [i32; 12], scale_log2: f32, mods: [f32; 3], masks: [i32; 2],
     ) -> Result<()>;
     /// Puts the split tiles back together: `attention_combine`, its variant of head dim `d`.
     #[doc(hidden)]
@@ -394,7 +395,7 @@ mod sealed {
 }
 
 macro_rules! attention_element {
-    ($t:ty, $dense:ident, $varlen:ident, $mods:ident, $combine:ident, $dot:ident, $dq:ident, $dkv:ident, $dq_out:ident, $dq_mods:ident, $dkv_mods:ident) => {
+    ($t:ty, $dense:ident, $varlen:ident, $mods:ident, $varlen_mods:ident, $combine:ident, $dot:ident, $dq:ident, $dkv:ident, $dq_out:ident, $dq_mods:ident, $dkv_mods:ident) => {
         impl AttentionElement for $t {
             fn backward(
                 d: &Device, head_dim: usize, [bd, bq, bk]: [usize; 3], [q, k, v, dout, o]: [&TensorView<Self>; 5], lse: &TensorView<f32>,
@@ -454,8 +455,9 @@ macro_rules! attention_element {
                                 varlen, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2, scale,
                             )?,
                             Some((m, [cap, max_bias, alibi_scale], [window, prefix])) => $dq_mods::launch_variant(
-                                pick_mods($dq_mods::VARIANTS, m)?, d, Grid::from(bq as u32), q, k, v, dout, &lse3, &dsum3, dq, heads,
-                                group, q_bm, k_bm, hm, cm, causal, scale_log2, scale, cap, max_bias, alibi_scale, window, prefix,
+                                pick_mods($dq_mods::VARIANTS, m)?, d, Grid::from(bq as u32), q, k, v, dout, &lse3, &dsum3, dq, cu_q,
+                                cu_k, max_q, varlen, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2, scale, cap, max_bias,
+                                alibi_scale, window, prefix,
                             )?,
                         }
                         stand_in = Tensor::<f32>::scratch(d, &[1, 64, head_dim])?;
@@ -468,8 +470,9 @@ macro_rules! attention_element {
                         varlen, heads, group, q_bm, k_bm, hm, cm, causal, fused, scale_log2, scale,
                     )?,
                     Some((m, [cap, max_bias, alibi_scale], [window, prefix])) => $dkv_mods::launch_variant(
-                        pick_mods($dkv_mods::VARIANTS, m)?, d, Grid::from(bk as u32), q, k, v, dout, &lse2, &dsum2, dk, dv, acc, heads,
-                        group, q_bm, k_bm, hm, cm, causal, fused, scale_log2, scale, cap, max_bias, alibi_scale, window, prefix,
+                        pick_mods($dkv_mods::VARIANTS, m)?, d, Grid::from(bk as u32), q, k, v, dout, &lse2, &dsum2, dk, dv, acc, cu_q,
+                        cu_k, max_k, varlen, heads, group, q_bm, k_bm, hm, cm, causal, fused, scale_log2, scale, cap, max_bias,
+                        alibi_scale, window, prefix,
                     )?,
                 }
                 if fused == 1 {
@@ -505,16 +508,27 @@ macro_rules! attention_element {
                     )
                 }
             }
-            fn mods_variants() -> &'static [&'static KernelSpec] {
-                $mods::VARIANTS
+            fn mods_variants(varlen: bool) -> &'static [&'static KernelSpec] {
+                if varlen {
+                    $varlen_mods::VARIANTS
+                } else {
+                    $mods::VARIANTS
+                }
             }
             fn forward_mods(
                 d: &Device, g: Grid, i: usize, [q, k, v]: [&TensorView<Self>; 3], o: &mut TensorViewMut<Self>,
-                lse: &mut TensorViewMut<f32>, Split { full, parts, out: [mut op, mut lp] }: Split<'_>,
-                [_, _, _, heads, group, q_bm, k_bm, hm, cm, causal, hg, keep_lse]: [i32; 12], scale_log2: f32,
+                lse: &mut TensorViewMut<f32>, [cu_q, cu_k]: [&Optional<Tensor<i32>>; 2],
+                Split { full, parts, out: [mut op, mut lp] }: Split<'_>,
+                [batch, max_q, varlen, heads, group, q_bm, k_bm, hm, cm, causal, hg, keep_lse]: [i32; 12], scale_log2: f32,
                 [cap, max_bias, alibi_scale]: [f32; 3], [window, prefix]: [i32; 2],
             ) -> Result<()> {
                 let mut c = d.tile_counter()?;
+                if varlen != 0 {
+                    return $varlen_mods::launch_variant(
+                        i, d, g, q, k, v, o, lse, &mut c, cu_q, cu_k, batch, max_q, varlen, heads, group, q_bm, k_bm, hm, cm, causal, hg,
+                        scale_log2, cap, max_bias, alibi_scale, window, prefix,
+                    );
+                }
                 $mods::launch_variant(
                     i, d, g, q, k, v, o, lse, &mut c, &mut op, &mut lp, full, parts, heads, group, q_bm, k_bm, hm, cm, causal, hg,
                     keep_lse, scale_log2, cap, max_bias, alibi_scale, window, prefix,
@@ -540,6 +554,7 @@ attention_element!(
     flash_attention_bf16,
     flash_attention_varlen_bf16,
     flash_attention_mods_bf16,
+    flash_attention_varlen_mods_bf16,
     attention_combine_bf16,
     attention_bwd_dot_bf16,
     attention_bwd_dq_bf16,
@@ -553,6 +568,7 @@ attention_element!(
     flash_attention_f16,
     flash_attention_varlen_f16,
     flash_attention_mods_f16,
+    flash_attention_varlen_mods_f16,
     attention_combine_f16,
     attention_bwd_dot_f16,
     attention_bwd_dq_f16,
@@ -760,7 +776,7 @@ fn launch<T: AttentionElement>(
     // The variants of this head dimension (pipeline depths, key blocks).
     let all = match flavor {
         Flavor::Plain => T::variants(varlen != 0),
-        Flavor::Mods(..) => T::mods_variants(),
+        Flavor::Mods(..) => T::mods_variants(varlen != 0),
         Flavor::Custom(k) => k,
     };
     let ids: Vec<usize> = (0..all.len())
@@ -821,7 +837,7 @@ fn launch<T: AttentionElement>(
             Flavor::Mods(m, mods, masks) => {
                 // Soft-capping alone returns `tanh(s / cap)`: the cap's factor goes with the scale.
                 let scale_log2 = if m == 1 { scale_log2 * mods[0] } else { scale_log2 };
-                T::forward_mods(device, grid.into(), ids[i], qkv, o, lse, split, ints, scale_log2, mods, masks)?
+                T::forward_mods(device, grid.into(), ids[i], qkv, o, lse, cu, split, ints, scale_log2, mods, masks)?
             }
             Flavor::Custom(k) => launch_custom(k[ids[i]], device, grid.into(), qkv, o, lse, ints, scale_log2)?,
         }
