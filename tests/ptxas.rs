@@ -50,7 +50,9 @@ fn spills(report: &str) -> u64 {
 /// Two more, measured with their spills (notes/ISSUE-28.md): the fused norm backward's row
 /// tiles from 10240 columns (12–556 bytes; 0.55–0.63× copy at 11008 and 12288, run 210,
 /// against 0.26× for the chunked kernel they replace), and the attention backward's dK/dV walk
-/// at 128-query blocks (head dim 64; 24 bytes, three registers; runs 207–209). And the packed
+/// at 128-query blocks (head dim 64; 24 bytes, three registers; runs 207–209), and its
+/// modifiers' variants there for packed sequences (`V` 1: the offsets' registers, 24–80 bytes;
+/// runs 224–225). And the packed
 /// forward at head dim 128 with 160-key blocks since its masks go through `mask_mod` (84 bytes
 /// stored, 104 loaded, of values live across the whole kernel; run 215: 585 TFLOP/s against
 /// the unspilled 128-key variant's 564 non-causal, 506 against 512 causal).
@@ -66,6 +68,9 @@ fn spill_allowance(spec: &tessera::KernelSpec, v: &tessera::PtxVariant) -> u64 {
     }
     if spec.name.starts_with("attention_bwd_dkv") && spec.knob("BQ") == Some(128) {
         return 32;
+    }
+    if spec.name.starts_with("attention_bwd_dkv_mods") && spec.knob("D") == Some(64) && spec.knob("V") == Some(1) {
+        return 96;
     }
     let requested =
         v.ptx().lines().find_map(|l| l.trim().strip_prefix(".minnctapersm")?.trim().parse::<u32>().ok()).is_some_and(|n| n >= 2);

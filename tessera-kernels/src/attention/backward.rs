@@ -185,17 +185,17 @@ pub fn attention_bwd_dq(
 }
 
 /// `attention_bwd_dq` with the library's modifiers (`flash_attention_mods`' knob `M` and
-/// parameters; padded layouts or packed sequences): [`library_scores`](crate::prelude::library_scores), [`library_score_grad`](crate::prelude::library_score_grad) and
+/// parameters; padded layouts, `V` 0, or packed sequences, `V` 1): [`library_scores`](crate::prelude::library_scores), [`library_score_grad`](crate::prelude::library_score_grad) and
 /// [`window_prefix_visible`](crate::prelude::window_prefix_visible) over [`window_prefix_keys`](crate::prelude::window_prefix_keys). Key blocks of 64 (at head dim 64,
 /// 128 spill: the modified scores live beside P, dP and dQ).
-#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], M = [1, 4, 7]), targets(sm_90a))]
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], M = [1, 4, 7], V = [0, 1]), targets(sm_90a))]
 pub fn attention_bwd_dq_mods(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 3>, dsum: Global<f32, 3>, dq: Global<T, 3>,
-    cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, max_q: i32, varlen: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32,
-    causal: i32, scale_log2: f32, scale: f32, cap: f32, max_bias: f32, alibi_scale: f32, window: i32, prefix: i32,
+    cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, max_q: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32, causal: i32,
+    scale_log2: f32, scale: f32, cap: f32, max_bias: f32, alibi_scale: f32, window: i32, prefix: i32,
 ) {
     let (b, h, q0) = backward_tile(max_q, heads);
-    let (q_start, seq_q, k_start, seq_k, lrow) = sequence(q, k, cu_q, cu_k, varlen, b, b * heads + h, h);
+    let (q_start, seq_q, k_start, seq_k, lrow) = mods_sequence::<T, V>(q, k, cu_q, cu_k, b, b * heads + h, h);
     let shift = seq_k - seq_q;
     #[rustfmt::skip]
     attention_dq_tile::<T, D, 64>(
@@ -205,6 +205,30 @@ pub fn attention_bwd_dq_mods(
         |qi, kj, _bh| window_prefix_visible(qi, kj, shift, window, prefix),
         |_bh, q0, rows| window_prefix_keys(q0, rows, seq_k, shift, causal, window, prefix),
     );
+}
+
+/// [`sequence`]'s rows for the modifiers' backward kernels, packed (`V` 1) or padded (`V` 0: a
+/// variant of its own, whose lengths stay the tensors' — at head dim 64 the offsets' registers
+/// spill the dK/dV walk's 128-query blocks).
+#[device]
+#[allow(clippy::too_many_arguments)]
+fn mods_sequence<T, const V: usize>(
+    q: Global<T, 3>, k: Global<T, 3>, cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, b: i32, bh: i32, h: i32,
+) -> (i32, i32, i32, i32, i32) {
+    let mut q_start = 0;
+    let mut seq_q = q.dim(1);
+    let mut k_start = 0;
+    let mut seq_k = k.dim(1);
+    let mut row = bh;
+    if V == 1 {
+        let (qs, lq, ks, lk, r) = sequence(q, k, cu_q, cu_k, 1, b, bh, h);
+        q_start = qs;
+        seq_q = lq;
+        k_start = ks;
+        seq_k = lk;
+        row = r;
+    }
+    (q_start, seq_q, k_start, seq_k, row)
 }
 
 /// dK and dV for the 128 keys `k0..` of key/value head `kvh` of batch entry `b` (its sequence
@@ -396,19 +420,19 @@ pub fn attention_bwd_dkv(
 
 /// `attention_bwd_dkv` with the library's modifiers, as `attention_bwd_dq_mods`: query
 /// blocks of `8192 / D`, the walk over [`window_prefix_queries`](crate::prelude::window_prefix_queries)' range.
-#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], M = [1, 4, 7]), targets(sm_90a))]
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], M = [1, 4, 7], V = [0, 1]), targets(sm_90a))]
 pub fn attention_bwd_dkv_mods(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 2>, dsum: Global<f32, 2>, dk: Global<T, 3>,
-    dv: Global<T, 3>, dq_acc: Global<f32, 3>, cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, max_k: i32, varlen: i32, heads: i32, group: i32,
-    q_bm: i32, k_bm: i32, hm: i32, cm: i32, causal: i32, fused: i32, scale_log2: f32, scale: f32, cap: f32, max_bias: f32,
-    alibi_scale: f32, window: i32, prefix: i32,
+    dv: Global<T, 3>, dq_acc: Global<f32, 3>, cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, max_k: i32, heads: i32, group: i32, q_bm: i32,
+    k_bm: i32, hm: i32, cm: i32, causal: i32, fused: i32, scale_log2: f32, scale: f32, cap: f32, max_bias: f32, alibi_scale: f32,
+    window: i32, prefix: i32,
 ) {
     let (b, kvh, k0) = backward_tile(max_k, heads / group);
-    let (q_start, seq_q, k_start, seq_k, _) = sequence(q, k, cu_q, cu_k, varlen, b, 0, 0);
+    let (q_start, seq_q, k_start, seq_k, _) = mods_sequence::<T, V>(q, k, cu_q, cu_k, b, 0, 0);
     let shift = seq_k - seq_q;
     #[rustfmt::skip]
     attention_dkv_tile::<T, D, { 8192 / D }>(
-        q, k, v, dout, lse, dsum, dk, dv, dq_acc, b, kvh, k0, q_start, seq_q, k_start, seq_k, varlen, heads, group, q_bm, k_bm, hm, cm,
+        q, k, v, dout, lse, dsum, dk, dv, dq_acc, b, kvh, k0, q_start, seq_q, k_start, seq_k, V, heads, group, q_bm, k_bm, hm, cm,
         fused, scale_log2, scale,
         |s, qi, kj, bh| library_scores::<M, { 8192 / D }>(s, qi, kj, bh, heads, cap, max_bias, alibi_scale, shift),
         |ds, s, x, _qi, _kj, _bh| library_score_grad::<M, { 8192 / D }>(ds, s, x, cap),

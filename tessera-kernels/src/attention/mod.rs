@@ -439,7 +439,7 @@ macro_rules! attention_element {
                 // blocks of 8192 / D).
                 let pick_mods = |all: &[&KernelSpec], m: i64| {
                     (0..all.len())
-                        .find(|&i| of_head_dim(all[i], head_dim) && all[i].knob("M") == Some(m))
+                        .find(|&i| of_head_dim(all[i], head_dim) && all[i].knob("M") == Some(m) && all[i].knob("V") == Some(varlen.into()))
                         .ok_or_else(|| arg("q", "head_dim 64 or 128".into(), format!("head_dim {head_dim}")))
                 };
                 // Deterministic: dQ's own walk, and a stand-in for the sums the dK/dV walk
@@ -456,8 +456,8 @@ macro_rules! attention_element {
                             )?,
                             Some((m, [cap, max_bias, alibi_scale], [window, prefix])) => $dq_mods::launch_variant(
                                 pick_mods($dq_mods::VARIANTS, m)?, d, Grid::from(bq as u32), q, k, v, dout, &lse3, &dsum3, dq, cu_q,
-                                cu_k, max_q, varlen, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2, scale, cap, max_bias,
-                                alibi_scale, window, prefix,
+                                cu_k, max_q, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2, scale, cap, max_bias, alibi_scale,
+                                window, prefix,
                             )?,
                         }
                         stand_in = Tensor::<f32>::scratch(d, &[1, 64, head_dim])?;
@@ -471,8 +471,8 @@ macro_rules! attention_element {
                     )?,
                     Some((m, [cap, max_bias, alibi_scale], [window, prefix])) => $dkv_mods::launch_variant(
                         pick_mods($dkv_mods::VARIANTS, m)?, d, Grid::from(bk as u32), q, k, v, dout, &lse2, &dsum2, dk, dv, acc, cu_q,
-                        cu_k, max_k, varlen, heads, group, q_bm, k_bm, hm, cm, causal, fused, scale_log2, scale, cap, max_bias,
-                        alibi_scale, window, prefix,
+                        cu_k, max_k, heads, group, q_bm, k_bm, hm, cm, causal, fused, scale_log2, scale, cap, max_bias, alibi_scale,
+                        window, prefix,
                     )?,
                 }
                 if fused == 1 {
