@@ -20,7 +20,8 @@
 //! mask modifiers beside the plain kernel in alternating rounds, forward and backward:
 //! soft-capping and ALiBi against the same mask without them, and a 1024-key sliding window
 //! against the plain causal kernel, both counted over the blocks each computes.
-//! `TESSERA_BENCH_ATTENTION=varlen` times each variant of the packed kernel at head dim 128
+//! `TESSERA_BENCH_ATTENTION=wide` times head dims 192 and 256 beside cuDNN, then head dim
+//! 192's variants. `TESSERA_BENCH_ATTENTION=varlen` times each variant of the packed kernel at head dim 128
 //! (eight sequences of 4096 packed, causal and not), in alternating rounds.
 
 use criterion::Criterion;
@@ -32,13 +33,15 @@ use tessera::testing::{median, Uniform};
 use tessera::{bf16, Device, Tensor};
 use tessera_kernels::{Attention, AttentionLayout};
 
-/// The shapes: batch 4, 16 heads, these sequence lengths, head dims and masks.
-fn shapes() -> Vec<(usize, usize, usize, usize, bool)> {
+/// The shapes: batch 4, 16 heads, these sequence lengths, head dims and masks; with `wide`,
+/// head dims 192 and 256 (batch 2 at 256, as the cuDNN figures were taken).
+fn shapes(wide: bool) -> Vec<(usize, usize, usize, usize, bool)> {
     let mut v = Vec::new();
-    for d in [128, 64] {
-        for s in [1024, 4096, 8192, 16384] {
+    let (dims, lens): (&[usize], &[usize]) = if wide { (&[192, 256], &[2048, 8192]) } else { (&[128, 64], &[1024, 4096, 8192, 16384]) };
+    for &d in dims {
+        for &s in lens {
             for causal in [false, true] {
-                v.push((4, 16, s, d, causal));
+                v.push((if d == 256 { 2 } else { 4 }, 16, s, d, causal));
             }
         }
     }
@@ -113,7 +116,8 @@ fn main() {
         Ok("varlen") => return varlen_variants(&dev),
         _ => {}
     }
-    let shapes = shapes();
+    let wide = std::env::var("TESSERA_BENCH_ATTENTION").as_deref() == Ok("wide");
+    let shapes = shapes(wide);
     let mut cudnn = Cudnn::spawn();
     let mut criterion = Criterion::default()
         .configure_from_args()
@@ -167,8 +171,39 @@ fn main() {
     if let Some((_, Err(why), ..)) = rows.iter().find(|r| r.1.is_err()) {
         println!("no cuDNN baseline: {why}");
     }
+    if wide {
+        return wide_variants(&dev, &mut rng);
+    }
     split_vs_unsplit(&dev, &mut rng);
     tuned_vs_default(&dev, &mut rng);
+}
+
+/// Head dim 192's variants (96- or 64-key blocks, two or three stages) against its default,
+/// in alternating rounds, at B4 H16 N8192 causal and not.
+fn wide_variants(dev: &Device, rng: &mut Uniform) {
+    let (b, h, s, d) = (4, 16, 8192, 192);
+    let shape = [b, h, s, d];
+    let mut t = || Tensor::from_host(dev, &rng.vec(b * h * s * d, bf16::from_f32), &shape).expect("input");
+    let (q, k, v) = (t(), t(), t());
+    let mut o = Tensor::<bf16>::zeros(dev, &shape).expect("o");
+    println!("\nhead dim 192 variants, b{b} h{h} s{s} (TFLOP/s, alternating rounds, median of 7)");
+    println!("| variant | mask | TFLOP/s |");
+    println!("|---|---|---|");
+    for causal in [false, true] {
+        let flop = 4.0 * (b * h * s * s * d) as f64 / if causal { 2.0 } else { 1.0 };
+        let names = tessera_kernels::attention_variants::<bf16>(d, false);
+        let mut times = vec![Vec::new(); names.len()];
+        for _ in 0..7 {
+            for (i, name) in names.iter().enumerate() {
+                let opts = Attention::new().layout(AttentionLayout::Bhsd).causal(causal).variant(name);
+                let mut run = || tessera_kernels::attention(dev, &opts, &q, &k, &v, &mut o).expect("attention");
+                times[i].push(flop / tessera::testing::time_ms(dev, 5, 30, &mut run).expect("timing") * 1e-9);
+            }
+        }
+        for (name, t) in names.iter().zip(times) {
+            println!("| {name} | {} | {:.0} |", if causal { "causal" } else { "none" }, median(t));
+        }
+    }
 }
 
 /// The default launch (non-causal: the last wave's tiles split over key ranges when the

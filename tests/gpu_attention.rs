@@ -84,7 +84,7 @@ fn check<T: AttentionElement>(
 fn cases(dev: &Device) -> Vec<Case> {
     let c = |b, sq, sk, h, hk, d| Case { b, sq, sk, h, hk, d };
     if dev.is_cpu() {
-        vec![c(1, 5, 7, 2, 1, 128), c(1, 130, 140, 1, 1, 128), c(2, 9, 200, 2, 2, 64)]
+        vec![c(1, 5, 7, 2, 1, 128), c(1, 130, 140, 1, 1, 128), c(2, 9, 200, 2, 2, 64), c(1, 70, 97, 2, 1, 192), c(1, 19, 130, 1, 1, 256)]
     } else {
         vec![
             c(1, 1, 1, 1, 1, 128),
@@ -97,6 +97,12 @@ fn cases(dev: &Device) -> Vec<Case> {
             c(2, 200, 333, 4, 2, 64),
             c(1, 300, 129, 2, 1, 64),
             c(3, 700, 517, 4, 1, 64),
+            c(1, 1, 1, 1, 1, 192),
+            c(2, 200, 333, 4, 2, 192),
+            c(1, 1031, 1031, 2, 1, 192),
+            c(1, 1, 1000, 2, 2, 256),
+            c(2, 300, 129, 2, 1, 256),
+            c(1, 1031, 700, 3, 3, 256),
         ]
     }
 }
@@ -143,7 +149,7 @@ fn gpu_attention_survives_large_logits() {
 fn kv_splits_match_f64_reference(dev: &Device) {
     let c = |b, sq, sk, h, hk, d| Case { b, sq, sk, h, hk, d };
     let cases = if dev.is_cpu() {
-        vec![(c(1, 130, 300, 1, 1, 64), Some(3))]
+        vec![(c(1, 130, 300, 1, 1, 64), Some(3)), (c(1, 70, 200, 1, 1, 192), Some(2))]
     } else {
         let heads = (dev.sm_count() as usize + 2) / 2;
         vec![
@@ -152,6 +158,8 @@ fn kv_splits_match_f64_reference(dev: &Device) {
             (c(1, 300, 129, 2, 1, 64), Some(16)),
             (c(1, 517, 1400, 3, 1, 64), Some(4)),
             (c(1, 129, 2000, heads, 1, 64), None),
+            (c(1, 200, 900, 2, 1, 192), Some(3)),
+            (c(1, 129, 1500, heads, 1, 256), None),
         ]
     };
     for (c, n) in cases {
@@ -245,7 +253,7 @@ fn varlen_matches_f64_reference(
 #[test]
 fn gpu_attention_varlen_matches_f64_reference() {
     if let Some(dev) = gpu_or_skip("gpu_attention_varlen_matches_f64_reference") {
-        for d in [128, 64] {
+        for d in [128, 64, 192, 256] {
             varlen_matches_f64_reference(&dev, &[1, 200, 0, 129, 700, 64], &[5, 333, 17, 0, 700, 1], 4, 2, d, None);
         }
     }
@@ -325,7 +333,7 @@ fn interp_attention_varlen_matches_f64_reference() {
 /// packed, on odd shapes; an unknown variant is an error naming `variant`.
 fn every_attention_variant_matches_f64_reference(dev: &Device) {
     use tessera_kernels::attention_variants;
-    for d in [64, 128] {
+    for d in [64, 128, 192, 256] {
         let dense = attention_variants::<bf16>(d, false);
         assert!(!dense.is_empty());
         for &v in &dense {
@@ -358,6 +366,10 @@ fn every_attention_variant_matches_f64_reference(dev: &Device) {
         names(64, true),
         ["d64_stages4_bn160", "d64_stages4_bn128", "d64_stages2_bn160", "d64_stages2_bn128", "d64_stages3_bn160", "d64_stages3_bn128"]
     );
+    // Past 128 columns: 96- and 64-key blocks, two stages (three of 64 keys at 192).
+    assert_eq!(names(192, false), ["d192_stages2_bn96", "d192_stages2_bn64", "d192_stages3_bn64"]);
+    assert_eq!(names(256, false), ["d256_stages2_bn64"]);
+    assert_eq!(names(256, true), ["d256_stages2_bn64"]);
     let q = Tensor::full(dev, &[1, 4, 1, 64], bf16::ONE).unwrap();
     let mut o = Tensor::full(dev, &[1, 4, 1, 64], bf16::NAN).unwrap();
     let opts = Attention::new().variant("flash_attention_bf16__d128_stages2_bn160");

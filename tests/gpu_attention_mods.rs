@@ -73,15 +73,24 @@ fn check(dev: &Device, c: Case, opts: Attention, scale: f32, mods: &Mods<'_>, wh
 fn cases(dev: &Device) -> Vec<Case> {
     let c = |b, sq, sk, h, hk, d| Case { b, sq, sk, h, hk, d };
     if dev.is_cpu() {
-        vec![c(1, 130, 140, 2, 1, 64), c(1, 7, 300, 2, 2, 128)]
+        vec![c(1, 130, 140, 2, 1, 64), c(1, 7, 300, 2, 2, 128), c(1, 40, 200, 1, 1, 256)]
     } else {
-        vec![c(2, 1000, 1000, 4, 2, 128), c(1, 1, 777, 8, 2, 128), c(1, 300, 129, 2, 1, 64), c(2, 4099, 4099, 2, 1, 64)]
+        vec![
+            c(2, 1000, 1000, 4, 2, 128),
+            c(1, 1, 777, 8, 2, 128),
+            c(1, 300, 129, 2, 1, 64),
+            c(2, 4099, 4099, 2, 1, 64),
+            c(1, 1000, 1000, 2, 1, 192),
+            c(1, 333, 700, 2, 2, 256),
+        ]
     }
 }
 
 fn library_modifiers(dev: &Device) {
     for c in cases(dev) {
         let shift = c.sk as i64 - c.sq as i64;
+        // The backward's head dims (the forward's past 128 have none yet).
+        let backward = c.d <= 128;
         let scale = 1.0 / (c.d as f32).sqrt() * random(1, 0.5, 1.5)[0];
         let causal = |i: i64, j: i64| j <= i + shift;
         let all = |_: i64, _: i64| true;
@@ -98,7 +107,7 @@ fn library_modifiers(dev: &Device) {
                 scale,
                 &Mods { score: &capped, grad: &capped_grad, visible: vis },
                 &format!("softcap 5 causal={causal_on}"),
-                true,
+                backward,
             );
         }
         // ALiBi with the paper's slopes over `h` heads.
@@ -113,27 +122,35 @@ fn library_modifiers(dev: &Device) {
                 scale,
                 &Mods { score: &alibi, grad: &unit_grad, visible: vis },
                 &format!("alibi 8 causal={causal_on}"),
-                true,
+                backward,
             );
         }
         // Sliding windows: one key (the diagonal), a few, a block's worth and more.
         for w in [1usize, 7, 100, 300] {
             let win = move |i: i64, j: i64| j <= i + shift && j > i + shift - w as i64;
             let opts = Attention::new().causal(true).sliding_window(w);
-            check(dev, c, opts, scale, &Mods { score: &unmodified, grad: &unit_grad, visible: &win }, &format!("sliding window {w}"), true);
+            check(
+                dev,
+                c,
+                opts,
+                scale,
+                &Mods { score: &unmodified, grad: &unit_grad, visible: &win },
+                &format!("sliding window {w}"),
+                backward,
+            );
         }
         // A prefix every query sees.
         for p in [5usize, 200] {
             let pre = move |i: i64, j: i64| j < p as i64 || j <= i + shift;
             let opts = Attention::new().causal(true).prefix(p);
-            check(dev, c, opts, scale, &Mods { score: &unmodified, grad: &unit_grad, visible: &pre }, &format!("prefix {p}"), true);
+            check(dev, c, opts, scale, &Mods { score: &unmodified, grad: &unit_grad, visible: &pre }, &format!("prefix {p}"), backward);
         }
         // Together: a window under soft-capping and ALiBi.
         let w = 150i64;
         let win = move |i: i64, j: i64| j <= i + shift && j > i + shift - w;
         let both = |s: f64, i: i64, j: i64, h: usize| alibi(capped(s, i, j, h), i, j, h);
         let opts = Attention::new().causal(true).sliding_window(w as usize).softcap(cap as f32).alibi(8.0);
-        check(dev, c, opts, scale, &Mods { score: &both, grad: &capped_grad, visible: &win }, "window 150, softcap, alibi", true);
+        check(dev, c, opts, scale, &Mods { score: &both, grad: &capped_grad, visible: &win }, "window 150, softcap, alibi", backward);
     }
 }
 

@@ -627,6 +627,8 @@ struct Tune {
     /// The `tune` path, where an empty set of combinations is reported.
     span: Span,
     knobs: Vec<(String, Vec<i64>)>,
+    /// `only(...)`: the combinations built are those where it holds (none: all).
+    only: Option<syn::Expr>,
 }
 
 /// At most this many combinations: each is a full compile and a PTX module in the binary.
@@ -634,17 +636,32 @@ const MAX_COMBINATIONS: usize = 64;
 
 impl Tune {
     /// Every combination, the first knob varying slowest: the first is every knob's first value.
+    /// Those where `only(...)` is false are left out.
     fn combinations(&self) -> Vec<Knobs> {
         let mut out: Vec<Knobs> = vec![Vec::new()];
         for (name, values) in &self.knobs {
             out = out.into_iter().flat_map(|k| values.iter().map(move |&v| [k.clone(), vec![(name.clone(), v)]].concat())).collect();
+        }
+        if let Some(only) = &self.only {
+            // Checked at parse: every combination evaluates.
+            out.retain(|k| knob_expr(only, k).is_ok_and(|v| v != 0));
         }
         out
     }
 
     fn parse(meta: &syn::meta::ParseNestedMeta, dtypes: &[(syn::Ident, Vec<syn::Ident>)]) -> syn::Result<Tune> {
         let mut knobs: Vec<(String, Vec<i64>)> = Vec::new();
+        let mut only = None;
         meta.parse_nested_meta(|inner| {
+            if inner.path.is_ident("only") && inner.input.peek(syn::token::Paren) {
+                if only.is_some() {
+                    return Err(inner.error("`only(...)` is given twice: join the conditions with `&&`"));
+                }
+                let body;
+                syn::parenthesized!(body in inner.input);
+                only = Some(body.parse::<syn::Expr>()?);
+                return Ok(());
+            }
             let name = inner.path.get_ident().cloned().ok_or_else(|| inner.error("expected a knob name, e.g. `BN = [128, 256]`"))?;
             if knobs.iter().any(|(n, _)| name == n) || dtypes.iter().any(|(p, _)| *p == name) {
                 return Err(syn::Error::new_spanned(&name, format!("`{name}` is named twice")));
@@ -671,11 +688,76 @@ impl Tune {
         if knobs.is_empty() {
             return Err(meta.error("`tune` needs at least one knob, e.g. `tune(BN = [128, 256])`"));
         }
-        let count = knobs.iter().map(|(_, v)| v.len()).product::<usize>();
+        let all = knobs.iter().map(|(_, v)| v.len()).product::<usize>();
+        if all > 64 * MAX_COMBINATIONS {
+            return Err(meta.error(format!("`tune` makes {all} combinations before `only(...)`, more than {}", 64 * MAX_COMBINATIONS)));
+        }
+        let mut tune = Tune { span: meta.path.span(), knobs, only: None };
+        if let Some(only) = only {
+            // Every combination must evaluate (unknown names, division by zero, …): said at the token.
+            for k in tune.combinations() {
+                knob_expr(&only, &k)?;
+            }
+            tune.only = Some(only);
+        }
+        let count = tune.combinations().len();
         if count > MAX_COMBINATIONS {
             return Err(meta.error(format!("`tune` makes {count} combinations, more than {MAX_COMBINATIONS}")));
         }
-        Ok(Tune { span: meta.path.span(), knobs })
+        if count == 0 {
+            return Err(meta.error("`only(...)` leaves no combination of `tune`'s knobs"));
+        }
+        Ok(tune)
+    }
+}
+
+/// The value of `tune(..., only(e))`'s `e` for one combination `knobs`: integers, the knobs by
+/// name, `+ - * / %`, comparisons and `&& || !` (true is 1, false 0), parentheses.
+fn knob_expr(e: &syn::Expr, knobs: &Knobs) -> syn::Result<i64> {
+    use syn::BinOp as B;
+    match e {
+        syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(i), .. }) => i.base10_parse::<i64>(),
+        syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Bool(b), .. }) => Ok(i64::from(b.value)),
+        syn::Expr::Path(p) => {
+            let name = p.path.get_ident().map(|i| i.to_string()).unwrap_or_default();
+            match knobs.iter().find(|(n, _)| *n == name) {
+                Some((_, v)) => Ok(*v),
+                None => {
+                    let names: Vec<&str> = knobs.iter().map(|(n, _)| n.as_str()).collect();
+                    Err(syn::Error::new_spanned(p, format!("`only(...)` names the knobs of `tune`: expected one of {}", names.join(", "))))
+                }
+            }
+        }
+        syn::Expr::Paren(p) => knob_expr(&p.expr, knobs),
+        syn::Expr::Group(g) => knob_expr(&g.expr, knobs),
+        syn::Expr::Unary(syn::ExprUnary { op: syn::UnOp::Not(_), expr, .. }) => Ok(i64::from(knob_expr(expr, knobs)? == 0)),
+        syn::Expr::Unary(syn::ExprUnary { op: syn::UnOp::Neg(_), expr, .. }) => Ok(-knob_expr(expr, knobs)?),
+        syn::Expr::Binary(b) => {
+            let l = knob_expr(&b.left, knobs)?;
+            // `&&` and `||` as Rust's: the right side is still checked, for its names.
+            let r = knob_expr(&b.right, knobs)?;
+            let zero = || syn::Error::new_spanned(&b.right, "`only(...)` divides by zero for some combination");
+            Ok(match b.op {
+                B::Add(_) => l.wrapping_add(r),
+                B::Sub(_) => l.wrapping_sub(r),
+                B::Mul(_) => l.wrapping_mul(r),
+                B::Div(_) => l.checked_div(r).ok_or_else(zero)?,
+                B::Rem(_) => l.checked_rem(r).ok_or_else(zero)?,
+                B::And(_) => i64::from(l != 0 && r != 0),
+                B::Or(_) => i64::from(l != 0 || r != 0),
+                B::Eq(_) => i64::from(l == r),
+                B::Ne(_) => i64::from(l != r),
+                B::Lt(_) => i64::from(l < r),
+                B::Le(_) => i64::from(l <= r),
+                B::Gt(_) => i64::from(l > r),
+                B::Ge(_) => i64::from(l >= r),
+                ref other => return Err(syn::Error::new_spanned(other, "`only(...)` takes `+ - * / %`, comparisons, `&&`, `||` and `!`")),
+            })
+        }
+        other => Err(syn::Error::new_spanned(
+            other,
+            "`only(...)` is a condition on the knobs: integers, knob names, arithmetic, comparisons, `&&`, `||`, `!`",
+        )),
     }
 }
 

@@ -754,10 +754,11 @@ impl Frontend {
                 } else {
                     0
                 };
-                if swizzle != 0 && !cols.is_power_of_two() {
+                // Swizzled rows are one span (a power of two) or whole 128-byte panels.
+                if swizzle != 0 && !cols.is_power_of_two() && !(swizzle == 128 && row_bytes % 128 == 0) {
                     return err(
                         ga[2],
-                        format!("a swizzled ring's columns are a power of two, found {cols}; an unswizzled one (`ring_swizzled(stages, 0)`) takes any multiple of 8"),
+                        format!("a swizzled ring's columns are a power of two or whole 128-byte panels, found {cols}; an unswizzled one (`ring_swizzled(stages, 0)`) takes any multiple of 8"),
                     );
                 }
                 ExprKind::SmemRing(tessera_ptx::tirh::SmemType { dtype, rows, cols, stages, swizzle })

@@ -21,7 +21,8 @@ use proc_macro::TokenStream;
 /// `dtypes(T = [...], Q = [f8e4m3, f8e5m2])`, gives one per pair, `<fn>_<t>_<q>`); `tune(BN = [256, 128],
 /// STAGES = [4, 3])` (one variant per combination of the knobs' integer values, in the module's
 /// `VARIANTS`; a combination that does not compile is dropped, and an empty set is an error at
-/// `tune`); `blocks_per_sm = N`; `targets(sm_90a, sm_80)`.
+/// `tune`; `only(D <= 128 || BN <= 96)` among the knobs builds just the combinations where the
+/// condition holds); `blocks_per_sm = N`; `targets(sm_90a, sm_80)`.
 #[proc_macro_attribute]
 pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     tessera_frontend::expand(attr.into(), item.into()).into()

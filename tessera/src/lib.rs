@@ -90,13 +90,16 @@
 //!   name replaced by its value anywhere in the body — tile shapes, ring depths, loop bounds;
 //!   the module's `VARIANTS` hold them with their `knobs`, the first the default, and
 //!   `launch_variant(i, …)` runs one; combinations that do not compile, such as those over the
-//!   target's shared memory, are dropped, and none left is an error at `tune`). The
+//!   target's shared memory, are dropped, and none left is an error at `tune`;
+//!   `tune(D = [64, 256], BN = [128, 64], only(D < 256 || BN == 64))` builds only the
+//!   combinations where the condition on the knobs holds). The
 //!   [`Tuner`] picks among variants at run time ([`tune`]).
 //!
 //! ## Hopper (sm_90a)
 //!
 //! - `Smem::<T, M, N>::ring(stages)` (`M` a power of two or a multiple of 8, `N` a power of
-//!   two — an unswizzled ring's any multiple of 8 —, 1 to 64 stages): a ring of shared tiles,
+//!   two or whole 128-byte panels, as 192 16-bit columns — an unswizzled ring's any multiple
+//!   of 8 —, 1 to 64 stages): a ring of shared tiles,
 //!   swizzled by the row width (128,
 //!   64 or 32 bytes; `ring_swizzled(stages, bytes)` to choose), placed 1024-aligned in dynamic
 //!   shared memory (the launcher raises the limit above 48 KiB). Rows narrower than 16 bytes

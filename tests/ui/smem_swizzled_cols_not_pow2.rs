@@ -1,13 +1,15 @@
 use tessera::kernel;
 
-// A swizzled ring's columns are a power of two (its rows of 384 bytes would be 128-byte
-// panels here); an unswizzled ring takes any multiple of 8.
+// A swizzled ring's columns are a power of two or whole 128-byte panels (rows of 384 bytes
+// are three); rows of 192 bytes are neither. An unswizzled ring takes any multiple of 8.
 #[kernel]
 fn k(x: Global<f32, 2>, y: Global<f32, 2>) {
     let ok = Smem::<f32, 1, 96>::ring_swizzled(1, 0);
-    let bad = Smem::<f32, 64, 96>::ring(1);
+    let panels = Smem::<f32, 64, 96>::ring(1);
+    let bad = Smem::<f32, 64, 48>::ring_swizzled(1, 128);
     ok.at(0).store(x.load::<Tile<f32, 1, 96>>([0, 0]));
-    bad.at(0).store(x.load::<Tile<f32, 64, 96>>([0, 0]));
+    panels.at(0).store(x.load::<Tile<f32, 64, 96>>([0, 0]));
+    bad.at(0).store(x.load::<Tile<f32, 64, 48>>([0, 0]));
     y.store([0, 0], ok.at(0).load());
 }
 

@@ -1,10 +1,11 @@
 //! The FlashAttention forward kernels, in the DSL: one schedule, with the head dimension `D`
-//! (64 or 128), the K/V pipeline depth `STAGES` and the key block `BN` (192, 160 or 128 keys)
+//! (64, 128, 192 or 256), the K/V pipeline depth `STAGES` and the key block `BN` (192, 160 or
+//! 128 keys; 96 or 64 past head dim 128, where wider blocks do not fit in shared memory)
 //! as `tune(...)` knobs — the host picks the variants of the head dimension and, among them, the
 //! key block that costs the fewest padded keys plus a fixed cost a block (see `key_block` in
 //! `mod.rs`); the tuner may pick another. A variant that does not fit in shared memory is not
 //! built: head dim 128 holds two stages of 160- or 128-key blocks, 64 up to four of 160 or three
-//! of 192. Larger blocks pay a block's fixed costs over more keys: 160 against 128 keys +2–4%
+//! of 192, 192 two of 96 or three of 64, 256 two of 64. Larger blocks pay a block's fixed costs over more keys: 160 against 128 keys +2–4%
 //! at seq ≥ 4096 (head dim 128), 192 +4–8% (64) (run 141). A persistent
 //! grid claims tiles of 128 query rows of one (batch, head) from a tile queue. Warpgroup 0
 //! produces: per tile it copies Q (one buffer, freed as soon as the tile's last `S` is done, so
@@ -394,7 +395,12 @@ pub fn attention_persistent<T, const D: usize, const BN: usize, const S: usize>(
 
 /// FlashAttention forward, head dim `D`, K and V in blocks of `BN` keys through `STAGES`-deep
 /// pipelines.
-#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], STAGES = [4, 2, 3], BN = [192, 160, 128]), targets(sm_90a))]
+#[kernel(
+    warpgroups = 3,
+    dtypes(T = [bf16, f16]),
+    tune(D = [128, 64, 192, 256], STAGES = [4, 2, 3], BN = [192, 160, 128, 96, 64], only(D <= 128 && BN >= 128 || D > 128 && BN <= 96)),
+    targets(sm_90a)
+)]
 pub fn flash_attention(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, o: Global<T, 3>, lse: Global<f32, 3>, counter: Global<i32, 1>,
     opart: Global<f32, 3>, lpart: Global<f32, 3>, full: i32, parts: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32,
@@ -538,11 +544,11 @@ pub fn library_score_grad<const M: usize, const BN: usize>(
 /// bit 4, causally, [`window_prefix_visible`]'s sliding window and prefix, whose key blocks
 /// outside the window are never loaded. A variant per set of modifiers (1, 4, and all of
 /// them, 7, switched at run time: ALiBi's alone spills at 160-key blocks): the others' code is
-/// not in it. Head dims 64 and 128, two stages of 192- (head dim 64), 160- or 128-key blocks.
+/// not in it. Two stages of 192- (head dim 64), 160- or 128-key blocks; at head dims 192 and 256 of 96 and 64.
 #[kernel(
     warpgroups = 3,
     dtypes(T = [bf16, f16]),
-    tune(D = [128, 64], STAGES = [2], BN = [192, 160, 128], M = [1, 4, 7]),
+    tune(D = [128, 64, 192, 256], STAGES = [2], BN = [192, 160, 128, 96, 64], M = [1, 4, 7], only(D <= 128 && BN >= 128 || D == 192 && BN == 96 || D == 256 && BN == 64)),
     targets(sm_90a)
 )]
 pub fn flash_attention_mods(
@@ -566,7 +572,7 @@ pub fn flash_attention_mods(
 /// `O = Σ 2^(L_p − L)·O_p` and `L = log₂ Σ 2^L_p` over the parts' outputs `O_p` (each
 /// normalised over its own keys) and log₂-sum-exps `L_p`; `o` and `lse` as the attention's.
 /// A block per 16 rows of a split tile: block `8·i + c` takes rows `16·c..` of tile `full + i`.
-#[kernel(dtypes(T = [bf16, f16]), tune(D = [128, 64]), targets(sm_90a))]
+#[kernel(dtypes(T = [bf16, f16]), tune(D = [128, 64, 192, 256]), targets(sm_90a))]
 pub fn attention_combine(
     opart: Global<f32, 3>, lpart: Global<f32, 3>, o: Global<T, 3>, lse: Global<f32, 3>, full: i32, parts: i32, heads: i32, q_bm: i32,
     hm: i32, cm: i32, hg: i32,
@@ -727,7 +733,12 @@ pub fn attention_varlen_persistent<T, const D: usize, const BN: usize, const S: 
 /// reads `[batch, seq, …]` views as `flash_attention` does), P kept in 16 bits between blocks,
 /// and a sequence's last rows stored with bounds (a TMA box would write the next sequence's).
 /// Key blocks of 160 or 128 (192, with the offsets' registers beside, spills at head dim 64).
-#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], STAGES = [4, 2, 3], BN = [160, 128]), targets(sm_90a))]
+#[kernel(
+    warpgroups = 3,
+    dtypes(T = [bf16, f16]),
+    tune(D = [128, 64, 192, 256], STAGES = [4, 2, 3], BN = [160, 128, 96, 64], only(D <= 128 && BN >= 128 || D > 128 && BN <= 96)),
+    targets(sm_90a)
+)]
 pub fn flash_attention_varlen(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, o: Global<T, 3>, lse: Global<f32, 3>, counter: Global<i32, 1>, cu_q: Global<i32, 1>,
     cu_k: Global<i32, 1>, batch: i32, max_q: i32, varlen: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32, causal: i32,
@@ -763,7 +774,12 @@ pub fn flash_attention_varlen(
 /// [`flash_attention_varlen`] with the library's modifiers (`flash_attention_mods`' knob `M`
 /// and parameters), each sequence's queries on its key axis (see
 /// [`attention_varlen_persistent`]): two stages of 128-key blocks.
-#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], STAGES = [2], BN = [128], M = [1, 4, 7]), targets(sm_90a))]
+#[kernel(
+    warpgroups = 3,
+    dtypes(T = [bf16, f16]),
+    tune(D = [128, 64, 192, 256], STAGES = [2], BN = [128, 96, 64], M = [1, 4, 7], only(D <= 128 && BN == 128 || D == 192 && BN == 96 || D == 256 && BN == 64)),
+    targets(sm_90a)
+)]
 pub fn flash_attention_varlen_mods(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, o: Global<T, 3>, lse: Global<f32, 3>, counter: Global<i32, 1>, cu_q: Global<i32, 1>,
     cu_k: Global<i32, 1>, batch: i32, max_q: i32, varlen: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32, causal: i32,

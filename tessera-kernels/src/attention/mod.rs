@@ -333,6 +333,20 @@ pub fn attention_variants<T: AttentionElement>(head_dim: usize, packed: bool) ->
     T::variants(packed).iter().filter(|s| of_head_dim(s, head_dim)).map(|s| s.name).collect()
 }
 
+/// The error for a head dim `d` none of `all` serves: those they serve (their knobs `D`), whose
+/// (`what`: "the forward's").
+fn head_dim_error(all: &[&KernelSpec], d: usize, what: &str) -> Error {
+    let mut dims: Vec<i64> = all.iter().filter_map(|s| s.knob("D")).collect();
+    dims.sort_unstable();
+    dims.dedup();
+    let list: Vec<String> = dims.iter().map(|d| d.to_string()).collect();
+    let list = match list.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => list.join(""),
+    };
+    arg("q", format!("head_dim {list} ({what})"), format!("head_dim {d}"))
+}
+
 /// Whether a kernel variant (attention's or the combine's) is the one of `head_dim` (knob `D`).
 fn of_head_dim(spec: &KernelSpec, head_dim: usize) -> bool {
     spec.knob("D") == Some(head_dim as i64)
@@ -407,7 +421,7 @@ macro_rules! attention_element {
                 let pick = |all: &[&KernelSpec]| {
                     (0..all.len())
                         .find(|&i| of_head_dim(all[i], head_dim))
-                        .ok_or_else(|| arg("q", "head_dim 64 or 128".into(), format!("head_dim {head_dim}")))
+                        .ok_or_else(|| head_dim_error(all, head_dim, "the backward's"))
                 };
                 // The dK/dV walk's query blocks: 128 at head_dim 64 (a block's fixed costs over
                 // twice the work), 64 at 128 (what fits in shared memory).
@@ -416,12 +430,12 @@ macro_rules! attention_element {
                 let pick_dq = |all: &[&KernelSpec]| {
                     (0..all.len())
                         .find(|&i| of_head_dim(all[i], head_dim) && all[i].knob("BN") == Some(q_block))
-                        .ok_or_else(|| arg("q", "head_dim 64 or 128".into(), format!("head_dim {head_dim}")))
+                        .ok_or_else(|| head_dim_error(all, head_dim, "the backward's"))
                 };
                 let pick_dkv = |all: &[&KernelSpec]| {
                     (0..all.len())
                         .find(|&i| of_head_dim(all[i], head_dim) && all[i].knob("BQ") == Some(q_block))
-                        .ok_or_else(|| arg("q", "head_dim 64 or 128".into(), format!("head_dim {head_dim}")))
+                        .ok_or_else(|| head_dim_error(all, head_dim, "the backward's"))
                 };
                 // D and the log-sum-exp in log₂ units, rows padded for TMA.
                 let (n, sq, pitch) = (dsum.shape()[0], cols, dsum.shape()[1]);
@@ -440,7 +454,7 @@ macro_rules! attention_element {
                 let pick_mods = |all: &[&KernelSpec], m: i64| {
                     (0..all.len())
                         .find(|&i| of_head_dim(all[i], head_dim) && all[i].knob("M") == Some(m) && all[i].knob("V") == Some(varlen.into()))
-                        .ok_or_else(|| arg("q", "head_dim 64 or 128".into(), format!("head_dim {head_dim}")))
+                        .ok_or_else(|| head_dim_error(all, head_dim, "the backward's"))
                 };
                 // Deterministic: dQ's own walk, and a stand-in for the sums the dK/dV walk
                 // then leaves alone.
@@ -540,7 +554,7 @@ macro_rules! attention_element {
             ) -> Result<()> {
                 let all = $combine::VARIANTS;
                 let Some(i) = (0..all.len()).find(|&i| of_head_dim(all[i], head_dim)) else {
-                    return Err(arg("q", "head_dim 64 or 128".into(), format!("head_dim {head_dim}")));
+                    return Err(head_dim_error(all, head_dim, "the combine's"));
                 };
                 // A block per 16 rows of each split tile.
                 let grid = Grid::tiles(op.shape()[0] / parts.max(1) as usize * 128, 16);
@@ -604,7 +618,7 @@ fn check_rest<T: AttentionElement>(
     lse: &Tensor<f32>, lse_shape: &[usize],
 ) -> Result<()> {
     if !T::variants(false).iter().any(|s| of_head_dim(s, d)) {
-        return Err(arg("q", "head_dim 64 or 128".into(), format!("head_dim {d}")));
+        return Err(head_dim_error(T::variants(false), d, "the forward's"));
     }
     if dk != d || hk == 0 || h % hk != 0 {
         return Err(arg("k", format!("head_dim {d} and a number of heads dividing {h}"), format!("head_dim {dk}, {hk} heads")));
@@ -648,7 +662,7 @@ fn view3(layout: AttentionLayout, [b, s, h, d]: [usize; 4]) -> ([usize; 3], [usi
 /// `q` and `o` are `[batch, seq_q, heads, dim]` (or `[batch, heads, seq_q, dim]` with
 /// [`AttentionLayout::Bhsd`]); `k` and `v` the same with `seq_k` and `kv_heads`, where
 /// `kv_heads` divides `heads` (grouped-query attention; query head `h` reads key/value head
-/// `h / (heads / kv_heads)`). Any sequence lengths ≥ 1; head_dim 64 or 128. Hopper (sm_90) only.
+/// `h / (heads / kv_heads)`). Any sequence lengths ≥ 1; head_dim 64, 128, 192 or 256 (the backward: 64 or 128). Hopper (sm_90) only.
 ///
 /// # Errors
 /// [`Error::Argument`] naming the tensor whose rank, shape, contiguity or head count does not
@@ -792,7 +806,7 @@ fn launch<T: AttentionElement>(
             let name = k.first().map_or("", |s| s.name);
             return Err(arg("kernel", format!("a variant of `{name}` with the tune knob D = {d}"), format!("head_dim {d}")));
         }
-        return Err(arg("q", "head_dim 64 or 128".into(), format!("head_dim {d}")));
+        return Err(head_dim_error(all, d, "the forward's"));
     };
     // The default: the first variant with the cheapest key block for this length.
     let default = ids.iter().position(|&i| block_of(i) == bn).unwrap_or(0);
