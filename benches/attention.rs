@@ -21,7 +21,8 @@
 //! soft-capping and ALiBi against the same mask without them, and a 1024-key sliding window
 //! against the plain causal kernel, both counted over the blocks each computes.
 //! `TESSERA_BENCH_ATTENTION=wide` times head dims 192 and 256 beside cuDNN, then head dim
-//! 192's variants. `TESSERA_BENCH_ATTENTION=varlen` times each variant of the packed kernel at head dim 128
+//! 192's variants; `backward_wide` their backward (at these head dims both modes run the
+//! same kernels: dQ takes its own walk). `TESSERA_BENCH_ATTENTION=varlen` times each variant of the packed kernel at head dim 128
 //! (eight sequences of 4096 packed, causal and not), in alternating rounds.
 
 use criterion::Criterion;
@@ -111,7 +112,8 @@ fn main() {
     };
     common::temporary_tune_cache();
     match std::env::var("TESSERA_BENCH_ATTENTION").as_deref() {
-        Ok("backward") => return backward(&dev),
+        Ok("backward") => return backward(&dev, false),
+        Ok("backward_wide") => return backward(&dev, true),
         Ok("mods") => return modifiers(&dev),
         Ok("varlen") => return varlen_variants(&dev),
         _ => {}
@@ -280,16 +282,17 @@ fn tuned_vs_default(dev: &Device, rng: &mut Uniform) {
 /// The backward alone, beside cuDNN's in turn (seven rounds, the median of each): ours from a
 /// saved forward (`attention_with_lse`), the gradients allocated in each call as a training
 /// step would; FLOPs 2.5× the forward's (causal halved).
-fn backward(dev: &Device) {
+fn backward(dev: &Device, wide: bool) {
     let mut cudnn = Cudnn::spawn();
     let mut rng = Uniform::new();
     println!("\nattention bf16 backward on {} (TFLOP/s; baseline: cuDNN through PyTorch, same run)", dev.name());
     println!("| shape | cuDNN | tessera | × cuDNN | deterministic | × cuDNN |");
     println!("|---|---|---|---|---|---|");
-    for d in [128, 64] {
-        for s in [1024, 4096, 8192, 16384] {
+    let (dims, lens): (&[usize], &[usize]) = if wide { (&[192, 256], &[2048, 8192]) } else { (&[128, 64], &[1024, 4096, 8192, 16384]) };
+    for &d in dims {
+        for &s in lens {
             for causal in [false, true] {
-                let (b, h) = (4, 16);
+                let (b, h) = (if d == 256 { 2 } else { 4 }, 16);
                 let shape = [b, h, s, d];
                 let mut t = || Tensor::from_host(dev, &rng.vec(b * h * s * d, bf16::from_f32), &shape).expect("input");
                 let (q, k, v, dout) = (t(), t(), t(), t());

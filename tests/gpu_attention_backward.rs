@@ -79,7 +79,7 @@ fn check<T: AttentionElement>(
 fn cases(dev: &Device) -> Vec<Case> {
     let c = |b, sq, sk, h, hk, d| Case { b, sq, sk, h, hk, d };
     if dev.is_cpu() {
-        vec![c(1, 7, 5, 2, 1, 64), c(1, 70, 130, 2, 1, 64), c(1, 65, 17, 1, 1, 128)]
+        vec![c(1, 7, 5, 2, 1, 64), c(1, 70, 130, 2, 1, 64), c(1, 65, 17, 1, 1, 128), c(1, 70, 97, 2, 1, 192), c(1, 33, 130, 2, 2, 256)]
     } else {
         vec![
             c(1, 1, 1, 1, 1, 128),
@@ -90,6 +90,12 @@ fn cases(dev: &Device) -> Vec<Case> {
             c(2, 200, 333, 4, 2, 64),
             c(3, 700, 517, 4, 1, 64),
             c(1, 4099, 4099, 2, 2, 64),
+            c(1, 1, 1, 1, 1, 192),
+            c(2, 200, 333, 4, 2, 192),
+            c(1, 1031, 1031, 2, 1, 192),
+            c(1, 1, 1000, 4, 2, 256),
+            c(1, 300, 129, 2, 1, 256),
+            c(2, 777, 777, 3, 3, 256),
         ]
     }
 }
@@ -198,6 +204,7 @@ fn interp_attention_varlen_backward_matches_f64_reference() {
         let (lq, lk) = ([3, 70, 0, 9, 5], [7, 140, 2, 0, 1]);
         varlen_backward_matches_f64::<bf16>(&dev, &lq, &lk, 2, 1, 64, causal, det, 3e-2, bf16::from_f32, |v| v.to_f64());
         varlen_backward_matches_f64::<f16>(&dev, &[65, 5], &[17, 5], 1, 1, 128, causal, det, 6e-3, f16::from_f32, |v| v.to_f64());
+        varlen_backward_matches_f64::<bf16>(&dev, &[3, 70, 0], &[7, 66, 2], 2, 1, 256, causal, det, 3e-2, bf16::from_f32, |v| v.to_f64());
     }
 }
 
@@ -205,7 +212,7 @@ fn interp_attention_varlen_backward_matches_f64_reference() {
 fn gpu_attention_varlen_backward_matches_f64_reference() {
     if let Some(dev) = gpu_or_skip("gpu_attention_varlen_backward_matches_f64_reference") {
         for (causal, det) in [(false, false), (false, true), (true, false), (true, true)] {
-            for d in [64, 128] {
+            for d in [64, 128, 192, 256] {
                 let (lq, lk) = ([1, 200, 0, 129, 700, 64], [5, 333, 17, 0, 700, 1]);
                 varlen_backward_matches_f64::<bf16>(&dev, &lq, &lk, 4, 2, d, causal, det, 3e-2, bf16::from_f32, |v| v.to_f64());
                 varlen_backward_matches_f64::<f16>(&dev, &lq, &lk, 4, 2, d, causal, det, 6e-3, f16::from_f32, |v| v.to_f64());
@@ -230,12 +237,19 @@ fn attention_backward_refuses_bad_input() {
     let lse2 = Tensor::<f32>::zeros(&dev, &[1, 2, 8]).unwrap();
     let e = tessera_kernels::attention_backward(&dev, &opts, &q96, &k96, &k96, &q96, &lse2, &q96).err().expect("head_dim 96");
     assert!(e.to_string().contains("head_dim"), "{e}");
+    // Modifiers' backward past head dim 128: not built, refused naming q.
+    let (q192, k192) = (z(&[1, 8, 2, 192]), z(&[1, 8, 1, 192]));
+    let e = tessera_kernels::attention_backward(&dev, &opts.softcap(30.0), &q192, &k192, &k192, &q192, &lse2, &q192)
+        .err()
+        .expect("softcap at 192");
+    assert!(e.to_string().contains("head_dim 64 or 128 with modifiers"), "{e}");
 }
 
 /// At training sizes, beside PyTorch on the device: each gradient's relative error against a
 /// float64 reference computed by `tests/attention_torch_reference.py` (PyTorch on the GPU, from
 /// the definition), printed beside PyTorch's own bf16 backward's, and asserted below 2·10⁻²
-/// — odd lengths, grouped heads, causal and not, soft-capping and a sliding window. Skips where
+/// — odd lengths, grouped heads, causal and not, soft-capping and a sliding window, head dims
+/// 64 to 256. Skips where
 /// there is no GPU, or no PyTorch (`TESSERA_TORCH_REFERENCE` names the script elsewhere).
 #[test]
 fn gpu_attention_backward_matches_torch_at_scale() {
@@ -255,6 +269,8 @@ fn gpu_attention_backward_matches_torch_at_scale() {
         (Case { b: 2, sq: 4099, sk: 4099, h: 8, hk: 8, d: 64 }, true, 0.0, 0),
         (Case { b: 1, sq: 2048, sk: 2048, h: 8, hk: 4, d: 128 }, true, 30.0, 0),
         (Case { b: 1, sq: 4099, sk: 4099, h: 8, hk: 4, d: 64 }, true, 0.0, 1024),
+        (Case { b: 1, sq: 3001, sk: 3001, h: 8, hk: 2, d: 192 }, false, 0.0, 0),
+        (Case { b: 1, sq: 3001, sk: 3001, h: 4, hk: 4, d: 256 }, true, 0.0, 0),
     ];
     for (c, causal, cap, window) in cases {
         let (qs, ks) = ([c.b, c.sq, c.h, c.d], [c.b, c.sk, c.hk, c.d]);

@@ -22,17 +22,24 @@ use tessera::{device, kernel, Device, Element, Optional, Result, Tensor};
 /// `D = rowsum(dO ∘ O)` (f32) for 64 query rows of one (batch, head) a block, into `dsum`, and
 /// the log-sum-exp in log₂ units into `lse_log2` (a row with every key masked has −∞: kept
 /// finite, its scores are all masked anyway), both with rows TMA can copy.
-#[kernel(dtypes(T = [bf16, f16]), tune(D = [128, 64]))]
+#[kernel(dtypes(T = [bf16, f16]), tune(D = [128, 64, 192, 256]))]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_bwd_dot(
     o: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 3>, dsum: Global<f32, 3>, lse_log2: Global<f32, 3>, heads: i32, q_bm: i32,
     hm: i32, cm: i32,
 ) {
     let (bh, q0, plane, col) = query_rows(o.dim(1), heads, q_bm, hm, cm);
-    dsum.store(
-        [bh, q0, 0],
-        row_sum(o.load::<Tile<T, 64, D>>([plane, q0, col]).cast::<f32>() * dout.load::<Tile<T, 64, D>>([plane, q0, col]).cast::<f32>()),
-    );
+    // 64 columns at a time (whole rows of 256 would not fit in registers).
+    let mut dot = Tile::<f32, 64, 1>::zeros();
+    #[unroll]
+    for c in 0..D / 64 {
+        let c0 = col + c * 64;
+        dot = dot
+            + row_sum(
+                o.load::<Tile<T, 64, 64>>([plane, q0, c0]).cast::<f32>() * dout.load::<Tile<T, 64, 64>>([plane, q0, c0]).cast::<f32>(),
+            );
+    }
+    dsum.store([bh, q0, 0], dot);
     lse_log2.store([bh, q0, 0], max(lse.load::<Tile<f32, 64, 1>>([bh, q0, 0]), -1e30) * f32::consts::LOG2_E);
 }
 
@@ -58,13 +65,13 @@ fn query_rows(seq: i32, heads: i32, q_bm: i32, hm: i32, cm: i32) -> (i32, i32, i
 }
 
 /// A backward block's tile: `(b, h, r0)` — its batch entry, head (of `heads` a batch entry)
-/// and first row — for tiles of 128 rows over `max_len` rows a head.
+/// and first row — for tiles of `rows` rows over `max_len` rows a head.
 #[device]
-fn backward_tile(max_len: i32, heads: i32) -> (i32, i32, i32) {
-    let tiles = (max_len + 127) / 128;
+fn backward_tile(max_len: i32, heads: i32, rows: i32) -> (i32, i32, i32) {
+    let tiles = (max_len + rows - 1) / rows;
     let bh = block::id_x() / tiles;
     let b = bh / heads;
-    (b, bh - b * heads, (block::id_x() - bh * tiles) * 128)
+    (b, bh - b * heads, (block::id_x() - bh * tiles) * rows)
 }
 
 /// dQ for the 128 query rows `q0..` of query head `h` of batch entry `b` (its sequence
@@ -165,13 +172,18 @@ pub fn attention_dq_tile<T, const D: usize, const BN: usize>(
 /// dQ for 128 query rows of one (batch, head) a block: [`attention_dq_tile`](crate::prelude::attention_dq_tile) with the causal
 /// mask (`causal` 1, the diagonal aligned at the end) or none, packed sequences (`varlen` 1)
 /// or padded. Causally, the first consumer skips the last block, past its diagonal.
-#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], BN = [64, 128]), targets(sm_90a))]
+#[kernel(
+    warpgroups = 3,
+    dtypes(T = [bf16, f16]),
+    tune(D = [128, 64, 192, 256], BN = [64, 128, 48], only(D <= 128 && BN != 48 || D == 192 && BN == 64 || D == 256 && BN == 48)),
+    targets(sm_90a)
+)]
 pub fn attention_bwd_dq(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 3>, dsum: Global<f32, 3>, dq: Global<T, 3>,
     cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, max_q: i32, varlen: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32,
     causal: i32, scale_log2: f32, scale: f32,
 ) {
-    let (b, h, q0) = backward_tile(max_q, heads);
+    let (b, h, q0) = backward_tile(max_q, heads, 128);
     let (q_start, seq_q, k_start, seq_k, lrow) = sequence(q, k, cu_q, cu_k, varlen, b, b * heads + h, h);
     let shift = seq_k - seq_q;
     #[rustfmt::skip]
@@ -194,7 +206,7 @@ pub fn attention_bwd_dq_mods(
     cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, max_q: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32, causal: i32,
     scale_log2: f32, scale: f32, cap: f32, max_bias: f32, alibi_scale: f32, window: i32, prefix: i32,
 ) {
-    let (b, h, q0) = backward_tile(max_q, heads);
+    let (b, h, q0) = backward_tile(max_q, heads, 128);
     let (q_start, seq_q, k_start, seq_k, lrow) = mods_sequence::<T, V>(q, k, cu_q, cu_k, b, b * heads + h, h);
     let shift = seq_k - seq_q;
     #[rustfmt::skip]
@@ -317,21 +329,8 @@ pub fn attention_dkv_tile<T, const D: usize, const BQ: usize>(
             let qi = Tile::<f32, 64, BQ>::col_index() + q0 as f32;
             let kj = Tile::<f32, 64, BQ>::row_index() + kr as f32;
             let xm = score_mod(st, qi, kj, bh);
-            let mut x = xm * scale_log2;
-            if varlen == 1 {
-                x = x - lse.load_or::<Tile<f32, 1, BQ>>([lrow, q_start + q0], 0.0);
-            } else {
-                x = x - slse.at(s).load();
-            }
-            // Queries past the sequence (the tensor's: TMA's zeros; packed: the next one's),
-            // and the masked ones (a row with no key at all has x up to 1.5·10³⁰ from its
-            // clamped log-sum-exp: selected away, not added to).
-            if q0 + BQ > seq_q {
-                x = x.mask_cols(seq_q - q0, f32::NEG_INFINITY);
-            }
-            if q0 < full_lo || q0 + BQ > full_hi {
-                x = x.keep_where(mask_mod(qi, kj, bh), f32::NEG_INFINITY);
-            }
+            let mut x =
+                transposed_logits(xm, lse, slse, s, varlen, lrow, q_start, q0, kr, seq_q, full_lo, full_hi, bh, scale_log2, mask_mod);
             if fused == 1 && kr + 64 > seq_k {
                 // Keys past the sequence (packed: the next one's) must not reach dQ.
                 x = x - (Tile::<f32, 64, BQ>::row_index() - (seq_k - kr) as f32).step() * 1e38;
@@ -345,13 +344,7 @@ pub fn attention_dkv_tile<T, const D: usize, const BQ: usize>(
             let mut dpt = Tile::<f32, 64, BQ>::zeros();
             mma_sync(dpt, sv.at(ks).rows(row, 64), sdo.at(s));
             mma_wait(0);
-            let mut dp = dpt;
-            if varlen == 1 {
-                dp = dp - dsum.load_or::<Tile<f32, 1, BQ>>([lrow, q_start + q0], 0.0);
-            } else {
-                dp = dp - sdsum.at(s).load();
-            }
-            let ds = (pg * dp).cast::<T>();
+            let ds = (pg * less_block_rows(dpt, dsum, sdsum, s, varlen, lrow, q_start, q0)).cast::<T>();
             mma_sync_kn(dka, ds, sq.at(s));
             if fused == 1 {
                 // The block's dQ = dS·K over all 128 keys: each consumer puts its keys' dSᵀ
@@ -395,6 +388,193 @@ pub fn attention_dkv_tile<T, const D: usize, const BQ: usize>(
     }
 }
 
+/// `x` less a dK/dV block's per-query row (the log-sum-exp in log₂ units, or D): from the stage
+/// `s` of `ring` its producer brought (padded layouts), or read from `t`'s row `lrow` (packed:
+/// TMA boxes cannot start at a sequence's first query), queries `q0..` of the sequence at
+/// `q_start` — read in `x`'s layout.
+#[device]
+#[allow(clippy::too_many_arguments)]
+fn less_block_rows<const BQ: usize>(
+    x: Tile<f32, 64, BQ>, t: Global<f32, 2>, ring: Smem<f32, 1, BQ>, s: i32, varlen: i32, lrow: i32, q_start: i32, q0: i32,
+) -> Tile<f32, 64, BQ> {
+    let mut y = x;
+    if varlen == 1 {
+        y = x - t.load_or::<Tile<f32, 1, BQ>>([lrow, q_start + q0], 0.0);
+    } else {
+        y = x - ring.at(s).load();
+    }
+    y
+}
+
+/// The modified scores `xm` of a dK/dV block (`Sᵀ`: keys `kr..` down, queries `q0..` across) as
+/// Pᵀ's exponent: `xm·scale_log2` less each query's log-sum-exp ([`less_block_rows`] of `lse`), −∞
+/// for queries past the sequence (the tensor's: TMA's zeros; packed: the next one's) and —
+/// in blocks outside `full_lo..full_hi` — where `mask_mod` is below 0 (a row with no key at
+/// all has exponents up to 1.5·10³⁰ from its clamped log-sum-exp: selected away, not added to).
+#[device]
+#[allow(clippy::too_many_arguments)]
+fn transposed_logits<const BQ: usize>(
+    xm: Tile<f32, 64, BQ>, lse: Global<f32, 2>, slse: Smem<f32, 1, BQ>, s: i32, varlen: i32, lrow: i32, q_start: i32, q0: i32, kr: i32,
+    seq_q: i32, full_lo: i32, full_hi: i32, bh: i32, scale_log2: f32,
+    mask_mod: impl Fn(Tile<f32, 64, BQ>, Tile<f32, 64, BQ>, i32) -> Tile<f32, 64, BQ>,
+) -> Tile<f32, 64, BQ> {
+    let mut x = less_block_rows(xm * scale_log2, lse, slse, s, varlen, lrow, q_start, q0);
+    if q0 + BQ > seq_q {
+        x = x.mask_cols(seq_q - q0, f32::NEG_INFINITY);
+    }
+    if q0 < full_lo || q0 + BQ > full_hi {
+        x = x.keep_where(
+            mask_mod(Tile::<f32, 64, BQ>::col_index() + q0 as f32, Tile::<f32, 64, BQ>::row_index() + kr as f32, bh),
+            f32::NEG_INFINITY,
+        );
+    }
+    x
+}
+
+/// dK and dV for the 64 keys `k0..` of key/value head `kvh` at head dims past 128, where one
+/// warpgroup cannot hold both (64 keys × 256 columns each are 128 registers a thread): the
+/// consumers split the walk by gradient. The first forms `Sᵀ = K·Qᵀ`, Pᵀ and `dV += Pᵀ·dO`,
+/// and hands Pᵀ (through `score_grad`, f32) to the second through shared memory, two blocks
+/// in turn (named barriers 1–2 full, 3–4 free); the second forms `dPᵀ = V·dOᵀ`, `dSᵀ` and
+/// `dK += dSᵀ·Q`. Two MMAs a block each. Otherwise as [`attention_dkv_tile`](crate::prelude::attention_dkv_tile)
+/// (its closures, its query blocks `query_range(k0, 64)` of every query head of the group, `S`
+/// stages of `BQ` queries), without the fused dQ: dQ takes its own walk.
+#[device]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_dkv_wide_tile<T, const D: usize, const BQ: usize, const S: usize>(
+    q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 2>, dsum: Global<f32, 2>, dk: Global<T, 3>,
+    dv: Global<T, 3>, b: i32, kvh: i32, k0: i32, q_start: i32, seq_q: i32, k_start: i32, seq_k: i32, varlen: i32, heads: i32, group: i32,
+    q_bm: i32, k_bm: i32, hm: i32, cm: i32, scale_log2: f32, scale: f32,
+    score_mod: impl Fn(Tile<f32, 64, BQ>, Tile<f32, 64, BQ>, Tile<f32, 64, BQ>, i32) -> Tile<f32, 64, BQ>,
+    score_grad: impl Fn(Tile<f32, 64, BQ>, Tile<f32, 64, BQ>, Tile<f32, 64, BQ>, Tile<f32, 64, BQ>, Tile<f32, 64, BQ>, i32) -> Tile<f32, 64, BQ>,
+    mask_mod: impl Fn(Tile<f32, 64, BQ>, Tile<f32, 64, BQ>, i32) -> Tile<f32, 64, BQ>,
+    query_range: impl Fn(i32, i32) -> (i32, i32, i32, i32),
+) {
+    let (lo, hi, full_lo, full_hi) = query_range(k0, 64);
+    let (i0, i1) = key_blocks(lo, hi, seq_q, BQ, 0, 1);
+    let live = k0 < seq_k;
+    let mut per_head = i1 - i0;
+    if !live {
+        per_head = 0;
+    }
+    let total = group * per_head;
+    let sk = Smem::<T, 64, D>::ring(1);
+    let sv = Smem::<T, 64, D>::ring(1);
+    let sq = Smem::<T, BQ, D>::ring(S);
+    let sdo = Smem::<T, BQ, D>::ring(S);
+    let spg = Smem::<f32, 64, BQ>::ring(2);
+    let slse = Smem::<f32, 1, BQ>::ring_swizzled(S, 0);
+    let sdsum = Smem::<f32, 1, BQ>::ring_swizzled(S, 0);
+    let kpipe = Pipeline::<1>::new(2);
+    let qpipe = Pipeline::<S>::new(2);
+    if warpgroup::id() == 0 {
+        setmaxnreg(24);
+        if live {
+            let s = kpipe.acquire();
+            tma::load(sk.at(s), k, [b * k_bm + kvh * hm, k_start + k0, kvh * cm], kpipe);
+            tma::load(sv.at(s), v, [b * k_bm + kvh * hm, k_start + k0, kvh * cm], kpipe);
+            kpipe.commit(s);
+        }
+        fill_stages(qpipe, total, |s, n| {
+            let (h, q0, lrow) = query_block(n, per_head, i0, kvh, group, b, heads, varlen, BQ);
+            tma::load(sq.at(s), q, [b * q_bm + h * hm, q_start + q0, h * cm], qpipe);
+            tma::load(sdo.at(s), dout, [b * q_bm + h * hm, q_start + q0, h * cm], qpipe);
+            if varlen == 0 {
+                tma::load(slse.at(s), lse, [lrow, q0], qpipe);
+                tma::load(sdsum.at(s), dsum, [lrow, q0], qpipe);
+            }
+        });
+    } else if live {
+        setmaxnreg(240);
+        let plane = b * k_bm + kvh * hm;
+        let end = k_start + seq_k;
+        let ks = kpipe.wait();
+        if warpgroup::id() == 1 {
+            let mut dva = Tile::<f32, 64, D>::zeros();
+            drain_stages(qpipe, total, |s, n| {
+                let (h, q0, lrow) = query_block(n, per_head, i0, kvh, group, b, heads, varlen, BQ);
+                let bh = b * heads + h;
+                let mut st = Tile::<f32, 64, BQ>::zeros();
+                mma_sync(st, sk.at(ks), sq.at(s));
+                mma_wait(0);
+                let qi = Tile::<f32, 64, BQ>::col_index() + q0 as f32;
+                let kj = Tile::<f32, 64, BQ>::row_index() + k0 as f32;
+                let xm = score_mod(st, qi, kj, bh);
+                let pt = exp2(transposed_logits(
+                    xm, lse, slse, s, varlen, lrow, q_start, q0, k0, seq_q, full_lo, full_hi, bh, scale_log2, mask_mod,
+                ));
+                mma_sync_kn(dva, pt.cast::<T>(), sdo.at(s));
+                // Pᵀ to the dK consumer, once it has read what this buffer held two blocks ago.
+                if n % 2 == 0 {
+                    barrier::sync(3, 2);
+                    spg.at(0).store(score_grad(pt, st, xm, qi, kj, bh));
+                    barrier::arrive(1, 2);
+                } else {
+                    barrier::sync(4, 2);
+                    spg.at(1).store(score_grad(pt, st, xm, qi, kj, bh));
+                    barrier::arrive(2, 2);
+                }
+                mma_wait(0);
+            });
+            // The dK consumer's last arrivals, matched.
+            barrier::sync(3, 2);
+            barrier::sync(4, 2);
+            dv.store_within([plane, k_start + k0, kvh * cm], dva.cast::<T>(), [dv.dim(0), end, dv.dim(2)]);
+        } else {
+            // Both buffers start free.
+            barrier::arrive(3, 2);
+            barrier::arrive(4, 2);
+            let mut dka = Tile::<f32, 64, D>::zeros();
+            drain_stages(qpipe, total, |s, n| {
+                let (_, q0, lrow) = query_block(n, per_head, i0, kvh, group, b, heads, varlen, BQ);
+                let mut dpt = Tile::<f32, 64, BQ>::zeros();
+                mma_sync(dpt, sv.at(ks), sdo.at(s));
+                mma_wait(0);
+                let dp = less_block_rows(dpt, dsum, sdsum, s, varlen, lrow, q_start, q0);
+                if n % 2 == 0 {
+                    barrier::sync(1, 2);
+                } else {
+                    barrier::sync(2, 2);
+                }
+                // (Read in dPᵀ's layout, the accumulator's: no conversion.)
+                let ds = (dp * spg.at(n % 2).load()).cast::<T>();
+                if n % 2 == 0 {
+                    barrier::arrive(3, 2);
+                } else {
+                    barrier::arrive(4, 2);
+                }
+                mma_sync_kn(dka, ds, sq.at(s));
+                mma_wait(0);
+            });
+            dk.store_within([plane, k_start + k0, kvh * cm], (dka * scale).cast::<T>(), [dk.dim(0), end, dk.dim(2)]);
+        }
+        kpipe.release(ks);
+    }
+}
+
+/// dK and dV for 64 keys of one (batch, key/value head) a block at head dims 192 and 256:
+/// [`attention_dkv_wide_tile`](crate::prelude::attention_dkv_wide_tile) with the causal mask
+/// or none, as `attention_bwd_dkv`.
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [192, 256], BQ = [64]), targets(sm_90a))]
+pub fn attention_bwd_dkv_wide(
+    q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 2>, dsum: Global<f32, 2>, dk: Global<T, 3>,
+    dv: Global<T, 3>, cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, max_k: i32, varlen: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32,
+    hm: i32, cm: i32, causal: i32, scale_log2: f32, scale: f32,
+) {
+    let (b, kvh, k0) = backward_tile(max_k, heads / group, 64);
+    let (q_start, seq_q, k_start, seq_k, _) = sequence(q, k, cu_q, cu_k, varlen, b, 0, 0);
+    let shift = seq_k - seq_q;
+    #[rustfmt::skip]
+    attention_dkv_wide_tile::<T, D, BQ, 2>(
+        q, k, v, dout, lse, dsum, dk, dv, b, kvh, k0, q_start, seq_q, k_start, seq_k, varlen, heads, group, q_bm, k_bm, hm, cm,
+        scale_log2, scale,
+        |s, _qi, _kj, _bh| s,
+        |ds, _s, _x, _qi, _kj, _bh| ds,
+        |qi, kj, _bh| causal_visible(qi, kj, shift),
+        |k0, rows| window_prefix_queries(k0, rows, seq_q, shift, causal, 1073741824, 0),
+    );
+}
+
 /// dK and dV for 128 keys of one (batch, key/value head) a block: [`attention_dkv_tile`](crate::prelude::attention_dkv_tile) with
 /// the causal mask (`causal` 1; the walk starts at the query block of the tile's first key) or
 /// none, packed sequences (`varlen` 1) or padded.
@@ -404,7 +584,7 @@ pub fn attention_bwd_dkv(
     dv: Global<T, 3>, dq_acc: Global<f32, 3>, cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, max_k: i32, varlen: i32, heads: i32, group: i32,
     q_bm: i32, k_bm: i32, hm: i32, cm: i32, causal: i32, fused: i32, scale_log2: f32, scale: f32,
 ) {
-    let (b, kvh, k0) = backward_tile(max_k, heads / group);
+    let (b, kvh, k0) = backward_tile(max_k, heads / group, 128);
     let (q_start, seq_q, k_start, seq_k, _) = sequence(q, k, cu_q, cu_k, varlen, b, 0, 0);
     let shift = seq_k - seq_q;
     #[rustfmt::skip]
@@ -427,7 +607,7 @@ pub fn attention_bwd_dkv_mods(
     k_bm: i32, hm: i32, cm: i32, causal: i32, fused: i32, scale_log2: f32, scale: f32, cap: f32, max_bias: f32, alibi_scale: f32,
     window: i32, prefix: i32,
 ) {
-    let (b, kvh, k0) = backward_tile(max_k, heads / group);
+    let (b, kvh, k0) = backward_tile(max_k, heads / group, 128);
     let (q_start, seq_q, k_start, seq_k, _) = mods_sequence::<T, V>(q, k, cu_q, cu_k, b, 0, 0);
     let shift = seq_k - seq_q;
     #[rustfmt::skip]
@@ -513,18 +693,8 @@ pub fn attention_backward<T: AttentionElement>(
     let ints = [h, h / hk, q_bm, k_bm, hm, cm, usize::from(opts.causal), sq, sk, 0].map(|x| x as i32);
     let none = Optional(None, 1);
     let (bd, bq) = (b * h * sq.div_ceil(64), b * h * sq.div_ceil(128));
-    run(
-        device,
-        opts,
-        d,
-        [q, k, v, o, dout],
-        lse,
-        [b * h, sq],
-        [(qs, qst), (ks, kst)],
-        [bd, bq, b * hk * sk.div_ceil(128)],
-        [&none, &none],
-        ints,
-    )
+    let (bk, bk64) = (b * hk * sk.div_ceil(128), b * hk * sk.div_ceil(64));
+    run(device, opts, d, [q, k, v, o, dout], lse, [b * h, sq], [(qs, qst), (ks, kst)], [bd, bq, bk, bk64], [&none, &none], ints)
 }
 
 /// [`attention_backward`] for sequences packed end to end, as [`attention_varlen`](super::attention_varlen)
@@ -554,7 +724,8 @@ pub fn attention_varlen_backward<T: AttentionElement>(
     let ints = [h, h / hk, 0, 0, 0, d, usize::from(opts.causal), max_seqlen_q, max_seqlen_k, 1].map(|x| x as i32);
     let (cq, ck) = (Optional(Some(cu_seqlens_q), 1), Optional(Some(cu_seqlens_k), 1));
     // D = rowsum(dO∘O) needs no offsets: the packed rows as one plane, a row of D a head.
-    let grids = [h * tq.div_ceil(64), b * h * max_seqlen_q.div_ceil(128), b * hk * max_seqlen_k.div_ceil(128)];
+    let grids =
+        [h * tq.div_ceil(64), b * h * max_seqlen_q.div_ceil(128), b * hk * max_seqlen_k.div_ceil(128), b * hk * max_seqlen_k.div_ceil(64)];
     run(device, opts, d, [q, k, v, o, dout], lse, [h, tq], [(qs, qst), (ks, kst)], grids, [&cq, &ck], ints)
 }
 
@@ -565,7 +736,7 @@ pub fn attention_varlen_backward<T: AttentionElement>(
 #[allow(clippy::too_many_arguments)]
 fn run<T: AttentionElement>(
     device: &Device, opts: &Attention, d: usize, [q, k, v, o, dout]: [&Tensor<T>; 5], lse: &Tensor<f32>, [rows, cols]: [usize; 2],
-    [(qs, qst), (ks, kst)]: [([usize; 3], [usize; 3]); 2], grids: [usize; 3], cu: [&Optional<Tensor<i32>>; 2], ints: [i32; 10],
+    [(qs, qst), (ks, kst)]: [([usize; 3], [usize; 3]); 2], grids: [usize; 4], cu: [&Optional<Tensor<i32>>; 2], ints: [i32; 10],
 ) -> Result<AttentionGrads<T>> {
     // The library's modifiers have their walks; a kernel of the caller's has no backward.
     let mods = match opts.flavor(d, ints[9] != 0)? {
@@ -579,6 +750,9 @@ fn run<T: AttentionElement>(
             ))
         }
     };
+    if mods.is_some() && d > 128 {
+        return Err(arg("q", "head_dim 64 or 128 with modifiers (their backward's)".into(), format!("head_dim {d}")));
+    }
     let mut grads = AttentionGrads {
         dq: Tensor::scratch(device, q.shape())?,
         dk: Tensor::scratch(device, k.shape())?,
@@ -591,8 +765,9 @@ fn run<T: AttentionElement>(
     let (ov, dov) = (o.view(&qs, &qst)?, dout.view(&qs, &qst)?);
     let lse3 = lse.view(&[rows, cols, 1], &[cols, 1, 1])?;
     let scale = opts.scale_for(d);
-    // The fast mode's dQ sums, f32, a row a query as the log-sum-exp's.
-    let mut dq_acc = if opts.deterministic { None } else { Some(Tensor::<f32>::zeros(device, &[rows, cols, d])?) };
+    // The fast mode's dQ sums, f32, a row a query as the log-sum-exp's. Past head dim 128 dQ
+    // always takes its own walk (the dK/dV walk's registers hold no dQ there).
+    let mut dq_acc = if opts.deterministic || d > 128 { None } else { Some(Tensor::<f32>::zeros(device, &[rows, cols, d])?) };
     let AttentionGrads { dq, dk, dv } = &mut grads;
     let (mut dqv, mut dkv, mut dvv) = (dq.view_mut(&qs, &qst)?, dk.view_mut(&ks, &kst)?, dv.view_mut(&ks, &kst)?);
     T::backward(

@@ -8,10 +8,11 @@ pub(crate) mod kernels;
 
 pub use backward::{
     attention_backward, attention_bwd_dkv_bf16, attention_bwd_dkv_f16, attention_bwd_dkv_mods_bf16, attention_bwd_dkv_mods_f16,
-    attention_bwd_dot_bf16, attention_bwd_dot_f16, attention_bwd_dq_bf16, attention_bwd_dq_f16, attention_bwd_dq_mods_bf16,
-    attention_bwd_dq_mods_f16, attention_bwd_dq_out_bf16, attention_bwd_dq_out_f16, attention_varlen_backward, AttentionGrads,
+    attention_bwd_dkv_wide_bf16, attention_bwd_dkv_wide_f16, attention_bwd_dot_bf16, attention_bwd_dot_f16, attention_bwd_dq_bf16,
+    attention_bwd_dq_f16, attention_bwd_dq_mods_bf16, attention_bwd_dq_mods_f16, attention_bwd_dq_out_bf16, attention_bwd_dq_out_f16,
+    attention_varlen_backward, AttentionGrads,
 };
-pub use backward::{attention_dkv_tile, attention_dq_tile};
+pub use backward::{attention_dkv_tile, attention_dkv_wide_tile, attention_dq_tile};
 
 pub use kernels::{
     attention_combine_bf16, attention_combine_f16, flash_attention_bf16, flash_attention_f16, flash_attention_mods_bf16,
@@ -373,7 +374,7 @@ pub trait AttentionElement: Element + sealed::Sealed {
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     fn backward(
-        d: &Device, head_dim: usize, grids: [usize; 3], qkv_do_o: [&TensorView<Self>; 5], lse: &TensorView<f32>,
+        d: &Device, head_dim: usize, grids: [usize; 4], qkv_do_o: [&TensorView<Self>; 5], lse: &TensorView<f32>,
         stats: [&mut Tensor<f32>; 2], cols: usize, dq_acc: Option<&mut Tensor<f32>>, grads: [&mut TensorViewMut<Self>; 3],
         cu: [&Optional<Tensor<i32>>; 2], ints: [i32; 10], scales: [f32; 2], mods: Option<(i64, [f32; 3], [i32; 2])>,
     ) -> Result<()>;
@@ -409,10 +410,10 @@ mod sealed {
 }
 
 macro_rules! attention_element {
-    ($t:ty, $dense:ident, $varlen:ident, $mods:ident, $varlen_mods:ident, $combine:ident, $dot:ident, $dq:ident, $dkv:ident, $dq_out:ident, $dq_mods:ident, $dkv_mods:ident) => {
+    ($t:ty, $dense:ident, $varlen:ident, $mods:ident, $varlen_mods:ident, $combine:ident, $dot:ident, $dq:ident, $dkv:ident, $dq_out:ident, $dq_mods:ident, $dkv_mods:ident, $dkv_wide:ident) => {
         impl AttentionElement for $t {
             fn backward(
-                d: &Device, head_dim: usize, [bd, bq, bk]: [usize; 3], [q, k, v, dout, o]: [&TensorView<Self>; 5], lse: &TensorView<f32>,
+                d: &Device, head_dim: usize, [bd, bq, bk, bk64]: [usize; 4], [q, k, v, dout, o]: [&TensorView<Self>; 5], lse: &TensorView<f32>,
                 [dsum, lse_log2]: [&mut Tensor<f32>; 2], cols: usize, dq_acc: Option<&mut Tensor<f32>>,
                 [dq, dk, dv]: [&mut TensorViewMut<Self>; 3], [cu_q, cu_k]: [&Optional<Tensor<i32>>; 2],
                 [heads, group, q_bm, k_bm, hm, cm, causal, max_q, max_k, varlen]: [i32; 10], [scale_log2, scale]: [f32; 2],
@@ -426,10 +427,10 @@ macro_rules! attention_element {
                 // The dK/dV walk's query blocks: 128 at head_dim 64 (a block's fixed costs over
                 // twice the work), 64 at 128 (what fits in shared memory).
                 let q_block = if head_dim == 64 { 128 } else { 64 };
-                // The dQ walk's key blocks likewise.
+                // The dQ walk's key blocks likewise (past head dim 128, the one variant that fits).
                 let pick_dq = |all: &[&KernelSpec]| {
                     (0..all.len())
-                        .find(|&i| of_head_dim(all[i], head_dim) && all[i].knob("BN") == Some(q_block))
+                        .find(|&i| of_head_dim(all[i], head_dim) && (head_dim > 128 || all[i].knob("BN") == Some(q_block)))
                         .ok_or_else(|| head_dim_error(all, head_dim, "the backward's"))
                 };
                 let pick_dkv = |all: &[&KernelSpec]| {
@@ -479,6 +480,11 @@ macro_rules! attention_element {
                     }
                 };
                 match mods {
+                    // Past head dim 128 a walk of 64-key tiles, the consumers split by gradient.
+                    None if head_dim > 128 => $dkv_wide::launch_variant(
+                        pick($dkv_wide::VARIANTS)?, d, Grid::from(bk64 as u32), q, k, v, dout, &lse2, &dsum2, dk, dv, cu_q, cu_k, max_k,
+                        varlen, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2, scale,
+                    )?,
                     None => $dkv::launch_variant(
                         pick_dkv($dkv::VARIANTS)?, d, Grid::from(bk as u32), q, k, v, dout, &lse2, &dsum2, dk, dv, acc, cu_q, cu_k, max_k,
                         varlen, heads, group, q_bm, k_bm, hm, cm, causal, fused, scale_log2, scale,
@@ -575,7 +581,8 @@ attention_element!(
     attention_bwd_dkv_bf16,
     attention_bwd_dq_out_bf16,
     attention_bwd_dq_mods_bf16,
-    attention_bwd_dkv_mods_bf16
+    attention_bwd_dkv_mods_bf16,
+    attention_bwd_dkv_wide_bf16
 );
 attention_element!(
     f16,
@@ -589,7 +596,8 @@ attention_element!(
     attention_bwd_dkv_f16,
     attention_bwd_dq_out_f16,
     attention_bwd_dq_mods_f16,
-    attention_bwd_dkv_mods_f16
+    attention_bwd_dkv_mods_f16,
+    attention_bwd_dkv_wide_f16
 );
 
 fn arg(name: &str, expected: String, found: String) -> Error {

@@ -209,7 +209,9 @@ impl Lowerer<'_> {
         use Operand::{Imm, Reg as R};
         Some(Ok(match &e.kind {
             ExprKind::SmemRing(t) => {
-                let off = align(self.dyn_bytes, 1024);
+                // A swizzled ring's pattern repeats every 1024 bytes from its base; an unswizzled
+                // one needs TMA's 128.
+                let off = align(self.dyn_bytes, if t.swizzle > 0 { 1024 } else { 128 });
                 self.dyn_bytes = off + t.stage_bytes() * t.stages;
                 Value::Smem(off, *t)
             }
