@@ -60,11 +60,11 @@ pub use ssd::{Ssd, SsdElement, SsdGrads};
 pub mod kernels {
     pub use crate::attention::{
         attention_bwd_dkv_bf16, attention_bwd_dkv_f16, attention_bwd_dkv_mods_bf16, attention_bwd_dkv_mods_f16,
-        attention_bwd_dkv_wide_bf16, attention_bwd_dkv_wide_f16, attention_bwd_dot_bf16, attention_bwd_dot_f16, attention_bwd_dq_bf16,
-        attention_bwd_dq_f16, attention_bwd_dq_mods_bf16, attention_bwd_dq_mods_f16, attention_bwd_dq_out_bf16, attention_bwd_dq_out_f16,
-        attention_combine_bf16, attention_combine_f16, flash_attention_bf16, flash_attention_f16, flash_attention_mods_bf16,
-        flash_attention_mods_f16, flash_attention_varlen_bf16, flash_attention_varlen_f16, flash_attention_varlen_mods_bf16,
-        flash_attention_varlen_mods_f16,
+        attention_bwd_dkv_wide_bf16, attention_bwd_dkv_wide_f16, attention_bwd_dkv_wide_mods_bf16, attention_bwd_dkv_wide_mods_f16,
+        attention_bwd_dot_bf16, attention_bwd_dot_f16, attention_bwd_dq_bf16, attention_bwd_dq_f16, attention_bwd_dq_mods_bf16,
+        attention_bwd_dq_mods_f16, attention_bwd_dq_out_bf16, attention_bwd_dq_out_f16, attention_combine_bf16, attention_combine_f16,
+        flash_attention_bf16, flash_attention_f16, flash_attention_mods_bf16, flash_attention_mods_f16, flash_attention_varlen_bf16,
+        flash_attention_varlen_f16, flash_attention_varlen_mods_bf16, flash_attention_varlen_mods_f16,
     };
     pub use crate::elementwise::{axpy_f32, to_f32_bf16, to_f32_f16};
     pub use crate::fp8::{
@@ -162,6 +162,8 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         attention_bwd_dkv_mods_f16::VARIANTS,
         attention_bwd_dkv_wide_bf16::VARIANTS,
         attention_bwd_dkv_wide_f16::VARIANTS,
+        attention_bwd_dkv_wide_mods_bf16::VARIANTS,
+        attention_bwd_dkv_wide_mods_f16::VARIANTS,
         linear_attention_fwd_bf16::VARIANTS,
         linear_attention_fwd_f16::VARIANTS,
         linear_attention_fwd_v64_bf16::VARIANTS,

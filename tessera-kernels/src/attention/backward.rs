@@ -7,7 +7,9 @@
 //! buffer by TMA reduce-adds, `attention_bwd_dq_out` scaling it into dq after: five MMAs a
 //! block pair, but the sums' order varies from run to run. `Attention::deterministic(true)`
 //! uses no float atomics: `attention_bwd_dq` walks a 128-query tile's key blocks for dQ, S and
-//! dP recomputed (seven MMAs). Tensors as the forward's rank-3 views; `lse` (in log₂ units, as
+//! dP recomputed (seven MMAs). Past head dim 128 one warpgroup cannot hold both dK and dV:
+//! `attention_bwd_dkv_wide` walks 64-key tiles with its consumers split by gradient, and dQ
+//! takes its own walk in both modes. Tensors as the forward's rank-3 views; `lse` (in log₂ units, as
 //! `attention_bwd_dot` leaves it) and `dsum` `[batch·heads, seq_q, 1]` (or `[batch·heads,
 //! seq_q]` where rows of queries are read).
 
@@ -199,8 +201,13 @@ pub fn attention_bwd_dq(
 /// `attention_bwd_dq` with the library's modifiers (`flash_attention_mods`' knob `M` and
 /// parameters; padded layouts, `V` 0, or packed sequences, `V` 1): [`library_scores`](crate::prelude::library_scores), [`library_score_grad`](crate::prelude::library_score_grad) and
 /// [`window_prefix_visible`](crate::prelude::window_prefix_visible) over [`window_prefix_keys`](crate::prelude::window_prefix_keys). Key blocks of 64 (at head dim 64,
-/// 128 spill: the modified scores live beside P, dP and dQ).
-#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], M = [1, 4, 7], V = [0, 1]), targets(sm_90a))]
+/// 128 spill: the modified scores live beside P, dP and dQ), 48 at head dim 256 (what fits).
+#[kernel(
+    warpgroups = 3,
+    dtypes(T = [bf16, f16]),
+    tune(D = [128, 64, 192, 256], BN = [64, 48], M = [1, 4, 7], V = [0, 1], only(D <= 192 && BN == 64 || D == 256 && BN == 48)),
+    targets(sm_90a)
+)]
 pub fn attention_bwd_dq_mods(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 3>, dsum: Global<f32, 3>, dq: Global<T, 3>,
     cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, max_q: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32, causal: i32,
@@ -210,10 +217,10 @@ pub fn attention_bwd_dq_mods(
     let (q_start, seq_q, k_start, seq_k, lrow) = mods_sequence::<T, V>(q, k, cu_q, cu_k, b, b * heads + h, h);
     let shift = seq_k - seq_q;
     #[rustfmt::skip]
-    attention_dq_tile::<T, D, 64>(
+    attention_dq_tile::<T, D, BN>(
         q, k, v, dout, lse, dsum, dq, b, h, q0, q_start, seq_q, k_start, seq_k, lrow, heads, group, q_bm, k_bm, hm, cm, scale_log2, scale,
-        |s, qi, kj, bh| library_scores::<M, 64>(s, qi, kj, bh, heads, cap, max_bias, alibi_scale, shift),
-        |ds, s, x, _qi, _kj, _bh| library_score_grad::<M, 64>(ds, s, x, cap),
+        |s, qi, kj, bh| library_scores::<M, BN>(s, qi, kj, bh, heads, cap, max_bias, alibi_scale, shift),
+        |ds, s, x, _qi, _kj, _bh| library_score_grad::<M, BN>(ds, s, x, cap),
         |qi, kj, _bh| window_prefix_visible(qi, kj, shift, window, prefix),
         |_bh, q0, rows| window_prefix_keys(q0, rows, seq_k, shift, causal, window, prefix),
     );
@@ -621,6 +628,29 @@ pub fn attention_bwd_dkv_mods(
     );
 }
 
+/// `attention_bwd_dkv_wide` with the library's modifiers, as `attention_bwd_dkv_mods`: head
+/// dims 192 and 256, [`attention_dkv_wide_tile`](crate::prelude::attention_dkv_wide_tile)'s
+/// 64-key tiles and 64-query blocks.
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [192, 256], M = [1, 4, 7], V = [0, 1]), targets(sm_90a))]
+pub fn attention_bwd_dkv_wide_mods(
+    q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 2>, dsum: Global<f32, 2>, dk: Global<T, 3>,
+    dv: Global<T, 3>, cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, max_k: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32,
+    cm: i32, causal: i32, scale_log2: f32, scale: f32, cap: f32, max_bias: f32, alibi_scale: f32, window: i32, prefix: i32,
+) {
+    let (b, kvh, k0) = backward_tile(max_k, heads / group, 64);
+    let (q_start, seq_q, k_start, seq_k, _) = mods_sequence::<T, V>(q, k, cu_q, cu_k, b, 0, 0);
+    let shift = seq_k - seq_q;
+    #[rustfmt::skip]
+    attention_dkv_wide_tile::<T, D, 64, 2>(
+        q, k, v, dout, lse, dsum, dk, dv, b, kvh, k0, q_start, seq_q, k_start, seq_k, V, heads, group, q_bm, k_bm, hm, cm,
+        scale_log2, scale,
+        |s, qi, kj, bh| library_scores::<M, 64>(s, qi, kj, bh, heads, cap, max_bias, alibi_scale, shift),
+        |ds, s, x, _qi, _kj, _bh| library_score_grad::<M, 64>(ds, s, x, cap),
+        |qi, kj, _bh| window_prefix_visible(qi, kj, shift, window, prefix),
+        |k0, rows| window_prefix_queries(k0, rows, seq_q, shift, causal, window, prefix),
+    );
+}
+
 /// The dK/dV walk's block `n` (of `per_head` a query head, from query tile `i0`) for key/value
 /// head `kvh`: `(h, q0, lrow)`, its query head, first query and row of the log-sum-exp and D
 /// (`(batch·head, query)`, or packed `(head, row)`).
@@ -652,10 +682,11 @@ pub struct AttentionGrads<T: Element> {
 /// gradient `dout` reaching `o`, the gradients of `q`, `k` and `v`. P is recomputed from the
 /// log-sum-exp, never stored; dQ is summed by reduce-adds into f32, whose order varies from
 /// run to run: [`Attention::deterministic`]`(true)` gives the same bits every run, a little
-/// slower. Layouts, grouped-query heads, causal alignment and head dims as the
-/// forward's, and the library's modifiers ([`Attention::softcap`], [`Attention::alibi`],
-/// [`Attention::sliding_window`], [`Attention::prefix`]) taken back through (not a kernel of
-/// yours: [`Attention::kernel`] is refused).
+/// slower (past head dim 128 both modes are deterministic: dQ takes its own walk). Layouts,
+/// grouped-query heads, causal alignment and head dims (64, 128, 192, 256) as the forward's,
+/// and the library's modifiers ([`Attention::softcap`], [`Attention::alibi`],
+/// [`Attention::sliding_window`], [`Attention::prefix`]; head dims 64 and 128) taken back
+/// through (not a kernel of yours: [`Attention::kernel`] is refused).
 ///
 /// ```no_run
 /// use tessera::{bf16, Device, Tensor};
@@ -750,9 +781,6 @@ fn run<T: AttentionElement>(
             ))
         }
     };
-    if mods.is_some() && d > 128 {
-        return Err(arg("q", "head_dim 64 or 128 with modifiers (their backward's)".into(), format!("head_dim {d}")));
-    }
     let mut grads = AttentionGrads {
         dq: Tensor::scratch(device, q.shape())?,
         dk: Tensor::scratch(device, k.shape())?,

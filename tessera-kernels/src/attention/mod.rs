@@ -8,9 +8,9 @@ pub(crate) mod kernels;
 
 pub use backward::{
     attention_backward, attention_bwd_dkv_bf16, attention_bwd_dkv_f16, attention_bwd_dkv_mods_bf16, attention_bwd_dkv_mods_f16,
-    attention_bwd_dkv_wide_bf16, attention_bwd_dkv_wide_f16, attention_bwd_dot_bf16, attention_bwd_dot_f16, attention_bwd_dq_bf16,
-    attention_bwd_dq_f16, attention_bwd_dq_mods_bf16, attention_bwd_dq_mods_f16, attention_bwd_dq_out_bf16, attention_bwd_dq_out_f16,
-    attention_varlen_backward, AttentionGrads,
+    attention_bwd_dkv_wide_bf16, attention_bwd_dkv_wide_f16, attention_bwd_dkv_wide_mods_bf16, attention_bwd_dkv_wide_mods_f16,
+    attention_bwd_dot_bf16, attention_bwd_dot_f16, attention_bwd_dq_bf16, attention_bwd_dq_f16, attention_bwd_dq_mods_bf16,
+    attention_bwd_dq_mods_f16, attention_bwd_dq_out_bf16, attention_bwd_dq_out_f16, attention_varlen_backward, AttentionGrads,
 };
 pub use backward::{attention_dkv_tile, attention_dkv_wide_tile, attention_dq_tile};
 
@@ -410,7 +410,7 @@ mod sealed {
 }
 
 macro_rules! attention_element {
-    ($t:ty, $dense:ident, $varlen:ident, $mods:ident, $varlen_mods:ident, $combine:ident, $dot:ident, $dq:ident, $dkv:ident, $dq_out:ident, $dq_mods:ident, $dkv_mods:ident, $dkv_wide:ident) => {
+    ($t:ty, $dense:ident, $varlen:ident, $mods:ident, $varlen_mods:ident, $combine:ident, $dot:ident, $dq:ident, $dkv:ident, $dq_out:ident, $dq_mods:ident, $dkv_mods:ident, $dkv_wide:ident, $dkv_wide_mods:ident) => {
         impl AttentionElement for $t {
             fn backward(
                 d: &Device, head_dim: usize, [bd, bq, bk, bk64]: [usize; 4], [q, k, v, dout, o]: [&TensorView<Self>; 5], lse: &TensorView<f32>,
@@ -488,6 +488,11 @@ macro_rules! attention_element {
                     None => $dkv::launch_variant(
                         pick_dkv($dkv::VARIANTS)?, d, Grid::from(bk as u32), q, k, v, dout, &lse2, &dsum2, dk, dv, acc, cu_q, cu_k, max_k,
                         varlen, heads, group, q_bm, k_bm, hm, cm, causal, fused, scale_log2, scale,
+                    )?,
+                    Some((m, [cap, max_bias, alibi_scale], [window, prefix])) if head_dim > 128 => $dkv_wide_mods::launch_variant(
+                        pick_mods($dkv_wide_mods::VARIANTS, m)?, d, Grid::from(bk64 as u32), q, k, v, dout, &lse2, &dsum2, dk, dv, cu_q,
+                        cu_k, max_k, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2, scale, cap, max_bias, alibi_scale, window,
+                        prefix,
                     )?,
                     Some((m, [cap, max_bias, alibi_scale], [window, prefix])) => $dkv_mods::launch_variant(
                         pick_mods($dkv_mods::VARIANTS, m)?, d, Grid::from(bk as u32), q, k, v, dout, &lse2, &dsum2, dk, dv, acc, cu_q,
@@ -582,7 +587,8 @@ attention_element!(
     attention_bwd_dq_out_bf16,
     attention_bwd_dq_mods_bf16,
     attention_bwd_dkv_mods_bf16,
-    attention_bwd_dkv_wide_bf16
+    attention_bwd_dkv_wide_bf16,
+    attention_bwd_dkv_wide_mods_bf16
 );
 attention_element!(
     f16,
@@ -597,7 +603,8 @@ attention_element!(
     attention_bwd_dq_out_f16,
     attention_bwd_dq_mods_f16,
     attention_bwd_dkv_mods_f16,
-    attention_bwd_dkv_wide_f16
+    attention_bwd_dkv_wide_f16,
+    attention_bwd_dkv_wide_mods_f16
 );
 
 fn arg(name: &str, expected: String, found: String) -> Error {
@@ -670,7 +677,7 @@ fn view3(layout: AttentionLayout, [b, s, h, d]: [usize; 4]) -> ([usize; 3], [usi
 /// `q` and `o` are `[batch, seq_q, heads, dim]` (or `[batch, heads, seq_q, dim]` with
 /// [`AttentionLayout::Bhsd`]); `k` and `v` the same with `seq_k` and `kv_heads`, where
 /// `kv_heads` divides `heads` (grouped-query attention; query head `h` reads key/value head
-/// `h / (heads / kv_heads)`). Any sequence lengths ≥ 1; head_dim 64, 128, 192 or 256 (the backward: 64 or 128). Hopper (sm_90) only.
+/// `h / (heads / kv_heads)`). Any sequence lengths ≥ 1; head_dim 64, 128, 192 or 256 (forward and backward, with or without modifiers). Hopper (sm_90) only.
 ///
 /// # Errors
 /// [`Error::Argument`] naming the tensor whose rank, shape, contiguity or head count does not
