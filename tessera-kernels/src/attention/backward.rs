@@ -299,21 +299,11 @@ pub fn attention_dkv_tile<T, const D: usize, const BQ: usize>(
     let qpipe = Pipeline::<2>::new(2);
     if warpgroup::id() == 0 {
         setmaxnreg(24);
-        if live {
-            let s = kpipe.acquire();
-            tma::load(sk.at(s), k, [b * k_bm + kvh * hm, k_start + k0, kvh * cm], kpipe);
-            tma::load(sv.at(s), v, [b * k_bm + kvh * hm, k_start + k0, kvh * cm], kpipe);
-            kpipe.commit(s);
-        }
-        fill_stages(qpipe, total, |s, n| {
-            let (h, q0, lrow) = query_block(n, per_head, i0, kvh, group, b, heads, varlen, BQ);
-            tma::load(sq.at(s), q, [b * q_bm + h * hm, q_start + q0, h * cm], qpipe);
-            tma::load(sdo.at(s), dout, [b * q_bm + h * hm, q_start + q0, h * cm], qpipe);
-            if varlen == 0 {
-                tma::load(slse.at(s), lse, [lrow, q0], qpipe);
-                tma::load(sdsum.at(s), dsum, [lrow, q0], qpipe);
-            }
-        });
+        #[rustfmt::skip]
+        load_dkv_blocks(
+            q, k, v, dout, lse, dsum, sk, sv, sq, sdo, slse, sdsum, kpipe, qpipe, k0, seq_k, total, per_head, i0, kvh, group, b, heads,
+            varlen, q_start, k_start, q_bm, k_bm, hm, cm,
+        );
     } else if live {
         setmaxnreg(240);
         let me = warpgroup::id() - 1;
@@ -476,21 +466,11 @@ pub fn attention_dkv_wide_tile<T, const D: usize, const BQ: usize, const S: usiz
     let qpipe = Pipeline::<S>::new(2);
     if warpgroup::id() == 0 {
         setmaxnreg(24);
-        if live {
-            let s = kpipe.acquire();
-            tma::load(sk.at(s), k, [b * k_bm + kvh * hm, k_start + k0, kvh * cm], kpipe);
-            tma::load(sv.at(s), v, [b * k_bm + kvh * hm, k_start + k0, kvh * cm], kpipe);
-            kpipe.commit(s);
-        }
-        fill_stages(qpipe, total, |s, n| {
-            let (h, q0, lrow) = query_block(n, per_head, i0, kvh, group, b, heads, varlen, BQ);
-            tma::load(sq.at(s), q, [b * q_bm + h * hm, q_start + q0, h * cm], qpipe);
-            tma::load(sdo.at(s), dout, [b * q_bm + h * hm, q_start + q0, h * cm], qpipe);
-            if varlen == 0 {
-                tma::load(slse.at(s), lse, [lrow, q0], qpipe);
-                tma::load(sdsum.at(s), dsum, [lrow, q0], qpipe);
-            }
-        });
+        #[rustfmt::skip]
+        load_dkv_blocks(
+            q, k, v, dout, lse, dsum, sk, sv, sq, sdo, slse, sdsum, kpipe, qpipe, k0, seq_k, total, per_head, i0, kvh, group, b, heads,
+            varlen, q_start, k_start, q_bm, k_bm, hm, cm,
+        );
     } else if live {
         setmaxnreg(240);
         let plane = b * k_bm + kvh * hm;
@@ -649,6 +629,34 @@ pub fn attention_bwd_dkv_wide_mods(
         |qi, kj, _bh| window_prefix_visible(qi, kj, shift, window, prefix),
         |k0, rows| window_prefix_queries(k0, rows, seq_q, shift, causal, window, prefix),
     );
+}
+
+/// A dK/dV walk's producer: the tile's keys `k0..` of K and V once (when `k0 < seq_k`), then,
+/// stage by stage, the `total` query blocks of [`query_block`]'s order — Q and dO, and on padded
+/// layouts the blocks' log-sum-exp and D rows.
+#[device]
+#[allow(clippy::too_many_arguments)]
+fn load_dkv_blocks<T, const R: usize, const D: usize, const BQ: usize, const S: usize>(
+    q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 2>, dsum: Global<f32, 2>, sk: Smem<T, R, D>,
+    sv: Smem<T, R, D>, sq: Smem<T, BQ, D>, sdo: Smem<T, BQ, D>, slse: Smem<f32, 1, BQ>, sdsum: Smem<f32, 1, BQ>, kpipe: Pipeline<1>,
+    qpipe: Pipeline<S>, k0: i32, seq_k: i32, total: i32, per_head: i32, i0: i32, kvh: i32, group: i32, b: i32, heads: i32, varlen: i32,
+    q_start: i32, k_start: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32,
+) {
+    if k0 < seq_k {
+        let s = kpipe.acquire();
+        tma::load(sk.at(s), k, [b * k_bm + kvh * hm, k_start + k0, kvh * cm], kpipe);
+        tma::load(sv.at(s), v, [b * k_bm + kvh * hm, k_start + k0, kvh * cm], kpipe);
+        kpipe.commit(s);
+    }
+    fill_stages(qpipe, total, |s, n| {
+        let (h, q0, lrow) = query_block(n, per_head, i0, kvh, group, b, heads, varlen, BQ);
+        tma::load(sq.at(s), q, [b * q_bm + h * hm, q_start + q0, h * cm], qpipe);
+        tma::load(sdo.at(s), dout, [b * q_bm + h * hm, q_start + q0, h * cm], qpipe);
+        if varlen == 0 {
+            tma::load(slse.at(s), lse, [lrow, q0], qpipe);
+            tma::load(sdsum.at(s), dsum, [lrow, q0], qpipe);
+        }
+    });
 }
 
 /// The dK/dV walk's block `n` (of `per_head` a query head, from query tile `i0`) for key/value
