@@ -274,13 +274,8 @@ pub fn attention_dkv_tile<T, const D: usize, const BQ: usize>(
     query_range: impl Fn(i32, i32) -> (i32, i32, i32, i32),
 ) {
     let (lo, hi, _, _) = query_range(k0, 128);
-    let (i0, i1) = key_blocks(lo, hi, seq_q, BQ, 0, 1);
+    let (i0, per_head, total) = dkv_blocks(lo, hi, k0, seq_q, seq_k, group, BQ);
     let live = k0 < seq_k;
-    let mut per_head = i1 - i0;
-    if !live {
-        per_head = 0;
-    }
-    let total = group * per_head;
     let sk = Smem::<T, 128, D>::ring(1);
     let sv = Smem::<T, 128, D>::ring(1);
     let sq = Smem::<T, BQ, D>::ring(2);
@@ -448,13 +443,8 @@ pub fn attention_dkv_wide_tile<T, const D: usize, const BQ: usize, const S: usiz
     query_range: impl Fn(i32, i32) -> (i32, i32, i32, i32),
 ) {
     let (lo, hi, full_lo, full_hi) = query_range(k0, 64);
-    let (i0, i1) = key_blocks(lo, hi, seq_q, BQ, 0, 1);
+    let (i0, per_head, total) = dkv_blocks(lo, hi, k0, seq_q, seq_k, group, BQ);
     let live = k0 < seq_k;
-    let mut per_head = i1 - i0;
-    if !live {
-        per_head = 0;
-    }
-    let total = group * per_head;
     let sk = Smem::<T, 64, D>::ring(1);
     let sv = Smem::<T, 64, D>::ring(1);
     let sq = Smem::<T, BQ, D>::ring(S);
@@ -629,6 +619,19 @@ pub fn attention_bwd_dkv_wide_mods(
         |qi, kj, _bh| window_prefix_visible(qi, kj, shift, window, prefix),
         |k0, rows| window_prefix_queries(k0, rows, seq_q, shift, causal, window, prefix),
     );
+}
+
+/// A dK/dV tile's query blocks of `bq` (the tile's keys `k0..` seen by queries `lo..hi`):
+/// `(i0, per_head, total)` — the first, how many a query head, and over the `group` heads (none
+/// for a tile past its sequence's `seq_k` keys).
+#[device]
+fn dkv_blocks(lo: i32, hi: i32, k0: i32, seq_q: i32, seq_k: i32, group: i32, bq: i32) -> (i32, i32, i32) {
+    let (i0, i1) = key_blocks(lo, hi, seq_q, bq, 0, 1);
+    let mut per_head = i1 - i0;
+    if k0 >= seq_k {
+        per_head = 0;
+    }
+    (i0, per_head, group * per_head)
 }
 
 /// A dK/dV walk's producer: the tile's keys `k0..` of K and V once (when `k0 < seq_k`), then,
