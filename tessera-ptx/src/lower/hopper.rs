@@ -209,9 +209,9 @@ impl Lowerer<'_> {
         use Operand::{Imm, Reg as R};
         Some(Ok(match &e.kind {
             ExprKind::SmemRing(t) => {
-                // A swizzled ring's pattern repeats every 1024 bytes from its base; an unswizzled
-                // one needs TMA's 128.
-                let off = align(self.dyn_bytes, if t.swizzle > 0 { 1024 } else { 128 });
+                // 1024-aligned, swizzled or not (unswizzled rings at 128 moved the fast backward's
+                // `sdsum` and mbarriers 512 bytes and it ran 2-7% slower, runs 233-234).
+                let off = align(self.dyn_bytes, 1024);
                 self.dyn_bytes = off + t.stage_bytes() * t.stages;
                 Value::Smem(off, *t)
             }
