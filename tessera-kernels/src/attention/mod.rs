@@ -334,8 +334,8 @@ pub fn attention_variants<T: AttentionElement>(head_dim: usize, packed: bool) ->
     T::variants(packed).iter().filter(|s| of_head_dim(s, head_dim)).map(|s| s.name).collect()
 }
 
-/// The error for a head dim `d` none of `all` serves: those they serve (their knobs `D`), whose
-/// (`what`: "the forward's").
+/// The error for a head dim `d` that none of the variants `all` serves, naming the head dims
+/// they do serve (their knobs `D`) and whose they are (`what`: "the forward's").
 fn head_dim_error(all: &[&KernelSpec], d: usize, what: &str) -> Error {
     let mut dims: Vec<i64> = all.iter().filter_map(|s| s.knob("D")).collect();
     dims.sort_unstable();
