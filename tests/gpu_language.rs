@@ -420,6 +420,79 @@ fn interp_philox_matches_the_host() {
     philox_matches_the_host(&Device::cpu());
 }
 
+/// Byte draws (`uniform8`, `uniform8_t`) in a wgmma accumulator's layout — the product of a
+/// 64×64 bf16 tile with itself, times 0, plus the draws: one Philox call a thread's 8
+/// registers — and in a blocked layout (a call a register). Block `x` draws at rows
+/// `64x + 16..`; the transposed tile's origin is `[48, 64x + 16]`.
+#[kernel(warpgroups = 2, targets(sm_90a))]
+fn byte_draws(
+    a: Global<bf16, 2>, u: Global<f32, 2>, ut: Global<f32, 2>, ub: Global<f32, 2>, seed_lo: i32, seed_hi: i32, offset: i32, stream: i32,
+) {
+    let sa = Smem::<bf16, 64, 64>::ring(1);
+    let pipe = Pipeline::<1>::new(1);
+    let r = block::id_x() * 64;
+    if warpgroup::id() == 0 {
+        tessera_kernels::prelude::fill_stages(pipe, 1, |s, _k| {
+            tma::load(sa.at(s), a, [0, 0], pipe);
+        });
+    } else {
+        let mut acc = Tile::<f32, 64, 64>::zeros();
+        tessera_kernels::prelude::drain_stages(pipe, 1, |s, _k| {
+            mma_sync(acc, sa.at(s), sa.at(s));
+            mma_wait(0);
+        });
+        u.store([r, 0], acc * 0.0 + Tile::<f32, 64, 64>::uniform8(seed_lo, seed_hi, offset, stream, [r + 16, 32]));
+        ut.store([r, 0], acc * 0.0 + Tile::<f32, 64, 64>::uniform8_t(seed_lo, seed_hi, offset, stream, [48, r + 16]));
+        ub.store([r / 4, 0], Tile::<f32, 16, 64>::uniform8(seed_lo, seed_hi, offset, stream, [r + 16, 32]));
+    }
+}
+
+fn byte_draws_match_the_host(dev: &Device) {
+    use tessera::random::uniform8;
+    let blocks = 3;
+    let seed: u64 = rand::random();
+    let (offset, stream): (u32, u32) = (rand::random(), rand::random());
+    let ha: Vec<bf16> = random(64 * 64, -1.0, 1.0).into_iter().map(bf16::from_f32).collect();
+    let a = Tensor::from_host(dev, &ha, &[64, 64]).unwrap();
+    let mut u = Tensor::full(dev, &[64 * blocks, 64], f32::NAN).unwrap();
+    let mut ut = Tensor::full(dev, &[64 * blocks, 64], f32::NAN).unwrap();
+    let mut ub = Tensor::full(dev, &[16 * blocks, 64], f32::NAN).unwrap();
+    let (lo, hi) = (seed as u32 as i32, (seed >> 32) as u32 as i32);
+    byte_draws::launch(dev, blocks as u32, &a, &mut u, &mut ut, &mut ub, lo, hi, offset as i32, stream as i32).unwrap();
+    let (u, ut, ub) = (u.to_host().unwrap(), ut.to_host().unwrap(), ub.to_host().unwrap());
+    let mut counts = [0usize; 256];
+    for i in 0..64 * blocks {
+        let (b, r) = (i / 64, i % 64);
+        for c in 0..64 {
+            let want = uniform8(seed, offset, stream, (64 * b + 16 + r) as u32, (32 + c) as u32);
+            assert_eq!(u[i * 64 + c].to_bits(), want.to_bits(), "uniform8 [{i}, {c}]");
+            counts[(want * 256.0) as usize] += 1;
+            let want_t = uniform8(seed, offset, stream, (48 + c) as u32, (64 * b + 16 + r) as u32);
+            assert_eq!(ut[i * 64 + c].to_bits(), want_t.to_bits(), "uniform8_t [{i}, {c}]");
+            if r < 16 {
+                assert_eq!(ub[(16 * b + r) * 64 + c].to_bits(), want.to_bits(), "blocked uniform8 [{i}, {c}]");
+            }
+        }
+    }
+    // Every byte value about equally often: chi-square over 256 bins (255 degrees of freedom,
+    // mean 255, sd ~22.6) below 400.
+    let n = (64 * 64 * blocks) as f64;
+    let chi2: f64 = counts.iter().map(|&k| (k as f64 - n / 256.0).powi(2) / (n / 256.0)).sum();
+    assert!(chi2 < 400.0, "chi-square {chi2} of the byte counts");
+}
+
+#[test]
+fn gpu_byte_draws_match_the_host() {
+    if let Some(dev) = gpu_or_skip("gpu_byte_draws_match_the_host") {
+        byte_draws_match_the_host(&dev);
+    }
+}
+
+#[test]
+fn interp_byte_draws_match_the_host() {
+    byte_draws_match_the_host(&Device::cpu());
+}
+
 fn tile_queue_hands_out_every_slab(dev: &Device) {
     // 7 slabs over 3 blocks, and 1 slab over 4 blocks (three find the queue empty at once).
     for (m, blocks) in [(100usize, 3u32), (9, 4), (300, 19)] {

@@ -4,7 +4,9 @@ use proc_macro2::Span;
 use quote::ToTokens;
 use syn::spanned::Spanned;
 use syn::{BinOp as SynBinOp, Expr as SynExpr, Pat, Stmt as SynStmt, UnOp as SynUnOp};
-use tessera_ptx::tirh::{BinOp, Builtin, Expr, ExprKind, Param, ReduceOp, SourceLoc, Stmt, StmtKind, TileIr, TileType, Type, UnOp};
+use tessera_ptx::tirh::{
+    BinOp, Builtin, Expr, ExprKind, Param, ReduceOp, SourceLoc, Stmt, StmtKind, TileIr, TileType, Type, UnOp, UniformKind,
+};
 use tessera_ptx::{DType, ScalarType};
 
 /// The frontend's state: the span table that [`SourceLoc::span`] indexes, and the errors.
@@ -43,7 +45,7 @@ type R<T> = Result<T, syn::Error>;
 /// (the `deps` where it was written), and where it stands.
 pub type Lambda = (syn::ExprClosure, Vec<(String, u32)>, SourceLoc);
 
-const FUNCTIONS: &str = "`exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block_sum`, `block_max`, `block_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Tile::<f32, M, N>::col_index`, `Tile::<f32, M, N>::row_index`, `Tile::<f32, M, N>::uniform`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `TileQueue::<S>::new`, `tma::load`, `tma::store`, `tma::store_wait`, `mma_sync`, `mma_sync_kn`, `mma_wait`, `setmaxnreg`, `barrier::sync`, `barrier::arrive`, `tile_scan::<F>`, `tile_scan_exclusive::<F>`, `tile_scan_reverse::<F>`, `tile_scan_reverse_exclusive::<F>`";
+const FUNCTIONS: &str = "`exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block_sum`, `block_max`, `block_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Tile::<f32, M, N>::col_index`, `Tile::<f32, M, N>::row_index`, `Tile::<f32, M, N>::uniform`, `Tile::<f32, M, N>::uniform8`, `Tile::<f32, M, N>::uniform8_t`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `TileQueue::<S>::new`, `tma::load`, `tma::store`, `tma::store_wait`, `mma_sync`, `mma_sync_kn`, `mma_wait`, `setmaxnreg`, `barrier::sync`, `barrier::arrive`, `tile_scan::<F>`, `tile_scan_exclusive::<F>`, `tile_scan_reverse::<F>`, `tile_scan_reverse_exclusive::<F>`";
 
 /// The scans: inclusive or exclusive, from the first element or from the last.
 const SCANS: [&str; 4] = ["tile_scan", "tile_scan_exclusive", "tile_scan_reverse", "tile_scan_reverse_exclusive"];
@@ -804,24 +806,30 @@ impl Frontend {
                         args(self, 0)?;
                         ExprKind::Iota { tile, axis: u32::from(axis == "col_index") }
                     }
-                    "uniform" => {
-                        if c.args.len() != 4 {
+                    name @ ("uniform" | "uniform8" | "uniform8_t") => {
+                        let kind = match name {
+                            "uniform" => UniformKind::Words,
+                            _ => UniformKind::Bytes { transposed: name == "uniform8_t" },
+                        };
+                        let n = kind.seed_words();
+                        if c.args.len() != n + 1 {
+                            let stream = if n == 4 { ", a stream" } else { "" };
                             return err(
                                 &p.path.segments[1],
                                 format!(
-                                    "`uniform` takes the seed's two words, an offset and an origin `[row, col]`, found {} arguments",
+                                    "`{name}` takes the seed's two words, an offset{stream} and an origin `[row, col]`, found {} arguments",
                                     c.args.len()
                                 ),
                             );
                         }
-                        let seed = c.args.iter().take(3).map(|a| self.expr(a)).collect::<R<Vec<_>>>()?;
-                        ExprKind::Uniform { tile, seed, origin: self.index(&c.args[3])? }
+                        let seed = c.args.iter().take(n).map(|a| self.expr(a)).collect::<R<Vec<_>>>()?;
+                        ExprKind::Uniform { tile, kind, seed, origin: self.index(&c.args[n])? }
                     }
                     other => {
                         return err(
                             &p.path.segments[1],
                             format!(
-                                "unknown tile constructor `{other}`: expected `zeros()`, `full(value)`, `col_index()`, `row_index()` or `uniform(seed_lo, seed_hi, offset, [row, col])`"
+                                "unknown tile constructor `{other}`: expected `zeros()`, `full(value)`, `col_index()`, `row_index()`, `uniform(seed_lo, seed_hi, offset, [row, col])` or `uniform8(seed_lo, seed_hi, offset, stream, [row, col])` (`uniform8_t`)"
                             ),
                         )
                     }

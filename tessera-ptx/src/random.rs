@@ -54,6 +54,26 @@ pub fn uniform(seed: u64, offset: u32, row: usize, col: usize) -> f32 {
     word_to_unit(philox4x32_10([c >> 2, r, offset, 0], [seed as u32, (seed >> 32) as u32])[(c & 3) as usize])
 }
 
+/// A coordinate's place in [`uniform8`]'s 4×4 blocks: the block (the coordinate without its
+/// bits 0 and 3) and the index in it (bit 0, then bit 3).
+pub fn quad(x: u32) -> (u32, u32) {
+    (((x >> 4) << 2) | ((x >> 1) & 3), (x & 1) | ((x >> 2) & 2))
+}
+
+/// `Tile::<f32, M, N>::uniform8`'s number at `[row, col]` of stream `stream` (both tile
+/// orientations draw it; see `uniform8_t`): byte `ci` of word `ri` of
+/// `philox4x32_10([cb, rb, offset, stream], seed)` over 256, where `(rb, ri)` = [`quad`]`(row)`
+/// and `(cb, ci)` = `quad(col)` — rows `{r, r+1, r+8, r+9}` by columns `{c, c+1, c+8, c+9}`
+/// (`r`, `c` ≡ 0 mod 16 less those bits) share one Philox call, which is what one thread holds
+/// of a wgmma accumulator and of its transpose. Multiples of 1/256 in `[0, 1)`: for dropout,
+/// where a keep probability of a byte's resolution is enough and a call per 16 numbers
+/// matters (attention draws one an element of `Q·Kᵀ`).
+pub fn uniform8(seed: u64, offset: u32, stream: u32, row: u32, col: u32) -> f32 {
+    let ((rb, ri), (cb, ci)) = (quad(row), quad(col));
+    let w = philox4x32_10([cb, rb, offset, stream], [seed as u32, (seed >> 32) as u32])[ri as usize];
+    ((w >> (8 * ci)) & 0xff) as f32 * (1.0 / 256.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -67,6 +87,26 @@ mod tests {
             philox4x32_10([0x243f_6a88, 0x85a3_08d3, 0x1319_8a2e, 0x0370_7344], [0xa409_3822, 0x299f_31d0]),
             [0xd16c_fe09, 0x94fd_cceb, 0x5001_e420, 0x2412_6ea1]
         );
+    }
+
+    /// The 16 numbers of one Philox call are the 16 elements of one 4×4 block, each once.
+    #[test]
+    fn uniform8_blocks() {
+        let seed = 0x0bad_cafe_1234_5678u64;
+        let (r0, c0) = (32 + 2, 48 + 4);
+        let words = philox4x32_10([quad(c0).0, quad(r0).0, 7, 3], [seed as u32, (seed >> 32) as u32]);
+        let mut bytes: Vec<f32> = words.iter().flat_map(|w| (0..4).map(move |b| ((w >> (8 * b)) & 0xff) as f32 / 256.0)).collect();
+        let mut got = Vec::new();
+        for dr in [0, 1, 8, 9] {
+            for dc in [0, 1, 8, 9] {
+                got.push(uniform8(seed, 7, 3, r0 + dr, c0 + dc));
+            }
+        }
+        assert_eq!(got, bytes);
+        bytes.sort_by(f32::total_cmp);
+        assert!(bytes.windows(2).any(|w| w[0] != w[1]), "a draw of 16 equal bytes");
+        assert_ne!(uniform8(seed, 7, 3, 5, 9), uniform8(seed, 7, 4, 5, 9), "streams must differ");
+        assert!((0..64).all(|i| (0.0..1.0).contains(&uniform8(seed, 1, 2, i, 3 * i))));
     }
 
     #[test]

@@ -59,6 +59,11 @@
 //!   `Tile::<f32, M, N>::col_index()` / `row_index()` (each element's column or row),
 //!   `Tile::<f32, M, N>::uniform(seed_lo, seed_hi, offset, [row, col])` (Philox4x32-10 numbers
 //!   in [0, 1): see [`random`] for the exact definition and the host's copy),
+//!   `Tile::<f32, M, N>::uniform8(seed_lo, seed_hi, offset, stream, [row, col])` and
+//!   `uniform8_t(…)` (its transpose's: element `(i, j)` drawn at `[row + j, col + i]`) —
+//!   multiples of 1/256, a Philox call per 4×4 block, origins multiples of 16: dropout masks
+//!   drawn alike by a kernel that walks `Q·Kᵀ` and one that walks `K·Qᵀ`
+//!   ([`random::uniform8`]),
 //!   `t.swap_pairs()` (columns 2k and 2k+1 exchanged, in registers), `t.last_col()` (the last
 //!   column, `M×1`: a chunked scan's carry), `t.mask_cols(limit, fill)`
 //!   (columns from `limit` on replaced; `limit` an `i32`, or a `Tile<f32, M, 1>` of one per

@@ -5,7 +5,7 @@ use super::{elem_class, Lowerer, TileVal};
 use crate::dtype::DType;
 use crate::error::CompileError;
 use crate::layout::{Layout, LayoutKind};
-use crate::tirh::{BinOp, Expr, ExprKind, ReduceOp, ScanKind, ScanStep, TileType, Type, UnOp};
+use crate::tirh::{BinOp, Expr, ExprKind, ReduceOp, ScanKind, ScanStep, TileType, Type, UnOp, UniformKind};
 use crate::tirt::{Operand, Reg, RegClass};
 
 impl Lowerer<'_> {
@@ -45,9 +45,12 @@ impl Lowerer<'_> {
                 let layout = self.hinted_layout(ty);
                 self.iota(ty, layout, *axis)
             }
-            ExprKind::Uniform { seed, origin, .. } => {
+            ExprKind::Uniform { kind, seed, origin, .. } => {
                 let layout = self.hinted_layout(ty);
-                self.uniform(ty, layout, seed, origin)?
+                match *kind {
+                    UniformKind::Words => self.uniform(ty, layout, seed, origin)?,
+                    UniformKind::Bytes { transposed } => self.uniform8(ty, layout, transposed, seed, origin)?,
+                }
             }
             ExprKind::SwapPairs(value) => {
                 let t = self.tile(value)?;
@@ -491,13 +494,159 @@ impl Lowerer<'_> {
         Ok(TileVal { ty, layout, regs })
     }
 
+    /// `Tile::<f32, M, N>::uniform8(seed_lo, seed_hi, offset, stream, [row, col])` (or, with
+    /// `transposed`, `uniform8_t`) in `layout`: [`crate::random::uniform8`]'s bytes, origins
+    /// multiples of 16. In a wgmma accumulator a thread's registers of 16 columns — rows `g`,
+    /// `g + 8`, columns `2t, 2t + 1, 2t + 8, 2t + 9` — are half of one 4×4 block either way
+    /// round, so one Philox call serves 8 registers: two words, a byte each (the word or the
+    /// byte picked by the lane's row parity). Elsewhere each register makes its own call.
+    fn uniform8(
+        &mut self, ty: TileType, layout: Layout, transposed: bool, seed: &[Expr], origin: &[Expr],
+    ) -> Result<TileVal, CompileError> {
+        use crate::dtype::ScalarType;
+        use Operand::{Imm, Reg as R};
+        let mut args = Vec::new();
+        for e in seed.iter().chain(origin) {
+            let v = self.scalar(e)?;
+            args.push(self.in_reg(v, ScalarType::I32, "rng"));
+        }
+        let [k0, k1, offset, stream, row, col] = args[..] else { unreachable!("verified TIR-H: four seed words and two indices") };
+        let lr = self.layout_regs(layout);
+        let slots = layout.slots();
+        let mut regs = vec![None; slots.len()];
+        let fast = matches!(layout.kind, LayoutKind::Wgmma { .. })
+            && layout.keep_rows
+            && layout.keep_cols
+            && layout.parent_cols.is_multiple_of(16);
+        if fast {
+            // The host coordinates of the thread's first register: (tile row, tile col) or,
+            // transposed, (tile col, tile row), from the origin.
+            let (hr, hc) = (self.reg(RegClass::B32, "ctr"), self.reg(RegClass::B32, "ctr"));
+            let (tr, tc) = if transposed { (lr.col, lr.row) } else { (lr.row, lr.col) };
+            self.op("add.u32", vec![R(hr), R(row), R(tr)]);
+            self.op("add.u32", vec![R(hc), R(col), R(tc)]);
+            let (rb, cb) = (self.quad_key(hr), self.quad_key(hc));
+            // The lane's row parity picks the word (or, transposed, the byte).
+            let odd = self.reg(RegClass::Pred, "odd");
+            let bit = self.reg(RegClass::B32, "odd");
+            self.op("and.b32", vec![R(bit), R(lr.row), Imm(1)]);
+            self.op("setp.ne.u32", vec![R(odd), R(bit), Imm(0)]);
+            let shift = [0, 16].map(|base| {
+                let sh = self.reg(RegClass::B32, "sh");
+                self.op("shl.b32", vec![R(sh), R(bit), Imm(3)]);
+                self.op("add.u32", vec![R(sh), R(sh), Imm(base)]);
+                sh
+            });
+            for (i, s) in slots.iter().enumerate() {
+                if regs[i].is_some() {
+                    continue;
+                }
+                // The group: rows dr, dr + 8 and columns of this 16.
+                let (gr, gc) = (s.dr & !8, s.dc & !15);
+                let (er, ec) = if transposed { (gc, gr) } else { (gr, gc) };
+                let (c0, c1) = (self.reg(RegClass::B32, "ctr"), self.reg(RegClass::B32, "ctr"));
+                // quad_key(x + 16k) = quad_key(x) + 4k.
+                self.op("add.u32", vec![R(c0), R(cb), Imm(i64::from(ec / 4))]);
+                self.op("add.u32", vec![R(c1), R(rb), Imm(i64::from(er / 4))]);
+                let words = self.philox4([c0, c1, offset, stream], [k0, k1]);
+                let picked = if transposed {
+                    None
+                } else {
+                    // Rows g (words 0, 1) and g + 8 (2, 3): the parity picks one of each pair.
+                    Some([0, 2].map(|w| {
+                        let x = self.reg(RegClass::B32, "word");
+                        self.op("selp.b32", vec![R(x), R(words[w + 1]), R(words[w]), R(odd)]);
+                        x
+                    }))
+                };
+                for (j, o) in slots.iter().enumerate() {
+                    if o.dr & !8 != gr || o.dc & !15 != gc {
+                        continue;
+                    }
+                    // The register's index along the 16 columns (bit 0 and bit 3) and its row half.
+                    let col_ix = (o.dc & 1) | ((o.dc >> 2) & 2);
+                    let half = usize::from(o.dr & 8 != 0);
+                    let byte = self.reg(RegClass::B32, "byte");
+                    match picked {
+                        Some(p) => self.op("bfe.u32", vec![R(byte), R(p[half]), Imm(i64::from(8 * col_ix)), Imm(8)]),
+                        None => self.op("bfe.u32", vec![R(byte), R(words[col_ix as usize]), R(shift[half]), Imm(8)]),
+                    }
+                    regs[j] = Some(self.byte_float(byte));
+                }
+            }
+        } else {
+            for (i, s) in slots.iter().enumerate() {
+                let (i_reg, j_reg) = (self.reg(RegClass::B32, "ctr"), self.reg(RegClass::B32, "ctr"));
+                self.op("add.u32", vec![R(i_reg), R(lr.row), Imm(i64::from(s.dr))]);
+                self.op("add.u32", vec![R(j_reg), R(lr.col), Imm(i64::from(s.dc))]);
+                let (ti, tj) = if transposed { (j_reg, i_reg) } else { (i_reg, j_reg) };
+                let (hr, hc) = (self.reg(RegClass::B32, "ctr"), self.reg(RegClass::B32, "ctr"));
+                self.op("add.u32", vec![R(hr), R(row), R(ti)]);
+                self.op("add.u32", vec![R(hc), R(col), R(tj)]);
+                let (rb, cb) = (self.quad_key(hr), self.quad_key(hc));
+                let (ri, ci) = (self.quad_index(hr), self.quad_index(hc));
+                let words = self.philox4([cb, rb, offset, stream], [k0, k1]);
+                let w = self.reg(RegClass::B32, "word");
+                self.op("mov.b32", vec![R(w), R(words[0])]);
+                for (k, &word) in words.iter().enumerate().skip(1) {
+                    let p = self.reg(RegClass::Pred, "word");
+                    self.op("setp.eq.u32", vec![R(p), R(ri), Imm(k as i64)]);
+                    self.op("selp.b32", vec![R(w), R(word), R(w), R(p)]);
+                }
+                self.op("shl.b32", vec![R(ci), R(ci), Imm(3)]);
+                let byte = self.reg(RegClass::B32, "byte");
+                self.op("bfe.u32", vec![R(byte), R(w), R(ci), Imm(8)]);
+                regs[i] = Some(self.byte_float(byte));
+            }
+        }
+        let regs = regs.into_iter().map(|r| r.expect("every slot drew its number")).collect();
+        Ok(TileVal { ty, layout, regs })
+    }
+
+    /// [`crate::random::quad`]'s block of a coordinate: `((x >> 4) << 2) | ((x >> 1) & 3)`.
+    fn quad_key(&mut self, x: Reg) -> Reg {
+        use Operand::{Imm, Reg as R};
+        let (a, b) = (self.reg(RegClass::B32, "quad"), self.reg(RegClass::B32, "quad"));
+        self.op("shr.u32", vec![R(a), R(x), Imm(2)]);
+        self.op("and.b32", vec![R(a), R(a), Imm(!3)]);
+        self.op("bfe.u32", vec![R(b), R(x), Imm(1), Imm(2)]);
+        self.op("or.b32", vec![R(a), R(a), R(b)]);
+        a
+    }
+
+    /// [`crate::random::quad`]'s index in the block: bit 0, then bit 3 of `x`.
+    fn quad_index(&mut self, x: Reg) -> Reg {
+        use Operand::{Imm, Reg as R};
+        let (a, b) = (self.reg(RegClass::B32, "quad"), self.reg(RegClass::B32, "quad"));
+        self.op("and.b32", vec![R(a), R(x), Imm(1)]);
+        self.op("shr.u32", vec![R(b), R(x), Imm(2)]);
+        self.op("and.b32", vec![R(b), R(b), Imm(2)]);
+        self.op("or.b32", vec![R(a), R(a), R(b)]);
+        a
+    }
+
+    /// A byte as an f32 in `[0, 1)`: over 256.
+    fn byte_float(&mut self, b: Reg) -> Reg {
+        use Operand::{Reg as R, F32};
+        let f = self.reg(RegClass::F32, "unif");
+        self.op("cvt.rn.f32.u32", vec![R(f), R(b)]);
+        self.op("mul.f32", vec![R(f), R(f), F32(1.0 / 256.0)]);
+        f
+    }
+
     /// Philox4x32-10 of the counter `(c0, c1, c2, 0)` under the key `(k0, k1)`: four words.
     fn philox(&mut self, c: [Reg; 3], key: [Reg; 2]) -> [Reg; 4] {
-        use crate::random::{PHILOX_M, PHILOX_ROUNDS, PHILOX_W};
         use Operand::{Imm, Reg as R};
         let zero = self.reg(RegClass::B32, "ph");
         self.op("mov.u32", vec![R(zero), Imm(0)]);
-        let mut x = [c[0], c[1], c[2], zero];
+        self.philox4([c[0], c[1], c[2], zero], key)
+    }
+
+    /// Philox4x32-10 of the counter `c` under the key `(k0, k1)`: four words.
+    fn philox4(&mut self, c: [Reg; 4], key: [Reg; 2]) -> [Reg; 4] {
+        use crate::random::{PHILOX_M, PHILOX_ROUNDS, PHILOX_W};
+        use Operand::{Imm, Reg as R};
+        let mut x = c;
         for r in 0..PHILOX_ROUNDS {
             // Round r's key: the seed plus r times Weyl's increments (wrapping).
             let k = [0, 1].map(|w| {

@@ -155,8 +155,12 @@ impl fmt::Display for Expr {
             ExprKind::MaskCols { value, limit, fill } => write!(f, "{value}.mask_cols({limit}, {fill})"),
             ExprKind::KeepWhere { value, cond, fill } => write!(f, "{value}.keep_where({cond}, {fill})"),
             ExprKind::Iota { tile, axis } => write!(f, "{}<{tile}>()", if *axis == 1 { "col_index" } else { "row_index" }),
-            ExprKind::Uniform { tile, seed, origin } => {
-                write!(f, "uniform<{tile}>({}, {}, {}, [{}, {}])", seed[0], seed[1], seed[2], origin[0], origin[1])
+            ExprKind::Uniform { tile, kind, seed, origin } => {
+                write!(f, "{}<{tile}>(", kind.name())?;
+                for s in seed {
+                    write!(f, "{s}, ")?;
+                }
+                write!(f, "[{}, {}])", origin[0], origin[1])
             }
             ExprKind::SwapPairs(value) => write!(f, "{value}.swap_pairs()"),
             ExprKind::EdgeCol { value, last } => write!(f, "{value}.{}_col()", if *last { "last" } else { "first" }),

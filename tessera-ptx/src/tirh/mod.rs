@@ -751,6 +751,39 @@ impl ScanStep {
     }
 }
 
+/// Which numbers a `Tile::uniform*` constructor draws.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum UniformKind {
+    /// `uniform`: 24-bit numbers, a Philox word each.
+    Words,
+    /// `uniform8` (`transposed` false) or `uniform8_t` (true): bytes, 16 a Philox call.
+    Bytes {
+        /// The transposed tile's (`uniform8_t`).
+        transposed: bool,
+    },
+}
+
+impl UniformKind {
+    /// The constructor's name in the language.
+    pub fn name(self) -> &'static str {
+        match self {
+            UniformKind::Words => "uniform",
+            UniformKind::Bytes { transposed: false } => "uniform8",
+            UniformKind::Bytes { transposed: true } => "uniform8_t",
+        }
+    }
+
+    /// The scalars it takes before the origin: the seed's two words, the offset (and the
+    /// stream for bytes).
+    pub fn seed_words(self) -> usize {
+        if self == UniformKind::Words {
+            3
+        } else {
+            4
+        }
+    }
+}
+
 /// The kinds of expression.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum ExprKind {
@@ -903,10 +936,19 @@ pub enum ExprKind {
     /// `((col >> 2) + (j >> 2), row + i, offset, 0)` under the key `(seed_lo, seed_hi)` (see
     /// [`crate::random`]): a pure function of the seed, the offset and, for `col` a multiple
     /// of 4, the element's place in the tensor.
+    ///
+    /// `Tile::<f32, M, N>::uniform8(seed_lo, seed_hi, offset, stream, [row, col])`: element
+    /// `(i, j)` is [`crate::random::uniform8`] at `[row + i, col + j]` (multiples of 1/256, a
+    /// Philox call per 4×4 block); `uniform8_t(…)` the transpose of the `N×M` tile `uniform8`
+    /// draws there — element `(i, j)` the number at `[row + j, col + i]`. Origins multiples of
+    /// 16 (the interpreter checks it).
     Uniform {
         /// The tile type (f32).
         tile: TileType,
-        /// The key's two words, then the offset: `i32` scalars (their bits).
+        /// Which numbers.
+        kind: UniformKind,
+        /// The key's two words, then the offset (and for bytes the stream): `i32` scalars
+        /// (their bits).
         seed: Vec<Expr>,
         /// The origin `[row, col]` (i32 scalars).
         origin: Vec<Expr>,

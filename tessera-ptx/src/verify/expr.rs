@@ -151,19 +151,24 @@ impl Checker<'_> {
                 check_tile_size(*tile, loc)?;
                 Type::Tile(*tile)
             }
-            ExprKind::Uniform { tile, seed, origin } => {
+            ExprKind::Uniform { tile, kind, seed, origin } => {
+                let name = kind.name();
                 if tile.dtype != DType::F32 {
-                    return Err(CompileError::ty(loc, format!("`uniform` makes an `f32` tile, found `{tile}`")));
+                    return Err(CompileError::ty(loc, format!("`{name}` makes an `f32` tile, found `{tile}`")));
                 }
                 check_tile_size(*tile, loc)?;
                 if origin.len() != 2 {
-                    return Err(CompileError::ty(loc, format!("`uniform`'s origin is `[row, col]`, found {} indices", origin.len())));
+                    return Err(CompileError::ty(loc, format!("`{name}`'s origin is `[row, col]`, found {} indices", origin.len())));
                 }
-                let names = ["the seed's low word", "the seed's high word", "the offset", "the origin's row", "the origin's column"];
+                let mut names = vec!["the seed's low word", "the seed's high word", "the offset"];
+                if seed.len() == 4 {
+                    names.push("the stream");
+                }
+                names.extend(["the origin's row", "the origin's column"]);
                 for (what, a) in names.iter().zip(seed.iter_mut().chain(origin.iter_mut())) {
                     let ty = self.expr(a)?;
                     if ty != Type::Scalar(ScalarType::I32) {
-                        return Err(CompileError::ty(a.loc, format!("`uniform` takes {what} as an `i32`, found `{ty}`")));
+                        return Err(CompileError::ty(a.loc, format!("`{name}` takes {what} as an `i32`, found `{ty}`")));
                     }
                 }
                 Type::Tile(*tile)

@@ -40,7 +40,7 @@ use crate::{Device, Error, Grid, Result};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use tessera_ptx::tirh::{BinOp, Builtin, Expr, ExprKind, SmemType, Stmt, StmtKind, TileIr, Type};
+use tessera_ptx::tirh::{BinOp, Builtin, Expr, ExprKind, SmemType, Stmt, StmtKind, TileIr, Type, UniformKind};
 use tessera_ptx::{DType, KernelSpec};
 use value::{Poison, Tile, Val};
 
@@ -914,17 +914,37 @@ impl<'p> Kernel<'p> {
                 }
                 Val::T(t)
             }
-            ExprKind::Uniform { tile, seed, origin } => {
-                let mut w = [0u32; 5];
-                for (slot, e) in w.iter_mut().zip(seed.iter().chain(origin)) {
-                    let Val::I(v) = self.eval(e, wg, blk)? else { return Err("`uniform` takes i32 scalars".to_string().into()) };
-                    *slot = v as u32;
+            ExprKind::Uniform { tile, kind, seed, origin } => {
+                let mut w = Vec::new();
+                for e in seed.iter().chain(origin) {
+                    let Val::I(v) = self.eval(e, wg, blk)? else { return Err(format!("`{}` takes i32 scalars", kind.name()).into()) };
+                    w.push(v as u32);
                 }
                 let mut t = Tile::full(*tile, 0.0);
                 let cols = tile.cols as usize;
-                for (i, x) in t.v.iter_mut().enumerate() {
-                    let (r, c) = ((i / cols) as u32, (i % cols) as u32);
-                    *x = tessera_ptx::random::uniform_at([w[0], w[1]], w[2], w[3] as i32, w[4] as i32, r, c);
+                if let UniformKind::Bytes { transposed } = *kind {
+                    let [lo, hi, offset, stream, row, col] = w[..] else { return Err("`uniform8` takes six scalars".to_string().into()) };
+                    if row % 16 != 0 || col % 16 != 0 {
+                        let msg = format!(
+                            "`{}`'s origin must be multiples of 16 (a Philox call per 4×4 block), found [{row}, {col}]",
+                            kind.name()
+                        );
+                        return Err(msg.into());
+                    }
+                    let seed = u64::from(lo) | u64::from(hi) << 32;
+                    for (i, x) in t.v.iter_mut().enumerate() {
+                        let (mut r, mut c) = ((i / cols) as u32, (i % cols) as u32);
+                        if transposed {
+                            (r, c) = (c, r);
+                        }
+                        *x = tessera_ptx::random::uniform8(seed, offset, stream, row.wrapping_add(r), col.wrapping_add(c));
+                    }
+                } else {
+                    let [lo, hi, offset, row, col] = w[..] else { return Err("`uniform` takes five scalars".to_string().into()) };
+                    for (i, x) in t.v.iter_mut().enumerate() {
+                        let (r, c) = ((i / cols) as u32, (i % cols) as u32);
+                        *x = tessera_ptx::random::uniform_at([lo, hi], offset, row as i32, col as i32, r, c);
+                    }
                 }
                 Val::T(t)
             }
