@@ -81,6 +81,7 @@ pub fn attention_chain(
         |s, _qi, _kj, _bh| s,
         |qi, kj, _bh| causal_visible(qi, kj, shift),
         |_bh, q0, rows| causal_keys(q0, rows, seq_k, shift, causal),
+        |p, _bh, _q0, _k0| p,
     );
 }
 

@@ -28,7 +28,7 @@ fn reference(c: Case, layout: AttentionLayout, causal: bool, scale: f64, q: &[f6
         AttentionLayout::Bhsd => ((bi * heads + hi) * s_len + si) * c.d,
     };
     let visible = causal_mask(causal, c.sk as i64 - c.sq as i64);
-    let mods = ScoreMods { score: &unmodified, grad: &unit_grad, visible: &visible };
+    let mods = ScoreMods { score: &unmodified, grad: &unit_grad, visible: &visible, dropout: None };
     let dims = AttentionDims { b: c.b, sq: c.sq, sk: c.sk, h: c.h, hk: c.hk, d: c.d };
     attention_reference(dims, &at, scale, &mods, q, k, v)
 }

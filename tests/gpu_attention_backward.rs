@@ -26,7 +26,16 @@ fn reference(
         AttentionLayout::Bhsd => ((bi * heads + hi) * s_len + si) * c.d,
     };
     let visible = causal_mask(causal, c.sk as i64 - c.sq as i64);
-    attention_backward_reference(c, &at, scale, &ScoreMods { score: &unmodified, grad: &unit_grad, visible: &visible }, q, k, v, dout)
+    attention_backward_reference(
+        c,
+        &at,
+        scale,
+        &ScoreMods { score: &unmodified, grad: &unit_grad, visible: &visible, dropout: None },
+        q,
+        k,
+        v,
+        dout,
+    )
 }
 
 fn check<T: AttentionElement>(

@@ -1,5 +1,5 @@
 //! Attention's score and mask modifiers against a float64 softmax of the modified scores:
-//! soft-capping, ALiBi, a sliding window, a prefix LM and their combinations, forward and
+//! soft-capping, ALiBi, a sliding window, a prefix LM, dropout and their combinations, forward and
 //! backward (gradients from the definition, both backward modes), and a kernel of the caller's
 //! own (a score modifier and a banded mask written as closures given to
 //! `attention_persistent`; forward only). Fresh random inputs, odd lengths, outputs poisoned
@@ -7,7 +7,9 @@
 
 mod common;
 
-use common::{attention_backward_reference, attention_reference, random, unit_grad, unmodified, AttentionDims, ScoreMods as Mods};
+use common::{
+    attention_backward_reference, attention_reference, causal_mask, random, unit_grad, unmodified, AttentionDims, ScoreMods as Mods,
+};
 use tessera::testing::{gpu_or_skip, rel_error};
 use tessera::{bf16, kernel, Device, Tensor};
 use tessera_kernels::prelude::attention_persistent;
@@ -103,7 +105,7 @@ fn library_modifiers(dev: &Device) {
                 c,
                 opts,
                 scale,
-                &Mods { score: &capped, grad: &capped_grad, visible: vis },
+                &Mods { score: &capped, grad: &capped_grad, visible: vis, dropout: None },
                 &format!("softcap 5 causal={causal_on}"),
                 true,
             );
@@ -118,7 +120,7 @@ fn library_modifiers(dev: &Device) {
                 c,
                 opts,
                 scale,
-                &Mods { score: &alibi, grad: &unit_grad, visible: vis },
+                &Mods { score: &alibi, grad: &unit_grad, visible: vis, dropout: None },
                 &format!("alibi 8 causal={causal_on}"),
                 true,
             );
@@ -127,20 +129,66 @@ fn library_modifiers(dev: &Device) {
         for w in [1usize, 7, 100, 300] {
             let win = move |i: i64, j: i64| j <= i + shift && j > i + shift - w as i64;
             let opts = Attention::new().causal(true).sliding_window(w);
-            check(dev, c, opts, scale, &Mods { score: &unmodified, grad: &unit_grad, visible: &win }, &format!("sliding window {w}"), true);
+            check(
+                dev,
+                c,
+                opts,
+                scale,
+                &Mods { score: &unmodified, grad: &unit_grad, visible: &win, dropout: None },
+                &format!("sliding window {w}"),
+                true,
+            );
         }
         // A prefix every query sees.
         for p in [5usize, 200] {
             let pre = move |i: i64, j: i64| j < p as i64 || j <= i + shift;
             let opts = Attention::new().causal(true).prefix(p);
-            check(dev, c, opts, scale, &Mods { score: &unmodified, grad: &unit_grad, visible: &pre }, &format!("prefix {p}"), true);
+            check(
+                dev,
+                c,
+                opts,
+                scale,
+                &Mods { score: &unmodified, grad: &unit_grad, visible: &pre, dropout: None },
+                &format!("prefix {p}"),
+                true,
+            );
         }
         // Together: a window under soft-capping and ALiBi.
         let w = 150i64;
         let win = move |i: i64, j: i64| j <= i + shift && j > i + shift - w;
         let both = |s: f64, i: i64, j: i64, h: usize| alibi(capped(s, i, j, h), i, j, h);
         let opts = Attention::new().causal(true).sliding_window(w as usize).softcap(cap as f32).alibi(8.0);
-        check(dev, c, opts, scale, &Mods { score: &both, grad: &capped_grad, visible: &win }, "window 150, softcap, alibi", true);
+        check(
+            dev,
+            c,
+            opts,
+            scale,
+            &Mods { score: &both, grad: &capped_grad, visible: &win, dropout: None },
+            "window 150, softcap, alibi",
+            true,
+        );
+        // Dropout, alone (causal and not) and under the others: the forward and both backward
+        // modes against the host's mask, so all three draw the same bits.
+        let (seed, offset): (u64, u32) = (rand::random(), rand::random());
+        for (p, causal_on) in [(0.2f32, false), (0.5, true), (0.1, true)] {
+            let zf = move |bh: usize, i: usize, j: usize| {
+                let t = (p * 256.0).round() / 256.0;
+                if tessera_kernels::attention_dropout_keep(seed, offset, bh, i, j, p) {
+                    1.0 / (1.0 - f64::from(t))
+                } else {
+                    0.0
+                }
+            };
+            let vis = causal_mask(causal_on, shift);
+            let mut opts = Attention::new().causal(causal_on).dropout(p, seed, offset);
+            let mods = if p == 0.1 {
+                opts = opts.sliding_window(w as usize).softcap(cap as f32).alibi(8.0);
+                Mods { score: &both, grad: &capped_grad, visible: &win, dropout: Some(&zf) }
+            } else {
+                Mods { score: &unmodified, grad: &unit_grad, visible: &vis, dropout: Some(&zf) }
+            };
+            check(dev, c, opts, scale, &mods, &format!("dropout {p} causal={causal_on}"), true);
+        }
     }
 }
 
@@ -169,6 +217,7 @@ fn packed_modifiers(dev: &Device) {
         Window(usize),
         Prefix(usize),
         All(usize),
+        Dropout(f32),
     }
     let (lq, lk) = ([70usize, 1, 0, 130, 33], [70usize, 5, 9, 130, 200]);
     let (h, hk) = (2, 1);
@@ -198,7 +247,8 @@ fn packed_modifiers(dev: &Device) {
         let (qt, kt, vt, dot) = (t(&q, &[tq, h, d]), t(&k, &[tk, hk, d]), t(&v, &[tk, hk, d]), t(&dout, &[tq, h, d]));
         let (cqt, ckt) = (Tensor::from_host(dev, &cq, &[cq.len()]).unwrap(), Tensor::from_host(dev, &ck, &[ck.len()]).unwrap());
         let scale = 1.0 / (d as f32).sqrt() * random(1, 0.5, 1.5)[0];
-        for m in [Mod::Softcap, Mod::Alibi, Mod::Window(1), Mod::Window(100), Mod::Prefix(5), Mod::All(50)] {
+        let (seed, offset): (u64, u32) = (rand::random(), rand::random());
+        for m in [Mod::Softcap, Mod::Alibi, Mod::Window(1), Mod::Window(100), Mod::Prefix(5), Mod::All(50), Mod::Dropout(0.3)] {
             let base = Attention::new().causal(true).scale(scale).check_offsets(true);
             let opts = match m {
                 Mod::Softcap => base.softcap(cap as f32),
@@ -206,6 +256,7 @@ fn packed_modifiers(dev: &Device) {
                 Mod::Window(w) => base.sliding_window(w),
                 Mod::Prefix(p) => base.prefix(p),
                 Mod::All(w) => base.sliding_window(w).softcap(cap as f32).alibi(8.0),
+                Mod::Dropout(p) => base.dropout(p, seed, offset),
             };
             let mut o = Tensor::full(dev, &[tq, h, d], bf16::from_f32(f32::NAN)).unwrap();
             let mut lse = Tensor::full(dev, &[h, tq], f32::NAN).unwrap();
@@ -258,7 +309,15 @@ fn packed_modifiers(dev: &Device) {
                     Mod::Prefix(p) => j < p as i64 || j <= i + shift,
                     _ => j <= i + shift,
                 };
-                let mods = Mods { score: &score, grad: &grad, visible: &visible };
+                // Dropout's mask: (batch·head) `bi·h + hh`, queries and keys counted in the sequence.
+                let zf = |bh: usize, i: usize, j: usize| match m {
+                    Mod::Dropout(p) if tessera_kernels::attention_dropout_keep(seed, offset, bi * h + bh, i, j, p) => {
+                        1.0 / (1.0 - f64::from((p * 256.0).round() / 256.0))
+                    }
+                    Mod::Dropout(_) => 0.0,
+                    _ => 1.0,
+                };
+                let mods = Mods { score: &score, grad: &grad, visible: &visible, dropout: Some(&zf) };
                 let c = Case { b: 1, sq: lq[bi], sk: lk[bi], h, hk, d };
                 let (q0, k0) = (cq[bi] as usize, ck[bi] as usize);
                 let (rq, rk) = (q0 * h * d..(q0 + lq[bi]) * h * d, k0 * hk * d..(k0 + lk[bi]) * hk * d);
@@ -331,6 +390,7 @@ pub fn banded_attention(
         |s, qi, kj, _bh| s + (kj - qi) * 0.01,
         |qi, kj, _bh| 40.0 - abs(qi - kj),
         |_bh, q0, rows| (max(q0 - 40, 0), min(q0 + rows + 40, seq_k), q0 + rows - 1 - 40, q0 + 41),
+        |p, _bh, _q0, _k0| p,
     );
 }
 
@@ -341,7 +401,15 @@ fn custom_kernel(dev: &Device) {
         let score = |s: f64, i: i64, j: i64, _: usize| s + 0.01 * f64::from(scale) * (j - i) as f64;
         let band = |i: i64, j: i64| (i - j).abs() <= 40;
         let opts = Attention::new().kernel(banded_attention_bf16::VARIANTS);
-        check(dev, c, opts, scale, &Mods { score: &score, grad: &unit_grad, visible: &band }, "banded kernel of the caller's", false);
+        check(
+            dev,
+            c,
+            opts,
+            scale,
+            &Mods { score: &score, grad: &unit_grad, visible: &band, dropout: None },
+            "banded kernel of the caller's",
+            false,
+        );
     }
     // Its parameters checked by name: a kernel of another signature is refused.
     let bad = Attention::new().kernel(tessera_kernels::kernels::attention_combine_bf16::VARIANTS);
@@ -384,6 +452,10 @@ fn bad_input_attention_modifiers_name_the_option() {
         (Attention::new().softcap(-1.0), "softcap"),
         (Attention::new().softcap(f32::NAN), "softcap"),
         (Attention::new().alibi(0.0), "alibi"),
+        (Attention::new().dropout(1.0, 7, 0), "dropout"),
+        (Attention::new().dropout(-0.25, 7, 0), "dropout"),
+        (Attention::new().dropout(f32::NAN, 7, 0), "dropout"),
+        (Attention::new().dropout(0.1, 7, 0).kernel(banded_attention_bf16::VARIANTS), "kernel"),
     ] {
         let err = run(opts, &mut o);
         assert!(err.contains(name), "{opts:?}: {err}");

@@ -35,8 +35,9 @@ mod softmax;
 mod ssd;
 
 pub use attention::{
-    attention, attention_backward, attention_variants, attention_varlen, attention_varlen_backward, attention_with_lse, check_cu_seqlens,
-    Attention, AttentionElement, AttentionGrads, AttentionKernel, AttentionLayout, ATTENTION_KERNEL_PARAMS,
+    attention, attention_backward, attention_dropout_keep, attention_variants, attention_varlen, attention_varlen_backward,
+    attention_with_lse, check_cu_seqlens, Attention, AttentionElement, AttentionGrads, AttentionKernel, AttentionLayout,
+    ATTENTION_KERNEL_PARAMS,
 };
 pub use elementwise::axpy;
 pub use fp8::{dequantize_fp8, quantize_fp8, Fp8Element, Fp8Source};

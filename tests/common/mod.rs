@@ -52,11 +52,21 @@ pub struct AttentionDims {
 
 /// What attention's scores go through in [`attention_reference`]: `score(s, i, j, h)` on the
 /// scaled score of query `i` and key `j` in head `h`, its derivative `grad(s, i, j, h)` by `s`
-/// (for [`attention_backward_reference`]), and whether key `j` is visible to query `i`.
+/// (for [`attention_backward_reference`]), whether key `j` is visible to query `i`, and
+/// dropout's factor on probability `(i, j)` of (batch·head) `bh` (`dropout(bh, i, j)`: 0 or
+/// `1 / (1 − p)`; `None`, 1).
 pub struct ScoreMods<'a> {
     pub score: &'a dyn Fn(f64, i64, i64, usize) -> f64,
     pub grad: &'a dyn Fn(f64, i64, i64, usize) -> f64,
     pub visible: &'a dyn Fn(i64, i64) -> bool,
+    pub dropout: Option<&'a dyn Fn(usize, usize, usize) -> f64>,
+}
+
+impl ScoreMods<'_> {
+    /// Dropout's factor on probability `(i, j)` of (batch·head) `bh`.
+    pub fn keep(&self, bh: usize, i: usize, j: usize) -> f64 {
+        self.dropout.map_or(1.0, |z| z(bh, i, j))
+    }
 }
 
 /// No score modifier, as [`ScoreMods::score`].
@@ -113,10 +123,12 @@ pub fn attention_reference(
                 for (j, &sj) in s.iter().enumerate() {
                     let p = (sj - mx).exp();
                     sum += p;
-                    if p > 0.0 {
+                    // (Dropped after the softmax: the sum is the undropped one.)
+                    let pz = p * mods.keep(bi * c.h + hi, i, j);
+                    if pz > 0.0 {
                         let vj = at(c.sk, c.hk, bi, j, kh);
                         for x in 0..c.d {
-                            out[x] += p * v[vj + x];
+                            out[x] += pz * v[vj + x];
                         }
                     }
                 }
@@ -130,7 +142,8 @@ pub fn attention_reference(
 
 /// Attention's gradients in float64 from the definition, under `mods` (layouts and heads as
 /// [`attention_reference`]'s): per query row, P = softmax of the modified scores over its
-/// visible keys, `dV += Pᵀ·dO`, `dP = dO·Vᵀ`, `dS = P ∘ (dP − rowsum(dP ∘ P))` taken back
+/// visible keys (Z its dropout factors, 1 without), `dV += (P∘Z)ᵀ·dO`, `dP = Z ∘ (dO·Vᵀ)`,
+/// `dS = P ∘ (dP − rowsum(dP ∘ P))` taken back
 /// through the modifier (`× grad`), `dQ = scale·dS·K`, `dK = scale·dSᵀ·Q`, summed over the query
 /// heads of a key/value group. Returns `(dq, dk, dv)`.
 #[allow(clippy::too_many_arguments)]
@@ -164,7 +177,9 @@ pub fn attention_backward_reference(
                 let e: Vec<f64> = s.iter().map(|x| (x - mx).exp()).collect();
                 let sum: f64 = e.iter().sum();
                 let p: Vec<f64> = e.iter().map(|x| x / sum).collect();
-                let dp: Vec<f64> = (0..c.sk).map(|j| dot(&dout[qi..qi + c.d], &v[at(c.sk, c.hk, bi, j, kh)..][..c.d])).collect();
+                // With dropout O = (P∘Z)·V: dV by P∘Z, and dP reaches P through Z.
+                let z: Vec<f64> = (0..c.sk).map(|j| mods.keep(bi * c.h + hi, i, j)).collect();
+                let dp: Vec<f64> = (0..c.sk).map(|j| z[j] * dot(&dout[qi..qi + c.d], &v[at(c.sk, c.hk, bi, j, kh)..][..c.d])).collect();
                 let rowdot: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
                 for j in 0..c.sk {
                     if p[j] == 0.0 {
@@ -173,7 +188,7 @@ pub fn attention_backward_reference(
                     let kj = at(c.sk, c.hk, bi, j, kh);
                     let ds = p[j] * (dp[j] - rowdot) * (mods.grad)(raw[j], i as i64, j as i64, hi);
                     for x in 0..c.d {
-                        dv[kj + x] += p[j] * dout[qi + x];
+                        dv[kj + x] += p[j] * z[j] * dout[qi + x];
                         dq[qi + x] += scale * ds * k[kj + x];
                         dk[kj + x] += scale * ds * q[qi + x];
                     }

@@ -14,8 +14,8 @@
 //! seq_q]` where rows of queries are read).
 
 use super::kernels::{
-    causal_keys, causal_visible, key_blocks, library_score_grad, library_scores, masked_scores, sequence, window_prefix_keys,
-    window_prefix_queries, window_prefix_visible,
+    causal_keys, causal_visible, key_blocks, library_dropout, library_dropout_t, library_score_grad, library_scores, masked_scores,
+    sequence, window_prefix_keys, window_prefix_queries, window_prefix_visible,
 };
 use super::{arg, dense_sizes, dims, head_origins, varlen_sizes, view3, Attention, AttentionElement, Flavor};
 use crate::prelude::{drain_stages, fill_stages};
@@ -95,7 +95,7 @@ pub fn attention_dq_tile<T, const D: usize, const BN: usize>(
     score_mod: impl Fn(Tile<f32, 64, BN>, Tile<f32, 64, BN>, Tile<f32, 64, BN>, i32) -> Tile<f32, 64, BN>,
     score_grad: impl Fn(Tile<f32, 64, BN>, Tile<f32, 64, BN>, Tile<f32, 64, BN>, Tile<f32, 64, BN>, Tile<f32, 64, BN>, i32) -> Tile<f32, 64, BN>,
     mask_mod: impl Fn(Tile<f32, 64, BN>, Tile<f32, 64, BN>, i32) -> Tile<f32, 64, BN>,
-    key_range: impl Fn(i32, i32, i32) -> (i32, i32, i32, i32),
+    key_range: impl Fn(i32, i32, i32) -> (i32, i32, i32, i32), dropout: impl Fn(Tile<f32, 64, BN>, i32, i32, i32) -> Tile<f32, 64, BN>,
 ) {
     let bh = b * heads + h;
     let kvh = h / group;
@@ -161,7 +161,7 @@ pub fn attention_dq_tile<T, const D: usize, const BN: usize>(
                     bh,
                 );
                 mma_wait(0);
-                mma_sync_kn(dqa, (pg * (dp - d)).cast::<T>(), sk.at(s));
+                mma_sync_kn(dqa, (pg * (dropout(dp, bh, qr, k0) - d)).cast::<T>(), sk.at(s));
                 mma_wait(0);
             }
         });
@@ -195,6 +195,7 @@ pub fn attention_bwd_dq(
         |ds, _s, _x, _qi, _kj, _bh| ds,
         |qi, kj, _bh| causal_visible(qi, kj, shift),
         |_bh, q0, rows| causal_keys(q0, rows, seq_k, shift, causal),
+        |p, _bh, _q0, _k0| p,
     );
 }
 
@@ -205,13 +206,14 @@ pub fn attention_bwd_dq(
 #[kernel(
     warpgroups = 3,
     dtypes(T = [bf16, f16]),
-    tune(D = [128, 64, 192, 256], BN = [64, 48], M = [1, 4, 7], V = [0, 1], only(D <= 192 && BN == 64 || D == 256 && BN == 48)),
+    tune(D = [128, 64, 192, 256], BN = [64, 48], M = [1, 4, 7, 15], V = [0, 1], only(D <= 192 && BN == 64 || D == 256 && BN == 48)),
     targets(sm_90a)
 )]
 pub fn attention_bwd_dq_mods(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 3>, dsum: Global<f32, 3>, dq: Global<T, 3>,
     cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, max_q: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32, causal: i32,
-    scale_log2: f32, scale: f32, cap: f32, max_bias: f32, alibi_scale: f32, window: i32, prefix: i32,
+    scale_log2: f32, scale: f32, cap: f32, max_bias: f32, alibi_scale: f32, window: i32, prefix: i32, drop_seed_lo: i32, drop_seed_hi: i32,
+    drop_offset: i32, drop_p: f32,
 ) {
     let (b, h, q0) = backward_tile(max_q, heads, 128);
     let (q_start, seq_q, k_start, seq_k, lrow) = mods_sequence::<T, V>(q, k, cu_q, cu_k, b, b * heads + h, h);
@@ -223,6 +225,7 @@ pub fn attention_bwd_dq_mods(
         |ds, s, x, _qi, _kj, _bh| library_score_grad::<M, BN>(ds, s, x, cap),
         |qi, kj, _bh| window_prefix_visible(qi, kj, shift, window, prefix),
         |_bh, q0, rows| window_prefix_keys(q0, rows, seq_k, shift, causal, window, prefix),
+        |p, bh, q0, k0| library_dropout::<M, BN>(p, bh, q0, k0, drop_seed_lo, drop_seed_hi, drop_offset, drop_p),
     );
 }
 
@@ -271,7 +274,7 @@ pub fn attention_dkv_tile<T, const D: usize, const BQ: usize>(
     score_mod: impl Fn(Tile<f32, 64, BQ>, Tile<f32, 64, BQ>, Tile<f32, 64, BQ>, i32) -> Tile<f32, 64, BQ>,
     score_grad: impl Fn(Tile<f32, 64, BQ>, Tile<f32, 64, BQ>, Tile<f32, 64, BQ>, Tile<f32, 64, BQ>, Tile<f32, 64, BQ>, i32) -> Tile<f32, 64, BQ>,
     mask_mod: impl Fn(Tile<f32, 64, BQ>, Tile<f32, 64, BQ>, i32) -> Tile<f32, 64, BQ>,
-    query_range: impl Fn(i32, i32) -> (i32, i32, i32, i32),
+    query_range: impl Fn(i32, i32) -> (i32, i32, i32, i32), dropout_t: impl Fn(Tile<f32, 64, BQ>, i32, i32, i32) -> Tile<f32, 64, BQ>,
 ) {
     let (lo, hi, _, _) = query_range(k0, 128);
     let (i0, per_head, total) = dkv_blocks(lo, hi, k0, seq_q, seq_k, group, BQ);
@@ -329,14 +332,14 @@ pub fn attention_dkv_tile<T, const D: usize, const BQ: usize>(
             }
             let pt = exp2(x);
             // dV's MMA and dPᵀ's run together.
-            mma_sync_kn(dva, pt.cast::<T>(), sdo.at(s));
+            mma_sync_kn(dva, dropout_t(pt, bh, kr, q0).cast::<T>(), sdo.at(s));
             // Pᵀ with the modifier's derivative taken in (`score_grad` is linear in what it
             // takes back): Sᵀ's and the modified scores' registers free before dPᵀ's.
             let pg = score_grad(pt, st, xm, qi, kj, bh);
             let mut dpt = Tile::<f32, 64, BQ>::zeros();
             mma_sync(dpt, sv.at(ks).rows(row, 64), sdo.at(s));
             mma_wait(0);
-            let ds = (pg * less_block_rows(dpt, dsum, sdsum, s, varlen, lrow, q_start, q0)).cast::<T>();
+            let ds = (pg * less_block_rows(dropout_t(dpt, bh, kr, q0), dsum, sdsum, s, varlen, lrow, q_start, q0)).cast::<T>();
             mma_sync_kn(dka, ds, sq.at(s));
             if fused == 1 {
                 // The block's dQ = dS·K over all 128 keys: each consumer puts its keys' dSᵀ
@@ -440,7 +443,7 @@ pub fn attention_dkv_wide_tile<T, const D: usize, const BQ: usize, const S: usiz
     score_mod: impl Fn(Tile<f32, 64, BQ>, Tile<f32, 64, BQ>, Tile<f32, 64, BQ>, i32) -> Tile<f32, 64, BQ>,
     score_grad: impl Fn(Tile<f32, 64, BQ>, Tile<f32, 64, BQ>, Tile<f32, 64, BQ>, Tile<f32, 64, BQ>, Tile<f32, 64, BQ>, i32) -> Tile<f32, 64, BQ>,
     mask_mod: impl Fn(Tile<f32, 64, BQ>, Tile<f32, 64, BQ>, i32) -> Tile<f32, 64, BQ>,
-    query_range: impl Fn(i32, i32) -> (i32, i32, i32, i32),
+    query_range: impl Fn(i32, i32) -> (i32, i32, i32, i32), dropout_t: impl Fn(Tile<f32, 64, BQ>, i32, i32, i32) -> Tile<f32, 64, BQ>,
 ) {
     let (lo, hi, full_lo, full_hi) = query_range(k0, 64);
     let (i0, per_head, total) = dkv_blocks(lo, hi, k0, seq_q, seq_k, group, BQ);
@@ -480,7 +483,7 @@ pub fn attention_dkv_wide_tile<T, const D: usize, const BQ: usize, const S: usiz
                 let pt = exp2(transposed_logits(
                     xm, lse, slse, s, varlen, lrow, q_start, q0, k0, seq_q, full_lo, full_hi, bh, scale_log2, mask_mod,
                 ));
-                mma_sync_kn(dva, pt.cast::<T>(), sdo.at(s));
+                mma_sync_kn(dva, dropout_t(pt, bh, k0, q0).cast::<T>(), sdo.at(s));
                 // Pᵀ to the dK consumer, once it has read what this buffer held two blocks ago.
                 if n % 2 == 0 {
                     barrier::sync(3, 2);
@@ -503,11 +506,11 @@ pub fn attention_dkv_wide_tile<T, const D: usize, const BQ: usize, const S: usiz
             barrier::arrive(4, 2);
             let mut dka = Tile::<f32, 64, D>::zeros();
             drain_stages(qpipe, total, |s, n| {
-                let (_, q0, lrow) = query_block(n, per_head, i0, kvh, group, b, heads, varlen, BQ);
+                let (h, q0, lrow) = query_block(n, per_head, i0, kvh, group, b, heads, varlen, BQ);
                 let mut dpt = Tile::<f32, 64, BQ>::zeros();
                 mma_sync(dpt, sv.at(ks), sdo.at(s));
                 mma_wait(0);
-                let dp = less_block_rows(dpt, dsum, sdsum, s, varlen, lrow, q_start, q0);
+                let dp = less_block_rows(dropout_t(dpt, b * heads + h, k0, q0), dsum, sdsum, s, varlen, lrow, q_start, q0);
                 if n % 2 == 0 {
                     barrier::sync(1, 2);
                 } else {
@@ -549,6 +552,7 @@ pub fn attention_bwd_dkv_wide(
         |ds, _s, _x, _qi, _kj, _bh| ds,
         |qi, kj, _bh| causal_visible(qi, kj, shift),
         |k0, rows| window_prefix_queries(k0, rows, seq_q, shift, causal, 1073741824, 0),
+        |pt, _bh, _k0, _q0| pt,
     );
 }
 
@@ -572,40 +576,48 @@ pub fn attention_bwd_dkv(
         |ds, _s, _x, _qi, _kj, _bh| ds,
         |qi, kj, _bh| causal_visible(qi, kj, shift),
         |k0, rows| window_prefix_queries(k0, rows, seq_q, shift, causal, 1073741824, 0),
+        |pt, _bh, _k0, _q0| pt,
     );
 }
 
 /// `attention_bwd_dkv` with the library's modifiers, as `attention_bwd_dq_mods`: query
 /// blocks of `8192 / D`, the walk over [`window_prefix_queries`](crate::prelude::window_prefix_queries)' range.
-#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], M = [1, 4, 7], V = [0, 1]), targets(sm_90a))]
+#[kernel(
+    warpgroups = 3,
+    dtypes(T = [bf16, f16]),
+    tune(D = [128, 64], M = [1, 4, 7, 15], V = [0, 1], BQ = [64, 128], only(BQ * D == 8192)),
+    targets(sm_90a)
+)]
 pub fn attention_bwd_dkv_mods(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 2>, dsum: Global<f32, 2>, dk: Global<T, 3>,
     dv: Global<T, 3>, dq_acc: Global<f32, 3>, cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, max_k: i32, heads: i32, group: i32, q_bm: i32,
     k_bm: i32, hm: i32, cm: i32, causal: i32, fused: i32, scale_log2: f32, scale: f32, cap: f32, max_bias: f32, alibi_scale: f32,
-    window: i32, prefix: i32,
+    window: i32, prefix: i32, drop_seed_lo: i32, drop_seed_hi: i32, drop_offset: i32, drop_p: f32,
 ) {
     let (b, kvh, k0) = backward_tile(max_k, heads / group, 128);
     let (q_start, seq_q, k_start, seq_k, _) = mods_sequence::<T, V>(q, k, cu_q, cu_k, b, 0, 0);
     let shift = seq_k - seq_q;
     #[rustfmt::skip]
-    attention_dkv_tile::<T, D, { 8192 / D }>(
+    attention_dkv_tile::<T, D, BQ>(
         q, k, v, dout, lse, dsum, dk, dv, dq_acc, b, kvh, k0, q_start, seq_q, k_start, seq_k, V, heads, group, q_bm, k_bm, hm, cm,
         fused, scale_log2, scale,
-        |s, qi, kj, bh| library_scores::<M, { 8192 / D }>(s, qi, kj, bh, heads, cap, max_bias, alibi_scale, shift),
-        |ds, s, x, _qi, _kj, _bh| library_score_grad::<M, { 8192 / D }>(ds, s, x, cap),
+        |s, qi, kj, bh| library_scores::<M, BQ>(s, qi, kj, bh, heads, cap, max_bias, alibi_scale, shift),
+        |ds, s, x, _qi, _kj, _bh| library_score_grad::<M, BQ>(ds, s, x, cap),
         |qi, kj, _bh| window_prefix_visible(qi, kj, shift, window, prefix),
         |k0, rows| window_prefix_queries(k0, rows, seq_q, shift, causal, window, prefix),
+        |pt, bh, k0, q0| library_dropout_t::<M, BQ>(pt, bh, k0, q0, drop_seed_lo, drop_seed_hi, drop_offset, drop_p),
     );
 }
 
 /// `attention_bwd_dkv_wide` with the library's modifiers, as `attention_bwd_dkv_mods`: head
 /// dims 192 and 256, [`attention_dkv_wide_tile`](crate::prelude::attention_dkv_wide_tile)'s
 /// 64-key tiles and 64-query blocks.
-#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [192, 256], M = [1, 4, 7], V = [0, 1]), targets(sm_90a))]
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [192, 256], M = [1, 4, 7, 15], V = [0, 1]), targets(sm_90a))]
 pub fn attention_bwd_dkv_wide_mods(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 2>, dsum: Global<f32, 2>, dk: Global<T, 3>,
     dv: Global<T, 3>, cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, max_k: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32,
     cm: i32, causal: i32, scale_log2: f32, scale: f32, cap: f32, max_bias: f32, alibi_scale: f32, window: i32, prefix: i32,
+    drop_seed_lo: i32, drop_seed_hi: i32, drop_offset: i32, drop_p: f32,
 ) {
     let (b, kvh, k0) = backward_tile(max_k, heads / group, 64);
     let (q_start, seq_q, k_start, seq_k, _) = mods_sequence::<T, V>(q, k, cu_q, cu_k, b, 0, 0);
@@ -618,6 +630,7 @@ pub fn attention_bwd_dkv_wide_mods(
         |ds, s, x, _qi, _kj, _bh| library_score_grad::<M, 64>(ds, s, x, cap),
         |qi, kj, _bh| window_prefix_visible(qi, kj, shift, window, prefix),
         |k0, rows| window_prefix_queries(k0, rows, seq_q, shift, causal, window, prefix),
+        |pt, bh, k0, q0| library_dropout_t::<M, 64>(pt, bh, k0, q0, drop_seed_lo, drop_seed_hi, drop_offset, drop_p),
     );
 }
 
@@ -783,7 +796,7 @@ fn run<T: AttentionElement>(
     // The library's modifiers have their walks; a kernel of the caller's has no backward.
     let mods = match opts.flavor(d, ints[9] != 0)? {
         Flavor::Plain => None,
-        Flavor::Mods(m, mods, masks) => Some((m, mods, masks)),
+        Flavor::Mods(mods) => Some(mods),
         Flavor::Custom(_) => {
             return Err(arg(
                 "kernel",
@@ -823,7 +836,7 @@ fn run<T: AttentionElement>(
         ints,
         // Soft-capping alone returns `tanh(s / cap)`: the cap's factor goes with the scale (the
         // scores' factor, not dQ's and dK's).
-        [scale * std::f32::consts::LOG2_E * mods.map_or(1.0, |(m, [cap, ..], _)| if m == 1 { cap } else { 1.0 }), scale],
+        [scale * std::f32::consts::LOG2_E * mods.map_or(1.0, |m| m.cap_factor()), scale],
         mods,
     )?;
     drop((dqv, dkv, dvv));

@@ -169,15 +169,19 @@ pub fn masked_scores<const BN: usize>(
 /// `full_lo..full_hi` seen by all its rows), and `O += P·V` into `acc`. The two consumers take
 /// turns issuing their MMAs (named barriers 0 and 1), so that one's softmax runs beside the
 /// other's MMAs: block j's turn issues its S and block j − 1's P·V. Q's stage `qs` is released
-/// with the last S. `flash_attention` and `flash_attention_varlen` share it.
+/// with the last S. P goes into `P·V` through `dropout(p, bh, row0, k0)` (the warpgroup's
+/// first query `row0` of its sequence, the block's first key `k0`: `|p, _, _, _| p` for none),
+/// after its row sums are taken — the softmax's sum stays the undropped one. `flash_attention`
+/// and `flash_attention_varlen` share it.
 #[tessera::device]
 #[allow(clippy::too_many_arguments)]
 pub fn attend_blocks<T, const D: usize, const BN: usize, const S: usize>(
     acc: &mut Tile<f32, 64, D>, m: &mut Tile<f32, 64, 1>, l: &mut Tile<f32, 64, 1>, p: &mut Tile<T, 64, BN>, sq: Smem<T, 128, D>,
     sk: Smem<T, BN, D>, sv: Smem<T, BN, D>, qpipe: Pipeline<1>, kpipe: Pipeline<S>, vpipe: Pipeline<S>, qs: i32, me: i32, row: i32,
-    j0: i32, n: i32, seq_k: i32, bh: i32, q: i32, full_lo: i32, full_hi: i32, scale_log2: f32,
+    j0: i32, n: i32, seq_k: i32, bh: i32, q: i32, row0: i32, full_lo: i32, full_hi: i32, scale_log2: f32,
     score_mod: impl Fn(Tile<f32, 64, BN>, Tile<f32, 64, BN>, Tile<f32, 64, BN>, i32) -> Tile<f32, 64, BN>,
     mask_mod: impl Fn(Tile<f32, 64, BN>, Tile<f32, 64, BN>, i32) -> Tile<f32, 64, BN>,
+    dropout: impl Fn(Tile<f32, 64, BN>, i32, i32, i32) -> Tile<f32, 64, BN>,
 ) {
     // The first block: S alone.
     let ks = kpipe.wait();
@@ -202,7 +206,7 @@ pub fn attend_blocks<T, const D: usize, const BN: usize, const S: usize>(
     *m = max(*m, row_max(s) * scale_log2);
     let pf = exp2(s * scale_log2 - *m);
     *l = row_sum(pf);
-    *p = pf.cast::<T>();
+    *p = dropout(pf, bh, row0, j0 * BN).cast::<T>();
     // Block j's turn issues its S = Q·Kᵀ and block j − 1's P·V; the softmax of S
     // runs outside the turn, beside that P·V.
     for j in j0 + 1..n {
@@ -232,7 +236,7 @@ pub fn attend_blocks<T, const D: usize, const BN: usize, const S: usize>(
         let pf = exp2(s * scale_log2 - m_new);
         let c = exp2(*m - m_new);
         *l = *l * c + row_sum(pf);
-        *p = pf.cast::<T>();
+        *p = dropout(pf, bh, row0, j * BN).cast::<T>();
         // The P·V must be done before O is rescaled.
         mma_wait(0);
         vpipe.release(vs);
@@ -307,7 +311,7 @@ pub fn attention_persistent<T, const D: usize, const BN: usize, const S: usize>(
     hg: i32, keep_lse: i32, scale_log2: f32, epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
     score_mod: impl Fn(Tile<f32, 64, BN>, Tile<f32, 64, BN>, Tile<f32, 64, BN>, i32) -> Tile<f32, 64, BN>,
     mask_mod: impl Fn(Tile<f32, 64, BN>, Tile<f32, 64, BN>, i32) -> Tile<f32, 64, BN>,
-    key_range: impl Fn(i32, i32, i32) -> (i32, i32, i32, i32),
+    key_range: impl Fn(i32, i32, i32) -> (i32, i32, i32, i32), dropout: impl Fn(Tile<f32, 64, BN>, i32, i32, i32) -> Tile<f32, 64, BN>,
 ) {
     let sq = Smem::<T, 128, D>::ring(1);
     let sk = Smem::<T, BN, D>::ring(S);
@@ -357,7 +361,7 @@ pub fn attention_persistent<T, const D: usize, const BN: usize, const S: usize>(
                 #[rustfmt::skip]
                 attend_blocks(
                     &mut acc, &mut m, &mut l, &mut p, sq, sk, sv, qpipe, kpipe, vpipe, qs, me, row, j0, n, seq_k, bh, q0 + row,
-                    full_lo, full_hi, scale_log2, score_mod, mask_mod,
+                    q0 + row, full_lo, full_hi, scale_log2, score_mod, mask_mod, dropout,
                 );
             }
             if n <= j0 {
@@ -416,6 +420,7 @@ pub fn flash_attention(
         |s, _qi, _kj, _bh| s,
         |qi, kj, _bh| causal_visible(qi, kj, shift),
         |_bh, q0, rows| causal_keys(q0, rows, seq_k, shift, causal),
+        |p, _bh, _q, _k0| p,
     );
 }
 
@@ -493,7 +498,7 @@ pub fn window_prefix_queries(k: i32, rows: i32, seq_q: i32, shift: i32, causal: 
 }
 
 /// The library's score modifiers of variant `M` (knob bits: 1 soft-capping, 2 ALiBi — with
-/// `M` 7 each where its parameter is above 0, switched at run time): [`softcap`] then
+/// `M` 7 and 15, 7 with dropout, each where its parameter is above 0, switched at run time): [`softcap`] then
 /// [`alibi`] on raw scores `s`. `M` 1 (soft-capping alone) returns `tanh(s / cap)`, the cap's
 /// factor folded into the kernel's `scale_log2` by the host. (Conditions of literals alone are
 /// compiled one way: a variant holds no code of the others.)
@@ -507,7 +512,7 @@ pub fn library_scores<const M: usize, const BN: usize>(
     if M == 1 {
         x = tanh(x * (1.0 / cap));
     }
-    if M == 7 {
+    if M >= 7 {
         if cap > 0.0 {
             x = softcap(x, cap);
         }
@@ -520,7 +525,7 @@ pub fn library_scores<const M: usize, const BN: usize>(
 
 /// [`library_scores`]' chain rule for the backward: the gradient `ds` reaching the modified
 /// scores `x` (of raw scores `s`) taken back to `s` — soft-capping's `1 − tanh²(s / cap)`
-/// (from `x` itself with `M` 1, recomputed with `M` 7); ALiBi and masks pass it on.
+/// (from `x` itself with `M` 1, recomputed with `M` 7 and 15); ALiBi and masks pass it on.
 #[tessera::device]
 pub fn library_score_grad<const M: usize, const BN: usize>(
     ds: Tile<f32, 64, BN>, s: Tile<f32, 64, BN>, x: Tile<f32, 64, BN>, cap: f32,
@@ -529,13 +534,50 @@ pub fn library_score_grad<const M: usize, const BN: usize>(
     if M == 1 {
         g = g * (1.0 - x * x);
     }
-    if M == 7 {
+    if M >= 7 {
         if cap > 0.0 {
             let t = tanh(s * (1.0 / cap));
             g = g * (1.0 - t * t);
         }
     }
     g
+}
+
+/// Dropout of attention probabilities `p` (64 queries from `q0` of (batch·head) `bh` by the
+/// keys from `k0`), variant `M` 15 with `drop_p` > 0: element `(i, j)` kept — and scaled by
+/// `1 / (1 − drop_p)` — where [`tessera::random::uniform8`]`(seed, offset, bh, q0 + i, k0 + j)`
+/// is at least `drop_p` (a multiple of 1/256), else 0. [`library_dropout_t`] draws the same
+/// numbers for the transposed block.
+#[tessera::device]
+#[allow(clippy::too_many_arguments)]
+pub fn library_dropout<const M: usize, const BN: usize>(
+    p: Tile<f32, 64, BN>, bh: i32, q0: i32, k0: i32, seed_lo: i32, seed_hi: i32, offset: i32, drop_p: f32,
+) -> Tile<f32, 64, BN> {
+    let mut x = p;
+    if M == 15 {
+        if drop_p > 0.0 {
+            x = (p * (1.0 / (1.0 - drop_p)))
+                .keep_where(Tile::<f32, 64, BN>::uniform8(seed_lo, seed_hi, offset, bh, [q0, k0]) - drop_p, 0.0);
+        }
+    }
+    x
+}
+
+/// [`library_dropout`] of a transposed block `pt` (64 keys from `k0` down, the queries from `q0`
+/// across), as the backward's dK/dV walks hold `Pᵀ` and `dPᵀ`: the same mask, transposed.
+#[tessera::device]
+#[allow(clippy::too_many_arguments)]
+pub fn library_dropout_t<const M: usize, const BQ: usize>(
+    pt: Tile<f32, 64, BQ>, bh: i32, k0: i32, q0: i32, seed_lo: i32, seed_hi: i32, offset: i32, drop_p: f32,
+) -> Tile<f32, 64, BQ> {
+    let mut x = pt;
+    if M == 15 {
+        if drop_p > 0.0 {
+            x = (pt * (1.0 / (1.0 - drop_p)))
+                .keep_where(Tile::<f32, 64, BQ>::uniform8_t(seed_lo, seed_hi, offset, bh, [q0, k0]) - drop_p, 0.0);
+        }
+    }
+    x
 }
 
 /// FlashAttention forward with the library's modifiers: `flash_attention` with [`softcap`]
@@ -548,13 +590,17 @@ pub fn library_score_grad<const M: usize, const BN: usize>(
 #[kernel(
     warpgroups = 3,
     dtypes(T = [bf16, f16]),
-    tune(D = [128, 64, 192, 256], STAGES = [2], BN = [192, 160, 128, 96, 64], M = [1, 4, 7], only(D <= 128 && BN >= 128 || D == 192 && BN == 96 || D == 256 && BN == 64)),
+    tune(
+        D = [128, 64, 192, 256], STAGES = [2], BN = [192, 160, 128, 96, 64], M = [1, 4, 7, 15],
+        only((D <= 128 && BN >= 128 || D == 192 && BN == 96 || D == 256 && BN == 64) && (M != 15 || BN <= 128))
+    ),
     targets(sm_90a)
 )]
 pub fn flash_attention_mods(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, o: Global<T, 3>, lse: Global<f32, 3>, counter: Global<i32, 1>,
     opart: Global<f32, 3>, lpart: Global<f32, 3>, full: i32, parts: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32,
     causal: i32, hg: i32, keep_lse: i32, scale_log2: f32, cap: f32, max_bias: f32, alibi_scale: f32, window: i32, prefix: i32,
+    drop_seed_lo: i32, drop_seed_hi: i32, drop_offset: i32, drop_p: f32,
 ) {
     let seq_k = k.dim(1);
     let shift = seq_k - q.dim(1);
@@ -565,6 +611,7 @@ pub fn flash_attention_mods(
         |s, qi, kj, bh| library_scores::<M, BN>(s, qi, kj, bh, heads, cap, max_bias, alibi_scale, shift),
         |qi, kj, _bh| window_prefix_visible(qi, kj, shift, window, prefix),
         |_bh, q0, rows| window_prefix_keys(q0, rows, seq_k, shift, causal, window, prefix),
+        |p, bh, q0, k0| library_dropout::<M, BN>(p, bh, q0, k0, drop_seed_lo, drop_seed_hi, drop_offset, drop_p),
     );
 }
 
@@ -622,7 +669,7 @@ pub fn attention_varlen_persistent<T, const D: usize, const BN: usize, const S: 
     scale_log2: f32, epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
     score_mod: impl Fn(Tile<f32, 64, BN>, Tile<f32, 64, BN>, Tile<f32, 64, BN>, i32) -> Tile<f32, 64, BN>,
     mask_mod: impl Fn(Tile<f32, 64, BN>, Tile<f32, 64, BN>, i32) -> Tile<f32, 64, BN>,
-    key_range: impl Fn(i32, i32, i32) -> (i32, i32, i32, i32),
+    key_range: impl Fn(i32, i32, i32) -> (i32, i32, i32, i32), dropout: impl Fn(Tile<f32, 64, BN>, i32, i32, i32) -> Tile<f32, 64, BN>,
 ) {
     let sq = Smem::<T, 128, D>::ring(1);
     let sk = Smem::<T, BN, D>::ring(S);
@@ -690,7 +737,7 @@ pub fn attention_varlen_persistent<T, const D: usize, const BN: usize, const S: 
                     #[rustfmt::skip]
                     attend_blocks(
                         &mut acc, &mut m, &mut l, &mut p, sq, sk, sv, qpipe, kpipe, vpipe, qs, me, row, j0, n, len_k, bh, qa + row,
-                        full_lo, full_hi, scale_log2, score_mod, mask_mod,
+                        q0 + row, full_lo, full_hi, scale_log2, score_mod, mask_mod, dropout,
                     );
                 }
                 if n <= j0 {
@@ -768,6 +815,7 @@ pub fn flash_attention_varlen(
         |s, _qi, _kj, _bh| s,
         |qi, kj, _bh| causal_visible(qi, kj, 0),
         |_bh, q0, rows| causal_keys(q0, rows, 1073741824, 0, causal),
+        |p, _bh, _q, _k0| p,
     );
 }
 
@@ -777,13 +825,14 @@ pub fn flash_attention_varlen(
 #[kernel(
     warpgroups = 3,
     dtypes(T = [bf16, f16]),
-    tune(D = [128, 64, 192, 256], STAGES = [2], BN = [128, 96, 64], M = [1, 4, 7], only(D <= 128 && BN == 128 || D == 192 && BN == 96 || D == 256 && BN == 64)),
+    tune(D = [128, 64, 192, 256], STAGES = [2], BN = [128, 96, 64], M = [1, 4, 7, 15], only(D <= 128 && BN == 128 || D == 192 && BN == 96 || D == 256 && BN == 64)),
     targets(sm_90a)
 )]
 pub fn flash_attention_varlen_mods(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, o: Global<T, 3>, lse: Global<f32, 3>, counter: Global<i32, 1>, cu_q: Global<i32, 1>,
     cu_k: Global<i32, 1>, batch: i32, max_q: i32, varlen: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32, causal: i32,
-    hg: i32, scale_log2: f32, cap: f32, max_bias: f32, alibi_scale: f32, window: i32, prefix: i32,
+    hg: i32, scale_log2: f32, cap: f32, max_bias: f32, alibi_scale: f32, window: i32, prefix: i32, drop_seed_lo: i32, drop_seed_hi: i32,
+    drop_offset: i32, drop_p: f32,
 ) {
     #[rustfmt::skip]
     attention_varlen_persistent::<T, D, BN, STAGES>(
@@ -792,5 +841,6 @@ pub fn flash_attention_varlen_mods(
         |s, qi, kj, bh| library_scores::<M, BN>(s, qi, kj, bh, heads, cap, max_bias, alibi_scale, 0),
         |qi, kj, _bh| window_prefix_visible(qi, kj, 0, window, prefix),
         |_bh, q0, rows| window_prefix_keys(q0, rows, 1073741824, 0, causal, window, prefix),
+        |p, bh, q0, k0| library_dropout::<M, BN>(p, bh, q0, k0, drop_seed_lo, drop_seed_hi, drop_offset, drop_p),
     );
 }

@@ -60,6 +60,8 @@ pub struct Attention {
     alibi: Option<f32>,
     window: Option<usize>,
     prefix: Option<usize>,
+    /// Dropout of the probabilities: `(p, seed, offset)`.
+    dropout: Option<(f32, u64, u32)>,
     /// A caller's kernel in place of the library's.
     kernel: Option<AttentionKernel>,
 }
@@ -108,15 +110,42 @@ pub const ATTENTION_KERNEL_PARAMS: [&str; 20] = [
     "scale_log2",
 ];
 
+/// The library's modifiers as their kernels take them.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub struct LibraryMods {
+    /// The variant, knob `M`: the modifiers' bits, 1 soft-capping, 2 ALiBi, 4 window or
+    /// prefix; 7 all of them switched at run time, 15 those and dropout.
+    m: i64,
+    /// `[cap, max_bias, alibi_scale]` (raw units, see `kernels::softcap`).
+    scores: [f32; 3],
+    /// `[window, prefix]`.
+    masks: [i32; 2],
+    /// Dropout's `[seed_lo, seed_hi, offset]` (the seed's words and the offset as `i32` bits).
+    drop: [i32; 3],
+    /// Dropout's probability (a multiple of 1/256; 0: none).
+    drop_p: f32,
+}
+
+impl LibraryMods {
+    /// Soft-capping alone returns `tanh(s / cap)`: the cap's factor, which goes with the scale
+    /// (1 otherwise).
+    fn cap_factor(&self) -> f32 {
+        if self.m == 1 {
+            self.scores[0]
+        } else {
+            1.0
+        }
+    }
+}
+
 /// Which forward kernel a call runs.
 #[derive(Clone, Copy)]
 enum Flavor {
     /// `flash_attention` / `flash_attention_varlen`.
     Plain,
-    /// `flash_attention_mods`'s variants of knob `M` (the modifiers' bits: 1 soft-capping, 2
-    /// ALiBi, 4 window or prefix), with `[cap, max_bias, alibi_scale]` and `[window, prefix]`
-    /// (raw units, see `kernels::softcap`).
-    Mods(i64, [f32; 3], [i32; 2]),
+    /// `flash_attention_mods`'s variants of knob `M`.
+    Mods(LibraryMods),
     /// The caller's.
     Custom(&'static [&'static KernelSpec]),
 }
@@ -207,6 +236,20 @@ impl Attention {
         Attention { prefix: Some(keys), ..self }
     }
 
+    /// Drops each attention probability (an element of `P` after the softmax) with probability
+    /// `p` and scales the kept ones by `1 / (1 − p)`, as in training (FlashAttention's dropout):
+    /// `O = (P ∘ Z / (1 − p))·V`, the log-sum-exp the undropped softmax's. The mask `Z` is
+    /// Philox's: element `(q, k)` of (batch·head) `bh` is kept when
+    /// [`attention_dropout_keep`]`(seed, offset, bh, q, k, p)` — the same bits in the forward and
+    /// in [`attention_backward`] given the same options, on any GPU, in any layout. Use a new
+    /// `offset` (or seed) for each step. `p` is rounded to a multiple of 1/256 (the mask
+    /// compares a byte); 0 turns dropout off; it must be below 1. Runs the modifiers' kernel
+    /// with every modifier switched at run time (variant `M` 15), beside any other modifier;
+    /// not with a kernel of yours.
+    pub fn dropout(self, p: f32, seed: u64, offset: u32) -> Attention {
+        Attention { dropout: Some((p, seed, offset)), ..self }
+    }
+
     /// Runs `kernel` — a kernel of yours whose body calls [`kernels::attention_persistent`]
     /// with your own `score_mod`, `mask_mod` and `key_range` (or epilogue) — in place of the
     /// library's forward: pass its module's `VARIANTS`. Its parameters must be
@@ -224,7 +267,8 @@ impl Attention {
     ///         |x, _, _, _| x,
     ///         |s, qi, kj, _bh| s - abs(qi - kj) * 0.01,           // score_mod
     ///         |qi, kj, _bh| causal_visible(qi, kj, shift),        // mask_mod
-    ///         |_bh, q0, rows| causal_keys(q0, rows, seq_k, shift, causal));
+    ///         |_bh, q0, rows| causal_keys(q0, rows, seq_k, shift, causal), // key_range
+    ///         |p, _bh, _q0, _k0| p);                                 // dropout (none)
     /// }
     /// attention(&dev, &Attention::new().causal(true).kernel(banded_bf16::VARIANTS), &q, &k, &v, &mut o)?;
     /// ```
@@ -242,9 +286,9 @@ impl Attention {
         self.library_mods() || self.kernel.is_some()
     }
 
-    /// Whether any of the library's modifiers is set.
+    /// Whether any of the library's modifiers (dropout among them) is set.
     fn library_mods(&self) -> bool {
-        self.softcap.is_some() || self.alibi.is_some() || self.window.is_some() || self.prefix.is_some()
+        self.softcap.is_some() || self.alibi.is_some() || self.window.is_some() || self.prefix.is_some() || self.dropout.is_some()
     }
 
     /// The forward kernel this call runs at `head_dim`, its modifiers checked.
@@ -286,11 +330,46 @@ impl Attention {
             None => 1 << 30,
         };
         let prefix = i32::try_from(self.prefix.unwrap_or(0)).unwrap_or(i32::MAX);
-        // The variant of just these modifiers, where there is one; else the one of all.
+        let (drop_p, drop) = match self.dropout {
+            Some((p, seed, offset)) => ([dropout_threshold(p)?], [seed as u32 as i32, (seed >> 32) as u32 as i32, offset as i32]),
+            None => ([0.0], [0; 3]),
+        };
+        let [drop_p] = drop_p;
+        // The variant of just these modifiers, where there is one; else the one of all (the
+        // only one with dropout).
         let bits = i64::from(cap > 0.0) | i64::from(alibi > 0.0) << 1 | i64::from(self.window.is_some() || self.prefix.is_some()) << 2;
-        let m = if [1, 4].contains(&bits) { bits } else { 7 };
-        Ok(Flavor::Mods(m, [cap, alibi, 1.0 / scale], [window, prefix]))
+        let m = if drop_p > 0.0 {
+            15
+        } else if [1, 4].contains(&bits) {
+            bits
+        } else {
+            7
+        };
+        Ok(Flavor::Mods(LibraryMods { m, scores: [cap, alibi, 1.0 / scale], masks: [window, prefix], drop, drop_p }))
     }
+}
+
+/// Dropout's `p` as the kernels compare it: rounded to a multiple of 1/256.
+fn dropout_threshold(p: f32) -> Result<f32> {
+    let t = (p * 256.0).round();
+    if !(0.0..256.0).contains(&t) {
+        return Err(arg(
+            "dropout",
+            "a probability p with 0 ≤ p < 1 (rounded to a multiple of 1/256, below 255.5/256)".into(),
+            format!("{p}"),
+        ));
+    }
+    Ok(t / 256.0)
+}
+
+/// Whether [`Attention::dropout`]`(p, seed, offset)` keeps the probability of query `q` and key
+/// `k` of (batch·head) `bh` (`bh = batch · heads + head`; `q` and `k` counted within the
+/// sequence, packed sequences included): [`tessera::random::uniform8`]`(seed, offset, bh, q, k)`
+/// at least `p` rounded to a multiple of 1/256. The host's copy of the mask, for references
+/// and for reproducing a step outside the kernels.
+pub fn attention_dropout_keep(seed: u64, offset: u32, bh: usize, q: usize, k: usize, p: f32) -> bool {
+    let t = (p * 256.0).round() / 256.0;
+    tessera::random::uniform8(seed, offset, bh as u32, q as u32, k as u32) >= t
 }
 
 /// Checks packed-sequence offsets as [`attention_varlen`] reads them: each of `cu_seqlens_q`
@@ -376,16 +455,15 @@ pub trait AttentionElement: Element + sealed::Sealed {
     fn backward(
         d: &Device, head_dim: usize, grids: [usize; 4], qkv_do_o: [&TensorView<Self>; 5], lse: &TensorView<f32>,
         stats: [&mut Tensor<f32>; 2], cols: usize, dq_acc: Option<&mut Tensor<f32>>, grads: [&mut TensorViewMut<Self>; 3],
-        cu: [&Optional<Tensor<i32>>; 2], ints: [i32; 10], scales: [f32; 2], mods: Option<(i64, [f32; 3], [i32; 2])>,
+        cu: [&Optional<Tensor<i32>>; 2], ints: [i32; 10], scales: [f32; 2], mods: Option<LibraryMods>,
     ) -> Result<()>;
     /// The dense forward with the library's modifiers (`flash_attention_mods`, variant `i`):
-    /// `ints` as [`AttentionElement::forward`]'s, `mods` `[cap, alibi, alibi_scale]` and
-    /// `masks` `[window, prefix]`.
+    /// `ints` as [`AttentionElement::forward`]'s.
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     fn forward_mods(
         d: &Device, g: Grid, variant: usize, t: [&TensorView<Self>; 3], o: &mut TensorViewMut<Self>, lse: &mut TensorViewMut<f32>,
-        cu: [&Optional<Tensor<i32>>; 2], split: Split<'_>, ints: [i32; 12], scale_log2: f32, mods: [f32; 3], masks: [i32; 2],
+        cu: [&Optional<Tensor<i32>>; 2], split: Split<'_>, ints: [i32; 12], scale_log2: f32, mods: LibraryMods,
     ) -> Result<()>;
     /// Puts the split tiles back together: `attention_combine`, its variant of head dim `d`.
     #[doc(hidden)]
@@ -417,7 +495,7 @@ macro_rules! attention_element {
                 [dsum, lse_log2]: [&mut Tensor<f32>; 2], cols: usize, dq_acc: Option<&mut Tensor<f32>>,
                 [dq, dk, dv]: [&mut TensorViewMut<Self>; 3], [cu_q, cu_k]: [&Optional<Tensor<i32>>; 2],
                 [heads, group, q_bm, k_bm, hm, cm, causal, max_q, max_k, varlen]: [i32; 10], [scale_log2, scale]: [f32; 2],
-                mods: Option<(i64, [f32; 3], [i32; 2])>,
+                mods: Option<LibraryMods>,
             ) -> Result<()> {
                 let pick = |all: &[&KernelSpec]| {
                     (0..all.len())
@@ -469,11 +547,13 @@ macro_rules! attention_element {
                                 pick_dq($dq::VARIANTS)?, d, Grid::from(bq as u32), q, k, v, dout, &lse3, &dsum3, dq, cu_q, cu_k, max_q,
                                 varlen, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2, scale,
                             )?,
-                            Some((m, [cap, max_bias, alibi_scale], [window, prefix])) => $dq_mods::launch_variant(
-                                pick_mods($dq_mods::VARIANTS, m)?, d, Grid::from(bq as u32), q, k, v, dout, &lse3, &dsum3, dq, cu_q,
-                                cu_k, max_q, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2, scale, cap, max_bias, alibi_scale,
-                                window, prefix,
-                            )?,
+                            Some(LibraryMods { m, scores: [cap, max_bias, alibi_scale], masks: [window, prefix], drop: [s0, s1, off], drop_p }) => {
+                                $dq_mods::launch_variant(
+                                    pick_mods($dq_mods::VARIANTS, m)?, d, Grid::from(bq as u32), q, k, v, dout, &lse3, &dsum3, dq, cu_q,
+                                    cu_k, max_q, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2, scale, cap, max_bias, alibi_scale,
+                                    window, prefix, s0, s1, off, drop_p,
+                                )?
+                            }
                         }
                         stand_in = Tensor::<f32>::scratch(d, &[1, 64, head_dim])?;
                         &mut stand_in
@@ -489,16 +569,22 @@ macro_rules! attention_element {
                         pick_dkv($dkv::VARIANTS)?, d, Grid::from(bk as u32), q, k, v, dout, &lse2, &dsum2, dk, dv, acc, cu_q, cu_k, max_k,
                         varlen, heads, group, q_bm, k_bm, hm, cm, causal, fused, scale_log2, scale,
                     )?,
-                    Some((m, [cap, max_bias, alibi_scale], [window, prefix])) if head_dim > 128 => $dkv_wide_mods::launch_variant(
-                        pick_mods($dkv_wide_mods::VARIANTS, m)?, d, Grid::from(bk64 as u32), q, k, v, dout, &lse2, &dsum2, dk, dv, cu_q,
-                        cu_k, max_k, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2, scale, cap, max_bias, alibi_scale, window,
-                        prefix,
-                    )?,
-                    Some((m, [cap, max_bias, alibi_scale], [window, prefix])) => $dkv_mods::launch_variant(
-                        pick_mods($dkv_mods::VARIANTS, m)?, d, Grid::from(bk as u32), q, k, v, dout, &lse2, &dsum2, dk, dv, acc, cu_q,
-                        cu_k, max_k, heads, group, q_bm, k_bm, hm, cm, causal, fused, scale_log2, scale, cap, max_bias, alibi_scale,
-                        window, prefix,
-                    )?,
+                    Some(LibraryMods { m, scores: [cap, max_bias, alibi_scale], masks: [window, prefix], drop: [s0, s1, off], drop_p })
+                        if head_dim > 128 =>
+                    {
+                        $dkv_wide_mods::launch_variant(
+                            pick_mods($dkv_wide_mods::VARIANTS, m)?, d, Grid::from(bk64 as u32), q, k, v, dout, &lse2, &dsum2, dk, dv, cu_q,
+                            cu_k, max_k, heads, group, q_bm, k_bm, hm, cm, causal, scale_log2, scale, cap, max_bias, alibi_scale, window,
+                            prefix, s0, s1, off, drop_p,
+                        )?
+                    }
+                    Some(LibraryMods { m, scores: [cap, max_bias, alibi_scale], masks: [window, prefix], drop: [s0, s1, off], drop_p }) => {
+                        $dkv_mods::launch_variant(
+                            pick_mods($dkv_mods::VARIANTS, m)?, d, Grid::from(bk as u32), q, k, v, dout, &lse2, &dsum2, dk, dv, acc, cu_q,
+                            cu_k, max_k, heads, group, q_bm, k_bm, hm, cm, causal, fused, scale_log2, scale, cap, max_bias, alibi_scale,
+                            window, prefix, s0, s1, off, drop_p,
+                        )?
+                    }
                 }
                 if fused == 1 {
                     $dq_out::launch_variant(pick($dq_out::VARIANTS)?, d, Grid::from(bd as u32), acc, dq, heads, q_bm, hm, cm, scale)?;
@@ -545,18 +631,18 @@ macro_rules! attention_element {
                 lse: &mut TensorViewMut<f32>, [cu_q, cu_k]: [&Optional<Tensor<i32>>; 2],
                 Split { full, parts, out: [mut op, mut lp] }: Split<'_>,
                 [batch, max_q, varlen, heads, group, q_bm, k_bm, hm, cm, causal, hg, keep_lse]: [i32; 12], scale_log2: f32,
-                [cap, max_bias, alibi_scale]: [f32; 3], [window, prefix]: [i32; 2],
+                LibraryMods { scores: [cap, max_bias, alibi_scale], masks: [window, prefix], drop: [s0, s1, off], drop_p, .. }: LibraryMods,
             ) -> Result<()> {
                 let mut c = d.tile_counter()?;
                 if varlen != 0 {
                     return $varlen_mods::launch_variant(
                         i, d, g, q, k, v, o, lse, &mut c, cu_q, cu_k, batch, max_q, varlen, heads, group, q_bm, k_bm, hm, cm, causal, hg,
-                        scale_log2, cap, max_bias, alibi_scale, window, prefix,
+                        scale_log2, cap, max_bias, alibi_scale, window, prefix, s0, s1, off, drop_p,
                     );
                 }
                 $mods::launch_variant(
                     i, d, g, q, k, v, o, lse, &mut c, &mut op, &mut lp, full, parts, heads, group, q_bm, k_bm, hm, cm, causal, hg,
-                    keep_lse, scale_log2, cap, max_bias, alibi_scale, window, prefix,
+                    keep_lse, scale_log2, cap, max_bias, alibi_scale, window, prefix, s0, s1, off, drop_p,
                 )
             }
             fn combine(
@@ -811,7 +897,7 @@ fn launch<T: AttentionElement>(
     let ids: Vec<usize> = (0..all.len())
         .filter(|&i| of_head_dim(all[i], d))
         .filter(|&i| match flavor {
-            Flavor::Mods(m, ..) => all[i].knob("M") == Some(m),
+            Flavor::Mods(LibraryMods { m, .. }) => all[i].knob("M") == Some(m),
             _ => true,
         })
         .collect();
@@ -863,10 +949,8 @@ fn launch<T: AttentionElement>(
         let split = Split { full: full as i32, parts: parts as i32, out: split_out };
         match flavor {
             Flavor::Plain => T::forward(device, grid.into(), ids[i], qkv, o, lse, cu, split, ints, scale_log2)?,
-            Flavor::Mods(m, mods, masks) => {
-                // Soft-capping alone returns `tanh(s / cap)`: the cap's factor goes with the scale.
-                let scale_log2 = if m == 1 { scale_log2 * mods[0] } else { scale_log2 };
-                T::forward_mods(device, grid.into(), ids[i], qkv, o, lse, cu, split, ints, scale_log2, mods, masks)?
+            Flavor::Mods(mods) => {
+                T::forward_mods(device, grid.into(), ids[i], qkv, o, lse, cu, split, ints, scale_log2 * mods.cap_factor(), mods)?
             }
             Flavor::Custom(k) => launch_custom(k[ids[i]], device, grid.into(), qkv, o, lse, ints, scale_log2)?,
         }
