@@ -19,7 +19,8 @@
 //! and `deterministic(true)`, in turn). `TESSERA_BENCH_ATTENTION=mods` times the score and
 //! mask modifiers beside the plain kernel in alternating rounds, forward and backward:
 //! soft-capping and ALiBi against the same mask without them, and a 1024-key sliding window
-//! against the plain causal kernel, both counted over the blocks each computes.
+//! against the plain causal kernel, both counted over the blocks each computes, and dropout
+//! (0.1) against none (`TESSERA_BENCH_MODS=dropout` runs only the modifiers so named).
 //! `TESSERA_BENCH_ATTENTION=wide` times head dims 192 and 256 beside cuDNN, then head dim
 //! 192's variants; `backward_wide` their backward (at these head dims both modes run the
 //! same kernels: dQ takes its own walk). `TESSERA_BENCH_ATTENTION=varlen` times each variant of the packed kernel at head dim 128
@@ -330,6 +331,8 @@ fn backward(dev: &Device, wide: bool) {
 /// 128 keys × `8192 / d` queries, FLOPs 2.5× the forward's).
 fn modifiers(dev: &Device) {
     let mut rng = Uniform::new();
+    // `TESSERA_BENCH_MODS=dropout` times only the modifiers whose name contains it.
+    let only = std::env::var("TESSERA_BENCH_MODS").unwrap_or_default();
     let mut rows = Vec::new();
     for d in [128, 64] {
         for s in [4096, 16384] {
@@ -363,7 +366,13 @@ fn modifiers(dev: &Device) {
                 // The window's kernel on the plain causal mask's work (a prefix of one key).
                 ("prefix 1 (no-op)", base.causal(true), base.causal(true).prefix(1), None),
                 ("window 1024", base.causal(true), base.causal(true).sliding_window(window), Some(flops)),
+                // Dropout (variant M 15, a Philox call per 16 probabilities) against none.
+                ("dropout 0.1", base, base.dropout(0.1, 0x5eed, 1), None),
+                ("dropout 0.1 causal", base.causal(true), base.causal(true).dropout(0.1, 0x5eed, 1), None),
             ] {
+                if !only.is_empty() && !what.contains(only.as_str()) {
+                    continue;
+                }
                 let (mut tp, mut tm, mut bp, mut bm) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
                 for _ in 0..5 {
                     for (opts, times, bwd_times) in [(&plain, &mut tp, &mut bp), (&modified, &mut tm, &mut bm)] {
