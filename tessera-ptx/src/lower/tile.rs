@@ -526,53 +526,99 @@ impl Lowerer<'_> {
             self.op("add.u32", vec![R(hr), R(row), R(tr)]);
             self.op("add.u32", vec![R(hc), R(col), R(tc)]);
             let (rb, cb) = (self.quad_key(hr), self.quad_key(hc));
-            // The lane's row parity picks the word (or, transposed, the byte).
+            // The lane's row parity picks the word (or, transposed, the byte). Lanes l and l ^ 4
+            // (rows g and g ^ 1) hold the two halves of each block.
             let odd = self.reg(RegClass::Pred, "odd");
             let bit = self.reg(RegClass::B32, "odd");
             self.op("and.b32", vec![R(bit), R(lr.row), Imm(1)]);
             self.op("setp.ne.u32", vec![R(odd), R(bit), Imm(0)]);
-            let shift = [0, 16].map(|base| {
-                let sh = self.reg(RegClass::B32, "sh");
-                self.op("shl.b32", vec![R(sh), R(bit), Imm(3)]);
-                self.op("add.u32", vec![R(sh), R(sh), Imm(base)]);
-                sh
+            let odd4 = self.reg(RegClass::B32, "odd");
+            self.op("shl.b32", vec![R(odd4), R(bit), Imm(2)]);
+            // Transposed, a lane keeps bytes of its parity of every word, packed two words to a
+            // register: bytes {0, 2} (even) or {1, 3} (odd) of words 2m and 2m + 1.
+            let sel = [(0x6420, 0x7531), (0x7531, 0x6420)].map(|(even, odd_sel)| {
+                let r = self.reg(RegClass::B32, "sel");
+                self.op("selp.b32", vec![R(r), Imm(odd_sel), Imm(even), R(odd)]);
+                r
             });
-            for (i, s) in slots.iter().enumerate() {
-                if regs[i].is_some() {
-                    continue;
+            let (own_sel, other_sel) = (sel[0], sel[1]);
+            // A group's two registers, from which each element's byte is at a place known here:
+            // normal, the words of rows g and g + 8 (byte: the column's index); transposed, the
+            // packed words (word 2m + w, half h: register m, byte 2w + h).
+            let keep = |lw: &mut Self, words: [Reg; 4]| -> [Reg; 2] {
+                [0, 2].map(|w| {
+                    let x = lw.reg(RegClass::B32, "word");
+                    if transposed {
+                        lw.op("prmt.b32", vec![R(x), R(words[w]), R(words[w + 1]), R(own_sel)]);
+                    } else {
+                        lw.op("selp.b32", vec![R(x), R(words[w + 1]), R(words[w]), R(odd)]);
+                    }
+                    x
+                })
+            };
+            let mut groups: Vec<(u32, u32)> = Vec::new();
+            for s in &slots {
+                let g = (s.dr & !8, s.dc & !15);
+                if !groups.contains(&g) {
+                    groups.push(g);
                 }
-                // The group: rows dr, dr + 8 and columns of this 16.
-                let (gr, gc) = (s.dr & !8, s.dc & !15);
+            }
+            let mut held: Vec<((u32, u32), [Reg; 2])> = Vec::new();
+            let mut gi = 0;
+            while gi < groups.len() {
+                let (gr, gc) = groups[gi];
                 let (er, ec) = if transposed { (gc, gr) } else { (gr, gc) };
                 let (c0, c1) = (self.reg(RegClass::B32, "ctr"), self.reg(RegClass::B32, "ctr"));
                 // quad_key(x + 16k) = quad_key(x) + 4k.
                 self.op("add.u32", vec![R(c0), R(cb), Imm(i64::from(ec / 4))]);
                 self.op("add.u32", vec![R(c1), R(rb), Imm(i64::from(er / 4))]);
-                let words = self.philox4([c0, c1, offset, stream], [k0, k1]);
-                let picked = if transposed {
-                    None
-                } else {
-                    // Rows g (words 0, 1) and g + 8 (2, 3): the parity picks one of each pair.
-                    Some([0, 2].map(|w| {
-                        let x = self.reg(RegClass::B32, "word");
-                        self.op("selp.b32", vec![R(x), R(words[w + 1]), R(words[w]), R(odd)]);
-                        x
-                    }))
-                };
-                for (j, o) in slots.iter().enumerate() {
-                    if o.dr & !8 != gr || o.dc & !15 != gc {
-                        continue;
-                    }
-                    // The register's index along the 16 columns (bit 0 and bit 3) and its row half.
-                    let col_ix = (o.dc & 1) | ((o.dc >> 2) & 2);
-                    let half = usize::from(o.dr & 8 != 0);
-                    let byte = self.reg(RegClass::B32, "byte");
-                    match picked {
-                        Some(p) => self.op("bfe.u32", vec![R(byte), R(p[half]), Imm(i64::from(8 * col_ix)), Imm(8)]),
-                        None => self.op("bfe.u32", vec![R(byte), R(words[col_ix as usize]), R(shift[half]), Imm(8)]),
-                    }
-                    regs[j] = Some(self.byte_float(byte));
+                let paired = groups.get(gi + 1) == Some(&(gr, gc + 16));
+                if !paired {
+                    let words = self.philox4([c0, c1, offset, stream], [k0, k1]);
+                    let k = keep(self, words);
+                    held.push(((gr, gc), k));
+                    gi += 1;
+                    continue;
                 }
+                // Two groups 16 columns apart: the even lane draws the first's block, the odd
+                // lane the second's, and each hands its partner the half it holds.
+                let next = if transposed { c1 } else { c0 };
+                self.op("add.u32", vec![R(next), R(next), R(odd4)]);
+                let words = self.philox4([c0, c1, offset, stream], [k0, k1]);
+                let mine = keep(self, words);
+                let got = [0, 2].map(|w| {
+                    let (send, recv) = (self.reg(RegClass::B32, "send"), self.reg(RegClass::B32, "recv"));
+                    if transposed {
+                        self.op("prmt.b32", vec![R(send), R(words[w]), R(words[w + 1]), R(other_sel)]);
+                    } else {
+                        self.op("selp.b32", vec![R(send), R(words[w]), R(words[w + 1]), R(odd)]);
+                    }
+                    self.op("shfl.sync.bfly.b32", vec![R(recv), R(send), Imm(4), Imm(31), Imm(-1)]);
+                    recv
+                });
+                let (first, second) = ([(); 2].map(|_| self.reg(RegClass::B32, "word")), [(); 2].map(|_| self.reg(RegClass::B32, "word")));
+                for h in 0..2 {
+                    self.op("selp.b32", vec![R(first[h]), R(got[h]), R(mine[h]), R(odd)]);
+                    self.op("selp.b32", vec![R(second[h]), R(mine[h]), R(got[h]), R(odd)]);
+                }
+                held.push(((gr, gc), first));
+                held.push(((gr, gc + 16), second));
+                gi += 2;
+            }
+            for (j, o) in slots.iter().enumerate() {
+                let g = (o.dr & !8, o.dc & !15);
+                let Some(&(_, x)) = held.iter().find(|(k, _)| *k == g) else { unreachable!("every group drew its block") };
+                // The register's index along the 16 columns (bit 0 and bit 3) and its row half.
+                let col_ix = (o.dc & 1) | ((o.dc >> 2) & 2);
+                let half = o.dr & 8 != 0;
+                let (reg, pos) = if transposed {
+                    (x[(col_ix >> 1) as usize], 8 * (2 * (col_ix & 1) + u32::from(half)))
+                } else {
+                    (x[usize::from(half)], 8 * col_ix)
+                };
+                let byte = self.reg(RegClass::B32, "byte");
+                self.op("bfe.u32", vec![R(byte), R(reg), Imm(i64::from(pos)), Imm(8)]);
+                regs[j] = Some(self.byte_float(byte));
             }
         } else {
             for (i, s) in slots.iter().enumerate() {
