@@ -1,5 +1,7 @@
-//! A causal attention layer's training step: the forward keeps its log-sum-exp, a loss
-//! `L = Σ O ∘ W` (W random, so `∂L/∂O = W`) is differentiated by `attention_backward`, and each
+//! A causal attention layer's training step with dropout (0.1 of the probabilities, Philox's
+//! mask from a seed and the step's offset): the forward keeps its log-sum-exp, a loss
+//! `L = Σ O ∘ W` (W random, so `∂L/∂O = W`) is differentiated by `attention_backward` (the same
+//! mask, drawn again from the seed), and each
 //! gradient is checked against central differences of a float64 forward on the host, taken
 //! along the gradient itself (`(L(x + εg) − L(x − εg)) / 2ε` against `Σ g²`). On the GPU it then
 //! times forward + backward at a training shape in both backward modes.
@@ -9,7 +11,10 @@
 
 use tessera::testing::{time_ms, Uniform};
 use tessera::{bf16, Device, Tensor};
-use tessera_kernels::{attention_backward, attention_with_lse, Attention};
+use tessera_kernels::{attention_backward, attention_dropout_keep, attention_with_lse, Attention};
+
+/// The dropout: probability, Philox seed, this step's offset.
+const DROPOUT: (f32, u64, u32) = (0.1, 0x5eed_cafe, 17);
 
 /// Batch, sequence, query heads, key/value heads, head dim; `[batch, seq, heads, dim]`.
 #[derive(Clone, Copy)]
@@ -21,7 +26,9 @@ struct Shape {
     d: usize,
 }
 
-/// `Σ O ∘ W` of causal attention in float64 (scale `1/√d`, key/value head `h / group`).
+/// `Σ O ∘ W` of causal attention in float64 (scale `1/√d`, key/value head `h / group`), each
+/// probability kept or dropped as the kernels' mask says (`attention_dropout_keep`) and the
+/// kept ones scaled by `1 / (1 − p)`.
 fn loss(c: Shape, q: &[f64], k: &[f64], v: &[f64], w: &[f64]) -> f64 {
     let (group, scale) = (c.h / c.hk, 1.0 / (c.d as f64).sqrt());
     let at = |heads: usize, bi: usize, si: usize, hi: usize| ((bi * c.s + si) * heads + hi) * c.d;
@@ -35,8 +42,12 @@ fn loss(c: Shape, q: &[f64], k: &[f64], v: &[f64], w: &[f64]) -> f64 {
                 let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
                 let sum: f64 = e.iter().sum();
+                let (p, seed, offset) = DROPOUT;
+                let z: Vec<f64> = (0..=i)
+                    .map(|j| if attention_dropout_keep(seed, offset, bi * c.h + hi, i, j, p) { 1.0 / (1.0 - f64::from(p)) } else { 0.0 })
+                    .collect();
                 for x in 0..c.d {
-                    let o: f64 = (0..=i).map(|j| e[j] * v[kv(j) + x]).sum::<f64>() / sum;
+                    let o: f64 = (0..=i).map(|j| e[j] * z[j] * v[kv(j) + x]).sum::<f64>() / sum;
                     total += o * w[qi + x];
                 }
             }
@@ -59,12 +70,22 @@ fn main() -> tessera::Result<()> {
         Tensor::from_host(&dev, &x, shape).map(|t| (t, wide))
     };
     let ((q, qw), (k, kw), (v, vw), (w, ww)) = (input(&qs, 2.0)?, input(&ks, 2.0)?, input(&ks, 1.0)?, input(&qs, 1.0)?);
-    let opts = Attention::new().causal(true);
+    let (p, seed, offset) = DROPOUT;
+    let opts = Attention::new().causal(true).dropout(p, seed, offset);
     let mut o = Tensor::<bf16>::zeros(&dev, &qs)?;
     let mut lse = Tensor::<f32>::zeros(&dev, &[c.b, c.h, c.s])?;
     attention_with_lse(&dev, &opts, &q, &k, &v, &mut o, &mut lse)?;
     let grads = attention_backward(&dev, &opts, &q, &k, &v, &o, &lse, &w)?;
-    println!("causal attention b{} s{} h{}/{} d{} on {}: L = {:.4}", c.b, c.s, c.h, c.hk, c.d, dev.name(), loss(c, &qw, &kw, &vw, &ww));
+    println!(
+        "causal attention, dropout {p}, b{} s{} h{}/{} d{} on {}: L = {:.4}",
+        c.b,
+        c.s,
+        c.h,
+        c.hk,
+        c.d,
+        dev.name(),
+        loss(c, &qw, &kw, &vw, &ww)
+    );
     let mut worst: f64 = 0.0;
     for (name, g) in [("dq", &grads.dq), ("dk", &grads.dk), ("dv", &grads.dv)] {
         let g: Vec<f64> = g.to_host()?.iter().map(|x| x.to_f64()).collect();
@@ -107,7 +128,7 @@ fn main() -> tessera::Result<()> {
             };
             let ms = time_ms(&dev, 3, 10, &mut step)?;
             println!(
-                "  b{b} h{h} s{s} d{d} causal, deterministic={det}: forward + backward {ms:.2} ms, {:.0} TFLOP/s",
+                "  b{b} h{h} s{s} d{d} causal, dropout {p}, deterministic={det}: forward + backward {ms:.2} ms, {:.0} TFLOP/s",
                 flop * 3.5 / ms * 1e-9
             );
         }
