@@ -21,8 +21,8 @@ use tessera::device;
 
 pub use crate::attention::kernels::{
     alibi, attend_blocks, attention_persistent, attention_varlen_persistent, causal_keys, causal_visible, key_blocks, library_dropout,
-    library_dropout_t, library_score_grad, library_scores, masked_scores, modified_scores, softcap, window_prefix_keys,
-    window_prefix_queries, window_prefix_visible,
+    library_score_grad, library_scores, masked_scores, modified_scores, softcap, window_prefix_keys, window_prefix_queries,
+    window_prefix_visible,
 };
 pub use crate::attention::{attention_dkv_tile, attention_dkv_wide_tile, attention_dq_tile};
 pub use crate::linear_attention::{feature_map, feature_map_grad};

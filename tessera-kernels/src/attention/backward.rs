@@ -14,8 +14,8 @@
 //! seq_q]` where rows of queries are read).
 
 use super::kernels::{
-    causal_keys, causal_visible, key_blocks, library_dropout, library_dropout_t, library_score_grad, library_scores, masked_scores,
-    sequence, window_prefix_keys, window_prefix_queries, window_prefix_visible,
+    causal_keys, causal_visible, key_blocks, library_dropout, library_score_grad, library_scores, masked_scores, sequence,
+    window_prefix_keys, window_prefix_queries, window_prefix_visible,
 };
 use super::{arg, dense_sizes, dims, head_origins, varlen_sizes, view3, Attention, AttentionElement, Flavor};
 use crate::prelude::{drain_stages, fill_stages};
@@ -84,8 +84,9 @@ fn backward_tile(max_len: i32, heads: i32, rows: i32) -> (i32, i32, i32) {
 /// its `mask_mod`), take `dS = P∘(dP − D)` back to the raw scores through
 /// `score_grad(g, s, x, qi, kj, bh)` (raw scores `s`, modified `x`: `g·∂x/∂s`, linear in `g` as
 /// an elementwise modifier's chain rule is, so it is applied to P before dP is there) and add
-/// `dS·K` into dQ in registers, stored once (`× scale`). `attention_bwd_dq` is it with the
-/// causal mask.
+/// `dS·K` into dQ in registers, stored once (`× scale`). With the forward's dropout,
+/// `dropout(dp, bh, q0, k0)` masks and scales dP as the forward did P (`|p, _, _, _| p` for
+/// none). `attention_bwd_dq` is it with the causal mask.
 #[device]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_dq_tile<T, const D: usize, const BN: usize>(
@@ -225,7 +226,7 @@ pub fn attention_bwd_dq_mods(
         |ds, s, x, _qi, _kj, _bh| library_score_grad::<M, BN>(ds, s, x, cap),
         |qi, kj, _bh| window_prefix_visible(qi, kj, shift, window, prefix),
         |_bh, q0, rows| window_prefix_keys(q0, rows, seq_k, shift, causal, window, prefix),
-        |p, bh, q0, k0| library_dropout::<M, BN>(p, bh, q0, k0, drop_seed_lo, drop_seed_hi, drop_offset, drop_p),
+        |p, bh, q0, k0| library_dropout::<M, BN, 0>(p, bh, q0, k0, drop_seed_lo, drop_seed_hi, drop_offset, drop_p),
     );
 }
 
@@ -264,7 +265,9 @@ fn mods_sequence<T, const V: usize>(
 /// the consumers also form the block's dQ, `dS·K` over the tile's 128 keys (both consumers'
 /// dSᵀ through shared memory, read transposed), each one half — 64 queries by `D·BQ/128`
 /// columns — and add it into the f32 `dq_acc` (`[lse's rows, seq, D]`) by TMA reduce-adds of
-/// 32-column panels: no dQ walk, but the sums' order varies from run to run.
+/// 32-column panels: no dQ walk, but the sums' order varies from run to run. With the
+/// forward's dropout, `dropout_t(x, bh, k0, q0)` masks Pᵀ (into dV) and dPᵀ as the forward did
+/// P, transposed (`|pt, _, _, _| pt` for none).
 #[device]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_dkv_tile<T, const D: usize, const BQ: usize>(
@@ -446,7 +449,7 @@ fn transposed_logits<const BQ: usize>(
 /// in turn (named barriers 1–2 full, 3–4 free); the second forms `dPᵀ = V·dOᵀ`, `dSᵀ` and
 /// `dK += dSᵀ·Q`. Two MMAs a block each. Otherwise as [`attention_dkv_tile`](crate::prelude::attention_dkv_tile)
 /// (its closures, its query blocks `query_range(k0, 64)` of every query head of the group, `S`
-/// stages of `BQ` queries), without the fused dQ: dQ takes its own walk.
+/// stages of `BQ` queries, its `dropout_t`), without the fused dQ: dQ takes its own walk.
 #[device]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_dkv_wide_tile<T, const D: usize, const BQ: usize, const S: usize>(
@@ -618,7 +621,7 @@ pub fn attention_bwd_dkv_mods(
         |ds, s, x, _qi, _kj, _bh| library_score_grad::<M, BQ>(ds, s, x, cap),
         |qi, kj, _bh| window_prefix_visible(qi, kj, shift, window, prefix),
         |k0, rows| window_prefix_queries(k0, rows, seq_q, shift, causal, window, prefix),
-        |pt, bh, k0, q0| library_dropout_t::<M, BQ>(pt, bh, k0, q0, drop_seed_lo, drop_seed_hi, drop_offset, drop_p),
+        |pt, bh, k0, q0| library_dropout::<M, BQ, 1>(pt, bh, q0, k0, drop_seed_lo, drop_seed_hi, drop_offset, drop_p),
     );
 }
 
@@ -643,7 +646,7 @@ pub fn attention_bwd_dkv_wide_mods(
         |ds, s, x, _qi, _kj, _bh| library_score_grad::<M, 64>(ds, s, x, cap),
         |qi, kj, _bh| window_prefix_visible(qi, kj, shift, window, prefix),
         |k0, rows| window_prefix_queries(k0, rows, seq_q, shift, causal, window, prefix),
-        |pt, bh, k0, q0| library_dropout_t::<M, 64>(pt, bh, k0, q0, drop_seed_lo, drop_seed_hi, drop_offset, drop_p),
+        |pt, bh, k0, q0| library_dropout::<M, 64, 1>(pt, bh, q0, k0, drop_seed_lo, drop_seed_hi, drop_offset, drop_p),
     );
 }
 

@@ -544,37 +544,26 @@ pub fn library_score_grad<const M: usize, const BN: usize>(
 }
 
 /// Dropout of attention probabilities `p` (64 queries from `q0` of (batch·head) `bh` by the
-/// keys from `k0`), variant `M` 15 with `drop_p` > 0: element `(i, j)` kept — and scaled by
-/// `1 / (1 − drop_p)` — where [`tessera::random::uniform8`]`(seed, offset, bh, q0 + i, k0 + j)`
-/// is at least `drop_p` (a multiple of 1/256), else 0. [`library_dropout_t`] draws the same
-/// numbers for the transposed block.
+/// keys from `k0`; with `TR` 1 the transposed block, 64 keys from `k0` down by the queries from
+/// `q0` across, as the backward's dK/dV walks hold `Pᵀ` and `dPᵀ`), variant `M` 15 with
+/// `drop_p` > 0: element (query `i`, key `j`) kept — and scaled by `1 / (1 − drop_p)` — where
+/// [`tessera::random::uniform8`]`(seed, offset, bh, i, j)` is at least `drop_p` (a multiple of
+/// 1/256), else 0: the same mask either way round.
 #[tessera::device]
 #[allow(clippy::too_many_arguments)]
-pub fn library_dropout<const M: usize, const BN: usize>(
-    p: Tile<f32, 64, BN>, bh: i32, q0: i32, k0: i32, seed_lo: i32, seed_hi: i32, offset: i32, drop_p: f32,
-) -> Tile<f32, 64, BN> {
+pub fn library_dropout<const M: usize, const N: usize, const TR: usize>(
+    p: Tile<f32, 64, N>, bh: i32, q0: i32, k0: i32, seed_lo: i32, seed_hi: i32, offset: i32, drop_p: f32,
+) -> Tile<f32, 64, N> {
     let mut x = p;
     if M == 15 {
         if drop_p > 0.0 {
-            x = (p * (1.0 / (1.0 - drop_p)))
-                .keep_where(Tile::<f32, 64, BN>::uniform8(seed_lo, seed_hi, offset, bh, [q0, k0]) - drop_p, 0.0);
-        }
-    }
-    x
-}
-
-/// [`library_dropout`] of a transposed block `pt` (64 keys from `k0` down, the queries from `q0`
-/// across), as the backward's dK/dV walks hold `Pᵀ` and `dPᵀ`: the same mask, transposed.
-#[tessera::device]
-#[allow(clippy::too_many_arguments)]
-pub fn library_dropout_t<const M: usize, const BQ: usize>(
-    pt: Tile<f32, 64, BQ>, bh: i32, k0: i32, q0: i32, seed_lo: i32, seed_hi: i32, offset: i32, drop_p: f32,
-) -> Tile<f32, 64, BQ> {
-    let mut x = pt;
-    if M == 15 {
-        if drop_p > 0.0 {
-            x = (pt * (1.0 / (1.0 - drop_p)))
-                .keep_where(Tile::<f32, 64, BQ>::uniform8_t(seed_lo, seed_hi, offset, bh, [q0, k0]) - drop_p, 0.0);
+            if TR == 1 {
+                x = (p * (1.0 / (1.0 - drop_p)))
+                    .keep_where(Tile::<f32, 64, N>::uniform8_t(seed_lo, seed_hi, offset, bh, [q0, k0]) - drop_p, 0.0);
+            } else {
+                x = (p * (1.0 / (1.0 - drop_p)))
+                    .keep_where(Tile::<f32, 64, N>::uniform8(seed_lo, seed_hi, offset, bh, [q0, k0]) - drop_p, 0.0);
+            }
         }
     }
     x
@@ -611,7 +600,7 @@ pub fn flash_attention_mods(
         |s, qi, kj, bh| library_scores::<M, BN>(s, qi, kj, bh, heads, cap, max_bias, alibi_scale, shift),
         |qi, kj, _bh| window_prefix_visible(qi, kj, shift, window, prefix),
         |_bh, q0, rows| window_prefix_keys(q0, rows, seq_k, shift, causal, window, prefix),
-        |p, bh, q0, k0| library_dropout::<M, BN>(p, bh, q0, k0, drop_seed_lo, drop_seed_hi, drop_offset, drop_p),
+        |p, bh, q0, k0| library_dropout::<M, BN, 0>(p, bh, q0, k0, drop_seed_lo, drop_seed_hi, drop_offset, drop_p),
     );
 }
 
@@ -841,6 +830,6 @@ pub fn flash_attention_varlen_mods(
         |s, qi, kj, bh| library_scores::<M, BN>(s, qi, kj, bh, heads, cap, max_bias, alibi_scale, 0),
         |qi, kj, _bh| window_prefix_visible(qi, kj, 0, window, prefix),
         |_bh, q0, rows| window_prefix_keys(q0, rows, 1073741824, 0, causal, window, prefix),
-        |p, bh, q0, k0| library_dropout::<M, BN>(p, bh, q0, k0, drop_seed_lo, drop_seed_hi, drop_offset, drop_p),
+        |p, bh, q0, k0| library_dropout::<M, BN, 0>(p, bh, q0, k0, drop_seed_lo, drop_seed_hi, drop_offset, drop_p),
     );
 }
