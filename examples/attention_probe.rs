@@ -4,13 +4,16 @@
 //! `cargo run --release --example attention_probe -- 4x16x4096x8192 4x16x4096x4096/s1 …`
 //!
 //! A shape is `BxHxSQxSK` (bf16, head_dim 128, `[batch, heads, seq, dim]`), then optionally
-//! `c` (causal), `/sN` (`kv_splits(N)`) and `/dD` (head_dim D). Each prints its time and
-//! TFLOP/s, and the time of `attention_with_lse` (the log-sum-exp kept) on the same inputs: the
-//! best of three rounds of 20 launches after warm-up, the two in turn.
+//! `c` (causal), `/sN` (`kv_splits(N)`), `/dD` (head_dim D) and `/b1` (also the backward; `/b2`
+//! its deterministic mode). Each prints its time and TFLOP/s, and the time of
+//! `attention_with_lse` (the log-sum-exp kept) on the same inputs: the best of three rounds of
+//! 20 launches after warm-up, the two in turn; the backward its own line (FLOPs 2.5× the
+//! forward's). Under a profiler, `ncu --kernel-name regex:attention_bwd_dkv --launch-count 1
+//! ./attention_probe 4x16x8192x8192/b1` takes the dK/dV walk's first launch.
 
 use tessera::testing::{time_ms, Uniform};
 use tessera::{bf16, Device, Tensor};
-use tessera_kernels::{attention, attention_with_lse, Attention, AttentionLayout};
+use tessera_kernels::{attention, attention_backward, attention_with_lse, Attention, AttentionLayout};
 
 struct Shape {
     b: usize,
@@ -20,6 +23,7 @@ struct Shape {
     d: usize,
     causal: bool,
     splits: Option<usize>,
+    backward: usize,
 }
 
 fn parse(arg: &str) -> Option<Shape> {
@@ -28,13 +32,14 @@ fn parse(arg: &str) -> Option<Shape> {
     let causal = dims.ends_with('c');
     let n: Vec<usize> = dims.trim_end_matches('c').split('x').map(|x| x.parse().ok()).collect::<Option<_>>()?;
     let [b, h, sq, sk] = n[..] else { return None };
-    let mut shape = Shape { b, h, sq, sk, d: 128, causal, splits: None };
+    let mut shape = Shape { b, h, sq, sk, d: 128, causal, splits: None, backward: 0 };
     for p in parts {
         let (key, value) = p.split_at(1);
         let value = value.parse().ok()?;
         match key {
             "s" => shape.splits = Some(value),
             "d" => shape.d = value,
+            "b" if value <= 2 => shape.backward = value,
             _ => return None,
         }
     }
@@ -48,7 +53,7 @@ fn main() -> tessera::Result<()> {
     println!("|---|---|---|---|");
     for arg in std::env::args().skip(1) {
         let Some(s) = parse(&arg) else {
-            eprintln!("attention_probe: `{arg}` is not BxHxSQxSK[c][/sN][/dD]");
+            eprintln!("attention_probe: `{arg}` is not BxHxSQxSK[c][/sN][/dD][/b1|/b2]");
             std::process::exit(2);
         };
         let (qs, ks) = ([s.b, s.h, s.sq, s.d], [s.b, s.h, s.sk, s.d]);
@@ -68,6 +73,18 @@ fn main() -> tessera::Result<()> {
         }
         let flop = 4.0 * (s.b * s.h * s.sq * s.sk * s.d) as f64 / if s.causal { 2.0 } else { 1.0 };
         println!("| {arg} | {:.1} | {:.0} | {:.1} |", ms * 1e3, flop / ms * 1e-9, ms_lse * 1e3);
+        if s.backward > 0 {
+            let opts = opts.deterministic(s.backward == 2);
+            attention_with_lse(&dev, &opts, &q, &k, &v, &mut o, &mut lse)?;
+            let dout = t(&qs)?;
+            let mut bwd = f64::INFINITY;
+            for _ in 0..3 {
+                bwd = bwd.min(time_ms(&dev, 3, 20, || {
+                    drop(attention_backward(&dev, &opts, &q, &k, &v, &o, &lse, &dout).expect("backward"));
+                })?);
+            }
+            println!("| {arg} backward | {:.1} | {:.0} | |", bwd * 1e3, 2.5 * flop / bwd * 1e-9);
+        }
     }
     Ok(())
 }
