@@ -266,8 +266,8 @@ fn mods_sequence<T, const V: usize>(
 /// dSᵀ through shared memory, read transposed), each one half — 64 queries by `D·BQ/128`
 /// columns — and add it into the f32 `dq_acc` (`[lse's rows, seq, D]`) by TMA reduce-adds of
 /// 32-column panels: no dQ walk, but the sums' order varies from run to run. With the
-/// forward's dropout, `dropout_t(x, bh, k0, q0)` masks Pᵀ (into dV) and dPᵀ as the forward did
-/// P, transposed (`|pt, _, _, _| pt` for none).
+/// forward's dropout, `dropout_t(x, bh, q0, k0)` (the dQ walk's `dropout` arguments) masks Pᵀ
+/// (into dV) and dPᵀ as the forward did P, transposed (`|pt, _, _, _| pt` for none).
 #[device]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_dkv_tile<T, const D: usize, const BQ: usize>(
@@ -337,14 +337,14 @@ pub fn attention_dkv_tile<T, const D: usize, const BQ: usize>(
                 xm, lse, slse, s, varlen, lrow, q_start, q0, kr, keys, seq_q, full_lo, full_hi, bh, scale_log2, mask_mod,
             ));
             // dV's MMA and dPᵀ's run together.
-            mma_sync_kn(dva, dropout_t(pt, bh, kr, q0).cast::<T>(), sdo.at(s));
+            mma_sync_kn(dva, dropout_t(pt, bh, q0, kr).cast::<T>(), sdo.at(s));
             // Pᵀ with the modifier's derivative taken in (`score_grad` is linear in what it
             // takes back): Sᵀ's and the modified scores' registers free before dPᵀ's.
             let pg = score_grad(pt, st, xm, qi, kj, bh);
             let mut dpt = Tile::<f32, 64, BQ>::zeros();
             mma_sync(dpt, sv.at(ks).rows(row, 64), sdo.at(s));
             mma_wait(0);
-            let ds = (pg * less_block_rows(dropout_t(dpt, bh, kr, q0), dsum, sdsum, s, varlen, lrow, q_start, q0)).cast::<T>();
+            let ds = (pg * less_block_rows(dropout_t(dpt, bh, q0, kr), dsum, sdsum, s, varlen, lrow, q_start, q0)).cast::<T>();
             mma_sync_kn(dka, ds, sq.at(s));
             if fused == 1 {
                 // The block's dQ = dS·K over all 128 keys: each consumer puts its keys' dSᵀ
@@ -499,7 +499,7 @@ pub fn attention_dkv_wide_tile<T, const D: usize, const BQ: usize, const S: usiz
                 let pt = exp2(transposed_logits(
                     xm, lse, slse, s, varlen, lrow, q_start, q0, k0, 64, seq_q, full_lo, full_hi, bh, scale_log2, mask_mod,
                 ));
-                mma_sync_kn(dva, dropout_t(pt, bh, k0, q0).cast::<T>(), sdo.at(s));
+                mma_sync_kn(dva, dropout_t(pt, bh, q0, k0).cast::<T>(), sdo.at(s));
                 // Pᵀ to the dK consumer, once it has read what this buffer held two blocks ago.
                 if n % 2 == 0 {
                     barrier::sync(3, 2);
@@ -526,7 +526,7 @@ pub fn attention_dkv_wide_tile<T, const D: usize, const BQ: usize, const S: usiz
                 let mut dpt = Tile::<f32, 64, BQ>::zeros();
                 mma_sync(dpt, sv.at(ks), sdo.at(s));
                 mma_wait(0);
-                let dp = less_block_rows(dropout_t(dpt, b * heads + h, k0, q0), dsum, sdsum, s, varlen, lrow, q_start, q0);
+                let dp = less_block_rows(dropout_t(dpt, b * heads + h, q0, k0), dsum, sdsum, s, varlen, lrow, q_start, q0);
                 if n % 2 == 0 {
                     barrier::sync(1, 2);
                 } else {
@@ -568,7 +568,7 @@ pub fn attention_bwd_dkv_wide(
         |ds, _s, _x, _qi, _kj, _bh| ds,
         |qi, kj, _bh| causal_visible(qi, kj, shift),
         |k0, rows| window_prefix_queries(k0, rows, seq_q, shift, causal, 1073741824, 0),
-        |pt, _bh, _k0, _q0| pt,
+        |pt, _bh, _q0, _k0| pt,
     );
 }
 
@@ -592,7 +592,7 @@ pub fn attention_bwd_dkv(
         |ds, _s, _x, _qi, _kj, _bh| ds,
         |qi, kj, _bh| causal_visible(qi, kj, shift),
         |k0, rows| window_prefix_queries(k0, rows, seq_q, shift, causal, 1073741824, 0),
-        |pt, _bh, _k0, _q0| pt,
+        |pt, _bh, _q0, _k0| pt,
     );
 }
 
@@ -621,7 +621,7 @@ pub fn attention_bwd_dkv_mods(
         |ds, s, x, _qi, _kj, _bh| library_score_grad::<M, BQ>(ds, s, x, cap),
         |qi, kj, _bh| window_prefix_visible(qi, kj, shift, window, prefix),
         |k0, rows| window_prefix_queries(k0, rows, seq_q, shift, causal, window, prefix),
-        |pt, bh, k0, q0| library_dropout::<M, BQ, 1>(pt, bh, q0, k0, drop_seed_lo, drop_seed_hi, drop_offset, drop_p),
+        |pt, bh, q0, k0| library_dropout::<M, BQ, 1>(pt, bh, q0, k0, drop_seed_lo, drop_seed_hi, drop_offset, drop_p),
     );
 }
 
@@ -646,7 +646,7 @@ pub fn attention_bwd_dkv_wide_mods(
         |ds, s, x, _qi, _kj, _bh| library_score_grad::<M, 64>(ds, s, x, cap),
         |qi, kj, _bh| window_prefix_visible(qi, kj, shift, window, prefix),
         |k0, rows| window_prefix_queries(k0, rows, seq_q, shift, causal, window, prefix),
-        |pt, bh, k0, q0| library_dropout::<M, 64, 1>(pt, bh, q0, k0, drop_seed_lo, drop_seed_hi, drop_offset, drop_p),
+        |pt, bh, q0, k0| library_dropout::<M, 64, 1>(pt, bh, q0, k0, drop_seed_lo, drop_seed_hi, drop_offset, drop_p),
     );
 }
 

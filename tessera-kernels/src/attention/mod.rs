@@ -331,10 +331,9 @@ impl Attention {
         };
         let prefix = i32::try_from(self.prefix.unwrap_or(0)).unwrap_or(i32::MAX);
         let (drop_p, drop) = match self.dropout {
-            Some((p, seed, offset)) => ([dropout_threshold(p)?], [seed as u32 as i32, (seed >> 32) as u32 as i32, offset as i32]),
-            None => ([0.0], [0; 3]),
+            Some((p, seed, offset)) => (dropout_threshold(p)?, [seed as u32 as i32, (seed >> 32) as u32 as i32, offset as i32]),
+            None => (0.0, [0; 3]),
         };
-        let [drop_p] = drop_p;
         // The variant of just these modifiers, where there is one; else the one of all (the
         // only one with dropout).
         let bits = i64::from(cap > 0.0) | i64::from(alibi > 0.0) << 1 | i64::from(self.window.is_some() || self.prefix.is_some()) << 2;
@@ -350,16 +349,21 @@ impl Attention {
 }
 
 /// Dropout's `p` as the kernels compare it: rounded to a multiple of 1/256.
+fn rounded_dropout(p: f32) -> f32 {
+    (p * 256.0).round() / 256.0
+}
+
+/// [`rounded_dropout`], checked: below 1 (NaN refused).
 fn dropout_threshold(p: f32) -> Result<f32> {
-    let t = (p * 256.0).round();
-    if !(0.0..256.0).contains(&t) {
+    let t = rounded_dropout(p);
+    if !(0.0..1.0).contains(&t) {
         return Err(arg(
             "dropout",
             "a probability p with 0 ≤ p < 1 (rounded to a multiple of 1/256, below 255.5/256)".into(),
             format!("{p}"),
         ));
     }
-    Ok(t / 256.0)
+    Ok(t)
 }
 
 /// Whether [`Attention::dropout`]`(p, seed, offset)` keeps the probability of query `q` and key
@@ -368,8 +372,7 @@ fn dropout_threshold(p: f32) -> Result<f32> {
 /// at least `p` rounded to a multiple of 1/256. The host's copy of the mask, for references
 /// and for reproducing a step outside the kernels.
 pub fn attention_dropout_keep(seed: u64, offset: u32, bh: usize, q: usize, k: usize, p: f32) -> bool {
-    let t = (p * 256.0).round() / 256.0;
-    tessera::random::uniform8(seed, offset, bh as u32, q as u32, k as u32) >= t
+    tessera::random::uniform8(seed, offset, bh as u32, q as u32, k as u32) >= rounded_dropout(p)
 }
 
 /// Checks packed-sequence offsets as [`attention_varlen`] reads them: each of `cu_seqlens_q`

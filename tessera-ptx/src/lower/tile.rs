@@ -434,13 +434,8 @@ impl Lowerer<'_> {
     /// (blocked layouts of 4 or 8 columns a run), one Philox call serves a run's four
     /// registers; elsewhere each register makes its own call and picks its word at run time.
     fn uniform(&mut self, ty: TileType, layout: Layout, seed: &[Expr], origin: &[Expr]) -> Result<TileVal, CompileError> {
-        use crate::dtype::ScalarType;
         use Operand::{Imm, Reg as R};
-        let mut args = Vec::new();
-        for e in seed.iter().chain(origin) {
-            let v = self.scalar(e)?;
-            args.push(self.in_reg(v, ScalarType::I32, "rng"));
-        }
+        let args = self.rng_args(seed, origin)?;
         let [k0, k1, offset, row, col] = args[..] else { unreachable!("verified TIR-H: three seed words and two indices") };
         let lr = self.layout_regs(layout);
         // The counter's first two words before the slot's offsets: (col >> 2) + (thread col >> 2)
@@ -503,13 +498,8 @@ impl Lowerer<'_> {
     fn uniform8(
         &mut self, ty: TileType, layout: Layout, transposed: bool, seed: &[Expr], origin: &[Expr],
     ) -> Result<TileVal, CompileError> {
-        use crate::dtype::ScalarType;
         use Operand::{Imm, Reg as R};
-        let mut args = Vec::new();
-        for e in seed.iter().chain(origin) {
-            let v = self.scalar(e)?;
-            args.push(self.in_reg(v, ScalarType::I32, "rng"));
-        }
+        let args = self.rng_args(seed, origin)?;
         let [k0, k1, offset, stream, row, col] = args[..] else { unreachable!("verified TIR-H: four seed words and two indices") };
         let lr = self.layout_regs(layout);
         let slots = layout.slots();
@@ -647,6 +637,17 @@ impl Lowerer<'_> {
         }
         let regs = regs.into_iter().map(|r| r.expect("every slot drew its number")).collect();
         Ok(TileVal { ty, layout, regs })
+    }
+
+    /// A `Tile::uniform*` constructor's seed words and origin, each as an `i32` register.
+    fn rng_args(&mut self, seed: &[Expr], origin: &[Expr]) -> Result<Vec<Reg>, CompileError> {
+        use crate::dtype::ScalarType;
+        let mut args = Vec::new();
+        for e in seed.iter().chain(origin) {
+            let v = self.scalar(e)?;
+            args.push(self.in_reg(v, ScalarType::I32, "rng"));
+        }
+        Ok(args)
     }
 
     /// [`crate::random::quad`]'s block of a coordinate: `((x >> 4) << 2) | ((x >> 1) & 3)`.
