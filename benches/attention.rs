@@ -21,7 +21,7 @@
 //! soft-capping and ALiBi against the same mask without them, and a 1024-key sliding window
 //! against the plain causal kernel, both counted over the blocks each computes, and dropout
 //! (0.1) against none (`TESSERA_BENCH_MODS=dropout` runs only the modifiers so named).
-//! `TESSERA_BENCH_ATTENTION=wide` times head dims 192 and 256 beside cuDNN, then head dim
+//! `TESSERA_BENCH_ATTENTION=wide` times head dims 96, 192 and 256 beside cuDNN, then head dim
 //! 192's variants; `backward_wide` their backward (at these head dims both modes run the
 //! same kernels: dQ takes its own walk). `TESSERA_BENCH_ATTENTION=varlen` times each variant of the packed kernel at head dim 128
 //! (eight sequences of 4096 packed, causal and not), in alternating rounds.
@@ -36,10 +36,10 @@ use tessera::{bf16, Device, Tensor};
 use tessera_kernels::{Attention, AttentionLayout};
 
 /// The shapes: batch 4, 16 heads, these sequence lengths, head dims and masks; with `wide`,
-/// head dims 192 and 256 (batch 2 at 256, as the cuDNN figures were taken).
+/// head dims 96, 192 and 256 (batch 2 at 256, as the cuDNN figures were taken).
 fn shapes(wide: bool) -> Vec<(usize, usize, usize, usize, bool)> {
     let mut v = Vec::new();
-    let (dims, lens): (&[usize], &[usize]) = if wide { (&[192, 256], &[2048, 8192]) } else { (&[128, 64], &[1024, 4096, 8192, 16384]) };
+    let (dims, lens): (&[usize], &[usize]) = if wide { (&[96, 192, 256], &[2048, 8192]) } else { (&[128, 64], &[1024, 4096, 8192, 16384]) };
     for &d in dims {
         for &s in lens {
             for causal in [false, true] {
@@ -289,7 +289,7 @@ fn backward(dev: &Device, wide: bool) {
     println!("\nattention bf16 backward on {} (TFLOP/s; baseline: cuDNN through PyTorch, same run)", dev.name());
     println!("| shape | cuDNN | tessera | × cuDNN | deterministic | × cuDNN |");
     println!("|---|---|---|---|---|---|");
-    let (dims, lens): (&[usize], &[usize]) = if wide { (&[192, 256], &[2048, 8192]) } else { (&[128, 64], &[1024, 4096, 8192, 16384]) };
+    let (dims, lens): (&[usize], &[usize]) = if wide { (&[96, 192, 256], &[2048, 8192]) } else { (&[128, 64], &[1024, 4096, 8192, 16384]) };
     for &d in dims {
         for &s in lens {
             for causal in [false, true] {

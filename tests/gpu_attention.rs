@@ -84,7 +84,14 @@ fn check<T: AttentionElement>(
 fn cases(dev: &Device) -> Vec<Case> {
     let c = |b, sq, sk, h, hk, d| Case { b, sq, sk, h, hk, d };
     if dev.is_cpu() {
-        vec![c(1, 5, 7, 2, 1, 128), c(1, 130, 140, 1, 1, 128), c(2, 9, 200, 2, 2, 64), c(1, 70, 97, 2, 1, 192), c(1, 19, 130, 1, 1, 256)]
+        vec![
+            c(1, 5, 7, 2, 1, 128),
+            c(1, 130, 140, 1, 1, 128),
+            c(2, 9, 200, 2, 2, 64),
+            c(1, 70, 97, 2, 1, 192),
+            c(1, 19, 130, 1, 1, 256),
+            c(1, 33, 150, 2, 1, 96),
+        ]
     } else {
         vec![
             c(1, 1, 1, 1, 1, 128),
@@ -97,6 +104,9 @@ fn cases(dev: &Device) -> Vec<Case> {
             c(2, 200, 333, 4, 2, 64),
             c(1, 300, 129, 2, 1, 64),
             c(3, 700, 517, 4, 1, 64),
+            c(1, 1, 1, 1, 1, 96),
+            c(2, 200, 333, 4, 2, 96),
+            c(1, 1031, 700, 2, 1, 96),
             c(1, 1, 1, 1, 1, 192),
             c(2, 200, 333, 4, 2, 192),
             c(1, 1031, 1031, 2, 1, 192),
@@ -253,7 +263,7 @@ fn varlen_matches_f64_reference(
 #[test]
 fn gpu_attention_varlen_matches_f64_reference() {
     if let Some(dev) = gpu_or_skip("gpu_attention_varlen_matches_f64_reference") {
-        for d in [128, 64, 192, 256] {
+        for d in [128, 64, 96, 192, 256] {
             varlen_matches_f64_reference(&dev, &[1, 200, 0, 129, 700, 64], &[5, 333, 17, 0, 700, 1], 4, 2, d, None);
         }
     }
@@ -333,7 +343,7 @@ fn interp_attention_varlen_matches_f64_reference() {
 /// packed, on odd shapes; an unknown variant is an error naming `variant`.
 fn every_attention_variant_matches_f64_reference(dev: &Device) {
     use tessera_kernels::attention_variants;
-    for d in [64, 128, 192, 256] {
+    for d in [64, 96, 128, 192, 256] {
         let dense = attention_variants::<bf16>(d, false);
         assert!(!dense.is_empty());
         for &v in &dense {
@@ -366,6 +376,8 @@ fn every_attention_variant_matches_f64_reference(dev: &Device) {
         names(64, true),
         ["d64_stages4_bn160", "d64_stages4_bn128", "d64_stages2_bn160", "d64_stages2_bn128", "d64_stages3_bn160", "d64_stages3_bn128"]
     );
+    // Head dim 96 (64-byte swizzle panels): 160- and 128-key blocks, two or three stages.
+    assert_eq!(names(96, false), ["d96_stages2_bn160", "d96_stages2_bn128", "d96_stages3_bn160", "d96_stages3_bn128"]);
     // Past 128 columns: 96- and 64-key blocks, two stages (three of 64 keys at 192).
     assert_eq!(names(192, false), ["d192_stages2_bn96", "d192_stages2_bn64", "d192_stages3_bn64"]);
     assert_eq!(names(256, false), ["d256_stages2_bn64"]);
@@ -404,9 +416,9 @@ fn bad_input_attention_names_the_argument() {
     let (q, k, v) = (t(&[1, 8, 4, 128]), t(&[1, 8, 3, 128]), t(&[1, 8, 3, 128]));
     let mut o = t(&[1, 8, 4, 128]);
     assert_eq!(named(tessera_kernels::attention(&dev, &opts, &q, &k, &v, &mut o)), "k", "3 kv heads for 4 heads");
-    let (q, k) = (t(&[1, 8, 2, 96]), t(&[1, 8, 2, 96]));
-    let mut o = t(&[1, 8, 2, 96]);
-    assert_eq!(named(tessera_kernels::attention(&dev, &opts, &q, &k, &k, &mut o)), "q", "head_dim 96");
+    let (q, k) = (t(&[1, 8, 2, 80]), t(&[1, 8, 2, 80]));
+    let mut o = t(&[1, 8, 2, 80]);
+    assert_eq!(named(tessera_kernels::attention(&dev, &opts, &q, &k, &k, &mut o)), "q", "head_dim 80");
     let (q, k) = (t(&[1, 8, 2, 64]), t(&[1, 8, 2, 64]));
     let mut o = t(&[1, 9, 2, 64]);
     assert_eq!(named(tessera_kernels::attention(&dev, &opts, &q, &k, &k, &mut o)), "o", "o of another shape");

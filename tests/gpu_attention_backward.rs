@@ -88,7 +88,14 @@ fn check<T: AttentionElement>(
 fn cases(dev: &Device) -> Vec<Case> {
     let c = |b, sq, sk, h, hk, d| Case { b, sq, sk, h, hk, d };
     if dev.is_cpu() {
-        vec![c(1, 7, 5, 2, 1, 64), c(1, 70, 130, 2, 1, 64), c(1, 65, 17, 1, 1, 128), c(1, 70, 97, 2, 1, 192), c(1, 33, 130, 2, 2, 256)]
+        vec![
+            c(1, 7, 5, 2, 1, 64),
+            c(1, 70, 130, 2, 1, 64),
+            c(1, 65, 17, 1, 1, 128),
+            c(1, 70, 97, 2, 1, 192),
+            c(1, 33, 130, 2, 2, 256),
+            c(1, 40, 75, 2, 1, 96),
+        ]
     } else {
         vec![
             c(1, 1, 1, 1, 1, 128),
@@ -99,6 +106,9 @@ fn cases(dev: &Device) -> Vec<Case> {
             c(2, 200, 333, 4, 2, 64),
             c(3, 700, 517, 4, 1, 64),
             c(1, 4099, 4099, 2, 2, 64),
+            c(1, 1, 1, 1, 1, 96),
+            c(2, 200, 333, 4, 2, 96),
+            c(1, 1031, 1031, 2, 1, 96),
             c(1, 1, 1, 1, 1, 192),
             c(2, 200, 333, 4, 2, 192),
             c(1, 1031, 1031, 2, 1, 192),
@@ -221,7 +231,7 @@ fn interp_attention_varlen_backward_matches_f64_reference() {
 fn gpu_attention_varlen_backward_matches_f64_reference() {
     if let Some(dev) = gpu_or_skip("gpu_attention_varlen_backward_matches_f64_reference") {
         for (causal, det) in [(false, false), (false, true), (true, false), (true, true)] {
-            for d in [64, 128, 192, 256] {
+            for d in [64, 96, 128, 192, 256] {
                 let (lq, lk) = ([1, 200, 0, 129, 700, 64], [5, 333, 17, 0, 700, 1]);
                 varlen_backward_matches_f64::<bf16>(&dev, &lq, &lk, 4, 2, d, causal, det, 3e-2, bf16::from_f32, |v| v.to_f64());
                 varlen_backward_matches_f64::<f16>(&dev, &lq, &lk, 4, 2, d, causal, det, 6e-3, f16::from_f32, |v| v.to_f64());
@@ -242,9 +252,9 @@ fn attention_backward_refuses_bad_input() {
     let bad_lse = Tensor::<f32>::zeros(&dev, &[1, 2, 9]).unwrap();
     let e = tessera_kernels::attention_backward(&dev, &opts, &q, &k, &k, &o, &bad_lse, &o).err().expect("lse's shape");
     assert!(e.to_string().contains("lse"), "{e}");
-    let (q96, k96) = (z(&[1, 8, 2, 96]), z(&[1, 8, 1, 96]));
+    let (q80, k80) = (z(&[1, 8, 2, 80]), z(&[1, 8, 1, 80]));
     let lse2 = Tensor::<f32>::zeros(&dev, &[1, 2, 8]).unwrap();
-    let e = tessera_kernels::attention_backward(&dev, &opts, &q96, &k96, &k96, &q96, &lse2, &q96).err().expect("head_dim 96");
+    let e = tessera_kernels::attention_backward(&dev, &opts, &q80, &k80, &k80, &q80, &lse2, &q80).err().expect("head_dim 80");
     assert!(e.to_string().contains("head_dim"), "{e}");
 }
 
@@ -272,6 +282,7 @@ fn gpu_attention_backward_matches_torch_at_scale() {
         (Case { b: 2, sq: 4099, sk: 4099, h: 8, hk: 8, d: 64 }, true, 0.0, 0),
         (Case { b: 1, sq: 2048, sk: 2048, h: 8, hk: 4, d: 128 }, true, 30.0, 0),
         (Case { b: 1, sq: 4099, sk: 4099, h: 8, hk: 4, d: 64 }, true, 0.0, 1024),
+        (Case { b: 1, sq: 3001, sk: 3001, h: 8, hk: 2, d: 96 }, true, 0.0, 0),
         (Case { b: 1, sq: 3001, sk: 3001, h: 8, hk: 2, d: 192 }, false, 0.0, 0),
         (Case { b: 1, sq: 3001, sk: 3001, h: 4, hk: 4, d: 256 }, true, 0.0, 0),
     ];

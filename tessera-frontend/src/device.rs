@@ -270,9 +270,23 @@ fn int_arg(a: &syn::GenericArgument, generics: &[(String, bool)]) -> Option<Resu
             let name = p.path.segments[0].ident.to_string();
             generics.iter().any(|(g, ty)| !*ty && *g == name).then_some(Err(name))
         }
-        syn::GenericArgument::Const(e) => crate::parse::const_eval_expr(e).map(|v| Ok(Some(v))),
+        syn::GenericArgument::Const(e) => match crate::parse::const_eval_expr(e) {
+            Some(v) => Some(Ok(Some(v))),
+            // An expression of constant parameters (`{ 64 - D % 64 }`): known once they are
+            // substituted, so it binds nothing and matches anything here.
+            None => only_params(e.to_token_stream(), generics).then_some(Ok(None)),
+        },
         _ => None,
     }
+}
+
+/// Whether every identifier in `ts` is one of the constant parameters in `generics`.
+fn only_params(ts: TokenStream, generics: &[(String, bool)]) -> bool {
+    ts.into_iter().all(|t| match t {
+        proc_macro2::TokenTree::Ident(i) => generics.iter().any(|(g, ty)| !*ty && i == g),
+        proc_macro2::TokenTree::Group(g) => only_params(g.stream(), generics),
+        _ => true,
+    })
 }
 
 /// Binds the generic parameters in `t` to what the argument's type `ty` holds; an error says

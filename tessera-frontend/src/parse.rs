@@ -442,7 +442,10 @@ impl Frontend {
     fn if_stmt(&mut self, i: &syn::ExprIf) -> R<StmtKind> {
         // A condition on constants alone (a device function's `if KN == 1` once `KN` is bound, a
         // `tune` knob's): only the branch taken is compiled, so the other need not type-check.
-        if let Some(taken) = const_bool(&i.cond) {
+        // A conjunction with a constant part (`if D % 64 == 0 && fused == 1`): false when the
+        // constant part is, else the rest alone.
+        let (cond_expr, known) = const_conjuncts(&i.cond);
+        if let Some(taken) = known.or_else(|| const_bool(&i.cond)) {
             let loc = self.loc(i.cond.span());
             let body = match (taken, &i.else_branch) {
                 (true, _) => self.block(&i.then_branch.stmts),
@@ -458,7 +461,7 @@ impl Frontend {
             };
             return Ok(StmtKind::If { cond: Expr::new(ExprKind::Bool(true), loc), then: body, otherwise: Vec::new() });
         }
-        let cond = self.expr(&i.cond)?;
+        let cond = self.expr(cond_expr)?;
         let then = self.block(&i.then_branch.stmts);
         let otherwise = match &i.else_branch {
             None => Vec::new(),
@@ -750,17 +753,16 @@ impl Frontend {
                     int_const(&c.args[1], "the swizzle must be a constant: 128, 64, 32 or 0")?
                 } else if matches!(row_bytes, 32 | 64 | 128) {
                     row_bytes
-                } else if row_bytes % 128 == 0 {
-                    // Wider rows: 128-byte panels.
-                    128
                 } else {
-                    0
+                    // Wider rows: panels of the widest span that divides them (128-byte panels;
+                    // 64-byte ones for rows of 192 bytes, as head dim 96's).
+                    [128, 64, 32].into_iter().find(|s| row_bytes % s == 0).unwrap_or(0)
                 };
-                // Swizzled rows are one span (a power of two) or whole 128-byte panels.
-                if swizzle != 0 && !cols.is_power_of_two() && !(swizzle == 128 && row_bytes % 128 == 0) {
+                // Swizzled rows are one span (a power of two) or whole panels of one span.
+                if swizzle != 0 && !cols.is_power_of_two() && row_bytes % swizzle != 0 {
                     return err(
                         ga[2],
-                        format!("a swizzled ring's columns are a power of two or whole 128-byte panels, found {cols}; an unswizzled one (`ring_swizzled(stages, 0)`) takes any multiple of 8"),
+                        format!("a swizzled ring's columns are a power of two or whole panels of its {swizzle}-byte span, found {cols}; an unswizzled one (`ring_swizzled(stages, 0)`) takes any multiple of 8"),
                     );
                 }
                 ExprKind::SmemRing(tessera_ptx::tirh::SmemType { dtype, rows, cols, stages, swizzle })
@@ -989,6 +991,28 @@ impl syn::visit_mut::VisitMut for Substitute {
 /// How the text of a compile-time `if` begins.
 const CONST_IF: &str = "(constant) ";
 
+/// A condition `a && b && …` split into what is known at compile time: `(e, Some(false))`
+/// when a constant conjunct is false, else `(e, None)` with `e` the condition less its
+/// leading constant conjuncts that are true (the condition itself when none is).
+fn const_conjuncts(e: &SynExpr) -> (&SynExpr, Option<bool>) {
+    match strip_paren(e) {
+        SynExpr::Binary(b) if matches!(b.op, SynBinOp::And(_)) => {
+            if const_bool(&b.left) == Some(false) || const_conjuncts(&b.right).1 == Some(false) {
+                return (e, Some(false));
+            }
+            match (const_bool(&b.left), const_bool(&b.right)) {
+                (Some(true), None) => const_conjuncts(&b.right),
+                (None, Some(true)) => (&b.left, None),
+                _ => match const_conjuncts(&b.left) {
+                    (_, Some(false)) => (e, Some(false)),
+                    _ => (e, None),
+                },
+            }
+        }
+        _ => (e, None),
+    }
+}
+
 /// The value of a condition on constants: comparisons of constant integer expressions, `true`,
 /// `false`, `!`, `&&`, `||`.
 fn const_bool(e: &SynExpr) -> Option<bool> {
@@ -1017,7 +1041,7 @@ fn const_bool(e: &SynExpr) -> Option<bool> {
     }
 }
 
-/// The value of a constant integer expression: literals, `+ - * /`, parentheses, braces.
+/// The value of a constant integer expression: literals, `+ - * / % <<`, parentheses, braces.
 pub(crate) fn const_eval_expr(e: &SynExpr) -> Option<i64> {
     const_eval(e)
 }
@@ -1039,6 +1063,7 @@ fn const_eval(e: &SynExpr) -> Option<i64> {
                 SynBinOp::Sub(_) => x.checked_sub(y),
                 SynBinOp::Mul(_) => x.checked_mul(y),
                 SynBinOp::Div(_) if y != 0 => Some(x / y),
+                SynBinOp::Rem(_) if y != 0 => Some(x % y),
                 SynBinOp::Shl(_) if (0..63).contains(&y) => x.checked_shl(y as u32),
                 _ => None,
             }

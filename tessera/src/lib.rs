@@ -103,10 +103,11 @@
 //! ## Hopper (sm_90a)
 //!
 //! - `Smem::<T, M, N>::ring(stages)` (`M` a power of two or a multiple of 8, `N` a power of
-//!   two or whole 128-byte panels, as 192 16-bit columns — an unswizzled ring's any multiple
-//!   of 8 —, 1 to 64 stages): a ring of shared tiles,
-//!   swizzled by the row width (128,
-//!   64 or 32 bytes; `ring_swizzled(stages, bytes)` to choose), placed 1024-aligned in dynamic
+//!   two or whole panels of one swizzle span — 192 16-bit columns are three 128-byte panels,
+//!   96 three 64-byte ones (head dim 96) —; an unswizzled ring's any multiple of 8; 1 to 64
+//!   stages): a ring of shared tiles, swizzled by the row width (128, 64 or 32 bytes; wider
+//!   rows in panels of the widest span dividing them; `ring_swizzled(stages, bytes)` to
+//!   choose), placed 1024-aligned in dynamic
 //!   shared memory (the launcher raises the limit above 48 KiB). Rows narrower than 16 bytes
 //!   are fine where no TMA copies them: `Smem::<f32, 128, 1>::ring(16)` holds sixteen values a
 //!   thread for the 128 threads of a warpgroup, each `ring.at(n).load()` a `Tile<f32, 128, 1>`

@@ -1,7 +1,8 @@
 use tessera::kernel;
 
-// A swizzled ring's columns are a power of two or whole 128-byte panels (rows of 384 bytes
-// are three); rows of 192 bytes are neither. An unswizzled ring takes any multiple of 8.
+// A swizzled ring's columns are a power of two or whole panels of its span (rows of 384
+// bytes are three 128-byte ones); rows of 192 bytes are not 128-byte panels. An unswizzled
+// ring takes any multiple of 8.
 #[kernel]
 fn k(x: Global<f32, 2>, y: Global<f32, 2>) {
     let ok = Smem::<f32, 1, 96>::ring_swizzled(1, 0);

@@ -24,21 +24,22 @@ use tessera::{device, kernel, Device, Element, Optional, Result, Tensor};
 /// `D = rowsum(dO ∘ O)` (f32) for 64 query rows of one (batch, head) a block, into `dsum`, and
 /// the log-sum-exp in log₂ units into `lse_log2` (a row with every key masked has −∞: kept
 /// finite, its scores are all masked anyway), both with rows TMA can copy.
-#[kernel(dtypes(T = [bf16, f16]), tune(D = [128, 64, 192, 256]))]
+#[kernel(dtypes(T = [bf16, f16]), tune(D = [128, 64, 192, 256, 96]))]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_bwd_dot(
     o: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 3>, dsum: Global<f32, 3>, lse_log2: Global<f32, 3>, heads: i32, q_bm: i32,
     hm: i32, cm: i32,
 ) {
     let (bh, q0, plane, col) = query_rows(o.dim(1), heads, q_bm, hm, cm);
-    // 64 columns at a time (whole rows of 256 would not fit in registers).
+    // 64 columns at a time (whole rows of 256 would not fit in registers), 32 at head dim 96.
     let mut dot = Tile::<f32, 64, 1>::zeros();
     #[unroll]
-    for c in 0..D / 64 {
-        let c0 = col + c * 64;
+    for c in 0..D / (64 - D % 64) {
+        let c0 = col + c * (64 - D % 64);
         dot = dot
             + row_sum(
-                o.load::<Tile<T, 64, 64>>([plane, q0, c0]).cast::<f32>() * dout.load::<Tile<T, 64, 64>>([plane, q0, c0]).cast::<f32>(),
+                o.load::<Tile<T, 64, { 64 - D % 64 }>>([plane, q0, c0]).cast::<f32>()
+                    * dout.load::<Tile<T, 64, { 64 - D % 64 }>>([plane, q0, c0]).cast::<f32>(),
             );
     }
     dsum.store([bh, q0, 0], dot);
@@ -178,7 +179,10 @@ pub fn attention_dq_tile<T, const D: usize, const BN: usize>(
 #[kernel(
     warpgroups = 3,
     dtypes(T = [bf16, f16]),
-    tune(D = [128, 64, 192, 256], BN = [64, 128, 48], only(D <= 128 && BN != 48 || D == 192 && BN == 64 || D == 256 && BN == 48)),
+    tune(
+        D = [128, 64, 192, 256, 96], BN = [64, 128, 48],
+        only(D <= 128 && D != 96 && BN != 48 || D == 96 && BN == 64 || D == 192 && BN == 64 || D == 256 && BN == 48)
+    ),
     targets(sm_90a)
 )]
 pub fn attention_bwd_dq(
@@ -207,7 +211,7 @@ pub fn attention_bwd_dq(
 #[kernel(
     warpgroups = 3,
     dtypes(T = [bf16, f16]),
-    tune(D = [128, 64, 192, 256], BN = [64, 48], M = [1, 4, 7, 15], V = [0, 1], only(D <= 192 && BN == 64 || D == 256 && BN == 48)),
+    tune(D = [128, 64, 192, 256, 96], BN = [64, 48], M = [1, 4, 7, 15], V = [0, 1], only(D <= 192 && BN == 64 || D == 256 && BN == 48)),
     targets(sm_90a)
 )]
 pub fn attention_bwd_dq_mods(
@@ -346,7 +350,8 @@ pub fn attention_dkv_tile<T, const D: usize, const BQ: usize>(
             mma_wait(0);
             let ds = (pg * less_block_rows(dropout_t(dpt, bh, q0, kr), dsum, sdsum, s, varlen, lrow, q_start, q0)).cast::<T>();
             mma_sync_kn(dka, ds, sq.at(s));
-            if fused == 1 {
+            // (Head dim 96's dQ takes its own walk: its halves are no whole 32-column panels.)
+            if D % 64 == 0 && fused == 1 {
                 // The block's dQ = dS·K over all 128 keys: each consumer puts its keys' dSᵀ
                 // rows in, and once both are there forms half of dQ, 64 queries by
                 // `D·BQ/128` columns: by queries at 128 queries a block (A's panels: dSᵀ's
@@ -575,7 +580,7 @@ pub fn attention_bwd_dkv_wide(
 /// dK and dV for 128 keys of one (batch, key/value head) a block: [`attention_dkv_tile`](crate::prelude::attention_dkv_tile) with
 /// the causal mask (`causal` 1; the walk starts at the query block of the tile's first key) or
 /// none, packed sequences (`varlen` 1) or padded.
-#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64], BQ = [64, 128]), targets(sm_90a))]
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(D = [128, 64, 96], BQ = [64, 128], only(D != 96 || BQ == 64)), targets(sm_90a))]
 pub fn attention_bwd_dkv(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, lse: Global<f32, 2>, dsum: Global<f32, 2>, dk: Global<T, 3>,
     dv: Global<T, 3>, dq_acc: Global<f32, 3>, cu_q: Global<i32, 1>, cu_k: Global<i32, 1>, max_k: i32, varlen: i32, heads: i32, group: i32,
@@ -601,7 +606,7 @@ pub fn attention_bwd_dkv(
 #[kernel(
     warpgroups = 3,
     dtypes(T = [bf16, f16]),
-    tune(D = [128, 64], M = [1, 4, 7, 15], V = [0, 1], BQ = [64, 128], only(BQ * D == 8192)),
+    tune(D = [128, 64, 96], M = [1, 4, 7, 15], V = [0, 1], BQ = [64, 128], only(BQ * D == 8192 || D == 96 && BQ == 64)),
     targets(sm_90a)
 )]
 pub fn attention_bwd_dkv_mods(
@@ -722,8 +727,8 @@ pub struct AttentionGrads<T: Element> {
 /// gradient `dout` reaching `o`, the gradients of `q`, `k` and `v`. P is recomputed from the
 /// log-sum-exp, never stored; dQ is summed by reduce-adds into f32, whose order varies from
 /// run to run: [`Attention::deterministic`]`(true)` gives the same bits every run, a little
-/// slower (past head dim 128 both modes are deterministic: dQ takes its own walk). Layouts,
-/// grouped-query heads, causal alignment and head dims (64, 128, 192, 256) as the forward's,
+/// slower (at head dim 96 and past 128 both modes are deterministic: dQ takes its own walk).
+/// Layouts, grouped-query heads, causal alignment and head dims (64, 96, 128, 192, 256) as the forward's,
 /// and the library's modifiers ([`Attention::softcap`], [`Attention::alibi`],
 /// [`Attention::sliding_window`], [`Attention::prefix`]; head dims 64 and 128) taken back
 /// through (not a kernel of yours: [`Attention::kernel`] is refused).
@@ -834,8 +839,10 @@ fn run<T: AttentionElement>(
     let lse3 = lse.view(&[rows, cols, 1], &[cols, 1, 1])?;
     let scale = opts.scale_for(d);
     // The fast mode's dQ sums, f32, a row a query as the log-sum-exp's. Past head dim 128 dQ
-    // always takes its own walk (the dK/dV walk's registers hold no dQ there).
-    let mut dq_acc = if opts.deterministic || d > 128 { None } else { Some(Tensor::<f32>::zeros(device, &[rows, cols, d])?) };
+    // always takes its own walk (the dK/dV walk's registers hold no dQ there), and at 96 (its
+    // halves of dQ are no whole 32-column panels).
+    let own_walk = opts.deterministic || d > 128 || !d.is_multiple_of(64);
+    let mut dq_acc = if own_walk { None } else { Some(Tensor::<f32>::zeros(device, &[rows, cols, d])?) };
     let AttentionGrads { dq, dk, dv } = &mut grads;
     let (mut dqv, mut dkv, mut dvv) = (dq.view_mut(&qs, &qst)?, dk.view_mut(&ks, &kst)?, dv.view_mut(&ks, &kst)?);
     T::backward(

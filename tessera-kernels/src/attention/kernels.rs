@@ -308,7 +308,8 @@ pub fn causal_keys(q: i32, rows: i32, seq_k: i32, shift: i32, causal: i32) -> (i
 pub fn attention_persistent<T, const D: usize, const BN: usize, const S: usize>(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, o: Global<T, 3>, lse: Global<f32, 3>, counter: Global<i32, 1>,
     opart: Global<f32, 3>, lpart: Global<f32, 3>, full: i32, parts: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32,
-    hg: i32, keep_lse: i32, scale_log2: f32, epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
+    hg: i32, keep_lse: i32, scale_log2: f32,
+    epilogue: impl Fn(Tile<f32, 64, { 64 - D % 64 }>, i32, i32, i32) -> Tile<f32, 64, { 64 - D % 64 }>,
     score_mod: impl Fn(Tile<f32, 64, BN>, Tile<f32, 64, BN>, Tile<f32, 64, BN>, i32) -> Tile<f32, 64, BN>,
     mask_mod: impl Fn(Tile<f32, 64, BN>, Tile<f32, 64, BN>, i32) -> Tile<f32, 64, BN>,
     key_range: impl Fn(i32, i32, i32) -> (i32, i32, i32, i32), dropout: impl Fn(Tile<f32, 64, BN>, i32, i32, i32) -> Tile<f32, 64, BN>,
@@ -316,7 +317,7 @@ pub fn attention_persistent<T, const D: usize, const BN: usize, const S: usize>(
     let sq = Smem::<T, 128, D>::ring(1);
     let sk = Smem::<T, BN, D>::ring(S);
     let sv = Smem::<T, BN, D>::ring(S);
-    let so = Smem::<T, 64, 64>::ring(4);
+    let so = Smem::<T, 64, { 64 - D % 64 }>::ring(4);
     let qpipe = Pipeline::<1>::new(2);
     let kpipe = Pipeline::<S>::new(2);
     let vpipe = Pipeline::<S>::new(2);
@@ -381,13 +382,13 @@ pub fn attention_persistent<T, const D: usize, const BN: usize, const S: usize>(
                 // O leaves by TMA, 64 columns at a time, through two staging buffers per
                 // warpgroup used in turn; the one written two chunks ago must have been read first.
                 #[unroll]
-                for jj in 0..D / 64 {
-                    let buf = me * 2 + (nt * (D / 64) + jj) % 2;
+                for jj in 0..D / (64 - D % 64) {
+                    let buf = me * 2 + (nt * (D / (64 - D % 64)) + jj) % 2;
                     tma::store_wait(1);
                     let plane = b * q_bm + h * hm;
                     let orow = q0 + row;
-                    let ocol = h * cm + jj * 64;
-                    so.at(buf).store(epilogue(acc.cols(jj * 64, 64) * inv, plane, orow, ocol).cast::<T>());
+                    let ocol = h * cm + jj * (64 - D % 64);
+                    so.at(buf).store(epilogue(acc.cols(jj * (64 - D % 64), 64 - D % 64) * inv, plane, orow, ocol).cast::<T>());
                     tma::store(o, [plane, orow, ocol], so.at(buf));
                 }
                 nt = nt + 1;
@@ -402,7 +403,10 @@ pub fn attention_persistent<T, const D: usize, const BN: usize, const S: usize>(
 #[kernel(
     warpgroups = 3,
     dtypes(T = [bf16, f16]),
-    tune(D = [128, 64, 192, 256], STAGES = [4, 2, 3], BN = [192, 160, 128, 96, 64], only(D <= 128 && BN >= 128 || D > 128 && BN <= 96)),
+    tune(
+        D = [128, 64, 192, 256, 96], STAGES = [4, 2, 3], BN = [192, 160, 128, 96, 64],
+        only(D <= 128 && D != 96 && BN >= 128 || D == 96 && BN >= 128 && BN <= 160 || D > 128 && BN <= 96)
+    ),
     targets(sm_90a)
 )]
 pub fn flash_attention(
@@ -580,8 +584,8 @@ pub fn library_dropout<const M: usize, const N: usize, const TR: usize>(
     warpgroups = 3,
     dtypes(T = [bf16, f16]),
     tune(
-        D = [128, 64, 192, 256], STAGES = [2], BN = [192, 160, 128, 96, 64], M = [1, 4, 7, 15],
-        only((D <= 128 && BN >= 128 || D == 192 && BN == 96 || D == 256 && BN == 64) && (M != 15 || BN <= 128))
+        D = [128, 64, 192, 256, 96], STAGES = [2], BN = [192, 160, 128, 96, 64], M = [1, 4, 7, 15],
+        only((D <= 128 && D != 96 && BN >= 128 || D == 96 && BN == 128 || D == 192 && BN == 96 || D == 256 && BN == 64) && (M != 15 || BN <= 128))
     ),
     targets(sm_90a)
 )]
@@ -608,7 +612,7 @@ pub fn flash_attention_mods(
 /// `O = Σ 2^(L_p − L)·O_p` and `L = log₂ Σ 2^L_p` over the parts' outputs `O_p` (each
 /// normalised over its own keys) and log₂-sum-exps `L_p`; `o` and `lse` as the attention's.
 /// A block per 16 rows of a split tile: block `8·i + c` takes rows `16·c..` of tile `full + i`.
-#[kernel(dtypes(T = [bf16, f16]), tune(D = [128, 64, 192, 256]), targets(sm_90a))]
+#[kernel(dtypes(T = [bf16, f16]), tune(D = [128, 64, 192, 256, 96]), targets(sm_90a))]
 pub fn attention_combine(
     opart: Global<f32, 3>, lpart: Global<f32, 3>, o: Global<T, 3>, lse: Global<f32, 3>, full: i32, parts: i32, heads: i32, q_bm: i32,
     hm: i32, cm: i32, hg: i32,
@@ -655,7 +659,7 @@ pub fn attention_combine(
 pub fn attention_varlen_persistent<T, const D: usize, const BN: usize, const S: usize>(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, o: Global<T, 3>, lse: Global<f32, 3>, counter: Global<i32, 1>, cu_q: Global<i32, 1>,
     cu_k: Global<i32, 1>, batch: i32, max_q: i32, varlen: i32, heads: i32, group: i32, q_bm: i32, k_bm: i32, hm: i32, cm: i32, hg: i32,
-    scale_log2: f32, epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
+    scale_log2: f32, epilogue: impl Fn(Tile<f32, 64, { 64 - D % 64 }>, i32, i32, i32) -> Tile<f32, 64, { 64 - D % 64 }>,
     score_mod: impl Fn(Tile<f32, 64, BN>, Tile<f32, 64, BN>, Tile<f32, 64, BN>, i32) -> Tile<f32, 64, BN>,
     mask_mod: impl Fn(Tile<f32, 64, BN>, Tile<f32, 64, BN>, i32) -> Tile<f32, 64, BN>,
     key_range: impl Fn(i32, i32, i32) -> (i32, i32, i32, i32), dropout: impl Fn(Tile<f32, 64, BN>, i32, i32, i32) -> Tile<f32, 64, BN>,
@@ -663,7 +667,7 @@ pub fn attention_varlen_persistent<T, const D: usize, const BN: usize, const S: 
     let sq = Smem::<T, 128, D>::ring(1);
     let sk = Smem::<T, BN, D>::ring(S);
     let sv = Smem::<T, BN, D>::ring(S);
-    let so = Smem::<T, 64, 64>::ring(4);
+    let so = Smem::<T, 64, { 64 - D % 64 }>::ring(4);
     let qpipe = Pipeline::<1>::new(2);
     let kpipe = Pipeline::<S>::new(2);
     let vpipe = Pipeline::<S>::new(2);
@@ -740,22 +744,22 @@ pub fn attention_varlen_persistent<T, const D: usize, const BN: usize, const S: 
                     // O leaves by TMA, 64 columns at a time, through two staging buffers per
                     // warpgroup used in turn; the one written two chunks ago must have been read.
                     #[unroll]
-                    for jj in 0..D / 64 {
-                        let buf = me * 2 + (nt * (D / 64) + jj) % 2;
+                    for jj in 0..D / (64 - D % 64) {
+                        let buf = me * 2 + (nt * (D / (64 - D % 64)) + jj) % 2;
                         let plane = b * q_bm + h * hm;
                         let orow = q_start + q0 + row;
-                        let ocol = h * cm + jj * 64;
+                        let ocol = h * cm + jj * (64 - D % 64);
                         tma::store_wait(1);
-                        so.at(buf).store(epilogue(acc.cols(jj * 64, 64) * inv, plane, orow, ocol).cast::<T>());
+                        so.at(buf).store(epilogue(acc.cols(jj * (64 - D % 64), 64 - D % 64) * inv, plane, orow, ocol).cast::<T>());
                         tma::store(o, [plane, orow, ocol], so.at(buf));
                     }
                     nt = nt + 1;
                 } else {
                     // A packed sequence's last rows: a TMA box would write the next sequence's.
                     #[unroll]
-                    for jj in 0..D / 64 {
-                        let ocol = h * cm + jj * 64;
-                        let out = epilogue(acc.cols(jj * 64, 64) * inv, 0, q_start + q0 + row, ocol).cast::<T>();
+                    for jj in 0..D / (64 - D % 64) {
+                        let ocol = h * cm + jj * (64 - D % 64);
+                        let out = epilogue(acc.cols(jj * (64 - D % 64), 64 - D % 64) * inv, 0, q_start + q0 + row, ocol).cast::<T>();
                         o.store_within([0, q_start + q0 + row, ocol], out, [1, q_end, o.dim(2)]);
                     }
                 }
@@ -772,7 +776,10 @@ pub fn attention_varlen_persistent<T, const D: usize, const BN: usize, const S: 
 #[kernel(
     warpgroups = 3,
     dtypes(T = [bf16, f16]),
-    tune(D = [128, 64, 192, 256], STAGES = [4, 2, 3], BN = [160, 128, 96, 64], only(D <= 128 && BN >= 128 || D > 128 && BN <= 96)),
+    tune(
+        D = [128, 64, 192, 256, 96], STAGES = [4, 2, 3], BN = [160, 128, 96, 64],
+        only(D <= 128 && D != 96 && BN >= 128 || D == 96 && BN == 128 || D > 128 && BN <= 96)
+    ),
     targets(sm_90a)
 )]
 pub fn flash_attention_varlen(
@@ -814,7 +821,10 @@ pub fn flash_attention_varlen(
 #[kernel(
     warpgroups = 3,
     dtypes(T = [bf16, f16]),
-    tune(D = [128, 64, 192, 256], STAGES = [2], BN = [128, 96, 64], M = [1, 4, 7, 15], only(D <= 128 && BN == 128 || D == 192 && BN == 96 || D == 256 && BN == 64)),
+    tune(
+        D = [128, 64, 192, 256, 96], STAGES = [2], BN = [128, 96, 64], M = [1, 4, 7, 15],
+        only(D <= 128 && BN == 128 || D == 192 && BN == 96 || D == 256 && BN == 64)
+    ),
     targets(sm_90a)
 )]
 pub fn flash_attention_varlen_mods(

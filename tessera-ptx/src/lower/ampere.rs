@@ -181,7 +181,7 @@ impl Lowerer<'_> {
         }
         // B (x2: lanes 0-15 give addresses): lane l reads 8-row matrix l/8, row l%8.
         // N×K: row n = 8j + l%8 at chunk 2kk + (l/8)%2 → b_lane = (l%8)·row_bytes + 16·((l/8)%2).
-        // K×N: row k = 16kk + 8·((l/8)%2) + l%8 at chunk j → b_lane = (8·((l/8)%2) + l%8)·128.
+        // K×N: row k = 16kk + 8·((l/8)%2) + l%8 at chunk j → b_lane = (8·((l/8)%2) + l%8)·span.
         let b_lane = self.reg(RegClass::B32, "blane");
         let hi = self.reg(RegClass::B32, "bhi");
         self.op("shr.u32", vec![R(hi), R(lane), Imm(3)]);
@@ -190,7 +190,7 @@ impl Lowerer<'_> {
         if b_kn {
             self.op("shl.b32", vec![R(hi), R(hi), Imm(3)]);
             self.op("add.u32", vec![R(b_lane), R(b_lane), R(hi)]);
-            self.op("shl.b32", vec![R(b_lane), R(b_lane), Imm(7)]);
+            self.op("shl.b32", vec![R(b_lane), R(b_lane), Imm(i64::from(vb.ty.pitch().trailing_zeros()))]);
         } else {
             self.op("mul.lo.u32", vec![R(b_lane), R(b_lane), Imm(i64::from(vb.ty.pitch()))]);
             self.op("shl.b32", vec![R(hi), R(hi), Imm(4)]);
@@ -217,9 +217,10 @@ impl Lowerer<'_> {
                 for j in 0..n / 8 {
                     let off = self.reg(RegClass::B32, "boff");
                     let base = if b_kn {
-                        // k rows 16kk.., 16-byte chunk j of panel j/8.
-                        self.op("add.u32", vec![R(off), R(b_lane), Imm(i64::from(16 * kk * 128 + 16 * (j % 8)))]);
-                        (j / 8) * vb.ty.rows * 128
+                        // k rows 16kk.., 16-byte chunk j of panel j/(span/16).
+                        let (span, per) = (vb.ty.pitch(), vb.ty.pitch() / 16);
+                        self.op("add.u32", vec![R(off), R(b_lane), Imm(i64::from(16 * kk * span + 16 * (j % per)))]);
+                        (j / per) * vb.ty.rows * span
                     } else {
                         let at = 8 * j * vb.ty.pitch() + k_major_bytes(&vb.ty, kk, vb.ty.rows);
                         self.op("add.u32", vec![R(off), R(b_lane), Imm(i64::from(at))]);

@@ -514,7 +514,7 @@ impl Lowerer<'_> {
         }
         let lr = self.layout_regs(t.layout);
         if v.ty.swizzle > 0 && v.ty.row_bytes() > v.ty.swizzle {
-            // Rows in 128-byte panels: each element's address as `view.load()` reads it.
+            // Rows in panels of one span: each element's address as `view.load()` reads it.
             let slots = t.layout.slots();
             let pair = es == 2 && t.layout.run_len() >= 2;
             let mut i = 0;
@@ -583,8 +583,8 @@ impl Lowerer<'_> {
     }
 
     /// The shared address of element (`row + dr`, `col + dc`) of a view whose rows lie in
-    /// 128-byte panels `ty.rows · 128` bytes apart (as TMA writes rows wider than the swizzle
-    /// span), 128-byte swizzled within each panel.
+    /// panels of one swizzle span `ty.rows · span` bytes apart (as TMA writes rows wider than
+    /// the span), swizzled within each panel.
     fn panel_address(&mut self, v: &ViewVal, row: Reg, col: Reg, dr: u32, dc: u32, es: u32) -> Reg {
         use Operand::{Imm, Reg as R};
         let r = self.reg(RegClass::B32, "prow");
@@ -592,13 +592,14 @@ impl Lowerer<'_> {
         let cb = self.reg(RegClass::B32, "pcol");
         self.op("add.u32", vec![R(cb), R(col), Imm(i64::from(dc))]);
         self.op("mul.lo.u32", vec![R(cb), R(cb), Imm(i64::from(es))]);
-        // panel · rows · 128 + row · 128 + (the byte within the panel)
+        // panel · rows · span + row · span + (the byte within the panel)
+        let span = v.ty.pitch();
         let panel = self.reg(RegClass::B32, "panel");
-        self.op("shr.u32", vec![R(panel), R(cb), Imm(7)]);
-        self.op("and.b32", vec![R(cb), R(cb), Imm(127)]);
+        self.op("shr.u32", vec![R(panel), R(cb), Imm(i64::from(span.trailing_zeros()))]);
+        self.op("and.b32", vec![R(cb), R(cb), Imm(i64::from(span - 1))]);
         let off = self.reg(RegClass::B32, "poff");
-        self.op("mad.lo.u32", vec![R(off), R(panel), Imm(i64::from(v.ty.rows * 128)), R(cb)]);
-        self.op("mad.lo.u32", vec![R(off), R(r), Imm(128), R(off)]);
+        self.op("mad.lo.u32", vec![R(off), R(panel), Imm(i64::from(v.ty.rows * span)), R(cb)]);
+        self.op("mad.lo.u32", vec![R(off), R(r), Imm(i64::from(span)), R(off)]);
         let off = self.swizzled_offset(off, v.ty.swizzle);
         let addr = self.reg(RegClass::B32, "paddr");
         self.op("add.u32", vec![R(addr), R(v.addr), R(off)]);
@@ -761,12 +762,14 @@ impl Lowerer<'_> {
         d
     }
 
-    /// An MN-major wgmma descriptor for a K×N tile in 128-byte panels at `addr`: LBO is the
-    /// panel stride (unused, and 16, when N fits one panel), SBO 1024 (8 K-rows).
-    fn descriptor_mn(&mut self, addr: Reg, panel_stride: u32, n_panels: u32) -> Reg {
+    /// An MN-major wgmma descriptor for a K×N tile in panels of `span` bytes (128 or 64) at
+    /// `addr`: LBO is the panel stride (unused, and 16, when N fits one panel), SBO 8 K-rows of
+    /// one span (1024 or 512 bytes).
+    fn descriptor_mn(&mut self, addr: Reg, panel_stride: u32, n_panels: u32, span: u32) -> Reg {
         use Operand::{Imm, Reg as R};
         let lbo = if n_panels > 1 { panel_stride } else { 16 };
-        let hi: u64 = (1u64 << 30) | (1024 >> 4);
+        let mode: u64 = if span == 64 { 2 } else { 1 };
+        let hi: u64 = (mode << 30) | u64::from((8 * span) >> 4);
         let lo = self.reg(RegClass::B32, "desc_lo");
         self.op("shr.u32", vec![R(lo), R(addr), Imm(4)]);
         self.op("and.b32", vec![R(lo), R(lo), Imm(0x3FFF)]);
@@ -816,17 +819,23 @@ impl Lowerer<'_> {
         let per_block = (n / 2) as usize;
         let k_steps = k / 16;
         let zero = std::mem::take(&mut self.mma_zero);
-        let desc_b =
-            if b_kn { self.descriptor_mn(vb.addr, vb.ty.rows * 128, vb.ty.panels()) } else { self.descriptor(vb.addr, vb.ty.swizzle) };
+        let desc_b = if b_kn {
+            self.descriptor_mn(vb.addr, vb.ty.rows * vb.ty.pitch(), vb.ty.panels(), vb.ty.pitch())
+        } else {
+            self.descriptor(vb.addr, vb.ty.swizzle)
+        };
         self.op("wgmma.fence.sync.aligned", vec![]);
         for mb in 0..(t.ty.rows / 64) {
             let desc_a = match &a_op {
-                // Aᵀ stored K×M in 128-byte panels: a 64-row slab of A is one panel.
+                // Aᵀ stored K×M in panels: a 64-row slab of A is one 128-byte panel, or two
+                // 64-byte ones.
                 MmaA::Smem(va) if a_t => {
                     let a_addr = self.reg(RegClass::B32, "a_slab");
-                    let panel = va.ty.rows * 128;
-                    self.op("add.u32", vec![R(a_addr), R(va.addr), Imm(i64::from(mb * panel))]);
-                    Some(self.descriptor_mn(a_addr, panel, 1))
+                    let span = va.ty.pitch();
+                    let panel = va.ty.rows * span;
+                    let per_slab = 64 * va.ty.dtype.size() / span;
+                    self.op("add.u32", vec![R(a_addr), R(va.addr), Imm(i64::from(mb * per_slab * panel))]);
+                    Some(self.descriptor_mn(a_addr, panel, per_slab, span))
                 }
                 MmaA::Smem(va) => {
                     let a_addr = self.reg(RegClass::B32, "a_slab");
@@ -840,9 +849,9 @@ impl Lowerer<'_> {
                 let db = if kk == 0 {
                     desc_b
                 } else {
-                    // A k16 step: 16 rows of 128 bytes down an N-major panel (+128 encoded), or
+                    // A k16 step: 16 rows of one span down an N-major panel (+span encoded), or
                     // 32 bytes along a K-major row, into the next panel every span.
-                    let step = if b_kn { 128 * i64::from(kk) } else { k_major_step(&vb.ty, kk, vb.ty.rows) };
+                    let step = if b_kn { i64::from(vb.ty.pitch() * kk) } else { k_major_step(&vb.ty, kk, vb.ty.rows) };
                     let db = self.reg(RegClass::B64, "desc_b");
                     self.op("add.s64", vec![R(db), R(desc_b), Imm(step)]);
                     db
@@ -855,7 +864,7 @@ impl Lowerer<'_> {
                         let da = if kk == 0 {
                             desc_a
                         } else {
-                            let step = if a_t { 128 * i64::from(kk) } else { k_major_step(&va.ty, kk, va.ty.rows) };
+                            let step = if a_t { i64::from(va.ty.pitch() * kk) } else { k_major_step(&va.ty, kk, va.ty.rows) };
                             let da = self.reg(RegClass::B64, "desc_a");
                             self.op("add.s64", vec![R(da), R(desc_a), Imm(step)]);
                             da

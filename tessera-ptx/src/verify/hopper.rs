@@ -124,7 +124,7 @@ impl Checker<'_> {
             K::SmemLoad(view) => match self.expr(view) {
                 Ok(Type::SmemView { dtype, rows, cols, swizzle }) => {
                     let row = cols * dtype.size();
-                    if swizzle > 0 && row > swizzle && !(swizzle == 128 && row % 128 == 0) {
+                    if swizzle > 0 && row > swizzle && !row.is_multiple_of(swizzle) {
                         Err(CompileError::ty(view.loc, format!("`load`: rows of {row} bytes do not fit a {swizzle}-byte swizzle")))
                     } else {
                         Ok(Type::Tile(crate::tirh::TileType { dtype, rows, cols }))
@@ -229,14 +229,14 @@ impl Checker<'_> {
         }
         let view = |t: Type, at: SourceLoc, which: &str| {
             match t {
-            // One swizzle span per row, or 128-byte panels of one (K past 64 bf16 columns).
+            // One swizzle span per row, or whole panels of one (K past 64 bf16 columns).
             Type::SmemView { dtype, rows, cols, swizzle }
-                if swizzle > 0 && (cols * dtype.size() == swizzle || (swizzle == 128 && (cols * dtype.size()) % 128 == 0)) =>
+                if swizzle > 0 && (cols * dtype.size()).is_multiple_of(swizzle) =>
             {
                 Ok((dtype, rows, cols))
             }
             Type::SmemView { dtype, cols, swizzle, .. } => Err(CompileError::ty(at, format!(
-                "`mma_sync`: `{which}` must be a swizzled shared tile whose rows are one swizzle span ({} bytes) or 128-byte panels, found rows of {} bytes with swizzle {swizzle}",
+                "`mma_sync`: `{which}` must be a swizzled shared tile whose rows are one swizzle span ({} bytes) or whole panels of one, found rows of {} bytes with swizzle {swizzle}",
                 swizzle.max(32), cols * dtype.size()))),
             // A from registers (`b` always comes from shared memory).
             Type::Tile(t) if which == "a" => Ok((t.dtype, t.rows, t.cols)),
@@ -247,12 +247,13 @@ impl Checker<'_> {
         let ta = self.expr(a)?;
         let tb = self.expr(b)?;
         let va = if a_t {
-            // a is K×M, M-major, in 128-byte panels (as `mma_sync_kn`'s b).
+            // a is K×M, M-major, in 128- or 64-byte panels (as `mma_sync_kn`'s b), a 64-row
+            // slab of A whole panels.
             match ta {
-                Type::SmemView { dtype, rows, cols, swizzle } if swizzle == 128 && (cols * dtype.size()) % 128 == 0 => (dtype, cols, rows),
+                Type::SmemView { dtype, rows, cols, swizzle } if mn_major_panels(dtype, cols, swizzle) && (64 * dtype.size()).is_multiple_of(swizzle) => (dtype, cols, rows),
                 Type::SmemView { dtype, cols, swizzle, .. } => {
                     return Err(CompileError::ty(a.loc, format!(
-                        "`a.t()` (K×M) must be 128-byte swizzled with rows a multiple of 128 bytes, found swizzle {swizzle}, rows of {} bytes",
+                        "`a.t()` (K×M) must be 128- or 64-byte swizzled with rows a multiple of 128 bytes, found swizzle {swizzle}, rows of {} bytes",
                         cols * dtype.size())))
                 }
                 other => return Err(CompileError::ty(a.loc, format!("`.t()` transposes a shared view, found `{other}`"))),
@@ -261,13 +262,13 @@ impl Checker<'_> {
             view(ta, a.loc, "a")?
         };
         if b_kn {
-            // b is K×N, N-major, in 128-byte panels.
+            // b is K×N, N-major, in 128- or 64-byte panels.
             let Type::SmemView { dtype, rows, cols, swizzle } = tb else {
                 return Err(CompileError::ty(b.loc, format!("`mma_sync_kn`: `b` must be a shared view, found `{tb}`")));
             };
-            if swizzle != 128 || (cols * dtype.size()) % 128 != 0 {
+            if !mn_major_panels(dtype, cols, swizzle) {
                 return Err(CompileError::ty(b.loc, format!(
-                    "`mma_sync_kn`: `b` (K×N) must be 128-byte swizzled with rows a multiple of 128 bytes, found swizzle {swizzle}, rows of {} bytes",
+                    "`mma_sync_kn`: `b` (K×N) must be 128- or 64-byte swizzled in whole panels (rows a multiple of the span), found swizzle {swizzle}, rows of {} bytes",
                     cols * dtype.size())));
             }
             return check_mma_shapes(acc_ty, va, (dtype, cols, rows), [loc, a.loc, b.loc]);
@@ -275,6 +276,11 @@ impl Checker<'_> {
         let vb = view(tb, b.loc, "b")?;
         check_mma_shapes(acc_ty, va, vb, [loc, a.loc, b.loc])
     }
+}
+
+/// An MN-major wgmma operand's rows: whole panels of a 128- or 64-byte swizzle span.
+fn mn_major_panels(dtype: crate::DType, cols: u32, swizzle: u32) -> bool {
+    matches!(swizzle, 64 | 128) && (cols * dtype.size()).is_multiple_of(swizzle)
 }
 
 fn describe(t: Option<Type>) -> String {
@@ -314,13 +320,12 @@ fn check_ring(t: SmemType, loc: SourceLoc) -> Result<SmemType, CompileError> {
         return Err(CompileError::ty(loc, format!("swizzle is 128, 64, 32 or 0 bytes, found {}", t.swizzle)));
     }
     let row = t.row_bytes();
-    // Rows wider than the span are stored as 128-byte panels (for N-major wgmma operands).
-    let panelized = t.swizzle == 128 && row.is_multiple_of(128);
-    if t.swizzle > 0 && row > t.swizzle && !panelized {
+    // Rows wider than the span are stored as panels of one span each.
+    if t.swizzle > 0 && row > t.swizzle && !row.is_multiple_of(t.swizzle) {
         return Err(CompileError::ty(
             loc,
             format!(
-                "a row of `Smem<{}, {}, {}>` is {row} bytes, wider than its {}-byte swizzle span (only 128-byte swizzle stores wider rows, as 128-byte panels)",
+                "a row of `Smem<{}, {}, {}>` is {row} bytes, wider than its {}-byte swizzle span and not whole panels of it",
                 t.dtype, t.rows, t.cols, t.swizzle
             ),
         ));
