@@ -39,8 +39,8 @@ use tessera_kernels::{Attention, AttentionLayout};
 /// head dims 96, 192 and 256 (batch 2 at 256, as the cuDNN figures were taken).
 fn shapes(wide: bool) -> Vec<(usize, usize, usize, usize, bool)> {
     let mut v = Vec::new();
-    let (dims, lens): (&[usize], &[usize]) = if wide { (&[96, 192, 256], &[2048, 8192]) } else { (&[128, 64], &[1024, 4096, 8192, 16384]) };
-    for &d in dims {
+    let (dims, lens) = dims_and_lengths(wide);
+    for d in dims {
         for &s in lens {
             for causal in [false, true] {
                 v.push((if d == 256 { 2 } else { 4 }, 16, s, d, causal));
@@ -48,6 +48,15 @@ fn shapes(wide: bool) -> Vec<(usize, usize, usize, usize, bool)> {
         }
     }
     v
+}
+
+/// The head dims and sequence lengths timed: 128 and 64 at 1K–16K, or with `wide` 96, 192 and
+/// 256 at 2K and 8K; `TESSERA_BENCH_DIMS` (`96,192`) keeps only the head dims it names.
+fn dims_and_lengths(wide: bool) -> (Vec<usize>, &'static [usize]) {
+    let (dims, lens): (&[usize], &[usize]) = if wide { (&[96, 192, 256], &[2048, 8192]) } else { (&[128, 64], &[1024, 4096, 8192, 16384]) };
+    let only: Vec<usize> =
+        std::env::var("TESSERA_BENCH_DIMS").unwrap_or_default().split(',').filter_map(|d| d.trim().parse().ok()).collect();
+    (dims.iter().copied().filter(|d| only.is_empty() || only.contains(d)).collect(), lens)
 }
 
 /// cuDNN through PyTorch: the Python script as a child process, asked one shape at a time so
@@ -175,7 +184,10 @@ fn main() {
         println!("no cuDNN baseline: {why}");
     }
     if wide {
-        return wide_variants(&dev, &mut rng);
+        if dims_and_lengths(true).0.contains(&192) {
+            wide_variants(&dev, &mut rng);
+        }
+        return;
     }
     split_vs_unsplit(&dev, &mut rng);
     tuned_vs_default(&dev, &mut rng);
@@ -289,8 +301,8 @@ fn backward(dev: &Device, wide: bool) {
     println!("\nattention bf16 backward on {} (TFLOP/s; baseline: cuDNN through PyTorch, same run)", dev.name());
     println!("| shape | cuDNN | tessera | × cuDNN | deterministic | × cuDNN |");
     println!("|---|---|---|---|---|---|");
-    let (dims, lens): (&[usize], &[usize]) = if wide { (&[96, 192, 256], &[2048, 8192]) } else { (&[128, 64], &[1024, 4096, 8192, 16384]) };
-    for &d in dims {
+    let (dims, lens) = dims_and_lengths(wide);
+    for d in dims {
         for &s in lens {
             for causal in [false, true] {
                 let (b, h) = (if d == 256 { 2 } else { 4 }, 16);

@@ -48,7 +48,7 @@ pub fn attention_bwd_dot(
 
 /// The fast mode's dQ from its f32 sums: `dq = dq_acc × scale` in `T`, for the rows
 /// `attention_bwd_dot` takes.
-#[kernel(dtypes(T = [bf16, f16]), tune(D = [128, 64]))]
+#[kernel(dtypes(T = [bf16, f16]), tune(D = [128, 64, 96]))]
 pub fn attention_bwd_dq_out(dq_acc: Global<f32, 3>, dq: Global<T, 3>, heads: i32, q_bm: i32, hm: i32, cm: i32, scale: f32) {
     let (bh, q0, plane, col) = query_rows(dq.dim(1), heads, q_bm, hm, cm);
     dq.store([plane, q0, col], (dq_acc.load::<Tile<f32, 64, D>>([bh, q0, 0]) * scale).cast::<T>());
@@ -294,8 +294,8 @@ pub fn attention_dkv_tile<T, const D: usize, const BQ: usize>(
     // and each consumer's half of the block's dQ, f32, in 32-column panels.
     let sds = Smem::<T, 128, BQ>::ring(2);
     // (Two blocks' worth at head_dim 128, so that a block's reduce-adds are not waited for by
-    // the next; at 64 that would pass the shared-memory limit by 48 bytes.)
-    let sdq = Smem::<f32, 64, 32>::ring({ D * BQ / 2048 * (D / 64) });
+    // the next; at 64 that would pass the shared-memory limit by 48 bytes; 96 as 128.)
+    let sdq = Smem::<f32, 64, 32>::ring({ (D + D % 64) * BQ / 2048 * ((D + 32) / 64) });
     // Each block's log-sum-exp and D rows, brought with its Q and dO (dense layouts: TMA needs
     // a box's first column 16-byte aligned, which a packed sequence's start is not).
     let slse = Smem::<f32, 1, BQ>::ring_swizzled(2, 0);
@@ -350,7 +350,6 @@ pub fn attention_dkv_tile<T, const D: usize, const BQ: usize>(
             mma_wait(0);
             let ds = (pg * less_block_rows(dropout_t(dpt, bh, q0, kr), dsum, sdsum, s, varlen, lrow, q_start, q0)).cast::<T>();
             mma_sync_kn(dka, ds, sq.at(s));
-            // (Head dim 96's dQ takes its own walk: its halves are no whole 32-column panels.)
             if D % 64 == 0 && fused == 1 {
                 // The block's dQ = dS·K over all 128 keys: each consumer puts its keys' dSᵀ
                 // rows in, and once both are there forms half of dQ, 64 queries by
@@ -379,6 +378,34 @@ pub fn attention_dkv_tile<T, const D: usize, const BQ: usize>(
                 #[unroll]
                 for p in 0..D * BQ / 4096 {
                     tma::reduce_add(dq_acc, [lrow, q_start + q0 + qh, ch + p * 32], sdq.at(panel + p));
+                }
+            }
+            if D == 96 && fused == 1 {
+                // Head dim 96 (64 queries a block): K's 96 columns are three 64-byte panels, so
+                // dQ splits 64 + 32, the consumers taking the wide part in turn (block parity),
+                // each's panels two blocks' worth.
+                let b2 = n % 2;
+                sds.at(b2).rows(row, 64).store(ds);
+                barrier::sync(0, 2);
+                let panel = b2 * 4 + me * 2;
+                if (n + me) % 2 == 0 {
+                    let mut dqw = Tile::<f32, 64, 64>::zeros();
+                    mma_sync_kn(dqw, sds.at(b2).cols(0, 64).t(), sk.at(ks).cols(0, 64));
+                    mma_wait(0);
+                    // The previous block's one reduce-add may still run, not the one before.
+                    tma::store_wait(1);
+                    sdq.at(panel).store(dqw.cols(0, 32));
+                    sdq.at(panel + 1).store(dqw.cols(32, 32));
+                    tma::reduce_add(dq_acc, [lrow, q_start + q0, 0], sdq.at(panel));
+                    tma::reduce_add(dq_acc, [lrow, q_start + q0, 32], sdq.at(panel + 1));
+                } else {
+                    let mut dqn = Tile::<f32, 64, 32>::zeros();
+                    mma_sync_kn(dqn, sds.at(b2).cols(0, 64).t(), sk.at(ks).cols(64, 32));
+                    mma_wait(0);
+                    // (The previous block's two.)
+                    tma::store_wait(2);
+                    sdq.at(panel).store(dqn);
+                    tma::reduce_add(dq_acc, [lrow, q_start + q0, 64], sdq.at(panel));
                 }
             }
             mma_wait(0);
@@ -727,7 +754,7 @@ pub struct AttentionGrads<T: Element> {
 /// gradient `dout` reaching `o`, the gradients of `q`, `k` and `v`. P is recomputed from the
 /// log-sum-exp, never stored; dQ is summed by reduce-adds into f32, whose order varies from
 /// run to run: [`Attention::deterministic`]`(true)` gives the same bits every run, a little
-/// slower (at head dim 96 and past 128 both modes are deterministic: dQ takes its own walk).
+/// slower (past head dim 128 both modes are deterministic: dQ takes its own walk).
 /// Layouts, grouped-query heads, causal alignment and head dims (64, 96, 128, 192, 256) as the forward's,
 /// and the library's modifiers ([`Attention::softcap`], [`Attention::alibi`],
 /// [`Attention::sliding_window`], [`Attention::prefix`]; head dims 64 and 128) taken back
@@ -839,10 +866,8 @@ fn run<T: AttentionElement>(
     let lse3 = lse.view(&[rows, cols, 1], &[cols, 1, 1])?;
     let scale = opts.scale_for(d);
     // The fast mode's dQ sums, f32, a row a query as the log-sum-exp's. Past head dim 128 dQ
-    // always takes its own walk (the dK/dV walk's registers hold no dQ there), and at 96 (its
-    // halves of dQ are no whole 32-column panels).
-    let own_walk = opts.deterministic || d > 128 || !d.is_multiple_of(64);
-    let mut dq_acc = if own_walk { None } else { Some(Tensor::<f32>::zeros(device, &[rows, cols, d])?) };
+    // always takes its own walk (the dK/dV walk's registers hold no dQ there).
+    let mut dq_acc = if opts.deterministic || d > 128 { None } else { Some(Tensor::<f32>::zeros(device, &[rows, cols, d])?) };
     let AttentionGrads { dq, dk, dv } = &mut grads;
     let (mut dqv, mut dkv, mut dvv) = (dq.view_mut(&qs, &qst)?, dk.view_mut(&ks, &kst)?, dv.view_mut(&ks, &kst)?);
     T::backward(
