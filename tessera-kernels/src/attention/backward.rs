@@ -757,7 +757,7 @@ pub struct AttentionGrads<T: Element> {
 /// slower (past head dim 128 both modes are deterministic: dQ takes its own walk).
 /// Layouts, grouped-query heads, causal alignment and head dims (64, 96, 128, 192, 256) as the forward's,
 /// and the library's modifiers ([`Attention::softcap`], [`Attention::alibi`],
-/// [`Attention::sliding_window`], [`Attention::prefix`]; head dims 64 and 128) taken back
+/// [`Attention::sliding_window`], [`Attention::prefix`], [`Attention::dropout`]; every head dim) taken back
 /// through (not a kernel of yours: [`Attention::kernel`] is refused).
 ///
 /// ```no_run

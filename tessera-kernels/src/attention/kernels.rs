@@ -1,5 +1,5 @@
 //! The FlashAttention forward kernels, in the DSL: one schedule, with the head dimension `D`
-//! (64, 128, 192 or 256), the K/V pipeline depth `STAGES` and the key block `BN` (192, 160 or
+//! (64, 96, 128, 192 or 256; 96's rows in 64-byte swizzle panels), the K/V pipeline depth `STAGES` and the key block `BN` (192, 160 or
 //! 128 keys; 96 or 64 past head dim 128, where wider blocks do not fit in shared memory)
 //! as `tune(...)` knobs — the host picks the variants of the head dimension and, among them, the
 //! key block that costs the fewest padded keys plus a fixed cost a block (see `key_block` in

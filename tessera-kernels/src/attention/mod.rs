@@ -766,11 +766,12 @@ fn view3(layout: AttentionLayout, [b, s, h, d]: [usize; 4]) -> ([usize; 3], [usi
 /// `q` and `o` are `[batch, seq_q, heads, dim]` (or `[batch, heads, seq_q, dim]` with
 /// [`AttentionLayout::Bhsd`]); `k` and `v` the same with `seq_k` and `kv_heads`, where
 /// `kv_heads` divides `heads` (grouped-query attention; query head `h` reads key/value head
-/// `h / (heads / kv_heads)`). Any sequence lengths ≥ 1; head_dim 64, 128, 192 or 256 (forward and backward, with or without modifiers). Hopper (sm_90) only.
+/// `h / (heads / kv_heads)`). Any sequence lengths ≥ 1; head_dim 64, 96, 128, 192 or 256 (forward and backward, with or without modifiers). Hopper (sm_90) only.
 ///
 /// # Errors
 /// [`Error::Argument`] naming the tensor whose rank, shape, contiguity or head count does not
-/// fit, or a head_dim other than 64 or 128; the launch's own checks (device, target).
+/// fit, or a head_dim without kernels (other than 64, 96, 128, 192, 256); the launch's own
+/// checks (device, target).
 pub fn attention_with_lse<T: AttentionElement>(
     device: &Device, opts: &Attention, q: &Tensor<T>, k: &Tensor<T>, v: &Tensor<T>, o: &mut Tensor<T>, lse: &mut Tensor<f32>,
 ) -> Result<()> {
@@ -1041,7 +1042,7 @@ fn launch_custom<T: AttentionElement>(
 ///
 /// # Errors
 /// [`Error::Argument`] naming the tensor whose rank, shape or contiguity does not fit, a
-/// head_dim other than 64 or 128, offsets of another length than each other, or
+/// head_dim without kernels (other than 64, 96, 128, 192, 256), offsets of another length than each other, or
 /// `max_seqlen_q` of 0; the launch's own checks. Offsets are device data: with
 /// [`Attention::check_offsets`] (on by default in debug builds) they are read back and
 /// checked ([`check_cu_seqlens`]), else out-of-range ones give wrong rows, never a write
