@@ -2,9 +2,10 @@
 //! seed and an offset), a residual added after it (the sum returned as the new residual),
 //! weight and bias, and a per-group scale and shift (`y · (1 + scale) + shift`, as adaLN).
 //!
-//! Rows up to [`FUSED_ROW_IN_REGISTERS`] wide (backward: [`FUSED_BACKWARD_ROW_IN_REGISTERS`])
-//! are read once, a row per block in registers (the backward's sums for `dweight` and `dbias`
-//! in shared memory above 2048 columns);
+//! Rows up to [`FUSED_ROW_IN_REGISTERS`] wide (backward: [`FUSED_BACKWARD_ROW_HALVES`]) are
+//! read once, a row per block in registers (the backward's sums for `dweight` and `dbias` in
+//! shared memory above 2048 columns; past [`FUSED_BACKWARD_ROW_IN_REGISTERS`] half a row in
+//! each of two warpgroups);
 //! wider rows take kernels that pass over 2048-column chunks (recomputing the dropout and the
 //! residual sum in each pass rather than storing them). The backward kernels stride over
 //! rows, summing `dy · x̂` and `dy` into one row of f32 partials per block, which a last
@@ -17,13 +18,14 @@ use tessera::{kernel, Device, Element, Error, Grid, Launch, Optional, OptionalMu
 /// The fused kernels of element type `dtype` (bf16, f16 or f32: every [`NormElement`]).
 fn fused_specs(dtype: tessera::DType) -> FusedSpecs {
     macro_rules! specs {
-        ($rows4:ident, $row:ident, $wide:ident, $brow:ident, $brows:ident, $bwide:ident, $sum:ident) => {
+        ($rows4:ident, $row:ident, $wide:ident, $brow:ident, $brows:ident, $bhalves:ident, $bwide:ident, $sum:ident) => {
             FusedSpecs {
                 rows4: $rows4::VARIANTS,
                 row: $row::VARIANTS,
                 wide: &$wide::SPEC,
                 backward_row: &$brow::SPEC,
                 backward_rows: $brows::VARIANTS,
+                backward_halves: $bhalves::VARIANTS,
                 backward_wide: &$bwide::SPEC,
                 sum_partials: &$sum::SPEC,
             }
@@ -36,6 +38,7 @@ fn fused_specs(dtype: tessera::DType) -> FusedSpecs {
             norm_fused_wide_bf16,
             norm_backward_row_bf16,
             norm_backward_rows_bf16,
+            norm_backward_halves_bf16,
             norm_backward_wide_bf16,
             sum_partials_bf16
         ),
@@ -45,6 +48,7 @@ fn fused_specs(dtype: tessera::DType) -> FusedSpecs {
             norm_fused_wide_f16,
             norm_backward_row_f16,
             norm_backward_rows_f16,
+            norm_backward_halves_f16,
             norm_backward_wide_f16,
             sum_partials_f16
         ),
@@ -54,6 +58,7 @@ fn fused_specs(dtype: tessera::DType) -> FusedSpecs {
             norm_fused_wide_f32,
             norm_backward_row_f32,
             norm_backward_rows_f32,
+            norm_backward_halves_f32,
             norm_backward_wide_f32,
             sum_partials_f32
         ),
@@ -63,9 +68,15 @@ fn fused_specs(dtype: tessera::DType) -> FusedSpecs {
 /// The widest row the fused forward kernel holds in registers (a block per row).
 pub const FUSED_ROW_IN_REGISTERS: usize = 12288;
 
-/// The widest row the fused backward kernels hold in registers (one row a block; to 2048,
-/// with the weight gradient's sums in registers too, wider in shared memory).
-pub const FUSED_BACKWARD_ROW_IN_REGISTERS: usize = 12288;
+/// The widest row the fused backward's one-warpgroup kernels hold in registers (one row a
+/// block; to 2048, with the weight gradient's sums in registers too, wider in shared memory).
+/// Wider rows (to [`FUSED_BACKWARD_ROW_HALVES`]) take two warpgroups: the one-warpgroup tiles
+/// past 8192 columns spill (0.55–0.63× copy at 11008–12288, run 208).
+pub const FUSED_BACKWARD_ROW_IN_REGISTERS: usize = 8192;
+
+/// The widest row the fused backward's two-warpgroup kernel takes (half a row each, in
+/// registers); wider rows pass over 2048-column chunks.
+pub const FUSED_BACKWARD_ROW_HALVES: usize = 16384;
 
 /// The widest row the fused backward's first kernel takes (its one tile).
 const FUSED_BACKWARD_ROW_NARROW: usize = 2048;
@@ -243,44 +254,50 @@ pub fn norm_fused_wide(
 }
 
 /// A row's `x̂ = (x − mean) · rstd` (no mean for RMSNorm) and `rstd`, from its input `x` (f32,
-/// `n` columns of `W`).
+/// `valid` columns of `W` — the row's `n`, or the part of it this tile holds): `total(s,
+/// kind)` makes a tile's row sum the row's (`|s, _| s` where the tile is the whole row; the
+/// sums' kinds 0 and 1 — the mean's and the variance's — as [`store_row_grad`]'s 2 and 3).
 #[tessera::device]
-fn normalized<const W: usize>(x: Tile<f32, 1, W>, n: i32, eps: f32, layer: i32) -> (Tile<f32, 1, W>, Tile<f32, 1, 1>) {
+fn normalized<const W: usize>(
+    x: Tile<f32, 1, W>, n: i32, valid: i32, eps: f32, layer: i32, total: impl Fn(Tile<f32, 1, 1>, i32) -> Tile<f32, 1, 1>,
+) -> (Tile<f32, 1, W>, Tile<f32, 1, 1>) {
     let inv_n = 1.0 / n as f32;
     let mut d = x;
     if layer == 1 {
-        d = (x - row_sum(x) * inv_n).mask_cols(n, 0.0);
+        d = (x - total(row_sum(x), 0) * inv_n).mask_cols(valid, 0.0);
     }
-    let rstd = rsqrt(row_sum(d * d) * inv_n + eps);
+    let rstd = rsqrt(total(row_sum(d * d), 1) * inv_n + eps);
     (d * rstd, rstd)
 }
 
-/// Row `r`'s input gradient from its output gradient `g`, `x̂` and `rstd` ([`normalized`]) and
-/// the weight `w` (read again each row: L1 hits; held across rows it would spill the widest
-/// tiles): `dh = rstd · (g·w − mean(g·w) − x̂ · mean(g·w·x̂))` (no mean term for RMSNorm) plus
-/// `dres` if given, stored, and `dx = dh · mask / (1 − p)` under dropout.
+/// Row `r`'s input gradient (its columns `c0..c0 + W`) from its output gradient `g`, `x̂` and
+/// `rstd` ([`normalized`], its `total`) and the weight `w` (read again each row: L1 hits; held
+/// across rows it would spill the widest tiles): `dh = rstd · (g·w − mean(g·w) − x̂ ·
+/// mean(g·w·x̂))` (no mean term for RMSNorm) plus `dres` if given, stored, and `dx = dh · mask
+/// / (1 − p)` under dropout.
 #[tessera::device]
 #[allow(clippy::too_many_arguments)]
 fn store_row_grad<const W: usize, T>(
     g: Tile<f32, 1, W>, xhat: Tile<f32, 1, W>, rstd: Tile<f32, 1, 1>, w: Global<T, 1>, dres: Global<T, 2>, dh: Global<T, 2>,
-    dx: Global<T, 2>, r: i32, layer: i32, has_w: i32, has_dres: i32, drop_p: f32, drop_scale: f32, seed_lo: i32, seed_hi: i32, offset: i32,
+    dx: Global<T, 2>, r: i32, c0: i32, layer: i32, has_w: i32, has_dres: i32, drop_p: f32, drop_scale: f32, seed_lo: i32, seed_hi: i32,
+    offset: i32, total: impl Fn(Tile<f32, 1, 1>, i32) -> Tile<f32, 1, 1>,
 ) {
     let inv_n = 1.0 / dh.dim(1) as f32;
     let mut gw = g;
     if has_w == 1 {
-        gw = g * w.load::<Tile<T, 1, W>>([0]).cast::<f32>();
+        gw = g * w.load::<Tile<T, 1, W>>([c0]).cast::<f32>();
     }
-    let mut t = gw - xhat * (row_sum(gw * xhat) * inv_n);
+    let mut t = gw - xhat * (total(row_sum(gw * xhat), 2) * inv_n);
     if layer == 1 {
-        t = t - row_sum(gw) * inv_n;
+        t = t - total(row_sum(gw), 3) * inv_n;
     }
     let mut o = t * rstd;
     if has_dres == 1 {
-        o = o + dres.load::<Tile<T, 1, W>>([r, 0]).cast::<f32>();
+        o = o + dres.load::<Tile<T, 1, W>>([r, c0]).cast::<f32>();
     }
-    dh.store([r, 0], o.cast::<T>());
+    dh.store([r, c0], o.cast::<T>());
     if drop_p > 0.0 {
-        dx.store([r, 0], dropout(o, drop_p, drop_scale, seed_lo, seed_hi, offset, r, 0).cast::<T>());
+        dx.store([r, c0], dropout(o, drop_p, drop_scale, seed_lo, seed_hi, offset, r, c0).cast::<T>());
     }
 }
 
@@ -299,10 +316,11 @@ pub fn norm_backward_row(
     for r in (block::id_x()..h.dim(0)).step_by(grid::dim_x()) {
         let x = h.load::<Tile<T, 1, 2048>>([r, 0]).cast::<f32>();
         let g = dy.load::<Tile<T, 1, 2048>>([r, 0]).cast::<f32>();
-        let (xhat, rstd) = normalized(x, h.dim(1), eps, layer);
+        let (xhat, rstd) = normalized(x, h.dim(1), h.dim(1), eps, layer, |s, _| s);
         dw = dw + g * xhat;
         db = db + g;
-        store_row_grad(g, xhat, rstd, w, dres, dh, dx, r, layer, has_w, has_dres, drop_p, drop_scale, seed_lo, seed_hi, offset);
+        #[rustfmt::skip]
+        store_row_grad(g, xhat, rstd, w, dres, dh, dx, r, 0, layer, has_w, has_dres, drop_p, drop_scale, seed_lo, seed_hi, offset, |s, _| s);
     }
     dw_part.store([block::id_x(), 0], dw);
     db_part.store([block::id_x(), 0], db);
@@ -313,7 +331,7 @@ pub fn norm_backward_row(
 /// once a row into registers; the block's sums of `dy · x̂` and `dy` kept in shared memory,
 /// each thread adding into the columns its tiles hold (no barrier: no thread reads another's),
 /// and stored to its rows of `dw_part` and `db_part` at the end.
-#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [4096, 3072, 5120, 6144, 7168, 8192, 9216, 10240, 11264, 12288]))]
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [4096, 3072, 5120, 6144, 7168, 8192]))]
 pub fn norm_backward_rows(
     h: Global<T, 2>, dy: Global<T, 2>, dres: Global<T, 2>, w: Global<T, 1>, dh: Global<T, 2>, dx: Global<T, 2>, dw_part: Global<f32, 2>,
     db_part: Global<f32, 2>, eps: f32, layer: i32, has_w: i32, has_dres: i32, drop_p: f32, drop_scale: f32, seed_lo: i32, seed_hi: i32,
@@ -329,13 +347,63 @@ pub fn norm_backward_rows(
         dy.prefetch::<Tile<T, 1, W>>([r + step, 0]);
         let x = h.load::<Tile<T, 1, W>>([r, 0]).cast::<f32>();
         let g = dy.load::<Tile<T, 1, W>>([r, 0]).cast::<f32>();
-        let (xhat, rstd) = normalized(x, h.dim(1), eps, layer);
+        let (xhat, rstd) = normalized(x, h.dim(1), h.dim(1), eps, layer, |s, _| s);
         sdw.at(0).store(sdw.at(0).load() + g * xhat);
         sdb.at(0).store(sdb.at(0).load() + g);
-        store_row_grad(g, xhat, rstd, w, dres, dh, dx, r, layer, has_w, has_dres, drop_p, drop_scale, seed_lo, seed_hi, offset);
+        #[rustfmt::skip]
+        store_row_grad(g, xhat, rstd, w, dres, dh, dx, r, 0, layer, has_w, has_dres, drop_p, drop_scale, seed_lo, seed_hi, offset, |s, _| s);
     }
     dw_part.store([block::id_x(), 0], sdw.at(0).load());
     db_part.store([block::id_x(), 0], sdb.at(0).load());
+}
+
+/// Warpgroup `me`'s half of a row sum of kind `kind` (0–3) made the row's, through the slot
+/// pair `2·kind` of `sums` and named barrier 1.
+#[tessera::device]
+fn both_halves(sums: Smem<f32, 1, 1>, s: Tile<f32, 1, 1>, kind: i32, me: i32) -> Tile<f32, 1, 1> {
+    sums.at(kind * 2 + me).store(s);
+    barrier::sync(1, 2);
+    sums.at(kind * 2).load() + sums.at(kind * 2 + 1).load()
+}
+
+/// `norm_backward_rows` for rows of 8193 to [`FUSED_BACKWARD_ROW_HALVES`] columns: two
+/// warpgroups, each holding half of a row (`W` columns, a variant per width: the narrowest
+/// that holds half the row launched) in registers and its half of the block's sums for
+/// `dweight` and `dbias` in shared memory; the row's four sums (mean,
+/// variance, `Σ g·w·x̂`, `Σ g·w`) added across the halves through shared memory, one slot
+/// pair and a named barrier each (a slot is written again only two sums later, after the
+/// other warpgroup has passed the barrier between, so it has read it).
+#[kernel(warpgroups = 2, dtypes(T = [bf16, f16, f32]), tune(W = [8192, 7168, 6144, 5120]))]
+pub fn norm_backward_halves(
+    h: Global<T, 2>, dy: Global<T, 2>, dres: Global<T, 2>, w: Global<T, 1>, dh: Global<T, 2>, dx: Global<T, 2>, dw_part: Global<f32, 2>,
+    db_part: Global<f32, 2>, eps: f32, layer: i32, has_w: i32, has_dres: i32, drop_p: f32, drop_scale: f32, seed_lo: i32, seed_hi: i32,
+    offset: i32,
+) {
+    let me = warpgroup::id();
+    let c0 = me * W;
+    let sdw = Smem::<f32, 1, W>::ring_swizzled(2, 0);
+    let sdb = Smem::<f32, 1, W>::ring_swizzled(2, 0);
+    let sums = Smem::<f32, 1, 1>::ring_swizzled(8, 0);
+    sdw.at(me).store(Tile::<f32, 1, W>::zeros());
+    sdb.at(me).store(Tile::<f32, 1, W>::zeros());
+    let n = h.dim(1);
+    let step = grid::dim_x();
+    for r in (block::id_x()..h.dim(0)).step_by(step) {
+        h.prefetch::<Tile<T, 1, W>>([r + step, c0]);
+        dy.prefetch::<Tile<T, 1, W>>([r + step, c0]);
+        let x = h.load::<Tile<T, 1, W>>([r, c0]).cast::<f32>();
+        let g = dy.load::<Tile<T, 1, W>>([r, c0]).cast::<f32>();
+        let (xhat, rstd) = normalized(x, n, n - c0, eps, layer, |s, kind| both_halves(sums, s, kind, me));
+        sdw.at(me).store(sdw.at(me).load() + g * xhat);
+        sdb.at(me).store(sdb.at(me).load() + g);
+        #[rustfmt::skip]
+        store_row_grad(
+            g, xhat, rstd, w, dres, dh, dx, r, c0, layer, has_w, has_dres, drop_p, drop_scale, seed_lo, seed_hi, offset,
+            |s, kind| both_halves(sums, s, kind, me),
+        );
+    }
+    dw_part.store([block::id_x(), c0], sdw.at(me).load());
+    db_part.store([block::id_x(), c0], sdb.at(me).load());
 }
 
 /// `norm_backward_row` for any width, in 2048-column chunks: passes for the mean
@@ -506,6 +574,7 @@ pub struct FusedSpecs {
     pub wide: &'static tessera::KernelSpec,
     pub backward_row: &'static tessera::KernelSpec,
     pub backward_rows: &'static [&'static tessera::KernelSpec],
+    pub backward_halves: &'static [&'static tessera::KernelSpec],
     pub backward_wide: &'static tessera::KernelSpec,
     pub sum_partials: &'static tessera::KernelSpec,
 }
@@ -706,6 +775,8 @@ impl<'a, T: NormElement> Norm<'a, T> {
             specs.backward_row
         } else if n <= FUSED_BACKWARD_ROW_IN_REGISTERS {
             specs.backward_rows[crate::norm::narrowest(specs.backward_rows, n)]
+        } else if n <= FUSED_BACKWARD_ROW_HALVES {
+            specs.backward_halves[crate::norm::narrowest(specs.backward_halves, n.div_ceil(2))]
         } else {
             specs.backward_wide
         };
@@ -713,11 +784,15 @@ impl<'a, T: NormElement> Norm<'a, T> {
             _ if n <= FUSED_BACKWARD_ROW_NARROW => 4,
             _ if n <= 4096 => 4,
             _ if n <= 6144 => 3,
+            _ if n <= FUSED_BACKWARD_ROW_IN_REGISTERS => 2,
+            // (Two warpgroups a block, their registers and 128 KiB of sums: one.)
+            _ if n <= FUSED_BACKWARD_ROW_HALVES => 1,
             _ => 2,
         };
         let blocks = m.min(per_sm * device.sm_count().max(1) as usize);
-        let mut dw_part = Tensor::<f32>::zeros(device, &[blocks, n])?;
-        let mut db_part = Tensor::<f32>::zeros(device, &[blocks, n])?;
+        // (Every block writes its whole row of partials: no clearing.)
+        let mut dw_part = Tensor::<f32>::scratch(device, &[blocks, n])?;
+        let mut db_part = Tensor::<f32>::scratch(device, &[blocks, n])?;
         {
             let mut l = Launch::new(spec, device)?;
             let _g0 = l.global(0, h)?;
