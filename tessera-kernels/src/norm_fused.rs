@@ -18,11 +18,12 @@ use tessera::{kernel, Device, Element, Error, Grid, Launch, Optional, OptionalMu
 /// The fused kernels of element type `dtype` (bf16, f16 or f32: every [`NormElement`]).
 fn fused_specs(dtype: tessera::DType) -> FusedSpecs {
     macro_rules! specs {
-        ($rows4:ident, $row:ident, $wide:ident, $brow:ident, $brows:ident, $bhalves:ident, $bwide:ident, $sum:ident) => {
+        ($rows4:ident, $row:ident, $wide:ident, $brows4:ident, $brow:ident, $brows:ident, $bhalves:ident, $bwide:ident, $sum:ident) => {
             FusedSpecs {
                 rows4: $rows4::VARIANTS,
                 row: $row::VARIANTS,
                 wide: &$wide::SPEC,
+                backward_rows4: $brows4::VARIANTS,
                 backward_row: &$brow::SPEC,
                 backward_rows: $brows::VARIANTS,
                 backward_halves: $bhalves::VARIANTS,
@@ -36,6 +37,7 @@ fn fused_specs(dtype: tessera::DType) -> FusedSpecs {
             norm_fused_rows4_bf16,
             norm_fused_row_bf16,
             norm_fused_wide_bf16,
+            norm_backward_rows4_bf16,
             norm_backward_row_bf16,
             norm_backward_rows_bf16,
             norm_backward_halves_bf16,
@@ -46,6 +48,7 @@ fn fused_specs(dtype: tessera::DType) -> FusedSpecs {
             norm_fused_rows4_f16,
             norm_fused_row_f16,
             norm_fused_wide_f16,
+            norm_backward_rows4_f16,
             norm_backward_row_f16,
             norm_backward_rows_f16,
             norm_backward_halves_f16,
@@ -56,6 +59,7 @@ fn fused_specs(dtype: tessera::DType) -> FusedSpecs {
             norm_fused_rows4_f32,
             norm_fused_row_f32,
             norm_fused_wide_f32,
+            norm_backward_rows4_f32,
             norm_backward_row_f32,
             norm_backward_rows_f32,
             norm_backward_halves_f32,
@@ -77,6 +81,9 @@ pub const FUSED_BACKWARD_ROW_IN_REGISTERS: usize = 8192;
 /// The widest row the fused backward's two-warpgroup kernel takes (half a row each, in
 /// registers); wider rows pass over 2048-column chunks.
 pub const FUSED_BACKWARD_ROW_HALVES: usize = 16384;
+
+/// The widest row the fused backward's four-rows-a-block kernel takes (its widest tile).
+pub const FUSED_BACKWARD_ROWS4_MAX: usize = 1024;
 
 /// The widest row the fused backward's first kernel takes (its one tile).
 const FUSED_BACKWARD_ROW_NARROW: usize = 2048;
@@ -253,14 +260,14 @@ pub fn norm_fused_wide(
     }
 }
 
-/// A row's `x̂ = (x − mean) · rstd` (no mean for RMSNorm) and `rstd`, from its input `x` (f32,
-/// `valid` columns of `W` — the row's `n`, or the part of it this tile holds): `total(s,
-/// kind)` makes a tile's row sum the row's (`|s, _| s` where the tile is the whole row; the
+/// `R` rows' `x̂ = (x − mean) · rstd` (no mean for RMSNorm) and `rstd`, from their input `x`
+/// (f32, `valid` columns of `W` — the rows' `n`, or the part of them this tile holds): `total(s,
+/// kind)` makes a tile's row sums the rows' (`|s, _| s` where the tile is the whole row; the
 /// sums' kinds 0 and 1 — the mean's and the variance's — as [`store_row_grad`]'s 2 and 3).
 #[tessera::device]
-fn normalized<const W: usize>(
-    x: Tile<f32, 1, W>, n: i32, valid: i32, eps: f32, layer: i32, total: impl Fn(Tile<f32, 1, 1>, i32) -> Tile<f32, 1, 1>,
-) -> (Tile<f32, 1, W>, Tile<f32, 1, 1>) {
+fn normalized<const R: usize, const W: usize>(
+    x: Tile<f32, R, W>, n: i32, valid: i32, eps: f32, layer: i32, total: impl Fn(Tile<f32, R, 1>, i32) -> Tile<f32, R, 1>,
+) -> (Tile<f32, R, W>, Tile<f32, R, 1>) {
     let inv_n = 1.0 / n as f32;
     let mut d = x;
     if layer == 1 {
@@ -270,17 +277,17 @@ fn normalized<const W: usize>(
     (d * rstd, rstd)
 }
 
-/// Row `r`'s input gradient (its columns `c0..c0 + W`) from its output gradient `g`, `x̂` and
+/// Rows `r..r + R`'s input gradient (their columns `c0..c0 + W`) from the output gradient `g`, `x̂` and
 /// `rstd` ([`normalized`], its `total`) and the weight `w` (read again each row: L1 hits; held
 /// across rows it would spill the widest tiles): `dh = rstd · (g·w − mean(g·w) − x̂ ·
 /// mean(g·w·x̂))` (no mean term for RMSNorm) plus `dres` if given, stored, and `dx = dh · mask
 /// / (1 − p)` under dropout.
 #[tessera::device]
 #[allow(clippy::too_many_arguments)]
-fn store_row_grad<const W: usize, T>(
-    g: Tile<f32, 1, W>, xhat: Tile<f32, 1, W>, rstd: Tile<f32, 1, 1>, w: Global<T, 1>, dres: Global<T, 2>, dh: Global<T, 2>,
+fn store_row_grad<const R: usize, const W: usize, T>(
+    g: Tile<f32, R, W>, xhat: Tile<f32, R, W>, rstd: Tile<f32, R, 1>, w: Global<T, 1>, dres: Global<T, 2>, dh: Global<T, 2>,
     dx: Global<T, 2>, r: i32, c0: i32, layer: i32, has_w: i32, has_dres: i32, drop_p: f32, drop_scale: f32, seed_lo: i32, seed_hi: i32,
-    offset: i32, total: impl Fn(Tile<f32, 1, 1>, i32) -> Tile<f32, 1, 1>,
+    offset: i32, total: impl Fn(Tile<f32, R, 1>, i32) -> Tile<f32, R, 1>,
 ) {
     let inv_n = 1.0 / dh.dim(1) as f32;
     let mut gw = g;
@@ -293,7 +300,7 @@ fn store_row_grad<const W: usize, T>(
     }
     let mut o = t * rstd;
     if has_dres == 1 {
-        o = o + dres.load::<Tile<T, 1, W>>([r, c0]).cast::<f32>();
+        o = o + dres.load::<Tile<T, R, W>>([r, c0]).cast::<f32>();
     }
     dh.store([r, c0], o.cast::<T>());
     if drop_p > 0.0 {
@@ -332,6 +339,37 @@ pub fn norm_backward_row(
     }
     dw_part.store([block::id_x(), 0], dw);
     db_part.store([block::id_x(), 0], db);
+}
+
+/// `norm_backward_row` for rows of at most [`FUSED_BACKWARD_ROWS4_MAX`] columns, four a block
+/// (one a warp: their sums stay within it), a variant per tile width `W` (the narrowest that
+/// holds the row): each thread's sums of `dy · x̂` and `dy` in registers for its four rows'
+/// columns, stored to the block's four rows of `dw_part` and `db_part`.
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [1024, 768, 512]))]
+pub fn norm_backward_rows4(
+    h: Global<T, 2>, dy: Global<T, 2>, dres: Global<T, 2>, w: Global<T, 1>, dh: Global<T, 2>, dx: Global<T, 2>, dw_part: Global<f32, 2>,
+    db_part: Global<f32, 2>, eps: f32, layer: i32, has_w: i32, has_dres: i32, drop_p: f32, drop_scale: f32, seed_lo: i32, seed_hi: i32,
+    offset: i32,
+) {
+    let mut dw = Tile::<f32, 4, W>::zeros();
+    let mut db = Tile::<f32, 4, W>::zeros();
+    let step = grid::dim_x() * 4;
+    for r in (block::id_x() * 4..h.dim(0)).step_by(step) {
+        h.prefetch::<Tile<T, 4, W>>([r + step, 0]);
+        dy.prefetch::<Tile<T, 4, W>>([r + step, 0]);
+        if has_dres == 1 {
+            dres.prefetch::<Tile<T, 4, W>>([r + step, 0]);
+        }
+        let x = h.load::<Tile<T, 4, W>>([r, 0]).cast::<f32>();
+        let g = dy.load::<Tile<T, 4, W>>([r, 0]).cast::<f32>();
+        let (xhat, rstd) = normalized(x, h.dim(1), h.dim(1), eps, layer, |s, _| s);
+        dw = dw + g * xhat;
+        db = db + g;
+        #[rustfmt::skip]
+        store_row_grad(g, xhat, rstd, w, dres, dh, dx, r, 0, layer, has_w, has_dres, drop_p, drop_scale, seed_lo, seed_hi, offset, |s, _| s);
+    }
+    dw_part.store([block::id_x() * 4, 0], dw);
+    db_part.store([block::id_x() * 4, 0], db);
 }
 
 /// `norm_backward_row` for rows of 2049 to [`FUSED_BACKWARD_ROW_IN_REGISTERS`] columns, a
@@ -580,6 +618,7 @@ pub struct FusedSpecs {
     pub rows4: &'static [&'static tessera::KernelSpec],
     pub row: &'static [&'static tessera::KernelSpec],
     pub wide: &'static tessera::KernelSpec,
+    pub backward_rows4: &'static [&'static tessera::KernelSpec],
     pub backward_row: &'static tessera::KernelSpec,
     pub backward_rows: &'static [&'static tessera::KernelSpec],
     pub backward_halves: &'static [&'static tessera::KernelSpec],
@@ -776,10 +815,13 @@ impl<'a, T: NormElement> Norm<'a, T> {
             return Ok(());
         }
         let specs = fused_specs(T::DTYPE);
-        // Blocks stride over the rows: as many as fit on the GPU at once (ptxas: 96 registers
-        // for the row kernel; 96–128 for the wider rows' tiles to 4096, 154–168 to 6144, 208–255
+        // Blocks stride over the rows: as many as fit on the GPU at once (ptxas: 96–200
+        // registers for the four-row kernel, 96 for the row kernel; 96–128 for the wider rows' tiles to 4096, 154–168 to 6144, 208–255
         // above; 250 for the chunked one), each summing into its own row of partials.
-        let spec = if n <= FUSED_BACKWARD_ROW_NARROW {
+        let rows4 = n <= FUSED_BACKWARD_ROWS4_MAX;
+        let spec = if rows4 {
+            specs.backward_rows4[crate::norm::narrowest(specs.backward_rows4, n)]
+        } else if n <= FUSED_BACKWARD_ROW_NARROW {
             specs.backward_row
         } else if n <= FUSED_BACKWARD_ROW_IN_REGISTERS {
             specs.backward_rows[crate::norm::narrowest(specs.backward_rows, n)]
@@ -789,6 +831,8 @@ impl<'a, T: NormElement> Norm<'a, T> {
             specs.backward_wide
         };
         let per_sm = match n {
+            // (Four rows a block: 96–200 registers a thread, three blocks an SM at 1024.)
+            _ if rows4 => 3,
             _ if n <= FUSED_BACKWARD_ROW_NARROW => 4,
             _ if n <= 4096 => 4,
             _ if n <= 6144 => 3,
@@ -797,10 +841,12 @@ impl<'a, T: NormElement> Norm<'a, T> {
             _ if n <= FUSED_BACKWARD_ROW_HALVES => 1,
             _ => 2,
         };
-        let blocks = m.min(per_sm * device.sm_count().max(1) as usize);
-        // (Every block writes its whole row of partials: no clearing.)
-        let mut dw_part = Tensor::<f32>::scratch(device, &[blocks, n])?;
-        let mut db_part = Tensor::<f32>::scratch(device, &[blocks, n])?;
+        // (Four rows a block and four rows of partials for the narrowest rows.)
+        let per_block = if rows4 { 4 } else { 1 };
+        let blocks = m.div_ceil(per_block).min(per_sm * device.sm_count().max(1) as usize);
+        // (Every block writes its whole rows of partials: no clearing.)
+        let mut dw_part = Tensor::<f32>::scratch(device, &[blocks * per_block, n])?;
+        let mut db_part = Tensor::<f32>::scratch(device, &[blocks * per_block, n])?;
         {
             let mut l = Launch::new(spec, device)?;
             let _g0 = l.global(0, h)?;
