@@ -268,9 +268,9 @@ fn mods_sequence<T, const V: usize>(
 /// (dK `× scale`). `lse`, `dsum` as `[batch·heads, seq_q]`. With `fused` 1 (the fast mode)
 /// the consumers also form the block's dQ, `dS·K` over the tile's 128 keys (both consumers'
 /// dSᵀ through shared memory, read transposed), each one half — 64 queries by `D·BQ/128`
-/// columns — and add it into the f32 `dq_acc` (`[lse's rows, seq, D]`) by TMA reduce-adds of
-/// 32-column panels: no dQ walk, but the sums' order varies from run to run. With the
-/// forward's dropout, `dropout_t(x, bh, q0, k0)` (the dQ walk's `dropout` arguments) masks Pᵀ
+/// columns (at head dim 96 64 and 32 columns, the consumers swapping by block parity) — and
+/// add it into the f32 `dq_acc` (`[lse's rows, seq, D]`) by TMA reduce-adds of 32-column
+/// panels: no dQ walk, but the sums' order varies from run to run. With the forward's dropout, `dropout_t(x, bh, q0, k0)` (the dQ walk's `dropout` arguments) masks Pᵀ
 /// (into dV) and dPᵀ as the forward did P, transposed (`|pt, _, _, _| pt` for none).
 #[device]
 #[allow(clippy::too_many_arguments)]

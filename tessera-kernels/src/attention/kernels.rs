@@ -379,8 +379,9 @@ pub fn attention_persistent<T, const D: usize, const BN: usize, const S: usize>(
                 if keep_lse == 1 {
                     lse.store([bh, q0 + row, 0], (m + log2(l)) * 0.6931471805599453);
                 }
-                // O leaves by TMA, 64 columns at a time, through two staging buffers per
-                // warpgroup used in turn; the one written two chunks ago must have been read first.
+                // O leaves by TMA, 64 columns at a time (32 at head dim 96: `64 − D % 64`), through
+                // two staging buffers per warpgroup used in turn; the one written two chunks ago
+                // must have been read first.
                 #[unroll]
                 for jj in 0..D / (64 - D % 64) {
                     let buf = me * 2 + (nt * (D / (64 - D % 64)) + jj) % 2;
@@ -741,8 +742,9 @@ pub fn attention_varlen_persistent<T, const D: usize, const BN: usize, const S: 
                 let q_end = q_start + len_q;
                 lse.store_within([lse_row, q_start + q0 + row, 0], (m + log2(l)) * 0.6931471805599453, [lse.dim(0), q_end, 1]);
                 if varlen == 0 || q0 + row + 64 <= len_q {
-                    // O leaves by TMA, 64 columns at a time, through two staging buffers per
-                    // warpgroup used in turn; the one written two chunks ago must have been read.
+                    // O leaves by TMA, 64 columns at a time (32 at head dim 96), through two
+                    // staging buffers per warpgroup used in turn; the one written two chunks ago
+                    // must have been read.
                     #[unroll]
                     for jj in 0..D / (64 - D % 64) {
                         let buf = me * 2 + (nt * (D / (64 - D % 64)) + jj) % 2;

@@ -742,34 +742,19 @@ impl Lowerer<'_> {
         Ok(())
     }
 
-    /// A wgmma shared-memory descriptor for a K-major tile at `addr` with `swizzle`.
-    fn descriptor(&mut self, addr: Reg, swizzle: u32) -> Reg {
+    /// A wgmma shared-memory descriptor for a tile at `addr` swizzled by `swizzle` bytes, its
+    /// leading byte offset `lbo`: unused for K-major tiles (16, encoded 1), the panel stride of
+    /// an MN-major one whose N spans panels (16 when it fits one).
+    fn descriptor(&mut self, addr: Reg, swizzle: u32, lbo: u32) -> Reg {
         use Operand::{Imm, Reg as R};
-        // bits 0-13: address >> 4; 16-29: LBO (unused for K-major swizzled: 1);
-        // 32-45: SBO = 8 rows of one swizzle span; 62-63: swizzle mode (1: 128B, 2: 64B, 3: 32B).
+        // bits 0-13: address >> 4; 16-29: LBO >> 4; 32-45: SBO = 8 rows of one swizzle span
+        // (8 K-rows MN-major); 62-63: swizzle mode (1: 128B, 2: 64B, 3: 32B).
         let (mode, sbo) = match swizzle {
             128 => (1u64, 1024u64),
             64 => (2, 512),
             _ => (3, 256),
         };
         let hi = (mode << 30) | (sbo >> 4);
-        let lo = self.reg(RegClass::B32, "desc_lo");
-        self.op("shr.u32", vec![R(lo), R(addr), Imm(4)]);
-        self.op("and.b32", vec![R(lo), R(lo), Imm(0x3FFF)]);
-        self.op("or.b32", vec![R(lo), R(lo), Imm(0x10000)]);
-        let d = self.reg(RegClass::B64, "desc");
-        self.op("mov.b64", vec![R(d), Operand::Sym(format!("{{{}, {}}}", self.reg_name(lo), hi as i64))]);
-        d
-    }
-
-    /// An MN-major wgmma descriptor for a K×N tile in panels of `span` bytes (128 or 64) at
-    /// `addr`: LBO is the panel stride (unused, and 16, when N fits one panel), SBO 8 K-rows of
-    /// one span (1024 or 512 bytes).
-    fn descriptor_mn(&mut self, addr: Reg, panel_stride: u32, n_panels: u32, span: u32) -> Reg {
-        use Operand::{Imm, Reg as R};
-        let lbo = if n_panels > 1 { panel_stride } else { 16 };
-        let mode: u64 = if span == 64 { 2 } else { 1 };
-        let hi: u64 = (mode << 30) | u64::from((8 * span) >> 4);
         let lo = self.reg(RegClass::B32, "desc_lo");
         self.op("shr.u32", vec![R(lo), R(addr), Imm(4)]);
         self.op("and.b32", vec![R(lo), R(lo), Imm(0x3FFF)]);
@@ -820,9 +805,10 @@ impl Lowerer<'_> {
         let k_steps = k / 16;
         let zero = std::mem::take(&mut self.mma_zero);
         let desc_b = if b_kn {
-            self.descriptor_mn(vb.addr, vb.ty.rows * vb.ty.pitch(), vb.ty.panels(), vb.ty.pitch())
+            let lbo = if vb.ty.panels() > 1 { vb.ty.rows * vb.ty.pitch() } else { 16 };
+            self.descriptor(vb.addr, vb.ty.pitch(), lbo)
         } else {
-            self.descriptor(vb.addr, vb.ty.swizzle)
+            self.descriptor(vb.addr, vb.ty.swizzle, 16)
         };
         self.op("wgmma.fence.sync.aligned", vec![]);
         for mb in 0..(t.ty.rows / 64) {
@@ -835,12 +821,12 @@ impl Lowerer<'_> {
                     let panel = va.ty.rows * span;
                     let per_slab = 64 * va.ty.dtype.size() / span;
                     self.op("add.u32", vec![R(a_addr), R(va.addr), Imm(i64::from(mb * per_slab * panel))]);
-                    Some(self.descriptor_mn(a_addr, panel, per_slab, span))
+                    Some(self.descriptor(a_addr, span, if per_slab > 1 { panel } else { 16 }))
                 }
                 MmaA::Smem(va) => {
                     let a_addr = self.reg(RegClass::B32, "a_slab");
                     self.op("add.u32", vec![R(a_addr), R(va.addr), Imm(i64::from(mb * 64 * va.ty.pitch()))]);
-                    Some(self.descriptor(a_addr, va.ty.swizzle))
+                    Some(self.descriptor(a_addr, va.ty.swizzle, 16))
                 }
                 MmaA::Regs(_) => None,
             };
