@@ -1403,3 +1403,77 @@ fn gpu_exp2_on_the_fma_pipe() {
 fn interp_exp2_on_the_fma_pipe() {
     exp2_on_the_fma_pipe(&Device::cpu());
 }
+
+/// Each block's `acc = A_blk·Bᵀ` (64×48, A's block `block::id_x()`) written in fragment order
+/// (`store_fragments`), added by one flat bulk reduce-add into `sum`'s first 3072 elements and
+/// copied by a flat bulk store to its row of `each`.
+#[kernel(targets(sm_90a))]
+fn fragment_sums(a: Global<bf16, 2>, b: Global<bf16, 2>, sum: Global<f32, 2>, each: Global<f32, 2>) {
+    let sa = Smem::<bf16, 64, 32>::ring(1);
+    let sb = Smem::<bf16, 64, 32>::ring(1);
+    let frag = Smem::<f32, 64, 48>::ring_swizzled(1, 0);
+    sa.at(0).store(a.load::<Tile<bf16, 64, 32>>([block::id_x() * 64, 0]));
+    sb.at(0).store(b.load::<Tile<bf16, 64, 32>>([0, 0]));
+    let mut acc = Tile::<f32, 64, 48>::zeros();
+    mma_sync(acc, sa.at(0), sb.at(0).rows(0, 48));
+    mma_wait(0);
+    frag.at(0).store_fragments(acc);
+    tma::reduce_add_flat(sum, [0, 0], frag.at(0));
+    tma::store_flat(each, [block::id_x(), 0], frag.at(0));
+    tma::store_wait(0);
+}
+
+/// `2·sum`, the accumulator read back from fragment order (`load_fragments`), stored by element.
+#[kernel(targets(sm_90a))]
+fn fragment_read(sum: Global<f32, 2>, out: Global<f32, 2>) {
+    out.store([0, 0], sum.load_fragments::<Tile<f32, 64, 48>>([0, 0]) * 2.0);
+}
+
+fn fragments_round_trip(dev: &Device) {
+    use tessera_ptx::layout::fragment_offset;
+    let blocks = 3;
+    let a: Vec<bf16> = random(blocks * 64 * 32, -1.0, 1.0).into_iter().map(bf16::from_f32).collect();
+    let b: Vec<bf16> = random(48 * 32, -1.0, 1.0).into_iter().map(bf16::from_f32).collect();
+    let s0 = random(2 * 3072, -1.0, 1.0);
+    let (ad, bd) = (Tensor::from_host(dev, &a, &[blocks * 64, 32]).expect("a"), Tensor::from_host(dev, &b, &[48, 32]).expect("b"));
+    let mut sum = Tensor::from_host(dev, &s0, &[2, 3072]).expect("sum");
+    let mut each = Tensor::full(dev, &[blocks, 3072], f32::NAN).expect("each");
+    let mut out = Tensor::full(dev, &[64, 48], f32::NAN).expect("out");
+    fragment_sums::launch(dev, blocks as u32, &ad, &bd, &mut sum, &mut each).expect("fragment_sums");
+    fragment_read::launch(dev, 1, &sum, &mut out).expect("fragment_read");
+    let (sum, each, out) = (sum.to_host().expect("sum"), each.to_host().expect("each"), out.to_host().expect("out"));
+    let product = |blk: usize, r: usize, c: usize| -> f64 {
+        (0..32).map(|k| f64::from(a[(blk * 64 + r) * 32 + k].to_f32()) * f64::from(b[c * 32 + k].to_f32())).sum()
+    };
+    let (mut want_each, mut got_each) = (Vec::new(), Vec::new());
+    let (mut want_out, mut got_out) = (Vec::new(), Vec::new());
+    for r in 0..64 {
+        for c in 0..48 {
+            let at = fragment_offset(48, r as u32, c as u32) as usize;
+            let mut total = f64::from(s0[at]);
+            for blk in 0..blocks {
+                want_each.push(product(blk, r, c));
+                got_each.push(f64::from(each[blk * 3072 + at]));
+                total += product(blk, r, c);
+            }
+            want_out.push(2.0 * total);
+            got_out.push(f64::from(out[r * 48 + c]));
+        }
+    }
+    assert!(rel_error(&got_each, &want_each) < 1e-5, "store_flat of fragments: {}", rel_error(&got_each, &want_each));
+    assert!(rel_error(&got_out, &want_out) < 1e-5, "reduce_add_flat then load_fragments: {}", rel_error(&got_out, &want_out));
+    // The second row of `sum` is past the 3072 elements added: untouched.
+    assert_eq!(&sum[3072..], &s0[3072..], "a flat reduce-add wrote past its elements");
+}
+
+#[test]
+fn gpu_fragments_round_trip() {
+    if let Some(dev) = gpu_or_skip("gpu_fragments_round_trip") {
+        fragments_round_trip(&dev);
+    }
+}
+
+#[test]
+fn interp_fragments_round_trip() {
+    fragments_round_trip(&Device::cpu());
+}

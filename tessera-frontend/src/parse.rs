@@ -45,7 +45,7 @@ type R<T> = Result<T, syn::Error>;
 /// (the `deps` where it was written), and where it stands.
 pub type Lambda = (syn::ExprClosure, Vec<(String, u32)>, SourceLoc);
 
-const FUNCTIONS: &str = "`exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block_sum`, `block_max`, `block_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Tile::<f32, M, N>::col_index`, `Tile::<f32, M, N>::row_index`, `Tile::<f32, M, N>::uniform`, `Tile::<f32, M, N>::uniform8`, `Tile::<f32, M, N>::uniform8_t`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `TileQueue::<S>::new`, `tma::load`, `tma::store`, `tma::store_wait`, `mma_sync`, `mma_sync_kn`, `mma_wait`, `setmaxnreg`, `barrier::sync`, `barrier::arrive`, `tile_scan::<F>`, `tile_scan_exclusive::<F>`, `tile_scan_reverse::<F>`, `tile_scan_reverse_exclusive::<F>`";
+const FUNCTIONS: &str = "`exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block_sum`, `block_max`, `block_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Tile::<f32, M, N>::col_index`, `Tile::<f32, M, N>::row_index`, `Tile::<f32, M, N>::uniform`, `Tile::<f32, M, N>::uniform8`, `Tile::<f32, M, N>::uniform8_t`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `TileQueue::<S>::new`, `tma::load`, `tma::store`, `tma::reduce_add`, `tma::store_flat`, `tma::reduce_add_flat`, `tma::store_wait`, `mma_sync`, `mma_sync_kn`, `mma_wait`, `setmaxnreg`, `barrier::sync`, `barrier::arrive`, `tile_scan::<F>`, `tile_scan_exclusive::<F>`, `tile_scan_reverse::<F>`, `tile_scan_reverse_exclusive::<F>`";
 
 /// The scans: inclusive or exclusive, from the first element or from the last.
 const SCANS: [&str; 4] = ["tile_scan", "tile_scan_exclusive", "tile_scan_reverse", "tile_scan_reverse_exclusive"];
@@ -244,7 +244,13 @@ impl Frontend {
                 }
             }
             SynExpr::MethodCall(m) if m.method == "store" && m.args.len() == 1 => {
-                StmtKind::SmemStore { view: self.expr(&m.receiver)?, value: self.expr(&m.args[0])? }
+                StmtKind::SmemStore { view: self.expr(&m.receiver)?, value: self.expr(&m.args[0])?, fragments: false }
+            }
+            SynExpr::MethodCall(m) if m.method == "store_fragments" => {
+                if m.args.len() != 1 {
+                    return err(m, "`store_fragments` takes an MMA accumulator: `ring.at(s).store_fragments(acc)`");
+                }
+                StmtKind::SmemStore { view: self.expr(&m.receiver)?, value: self.expr(&m.args[0])?, fragments: true }
             }
             SynExpr::MethodCall(m) if m.method == "store" => {
                 let tensor = receiver_name(&m.receiver)?;
@@ -357,6 +363,8 @@ impl Frontend {
             ["tma", "load"]
                 | ["tma", "store"]
                 | ["tma", "reduce_add"]
+                | ["tma", "store_flat"]
+                | ["tma", "reduce_add_flat"]
                 | ["tma", "store_wait"]
                 | ["mma_sync"]
                 | ["mma_sync_kn"]
@@ -382,7 +390,17 @@ impl Frontend {
                     );
                 };
                 let add = last == "reduce_add";
-                Ok(StmtKind::TmaStore { tensor: receiver_name(tensor)?, index: self.index(index)?, src: self.expr(src)?, add })
+                Ok(StmtKind::TmaStore { tensor: receiver_name(tensor)?, index: self.index(index)?, src: self.expr(src)?, add, flat: false })
+            }
+            "store_flat" | "reduce_add_flat" => {
+                let [tensor, index, src] = args.as_slice() else {
+                    return err(
+                        c,
+                        format!("`tma::{last}` takes a tensor, a first element and a shared view: `tma::{last}(c, [i, j], ring.at(s))`"),
+                    );
+                };
+                let add = last == "reduce_add_flat";
+                Ok(StmtKind::TmaStore { tensor: receiver_name(tensor)?, index: self.index(index)?, src: self.expr(src)?, add, flat: true })
             }
             "store_wait" => {
                 let [n] = args.as_slice() else { return err(c, "`tma::store_wait` takes how many stores may still read shared memory") };
@@ -868,6 +886,17 @@ impl Frontend {
                 };
                 let fill = if name == "load_or" { Some(Box::new(self.expr(&m.args[1])?)) } else { None };
                 ExprKind::Load { tensor, index: self.index(&m.args[0])?, fill, tile }
+            }
+            "load_fragments" => {
+                let tensor = receiver_name(&m.receiver)?;
+                want(1)?;
+                let Some(tf) = &m.turbofish else {
+                    return err(
+                        &m.method,
+                        "`load_fragments` takes the accumulator's type: `tensor.load_fragments::<Tile<f32, 64, N>>([i, j])`",
+                    );
+                };
+                ExprKind::LoadFragments { tensor, index: self.index(&m.args[0])?, tile: turbofish_tile(tf)? }
             }
             "at" => {
                 want(1)?;

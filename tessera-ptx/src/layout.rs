@@ -275,9 +275,37 @@ impl Layout {
     }
 }
 
+/// Where element `(r, c)` of an f32 MMA accumulator `cols` wide lies in *fragment order*, as
+/// `store_fragments` writes it and `load_fragments` reads it: thread `t`'s register `i` (in
+/// the m64nN fragment's order, 64-row blocks one after another) at element
+/// `((i / 4)·128 + t)·4 + i % 4` — each thread's registers four at a time, a warp's quads
+/// side by side.
+pub fn fragment_offset(cols: u32, r: u32, c: u32) -> u32 {
+    let (b, rr) = (r / 64, r % 64);
+    let t = 32 * (rr / 16) + 4 * (rr % 8) + (c % 8) / 2;
+    let i = b * (cols / 2) + 4 * (c / 8) + 2 * ((rr % 16) / 8) + c % 2;
+    ((i / 4) * 128 + t) * 4 + i % 4
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fragment_order_is_the_registers_order() {
+        for (rows, cols) in [(64, 64), (64, 32), (128, 24), (64, 8)] {
+            let l = Layout::wgmma(rows, cols);
+            let mut seen = vec![false; (rows * cols) as usize];
+            for t in 0..128 {
+                let (r0, c0) = l.unwrapped_base(t);
+                for (i, s) in l.slots().iter().enumerate() {
+                    let at = fragment_offset(cols, r0 + s.dr, c0 + s.dc);
+                    assert_eq!(at, ((i as u32 / 4) * 128 + t) * 4 + i as u32 % 4, "{rows}x{cols} thread {t} register {i}");
+                    assert!(!std::mem::replace(&mut seen[at as usize], true));
+                }
+            }
+        }
+    }
 
     /// Every element of the tile is owned by exactly one (thread, slot).
     fn owners(l: &Layout) -> Vec<u32> {

@@ -140,6 +140,16 @@
 //!   `tma::reduce_add(tensor, [i, j], view)` adds the view into an f32 tensor instead (a bulk
 //!   reduce the L2 performs, atomic per element: partial sums of many blocks into one tensor,
 //!   as the attention backward's dQ), waited for the same way.
+//! - Fragment order, for f32 accumulators that only travel between MMAs and memory:
+//!   `view.store_fragments(acc)` writes each thread's registers four at a time (an
+//!   `st.shared.v4`, a warp's 512 bytes contiguous: no bank conflicts) into an unswizzled view
+//!   of the accumulator's shape, at `((i / 4)·128 + t)·4 + i % 4` for thread `t`'s register
+//!   `i` (`tessera_ptx::layout::fragment_offset` says where element `(r, c)` lands);
+//!   `tma::reduce_add_flat(tensor, [i, j], view)` adds a contiguous view (a stage, or rows
+//!   of one) into the f32 tensor's consecutive elements from `[i, j]` by one 1-D bulk reduce
+//!   (no tensor map; 16-byte aligned), `tma::store_flat` copies it; and
+//!   `tensor.load_fragments::<Tile<f32, 64, N>>([i, j])` reads such a block back as an
+//!   accumulator (one `ld.global.v4` a quad). The attention backward sums its dQ so.
 //!
 //! The same statements lower to `sm_80` too: TMA loads to `cp.async` by the producer
 //! warpgroup, the pipeline's waits to `mbarrier.test_wait`, `mma_sync` to `ldmatrix` +

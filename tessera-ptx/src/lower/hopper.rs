@@ -97,7 +97,7 @@ pub(crate) fn scan(body: &[Stmt], out: &mut HopperScan) {
                     out.tma.push((tensor.clone(), TmaUse { rows, cols, swizzle }, s.loc));
                 }
             }
-            StmtKind::TmaStore { tensor, src, .. } => {
+            StmtKind::TmaStore { tensor, src, flat: false, .. } => {
                 if let Some(Type::SmemView { rows, cols, swizzle, dtype }) = src.ty {
                     let cols = if swizzle > 0 { cols.min(swizzle / dtype.size()) } else { cols };
                     out.tma.push((tensor.clone(), TmaUse { rows, cols, swizzle }, s.loc));
@@ -409,12 +409,14 @@ impl Lowerer<'_> {
                 Ok(())
             }
             StmtKind::Mma { acc, a, b, b_kn, a_t } => self.mma(acc, a, b, *b_kn, *a_t),
-            StmtKind::SmemStore { view, value } => self.smem_store(view, value),
+            StmtKind::SmemStore { view, value, fragments: false } => self.smem_store(view, value),
+            StmtKind::SmemStore { view, value, fragments: true } => self.smem_store_fragments(view, value),
             StmtKind::TmaStore { .. } | StmtKind::TmaStoreWait(_) if !self.sm90() => Err(CompileError::Lower {
                 message: "`tma::store` needs sm_90a: build the kernel with `targets(sm_90a)`".into(),
                 loc: s.loc,
             }),
-            StmtKind::TmaStore { tensor, index, src, add } => self.tma_store(tensor, index, src, *add),
+            StmtKind::TmaStore { tensor, index, src, add, flat: false } => self.tma_store(tensor, index, src, *add),
+            StmtKind::TmaStore { tensor, index, src, add, flat: true } => self.bulk_store(tensor, index, src, *add),
             StmtKind::TmaStoreWait(n) => {
                 let leader = self.leader;
                 self.op_if(leader, false, "cp.async.bulk.wait_group.read", vec![Operand::Imm(i64::from(*n))]);
@@ -740,6 +742,110 @@ impl Lowerer<'_> {
         });
         self.op_if(leader, false, "cp.async.bulk.commit_group", vec![]);
         Ok(())
+    }
+
+    /// `tma::store_flat` / `tma::reduce_add_flat` (`add`): a 1-D bulk copy of the view's bytes
+    /// to the tensor's consecutive elements from `index`, issued by the warpgroup's leader once
+    /// every thread's shared writes are visible to the copy engine; not issued if it would run
+    /// past the tensor's last element (the interpreter says so).
+    fn bulk_store(&mut self, tensor: &str, index: &[Expr], src: &Expr, add: bool) -> Result<(), CompileError> {
+        use Operand::{Imm, Reg as R};
+        let v = self.view(src)?;
+        let idx = index.iter().map(|i| self.scalar(i)).collect::<Result<Vec<_>, _>>()?;
+        let g = self.global(tensor);
+        if !self.tma_store_chained {
+            self.op("fence.proxy.async.shared::cta", vec![]);
+            self.warpgroup_barrier();
+        }
+        let bytes = v.rows * v.ty.cols * g.dtype.size();
+        let (addr, room, ok) = self.flat_address(&g, &idx, None);
+        let leader = self.leader;
+        let issue = self.flat_fits(room, leader, bytes);
+        self.op("and.pred", vec![R(issue), R(issue), R(ok)]);
+        let op = if add {
+            "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32".to_string()
+        } else {
+            "cp.async.bulk.global.shared::cta.bulk_group".to_string()
+        };
+        self.op_if(issue, false, &op, vec![Operand::Addr(addr, 0), Operand::Addr(v.addr, 0), Imm(i64::from(bytes))]);
+        self.op_if(leader, false, "cp.async.bulk.commit_group", vec![]);
+        Ok(())
+    }
+
+    /// `view.store_fragments(acc)`: each thread's accumulator registers, four at a time, at
+    /// `((i / 4)·128 + t)·16` bytes into the view (`t` its index in the warpgroup) — one
+    /// `st.shared.v4` a quad, a warp's 512 bytes contiguous.
+    fn smem_store_fragments(&mut self, view: &Expr, value: &Expr) -> Result<(), CompileError> {
+        let v = self.view(view)?;
+        let t = self.tile(value)?;
+        if !matches!(t.layout.kind, crate::layout::LayoutKind::Wgmma { .. }) || !t.layout.keep_rows || !t.layout.keep_cols {
+            return Err(CompileError::Lower {
+                message: "`store_fragments` takes an MMA accumulator (a tile that `mma_sync` wrote)".into(),
+                loc: value.loc,
+            });
+        }
+        let addr = self.fragment_thread_offset(v.addr, 16);
+        for (j, quad) in t.regs.chunks(4).enumerate() {
+            let regs = quad.iter().map(|r| self.reg_name(*r)).collect::<Vec<_>>().join(", ");
+            self.op("st.shared.v4.f32", vec![Operand::Addr(addr, (j * 2048) as i64), Operand::Sym(format!("{{{regs}}}"))]);
+        }
+        Ok(())
+    }
+
+    /// `base + t·scale` for this thread's index `t` in its warpgroup (a shared address).
+    pub(crate) fn fragment_thread_offset(&mut self, base: Reg, scale: u32) -> Reg {
+        use Operand::{Imm, Reg as R};
+        let t = self.reg(RegClass::B32, "frag_t");
+        self.op("and.b32", vec![R(t), R(self.tid), Imm(127)]);
+        let a = self.reg(RegClass::B32, "frag_at");
+        self.op("mad.lo.u32", vec![R(a), R(t), Imm(i64::from(scale)), R(base)]);
+        a
+    }
+
+    /// The global address of element `idx` of `g` (plus this thread's `t·scale` bytes with
+    /// `thread`), the bytes left in the tensor from there (its elements are `dims[0]·strides[0]`)
+    /// and whether every index is at least 0.
+    pub(crate) fn flat_address(&mut self, g: &super::GlobalVal, idx: &[Operand], thread: Option<u32>) -> (Reg, Reg, Reg) {
+        use Operand::{Imm, Reg as R};
+        let gr = self.global_regs(g);
+        let es = i64::from(g.dtype.size());
+        let off = self.reg(RegClass::B64, "flat_off");
+        self.op("mov.b64", vec![R(off), Imm(0)]);
+        let ok = self.reg(RegClass::Pred, "flat_ok");
+        self.op("setp.eq.u32", vec![R(ok), R(self.lane), R(self.lane)]);
+        for (k, i) in idx.iter().enumerate() {
+            let ir = self.reg(RegClass::B32, "idx");
+            self.op("mov.b32", vec![R(ir), i.clone()]);
+            self.op("setp.ge.and.s32", vec![R(ok), R(ir), Imm(0), R(ok)]);
+            let sb = self.reg(RegClass::B32, "sbytes");
+            self.op("mul.lo.s32", vec![R(sb), R(gr.strides[k]), Imm(es)]);
+            let term = self.reg(RegClass::B64, "term");
+            self.op("mul.wide.s32", vec![R(term), R(ir), R(sb)]);
+            self.op("add.s64", vec![R(off), R(off), R(term)]);
+        }
+        if let Some(scale) = thread {
+            let t = self.reg(RegClass::B32, "frag_t");
+            self.op("and.b32", vec![R(t), R(self.tid), Imm(127)]);
+            let tb = self.reg(RegClass::B64, "frag_tb");
+            self.op("mul.wide.u32", vec![R(tb), R(t), Imm(i64::from(scale))]);
+            self.op("add.s64", vec![R(off), R(off), R(tb)]);
+        }
+        let sb = self.reg(RegClass::B32, "sbytes");
+        self.op("mul.lo.s32", vec![R(sb), R(gr.strides[0]), Imm(es)]);
+        let room = self.reg(RegClass::B64, "flat_room");
+        self.op("mul.wide.u32", vec![R(room), R(gr.dims[0]), R(sb)]);
+        self.op("sub.s64", vec![R(room), R(room), R(off)]);
+        let addr = self.reg(RegClass::B64, "flat_at");
+        self.op("add.s64", vec![R(addr), R(gr.ptr), R(off)]);
+        (addr, room, ok)
+    }
+
+    /// `ok` and `end ≤ room`: an access ending `end` bytes past a flat address fits.
+    pub(crate) fn flat_fits(&mut self, room: Reg, ok: Reg, end: u32) -> Reg {
+        use Operand::{Imm, Reg as R};
+        let p = self.reg(RegClass::Pred, "fits");
+        self.op("setp.le.and.s64", vec![R(p), Imm(i64::from(end)), R(room), R(ok)]);
+        p
     }
 
     /// A wgmma shared-memory descriptor for a tile at `addr` swizzled by `swizzle` bytes, its

@@ -86,6 +86,30 @@ impl Lowerer<'_> {
                 let (g, idx, ty, fill, layout) = self.load_args(e)?;
                 self.load(&g, &idx, ty, fill, layout)
             }
+            ExprKind::LoadFragments { tensor, index, tile } => {
+                // Each thread's registers four at a time from `((i / 4)·128 + t)·16` bytes on
+                // (as `store_fragments` left them): a warp's 512 bytes contiguous.
+                let g = self.global(tensor);
+                let idx = index.iter().map(|i| self.scalar(i)).collect::<Result<Vec<_>, _>>()?;
+                let layout = Layout::wgmma(tile.rows, tile.cols);
+                let regs: Vec<Reg> = (0..layout.len()).map(|_| self.reg(RegClass::F32, "frag")).collect();
+                let nc = if g.written { "" } else { ".nc" };
+                let (addr, room, ok) = self.flat_address(&g, &idx, Some(16));
+                for (j, quad) in regs.chunks(4).enumerate() {
+                    let ok = self.flat_fits(room, ok, j as u32 * 2048 + 16);
+                    for r in quad {
+                        self.op("mov.f32", vec![Operand::Reg(*r), Operand::F32(0.0)]);
+                    }
+                    let names = quad.iter().map(|r| self.reg_name(*r)).collect::<Vec<_>>().join(", ");
+                    self.op_if(
+                        ok,
+                        false,
+                        &format!("ld.global{nc}.v4.f32"),
+                        vec![Operand::Sym(format!("{{{names}}}")), Operand::Addr(addr, (j * 2048) as i64)],
+                    );
+                }
+                TileVal { ty: *tile, layout, regs }
+            }
             ExprKind::Cast { value, to } => {
                 let t = self.tile(value)?;
                 self.cast(t, *to)

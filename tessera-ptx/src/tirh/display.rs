@@ -64,9 +64,17 @@ fn write_stmt(f: &mut fmt::Formatter<'_>, s: &Stmt, depth: usize) -> fmt::Result
         }
         StmtKind::PipeCommit { pipe, stage } => writeln!(f, "{pad}{pipe}.commit({stage});  // line {}", s.loc.line),
         StmtKind::PipeRelease { pipe, stage } => writeln!(f, "{pad}{pipe}.release({stage});  // line {}", s.loc.line),
-        StmtKind::SmemStore { view, value } => writeln!(f, "{pad}{view} <- {value};  // line {}", s.loc.line),
-        StmtKind::TmaStore { tensor, index, src, add } => {
-            let op = if *add { "reduce_add" } else { "store" };
+        StmtKind::SmemStore { view, value, fragments } => {
+            let how = if *fragments { " fragments" } else { "" };
+            writeln!(f, "{pad}{view} <-{how} {value};  // line {}", s.loc.line)
+        }
+        StmtKind::TmaStore { tensor, index, src, add, flat } => {
+            let op = match (*add, *flat) {
+                (true, true) => "reduce_add_flat",
+                (true, false) => "reduce_add",
+                (false, true) => "store_flat",
+                (false, false) => "store",
+            };
             writeln!(f, "{pad}tma.{op} {tensor}[{}] <- {src};  // line {}", list(index), s.loc.line)
         }
         StmtKind::TmaStoreWait(n) => writeln!(f, "{pad}tma.store_wait {n};  // line {}", s.loc.line),
@@ -131,6 +139,7 @@ impl fmt::Display for Expr {
             ExprKind::Builtin(Builtin::WarpgroupId) => f.write_str("warpgroup.id"),
             ExprKind::Dim { tensor, axis } => write!(f, "{tensor}.dim({axis})"),
             ExprKind::Full { tile, value } => write!(f, "full<{tile}>({value})"),
+            ExprKind::LoadFragments { tensor, index, tile } => write!(f, "load_fragments<{tile}> {tensor}[{}]", list(index)),
             ExprKind::Load { tensor, index, fill, tile } => {
                 let t = tile.map_or_else(|| "?".to_string(), |t| t.to_string());
                 write!(f, "load<{t}> {tensor}[{}]", list(index))?;

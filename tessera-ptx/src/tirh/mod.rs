@@ -327,6 +327,10 @@ pub enum StmtKind {
         view: Expr,
         /// The tile, of the view's shape and dtype.
         value: Expr,
+        /// `view.store_fragments(acc)`: an MMA accumulator written in its registers' order
+        /// (see [`crate::layout::fragment_offset`]) into an unswizzled view, not by element.
+        #[serde(default)]
+        fragments: bool,
     },
     /// `tma::store(tensor, [i, j], view)`: a TMA bulk store of a shared view into the tensor at
     /// `[i, j]` (out-of-bounds elements are skipped), issued once every thread's shared writes
@@ -342,6 +346,11 @@ pub enum StmtKind {
         /// performs the adds, atomically per element), not written.
         #[serde(default)]
         add: bool,
+        /// `tma::store_flat` / `tma::reduce_add_flat`: the view's bytes, unswizzled and
+        /// contiguous, copied to consecutive elements from `[i, j]` (a 1-D bulk copy, no tensor
+        /// map) rather than as a box.
+        #[serde(default)]
+        flat: bool,
     },
     /// `tma::store_wait(n)`: waits until at most `n` of this warpgroup's TMA stores still read
     /// shared memory.
@@ -456,6 +465,7 @@ impl Expr {
             }
             K::Full { value, .. } => vec![value],
             K::Load { index, fill, .. } => index.iter().chain(fill.as_deref()).collect(),
+            K::LoadFragments { index, .. } => index.iter().collect(),
             K::SmemAt { stage, .. } => vec![stage],
             K::SmemRows { view, start, .. } => vec![view, start],
             K::MaskCols { value, limit, fill } => vec![value, limit, fill],
@@ -826,6 +836,17 @@ pub enum ExprKind {
         fill: Option<Box<Expr>>,
         /// The tile type, from `let t: Tile<…> =` or a turbofish.
         tile: Option<TileType>,
+    },
+    /// `tensor.load_fragments::<Tile<f32, M, N>>([i, j])`: an MMA accumulator read from
+    /// consecutive elements from `[i, j]` in its registers' order, as `store_fragments` wrote
+    /// it (past the tensor's elements the GPU reads zeros; the interpreter stops there).
+    LoadFragments {
+        /// The global tensor.
+        tensor: String,
+        /// The first element, one index per dimension.
+        index: Vec<Expr>,
+        /// The tile type (an f32 accumulator: rows a multiple of 64, columns of 8).
+        tile: TileType,
     },
     /// `x.cast::<T>()` or `x as T`.
     Cast {

@@ -79,6 +79,17 @@ impl Checker<'_> {
                 }
                 Type::Tile(t)
             }
+            ExprKind::LoadFragments { tensor, index, tile } => {
+                let (dtype, rank) = self.global(tensor, loc)?;
+                let (tensor, t) = (tensor.clone(), *tile);
+                self.indices(&tensor, rank, index, loc)?;
+                if dtype != DType::F32 || t.dtype != DType::F32 || t.rows % 64 != 0 || t.cols % 8 != 0 || t.cols > 256 {
+                    return Err(CompileError::ty(loc, format!(
+                        "`load_fragments` reads an f32 MMA accumulator (rows a multiple of 64, columns of 8 up to 256) from an f32 tensor: `{tensor}` holds `{dtype}`, the tile is `{t}`")));
+                }
+                check_tile_size(t, loc)?;
+                Type::Tile(t)
+            }
             ExprKind::Cast { value, to } => match self.expr(value)? {
                 Type::Tile(t) => {
                     if !to.is_float() {

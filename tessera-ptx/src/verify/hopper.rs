@@ -332,3 +332,13 @@ fn check_ring(t: SmemType, loc: SourceLoc) -> Result<SmemType, CompileError> {
     }
     Ok(t)
 }
+
+/// Whether a shared view expression takes columns (`.cols(…)`) anywhere: not contiguous.
+pub(super) fn has_cols(e: &Expr) -> bool {
+    match &e.kind {
+        // (Before typing, a view's `.cols(…)` is parsed as a tile's.)
+        crate::tirh::ExprKind::SmemCols { .. } | crate::tirh::ExprKind::TileCols { .. } => true,
+        crate::tirh::ExprKind::SmemRows { view, .. } => has_cols(view),
+        _ => false,
+    }
+}

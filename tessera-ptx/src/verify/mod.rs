@@ -327,7 +327,30 @@ impl Checker<'_> {
                     ));
                 }
             }
-            StmtKind::SmemStore { view, value } => {
+            StmtKind::SmemStore { view, value, fragments: true } => {
+                let vt = self.expr(view)?;
+                let tt = self.expr(value)?;
+                match (vt, tt) {
+                    (Type::SmemView { swizzle, .. }, _) if swizzle != 0 => {
+                        return Err(CompileError::ty(
+                            view.loc,
+                            format!("`store_fragments` writes an unswizzled view (`ring_swizzled(stages, 0)`), found a {swizzle}-byte swizzle"),
+                        ))
+                    }
+                    (Type::SmemView { dtype: DType::F32, rows, cols, .. }, Type::Tile(t))
+                        if t.dtype == DType::F32 && t.rows == rows && t.cols == cols && rows % 64 == 0 && cols % 8 == 0 => {}
+                    (Type::SmemView { dtype, rows, cols, .. }, other) => {
+                        return Err(CompileError::ty(
+                            value.loc,
+                            format!(
+                                "`store_fragments` writes an f32 MMA accumulator (rows a multiple of 64, columns of 8) of the view's shape: a `{rows}×{cols}` `{dtype}` view takes a `Tile<f32, {rows}, {cols}>`, found `{other}`"
+                            ),
+                        ))
+                    }
+                    (other, _) => return Err(CompileError::ty(view.loc, format!("`store_fragments(acc)` writes a shared view, found `{other}`"))),
+                }
+            }
+            StmtKind::SmemStore { view, value, fragments: false } => {
                 let vt = self.expr(view)?;
                 let tt = self.expr(value)?;
                 match (vt, tt) {
@@ -341,7 +364,37 @@ impl Checker<'_> {
                     (other, _) => return Err(CompileError::ty(view.loc, format!("`store(tile)` writes a shared view, found `{other}`"))),
                 }
             }
-            StmtKind::TmaStore { tensor, index, src, add } => {
+            StmtKind::TmaStore { tensor, index, src, add, flat: true } => {
+                let what = if *add { "tma::reduce_add_flat" } else { "tma::store_flat" };
+                let (dtype, rank) = self.global(tensor, loc)?;
+                if *add && dtype != DType::F32 {
+                    return Err(CompileError::ty(loc, format!("`{what}` adds into an f32 tensor, `{tensor}` holds `{dtype}`")));
+                }
+                let tensor = tensor.clone();
+                self.indices(&tensor, rank, index, loc)?;
+                if hopper::has_cols(src) {
+                    return Err(CompileError::ty(
+                        src.loc,
+                        format!("`{what}` copies contiguous bytes: a stage or its rows (`ring.at(s)`, `.rows(r, n)`), not `.cols(…)`"),
+                    ));
+                }
+                match self.expr(src)? {
+                    Type::SmemView { dtype: d, rows, cols, swizzle: 0 } if d == dtype && (rows * cols * d.size()) % 16 == 0 => {}
+                    Type::SmemView { swizzle, .. } if swizzle != 0 => {
+                        return Err(CompileError::ty(
+                            src.loc,
+                            format!("`{what}` copies an unswizzled view (`ring_swizzled(stages, 0)`), found a {swizzle}-byte swizzle"),
+                        ))
+                    }
+                    other => {
+                        return Err(CompileError::ty(
+                            src.loc,
+                            format!("`{what}` into `{tensor}` copies an unswizzled `{dtype}` shared view of a multiple of 16 bytes, found `{other}`"),
+                        ))
+                    }
+                }
+            }
+            StmtKind::TmaStore { tensor, index, src, add, flat: false } => {
                 let (dtype, rank) = self.global(tensor, loc)?;
                 if *add && dtype != DType::F32 {
                     return Err(CompileError::ty(loc, format!("`tma::reduce_add` adds into an f32 tensor, `{tensor}` holds `{dtype}`")));

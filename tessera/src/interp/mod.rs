@@ -642,7 +642,7 @@ impl<'p> Kernel<'p> {
                 let p = self.pipe(pipe, wg)?;
                 self.tma_load(view, g, &idx, p, blk)?;
             }
-            StmtKind::SmemStore { view, value } => {
+            StmtKind::SmemStore { view, value, fragments } => {
                 let view = self.view(view, wg, blk)?;
                 let Val::T(t) = self.eval(value, wg, blk)? else { return Err("stores a tile".to_string().into()) };
                 if let Some(st) = wg.stores.iter().find(|st| overlaps(st.view, view)) {
@@ -656,18 +656,29 @@ impl<'p> Kernel<'p> {
                 let ring = &mut blk.rings[view.ring];
                 for r in 0..t.ty.rows {
                     for c in 0..t.ty.cols {
-                        let at = ring_index(ty, view, r, c);
+                        // In fragment order: the element's place in the view's bytes.
+                        let (vr, vc) = if *fragments {
+                            let p = tessera_ptx::layout::fragment_offset(t.ty.cols, r, c);
+                            (p / view.cols, p % view.cols)
+                        } else {
+                            (r, c)
+                        };
+                        let at = ring_index(ty, view, vr, vc);
                         let i = (r * t.ty.cols + c) as usize;
                         ring.data[at] = t.v[i];
                         ring.written[at] = !t.poisoned(i);
                     }
                 }
             }
-            StmtKind::TmaStore { tensor, index, src, add } => {
+            StmtKind::TmaStore { tensor, index, src, add, flat } => {
                 let view = self.view(src, wg, blk)?;
                 let g = self.global(tensor, wg)?;
                 let idx = self.indices(index, wg, blk)?;
-                self.tma_store(g, &idx, view, blk, *add)?;
+                if *flat {
+                    self.bulk_store(g, &idx, view, blk, *add)?;
+                } else {
+                    self.tma_store(g, &idx, view, blk, *add)?;
+                }
                 wg.stores.push_back(PendingStore { view, line: s.loc.line });
             }
             StmtKind::NamedBarrier { id, warpgroups, wait, .. } => {
@@ -856,6 +867,11 @@ impl<'p> Kernel<'p> {
                 };
                 let g = self.global(tensor, wg)?;
                 Val::T(self.load_tile(g, &idx, *ty, fill)?)
+            }
+            ExprKind::LoadFragments { tensor, index, tile } => {
+                let idx = self.indices(index, wg, blk)?;
+                let g = self.global(tensor, wg)?;
+                Val::T(self.load_fragments(g, &idx, *tile)?)
             }
             ExprKind::Cast { value, to } => value::cast(self.eval(value, wg, blk)?, *to)?,
             ExprKind::Unary(op, a) => value::unary(*op, self.eval(a, wg, blk)?)?,
@@ -1113,6 +1129,67 @@ impl<'p> Kernel<'p> {
                     }
                     t.v[(r * ty.cols + c) as usize] = value::read(&bytes, g.dtype, at as usize);
                 }
+            }
+        }
+        Ok(t)
+    }
+
+    /// The first element of a flat access of `n` elements from `idx` (every index inside the
+    /// tensor), which must end within the tensor's elements (`shape[0]·strides[0]`) and its
+    /// buffer, and start 16-byte aligned as the GPU's bulk copies and vector loads do.
+    fn flat_start(what: &str, g: &Global, idx: &[i64], n: i64) -> Flowing<i64> {
+        let Some(at) = Self::offset(g, idx) else {
+            return Err(format!("`{what}` at {idx:?}, outside `{}` of shape {:?}", g.name, g.shape).into());
+        };
+        let end = g.base + g.shape.first().copied().unwrap_or(1) * g.strides.first().copied().unwrap_or(1);
+        if at + n > end.min(g.buf.len as i64) {
+            return Err(format!("`{what}` of {n} elements from {idx:?} runs past the end of `{}` (shape {:?})", g.name, g.shape).into());
+        }
+        if (at * i64::from(g.dtype.size())) % 16 != 0 {
+            return Err(format!(
+                "`{what}` from {idx:?} of `{}`: the first element must lie 16-byte aligned, or the GPU stops on a misaligned address",
+                g.name
+            )
+            .into());
+        }
+        Ok(at)
+    }
+
+    /// `tma::store_flat` / `tma::reduce_add_flat` (`add`): the view's elements, in its memory
+    /// order, into the tensor's consecutive elements from `idx`.
+    fn bulk_store(&self, g: &Global, idx: &[i64], view: View, blk: &Block, add: bool) -> Flowing<()> {
+        let what = if add { "tma::reduce_add_flat" } else { "tma::store_flat" };
+        let (name, ty) = &self.prog.rings[view.ring];
+        let n = view.rows * view.cols;
+        let at = Self::flat_start(what, g, idx, i64::from(n))?;
+        let ring = &blk.rings[view.ring];
+        let mut bytes = g.buf.lock();
+        for p in 0..n {
+            let s = ring_index(*ty, view, p / view.cols, p % view.cols);
+            if !ring.written[s] {
+                return Err(format!(
+                    "`{what}` into `{}` reads element {p} of stage {} of ring `{name}`, which nothing wrote",
+                    g.name, view.stage
+                )
+                .into());
+            }
+            let dst = (at + i64::from(p)) as usize;
+            let x = if add { value::read(&bytes, g.dtype, dst) + ring.data[s] } else { ring.data[s] };
+            value::write(&mut bytes, g.dtype, dst, x);
+        }
+        Ok(())
+    }
+
+    /// `tensor.load_fragments::<ty>(idx)`: an accumulator from consecutive elements in
+    /// fragment order.
+    fn load_fragments(&self, g: &Global, idx: &[i64], ty: tessera_ptx::tirh::TileType) -> Flowing<Tile> {
+        let at = Self::flat_start("load_fragments", g, idx, i64::from(ty.rows * ty.cols))?;
+        let bytes = g.buf.lock();
+        let mut t = Tile::full(ty, 0.0);
+        for r in 0..ty.rows {
+            for c in 0..ty.cols {
+                let p = tessera_ptx::layout::fragment_offset(ty.cols, r, c);
+                t.v[(r * ty.cols + c) as usize] = value::read(&bytes, g.dtype, (at + i64::from(p)) as usize);
             }
         }
         Ok(t)
