@@ -338,12 +338,12 @@ impl Checker<'_> {
                         ))
                     }
                     (Type::SmemView { dtype: DType::F32, rows, cols, .. }, Type::Tile(t))
-                        if t.dtype == DType::F32 && t.rows == rows && t.cols == cols && rows % 64 == 0 && cols % 8 == 0 => {}
+                        if t.dtype == DType::F32 && t.rows * t.cols == rows * cols && t.rows % 64 == 0 && t.cols % 8 == 0 => {}
                     (Type::SmemView { dtype, rows, cols, .. }, other) => {
                         return Err(CompileError::ty(
                             value.loc,
                             format!(
-                                "`store_fragments` writes an f32 MMA accumulator (rows a multiple of 64, columns of 8) of the view's shape: a `{rows}×{cols}` `{dtype}` view takes a `Tile<f32, {rows}, {cols}>`, found `{other}`"
+                                "`store_fragments` writes an f32 MMA accumulator (rows a multiple of 64, columns of 8) of as many elements as the view: a `{rows}×{cols}` `{dtype}` view takes {} f32, found `{other}`", rows * cols
                             ),
                         ))
                     }
