@@ -37,6 +37,10 @@ fn main() {
     };
     common::temporary_tune_cache();
     let blas = CudaBlas::new(dev.stream().expect("a CUDA stream").clone()).expect("cublas");
+    if std::env::var("TESSERA_BENCH_GEMM").as_deref() == Ok("small_m") {
+        small_m(&dev, &blas);
+        return;
+    }
     let shapes: &[(usize, usize, usize)] = &[
         (2048, 2048, 2048),
         (4096, 4096, 4096),
@@ -215,4 +219,54 @@ fn tuned_vs_default(dev: &Device, rng: &mut Uniform) -> Vec<(String, f64, f64, S
     }
     Tuner::global().set_mode(TuneMode::Replay);
     rows
+}
+
+/// `TESSERA_BENCH_GEMM=small_m`: decode shapes (M ≤ 64) beside cuBLAS and beside our 128×128
+/// kernel forced (what ran before the small-M path), all alternating in one run; the weights'
+/// read bandwidth against a device-to-device copy of 512 MB timed in the same run.
+fn small_m(dev: &Device, blas: &CudaBlas) {
+    let stream = dev.stream().expect("a CUDA stream").clone();
+    let src = stream.alloc_zeros::<u8>(1 << 29).expect("copy source");
+    let mut dst = stream.alloc_zeros::<u8>(1 << 29).expect("copy destination");
+    let mut copy = || stream.memcpy_dtod(&src, &mut dst).expect("copy");
+    let t_copy = time_ms(dev, 3, 20, &mut copy);
+    let copy_gbs = 2.0 * (1u64 << 29) as f64 / t_copy * 1e-6;
+    let mut rng = Uniform::new();
+    let mut rows = Vec::new();
+    // (128×64 first: hardly any work, the calls' fixed costs.)
+    for &(n, k) in &[(128usize, 64usize), (4096, 4096), (14336, 4096), (4096, 14336)] {
+        let b = Tensor::from_host(dev, &rng.vec(n * k, bf16::from_f32), &[n, k]).expect("b");
+        let b_raw = stream.clone_htod(&b.to_host().expect("b")).expect("b raw");
+        for m in [1usize, 16, 64] {
+            let a = Tensor::from_host(dev, &rng.vec(m * k, bf16::from_f32), &[m, k]).expect("a");
+            let a_raw = stream.clone_htod(&a.to_host().expect("a")).expect("a raw");
+            let mut c = Tensor::<bf16>::zeros(dev, &[m, n]).expect("c");
+            let mut c_old = Tensor::<bf16>::zeros(dev, &[m, n]).expect("c old");
+            let mut c_raw = stream.alloc_zeros::<bf16>(m * n).expect("c raw");
+            let cfg = cublas_tn(m, n, k);
+            let mut ours = || tessera_kernels::gemm(&a, &b).run(dev, &mut c).expect("small m");
+            let mut old = || tessera_kernels::gemm(&a, &b).variant("gemm_tn_bf16__bn128_stages4").run(dev, &mut c_old).expect("128x128");
+            let mut theirs = || unsafe { blas.gemm(cfg, &b_raw, &a_raw, &mut c_raw) }.expect("cublas");
+            let (t_cublas, t_ours) = time_pair(dev, 50, &mut theirs, &mut ours);
+            let (_, t_old) = time_pair(dev, 50, &mut theirs, &mut old);
+            let (x, y) = (c.to_host().expect("c"), stream.clone_dtoh(&c_raw).expect("c raw"));
+            let diff = x.iter().zip(&y).map(|(p, q)| (p.to_f32() - q.to_f32()).abs()).fold(0.0f32, f32::max);
+            let weights = (n * k * 2) as f64;
+            rows.push((format!("{m}x{n}x{k}"), t_cublas, t_ours, t_old, weights / t_ours * 1e-6, weights / t_cublas * 1e-6, diff));
+        }
+    }
+    println!("\ngemm bf16 small M on {} (µs; weights' read GB/s; a device copy {copy_gbs:.0} GB/s in the same run)", dev.name());
+    println!("| MxNxK | cuBLAS µs | tessera µs | × cuBLAS | 128×128 µs | tessera GB/s | × copy | cuBLAS × copy | max|dC| |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (name, tc, tu, to, gbs, cgbs, diff) in rows {
+        println!(
+            "| {name} | {:.1} | {:.1} | {:.2} | {:.1} | {gbs:.0} | {:.2} | {:.2} | {diff:.3} |",
+            tc * 1e3,
+            tu * 1e3,
+            tc / tu,
+            to * 1e3,
+            gbs / copy_gbs,
+            cgbs / copy_gbs
+        );
+    }
 }

@@ -362,3 +362,21 @@ fn bad_input_linear_attention_and_ssd() {
     let dt2: Tensor<bf16> = rand_t(&dev, &[1, 70, 2]);
     assert_eq!(unchanged(&[&x, &b], &mut y, |y| Ssd::new(&dev, &x, &dt2, &a, &b, &b).run(y, None)), "dt");
 }
+
+/// A view of the device's zeroed workspace must lie within it: an error naming the view, not
+/// an out-of-bounds kernel.
+#[test]
+fn bad_input_workspace_view_past_its_end() {
+    let dev = Device::cpu();
+    let mut ws = dev.zeroed_workspace(12).expect("workspace");
+    assert!(ws.view(&[3, 4], &[4, 1]).is_ok());
+    assert!(ws.view(&[4, 3], &[1, 4]).is_ok(), "a transposed view of the same 12 elements");
+    for (shape, strides) in [(vec![4usize, 4], vec![4usize, 1]), (vec![3, 4], vec![5, 1]), (vec![0, 4], vec![4, 1]), (vec![3], vec![4, 1])]
+    {
+        match ws.view(&shape, &strides) {
+            Err(tessera::Error::Tensor { what, .. }) => assert_eq!(what, "workspace view"),
+            Err(other) => panic!("{shape:?}/{strides:?}: {other}"),
+            Ok(_) => panic!("{shape:?}/{strides:?}: accepted"),
+        }
+    }
+}

@@ -550,3 +550,29 @@ fn interp_epilogue_chain_matches_f64_reference() {
     let [g, g8, a] = epilogue_chain::check(&Device::cpu(), (130, 264, 72), (2, 130), 1).expect("chain");
     assert!(g < 1e-2 && g8 < 6e-2 && a < 1e-2, "GEMM relative error {g}, fp8 {g8}, attention {a}");
 }
+
+/// The small-M path (M ≤ 64, weights N×K, no `beta` or residual; the other epilogues take the
+/// 128×128 kernel): every epilogue, batches, odd K, K split in several (the partial products
+/// summed by atomics).
+fn small_m_matches_f64_reference(dev: &Device, shapes: &[(usize, usize, usize)]) {
+    for &(m, n, k) in shapes {
+        check_every_epilogue(dev, m, n, k);
+        check_layout(dev, 2, m, n, k, false);
+    }
+}
+
+#[test]
+fn gpu_gemm_small_m_matches_f64_reference() {
+    let Some(dev) = gpu_or_skip("gpu_gemm_small_m") else { return };
+    small_m_matches_f64_reference(&dev, &[(1, 136, 72), (16, 1000, 777), (33, 4096, 4096), (64, 520, 14336)]);
+    for &(m, n, k) in &[(1, 14336, 4096), (16, 4096, 14336), (64, 14336, 4096)] {
+        check(&dev, m, n, k, Some(3000));
+    }
+}
+
+#[test]
+fn interp_gemm_small_m_matches_f64_reference() {
+    // 264 columns: 3 slabs of 128 rows; on the interpreter's 2 "SMs" K's 9 steps split in 2
+    // (17 rows take the small-M path only so).
+    small_m_matches_f64_reference(&Device::cpu_with_threads(2), &[(1, 136, 72), (17, 264, 520)]);
+}

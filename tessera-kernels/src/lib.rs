@@ -74,8 +74,9 @@ pub mod kernels {
         quantize_f32_f8e5m2,
     };
     pub use crate::gemm::{
-        bias_gelu_bf16, gemm_nn_bf16, gemm_nn_f16, gemm_nn_full_bf16, gemm_nn_full_f16, gemm_tn_bf16, gemm_tn_f16, gemm_tn_full_bf16,
-        gemm_tn_full_f16, pad_copy_bf16, pad_copy_f16,
+        bias_gelu_bf16, gemm_nn_bf16, gemm_nn_f16, gemm_nn_full_bf16, gemm_nn_full_f16, gemm_small_m_bf16, gemm_small_m_f16,
+        gemm_small_m_out_bf16, gemm_small_m_out_f16, gemm_tn_bf16, gemm_tn_f16, gemm_tn_full_bf16, gemm_tn_full_f16, pad_copy_bf16,
+        pad_copy_f16,
     };
     pub use crate::linear_attention::{
         feature_map_rows_bf16, feature_map_rows_f16, gla_finish_bf16, gla_finish_f16, gla_prepare_bf16, gla_prepare_f16,
@@ -215,6 +216,10 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         gemm_tn_full_f16::VARIANTS,
         gemm_nn_full_bf16::VARIANTS,
         gemm_nn_full_f16::VARIANTS,
+        gemm_small_m_bf16::VARIANTS,
+        gemm_small_m_f16::VARIANTS,
+        gemm_small_m_out_bf16::VARIANTS,
+        gemm_small_m_out_f16::VARIANTS,
         pad_copy_bf16::VARIANTS,
         pad_copy_f16::VARIANTS,
         bias_gelu_bf16::VARIANTS,

@@ -142,12 +142,22 @@ pub fn grouped_tile(tile: i32, per_batch: i32, tiles_m: i32, group: i32) -> (i32
 pub fn gemm_load<const KN: usize, T, const SR: usize, const SC: usize, const S: usize>(
     a: Global<T, 3>, b: Global<T, 3>, sa: Smem<T, 128, 64>, sb: Smem<T, SR, SC>, pipe: Pipeline<S>, bt: i32, m0: i32, n0: i32, k_steps: i32,
 ) {
+    gemm_load_from::<KN>(a, b, sa, sb, pipe, bt, m0, n0, 0, k_steps);
+}
+
+/// [`gemm_load`] over the K steps `k0..k0 + k_steps` only (a split of K).
+#[device]
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_load_from<const KN: usize, T, const SR: usize, const SC: usize, const S: usize>(
+    a: Global<T, 3>, b: Global<T, 3>, sa: Smem<T, 128, 64>, sb: Smem<T, SR, SC>, pipe: Pipeline<S>, bt: i32, m0: i32, n0: i32, k0: i32,
+    k_steps: i32,
+) {
     fill_stages(pipe, k_steps, |s, k| {
-        tma::load(sa.at(s), a, [bt, m0, k * 64], pipe);
+        tma::load(sa.at(s), a, [bt, m0, (k0 + k) * 64], pipe);
         if KN == 1 {
-            tma::load(sb.at(s), b, [bt, k * 64, n0], pipe);
+            tma::load(sb.at(s), b, [bt, (k0 + k) * 64, n0], pipe);
         } else {
-            tma::load(sb.at(s), b, [bt, n0, k * 64], pipe);
+            tma::load(sb.at(s), b, [bt, n0, (k0 + k) * 64], pipe);
         }
     });
 }

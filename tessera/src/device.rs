@@ -30,6 +30,8 @@ struct Inner {
     target: Option<tessera_ptx::Target>,
     /// The counter tile queues draw from (see [`Device::tile_counter`]), made on first use.
     counter: Mutex<Option<crate::tensor::CounterBuf>>,
+    /// The zeroed f32 workspace (see [`Device::zeroed_workspace`]), grown on demand.
+    workspace: Mutex<Option<crate::tensor::WorkBuf>>,
 }
 
 /// Loaded kernels by the address of their PTX text.
@@ -114,7 +116,17 @@ impl Device {
         let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let sm_count = u32::try_from(sms).unwrap_or(1).max(1);
         let backend = Backend::Cuda { stream, cc, modules: Mutex::new(HashMap::new()) };
-        Ok(Device { inner: Arc::new(Inner { backend, sm_count, name, tma: Default::default(), target: None, counter: Mutex::new(None) }) })
+        Ok(Device {
+            inner: Arc::new(Inner {
+                backend,
+                sm_count,
+                name,
+                tma: Default::default(),
+                target: None,
+                counter: Mutex::new(None),
+                workspace: Mutex::new(None),
+            }),
+        })
     }
 
     /// The CPU interpreter of TIR-H, running a grid's blocks on as many threads as the machine
@@ -144,6 +156,7 @@ impl Device {
                 tma: Default::default(),
                 target: None,
                 counter: Mutex::new(None),
+                workspace: Mutex::new(None),
             }),
         }
     }
@@ -201,6 +214,7 @@ impl Device {
                 tma: Default::default(),
                 target: Some(target),
                 counter: Mutex::new(None),
+                workspace: Mutex::new(None),
             }),
         }
     }
@@ -222,6 +236,34 @@ impl Device {
             (None, Backend::Cpu { .. }) => *slot = Some(crate::tensor::CounterBuf::Host(crate::tensor::HostBuffer::zeroed::<i32>(1))),
         }
         Ok(crate::tensor::TileCounter { slot, device: self })
+    }
+
+    /// A zeroed f32 workspace of at least `len` elements, for kernels that add partial results
+    /// into it (atomically, from many blocks) and clear what they used before they finish — the
+    /// small-M GEMM's split-K sums — so that no call allocates or clears one. Launches on this
+    /// device's stream (one after another) share it; the guard keeps other host threads from
+    /// passing it to a launch at the same time. It grows (a fresh zeroed buffer) when a call
+    /// asks for more; the interpreter's is cleared on every call (a failed kernel may leave it
+    /// dirty).
+    ///
+    /// # Errors
+    /// A CUDA error allocating it.
+    pub fn zeroed_workspace(&self, len: usize) -> Result<crate::tensor::Workspace<'_>> {
+        use crate::tensor::WorkBuf;
+        let len = len.max(1);
+        let mut slot = self.inner.workspace.lock().unwrap_or_else(|p| p.into_inner());
+        let have = match &*slot {
+            Some(WorkBuf::Cuda(b)) => b.len(),
+            Some(WorkBuf::Host(h)) => h.len,
+            None => 0,
+        };
+        match (&mut *slot, &self.inner.backend) {
+            (Some(WorkBuf::Host(h)), _) if have >= len => h.lock().fill(0),
+            (Some(_), _) if have >= len => {}
+            (_, Backend::Cuda { stream, .. }) => *slot = Some(WorkBuf::Cuda(stream.alloc_zeros::<f32>(len)?)),
+            (_, Backend::Cpu { .. }) => *slot = Some(WorkBuf::Host(crate::tensor::HostBuffer::zeroed::<f32>(len))),
+        }
+        Ok(crate::tensor::Workspace { slot, device: self })
     }
 
     /// The stream kernels launch on.

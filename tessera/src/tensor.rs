@@ -625,6 +625,69 @@ pub(crate) enum CounterBuf {
     Host(HostBuffer),
 }
 
+pub(crate) enum WorkBuf {
+    Cuda(CudaSlice<f32>),
+    Host(HostBuffer),
+}
+
+/// A device's zeroed f32 workspace, held for a few launches: [`Device::zeroed_workspace`].
+pub struct Workspace<'d> {
+    pub(crate) slot: std::sync::MutexGuard<'d, Option<WorkBuf>>,
+    pub(crate) device: &'d Device,
+}
+
+impl<'d> Workspace<'d> {
+    /// The workspace seen as a tensor of `shape` and `strides` (in elements) from its first
+    /// element, passed as a `Global<f32, N>` a kernel writes.
+    ///
+    /// # Errors
+    /// [`Error::Tensor`] when the view reaches past the workspace.
+    pub fn view<'w>(&'w mut self, shape: &[usize], strides: &[usize]) -> Result<WorkspaceView<'w, 'd>> {
+        let len = match self.slot.as_ref() {
+            Some(WorkBuf::Cuda(b)) => b.len(),
+            Some(WorkBuf::Host(h)) => h.len,
+            None => 0,
+        };
+        let last = shape.iter().zip(strides).map(|(&d, &s)| d.saturating_sub(1).saturating_mul(s)).sum::<usize>();
+        if shape.len() != strides.len() || shape.contains(&0) || last >= len {
+            return Err(Error::Tensor {
+                what: "workspace view",
+                expected: format!("a view within the workspace's {len} elements"),
+                found: format!("shape {shape:?}, strides {strides:?}"),
+            });
+        }
+        Ok(WorkspaceView { ws: self, shape: shape.to_vec(), strides: strides.to_vec() })
+    }
+}
+
+/// A view of a [`Workspace`] for one launch.
+pub struct WorkspaceView<'w, 'd> {
+    ws: &'w mut Workspace<'d>,
+    shape: Vec<usize>,
+    strides: Vec<usize>,
+}
+
+impl GlobalArgMut<f32> for WorkspaceView<'_, '_> {
+    fn global_desc_mut<'a>(&'a mut self, device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)> {
+        let own = self.ws.device;
+        match self.ws.slot.as_mut() {
+            Some(WorkBuf::Cuda(buf)) => {
+                let ctx = buf.context().cu_ctx() as usize;
+                let (ptr, guard) = buf.device_ptr_mut(order_on(device, own)?);
+                Ok((desc(ptr, 0, 4, &self.shape, &self.strides, ctx), ArgGuard(Some(guard))))
+            }
+            Some(WorkBuf::Host(h)) => {
+                Ok((GlobalDesc { host: Some(h.clone()), ..desc(0, 0, 4, &self.shape, &self.strides, 0) }, ArgGuard(None)))
+            }
+            None => Err(Error::Tensor {
+                what: "workspace",
+                expected: "a workspace made by `Device::zeroed_workspace`".into(),
+                found: "none".into(),
+            }),
+        }
+    }
+}
+
 /// A device's tile counter, held for one launch: [`Device::tile_counter`]. Passes as a
 /// `Global<i32, 1>` of one element.
 pub struct TileCounter<'d> {

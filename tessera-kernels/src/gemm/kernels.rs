@@ -48,6 +48,67 @@ pub fn gemm_nn(
     gemm_persistent::<1, BN>(a, b, c, counter, sa, sb, sc, pipe, |acc, _bt, m0, n| bias_act(acc * alpha, bias, bias_kind, act, m0, n));
 }
 
+/// Small M (decode shapes): `Cᵀ = W·Xᵀ` for 128-row slabs of the weights W `[batch, N, K]`
+/// (B's "TN" layout) against all of X's `M ≤ MN` rows `[batch, M, K]` (A), K cut in `splits`:
+/// a persistent grid walks the units (slab, split) — unit `u` is slab `u / splits`, split
+/// `u % splits` — so that the producer streams the next unit's weights while the consumers
+/// finish one. The weights go through `STAGES` stages by TMA
+/// ([`gemm_load_from`](crate::prelude::gemm_load_from)); each consumer multiplies its 64 weight
+/// rows by X's rows (wgmma m64n`MN`, [`gemm_mma`](crate::prelude::gemm_mma)) and adds its
+/// 64×`MN` partial product into `sum_t` — an f32 `[batch, N, M]` view (strides `[M·N, 1, N]`)
+/// of zeroed `[batch, M, N]` sums — by `red.global.add` (the device's zeroed workspace, which
+/// `gemm_small_m_out` clears again): every SM streams weights even where N gives few slabs.
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(MN = [16, 32, 64], STAGES = [8]), targets(sm_90a))]
+pub fn gemm_small_m(x: Global<T, 3>, w: Global<T, 3>, sum_t: Global<f32, 3>, splits: i32) {
+    let sa = Smem::<T, 128, 64>::ring(STAGES);
+    let sb = Smem::<T, MN, 64>::ring(STAGES);
+    let pipe = Pipeline::<STAGES>::new(2);
+    let k_all = (x.dim(2) + 63) / 64;
+    let tiles_n = (w.dim(1) + 127) / 128;
+    let units = w.dim(0) * tiles_n * splits;
+    if warpgroup::id() == 0 {
+        setmaxnreg(40);
+        for u in (block::id_x()..units).step_by(grid::dim_x()) {
+            let (bt, n0, k0, k_steps) = small_m_unit(u, splits, tiles_n, k_all);
+            gemm_load_from::<0>(w, x, sa, sb, pipe, bt, n0, 0, k0, k_steps);
+        }
+    } else {
+        setmaxnreg(232);
+        let row = (warpgroup::id() - 1) * 64;
+        let mut acc = Tile::<f32, 64, MN>::zeros();
+        for u in (block::id_x()..units).step_by(grid::dim_x()) {
+            let (bt, n0, _, k_steps) = small_m_unit(u, splits, tiles_n, k_all);
+            gemm_mma::<0>(&mut acc, sa, sb, pipe, row, k_steps);
+            sum_t.atomic_add([bt, n0 + row, 0], acc);
+        }
+    }
+}
+
+/// Unit `u` of the small-M GEMM: `(batch, first weight row, first K step, K steps)` — slab
+/// `u / splits` of `tiles_n` a batch entry, split `u % splits` of the `k_all` steps.
+#[tessera::device]
+fn small_m_unit(u: i32, splits: i32, tiles_n: i32, k_all: i32) -> (i32, i32, i32, i32) {
+    let slab = u / splits;
+    let split = u - slab * splits;
+    let bt = slab / tiles_n;
+    let k0 = split * k_all / splits;
+    (bt, (slab - bt * tiles_n) * 128, k0, (split + 1) * k_all / splits - k0)
+}
+
+/// The small-M GEMM's output: `C = act(alpha·sum + bias)` in `T` from its f32 sums `[batch, M,
+/// N]`, 16 rows by 256 columns a block (grid: N's 256-column tiles × batch·⌈M/16⌉), the sums
+/// cleared behind it (they live in the device's zeroed workspace).
+#[kernel(dtypes(T = [bf16, f16]))]
+pub fn gemm_small_m_out(sum: Global<f32, 3>, c: Global<T, 3>, bias: Global<T, 1>, alpha: f32, bias_kind: i32, act: i32) {
+    let n = block::id_x() * 256;
+    let tiles_m = (c.dim(1) + 15) / 16;
+    let bt = block::id_y() / tiles_m;
+    let m0 = (block::id_y() - bt * tiles_m) * 16;
+    let out = bias_act(sum.load::<Tile<f32, 16, 256>>([bt, m0, n]) * alpha, bias, bias_kind, act, m0, n);
+    c.store([bt, m0, n], out.cast::<T>());
+    sum.store([bt, m0, n], Tile::<f32, 16, 256>::zeros());
+}
+
 /// The built-in portable epilogue on a chunk at `[bt, m0, n]`: `act(alpha·acc + beta·C_in +
 /// bias) + residual`, each term where asked.
 #[tessera::device]

@@ -6,8 +6,9 @@
 mod kernels;
 
 pub use kernels::{
-    bias_gelu_bf16, gemm_nn_bf16, gemm_nn_f16, gemm_nn_full_bf16, gemm_nn_full_f16, gemm_tn_bf16, gemm_tn_f16, gemm_tn_full_bf16,
-    gemm_tn_full_f16, pad_copy_bf16, pad_copy_f16,
+    bias_gelu_bf16, gemm_nn_bf16, gemm_nn_f16, gemm_nn_full_bf16, gemm_nn_full_f16, gemm_small_m_bf16, gemm_small_m_f16,
+    gemm_small_m_out_bf16, gemm_small_m_out_f16, gemm_tn_bf16, gemm_tn_f16, gemm_tn_full_bf16, gemm_tn_full_f16, pad_copy_bf16,
+    pad_copy_f16,
 };
 
 use tessera::{bf16, f16, Device, Element, Error, Grid, KernelSpec, Result, Target, Tensor, TensorView};
@@ -81,6 +82,13 @@ pub trait GemmElement: Element + sealed::Sealed {
     ) -> Result<()>;
     #[doc(hidden)]
     fn pad_copy(d: &Device, g: Grid, x: &View<Self>, y: &mut Tensor<Self>) -> Result<()>;
+    /// The small-M path (`gemm_small_m` over `splits` of K, then `gemm_small_m_out`).
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_small_m(
+        d: &Device, a: &View<Self>, b: &View<Self>, c: &mut Tensor<Self>, c_shape: [usize; 3], bias: &View<Self>, epi: (f32, i32, i32),
+        splits: usize,
+    ) -> Result<()>;
 }
 
 mod sealed {
@@ -95,7 +103,7 @@ fn strides3(s: [usize; 3]) -> [usize; 3] {
 }
 
 macro_rules! gemm_element {
-    ($t:ty, $tn:ident, $nn:ident, $full:ident, $nn_full:ident, $pad:ident) => {
+    ($t:ty, $tn:ident, $nn:ident, $full:ident, $nn_full:ident, $pad:ident, $small:ident, $small_out:ident) => {
         impl GemmElement for $t {
             fn fast_kernel(kn: bool) -> &'static KernelSpec {
                 if kn {
@@ -146,11 +154,44 @@ macro_rules! gemm_element {
             fn pad_copy(d: &Device, g: Grid, x: &View<Self>, y: &mut Tensor<Self>) -> Result<()> {
                 $pad::launch(d, g, x, y)
             }
+            fn gemm_small_m(
+                d: &Device, a: &View<Self>, b: &View<Self>, c: &mut Tensor<Self>, c_shape: [usize; 3], bias: &View<Self>,
+                (alpha, bias_kind, act): (f32, i32, i32), splits: usize,
+            ) -> Result<()> {
+                let [batch, m, n] = c_shape;
+                // The narrowest variant holding M's rows (`MN` 16, 32, 64).
+                let all = $small::VARIANTS;
+                let variant = (0..all.len())
+                    .filter(|&i| all[i].knob("MN").is_some_and(|w| w as usize >= m))
+                    .min_by_key(|&i| all[i].knob("MN"))
+                    .ok_or_else(|| arg("a", "at most 64 rows for the small-M path".into(), format!("{m} rows")))?;
+                // The sums in the device's zeroed workspace (no allocation, no clearing pass:
+                // the output kernel clears what it read).
+                let mut ws = d.zeroed_workspace(batch * m * n)?;
+                let blocks = (batch * n.div_ceil(128) * splits).min(d.sm_count() as usize);
+                {
+                    let mut sum_t = ws.view(&[batch, n, m], &[m * n, 1, n])?;
+                    $small::launch_variant(variant, d, Grid::from(blocks as u32), a, b, &mut sum_t, splits as i32)?;
+                }
+                let mut sum = ws.view(&c_shape, &strides3(c_shape))?;
+                let mut c = c.view_mut(&c_shape, &strides3(c_shape))?;
+                let grid: Grid = (Grid::tiles(n, 256), Grid::tiles(m, 16).saturating_mul(batch as u32)).into();
+                $small_out::launch(d, grid, &mut sum, &mut c, bias, alpha, bias_kind, act)
+            }
         }
     };
 }
-gemm_element!(bf16, gemm_tn_bf16, gemm_nn_bf16, gemm_tn_full_bf16, gemm_nn_full_bf16, pad_copy_bf16);
-gemm_element!(f16, gemm_tn_f16, gemm_nn_f16, gemm_tn_full_f16, gemm_nn_full_f16, pad_copy_f16);
+gemm_element!(
+    bf16,
+    gemm_tn_bf16,
+    gemm_nn_bf16,
+    gemm_tn_full_bf16,
+    gemm_nn_full_bf16,
+    pad_copy_bf16,
+    gemm_small_m_bf16,
+    gemm_small_m_out_bf16
+);
+gemm_element!(f16, gemm_tn_f16, gemm_nn_f16, gemm_tn_full_f16, gemm_nn_full_f16, pad_copy_f16, gemm_small_m_f16, gemm_small_m_out_f16);
 
 /// A GEMM `C = act(alpha·A·Bᵀ + beta·C_in + bias) + residual` (or `A·B` with
 /// [`BLayout::KxN`]), built with [`gemm`] and run with [`GemmBuilder::run`]. Every epilogue step
@@ -394,6 +435,14 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
             self.activation.code(),
             i32::from(self.residual.is_some()),
         );
+        // Small M (up to 64 rows, weights N×K): every SM streams the weights, K split so that
+        // the slabs fill the GPU — taken to 16 rows, and to 64 where K is split (unsplit, the
+        // 128×128 kernel reads the weights as fast in one launch instead of two).
+        let sms = device.sm_count() as usize;
+        let splits = small_m_splits(batch * n.div_ceil(128), m, n, k, sms);
+        if !full && hopper && !kn && (m <= 16 || m <= 64 && splits > 1) && self.variant.is_none() {
+            return T::gemm_small_m(device, &a, &b, c, c_shape, bias, (self.alpha, bias_kind, self.activation.code()), splits);
+        }
         let run_full = |c: &mut Tensor<T>| T::gemm_full(device, tiles(128).into(), kn, &a, &b, c, c_shape, &c_in, bias, &residual, scalars);
         let fast_ok = !full && hopper && c_tma;
         let names = gemm_variants::<T>(self.b_layout);
@@ -448,6 +497,21 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
         })?;
         run(choice, c)
     }
+}
+
+/// How many splits of K the small-M path takes over `slabs` 128-row slabs of `n` weight rows
+/// (`k` columns), `m` rows of X: the fewest bytes per busy SM — the weights read once, each
+/// split's `m × n` f32 partial sums added by atomics (weighed 3×: read, add and write in L2),
+/// over how evenly the units (slab, split) spread over the SMs — at least 4 K steps a split, at
+/// most 16.
+fn small_m_splits(slabs: usize, m: usize, n: usize, k: usize, sms: usize) -> usize {
+    let most = (k.div_ceil(64) / 4).clamp(1, 16);
+    let cost = |s: usize| {
+        let blocks = slabs * s;
+        let fill = blocks as f64 / (blocks.div_ceil(sms) * sms) as f64;
+        (2.0 * (n * k) as f64 + 12.0 * (s * m * n) as f64) / fill
+    };
+    (1..=most).min_by(|&x, &y| cost(x).total_cmp(&cost(y))).unwrap_or(1)
 }
 
 /// `y = gelu_tanh(x + bias)` with `bias` per column: the unfused form of the GEMM epilogue.
