@@ -382,25 +382,14 @@ impl Frontend {
         let last = p.path.segments.last().map(|s| s.ident.to_string()).unwrap_or_default();
         let args: Vec<&SynExpr> = c.args.iter().collect();
         match last.as_str() {
-            "store" | "reduce_add" => {
+            "store" | "reduce_add" | "store_flat" | "reduce_add_flat" => {
+                let flat = last.ends_with("_flat");
                 let [tensor, index, src] = args.as_slice() else {
-                    return err(
-                        c,
-                        format!("`tma::{last}` takes a tensor, an origin and a shared view: `tma::{last}(c, [i, j], ring.at(s))`"),
-                    );
+                    let from = if flat { "a first element" } else { "an origin" };
+                    return err(c, format!("`tma::{last}` takes a tensor, {from} and a shared view: `tma::{last}(c, [i, j], ring.at(s))`"));
                 };
-                let add = last == "reduce_add";
-                Ok(StmtKind::TmaStore { tensor: receiver_name(tensor)?, index: self.index(index)?, src: self.expr(src)?, add, flat: false })
-            }
-            "store_flat" | "reduce_add_flat" => {
-                let [tensor, index, src] = args.as_slice() else {
-                    return err(
-                        c,
-                        format!("`tma::{last}` takes a tensor, a first element and a shared view: `tma::{last}(c, [i, j], ring.at(s))`"),
-                    );
-                };
-                let add = last == "reduce_add_flat";
-                Ok(StmtKind::TmaStore { tensor: receiver_name(tensor)?, index: self.index(index)?, src: self.expr(src)?, add, flat: true })
+                let add = last.starts_with("reduce_add");
+                Ok(StmtKind::TmaStore { tensor: receiver_name(tensor)?, index: self.index(index)?, src: self.expr(src)?, add, flat })
             }
             "store_wait" => {
                 let [n] = args.as_slice() else { return err(c, "`tma::store_wait` takes how many stores may still read shared memory") };

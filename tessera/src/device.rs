@@ -34,6 +34,13 @@ struct Inner {
     workspace: Mutex<Option<crate::tensor::WorkBuf>>,
 }
 
+impl Inner {
+    /// A device's state: nothing loaded, no TMA map, counter or workspace made yet.
+    fn new(backend: Backend, sm_count: u32, name: String, target: Option<tessera_ptx::Target>) -> Inner {
+        Inner { backend, sm_count, name, tma: Default::default(), target, counter: Mutex::new(None), workspace: Mutex::new(None) }
+    }
+}
+
 /// Loaded kernels by the address of their PTX text.
 type ModuleCache = Mutex<HashMap<usize, Arc<LoadedKernel>>>;
 
@@ -116,17 +123,7 @@ impl Device {
         let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let sm_count = u32::try_from(sms).unwrap_or(1).max(1);
         let backend = Backend::Cuda { stream, cc, modules: Mutex::new(HashMap::new()) };
-        Ok(Device {
-            inner: Arc::new(Inner {
-                backend,
-                sm_count,
-                name,
-                tma: Default::default(),
-                target: None,
-                counter: Mutex::new(None),
-                workspace: Mutex::new(None),
-            }),
-        })
+        Ok(Device { inner: Arc::new(Inner::new(backend, sm_count, name, None)) })
     }
 
     /// The CPU interpreter of TIR-H, running a grid's blocks on as many threads as the machine
@@ -148,17 +145,7 @@ impl Device {
         let threads = threads.max(1);
         let name = format!("CPU interpreter ({threads} thread{})", if threads == 1 { "" } else { "s" });
         let sm_count = u32::try_from(threads).unwrap_or(u32::MAX);
-        Device {
-            inner: Arc::new(Inner {
-                backend: Backend::Cpu { threads },
-                sm_count,
-                name,
-                tma: Default::default(),
-                target: None,
-                counter: Mutex::new(None),
-                workspace: Mutex::new(None),
-            }),
-        }
+        Device { inner: Arc::new(Inner::new(Backend::Cpu { threads }, sm_count, name, None)) }
     }
 
     /// GPU 0 if this machine has a usable one, else the CPU interpreter.
@@ -206,17 +193,7 @@ impl Device {
             Backend::Cuda { stream, cc, .. } => Backend::Cuda { stream: stream.clone(), cc: *cc, modules: Mutex::new(HashMap::new()) },
             Backend::Cpu { threads } => Backend::Cpu { threads: *threads },
         };
-        Device {
-            inner: Arc::new(Inner {
-                backend,
-                sm_count: i.sm_count,
-                name: i.name.clone(),
-                tma: Default::default(),
-                target: Some(target),
-                counter: Mutex::new(None),
-                workspace: Mutex::new(None),
-            }),
-        }
+        Device { inner: Arc::new(Inner::new(backend, i.sm_count, i.name.clone(), Some(target))) }
     }
 
     /// A zeroed `i32` counter of shape `[1]` for kernels whose `TileQueue` claims tiles at

@@ -716,18 +716,29 @@ impl Lowerer<'_> {
         }
     }
 
-    /// A TMA bulk store of a shared view (or, `add`, a bulk reduce-add into the tensor): every
-    /// writer fences its shared writes for the async proxy, the warpgroup syncs, and its leader
-    /// issues and commits the copy.
-    fn tma_store(&mut self, tensor: &str, index: &[Expr], src: &Expr, add: bool) -> Result<(), CompileError> {
+    /// A bulk store's view and index, its shared writes made visible to the copy engine: every
+    /// writer fences them for the async proxy and the warpgroup syncs (a store straight after
+    /// another: the first's fence and barrier cover this one's view).
+    /// With `map`, the tensor's TMA map, read before the fence.
+    fn store_source(
+        &mut self, index: &[Expr], src: &Expr, map: Option<&str>,
+    ) -> Result<(ViewVal, Vec<Operand>, Option<Reg>), CompileError> {
         let v = self.view(src)?;
         let idx = index.iter().map(|i| self.scalar(i)).collect::<Result<Vec<_>, _>>()?;
-        let map = self.tma_map(tensor);
-        // A store straight after another: the first's fence and barrier cover this one's view.
+        let map = map.map(|t| self.tma_map(t));
         if !self.tma_store_chained {
             self.op("fence.proxy.async.shared::cta", vec![]);
             self.warpgroup_barrier();
         }
+        Ok((v, idx, map))
+    }
+
+    /// A TMA bulk store of a shared view (or, `add`, a bulk reduce-add into the tensor): every
+    /// writer fences its shared writes for the async proxy, the warpgroup syncs, and its leader
+    /// issues and commits the copy.
+    fn tma_store(&mut self, tensor: &str, index: &[Expr], src: &Expr, add: bool) -> Result<(), CompileError> {
+        let (v, idx, map) = self.store_source(index, src, Some(tensor))?;
+        let map = map.expect("asked for");
         let coords: Vec<Reg> = idx.iter().rev().map(|i| self.in_reg(i.clone(), crate::dtype::ScalarType::I32, "coord")).collect();
         let names = coords.iter().map(|r| self.reg_name(*r)).collect::<Vec<_>>().join(", ");
         let leader = self.leader;
@@ -750,13 +761,8 @@ impl Lowerer<'_> {
     /// past the tensor's last element (the interpreter says so).
     fn bulk_store(&mut self, tensor: &str, index: &[Expr], src: &Expr, add: bool) -> Result<(), CompileError> {
         use Operand::{Imm, Reg as R};
-        let v = self.view(src)?;
-        let idx = index.iter().map(|i| self.scalar(i)).collect::<Result<Vec<_>, _>>()?;
+        let (v, idx, _) = self.store_source(index, src, None)?;
         let g = self.global(tensor);
-        if !self.tma_store_chained {
-            self.op("fence.proxy.async.shared::cta", vec![]);
-            self.warpgroup_barrier();
-        }
         let bytes = v.rows * v.ty.cols * g.dtype.size();
         let (addr, room, ok) = self.flat_address(&g, &idx, None);
         let leader = self.leader;
