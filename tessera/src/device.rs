@@ -29,9 +29,9 @@ struct Inner {
     /// A target to load instead of the best one (see [`Device::with_target`]).
     target: Option<tessera_ptx::Target>,
     /// The counter tile queues draw from (see [`Device::tile_counter`]), made on first use.
-    counter: Mutex<Option<crate::tensor::CounterBuf>>,
+    counter: Mutex<Option<crate::tensor::ZeroedBuf<i32>>>,
     /// The zeroed f32 workspace (see [`Device::zeroed_workspace`]), grown on demand.
-    workspace: Mutex<Option<crate::tensor::WorkBuf>>,
+    workspace: Mutex<Option<crate::tensor::ZeroedBuf<f32>>>,
 }
 
 impl Inner {
@@ -204,15 +204,25 @@ impl Device {
     /// # Errors
     /// A CUDA error allocating its 4 bytes on first use.
     pub fn tile_counter(&self) -> Result<crate::tensor::TileCounter<'_>> {
-        let mut slot = self.inner.counter.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(crate::tensor::TileCounter { slot: self.zeroed(&self.inner.counter, 1)?, device: self })
+    }
+
+    /// A kept-zeroed buffer of at least `len` elements, locked: made (or grown, a fresh zeroed
+    /// one) here; the interpreter's cleared on every call (its kernels run to the end or fail,
+    /// and a failed one may leave it dirty).
+    fn zeroed<'d, T: crate::Element + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self, slot: &'d Mutex<Option<crate::tensor::ZeroedBuf<T>>>, len: usize,
+    ) -> Result<std::sync::MutexGuard<'d, Option<crate::tensor::ZeroedBuf<T>>>> {
+        use crate::tensor::ZeroedBuf;
+        let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+        let have = slot.as_ref().map_or(0, ZeroedBuf::len);
         match (&mut *slot, &self.inner.backend) {
-            // The interpreter's kernels run to the end or fail: start each launch from 0.
-            (Some(crate::tensor::CounterBuf::Host(h)), _) => h.lock().fill(0),
-            (Some(_), _) => {}
-            (None, Backend::Cuda { stream, .. }) => *slot = Some(crate::tensor::CounterBuf::Cuda(stream.alloc_zeros::<i32>(1)?)),
-            (None, Backend::Cpu { .. }) => *slot = Some(crate::tensor::CounterBuf::Host(crate::tensor::HostBuffer::zeroed::<i32>(1))),
+            (Some(ZeroedBuf::Host(h)), _) if have >= len => h.lock().fill(0),
+            (Some(_), _) if have >= len => {}
+            (_, Backend::Cuda { stream, .. }) => *slot = Some(ZeroedBuf::Cuda(stream.alloc_zeros::<T>(len)?)),
+            (_, Backend::Cpu { .. }) => *slot = Some(ZeroedBuf::Host(crate::tensor::HostBuffer::zeroed::<T>(len))),
         }
-        Ok(crate::tensor::TileCounter { slot, device: self })
+        Ok(slot)
     }
 
     /// A zeroed f32 workspace of at least `len` elements, for kernels that add partial results
@@ -226,21 +236,7 @@ impl Device {
     /// # Errors
     /// A CUDA error allocating it.
     pub fn zeroed_workspace(&self, len: usize) -> Result<crate::tensor::Workspace<'_>> {
-        use crate::tensor::WorkBuf;
-        let len = len.max(1);
-        let mut slot = self.inner.workspace.lock().unwrap_or_else(|p| p.into_inner());
-        let have = match &*slot {
-            Some(WorkBuf::Cuda(b)) => b.len(),
-            Some(WorkBuf::Host(h)) => h.len,
-            None => 0,
-        };
-        match (&mut *slot, &self.inner.backend) {
-            (Some(WorkBuf::Host(h)), _) if have >= len => h.lock().fill(0),
-            (Some(_), _) if have >= len => {}
-            (_, Backend::Cuda { stream, .. }) => *slot = Some(WorkBuf::Cuda(stream.alloc_zeros::<f32>(len)?)),
-            (_, Backend::Cpu { .. }) => *slot = Some(WorkBuf::Host(crate::tensor::HostBuffer::zeroed::<f32>(len))),
-        }
-        Ok(crate::tensor::Workspace { slot, device: self })
+        Ok(crate::tensor::Workspace { slot: self.zeroed(&self.inner.workspace, len.max(1))?, device: self })
     }
 
     /// The stream kernels launch on.

@@ -619,20 +619,42 @@ impl<T: Element, A: GlobalArgMut<T>> GlobalArgMut<T> for OptionalMut<'_, A> {
     }
 }
 
-/// The storage of a device's tile counter.
-pub(crate) enum CounterBuf {
-    Cuda(CudaSlice<i32>),
+/// A device's kept-zeroed buffer: its tile counter, its f32 workspace.
+pub(crate) enum ZeroedBuf<T> {
+    Cuda(CudaSlice<T>),
     Host(HostBuffer),
 }
 
-pub(crate) enum WorkBuf {
-    Cuda(CudaSlice<f32>),
-    Host(HostBuffer),
+impl<T: Element> ZeroedBuf<T> {
+    /// Elements.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            ZeroedBuf::Cuda(b) => b.len(),
+            ZeroedBuf::Host(h) => h.len,
+        }
+    }
+
+    /// The buffer as a kernel's tensor of `shape` and `strides` (`own` its device; `what` names
+    /// it in the error a missing buffer gives).
+    fn desc_mut<'a>(
+        buf: Option<&'a mut Self>, launch: &'a Device, own: &'a Device, shape: &[usize], strides: &[usize], what: &'static str,
+    ) -> Result<(GlobalDesc, ArgGuard<'a>)> {
+        let size = std::mem::size_of::<T>();
+        match buf {
+            Some(ZeroedBuf::Cuda(buf)) => {
+                let ctx = buf.context().cu_ctx() as usize;
+                let (ptr, guard) = buf.device_ptr_mut(order_on(launch, own)?);
+                Ok((desc(ptr, 0, size, shape, strides, ctx), ArgGuard(Some(guard))))
+            }
+            Some(ZeroedBuf::Host(h)) => Ok((GlobalDesc { host: Some(h.clone()), ..desc(0, 0, size, shape, strides, 0) }, ArgGuard(None))),
+            None => Err(Error::Tensor { what, expected: format!("a {what} made by its `Device` call"), found: "none".into() }),
+        }
+    }
 }
 
 /// A device's zeroed f32 workspace, held for a few launches: [`Device::zeroed_workspace`].
 pub struct Workspace<'d> {
-    pub(crate) slot: std::sync::MutexGuard<'d, Option<WorkBuf>>,
+    pub(crate) slot: std::sync::MutexGuard<'d, Option<ZeroedBuf<f32>>>,
     pub(crate) device: &'d Device,
 }
 
@@ -643,11 +665,7 @@ impl<'d> Workspace<'d> {
     /// # Errors
     /// [`Error::Tensor`] when the view reaches past the workspace.
     pub fn view<'w>(&'w mut self, shape: &[usize], strides: &[usize]) -> Result<WorkspaceView<'w, 'd>> {
-        let len = match self.slot.as_ref() {
-            Some(WorkBuf::Cuda(b)) => b.len(),
-            Some(WorkBuf::Host(h)) => h.len,
-            None => 0,
-        };
+        let len = self.slot.as_ref().map_or(0, ZeroedBuf::len);
         let last = shape.iter().zip(strides).map(|(&d, &s)| d.saturating_sub(1).saturating_mul(s)).sum::<usize>();
         if shape.len() != strides.len() || shape.contains(&0) || last >= len {
             return Err(Error::Tensor {
@@ -670,46 +688,20 @@ pub struct WorkspaceView<'w, 'd> {
 impl GlobalArgMut<f32> for WorkspaceView<'_, '_> {
     fn global_desc_mut<'a>(&'a mut self, device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)> {
         let own = self.ws.device;
-        match self.ws.slot.as_mut() {
-            Some(WorkBuf::Cuda(buf)) => {
-                let ctx = buf.context().cu_ctx() as usize;
-                let (ptr, guard) = buf.device_ptr_mut(order_on(device, own)?);
-                Ok((desc(ptr, 0, 4, &self.shape, &self.strides, ctx), ArgGuard(Some(guard))))
-            }
-            Some(WorkBuf::Host(h)) => {
-                Ok((GlobalDesc { host: Some(h.clone()), ..desc(0, 0, 4, &self.shape, &self.strides, 0) }, ArgGuard(None)))
-            }
-            None => Err(Error::Tensor {
-                what: "workspace",
-                expected: "a workspace made by `Device::zeroed_workspace`".into(),
-                found: "none".into(),
-            }),
-        }
+        ZeroedBuf::desc_mut(self.ws.slot.as_mut(), device, own, &self.shape, &self.strides, "workspace")
     }
 }
 
 /// A device's tile counter, held for one launch: [`Device::tile_counter`]. Passes as a
 /// `Global<i32, 1>` of one element.
 pub struct TileCounter<'d> {
-    pub(crate) slot: std::sync::MutexGuard<'d, Option<CounterBuf>>,
+    pub(crate) slot: std::sync::MutexGuard<'d, Option<ZeroedBuf<i32>>>,
     pub(crate) device: &'d Device,
 }
 
 impl GlobalArgMut<i32> for TileCounter<'_> {
     fn global_desc_mut<'a>(&'a mut self, device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)> {
         let own = self.device;
-        match self.slot.as_mut() {
-            Some(CounterBuf::Cuda(buf)) => {
-                let ctx = buf.context().cu_ctx() as usize;
-                let (ptr, guard) = buf.device_ptr_mut(order_on(device, own)?);
-                Ok((desc(ptr, 0, 4, &[1], &[1], ctx), ArgGuard(Some(guard))))
-            }
-            Some(CounterBuf::Host(h)) => Ok((GlobalDesc { host: Some(h.clone()), ..desc(0, 0, 4, &[1], &[1], 0) }, ArgGuard(None))),
-            None => Err(Error::Tensor {
-                what: "tile counter",
-                expected: "a counter made by `Device::tile_counter`".into(),
-                found: "none".into(),
-            }),
-        }
+        ZeroedBuf::desc_mut(self.slot.as_mut(), device, own, &[1], &[1], "tile counter")
     }
 }

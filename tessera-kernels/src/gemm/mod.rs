@@ -438,10 +438,11 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
         // Small M (up to 64 rows, weights N×K): every SM streams the weights, K split so that
         // the slabs fill the GPU — taken to 16 rows, and to 64 where K is split (unsplit, the
         // 128×128 kernel reads the weights as fast in one launch instead of two).
-        let sms = device.sm_count() as usize;
-        let splits = small_m_splits(batch * n.div_ceil(128), m, n, k, sms);
-        if !full && hopper && !kn && (m <= 16 || m <= 64 && splits > 1) && self.variant.is_none() {
-            return T::gemm_small_m(device, &a, &b, c, c_shape, bias, (self.alpha, bias_kind, self.activation.code()), splits);
+        if !full && hopper && !kn && m <= 64 && self.variant.is_none() {
+            let splits = small_m_splits(batch * n.div_ceil(128), m, n, k, device.sm_count() as usize);
+            if m <= 16 || splits > 1 {
+                return T::gemm_small_m(device, &a, &b, c, c_shape, bias, (self.alpha, bias_kind, self.activation.code()), splits);
+            }
         }
         let run_full = |c: &mut Tensor<T>| T::gemm_full(device, tiles(128).into(), kn, &a, &b, c, c_shape, &c_in, bias, &residual, scalars);
         let fast_ok = !full && hopper && c_tma;

@@ -716,29 +716,24 @@ impl Lowerer<'_> {
         }
     }
 
-    /// A bulk store's view and index, its shared writes made visible to the copy engine: every
-    /// writer fences them for the async proxy and the warpgroup syncs (a store straight after
-    /// another: the first's fence and barrier cover this one's view).
-    /// With `map`, the tensor's TMA map, read before the fence.
-    fn store_source(
-        &mut self, index: &[Expr], src: &Expr, map: Option<&str>,
-    ) -> Result<(ViewVal, Vec<Operand>, Option<Reg>), CompileError> {
-        let v = self.view(src)?;
-        let idx = index.iter().map(|i| self.scalar(i)).collect::<Result<Vec<_>, _>>()?;
-        let map = map.map(|t| self.tma_map(t));
+    /// Before a bulk copy of shared memory: every writer fences its shared writes for the async
+    /// proxy and the warpgroup syncs (a store straight after another: the first's fence and
+    /// barrier cover this one's view).
+    fn fence_for_bulk(&mut self) {
         if !self.tma_store_chained {
             self.op("fence.proxy.async.shared::cta", vec![]);
             self.warpgroup_barrier();
         }
-        Ok((v, idx, map))
     }
 
     /// A TMA bulk store of a shared view (or, `add`, a bulk reduce-add into the tensor): every
     /// writer fences its shared writes for the async proxy, the warpgroup syncs, and its leader
     /// issues and commits the copy.
     fn tma_store(&mut self, tensor: &str, index: &[Expr], src: &Expr, add: bool) -> Result<(), CompileError> {
-        let (v, idx, map) = self.store_source(index, src, Some(tensor))?;
-        let map = map.expect("asked for");
+        let v = self.view(src)?;
+        let idx = index.iter().map(|i| self.scalar(i)).collect::<Result<Vec<_>, _>>()?;
+        let map = self.tma_map(tensor);
+        self.fence_for_bulk();
         let coords: Vec<Reg> = idx.iter().rev().map(|i| self.in_reg(i.clone(), crate::dtype::ScalarType::I32, "coord")).collect();
         let names = coords.iter().map(|r| self.reg_name(*r)).collect::<Vec<_>>().join(", ");
         let leader = self.leader;
@@ -761,7 +756,9 @@ impl Lowerer<'_> {
     /// past the tensor's last element (the interpreter says so).
     fn bulk_store(&mut self, tensor: &str, index: &[Expr], src: &Expr, add: bool) -> Result<(), CompileError> {
         use Operand::{Imm, Reg as R};
-        let (v, idx, _) = self.store_source(index, src, None)?;
+        let v = self.view(src)?;
+        let idx = index.iter().map(|i| self.scalar(i)).collect::<Result<Vec<_>, _>>()?;
+        self.fence_for_bulk();
         let g = self.global(tensor);
         let bytes = v.rows * v.ty.cols * g.dtype.size();
         let (addr, room, ok) = self.flat_address(&g, &idx, None);
@@ -798,11 +795,18 @@ impl Lowerer<'_> {
         Ok(())
     }
 
-    /// `base + t·scale` for this thread's index `t` in its warpgroup (a shared address).
-    pub(crate) fn fragment_thread_offset(&mut self, base: Reg, scale: u32) -> Reg {
+    /// This thread's index in its warpgroup.
+    fn warpgroup_thread(&mut self) -> Reg {
         use Operand::{Imm, Reg as R};
         let t = self.reg(RegClass::B32, "frag_t");
         self.op("and.b32", vec![R(t), R(self.tid), Imm(127)]);
+        t
+    }
+
+    /// `base + t·scale` for this thread's index `t` in its warpgroup (a shared address).
+    fn fragment_thread_offset(&mut self, base: Reg, scale: u32) -> Reg {
+        use Operand::{Imm, Reg as R};
+        let t = self.warpgroup_thread();
         let a = self.reg(RegClass::B32, "frag_at");
         self.op("mad.lo.u32", vec![R(a), R(t), Imm(i64::from(scale)), R(base)]);
         a
@@ -823,15 +827,10 @@ impl Lowerer<'_> {
             let ir = self.reg(RegClass::B32, "idx");
             self.op("mov.b32", vec![R(ir), i.clone()]);
             self.op("setp.ge.and.s32", vec![R(ok), R(ir), Imm(0), R(ok)]);
-            let sb = self.reg(RegClass::B32, "sbytes");
-            self.op("mul.lo.s32", vec![R(sb), R(gr.strides[k]), Imm(es)]);
-            let term = self.reg(RegClass::B64, "term");
-            self.op("mul.wide.s32", vec![R(term), R(ir), R(sb)]);
-            self.op("add.s64", vec![R(off), R(off), R(term)]);
+            self.term(off, ir, gr.strides[k], es);
         }
         if let Some(scale) = thread {
-            let t = self.reg(RegClass::B32, "frag_t");
-            self.op("and.b32", vec![R(t), R(self.tid), Imm(127)]);
+            let t = self.warpgroup_thread();
             let tb = self.reg(RegClass::B64, "frag_tb");
             self.op("mul.wide.u32", vec![R(tb), R(t), Imm(i64::from(scale))]);
             self.op("add.s64", vec![R(off), R(off), R(tb)]);

@@ -564,7 +564,7 @@ impl Lowerer<'_> {
     }
 
     /// `acc += (s64)index * stride * es`
-    fn term(&mut self, acc: Reg, index: Reg, stride: Reg, es: i64) {
+    pub(crate) fn term(&mut self, acc: Reg, index: Reg, stride: Reg, es: i64) {
         use Operand::{Imm, Reg as R};
         let sb = self.reg(RegClass::B32, "sbytes");
         self.op("mul.lo.s32", vec![R(sb), R(stride), Imm(es)]);
