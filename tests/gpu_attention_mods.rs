@@ -57,7 +57,7 @@ fn check(dev: &Device, c: Case, opts: Attention, scale: f32, mods: &Mods<'_>, wh
     }
     let (dout, dow) = gen(qs.iter().product(), 1.0);
     let dot = Tensor::from_host(dev, &dout, &qs).unwrap();
-    let (want_dq, want_dk, want_dv) = attention_backward_reference(c, &bshd(c.d), f64::from(scale), mods, &qw, &kw, &vw, &dow);
+    let [want_dq, want_dk, want_dv] = attention_backward_reference(c, &bshd(c.d), f64::from(scale), mods, &qw, &kw, &vw, &dow);
     let host = |t: &Tensor<bf16>| t.to_host().unwrap().into_iter().map(|x| x.to_f64()).collect::<Vec<f64>>();
     // The fast mode (dQ by reduce-adds) and the deterministic one.
     for deterministic in [false, true] {
@@ -66,7 +66,7 @@ fn check(dev: &Device, c: Case, opts: Attention, scale: f32, mods: &Mods<'_>, wh
             .unwrap_or_else(|e| panic!("{what} deterministic={deterministic}: {e}"));
         for (name, got, want) in [("dq", host(&g.dq), &want_dq), ("dk", host(&g.dk), &want_dk), ("dv", host(&g.dv), &want_dv)] {
             assert!(got.iter().all(|x| x.is_finite()), "{what} deterministic={deterministic}: {name} has a non-finite element");
-            let err = rel_error(&got, want);
+            let err = want.error(&got);
             assert!(err < 3e-2, "{what} deterministic={deterministic}: {name} relative error {err}");
         }
     }
@@ -337,7 +337,7 @@ fn packed_modifiers(dev: &Device) {
                         }
                     }
                 }
-                let (wq, wk, wv) = attention_backward_reference(
+                let [wq, wk, wv] = attention_backward_reference(
                     c,
                     &bshd(d),
                     f64::from(scale),
@@ -350,12 +350,12 @@ fn packed_modifiers(dev: &Device) {
                 for (det, gq, gk, gv) in &grads {
                     for (name, got, want) in [("dq", &gq[rq.clone()], &wq), ("dk", &gk[rk.clone()], &wk), ("dv", &gv[rk.clone()], &wv)] {
                         assert!(got.iter().all(|x| x.is_finite()), "{what} deterministic={det}: {name} has a non-finite element");
-                        if want.iter().all(|&x| x == 0.0) {
+                        if want.value.iter().all(|&x| x == 0.0) {
                             // No queries (dK, dV) or no keys: zeros, up to D's rounding for dQ.
                             let worst = got.iter().fold(0.0f64, |a, &x| a.max(x.abs()));
                             assert!(worst < 3e-2, "{what} deterministic={det}: {name} should be about 0, has {worst}");
                         } else {
-                            let err = rel_error(got, want);
+                            let err = want.error(got);
                             assert!(err < 3e-2, "{what} deterministic={det}: {name} relative error {err}");
                         }
                     }

@@ -145,13 +145,14 @@ pub fn attention_reference(
 /// visible keys (Z its dropout factors, 1 without), `dV += (P∘Z)ᵀ·dO`, `dP = Z ∘ (dO·Vᵀ)`,
 /// `dS = P ∘ (dP − rowsum(dP ∘ P))` taken back
 /// through the modifier (`× grad`), `dQ = scale·dS·K`, `dK = scale·dSᵀ·Q`, summed over the query
-/// heads of a key/value group. Returns `(dq, dk, dv)`.
+/// heads of a key/value group. Returns each gradient with the absolute sum of its terms
+/// (see [`Grad::error`]).
 #[allow(clippy::too_many_arguments)]
 pub fn attention_backward_reference(
     c: AttentionDims, at: &dyn Fn(usize, usize, usize, usize, usize) -> usize, scale: f64, mods: &ScoreMods<'_>, q: &[f64], k: &[f64],
     v: &[f64], dout: &[f64],
-) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-    let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
+) -> [Grad; 3] {
+    let [mut dq, mut dk, mut dv] = [q.len(), k.len(), v.len()].map(Grad::zeros);
     let group = c.h / c.hk;
     let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
     for bi in 0..c.b {
@@ -188,13 +189,51 @@ pub fn attention_backward_reference(
                     let kj = at(c.sk, c.hk, bi, j, kh);
                     let ds = p[j] * (dp[j] - rowdot) * (mods.grad)(raw[j], i as i64, j as i64, hi);
                     for x in 0..c.d {
-                        dv[kj + x] += p[j] * z[j] * dout[qi + x];
-                        dq[qi + x] += scale * ds * k[kj + x];
-                        dk[kj + x] += scale * ds * q[qi + x];
+                        dv.add(kj + x, p[j] * z[j] * dout[qi + x]);
+                        dq.add(qi + x, scale * ds * k[kj + x]);
+                        dk.add(kj + x, scale * ds * q[qi + x]);
                     }
                 }
             }
         }
     }
-    (dq, dk, dv)
+    [dq, dk, dv]
+}
+
+/// A float64 gradient and, per element, the sum of its terms' absolute values.
+pub struct Grad {
+    pub value: Vec<f64>,
+    pub magnitude: Vec<f64>,
+}
+
+impl Grad {
+    fn zeros(n: usize) -> Self {
+        Grad { value: vec![0.0; n], magnitude: vec![0.0; n] }
+    }
+
+    fn add(&mut self, i: usize, term: f64) {
+        self.value[i] += term;
+        self.magnitude[i] += term.abs();
+    }
+
+    /// `got`'s relative error: ‖got − value‖₂ over ‖value‖₂, or over an eighth of
+    /// ‖magnitude‖₂ where that is larger. The kernels round P and dS to 16 bits before their
+    /// MMAs, and a sum of rounded terms is off by up to the rounding of their absolute sum:
+    /// where the terms cancel (a short sequence, dropout's few kept keys), the plain relative
+    /// error measures the cancellation rather than the kernel. A missing or doubled term is
+    /// still a whole term's size against an eighth of all of them.
+    pub fn error(&self, got: &[f64]) -> f64 {
+        assert_eq!(got.len(), self.value.len(), "Grad::error: lengths differ");
+        if got.iter().chain(&self.value).any(|x| x.is_nan()) {
+            return f64::INFINITY;
+        }
+        let norm = |x: &mut dyn Iterator<Item = f64>| x.map(|v| v * v).sum::<f64>().sqrt();
+        let off = norm(&mut got.iter().zip(&self.value).map(|(g, w)| g - w));
+        let den = norm(&mut self.value.iter().copied()).max(norm(&mut self.magnitude.iter().copied()) / 8.0);
+        if den == 0.0 {
+            off
+        } else {
+            off / den
+        }
+    }
 }
