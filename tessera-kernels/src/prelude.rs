@@ -134,13 +134,17 @@ pub fn grouped_tile(tile: i32, per_batch: i32, tiles_m: i32, group: i32) -> (i32
     (tile / per_batch, first + (t % group) % height, (t % group) / height)
 }
 
-/// A producer warpgroup's K loop for one 128-row tile at `[bt, m0, n0]`: each 64-wide step
-/// waits for a free stage, loads A's 128×64 box and B's box there by TMA and commits it. `KN`
-/// is B's layout, named at the call: 0 for `[batch, N, K]` (`sb` a `BN`×64 ring), 1 for
-/// `[batch, K, N]` (`sb` 64×`BN`): `gemm_load::<0>(a, b, sa, sb, pipe, bt, m0, n0, k_steps)`.
+/// A producer warpgroup's K loop for one 128-row tile at `[bt, m0, n0]`: each `BK`-wide step
+/// (`sa`'s columns: 64 of a 16-bit type, 128 of fp8 — a 128-byte row) waits for a free stage,
+/// loads A's 128×`BK` box and B's box there by TMA and commits it. `KN` is B's layout, named
+/// at the call: 0 for `[batch, N, K]` (`sb` a `BN`×`BK` ring), 1 for `[batch, K, N]` (`sb`
+/// `BK`×`BN`): `gemm_load::<0>(a, b, sa, sb, pipe, bt, m0, n0, k_steps)`. A and B may hold
+/// different types (fp8's e5m2 × e4m3).
 #[device]
-pub fn gemm_load<const KN: usize, T, const SR: usize, const SC: usize, const S: usize>(
-    a: Global<T, 3>, b: Global<T, 3>, sa: Smem<T, 128, 64>, sb: Smem<T, SR, SC>, pipe: Pipeline<S>, bt: i32, m0: i32, n0: i32, k_steps: i32,
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_load<const KN: usize, T, TB, const BK: usize, const SR: usize, const SC: usize, const S: usize>(
+    a: Global<T, 3>, b: Global<TB, 3>, sa: Smem<T, 128, BK>, sb: Smem<TB, SR, SC>, pipe: Pipeline<S>, bt: i32, m0: i32, n0: i32,
+    k_steps: i32,
 ) {
     gemm_load_from::<KN>(a, b, sa, sb, pipe, bt, m0, n0, 0, k_steps);
 }
@@ -148,16 +152,16 @@ pub fn gemm_load<const KN: usize, T, const SR: usize, const SC: usize, const S: 
 /// [`gemm_load`] over the K steps `k0..k0 + k_steps` only (a split of K).
 #[device]
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_load_from<const KN: usize, T, const SR: usize, const SC: usize, const S: usize>(
-    a: Global<T, 3>, b: Global<T, 3>, sa: Smem<T, 128, 64>, sb: Smem<T, SR, SC>, pipe: Pipeline<S>, bt: i32, m0: i32, n0: i32, k0: i32,
-    k_steps: i32,
+pub fn gemm_load_from<const KN: usize, T, TB, const BK: usize, const SR: usize, const SC: usize, const S: usize>(
+    a: Global<T, 3>, b: Global<TB, 3>, sa: Smem<T, 128, BK>, sb: Smem<TB, SR, SC>, pipe: Pipeline<S>, bt: i32, m0: i32, n0: i32,
+    k0: i32, k_steps: i32,
 ) {
     fill_stages(pipe, k_steps, |s, k| {
-        tma::load(sa.at(s), a, [bt, m0, (k0 + k) * 64], pipe);
+        tma::load(sa.at(s), a, [bt, m0, (k0 + k) * BK], pipe);
         if KN == 1 {
-            tma::load(sb.at(s), b, [bt, (k0 + k) * 64, n0], pipe);
+            tma::load(sb.at(s), b, [bt, (k0 + k) * BK, n0], pipe);
         } else {
-            tma::load(sb.at(s), b, [bt, n0, (k0 + k) * 64], pipe);
+            tma::load(sb.at(s), b, [bt, n0, (k0 + k) * BK], pipe);
         }
     });
 }
@@ -166,8 +170,8 @@ pub fn gemm_load_from<const KN: usize, T, const SR: usize, const SC: usize, cons
 /// times B (`KN` as [`gemm_load`]'s), one MMA group kept in flight, each stage released once
 /// the MMA after it is issued; returns with every MMA done and every stage released.
 #[device]
-pub fn gemm_mma<const KN: usize, T, const BN: usize, const SR: usize, const SC: usize, const S: usize>(
-    acc: &mut Tile<f32, 64, BN>, sa: Smem<T, 128, 64>, sb: Smem<T, SR, SC>, pipe: Pipeline<S>, row: i32, k_steps: i32,
+pub fn gemm_mma<const KN: usize, T, TB, const BN: usize, const BK: usize, const SR: usize, const SC: usize, const S: usize>(
+    acc: &mut Tile<f32, 64, BN>, sa: Smem<T, 128, BK>, sb: Smem<TB, SR, SC>, pipe: Pipeline<S>, row: i32, k_steps: i32,
 ) {
     *acc = Tile::<f32, 64, BN>::zeros();
     let mut prev = 0;
@@ -188,24 +192,78 @@ pub fn gemm_mma<const KN: usize, T, const BN: usize, const SR: usize, const SC: 
     pipe.release(prev);
 }
 
+/// [`gemm_mma`] with the accumulator promoted every stage: each stage's product goes into a
+/// fresh accumulator, waited for, and `acc += promote(part, k)` (`k` the stage's K step,
+/// counting from 0) — the scales of a block-scaled fp8 GEMM applied per K block, and fp8's
+/// wgmma sums (which keep fewer bits than f32) ended every `BK` columns. Returns with every MMA
+/// done and every stage released.
+#[device]
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_mma_promoted<const KN: usize, T, TB, const BN: usize, const BK: usize, const SR: usize, const SC: usize, const S: usize>(
+    acc: &mut Tile<f32, 64, BN>, sa: Smem<T, 128, BK>, sb: Smem<TB, SR, SC>, pipe: Pipeline<S>, row: i32, k_steps: i32,
+    promote: impl Fn(Tile<f32, 64, BN>, i32) -> Tile<f32, 64, BN>,
+) {
+    *acc = Tile::<f32, 64, BN>::zeros();
+    for k in 0..k_steps {
+        let s = pipe.wait();
+        let mut part = Tile::<f32, 64, BN>::zeros();
+        if KN == 1 {
+            mma_sync_kn(part, sa.at(s).rows(row, 64), sb.at(s));
+        } else {
+            mma_sync(part, sa.at(s).rows(row, 64), sb.at(s));
+        }
+        mma_wait(0);
+        pipe.release(s);
+        *acc = *acc + promote(part, k);
+    }
+}
+
 /// The library's warp-specialized Hopper GEMM, `C = epilogue(A·B)`, as one device function
 /// that a kernel calls with its rings and its epilogue: A `[batch, M, K]`, B `[batch, N, K]`
-/// (`KN` 0: `sb` a `BN`×64 ring) or `[batch, K, N]` (`KN` 1: `sb` 64×`BN`), C `[batch, M, N]`
+/// (`KN` 0: `sb` a `BN`×`BK` ring) or `[batch, K, N]` (`KN` 1: `sb` `BK`×`BN`), K in steps of
+/// `BK` (`sa` 128×`BK`: 64 of a 16-bit type, 128 of fp8), C `[batch, M, N]` in a type of its own
 /// (rows 16-byte aligned, for the TMA stores); 128×`BN` tiles claimed from the tile queue on
 /// `counter` (a zeroed `Device::tile_counter()`) by a persistent grid of at most one block per
 /// SM, launched with three warpgroups. Warpgroup 0 loads the K steps by TMA; warpgroups 1 and
 /// 2 multiply their 64 rows by wgmma, then hand the accumulator to `epilogue` 64 columns at a
 /// time — `epilogue(acc, batch, row, col)` with the chunk's origin in C — and store what it
-/// returns (cast to `T`) through `sc` (four 64×64 buffers) by TMA, while the producer fills the
-/// next tile's stages. The epilogue runs on registers in the store loop: it adds no pass
-/// over C (`tests/epilogue.rs`).
+/// returns (cast to C's type) through `sc` (four 64×64 buffers) by TMA, while the producer
+/// fills the next tile's stages. The epilogue runs on registers in the store loop: it adds no
+/// pass over C (`tests/epilogue.rs`).
 #[device]
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_persistent<const KN: usize, const BN: usize, T, const S: usize, const SR: usize, const SC: usize>(
-    a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, counter: Global<i32, 1>, sa: Smem<T, 128, 64>, sb: Smem<T, SR, SC>,
-    sc: Smem<T, 64, 64>, pipe: Pipeline<S>, epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
+pub fn gemm_persistent<const KN: usize, const BN: usize, T, TB, U, const BK: usize, const S: usize, const SR: usize, const SC: usize>(
+    a: Global<T, 3>, b: Global<TB, 3>, c: Global<U, 3>, counter: Global<i32, 1>, sa: Smem<T, 128, BK>, sb: Smem<TB, SR, SC>,
+    sc: Smem<U, 64, 64>, pipe: Pipeline<S>, epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
 ) {
-    let k_steps = (a.dim(2) + 63) / 64;
+    #[rustfmt::skip]
+    gemm_persistent_promoted::<KN, BN, 0>(a, b, c, counter, sa, sb, sc, pipe, |p, _bt, _m0, _n0, _k| p, epilogue);
+}
+
+/// [`gemm_persistent`] whose consumers, where `PROMOTE` is 1, multiply each K step into a
+/// fresh accumulator and add `promote(part, batch, row, col, k)` — the step's partial product
+/// for the 64×`BN` block at `[batch, row, col]`, scaled — into the running one
+/// ([`gemm_mma_promoted`]): fp8 with per-block scales, and fp8's short wgmma sums promoted to
+/// f32 every step. `PROMOTE` 0 is [`gemm_persistent`] (`promote` unused).
+#[device]
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_persistent_promoted<
+    const KN: usize,
+    const BN: usize,
+    const PROMOTE: usize,
+    T,
+    TB,
+    U,
+    const BK: usize,
+    const S: usize,
+    const SR: usize,
+    const SC: usize,
+>(
+    a: Global<T, 3>, b: Global<TB, 3>, c: Global<U, 3>, counter: Global<i32, 1>, sa: Smem<T, 128, BK>, sb: Smem<TB, SR, SC>,
+    sc: Smem<U, 64, 64>, pipe: Pipeline<S>, promote: impl Fn(Tile<f32, 64, BN>, i32, i32, i32, i32) -> Tile<f32, 64, BN>,
+    epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
+) {
+    let k_steps = (a.dim(2) + (BK - 1)) / BK;
     let tiles_m = (c.dim(1) + 127) / 128;
     let tiles_n = (c.dim(2) + BN - 1) / BN;
     let per_batch = tiles_m * tiles_n;
@@ -227,7 +285,11 @@ pub fn gemm_persistent<const KN: usize, const BN: usize, T, const S: usize, cons
             let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
             let m0 = tm * 128 + row;
             let n0 = tn * BN;
-            gemm_mma::<KN>(&mut acc, sa, sb, pipe, row, k_steps);
+            if PROMOTE == 1 {
+                gemm_mma_promoted::<KN>(&mut acc, sa, sb, pipe, row, k_steps, |p, k| promote(p, bt, m0, n0, k));
+            } else {
+                gemm_mma::<KN>(&mut acc, sa, sb, pipe, row, k_steps);
+            }
             // The epilogue, 64 columns at a time so that loaded operands fit in registers;
             // each chunk staged in shared memory and stored by TMA (asynchronously, whole
             // lines), the buffer written two chunks ago read first.

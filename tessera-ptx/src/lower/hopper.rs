@@ -891,11 +891,18 @@ impl Lowerer<'_> {
             (MmaA::Regs(_), Type::Tile(ta)) => (ta.dtype, ta.cols),
             _ => unreachable!("verified TIR-H: a tile operand"),
         };
-        let ab = match a_dtype {
-            crate::dtype::DType::F16 => "f16.f16",
-            _ => "bf16.bf16",
+        let b_dtype = vb.ty.dtype;
+        let ab = match (a_dtype.fp8_cvt_name(), b_dtype.fp8_cvt_name()) {
+            (Some(x), Some(y)) => format!("{x}.{y}"),
+            _ if a_dtype == crate::dtype::DType::F16 => "f16.f16".to_string(),
+            _ => "bf16.bf16".to_string(),
         };
+        // One instruction's K: 32 bytes of a row (k16 of a 16-bit type, k32 of fp8).
+        let k_inst = 32 / a_dtype.size();
         let n = t.ty.cols;
+        if !self.sm90() && a_dtype.is_fp8() {
+            return Err(CompileError::Lower { message: "`mma_sync` on fp8 operands needs sm_90a (wgmma)".into(), loc: a.loc });
+        }
         if !self.sm90() {
             if a_t {
                 return Err(CompileError::Lower {
@@ -909,11 +916,11 @@ impl Lowerer<'_> {
                     loc: a.loc,
                 });
             }
-            self.mma_sm80(&t.regs, t.ty.rows / 64, n, k, &a_op, &vb, b_kn, ab);
+            self.mma_sm80(&t.regs, t.ty.rows / 64, n, k, &a_op, &vb, b_kn, &ab);
             return Ok(());
         }
         let per_block = (n / 2) as usize;
-        let k_steps = k / 16;
+        let k_steps = k / k_inst;
         let zero = std::mem::take(&mut self.mma_zero);
         let desc_b = if b_kn {
             let lbo = if vb.ty.panels() > 1 { vb.ty.rows * vb.ty.pitch() } else { 16 };
@@ -966,7 +973,12 @@ impl Lowerer<'_> {
                             self.op("add.s64", vec![R(da), R(desc_a), Imm(step)]);
                             da
                         };
-                        vec![Operand::Vec(regs.clone()), R(da), R(db), scale_d, Imm(1), Imm(1), Imm(i64::from(a_t)), tnsp_b]
+                        let mut args = vec![Operand::Vec(regs.clone()), R(da), R(db), scale_d, Imm(1), Imm(1)];
+                        // (fp8 is K-major only: no transpose operands.)
+                        if !a_dtype.is_fp8() {
+                            args.extend([Imm(i64::from(a_t)), tnsp_b]);
+                        }
+                        args
                     }
                     (MmaA::Regs(frags), _) => {
                         let f = frags[(mb * k_steps + kk) as usize].to_vec();
@@ -974,7 +986,7 @@ impl Lowerer<'_> {
                     }
                     _ => unreachable!("a shared A has a descriptor"),
                 };
-                self.op(&format!("wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ab}"), args);
+                self.op(&format!("wgmma.mma_async.sync.aligned.m64n{n}k{k_inst}.f32.{ab}"), args);
             }
         }
         self.op("wgmma.commit_group.sync.aligned", vec![]);

@@ -15,12 +15,17 @@ fn check_mma_shapes(
     }
     let (at, am, ak) = a;
     let (bt, bn, bk) = b;
-    if !matches!(at, DType::BF16 | DType::F16) {
-        return Err(CompileError::ty(a_loc, format!("`mma_sync` takes bf16 or f16 operands, found `{at}`")));
+    if !matches!(at, DType::BF16 | DType::F16) && !at.is_fp8() {
+        return Err(CompileError::ty(a_loc, format!("`mma_sync` takes bf16, f16, f8e4m3 or f8e5m2 operands, found `{at}`")));
     }
-    if bt != at {
+    if at.is_fp8() && !bt.is_fp8() {
+        return Err(CompileError::ty(b_loc, format!("`mma_sync`: `b` must be an fp8 type (f8e4m3 or f8e5m2) like `a`, found `{bt}`")));
+    }
+    if !at.is_fp8() && bt != at {
         return Err(CompileError::ty(b_loc, format!("`mma_sync`: `b` must be `{at}` like `a`, found `{bt}`")));
     }
+    // One instruction's K: 32 bytes of a row.
+    let k_step = 32 / at.size();
     if am != acc.rows || am % 64 != 0 {
         return Err(CompileError::ty(
             a_loc,
@@ -33,8 +38,11 @@ fn check_mma_shapes(
             format!("`mma_sync`: `b` (N×K) must have the accumulator's {} columns as rows, 8 to 256 in steps of 8, found {bn}", acc.cols),
         ));
     }
-    if bk != ak || ak % 16 != 0 {
-        return Err(CompileError::ty(b_loc, format!("`mma_sync`: `b` must have {ak} columns (K) like `a`, a multiple of 16, found {bk}")));
+    if bk != ak || ak % k_step != 0 {
+        return Err(CompileError::ty(
+            b_loc,
+            format!("`mma_sync`: `b` must have {ak} columns (K) like `a`, a multiple of {k_step}, found {bk}"),
+        ));
     }
     Ok(())
 }
@@ -122,6 +130,7 @@ impl Checker<'_> {
             }
             K::PipeStage { pipe, .. } => self.pipeline(pipe, loc).map(|_| Type::Scalar(ScalarType::I32)),
             K::SmemLoad(view) => match self.expr(view) {
+                Ok(Type::SmemView { dtype, .. }) if dtype.is_fp8() => Err(CompileError::ty(view.loc, fp8_view_only(dtype, "load"))),
                 Ok(Type::SmemView { dtype, rows, cols, swizzle }) => {
                     let row = cols * dtype.size();
                     if swizzle > 0 && row > swizzle && !row.is_multiple_of(swizzle) {
@@ -246,6 +255,22 @@ impl Checker<'_> {
         };
         let ta = self.expr(a)?;
         let tb = self.expr(b)?;
+        // wgmma reads fp8 K-major from shared memory only.
+        let fp8 = |t: &Type| matches!(t, Type::SmemView { dtype, .. } | Type::Tile(crate::tirh::TileType { dtype, .. }) if dtype.is_fp8());
+        if fp8(&ta) || fp8(&tb) {
+            let (what, at) = match (&ta, a_t, b_kn) {
+                (Type::Tile(_), ..) => ("`a` from registers", a.loc),
+                (_, true, _) => ("`a.t()`", a.loc),
+                (_, _, true) => ("`mma_sync_kn`", loc),
+                _ => ("", loc),
+            };
+            if !what.is_empty() {
+                return Err(CompileError::ty(
+                    at,
+                    format!("`mma_sync` reads fp8 operands K-major from shared memory only: {what} takes bf16 or f16 (store fp8 as `[rows, K]` tiles)"),
+                ));
+            }
+        }
         let va = if a_t {
             // a is K×M, M-major, in 128- or 64-byte panels (as `mma_sync_kn`'s b), a 64-row
             // slab of A whole panels.
@@ -278,6 +303,11 @@ impl Checker<'_> {
     }
 }
 
+/// Why an fp8 shared view may not be read or written from registers.
+pub(super) fn fp8_view_only(dtype: DType, what: &str) -> String {
+    format!("`{what}`: `{dtype}` shared views are filled by TMA and read by `mma_sync`; register tiles move bf16, f16, f32 or i32 through shared memory")
+}
+
 /// An MN-major wgmma operand's rows: whole panels of a 128- or 64-byte swizzle span.
 fn mn_major_panels(dtype: crate::DType, cols: u32, swizzle: u32) -> bool {
     matches!(swizzle, 64 | 128) && (cols * dtype.size()).is_multiple_of(swizzle)
@@ -299,12 +329,6 @@ pub(super) fn tma_rows(what: &str, dtype: crate::DType, cols: u32, loc: SourceLo
 }
 
 fn check_ring(t: SmemType, loc: SourceLoc) -> Result<SmemType, CompileError> {
-    if t.dtype.is_fp8() {
-        return Err(CompileError::ty(
-            loc,
-            format!("`{}` tiles live in registers and global memory: shared rings take bf16, f16, f32 or i32", t.dtype),
-        ));
-    }
     if t.stages == 0 || t.stages > 64 {
         return Err(CompileError::ty(loc, format!("a ring has 1 to 64 stages, found {}", t.stages)));
     }
