@@ -28,8 +28,6 @@
 
 use criterion::Criterion;
 mod common;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 use tessera::testing::{median, Uniform};
 use tessera::{bf16, Device, Tensor};
@@ -59,34 +57,12 @@ fn dims_and_lengths(wide: bool) -> (Vec<usize>, &'static [usize]) {
     (dims.iter().copied().filter(|d| only.is_empty() || only.contains(d)).collect(), lens)
 }
 
-/// cuDNN through PyTorch: the Python script as a child process, asked one shape at a time so
-/// that its timing and ours run back to back, in the same thermal state (the GPU clocks down
-/// under sustained load: timed after criterion's second of it, ours read ~5% low, run 133).
-struct Cudnn {
-    child: Child,
-    input: ChildStdin,
-    output: BufReader<ChildStdout>,
-    script: String,
-}
+/// cuDNN through PyTorch: `benches/attention_cudnn.py` as a child process.
+struct Cudnn(common::PyBaseline);
 
 impl Cudnn {
     fn spawn() -> Result<Cudnn, String> {
-        let script = std::env::var("TESSERA_CUDNN_SCRIPT").ok().unwrap_or_else(|| {
-            ["benches/attention_cudnn.py", "attention_cudnn.py", "bin/attention_cudnn.py"]
-                .into_iter()
-                .find(|p| std::path::Path::new(p).exists())
-                .unwrap_or("benches/attention_cudnn.py")
-                .to_string()
-        });
-        let mut child = Command::new("python3")
-            .arg(&script)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("python3 {script}: {e}"))?;
-        let input = child.stdin.take().ok_or("no stdin")?;
-        let output = BufReader::new(child.stdout.take().ok_or("no stdout")?);
-        Ok(Cudnn { child, input, output, script })
+        common::PyBaseline::spawn("TESSERA_CUDNN_SCRIPT", "attention_cudnn.py").map(Cudnn)
     }
 
     /// cuDNN's TFLOP/s on one shape, or why there is none.
@@ -97,21 +73,7 @@ impl Cudnn {
     /// cuDNN's forward (`bwd` false) or backward TFLOP/s on one shape, or why there is none.
     fn time_pass(&mut self, (b, h, s, d, causal): (usize, usize, usize, usize, bool), bwd: bool) -> Result<f64, String> {
         let pass = if bwd { " bwd" } else { "" };
-        writeln!(self.input, "{b} {h} {s} {d} {}{pass}", u8::from(causal)).map_err(|e| format!("{}: {e}", self.script))?;
-        self.input.flush().map_err(|e| e.to_string())?;
-        let mut line = String::new();
-        self.output.read_line(&mut line).map_err(|e| e.to_string())?;
-        if line.starts_with("error") || line.is_empty() {
-            return Err(if line.is_empty() { format!("{} printed nothing", self.script) } else { line.trim().to_string() });
-        }
-        line.split_whitespace().nth(5).and_then(|v| v.parse().ok()).ok_or_else(|| format!("{}: `{}`", self.script, line.trim()))
-    }
-}
-
-impl Drop for Cudnn {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.0.ask(&format!("{b} {h} {s} {d} {}{pass}", u8::from(causal)), 5)
     }
 }
 

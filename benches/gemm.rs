@@ -18,7 +18,7 @@ mod custom_epilogue;
 
 use common::cublas_tn;
 use tessera::cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
-use tessera::testing::Uniform;
+use tessera::testing::{median, Uniform};
 use tessera::{bf16, Device, Tensor};
 
 fn time_ms(dev: &Device, warm: usize, iters: usize, f: impl FnMut()) -> f64 {
@@ -37,9 +37,10 @@ fn main() {
     };
     common::temporary_tune_cache();
     let blas = CudaBlas::new(dev.stream().expect("a CUDA stream").clone()).expect("cublas");
-    if std::env::var("TESSERA_BENCH_GEMM").as_deref() == Ok("small_m") {
-        small_m(&dev, &blas);
-        return;
+    match std::env::var("TESSERA_BENCH_GEMM").as_deref() {
+        Ok("small_m") => return small_m(&dev, &blas),
+        Ok("fp8") => return fp8(&dev),
+        _ => {}
     }
     let shapes: &[(usize, usize, usize)] = &[
         (2048, 2048, 2048),
@@ -268,5 +269,100 @@ fn small_m(dev: &Device, blas: &CudaBlas) {
             gbs / copy_gbs,
             cgbs / copy_gbs
         );
+    }
+}
+
+/// `TESSERA_BENCH_GEMM=fp8`: the fp8 GEMM (e4m3 × e4m3 → bf16) beside `torch._scaled_mm`
+/// (`benches/scaled_mm.py`, a child process asked right before ours is timed on each shape)
+/// for each scaling: tensorwise and rowwise against cuBLASLt's fast accumulation (ours
+/// unpromoted) and its promoted one (ours promoted), blockwise (always promoted). Then the
+/// relative error of tensorwise scaling with and without promotion at K = 16384 against a
+/// float64 reference on the host (256 × 256 of C). `TESSERA_BENCH_SHAPES` (`4096x4096x4096,…`)
+/// replaces the shapes.
+fn fp8(dev: &Device) {
+    use tessera::F8E4M3;
+    use tessera_kernels::{gemm_fp8, Fp8Scaling};
+    let mut torch = common::PyBaseline::spawn("TESSERA_SCALED_MM_SCRIPT", "scaled_mm.py");
+    let mut shapes = vec![(4096, 4096, 4096), (8192, 8192, 8192), (8192, 14336, 4096), (8192, 4096, 14336), (2048, 2048, 2048)];
+    if let Ok(v) = std::env::var("TESSERA_BENCH_SHAPES") {
+        shapes = v
+            .split(',')
+            .filter_map(|s| {
+                let d: Vec<usize> = s.split('x').filter_map(|x| x.trim().parse().ok()).collect();
+                (d.len() == 3).then(|| (d[0], d[1], d[2]))
+            })
+            .collect();
+    }
+    let mut rng = Uniform::new();
+    let mut rows = Vec::new();
+    for &(m, n, k) in &shapes {
+        let q = |x: f32| F8E4M3::from_f32(x * 8.0);
+        let a = Tensor::from_host(dev, &rng.vec(m * k, q), &[m, k]).expect("a");
+        let b = Tensor::from_host(dev, &rng.vec(n * k, q), &[n, k]).expect("b");
+        let mut c = Tensor::<bf16>::zeros(dev, &[m, n]).expect("c");
+        let one = |len: usize, rng: &mut Uniform| Tensor::from_host(dev, &rng.vec(len, |x| 1.0 + 0.5 * x), &[len]).expect("scale");
+        let (ta, tb) = (one(1, &mut rng), one(1, &mut rng));
+        let (ra, rb) = (one(m, &mut rng), one(n, &mut rng));
+        let (kb, nb) = (k.div_ceil(128), n.div_ceil(128));
+        let ba = Tensor::from_host(dev, &rng.vec(m * kb, |x| 1.0 + 0.5 * x), &[m, kb]).expect("scale");
+        let bb = Tensor::from_host(dev, &rng.vec(nb * kb, |x| 1.0 + 0.5 * x), &[nb, kb]).expect("scale");
+        let flop = 2.0 * (m * n * k) as f64;
+        let tflops = |ms: f64| flop / ms * 1e-9;
+        for (name, scaling) in [
+            ("tensor", Fp8Scaling::Tensorwise { a: &ta, b: &tb }),
+            ("row", Fp8Scaling::Rowwise { a: &ra, b: &rb }),
+            ("block", Fp8Scaling::Blockwise { a: &ba, b: &bb }),
+        ] {
+            let mut theirs = |fast: bool| {
+                torch.as_mut().map_err(|e| e.clone()).and_then(|t| t.ask(&format!("{m} {n} {k} {name} {}", u8::from(fast)), 5))
+            };
+            let mut ours = |promote: bool| {
+                let mut f = || gemm_fp8(&a, &b, scaling).fast_accumulation(!promote).run(dev, &mut c).expect("gemm_fp8");
+                tflops(median((0..3).map(|_| time_ms(dev, 3, 20, &mut f)).collect()))
+            };
+            let (fast, fast_ours) =
+                if name == "block" { (Err("no fast accumulation".into()), f64::NAN) } else { (theirs(true), ours(false)) };
+            let exact = theirs(false);
+            let exact_ours = ours(true);
+            rows.push((format!("{m}x{n}x{k}"), name, fast, fast_ours, exact, exact_ours));
+        }
+    }
+    let show = |r: &Result<f64, String>| r.as_ref().map_or_else(|e| format!("— ({e})"), |v| format!("{v:.0}"));
+    let ratio = |r: &Result<f64, String>, o: f64| r.as_ref().map_or_else(|_| "—".to_string(), |v| format!("{:.2}", o / v));
+    println!("\ngemm fp8 e4m3 → bf16 on {} (TFLOP/s; baseline torch._scaled_mm, same run)", dev.name());
+    println!("| MxNxK | scaling | torch fast | tessera | × | torch promoted | tessera promoted | × |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for (shape, name, fast, fast_ours, exact, exact_ours) in &rows {
+        println!(
+            "| {shape} | {name} | {} | {fast_ours:.0} | {} | {} | {exact_ours:.0} | {} |",
+            show(fast),
+            ratio(fast, *fast_ours),
+            show(exact),
+            ratio(exact, *exact_ours)
+        );
+    }
+    fp8_promotion_error(dev, &mut rng);
+}
+
+/// Tensorwise fp8 at K = 16384 with and without promotion against float64 (256 × 256 of C).
+fn fp8_promotion_error(dev: &Device, rng: &mut Uniform) {
+    use tessera::F8E4M3;
+    use tessera_kernels::{gemm_fp8, Fp8Scaling};
+    let (m, n, k) = (256, 256, 16384);
+    // Positive values: sums that grow with K, where short accumulators lose the most.
+    let ha = rng.vec(m * k, |x| F8E4M3::from_f32(1.0 + x));
+    let hb = rng.vec(n * k, |x| F8E4M3::from_f32(1.0 + x));
+    let want: Vec<f64> = (0..m * n)
+        .map(|ij| (0..k).map(|x| f64::from(ha[(ij / n) * k + x].to_f32()) * f64::from(hb[(ij % n) * k + x].to_f32())).sum())
+        .collect();
+    let a = Tensor::from_host(dev, &ha, &[m, k]).expect("a");
+    let b = Tensor::from_host(dev, &hb, &[n, k]).expect("b");
+    let one = Tensor::from_host(dev, &[1.0f32], &[1]).expect("scale");
+    let mut c = Tensor::<tessera::f16>::zeros(dev, &[m, n]).expect("c");
+    println!("\nfp8 tensorwise, K = {k}, {m}×{n} of C in f16, relative error against float64:");
+    for promote in [false, true] {
+        gemm_fp8(&a, &b, Fp8Scaling::Tensorwise { a: &one, b: &one }).fast_accumulation(!promote).run(dev, &mut c).expect("gemm_fp8");
+        let got: Vec<f64> = c.to_host().expect("c").into_iter().map(|x| x.to_f64()).collect();
+        println!("  promote={promote}: {:.2e}", tessera::testing::rel_error(&got, &want));
     }
 }

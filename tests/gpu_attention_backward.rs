@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{attention_backward_reference, causal_mask, Grad, random, unit_grad, unmodified, AttentionDims, ScoreMods};
+use common::{attention_backward_reference, causal_mask, random, unit_grad, unmodified, AttentionDims, Grad, ScoreMods};
 use tessera::testing::gpu_or_skip;
 use tessera::{bf16, f16, Device, Tensor};
 use tessera_kernels::{Attention, AttentionElement, AttentionLayout};
@@ -18,9 +18,7 @@ type Case = AttentionDims;
 
 /// The f64 gradients `[dq, dk, dv]` in `layout`.
 #[allow(clippy::too_many_arguments)]
-fn reference(
-    c: Case, layout: AttentionLayout, causal: bool, scale: f64, q: &[f64], k: &[f64], v: &[f64], dout: &[f64],
-) -> [Grad; 3] {
+fn reference(c: Case, layout: AttentionLayout, causal: bool, scale: f64, q: &[f64], k: &[f64], v: &[f64], dout: &[f64]) -> [Grad; 3] {
     let at = |s_len: usize, heads: usize, bi: usize, si: usize, hi: usize| match layout {
         AttentionLayout::Bshd => ((bi * s_len + si) * heads + hi) * c.d,
         AttentionLayout::Bhsd => ((bi * heads + hi) * s_len + si) * c.d,

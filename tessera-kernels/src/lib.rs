@@ -8,6 +8,7 @@
 //! | [`row_sum`], [`row_max`], [`row_mean`], [`col_sum`], [`col_max`], [`col_mean`] | per-row and per-column sum, maximum and mean of a 2-D f32 tensor |
 //! | [`softmax`], [`softmax_with`], [`softmax_backward`] | numerically stable softmax of each row (bf16/f16/f32), optional scale and causal mask, and its backward pass |
 //! | [`gemm`], [`gemm_tn`] | `C = act(alpha·A·Bᵀ + beta·C_in + bias) + residual`, bf16/f16, B N×K or K×N, batches: TMA + wgmma on Hopper, cp.async + mma.sync on sm_80 and later |
+//! | [`gemm_fp8`] | `C = act((A ∘ scale_a)·(B ∘ scale_b)ᵀ + bias)`, A e4m3/e5m2, B e4m3, C bf16/f16, scales per tensor, per row or per 1×128 / 128×128 block, sums promoted to f32 every 128 of K on request (Hopper) |
 //! | [`bias_gelu`] | `y = gelu(x + bias)`, the unfused epilogue |
 //! | [`rms_norm`] | `y = x / sqrt(mean(x²) + eps) · weight` per row, bf16/f16/f32, f32 statistics |
 //! | [`rope`], [`rope_in_place`], [`rope_backward`] | rotary position embedding of query/key heads, half-split or interleaved, `[b, s, h, d]` or `[b, h, s, d]`, angles computed or from [`rope_cache`] |
@@ -41,7 +42,10 @@ pub use attention::{
 };
 pub use elementwise::axpy;
 pub use fp8::{dequantize_fp8, quantize_fp8, Fp8Element, Fp8Source};
-pub use gemm::{bias_gelu, gemm, gemm_tn, gemm_variants, Activation, BLayout, Bias, GemmBuilder, GemmElement};
+pub use gemm::{
+    bias_gelu, gemm, gemm_fp8, gemm_fp8_variants, gemm_tn, gemm_variants, Activation, BLayout, Bias, Fp8Gemm, Fp8GemmBuilder, Fp8Scaling,
+    GemmBuilder, GemmElement,
+};
 pub use linear_attention::{FeatureMap, LinearAttention, LinearAttentionElement, LinearAttentionGrads};
 pub use norm::{layer_norm, rms_norm, NormElement, NormPath, NORM_WIDE_MAX, ROW_IN_REGISTERS, ROW_PER_BLOCK_MAX};
 pub use norm_fused::{Dropout, FusedSpecs, Norm, NormGrads, NormKind, FUSED_BACKWARD_ROW_IN_REGISTERS, FUSED_ROW_IN_REGISTERS};
@@ -74,9 +78,10 @@ pub mod kernels {
         quantize_f32_f8e5m2,
     };
     pub use crate::gemm::{
-        bias_gelu_bf16, gemm_nn_bf16, gemm_nn_f16, gemm_nn_full_bf16, gemm_nn_full_f16, gemm_small_m_bf16, gemm_small_m_f16,
-        gemm_small_m_out_bf16, gemm_small_m_out_f16, gemm_tn_bf16, gemm_tn_f16, gemm_tn_full_bf16, gemm_tn_full_f16, pad_copy_bf16,
-        pad_copy_f16,
+        bias_gelu_bf16, gemm_fp8_f8e4m3_bf16, gemm_fp8_f8e4m3_f16, gemm_fp8_f8e5m2_bf16, gemm_fp8_f8e5m2_f16,
+        gemm_fp8_promoted_f8e4m3_bf16, gemm_fp8_promoted_f8e4m3_f16, gemm_fp8_promoted_f8e5m2_bf16, gemm_fp8_promoted_f8e5m2_f16,
+        gemm_nn_bf16, gemm_nn_f16, gemm_nn_full_bf16, gemm_nn_full_f16, gemm_small_m_bf16, gemm_small_m_f16, gemm_small_m_out_bf16,
+        gemm_small_m_out_f16, gemm_tn_bf16, gemm_tn_f16, gemm_tn_full_bf16, gemm_tn_full_f16, pad_copy_bf16, pad_copy_f16,
     };
     pub use crate::linear_attention::{
         feature_map_rows_bf16, feature_map_rows_f16, gla_finish_bf16, gla_finish_f16, gla_prepare_bf16, gla_prepare_f16,
@@ -220,6 +225,14 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         gemm_small_m_f16::VARIANTS,
         gemm_small_m_out_bf16::VARIANTS,
         gemm_small_m_out_f16::VARIANTS,
+        gemm_fp8_f8e4m3_bf16::VARIANTS,
+        gemm_fp8_f8e4m3_f16::VARIANTS,
+        gemm_fp8_f8e5m2_bf16::VARIANTS,
+        gemm_fp8_f8e5m2_f16::VARIANTS,
+        gemm_fp8_promoted_f8e4m3_bf16::VARIANTS,
+        gemm_fp8_promoted_f8e4m3_f16::VARIANTS,
+        gemm_fp8_promoted_f8e5m2_bf16::VARIANTS,
+        gemm_fp8_promoted_f8e5m2_f16::VARIANTS,
         pad_copy_bf16::VARIANTS,
         pad_copy_f16::VARIANTS,
         bias_gelu_bf16::VARIANTS,

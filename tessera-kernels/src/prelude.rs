@@ -153,8 +153,8 @@ pub fn gemm_load<const KN: usize, T, TB, const BK: usize, const SR: usize, const
 #[device]
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_load_from<const KN: usize, T, TB, const BK: usize, const SR: usize, const SC: usize, const S: usize>(
-    a: Global<T, 3>, b: Global<TB, 3>, sa: Smem<T, 128, BK>, sb: Smem<TB, SR, SC>, pipe: Pipeline<S>, bt: i32, m0: i32, n0: i32,
-    k0: i32, k_steps: i32,
+    a: Global<T, 3>, b: Global<TB, 3>, sa: Smem<T, 128, BK>, sb: Smem<TB, SR, SC>, pipe: Pipeline<S>, bt: i32, m0: i32, n0: i32, k0: i32,
+    k_steps: i32,
 ) {
     fill_stages(pipe, k_steps, |s, k| {
         tma::load(sa.at(s), a, [bt, m0, (k0 + k) * BK], pipe);
@@ -192,29 +192,60 @@ pub fn gemm_mma<const KN: usize, T, TB, const BN: usize, const BK: usize, const 
     pipe.release(prev);
 }
 
-/// [`gemm_mma`] with the accumulator promoted every stage: each stage's product goes into a
-/// fresh accumulator, waited for, and `acc += promote(part, k)` (`k` the stage's K step,
-/// counting from 0) — the scales of a block-scaled fp8 GEMM applied per K block, and fp8's
-/// wgmma sums (which keep fewer bits than f32) ended every `BK` columns. Returns with every MMA
-/// done and every stage released.
+/// [`gemm_mma`] (B `[batch, N, K]`: fp8 is K-major only) with the accumulator promoted every
+/// stage: each stage's product goes into a fresh accumulator, and is added into `acc` times
+/// `scale(k)` (`k` the stage's K step, counting from 0; a factor per row) while the next
+/// stage's MMA runs into a second one — the scales of a block-scaled fp8 GEMM applied per K
+/// block, and fp8's wgmma sums (which keep fewer bits than f32) ended every `BK` columns.
+/// Returns with every MMA done and every stage released.
 #[device]
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_mma_promoted<const KN: usize, T, TB, const BN: usize, const BK: usize, const SR: usize, const SC: usize, const S: usize>(
+pub fn gemm_mma_promoted<T, TB, const BN: usize, const BK: usize, const SR: usize, const SC: usize, const S: usize>(
     acc: &mut Tile<f32, 64, BN>, sa: Smem<T, 128, BK>, sb: Smem<TB, SR, SC>, pipe: Pipeline<S>, row: i32, k_steps: i32,
-    promote: impl Fn(Tile<f32, 64, BN>, i32) -> Tile<f32, 64, BN>,
+    scale: impl Fn(i32) -> Tile<f32, 64, 1>,
 ) {
     *acc = Tile::<f32, 64, BN>::zeros();
-    for k in 0..k_steps {
+    // Even steps multiply into `even`, odd ones into `odd`: a step's sums are promoted while
+    // the next one's MMA is in flight (`mma_wait(1)`), unrolled by two so that neither moves.
+    let mut prev = pipe.wait();
+    let mut even = Tile::<f32, 64, BN>::zeros();
+    mma_sync(even, sa.at(prev).rows(row, 64), sb.at(prev));
+    let mut odd = Tile::<f32, 64, BN>::zeros();
+    for p in 0..(k_steps - 1) / 2 {
         let s = pipe.wait();
-        let mut part = Tile::<f32, 64, BN>::zeros();
-        if KN == 1 {
-            mma_sync_kn(part, sa.at(s).rows(row, 64), sb.at(s));
-        } else {
-            mma_sync(part, sa.at(s).rows(row, 64), sb.at(s));
-        }
+        odd = Tile::<f32, 64, BN>::zeros();
+        mma_sync(odd, sa.at(s).rows(row, 64), sb.at(s));
+        let f = scale(2 * p);
+        mma_wait(1);
+        pipe.release(prev);
+        *acc = *acc + even * f;
+        let s2 = pipe.wait();
+        even = Tile::<f32, 64, BN>::zeros();
+        mma_sync(even, sa.at(s2).rows(row, 64), sb.at(s2));
+        let f2 = scale(2 * p + 1);
+        mma_wait(1);
+        pipe.release(s);
+        *acc = *acc + odd * f2;
+        prev = s2;
+    }
+    // Step 2·⌊(k_steps − 1)/2⌋ is in flight; an even count leaves one more.
+    if k_steps % 2 == 0 {
+        let s = pipe.wait();
+        odd = Tile::<f32, 64, BN>::zeros();
+        mma_sync(odd, sa.at(s).rows(row, 64), sb.at(s));
+        let f = scale(k_steps - 2);
+        mma_wait(1);
+        pipe.release(prev);
+        *acc = *acc + even * f;
+        let f2 = scale(k_steps - 1);
         mma_wait(0);
         pipe.release(s);
-        *acc = *acc + promote(part, k);
+        *acc = *acc + odd * f2;
+    } else {
+        let f = scale(k_steps - 1);
+        mma_wait(0);
+        pipe.release(prev);
+        *acc = *acc + even * f;
     }
 }
 
@@ -236,15 +267,16 @@ pub fn gemm_persistent<const KN: usize, const BN: usize, T, TB, U, const BK: usi
     a: Global<T, 3>, b: Global<TB, 3>, c: Global<U, 3>, counter: Global<i32, 1>, sa: Smem<T, 128, BK>, sb: Smem<TB, SR, SC>,
     sc: Smem<U, 64, 64>, pipe: Pipeline<S>, epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
 ) {
+    // (`scale` unused where `PROMOTE` is 0.)
     #[rustfmt::skip]
-    gemm_persistent_promoted::<KN, BN, 0>(a, b, c, counter, sa, sb, sc, pipe, |p, _bt, _m0, _n0, _k| p, epilogue);
+    gemm_persistent_promoted::<KN, BN, 0>(a, b, c, counter, sa, sb, sc, pipe, |_bt, _m0, _n0, _k| Tile::<f32, 64, 1>::zeros(), epilogue);
 }
 
-/// [`gemm_persistent`] whose consumers, where `PROMOTE` is 1, multiply each K step into a
-/// fresh accumulator and add `promote(part, batch, row, col, k)` — the step's partial product
-/// for the 64×`BN` block at `[batch, row, col]`, scaled — into the running one
+/// [`gemm_persistent`] whose consumers, where `PROMOTE` is 1 (`KN` 0 only), multiply each K step into a
+/// fresh accumulator and add it into the running one times `scale(batch, row, col, k)` — the
+/// step's factor for each of the 64 rows of the block at `[batch, row, col]`
 /// ([`gemm_mma_promoted`]): fp8 with per-block scales, and fp8's short wgmma sums promoted to
-/// f32 every step. `PROMOTE` 0 is [`gemm_persistent`] (`promote` unused).
+/// f32 every step. `PROMOTE` 0 is [`gemm_persistent`] (`scale` unused).
 #[device]
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_persistent_promoted<
@@ -260,7 +292,7 @@ pub fn gemm_persistent_promoted<
     const SC: usize,
 >(
     a: Global<T, 3>, b: Global<TB, 3>, c: Global<U, 3>, counter: Global<i32, 1>, sa: Smem<T, 128, BK>, sb: Smem<TB, SR, SC>,
-    sc: Smem<U, 64, 64>, pipe: Pipeline<S>, promote: impl Fn(Tile<f32, 64, BN>, i32, i32, i32, i32) -> Tile<f32, 64, BN>,
+    sc: Smem<U, 64, 64>, pipe: Pipeline<S>, scale: impl Fn(i32, i32, i32, i32) -> Tile<f32, 64, 1>,
     epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
 ) {
     let k_steps = (a.dim(2) + (BK - 1)) / BK;
@@ -286,7 +318,7 @@ pub fn gemm_persistent_promoted<
             let m0 = tm * 128 + row;
             let n0 = tn * BN;
             if PROMOTE == 1 {
-                gemm_mma_promoted::<KN>(&mut acc, sa, sb, pipe, row, k_steps, |p, k| promote(p, bt, m0, n0, k));
+                gemm_mma_promoted(&mut acc, sa, sb, pipe, row, k_steps, |k| scale(bt, m0, n0, k));
             } else {
                 gemm_mma::<KN>(&mut acc, sa, sb, pipe, row, k_steps);
             }

@@ -187,11 +187,15 @@ pub fn attention_backward_reference(
                         continue;
                     }
                     let kj = at(c.sk, c.hk, bi, j, kh);
-                    let ds = p[j] * (dp[j] - rowdot) * (mods.grad)(raw[j], i as i64, j as i64, hi);
+                    let g = (mods.grad)(raw[j], i as i64, j as i64, hi);
+                    let ds = p[j] * (dp[j] - rowdot) * g;
+                    // dS's two parts apart, for the magnitude: P·dP and P·D can cancel.
+                    let ds_abs = p[j] * (dp[j].abs() + rowdot.abs()) * g.abs();
                     for x in 0..c.d {
-                        dv.add(kj + x, p[j] * z[j] * dout[qi + x]);
-                        dq.add(qi + x, scale * ds * k[kj + x]);
-                        dk.add(kj + x, scale * ds * q[qi + x]);
+                        let pz = p[j] * z[j] * dout[qi + x];
+                        dv.add(kj + x, pz, pz.abs());
+                        dq.add(qi + x, scale * ds * k[kj + x], scale * ds_abs * k[kj + x].abs());
+                        dk.add(kj + x, scale * ds * q[qi + x], scale * ds_abs * q[qi + x].abs());
                     }
                 }
             }
@@ -200,7 +204,9 @@ pub fn attention_backward_reference(
     [dq, dk, dv]
 }
 
-/// A float64 gradient and, per element, the sum of its terms' absolute values.
+/// A float64 gradient and, per element, the sum of its terms' absolute values (for dQ and dK
+/// each term `P·(dP − D)·K` counted as `P·(|dP| + |D|)·|K|`: the kernel's D comes from the
+/// rounded O, so its error is a fraction of |D|, whatever dP − D is).
 pub struct Grad {
     pub value: Vec<f64>,
     pub magnitude: Vec<f64>,
@@ -211,17 +217,17 @@ impl Grad {
         Grad { value: vec![0.0; n], magnitude: vec![0.0; n] }
     }
 
-    fn add(&mut self, i: usize, term: f64) {
+    fn add(&mut self, i: usize, term: f64, magnitude: f64) {
         self.value[i] += term;
-        self.magnitude[i] += term.abs();
+        self.magnitude[i] += magnitude;
     }
 
     /// `got`'s relative error: ‖got − value‖₂ over ‖value‖₂, or over an eighth of
-    /// ‖magnitude‖₂ where that is larger. The kernels round P and dS to 16 bits before their
-    /// MMAs, and a sum of rounded terms is off by up to the rounding of their absolute sum:
-    /// where the terms cancel (a short sequence, dropout's few kept keys), the plain relative
-    /// error measures the cancellation rather than the kernel. A missing or doubled term is
-    /// still a whole term's size against an eighth of all of them.
+    /// ‖magnitude‖₂ where that is larger. The kernels round P, dS and O to 16 bits, and a sum
+    /// of rounded terms is off by up to the rounding of their absolute sum: where the terms
+    /// cancel (a short sequence, dropout's few kept keys, one key taking all of P), the plain
+    /// relative error measures the cancellation rather than the kernel. A missing or doubled
+    /// term is still a whole term's size against an eighth of all of them.
     pub fn error(&self, got: &[f64]) -> f64 {
         assert_eq!(got.len(), self.value.len(), "Grad::error: lengths differ");
         if got.iter().chain(&self.value).any(|x| x.is_nan()) {

@@ -3,6 +3,7 @@
 //! [`kernels`](self) (DSL source: `gemm/kernels.rs`); this is the host side: shapes, batches,
 //! B's layout, padding for TMA, the epilogue's options.
 
+mod fp8;
 mod kernels;
 
 pub use kernels::{
@@ -11,6 +12,11 @@ pub use kernels::{
     pad_copy_f16,
 };
 
+pub use fp8::{
+    gemm_fp8, gemm_fp8_f8e4m3_bf16, gemm_fp8_f8e4m3_f16, gemm_fp8_f8e5m2_bf16, gemm_fp8_f8e5m2_f16, gemm_fp8_promoted_f8e4m3_bf16,
+    gemm_fp8_promoted_f8e4m3_f16, gemm_fp8_promoted_f8e5m2_bf16, gemm_fp8_promoted_f8e5m2_f16, gemm_fp8_variants, Fp8Gemm, Fp8GemmBuilder,
+    Fp8Scaling,
+};
 use tessera::{bf16, f16, Device, Element, Error, Grid, KernelSpec, Result, Target, Tensor, TensorView};
 
 /// The activation of a GEMM's epilogue.

@@ -1,0 +1,356 @@
+//! fp8 GEMM on Hopper: `C = act((A ∘ scale_a)·(B ∘ scale_b)ᵀ + bias)` with A `[M, K]` in e4m3
+//! or e5m2, B `[N, K]` in e4m3 (fp8 wgmma reads both K-major), C in bf16 or f16. Both kernels
+//! are the library's persistent GEMM ([`gemm_persistent`](crate::prelude::gemm_persistent))
+//! with 128-wide K steps (128 bytes of fp8, one swizzle span) and wgmma k32:
+//!
+//! - `gemm_fp8` (fast accumulation, on request) applies the scales in the epilogue — one per row of A times one per column of
+//!   C (a scale per tensor is a stride-0 view of one element) — on wgmma's own sums;
+//! - `gemm_fp8_promoted` (the default) ends each 128-wide K step's sums in a fresh accumulator and adds them,
+//!   times the step's scales, into the f32 one ([`gemm_mma_promoted`](crate::prelude::gemm_mma_promoted)):
+//!   scales per 1×128 block of A and 128×128 block of B, and fp8's short wgmma sums (which keep
+//!   fewer bits than f32, an error that grows with K) promoted every 128 columns.
+
+use crate::gemm::{Activation, Bias};
+use crate::prelude::*;
+use crate::Fp8Element;
+use tessera::{bf16, f16, kernel, Device, Error, Grid, KernelSpec, Result, Target, Tensor, TensorView, F8E4M3};
+
+/// `C = act(A·Bᵀ · scale_a[row] · scale_b[col] + bias)`, 128×`BN` tiles, the scales (and bias,
+/// `bias_kind` 1 per column, 2 per row) applied in the epilogue.
+#[kernel(warpgroups = 3, dtypes(A = [f8e4m3, f8e5m2], U = [bf16, f16]), tune(BN = [256, 128], STAGES = [4]), targets(sm_90a))]
+pub fn gemm_fp8(
+    a: Global<A, 3>, b: Global<f8e4m3, 3>, c: Global<U, 3>, scale_a: Global<f32, 1>, scale_b: Global<f32, 1>, bias: Global<U, 1>,
+    counter: Global<i32, 1>, bias_kind: i32, act: i32,
+) {
+    let sa = Smem::<A, 128, 128>::ring(STAGES);
+    let sb = Smem::<f8e4m3, BN, 128>::ring(STAGES);
+    let sc = Smem::<U, 64, 64>::ring(4);
+    let pipe = Pipeline::<STAGES>::new(2);
+    gemm_persistent::<0, BN>(a, b, c, counter, sa, sb, sc, pipe, |acc, _bt, m0, n| {
+        let scaled = acc * scale_a.load::<Tile<f32, 64, 1>>([m0]) * scale_b.load::<Tile<f32, 1, 64>>([n]);
+        bias_act(scaled, bias, bias_kind, act, m0, n)
+    });
+}
+
+/// `gemm_fp8` promoted every 128-wide K step `k`: the step's product of the 64 rows at `m0` and
+/// the columns at `n0` is scaled by `scale_a[m0.., k]` (64×1) and, where `per_block` is 1, by
+/// `scale_b[n0 / 128, k]`, and added into the f32 accumulator; where `per_block` is 0,
+/// `scale_b[0, col]` scales C's columns in the epilogue instead. 128×128 tiles.
+#[kernel(warpgroups = 3, dtypes(A = [f8e4m3, f8e5m2], U = [bf16, f16]), tune(STAGES = [6]), targets(sm_90a))]
+pub fn gemm_fp8_promoted(
+    a: Global<A, 3>, b: Global<f8e4m3, 3>, c: Global<U, 3>, scale_a: Global<f32, 2>, scale_b: Global<f32, 2>, bias: Global<U, 1>,
+    counter: Global<i32, 1>, per_block: i32, bias_kind: i32, act: i32,
+) {
+    let sa = Smem::<A, 128, 128>::ring(STAGES);
+    let sb = Smem::<f8e4m3, 128, 128>::ring(STAGES);
+    let sc = Smem::<U, 64, 64>::ring(4);
+    let pipe = Pipeline::<STAGES>::new(2);
+    let pb = per_block as f32;
+    #[rustfmt::skip]
+    gemm_persistent_promoted::<0, 128, 1>(
+        a, b, c, counter, sa, sb, sc, pipe,
+        // One expression of loads, so that it loads straight into the accumulator's row
+        // layout: B's block scale, or 1 where `per_block` is 0 (`scale_b[0, 0]` times 0).
+        |_bt, m0, n0, k| {
+            scale_a.load::<Tile<f32, 64, 1>>([m0, k])
+                * (scale_b.load::<Tile<f32, 1, 1>>([(n0 / 128) * per_block, k * per_block]) * pb + (1.0 - pb))
+        },
+        |acc, _bt, m0, n| {
+            let mut out = acc;
+            if per_block == 0 {
+                out = out * scale_b.load::<Tile<f32, 1, 64>>([0, n]);
+            }
+            bias_act(out, bias, bias_kind, act, m0, n)
+        },
+    );
+}
+
+/// How the operands of an fp8 GEMM are scaled: `C = (A ∘ scale_a)·(B ∘ scale_b)ᵀ`, each scale
+/// (f32, on the device: no host sync) covering a block of its operand's elements.
+#[derive(Clone, Copy, Debug)]
+pub enum Fp8Scaling<'t> {
+    /// One scale for all of A and one for all of B (tensors of one element).
+    Tensorwise {
+        /// `[1]`.
+        a: &'t Tensor<f32>,
+        /// `[1]`.
+        b: &'t Tensor<f32>,
+    },
+    /// A scale per row of A and per row of B (a column of C).
+    Rowwise {
+        /// `[M]`.
+        a: &'t Tensor<f32>,
+        /// `[N]`.
+        b: &'t Tensor<f32>,
+    },
+    /// A scale per 1×128 block of A and per 128×128 block of B (DeepSeek-V3's training
+    /// recipe), applied every 128 columns of K on the promoted path.
+    Blockwise {
+        /// `[M, ⌈K/128⌉]`.
+        a: &'t Tensor<f32>,
+        /// `[⌈N/128⌉, ⌈K/128⌉]`.
+        b: &'t Tensor<f32>,
+    },
+}
+
+type View<'a, T> = TensorView<'a, T>;
+
+/// The fp8 GEMM's kernels for A in `Self` and C in `U` (bf16 or f16).
+pub trait Fp8Gemm<U: tessera::Element>: Fp8Element {
+    #[doc(hidden)]
+    fn fast_variants() -> &'static [&'static KernelSpec];
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn fast(
+        d: &Device, g: Grid, variant: usize, a: &View<Self>, b: &View<F8E4M3>, c: &mut Tensor<U>, c_shape: [usize; 3], sa: &View<f32>,
+        sb: &View<f32>, bias: &View<U>, epi: (i32, i32),
+    ) -> Result<()>;
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn promoted(
+        d: &Device, g: Grid, a: &View<Self>, b: &View<F8E4M3>, c: &mut Tensor<U>, c_shape: [usize; 3], sa: &View<f32>, sb: &View<f32>,
+        bias: &View<U>, epi: (i32, i32, i32),
+    ) -> Result<()>;
+}
+
+macro_rules! fp8_gemm {
+    ($a:ty, $u:ty, $fast:ident, $promoted:ident) => {
+        impl Fp8Gemm<$u> for $a {
+            fn fast_variants() -> &'static [&'static KernelSpec] {
+                $fast::VARIANTS
+            }
+            fn fast(
+                d: &Device, g: Grid, variant: usize, a: &View<Self>, b: &View<F8E4M3>, c: &mut Tensor<$u>, c_shape: [usize; 3],
+                sa: &View<f32>, sb: &View<f32>, bias: &View<$u>, (bias_kind, act): (i32, i32),
+            ) -> Result<()> {
+                let mut c = c.view_mut(&c_shape, &[c_shape[1] * c_shape[2], c_shape[2], 1])?;
+                let mut counter = d.tile_counter()?;
+                $fast::launch_variant(variant, d, g, a, b, &mut c, sa, sb, bias, &mut counter, bias_kind, act)
+            }
+            fn promoted(
+                d: &Device, g: Grid, a: &View<Self>, b: &View<F8E4M3>, c: &mut Tensor<$u>, c_shape: [usize; 3], sa: &View<f32>,
+                sb: &View<f32>, bias: &View<$u>, (per_block, bias_kind, act): (i32, i32, i32),
+            ) -> Result<()> {
+                let mut c = c.view_mut(&c_shape, &[c_shape[1] * c_shape[2], c_shape[2], 1])?;
+                let mut counter = d.tile_counter()?;
+                $promoted::launch(d, g, a, b, &mut c, sa, sb, bias, &mut counter, per_block, bias_kind, act)
+            }
+        }
+    };
+}
+fp8_gemm!(F8E4M3, bf16, gemm_fp8_f8e4m3_bf16, gemm_fp8_promoted_f8e4m3_bf16);
+fp8_gemm!(F8E4M3, f16, gemm_fp8_f8e4m3_f16, gemm_fp8_promoted_f8e4m3_f16);
+fp8_gemm!(tessera::F8E5M2, bf16, gemm_fp8_f8e5m2_bf16, gemm_fp8_promoted_f8e5m2_bf16);
+fp8_gemm!(tessera::F8E5M2, f16, gemm_fp8_f8e5m2_f16, gemm_fp8_promoted_f8e5m2_f16);
+
+/// An fp8 GEMM `C = act((A ∘ scale_a)·(B ∘ scale_b)ᵀ + bias)`, built with [`gemm_fp8`] and run
+/// with [`Fp8GemmBuilder::run`]: A `[M, K]` in e4m3 (activations, weights) or e5m2
+/// (gradients), B `[N, K]` in e4m3, C `[M, N]` in bf16 or f16, accumulating in f32.
+///
+/// ```no_run
+/// use tessera::{bf16, Device, Tensor, F8E4M3};
+/// use tessera_kernels::{gemm_fp8, Fp8Scaling};
+/// let dev = Device::new(0)?;
+/// let x = Tensor::<F8E4M3>::zeros(&dev, &[512, 4096])?; // activations, M×K
+/// let w = Tensor::<F8E4M3>::zeros(&dev, &[4096, 4096])?; // weights, N×K
+/// let (sx, sw) = (Tensor::from_host(&dev, &[0.5f32; 512], &[512])?, Tensor::from_host(&dev, &[0.01f32; 4096], &[4096])?);
+/// let mut y = Tensor::<bf16>::zeros(&dev, &[512, 4096])?;
+/// gemm_fp8(&x, &w, Fp8Scaling::Rowwise { a: &sx, b: &sw }).run(&dev, &mut y)?;
+/// # Ok::<(), tessera::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct Fp8GemmBuilder<'t, A: Fp8Element, U: tessera::Element> {
+    a: &'t Tensor<A>,
+    b: &'t Tensor<F8E4M3>,
+    scaling: Fp8Scaling<'t>,
+    bias: Option<Bias<'t, U>>,
+    activation: Activation,
+    fast: bool,
+    variant: Option<&'t str>,
+}
+
+/// Starts an fp8 GEMM `C = (A ∘ scale_a)·(B ∘ scale_b)ᵀ` with A (M×K, e4m3 or e5m2) and B
+/// (N×K, e4m3) scaled as `scaling` says.
+pub fn gemm_fp8<'t, A: Fp8Element, U: tessera::Element>(
+    a: &'t Tensor<A>, b: &'t Tensor<F8E4M3>, scaling: Fp8Scaling<'t>,
+) -> Fp8GemmBuilder<'t, A, U> {
+    Fp8GemmBuilder { a, b, scaling, bias: None, activation: Activation::None, fast: false, variant: None }
+}
+
+/// The variants of the fp8 GEMM's epilogue-scaled kernel for A in `A`, C in `U` (`BN` 256,
+/// then 128): [`Fp8GemmBuilder::variant`] forces one, the tuner picks among them otherwise.
+pub fn gemm_fp8_variants<A: Fp8Gemm<U>, U: tessera::Element>() -> Vec<&'static str> {
+    A::fast_variants().iter().map(|s| s.name).collect()
+}
+
+fn arg(name: &str, expected: String, found: String) -> Error {
+    Error::Argument { kernel: "gemm_fp8", arg: name.into(), expected, found }
+}
+
+/// `x` (`[rows, cols]`, fp8) as the rank-3 view TMA copies: rows 16-byte aligned.
+fn operand<'t, T: tessera::Element>(name: &str, x: &'t Tensor<T>, rows: usize, cols: usize) -> Result<View<'t, T>> {
+    let st = x.strides();
+    if st[1] != 1 || !st[0].is_multiple_of(16) || !x.offset().is_multiple_of(16) {
+        return Err(arg(
+            name,
+            "rows TMA can copy: unit column stride, a row stride and offset of a multiple of 16 fp8 elements".into(),
+            format!("strides {st:?} at offset {}", x.offset()),
+        ));
+    }
+    x.view(&[1, rows, cols], &[(rows * st[0]).max(16), st[0], 1])
+}
+
+/// The scales as the kernels read them: `scale_a` 2-D `[M, ⌈K/128⌉]` for the promoted kernel
+/// (else 1-D `[M]`), `scale_b` `[⌈N/128⌉, ⌈K/128⌉]` per block or `[1, N]` (else `[N]`).
+fn scale_view<'t>(name: &str, t: &'t Tensor<f32>, want: &[usize], view: &[usize], strides: &[usize]) -> Result<View<'t, f32>> {
+    if t.shape() != want {
+        return Err(arg(name, format!("an f32 tensor of shape {want:?}"), format!("shape {:?}", t.shape())));
+    }
+    if !t.is_contiguous() {
+        return Err(arg(name, "a contiguous tensor".into(), format!("strides {:?}", t.strides())));
+    }
+    t.view(view, strides)
+}
+
+impl<'t, A: Fp8Element, U: tessera::Element> Fp8GemmBuilder<'t, A, U> {
+    /// Adds a bias per column (`[N]`) or per row (`[M]`) of C, after the scales.
+    pub fn bias(mut self, bias: Bias<'t, U>) -> Self {
+        self.bias = Some(bias);
+        self
+    }
+
+    /// Applies an activation after the bias.
+    pub fn activation(mut self, activation: Activation) -> Self {
+        self.activation = activation;
+        self
+    }
+
+    /// Tensorwise and rowwise scaling: `true` keeps wgmma's own fp8 sums over all of K (as
+    /// cuBLASLt's fast accumulation, torch's `use_fast_accum=True`: faster, but those sums keep
+    /// fewer bits than f32 — 25% off at K = 16384 where the products share a sign, 0.3% on
+    /// random signs); `false` (the default) ends them every 128 columns of K and adds them into
+    /// f32 registers (the promoted kernel, 128×128 tiles). Blockwise scaling always promotes:
+    /// `true` is an error there.
+    pub fn fast_accumulation(mut self, fast: bool) -> Self {
+        self.fast = fast;
+        self
+    }
+
+    /// Runs the fast-accumulation kernel's variant named `name` (one of
+    /// [`gemm_fp8_variants`]), for benchmarks and tests of one schedule; an error without
+    /// `fast_accumulation(true)`.
+    pub fn variant(mut self, name: &'t str) -> Self {
+        self.variant = Some(name);
+        self
+    }
+
+    /// Runs it into `c` (`[M, N]`, contiguous).
+    ///
+    /// Any M ≥ 1; K a multiple of 16 and N of 8 (TMA copies rows of 16-byte multiples: A's
+    /// and B's fp8 rows, C's 16-bit ones). Hopper (sm_90a) only.
+    ///
+    /// # Errors
+    /// [`Error::Argument`] naming the tensor when a shape, a scale's shape or an alignment does
+    /// not match, on a device other than Hopper, or for a variant that does not exist; and the
+    /// launch's own checks.
+    pub fn run(self, device: &Device, c: &mut Tensor<U>) -> Result<()>
+    where
+        A: Fp8Gemm<U>,
+    {
+        let (m, k) = crate::check_2d("gemm_fp8", "a", self.a)?;
+        let (n, kb) = crate::check_2d("gemm_fp8", "b", self.b)?;
+        if kb != k {
+            return Err(arg("b", format!("N×{k} (K = {k}, as a's)"), format!("shape {:?}", self.b.shape())));
+        }
+        crate::check_shape("gemm_fp8", "c", c, &[m, n])?;
+        if m == 0 || n == 0 || k == 0 {
+            return Err(arg("a", "M, N and K ≥ 1".into(), format!("M={m}, N={n}, K={k}")));
+        }
+        if !k.is_multiple_of(16) {
+            return Err(arg("a", "K a multiple of 16 (rows of 16-byte multiples, for TMA)".into(), format!("K = {k}")));
+        }
+        if !n.is_multiple_of(8) || !c.is_contiguous() || !c.offset().is_multiple_of(8) {
+            return Err(arg(
+                "c",
+                "a contiguous output with N a multiple of 8 (16-byte rows, for TMA stores)".into(),
+                format!("shape {:?}, strides {:?}, offset {}", c.shape(), c.strides(), c.offset()),
+            ));
+        }
+        if device.target_for(A::fast_variants()[0]) != Some(Target::Sm90a) {
+            return Err(arg("a", "a Hopper GPU (sm_90a: fp8 wgmma)".into(), "another device".into()));
+        }
+        let a = operand("a", self.a, m, k)?;
+        let b = operand("b", self.b, n, k)?;
+        let (bias_kind, bias) = match self.bias {
+            None => (0, None),
+            Some(Bias::PerColumn(t)) => {
+                crate::check_shape("gemm_fp8", "bias", t, &[n])?;
+                (1, Some(t))
+            }
+            Some(Bias::PerRow(t)) => {
+                crate::check_shape("gemm_fp8", "bias", t, &[m])?;
+                (2, Some(t))
+            }
+        };
+        // A bias the epilogue does not read: a one-element view of C's buffer (never read).
+        let none = Tensor::<U>::zeros(device, &[1])?;
+        let bias = match bias {
+            Some(t) => t.view(t.shape(), t.strides())?,
+            None => none.view(&[1], &[1])?,
+        };
+        let act = self.activation.code();
+        let kb = k.div_ceil(128);
+        let c_shape = [1, m, n];
+        let tiles = |bn: usize| (Grid::tiles(m, 128).saturating_mul(Grid::tiles(n, bn))).min(device.sm_count());
+        let (sa, sb) = match self.scaling {
+            Fp8Scaling::Tensorwise { a, b } | Fp8Scaling::Rowwise { a, b } => (a, b),
+            Fp8Scaling::Blockwise { a, b } => (a, b),
+        };
+        let rowwise = matches!(self.scaling, Fp8Scaling::Rowwise { .. });
+        let (want_a, want_b) = match self.scaling {
+            Fp8Scaling::Tensorwise { .. } => (vec![1], vec![1]),
+            Fp8Scaling::Rowwise { .. } => (vec![m], vec![n]),
+            Fp8Scaling::Blockwise { .. } => (vec![m, kb], vec![n.div_ceil(128), kb]),
+        };
+        // Per tensor: stride-0 views of the one element; per row: a stride along M (and N).
+        let s = usize::from(rowwise);
+        let blockwise = matches!(self.scaling, Fp8Scaling::Blockwise { .. });
+        if blockwise && self.fast {
+            return Err(arg("scaling", "tensorwise or rowwise scales with fast accumulation".into(), "blockwise".into()));
+        }
+        if !self.fast {
+            if let Some(v) = self.variant {
+                return Err(arg("variant", "fast_accumulation(true) to name a variant".into(), format!("`{v}` without it")));
+            }
+            let (sa, sb, per_block) = if let Fp8Scaling::Blockwise { .. } = self.scaling {
+                let nb = n.div_ceil(128);
+                (scale_view("scale_a", sa, &want_a, &[m, kb], &[kb, 1])?, scale_view("scale_b", sb, &want_b, &[nb, kb], &[kb, 1])?, 1)
+            } else {
+                (scale_view("scale_a", sa, &want_a, &[m, kb], &[s, 0])?, scale_view("scale_b", sb, &want_b, &[1, n], &[0, s])?, 0)
+            };
+            return A::promoted(device, tiles(128).into(), &a, &b, c, c_shape, &sa, &sb, &bias, (per_block, bias_kind, act));
+        }
+        let sa = scale_view("scale_a", sa, &want_a, &[m], &[s])?;
+        let sb = scale_view("scale_b", sb, &want_b, &[n], &[s])?;
+        let variants = A::fast_variants();
+        let names: Vec<&str> = variants.iter().map(|v| v.name).collect();
+        let run = |i: usize, c: &mut Tensor<U>| {
+            let bn = variants[i].knob("BN").unwrap_or(256) as usize;
+            A::fast(device, tiles(bn).into(), i, &a, &b, c, c_shape, &sa, &sb, &bias, (bias_kind, act))
+        };
+        if let Some(v) = self.variant {
+            let i = names.iter().position(|n| *n == v).ok_or_else(|| arg("variant", format!("one of {names:?}"), format!("`{v}`")))?;
+            return run(i, c);
+        }
+        // 128×256 tiles unless too few of them fill the GPU.
+        let few = (tiles(256) as usize) * 4 < device.sm_count() as usize;
+        let default = if few { names.len() - 1 } else { 0 };
+        let (dtypes, shape, epilogue) = ((A::DTYPE, U::DTYPE), [m, n, k], (bias_kind, self.activation));
+        let key = tessera::TuneKey::new("gemm_fp8", device).field("dtypes", &dtypes).field("shape", &shape).field("epilogue", &epilogue);
+        let choice = tessera::Tuner::global().choose(&key, &names, default, || {
+            let mut scratch = Tensor::<U>::zeros(device, c.shape())?;
+            Ok(tessera::tune::launch_timer(device, move |i| run(i, &mut scratch)))
+        })?;
+        run(choice, c)
+    }
+}
