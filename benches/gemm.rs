@@ -7,7 +7,9 @@
 //! beside the variant a search picked (timed in the same rounds), with the variant's name.
 //! The search writes to a temporary cache unless `TESSERA_CACHE_DIR` is set.
 //!
-//! `cargo bench --bench gemm` (prints a skip where there is no GPU).
+//! `cargo bench --bench gemm` (prints a skip where there is no GPU). `TESSERA_BENCH_GEMM` picks
+//! another table instead: `small_m` (decode shapes), `fp8` (beside `torch._scaled_mm`), `syrk`
+//! (`triangular_only` beside cuBLAS's full product).
 
 use criterion::Criterion;
 use std::time::Duration;
@@ -40,6 +42,7 @@ fn main() {
     match std::env::var("TESSERA_BENCH_GEMM").as_deref() {
         Ok("small_m") => return small_m(&dev, &blas),
         Ok("fp8") => return fp8(&dev),
+        Ok("syrk") => return syrk(&dev, &blas),
         _ => {}
     }
     let shapes: &[(usize, usize, usize)] = &[
@@ -364,5 +367,28 @@ fn fp8_promotion_error(dev: &Device, rng: &mut Uniform) {
         gemm_fp8(&a, &b, Fp8Scaling::Tensorwise { a: &one, b: &one }).fast_accumulation(!promote).run(dev, &mut c).expect("gemm_fp8");
         let got: Vec<f64> = c.to_host().expect("c").into_iter().map(|x| x.to_f64()).collect();
         println!("  promote={promote}: {:.2e}", tessera::testing::rel_error(&got, &want));
+    }
+}
+
+/// `TESSERA_BENCH_GEMM=syrk`: `C = A·Aᵀ` with only C's lower triangle's tiles
+/// (`triangular_only`), its time against cuBLAS's full GEMM of the same shape in the same run
+/// (the issue asks ≤ 0.55×), at 8192×8192, K 8192 and 4096.
+fn syrk(dev: &Device, blas: &CudaBlas) {
+    use tessera_kernels::{gemm, Triangle};
+    let stream = dev.stream().expect("a CUDA stream").clone();
+    let mut rng = Uniform::new();
+    println!("\nSYRK (lower) bf16 on {} (ms; cuBLAS computes the full product)", dev.name());
+    println!("| N×K | cuBLAS full | tessera triangle | × cuBLAS time |");
+    println!("|---|---|---|---|");
+    for &(n, k) in &[(8192usize, 8192usize), (8192, 4096)] {
+        let a = Tensor::from_host(dev, &rng.vec(n * k, bf16::from_f32), &[n, k]).expect("a");
+        let a_raw = stream.clone_htod(&a.to_host().expect("a")).expect("a raw");
+        let mut c = Tensor::<bf16>::zeros(dev, &[n, n]).expect("c");
+        let mut c_raw = stream.alloc_zeros::<bf16>(n * n).expect("c raw");
+        let cfg = cublas_tn(n, n, k);
+        let mut ours = || gemm(&a, &a).triangular_only(Triangle::Lower).run(dev, &mut c).expect("syrk");
+        let mut theirs = || unsafe { blas.gemm(cfg, &a_raw, &a_raw, &mut c_raw) }.expect("cublas");
+        let (t_cublas, t_ours) = time_pair(dev, 10, &mut theirs, &mut ours);
+        println!("| {n}×{k} | {t_cublas:.3} | {t_ours:.3} | {:.2} |", t_ours / t_cublas);
     }
 }

@@ -295,18 +295,46 @@ pub fn gemm_persistent_promoted<
     sc: Smem<U, 64, 64>, pipe: Pipeline<S>, scale: impl Fn(i32, i32, i32, i32) -> Tile<f32, 64, 1>,
     epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
 ) {
-    let k_steps = (a.dim(2) + (BK - 1)) / BK;
     let tiles_m = (c.dim(1) + 127) / 128;
     let tiles_n = (c.dim(2) + BN - 1) / BN;
     let per_batch = tiles_m * tiles_n;
     let group = 8 * tiles_n;
+    #[rustfmt::skip]
+    gemm_persistent_mapped::<KN, BN, PROMOTE>(
+        a, b, c, counter, sa, sb, sc, pipe, per_batch * c.dim(0), |tile| grouped_tile(tile, per_batch, tiles_m, group), scale, epilogue,
+    );
+}
+
+/// [`gemm_persistent_promoted`] over the `tiles` tiles (all batches) that `map` names:
+/// `map(tile)` gives tile `tile`'s batch, tile row and tile column (128×`BN` tiles) — a raster
+/// grouped for L2 ([`grouped_tile`]), or the tiles that meet one triangle of C
+/// ([`triangle_tile`]); C's other tiles are not written.
+#[device]
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_persistent_mapped<
+    const KN: usize,
+    const BN: usize,
+    const PROMOTE: usize,
+    T,
+    TB,
+    U,
+    const BK: usize,
+    const S: usize,
+    const SR: usize,
+    const SC: usize,
+>(
+    a: Global<T, 3>, b: Global<TB, 3>, c: Global<U, 3>, counter: Global<i32, 1>, sa: Smem<T, 128, BK>, sb: Smem<TB, SR, SC>,
+    sc: Smem<U, 64, 64>, pipe: Pipeline<S>, tiles: i32, map: impl Fn(i32) -> (i32, i32, i32),
+    scale: impl Fn(i32, i32, i32, i32) -> Tile<f32, 64, 1>, epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
+) {
+    let k_steps = (a.dim(2) + (BK - 1)) / BK;
     // Tiles are claimed at run time, so that blocks that finish early take more of the last
     // wave; the producer hands each tile's index to both consumers.
     let queue = TileQueue::<2>::new(counter, 2);
     if warpgroup::id() == 0 {
         setmaxnreg(40);
-        for tile in queue.fetch(per_batch * c.dim(0)) {
-            let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
+        for tile in queue.fetch(tiles) {
+            let (bt, tm, tn) = map(tile);
             gemm_load::<KN>(a, b, sa, sb, pipe, bt, tm * 128, tn * BN, k_steps);
         }
     } else {
@@ -314,7 +342,7 @@ pub fn gemm_persistent_promoted<
         let row = (warpgroup::id() - 1) * 64;
         let mut acc = Tile::<f32, 64, BN>::zeros();
         for tile in queue.take() {
-            let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
+            let (bt, tm, tn) = map(tile);
             let m0 = tm * 128 + row;
             let n0 = tn * BN;
             if PROMOTE == 1 {
@@ -334,6 +362,50 @@ pub fn gemm_persistent_promoted<
         }
         tma::store_wait(0);
     }
+}
+
+/// The tile columns of tile row `tm` (128 rows) that meet C's lower triangle (`upper` 0: some
+/// element with column ≤ row) or upper one (1: column ≥ row), among `tiles_n` columns of `bn`:
+/// `(first, count)`.
+#[device]
+pub fn triangle_row(tm: i32, tiles_n: i32, bn: i32, upper: i32) -> (i32, i32) {
+    let mut first = 0;
+    let mut count = min((tm * 128 + 127) / bn + 1, tiles_n);
+    if upper == 1 {
+        first = min((tm * 128) / bn, tiles_n);
+        count = tiles_n - first;
+    }
+    (first, count)
+}
+
+/// How many 128×`bn` tiles of a `tiles_m` × `tiles_n` grid meet one triangle of C
+/// ([`triangle_row`]'s, summed).
+#[device]
+pub fn triangle_tiles(tiles_m: i32, tiles_n: i32, bn: i32, upper: i32) -> i32 {
+    let mut total = 0;
+    for r in 0..tiles_m {
+        let (_first, count) = triangle_row(r, tiles_n, bn, upper);
+        total = total + count;
+    }
+    total
+}
+
+/// Tile `tile` of the tiles that meet one triangle of C, row by row, `per_batch`
+/// ([`triangle_tiles`]) a batch entry: its batch, tile row and tile column.
+#[device]
+pub fn triangle_tile(tile: i32, per_batch: i32, tiles_m: i32, tiles_n: i32, bn: i32, upper: i32) -> (i32, i32, i32) {
+    let mut left = tile % per_batch;
+    let mut tm = 0;
+    let mut tn = 0;
+    for r in 0..tiles_m {
+        let (first, count) = triangle_row(r, tiles_n, bn, upper);
+        if left >= 0 && left < count {
+            tm = r;
+            tn = first + left;
+        }
+        left = left - count;
+    }
+    (tile / per_batch, tm, tn)
 }
 
 /// The library's portable GEMM (sm_90a and sm_80: TMA or cp.async, wgmma or mma.sync),

@@ -35,6 +35,31 @@ pub fn gemm_tn(
     gemm_persistent::<0, BN>(a, b, c, counter, sa, sb, sc, pipe, |acc, _bt, m0, n| bias_act(acc * alpha, bias, bias_kind, act, m0, n));
 }
 
+/// `gemm_tn_*` over the tiles of C that meet its lower (`upper` 0) or upper (`upper` 1)
+/// triangle only (`triangle_tile`, row by row): `A·Aᵀ` (SYRK) or a causal product in about half
+/// the work. Tiles across the diagonal are written whole (every element its product); C's
+/// tiles wholly on the other side are not written.
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(BN = [256, 128], STAGES = [4]), targets(sm_90a))]
+pub fn gemm_tn_triangle(
+    a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, bias: Global<T, 1>, counter: Global<i32, 1>, alpha: f32, bias_kind: i32, act: i32,
+    upper: i32,
+) {
+    let sa = Smem::<T, 128, 64>::ring(STAGES);
+    let sb = Smem::<T, BN, 64>::ring(STAGES);
+    let sc = Smem::<T, 64, 64>::ring(4);
+    let pipe = Pipeline::<STAGES>::new(2);
+    let tiles_m = (c.dim(1) + 127) / 128;
+    let tiles_n = (c.dim(2) + BN - 1) / BN;
+    let per_batch = triangle_tiles(tiles_m, tiles_n, BN, upper);
+    #[rustfmt::skip]
+    gemm_persistent_mapped::<0, BN, 0>(
+        a, b, c, counter, sa, sb, sc, pipe, per_batch * c.dim(0),
+        |tile| triangle_tile(tile, per_batch, tiles_m, tiles_n, BN, upper),
+        |_bt, _m0, _n0, _k| Tile::<f32, 64, 1>::zeros(),
+        |acc, _bt, m0, n| bias_act(acc * alpha, bias, bias_kind, act, m0, n),
+    );
+}
+
 /// `gemm_tn_*` with B stored `[batch, K, N]` (row-major K×N): B's stage is a 64×256 tile in
 /// four 128-byte panels (one TMA box each) that wgmma reads N-major.
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(BN = [256, 128], STAGES = [4, 3, 5, 6]), targets(sm_90a))]

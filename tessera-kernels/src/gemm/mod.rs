@@ -8,8 +8,8 @@ mod kernels;
 
 pub use kernels::{
     bias_gelu_bf16, gemm_nn_bf16, gemm_nn_f16, gemm_nn_full_bf16, gemm_nn_full_f16, gemm_small_m_bf16, gemm_small_m_f16,
-    gemm_small_m_out_bf16, gemm_small_m_out_f16, gemm_tn_bf16, gemm_tn_f16, gemm_tn_full_bf16, gemm_tn_full_f16, pad_copy_bf16,
-    pad_copy_f16,
+    gemm_small_m_out_bf16, gemm_small_m_out_f16, gemm_tn_bf16, gemm_tn_f16, gemm_tn_full_bf16, gemm_tn_full_f16, gemm_tn_triangle_bf16,
+    gemm_tn_triangle_f16, pad_copy_bf16, pad_copy_f16,
 };
 
 pub use fp8::{
@@ -53,6 +53,15 @@ pub enum Bias<'t, T: Element = bf16> {
     PerRow(&'t Tensor<T>),
 }
 
+/// The triangle of C that [`GemmBuilder::triangular_only`] computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Triangle {
+    /// Elements with column ≤ row.
+    Lower,
+    /// Elements with column ≥ row.
+    Upper,
+}
+
 /// How B is stored.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum BLayout {
@@ -88,6 +97,15 @@ pub trait GemmElement: Element + sealed::Sealed {
     ) -> Result<()>;
     #[doc(hidden)]
     fn pad_copy(d: &Device, g: Grid, x: &View<Self>, y: &mut Tensor<Self>) -> Result<()>;
+    /// The triangle kernel's variants (`tune(BN)`), the default first.
+    #[doc(hidden)]
+    fn triangle_variants() -> &'static [&'static KernelSpec];
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_triangle(
+        d: &Device, g: Grid, variant: usize, a: &View<Self>, b: &View<Self>, c: &mut Tensor<Self>, c_shape: [usize; 3], bias: &View<Self>,
+        epi: (f32, i32, i32), upper: bool,
+    ) -> Result<()>;
     /// The small-M path (`gemm_small_m` over `splits` of K, then `gemm_small_m_out`).
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
@@ -109,7 +127,7 @@ fn strides3(s: [usize; 3]) -> [usize; 3] {
 }
 
 macro_rules! gemm_element {
-    ($t:ty, $tn:ident, $nn:ident, $full:ident, $nn_full:ident, $pad:ident, $small:ident, $small_out:ident) => {
+    ($t:ty, $tn:ident, $nn:ident, $full:ident, $nn_full:ident, $pad:ident, $small:ident, $small_out:ident, $tri:ident) => {
         impl GemmElement for $t {
             fn fast_kernel(kn: bool) -> &'static KernelSpec {
                 if kn {
@@ -160,6 +178,17 @@ macro_rules! gemm_element {
             fn pad_copy(d: &Device, g: Grid, x: &View<Self>, y: &mut Tensor<Self>) -> Result<()> {
                 $pad::launch(d, g, x, y)
             }
+            fn triangle_variants() -> &'static [&'static KernelSpec] {
+                $tri::VARIANTS
+            }
+            fn gemm_triangle(
+                d: &Device, g: Grid, variant: usize, a: &View<Self>, b: &View<Self>, c: &mut Tensor<Self>, c_shape: [usize; 3],
+                bias: &View<Self>, (alpha, bias_kind, act): (f32, i32, i32), upper: bool,
+            ) -> Result<()> {
+                let mut c = c.view_mut(&c_shape, &strides3(c_shape))?;
+                let mut counter = d.tile_counter()?;
+                $tri::launch_variant(variant, d, g, a, b, &mut c, bias, &mut counter, alpha, bias_kind, act, i32::from(upper))
+            }
             fn gemm_small_m(
                 d: &Device, a: &View<Self>, b: &View<Self>, c: &mut Tensor<Self>, c_shape: [usize; 3], bias: &View<Self>,
                 (alpha, bias_kind, act): (f32, i32, i32), splits: usize,
@@ -195,9 +224,20 @@ gemm_element!(
     gemm_nn_full_bf16,
     pad_copy_bf16,
     gemm_small_m_bf16,
-    gemm_small_m_out_bf16
+    gemm_small_m_out_bf16,
+    gemm_tn_triangle_bf16
 );
-gemm_element!(f16, gemm_tn_f16, gemm_nn_f16, gemm_tn_full_f16, gemm_nn_full_f16, pad_copy_f16, gemm_small_m_f16, gemm_small_m_out_f16);
+gemm_element!(
+    f16,
+    gemm_tn_f16,
+    gemm_nn_f16,
+    gemm_tn_full_f16,
+    gemm_nn_full_f16,
+    pad_copy_f16,
+    gemm_small_m_f16,
+    gemm_small_m_out_f16,
+    gemm_tn_triangle_f16
+);
 
 /// A GEMM `C = act(alpha·A·Bᵀ + beta·C_in + bias) + residual` (or `A·B` with
 /// [`BLayout::KxN`]), built with [`gemm`] and run with [`GemmBuilder::run`]. Every epilogue step
@@ -229,6 +269,7 @@ pub struct GemmBuilder<'t, T: GemmElement = bf16> {
     activation: Activation,
     residual: Option<&'t Tensor<T>>,
     variant: Option<&'t str>,
+    triangle: Option<Triangle>,
 }
 
 /// Starts a GEMM `C = A·Bᵀ` with A (M×K) and B (N×K), bf16 or f16, accumulating in f32.
@@ -244,6 +285,7 @@ pub fn gemm<'t, T: GemmElement>(a: &'t Tensor<T>, b: &'t Tensor<T>) -> GemmBuild
         activation: Activation::None,
         residual: None,
         variant: None,
+        triangle: None,
     }
 }
 
@@ -254,6 +296,12 @@ pub fn gemm<'t, T: GemmElement>(a: &'t Tensor<T>, b: &'t Tensor<T>) -> GemmBuild
 pub fn gemm_variants<T: GemmElement>(b_layout: BLayout) -> Vec<&'static str> {
     let kn = b_layout == BLayout::KxN;
     T::fast_variants(kn).iter().map(|s| s.name).chain([T::full_kernel(kn).name]).collect()
+}
+
+/// The variants of the triangle kernel ([`GemmBuilder::triangular_only`]) for `T`: `BN` 256,
+/// then 128.
+pub fn gemm_triangle_variants<T: GemmElement>() -> Vec<&'static str> {
+    T::triangle_variants().iter().map(|s| s.name).collect()
 }
 
 fn arg(name: &str, expected: String, found: String) -> Error {
@@ -343,6 +391,16 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
     /// Adds a residual (shaped as C) after the activation.
     pub fn residual(mut self, residual: &'t Tensor<T>) -> Self {
         self.residual = Some(residual);
+        self
+    }
+
+    /// Computes only the tiles of C that meet one triangle (SYRK's `A·Aᵀ`, a causal product):
+    /// about half the work of the square. Tiles across the diagonal are written whole (every
+    /// element its product, on both sides of it); tiles wholly on the other side are not
+    /// written. Hopper, B N×K, no `beta` or residual, C's rows 16-byte aligned; the variant
+    /// ([`GemmBuilder::variant`], one of [`gemm_triangle_variants`]) is chosen by the tuner.
+    pub fn triangular_only(mut self, triangle: Triangle) -> Self {
+        self.triangle = Some(triangle);
         self
     }
 
@@ -441,13 +499,46 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
             self.activation.code(),
             i32::from(self.residual.is_some()),
         );
+        let epi = (self.alpha, bias_kind, self.activation.code());
+        if let Some(triangle) = self.triangle {
+            if full || !hopper || kn || !c_tma {
+                return Err(arg(
+                    "triangular_only",
+                    "a Hopper GPU, B N×K, no beta or residual, C's rows 16-byte aligned".into(),
+                    format!("hopper={hopper}, B {:?}, beta/residual={full}, C aligned={c_tma}", self.b_layout),
+                ));
+            }
+            let variants = T::triangle_variants();
+            let names: Vec<&str> = variants.iter().map(|v| v.name).collect();
+            let upper = triangle == Triangle::Upper;
+            let run = |i: usize, c: &mut Tensor<T>| {
+                let bn = variants[i].knob("BN").unwrap_or(256) as usize;
+                T::gemm_triangle(device, tiles(bn).into(), i, &a, &b, c, c_shape, bias, epi, upper)
+            };
+            if let Some(v) = self.variant {
+                let i = names.iter().position(|n| *n == v).ok_or_else(|| arg("variant", format!("one of {names:?}"), format!("`{v}`")))?;
+                return run(i, c);
+            }
+            let (dtype, shape, epilogue) = (T::DTYPE, [batch, m, n, k], (bias_kind, self.activation));
+            let key = tessera::TuneKey::new("gemm_triangle", device)
+                .field("dtype", &dtype)
+                .field("shape", &shape)
+                .field("triangle", &triangle)
+                .field("epilogue", &epilogue);
+            let choice = tessera::Tuner::global().choose(&key, &names, 0, || {
+                // Timing writes a scratch C, never the caller's.
+                let mut scratch = Tensor::<T>::zeros(device, c.shape())?;
+                Ok(tessera::tune::launch_timer(device, move |i| run(i, &mut scratch)))
+            })?;
+            return run(choice, c);
+        }
         // Small M (up to 64 rows, weights N×K): every SM streams the weights, K split so that
         // the slabs fill the GPU — taken to 16 rows, and to 64 where K is split (unsplit, the
         // 128×128 kernel reads the weights as fast in one launch instead of two).
         if !full && hopper && !kn && m <= 64 && self.variant.is_none() {
             let splits = small_m_splits(batch * n.div_ceil(128), m, n, k, device.sm_count() as usize);
             if m <= 16 || splits > 1 {
-                return T::gemm_small_m(device, &a, &b, c, c_shape, bias, (self.alpha, bias_kind, self.activation.code()), splits);
+                return T::gemm_small_m(device, &a, &b, c, c_shape, bias, epi, splits);
             }
         }
         let run_full = |c: &mut Tensor<T>| T::gemm_full(device, tiles(128).into(), kn, &a, &b, c, c_shape, &c_in, bias, &residual, scalars);
@@ -478,7 +569,6 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
         let variants = T::fast_variants(kn);
         let few = (tiles(256) as usize) * 4 < device.sm_count() as usize;
         let default = if few { variants.len() } else { 0 };
-        let epi = (self.alpha, bias_kind, self.activation.code());
         let run = |i: usize, c: &mut Tensor<T>| match variants.get(i) {
             Some(v) => {
                 let bn = v.knob("BN").unwrap_or(256) as usize;
