@@ -10,7 +10,7 @@
 //!   scales per 1×128 block of A and 128×128 block of B, and fp8's short wgmma sums (which keep
 //!   fewer bits than f32, an error that grows with K) promoted every 128 columns.
 
-use crate::gemm::{Activation, Bias};
+use crate::gemm::{Activation, Bias, GemmElement};
 use crate::prelude::*;
 use crate::Fp8Element;
 use tessera::{bf16, f16, kernel, Device, Error, Grid, KernelSpec, Result, Target, Tensor, TensorView, F8E4M3};
@@ -246,8 +246,9 @@ impl<'t, A: Fp8Element, U: tessera::Element> Fp8GemmBuilder<'t, A, U> {
 
     /// Runs it into `c` (`[M, N]`, contiguous).
     ///
-    /// Any M ≥ 1; K a multiple of 16 and N of 8 (TMA copies rows of 16-byte multiples: A's
-    /// and B's fp8 rows, C's 16-bit ones). Hopper (sm_90a) only.
+    /// Any M, N ≥ 1; K a multiple of 16 (TMA copies A's and B's fp8 rows, 16-byte multiples).
+    /// Where C's rows are not 16-byte multiples (N not a multiple of 8), the kernel writes a
+    /// padded C that is then copied into `c`. Hopper (sm_90a) only.
     ///
     /// # Errors
     /// [`Error::Argument`] naming the tensor when a shape, a scale's shape or an alignment does
@@ -256,6 +257,7 @@ impl<'t, A: Fp8Element, U: tessera::Element> Fp8GemmBuilder<'t, A, U> {
     pub fn run(self, device: &Device, c: &mut Tensor<U>) -> Result<()>
     where
         A: Fp8Gemm<U>,
+        U: GemmElement,
     {
         let (m, k) = crate::check_2d("gemm_fp8", "a", self.a)?;
         let (n, kb) = crate::check_2d("gemm_fp8", "b", self.b)?;
@@ -269,12 +271,8 @@ impl<'t, A: Fp8Element, U: tessera::Element> Fp8GemmBuilder<'t, A, U> {
         if !k.is_multiple_of(16) {
             return Err(arg("a", "K a multiple of 16 (rows of 16-byte multiples, for TMA)".into(), format!("K = {k}")));
         }
-        if !n.is_multiple_of(8) || !c.is_contiguous() || !c.offset().is_multiple_of(8) {
-            return Err(arg(
-                "c",
-                "a contiguous output with N a multiple of 8 (16-byte rows, for TMA stores)".into(),
-                format!("shape {:?}, strides {:?}, offset {}", c.shape(), c.strides(), c.offset()),
-            ));
+        if !c.is_contiguous() {
+            return Err(arg("c", "a contiguous output".into(), format!("shape {:?}, strides {:?}", c.shape(), c.strides())));
         }
         if device.target_for(A::fast_variants()[0]) != Some(Target::Sm90a) {
             return Err(arg("a", "a Hopper GPU (sm_90a: fp8 wgmma)".into(), "another device".into()));
@@ -300,8 +298,12 @@ impl<'t, A: Fp8Element, U: tessera::Element> Fp8GemmBuilder<'t, A, U> {
         };
         let act = self.activation.code();
         let kb = k.div_ceil(128);
-        let c_shape = [1, m, n];
-        let tiles = |bn: usize| (Grid::tiles(m, 128).saturating_mul(Grid::tiles(n, bn))).min(device.sm_count());
+        // C's rows leave by TMA stores: where they are not 16-byte multiples (N not a multiple
+        // of 8) or C starts off 16 bytes, the kernels write a padded C, copied into `c` after.
+        let n8 = n.next_multiple_of(8);
+        let mut padded = if n == n8 && c.offset().is_multiple_of(8) { None } else { Some(Tensor::<U>::zeros(device, &[m, n8])?) };
+        let c_shape = [1, m, n8];
+        let tiles = |bn: usize| (Grid::tiles(m, 128).saturating_mul(Grid::tiles(n8, bn))).min(device.sm_count());
         let (sa, sb) = match self.scaling {
             Fp8Scaling::Tensorwise { a, b } | Fp8Scaling::Rowwise { a, b } => (a, b),
             Fp8Scaling::Blockwise { a, b } => (a, b),
@@ -328,7 +330,9 @@ impl<'t, A: Fp8Element, U: tessera::Element> Fp8GemmBuilder<'t, A, U> {
             } else {
                 (scale_view("scale_a", sa, &want_a, &[m, kb], &[s, 0])?, scale_view("scale_b", sb, &want_b, &[1, n], &[0, s])?, 0)
             };
-            return A::promoted(device, tiles(128).into(), &a, &b, c, c_shape, &sa, &sb, &bias, (per_block, bias_kind, act));
+            let out = padded.as_mut().unwrap_or(c);
+            A::promoted(device, tiles(128).into(), &a, &b, out, c_shape, &sa, &sb, &bias, (per_block, bias_kind, act))?;
+            return unpad(device, padded, c, m, n);
         }
         let sa = scale_view("scale_a", sa, &want_a, &[m], &[s])?;
         let sb = scale_view("scale_b", sb, &want_b, &[n], &[s])?;
@@ -340,7 +344,8 @@ impl<'t, A: Fp8Element, U: tessera::Element> Fp8GemmBuilder<'t, A, U> {
         };
         if let Some(v) = self.variant {
             let i = names.iter().position(|n| *n == v).ok_or_else(|| arg("variant", format!("one of {names:?}"), format!("`{v}`")))?;
-            return run(i, c);
+            run(i, padded.as_mut().unwrap_or(c))?;
+            return unpad(device, padded, c, m, n);
         }
         // 128×256 tiles unless too few of them fill the GPU.
         let few = (tiles(256) as usize) * 4 < device.sm_count() as usize;
@@ -348,9 +353,17 @@ impl<'t, A: Fp8Element, U: tessera::Element> Fp8GemmBuilder<'t, A, U> {
         let (dtypes, shape, epilogue) = ((A::DTYPE, U::DTYPE), [m, n, k], (bias_kind, self.activation));
         let key = tessera::TuneKey::new("gemm_fp8", device).field("dtypes", &dtypes).field("shape", &shape).field("epilogue", &epilogue);
         let choice = tessera::Tuner::global().choose(&key, &names, default, || {
-            let mut scratch = Tensor::<U>::zeros(device, c.shape())?;
+            let mut scratch = Tensor::<U>::zeros(device, &[m, n8])?;
             Ok(tessera::tune::launch_timer(device, move |i| run(i, &mut scratch)))
         })?;
-        run(choice, c)
+        run(choice, padded.as_mut().unwrap_or(c))?;
+        unpad(device, padded, c, m, n)
     }
+}
+
+/// Copies the first `n` columns of a padded C (`[m, n8]`) into `c` (`[m, n]`), if there is one.
+fn unpad<U: GemmElement>(device: &Device, padded: Option<Tensor<U>>, c: &mut Tensor<U>, m: usize, n: usize) -> Result<()> {
+    let Some(p) = padded else { return Ok(()) };
+    let view = p.view(&[m, n], &[p.shape()[1], 1])?;
+    U::pad_copy(device, (Grid::tiles(n, 128), Grid::tiles(m, 16)).into(), &view, c)
 }
