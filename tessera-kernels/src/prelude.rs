@@ -267,48 +267,32 @@ pub fn gemm_persistent<const KN: usize, const BN: usize, T, TB, U, const BK: usi
     a: Global<T, 3>, b: Global<TB, 3>, c: Global<U, 3>, counter: Global<i32, 1>, sa: Smem<T, 128, BK>, sb: Smem<TB, SR, SC>,
     sc: Smem<U, 64, 64>, pipe: Pipeline<S>, epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
 ) {
+    let (per_batch, tiles_m, group) = gemm_raster::<BN>(c);
     // (`scale` unused where `PROMOTE` is 0.)
     #[rustfmt::skip]
-    gemm_persistent_promoted::<KN, BN, 0>(a, b, c, counter, sa, sb, sc, pipe, |_bt, _m0, _n0, _k| Tile::<f32, 64, 1>::zeros(), epilogue);
-}
-
-/// [`gemm_persistent`] whose consumers, where `PROMOTE` is 1 (`KN` 0 only), multiply each K step into a
-/// fresh accumulator and add it into the running one times `scale(batch, row, col, k)` — the
-/// step's factor for each of the 64 rows of the block at `[batch, row, col]`
-/// ([`gemm_mma_promoted`]): fp8 with per-block scales, and fp8's short wgmma sums promoted to
-/// f32 every step. `PROMOTE` 0 is [`gemm_persistent`] (`scale` unused).
-#[device]
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_persistent_promoted<
-    const KN: usize,
-    const BN: usize,
-    const PROMOTE: usize,
-    T,
-    TB,
-    U,
-    const BK: usize,
-    const S: usize,
-    const SR: usize,
-    const SC: usize,
->(
-    a: Global<T, 3>, b: Global<TB, 3>, c: Global<U, 3>, counter: Global<i32, 1>, sa: Smem<T, 128, BK>, sb: Smem<TB, SR, SC>,
-    sc: Smem<U, 64, 64>, pipe: Pipeline<S>, scale: impl Fn(i32, i32, i32, i32) -> Tile<f32, 64, 1>,
-    epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
-) {
-    let tiles_m = (c.dim(1) + 127) / 128;
-    let tiles_n = (c.dim(2) + BN - 1) / BN;
-    let per_batch = tiles_m * tiles_n;
-    let group = 8 * tiles_n;
-    #[rustfmt::skip]
-    gemm_persistent_mapped::<KN, BN, PROMOTE>(
-        a, b, c, counter, sa, sb, sc, pipe, per_batch * c.dim(0), |tile| grouped_tile(tile, per_batch, tiles_m, group), scale, epilogue,
+    gemm_persistent_mapped::<KN, BN, 0>(
+        a, b, c, counter, sa, sb, sc, pipe, per_batch * c.dim(0), |tile| grouped_tile(tile, per_batch, tiles_m, group),
+        |_bt, _m0, _n0, _k| Tile::<f32, 64, 1>::zeros(), epilogue,
     );
 }
 
-/// [`gemm_persistent_promoted`] over the `tiles` tiles (all batches) that `map` names:
-/// `map(tile)` gives tile `tile`'s batch, tile row and tile column (128×`BN` tiles) — a raster
-/// grouped for L2 ([`grouped_tile`]), or the tiles that meet one triangle of C
-/// ([`triangle_tile`]); C's other tiles are not written.
+/// The persistent GEMM's raster of 128×`BN` tiles over C `[batch, M, N]`, for
+/// [`grouped_tile`]: `(tiles a batch entry, tile rows, tiles a group of 8 tile rows)`.
+#[device]
+pub fn gemm_raster<const BN: usize, U>(c: Global<U, 3>) -> (i32, i32, i32) {
+    let tiles_m = (c.dim(1) + 127) / 128;
+    let tiles_n = (c.dim(2) + BN - 1) / BN;
+    (tiles_m * tiles_n, tiles_m, 8 * tiles_n)
+}
+
+/// [`gemm_persistent`] over the `tiles` tiles (all batches) that `map` names: `map(tile)` gives
+/// tile `tile`'s batch, tile row and tile column (128×`BN` tiles) — a raster grouped for L2
+/// ([`gemm_raster`], [`grouped_tile`]), or the tiles that meet one triangle of C
+/// ([`triangle_tile`]); C's other tiles are not written. Where `PROMOTE` is 1 (`KN` 0 only),
+/// the consumers multiply each K step into a fresh accumulator and add it into the running one
+/// times `scale(batch, row, col, k)` — the step's factor for each of the 64 rows of the block at
+/// `[batch, row, col]` ([`gemm_mma_promoted`]): fp8 with per-block scales, and fp8's short wgmma
+/// sums promoted to f32 every step; where it is 0, `scale` is unused.
 #[device]
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_persistent_mapped<

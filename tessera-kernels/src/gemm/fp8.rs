@@ -46,9 +46,10 @@ pub fn gemm_fp8_promoted(
     let sc = Smem::<U, 64, 64>::ring(4);
     let pipe = Pipeline::<STAGES>::new(2);
     let pb = per_block as f32;
+    let (per_batch, tiles_m, group) = gemm_raster::<128>(c);
     #[rustfmt::skip]
-    gemm_persistent_promoted::<0, 128, 1>(
-        a, b, c, counter, sa, sb, sc, pipe,
+    gemm_persistent_mapped::<0, 128, 1>(
+        a, b, c, counter, sa, sb, sc, pipe, per_batch * c.dim(0), |tile| grouped_tile(tile, per_batch, tiles_m, group),
         // One expression of loads, so that it loads straight into the accumulator's row
         // layout: B's block scale, or 1 where `per_block` is 0 (`scale_b[0, 0]` times 0).
         |_bt, m0, n0, k| {
