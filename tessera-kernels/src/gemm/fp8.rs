@@ -1,14 +1,17 @@
 //! fp8 GEMM on Hopper: `C = act((A ∘ scale_a)·(B ∘ scale_b)ᵀ + bias)` with A `[M, K]` in e4m3
 //! or e5m2, B `[N, K]` in e4m3 (fp8 wgmma reads both K-major), C in bf16 or f16. Both kernels
-//! are the library's persistent GEMM ([`gemm_persistent`](crate::prelude::gemm_persistent))
-//! with 128-wide K steps (128 bytes of fp8, one swizzle span) and wgmma k32:
+//! are the library's persistent GEMM ([`gemm_persistent`](crate::prelude::gemm_persistent),
+//! [`gemm_persistent_mapped`](crate::prelude::gemm_persistent_mapped)) with 128-wide K steps
+//! (128 bytes of fp8, one swizzle span) and wgmma k32:
 //!
-//! - `gemm_fp8` (fast accumulation, on request) applies the scales in the epilogue — one per row of A times one per column of
-//!   C (a scale per tensor is a stride-0 view of one element) — on wgmma's own sums;
-//! - `gemm_fp8_promoted` (the default) ends each 128-wide K step's sums in a fresh accumulator and adds them,
-//!   times the step's scales, into the f32 one ([`gemm_mma_promoted`](crate::prelude::gemm_mma_promoted)):
-//!   scales per 1×128 block of A and 128×128 block of B, and fp8's short wgmma sums (which keep
-//!   fewer bits than f32, an error that grows with K) promoted every 128 columns.
+//! - `gemm_fp8` (fast accumulation, on request) applies the scales in the epilogue — one per
+//!   row of A times one per column of C (a scale per tensor is a stride-0 view of one element)
+//!   — on wgmma's own sums;
+//! - `gemm_fp8_promoted` (the default) ends each 128-wide K step's sums in a fresh accumulator
+//!   and adds them, times the step's scales, into the f32 one
+//!   ([`gemm_mma_promoted`](crate::prelude::gemm_mma_promoted)): scales per 1×128 block of A
+//!   and 128×128 block of B, and fp8's short wgmma sums (which keep fewer bits than f32, an
+//!   error that grows with K) promoted every 128 columns.
 
 use crate::gemm::{Activation, Bias, GemmElement};
 use crate::prelude::*;
