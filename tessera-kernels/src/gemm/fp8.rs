@@ -294,11 +294,15 @@ impl<'t, A: Fp8Element, U: tessera::Element> Fp8GemmBuilder<'t, A, U> {
                 (2, Some(t))
             }
         };
-        // A bias the epilogue does not read: a one-element view of C's buffer (never read).
-        let none = Tensor::<U>::zeros(device, &[1])?;
+        // A bias the epilogue does not read: a one-element tensor (never read; allocated only
+        // then).
+        let none;
         let bias = match bias {
             Some(t) => t.view(t.shape(), t.strides())?,
-            None => none.view(&[1], &[1])?,
+            None => {
+                none = Tensor::<U>::zeros(device, &[1])?;
+                none.view(&[1], &[1])?
+            }
         };
         let act = self.activation.code();
         let kb = k.div_ceil(128);
@@ -308,19 +312,16 @@ impl<'t, A: Fp8Element, U: tessera::Element> Fp8GemmBuilder<'t, A, U> {
         let mut padded = if n == n8 && c.offset().is_multiple_of(8) { None } else { Some(Tensor::<U>::zeros(device, &[m, n8])?) };
         let c_shape = [1, m, n8];
         let tiles = |bn: usize| (Grid::tiles(m, 128).saturating_mul(Grid::tiles(n8, bn))).min(device.sm_count());
-        let (sa, sb) = match self.scaling {
-            Fp8Scaling::Tensorwise { a, b } | Fp8Scaling::Rowwise { a, b } => (a, b),
-            Fp8Scaling::Blockwise { a, b } => (a, b),
+        let nb = n.div_ceil(128);
+        let (sa, sb, want_a, want_b) = match self.scaling {
+            Fp8Scaling::Tensorwise { a, b } => (a, b, vec![1], vec![1]),
+            Fp8Scaling::Rowwise { a, b } => (a, b, vec![m], vec![n]),
+            Fp8Scaling::Blockwise { a, b } => (a, b, vec![m, kb], vec![nb, kb]),
         };
         let rowwise = matches!(self.scaling, Fp8Scaling::Rowwise { .. });
-        let (want_a, want_b) = match self.scaling {
-            Fp8Scaling::Tensorwise { .. } => (vec![1], vec![1]),
-            Fp8Scaling::Rowwise { .. } => (vec![m], vec![n]),
-            Fp8Scaling::Blockwise { .. } => (vec![m, kb], vec![n.div_ceil(128), kb]),
-        };
+        let blockwise = matches!(self.scaling, Fp8Scaling::Blockwise { .. });
         // Per tensor: stride-0 views of the one element; per row: a stride along M (and N).
         let s = usize::from(rowwise);
-        let blockwise = matches!(self.scaling, Fp8Scaling::Blockwise { .. });
         if blockwise && self.fast {
             return Err(arg("scaling", "tensorwise or rowwise scales with fast accumulation".into(), "blockwise".into()));
         }
@@ -328,8 +329,7 @@ impl<'t, A: Fp8Element, U: tessera::Element> Fp8GemmBuilder<'t, A, U> {
             if let Some(v) = self.variant {
                 return Err(arg("variant", "fast_accumulation(true) to name a variant".into(), format!("`{v}` without it")));
             }
-            let (sa, sb, per_block) = if let Fp8Scaling::Blockwise { .. } = self.scaling {
-                let nb = n.div_ceil(128);
+            let (sa, sb, per_block) = if blockwise {
                 (scale_view("scale_a", sa, &want_a, &[m, kb], &[kb, 1])?, scale_view("scale_b", sb, &want_b, &[nb, kb], &[kb, 1])?, 1)
             } else {
                 (scale_view("scale_a", sa, &want_a, &[m, kb], &[s, 0])?, scale_view("scale_b", sb, &want_b, &[1, n], &[0, s])?, 0)
@@ -346,20 +346,12 @@ impl<'t, A: Fp8Element, U: tessera::Element> Fp8GemmBuilder<'t, A, U> {
             let bn = variants[i].knob("BN").unwrap_or(256) as usize;
             A::fast(device, tiles(bn).into(), i, &a, &b, c, c_shape, &sa, &sb, &bias, (bias_kind, act))
         };
-        if let Some(v) = self.variant {
-            let i = names.iter().position(|n| *n == v).ok_or_else(|| arg("variant", format!("one of {names:?}"), format!("`{v}`")))?;
-            run(i, padded.as_mut().unwrap_or(c))?;
-            return unpad(device, padded, c, m, n);
-        }
         // 128×256 tiles unless too few of them fill the GPU.
         let few = (tiles(256) as usize) * 4 < device.sm_count() as usize;
         let default = if few { names.len() - 1 } else { 0 };
         let (dtypes, shape, epilogue) = ((A::DTYPE, U::DTYPE), [m, n, k], (bias_kind, self.activation));
         let key = tessera::TuneKey::new("gemm_fp8", device).field("dtypes", &dtypes).field("shape", &shape).field("epilogue", &epilogue);
-        let choice = tessera::Tuner::global().choose(&key, &names, default, || {
-            let mut scratch = Tensor::<U>::zeros(device, &[m, n8])?;
-            Ok(tessera::tune::launch_timer(device, move |i| run(i, &mut scratch)))
-        })?;
+        let choice = crate::gemm::pick_variant(device, "gemm_fp8", &key, &names, default, self.variant, &[m, n8], &run)?;
         run(choice, padded.as_mut().unwrap_or(c))?;
         unpad(device, padded, c, m, n)
     }

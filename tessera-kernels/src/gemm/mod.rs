@@ -304,6 +304,28 @@ pub fn gemm_triangle_variants<T: GemmElement>() -> Vec<&'static str> {
     T::triangle_variants().iter().map(|s| s.name).collect()
 }
 
+/// The variant to run among `names`: the one `forced` names, else the tuner's choice for `key`
+/// (`default` until a search; the search times `run` on a zeroed scratch C of `shape`, never
+/// the caller's).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn pick_variant<T: Element>(
+    device: &Device, kernel: &'static str, key: &tessera::TuneKey<'_>, names: &[&str], default: usize, forced: Option<&str>,
+    shape: &[usize], run: &dyn Fn(usize, &mut Tensor<T>) -> Result<()>,
+) -> Result<usize> {
+    if let Some(v) = forced {
+        return names.iter().position(|n| *n == v).ok_or_else(|| Error::Argument {
+            kernel,
+            arg: "variant".into(),
+            expected: format!("one of {names:?}"),
+            found: format!("`{v}`"),
+        });
+    }
+    tessera::Tuner::global().choose(key, names, default, || {
+        let mut scratch = Tensor::<T>::zeros(device, shape)?;
+        Ok(tessera::tune::launch_timer(device, move |i| run(i, &mut scratch)))
+    })
+}
+
 fn arg(name: &str, expected: String, found: String) -> Error {
     Error::Argument { kernel: "gemm", arg: name.into(), expected, found }
 }
@@ -515,21 +537,13 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
                 let bn = variants[i].knob("BN").unwrap_or(256) as usize;
                 T::gemm_triangle(device, tiles(bn).into(), i, &a, &b, c, c_shape, bias, epi, upper)
             };
-            if let Some(v) = self.variant {
-                let i = names.iter().position(|n| *n == v).ok_or_else(|| arg("variant", format!("one of {names:?}"), format!("`{v}`")))?;
-                return run(i, c);
-            }
             let (dtype, shape, epilogue) = (T::DTYPE, [batch, m, n, k], (bias_kind, self.activation));
             let key = tessera::TuneKey::new("gemm_triangle", device)
                 .field("dtype", &dtype)
                 .field("shape", &shape)
                 .field("triangle", &triangle)
                 .field("epilogue", &epilogue);
-            let choice = tessera::Tuner::global().choose(&key, &names, 0, || {
-                // Timing writes a scratch C, never the caller's.
-                let mut scratch = Tensor::<T>::zeros(device, c.shape())?;
-                Ok(tessera::tune::launch_timer(device, move |i| run(i, &mut scratch)))
-            })?;
+            let choice = pick_variant(device, "gemm", &key, &names, 0, self.variant, c.shape(), &run)?;
             return run(choice, c);
         }
         // Small M (up to 64 rows, weights N×K): every SM streams the weights, K split so that
