@@ -146,22 +146,23 @@ pub fn gemm_load<const KN: usize, T, TB, const BK: usize, const SR: usize, const
     a: Global<T, 3>, b: Global<TB, 3>, sa: Smem<T, 128, BK>, sb: Smem<TB, SR, SC>, pipe: Pipeline<S>, bt: i32, m0: i32, n0: i32,
     k_steps: i32,
 ) {
-    gemm_load_from::<KN>(a, b, sa, sb, pipe, bt, m0, n0, 0, k_steps);
+    gemm_load_from::<KN>(a, b, sa, sb, pipe, bt, bt, m0, n0, 0, k_steps);
 }
 
-/// [`gemm_load`] over the K steps `k0..k0 + k_steps` only (a split of K).
+/// [`gemm_load`] with B's batch `bb` of its own (a grouped GEMM's expert: A's rows are all in
+/// batch `bt`), over the K steps `k0..k0 + k_steps` only (a split of K).
 #[device]
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_load_from<const KN: usize, T, TB, const BK: usize, const SR: usize, const SC: usize, const S: usize>(
-    a: Global<T, 3>, b: Global<TB, 3>, sa: Smem<T, 128, BK>, sb: Smem<TB, SR, SC>, pipe: Pipeline<S>, bt: i32, m0: i32, n0: i32, k0: i32,
-    k_steps: i32,
+    a: Global<T, 3>, b: Global<TB, 3>, sa: Smem<T, 128, BK>, sb: Smem<TB, SR, SC>, pipe: Pipeline<S>, bt: i32, bb: i32, m0: i32, n0: i32,
+    k0: i32, k_steps: i32,
 ) {
     fill_stages(pipe, k_steps, |s, k| {
         tma::load(sa.at(s), a, [bt, m0, (k0 + k) * BK], pipe);
         if KN == 1 {
-            tma::load(sb.at(s), b, [bt, (k0 + k) * BK, n0], pipe);
+            tma::load(sb.at(s), b, [bb, (k0 + k) * BK, n0], pipe);
         } else {
-            tma::load(sb.at(s), b, [bt, n0, (k0 + k) * BK], pipe);
+            tma::load(sb.at(s), b, [bb, n0, (k0 + k) * BK], pipe);
         }
     });
 }
@@ -311,6 +312,45 @@ pub fn gemm_persistent_mapped<
     sc: Smem<U, 64, 64>, pipe: Pipeline<S>, tiles: i32, map: impl Fn(i32) -> (i32, i32, i32),
     scale: impl Fn(i32, i32, i32, i32) -> Tile<f32, 64, 1>, epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
 ) {
+    // (Every tile is whole: the row end is unused where `BOUNDED` is 0.)
+    #[rustfmt::skip]
+    gemm_persistent_rows::<KN, BN, PROMOTE, 0>(
+        a, b, c, counter, sa, sb, sc, pipe, tiles,
+        |tile| {
+            let (bt, tm, tn) = map(tile);
+            (bt, tm * 128, tn * BN, bt, 0)
+        },
+        scale, epilogue,
+    );
+}
+
+/// [`gemm_persistent_mapped`] with tiles placed by rows: `map(tile)` gives `(batch, row, col,
+/// b_batch, row_end)` — the tile's origin in A and C (`[batch, row, …]`, any row), its first
+/// column, B's batch (handed to `scale` and `epilogue` as their batch: see [`gemm_consume`]),
+/// and where `BOUNDED` is 1 the row its rows of C end at. A bounded tile
+/// whose first row is at or past its end is skipped (no loads, no MMAs), and a 64-row block that
+/// crosses its end is stored element by element within it ([`store_within`]) instead of by TMA:
+/// the rows past an expert's end in a grouped GEMM belong to the next expert's tiles
+/// (`gemm_grouped` in `gemm/grouped.rs`). Where `BOUNDED` is 0, `row_end` is unused.
+#[device]
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_persistent_rows<
+    const KN: usize,
+    const BN: usize,
+    const PROMOTE: usize,
+    const BOUNDED: usize,
+    T,
+    TB,
+    U,
+    const BK: usize,
+    const S: usize,
+    const SR: usize,
+    const SC: usize,
+>(
+    a: Global<T, 3>, b: Global<TB, 3>, c: Global<U, 3>, counter: Global<i32, 1>, sa: Smem<T, 128, BK>, sb: Smem<TB, SR, SC>,
+    sc: Smem<U, 64, 64>, pipe: Pipeline<S>, tiles: i32, map: impl Fn(i32) -> (i32, i32, i32, i32, i32),
+    scale: impl Fn(i32, i32, i32, i32) -> Tile<f32, 64, 1>, epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
+) {
     let k_steps = (a.dim(2) + (BK - 1)) / BK;
     // Tiles are claimed at run time, so that blocks that finish early take more of the last
     // wave; the producer hands each tile's index to both consumers.
@@ -318,34 +358,105 @@ pub fn gemm_persistent_mapped<
     if warpgroup::id() == 0 {
         setmaxnreg(40);
         for tile in queue.fetch(tiles) {
-            let (bt, tm, tn) = map(tile);
-            gemm_load::<KN>(a, b, sa, sb, pipe, bt, tm * 128, tn * BN, k_steps);
+            let (bt, m0, n0, bb, row_end) = map(tile);
+            if BOUNDED == 1 && m0 >= row_end {
+                // An empty tile: nothing to load.
+            } else {
+                gemm_load_from::<KN>(a, b, sa, sb, pipe, bt, bb, m0, n0, 0, k_steps);
+            }
         }
     } else {
         setmaxnreg(232);
         let row = (warpgroup::id() - 1) * 64;
-        let mut acc = Tile::<f32, 64, BN>::zeros();
         for tile in queue.take() {
-            let (bt, tm, tn) = map(tile);
-            let m0 = tm * 128 + row;
-            let n0 = tn * BN;
-            if PROMOTE == 1 {
-                gemm_mma_promoted(&mut acc, sa, sb, pipe, row, k_steps, |k| scale(bt, m0, n0, k));
+            let (bt, m_tile, n0, bb, row_end) = map(tile);
+            if BOUNDED == 1 && m_tile >= row_end {
+                // An empty tile: nothing to compute.
             } else {
-                gemm_mma::<KN>(&mut acc, sa, sb, pipe, row, k_steps);
-            }
-            // The epilogue, 64 columns at a time so that loaded operands fit in registers;
-            // each chunk staged in shared memory and stored by TMA (asynchronously, whole
-            // lines), the buffer written two chunks ago read first.
-            #[unroll]
-            for j in 0..BN / 64 {
-                let n = n0 + j * 64;
-                let out = epilogue(acc.cols(j * 64, 64), bt, m0, n);
-                stage_store(c, sc, out, (warpgroup::id() - 1) * 2 + j % 2, bt, m0, n);
+                #[rustfmt::skip]
+                gemm_consume::<KN, BN, PROMOTE, BOUNDED>(
+                    sa, sb, sc, c, pipe, row, k_steps, bt, bb, m_tile + row, n0, row_end, scale, epilogue,
+                );
             }
         }
         tma::store_wait(0);
     }
+}
+
+/// A consumer warpgroup's share of one tile of the persistent GEMM: its 64 rows of A (row `row`
+/// of the stages) times B over `k_steps` stages into an f32 accumulator ([`gemm_mma`], or
+/// [`gemm_mma_promoted`] with `scale(bb, m0, n0, k)` where `PROMOTE` is 1), then the epilogue
+/// 64 columns at a time — `epilogue(acc, bb, m0, n)` with B's batch (C's `bt` but in a grouped
+/// GEMM, where it is the expert) and the chunk's origin `[bt, m0, n]` in C — each chunk staged in
+/// shared memory and stored by TMA (asynchronously, whole lines; the buffer written two chunks
+/// ago read first), or where `BOUNDED` is 1 and the 64 rows cross `row_end`, stored directly,
+/// rows from `row_end` on skipped. End the kernel with `tma::store_wait(0)`.
+#[device]
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_consume<
+    const KN: usize,
+    const BN: usize,
+    const PROMOTE: usize,
+    const BOUNDED: usize,
+    T,
+    TB,
+    U,
+    const BK: usize,
+    const S: usize,
+    const SR: usize,
+    const SC: usize,
+>(
+    sa: Smem<T, 128, BK>, sb: Smem<TB, SR, SC>, sc: Smem<U, 64, 64>, c: Global<U, 3>, pipe: Pipeline<S>, row: i32, k_steps: i32, bt: i32,
+    bb: i32, m0: i32, n0: i32, row_end: i32, scale: impl Fn(i32, i32, i32, i32) -> Tile<f32, 64, 1>,
+    epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
+) {
+    let mut acc = Tile::<f32, 64, BN>::zeros();
+    if PROMOTE == 1 {
+        gemm_mma_promoted(&mut acc, sa, sb, pipe, row, k_steps, |k| scale(bb, m0, n0, k));
+    } else {
+        gemm_mma::<KN>(&mut acc, sa, sb, pipe, row, k_steps);
+    }
+    // The epilogue, 64 columns at a time so that loaded operands fit in registers.
+    #[unroll]
+    for j in 0..BN / 64 {
+        let n = n0 + j * 64;
+        let out = epilogue(acc.cols(j * 64, 64), bb, m0, n);
+        if BOUNDED == 1 && m0 + 64 > row_end {
+            c.store_within([bt, m0, n], out.cast::<U>(), [c.dim(0), row_end, c.dim(2)]);
+        } else {
+            stage_store(c, sc, out, (warpgroup::id() - 1) * 2 + j % 2, bt, m0, n);
+        }
+    }
+}
+
+/// Slot `slot` of a grouped GEMM's rows: `(group, first row, row end)`. Group `g` owns the rows
+/// `ends[g − 1]..ends[g]` (`ends[−1]` = 0; each clamped into `0..=rows`, so that no input makes
+/// a tile outside C) and the slots from `g + ⌊ends[g − 1] / 128⌋` up to the next group's first
+/// — at least as many as its 128-row tiles (one spare at most), so slots need no prefix sum and
+/// number `groups + ⌊rows / 128⌋` in all; a slot past its group's tiles has its first row at or
+/// past the end (an empty tile). The group is found by a binary search over `ends` (⌈log₂
+/// groups⌉ loads; at most 2¹⁶ groups).
+#[device]
+pub fn group_slot(ends: Global<i32, 1>, slot: i32, rows: i32) -> (i32, i32, i32) {
+    let mut lo = 0;
+    let mut hi = ends.dim(0);
+    for _step in 0..16 {
+        if hi - lo > 1 {
+            let mid = (lo + hi) / 2;
+            let start = min(max(ends.get([mid - 1]), 0), rows);
+            if mid + start / 128 <= slot {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+    }
+    let mut start = 0;
+    if lo > 0 {
+        start = min(max(ends.get([lo - 1]), 0), rows);
+    }
+    let end = min(max(ends.get([lo]), start), rows);
+    (lo, start + (slot - lo - start / 128) * 128, end)
 }
 
 /// The tile columns of tile row `tm` (128 rows) that meet C's lower triangle (`upper` 0: some

@@ -95,7 +95,7 @@ pub fn gemm_small_m(x: Global<T, 3>, w: Global<T, 3>, sum_t: Global<f32, 3>, spl
         setmaxnreg(40);
         for u in (block::id_x()..units).step_by(grid::dim_x()) {
             let (bt, n0, k0, k_steps) = small_m_unit(u, splits, tiles_n, k_all);
-            gemm_load_from::<0>(w, x, sa, sb, pipe, bt, n0, 0, k0, k_steps);
+            gemm_load_from::<0>(w, x, sa, sb, pipe, bt, bt, n0, 0, k0, k_steps);
         }
     } else {
         setmaxnreg(232);

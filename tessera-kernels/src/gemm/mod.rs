@@ -4,6 +4,7 @@
 //! B's layout, padding for TMA, the epilogue's options.
 
 mod fp8;
+mod grouped;
 mod kernels;
 
 pub use kernels::{
@@ -17,6 +18,7 @@ pub use fp8::{
     gemm_fp8_promoted_f8e4m3_f16, gemm_fp8_promoted_f8e5m2_bf16, gemm_fp8_promoted_f8e5m2_f16, gemm_fp8_variants, Fp8Gemm, Fp8GemmBuilder,
     Fp8Scaling,
 };
+pub use grouped::{gemm_grouped, gemm_grouped_bf16, gemm_grouped_f16, gemm_grouped_variants, GroupedGemmBuilder, GROUPED_GEMM_MAX_EXPERTS};
 use tessera::{bf16, f16, Device, Element, Error, Grid, KernelSpec, Result, Target, Tensor, TensorView};
 
 /// The activation of a GEMM's epilogue.
@@ -34,7 +36,7 @@ pub enum Activation {
 }
 
 impl Activation {
-    fn code(self) -> i32 {
+    pub(crate) fn code(self) -> i32 {
         match self {
             Activation::None => 0,
             Activation::GeluTanh => 1,
@@ -106,6 +108,15 @@ pub trait GemmElement: Element + sealed::Sealed {
         d: &Device, g: Grid, variant: usize, a: &View<Self>, b: &View<Self>, c: &mut Tensor<Self>, c_shape: [usize; 3], bias: &View<Self>,
         epi: (f32, i32, i32), upper: bool,
     ) -> Result<()>;
+    /// The grouped kernel's variants (`tune(BN)`), the default first.
+    #[doc(hidden)]
+    fn grouped_variants() -> &'static [&'static KernelSpec];
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_grouped(
+        d: &Device, g: Grid, variant: usize, a: &View<Self>, b: &View<Self>, ends: &View<i32>, c: &mut Tensor<Self>, c_shape: [usize; 3],
+        epi: (f32, i32),
+    ) -> Result<()>;
     /// The small-M path (`gemm_small_m` over `splits` of K, then `gemm_small_m_out`).
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
@@ -127,7 +138,7 @@ fn strides3(s: [usize; 3]) -> [usize; 3] {
 }
 
 macro_rules! gemm_element {
-    ($t:ty, $tn:ident, $nn:ident, $full:ident, $nn_full:ident, $pad:ident, $small:ident, $small_out:ident, $tri:ident) => {
+    ($t:ty, $tn:ident, $nn:ident, $full:ident, $nn_full:ident, $pad:ident, $small:ident, $small_out:ident, $tri:ident, $grouped:ident) => {
         impl GemmElement for $t {
             fn fast_kernel(kn: bool) -> &'static KernelSpec {
                 if kn {
@@ -189,6 +200,17 @@ macro_rules! gemm_element {
                 let mut counter = d.tile_counter()?;
                 $tri::launch_variant(variant, d, g, a, b, &mut c, bias, &mut counter, alpha, bias_kind, act, i32::from(upper))
             }
+            fn grouped_variants() -> &'static [&'static KernelSpec] {
+                $grouped::VARIANTS
+            }
+            fn gemm_grouped(
+                d: &Device, g: Grid, variant: usize, a: &View<Self>, b: &View<Self>, ends: &View<i32>, c: &mut Tensor<Self>,
+                c_shape: [usize; 3], (alpha, act): (f32, i32),
+            ) -> Result<()> {
+                let mut c = c.view_mut(&c_shape, &strides3(c_shape))?;
+                let mut counter = d.tile_counter()?;
+                $grouped::launch_variant(variant, d, g, a, b, &mut c, ends, &mut counter, alpha, act)
+            }
             fn gemm_small_m(
                 d: &Device, a: &View<Self>, b: &View<Self>, c: &mut Tensor<Self>, c_shape: [usize; 3], bias: &View<Self>,
                 (alpha, bias_kind, act): (f32, i32, i32), splits: usize,
@@ -225,7 +247,8 @@ gemm_element!(
     pad_copy_bf16,
     gemm_small_m_bf16,
     gemm_small_m_out_bf16,
-    gemm_tn_triangle_bf16
+    gemm_tn_triangle_bf16,
+    gemm_grouped_bf16
 );
 gemm_element!(
     f16,
@@ -236,7 +259,8 @@ gemm_element!(
     pad_copy_f16,
     gemm_small_m_f16,
     gemm_small_m_out_f16,
-    gemm_tn_triangle_f16
+    gemm_tn_triangle_f16,
+    gemm_grouped_f16
 );
 
 /// A GEMM `C = act(alpha·A·Bᵀ + beta·C_in + bias) + residual` (or `A·B` with
@@ -350,7 +374,7 @@ fn view3<'t, T: Element>(t: &'t Tensor<T>, s: [usize; 3]) -> Result<View<'t, T>>
 
 /// `x` as a rank-3 view TMA can copy: itself, or a contiguous copy whose rows are padded with
 /// zeros to a multiple of 8 elements (16 bytes).
-fn tma_ready<'t, T: GemmElement>(
+pub(crate) fn tma_ready<'t, T: GemmElement>(
     device: &Device, name: &str, x: &'t Tensor<T>, s: [usize; 3], scratch: &'t mut Option<Tensor<T>>,
 ) -> Result<View<'t, T>> {
     let v = view3(x, s)?;

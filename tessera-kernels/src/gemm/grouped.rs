@@ -1,0 +1,176 @@
+//! Grouped GEMM (mixture-of-experts): one launch over `E` experts, `C[rows of e] = act(alpha ·
+//! A[rows of e] · B[e]ᵀ)`, A's rows packed by expert and the experts' row counts given on the
+//! device (`group_ends`, cumulative, as `torch._grouped_mm`'s `offs`): no host sync, so a
+//! router's counts feed it straight from the GPU.
+//!
+//! The kernel is the library's persistent GEMM with its tiles placed by rows
+//! ([`gemm_persistent_rows`](crate::prelude::gemm_persistent_rows)): tile rows are *slots*
+//! ([`group_slot`](crate::prelude::group_slot)) — expert `e` owns slots from `e + ⌊start_e /
+//! 128⌋`, which leaves room for its 128-row tiles (at most one spare, an empty tile skipped at
+//! no cost but its claim) without a prefix sum over the experts; a tile finds its expert by a
+//! binary search over `group_ends`. The producer loads A's 128 rows from the expert's first row
+//! on and B's expert; a consumer's 64-row block that runs past the expert's last row is stored
+//! element by element within it, the rest by TMA.
+
+use crate::gemm::{pick_variant, tma_ready, Activation, GemmElement};
+use crate::prelude::*;
+use tessera::{kernel, Device, Error, Grid, Result, Target, Tensor};
+
+fn arg(name: &str, expected: String, found: String) -> Error {
+    Error::Argument { kernel: "gemm_grouped", arg: name.into(), expected, found }
+}
+
+/// `C[ends[e-1]..ends[e]] = act(alpha · A[ends[e-1]..ends[e]] · B[e]ᵀ)` for each expert `e`: A
+/// `[1, M, K]` (rows packed by expert), B `[E, N, K]`, C `[1, M, N]` (rows 16-byte aligned),
+/// `ends` `[E]` cumulative row ends; 128×`BN` tiles over `E + ⌊M/128⌋` slots of rows.
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(BN = [256, 128], STAGES = [4]), targets(sm_90a))]
+pub fn gemm_grouped(
+    a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, ends: Global<i32, 1>, counter: Global<i32, 1>, alpha: f32, act: i32,
+) {
+    let sa = Smem::<T, 128, 64>::ring(STAGES);
+    let sb = Smem::<T, BN, 64>::ring(STAGES);
+    let sc = Smem::<T, 64, 64>::ring(4);
+    let pipe = Pipeline::<STAGES>::new(2);
+    let rows = c.dim(1);
+    let slots = b.dim(0) + rows / 128;
+    let tiles_n = (c.dim(2) + BN - 1) / BN;
+    #[rustfmt::skip]
+    gemm_persistent_rows::<0, BN, 0, 1>(
+        a, b, c, counter, sa, sb, sc, pipe, slots * tiles_n,
+        |tile| {
+            let (_bt, slot, tn) = grouped_tile(tile, slots * tiles_n, slots, 8 * tiles_n);
+            let (expert, m0, end) = group_slot(ends, slot, rows);
+            (0, m0, tn * BN, expert, end)
+        },
+        |_e, _m0, _n0, _k| Tile::<f32, 64, 1>::zeros(),
+        |acc, _e, _m0, _n| {
+            let mut out = acc * alpha;
+            activate(&mut out, act);
+            out
+        },
+    );
+}
+
+/// A grouped GEMM (mixture-of-experts), built with [`gemm_grouped`] and run with
+/// [`GroupedGemmBuilder::run`].
+#[derive(Clone, Copy, Debug)]
+pub struct GroupedGemmBuilder<'t, T: GemmElement> {
+    a: &'t Tensor<T>,
+    b: &'t Tensor<T>,
+    ends: &'t Tensor<i32>,
+    alpha: f32,
+    activation: Activation,
+    variant: Option<&'t str>,
+}
+
+/// Starts a grouped GEMM over `E` experts: A `[M, K]` holds the experts' rows one expert after
+/// another, B `[E, N, K]` each expert's weights (the "TN" layout of `nn.Linear`), and
+/// `group_ends` `[E]` (i32, on the device) the cumulative row ends — expert `e` owns A's rows
+/// `group_ends[e − 1]..group_ends[e]` (from 0 for the first), as `torch._grouped_mm`'s `offs`.
+/// C `[M, N]` gets `A[rows of e] · B[e]ᵀ` in each expert's rows; rows past `group_ends[E − 1]`
+/// are not written.
+///
+/// ```no_run
+/// use tessera::{bf16, Device, Tensor};
+/// use tessera_kernels::{gemm_grouped, Activation};
+/// let dev = Device::new(0)?;
+/// let x = Tensor::<bf16>::zeros(&dev, &[4096, 1024])?; // tokens sorted by expert
+/// let w = Tensor::<bf16>::zeros(&dev, &[8, 2048, 1024])?; // 8 experts' weights, N×K each
+/// let ends = Tensor::from_host(&dev, &[512i32, 1024, 1536, 2048, 2560, 3072, 3584, 4096], &[8])?;
+/// let mut y = Tensor::<bf16>::zeros(&dev, &[4096, 2048])?;
+/// gemm_grouped(&x, &w, &ends).activation(Activation::Silu).run(&dev, &mut y)?;
+/// # Ok::<(), tessera::Error>(())
+/// ```
+pub fn gemm_grouped<'t, T: GemmElement>(a: &'t Tensor<T>, b: &'t Tensor<T>, group_ends: &'t Tensor<i32>) -> GroupedGemmBuilder<'t, T> {
+    GroupedGemmBuilder { a, b, ends: group_ends, alpha: 1.0, activation: Activation::None, variant: None }
+}
+
+/// The variants of the grouped GEMM kernel for `T` (`tune(BN)`: 256, then 128); the tuner
+/// picks one per shape, [`GroupedGemmBuilder::variant`] forces one.
+pub fn gemm_grouped_variants<T: GemmElement>() -> Vec<&'static str> {
+    T::grouped_variants().iter().map(|s| s.name).collect()
+}
+
+/// The most experts a grouped GEMM takes ([`group_slot`](crate::prelude::group_slot)'s
+/// binary search has 16 steps).
+pub const GROUPED_GEMM_MAX_EXPERTS: usize = 1 << 16;
+
+impl<'t, T: GemmElement> GroupedGemmBuilder<'t, T> {
+    /// Scales the product: `alpha·A·Bᵀ`.
+    pub fn alpha(mut self, alpha: f32) -> Self {
+        self.alpha = alpha;
+        self
+    }
+
+    /// Applies an activation to the product.
+    pub fn activation(mut self, activation: Activation) -> Self {
+        self.activation = activation;
+        self
+    }
+
+    /// Runs the variant named `name` (one of [`gemm_grouped_variants`]) instead of asking the
+    /// tuner.
+    pub fn variant(mut self, name: &'t str) -> Self {
+        self.variant = Some(name);
+        self
+    }
+
+    /// Runs it into `c` (`[M, N]`, contiguous, rows 16-byte aligned: N a multiple of 8).
+    ///
+    /// `group_ends` is read on the device only: it should be non-decreasing and end at most at
+    /// M. That is not checked (it would need a host sync); other values never read or write
+    /// outside the tensors — each end is clamped into `0..=M` — but give rows no defined value.
+    /// A or B whose rows TMA cannot address (K not a multiple of 8) are first copied into
+    /// zero-padded buffers. Hopper (and the interpreter).
+    ///
+    /// # Errors
+    /// [`tessera::Error::Argument`] naming the tensor when a shape does not match (A not 2-D, B
+    /// not `[E, N, K]`, `group_ends` not `[E]`, C not `[M, N]`), a size is 0, there are more than
+    /// [`GROUPED_GEMM_MAX_EXPERTS`] experts, C cannot be stored by TMA, or the device is not a
+    /// Hopper GPU; and the launch's own checks.
+    pub fn run(self, device: &Device, c: &mut Tensor<T>) -> Result<()> {
+        let (m, k) = match *self.a.shape() {
+            [m, k] => (m, k),
+            _ => return Err(arg("a", "a 2-D [M, K] matrix of all experts' rows".into(), format!("shape {:?}", self.a.shape()))),
+        };
+        let (e, n) = match *self.b.shape() {
+            [e, n, kb] if kb == k => (e, n),
+            _ => return Err(arg("b", format!("[E, N, {k}] (K = {k} to match a)"), format!("shape {:?}", self.b.shape()))),
+        };
+        crate::check_shape("gemm_grouped", "group_ends", self.ends, &[e])?;
+        crate::check_shape("gemm_grouped", "c", c, &[m, n])?;
+        if m == 0 || n == 0 || k == 0 || e == 0 {
+            return Err(arg("a", "M, N, K and the experts ≥ 1".into(), format!("M={m}, N={n}, K={k}, E={e}")));
+        }
+        if e > GROUPED_GEMM_MAX_EXPERTS {
+            return Err(arg("b", format!("at most {GROUPED_GEMM_MAX_EXPERTS} experts"), format!("{e}")));
+        }
+        let es = std::mem::size_of::<T>();
+        if !c.is_contiguous() || !(n * es).is_multiple_of(16) || !(c.offset() * es).is_multiple_of(16) {
+            return Err(arg(
+                "c",
+                "a contiguous output with 16-byte aligned rows (N a multiple of 8), stored by TMA".into(),
+                format!("shape {:?}, strides {:?}, offset {}", c.shape(), c.strides(), c.offset()),
+            ));
+        }
+        let variants = T::grouped_variants();
+        if device.target_for(variants[0]) != Some(Target::Sm90a) {
+            return Err(arg("device", "a Hopper GPU (compute capability 9.0) or the interpreter".into(), device.name().to_string()));
+        }
+        let (mut pa, mut pb) = (None, None);
+        let a = tma_ready(device, "a", self.a, [1, m, k], &mut pa)?;
+        let b = tma_ready(device, "b", self.b, [e, n, k], &mut pb)?;
+        let ends = self.ends.view(&[e], &[self.ends.strides()[0]])?;
+        let names: Vec<&str> = variants.iter().map(|v| v.name).collect();
+        let epi = (self.alpha, self.activation.code());
+        let run = |i: usize, c: &mut Tensor<T>| {
+            let bn = variants[i].knob("BN").unwrap_or(256) as usize;
+            let tiles = Grid::tiles(n, bn).saturating_mul((e + m / 128) as u32);
+            T::gemm_grouped(device, Grid::from(tiles.min(device.sm_count())), i, &a, &b, &ends, c, [1, m, n], epi)
+        };
+        let (dtype, shape, act) = (T::DTYPE, [e, m, n, k], self.activation);
+        let key = tessera::TuneKey::new("gemm_grouped", device).field("dtype", &dtype).field("shape", &shape).field("activation", &act);
+        let choice = pick_variant(device, "gemm_grouped", &key, &names, 0, self.variant, c.shape(), &run)?;
+        run(choice, c)
+    }
+}

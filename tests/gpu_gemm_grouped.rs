@@ -1,0 +1,149 @@
+//! The grouped GEMM (mixture-of-experts) against a float64 reference: fresh random inputs and
+//! expert sizes (empty experts, sizes across the 64- and 128-row blocks, K not a multiple of
+//! 8), C poisoned with NaN before the launch — each expert's rows must match, rows past the last
+//! expert's end must stay NaN.
+
+mod common;
+
+use rand::Rng;
+use tessera::testing::{gpu_or_skip, rel_error};
+use tessera::{bf16, f16, Device, Tensor};
+use tessera_kernels::{gemm_grouped, gemm_grouped_variants, Activation, GemmElement};
+
+/// bf16 or f16, to and from the host's floats.
+trait Half: GemmElement {
+    fn from(x: f32) -> Self;
+    fn wide(self) -> f64;
+}
+impl Half for bf16 {
+    fn from(x: f32) -> Self {
+        bf16::from_f32(x)
+    }
+    fn wide(self) -> f64 {
+        self.to_f64()
+    }
+}
+impl Half for f16 {
+    fn from(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+    fn wide(self) -> f64 {
+        self.to_f64()
+    }
+}
+
+/// Random row counts for `experts` experts summing to `rows`, some of them empty.
+fn random_sizes(experts: usize, rows: usize) -> Vec<usize> {
+    let mut rng = rand::rng();
+    let mut cuts: Vec<usize> = (0..experts - 1).map(|_| rng.random_range(0..=rows)).collect();
+    cuts.sort_unstable();
+    cuts.push(rows);
+    let mut out = Vec::with_capacity(experts);
+    let mut last = 0;
+    for c in cuts {
+        out.push(c - last);
+        last = c;
+    }
+    out
+}
+
+/// One grouped GEMM, every variant, with `sizes` rows per expert and `spare` rows of C past
+/// the last expert: C poisoned with NaN; `silu(alpha · A·B[e]ᵀ)` in each expert's rows against
+/// float64, the spare rows still NaN.
+fn grouped_matches<T: Half>(dev: &Device, sizes: &[usize], spare: usize, n: usize, k: usize) {
+    let experts = sizes.len();
+    let m: usize = sizes.iter().sum::<usize>() + spare;
+    let to = |v: Vec<f32>| -> Vec<T> { v.into_iter().map(T::from).collect() };
+    let a = to(common::random(m * k, -1.0, 1.0));
+    let b = to(common::random(experts * n * k, -1.0, 1.0));
+    let ends: Vec<i32> = sizes
+        .iter()
+        .scan(0usize, |s, &x| {
+            *s += x;
+            Some(*s as i32)
+        })
+        .collect();
+    let at = Tensor::from_host(dev, &a, &[m, k]).unwrap();
+    let bt = Tensor::from_host(dev, &b, &[experts, n, k]).unwrap();
+    let et = Tensor::from_host(dev, &ends, &[experts]).unwrap();
+    let alpha = 0.75;
+    for variant in gemm_grouped_variants::<T>() {
+        let mut c = Tensor::full(dev, &[m, n], T::from(f32::NAN)).unwrap();
+        gemm_grouped(&at, &bt, &et).alpha(alpha).activation(Activation::Silu).variant(variant).run(dev, &mut c).unwrap();
+        let got = c.to_host().unwrap();
+        let (mut have, mut want) = (Vec::new(), Vec::new());
+        let mut e = 0;
+        for i in 0..m {
+            while e < experts && i as i32 >= ends[e] {
+                e += 1;
+            }
+            for j in 0..n {
+                let x = got[i * n + j].wide();
+                if e == experts {
+                    assert!(x.is_nan(), "{variant} sizes {sizes:?}: C[{i}, {j}] past the last expert written");
+                    continue;
+                }
+                let dot: f64 = (0..k).map(|p| a[i * k + p].wide() * b[(e * n + j) * k + p].wide()).sum::<f64>() * alpha as f64;
+                have.push(x);
+                want.push(dot / (1.0 + (-dot).exp()));
+            }
+        }
+        let err = rel_error(&have, &want);
+        assert!(err < 1e-2, "{variant} {m}x{n}x{k}, sizes {sizes:?}: relative error {err}");
+        println!("{variant} {m}x{n}x{k}: {err:.2e} ({} values)", have.len());
+    }
+}
+
+#[test]
+fn gpu_gemm_grouped_matches_f64_reference() {
+    let Some(dev) = gpu_or_skip("gpu_gemm_grouped") else { return };
+    grouped_matches::<bf16>(&dev, &random_sizes(64, 3000), 37, 264, 200);
+    grouped_matches::<bf16>(&dev, &[0, 700, 1, 0, 300, 128, 64, 65], 0, 512, 1000);
+    grouped_matches::<f16>(&dev, &random_sizes(7, 900), 5, 136, 72);
+}
+
+#[test]
+fn interp_gemm_grouped_matches_f64_reference() {
+    let dev = Device::cpu_with_threads(2);
+    grouped_matches::<bf16>(&dev, &[0, 130, 64, 1, 65], 3, 136, 72);
+    grouped_matches::<bf16>(&dev, &random_sizes(5, 300), 0, 264, 20);
+}
+
+#[test]
+fn interp_gemm_grouped_rejects_bad_shapes() {
+    let dev = Device::cpu();
+    let t = |shape: &[usize]| Tensor::<bf16>::zeros(&dev, shape).unwrap();
+    let ends = Tensor::from_host(&dev, &[10i32, 20], &[2]).unwrap();
+    let (a, b, mut c) = (t(&[20, 32]), t(&[2, 16, 32]), t(&[20, 16]));
+    let err = |r: tessera::Result<()>| r.unwrap_err().to_string();
+    // B's K differs from A's.
+    let e = err(gemm_grouped(&a, &t(&[2, 16, 24]), &ends).run(&dev, &mut c));
+    assert!(e.contains("`b`") && e.contains("[E, N, 32]"), "{e}");
+    // One end per expert.
+    let e = err(gemm_grouped(&a, &b, &Tensor::from_host(&dev, &[20i32], &[1]).unwrap()).run(&dev, &mut c));
+    assert!(e.contains("group_ends"), "{e}");
+    // C's rows must be 16-byte aligned (N a multiple of 8) for the TMA stores.
+    let e = err(gemm_grouped(&a, &t(&[2, 12, 32]), &ends).run(&dev, &mut t(&[20, 12])));
+    assert!(e.contains("`c`") && e.contains("16-byte"), "{e}");
+    // C must be [M, N].
+    let e = err(gemm_grouped(&a, &b, &ends).run(&dev, &mut t(&[21, 16])));
+    assert!(e.contains("`c`"), "{e}");
+    // A must be 2-D.
+    let e = err(gemm_grouped(&t(&[1, 20, 32]), &b, &ends).run(&dev, &mut c));
+    assert!(e.contains("`a`") && e.contains("2-D"), "{e}");
+}
+
+/// Ends out of order or past M: no read or write outside the tensors (the kernel clamps them),
+/// and rows of well-formed experts before them still right.
+#[test]
+fn interp_gemm_grouped_survives_bad_ends() {
+    let dev = Device::cpu_with_threads(2);
+    let (m, n, k) = (200, 64, 32);
+    let a = Tensor::from_host(&dev, &vec![bf16::ONE; m * k], &[m, k]).unwrap();
+    let b = Tensor::from_host(&dev, &vec![bf16::ONE; 3 * n * k], &[3, n, k]).unwrap();
+    let ends = Tensor::from_host(&dev, &[100i32, -5, 1_000_000], &[3]).unwrap();
+    let mut c = Tensor::full(&dev, &[m, n], bf16::NAN).unwrap();
+    gemm_grouped(&a, &b, &ends).run(&dev, &mut c).unwrap();
+    let got = c.to_host().unwrap();
+    assert!(got[..100 * n].iter().all(|x| x.to_f32() == k as f32), "the first expert's rows");
+}
