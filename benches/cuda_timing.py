@@ -1,5 +1,5 @@
 """CUDA-event timing shared by the benches' Python baselines (`attention_cudnn.py`,
-`torch_scans.py`, `mamba_step.py`, `mamba_ssd.py`, `fla_linear_attn.py`), which import it from their own folder."""
+`torch_scans.py`, `mamba_step.py`, `mamba_ssd.py`, `fla_linear_attn.py`, `scaled_mm.py`, `grouped_mm.py`), which import it from their own folder."""
 import torch
 
 

@@ -9,7 +9,8 @@
 //!
 //! `cargo bench --bench gemm` (prints a skip where there is no GPU). `TESSERA_BENCH_GEMM` picks
 //! another table instead: `small_m` (decode shapes), `fp8` (beside `torch._scaled_mm`), `syrk`
-//! (`triangular_only` beside cuBLAS's full product).
+//! (`triangular_only` beside cuBLAS's full product), `grouped` (the MoE grouped GEMM beside one
+//! dense cuBLAS GEMM of the same FLOPs and `torch._grouped_mm`).
 
 use criterion::Criterion;
 use std::time::Duration;
@@ -43,6 +44,7 @@ fn main() {
         Ok("small_m") => return small_m(&dev, &blas),
         Ok("fp8") => return fp8(&dev),
         Ok("syrk") => return syrk(&dev, &blas),
+        Ok("grouped") => return grouped(&dev, &blas),
         _ => {}
     }
     let shapes: &[(usize, usize, usize)] = &[
@@ -390,5 +392,69 @@ fn syrk(dev: &Device, blas: &CudaBlas) {
         let mut theirs = || unsafe { blas.gemm(cfg, &a_raw, &a_raw, &mut c_raw) }.expect("cublas");
         let (t_cublas, t_ours) = time_pair(dev, 10, &mut theirs, &mut ours);
         println!("| {n}×{k} | {t_cublas:.3} | {t_ours:.3} | {:.2} |", t_ours / t_cublas);
+    }
+}
+
+/// `TESSERA_BENCH_GEMM=grouped`: the grouped GEMM over E experts whose rows sum to 16384 (N 2048,
+/// K 4096) beside one dense cuBLAS GEMM of the same FLOPs (16384×2048×4096) in the same rounds,
+/// and `torch._grouped_mm` (`benches/grouped_mm.py`) on the same row ends. Sizes "routed": each
+/// row sent to an expert drawn uniformly (a router's balanced counts); "skewed": the ends drawn
+/// uniformly (many small experts and a few large).
+fn grouped(dev: &Device, blas: &CudaBlas) {
+    use tessera_kernels::gemm_grouped;
+    let stream = dev.stream().expect("a CUDA stream").clone();
+    let mut torch = common::PyBaseline::spawn("TESSERA_GROUPED_MM_SCRIPT", "grouped_mm.py");
+    let (m, n, k) = (16384usize, 2048usize, 4096usize);
+    let mut rng = Uniform::new();
+    let a = Tensor::from_host(dev, &rng.vec(m * k, bf16::from_f32), &[m, k]).expect("a");
+    let a_raw = stream.clone_htod(&a.to_host().expect("a")).expect("a raw");
+    let b_raw = stream.clone_htod(&rng.vec(n * k, bf16::from_f32)).expect("b raw");
+    let mut c_raw = stream.alloc_zeros::<bf16>(m * n).expect("c raw");
+    let mut c = Tensor::<bf16>::zeros(dev, &[m, n]).expect("c");
+    let flop = 2.0 * (m * n * k) as f64;
+    println!("\nGrouped GEMM bf16 on {} ({m} rows in all, N {n}, K {k}; TFLOP/s of the useful work)", dev.name());
+    println!("| experts | sizes | cuBLAS dense | tessera grouped | × dense | torch _grouped_mm | × torch |");
+    println!("|---|---|---|---|---|---|---|");
+    for experts in [8usize, 64, 128] {
+        let w = Tensor::from_host(dev, &rng.vec(experts * n * k, bf16::from_f32), &[experts, n, k]).expect("w");
+        for skewed in [false, true] {
+            let mut sizes = vec![0usize; experts];
+            if skewed {
+                let mut cuts: Vec<usize> = (1..experts).map(|_| ((rng.next_f32() + 1.0) * 0.5 * m as f32) as usize).collect();
+                cuts.sort_unstable();
+                cuts.push(m);
+                let mut last = 0;
+                for (s, c) in sizes.iter_mut().zip(cuts) {
+                    *s = c - last;
+                    last = c;
+                }
+            } else {
+                for _ in 0..m {
+                    sizes[(((rng.next_f32() + 1.0) * 0.5 * experts as f32) as usize).min(experts - 1)] += 1;
+                }
+            }
+            let ends: Vec<i32> = sizes
+                .iter()
+                .scan(0, |e, &s| {
+                    *e += s as i32;
+                    Some(*e)
+                })
+                .collect();
+            let ends_t = Tensor::from_host(dev, &ends, &[experts]).expect("ends");
+            let cfg = cublas_tn(m, n, k);
+            let mut theirs = || unsafe { blas.gemm(cfg, &b_raw, &a_raw, &mut c_raw) }.expect("cublas");
+            let mut ours = || gemm_grouped(&a, &w, &ends_t).run(dev, &mut c).expect("grouped");
+            ours();
+            let (t_cublas, t_ours) = time_pair(dev, 10, &mut theirs, &mut ours);
+            let csv: Vec<String> = ends.iter().map(|e| e.to_string()).collect();
+            let torch = torch.as_mut().map_err(|e| e.clone()).and_then(|t| t.ask(&format!("{n} {k} {}", csv.join(",")), 0));
+            let (dense, ours_tf) = (flop / t_cublas * 1e-9, flop / t_ours * 1e-9);
+            let (torch_tf, vs) = match &torch {
+                Ok(t) => (format!("{t:.0}"), format!("{:.2}", ours_tf / t)),
+                Err(e) => (format!("— ({e})"), "—".into()),
+            };
+            let kind = if skewed { "skewed" } else { "routed" };
+            println!("| {experts} | {kind} | {dense:.0} | {ours_tf:.0} | {:.2} | {torch_tf} | {vs} |", ours_tf / dense);
+        }
     }
 }

@@ -133,17 +133,27 @@ fn interp_gemm_grouped_rejects_bad_shapes() {
     assert!(e.contains("`a`") && e.contains("2-D"), "{e}");
 }
 
-/// Ends out of order or past M: no read or write outside the tensors (the kernel clamps them),
-/// and rows of well-formed experts before them still right.
-#[test]
-fn interp_gemm_grouped_survives_bad_ends() {
-    let dev = Device::cpu_with_threads(2);
+/// Ends out of order or past M: no read or write outside the tensors (the kernel clamps them;
+/// `scripts/sanitize.sh` runs this under compute-sanitizer), and the rows of the well-formed
+/// expert before them still right.
+fn survives_bad_ends(dev: &Device) {
     let (m, n, k) = (200, 64, 32);
-    let a = Tensor::from_host(&dev, &vec![bf16::ONE; m * k], &[m, k]).unwrap();
-    let b = Tensor::from_host(&dev, &vec![bf16::ONE; 3 * n * k], &[3, n, k]).unwrap();
-    let ends = Tensor::from_host(&dev, &[100i32, -5, 1_000_000], &[3]).unwrap();
-    let mut c = Tensor::full(&dev, &[m, n], bf16::NAN).unwrap();
-    gemm_grouped(&a, &b, &ends).run(&dev, &mut c).unwrap();
+    let a = Tensor::from_host(dev, &vec![bf16::ONE; m * k], &[m, k]).unwrap();
+    let b = Tensor::from_host(dev, &vec![bf16::ONE; 3 * n * k], &[3, n, k]).unwrap();
+    let ends = Tensor::from_host(dev, &[100i32, -5, 1_000_000], &[3]).unwrap();
+    let mut c = Tensor::full(dev, &[m, n], bf16::NAN).unwrap();
+    gemm_grouped(&a, &b, &ends).run(dev, &mut c).unwrap();
     let got = c.to_host().unwrap();
     assert!(got[..100 * n].iter().all(|x| x.to_f32() == k as f32), "the first expert's rows");
+}
+
+#[test]
+fn interp_gemm_grouped_survives_bad_ends() {
+    survives_bad_ends(&Device::cpu_with_threads(2));
+}
+
+#[test]
+fn gpu_gemm_grouped_survives_bad_ends() {
+    let Some(dev) = gpu_or_skip("gpu_gemm_grouped") else { return };
+    survives_bad_ends(&dev);
 }

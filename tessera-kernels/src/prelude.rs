@@ -390,10 +390,41 @@ pub fn gemm_persistent_rows<
 /// GEMM, where it is the expert) and the chunk's origin `[bt, m0, n]` in C — each chunk staged in
 /// shared memory and stored by TMA (asynchronously, whole lines; the buffer written two chunks
 /// ago read first), or where `BOUNDED` is 1 and the 64 rows cross `row_end`, stored directly,
-/// rows from `row_end` on skipped. End the kernel with `tma::store_wait(0)`.
+/// rows from `row_end` on skipped; a bounded warpgroup whose rows all lie past `row_end` only
+/// releases the stages. End the kernel with `tma::store_wait(0)`.
 #[device]
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_consume<
+    const KN: usize,
+    const BN: usize,
+    const PROMOTE: usize,
+    const BOUNDED: usize,
+    T,
+    TB,
+    U,
+    const BK: usize,
+    const S: usize,
+    const SR: usize,
+    const SC: usize,
+>(
+    sa: Smem<T, 128, BK>, sb: Smem<TB, SR, SC>, sc: Smem<U, 64, 64>, c: Global<U, 3>, pipe: Pipeline<S>, row: i32, k_steps: i32, bt: i32,
+    bb: i32, m0: i32, n0: i32, row_end: i32, scale: impl Fn(i32, i32, i32, i32) -> Tile<f32, 64, 1>,
+    epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
+) {
+    if BOUNDED == 1 && m0 >= row_end {
+        // All 64 rows past the end (the last tile of an expert, 64 rows or fewer): the stages
+        // are only released, so that the other consumer's MMAs run alone, at twice the rate.
+        drain_stages(pipe, k_steps, |_s, _k| {});
+    } else {
+        gemm_consume_rows::<KN, BN, PROMOTE, BOUNDED>(sa, sb, sc, c, pipe, row, k_steps, bt, bb, m0, n0, row_end, scale, epilogue);
+    }
+}
+
+/// [`gemm_consume`] where some of the 64 rows are before `row_end` (all of them where `BOUNDED`
+/// is 0).
+#[device]
+#[allow(clippy::too_many_arguments)]
+fn gemm_consume_rows<
     const KN: usize,
     const BN: usize,
     const PROMOTE: usize,
