@@ -10,7 +10,8 @@
 //! `cargo bench --bench gemm` (prints a skip where there is no GPU). `TESSERA_BENCH_GEMM` picks
 //! another table instead: `small_m` (decode shapes), `fp8` (beside `torch._scaled_mm`), `syrk`
 //! (`triangular_only` beside cuBLAS's full product), `grouped` (the MoE grouped GEMM beside one
-//! dense cuBLAS GEMM of the same FLOPs and `torch._grouped_mm`).
+//! dense cuBLAS GEMM of the same FLOPs and `torch._grouped_mm`), `bsr` (block-sparse × dense
+//! beside dense cuBLAS and PyTorch's BSR kernel).
 
 use criterion::Criterion;
 use std::time::Duration;
@@ -45,6 +46,7 @@ fn main() {
         Ok("fp8") => return fp8(&dev),
         Ok("syrk") => return syrk(&dev, &blas),
         Ok("grouped") => return grouped(&dev, &blas),
+        Ok("bsr") => return bsr(&dev, &blas),
         _ => {}
     }
     let shapes: &[(usize, usize, usize)] = &[
@@ -399,9 +401,11 @@ fn syrk(dev: &Device, blas: &CudaBlas) {
 /// K 4096) beside one dense cuBLAS GEMM of the same FLOPs (16384×2048×4096) in the same rounds,
 /// and `torch._grouped_mm` (`benches/grouped_mm.py`) on the same row ends. Sizes "routed": each
 /// row sent to an expert drawn uniformly (a router's balanced counts); "skewed": the ends drawn
-/// uniformly (many small experts and a few large).
+/// uniformly (many small experts and a few large); "equal": 16384 / E each. Then each variant's
+/// TFLOP/s (the tuner's choice is in the table). `TESSERA_BENCH_EXPERTS` (`64,128`) and
+/// `TESSERA_BENCH_SIZES` (`equal,routed`) narrow the table (for a profiler).
 fn grouped(dev: &Device, blas: &CudaBlas) {
-    use tessera_kernels::gemm_grouped;
+    use tessera_kernels::{gemm_grouped, gemm_grouped_variants};
     let stream = dev.stream().expect("a CUDA stream").clone();
     let mut torch = common::PyBaseline::spawn("TESSERA_GROUPED_MM_SCRIPT", "grouped_mm.py");
     let (m, n, k) = (16384usize, 2048usize, 4096usize);
@@ -415,11 +419,18 @@ fn grouped(dev: &Device, blas: &CudaBlas) {
     println!("\nGrouped GEMM bf16 on {} ({m} rows in all, N {n}, K {k}; TFLOP/s of the useful work)", dev.name());
     println!("| experts | sizes | cuBLAS dense | tessera grouped | × dense | torch _grouped_mm | × torch |");
     println!("|---|---|---|---|---|---|---|");
-    for experts in [8usize, 64, 128] {
+    let mut by_variant = Vec::new();
+    let list = |var: &str, all: &str| std::env::var(var).unwrap_or_else(|_| all.to_string());
+    let experts_list: Vec<usize> = list("TESSERA_BENCH_EXPERTS", "1,8,64,128").split(',').filter_map(|x| x.trim().parse().ok()).collect();
+    let kinds = list("TESSERA_BENCH_SIZES", "routed,skewed,equal");
+    for experts in experts_list {
         let w = Tensor::from_host(dev, &rng.vec(experts * n * k, bf16::from_f32), &[experts, n, k]).expect("w");
-        for skewed in [false, true] {
-            let mut sizes = vec![0usize; experts];
-            if skewed {
+        for kind in ["routed", "skewed", "equal"] {
+            if (experts == 1 && kind != "equal") || !kinds.split(',').any(|x| x.trim() == kind) {
+                continue;
+            }
+            let mut sizes = vec![m / experts; experts];
+            if kind == "skewed" {
                 let mut cuts: Vec<usize> = (1..experts).map(|_| ((rng.next_f32() + 1.0) * 0.5 * m as f32) as usize).collect();
                 cuts.sort_unstable();
                 cuts.push(m);
@@ -428,7 +439,8 @@ fn grouped(dev: &Device, blas: &CudaBlas) {
                     *s = c - last;
                     last = c;
                 }
-            } else {
+            } else if kind == "routed" {
+                sizes.fill(0);
                 for _ in 0..m {
                     sizes[(((rng.next_f32() + 1.0) * 0.5 * experts as f32) as usize).min(experts - 1)] += 1;
                 }
@@ -453,8 +465,71 @@ fn grouped(dev: &Device, blas: &CudaBlas) {
                 Ok(t) => (format!("{t:.0}"), format!("{:.2}", ours_tf / t)),
                 Err(e) => (format!("— ({e})"), "—".into()),
             };
-            let kind = if skewed { "skewed" } else { "routed" };
             println!("| {experts} | {kind} | {dense:.0} | {ours_tf:.0} | {:.2} | {torch_tf} | {vs} |", ours_tf / dense);
+            for v in gemm_grouped_variants::<bf16>() {
+                let t = time_ms(dev, 2, 10, || gemm_grouped(&a, &w, &ends_t).variant(v).run(dev, &mut c).expect("grouped"));
+                by_variant.push(format!("{experts} {kind} {v}: {:.0}", flop / t * 1e-9));
+            }
         }
     }
+    println!("\nEach variant (TFLOP/s): {}", by_variant.join("; "));
+}
+
+/// `TESSERA_BENCH_GEMM=bsr`: the block-sparse GEMM at seed 004's configuration — 8192³, 128×128
+/// blocks, 16 random nonzero blocks in each block row (of 64) — its effective TFLOP/s (the
+/// nonzero blocks' work) beside dense cuBLAS's TFLOP/s at 8192³ in the same rounds, and PyTorch's
+/// BSR kernel (`benches/bsr_mm.py`, another random pattern of the same density). Also 4 and 32
+/// blocks a row.
+fn bsr(dev: &Device, blas: &CudaBlas) {
+    use tessera_kernels::{gemm_bsr, gemm_bsr_variants, Bsr};
+    let stream = dev.stream().expect("a CUDA stream").clone();
+    let mut torch = common::PyBaseline::spawn("TESSERA_BSR_MM_SCRIPT", "bsr_mm.py");
+    let (m, n, k) = (8192usize, 8192usize, 8192usize);
+    let mut rng = Uniform::new();
+    let b = Tensor::from_host(dev, &rng.vec(n * k, bf16::from_f32), &[n, k]).expect("b");
+    let a_raw = stream.clone_htod(&rng.vec(m * k, bf16::from_f32)).expect("a raw");
+    let b_raw = stream.clone_htod(&b.to_host().expect("b")).expect("b raw");
+    let mut c_raw = stream.alloc_zeros::<bf16>(m * n).expect("c raw");
+    let mut c = Tensor::<bf16>::zeros(dev, &[m, n]).expect("c");
+    let (rows, cols) = (m / 128, k / 128);
+    println!("\nBlock-sparse GEMM bf16 on {} ({m}³, 128×128 blocks; effective TFLOP/s over the nonzero blocks)", dev.name());
+    println!("| blocks a row | cuBLAS dense | tessera BSR | × dense | torch BSR | × torch |");
+    println!("|---|---|---|---|---|---|");
+    let mut by_variant = Vec::new();
+    for per_row in [16usize, 4, 32] {
+        let mut idx = Vec::with_capacity(rows * per_row);
+        for _ in 0..rows {
+            let mut row: Vec<i32> = Vec::with_capacity(per_row);
+            while row.len() < per_row {
+                let col = (((rng.next_f32() + 1.0) * 0.5 * cols as f32) as i32).min(cols as i32 - 1);
+                if !row.contains(&col) {
+                    row.push(col);
+                }
+            }
+            row.sort_unstable();
+            idx.extend(row);
+        }
+        let ptr: Vec<i32> = (0..=rows).map(|r| (r * per_row) as i32).collect();
+        let values = Tensor::from_host(dev, &rng.vec(idx.len() * 128 * 128, bf16::from_f32), &[idx.len(), 128, 128]).expect("values");
+        let (ptr_t, idx_t) =
+            (Tensor::from_host(dev, &ptr, &[rows + 1]).expect("ptr"), Tensor::from_host(dev, &idx, &[idx.len()]).expect("idx"));
+        let a = Bsr::new(&values, &ptr_t, &idx_t, m, k).expect("bsr");
+        let cfg = cublas_tn(m, n, k);
+        let mut theirs = || unsafe { blas.gemm(cfg, &b_raw, &a_raw, &mut c_raw) }.expect("cublas");
+        let mut ours = || gemm_bsr(a, &b).run(dev, &mut c).expect("bsr");
+        ours();
+        let (t_cublas, t_ours) = time_pair(dev, 10, &mut theirs, &mut ours);
+        let (dense, eff) = (2.0 * (m * n * k) as f64 / t_cublas * 1e-9, 2.0 * (m * n * per_row * 128) as f64 / t_ours * 1e-9);
+        let torch = torch.as_mut().map_err(|e| e.clone()).and_then(|t| t.ask(&format!("{m} {n} {k} {per_row}"), 0));
+        let (torch_tf, vs) = match &torch {
+            Ok(t) => (format!("{t:.0}"), format!("{:.2}", eff / t)),
+            Err(e) => (format!("— ({e})"), "—".into()),
+        };
+        println!("| {per_row} | {dense:.0} | {eff:.0} | {:.2} | {torch_tf} | {vs} |", eff / dense);
+        for v in gemm_bsr_variants::<bf16>() {
+            let t = time_ms(dev, 2, 10, || gemm_bsr(a, &b).variant(v).run(dev, &mut c).expect("bsr"));
+            by_variant.push(format!("{per_row} {v}: {:.0}", 2.0 * (m * n * per_row * 128) as f64 / t * 1e-9));
+        }
+    }
+    println!("\nEach variant (effective TFLOP/s): {}", by_variant.join("; "));
 }

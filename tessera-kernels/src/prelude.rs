@@ -169,7 +169,8 @@ pub fn gemm_load_from<const KN: usize, T, TB, const BK: usize, const SR: usize, 
 
 /// A consumer warpgroup's K loop: `acc` ← its 64 rows of A (from row `row` of the stage)
 /// times B (`KN` as [`gemm_load`]'s), one MMA group kept in flight, each stage released once
-/// the MMA after it is issued; returns with every MMA done and every stage released.
+/// the MMA after it is issued; returns with every MMA done and every stage released (`acc`
+/// zero where `k_steps` is 0).
 #[device]
 pub fn gemm_mma<const KN: usize, T, TB, const BN: usize, const BK: usize, const SR: usize, const SC: usize, const S: usize>(
     acc: &mut Tile<f32, 64, BN>, sa: Smem<T, 128, BK>, sb: Smem<TB, SR, SC>, pipe: Pipeline<S>, row: i32, k_steps: i32,
@@ -190,7 +191,10 @@ pub fn gemm_mma<const KN: usize, T, TB, const BN: usize, const BK: usize, const 
         prev = s;
     }
     mma_wait(0);
-    pipe.release(prev);
+    // (No step, no stage: a block-sparse row with no blocks leaves `acc` zero.)
+    if k_steps > 0 {
+        pipe.release(prev);
+    }
 }
 
 /// [`gemm_mma`] (B `[batch, N, K]`: fp8 is K-major only) with the accumulator promoted every

@@ -23,7 +23,7 @@ fn arg(name: &str, expected: String, found: String) -> Error {
 /// `C[ends[e-1]..ends[e]] = act(alpha · A[ends[e-1]..ends[e]] · B[e]ᵀ)` for each expert `e`: A
 /// `[1, M, K]` (rows packed by expert), B `[E, N, K]`, C `[1, M, N]` (rows 16-byte aligned),
 /// `ends` `[E]` cumulative row ends; 128×`BN` tiles over `E + ⌊M/128⌋` slots of rows.
-#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(BN = [256, 128], STAGES = [4]), targets(sm_90a))]
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(BN = [256, 128], STAGES = [4, 6]), targets(sm_90a))]
 pub fn gemm_grouped(
     a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, ends: Global<i32, 1>, counter: Global<i32, 1>, alpha: f32, act: i32,
 ) {

@@ -3,6 +3,7 @@
 //! [`kernels`](self) (DSL source: `gemm/kernels.rs`); this is the host side: shapes, batches,
 //! B's layout, padding for TMA, the epilogue's options.
 
+mod bsr;
 mod fp8;
 mod grouped;
 mod kernels;
@@ -13,6 +14,7 @@ pub use kernels::{
     gemm_tn_triangle_f16, pad_copy_bf16, pad_copy_f16,
 };
 
+pub use bsr::{gemm_bsr, gemm_bsr_bf16, gemm_bsr_f16, gemm_bsr_variants, Bsr, BsrGemmBuilder, BSR_BLOCK};
 pub use fp8::{
     gemm_fp8, gemm_fp8_f8e4m3_bf16, gemm_fp8_f8e4m3_f16, gemm_fp8_f8e5m2_bf16, gemm_fp8_f8e5m2_f16, gemm_fp8_promoted_f8e4m3_bf16,
     gemm_fp8_promoted_f8e4m3_f16, gemm_fp8_promoted_f8e5m2_bf16, gemm_fp8_promoted_f8e5m2_f16, gemm_fp8_variants, Fp8Gemm, Fp8GemmBuilder,
@@ -117,6 +119,15 @@ pub trait GemmElement: Element + sealed::Sealed {
         d: &Device, g: Grid, variant: usize, a: &View<Self>, b: &View<Self>, ends: &View<i32>, c: &mut Tensor<Self>, c_shape: [usize; 3],
         epi: (f32, i32),
     ) -> Result<()>;
+    /// The block-sparse kernel's variants (`tune(BN)`), the default first.
+    #[doc(hidden)]
+    fn bsr_variants() -> &'static [&'static KernelSpec];
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_bsr(
+        d: &Device, g: Grid, variant: usize, a: (&View<Self>, &View<i32>, &View<i32>), b: &View<Self>, c: &mut Tensor<Self>,
+        c_shape: [usize; 3], epi: (f32, i32),
+    ) -> Result<()>;
     /// The small-M path (`gemm_small_m` over `splits` of K, then `gemm_small_m_out`).
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
@@ -138,7 +149,7 @@ fn strides3(s: [usize; 3]) -> [usize; 3] {
 }
 
 macro_rules! gemm_element {
-    ($t:ty, $tn:ident, $nn:ident, $full:ident, $nn_full:ident, $pad:ident, $small:ident, $small_out:ident, $tri:ident, $grouped:ident) => {
+    ($t:ty, $tn:ident, $nn:ident, $full:ident, $nn_full:ident, $pad:ident, $small:ident, $small_out:ident, $tri:ident, $grouped:ident, $bsr:ident) => {
         impl GemmElement for $t {
             fn fast_kernel(kn: bool) -> &'static KernelSpec {
                 if kn {
@@ -211,6 +222,17 @@ macro_rules! gemm_element {
                 let mut counter = d.tile_counter()?;
                 $grouped::launch_variant(variant, d, g, a, b, &mut c, ends, &mut counter, alpha, act)
             }
+            fn bsr_variants() -> &'static [&'static KernelSpec] {
+                $bsr::VARIANTS
+            }
+            fn gemm_bsr(
+                d: &Device, g: Grid, variant: usize, (values, row_ptr, col_idx): (&View<Self>, &View<i32>, &View<i32>), b: &View<Self>,
+                c: &mut Tensor<Self>, c_shape: [usize; 3], (alpha, act): (f32, i32),
+            ) -> Result<()> {
+                let mut c = c.view_mut(&c_shape, &strides3(c_shape))?;
+                let mut counter = d.tile_counter()?;
+                $bsr::launch_variant(variant, d, g, values, row_ptr, col_idx, b, &mut c, &mut counter, alpha, act)
+            }
             fn gemm_small_m(
                 d: &Device, a: &View<Self>, b: &View<Self>, c: &mut Tensor<Self>, c_shape: [usize; 3], bias: &View<Self>,
                 (alpha, bias_kind, act): (f32, i32, i32), splits: usize,
@@ -248,7 +270,8 @@ gemm_element!(
     gemm_small_m_bf16,
     gemm_small_m_out_bf16,
     gemm_tn_triangle_bf16,
-    gemm_grouped_bf16
+    gemm_grouped_bf16,
+    gemm_bsr_bf16
 );
 gemm_element!(
     f16,
@@ -260,7 +283,8 @@ gemm_element!(
     gemm_small_m_f16,
     gemm_small_m_out_f16,
     gemm_tn_triangle_f16,
-    gemm_grouped_f16
+    gemm_grouped_f16,
+    gemm_bsr_f16
 );
 
 /// A GEMM `C = act(alpha·A·Bᵀ + beta·C_in + bias) + residual` (or `A·B` with

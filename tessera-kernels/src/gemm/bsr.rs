@@ -1,0 +1,237 @@
+//! Block-sparse × dense GEMM: `C = act(alpha · A · Bᵀ)` with A in block-CSR (128×128 blocks)
+//! and B dense `[N, K]`, tiles scheduled over A's block rows and each tile's K loop over the
+//! nonzero blocks of its row only: work and A's bytes in proportion to the nonzeros.
+//!
+//! The kernel is the library's persistent GEMM with a producer of its own — each K step loads
+//! half of one nonzero block of A (its `values` entry, by TMA) and the 64 columns of B that
+//! block's column index names — and the shared consumer
+//! ([`gemm_consume`](crate::prelude::gemm_consume): MMAs, epilogue, TMA stores).
+
+use crate::gemm::{pick_variant, tma_ready, Activation, GemmElement};
+use crate::prelude::*;
+use tessera::{kernel, Device, Error, Grid, Result, Target, Tensor};
+
+fn arg(name: &str, expected: String, found: String) -> Error {
+    Error::Argument { kernel: "gemm_bsr", arg: name.into(), expected, found }
+}
+
+/// The side of A's blocks.
+pub const BSR_BLOCK: usize = 128;
+
+/// Tile `tile` of the block-sparse GEMM's raster: `(block row, tile column, first nonzero
+/// block, K steps)` — two 64-wide steps a nonzero block of the row.
+#[tessera::device]
+fn bsr_tile(tile: i32, row_ptr: Global<i32, 1>, per_batch: i32, tiles_m: i32, group: i32) -> (i32, i32, i32, i32) {
+    let (_bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
+    let first = row_ptr.get([tm]);
+    (tm, tn, first, (row_ptr.get([tm + 1]) - first) * 2)
+}
+
+/// `C = act(alpha · A · Bᵀ)`: A block-sparse — `values` `[nnz, 128, 128]` its nonzero blocks,
+/// `row_ptr` `[M/128 + 1]` each block row's first block, `col_idx` `[nnz]` each block's block
+/// column — B `[1, N, K]`, C `[1, M, N]`; 128×`BN` tiles, a block row's K steps over its
+/// nonzero blocks only (a row without blocks stores `act(0)`).
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(BN = [256, 128], STAGES = [4]), targets(sm_90a))]
+pub fn gemm_bsr(
+    values: Global<T, 3>, row_ptr: Global<i32, 1>, col_idx: Global<i32, 1>, b: Global<T, 3>, c: Global<T, 3>, counter: Global<i32, 1>,
+    alpha: f32, act: i32,
+) {
+    let sa = Smem::<T, 128, 64>::ring(STAGES);
+    let sb = Smem::<T, BN, 64>::ring(STAGES);
+    let sc = Smem::<T, 64, 64>::ring(4);
+    let pipe = Pipeline::<STAGES>::new(2);
+    let (per_batch, tiles_m, group) = gemm_raster::<BN>(c);
+    let queue = TileQueue::<2>::new(counter, 2);
+    if warpgroup::id() == 0 {
+        setmaxnreg(40);
+        for tile in queue.fetch(per_batch) {
+            let (_tm, tn, first, k_steps) = bsr_tile(tile, row_ptr, per_batch, tiles_m, group);
+            fill_stages(pipe, k_steps, |s, k| {
+                let block = first + k / 2;
+                let half = (k % 2) * 64;
+                tma::load(sa.at(s), values, [block, 0, half], pipe);
+                tma::load(sb.at(s), b, [0, tn * BN, col_idx.get([block]) * 128 + half], pipe);
+            });
+        }
+    } else {
+        setmaxnreg(232);
+        let row = (warpgroup::id() - 1) * 64;
+        for tile in queue.take() {
+            let (tm, tn, _first, k_steps) = bsr_tile(tile, row_ptr, per_batch, tiles_m, group);
+            #[rustfmt::skip]
+            gemm_consume::<0, BN, 0, 0>(
+                sa, sb, sc, c, pipe, row, k_steps, 0, 0, tm * 128 + row, tn * BN, 0,
+                |_bt, _m0, _n0, _k| Tile::<f32, 64, 1>::zeros(),
+                |acc, _bt, _m0, _n| {
+                    let mut out = acc * alpha;
+                    activate(&mut out, act);
+                    out
+                },
+            );
+        }
+        tma::store_wait(0);
+    }
+}
+
+/// A block-sparse matrix in block-CSR with 128×128 blocks, checked: `values` `[nnz, 128, 128]`
+/// (each nonzero block, row-major), `row_ptr` `[⌈rows/128⌉ + 1]` (i32: block row `i`'s blocks
+/// are `row_ptr[i]..row_ptr[i + 1]`, from 0, non-decreasing, ending at `nnz`), `col_idx` `[nnz]`
+/// (i32: each block's block column, below `⌈cols/128⌉`). Blocks on the matrix's last row or
+/// column reach past `rows` or `cols`; those elements are ignored.
+#[derive(Clone, Copy, Debug)]
+pub struct Bsr<'t, T: GemmElement> {
+    values: &'t Tensor<T>,
+    row_ptr: &'t Tensor<i32>,
+    col_idx: &'t Tensor<i32>,
+    rows: usize,
+    cols: usize,
+}
+
+impl<'t, T: GemmElement> Bsr<'t, T> {
+    /// A `rows` × `cols` block-sparse matrix, its structure checked on the host once (one copy
+    /// of `row_ptr` and `col_idx` back: build it once and reuse it, the GEMM itself reads them
+    /// only on the device).
+    ///
+    /// # Errors
+    /// [`Error::Argument`] naming `values`, `row_ptr` or `col_idx` when a shape does not match,
+    /// the row pointer does not start at 0, decreases or does not end at `nnz`, or a column index
+    /// is out of range.
+    pub fn new(values: &'t Tensor<T>, row_ptr: &'t Tensor<i32>, col_idx: &'t Tensor<i32>, rows: usize, cols: usize) -> Result<Bsr<'t, T>> {
+        let nnz = match *values.shape() {
+            [nnz, BSR_BLOCK, BSR_BLOCK] => nnz,
+            _ => return Err(arg("values", format!("[nnz, {BSR_BLOCK}, {BSR_BLOCK}] blocks"), format!("shape {:?}", values.shape()))),
+        };
+        let (block_rows, block_cols) = (rows.div_ceil(BSR_BLOCK), cols.div_ceil(BSR_BLOCK));
+        if rows == 0 || cols == 0 {
+            return Err(arg("values", "a matrix of at least one row and column".into(), format!("{rows}×{cols}")));
+        }
+        crate::check_shape("gemm_bsr", "row_ptr", row_ptr, &[block_rows + 1])?;
+        crate::check_shape("gemm_bsr", "col_idx", col_idx, &[nnz])?;
+        let ptr = row_ptr.to_host()?;
+        if ptr[0] != 0 || ptr[block_rows] as usize != nnz || ptr.windows(2).any(|w| w[1] < w[0]) {
+            let bad = ptr.windows(2).position(|w| w[1] < w[0]);
+            return Err(arg(
+                "row_ptr",
+                format!("non-decreasing block offsets from 0 to nnz = {nnz}"),
+                match bad {
+                    Some(i) => format!("row_ptr[{}] = {} after row_ptr[{i}] = {}", i + 1, ptr[i + 1], ptr[i]),
+                    None => format!("first {}, last {}", ptr[0], ptr[block_rows]),
+                },
+            ));
+        }
+        let idx = col_idx.to_host()?;
+        if let Some(i) = idx.iter().position(|&c| c < 0 || c as usize >= block_cols) {
+            return Err(arg("col_idx", format!("block columns in 0..{block_cols}"), format!("col_idx[{i}] = {}", idx[i])));
+        }
+        Ok(Bsr { values, row_ptr, col_idx, rows, cols })
+    }
+
+    /// `(rows, cols)`.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+
+    /// The nonzero blocks.
+    pub fn nnz_blocks(&self) -> usize {
+        self.values.shape()[0]
+    }
+}
+
+/// A block-sparse GEMM, built with [`gemm_bsr`] and run with [`BsrGemmBuilder::run`].
+#[derive(Clone, Copy, Debug)]
+pub struct BsrGemmBuilder<'t, T: GemmElement> {
+    a: Bsr<'t, T>,
+    b: &'t Tensor<T>,
+    alpha: f32,
+    activation: Activation,
+    variant: Option<&'t str>,
+}
+
+/// Starts `C = A·Bᵀ` with A block-sparse ([`Bsr`], M×K) and B dense (N×K): C `[M, N]`.
+///
+/// ```no_run
+/// use tessera::{bf16, Device, Tensor};
+/// use tessera_kernels::{gemm_bsr, Bsr};
+/// let dev = Device::new(0)?;
+/// // A 256×512 matrix with two nonzero 128×128 blocks: (0, 1) and (1, 3).
+/// let values = Tensor::<bf16>::zeros(&dev, &[2, 128, 128])?;
+/// let row_ptr = Tensor::from_host(&dev, &[0i32, 1, 2], &[3])?;
+/// let col_idx = Tensor::from_host(&dev, &[1i32, 3], &[2])?;
+/// let a = Bsr::new(&values, &row_ptr, &col_idx, 256, 512)?;
+/// let b = Tensor::<bf16>::zeros(&dev, &[1024, 512])?;
+/// let mut c = Tensor::<bf16>::zeros(&dev, &[256, 1024])?;
+/// gemm_bsr(a, &b).run(&dev, &mut c)?;
+/// # Ok::<(), tessera::Error>(())
+/// ```
+pub fn gemm_bsr<'t, T: GemmElement>(a: Bsr<'t, T>, b: &'t Tensor<T>) -> BsrGemmBuilder<'t, T> {
+    BsrGemmBuilder { a, b, alpha: 1.0, activation: Activation::None, variant: None }
+}
+
+/// The variants of the block-sparse kernel for `T` (`tune(BN)`: 256, then 128).
+pub fn gemm_bsr_variants<T: GemmElement>() -> Vec<&'static str> {
+    T::bsr_variants().iter().map(|s| s.name).collect()
+}
+
+impl<'t, T: GemmElement> BsrGemmBuilder<'t, T> {
+    /// Scales the product: `alpha·A·Bᵀ`.
+    pub fn alpha(mut self, alpha: f32) -> Self {
+        self.alpha = alpha;
+        self
+    }
+
+    /// Applies an activation to the product.
+    pub fn activation(mut self, activation: Activation) -> Self {
+        self.activation = activation;
+        self
+    }
+
+    /// Runs the variant named `name` (one of [`gemm_bsr_variants`]) instead of asking the tuner.
+    pub fn variant(mut self, name: &'t str) -> Self {
+        self.variant = Some(name);
+        self
+    }
+
+    /// Runs it into `c` (`[M, N]`, contiguous, N a multiple of 8: C is stored by TMA). B whose
+    /// rows TMA cannot address (K not a multiple of 8) is first copied into a zero-padded buffer.
+    /// Hopper (and the interpreter).
+    ///
+    /// # Errors
+    /// [`Error::Argument`] naming the tensor when B is not `[N, K]` with A's K, C is not `[M, N]`
+    /// or cannot be stored by TMA, or the device is not a Hopper GPU; and the launch's own checks.
+    pub fn run(self, device: &Device, c: &mut Tensor<T>) -> Result<()> {
+        let (m, k) = self.a.shape();
+        let n = match *self.b.shape() {
+            [n, kb] if kb == k => n,
+            _ => return Err(arg("b", format!("N×{k} (K = {k} to match a)"), format!("shape {:?}", self.b.shape()))),
+        };
+        crate::check_shape("gemm_bsr", "c", c, &[m, n])?;
+        let es = std::mem::size_of::<T>();
+        if n == 0 || !c.is_contiguous() || !(n * es).is_multiple_of(16) || !(c.offset() * es).is_multiple_of(16) {
+            return Err(arg(
+                "c",
+                "a contiguous output with 16-byte aligned rows (N ≥ 8, a multiple of 8), stored by TMA".into(),
+                format!("shape {:?}, strides {:?}, offset {}", c.shape(), c.strides(), c.offset()),
+            ));
+        }
+        let variants = T::bsr_variants();
+        if device.target_for(variants[0]) != Some(Target::Sm90a) {
+            return Err(arg("device", "a Hopper GPU (compute capability 9.0) or the interpreter".into(), device.name().to_string()));
+        }
+        let (mut pb, mut pv) = (None, None);
+        let b = tma_ready(device, "b", self.b, [1, n, k], &mut pb)?;
+        let values = tma_ready(device, "values", self.a.values, [self.a.nnz_blocks(), BSR_BLOCK, BSR_BLOCK], &mut pv)?;
+        let row_ptr = self.a.row_ptr.view(self.a.row_ptr.shape(), self.a.row_ptr.strides())?;
+        let col_idx = self.a.col_idx.view(self.a.col_idx.shape(), self.a.col_idx.strides())?;
+        let names: Vec<&str> = variants.iter().map(|v| v.name).collect();
+        let epi = (self.alpha, self.activation.code());
+        let run = |i: usize, c: &mut Tensor<T>| {
+            let bn = variants[i].knob("BN").unwrap_or(256) as usize;
+            let tiles = Grid::tiles(n, bn).saturating_mul(Grid::tiles(m, BSR_BLOCK));
+            T::gemm_bsr(device, Grid::from(tiles.min(device.sm_count())), i, (&values, &row_ptr, &col_idx), &b, c, [1, m, n], epi)
+        };
+        let (dtype, shape, act) = (T::DTYPE, [m, n, k, self.a.nnz_blocks()], self.activation);
+        let key = tessera::TuneKey::new("gemm_bsr", device).field("dtype", &dtype).field("shape", &shape).field("activation", &act);
+        let choice = pick_variant(device, "gemm_bsr", &key, &names, 0, self.variant, c.shape(), &run)?;
+        run(choice, c)
+    }
+}
