@@ -142,8 +142,8 @@ pub fn grouped_tile(tile: i32, per_batch: i32, tiles_m: i32, group: i32) -> (i32
 /// different types (fp8's e5m2 × e4m3).
 #[device]
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_load<const KN: usize, T, TB, const BK: usize, const SR: usize, const SC: usize, const S: usize>(
-    a: Global<T, 3>, b: Global<TB, 3>, sa: Smem<T, 128, BK>, sb: Smem<TB, SR, SC>, pipe: Pipeline<S>, bt: i32, m0: i32, n0: i32,
+pub fn gemm_load<const KN: usize, T, TB, const BK: usize, const SR: usize, const SC: usize, const S: usize, const BM: usize>(
+    a: Global<T, 3>, b: Global<TB, 3>, sa: Smem<T, BM, BK>, sb: Smem<TB, SR, SC>, pipe: Pipeline<S>, bt: i32, m0: i32, n0: i32,
     k_steps: i32,
 ) {
     gemm_load_from::<KN>(a, b, sa, sb, pipe, bt, bt, m0, n0, 0, k_steps);
@@ -153,8 +153,8 @@ pub fn gemm_load<const KN: usize, T, TB, const BK: usize, const SR: usize, const
 /// batch `bt`), over the K steps `k0..k0 + k_steps` only (a split of K).
 #[device]
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_load_from<const KN: usize, T, TB, const BK: usize, const SR: usize, const SC: usize, const S: usize>(
-    a: Global<T, 3>, b: Global<TB, 3>, sa: Smem<T, 128, BK>, sb: Smem<TB, SR, SC>, pipe: Pipeline<S>, bt: i32, bb: i32, m0: i32, n0: i32,
+pub fn gemm_load_from<const KN: usize, T, TB, const BK: usize, const SR: usize, const SC: usize, const S: usize, const BM: usize>(
+    a: Global<T, 3>, b: Global<TB, 3>, sa: Smem<T, BM, BK>, sb: Smem<TB, SR, SC>, pipe: Pipeline<S>, bt: i32, bb: i32, m0: i32, n0: i32,
     k0: i32, k_steps: i32,
 ) {
     fill_stages(pipe, k_steps, |s, k| {
@@ -172,8 +172,18 @@ pub fn gemm_load_from<const KN: usize, T, TB, const BK: usize, const SR: usize, 
 /// the MMA after it is issued; returns with every MMA done and every stage released (`acc`
 /// zero where `k_steps` is 0).
 #[device]
-pub fn gemm_mma<const KN: usize, T, TB, const BN: usize, const BK: usize, const SR: usize, const SC: usize, const S: usize>(
-    acc: &mut Tile<f32, 64, BN>, sa: Smem<T, 128, BK>, sb: Smem<TB, SR, SC>, pipe: Pipeline<S>, row: i32, k_steps: i32,
+pub fn gemm_mma<
+    const KN: usize,
+    T,
+    TB,
+    const BN: usize,
+    const BK: usize,
+    const SR: usize,
+    const SC: usize,
+    const S: usize,
+    const BM: usize,
+>(
+    acc: &mut Tile<f32, 64, BN>, sa: Smem<T, BM, BK>, sb: Smem<TB, SR, SC>, pipe: Pipeline<S>, row: i32, k_steps: i32,
 ) {
     *acc = Tile::<f32, 64, BN>::zeros();
     let mut prev = 0;
@@ -192,6 +202,49 @@ pub fn gemm_mma<const KN: usize, T, TB, const BN: usize, const BK: usize, const 
     }
     mma_wait(0);
     // (No step, no stage: a block-sparse row with no blocks leaves `acc` zero.)
+    if k_steps > 0 {
+        pipe.release(prev);
+    }
+}
+
+/// [`gemm_mma`] for 128 rows of A (from row `row` of the stage): `acc0` ← the first 64 rows
+/// times B, `acc1` ← the next 64, the two MMAs of a stage kept in flight while the next stage's
+/// are issued. A warpgroup's share of a 256-row tile: B read once for twice the rows.
+#[device]
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_mma_pair<
+    const KN: usize,
+    T,
+    TB,
+    const BN: usize,
+    const BK: usize,
+    const SR: usize,
+    const SC: usize,
+    const S: usize,
+    const BM: usize,
+>(
+    acc0: &mut Tile<f32, 64, BN>, acc1: &mut Tile<f32, 64, BN>, sa: Smem<T, BM, BK>, sb: Smem<TB, SR, SC>, pipe: Pipeline<S>, row: i32,
+    k_steps: i32,
+) {
+    *acc0 = Tile::<f32, 64, BN>::zeros();
+    *acc1 = Tile::<f32, 64, BN>::zeros();
+    let mut prev = 0;
+    for k in 0..k_steps {
+        let s = pipe.wait();
+        if KN == 1 {
+            mma_sync_kn(acc0, sa.at(s).rows(row, 64), sb.at(s));
+            mma_sync_kn(acc1, sa.at(s).rows(row + 64, 64), sb.at(s));
+        } else {
+            mma_sync(acc0, sa.at(s).rows(row, 64), sb.at(s));
+            mma_sync(acc1, sa.at(s).rows(row + 64, 64), sb.at(s));
+        }
+        mma_wait(2);
+        if k > 0 {
+            pipe.release(prev);
+        }
+        prev = s;
+    }
+    mma_wait(0);
     if k_steps > 0 {
         pipe.release(prev);
     }
@@ -350,8 +403,9 @@ pub fn gemm_persistent_rows<
     const S: usize,
     const SR: usize,
     const SC: usize,
+    const BM: usize,
 >(
-    a: Global<T, 3>, b: Global<TB, 3>, c: Global<U, 3>, counter: Global<i32, 1>, sa: Smem<T, 128, BK>, sb: Smem<TB, SR, SC>,
+    a: Global<T, 3>, b: Global<TB, 3>, c: Global<U, 3>, counter: Global<i32, 1>, sa: Smem<T, BM, BK>, sb: Smem<TB, SR, SC>,
     sc: Smem<U, 64, 64>, pipe: Pipeline<S>, tiles: i32, map: impl Fn(i32) -> (i32, i32, i32, i32, i32),
     scale: impl Fn(i32, i32, i32, i32) -> Tile<f32, 64, 1>, epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
 ) {
@@ -371,11 +425,14 @@ pub fn gemm_persistent_rows<
         }
     } else {
         setmaxnreg(232);
-        let row = (warpgroup::id() - 1) * 64;
+        // Each consumer's rows of the tile: 64 of a 128-row tile, 128 of a 256-row one.
+        let row = (warpgroup::id() - 1) * (BM / 2);
         for tile in queue.take() {
             let (bt, m_tile, n0, bb, row_end) = map(tile);
             if BOUNDED == 1 && m_tile >= row_end {
                 // An empty tile: nothing to compute.
+            } else if BM == 256 {
+                gemm_consume_pair::<KN, BN, BOUNDED>(sa, sb, sc, c, pipe, row, k_steps, bt, bb, m_tile + row, n0, row_end, epilogue);
             } else {
                 #[rustfmt::skip]
                 gemm_consume::<KN, BN, PROMOTE, BOUNDED>(
@@ -410,8 +467,9 @@ pub fn gemm_consume<
     const S: usize,
     const SR: usize,
     const SC: usize,
+    const BM: usize,
 >(
-    sa: Smem<T, 128, BK>, sb: Smem<TB, SR, SC>, sc: Smem<U, 64, 64>, c: Global<U, 3>, pipe: Pipeline<S>, row: i32, k_steps: i32, bt: i32,
+    sa: Smem<T, BM, BK>, sb: Smem<TB, SR, SC>, sc: Smem<U, 64, 64>, c: Global<U, 3>, pipe: Pipeline<S>, row: i32, k_steps: i32, bt: i32,
     bb: i32, m0: i32, n0: i32, row_end: i32, scale: impl Fn(i32, i32, i32, i32) -> Tile<f32, 64, 1>,
     epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
 ) {
@@ -440,8 +498,9 @@ fn gemm_consume_rows<
     const S: usize,
     const SR: usize,
     const SC: usize,
+    const BM: usize,
 >(
-    sa: Smem<T, 128, BK>, sb: Smem<TB, SR, SC>, sc: Smem<U, 64, 64>, c: Global<U, 3>, pipe: Pipeline<S>, row: i32, k_steps: i32, bt: i32,
+    sa: Smem<T, BM, BK>, sb: Smem<TB, SR, SC>, sc: Smem<U, 64, 64>, c: Global<U, 3>, pipe: Pipeline<S>, row: i32, k_steps: i32, bt: i32,
     bb: i32, m0: i32, n0: i32, row_end: i32, scale: impl Fn(i32, i32, i32, i32) -> Tile<f32, 64, 1>,
     epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
 ) {
@@ -451,7 +510,19 @@ fn gemm_consume_rows<
     } else {
         gemm_mma::<KN>(&mut acc, sa, sb, pipe, row, k_steps);
     }
-    // The epilogue, 64 columns at a time so that loaded operands fit in registers.
+    gemm_epilogue_store::<BOUNDED>(acc, c, sc, bt, bb, m0, n0, row_end, epilogue);
+}
+
+/// The persistent GEMM's epilogue for a warpgroup's 64×`BN` block at `[bt, m0, n0]` of C: 64
+/// columns at a time (so that loaded operands fit in registers), `epilogue(chunk, bb, m0, n)`
+/// stored through the warpgroup's two buffers of `sc` by TMA ([`stage_store`]), or where
+/// `BOUNDED` is 1 and the rows cross `row_end`, stored directly, rows from `row_end` on skipped.
+#[device]
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_epilogue_store<const BOUNDED: usize, U, const BN: usize>(
+    acc: Tile<f32, 64, BN>, c: Global<U, 3>, sc: Smem<U, 64, 64>, bt: i32, bb: i32, m0: i32, n0: i32, row_end: i32,
+    epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
+) {
     #[unroll]
     for j in 0..BN / 64 {
         let n = n0 + j * 64;
@@ -464,22 +535,54 @@ fn gemm_consume_rows<
     }
 }
 
-/// Slot `slot` of a grouped GEMM's rows: `(group, first row, row end)`. Group `g` owns the rows
-/// `ends[g − 1]..ends[g]` (`ends[−1]` = 0; each clamped into `0..=rows`, so that no input makes
-/// a tile outside C) and the slots from `g + ⌊ends[g − 1] / 128⌋` up to the next group's first
-/// — at least as many as its 128-row tiles (one spare at most), so slots need no prefix sum and
-/// number `groups + ⌊rows / 128⌋` in all; a slot past its group's tiles has its first row at or
-/// past the end (an empty tile). The group is found by a binary search over `ends` (⌈log₂
-/// groups⌉ loads; at most 2¹⁶ groups).
+/// [`gemm_consume`] for a warpgroup's 128 rows of a 256-row tile (no promotion): two 64-row
+/// accumulators ([`gemm_mma_pair`]), each through the epilogue; a bounded warpgroup whose rows
+/// all lie past `row_end` only releases the stages.
 #[device]
-pub fn group_slot(ends: Global<i32, 1>, slot: i32, rows: i32) -> (i32, i32, i32) {
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_consume_pair<
+    const KN: usize,
+    const BN: usize,
+    const BOUNDED: usize,
+    T,
+    TB,
+    U,
+    const BK: usize,
+    const S: usize,
+    const SR: usize,
+    const SC: usize,
+    const BM: usize,
+>(
+    sa: Smem<T, BM, BK>, sb: Smem<TB, SR, SC>, sc: Smem<U, 64, 64>, c: Global<U, 3>, pipe: Pipeline<S>, row: i32, k_steps: i32, bt: i32,
+    bb: i32, m0: i32, n0: i32, row_end: i32, epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
+) {
+    if BOUNDED == 1 && m0 >= row_end {
+        drain_stages(pipe, k_steps, |_s, _k| {});
+    } else {
+        let mut acc0 = Tile::<f32, 64, BN>::zeros();
+        let mut acc1 = Tile::<f32, 64, BN>::zeros();
+        gemm_mma_pair::<KN>(&mut acc0, &mut acc1, sa, sb, pipe, row, k_steps);
+        gemm_epilogue_store::<BOUNDED>(acc0, c, sc, bt, bb, m0, n0, row_end, epilogue);
+        gemm_epilogue_store::<BOUNDED>(acc1, c, sc, bt, bb, m0 + 64, n0, row_end, epilogue);
+    }
+}
+
+/// Slot `slot` of a grouped GEMM's rows, in tiles of `bm` rows: `(group, first row, row end)`.
+/// Group `g` owns the rows `ends[g − 1]..ends[g]` (`ends[−1]` = 0; each clamped into
+/// `0..=rows`, so that no input makes a tile outside C) and the slots from `g + ⌊ends[g − 1] /
+/// bm⌋` up to the next group's first — at least as many as its tiles (one spare at most), so
+/// slots need no prefix sum and number `groups + ⌊rows / bm⌋` in all; a slot past its group's
+/// tiles has its first row at or past the end (an empty tile). The group is found by a binary
+/// search over `ends` (⌈log₂ groups⌉ loads; at most 2¹⁶ groups).
+#[device]
+pub fn group_slot(ends: Global<i32, 1>, slot: i32, rows: i32, bm: i32) -> (i32, i32, i32) {
     let mut lo = 0;
     let mut hi = ends.dim(0);
     for _step in 0..16 {
         if hi - lo > 1 {
             let mid = (lo + hi) / 2;
             let start = min(max(ends.get([mid - 1]), 0), rows);
-            if mid + start / 128 <= slot {
+            if mid + start / bm <= slot {
                 lo = mid;
             } else {
                 hi = mid;
@@ -491,7 +594,7 @@ pub fn group_slot(ends: Global<i32, 1>, slot: i32, rows: i32) -> (i32, i32, i32)
         start = min(max(ends.get([lo - 1]), 0), rows);
     }
     let end = min(max(ends.get([lo]), start), rows);
-    (lo, start + (slot - lo - start / 128) * 128, end)
+    (lo, start + (slot - lo - start / bm) * bm, end)
 }
 
 /// The tile columns of tile row `tm` (128 rows) that meet C's lower triangle (`upper` 0: some

@@ -6,11 +6,17 @@
 //! The kernel is the library's persistent GEMM with its tiles placed by rows
 //! ([`gemm_persistent_rows`](crate::prelude::gemm_persistent_rows)): tile rows are *slots*
 //! ([`group_slot`](crate::prelude::group_slot)) — expert `e` owns slots from `e + ⌊start_e /
-//! 128⌋`, which leaves room for its 128-row tiles (at most one spare, an empty tile skipped at
+//! BM⌋`, which leaves room for its `BM`-row tiles (at most one spare, an empty tile skipped at
 //! no cost but its claim) without a prefix sum over the experts; a tile finds its expert by a
-//! binary search over `group_ends`. The producer loads A's 128 rows from the expert's first row
-//! on and B's expert; a consumer's 64-row block that runs past the expert's last row is stored
-//! element by element within it, the rest by TMA.
+//! binary search over `group_ends`. The producer loads A's `BM` rows from the expert's first
+//! row on and B's expert; a consumer's 64-row block that runs past the expert's last row is
+//! stored element by element within it, the rest by TMA, and one whose rows all lie past it
+//! only releases the stages.
+//!
+//! Many small experts make the GEMM memory-bound: their weights, `E·N·K` elements, are read
+//! once per tile row of each expert (run 263: the L2 does not catch the second read), so the
+//! 256-row tiles (B read once for 256 rows) are the default where experts average fewer than
+//! 1024 rows.
 
 use crate::gemm::{pick_variant, tma_ready, Activation, GemmElement};
 use crate::prelude::*;
@@ -22,17 +28,18 @@ fn arg(name: &str, expected: String, found: String) -> Error {
 
 /// `C[ends[e-1]..ends[e]] = act(alpha · A[ends[e-1]..ends[e]] · B[e]ᵀ)` for each expert `e`: A
 /// `[1, M, K]` (rows packed by expert), B `[E, N, K]`, C `[1, M, N]` (rows 16-byte aligned),
-/// `ends` `[E]` cumulative row ends; 128×`BN` tiles over `E + ⌊M/128⌋` slots of rows.
-#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(BN = [256, 128], STAGES = [4]), targets(sm_90a))]
+/// `ends` `[E]` cumulative row ends; `BM`×`BN` tiles over `E + ⌊M/BM⌋` slots of rows (a
+/// 256-row tile: each consumer warpgroup multiplies 128 rows, two accumulators).
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(BN = [256, 128], BM = [128, 256], STAGES = [4]), targets(sm_90a))]
 pub fn gemm_grouped(
     a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, ends: Global<i32, 1>, counter: Global<i32, 1>, alpha: f32, act: i32,
 ) {
-    let sa = Smem::<T, 128, 64>::ring(STAGES);
+    let sa = Smem::<T, BM, 64>::ring(STAGES);
     let sb = Smem::<T, BN, 64>::ring(STAGES);
     let sc = Smem::<T, 64, 64>::ring(4);
     let pipe = Pipeline::<STAGES>::new(2);
     let rows = c.dim(1);
-    let slots = b.dim(0) + rows / 128;
+    let slots = b.dim(0) + rows / BM;
     let tiles_n = (c.dim(2) + BN - 1) / BN;
     #[rustfmt::skip]
     gemm_persistent_rows::<0, BN, 0, 1>(
@@ -40,7 +47,7 @@ pub fn gemm_grouped(
         // Row by row: a slot's tiles one after another (they share A's rows; measured a little
         // faster than rasters grouped by 2, 3 or 8 slots — run 264).
         |tile| {
-            let (expert, m0, end) = group_slot(ends, tile / tiles_n, rows);
+            let (expert, m0, end) = group_slot(ends, tile / tiles_n, rows, BM);
             (0, m0, (tile % tiles_n) * BN, expert, end)
         },
         |_e, _m0, _n0, _k| Tile::<f32, 64, 1>::zeros(),
@@ -86,8 +93,10 @@ pub fn gemm_grouped<'t, T: GemmElement>(a: &'t Tensor<T>, b: &'t Tensor<T>, grou
     GroupedGemmBuilder { a, b, ends: group_ends, alpha: 1.0, activation: Activation::None, variant: None }
 }
 
-/// The variants of the grouped GEMM kernel for `T` (`tune(BN)`: 256, then 128); the tuner
-/// picks one per shape, [`GroupedGemmBuilder::variant`] forces one.
+/// The variants of the grouped GEMM kernel for `T` (`tune(BN, BM)`: 128×256 tiles, 128×128,
+/// 256×128); by default 256×128 where the experts average fewer than 1024 rows, else 128×256;
+/// the tuner (`TESSERA_TUNE=search`) times them per shape, [`GroupedGemmBuilder::variant`]
+/// forces one.
 pub fn gemm_grouped_variants<T: GemmElement>() -> Vec<&'static str> {
     T::grouped_variants().iter().map(|s| s.name).collect()
 }
@@ -166,12 +175,19 @@ impl<'t, T: GemmElement> GroupedGemmBuilder<'t, T> {
         let epi = (self.alpha, self.activation.code());
         let run = |i: usize, c: &mut Tensor<T>| {
             let bn = variants[i].knob("BN").unwrap_or(256) as usize;
-            let tiles = Grid::tiles(n, bn).saturating_mul((e + m / 128) as u32);
+            let bm = variants[i].knob("BM").unwrap_or(128) as usize;
+            let tiles = Grid::tiles(n, bn).saturating_mul((e + m / bm) as u32);
             T::gemm_grouped(device, Grid::from(tiles.min(device.sm_count())), i, &a, &b, &ends, c, [1, m, n], epi)
         };
         let (dtype, shape, act) = (T::DTYPE, [e, m, n, k], self.activation);
         let key = tessera::TuneKey::new("gemm_grouped", device).field("dtype", &dtype).field("shape", &shape).field("activation", &act);
-        let choice = pick_variant(device, "gemm_grouped", &key, &names, 0, self.variant, c.shape(), &run)?;
+        // The default: 256-row tiles (B read once for twice the rows: the weights of many
+        // small experts are what the time goes to) where an expert has fewer than 1024 rows
+        // on average, else 128×256 (run 265).
+        let knobs = |i: usize| (variants[i].knob("BN"), variants[i].knob("BM"));
+        let want = if m / e < 1024 { (Some(128), Some(256)) } else { (Some(256), Some(128)) };
+        let default = (0..variants.len()).find(|&i| knobs(i) == want).unwrap_or(0);
+        let choice = pick_variant(device, "gemm_grouped", &key, &names, default, self.variant, c.shape(), &run)?;
         run(choice, c)
     }
 }
