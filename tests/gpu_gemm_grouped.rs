@@ -157,3 +157,80 @@ fn gpu_gemm_grouped_survives_bad_ends() {
     let Some(dev) = gpu_or_skip("gpu_gemm_grouped") else { return };
     survives_bad_ends(&dev);
 }
+
+/// The fp8 grouped GEMM (e4m3 or e5m2 A, e4m3 B, bf16 C), rowwise and tensorwise scales, fast
+/// and promoted accumulation, every fast variant: fp8 inputs decoded exactly, against float64.
+fn fp8_grouped_matches<A: tessera_kernels::Fp8Gemm<bf16>>(
+    dev: &Device, sizes: &[usize], spare: usize, n: usize, k: usize, encode: fn(f32) -> A, decode: fn(A) -> f64,
+) {
+    use tessera::F8E4M3;
+    use tessera_kernels::{gemm_fp8_grouped, gemm_fp8_grouped_variants, Fp8GroupedScaling};
+    let experts = sizes.len();
+    let m: usize = sizes.iter().sum::<usize>() + spare;
+    let a: Vec<A> = common::random(m * k, -2.0, 2.0).into_iter().map(encode).collect();
+    let b: Vec<F8E4M3> = common::random(experts * n * k, -2.0, 2.0).into_iter().map(F8E4M3::from_f32).collect();
+    let ends: Vec<i32> = sizes
+        .iter()
+        .scan(0usize, |s, &x| {
+            *s += x;
+            Some(*s as i32)
+        })
+        .collect();
+    let rowwise = (common::random(m, 0.5, 1.5), common::random(experts * n, 0.5, 1.5));
+    let at = Tensor::from_host(dev, &a, &[m, k]).unwrap();
+    let bt = Tensor::from_host(dev, &b, &[experts, n, k]).unwrap();
+    let et = Tensor::from_host(dev, &ends, &[experts]).unwrap();
+    for per_row in [true, false] {
+        let (sa, sb) = if per_row { rowwise.clone() } else { (vec![0.75], common::random(experts, 0.5, 1.5)) };
+        let sat = Tensor::from_host(dev, &sa, &[sa.len()]).unwrap();
+        let sbt =
+            if per_row { Tensor::from_host(dev, &sb, &[experts, n]).unwrap() } else { Tensor::from_host(dev, &sb, &[experts]).unwrap() };
+        let scaling =
+            if per_row { Fp8GroupedScaling::Rowwise { a: &sat, b: &sbt } } else { Fp8GroupedScaling::Tensorwise { a: &sat, b: &sbt } };
+        let mut runs: Vec<Option<&str>> = vec![None];
+        runs.extend(gemm_fp8_grouped_variants::<A, bf16>().into_iter().map(Some));
+        for variant in runs {
+            let mut c = Tensor::full(dev, &[m, n], bf16::NAN).unwrap();
+            let g = gemm_fp8_grouped(&at, &bt, &et, scaling).activation(Activation::Silu);
+            match variant {
+                None => g.run(dev, &mut c).unwrap(),
+                Some(v) => g.fast_accumulation(true).variant(v).run(dev, &mut c).unwrap(),
+            }
+            let got = c.to_host().unwrap();
+            let (mut have, mut want) = (Vec::new(), Vec::new());
+            let mut e = 0;
+            for i in 0..m {
+                while e < experts && i as i32 >= ends[e] {
+                    e += 1;
+                }
+                for j in 0..n {
+                    let x = got[i * n + j].to_f64();
+                    if e == experts {
+                        assert!(x.is_nan(), "fp8 {variant:?}: C[{i}, {j}] past the last expert written");
+                        continue;
+                    }
+                    let scale = f64::from(if per_row { sa[i] * sb[e * n + j] } else { sa[0] * sb[e] });
+                    let dot = (0..k).map(|p| decode(a[i * k + p]) * f64::from(b[(e * n + j) * k + p].to_f32())).sum::<f64>() * scale;
+                    have.push(x);
+                    want.push(dot / (1.0 + (-dot).exp()));
+                }
+            }
+            let err = rel_error(&have, &want);
+            assert!(err < 8e-3, "fp8 {variant:?} rowwise={per_row} {m}x{n}x{k}, sizes {sizes:?}: relative error {err}");
+            println!("fp8 {} rowwise={per_row} {m}x{n}x{k}: {err:.2e}", variant.unwrap_or("promoted"));
+        }
+    }
+}
+
+#[test]
+fn gpu_gemm_fp8_grouped_matches_f64_reference() {
+    let Some(dev) = gpu_or_skip("gpu_gemm_fp8_grouped") else { return };
+    fp8_grouped_matches(&dev, &random_sizes(64, 3000), 37, 264, 272, tessera::F8E4M3::from_f32, |x| f64::from(x.to_f32()));
+    fp8_grouped_matches(&dev, &[0, 700, 1, 300, 129], 0, 128, 1040, tessera::F8E5M2::from_f32, |x| f64::from(x.to_f32()));
+}
+
+#[test]
+fn interp_gemm_fp8_grouped_matches_f64_reference() {
+    let dev = Device::cpu_with_threads(2);
+    fp8_grouped_matches(&dev, &[0, 130, 64, 1, 65], 3, 136, 96, tessera::F8E4M3::from_f32, |x| f64::from(x.to_f32()));
+}

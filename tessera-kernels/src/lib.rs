@@ -43,9 +43,10 @@ pub use attention::{
 pub use elementwise::axpy;
 pub use fp8::{dequantize_fp8, quantize_fp8, Fp8Element, Fp8Source};
 pub use gemm::{
-    bias_gelu, gemm, gemm_bsr, gemm_bsr_variants, gemm_fp8, gemm_fp8_variants, gemm_grouped, gemm_grouped_variants, gemm_tn,
-    gemm_triangle_variants, gemm_variants, Activation, BLayout, Bias, Bsr, BsrGemmBuilder, Fp8Gemm, Fp8GemmBuilder, Fp8Scaling,
-    GemmBuilder, GemmElement, GroupedGemmBuilder, Triangle, BSR_BLOCK, GROUPED_GEMM_MAX_EXPERTS,
+    bias_gelu, gemm, gemm_bsr, gemm_bsr_variants, gemm_fp8, gemm_fp8_grouped, gemm_fp8_grouped_variants, gemm_fp8_variants, gemm_grouped,
+    gemm_grouped_variants, gemm_tn, gemm_triangle_variants, gemm_variants, Activation, BLayout, Bias, Bsr, BsrGemmBuilder, Fp8Gemm,
+    Fp8GemmBuilder, Fp8GroupedGemmBuilder, Fp8GroupedScaling, Fp8Scaling, GemmBuilder, GemmElement, GroupedGemmBuilder, Triangle,
+    BSR_BLOCK, GROUPED_GEMM_MAX_EXPERTS,
 };
 pub use linear_attention::{FeatureMap, LinearAttention, LinearAttentionElement, LinearAttentionGrads};
 pub use norm::{layer_norm, rms_norm, NormElement, NormPath, NORM_WIDE_MAX, ROW_IN_REGISTERS, ROW_PER_BLOCK_MAX};
@@ -80,10 +81,12 @@ pub mod kernels {
     };
     pub use crate::gemm::{
         bias_gelu_bf16, gemm_bsr_bf16, gemm_bsr_f16, gemm_fp8_f8e4m3_bf16, gemm_fp8_f8e4m3_f16, gemm_fp8_f8e5m2_bf16, gemm_fp8_f8e5m2_f16,
-        gemm_fp8_promoted_f8e4m3_bf16, gemm_fp8_promoted_f8e4m3_f16, gemm_fp8_promoted_f8e5m2_bf16, gemm_fp8_promoted_f8e5m2_f16,
-        gemm_grouped_bf16, gemm_grouped_f16, gemm_nn_bf16, gemm_nn_f16, gemm_nn_full_bf16, gemm_nn_full_f16, gemm_small_m_bf16,
-        gemm_small_m_f16, gemm_small_m_out_bf16, gemm_small_m_out_f16, gemm_tn_bf16, gemm_tn_f16, gemm_tn_full_bf16, gemm_tn_full_f16,
-        gemm_tn_triangle_bf16, gemm_tn_triangle_f16, pad_copy_bf16, pad_copy_f16,
+        gemm_fp8_grouped_f8e4m3_bf16, gemm_fp8_grouped_f8e4m3_f16, gemm_fp8_grouped_f8e5m2_bf16, gemm_fp8_grouped_f8e5m2_f16,
+        gemm_fp8_grouped_promoted_f8e4m3_bf16, gemm_fp8_grouped_promoted_f8e4m3_f16, gemm_fp8_grouped_promoted_f8e5m2_bf16,
+        gemm_fp8_grouped_promoted_f8e5m2_f16, gemm_fp8_promoted_f8e4m3_bf16, gemm_fp8_promoted_f8e4m3_f16, gemm_fp8_promoted_f8e5m2_bf16,
+        gemm_fp8_promoted_f8e5m2_f16, gemm_grouped_bf16, gemm_grouped_f16, gemm_nn_bf16, gemm_nn_f16, gemm_nn_full_bf16, gemm_nn_full_f16,
+        gemm_small_m_bf16, gemm_small_m_f16, gemm_small_m_out_bf16, gemm_small_m_out_f16, gemm_tn_bf16, gemm_tn_f16, gemm_tn_full_bf16,
+        gemm_tn_full_f16, gemm_tn_triangle_bf16, gemm_tn_triangle_f16, pad_copy_bf16, pad_copy_f16,
     };
     pub use crate::linear_attention::{
         feature_map_rows_bf16, feature_map_rows_f16, gla_finish_bf16, gla_finish_f16, gla_prepare_bf16, gla_prepare_f16,
@@ -233,6 +236,14 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         gemm_grouped_f16::VARIANTS,
         gemm_bsr_bf16::VARIANTS,
         gemm_bsr_f16::VARIANTS,
+        gemm_fp8_grouped_f8e4m3_bf16::VARIANTS,
+        gemm_fp8_grouped_f8e4m3_f16::VARIANTS,
+        gemm_fp8_grouped_f8e5m2_bf16::VARIANTS,
+        gemm_fp8_grouped_f8e5m2_f16::VARIANTS,
+        gemm_fp8_grouped_promoted_f8e4m3_bf16::VARIANTS,
+        gemm_fp8_grouped_promoted_f8e4m3_f16::VARIANTS,
+        gemm_fp8_grouped_promoted_f8e5m2_bf16::VARIANTS,
+        gemm_fp8_grouped_promoted_f8e5m2_f16::VARIANTS,
         gemm_fp8_f8e4m3_bf16::VARIANTS,
         gemm_fp8_f8e4m3_f16::VARIANTS,
         gemm_fp8_f8e5m2_bf16::VARIANTS,

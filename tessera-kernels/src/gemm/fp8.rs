@@ -115,10 +115,20 @@ pub trait Fp8Gemm<U: tessera::Element>: Fp8Element {
         d: &Device, g: Grid, a: &View<Self>, b: &View<F8E4M3>, c: &mut Tensor<U>, c_shape: [usize; 3], sa: &View<f32>, sb: &View<f32>,
         bias: &View<U>, epi: (i32, i32, i32),
     ) -> Result<()>;
+    /// The fast grouped kernel's variants (`tune(BN, BM)`).
+    #[doc(hidden)]
+    fn grouped_variants() -> &'static [&'static KernelSpec];
+    /// The grouped kernels: `variant` of the fast one, or the promoted one where it is `None`.
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn grouped(
+        d: &Device, g: Grid, variant: Option<usize>, a: &View<Self>, b: &View<F8E4M3>, ends: &View<i32>, c: &mut Tensor<U>,
+        c_shape: [usize; 3], sa: &View<f32>, sb: &View<f32>, act: i32,
+    ) -> Result<()>;
 }
 
 macro_rules! fp8_gemm {
-    ($a:ty, $u:ty, $fast:ident, $promoted:ident) => {
+    ($a:ty, $u:ty, $fast:ident, $promoted:ident, $grouped:ident, $grouped_promoted:ident) => {
         impl Fp8Gemm<$u> for $a {
             fn fast_variants() -> &'static [&'static KernelSpec] {
                 $fast::VARIANTS
@@ -139,13 +149,36 @@ macro_rules! fp8_gemm {
                 let mut counter = d.tile_counter()?;
                 $promoted::launch(d, g, a, b, &mut c, sa, sb, bias, &mut counter, per_block, bias_kind, act)
             }
+            fn grouped_variants() -> &'static [&'static KernelSpec] {
+                $grouped::VARIANTS
+            }
+            fn grouped(
+                d: &Device, g: Grid, variant: Option<usize>, a: &View<Self>, b: &View<F8E4M3>, ends: &View<i32>, c: &mut Tensor<$u>,
+                c_shape: [usize; 3], sa: &View<f32>, sb: &View<f32>, act: i32,
+            ) -> Result<()> {
+                let mut c = c.view_mut(&c_shape, &[c_shape[1] * c_shape[2], c_shape[2], 1])?;
+                let mut counter = d.tile_counter()?;
+                match variant {
+                    Some(v) => $grouped::launch_variant(v, d, g, a, b, &mut c, ends, sa, sb, &mut counter, act),
+                    None => $grouped_promoted::launch(d, g, a, b, &mut c, ends, sa, sb, &mut counter, act),
+                }
+            }
         }
     };
 }
-fp8_gemm!(F8E4M3, bf16, gemm_fp8_f8e4m3_bf16, gemm_fp8_promoted_f8e4m3_bf16);
-fp8_gemm!(F8E4M3, f16, gemm_fp8_f8e4m3_f16, gemm_fp8_promoted_f8e4m3_f16);
-fp8_gemm!(tessera::F8E5M2, bf16, gemm_fp8_f8e5m2_bf16, gemm_fp8_promoted_f8e5m2_bf16);
-fp8_gemm!(tessera::F8E5M2, f16, gemm_fp8_f8e5m2_f16, gemm_fp8_promoted_f8e5m2_f16);
+use super::grouped::{
+    gemm_fp8_grouped_f8e4m3_bf16, gemm_fp8_grouped_f8e4m3_f16, gemm_fp8_grouped_f8e5m2_bf16, gemm_fp8_grouped_f8e5m2_f16,
+    gemm_fp8_grouped_promoted_f8e4m3_bf16, gemm_fp8_grouped_promoted_f8e4m3_f16, gemm_fp8_grouped_promoted_f8e5m2_bf16,
+    gemm_fp8_grouped_promoted_f8e5m2_f16,
+};
+#[rustfmt::skip]
+fp8_gemm!(F8E4M3, bf16, gemm_fp8_f8e4m3_bf16, gemm_fp8_promoted_f8e4m3_bf16, gemm_fp8_grouped_f8e4m3_bf16, gemm_fp8_grouped_promoted_f8e4m3_bf16);
+#[rustfmt::skip]
+fp8_gemm!(F8E4M3, f16, gemm_fp8_f8e4m3_f16, gemm_fp8_promoted_f8e4m3_f16, gemm_fp8_grouped_f8e4m3_f16, gemm_fp8_grouped_promoted_f8e4m3_f16);
+#[rustfmt::skip]
+fp8_gemm!(tessera::F8E5M2, bf16, gemm_fp8_f8e5m2_bf16, gemm_fp8_promoted_f8e5m2_bf16, gemm_fp8_grouped_f8e5m2_bf16, gemm_fp8_grouped_promoted_f8e5m2_bf16);
+#[rustfmt::skip]
+fp8_gemm!(tessera::F8E5M2, f16, gemm_fp8_f8e5m2_f16, gemm_fp8_promoted_f8e5m2_f16, gemm_fp8_grouped_f8e5m2_f16, gemm_fp8_grouped_promoted_f8e5m2_f16);
 
 /// An fp8 GEMM `C = act((A ∘ scale_a)·(B ∘ scale_b)ᵀ + bias)`, built with [`gemm_fp8`] and run
 /// with [`Fp8GemmBuilder::run`]: A `[M, K]` in e4m3 (activations, weights) or e5m2

@@ -18,9 +18,10 @@
 //! 256-row tiles (B read once for 256 rows) are the default where experts average fewer than
 //! 1024 rows.
 
-use crate::gemm::{pick_variant, tma_ready, Activation, GemmElement};
+use crate::gemm::{pick_variant, tma_ready, Activation, Fp8Gemm, GemmElement};
 use crate::prelude::*;
-use tessera::{kernel, Device, Error, Grid, Result, Target, Tensor};
+use crate::Fp8Element;
+use tessera::{kernel, Device, Error, Grid, KernelSpec, Result, Target, Tensor, F8E4M3};
 
 fn arg(name: &str, expected: String, found: String) -> Error {
     Error::Argument { kernel: "gemm_grouped", arg: name.into(), expected, found }
@@ -38,11 +39,28 @@ pub fn gemm_grouped(
     let sb = Smem::<T, BN, 64>::ring(STAGES);
     let sc = Smem::<T, 64, 64>::ring(4);
     let pipe = Pipeline::<STAGES>::new(2);
+    grouped_rows::<BN, 0>(a, b, c, ends, counter, sa, sb, sc, pipe, |acc, _e, _m0, _n| {
+        let mut out = acc * alpha;
+        activate(&mut out, act);
+        out
+    });
+}
+
+/// The grouped GEMM's persistent loop over its slots (`E + ⌊M/BM⌋` of them, `BM` the rows of
+/// `sa`'s stages), shared by the bf16 and fp8 kernels: a tile's slot found by [`group_slot`],
+/// its expert's B, `epilogue(acc, expert, row, col)`; `PROMOTE` 1 ends fp8's wgmma sums every
+/// K step.
+#[tessera::device]
+#[allow(clippy::too_many_arguments)]
+fn grouped_rows<const BN: usize, const PROMOTE: usize, T, TB, U, const BM: usize, const BK: usize, const S: usize>(
+    a: Global<T, 3>, b: Global<TB, 3>, c: Global<U, 3>, ends: Global<i32, 1>, counter: Global<i32, 1>, sa: Smem<T, BM, BK>,
+    sb: Smem<TB, BN, BK>, sc: Smem<U, 64, 64>, pipe: Pipeline<S>, epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
+) {
     let rows = c.dim(1);
     let slots = b.dim(0) + rows / BM;
     let tiles_n = (c.dim(2) + BN - 1) / BN;
     #[rustfmt::skip]
-    gemm_persistent_rows::<0, BN, 0, 1>(
+    gemm_persistent_rows::<0, BN, PROMOTE, 1>(
         a, b, c, counter, sa, sb, sc, pipe, slots * tiles_n,
         // Row by row: a slot's tiles one after another (they share A's rows; measured a little
         // faster than rasters grouped by 2, 3 or 8 slots — run 264).
@@ -50,13 +68,48 @@ pub fn gemm_grouped(
             let (expert, m0, end) = group_slot(ends, tile / tiles_n, rows, BM);
             (0, m0, (tile % tiles_n) * BN, expert, end)
         },
-        |_e, _m0, _n0, _k| Tile::<f32, 64, 1>::zeros(),
-        |acc, _e, _m0, _n| {
-            let mut out = acc * alpha;
-            activate(&mut out, act);
-            out
-        },
+        // Promotion only (the scales are the epilogue's): a factor of one.
+        |_e, _m0, _n0, _k| Tile::<f32, 64, 1>::full(1.0),
+        epilogue,
     );
+}
+
+/// The fp8 grouped GEMM: `C[rows of e] = act(A[rows of e] · B[e]ᵀ · scale_a[row] ·
+/// scale_b[e, col])`, A `[1, M, K]` in e4m3 or e5m2, B `[E, N, K]` in e4m3, C in bf16 or f16;
+/// wgmma's own fp8 sums over all of K (fast accumulation), the scales in the epilogue.
+#[kernel(warpgroups = 3, dtypes(A = [f8e4m3, f8e5m2], U = [bf16, f16]), tune(BN = [256, 128], BM = [128, 256], STAGES = [4]), targets(sm_90a))]
+pub fn gemm_fp8_grouped(
+    a: Global<A, 3>, b: Global<f8e4m3, 3>, c: Global<U, 3>, ends: Global<i32, 1>, scale_a: Global<f32, 1>, scale_b: Global<f32, 2>,
+    counter: Global<i32, 1>, act: i32,
+) {
+    let sa = Smem::<A, BM, 128>::ring(STAGES);
+    let sb = Smem::<f8e4m3, BN, 128>::ring(STAGES);
+    let sc = Smem::<U, 64, 64>::ring(4);
+    let pipe = Pipeline::<STAGES>::new(2);
+    grouped_rows::<BN, 0>(a, b, c, ends, counter, sa, sb, sc, pipe, |acc, e, m0, n| {
+        let mut out = acc * scale_a.load::<Tile<f32, 64, 1>>([m0]) * scale_b.load::<Tile<f32, 1, 64>>([e, n]);
+        activate(&mut out, act);
+        out
+    });
+}
+
+/// `gemm_fp8_grouped` with fp8's wgmma sums ended every 128 columns of K and added into f32
+/// registers (promoted, [`gemm_mma_promoted`](crate::prelude::gemm_mma_promoted)); 128×128
+/// tiles.
+#[kernel(warpgroups = 3, dtypes(A = [f8e4m3, f8e5m2], U = [bf16, f16]), tune(STAGES = [6]), targets(sm_90a))]
+pub fn gemm_fp8_grouped_promoted(
+    a: Global<A, 3>, b: Global<f8e4m3, 3>, c: Global<U, 3>, ends: Global<i32, 1>, scale_a: Global<f32, 1>, scale_b: Global<f32, 2>,
+    counter: Global<i32, 1>, act: i32,
+) {
+    let sa = Smem::<A, 128, 128>::ring(STAGES);
+    let sb = Smem::<f8e4m3, 128, 128>::ring(STAGES);
+    let sc = Smem::<U, 64, 64>::ring(4);
+    let pipe = Pipeline::<STAGES>::new(2);
+    grouped_rows::<128, 1>(a, b, c, ends, counter, sa, sb, sc, pipe, |acc, e, m0, n| {
+        let mut out = acc * scale_a.load::<Tile<f32, 64, 1>>([m0]) * scale_b.load::<Tile<f32, 1, 64>>([e, n]);
+        activate(&mut out, act);
+        out
+    });
 }
 
 /// A grouped GEMM (mixture-of-experts), built with [`gemm_grouped`] and run with
@@ -183,11 +236,187 @@ impl<'t, T: GemmElement> GroupedGemmBuilder<'t, T> {
         let key = tessera::TuneKey::new("gemm_grouped", device).field("dtype", &dtype).field("shape", &shape).field("activation", &act);
         // The default: 256-row tiles (B read once for twice the rows: the weights of many
         // small experts are what the time goes to) where an expert has fewer than 1024 rows
-        // on average, else 128×256 (run 265).
-        let knobs = |i: usize| (variants[i].knob("BN"), variants[i].knob("BM"));
-        let want = if m / e < 1024 { (Some(128), Some(256)) } else { (Some(256), Some(128)) };
-        let default = (0..variants.len()).find(|&i| knobs(i) == want).unwrap_or(0);
+        // on average, else 128×256.
+        let default = default_grouped_variant(variants, m, e);
         let choice = pick_variant(device, "gemm_grouped", &key, &names, default, self.variant, c.shape(), &run)?;
+        run(choice, c)
+    }
+}
+
+/// How the operands of an fp8 grouped GEMM are scaled: `C[rows of e] = (A ∘ scale_a)·(B[e] ∘
+/// scale_b[e])ᵀ`, the scales f32 on the device.
+#[derive(Clone, Copy, Debug)]
+pub enum Fp8GroupedScaling<'t> {
+    /// One scale for all of A (`[1]`) and one for each expert's B (`[E]`).
+    Tensorwise {
+        /// `[1]`.
+        a: &'t Tensor<f32>,
+        /// `[E]`.
+        b: &'t Tensor<f32>,
+    },
+    /// A scale per row of A (`[M]`: per token) and per row of each expert's B (`[E, N]`: per
+    /// output column).
+    Rowwise {
+        /// `[M]`.
+        a: &'t Tensor<f32>,
+        /// `[E, N]`.
+        b: &'t Tensor<f32>,
+    },
+}
+
+/// An fp8 grouped GEMM, built with [`gemm_fp8_grouped`] and run with
+/// [`Fp8GroupedGemmBuilder::run`].
+#[derive(Clone, Copy, Debug)]
+pub struct Fp8GroupedGemmBuilder<'t, A: Fp8Element> {
+    a: &'t Tensor<A>,
+    b: &'t Tensor<F8E4M3>,
+    ends: &'t Tensor<i32>,
+    scaling: Fp8GroupedScaling<'t>,
+    activation: Activation,
+    fast: bool,
+    variant: Option<&'t str>,
+}
+
+/// Starts an fp8 grouped GEMM ([`gemm_grouped`]'s experts and `group_ends`): A `[M, K]` in e4m3
+/// or e5m2, each expert's weights B `[E, N, K]` in e4m3, scaled as `scaling` says; C `[M, N]`
+/// in bf16 or f16.
+///
+/// ```no_run
+/// use tessera::{bf16, Device, Tensor, F8E4M3};
+/// use tessera_kernels::{gemm_fp8_grouped, Fp8GroupedScaling};
+/// let dev = Device::new(0)?;
+/// let x = Tensor::<F8E4M3>::zeros(&dev, &[4096, 1024])?; // tokens sorted by expert
+/// let w = Tensor::<F8E4M3>::zeros(&dev, &[8, 2048, 1024])?;
+/// let ends = Tensor::from_host(&dev, &[512i32, 1024, 1536, 2048, 2560, 3072, 3584, 4096], &[8])?;
+/// let (sx, sw) = (Tensor::from_host(&dev, &[0.5f32; 4096], &[4096])?, Tensor::from_host(&dev, &[0.01f32; 8 * 2048], &[8, 2048])?);
+/// let mut y = Tensor::<bf16>::zeros(&dev, &[4096, 2048])?;
+/// gemm_fp8_grouped(&x, &w, &ends, Fp8GroupedScaling::Rowwise { a: &sx, b: &sw }).run(&dev, &mut y)?;
+/// # Ok::<(), tessera::Error>(())
+/// ```
+pub fn gemm_fp8_grouped<'t, A: Fp8Element>(
+    a: &'t Tensor<A>, b: &'t Tensor<F8E4M3>, group_ends: &'t Tensor<i32>, scaling: Fp8GroupedScaling<'t>,
+) -> Fp8GroupedGemmBuilder<'t, A> {
+    Fp8GroupedGemmBuilder { a, b, ends: group_ends, scaling, activation: Activation::None, fast: false, variant: None }
+}
+
+/// The variants of the fp8 grouped GEMM's fast-accumulation kernel for A in `A`, C in `U`.
+pub fn gemm_fp8_grouped_variants<A: Fp8Gemm<U>, U: tessera::Element>() -> Vec<&'static str> {
+    A::grouped_variants().iter().map(|s| s.name).collect()
+}
+
+/// The variant among `variants` with 256-row tiles where the `e` experts average fewer than
+/// 1024 of the `m` rows, else the one with 128×256 tiles (run 265).
+fn default_grouped_variant(variants: &[&KernelSpec], m: usize, e: usize) -> usize {
+    let want = if m / e < 1024 { (Some(128), Some(256)) } else { (Some(256), Some(128)) };
+    (0..variants.len()).find(|&i| (variants[i].knob("BN"), variants[i].knob("BM")) == want).unwrap_or(0)
+}
+
+impl<'t, A: Fp8Element> Fp8GroupedGemmBuilder<'t, A> {
+    /// Applies an activation after the scales.
+    pub fn activation(mut self, activation: Activation) -> Self {
+        self.activation = activation;
+        self
+    }
+
+    /// `true` keeps wgmma's own fp8 sums over all of K (faster; those sums keep fewer bits
+    /// than f32); `false` (the default) ends them every 128 columns of K and adds them into
+    /// f32 registers (128×128 tiles), as [`Fp8GemmBuilder::fast_accumulation`](crate::Fp8GemmBuilder::fast_accumulation).
+    pub fn fast_accumulation(mut self, fast: bool) -> Self {
+        self.fast = fast;
+        self
+    }
+
+    /// Runs the fast-accumulation kernel's variant named `name` (one of
+    /// [`gemm_fp8_grouped_variants`]); an error without `fast_accumulation(true)`.
+    pub fn variant(mut self, name: &'t str) -> Self {
+        self.variant = Some(name);
+        self
+    }
+
+    /// Runs it into `c` (`[M, N]`, contiguous, N a multiple of 8). K must be a multiple of 16
+    /// (TMA copies fp8 rows of 16-byte multiples); `group_ends` as [`GroupedGemmBuilder::run`]'s.
+    ///
+    /// # Errors
+    /// [`Error::Argument`] naming the tensor when a shape, a scale's shape or an alignment does
+    /// not match, on a device other than Hopper, or for a variant that does not exist; and the
+    /// launch's own checks.
+    pub fn run<U: GemmElement>(self, device: &Device, c: &mut Tensor<U>) -> Result<()>
+    where
+        A: Fp8Gemm<U>,
+    {
+        let arg =
+            |name: &str, expected: String, found: String| Error::Argument { kernel: "gemm_fp8_grouped", arg: name.into(), expected, found };
+        let (m, k) = crate::check_2d("gemm_fp8_grouped", "a", self.a)?;
+        let (e, n) = match *self.b.shape() {
+            [e, n, kb] if kb == k => (e, n),
+            _ => return Err(arg("b", format!("[E, N, {k}] (K = {k} to match a)"), format!("shape {:?}", self.b.shape()))),
+        };
+        crate::check_shape("gemm_fp8_grouped", "group_ends", self.ends, &[e])?;
+        crate::check_shape("gemm_fp8_grouped", "c", c, &[m, n])?;
+        if m == 0 || n == 0 || k == 0 || e == 0 || e > GROUPED_GEMM_MAX_EXPERTS {
+            return Err(arg(
+                "a",
+                format!("M, N, K ≥ 1 and 1 to {GROUPED_GEMM_MAX_EXPERTS} experts"),
+                format!("M={m}, N={n}, K={k}, E={e}"),
+            ));
+        }
+        if !k.is_multiple_of(16) {
+            return Err(arg("a", "K a multiple of 16 (rows of 16-byte multiples, for TMA)".into(), format!("K = {k}")));
+        }
+        for (name, contiguous, offset) in [("a", self.a.is_contiguous(), self.a.offset()), ("b", self.b.is_contiguous(), self.b.offset())] {
+            if !contiguous || !offset.is_multiple_of(16) {
+                return Err(arg(name, "a contiguous tensor at a 16-byte aligned offset".into(), format!("offset {offset}")));
+            }
+        }
+        let es = std::mem::size_of::<U>();
+        if !c.is_contiguous() || !(n * es).is_multiple_of(16) || !(c.offset() * es).is_multiple_of(16) {
+            return Err(arg(
+                "c",
+                "a contiguous output with 16-byte aligned rows (N a multiple of 8), stored by TMA".into(),
+                format!("shape {:?}, strides {:?}, offset {}", c.shape(), c.strides(), c.offset()),
+            ));
+        }
+        let variants = A::grouped_variants();
+        if device.target_for(variants[0]) != Some(Target::Sm90a) {
+            return Err(arg("device", "a Hopper GPU (sm_90a: fp8 wgmma) or the interpreter".into(), device.name().to_string()));
+        }
+        let (sa, sb, want_a, want_b, s) = match self.scaling {
+            Fp8GroupedScaling::Tensorwise { a, b } => (a, b, vec![1], vec![e], 0),
+            Fp8GroupedScaling::Rowwise { a, b } => (a, b, vec![m], vec![e, n], 1),
+        };
+        for (name, t, want) in [("scale_a", sa, &want_a), ("scale_b", sb, &want_b)] {
+            if t.shape() != want.as_slice() || !t.is_contiguous() {
+                return Err(arg(name, format!("a contiguous f32 tensor of shape {want:?}"), format!("shape {:?}", t.shape())));
+            }
+        }
+        // Per tensor: stride-0 views; per row: strides along M and N.
+        let sa = sa.view(&[m], &[s])?;
+        let sb = sb.view(&[e, n], &[if s == 1 { n } else { 1 }, s])?;
+        let a = self.a.view(&[1, m, k], &[(m * k).next_multiple_of(16), k, 1])?;
+        let b = self.b.view(&[e, n, k], &[n * k, k, 1])?;
+        let ends = self.ends.view(&[e], &[self.ends.strides()[0]])?;
+        let act = self.activation.code();
+        let slots = |bm: usize| (e + m / bm) as u32;
+        if !self.fast {
+            if let Some(v) = self.variant {
+                return Err(arg("variant", "fast_accumulation(true) to name a variant".into(), format!("`{v}` without it")));
+            }
+            let g = Grid::tiles(n, 128).saturating_mul(slots(128)).min(device.sm_count());
+            return A::grouped(device, g.into(), None, &a, &b, &ends, c, [1, m, n], &sa, &sb, act);
+        }
+        let names: Vec<&str> = variants.iter().map(|v| v.name).collect();
+        let run = |i: usize, c: &mut Tensor<U>| {
+            let (bn, bm) = (variants[i].knob("BN").unwrap_or(256) as usize, variants[i].knob("BM").unwrap_or(128) as usize);
+            let g = Grid::tiles(n, bn).saturating_mul(slots(bm)).min(device.sm_count());
+            A::grouped(device, g.into(), Some(i), &a, &b, &ends, c, [1, m, n], &sa, &sb, act)
+        };
+        let (dtypes, shape, activation) = ((A::DTYPE, U::DTYPE), [e, m, n, k], self.activation);
+        let key = tessera::TuneKey::new("gemm_fp8_grouped", device)
+            .field("dtypes", &dtypes)
+            .field("shape", &shape)
+            .field("activation", &activation);
+        let default = default_grouped_variant(variants, m, e);
+        let choice = pick_variant(device, "gemm_fp8_grouped", &key, &names, default, self.variant, c.shape(), &run)?;
         run(choice, c)
     }
 }

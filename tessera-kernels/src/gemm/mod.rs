@@ -20,7 +20,12 @@ pub use fp8::{
     gemm_fp8_promoted_f8e4m3_f16, gemm_fp8_promoted_f8e5m2_bf16, gemm_fp8_promoted_f8e5m2_f16, gemm_fp8_variants, Fp8Gemm, Fp8GemmBuilder,
     Fp8Scaling,
 };
-pub use grouped::{gemm_grouped, gemm_grouped_bf16, gemm_grouped_f16, gemm_grouped_variants, GroupedGemmBuilder, GROUPED_GEMM_MAX_EXPERTS};
+pub use grouped::{
+    gemm_fp8_grouped, gemm_fp8_grouped_f8e4m3_bf16, gemm_fp8_grouped_f8e4m3_f16, gemm_fp8_grouped_f8e5m2_bf16, gemm_fp8_grouped_f8e5m2_f16,
+    gemm_fp8_grouped_promoted_f8e4m3_bf16, gemm_fp8_grouped_promoted_f8e4m3_f16, gemm_fp8_grouped_promoted_f8e5m2_bf16,
+    gemm_fp8_grouped_promoted_f8e5m2_f16, gemm_fp8_grouped_variants, gemm_grouped, gemm_grouped_bf16, gemm_grouped_f16,
+    gemm_grouped_variants, Fp8GroupedGemmBuilder, Fp8GroupedScaling, GroupedGemmBuilder, GROUPED_GEMM_MAX_EXPERTS,
+};
 use tessera::{bf16, f16, Device, Element, Error, Grid, KernelSpec, Result, Target, Tensor, TensorView};
 
 /// The activation of a GEMM's epilogue.
