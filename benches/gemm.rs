@@ -405,9 +405,11 @@ fn syrk(dev: &Device, blas: &CudaBlas) {
 /// TFLOP/s (the tuner's choice is in the table). `TESSERA_BENCH_EXPERTS` (`64,128`) and
 /// `TESSERA_BENCH_SIZES` (`equal,routed`) narrow the table (for a profiler).
 fn grouped(dev: &Device, blas: &CudaBlas) {
-    use tessera_kernels::{gemm_grouped, gemm_grouped_variants};
+    use tessera::F8E4M3;
+    use tessera_kernels::{gemm_fp8_grouped, gemm_grouped, gemm_grouped_variants, Fp8GroupedScaling};
+    let mut fp8_rows = Vec::new();
     let stream = dev.stream().expect("a CUDA stream").clone();
-    let mut torch = common::PyBaseline::spawn("TESSERA_GROUPED_MM_SCRIPT", "grouped_mm.py");
+    let mut py = common::PyBaseline::spawn("TESSERA_GROUPED_MM_SCRIPT", "grouped_mm.py");
     let (m, n, k) = (16384usize, 2048usize, 4096usize);
     let mut rng = Uniform::new();
     let a = Tensor::from_host(dev, &rng.vec(m * k, bf16::from_f32), &[m, k]).expect("a");
@@ -459,13 +461,33 @@ fn grouped(dev: &Device, blas: &CudaBlas) {
             ours();
             let (t_cublas, t_ours) = time_pair(dev, 10, &mut theirs, &mut ours);
             let csv: Vec<String> = ends.iter().map(|e| e.to_string()).collect();
-            let torch = torch.as_mut().map_err(|e| e.clone()).and_then(|t| t.ask(&format!("{n} {k} {}", csv.join(",")), 0));
+            let torch = py.as_mut().map_err(|e| e.clone()).and_then(|t| t.ask(&format!("{n} {k} {}", csv.join(",")), 0));
             let (dense, ours_tf) = (flop / t_cublas * 1e-9, flop / t_ours * 1e-9);
             let (torch_tf, vs) = match &torch {
                 Ok(t) => (format!("{t:.0}"), format!("{:.2}", ours_tf / t)),
                 Err(e) => (format!("— ({e})"), "—".into()),
             };
             println!("| {experts} | {kind} | {dense:.0} | {ours_tf:.0} | {:.2} | {torch_tf} | {vs} |", ours_tf / dense);
+            // fp8 (e4m3, rowwise scales): ours fast and promoted, torch's `_scaled_grouped_mm`.
+            let a8 = Tensor::from_host(dev, &rng.vec(m * k, |x| F8E4M3::from_f32(2.0 * x)), &[m, k]).expect("a8");
+            let w8 = Tensor::from_host(dev, &rng.vec(experts * n * k, |x| F8E4M3::from_f32(2.0 * x)), &[experts, n, k]).expect("w8");
+            let sa = Tensor::from_host(dev, &rng.vec(m, |x| 1.0 + 0.5 * x), &[m]).expect("sa");
+            let sb = Tensor::from_host(dev, &rng.vec(experts * n, |x| 1.0 + 0.5 * x), &[experts, n]).expect("sb");
+            let scaling = Fp8GroupedScaling::Rowwise { a: &sa, b: &sb };
+            let fast = time_ms(dev, 2, 10, || {
+                gemm_fp8_grouped(&a8, &w8, &ends_t, scaling).fast_accumulation(true).run(dev, &mut c).expect("fp8 grouped")
+            });
+            let promoted = time_ms(dev, 2, 10, || gemm_fp8_grouped(&a8, &w8, &ends_t, scaling).run(dev, &mut c).expect("fp8 grouped"));
+            let torch8 = py.as_mut().map_err(|e| e.clone()).and_then(|t| t.ask(&format!("{n} {k} {} fp8", csv.join(",")), 0));
+            fp8_rows.push(format!(
+                "| {experts} | {kind} | {:.0} | {:.0} | {} |",
+                flop / fast * 1e-9,
+                flop / promoted * 1e-9,
+                match torch8 {
+                    Ok(t) => format!("{t:.0}"),
+                    Err(e) => format!("— ({e})"),
+                }
+            ));
             for v in gemm_grouped_variants::<bf16>() {
                 let t = time_ms(dev, 2, 10, || gemm_grouped(&a, &w, &ends_t).variant(v).run(dev, &mut c).expect("grouped"));
                 by_variant.push(format!("{experts} {kind} {v}: {:.0}", flop / t * 1e-9));
@@ -473,6 +495,10 @@ fn grouped(dev: &Device, blas: &CudaBlas) {
         }
     }
     println!("\nEach variant (TFLOP/s): {}", by_variant.join("; "));
+    println!("\nfp8 grouped (e4m3, rowwise scales, TFLOP/s)\n| experts | sizes | tessera fast | tessera promoted | torch _scaled_grouped_mm |\n|---|---|---|---|---|");
+    for r in fp8_rows {
+        println!("{r}");
+    }
 }
 
 /// `TESSERA_BENCH_GEMM=bsr`: the block-sparse GEMM at seed 004's configuration — 8192³, 128×128

@@ -47,6 +47,27 @@ fn random_sizes(experts: usize, rows: usize) -> Vec<usize> {
     out
 }
 
+/// Each row's expert for cumulative `ends`, `None` past the last one.
+fn expert_rows(ends: &[i32], m: usize) -> Vec<Option<usize>> {
+    (0..m).map(|i| ends.iter().position(|&e| i as i32 + 1 <= e)).collect()
+}
+
+/// The entries of C that have a reference value, beside it; those that have none (rows past
+/// the last expert) must still hold the NaN C was poisoned with.
+fn compare(got: &[f64], want: &[Option<f64>], what: &str) -> (Vec<f64>, Vec<f64>) {
+    let (mut have, mut expect) = (Vec::new(), Vec::new());
+    for (x, (g, w)) in got.iter().zip(want).enumerate() {
+        match w {
+            Some(w) => {
+                have.push(*g);
+                expect.push(*w);
+            }
+            None => assert!(g.is_nan(), "{what}: C element {x} past the last expert written"),
+        }
+    }
+    (have, expect)
+}
+
 /// One grouped GEMM, every variant, with `sizes` rows per expert and `spare` rows of C past
 /// the last expert: C poisoned with NaN; `silu(alpha · A·B[e]ᵀ)` in each expert's rows against
 /// float64, the spare rows still NaN.
@@ -67,27 +88,21 @@ fn grouped_matches<T: Half>(dev: &Device, sizes: &[usize], spare: usize, n: usiz
     let bt = Tensor::from_host(dev, &b, &[experts, n, k]).unwrap();
     let et = Tensor::from_host(dev, &ends, &[experts]).unwrap();
     let alpha = 0.75;
+    // The reference once: each row's expert (`None` past the last), then silu(alpha·dot).
+    let expert_of = expert_rows(&ends, m);
+    let want: Vec<Option<f64>> = (0..m * n)
+        .map(|x| {
+            let (i, j) = (x / n, x % n);
+            expert_of[i].map(|e| {
+                let dot: f64 = (0..k).map(|p| a[i * k + p].wide() * b[(e * n + j) * k + p].wide()).sum::<f64>() * alpha as f64;
+                dot / (1.0 + (-dot).exp())
+            })
+        })
+        .collect();
     for variant in gemm_grouped_variants::<T>() {
         let mut c = Tensor::full(dev, &[m, n], T::from(f32::NAN)).unwrap();
         gemm_grouped(&at, &bt, &et).alpha(alpha).activation(Activation::Silu).variant(variant).run(dev, &mut c).unwrap();
-        let got = c.to_host().unwrap();
-        let (mut have, mut want) = (Vec::new(), Vec::new());
-        let mut e = 0;
-        for i in 0..m {
-            while e < experts && i as i32 >= ends[e] {
-                e += 1;
-            }
-            for j in 0..n {
-                let x = got[i * n + j].wide();
-                if e == experts {
-                    assert!(x.is_nan(), "{variant} sizes {sizes:?}: C[{i}, {j}] past the last expert written");
-                    continue;
-                }
-                let dot: f64 = (0..k).map(|p| a[i * k + p].wide() * b[(e * n + j) * k + p].wide()).sum::<f64>() * alpha as f64;
-                have.push(x);
-                want.push(dot / (1.0 + (-dot).exp()));
-            }
-        }
+        let (have, want) = compare(&c.to_host().unwrap().iter().map(|x| x.wide()).collect::<Vec<_>>(), &want, variant);
         let err = rel_error(&have, &want);
         assert!(err < 1e-2, "{variant} {m}x{n}x{k}, sizes {sizes:?}: relative error {err}");
         println!("{variant} {m}x{n}x{k}: {err:.2e} ({} values)", have.len());
@@ -187,6 +202,17 @@ fn fp8_grouped_matches<A: tessera_kernels::Fp8Gemm<bf16>>(
             if per_row { Tensor::from_host(dev, &sb, &[experts, n]).unwrap() } else { Tensor::from_host(dev, &sb, &[experts]).unwrap() };
         let scaling =
             if per_row { Fp8GroupedScaling::Rowwise { a: &sat, b: &sbt } } else { Fp8GroupedScaling::Tensorwise { a: &sat, b: &sbt } };
+        let expert_of = expert_rows(&ends, m);
+        let want: Vec<Option<f64>> = (0..m * n)
+            .map(|x| {
+                let (i, j) = (x / n, x % n);
+                expert_of[i].map(|e| {
+                    let scale = f64::from(if per_row { sa[i] * sb[e * n + j] } else { sa[0] * sb[e] });
+                    let dot = (0..k).map(|p| decode(a[i * k + p]) * f64::from(b[(e * n + j) * k + p].to_f32())).sum::<f64>() * scale;
+                    dot / (1.0 + (-dot).exp())
+                })
+            })
+            .collect();
         let mut runs: Vec<Option<&str>> = vec![None];
         runs.extend(gemm_fp8_grouped_variants::<A, bf16>().into_iter().map(Some));
         for variant in runs {
@@ -196,25 +222,8 @@ fn fp8_grouped_matches<A: tessera_kernels::Fp8Gemm<bf16>>(
                 None => g.run(dev, &mut c).unwrap(),
                 Some(v) => g.fast_accumulation(true).variant(v).run(dev, &mut c).unwrap(),
             }
-            let got = c.to_host().unwrap();
-            let (mut have, mut want) = (Vec::new(), Vec::new());
-            let mut e = 0;
-            for i in 0..m {
-                while e < experts && i as i32 >= ends[e] {
-                    e += 1;
-                }
-                for j in 0..n {
-                    let x = got[i * n + j].to_f64();
-                    if e == experts {
-                        assert!(x.is_nan(), "fp8 {variant:?}: C[{i}, {j}] past the last expert written");
-                        continue;
-                    }
-                    let scale = f64::from(if per_row { sa[i] * sb[e * n + j] } else { sa[0] * sb[e] });
-                    let dot = (0..k).map(|p| decode(a[i * k + p]) * f64::from(b[(e * n + j) * k + p].to_f32())).sum::<f64>() * scale;
-                    have.push(x);
-                    want.push(dot / (1.0 + (-dot).exp()));
-                }
-            }
+            let got: Vec<f64> = c.to_host().unwrap().iter().map(|x| x.to_f64()).collect();
+            let (have, want) = compare(&got, &want, variant.unwrap_or("promoted"));
             let err = rel_error(&have, &want);
             assert!(err < 8e-3, "fp8 {variant:?} rowwise={per_row} {m}x{n}x{k}, sizes {sizes:?}: relative error {err}");
             println!("fp8 {} rowwise={per_row} {m}x{n}x{k}: {err:.2e}", variant.unwrap_or("promoted"));
