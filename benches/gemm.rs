@@ -417,6 +417,8 @@ fn grouped(dev: &Device, blas: &CudaBlas) {
     let b_raw = stream.clone_htod(&rng.vec(n * k, bf16::from_f32)).expect("b raw");
     let mut c_raw = stream.alloc_zeros::<bf16>(m * n).expect("c raw");
     let mut c = Tensor::<bf16>::zeros(dev, &[m, n]).expect("c");
+    let mut a8 = Tensor::<F8E4M3>::zeros(dev, &[m, k]).expect("a8");
+    tessera_kernels::quantize_fp8(dev, &a, 2.0, &mut a8).expect("a8");
     let flop = 2.0 * (m * n * k) as f64;
     println!("\nGrouped GEMM bf16 on {} ({m} rows in all, N {n}, K {k}; TFLOP/s of the useful work)", dev.name());
     println!("| experts | sizes | cuBLAS dense | tessera grouped | × dense | torch _grouped_mm | × torch |");
@@ -427,6 +429,11 @@ fn grouped(dev: &Device, blas: &CudaBlas) {
     let kinds = list("TESSERA_BENCH_SIZES", "routed,skewed,equal");
     for experts in experts_list {
         let w = Tensor::from_host(dev, &rng.vec(experts * n * k, bf16::from_f32), &[experts, n, k]).expect("w");
+        // fp8 operands: the bf16 ones converted on the device.
+        let mut w8 = Tensor::<F8E4M3>::zeros(dev, &[experts, n, k]).expect("w8");
+        tessera_kernels::quantize_fp8(dev, &w, 2.0, &mut w8).expect("w8");
+        let sa = Tensor::from_host(dev, &rng.vec(m, |x| 1.0 + 0.5 * x), &[m]).expect("sa");
+        let sb = Tensor::from_host(dev, &rng.vec(experts * n, |x| 1.0 + 0.5 * x), &[experts, n]).expect("sb");
         for kind in ["routed", "skewed", "equal"] {
             if (experts == 1 && kind != "equal") || !kinds.split(',').any(|x| x.trim() == kind) {
                 continue;
@@ -469,10 +476,6 @@ fn grouped(dev: &Device, blas: &CudaBlas) {
             };
             println!("| {experts} | {kind} | {dense:.0} | {ours_tf:.0} | {:.2} | {torch_tf} | {vs} |", ours_tf / dense);
             // fp8 (e4m3, rowwise scales): ours fast and promoted, torch's `_scaled_grouped_mm`.
-            let a8 = Tensor::from_host(dev, &rng.vec(m * k, |x| F8E4M3::from_f32(2.0 * x)), &[m, k]).expect("a8");
-            let w8 = Tensor::from_host(dev, &rng.vec(experts * n * k, |x| F8E4M3::from_f32(2.0 * x)), &[experts, n, k]).expect("w8");
-            let sa = Tensor::from_host(dev, &rng.vec(m, |x| 1.0 + 0.5 * x), &[m]).expect("sa");
-            let sb = Tensor::from_host(dev, &rng.vec(experts * n, |x| 1.0 + 0.5 * x), &[experts, n]).expect("sb");
             let scaling = Fp8GroupedScaling::Rowwise { a: &sa, b: &sb };
             let fast = time_ms(dev, 2, 10, || {
                 gemm_fp8_grouped(&a8, &w8, &ends_t, scaling).fast_accumulation(true).run(dev, &mut c).expect("fp8 grouped")
