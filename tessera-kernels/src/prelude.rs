@@ -478,39 +478,14 @@ pub fn gemm_consume<
         // are only released, so that the other consumer's MMAs run alone, at twice the rate.
         drain_stages(pipe, k_steps, |_s, _k| {});
     } else {
-        gemm_consume_rows::<KN, BN, PROMOTE, BOUNDED>(sa, sb, sc, c, pipe, row, k_steps, bt, bb, m0, n0, row_end, scale, epilogue);
+        let mut acc = Tile::<f32, 64, BN>::zeros();
+        if PROMOTE == 1 {
+            gemm_mma_promoted(&mut acc, sa, sb, pipe, row, k_steps, |k| scale(bb, m0, n0, k));
+        } else {
+            gemm_mma::<KN>(&mut acc, sa, sb, pipe, row, k_steps);
+        }
+        gemm_epilogue_store::<BOUNDED>(acc, c, sc, bt, bb, m0, n0, row_end, epilogue);
     }
-}
-
-/// [`gemm_consume`] where some of the 64 rows are before `row_end` (all of them where `BOUNDED`
-/// is 0).
-#[device]
-#[allow(clippy::too_many_arguments)]
-fn gemm_consume_rows<
-    const KN: usize,
-    const BN: usize,
-    const PROMOTE: usize,
-    const BOUNDED: usize,
-    T,
-    TB,
-    U,
-    const BK: usize,
-    const S: usize,
-    const SR: usize,
-    const SC: usize,
-    const BM: usize,
->(
-    sa: Smem<T, BM, BK>, sb: Smem<TB, SR, SC>, sc: Smem<U, 64, 64>, c: Global<U, 3>, pipe: Pipeline<S>, row: i32, k_steps: i32, bt: i32,
-    bb: i32, m0: i32, n0: i32, row_end: i32, scale: impl Fn(i32, i32, i32, i32) -> Tile<f32, 64, 1>,
-    epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
-) {
-    let mut acc = Tile::<f32, 64, BN>::zeros();
-    if PROMOTE == 1 {
-        gemm_mma_promoted(&mut acc, sa, sb, pipe, row, k_steps, |k| scale(bb, m0, n0, k));
-    } else {
-        gemm_mma::<KN>(&mut acc, sa, sb, pipe, row, k_steps);
-    }
-    gemm_epilogue_store::<BOUNDED>(acc, c, sc, bt, bb, m0, n0, row_end, epilogue);
 }
 
 /// The persistent GEMM's epilogue for a warpgroup's 64×`BN` block at `[bt, m0, n0]` of C: 64

@@ -18,10 +18,10 @@
 //! 256-row tiles (B read once for 256 rows) are the default where experts average fewer than
 //! 1024 rows.
 
-use crate::gemm::{pick_variant, tma_ready, Activation, Fp8Gemm, GemmElement};
+use crate::gemm::{check_hopper, check_tma_output, pick_variant, tma_ready, Activation, Fp8Gemm, GemmElement};
 use crate::prelude::*;
 use crate::Fp8Element;
-use tessera::{kernel, Device, Error, Grid, KernelSpec, Result, Target, Tensor, F8E4M3};
+use tessera::{kernel, Device, Error, Grid, KernelSpec, Result, Tensor, F8E4M3};
 
 fn arg(name: &str, expected: String, found: String) -> Error {
     Error::Argument { kernel: "gemm_grouped", arg: name.into(), expected, found }
@@ -208,18 +208,9 @@ impl<'t, T: GemmElement> GroupedGemmBuilder<'t, T> {
         if e > GROUPED_GEMM_MAX_EXPERTS {
             return Err(arg("b", format!("at most {GROUPED_GEMM_MAX_EXPERTS} experts"), format!("{e}")));
         }
-        let es = std::mem::size_of::<T>();
-        if !c.is_contiguous() || !(n * es).is_multiple_of(16) || !(c.offset() * es).is_multiple_of(16) {
-            return Err(arg(
-                "c",
-                "a contiguous output with 16-byte aligned rows (N a multiple of 8), stored by TMA".into(),
-                format!("shape {:?}, strides {:?}, offset {}", c.shape(), c.strides(), c.offset()),
-            ));
-        }
+        check_tma_output("gemm_grouped", c, n)?;
         let variants = T::grouped_variants();
-        if device.target_for(variants[0]) != Some(Target::Sm90a) {
-            return Err(arg("device", "a Hopper GPU (compute capability 9.0) or the interpreter".into(), device.name().to_string()));
-        }
+        check_hopper("gemm_grouped", device, variants[0])?;
         let (mut pa, mut pb) = (None, None);
         let a = tma_ready(device, "a", self.a, [1, m, k], &mut pa)?;
         let b = tma_ready(device, "b", self.b, [e, n, k], &mut pb)?;
@@ -368,18 +359,9 @@ impl<'t, A: Fp8Element> Fp8GroupedGemmBuilder<'t, A> {
                 return Err(arg(name, "a contiguous tensor at a 16-byte aligned offset".into(), format!("offset {offset}")));
             }
         }
-        let es = std::mem::size_of::<U>();
-        if !c.is_contiguous() || !(n * es).is_multiple_of(16) || !(c.offset() * es).is_multiple_of(16) {
-            return Err(arg(
-                "c",
-                "a contiguous output with 16-byte aligned rows (N a multiple of 8), stored by TMA".into(),
-                format!("shape {:?}, strides {:?}, offset {}", c.shape(), c.strides(), c.offset()),
-            ));
-        }
+        check_tma_output("gemm_fp8_grouped", c, n)?;
         let variants = A::grouped_variants();
-        if device.target_for(variants[0]) != Some(Target::Sm90a) {
-            return Err(arg("device", "a Hopper GPU (sm_90a: fp8 wgmma) or the interpreter".into(), device.name().to_string()));
-        }
+        check_hopper("gemm_fp8_grouped", device, variants[0])?;
         let (sa, sb, want_a, want_b, s) = match self.scaling {
             Fp8GroupedScaling::Tensorwise { a, b } => (a, b, vec![1], vec![e], 0),
             Fp8GroupedScaling::Rowwise { a, b } => (a, b, vec![m], vec![e, n], 1),

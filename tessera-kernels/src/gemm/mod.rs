@@ -383,6 +383,35 @@ fn arg(name: &str, expected: String, found: String) -> Error {
     Error::Argument { kernel: "gemm", arg: name.into(), expected, found }
 }
 
+/// C as the persistent kernels store it, by TMA: contiguous, its rows of `n` elements and its
+/// start 16-byte aligned; else an error of `kernel` naming `c`.
+pub(crate) fn check_tma_output<T: Element>(kernel: &'static str, c: &Tensor<T>, n: usize) -> Result<()> {
+    let es = std::mem::size_of::<T>();
+    if c.is_contiguous() && (n * es).is_multiple_of(16) && (c.offset() * es).is_multiple_of(16) {
+        return Ok(());
+    }
+    Err(Error::Argument {
+        kernel,
+        arg: "c".into(),
+        expected: "a contiguous output with 16-byte aligned rows (N a multiple of 8), stored by TMA".into(),
+        found: format!("shape {:?}, strides {:?}, offset {}", c.shape(), c.strides(), c.offset()),
+    })
+}
+
+/// An error of `kernel` unless `device` runs `spec` as sm_90a (a Hopper GPU, or the
+/// interpreter): the kernels with no sm_80 form.
+pub(crate) fn check_hopper(kernel: &'static str, device: &Device, spec: &KernelSpec) -> Result<()> {
+    if device.target_for(spec) == Some(Target::Sm90a) {
+        return Ok(());
+    }
+    Err(Error::Argument {
+        kernel,
+        arg: "device".into(),
+        expected: "a Hopper GPU (compute capability 9.0) or the interpreter".into(),
+        found: device.name().to_string(),
+    })
+}
+
 /// A 2-D or 3-D tensor as `[batch, rows, cols]`.
 fn dims3<T: Element>(name: &str, t: &Tensor<T>) -> Result<[usize; 3]> {
     match *t.shape() {
