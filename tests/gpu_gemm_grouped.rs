@@ -49,7 +49,7 @@ fn random_sizes(experts: usize, rows: usize) -> Vec<usize> {
 
 /// Each row's expert for cumulative `ends`, `None` past the last one.
 fn expert_rows(ends: &[i32], m: usize) -> Vec<Option<usize>> {
-    (0..m).map(|i| ends.iter().position(|&e| i as i32 + 1 <= e)).collect()
+    (0..m).map(|i| ends.iter().position(|&e| (i as i32) < e)).collect()
 }
 
 /// The entries of C that have a reference value, beside it; those that have none (rows past
