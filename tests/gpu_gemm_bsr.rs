@@ -69,12 +69,15 @@ fn gpu_gemm_bsr_matches_f64_reference() {
     let Some(dev) = gpu_or_skip("gpu_gemm_bsr") else { return };
     bsr_matches(&dev, 1000, 520, 1100, &[3, 0, 9, 1, 5, 2, 4, 8]);
     bsr_matches(&dev, 300, 264, 196, &[1, 2, 0]);
+    bsr_matches(&dev, 700, 261, 640, &[5, 0, 3, 2, 1, 4]);
 }
 
 #[test]
 fn interp_gemm_bsr_matches_f64_reference() {
     let dev = Device::cpu_with_threads(2);
     bsr_matches(&dev, 300, 136, 196, &[1, 0, 2]);
+    // N not a multiple of 8: a padded C, copied back.
+    bsr_matches(&dev, 200, 27, 256, &[2, 1]);
 }
 
 #[test]

@@ -113,6 +113,8 @@ fn grouped_matches<T: Half>(dev: &Device, sizes: &[usize], spare: usize, n: usiz
 fn gpu_gemm_grouped_matches_f64_reference() {
     let Some(dev) = gpu_or_skip("gpu_gemm_grouped") else { return };
     grouped_matches::<bf16>(&dev, &random_sizes(64, 3000), 37, 264, 200);
+    // N not a multiple of 8: a padded C, copied back (the rows past the last expert kept).
+    grouped_matches::<bf16>(&dev, &random_sizes(9, 1000), 11, 261, 136);
     grouped_matches::<bf16>(&dev, &[0, 700, 1, 0, 300, 128, 64, 65], 0, 512, 1000);
     grouped_matches::<f16>(&dev, &random_sizes(7, 900), 5, 136, 72);
 }
@@ -122,6 +124,7 @@ fn interp_gemm_grouped_matches_f64_reference() {
     let dev = Device::cpu_with_threads(2);
     grouped_matches::<bf16>(&dev, &[0, 130, 64, 1, 65], 3, 136, 72);
     grouped_matches::<bf16>(&dev, &random_sizes(5, 300), 0, 264, 20);
+    grouped_matches::<bf16>(&dev, &[40, 0, 90], 5, 13, 24);
 }
 
 #[test]
@@ -137,9 +140,6 @@ fn interp_gemm_grouped_rejects_bad_shapes() {
     // One end per expert.
     let e = err(gemm_grouped(&a, &b, &Tensor::from_host(&dev, &[20i32], &[1]).unwrap()).run(&dev, &mut c));
     assert!(e.contains("group_ends"), "{e}");
-    // C's rows must be 16-byte aligned (N a multiple of 8) for the TMA stores.
-    let e = err(gemm_grouped(&a, &t(&[2, 12, 32]), &ends).run(&dev, &mut t(&[20, 12])));
-    assert!(e.contains("`c`") && e.contains("16-byte"), "{e}");
     // C must be [M, N].
     let e = err(gemm_grouped(&a, &b, &ends).run(&dev, &mut t(&[21, 16])));
     assert!(e.contains("`c`"), "{e}");
@@ -241,5 +241,5 @@ fn gpu_gemm_fp8_grouped_matches_f64_reference() {
 #[test]
 fn interp_gemm_fp8_grouped_matches_f64_reference() {
     let dev = Device::cpu_with_threads(2);
-    fp8_grouped_matches(&dev, &[0, 130, 64, 1, 65], 3, 136, 96, tessera::F8E4M3::from_f32, |x| f64::from(x.to_f32()));
+    fp8_grouped_matches(&dev, &[0, 130, 64, 1, 65], 3, 130, 96, tessera::F8E4M3::from_f32, |x| f64::from(x.to_f32()));
 }

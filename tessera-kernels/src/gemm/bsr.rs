@@ -7,7 +7,7 @@
 //! block's column index names — and the shared consumer
 //! ([`gemm_consume`](crate::prelude::gemm_consume): MMAs, epilogue, TMA stores).
 
-use crate::gemm::{check_hopper, check_tma_output, pick_variant, tma_ready, Activation, GemmElement};
+use crate::gemm::{check_hopper, pick_variant, tma_output, tma_ready, unpad, Activation, GemmElement};
 use crate::prelude::*;
 use tessera::{kernel, Device, Error, Grid, Result, Tensor};
 
@@ -191,13 +191,14 @@ impl<'t, T: GemmElement> BsrGemmBuilder<'t, T> {
         self
     }
 
-    /// Runs it into `c` (`[M, N]`, contiguous, N a multiple of 8: C is stored by TMA). B whose
+    /// Runs it into `c` (`[M, N]`, contiguous; where its rows are not 16-byte multiples the kernel
+    /// writes a padded C, copied into `c` after). B whose
     /// rows TMA cannot address (K not a multiple of 8) is first copied into a zero-padded buffer.
     /// Hopper (and the interpreter).
     ///
     /// # Errors
     /// [`Error::Argument`] naming the tensor when B is not `[N, K]` with A's K, C is not `[M, N]`
-    /// or cannot be stored by TMA, or the device is not a Hopper GPU; and the launch's own checks.
+    /// or is not contiguous, or the device is not a Hopper GPU; and the launch's own checks.
     pub fn run(self, device: &Device, c: &mut Tensor<T>) -> Result<()> {
         let (m, k) = self.a.shape();
         let n = match *self.b.shape() {
@@ -208,7 +209,6 @@ impl<'t, T: GemmElement> BsrGemmBuilder<'t, T> {
         if n == 0 {
             return Err(arg("b", "N ≥ 1 rows".into(), format!("shape {:?}", self.b.shape())));
         }
-        check_tma_output("gemm_bsr", c, n)?;
         let variants = T::bsr_variants();
         check_hopper("gemm_bsr", device, variants[0])?;
         let (mut pb, mut pv) = (None, None);
@@ -216,16 +216,19 @@ impl<'t, T: GemmElement> BsrGemmBuilder<'t, T> {
         let values = tma_ready(device, "values", self.a.values, [self.a.nnz_blocks(), BSR_BLOCK, BSR_BLOCK], &mut pv)?;
         let row_ptr = self.a.row_ptr.view(self.a.row_ptr.shape(), self.a.row_ptr.strides())?;
         let col_idx = self.a.col_idx.view(self.a.col_idx.shape(), self.a.col_idx.strides())?;
+        let mut padded = tma_output("gemm_bsr", device, c, m, n, false)?;
+        let n8 = padded.as_ref().map_or(n, |p| p.shape()[1]);
         let names: Vec<&str> = variants.iter().map(|v| v.name).collect();
         let epi = (self.alpha, self.activation.code());
         let run = |i: usize, c: &mut Tensor<T>| {
             let bn = variants[i].knob("BN").unwrap_or(256) as usize;
-            let tiles = Grid::tiles(n, bn).saturating_mul(Grid::tiles(m, BSR_BLOCK));
-            T::gemm_bsr(device, Grid::from(tiles.min(device.sm_count())), i, (&values, &row_ptr, &col_idx), &b, c, [1, m, n], epi)
+            let tiles = Grid::tiles(n8, bn).saturating_mul(Grid::tiles(m, BSR_BLOCK));
+            T::gemm_bsr(device, Grid::from(tiles.min(device.sm_count())), i, (&values, &row_ptr, &col_idx), &b, c, [1, m, n8], epi)
         };
         let (dtype, shape, act) = (T::DTYPE, [m, n, k, self.a.nnz_blocks()], self.activation);
         let key = tessera::TuneKey::new("gemm_bsr", device).field("dtype", &dtype).field("shape", &shape).field("activation", &act);
-        let choice = pick_variant(device, "gemm_bsr", &key, &names, 0, self.variant, c.shape(), &run)?;
-        run(choice, c)
+        let choice = pick_variant(device, "gemm_bsr", &key, &names, 0, self.variant, &[m, n8], &run)?;
+        run(choice, padded.as_mut().unwrap_or(c))?;
+        unpad(device, padded, c, m, n)
     }
 }

@@ -13,7 +13,7 @@
 //!   and 128×128 block of B, and fp8's short wgmma sums (which keep fewer bits than f32, an
 //!   error that grows with K) promoted every 128 columns.
 
-use crate::gemm::{Activation, Bias, GemmElement};
+use crate::gemm::{tma_output, unpad, Activation, Bias, GemmElement};
 use crate::prelude::*;
 use crate::Fp8Element;
 use tessera::{bf16, f16, kernel, Device, Error, Grid, KernelSpec, Result, Target, Tensor, TensorView, F8E4M3};
@@ -308,9 +308,6 @@ impl<'t, A: Fp8Element, U: tessera::Element> Fp8GemmBuilder<'t, A, U> {
         if !k.is_multiple_of(16) {
             return Err(arg("a", "K a multiple of 16 (rows of 16-byte multiples, for TMA)".into(), format!("K = {k}")));
         }
-        if !c.is_contiguous() {
-            return Err(arg("c", "a contiguous output".into(), format!("shape {:?}, strides {:?}", c.shape(), c.strides())));
-        }
         if device.target_for(A::fast_variants()[0]) != Some(Target::Sm90a) {
             return Err(arg("a", "a Hopper GPU (sm_90a: fp8 wgmma)".into(), "another device".into()));
         }
@@ -341,8 +338,8 @@ impl<'t, A: Fp8Element, U: tessera::Element> Fp8GemmBuilder<'t, A, U> {
         let kb = k.div_ceil(128);
         // C's rows leave by TMA stores: where they are not 16-byte multiples (N not a multiple
         // of 8) or C starts off 16 bytes, the kernels write a padded C, copied into `c` after.
-        let n8 = n.next_multiple_of(8);
-        let mut padded = if n == n8 && c.offset().is_multiple_of(8) { None } else { Some(Tensor::<U>::zeros(device, &[m, n8])?) };
+        let mut padded = tma_output("gemm_fp8", device, c, m, n, false)?;
+        let n8 = padded.as_ref().map_or(n, |p| p.shape()[1]);
         let c_shape = [1, m, n8];
         let tiles = |bn: usize| (Grid::tiles(m, 128).saturating_mul(Grid::tiles(n8, bn))).min(device.sm_count());
         let nb = n.div_ceil(128);
@@ -388,11 +385,4 @@ impl<'t, A: Fp8Element, U: tessera::Element> Fp8GemmBuilder<'t, A, U> {
         run(choice, padded.as_mut().unwrap_or(c))?;
         unpad(device, padded, c, m, n)
     }
-}
-
-/// Copies the first `n` columns of a padded C (`[m, n8]`) into `c` (`[m, n]`), if there is one.
-fn unpad<U: GemmElement>(device: &Device, padded: Option<Tensor<U>>, c: &mut Tensor<U>, m: usize, n: usize) -> Result<()> {
-    let Some(p) = padded else { return Ok(()) };
-    let view = p.view(&[m, n], &[p.shape()[1], 1])?;
-    U::pad_copy(device, (Grid::tiles(n, 128), Grid::tiles(m, 16)).into(), &view, c)
 }

@@ -18,7 +18,7 @@
 //! 256-row tiles (B read once for 256 rows) are the default where experts average fewer than
 //! 1024 rows.
 
-use crate::gemm::{check_hopper, check_tma_output, pick_variant, tma_ready, Activation, Fp8Gemm, GemmElement};
+use crate::gemm::{check_hopper, pick_variant, tma_output, tma_ready, unpad, Activation, Fp8Gemm, GemmElement};
 use crate::prelude::*;
 use crate::Fp8Element;
 use tessera::{kernel, Device, Error, Grid, KernelSpec, Result, Tensor, F8E4M3};
@@ -178,7 +178,9 @@ impl<'t, T: GemmElement> GroupedGemmBuilder<'t, T> {
         self
     }
 
-    /// Runs it into `c` (`[M, N]`, contiguous, rows 16-byte aligned: N a multiple of 8).
+    /// Runs it into `c` (`[M, N]`, contiguous). Where C's rows are not 16-byte multiples (N not a
+    /// multiple of 8), the kernel writes a padded copy of C (TMA stores whole rows), copied back
+    /// after.
     ///
     /// `group_ends` is read on the device only: it should be non-decreasing and end at most at
     /// M. That is not checked (it would need a host sync); other values never read or write
@@ -189,7 +191,7 @@ impl<'t, T: GemmElement> GroupedGemmBuilder<'t, T> {
     /// # Errors
     /// [`tessera::Error::Argument`] naming the tensor when a shape does not match (A not 2-D, B
     /// not `[E, N, K]`, `group_ends` not `[E]`, C not `[M, N]`), a size is 0, there are more than
-    /// [`GROUPED_GEMM_MAX_EXPERTS`] experts, C cannot be stored by TMA, or the device is not a
+    /// [`GROUPED_GEMM_MAX_EXPERTS`] experts, C is not contiguous, or the device is not a
     /// Hopper GPU; and the launch's own checks.
     pub fn run(self, device: &Device, c: &mut Tensor<T>) -> Result<()> {
         let (m, k) = match *self.a.shape() {
@@ -208,20 +210,21 @@ impl<'t, T: GemmElement> GroupedGemmBuilder<'t, T> {
         if e > GROUPED_GEMM_MAX_EXPERTS {
             return Err(arg("b", format!("at most {GROUPED_GEMM_MAX_EXPERTS} experts"), format!("{e}")));
         }
-        check_tma_output("gemm_grouped", c, n)?;
         let variants = T::grouped_variants();
         check_hopper("gemm_grouped", device, variants[0])?;
         let (mut pa, mut pb) = (None, None);
         let a = tma_ready(device, "a", self.a, [1, m, k], &mut pa)?;
         let b = tma_ready(device, "b", self.b, [e, n, k], &mut pb)?;
         let ends = self.ends.view(&[e], &[self.ends.strides()[0]])?;
+        let mut padded = tma_output("gemm_grouped", device, c, m, n, true)?;
+        let n8 = padded.as_ref().map_or(n, |p| p.shape()[1]);
         let names: Vec<&str> = variants.iter().map(|v| v.name).collect();
         let epi = (self.alpha, self.activation.code());
         let run = |i: usize, c: &mut Tensor<T>| {
             let bn = variants[i].knob("BN").unwrap_or(256) as usize;
             let bm = variants[i].knob("BM").unwrap_or(128) as usize;
-            let tiles = Grid::tiles(n, bn).saturating_mul((e + m / bm) as u32);
-            T::gemm_grouped(device, Grid::from(tiles.min(device.sm_count())), i, &a, &b, &ends, c, [1, m, n], epi)
+            let tiles = Grid::tiles(n8, bn).saturating_mul((e + m / bm) as u32);
+            T::gemm_grouped(device, Grid::from(tiles.min(device.sm_count())), i, &a, &b, &ends, c, [1, m, n8], epi)
         };
         let (dtype, shape, act) = (T::DTYPE, [e, m, n, k], self.activation);
         let key = tessera::TuneKey::new("gemm_grouped", device).field("dtype", &dtype).field("shape", &shape).field("activation", &act);
@@ -229,8 +232,9 @@ impl<'t, T: GemmElement> GroupedGemmBuilder<'t, T> {
         // small experts are what the time goes to) where an expert has fewer than 1024 rows
         // on average, else 128×256.
         let default = default_grouped_variant(variants, m, e);
-        let choice = pick_variant(device, "gemm_grouped", &key, &names, default, self.variant, c.shape(), &run)?;
-        run(choice, c)
+        let choice = pick_variant(device, "gemm_grouped", &key, &names, default, self.variant, &[m, n8], &run)?;
+        run(choice, padded.as_mut().unwrap_or(c))?;
+        unpad(device, padded, c, m, n)
     }
 }
 
@@ -324,7 +328,7 @@ impl<'t, A: Fp8Element> Fp8GroupedGemmBuilder<'t, A> {
         self
     }
 
-    /// Runs it into `c` (`[M, N]`, contiguous, N a multiple of 8). K must be a multiple of 16
+    /// Runs it into `c` (`[M, N]`, contiguous; any N, as [`GroupedGemmBuilder::run`]). K must be a multiple of 16
     /// (TMA copies fp8 rows of 16-byte multiples); `group_ends` as [`GroupedGemmBuilder::run`]'s.
     ///
     /// # Errors
@@ -359,7 +363,6 @@ impl<'t, A: Fp8Element> Fp8GroupedGemmBuilder<'t, A> {
                 return Err(arg(name, "a contiguous tensor at a 16-byte aligned offset".into(), format!("offset {offset}")));
             }
         }
-        check_tma_output("gemm_fp8_grouped", c, n)?;
         let variants = A::grouped_variants();
         check_hopper("gemm_fp8_grouped", device, variants[0])?;
         let (sa, sb, want_a, want_b, s) = match self.scaling {
@@ -379,18 +382,21 @@ impl<'t, A: Fp8Element> Fp8GroupedGemmBuilder<'t, A> {
         let ends = self.ends.view(&[e], &[self.ends.strides()[0]])?;
         let act = self.activation.code();
         let slots = |bm: usize| (e + m / bm) as u32;
+        let mut padded = tma_output("gemm_fp8_grouped", device, c, m, n, true)?;
+        let n8 = padded.as_ref().map_or(n, |p| p.shape()[1]);
         if !self.fast {
             if let Some(v) = self.variant {
                 return Err(arg("variant", "fast_accumulation(true) to name a variant".into(), format!("`{v}` without it")));
             }
-            let g = Grid::tiles(n, 128).saturating_mul(slots(128)).min(device.sm_count());
-            return A::grouped(device, g.into(), None, &a, &b, &ends, c, [1, m, n], &sa, &sb, act);
+            let g = Grid::tiles(n8, 128).saturating_mul(slots(128)).min(device.sm_count());
+            A::grouped(device, g.into(), None, &a, &b, &ends, padded.as_mut().unwrap_or(c), [1, m, n8], &sa, &sb, act)?;
+            return unpad(device, padded, c, m, n);
         }
         let names: Vec<&str> = variants.iter().map(|v| v.name).collect();
         let run = |i: usize, c: &mut Tensor<U>| {
             let (bn, bm) = (variants[i].knob("BN").unwrap_or(256) as usize, variants[i].knob("BM").unwrap_or(128) as usize);
-            let g = Grid::tiles(n, bn).saturating_mul(slots(bm)).min(device.sm_count());
-            A::grouped(device, g.into(), Some(i), &a, &b, &ends, c, [1, m, n], &sa, &sb, act)
+            let g = Grid::tiles(n8, bn).saturating_mul(slots(bm)).min(device.sm_count());
+            A::grouped(device, g.into(), Some(i), &a, &b, &ends, c, [1, m, n8], &sa, &sb, act)
         };
         let (dtypes, shape, activation) = ((A::DTYPE, U::DTYPE), [e, m, n, k], self.activation);
         let key = tessera::TuneKey::new("gemm_fp8_grouped", device)
@@ -398,7 +404,8 @@ impl<'t, A: Fp8Element> Fp8GroupedGemmBuilder<'t, A> {
             .field("shape", &shape)
             .field("activation", &activation);
         let default = default_grouped_variant(variants, m, e);
-        let choice = pick_variant(device, "gemm_fp8_grouped", &key, &names, default, self.variant, c.shape(), &run)?;
-        run(choice, c)
+        let choice = pick_variant(device, "gemm_fp8_grouped", &key, &names, default, self.variant, &[m, n8], &run)?;
+        run(choice, padded.as_mut().unwrap_or(c))?;
+        unpad(device, padded, c, m, n)
     }
 }

@@ -383,19 +383,41 @@ fn arg(name: &str, expected: String, found: String) -> Error {
     Error::Argument { kernel: "gemm", arg: name.into(), expected, found }
 }
 
-/// C as the persistent kernels store it, by TMA: contiguous, its rows of `n` elements and its
-/// start 16-byte aligned; else an error of `kernel` naming `c`.
-pub(crate) fn check_tma_output<T: Element>(kernel: &'static str, c: &Tensor<T>, n: usize) -> Result<()> {
+/// C as the persistent kernels store it, by TMA (rows and start 16-byte aligned): `None` where
+/// `c` is so, else a `[m, n8]` buffer (N rounded up to a multiple of 8) for the kernel to write,
+/// which [`unpad`] copies into `c` after — zeroed, or holding `c` (its padding zero) where `keep`
+/// (a kernel that leaves some of C unwritten). An error of `kernel` naming `c` where `c` is not
+/// contiguous.
+pub(crate) fn tma_output<T: GemmElement>(
+    kernel: &'static str, device: &Device, c: &Tensor<T>, m: usize, n: usize, keep: bool,
+) -> Result<Option<Tensor<T>>> {
     let es = std::mem::size_of::<T>();
-    if c.is_contiguous() && (n * es).is_multiple_of(16) && (c.offset() * es).is_multiple_of(16) {
-        return Ok(());
+    if !c.is_contiguous() {
+        return Err(Error::Argument {
+            kernel,
+            arg: "c".into(),
+            expected: "a contiguous output".into(),
+            found: format!("shape {:?}, strides {:?}", c.shape(), c.strides()),
+        });
     }
-    Err(Error::Argument {
-        kernel,
-        arg: "c".into(),
-        expected: "a contiguous output with 16-byte aligned rows (N a multiple of 8), stored by TMA".into(),
-        found: format!("shape {:?}, strides {:?}, offset {}", c.shape(), c.strides(), c.offset()),
-    })
+    if (n * es).is_multiple_of(16) && (c.offset() * es).is_multiple_of(16) {
+        return Ok(None);
+    }
+    let n8 = n.next_multiple_of(8);
+    let mut p = Tensor::<T>::zeros(device, &[m, n8])?;
+    if keep {
+        let view = c.view(&[m, n], &[n, 1])?;
+        T::pad_copy(device, (Grid::tiles(n8, 128), Grid::tiles(m, 16)).into(), &view, &mut p)?;
+    }
+    Ok(Some(p))
+}
+
+/// Copies the first `n` columns of a padded C (`[m, n8]`, from [`tma_output`]) into `c`
+/// (`[m, n]`), if there is one.
+pub(crate) fn unpad<U: GemmElement>(device: &Device, padded: Option<Tensor<U>>, c: &mut Tensor<U>, m: usize, n: usize) -> Result<()> {
+    let Some(p) = padded else { return Ok(()) };
+    let view = p.view(&[m, n], &[p.shape()[1], 1])?;
+    U::pad_copy(device, (Grid::tiles(n, 128), Grid::tiles(m, 16)).into(), &view, c)
 }
 
 /// An error of `kernel` unless `device` runs `spec` as sm_90a (a Hopper GPU, or the
