@@ -15,7 +15,7 @@ use tessera_kernels::{gemm, gemm_bsr, gemm_grouped, Activation, Bsr};
 
 fn main() -> tessera::Result<()> {
     let (dev, (tokens, experts, d, ff)) = match Device::new(0) {
-        Ok(dev) => (dev, (8192, 16, 1024, 2048)),
+        Ok(dev) => (dev, (2048, 16, 512, 1024)),
         Err(e) => {
             println!("no GPU here ({e}): on the CPU interpreter, smaller");
             (Device::cpu(), (304, 6, 64, 136))
