@@ -651,16 +651,17 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
             return run(choice, c);
         }
         // Small M (up to 64 rows, weights N×K): every SM streams the weights, K split so that
-        // the slabs fill the GPU — taken to 16 rows, and to 64 where K is split (unsplit, the
-        // 128×128 kernel reads the weights as fast in one launch instead of two).
-        if !full && hopper && !kn && m <= 64 && self.variant.is_none() {
-            let splits = small_m_splits(batch * n.div_ceil(128), m, n, k, device.sm_count() as usize);
-            if m <= 16 || splits > 1 {
-                return T::gemm_small_m(device, &a, &b, c, c_shape, bias, epi, splits);
-            }
+        // the slabs fill the GPU — by default taken to 16 rows, and to 64 where K is split
+        // (unsplit, the 128×128 kernel reads the weights as fast in one launch instead of
+        // two); the tuner also times it with other splits beside the tiled kernels.
+        let small = !full && hopper && !kn && m <= 64 && self.variant.is_none();
+        let splits = small_m_splits(batch * n.div_ceil(128), m, n, k, device.sm_count() as usize);
+        let small_default = small && (m <= 16 || splits > 1);
+        let fast_ok = !full && hopper && c_tma;
+        if small_default && !fast_ok {
+            return T::gemm_small_m(device, &a, &b, c, c_shape, bias, epi, splits);
         }
         let run_full = |c: &mut Tensor<T>| T::gemm_full(device, tiles(128).into(), kn, &a, &b, c, c_shape, &c_in, bias, &residual, scalars);
-        let fast_ok = !full && hopper && c_tma;
         let names = gemm_variants::<T>(self.b_layout);
         let forced = match self.variant {
             None => None,
@@ -686,13 +687,27 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
         // fill the GPU (M = 128 decode shapes), where the 128×128 kernel gives twice the blocks.
         let variants = T::fast_variants(kn);
         let few = (tiles(256) as usize) * 4 < device.sm_count() as usize;
-        let default = if few { variants.len() } else { 0 };
+        // Small-M candidates after the kernels: K in 1, 2, 4, 8, 16 splits (and the
+        // heuristic's), as many as K's 64-wide steps allow at 4 a split.
+        let most = (k.div_ceil(64) / 4).clamp(1, 16);
+        let mut split_options: Vec<usize> =
+            if small { [1, 2, 4, 8, 16, splits].into_iter().filter(|&s| s <= most).collect() } else { Vec::new() };
+        split_options.sort_unstable();
+        split_options.dedup();
+        let small_names: Vec<String> = split_options.iter().map(|s| format!("gemm_small_m/splits{s}")).collect();
+        let names: Vec<&str> = names.iter().copied().chain(small_names.iter().map(String::as_str)).collect();
+        let default = match split_options.iter().position(|&s| s == splits) {
+            Some(i) if small_default => variants.len() + 1 + i,
+            _ if few => variants.len(),
+            _ => 0,
+        };
         let run = |i: usize, c: &mut Tensor<T>| match variants.get(i) {
             Some(v) => {
                 let bn = v.knob("BN").unwrap_or(256) as usize;
                 T::gemm(device, tiles(bn).into(), kn, i, &a, &b, c, c_shape, bias, epi)
             }
-            None => run_full(c),
+            None if i == variants.len() => run_full(c),
+            None => T::gemm_small_m(device, &a, &b, c, c_shape, bias, epi, split_options[i - variants.len() - 1]),
         };
         if let Some(i) = forced {
             return run(i, c);
