@@ -428,7 +428,11 @@ fn grouped(dev: &Device, blas: &CudaBlas) {
     let experts_list: Vec<usize> = list("TESSERA_BENCH_EXPERTS", "1,8,64,128").split(',').filter_map(|x| x.trim().parse().ok()).collect();
     let kinds = list("TESSERA_BENCH_SIZES", "routed,skewed,equal");
     for experts in experts_list {
-        let w = Tensor::from_host(dev, &rng.vec(experts * n * k, bf16::from_f32), &[experts, n, k]).expect("w");
+        let w_host = rng.vec(experts * n * k, bf16::from_f32);
+        let w = Tensor::from_host(dev, &w_host, &[experts, n, k]).expect("w");
+        // The same numbers as each expert's K×N (B `[E, K, N]`, `BLayout::KxN`).
+        let w_kn = Tensor::from_host(dev, &w_host, &[experts, k, n]).expect("w kn");
+        drop(w_host);
         // fp8 operands: the bf16 ones converted on the device.
         let mut w8 = Tensor::<F8E4M3>::zeros(dev, &[experts, n, k]).expect("w8");
         tessera_kernels::quantize_fp8(dev, &w, 2.0, &mut w8).expect("w8");
@@ -491,10 +495,13 @@ fn grouped(dev: &Device, blas: &CudaBlas) {
                     Err(e) => format!("— ({e})"),
                 }
             ));
-            for v in gemm_grouped_variants::<bf16>() {
+            for v in gemm_grouped_variants::<bf16>(tessera_kernels::BLayout::NxK) {
                 let t = time_ms(dev, 2, 10, || gemm_grouped(&a, &w, &ends_t).variant(v).run(dev, &mut c).expect("grouped"));
                 by_variant.push(format!("{experts} {kind} {v}: {:.0}", flop / t * 1e-9));
             }
+            let kn = tessera_kernels::BLayout::KxN;
+            let t = time_ms(dev, 2, 10, || gemm_grouped(&a, &w_kn, &ends_t).b_layout(kn).run(dev, &mut c).expect("grouped kn"));
+            by_variant.push(format!("{experts} {kind} B K×N (default variant): {:.0}", flop / t * 1e-9));
         }
     }
     println!("\nEach variant (TFLOP/s): {}", by_variant.join("; "));

@@ -8,7 +8,7 @@ mod common;
 use rand::Rng;
 use tessera::testing::{gpu_or_skip, rel_error};
 use tessera::{bf16, f16, Device, Tensor};
-use tessera_kernels::{gemm_grouped, gemm_grouped_variants, Activation, GemmElement};
+use tessera_kernels::{gemm_grouped, gemm_grouped_variants, Activation, BLayout, GemmElement};
 
 /// bf16 or f16, to and from the host's floats.
 trait Half: GemmElement {
@@ -71,7 +71,7 @@ fn compare(got: &[f64], want: &[Option<f64>], what: &str) -> (Vec<f64>, Vec<f64>
 /// One grouped GEMM, every variant, with `sizes` rows per expert and `spare` rows of C past
 /// the last expert: C poisoned with NaN; `silu(alpha · A·B[e]ᵀ)` in each expert's rows against
 /// float64, the spare rows still NaN.
-fn grouped_matches<T: Half>(dev: &Device, sizes: &[usize], spare: usize, n: usize, k: usize) {
+fn grouped_matches<T: Half>(dev: &Device, sizes: &[usize], spare: usize, n: usize, k: usize, layout: BLayout) {
     let experts = sizes.len();
     let m: usize = sizes.iter().sum::<usize>() + spare;
     let to = |v: Vec<f32>| -> Vec<T> { v.into_iter().map(T::from).collect() };
@@ -85,7 +85,14 @@ fn grouped_matches<T: Half>(dev: &Device, sizes: &[usize], spare: usize, n: usiz
         })
         .collect();
     let at = Tensor::from_host(dev, &a, &[m, k]).unwrap();
-    let bt = Tensor::from_host(dev, &b, &[experts, n, k]).unwrap();
+    // B as each expert's N×K, or its transpose K×N.
+    let bt = match layout {
+        BLayout::NxK => Tensor::from_host(dev, &b, &[experts, n, k]).unwrap(),
+        BLayout::KxN => {
+            let t: Vec<T> = (0..experts * k * n).map(|x| b[(x / (k * n) * n + x % n) * k + x / n % k]).collect();
+            Tensor::from_host(dev, &t, &[experts, k, n]).unwrap()
+        }
+    };
     let et = Tensor::from_host(dev, &ends, &[experts]).unwrap();
     let alpha = 0.75;
     // The reference once: each row's expert (`None` past the last), then silu(alpha·dot).
@@ -99,9 +106,10 @@ fn grouped_matches<T: Half>(dev: &Device, sizes: &[usize], spare: usize, n: usiz
             })
         })
         .collect();
-    for variant in gemm_grouped_variants::<T>() {
+    for variant in gemm_grouped_variants::<T>(layout) {
         let mut c = Tensor::full(dev, &[m, n], T::from(f32::NAN)).unwrap();
-        gemm_grouped(&at, &bt, &et).alpha(alpha).activation(Activation::Silu).variant(variant).run(dev, &mut c).unwrap();
+        let g = gemm_grouped(&at, &bt, &et).b_layout(layout).alpha(alpha).activation(Activation::Silu);
+        g.variant(variant).run(dev, &mut c).unwrap();
         let (have, want) = compare(&c.to_host().unwrap().iter().map(|x| x.wide()).collect::<Vec<_>>(), &want, variant);
         let err = rel_error(&have, &want);
         assert!(err < 1e-2, "{variant} {m}x{n}x{k}, sizes {sizes:?}: relative error {err}");
@@ -112,19 +120,24 @@ fn grouped_matches<T: Half>(dev: &Device, sizes: &[usize], spare: usize, n: usiz
 #[test]
 fn gpu_gemm_grouped_matches_f64_reference() {
     let Some(dev) = gpu_or_skip("gpu_gemm_grouped") else { return };
-    grouped_matches::<bf16>(&dev, &random_sizes(64, 3000), 37, 264, 200);
+    grouped_matches::<bf16>(&dev, &random_sizes(64, 3000), 37, 264, 200, BLayout::NxK);
     // N not a multiple of 8: a padded C, copied back (the rows past the last expert kept).
-    grouped_matches::<bf16>(&dev, &random_sizes(9, 1000), 11, 261, 136);
-    grouped_matches::<bf16>(&dev, &[0, 700, 1, 0, 300, 128, 64, 65], 0, 512, 1000);
-    grouped_matches::<f16>(&dev, &random_sizes(7, 900), 5, 136, 72);
+    grouped_matches::<bf16>(&dev, &random_sizes(9, 1000), 11, 261, 136, BLayout::NxK);
+    grouped_matches::<bf16>(&dev, &[0, 700, 1, 0, 300, 128, 64, 65], 0, 512, 1000, BLayout::NxK);
+    grouped_matches::<f16>(&dev, &random_sizes(7, 900), 5, 136, 72, BLayout::NxK);
+    // Each expert's B stored K×N.
+    grouped_matches::<bf16>(&dev, &random_sizes(40, 2000), 3, 264, 200, BLayout::KxN);
+    grouped_matches::<bf16>(&dev, &[0, 300, 77], 0, 261, 136, BLayout::KxN);
 }
 
 #[test]
 fn interp_gemm_grouped_matches_f64_reference() {
     let dev = Device::cpu_with_threads(2);
-    grouped_matches::<bf16>(&dev, &[0, 130, 64, 1, 65], 3, 136, 72);
-    grouped_matches::<bf16>(&dev, &random_sizes(5, 300), 0, 264, 20);
-    grouped_matches::<bf16>(&dev, &[40, 0, 90], 5, 13, 24);
+    grouped_matches::<bf16>(&dev, &[0, 130, 64, 1, 65], 3, 136, 72, BLayout::NxK);
+    grouped_matches::<bf16>(&dev, &random_sizes(5, 300), 0, 264, 20, BLayout::NxK);
+    grouped_matches::<bf16>(&dev, &[40, 0, 90], 5, 13, 24, BLayout::NxK);
+    grouped_matches::<bf16>(&dev, &[0, 130, 64, 1, 65], 3, 136, 72, BLayout::KxN);
+    grouped_matches::<bf16>(&dev, &[40, 0, 90], 5, 13, 24, BLayout::KxN);
 }
 
 #[test]

@@ -18,7 +18,7 @@
 //! 256-row tiles (B read once for 256 rows) are the default where experts average fewer than
 //! 1024 rows.
 
-use crate::gemm::{check_hopper, pick_variant, tma_output, tma_ready, unpad, Activation, Fp8Gemm, GemmElement};
+use crate::gemm::{check_hopper, pick_variant, tma_output, tma_ready, unpad, Activation, BLayout, Fp8Gemm, GemmElement};
 use crate::prelude::*;
 use crate::Fp8Element;
 use tessera::{kernel, Device, Error, Grid, KernelSpec, Result, Tensor, F8E4M3};
@@ -39,7 +39,23 @@ pub fn gemm_grouped(
     let sb = Smem::<T, BN, 64>::ring(STAGES);
     let sc = Smem::<T, 64, 64>::ring(4);
     let pipe = Pipeline::<STAGES>::new(2);
-    grouped_rows::<BN, 0>(a, b, c, ends, counter, sa, sb, sc, pipe, |acc, _e, _m0, _n| {
+    grouped_rows::<0, BN, 0>(a, b, c, ends, counter, sa, sb, sc, pipe, |acc, _e, _m0, _n| {
+        let mut out = acc * alpha;
+        activate(&mut out, act);
+        out
+    });
+}
+
+/// `gemm_grouped_*` with each expert's B stored `[K, N]` (B `[E, K, N]`: `C = A·B[e]`).
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(BN = [256, 128], BM = [128, 256], STAGES = [4]), targets(sm_90a))]
+pub fn gemm_grouped_nn(
+    a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, ends: Global<i32, 1>, counter: Global<i32, 1>, alpha: f32, act: i32,
+) {
+    let sa = Smem::<T, BM, 64>::ring(STAGES);
+    let sb = Smem::<T, 64, BN>::ring(STAGES);
+    let sc = Smem::<T, 64, 64>::ring(4);
+    let pipe = Pipeline::<STAGES>::new(2);
+    grouped_rows::<1, BN, 0>(a, b, c, ends, counter, sa, sb, sc, pipe, |acc, _e, _m0, _n| {
         let mut out = acc * alpha;
         activate(&mut out, act);
         out
@@ -48,19 +64,31 @@ pub fn gemm_grouped(
 
 /// The grouped GEMM's persistent loop over its slots (`E + ⌊M/BM⌋` of them, `BM` the rows of
 /// `sa`'s stages), shared by the bf16 and fp8 kernels: a tile's slot found by [`group_slot`],
-/// its expert's B, `epilogue(acc, expert, row, col)`; `PROMOTE` 1 ends fp8's wgmma sums every
-/// K step.
+/// its expert's B (`KN` its layout, as [`gemm_load`](crate::prelude::gemm_load)'s),
+/// `epilogue(acc, expert, row, col)`; `PROMOTE` 1 ends fp8's wgmma sums every K step.
 #[tessera::device]
 #[allow(clippy::too_many_arguments)]
-fn grouped_rows<const BN: usize, const PROMOTE: usize, T, TB, U, const BM: usize, const BK: usize, const S: usize>(
+fn grouped_rows<
+    const KN: usize,
+    const BN: usize,
+    const PROMOTE: usize,
+    T,
+    TB,
+    U,
+    const BM: usize,
+    const BK: usize,
+    const S: usize,
+    const SR: usize,
+    const SC: usize,
+>(
     a: Global<T, 3>, b: Global<TB, 3>, c: Global<U, 3>, ends: Global<i32, 1>, counter: Global<i32, 1>, sa: Smem<T, BM, BK>,
-    sb: Smem<TB, BN, BK>, sc: Smem<U, 64, 64>, pipe: Pipeline<S>, epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
+    sb: Smem<TB, SR, SC>, sc: Smem<U, 64, 64>, pipe: Pipeline<S>, epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
 ) {
     let rows = c.dim(1);
-    let slots = b.dim(0) + rows / BM;
+    let slots = ends.dim(0) + rows / BM;
     let tiles_n = (c.dim(2) + BN - 1) / BN;
     #[rustfmt::skip]
-    gemm_persistent_rows::<0, BN, PROMOTE, 1>(
+    gemm_persistent_rows::<KN, BN, PROMOTE, 1>(
         a, b, c, counter, sa, sb, sc, pipe, slots * tiles_n,
         // Row by row: a slot's tiles one after another (they share A's rows; measured a little
         // faster than rasters grouped by 2, 3 or 8 slots — run 264).
@@ -86,7 +114,7 @@ pub fn gemm_fp8_grouped(
     let sb = Smem::<f8e4m3, BN, 128>::ring(STAGES);
     let sc = Smem::<U, 64, 64>::ring(4);
     let pipe = Pipeline::<STAGES>::new(2);
-    grouped_rows::<BN, 0>(a, b, c, ends, counter, sa, sb, sc, pipe, |acc, e, m0, n| {
+    grouped_rows::<0, BN, 0>(a, b, c, ends, counter, sa, sb, sc, pipe, |acc, e, m0, n| {
         let mut out = acc * scale_a.load::<Tile<f32, 64, 1>>([m0]) * scale_b.load::<Tile<f32, 1, 64>>([e, n]);
         activate(&mut out, act);
         out
@@ -105,7 +133,7 @@ pub fn gemm_fp8_grouped_promoted(
     let sb = Smem::<f8e4m3, 128, 128>::ring(STAGES);
     let sc = Smem::<U, 64, 64>::ring(4);
     let pipe = Pipeline::<STAGES>::new(2);
-    grouped_rows::<128, 1>(a, b, c, ends, counter, sa, sb, sc, pipe, |acc, e, m0, n| {
+    grouped_rows::<0, 128, 1>(a, b, c, ends, counter, sa, sb, sc, pipe, |acc, e, m0, n| {
         let mut out = acc * scale_a.load::<Tile<f32, 64, 1>>([m0]) * scale_b.load::<Tile<f32, 1, 64>>([e, n]);
         activate(&mut out, act);
         out
@@ -118,6 +146,7 @@ pub fn gemm_fp8_grouped_promoted(
 pub struct GroupedGemmBuilder<'t, T: GemmElement> {
     a: &'t Tensor<T>,
     b: &'t Tensor<T>,
+    b_layout: BLayout,
     ends: &'t Tensor<i32>,
     alpha: f32,
     activation: Activation,
@@ -143,15 +172,15 @@ pub struct GroupedGemmBuilder<'t, T: GemmElement> {
 /// # Ok::<(), tessera::Error>(())
 /// ```
 pub fn gemm_grouped<'t, T: GemmElement>(a: &'t Tensor<T>, b: &'t Tensor<T>, group_ends: &'t Tensor<i32>) -> GroupedGemmBuilder<'t, T> {
-    GroupedGemmBuilder { a, b, ends: group_ends, alpha: 1.0, activation: Activation::None, variant: None }
+    GroupedGemmBuilder { a, b, b_layout: BLayout::NxK, ends: group_ends, alpha: 1.0, activation: Activation::None, variant: None }
 }
 
-/// The variants of the grouped GEMM kernel for `T` (`tune(BN, BM)`: 128×256 tiles, 128×128,
-/// 256×128); by default 256×128 where the experts average fewer than 1024 rows, else 128×256;
-/// the tuner (`TESSERA_TUNE=search`) times them per shape, [`GroupedGemmBuilder::variant`]
-/// forces one.
-pub fn gemm_grouped_variants<T: GemmElement>() -> Vec<&'static str> {
-    T::grouped_variants().iter().map(|s| s.name).collect()
+/// The variants of the grouped GEMM kernel for `T` and B's layout (`tune(BN, BM)`: 128×256
+/// tiles, 128×128, 256×128); by default 256×128 where the experts average fewer than 1024
+/// rows, else 128×256; the tuner (`TESSERA_TUNE=search`) times them per shape,
+/// [`GroupedGemmBuilder::variant`] forces one.
+pub fn gemm_grouped_variants<T: GemmElement>(b_layout: BLayout) -> Vec<&'static str> {
+    T::grouped_variants(b_layout == BLayout::KxN).iter().map(|s| s.name).collect()
 }
 
 /// The most experts a grouped GEMM takes ([`group_slot`](crate::prelude::group_slot)'s
@@ -159,6 +188,13 @@ pub fn gemm_grouped_variants<T: GemmElement>() -> Vec<&'static str> {
 pub const GROUPED_GEMM_MAX_EXPERTS: usize = 1 << 16;
 
 impl<'t, T: GemmElement> GroupedGemmBuilder<'t, T> {
+    /// How each expert's B is stored: [`BLayout::NxK`] (the default, B `[E, N, K]`, `C =
+    /// A·B[e]ᵀ`) or [`BLayout::KxN`] (B `[E, K, N]`, `C = A·B[e]`).
+    pub fn b_layout(mut self, layout: BLayout) -> Self {
+        self.b_layout = layout;
+        self
+    }
+
     /// Scales the product: `alpha·A·Bᵀ`.
     pub fn alpha(mut self, alpha: f32) -> Self {
         self.alpha = alpha;
@@ -198,9 +234,14 @@ impl<'t, T: GemmElement> GroupedGemmBuilder<'t, T> {
             [m, k] => (m, k),
             _ => return Err(arg("a", "a 2-D [M, K] matrix of all experts' rows".into(), format!("shape {:?}", self.a.shape()))),
         };
-        let (e, n) = match *self.b.shape() {
-            [e, n, kb] if kb == k => (e, n),
-            _ => return Err(arg("b", format!("[E, N, {k}] (K = {k} to match a)"), format!("shape {:?}", self.b.shape()))),
+        let kn = self.b_layout == BLayout::KxN;
+        let (e, n) = match (self.b.shape(), kn) {
+            (&[e, n, kb], false) if kb == k => (e, n),
+            (&[e, kb, n], true) if kb == k => (e, n),
+            _ => {
+                let want = if kn { format!("[E, {k}, N]") } else { format!("[E, N, {k}]") };
+                return Err(arg("b", format!("{want} (K = {k} to match a)"), format!("shape {:?}", self.b.shape())));
+            }
         };
         crate::check_shape("gemm_grouped", "group_ends", self.ends, &[e])?;
         crate::check_shape("gemm_grouped", "c", c, &[m, n])?;
@@ -210,11 +251,11 @@ impl<'t, T: GemmElement> GroupedGemmBuilder<'t, T> {
         if e > GROUPED_GEMM_MAX_EXPERTS {
             return Err(arg("b", format!("at most {GROUPED_GEMM_MAX_EXPERTS} experts"), format!("{e}")));
         }
-        let variants = T::grouped_variants();
+        let variants = T::grouped_variants(kn);
         check_hopper("gemm_grouped", device, variants[0])?;
         let (mut pa, mut pb) = (None, None);
         let a = tma_ready(device, "a", self.a, [1, m, k], &mut pa)?;
-        let b = tma_ready(device, "b", self.b, [e, n, k], &mut pb)?;
+        let b = tma_ready(device, "b", self.b, if kn { [e, k, n] } else { [e, n, k] }, &mut pb)?;
         let ends = self.ends.view(&[e], &[self.ends.strides()[0]])?;
         let mut padded = tma_output("gemm_grouped", device, c, m, n, true)?;
         let n8 = padded.as_ref().map_or(n, |p| p.shape()[1]);
@@ -224,10 +265,14 @@ impl<'t, T: GemmElement> GroupedGemmBuilder<'t, T> {
             let bn = variants[i].knob("BN").unwrap_or(256) as usize;
             let bm = variants[i].knob("BM").unwrap_or(128) as usize;
             let tiles = Grid::tiles(n8, bn).saturating_mul((e + m / bm) as u32);
-            T::gemm_grouped(device, Grid::from(tiles.min(device.sm_count())), i, &a, &b, &ends, c, [1, m, n8], epi)
+            T::gemm_grouped(device, Grid::from(tiles.min(device.sm_count())), kn, i, &a, &b, &ends, c, [1, m, n8], epi)
         };
         let (dtype, shape, act) = (T::DTYPE, [e, m, n, k], self.activation);
-        let key = tessera::TuneKey::new("gemm_grouped", device).field("dtype", &dtype).field("shape", &shape).field("activation", &act);
+        let key = tessera::TuneKey::new("gemm_grouped", device)
+            .field("dtype", &dtype)
+            .field("b_layout", &self.b_layout)
+            .field("shape", &shape)
+            .field("activation", &act);
         // The default: 256-row tiles (B read once for twice the rows: the weights of many
         // small experts are what the time goes to) where an expert has fewer than 1024 rows
         // on average, else 128×256.

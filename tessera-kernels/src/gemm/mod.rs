@@ -24,7 +24,8 @@ pub use grouped::{
     gemm_fp8_grouped, gemm_fp8_grouped_f8e4m3_bf16, gemm_fp8_grouped_f8e4m3_f16, gemm_fp8_grouped_f8e5m2_bf16, gemm_fp8_grouped_f8e5m2_f16,
     gemm_fp8_grouped_promoted_f8e4m3_bf16, gemm_fp8_grouped_promoted_f8e4m3_f16, gemm_fp8_grouped_promoted_f8e5m2_bf16,
     gemm_fp8_grouped_promoted_f8e5m2_f16, gemm_fp8_grouped_variants, gemm_grouped, gemm_grouped_bf16, gemm_grouped_f16,
-    gemm_grouped_variants, Fp8GroupedGemmBuilder, Fp8GroupedScaling, GroupedGemmBuilder, GROUPED_GEMM_MAX_EXPERTS,
+    gemm_grouped_nn_bf16, gemm_grouped_nn_f16, gemm_grouped_variants, Fp8GroupedGemmBuilder, Fp8GroupedScaling, GroupedGemmBuilder,
+    GROUPED_GEMM_MAX_EXPERTS,
 };
 use tessera::{bf16, f16, Device, Element, Error, Grid, KernelSpec, Result, Target, Tensor, TensorView};
 
@@ -115,14 +116,14 @@ pub trait GemmElement: Element + sealed::Sealed {
         d: &Device, g: Grid, variant: usize, a: &View<Self>, b: &View<Self>, c: &mut Tensor<Self>, c_shape: [usize; 3], bias: &View<Self>,
         epi: (f32, i32, i32), upper: bool,
     ) -> Result<()>;
-    /// The grouped kernel's variants (`tune(BN)`), the default first.
+    /// The grouped kernel's variants (`tune(BN, BM)`) for B `[E, N, K]` or (`kn`) `[E, K, N]`.
     #[doc(hidden)]
-    fn grouped_variants() -> &'static [&'static KernelSpec];
+    fn grouped_variants(kn: bool) -> &'static [&'static KernelSpec];
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     fn gemm_grouped(
-        d: &Device, g: Grid, variant: usize, a: &View<Self>, b: &View<Self>, ends: &View<i32>, c: &mut Tensor<Self>, c_shape: [usize; 3],
-        epi: (f32, i32),
+        d: &Device, g: Grid, kn: bool, variant: usize, a: &View<Self>, b: &View<Self>, ends: &View<i32>, c: &mut Tensor<Self>,
+        c_shape: [usize; 3], epi: (f32, i32),
     ) -> Result<()>;
     /// The block-sparse kernel's variants (`tune(BN)`), the default first.
     #[doc(hidden)]
@@ -154,7 +155,7 @@ fn strides3(s: [usize; 3]) -> [usize; 3] {
 }
 
 macro_rules! gemm_element {
-    ($t:ty, $tn:ident, $nn:ident, $full:ident, $nn_full:ident, $pad:ident, $small:ident, $small_out:ident, $tri:ident, $grouped:ident, $bsr:ident) => {
+    ($t:ty, $tn:ident, $nn:ident, $full:ident, $nn_full:ident, $pad:ident, $small:ident, $small_out:ident, $tri:ident, $grouped:ident, $grouped_nn:ident, $bsr:ident) => {
         impl GemmElement for $t {
             fn fast_kernel(kn: bool) -> &'static KernelSpec {
                 if kn {
@@ -216,16 +217,24 @@ macro_rules! gemm_element {
                 let mut counter = d.tile_counter()?;
                 $tri::launch_variant(variant, d, g, a, b, &mut c, bias, &mut counter, alpha, bias_kind, act, i32::from(upper))
             }
-            fn grouped_variants() -> &'static [&'static KernelSpec] {
-                $grouped::VARIANTS
+            fn grouped_variants(kn: bool) -> &'static [&'static KernelSpec] {
+                if kn {
+                    $grouped_nn::VARIANTS
+                } else {
+                    $grouped::VARIANTS
+                }
             }
             fn gemm_grouped(
-                d: &Device, g: Grid, variant: usize, a: &View<Self>, b: &View<Self>, ends: &View<i32>, c: &mut Tensor<Self>,
+                d: &Device, g: Grid, kn: bool, variant: usize, a: &View<Self>, b: &View<Self>, ends: &View<i32>, c: &mut Tensor<Self>,
                 c_shape: [usize; 3], (alpha, act): (f32, i32),
             ) -> Result<()> {
                 let mut c = c.view_mut(&c_shape, &strides3(c_shape))?;
                 let mut counter = d.tile_counter()?;
-                $grouped::launch_variant(variant, d, g, a, b, &mut c, ends, &mut counter, alpha, act)
+                if kn {
+                    $grouped_nn::launch_variant(variant, d, g, a, b, &mut c, ends, &mut counter, alpha, act)
+                } else {
+                    $grouped::launch_variant(variant, d, g, a, b, &mut c, ends, &mut counter, alpha, act)
+                }
             }
             fn bsr_variants() -> &'static [&'static KernelSpec] {
                 $bsr::VARIANTS
@@ -276,6 +285,7 @@ gemm_element!(
     gemm_small_m_out_bf16,
     gemm_tn_triangle_bf16,
     gemm_grouped_bf16,
+    gemm_grouped_nn_bf16,
     gemm_bsr_bf16
 );
 gemm_element!(
@@ -289,6 +299,7 @@ gemm_element!(
     gemm_small_m_out_f16,
     gemm_tn_triangle_f16,
     gemm_grouped_f16,
+    gemm_grouped_nn_f16,
     gemm_bsr_f16
 );
 
