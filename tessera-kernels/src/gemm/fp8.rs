@@ -118,6 +118,9 @@ pub trait Fp8Gemm<U: tessera::Element>: Fp8Element {
     /// The fast grouped kernel's variants (`tune(BN, BM)`).
     #[doc(hidden)]
     fn grouped_variants() -> &'static [&'static KernelSpec];
+    /// The promoted grouped kernel.
+    #[doc(hidden)]
+    fn grouped_promoted_spec() -> &'static KernelSpec;
     /// The grouped kernels: `variant` of the fast one, or the promoted one where it is `None`.
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
@@ -151,6 +154,9 @@ macro_rules! fp8_gemm {
             }
             fn grouped_variants() -> &'static [&'static KernelSpec] {
                 $grouped::VARIANTS
+            }
+            fn grouped_promoted_spec() -> &'static KernelSpec {
+                &$grouped_promoted::SPEC
             }
             fn grouped(
                 d: &Device, g: Grid, variant: Option<usize>, a: &View<Self>, b: &View<F8E4M3>, ends: &View<i32>, c: &mut Tensor<$u>,

@@ -23,10 +23,6 @@ use crate::prelude::*;
 use crate::Fp8Element;
 use tessera::{kernel, Device, Error, Grid, KernelSpec, Result, Tensor, F8E4M3};
 
-fn arg(name: &str, expected: String, found: String) -> Error {
-    Error::Argument { kernel: "gemm_grouped", arg: name.into(), expected, found }
-}
-
 /// `C[ends[e-1]..ends[e]] = act(alpha · A[ends[e-1]..ends[e]] · B[e]ᵀ)` for each expert `e`: A
 /// `[1, M, K]` (rows packed by expert), B `[E, N, K]`, C `[1, M, N]` (rows 16-byte aligned),
 /// `ends` `[E]` cumulative row ends; `BM`×`BN` tiles over `E + ⌊M/BM⌋` slots of rows (a
@@ -230,27 +226,8 @@ impl<'t, T: GemmElement> GroupedGemmBuilder<'t, T> {
     /// [`GROUPED_GEMM_MAX_EXPERTS`] experts, C is not contiguous, or the device is not a
     /// Hopper GPU; and the launch's own checks.
     pub fn run(self, device: &Device, c: &mut Tensor<T>) -> Result<()> {
-        let (m, k) = match *self.a.shape() {
-            [m, k] => (m, k),
-            _ => return Err(arg("a", "a 2-D [M, K] matrix of all experts' rows".into(), format!("shape {:?}", self.a.shape()))),
-        };
         let kn = self.b_layout == BLayout::KxN;
-        let (e, n) = match (self.b.shape(), kn) {
-            (&[e, n, kb], false) if kb == k => (e, n),
-            (&[e, kb, n], true) if kb == k => (e, n),
-            _ => {
-                let want = if kn { format!("[E, {k}, N]") } else { format!("[E, N, {k}]") };
-                return Err(arg("b", format!("{want} (K = {k} to match a)"), format!("shape {:?}", self.b.shape())));
-            }
-        };
-        crate::check_shape("gemm_grouped", "group_ends", self.ends, &[e])?;
-        crate::check_shape("gemm_grouped", "c", c, &[m, n])?;
-        if m == 0 || n == 0 || k == 0 || e == 0 {
-            return Err(arg("a", "M, N, K and the experts ≥ 1".into(), format!("M={m}, N={n}, K={k}, E={e}")));
-        }
-        if e > GROUPED_GEMM_MAX_EXPERTS {
-            return Err(arg("b", format!("at most {GROUPED_GEMM_MAX_EXPERTS} experts"), format!("{e}")));
-        }
+        let (m, k, e, n) = grouped_shapes("gemm_grouped", self.a, self.b, kn, self.ends, c)?;
         let variants = T::grouped_variants(kn);
         check_hopper("gemm_grouped", device, variants[0])?;
         let (mut pa, mut pb) = (None, None);
@@ -262,10 +239,8 @@ impl<'t, T: GemmElement> GroupedGemmBuilder<'t, T> {
         let names: Vec<&str> = variants.iter().map(|v| v.name).collect();
         let epi = (self.alpha, self.activation.code());
         let run = |i: usize, c: &mut Tensor<T>| {
-            let bn = variants[i].knob("BN").unwrap_or(256) as usize;
-            let bm = variants[i].knob("BM").unwrap_or(128) as usize;
-            let tiles = Grid::tiles(n8, bn).saturating_mul((e + m / bm) as u32);
-            T::gemm_grouped(device, Grid::from(tiles.min(device.sm_count())), kn, i, &a, &b, &ends, c, [1, m, n8], epi)
+            let g = grouped_grid(device, variants[i], m, n8, e);
+            T::gemm_grouped(device, g, kn, i, &a, &b, &ends, c, [1, m, n8], epi)
         };
         let (dtype, shape, act) = (T::DTYPE, [e, m, n, k], self.activation);
         let key = tessera::TuneKey::new("gemm_grouped", device)
@@ -281,6 +256,43 @@ impl<'t, T: GemmElement> GroupedGemmBuilder<'t, T> {
         run(choice, padded.as_mut().unwrap_or(c))?;
         unpad(device, padded, c, m, n)
     }
+}
+
+/// The grouped GEMMs' shapes, checked: A `[M, K]`, B `[E, N, K]` (or with `kn` `[E, K, N]`),
+/// `ends` `[E]`, C `[M, N]`, each size ≥ 1 and at most [`GROUPED_GEMM_MAX_EXPERTS`] experts:
+/// `(M, K, E, N)`, else an error of `kernel` naming the tensor.
+fn grouped_shapes<TA: tessera::Element, TB: tessera::Element, TC: tessera::Element>(
+    kernel: &'static str, a: &Tensor<TA>, b: &Tensor<TB>, kn: bool, ends: &Tensor<i32>, c: &Tensor<TC>,
+) -> Result<(usize, usize, usize, usize)> {
+    let arg = |name: &str, expected: String, found: String| Error::Argument { kernel, arg: name.into(), expected, found };
+    let (m, k) = match *a.shape() {
+        [m, k] => (m, k),
+        _ => return Err(arg("a", "a 2-D [M, K] matrix of all experts' rows".into(), format!("shape {:?}", a.shape()))),
+    };
+    let (e, n) = match (b.shape(), kn) {
+        (&[e, n, kb], false) if kb == k => (e, n),
+        (&[e, kb, n], true) if kb == k => (e, n),
+        _ => {
+            let want = if kn { format!("[E, {k}, N]") } else { format!("[E, N, {k}]") };
+            return Err(arg("b", format!("{want} (K = {k} to match a)"), format!("shape {:?}", b.shape())));
+        }
+    };
+    crate::check_shape(kernel, "group_ends", ends, &[e])?;
+    crate::check_shape(kernel, "c", c, &[m, n])?;
+    if m == 0 || n == 0 || k == 0 || e == 0 {
+        return Err(arg("a", "M, N, K and the experts ≥ 1".into(), format!("M={m}, N={n}, K={k}, E={e}")));
+    }
+    if e > GROUPED_GEMM_MAX_EXPERTS {
+        return Err(arg("b", format!("at most {GROUPED_GEMM_MAX_EXPERTS} experts"), format!("{e}")));
+    }
+    Ok((m, k, e, n))
+}
+
+/// The persistent grid of a grouped kernel variant (`BN`, `BM` from its knobs, else 128×128):
+/// at most one block an SM, no more than its `(E + ⌊M/BM⌋) × ⌈N/BN⌉` tiles.
+fn grouped_grid(device: &Device, spec: &KernelSpec, m: usize, n: usize, e: usize) -> Grid {
+    let (bn, bm) = (spec.knob("BN").unwrap_or(128) as usize, spec.knob("BM").unwrap_or(128) as usize);
+    Grid::from(Grid::tiles(n, bn).saturating_mul((e + m / bm) as u32).min(device.sm_count()))
 }
 
 /// How the operands of an fp8 grouped GEMM are scaled: `C[rows of e] = (A ∘ scale_a)·(B[e] ∘
@@ -386,20 +398,7 @@ impl<'t, A: Fp8Element> Fp8GroupedGemmBuilder<'t, A> {
     {
         let arg =
             |name: &str, expected: String, found: String| Error::Argument { kernel: "gemm_fp8_grouped", arg: name.into(), expected, found };
-        let (m, k) = crate::check_2d("gemm_fp8_grouped", "a", self.a)?;
-        let (e, n) = match *self.b.shape() {
-            [e, n, kb] if kb == k => (e, n),
-            _ => return Err(arg("b", format!("[E, N, {k}] (K = {k} to match a)"), format!("shape {:?}", self.b.shape()))),
-        };
-        crate::check_shape("gemm_fp8_grouped", "group_ends", self.ends, &[e])?;
-        crate::check_shape("gemm_fp8_grouped", "c", c, &[m, n])?;
-        if m == 0 || n == 0 || k == 0 || e == 0 || e > GROUPED_GEMM_MAX_EXPERTS {
-            return Err(arg(
-                "a",
-                format!("M, N, K ≥ 1 and 1 to {GROUPED_GEMM_MAX_EXPERTS} experts"),
-                format!("M={m}, N={n}, K={k}, E={e}"),
-            ));
-        }
+        let (m, k, e, n) = grouped_shapes("gemm_fp8_grouped", self.a, self.b, false, self.ends, c)?;
         if !k.is_multiple_of(16) {
             return Err(arg("a", "K a multiple of 16 (rows of 16-byte multiples, for TMA)".into(), format!("K = {k}")));
         }
@@ -426,22 +425,20 @@ impl<'t, A: Fp8Element> Fp8GroupedGemmBuilder<'t, A> {
         let b = self.b.view(&[e, n, k], &[n * k, k, 1])?;
         let ends = self.ends.view(&[e], &[self.ends.strides()[0]])?;
         let act = self.activation.code();
-        let slots = |bm: usize| (e + m / bm) as u32;
         let mut padded = tma_output("gemm_fp8_grouped", device, c, m, n, true)?;
         let n8 = padded.as_ref().map_or(n, |p| p.shape()[1]);
         if !self.fast {
             if let Some(v) = self.variant {
                 return Err(arg("variant", "fast_accumulation(true) to name a variant".into(), format!("`{v}` without it")));
             }
-            let g = Grid::tiles(n8, 128).saturating_mul(slots(128)).min(device.sm_count());
-            A::grouped(device, g.into(), None, &a, &b, &ends, padded.as_mut().unwrap_or(c), [1, m, n8], &sa, &sb, act)?;
+            let g = grouped_grid(device, A::grouped_promoted_spec(), m, n8, e);
+            A::grouped(device, g, None, &a, &b, &ends, padded.as_mut().unwrap_or(c), [1, m, n8], &sa, &sb, act)?;
             return unpad(device, padded, c, m, n);
         }
         let names: Vec<&str> = variants.iter().map(|v| v.name).collect();
         let run = |i: usize, c: &mut Tensor<U>| {
-            let (bn, bm) = (variants[i].knob("BN").unwrap_or(256) as usize, variants[i].knob("BM").unwrap_or(128) as usize);
-            let g = Grid::tiles(n8, bn).saturating_mul(slots(bm)).min(device.sm_count());
-            A::grouped(device, g.into(), Some(i), &a, &b, &ends, c, [1, m, n8], &sa, &sb, act)
+            let g = grouped_grid(device, variants[i], m, n8, e);
+            A::grouped(device, g, Some(i), &a, &b, &ends, c, [1, m, n8], &sa, &sb, act)
         };
         let (dtypes, shape, activation) = ((A::DTYPE, U::DTYPE), [e, m, n, k], self.activation);
         let key = tessera::TuneKey::new("gemm_fp8_grouped", device)
