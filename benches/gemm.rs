@@ -42,7 +42,7 @@ fn main() {
     common::temporary_tune_cache();
     let blas = CudaBlas::new(dev.stream().expect("a CUDA stream").clone()).expect("cublas");
     match std::env::var("TESSERA_BENCH_GEMM").as_deref() {
-        Ok("small_m") => return small_m(&dev, &blas),
+        Ok("small_m") => return small_m(&dev),
         Ok("fp8") => return fp8(&dev),
         Ok("syrk") => return syrk(&dev, &blas),
         Ok("grouped") => return grouped(&dev, &blas),
@@ -229,52 +229,87 @@ fn tuned_vs_default(dev: &Device, rng: &mut Uniform) -> Vec<(String, f64, f64, S
     rows
 }
 
-/// `TESSERA_BENCH_GEMM=small_m`: decode shapes (M ≤ 64) beside cuBLAS and beside our 128×128
-/// kernel forced (what ran before the small-M path), all alternating in one run; the weights'
-/// read bandwidth against a device-to-device copy of 512 MB timed in the same run.
-fn small_m(dev: &Device, blas: &CudaBlas) {
-    let stream = dev.stream().expect("a CUDA stream").clone();
+/// `TESSERA_BENCH_SHAPES` (`MxNxK,…`), where set: the shapes a table times instead of its own.
+fn shapes_from_env() -> Option<Vec<(usize, usize, usize)>> {
+    let v = std::env::var("TESSERA_BENCH_SHAPES").ok()?;
+    let shape = |s: &str| {
+        let d: Vec<usize> = s.split('x').filter_map(|x| x.trim().parse().ok()).collect();
+        (d.len() == 3).then(|| (d[0], d[1], d[2]))
+    };
+    Some(v.split(',').filter_map(shape).collect())
+}
+
+/// `TESSERA_BENCH_GEMM=small_m`: the decode and small-batch shapes of issue 29 — M in 1, 16, 64,
+/// 128, 256, 512 by N, K in 4096, 14336 — beside cuBLAS, alternating in one run, timed two ways:
+/// back-to-back calls on the stream (the host's cost per call included, as a caller sees it)
+/// and CUDA-graph replays of 10 calls (the kernels alone); the weights' read bandwidth against
+/// a device-to-device copy of 512 MB timed in the same run. `TESSERA_BENCH_SHAPES` (`MxNxK,…`)
+/// replaces the shapes.
+fn small_m(dev: &Device) {
+    // Graphs capture a stream of its own (the default stream cannot be captured), with
+    // cudarc's cross-stream event tracking off (one stream: nothing to track, and a capture
+    // cannot wait on events recorded before it).
+    let ctx = dev.context().expect("a CUDA context").clone();
+    // SAFETY: the buffers made while tracking is off live on this one stream alone.
+    unsafe { ctx.disable_event_tracking() };
+    let stream = ctx.new_stream().expect("a stream");
+    let dev = &Device::from_stream(stream.clone()).expect("a device on its own stream");
+    let blas = &CudaBlas::new(stream.clone()).expect("cuBLAS");
     let src = stream.alloc_zeros::<u8>(1 << 29).expect("copy source");
     let mut dst = stream.alloc_zeros::<u8>(1 << 29).expect("copy destination");
     let mut copy = || stream.memcpy_dtod(&src, &mut dst).expect("copy");
     let t_copy = time_ms(dev, 3, 20, &mut copy);
     let copy_gbs = 2.0 * (1u64 << 29) as f64 / t_copy * 1e-6;
-    let mut rng = Uniform::new();
-    let mut rows = Vec::new();
-    // (128×64 first: hardly any work, the calls' fixed costs.)
-    for &(n, k) in &[(128usize, 64usize), (4096, 4096), (14336, 4096), (4096, 14336)] {
-        let b = Tensor::from_host(dev, &rng.vec(n * k, bf16::from_f32), &[n, k]).expect("b");
-        let b_raw = stream.clone_htod(&b.to_host().expect("b")).expect("b raw");
-        for m in [1usize, 16, 64] {
-            let a = Tensor::from_host(dev, &rng.vec(m * k, bf16::from_f32), &[m, k]).expect("a");
-            let a_raw = stream.clone_htod(&a.to_host().expect("a")).expect("a raw");
-            let mut c = Tensor::<bf16>::zeros(dev, &[m, n]).expect("c");
-            let mut c_old = Tensor::<bf16>::zeros(dev, &[m, n]).expect("c old");
-            let mut c_raw = stream.alloc_zeros::<bf16>(m * n).expect("c raw");
-            let cfg = cublas_tn(m, n, k);
-            let mut ours = || tessera_kernels::gemm(&a, &b).run(dev, &mut c).expect("small m");
-            let mut old = || tessera_kernels::gemm(&a, &b).variant("gemm_tn_bf16__bn128_stages4").run(dev, &mut c_old).expect("128x128");
-            let mut theirs = || unsafe { blas.gemm(cfg, &b_raw, &a_raw, &mut c_raw) }.expect("cublas");
-            let (t_cublas, t_ours) = time_pair(dev, 50, &mut theirs, &mut ours);
-            let (_, t_old) = time_pair(dev, 50, &mut theirs, &mut old);
-            let (x, y) = (c.to_host().expect("c"), stream.clone_dtoh(&c_raw).expect("c raw"));
-            let diff = x.iter().zip(&y).map(|(p, q)| (p.to_f32() - q.to_f32()).abs()).fold(0.0f32, f32::max);
-            let weights = (n * k * 2) as f64;
-            rows.push((format!("{m}x{n}x{k}"), t_cublas, t_ours, t_old, weights / t_ours * 1e-6, weights / t_cublas * 1e-6, diff));
+    let mut shapes = Vec::new();
+    for (n, k) in [(4096usize, 4096usize), (14336, 4096), (4096, 14336), (14336, 14336)] {
+        for m in [1usize, 16, 64, 128, 256, 512] {
+            shapes.push((m, n, k));
         }
     }
-    println!("\ngemm bf16 small M on {} (µs; weights' read GB/s; a device copy {copy_gbs:.0} GB/s in the same run)", dev.name());
-    println!("| MxNxK | cuBLAS µs | tessera µs | × cuBLAS | 128×128 µs | tessera GB/s | × copy | cuBLAS × copy | max|dC| |");
+    if let Some(s) = shapes_from_env() {
+        shapes = s;
+    }
+    let mut rng = Uniform::new();
+    let mut rows = Vec::new();
+    let mut weights_of = (0, 0, None);
+    for (m, n, k) in shapes {
+        if (weights_of.0, weights_of.1) != (n, k) {
+            let b = Tensor::from_host(dev, &rng.vec(n * k, bf16::from_f32), &[n, k]).expect("b");
+            let b_raw = stream.clone_htod(&b.to_host().expect("b")).expect("b raw");
+            weights_of = (n, k, Some((b, b_raw)));
+        }
+        let Some((b, b_raw)) = &weights_of.2 else { continue };
+        let a = Tensor::from_host(dev, &rng.vec(m * k, bf16::from_f32), &[m, k]).expect("a");
+        let a_raw = stream.clone_htod(&a.to_host().expect("a")).expect("a raw");
+        let mut c = Tensor::<bf16>::zeros(dev, &[m, n]).expect("c");
+        let mut c_raw = stream.alloc_zeros::<bf16>(m * n).expect("c raw");
+        let cfg = cublas_tn(m, n, k);
+        let mut ours = || tessera_kernels::gemm(&a, b).run(dev, &mut c).expect("gemm");
+        let mut theirs = || unsafe { blas.gemm(cfg, b_raw, &a_raw, &mut c_raw) }.expect("cublas");
+        let (t_cublas, t_ours) = time_pair(dev, 50, &mut theirs, &mut ours);
+        let (mut g_cublas, mut g_ours) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            g_cublas.push(tessera::testing::time_graph_ms(dev, 2, 10, || (0..10).for_each(|_| theirs())).expect("graph") / 10.0);
+            g_ours.push(tessera::testing::time_graph_ms(dev, 2, 10, || (0..10).for_each(|_| ours())).expect("graph") / 10.0);
+        }
+        let (g_cublas, g_ours) = (median(g_cublas), median(g_ours));
+        let (x, y) = (c.to_host().expect("c"), stream.clone_dtoh(&c_raw).expect("c raw"));
+        let diff = x.iter().zip(&y).map(|(p, q)| (p.to_f32() - q.to_f32()).abs()).fold(0.0f32, f32::max);
+        let weights = (n * k * 2) as f64;
+        rows.push((format!("{m}x{n}x{k}"), [t_cublas, t_ours, g_cublas, g_ours], weights / g_ours * 1e-6 / copy_gbs, diff));
+    }
+    println!("\ngemm bf16 small M on {} (µs; stream: back-to-back calls; graph: replays; a device copy {copy_gbs:.0} GB/s in the same run)", dev.name());
+    println!("| MxNxK | cuBLAS | tessera | × cuBLAS | cuBLAS graph | tessera graph | × cuBLAS graph | weights × copy (graph) | max|dC| |");
     println!("|---|---|---|---|---|---|---|---|---|");
-    for (name, tc, tu, to, gbs, cgbs, diff) in rows {
+    for (name, [tc, tu, gc, gu], bw, diff) in rows {
         println!(
-            "| {name} | {:.1} | {:.1} | {:.2} | {:.1} | {gbs:.0} | {:.2} | {:.2} | {diff:.3} |",
+            "| {name} | {:.1} | {:.1} | {:.2} | {:.1} | {:.1} | {:.2} | {bw:.2} | {diff:.3} |",
             tc * 1e3,
             tu * 1e3,
             tc / tu,
-            to * 1e3,
-            gbs / copy_gbs,
-            cgbs / copy_gbs
+            gc * 1e3,
+            gu * 1e3,
+            gc / gu
         );
     }
 }
@@ -291,14 +326,8 @@ fn fp8(dev: &Device) {
     use tessera_kernels::{gemm_fp8, Fp8Scaling};
     let mut torch = common::PyBaseline::spawn("TESSERA_SCALED_MM_SCRIPT", "scaled_mm.py");
     let mut shapes = vec![(4096, 4096, 4096), (8192, 8192, 8192), (8192, 14336, 4096), (8192, 4096, 14336), (2048, 2048, 2048)];
-    if let Ok(v) = std::env::var("TESSERA_BENCH_SHAPES") {
-        shapes = v
-            .split(',')
-            .filter_map(|s| {
-                let d: Vec<usize> = s.split('x').filter_map(|x| x.trim().parse().ok()).collect();
-                (d.len() == 3).then(|| (d[0], d[1], d[2]))
-            })
-            .collect();
+    if let Some(s) = shapes_from_env() {
+        shapes = s;
     }
     let mut rng = Uniform::new();
     let mut rows = Vec::new();

@@ -903,6 +903,96 @@ fn interp_tma_reduce_adds_sum_over_blocks() {
     tma_reduce_adds_sum_over_blocks(&Device::cpu());
 }
 
+/// Split sums finished by the last arrival: block `(p, g)`'s two warpgroups each add 64 rows
+/// of group `g`'s part `p` of `x` into `sums[g]` (`atomic_add`), then take a ticket from
+/// `count[g]` (`fetch_add`), mark it in `seen`, and the warpgroup that draws the last ticket
+/// copies the finished sums to `out[g]`, clears them and puts the count back to 0.
+#[kernel(warpgroups = 2)]
+fn last_arrival_sums(x: Global<f32, 2>, sums: Global<f32, 2>, count: Global<i32, 1>, seen: Global<f32, 2>, out: Global<f32, 2>) {
+    let p = block::id_x();
+    let g = block::id_y();
+    let arrivals = grid::dim_x() * 2;
+    let r = (g * grid::dim_x() + p) * 128 + warpgroup::id() * 64;
+    sums.atomic_add([g * 64, 0], x.load::<Tile<f32, 64, 64>>([r, 0]));
+    let ticket = count.fetch_add([g], 1);
+    arrival_finish(sums, count, seen, out, ticket, arrivals, g);
+}
+
+/// [`last_arrival_sums`] with the partial sums added by TMA reduce-adds from shared memory
+/// (completed and made visible by `fetch_add`).
+#[kernel(warpgroups = 2, targets(sm_90a))]
+fn last_arrival_tma_sums(x: Global<f32, 2>, sums: Global<f32, 2>, count: Global<i32, 1>, seen: Global<f32, 2>, out: Global<f32, 2>) {
+    let p = block::id_x();
+    let g = block::id_y();
+    let arrivals = grid::dim_x() * 2;
+    let r = (g * grid::dim_x() + p) * 128 + warpgroup::id() * 64;
+    let ring = Smem::<f32, 64, 32>::ring(4);
+    #[unroll]
+    for c in 0..2 {
+        let panel = warpgroup::id() * 2 + c;
+        ring.at(panel).store(x.load::<Tile<f32, 64, 32>>([r, c * 32]));
+        tma::reduce_add(sums, [g * 64, c * 32], ring.at(panel));
+    }
+    let ticket = count.fetch_add([g], 1);
+    arrival_finish(sums, count, seen, out, ticket, arrivals, g);
+}
+
+/// What both kernels do with a ticket.
+#[tessera::device]
+fn arrival_finish(sums: Global<f32, 2>, count: Global<i32, 1>, seen: Global<f32, 2>, out: Global<f32, 2>, ticket: i32, arrivals: i32, g: i32) {
+    seen.store([g, ticket], Tile::<f32, 1, 1>::full(1.0));
+    if ticket == arrivals - 1 {
+        out.store([g * 64, 0], sums.load::<Tile<f32, 64, 64>>([g * 64, 0]));
+        sums.store([g * 64, 0], Tile::<f32, 64, 64>::zeros());
+        count.fetch_add([g], -arrivals);
+    }
+}
+
+fn last_arrival_finishes_sums(dev: &Device, tma: bool) {
+    for (parts, groups) in [(1, 1), (7, 3), (40, 5)] {
+        let rows = groups * parts * 128;
+        let x = random(rows * 64, -1.0, 1.0);
+        let xd = Tensor::from_host(dev, &x, &[rows, 64]).expect("x");
+        let mut sums = Tensor::<f32>::zeros(dev, &[groups * 64, 64]).expect("sums");
+        let mut count = Tensor::<i32>::zeros(dev, &[groups]).expect("count");
+        let mut seen = Tensor::from_host(dev, &vec![f32::NAN; groups * 2 * parts], &[groups, 2 * parts]).expect("seen");
+        let mut out = Tensor::from_host(dev, &vec![f32::NAN; groups * 64 * 64], &[groups * 64, 64]).expect("out");
+        let grid = Grid::from((parts as u32, groups as u32));
+        if tma {
+            last_arrival_tma_sums::launch(dev, grid, &xd, &mut sums, &mut count, &mut seen, &mut out).expect("launch");
+        } else {
+            last_arrival_sums::launch(dev, grid, &xd, &mut sums, &mut count, &mut seen, &mut out).expect("launch");
+        }
+        let mut want = vec![0.0f64; groups * 64 * 64];
+        for g in 0..groups {
+            for i in 0..parts * 128 {
+                for j in 0..64 {
+                    want[(g * 64 + i % 64) * 64 + j] += f64::from(x[((g * parts * 128) + i) * 64 + j]);
+                }
+            }
+        }
+        let got = wide(&out.to_host().expect("out"));
+        assert!(rel_error(&got, &want) < 1e-5, "sums {parts}×{groups} (tma {tma}): {}", rel_error(&got, &want));
+        assert!(seen.to_host().expect("seen").iter().all(|&v| v == 1.0), "each ticket drawn once ({parts}×{groups})");
+        assert!(sums.to_host().expect("sums").iter().all(|&v| v == 0.0), "the sums cleared ({parts}×{groups})");
+        assert!(count.to_host().expect("count").iter().all(|&v| v == 0), "the counts back to 0 ({parts}×{groups})");
+    }
+}
+
+#[test]
+fn gpu_last_arrival_finishes_sums() {
+    if let Some(dev) = gpu_or_skip("gpu_last_arrival_finishes_sums") {
+        last_arrival_finishes_sums(&dev, false);
+        last_arrival_finishes_sums(&dev, true);
+    }
+}
+
+#[test]
+fn interp_last_arrival_finishes_sums() {
+    last_arrival_finishes_sums(&Device::cpu(), false);
+    last_arrival_finishes_sums(&Device::cpu(), true);
+}
+
 /// One row of `x` from column `col` through TMA, into `out`.
 #[kernel(warpgroups = 2, targets(sm_90a))]
 fn tma_row_from(x: Global<f32, 2>, out: Global<f32, 2>, col: i32) {

@@ -46,7 +46,12 @@
 //!   and indices; `R` = 1 to 5) and scalars `f32`, `i32`.
 //! - Statements: `let`, `let mut`, assignment (`=`, `+=`, …), `for i in (a..b).step_by(k)`,
 //!   `if … else`, `tensor.store([i, j], tile)`, `tensor.atomic_add([i, j], tile)` (f32 into an
-//!   f32 tensor, each element once, in no fixed order across blocks).
+//!   f32 tensor, each element once, in no fixed order across blocks),
+//!   `let old = counter.fetch_add([i], v)` (one atomic addition to an `i32` element per
+//!   warpgroup, its old value given to every thread: it releases the warpgroup's earlier
+//!   writes — TMA stores and reduce-adds completed first — and acquires those of the
+//!   warpgroups whose additions it sees, at GPU scope; the warpgroup that draws the last of `n`
+//!   tickets reads what the others wrote: split-K's fixup, a grid-wide count).
 //! - Scalars: literals, `block::id_x()`/`_y`/`_z`, `grid::dim_x()`, `warpgroup::id()`,
 //!   `tensor.dim(axis)`, `tensor.get([i, j])` (one element, 16-bit floats widened to `f32`; 0 out of bounds),
 //!   arithmetic, comparisons, `as f32`/`as i32`.

@@ -534,9 +534,9 @@ impl Lowerer<'_> {
         }
     }
 
-    /// `tensor.get(idx)`: one 4-byte element, 0 where `idx` is out of bounds.
-    pub(crate) fn get(&mut self, g: &GlobalVal, idx: &[Operand], ty: crate::dtype::ScalarType) -> Reg {
-        use Operand::{Addr, Imm, Reg as R};
+    /// The address of element `idx` of `g`, and whether it is in bounds.
+    fn element(&mut self, g: &GlobalVal, idx: &[Operand]) -> (Reg, Reg) {
+        use Operand::Reg as R;
         let gr = self.global_regs(g);
         let addr = self.reg(RegClass::B64, "at");
         self.op("mov.b64", vec![R(addr), R(gr.ptr)]);
@@ -549,6 +549,44 @@ impl Lowerer<'_> {
             self.op("setp.lt.and.u32", vec![R(inb), R(ir), R(gr.dims[k]), R(inb)]);
             self.term(addr, ir, gr.strides[k], es);
         }
+        (addr, inb)
+    }
+
+    /// `let old = tensor.fetch_add(idx, v)`: the warpgroup's writes ordered before the
+    /// leader's (a barrier; its TMA stores completed and fenced against the generic proxy),
+    /// the leader's `atom.acq_rel.gpu.add`, and its old value handed to every thread through
+    /// the warpgroup's scratch (a barrier after the leader's write; the next writer of the
+    /// scratch passes a barrier first). Out of bounds: no addition, the value 0.
+    pub(crate) fn fetch_add(&mut self, g: &GlobalVal, idx: &[Operand], v: Operand) -> Reg {
+        use Operand::{Addr, Imm, Reg as R};
+        let (addr, inb) = self.element(g, idx);
+        let leader = self.leader;
+        self.warpgroup_barrier();
+        if self.sm90() {
+            self.op_if(leader, false, "cp.async.bulk.wait_group", vec![Imm(0)]);
+            self.op_if(leader, false, "fence.proxy.async.global", vec![]);
+        }
+        let old = self.reg(RegClass::B32, "old");
+        self.op("mov.b32", vec![R(old), Imm(0)]);
+        let add = self.reg(RegClass::Pred, "adds");
+        self.op("and.pred", vec![R(add), R(inb), R(leader)]);
+        let vr = self.reg(RegClass::B32, "add");
+        self.op("mov.b32", vec![R(vr), v]);
+        self.op_if(add, false, "atom.acq_rel.gpu.global.add.u32", vec![R(old), Addr(addr, 0), R(vr)]);
+        self.need_scratch(4);
+        let scratch = self.scratch;
+        self.op_if(leader, false, "st.shared.u32", vec![Addr(scratch, 0), R(old)]);
+        self.warpgroup_barrier();
+        let out = self.reg(RegClass::B32, "ticket");
+        self.op("ld.shared.u32", vec![R(out), Addr(scratch, 0)]);
+        out
+    }
+
+    /// `tensor.get(idx)`: one 4-byte element, 0 where `idx` is out of bounds.
+    pub(crate) fn get(&mut self, g: &GlobalVal, idx: &[Operand], ty: crate::dtype::ScalarType) -> Reg {
+        use Operand::{Addr, Imm, Reg as R};
+        let (addr, inb) = self.element(g, idx);
+        let es = i64::from(g.dtype.size());
         let nc = if g.written { "" } else { ".nc" };
         if es < 4 {
             // A 16-bit or 8-bit float, widened: zero bits are 0.0 in every format.

@@ -208,7 +208,10 @@ impl TileIr {
     pub fn writes(&self, name: &str) -> bool {
         fn any(body: &[Stmt], name: &str) -> bool {
             body.iter().any(|s| match &s.kind {
-                StmtKind::Store { tensor, .. } | StmtKind::TmaStore { tensor, .. } | StmtKind::AtomicAdd { tensor, .. } => tensor == name,
+                StmtKind::Store { tensor, .. }
+                | StmtKind::TmaStore { tensor, .. }
+                | StmtKind::AtomicAdd { tensor, .. }
+                | StmtKind::FetchAdd { tensor, .. } => tensor == name,
                 // A tile queue's counter is atomically incremented.
                 StmtKind::Let { value: Expr { kind: ExprKind::QueueNew { counter, .. }, .. }, .. } => counter == name,
                 StmtKind::For { body, .. } | StmtKind::QueueFor { body, .. } => any(body, name),
@@ -274,6 +277,23 @@ pub enum StmtKind {
         /// The origin of the tile in the tensor, one index per dimension.
         index: Vec<Expr>,
         /// The f32 tile to add.
+        value: Expr,
+    },
+    /// `let old = tensor.fetch_add([i], v);` (or without the `let`): one atomic addition of the
+    /// i32 `v` to the i32 tensor's element per warpgroup (by its leader), the element's value
+    /// before it given to every thread — a ticket, a count of arrivals. It releases what the
+    /// warpgroup wrote before it (stores, atomic adds, and TMA stores and reduce-adds, which it
+    /// waits to complete) and acquires what the warpgroups whose additions came before it
+    /// released, at GPU scope: a warpgroup that finds itself the last of `n` arrivals reads
+    /// what the other `n − 1` wrote. Out of bounds: nothing is added and the value is 0.
+    FetchAdd {
+        /// The name bound to the old value, if any.
+        name: Option<String>,
+        /// The global tensor parameter (i32).
+        tensor: String,
+        /// The element, one index per dimension.
+        index: Vec<Expr>,
+        /// The i32 scalar added.
         value: Expr,
     },
     /// `tensor.prefetch::<Tile<T, M, N>>(index)`: asks L2 to fetch the lines of the tile that

@@ -176,7 +176,7 @@ impl Checker<'_> {
         if let Err(e) = result {
             // A binding that failed binds its names as poisoned, so later uses stay quiet.
             let names: Vec<String> = match &s.kind {
-                StmtKind::Let { name, .. } => vec![name.clone()],
+                StmtKind::Let { name, .. } | StmtKind::FetchAdd { name: Some(name), .. } => vec![name.clone()],
                 StmtKind::Unpack { names, assign: false, .. } => names.iter().map(|(n, _)| n.clone()).collect(),
                 _ => Vec::new(),
             };
@@ -280,6 +280,20 @@ impl Checker<'_> {
                         ));
                     }
                     _ => return Err(CompileError::ty(value.loc, format!("`{tensor}.atomic_add` adds an f32 tile, found `{ty}`"))),
+                }
+            }
+            StmtKind::FetchAdd { name, tensor, index, value } => {
+                let (dtype, rank) = self.global(tensor, loc)?;
+                if dtype != DType::I32 {
+                    return Err(CompileError::ty(
+                        loc,
+                        format!("`{tensor}.fetch_add` adds into an i32 tensor, and `{tensor}` is `Global<{dtype}, {rank}>`"),
+                    ));
+                }
+                self.indices(tensor, rank, index, loc)?;
+                self.expect_scalar(value, ScalarType::I32, &format!("the value `{tensor}.fetch_add` adds"))?;
+                if let Some(name) = name {
+                    self.bind(name, Type::Scalar(ScalarType::I32), false);
                 }
             }
             StmtKind::For { var, start, end, step, body } => {

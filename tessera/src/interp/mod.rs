@@ -609,6 +609,28 @@ impl<'p> Kernel<'p> {
                 };
                 self.store_tile(g, &idx, &t, ends.as_deref())?;
             }
+            StmtKind::FetchAdd { name, tensor, index, value } => {
+                let idx = self.indices(index, wg, blk)?;
+                let v = self.int(value, wg, blk)?;
+                let g = self.global(tensor, wg)?;
+                // Under the buffer's lock: blocks on other threads add without losing any, and
+                // every earlier write (the interpreter's are immediate) is already there.
+                let mut bytes = g.buf.lock();
+                let old = match Self::offset(g, &idx) {
+                    Some(at) => {
+                        if let Some(m) = Self::outside(g, at, g.buf.len) {
+                            return Err(format!("adds into {m}").into());
+                        }
+                        let old = value::read(&bytes, g.dtype, at as usize).to_bits() as i32;
+                        value::write(&mut bytes, g.dtype, at as usize, f32::from_bits(old.wrapping_add(v) as u32));
+                        old
+                    }
+                    None => 0,
+                };
+                if let Some(name) = name {
+                    wg.env.push((name.as_str(), Val::I(old)));
+                }
+            }
             StmtKind::AtomicAdd { tensor, index, value } => {
                 let g = self.global(tensor, wg)?;
                 let idx = self.indices(index, wg, blk)?;
