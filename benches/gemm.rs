@@ -43,6 +43,7 @@ fn main() {
     let blas = CudaBlas::new(dev.stream().expect("a CUDA stream").clone()).expect("cublas");
     match std::env::var("TESSERA_BENCH_GEMM").as_deref() {
         Ok("small_m") => return small_m(&dev),
+        Ok("small_m_variants") => return small_m_variants(&dev),
         Ok("fp8") => return fp8(&dev),
         Ok("syrk") => return syrk(&dev, &blas),
         Ok("grouped") => return grouped(&dev, &blas),
@@ -239,6 +240,52 @@ fn shapes_from_env() -> Option<Vec<(usize, usize, usize)>> {
     Some(v.split(',').filter_map(shape).collect())
 }
 
+/// A device on a stream of its own for CUDA-graph timing (the default stream cannot be
+/// captured), with cudarc's cross-stream event tracking off (one stream: nothing to track,
+/// and a capture cannot wait on events recorded before it).
+fn graph_device(dev: &Device) -> Device {
+    let ctx = dev.context().expect("a CUDA context").clone();
+    // SAFETY: the buffers made while tracking is off live on this one stream alone.
+    unsafe { ctx.disable_event_tracking() };
+    Device::from_stream(ctx.new_stream().expect("a stream")).expect("a device on its own stream")
+}
+
+/// Median ms per call of `f` over 5 CUDA-graph replays of 10 calls each.
+fn graph_ms(dev: &Device, mut f: impl FnMut()) -> f64 {
+    let t: Vec<f64> = (0..5).map(|_| tessera::testing::time_graph_ms(dev, 2, 10, || (0..10).for_each(|_| f())).expect("graph") / 10.0).collect();
+    median(t)
+}
+
+/// `TESSERA_BENCH_GEMM=small_m_variants`: every variant the tuner chooses from for the
+/// small-M shapes (the tiled kernels, the small-M kernel at each split of K), each forced and
+/// timed by graph replays, the fastest first — what the default heuristic should pick.
+/// `TESSERA_BENCH_SHAPES` replaces the shapes.
+fn small_m_variants(dev: &Device) {
+    let dev = &graph_device(dev);
+    let mut shapes = vec![(1, 14336, 4096), (64, 4096, 4096), (128, 4096, 4096), (256, 4096, 4096), (128, 4096, 14336), (512, 4096, 4096)];
+    if let Some(s) = shapes_from_env() {
+        shapes = s;
+    }
+    let mut rng = Uniform::new();
+    let mut names: Vec<String> = tessera_kernels::gemm_variants::<bf16>(tessera_kernels::BLayout::NxK).iter().map(|s| s.to_string()).collect();
+    names.extend([1, 2, 4, 8, 16].iter().map(|s| format!("gemm_small_m/splits{s}")));
+    for (m, n, k) in shapes {
+        let a = Tensor::from_host(dev, &rng.vec(m * k, bf16::from_f32), &[m, k]).expect("a");
+        let b = Tensor::from_host(dev, &rng.vec(n * k, bf16::from_f32), &[n, k]).expect("b");
+        let mut c = Tensor::<bf16>::zeros(dev, &[m, n]).expect("c");
+        let default = graph_ms(dev, || tessera_kernels::gemm(&a, &b).run(dev, &mut c).expect("gemm"));
+        let mut rows: Vec<(f64, &str)> = Vec::new();
+        for v in &names {
+            if tessera_kernels::gemm(&a, &b).variant(v).run(dev, &mut c).is_ok() {
+                rows.push((graph_ms(dev, || tessera_kernels::gemm(&a, &b).variant(v).run(dev, &mut c).expect("gemm")), v));
+            }
+        }
+        rows.sort_by(|x, y| x.0.total_cmp(&y.0));
+        let list: Vec<String> = rows.iter().map(|(t, v)| format!("{v} {:.1}", t * 1e3)).collect();
+        println!("{m}x{n}x{k}: default {:.1} µs | {}", default * 1e3, list.join(" | "));
+    }
+}
+
 /// `TESSERA_BENCH_GEMM=small_m`: the decode and small-batch shapes of issue 29 — M in 1, 16, 64,
 /// 128, 256, 512 by N, K in 4096, 14336 — beside cuBLAS, alternating in one run, timed two ways:
 /// back-to-back calls on the stream (the host's cost per call included, as a caller sees it)
@@ -246,14 +293,8 @@ fn shapes_from_env() -> Option<Vec<(usize, usize, usize)>> {
 /// a device-to-device copy of 512 MB timed in the same run. `TESSERA_BENCH_SHAPES` (`MxNxK,…`)
 /// replaces the shapes.
 fn small_m(dev: &Device) {
-    // Graphs capture a stream of its own (the default stream cannot be captured), with
-    // cudarc's cross-stream event tracking off (one stream: nothing to track, and a capture
-    // cannot wait on events recorded before it).
-    let ctx = dev.context().expect("a CUDA context").clone();
-    // SAFETY: the buffers made while tracking is off live on this one stream alone.
-    unsafe { ctx.disable_event_tracking() };
-    let stream = ctx.new_stream().expect("a stream");
-    let dev = &Device::from_stream(stream.clone()).expect("a device on its own stream");
+    let dev = &graph_device(dev);
+    let stream = dev.stream().expect("a CUDA stream").clone();
     let blas = &CudaBlas::new(stream.clone()).expect("cuBLAS");
     let src = stream.alloc_zeros::<u8>(1 << 29).expect("copy source");
     let mut dst = stream.alloc_zeros::<u8>(1 << 29).expect("copy destination");
@@ -287,12 +328,7 @@ fn small_m(dev: &Device) {
         let mut ours = || tessera_kernels::gemm(&a, b).run(dev, &mut c).expect("gemm");
         let mut theirs = || unsafe { blas.gemm(cfg, b_raw, &a_raw, &mut c_raw) }.expect("cublas");
         let (t_cublas, t_ours) = time_pair(dev, 50, &mut theirs, &mut ours);
-        let (mut g_cublas, mut g_ours) = (Vec::new(), Vec::new());
-        for _ in 0..5 {
-            g_cublas.push(tessera::testing::time_graph_ms(dev, 2, 10, || (0..10).for_each(|_| theirs())).expect("graph") / 10.0);
-            g_ours.push(tessera::testing::time_graph_ms(dev, 2, 10, || (0..10).for_each(|_| ours())).expect("graph") / 10.0);
-        }
-        let (g_cublas, g_ours) = (median(g_cublas), median(g_ours));
+        let (g_cublas, g_ours) = (graph_ms(dev, &mut theirs), graph_ms(dev, &mut ours));
         let (x, y) = (c.to_host().expect("c"), stream.clone_dtoh(&c_raw).expect("c raw"));
         let diff = x.iter().zip(&y).map(|(p, q)| (p.to_f32() - q.to_f32()).abs()).fold(0.0f32, f32::max);
         let weights = (n * k * 2) as f64;

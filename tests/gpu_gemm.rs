@@ -88,6 +88,11 @@ struct Epi {
 }
 
 fn check_epilogue(dev: &Device, m: usize, n: usize, k: usize, epi: Epi) {
+    check_epilogue_variant(dev, m, n, k, epi, None);
+}
+
+/// [`check_epilogue`] with one kernel variant forced (`GemmBuilder::variant`).
+fn check_epilogue_variant(dev: &Device, m: usize, n: usize, k: usize, epi: Epi, variant: Option<&str>) {
     use tessera_kernels::{gemm, Activation, Bias};
     let (a, b) = (random_bf16(m * k), random_bf16(n * k));
     let at = Tensor::from_host(dev, &a, &[m, k]).unwrap();
@@ -105,6 +110,9 @@ fn check_epilogue(dev: &Device, m: usize, n: usize, k: usize, epi: Epi) {
     }
     if let Some(t) = &residual {
         g = g.residual(t);
+    }
+    if let Some(v) = variant {
+        g = g.variant(v);
     }
     g.run(dev, &mut c).unwrap();
     let got = c.to_host().unwrap();
@@ -132,7 +140,7 @@ fn check_epilogue(dev: &Device, m: usize, n: usize, k: usize, epi: Epi) {
     }
     let have: Vec<f64> = got.iter().map(|x| x.to_f64()).collect();
     let err = rel_error(&have, &want);
-    assert!(err < 1e-2, "epilogue {m}x{n}x{k}: relative error {err}");
+    assert!(err < 1e-2, "epilogue {m}x{n}x{k} {variant:?}: relative error {err}");
 }
 
 #[test]
@@ -575,6 +583,42 @@ fn interp_gemm_small_m_matches_f64_reference() {
     // 264 columns: 3 slabs of 128 rows; on the interpreter's 2 "SMs" K's 9 steps split in 2
     // (17 rows take the small-M path only so).
     small_m_matches_f64_reference(&Device::cpu_with_threads(2), &[(1, 136, 72), (17, 264, 520)]);
+}
+
+/// The small-M kernel forced (`gemm_small_m/splitsS`) at each `MN` that `m` picks (16 to 256,
+/// 256-row chunks past that), unsplit (C stored from the accumulator) and split in every count
+/// K's steps allow up to 8 (the last arrival of each tile's splits finishing it: sums and
+/// counters left zeroed for the next call, which the next check is): bias per column and
+/// per row with activations, and batches.
+fn small_m_forced_matches_f64(dev: &Device, shapes: &[(usize, usize, usize)]) {
+    use tessera_kernels::Activation;
+    for &(m, n, k) in shapes {
+        for s in [1usize, 2, 4, 8].into_iter().filter(|&s| s <= (k.div_ceil(64) / 4).max(1)) {
+            let v = format!("gemm_small_m/splits{s}");
+            let per = |per_col: bool, act| Epi {
+                alpha: 0.5,
+                beta: None,
+                beta_v: 0.0,
+                bias: Some((random_bf16(if per_col { n } else { m }), per_col)),
+                act,
+                residual: None,
+            };
+            check_epilogue_variant(dev, m, n, k, per(true, Activation::GeluTanh), Some(&v));
+            check_epilogue_variant(dev, m, n, k, per(false, Activation::Silu), Some(&v));
+            check_layout_variant(dev, 3, m, n, k, false, Some(&v));
+        }
+    }
+}
+
+#[test]
+fn gpu_gemm_small_m_forced_matches_f64_reference() {
+    let Some(dev) = gpu_or_skip("gpu_gemm_small_m_forced") else { return };
+    small_m_forced_matches_f64(&dev, &[(5, 136, 72), (20, 1000, 520), (40, 300, 1000), (100, 1000, 2000), (200, 264, 777), (300, 1032, 1100), (512, 520, 2048)]);
+}
+
+#[test]
+fn interp_gemm_small_m_forced_matches_f64_reference() {
+    small_m_forced_matches_f64(&Device::cpu_with_threads(2), &[(20, 136, 520), (300, 136, 264)]);
 }
 
 /// `triangular_only`: every variant (128×256 and 128×128 tiles), lower and upper, SYRK (`B = A`)

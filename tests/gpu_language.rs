@@ -906,7 +906,8 @@ fn interp_tma_reduce_adds_sum_over_blocks() {
 /// Split sums finished by the last arrival: block `(p, g)`'s two warpgroups each add 64 rows
 /// of group `g`'s part `p` of `x` into `sums[g]` (`atomic_add`), then take a ticket from
 /// `count[g]` (`fetch_add`), mark it in `seen`, and the warpgroup that draws the last ticket
-/// copies the finished sums to `out[g]`, clears them and puts the count back to 0.
+/// copies the finished sums to `out[g]`, clears them and puts the count back to 0 (adding
+/// minus the arrivals).
 #[kernel(warpgroups = 2)]
 fn last_arrival_sums(x: Global<f32, 2>, sums: Global<f32, 2>, count: Global<i32, 1>, seen: Global<f32, 2>, out: Global<f32, 2>) {
     let p = block::id_x();
@@ -915,11 +916,12 @@ fn last_arrival_sums(x: Global<f32, 2>, sums: Global<f32, 2>, count: Global<i32,
     let r = (g * grid::dim_x() + p) * 128 + warpgroup::id() * 64;
     sums.atomic_add([g * 64, 0], x.load::<Tile<f32, 64, 64>>([r, 0]));
     let ticket = count.fetch_add([g], 1);
-    arrival_finish(sums, count, seen, out, ticket, arrivals, g);
+    arrival_finish(sums, count, seen, out, ticket, arrivals, g, 1);
 }
 
 /// [`last_arrival_sums`] with the partial sums added by TMA reduce-adds from shared memory
-/// (completed and made visible by `fetch_add`).
+/// (completed and made visible by the ticket's draw), the tickets drawn by `fetch_inc` (the
+/// last puts the count back to 0).
 #[kernel(warpgroups = 2, targets(sm_90a))]
 fn last_arrival_tma_sums(x: Global<f32, 2>, sums: Global<f32, 2>, count: Global<i32, 1>, seen: Global<f32, 2>, out: Global<f32, 2>) {
     let p = block::id_x();
@@ -933,18 +935,23 @@ fn last_arrival_tma_sums(x: Global<f32, 2>, sums: Global<f32, 2>, count: Global<
         ring.at(panel).store(x.load::<Tile<f32, 64, 32>>([r, c * 32]));
         tma::reduce_add(sums, [g * 64, c * 32], ring.at(panel));
     }
-    let ticket = count.fetch_add([g], 1);
-    arrival_finish(sums, count, seen, out, ticket, arrivals, g);
+    let ticket = count.fetch_inc([g], arrivals - 1);
+    arrival_finish(sums, count, seen, out, ticket, arrivals, g, 0);
 }
 
-/// What both kernels do with a ticket.
+/// What both kernels do with a ticket (`reset` 1: the count put back to 0 by adding).
 #[tessera::device]
-fn arrival_finish(sums: Global<f32, 2>, count: Global<i32, 1>, seen: Global<f32, 2>, out: Global<f32, 2>, ticket: i32, arrivals: i32, g: i32) {
+#[allow(clippy::too_many_arguments)]
+fn arrival_finish(
+    sums: Global<f32, 2>, count: Global<i32, 1>, seen: Global<f32, 2>, out: Global<f32, 2>, ticket: i32, arrivals: i32, g: i32, reset: i32,
+) {
     seen.store([g, ticket], Tile::<f32, 1, 1>::full(1.0));
     if ticket == arrivals - 1 {
         out.store([g * 64, 0], sums.load::<Tile<f32, 64, 64>>([g * 64, 0]));
         sums.store([g * 64, 0], Tile::<f32, 64, 64>::zeros());
-        count.fetch_add([g], -arrivals);
+        if reset == 1 {
+            count.fetch_add([g], -arrivals);
+        }
     }
 }
 

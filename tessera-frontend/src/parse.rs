@@ -49,7 +49,7 @@ const FUNCTIONS: &str = "`exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, 
 
 /// The scans: inclusive or exclusive, from the first element or from the last.
 const SCANS: [&str; 4] = ["tile_scan", "tile_scan_exclusive", "tile_scan_reverse", "tile_scan_reverse_exclusive"];
-const METHODS: &str = "`load`, `load_or`, `get`, `store`, `store_within`, `atomic_add`, `fetch_add`, `dim`, `cast`, `exp2`, `exp2_fma`, `exp2_split`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `mask_cols`, `keep_where`, `swap_pairs`, `last_col`, `first_col`, `shift_cols`, `shift_rows`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
+const METHODS: &str = "`load`, `load_or`, `get`, `store`, `store_within`, `atomic_add`, `fetch_add`, `fetch_inc`, `dim`, `cast`, `exp2`, `exp2_fma`, `exp2_split`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `mask_cols`, `keep_where`, `swap_pairs`, `last_col`, `first_col`, `shift_cols`, `shift_rows`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
 
 /// Whether a call's path names one of the language's own functions (which a device function
 /// cannot shadow): every other call is a device function's.
@@ -202,9 +202,9 @@ impl Frontend {
                     return err(diverge, "unsupported Rust construct in a kernel: `let … else`");
                 }
                 if let SynExpr::MethodCall(m) = &*init.expr {
-                    if m.method == "fetch_add" {
+                    if m.method == "fetch_add" || m.method == "fetch_inc" {
                         if declared.is_some() || id.mutability.is_some() {
-                            return err(pat, "`fetch_add`'s old value binds as `let name = tensor.fetch_add([i], v);`");
+                            return err(pat, format!("`{}`'s old value binds as `let name = tensor.{}([i], v);`", m.method, m.method));
                         }
                         // Errors point at the call, not at the `let`.
                         let loc = self.loc(m.span());
@@ -276,7 +276,7 @@ impl Frontend {
                 }
                 StmtKind::AtomicAdd { tensor, index: self.index(&m.args[0])?, value: self.expr(&m.args[1])? }
             }
-            SynExpr::MethodCall(m) if m.method == "fetch_add" => self.fetch_add(m, None)?,
+            SynExpr::MethodCall(m) if m.method == "fetch_add" || m.method == "fetch_inc" => self.fetch_add(m, None)?,
             SynExpr::MethodCall(m) if m.method == "prefetch" => {
                 let tensor = receiver_name(&m.receiver)?;
                 let (Some(tf), 1) = (&m.turbofish, m.args.len()) else {
@@ -534,13 +534,16 @@ impl Frontend {
         }
     }
 
-    /// `tensor.fetch_add([i], v)`, its old value bound to `name` where a `let` gives one.
+    /// `tensor.fetch_add([i], v)` or `tensor.fetch_inc([i], limit)`, its old value bound to
+    /// `name` where a `let` gives one.
     fn fetch_add(&mut self, m: &syn::ExprMethodCall, name: Option<String>) -> R<StmtKind> {
         let tensor = receiver_name(&m.receiver)?;
+        let inc = m.method == "fetch_inc";
         if m.args.len() != 2 {
-            return err(m, "`fetch_add` takes an element's index and an i32: `let old = tensor.fetch_add([i], 1);`");
+            let example = if inc { "let ticket = tensor.fetch_inc([i], n - 1);" } else { "let old = tensor.fetch_add([i], 1);" };
+            return err(m, format!("`{}` takes an element's index and an i32: `{example}`", m.method));
         }
-        Ok(StmtKind::FetchAdd { name, tensor, index: self.index(&m.args[0])?, value: self.expr(&m.args[1])? })
+        Ok(StmtKind::FetchAdd { name, tensor, index: self.index(&m.args[0])?, value: self.expr(&m.args[1])?, inc })
     }
 
     fn index(&mut self, e: &SynExpr) -> R<Vec<Expr>> {
@@ -932,8 +935,8 @@ impl Frontend {
                 want(1)?;
                 ExprKind::Get { tensor: receiver_name(&m.receiver)?, index: self.index(&m.args[0])? }
             }
-            "fetch_add" => {
-                return err(&m.method, "`fetch_add` is a statement of its own: `let old = tensor.fetch_add([i], v);`");
+            "fetch_add" | "fetch_inc" => {
+                return err(&m.method, format!("`{name}` is a statement of its own: `let old = tensor.{name}([i], v);`"));
             }
             "t" => {
                 return err(&m.method, "`.t()` transposes a shared view only as `mma_sync`'s `a`: `mma_sync_kn(acc, ring.at(s).t(), b)`");

@@ -87,7 +87,7 @@ pub mod kernels {
         gemm_fp8_grouped_promoted_f8e4m3_bf16, gemm_fp8_grouped_promoted_f8e4m3_f16, gemm_fp8_grouped_promoted_f8e5m2_bf16,
         gemm_fp8_grouped_promoted_f8e5m2_f16, gemm_fp8_promoted_f8e4m3_bf16, gemm_fp8_promoted_f8e4m3_f16, gemm_fp8_promoted_f8e5m2_bf16,
         gemm_fp8_promoted_f8e5m2_f16, gemm_grouped_bf16, gemm_grouped_f16, gemm_grouped_nn_bf16, gemm_grouped_nn_f16, gemm_nn_bf16,
-        gemm_nn_f16, gemm_nn_full_bf16, gemm_nn_full_f16, gemm_small_m_bf16, gemm_small_m_f16, gemm_small_m_out_bf16, gemm_small_m_out_f16,
+        gemm_nn_f16, gemm_nn_full_bf16, gemm_nn_full_f16, gemm_small_m_bf16, gemm_small_m_f16,
         gemm_tn_bf16, gemm_tn_f16, gemm_tn_full_bf16, gemm_tn_full_f16, gemm_tn_triangle_bf16, gemm_tn_triangle_f16, pad_copy_bf16,
         pad_copy_f16,
     };
@@ -231,8 +231,6 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         gemm_nn_full_f16::VARIANTS,
         gemm_small_m_bf16::VARIANTS,
         gemm_small_m_f16::VARIANTS,
-        gemm_small_m_out_bf16::VARIANTS,
-        gemm_small_m_out_f16::VARIANTS,
         gemm_tn_triangle_bf16::VARIANTS,
         gemm_tn_triangle_f16::VARIANTS,
         gemm_grouped_bf16::VARIANTS,

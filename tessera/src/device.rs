@@ -32,12 +32,14 @@ struct Inner {
     counter: Mutex<Option<crate::tensor::ZeroedBuf<i32>>>,
     /// The zeroed f32 workspace (see [`Device::zeroed_workspace`]), grown on demand.
     workspace: Mutex<Option<crate::tensor::ZeroedBuf<f32>>>,
+    /// The zeroed arrival counters (see [`Device::zeroed_counters`]), grown on demand.
+    counters: Mutex<Option<crate::tensor::ZeroedBuf<i32>>>,
 }
 
 impl Inner {
     /// A device's state: nothing loaded, no TMA map, counter or workspace made yet.
     fn new(backend: Backend, sm_count: u32, name: String, target: Option<tessera_ptx::Target>) -> Inner {
-        Inner { backend, sm_count, name, tma: Default::default(), target, counter: Mutex::new(None), workspace: Mutex::new(None) }
+        Inner { backend, sm_count, name, tma: Default::default(), target, counter: Mutex::new(None), workspace: Mutex::new(None), counters: Mutex::new(None) }
     }
 }
 
@@ -203,8 +205,21 @@ impl Device {
     ///
     /// # Errors
     /// A CUDA error allocating its 4 bytes on first use.
-    pub fn tile_counter(&self) -> Result<crate::tensor::TileCounter<'_>> {
-        Ok(crate::tensor::TileCounter { slot: self.zeroed(&self.inner.counter, 1)?, device: self })
+    pub fn tile_counter(&self) -> Result<crate::tensor::Counters<'_>> {
+        Ok(crate::tensor::Counters { slot: self.zeroed(&self.inner.counter, 1)?, device: self, len: 1 })
+    }
+
+    /// `len` zeroed `i32` counters for kernels that count arrivals with `fetch_add` (split-K's
+    /// last arrival finishes a tile) and put each count back to 0 before they finish, so that
+    /// no call allocates or clears them: shared by the launches on this device's stream, as
+    /// [`Device::zeroed_workspace`] is, and apart from it and from the tile counter (a kernel
+    /// may take all three). Passes as a `Global<i32, 1>` of `len` elements.
+    ///
+    /// # Errors
+    /// A CUDA error allocating them.
+    pub fn zeroed_counters(&self, len: usize) -> Result<crate::tensor::Counters<'_>> {
+        let len = len.max(1);
+        Ok(crate::tensor::Counters { slot: self.zeroed(&self.inner.counters, len)?, device: self, len })
     }
 
     /// A kept-zeroed buffer of at least `len` elements, locked: made (or grown, a fresh zeroed

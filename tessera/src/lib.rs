@@ -182,7 +182,7 @@ pub use half::{bf16, f16};
 pub use launch::{variant_of, Grid, Launch, ScalarArg};
 pub use tensor::{
     contiguous_strides, global, global_mut, in_place, Absent, ArgGuard, CudaGlobal, Element, GlobalArg, GlobalArgMut, GlobalDesc,
-    HostBuffer, InPlace, Optional, OptionalMut, Tensor, TensorView, TensorViewMut, TileCounter, Workspace, WorkspaceView,
+    HostBuffer, InPlace, Optional, OptionalMut, Tensor, TensorView, TensorViewMut, Counters, Workspace, WorkspaceView,
 };
 #[doc(hidden)]
 pub use tessera_macros::__resume;

@@ -692,16 +692,17 @@ impl GlobalArgMut<f32> for WorkspaceView<'_, '_> {
     }
 }
 
-/// A device's tile counter, held for one launch: [`Device::tile_counter`]. Passes as a
-/// `Global<i32, 1>` of one element.
-pub struct TileCounter<'d> {
+/// A device's kept-zeroed counters, held for one launch: [`Device::tile_counter`] (one),
+/// [`Device::zeroed_counters`]. Passes as a `Global<i32, 1>` of `len` elements.
+pub struct Counters<'d> {
     pub(crate) slot: std::sync::MutexGuard<'d, Option<ZeroedBuf<i32>>>,
     pub(crate) device: &'d Device,
+    pub(crate) len: usize,
 }
 
-impl GlobalArgMut<i32> for TileCounter<'_> {
+impl GlobalArgMut<i32> for Counters<'_> {
     fn global_desc_mut<'a>(&'a mut self, device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)> {
         let own = self.device;
-        ZeroedBuf::desc_mut(self.slot.as_mut(), device, own, &[1], &[1], "tile counter")
+        ZeroedBuf::desc_mut(self.slot.as_mut(), device, own, &[self.len], &[1], "counters")
     }
 }

@@ -73,65 +73,104 @@ pub fn gemm_nn(
     gemm_persistent::<1, BN>(a, b, c, counter, sa, sb, sc, pipe, |acc, _bt, m0, n| bias_act(acc * alpha, bias, bias_kind, act, m0, n));
 }
 
-/// Small M (decode shapes): `Cᵀ = W·Xᵀ` for 128-row slabs of the weights W `[batch, N, K]`
-/// (B's "TN" layout) against all of X's `M ≤ MN` rows `[batch, M, K]` (A), K cut in `splits`:
-/// a persistent grid walks the units (slab, split) — unit `u` is slab `u / splits`, split
-/// `u % splits` — so that the producer streams the next unit's weights while the consumers
-/// finish one. The weights go through `STAGES` stages by TMA
-/// ([`gemm_load_from`](crate::prelude::gemm_load_from)); each consumer multiplies its 64 weight
-/// rows by X's rows (wgmma m64n`MN`, [`gemm_mma`](crate::prelude::gemm_mma)) and adds its
-/// 64×`MN` partial product into `sum_t` — an f32 `[batch, N, M]` view (strides `[M·N, 1, N]`)
-/// of zeroed `[batch, M, N]` sums — by `red.global.add` (the device's zeroed workspace, which
-/// `gemm_small_m_out` clears again): every SM streams weights even where N gives few slabs.
-#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(MN = [16, 32, 64], STAGES = [8]), targets(sm_90a))]
-pub fn gemm_small_m(x: Global<T, 3>, w: Global<T, 3>, sum_t: Global<f32, 3>, splits: i32) {
-    let sa = Smem::<T, 128, 64>::ring(STAGES);
-    let sb = Smem::<T, MN, 64>::ring(STAGES);
-    let pipe = Pipeline::<STAGES>::new(2);
+/// Small M (decode and small batches): `Cᵀ = W·Xᵀ` for 128-row slabs of the weights W
+/// `[batch, N, K]` (B's "TN" layout) against `MN`-row chunks of X `[batch, M, K]` (A), K cut in
+/// `splits`: a persistent grid walks the units (slab, chunk, split) — a split the fastest, so
+/// that the units of one slab run side by side and read its weights from DRAM once — the
+/// producer streaming the next unit's weights while the consumers finish one. The stages
+/// (`196608 / (16384 + 128·MN)`: 10 at `MN` 16, 4 at 256) go through
+/// [`gemm_load_from`](crate::prelude::gemm_load_from); each consumer multiplies its 64 weight
+/// rows by the chunk's X rows (wgmma m64n`MN`, [`gemm_mma`](crate::prelude::gemm_mma)).
+/// Unsplit, it stores `act(alpha·acc + bias)` at once; split, it adds the partial product into
+/// the zeroed f32 sums `sum_t` `[batch, N, M]` (rows 16-byte aligned) by TMA reduce-adds and
+/// takes a ticket from its (unit, consumer) counter (`fetch_inc`, which puts it back to 0 at
+/// the last): the split that arrives last reads the finished sums, stores C and clears the sums
+/// (both the device's kept-zeroed buffers). C is written through its transposed view `c_t`
+/// (`[batch, N, M]`, strides `[M·N, 1, N]`); `bias_kind` is the tile's (2: per weight row, 1:
+/// per X row).
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(MN = [16, 32, 64, 128, 256]), targets(sm_90a))]
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_small_m(
+    x: Global<T, 3>, w: Global<T, 3>, c_t: Global<T, 3>, bias: Global<T, 1>, sum_t: Global<f32, 3>, count: Global<i32, 1>,
+    splits: i32, alpha: f32, bias_kind: i32, act: i32,
+) {
+    let sa = Smem::<T, 128, 64>::ring({ 196608 / (16384 + 128 * MN) });
+    let sb = Smem::<T, MN, 64>::ring({ 196608 / (16384 + 128 * MN) });
+    let pipe = Pipeline::<{ 196608 / (16384 + 128 * MN) }>::new(2);
+    // Two staging panels a consumer for the split partial products (32 columns, fewer at `MN` 16).
+    let sp = Smem::<f32, 64, { MN / ((MN + 31) / 32) }>::ring(4);
     let k_all = (x.dim(2) + 63) / 64;
     let tiles_n = (w.dim(1) + 127) / 128;
-    let units = w.dim(0) * tiles_n * splits;
+    let chunks = (x.dim(1) + MN - 1) / MN;
+    let units = w.dim(0) * tiles_n * chunks * splits;
     if warpgroup::id() == 0 {
         setmaxnreg(40);
         for u in (block::id_x()..units).step_by(grid::dim_x()) {
-            let (bt, n0, k0, k_steps) = small_m_unit(u, splits, tiles_n, k_all);
-            gemm_load_from::<0>(w, x, sa, sb, pipe, bt, bt, n0, 0, k0, k_steps);
+            let (bt, n0, m0, k0, k_steps) = small_m_unit(u, splits, chunks, tiles_n, k_all, MN);
+            gemm_load_from::<0>(w, x, sa, sb, pipe, bt, bt, n0, m0, k0, k_steps);
         }
     } else {
         setmaxnreg(232);
-        let row = (warpgroup::id() - 1) * 64;
+        let me = warpgroup::id() - 1;
+        let row = me * 64;
         let mut acc = Tile::<f32, 64, MN>::zeros();
         for u in (block::id_x()..units).step_by(grid::dim_x()) {
-            let (bt, n0, _, k_steps) = small_m_unit(u, splits, tiles_n, k_all);
+            let (bt, n0, m0, _, k_steps) = small_m_unit(u, splits, chunks, tiles_n, k_all, MN);
             gemm_mma::<0>(&mut acc, sa, sb, pipe, row, k_steps);
-            sum_t.atomic_add([bt, n0 + row, 0], acc);
+            // The epilogue 64 columns at a time (at most): a whole 64×256 tile's would spill.
+            let n = n0 + row;
+            if splits == 1 {
+                #[unroll]
+                for j in 0..(MN + 63) / 64 {
+                    small_m_store(c_t, bias, acc.cols(j * 64, MN / ((MN + 63) / 64)), alpha, bias_kind, act, bt, n, m0 + j * 64);
+                }
+            } else {
+                // The partial product leaves by TMA reduce-adds of its panels, through the
+                // consumer's two staging panels; the ticket's draw waits for them to complete.
+                #[unroll]
+                for p in 0..(MN + 31) / 32 {
+                    if p >= 2 {
+                        tma::store_wait(1);
+                    }
+                    sp.at(me * 2 + p % 2).store(acc.cols(p * 32, MN / ((MN + 31) / 32)));
+                    tma::reduce_add(sum_t, [bt, n, m0 + p * 32], sp.at(me * 2 + p % 2));
+                }
+                let slot = (u / splits) * 2 + me;
+                let ticket = count.fetch_inc([slot], splits - 1);
+                if ticket == splits - 1 {
+                    #[unroll]
+                    for j in 0..(MN + 63) / 64 {
+                        let m = m0 + j * 64;
+                        let part = sum_t.load::<Tile<f32, 64, { MN / ((MN + 63) / 64) }>>([bt, n, m]);
+                        small_m_store(c_t, bias, part, alpha, bias_kind, act, bt, n, m);
+                        sum_t.store([bt, n, m], Tile::<f32, 64, { MN / ((MN + 63) / 64) }>::zeros());
+                    }
+                }
+            }
         }
     }
 }
 
-/// Unit `u` of the small-M GEMM: `(batch, first weight row, first K step, K steps)` — slab
-/// `u / splits` of `tiles_n` a batch entry, split `u % splits` of the `k_all` steps.
+/// The small-M GEMM's epilogue on `W` columns of its transposed tile at `[bt, n, m]`.
 #[tessera::device]
-fn small_m_unit(u: i32, splits: i32, tiles_n: i32, k_all: i32) -> (i32, i32, i32, i32) {
-    let slab = u / splits;
-    let split = u - slab * splits;
-    let bt = slab / tiles_n;
-    let k0 = split * k_all / splits;
-    (bt, (slab - bt * tiles_n) * 128, k0, (split + 1) * k_all / splits - k0)
+#[allow(clippy::too_many_arguments)]
+fn small_m_store<T, const W: usize>(
+    c_t: Global<T, 3>, bias: Global<T, 1>, part: Tile<f32, 64, W>, alpha: f32, bias_kind: i32, act: i32, bt: i32, n: i32, m: i32,
+) {
+    c_t.store([bt, n, m], bias_act(part * alpha, bias, bias_kind, act, n, m).cast::<T>());
 }
 
-/// The small-M GEMM's output: `C = act(alpha·sum + bias)` in `T` from its f32 sums `[batch, M,
-/// N]`, 16 rows by 256 columns a block (grid: N's 256-column tiles × batch·⌈M/16⌉), the sums
-/// cleared behind it (they live in the device's zeroed workspace).
-#[kernel(dtypes(T = [bf16, f16]))]
-pub fn gemm_small_m_out(sum: Global<f32, 3>, c: Global<T, 3>, bias: Global<T, 1>, alpha: f32, bias_kind: i32, act: i32) {
-    let n = block::id_x() * 256;
-    let tiles_m = (c.dim(1) + 15) / 16;
-    let bt = block::id_y() / tiles_m;
-    let m0 = (block::id_y() - bt * tiles_m) * 16;
-    let out = bias_act(sum.load::<Tile<f32, 16, 256>>([bt, m0, n]) * alpha, bias, bias_kind, act, m0, n);
-    c.store([bt, m0, n], out.cast::<T>());
-    sum.store([bt, m0, n], Tile::<f32, 16, 256>::zeros());
+/// Unit `u` of the small-M GEMM: `(batch, first weight row, first X row, first K step, K
+/// steps)` — split `u % splits` of the `k_all` steps, then chunk (of `chunks`, `mn` X rows
+/// each), then slab (of `tiles_n` a batch entry).
+#[tessera::device]
+fn small_m_unit(u: i32, splits: i32, chunks: i32, tiles_n: i32, k_all: i32, mn: i32) -> (i32, i32, i32, i32, i32) {
+    let tile = u / splits;
+    let split = u - tile * splits;
+    let slab = tile / chunks;
+    let bt = slab / tiles_n;
+    let k0 = split * k_all / splits;
+    (bt, (slab - bt * tiles_n) * 128, (tile - slab * chunks) * mn, k0, (split + 1) * k_all / splits - k0)
 }
 
 /// The built-in portable epilogue on a chunk at `[bt, m0, n]`: `act(alpha·acc + beta·C_in +

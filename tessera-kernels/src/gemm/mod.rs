@@ -10,7 +10,7 @@ mod kernels;
 
 pub use kernels::{
     bias_gelu_bf16, gemm_nn_bf16, gemm_nn_f16, gemm_nn_full_bf16, gemm_nn_full_f16, gemm_small_m_bf16, gemm_small_m_f16,
-    gemm_small_m_out_bf16, gemm_small_m_out_f16, gemm_tn_bf16, gemm_tn_f16, gemm_tn_full_bf16, gemm_tn_full_f16, gemm_tn_triangle_bf16,
+    gemm_tn_bf16, gemm_tn_f16, gemm_tn_full_bf16, gemm_tn_full_f16, gemm_tn_triangle_bf16,
     gemm_tn_triangle_f16, pad_copy_bf16, pad_copy_f16,
 };
 
@@ -129,12 +129,14 @@ pub trait GemmElement: Element + sealed::Sealed {
     #[doc(hidden)]
     fn bsr_variants() -> &'static [&'static KernelSpec];
     #[doc(hidden)]
+    fn small_m_variants() -> &'static [&'static KernelSpec];
+    #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     fn gemm_bsr(
         d: &Device, g: Grid, variant: usize, a: (&View<Self>, &View<i32>, &View<i32>), b: &View<Self>, c: &mut Tensor<Self>,
         c_shape: [usize; 3], epi: (f32, i32),
     ) -> Result<()>;
-    /// The small-M path (`gemm_small_m` over `splits` of K, then `gemm_small_m_out`).
+    /// The small-M path (`gemm_small_m` over `splits` of K).
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     fn gemm_small_m(
@@ -155,7 +157,7 @@ fn strides3(s: [usize; 3]) -> [usize; 3] {
 }
 
 macro_rules! gemm_element {
-    ($t:ty, $tn:ident, $nn:ident, $full:ident, $nn_full:ident, $pad:ident, $small:ident, $small_out:ident, $tri:ident, $grouped:ident, $grouped_nn:ident, $bsr:ident) => {
+    ($t:ty, $tn:ident, $nn:ident, $full:ident, $nn_full:ident, $pad:ident, $small:ident, $tri:ident, $grouped:ident, $grouped_nn:ident, $bsr:ident) => {
         impl GemmElement for $t {
             fn fast_kernel(kn: bool) -> &'static KernelSpec {
                 if kn {
@@ -236,6 +238,9 @@ macro_rules! gemm_element {
                     $grouped::launch_variant(variant, d, g, a, b, &mut c, ends, &mut counter, alpha, act)
                 }
             }
+            fn small_m_variants() -> &'static [&'static KernelSpec] {
+                $small::VARIANTS
+            }
             fn bsr_variants() -> &'static [&'static KernelSpec] {
                 $bsr::VARIANTS
             }
@@ -252,24 +257,21 @@ macro_rules! gemm_element {
                 (alpha, bias_kind, act): (f32, i32, i32), splits: usize,
             ) -> Result<()> {
                 let [batch, m, n] = c_shape;
-                // The narrowest variant holding M's rows (`MN` 16, 32, 64).
-                let all = $small::VARIANTS;
-                let variant = (0..all.len())
-                    .filter(|&i| all[i].knob("MN").is_some_and(|w| w as usize >= m))
-                    .min_by_key(|&i| all[i].knob("MN"))
-                    .ok_or_else(|| arg("a", "at most 64 rows for the small-M path".into(), format!("{m} rows")))?;
-                // The sums in the device's zeroed workspace (no allocation, no clearing pass:
-                // the output kernel clears what it read).
-                let mut ws = d.zeroed_workspace(batch * m * n)?;
-                let blocks = (batch * n.div_ceil(128) * splits).min(d.sm_count() as usize);
-                {
-                    let mut sum_t = ws.view(&[batch, n, m], &[m * n, 1, n])?;
-                    $small::launch_variant(variant, d, Grid::from(blocks as u32), a, b, &mut sum_t, splits as i32)?;
-                }
-                let mut sum = ws.view(&c_shape, &strides3(c_shape))?;
-                let mut c = c.view_mut(&c_shape, &strides3(c_shape))?;
-                let grid: Grid = (Grid::tiles(n, 256), Grid::tiles(m, 16).saturating_mul(batch as u32)).into();
-                $small_out::launch(d, grid, &mut sum, &mut c, bias, alpha, bias_kind, act)
+                let (variant, mn) = small_m_variant(Self::small_m_variants(), m);
+                let units = batch * n.div_ceil(128) * m.div_ceil(mn);
+                let blocks = (units * splits).min(d.sm_count() as usize);
+                // Split, the sums and the arrival counters are the device's kept-zeroed
+                // buffers (no allocation, no clearing pass: the last arrival clears them).
+                // (The sums' rows padded to 16 bytes, as TMA asks.)
+                let mp = m.next_multiple_of(4);
+                let mut ws = d.zeroed_workspace(if splits > 1 { batch * n * mp } else { 4 })?;
+                let mut count = d.zeroed_counters(if splits > 1 { units * 2 } else { 1 })?;
+                let mut sum_t = if splits > 1 { ws.view(&[batch, n, m], &[n * mp, mp, 1])? } else { ws.view(&[1, 1, 1], &[4, 4, 1])? };
+                // C and the bias as the kernel's transposed tiles see them.
+                let mut c_t = c.view_mut(&[batch, n, m], &[m * n, 1, n])?;
+                let kind_t = [0, 2, 1].get(bias_kind as usize).copied().unwrap_or(0);
+                let g = Grid::from(blocks as u32);
+                $small::launch_variant(variant, d, g, a, b, &mut c_t, bias, &mut sum_t, &mut count, splits as i32, alpha, kind_t, act)
             }
         }
     };
@@ -282,7 +284,6 @@ gemm_element!(
     gemm_nn_full_bf16,
     pad_copy_bf16,
     gemm_small_m_bf16,
-    gemm_small_m_out_bf16,
     gemm_tn_triangle_bf16,
     gemm_grouped_bf16,
     gemm_grouped_nn_bf16,
@@ -296,7 +297,6 @@ gemm_element!(
     gemm_nn_full_f16,
     pad_copy_f16,
     gemm_small_m_f16,
-    gemm_small_m_out_f16,
     gemm_tn_triangle_f16,
     gemm_grouped_f16,
     gemm_grouped_nn_f16,
@@ -661,14 +661,28 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
             let choice = pick_variant(device, "gemm", &key, &names, 0, self.variant, c.shape(), &run)?;
             return run(choice, c);
         }
-        // Small M (up to 64 rows, weights N×K): every SM streams the weights, K split so that
+        // Small M (up to 512 rows, weights N×K): every SM streams the weights, K split so that
         // the slabs fill the GPU — by default taken to 16 rows, and to 64 where K is split
-        // (unsplit, the 128×128 kernel reads the weights as fast in one launch instead of
-        // two); the tuner also times it with other splits beside the tiled kernels.
-        let small = !full && hopper && !kn && m <= 64 && self.variant.is_none();
-        let splits = small_m_splits(batch * n.div_ceil(128), m, n, k, device.sm_count() as usize);
-        let small_default = small && (m <= 16 || splits > 1);
+        // (unsplit, the 128×128 kernel reads the weights as fast); the tuner also times it
+        // with other splits beside the tiled kernels, and `variant("gemm_small_m/splits4")`
+        // forces it.
+        let small = !full && hopper && !kn && m <= SMALL_M_ROWS;
+        let chunks = m.div_ceil(small_m_variant(T::small_m_variants(), m).1);
+        let splits = small_m_splits(batch * n.div_ceil(128) * chunks, m, n, k, device.sm_count() as usize);
+        let small_default = small && self.variant.is_none() && (m <= 16 || (m <= 64 && splits > 1));
         let fast_ok = !full && hopper && c_tma;
+        // Small-M candidates (timed after the kernels): K in 1, 2, 4, 8, 16 splits (and the
+        // heuristic's), as many as K's 64-wide steps allow at 4 a split.
+        let most = (k.div_ceil(64) / 4).clamp(1, 16);
+        let mut split_options: Vec<usize> =
+            if small { [1, 2, 4, 8, 16, splits].into_iter().filter(|&s| s <= most).collect() } else { Vec::new() };
+        split_options.sort_unstable();
+        split_options.dedup();
+        let small_names: Vec<String> = split_options.iter().map(|s| format!("gemm_small_m/splits{s}")).collect();
+        let forced_small = self.variant.and_then(|v| small_names.iter().position(|n| n == v));
+        if let Some(i) = forced_small {
+            return T::gemm_small_m(device, &a, &b, c, c_shape, bias, epi, split_options[i]);
+        }
         if small_default && !fast_ok {
             return T::gemm_small_m(device, &a, &b, c, c_shape, bias, epi, splits);
         }
@@ -686,7 +700,8 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
                     } else {
                         "with C's rows not 16-byte aligned only the 128×128 kernel runs"
                     };
-                    return Err(arg("variant", format!("one of {names:?} ({why})"), format!("`{v}`")));
+                    let all: Vec<&str> = names.iter().copied().chain(small_names.iter().map(String::as_str)).collect();
+                    return Err(arg("variant", format!("one of {all:?} ({why})"), format!("`{v}`")));
                 }
             },
         };
@@ -698,14 +713,6 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
         // fill the GPU (M = 128 decode shapes), where the 128×128 kernel gives twice the blocks.
         let variants = T::fast_variants(kn);
         let few = (tiles(256) as usize) * 4 < device.sm_count() as usize;
-        // Small-M candidates after the kernels: K in 1, 2, 4, 8, 16 splits (and the
-        // heuristic's), as many as K's 64-wide steps allow at 4 a split.
-        let most = (k.div_ceil(64) / 4).clamp(1, 16);
-        let mut split_options: Vec<usize> =
-            if small { [1, 2, 4, 8, 16, splits].into_iter().filter(|&s| s <= most).collect() } else { Vec::new() };
-        split_options.sort_unstable();
-        split_options.dedup();
-        let small_names: Vec<String> = split_options.iter().map(|s| format!("gemm_small_m/splits{s}")).collect();
         let names: Vec<&str> = names.iter().copied().chain(small_names.iter().map(String::as_str)).collect();
         let default = match split_options.iter().position(|&s| s == splits) {
             Some(i) if small_default => variants.len() + 1 + i,
@@ -738,6 +745,18 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
         })?;
         run(choice, c)
     }
+}
+
+/// The most rows of A the small-M path takes.
+const SMALL_M_ROWS: usize = 512;
+
+/// The small-M kernel's variant for `m` rows of X: the narrowest `MN` holding them (chunks of
+/// 256 rows past that), and its `MN`.
+fn small_m_variant(all: &[&KernelSpec], m: usize) -> (usize, usize) {
+    let mn = |i: usize| all[i].knob("MN").map_or(0, |w| w as usize);
+    let fits = (0..all.len()).filter(|&i| mn(i) >= m).min_by_key(|&i| mn(i));
+    let i = fits.or_else(|| (0..all.len()).max_by_key(|&i| mn(i))).unwrap_or(0);
+    (i, mn(i).max(1))
 }
 
 /// How many splits of K the small-M path takes over `slabs` 128-row slabs of `n` weight rows

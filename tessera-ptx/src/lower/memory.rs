@@ -557,7 +557,8 @@ impl Lowerer<'_> {
     /// the leader's `atom.acq_rel.gpu.add`, and its old value handed to every thread through
     /// the warpgroup's scratch (a barrier after the leader's write; the next writer of the
     /// scratch passes a barrier first). Out of bounds: no addition, the value 0.
-    pub(crate) fn fetch_add(&mut self, g: &GlobalVal, idx: &[Operand], v: Operand) -> Reg {
+    /// `inc`: `fetch_inc`, `atom.inc` (0 past the limit `v`).
+    pub(crate) fn fetch_add(&mut self, g: &GlobalVal, idx: &[Operand], v: Operand, inc: bool) -> Reg {
         use Operand::{Addr, Imm, Reg as R};
         let (addr, inb) = self.element(g, idx);
         let leader = self.leader;
@@ -572,7 +573,8 @@ impl Lowerer<'_> {
         self.op("and.pred", vec![R(add), R(inb), R(leader)]);
         let vr = self.reg(RegClass::B32, "add");
         self.op("mov.b32", vec![R(vr), v]);
-        self.op_if(add, false, "atom.acq_rel.gpu.global.add.u32", vec![R(old), Addr(addr, 0), R(vr)]);
+        let op = if inc { "atom.acq_rel.gpu.global.inc.u32" } else { "atom.acq_rel.gpu.global.add.u32" };
+        self.op_if(add, false, op, vec![R(old), Addr(addr, 0), R(vr)]);
         self.need_scratch(4);
         let scratch = self.scratch;
         self.op_if(leader, false, "st.shared.u32", vec![Addr(scratch, 0), R(old)]);

@@ -627,11 +627,11 @@ impl<'a> Lowerer<'a> {
                 let (g, idx, ty, _, _) = self.load_args(load)?;
                 self.prefetch(&g, &idx, ty, crate::layout::Layout::blocked(ty.rows, ty.cols));
             }
-            StmtKind::FetchAdd { name, tensor, index, value } => {
+            StmtKind::FetchAdd { name, tensor, index, value, inc } => {
                 let g = self.global(tensor);
                 let idx = index.iter().map(|e| self.scalar(e)).collect::<Result<Vec<_>, _>>()?;
                 let v = self.scalar(value)?;
-                let old = self.fetch_add(&g, &idx, v);
+                let old = self.fetch_add(&g, &idx, v, *inc);
                 if let Some(name) = name {
                     self.bind(name, Value::Scalar(Operand::Reg(old), crate::dtype::ScalarType::I32));
                 }

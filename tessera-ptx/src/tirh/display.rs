@@ -39,9 +39,10 @@ fn write_stmt(f: &mut fmt::Formatter<'_>, s: &Stmt, depth: usize) -> fmt::Result
             let idx = index.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(", ");
             writeln!(f, "{pad}{tensor}.atomic_add([{idx}], {value});  // line {}", s.loc.line)
         }
-        StmtKind::FetchAdd { name, tensor, index, value } => {
+        StmtKind::FetchAdd { name, tensor, index, value, inc } => {
             let bind = name.as_ref().map_or(String::new(), |n| format!("let {n}: i32 = "));
-            writeln!(f, "{pad}{bind}{tensor}.fetch_add([{}], {value});  // line {}", list(index), s.loc.line)
+            let op = if *inc { "fetch_inc" } else { "fetch_add" };
+            writeln!(f, "{pad}{bind}{tensor}.{op}([{}], {value});  // line {}", list(index), s.loc.line)
         }
         StmtKind::Store { tensor, index, value, within: None } => {
             writeln!(f, "{pad}store {tensor}[{}] <- {};  // line {}", list(index), value, s.loc.line)

@@ -286,6 +286,9 @@ pub enum StmtKind {
     /// waits to complete) and acquires what the warpgroups whose additions came before it
     /// released, at GPU scope: a warpgroup that finds itself the last of `n` arrivals reads
     /// what the other `n − 1` wrote. Out of bounds: nothing is added and the value is 0.
+    /// `tensor.fetch_inc([i], limit)` (`inc`) is the same with CUDA's `atomicInc`: the element
+    /// becomes `old + 1`, or 0 once `old ≥ limit` — `n` arrivals with limit `n − 1` draw the
+    /// tickets 0 to `n − 1` and leave 0 behind.
     FetchAdd {
         /// The name bound to the old value, if any.
         name: Option<String>,
@@ -293,8 +296,10 @@ pub enum StmtKind {
         tensor: String,
         /// The element, one index per dimension.
         index: Vec<Expr>,
-        /// The i32 scalar added.
+        /// The i32 scalar added, or the limit (`inc`).
         value: Expr,
+        /// `fetch_inc`: wrap to 0 past `value`.
+        inc: bool,
     },
     /// `tensor.prefetch::<Tile<T, M, N>>(index)`: asks L2 to fetch the lines of the tile that
     /// the load would read (in-bounds elements only), holding no registers and waiting for

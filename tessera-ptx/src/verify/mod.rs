@@ -282,16 +282,18 @@ impl Checker<'_> {
                     _ => return Err(CompileError::ty(value.loc, format!("`{tensor}.atomic_add` adds an f32 tile, found `{ty}`"))),
                 }
             }
-            StmtKind::FetchAdd { name, tensor, index, value } => {
+            StmtKind::FetchAdd { name, tensor, index, value, inc } => {
                 let (dtype, rank) = self.global(tensor, loc)?;
+                let op = if *inc { "fetch_inc" } else { "fetch_add" };
                 if dtype != DType::I32 {
                     return Err(CompileError::ty(
                         loc,
-                        format!("`{tensor}.fetch_add` adds into an i32 tensor, and `{tensor}` is `Global<{dtype}, {rank}>`"),
+                        format!("`{tensor}.{op}` counts in an i32 tensor, and `{tensor}` is `Global<{dtype}, {rank}>`"),
                     ));
                 }
                 self.indices(tensor, rank, index, loc)?;
-                self.expect_scalar(value, ScalarType::I32, &format!("the value `{tensor}.fetch_add` adds"))?;
+                let what = if *inc { format!("the limit of `{tensor}.fetch_inc`") } else { format!("the value `{tensor}.fetch_add` adds") };
+                self.expect_scalar(value, ScalarType::I32, &what)?;
                 if let Some(name) = name {
                     self.bind(name, Type::Scalar(ScalarType::I32), false);
                 }

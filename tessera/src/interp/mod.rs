@@ -609,12 +609,15 @@ impl<'p> Kernel<'p> {
                 };
                 self.store_tile(g, &idx, &t, ends.as_deref())?;
             }
-            StmtKind::FetchAdd { name, tensor, index, value } => {
+            StmtKind::FetchAdd { name, tensor, index, value, inc } => {
                 let idx = self.indices(index, wg, blk)?;
                 let v = self.int(value, wg, blk)?;
                 let g = self.global(tensor, wg)?;
+                // The warpgroup's TMA stores complete first (the interpreter's writes are
+                // immediate: only their reads of shared memory were pending).
+                wg.stores.clear();
                 // Under the buffer's lock: blocks on other threads add without losing any, and
-                // every earlier write (the interpreter's are immediate) is already there.
+                // every earlier write is already there.
                 let mut bytes = g.buf.lock();
                 let old = match Self::offset(g, &idx) {
                     Some(at) => {
@@ -622,7 +625,9 @@ impl<'p> Kernel<'p> {
                             return Err(format!("adds into {m}").into());
                         }
                         let old = value::read(&bytes, g.dtype, at as usize).to_bits() as i32;
-                        value::write(&mut bytes, g.dtype, at as usize, f32::from_bits(old.wrapping_add(v) as u32));
+                        // `fetch_inc` compares as `atom.inc.u32` does, unsigned.
+                        let new = if !*inc { old.wrapping_add(v) } else if old as u32 >= v as u32 { 0 } else { old.wrapping_add(1) };
+                        value::write(&mut bytes, g.dtype, at as usize, f32::from_bits(new as u32));
                         old
                     }
                     None => 0,
