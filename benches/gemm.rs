@@ -268,7 +268,9 @@ fn small_m_variants(dev: &Device) {
     }
     let mut rng = Uniform::new();
     let mut names: Vec<String> = tessera_kernels::gemm_variants::<bf16>(tessera_kernels::BLayout::NxK).iter().map(|s| s.to_string()).collect();
-    names.extend([1, 2, 4, 8, 16].iter().map(|s| format!("gemm_small_m/splits{s}")));
+    for mn in [16, 32, 64, 128, 256] {
+        names.extend([1, 2, 4, 8, 16].iter().map(|s| format!("gemm_small_m/mn{mn}/splits{s}")));
+    }
     for (m, n, k) in shapes {
         let a = Tensor::from_host(dev, &rng.vec(m * k, bf16::from_f32), &[m, k]).expect("a");
         let b = Tensor::from_host(dev, &rng.vec(n * k, bf16::from_f32), &[n, k]).expect("b");
@@ -281,7 +283,7 @@ fn small_m_variants(dev: &Device) {
             }
         }
         rows.sort_by(|x, y| x.0.total_cmp(&y.0));
-        let list: Vec<String> = rows.iter().map(|(t, v)| format!("{v} {:.1}", t * 1e3)).collect();
+        let list: Vec<String> = rows.iter().take(8).map(|(t, v)| format!("{} {:.1}", v.replace("gemm_small_m/", "sm/"), t * 1e3)).collect();
         println!("{m}x{n}x{k}: default {:.1} µs | {}", default * 1e3, list.join(" | "));
     }
 }

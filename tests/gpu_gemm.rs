@@ -585,16 +585,19 @@ fn interp_gemm_small_m_matches_f64_reference() {
     small_m_matches_f64_reference(&Device::cpu_with_threads(2), &[(1, 136, 72), (17, 264, 520)]);
 }
 
-/// The small-M kernel forced (`gemm_small_m/splitsS`) at each `MN` that `m` picks (16 to 256,
-/// 256-row chunks past that), unsplit (C stored from the accumulator) and split in every count
-/// K's steps allow up to 8 (the last arrival of each tile's splits finishing it: sums and
-/// counters left zeroed for the next call, which the next check is): bias per column and
-/// per row with activations, and batches.
+/// The small-M kernel forced (`gemm_small_m/mnW/splitsS`) at the `MN` that `m` picks (16 to
+/// 256, 256-row chunks past that) and at 64-row chunks past 64 rows, unsplit (C stored from
+/// the accumulator) and split in every count K's steps allow up to 8 (the last arrival of each
+/// tile's splits finishing it: sums and counters left zeroed for the next call, which the next
+/// check is): bias per column and per row with activations, and batches.
 fn small_m_forced_matches_f64(dev: &Device, shapes: &[(usize, usize, usize)]) {
     use tessera_kernels::Activation;
     for &(m, n, k) in shapes {
-        for s in [1usize, 2, 4, 8].into_iter().filter(|&s| s <= (k.div_ceil(64) / 4).max(1)) {
-            let v = format!("gemm_small_m/splits{s}");
+        let narrowest = [16, 32, 64, 128, 256].into_iter().find(|&w| w >= m).unwrap_or(256);
+        let splits = [1usize, 2, 4, 8].into_iter().filter(|&s| s <= (k.div_ceil(64) / 4).max(1));
+        let chunked = (m > 64).then_some((64, (k.div_ceil(64) / 4).clamp(1, 2)));
+        for (mn, s) in splits.map(|s| (narrowest, s)).chain(chunked) {
+            let v = format!("gemm_small_m/mn{mn}/splits{s}");
             let per = |per_col: bool, act| Epi {
                 alpha: 0.5,
                 beta: None,

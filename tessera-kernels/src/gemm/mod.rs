@@ -136,12 +136,12 @@ pub trait GemmElement: Element + sealed::Sealed {
         d: &Device, g: Grid, variant: usize, a: (&View<Self>, &View<i32>, &View<i32>), b: &View<Self>, c: &mut Tensor<Self>,
         c_shape: [usize; 3], epi: (f32, i32),
     ) -> Result<()>;
-    /// The small-M path (`gemm_small_m` over `splits` of K).
+    /// The small-M path (`gemm_small_m`, X in chunks of `MN` rows, K in `splits`).
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     fn gemm_small_m(
         d: &Device, a: &View<Self>, b: &View<Self>, c: &mut Tensor<Self>, c_shape: [usize; 3], bias: &View<Self>, epi: (f32, i32, i32),
-        splits: usize,
+        mn_splits: (usize, usize),
     ) -> Result<()>;
 }
 
@@ -254,10 +254,13 @@ macro_rules! gemm_element {
             }
             fn gemm_small_m(
                 d: &Device, a: &View<Self>, b: &View<Self>, c: &mut Tensor<Self>, c_shape: [usize; 3], bias: &View<Self>,
-                (alpha, bias_kind, act): (f32, i32, i32), splits: usize,
+                (alpha, bias_kind, act): (f32, i32, i32), (mn, splits): (usize, usize),
             ) -> Result<()> {
                 let [batch, m, n] = c_shape;
-                let (variant, mn) = small_m_variant(Self::small_m_variants(), m);
+                let all = Self::small_m_variants();
+                let variant = (0..all.len())
+                    .find(|&i| all[i].knob("MN") == Some(mn as i64))
+                    .ok_or_else(|| arg("variant", "a small-M width of 16, 32, 64, 128 or 256".into(), format!("{mn}")))?;
                 let units = batch * n.div_ceil(128) * m.div_ceil(mn);
                 let blocks = (units * splits).min(d.sm_count() as usize);
                 // Split, the sums and the arrival counters are the device's kept-zeroed
@@ -661,30 +664,24 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
             let choice = pick_variant(device, "gemm", &key, &names, 0, self.variant, c.shape(), &run)?;
             return run(choice, c);
         }
-        // Small M (up to 512 rows, weights N×K): every SM streams the weights, K split so that
-        // the slabs fill the GPU — by default taken to 16 rows, and to 64 where K is split
-        // (unsplit, the 128×128 kernel reads the weights as fast); the tuner also times it
-        // with other splits beside the tiled kernels, and `variant("gemm_small_m/splits4")`
-        // forces it.
+        // Small M (up to 512 rows, weights N×K): X's rows are the MMA's N, every SM streams
+        // the weights, K split so that the units fill the GPU — by default up to 128 rows
+        // (past that the tiled kernels win: run 275). The tuner also times it with other
+        // chunks of X and splits of K beside the tiled kernels, and
+        // `variant("gemm_small_m/mn64/splits4")` forces it.
         let small = !full && hopper && !kn && m <= SMALL_M_ROWS;
-        let chunks = m.div_ceil(small_m_variant(T::small_m_variants(), m).1);
-        let splits = small_m_splits(batch * n.div_ceil(128) * chunks, m, n, k, device.sm_count() as usize);
-        let small_default = small && self.variant.is_none() && (m <= 16 || (m <= 64 && splits > 1));
+        let sms = device.sm_count() as usize;
+        let options = if small { small_m_options(T::small_m_variants(), batch, m, n, k, sms) } else { Vec::new() };
+        let (default_mn, splits) = options.first().copied().unwrap_or((1, 1));
+        let small_default = small && self.variant.is_none() && m <= 128;
         let fast_ok = !full && hopper && c_tma;
-        // Small-M candidates (timed after the kernels): K in 1, 2, 4, 8, 16 splits (and the
-        // heuristic's), as many as K's 64-wide steps allow at 4 a split.
-        let most = (k.div_ceil(64) / 4).clamp(1, 16);
-        let mut split_options: Vec<usize> =
-            if small { [1, 2, 4, 8, 16, splits].into_iter().filter(|&s| s <= most).collect() } else { Vec::new() };
-        split_options.sort_unstable();
-        split_options.dedup();
-        let small_names: Vec<String> = split_options.iter().map(|s| format!("gemm_small_m/splits{s}")).collect();
+        let small_names: Vec<String> = options.iter().map(|(mn, s)| format!("gemm_small_m/mn{mn}/splits{s}")).collect();
         let forced_small = self.variant.and_then(|v| small_names.iter().position(|n| n == v));
         if let Some(i) = forced_small {
-            return T::gemm_small_m(device, &a, &b, c, c_shape, bias, epi, split_options[i]);
+            return T::gemm_small_m(device, &a, &b, c, c_shape, bias, epi, options[i]);
         }
         if small_default && !fast_ok {
-            return T::gemm_small_m(device, &a, &b, c, c_shape, bias, epi, splits);
+            return T::gemm_small_m(device, &a, &b, c, c_shape, bias, epi, (default_mn, splits));
         }
         let run_full = |c: &mut Tensor<T>| T::gemm_full(device, tiles(128).into(), kn, &a, &b, c, c_shape, &c_in, bias, &residual, scalars);
         let names = gemm_variants::<T>(self.b_layout);
@@ -692,8 +689,10 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
             None => None,
             Some(v) => match names.iter().position(|n| *n == v) {
                 Some(i) if fast_ok || i == names.len() - 1 => Some(i),
-                _ => {
-                    let why = if !hopper {
+                known => {
+                    let why = if known.is_none() {
+                        "the variants for this shape"
+                    } else if !hopper {
                         "this device runs only the 128×128 kernel"
                     } else if full {
                         "with beta or a residual only the 128×128 kernel runs"
@@ -714,10 +713,10 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
         let variants = T::fast_variants(kn);
         let few = (tiles(256) as usize) * 4 < device.sm_count() as usize;
         let names: Vec<&str> = names.iter().copied().chain(small_names.iter().map(String::as_str)).collect();
-        let default = match split_options.iter().position(|&s| s == splits) {
-            Some(i) if small_default => variants.len() + 1 + i,
-            _ if few => variants.len(),
-            _ => 0,
+        let default = match () {
+            () if small_default => variants.len() + 1,
+            () if few => variants.len(),
+            () => 0,
         };
         let run = |i: usize, c: &mut Tensor<T>| match variants.get(i) {
             Some(v) => {
@@ -725,7 +724,7 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
                 T::gemm(device, tiles(bn).into(), kn, i, &a, &b, c, c_shape, bias, epi)
             }
             None if i == variants.len() => run_full(c),
-            None => T::gemm_small_m(device, &a, &b, c, c_shape, bias, epi, split_options[i - variants.len() - 1]),
+            None => T::gemm_small_m(device, &a, &b, c, c_shape, bias, epi, options[i - variants.len() - 1]),
         };
         if let Some(i) = forced {
             return run(i, c);
@@ -750,28 +749,39 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
 /// The most rows of A the small-M path takes.
 const SMALL_M_ROWS: usize = 512;
 
-/// The small-M kernel's variant for `m` rows of X: the narrowest `MN` holding them (chunks of
-/// 256 rows past that), and its `MN`.
-fn small_m_variant(all: &[&KernelSpec], m: usize) -> (usize, usize) {
-    let mn = |i: usize| all[i].knob("MN").map_or(0, |w| w as usize);
-    let fits = (0..all.len()).filter(|&i| mn(i) >= m).min_by_key(|&i| mn(i));
-    let i = fits.or_else(|| (0..all.len()).max_by_key(|&i| mn(i))).unwrap_or(0);
-    (i, mn(i).max(1))
+/// The small-M kernel's candidates `(MN, splits)` for `batch` GEMMs of `m` rows of X, `n`
+/// weight rows, `k` columns on `sms` SMs, the default first: X in chunks of the narrowest `MN`
+/// holding its rows (256 past that), or of 64 or 128 where narrower; K in [`small_m_splits`]'s
+/// count first, then 1, 2, 4, 8, 16 — at least 4 of K's 64-wide steps a split.
+fn small_m_options(all: &[&KernelSpec], batch: usize, m: usize, n: usize, k: usize, sms: usize) -> Vec<(usize, usize)> {
+    let widths: Vec<usize> = all.iter().filter_map(|v| v.knob("MN")).map(|w| w as usize).collect();
+    let Some(&widest) = widths.iter().max() else { return Vec::new() };
+    let narrowest = widths.iter().copied().filter(|&w| w >= m).min().unwrap_or(widest);
+    let mut mns = vec![narrowest];
+    mns.extend(widths.iter().copied().filter(|&w| (64..narrowest).contains(&w)));
+    let most = (k.div_ceil(64) / 4).clamp(1, 16);
+    let mut out = Vec::new();
+    for mn in mns {
+        let first = small_m_splits(batch * n.div_ceil(128) * m.div_ceil(mn), most, sms);
+        for s in [first, 1, 2, 4, 8, 16] {
+            if s <= most && !out.contains(&(mn, s)) {
+                out.push((mn, s));
+            }
+        }
+    }
+    out
 }
 
-/// How many splits of K the small-M path takes over `slabs` 128-row slabs of `n` weight rows
-/// (`k` columns), `m` rows of X: the fewest bytes per busy SM — the weights read once, each
-/// split's `m × n` f32 partial sums added by atomics (weighed 3×: read, add and write in L2),
-/// over how evenly the units (slab, split) spread over the SMs — at least 4 K steps a split, at
-/// most 16.
-fn small_m_splits(slabs: usize, m: usize, n: usize, k: usize, sms: usize) -> usize {
-    let most = (k.div_ceil(64) / 4).clamp(1, 16);
-    let cost = |s: usize| {
-        let blocks = slabs * s;
-        let fill = blocks as f64 / (blocks.div_ceil(sms) * sms) as f64;
-        (2.0 * (n * k) as f64 + 12.0 * (s * m * n) as f64) / fill
+/// How many splits of K the small-M path takes over `tiles` (slab, chunk) pairs on `sms` SMs:
+/// the fewest whose units fill at least 80% of their last wave (each split costs a pipeline
+/// fill, a reduce-add of its partial tile and a ticket; run 275: 1 × 14336 × 4096 unsplit
+/// on 112 of 132 SMs beat 8 splits on 97% of them), else the best filled, at most `most`.
+fn small_m_splits(tiles: usize, most: usize, sms: usize) -> usize {
+    let fill = |s: usize| {
+        let units = tiles * s;
+        units as f64 / (units.div_ceil(sms) * sms) as f64
     };
-    (1..=most).min_by(|&x, &y| cost(x).total_cmp(&cost(y))).unwrap_or(1)
+    (1..=most).find(|&s| fill(s) >= 0.8).unwrap_or_else(|| (1..=most).max_by(|&x, &y| fill(x).total_cmp(&fill(y))).unwrap_or(1))
 }
 
 /// `y = gelu_tanh(x + bias)` with `bias` per column: the unfused form of the GEMM epilogue.
