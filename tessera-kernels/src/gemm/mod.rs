@@ -665,15 +665,15 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
             return run(choice, c);
         }
         // Small M (up to 512 rows, weights N×K): X's rows are the MMA's N, every SM streams
-        // the weights, K split so that the units fill the GPU — by default up to 128 rows
-        // (past that the tiled kernels win: run 275). The tuner also times it with other
-        // chunks of X and splits of K beside the tiled kernels, and
-        // `variant("gemm_small_m/mn64/splits4")` forces it.
+        // the weights, X in chunks and K in splits so that the units fill one wave — the
+        // default where some choice does (`small_m_options`), else the tiled kernels. The
+        // tuner also times its other choices beside the tiled kernels, and
+        // `variant("gemm_small_m/mn64/splits4")` forces one.
         let small = !full && hopper && !kn && m <= SMALL_M_ROWS;
         let sms = device.sm_count() as usize;
-        let options = if small { small_m_options(T::small_m_variants(), batch, m, n, k, sms) } else { Vec::new() };
+        let (options, one_wave) = if small { small_m_options(T::small_m_variants(), batch, m, n, k, sms) } else { (Vec::new(), false) };
         let (default_mn, splits) = options.first().copied().unwrap_or((1, 1));
-        let small_default = small && self.variant.is_none() && m <= 128;
+        let small_default = small && self.variant.is_none() && one_wave;
         let fast_ok = !full && hopper && c_tma;
         let small_names: Vec<String> = options.iter().map(|(mn, s)| format!("gemm_small_m/mn{mn}/splits{s}")).collect();
         let forced_small = self.variant.and_then(|v| small_names.iter().position(|n| n == v));
@@ -750,38 +750,32 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
 const SMALL_M_ROWS: usize = 512;
 
 /// The small-M kernel's candidates `(MN, splits)` for `batch` GEMMs of `m` rows of X, `n`
-/// weight rows, `k` columns on `sms` SMs, the default first: X in chunks of the narrowest `MN`
-/// holding its rows (256 past that), or of 64 or 128 where narrower; K in [`small_m_splits`]'s
-/// count first, then 1, 2, 4, 8, 16 — at least 4 of K's 64-wide steps a split.
-fn small_m_options(all: &[&KernelSpec], batch: usize, m: usize, n: usize, k: usize, sms: usize) -> Vec<(usize, usize)> {
-    let widths: Vec<usize> = all.iter().filter_map(|v| v.knob("MN")).map(|w| w as usize).collect();
-    let Some(&widest) = widths.iter().max() else { return Vec::new() };
-    let narrowest = widths.iter().copied().filter(|&w| w >= m).min().unwrap_or(widest);
-    let mut mns = vec![narrowest];
-    mns.extend(widths.iter().copied().filter(|&w| (64..narrowest).contains(&w)));
+/// weight rows, `k` columns on `sms` SMs — X in chunks of `MN` rows (the narrowest holding
+/// them; past 64 rows also 64, 128, 256), K in 1, 2, 4, 8, 16 splits (at least 4 of its 64-wide
+/// steps each) — and whether the first is a good default: the fewest units (slab, chunk, split)
+/// that fill at least 80% of one wave, the narrowest chunks first, then the fewest splits. Run
+/// 276 (H200): every best of issue 29's grid is such a choice — 64 × 4096² 4 splits, 128 ×
+/// 4096² chunks of 64 in 2 splits, 256 × 4096² chunks of 64, 512 × 4096² chunks of 128, 1 ×
+/// 14336 × 4096 unsplit on 112 SMs (8 splits on 97% of them: 25% slower) — each split costs a
+/// pipeline fill, a reduce-add of its partial tile and a ticket, and a second wave a whole unit.
+fn small_m_options(all: &[&KernelSpec], batch: usize, m: usize, n: usize, k: usize, sms: usize) -> (Vec<(usize, usize)>, bool) {
+    let mut widths: Vec<usize> = all.iter().filter_map(|v| v.knob("MN")).map(|w| w as usize).collect();
+    widths.sort_unstable();
+    let Some(&widest) = widths.last() else { return (Vec::new(), false) };
+    let narrowest = widths.iter().copied().find(|&w| w >= m).unwrap_or(widest);
+    let mns: Vec<usize> = widths.iter().copied().filter(|&w| w == narrowest || (64..narrowest).contains(&w)).collect();
     let most = (k.div_ceil(64) / 4).clamp(1, 16);
-    let mut out = Vec::new();
-    for mn in mns {
-        let first = small_m_splits(batch * n.div_ceil(128) * m.div_ceil(mn), most, sms);
-        for s in [first, 1, 2, 4, 8, 16] {
-            if s <= most && !out.contains(&(mn, s)) {
-                out.push((mn, s));
-            }
-        }
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for &mn in &mns {
+        out.extend([1, 2, 4, 8, 16].into_iter().filter(|&s| s <= most).map(|s| (mn, s)));
     }
-    out
-}
-
-/// How many splits of K the small-M path takes over `tiles` (slab, chunk) pairs on `sms` SMs:
-/// the fewest whose units fill at least 80% of their last wave (each split costs a pipeline
-/// fill, a reduce-add of its partial tile and a ticket; run 275: 1 × 14336 × 4096 unsplit
-/// on 112 of 132 SMs beat 8 splits on 97% of them), else the best filled, at most `most`.
-fn small_m_splits(tiles: usize, most: usize, sms: usize) -> usize {
-    let fill = |s: usize| {
-        let units = tiles * s;
-        units as f64 / (units.div_ceil(sms) * sms) as f64
-    };
-    (1..=most).find(|&s| fill(s) >= 0.8).unwrap_or_else(|| (1..=most).max_by(|&x, &y| fill(x).total_cmp(&fill(y))).unwrap_or(1))
+    let units = |(mn, s): (usize, usize)| batch * n.div_ceil(128) * m.div_ceil(mn) * s;
+    let one_wave = out.iter().position(|&o| units(o) <= sms && units(o) * 5 >= sms * 4);
+    if let Some(i) = one_wave {
+        let best = out.remove(i);
+        out.insert(0, best);
+    }
+    (out, one_wave.is_some())
 }
 
 /// `y = gelu_tanh(x + bias)` with `bias` per column: the unfused form of the GEMM epilogue.
