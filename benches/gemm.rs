@@ -252,7 +252,8 @@ fn graph_device(dev: &Device) -> Device {
 
 /// Median ms per call of `f` over 5 CUDA-graph replays of 10 calls each.
 fn graph_ms(dev: &Device, mut f: impl FnMut()) -> f64 {
-    let t: Vec<f64> = (0..5).map(|_| tessera::testing::time_graph_ms(dev, 2, 10, || (0..10).for_each(|_| f())).expect("graph") / 10.0).collect();
+    let t: Vec<f64> =
+        (0..5).map(|_| tessera::testing::time_graph_ms(dev, 2, 10, || (0..10).for_each(|_| f())).expect("graph") / 10.0).collect();
     median(t)
 }
 
@@ -267,7 +268,8 @@ fn small_m_variants(dev: &Device) {
         shapes = s;
     }
     let mut rng = Uniform::new();
-    let mut names: Vec<String> = tessera_kernels::gemm_variants::<bf16>(tessera_kernels::BLayout::NxK).iter().map(|s| s.to_string()).collect();
+    let mut names: Vec<String> =
+        tessera_kernels::gemm_variants::<bf16>(tessera_kernels::BLayout::NxK).iter().map(|s| s.to_string()).collect();
     for mn in [16, 32, 64, 128, 256] {
         names.extend([1, 2, 4, 8, 16].iter().map(|s| format!("gemm_small_m/mn{mn}/splits{s}")));
     }
@@ -336,7 +338,10 @@ fn small_m(dev: &Device) {
         let weights = (n * k * 2) as f64;
         rows.push((format!("{m}x{n}x{k}"), [t_cublas, t_ours, g_cublas, g_ours], weights / g_ours * 1e-6 / copy_gbs, diff));
     }
-    println!("\ngemm bf16 small M on {} (µs; stream: back-to-back calls; graph: replays; a device copy {copy_gbs:.0} GB/s in the same run)", dev.name());
+    println!(
+        "\ngemm bf16 small M on {} (µs; stream: back-to-back calls; graph: replays; a device copy {copy_gbs:.0} GB/s in the same run)",
+        dev.name()
+    );
     println!("| MxNxK | cuBLAS | tessera | × cuBLAS | cuBLAS graph | tessera graph | × cuBLAS graph | weights × copy (graph) | max|dC| |");
     println!("|---|---|---|---|---|---|---|---|---|");
     for (name, [tc, tu, gc, gu], bw, diff) in rows {

@@ -616,7 +616,10 @@ fn small_m_forced_matches_f64(dev: &Device, shapes: &[(usize, usize, usize)]) {
 #[test]
 fn gpu_gemm_small_m_forced_matches_f64_reference() {
     let Some(dev) = gpu_or_skip("gpu_gemm_small_m_forced") else { return };
-    small_m_forced_matches_f64(&dev, &[(5, 136, 72), (20, 1000, 520), (40, 300, 1000), (100, 1000, 2000), (200, 264, 777), (300, 1032, 1100), (512, 520, 2048)]);
+    small_m_forced_matches_f64(
+        &dev,
+        &[(5, 136, 72), (20, 1000, 520), (40, 300, 1000), (100, 1000, 2000), (200, 264, 777), (300, 1032, 1100), (512, 520, 2048)],
+    );
 }
 
 #[test]

@@ -87,9 +87,8 @@ pub mod kernels {
         gemm_fp8_grouped_promoted_f8e4m3_bf16, gemm_fp8_grouped_promoted_f8e4m3_f16, gemm_fp8_grouped_promoted_f8e5m2_bf16,
         gemm_fp8_grouped_promoted_f8e5m2_f16, gemm_fp8_promoted_f8e4m3_bf16, gemm_fp8_promoted_f8e4m3_f16, gemm_fp8_promoted_f8e5m2_bf16,
         gemm_fp8_promoted_f8e5m2_f16, gemm_grouped_bf16, gemm_grouped_f16, gemm_grouped_nn_bf16, gemm_grouped_nn_f16, gemm_nn_bf16,
-        gemm_nn_f16, gemm_nn_full_bf16, gemm_nn_full_f16, gemm_small_m_bf16, gemm_small_m_f16,
-        gemm_tn_bf16, gemm_tn_f16, gemm_tn_full_bf16, gemm_tn_full_f16, gemm_tn_triangle_bf16, gemm_tn_triangle_f16, pad_copy_bf16,
-        pad_copy_f16,
+        gemm_nn_f16, gemm_nn_full_bf16, gemm_nn_full_f16, gemm_small_m_bf16, gemm_small_m_f16, gemm_tn_bf16, gemm_tn_f16,
+        gemm_tn_full_bf16, gemm_tn_full_f16, gemm_tn_triangle_bf16, gemm_tn_triangle_f16, pad_copy_bf16, pad_copy_f16,
     };
     pub use crate::linear_attention::{
         feature_map_rows_bf16, feature_map_rows_f16, gla_finish_bf16, gla_finish_f16, gla_prepare_bf16, gla_prepare_f16,

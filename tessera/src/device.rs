@@ -39,7 +39,16 @@ struct Inner {
 impl Inner {
     /// A device's state: nothing loaded, no TMA map, counter or workspace made yet.
     fn new(backend: Backend, sm_count: u32, name: String, target: Option<tessera_ptx::Target>) -> Inner {
-        Inner { backend, sm_count, name, tma: Default::default(), target, counter: Mutex::new(None), workspace: Mutex::new(None), counters: Mutex::new(None) }
+        Inner {
+            backend,
+            sm_count,
+            name,
+            tma: Default::default(),
+            target,
+            counter: Mutex::new(None),
+            workspace: Mutex::new(None),
+            counters: Mutex::new(None),
+        }
     }
 }
 

@@ -91,8 +91,8 @@ pub fn gemm_nn(
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(MN = [16, 32, 64, 128, 256]), targets(sm_90a))]
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_small_m(
-    x: Global<T, 3>, w: Global<T, 3>, c_t: Global<T, 3>, bias: Global<T, 1>, sum_t: Global<f32, 3>, count: Global<i32, 1>,
-    splits: i32, alpha: f32, bias_kind: i32, act: i32,
+    x: Global<T, 3>, w: Global<T, 3>, c_t: Global<T, 3>, bias: Global<T, 1>, sum_t: Global<f32, 3>, count: Global<i32, 1>, splits: i32,
+    alpha: f32, bias_kind: i32, act: i32,
 ) {
     let sa = Smem::<T, 128, 64>::ring({ 196608 / (16384 + 128 * MN) });
     let sb = Smem::<T, MN, 64>::ring({ 196608 / (16384 + 128 * MN) });

@@ -9,9 +9,8 @@ mod grouped;
 mod kernels;
 
 pub use kernels::{
-    bias_gelu_bf16, gemm_nn_bf16, gemm_nn_f16, gemm_nn_full_bf16, gemm_nn_full_f16, gemm_small_m_bf16, gemm_small_m_f16,
-    gemm_tn_bf16, gemm_tn_f16, gemm_tn_full_bf16, gemm_tn_full_f16, gemm_tn_triangle_bf16,
-    gemm_tn_triangle_f16, pad_copy_bf16, pad_copy_f16,
+    bias_gelu_bf16, gemm_nn_bf16, gemm_nn_f16, gemm_nn_full_bf16, gemm_nn_full_f16, gemm_small_m_bf16, gemm_small_m_f16, gemm_tn_bf16,
+    gemm_tn_f16, gemm_tn_full_bf16, gemm_tn_full_f16, gemm_tn_triangle_bf16, gemm_tn_triangle_f16, pad_copy_bf16, pad_copy_f16,
 };
 
 pub use bsr::{gemm_bsr, gemm_bsr_bf16, gemm_bsr_f16, gemm_bsr_variants, Bsr, BsrGemmBuilder, BSR_BLOCK};

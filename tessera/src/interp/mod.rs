@@ -626,7 +626,13 @@ impl<'p> Kernel<'p> {
                         }
                         let old = value::read(&bytes, g.dtype, at as usize).to_bits() as i32;
                         // `fetch_inc` compares as `atom.inc.u32` does, unsigned.
-                        let new = if !*inc { old.wrapping_add(v) } else if old as u32 >= v as u32 { 0 } else { old.wrapping_add(1) };
+                        let new = if !*inc {
+                            old.wrapping_add(v)
+                        } else if old as u32 >= v as u32 {
+                            0
+                        } else {
+                            old.wrapping_add(1)
+                        };
                         value::write(&mut bytes, g.dtype, at as usize, f32::from_bits(new as u32));
                         old
                     }
