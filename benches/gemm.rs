@@ -240,6 +240,20 @@ fn shapes_from_env() -> Option<Vec<(usize, usize, usize)>> {
     Some(v.split(',').filter_map(shape).collect())
 }
 
+/// Copies of an `n × k` weight matrix (ours and a raw one for cuBLAS, equal), 256 MB of them
+/// together, so that calls cycling through them read their weights from DRAM, not from L2
+/// (50 MB) as a replayed call on one copy would.
+fn weight_copies(dev: &Device, rng: &mut Uniform, n: usize, k: usize) -> Vec<(Tensor<bf16>, tessera::cudarc::driver::CudaSlice<bf16>)> {
+    let stream = dev.stream().expect("a CUDA stream");
+    let copies = ((256 << 20) / (n * k * 2)).clamp(1, 8);
+    let make = |rng: &mut Uniform| {
+        let b = Tensor::from_host(dev, &rng.vec(n * k, bf16::from_f32), &[n, k]).expect("b");
+        let b_raw = stream.clone_htod(&b.to_host().expect("b")).expect("b raw");
+        (b, b_raw)
+    };
+    (0..copies).map(|_| make(rng)).collect()
+}
+
 /// A device on a stream of its own for CUDA-graph timing (the default stream cannot be
 /// captured), with cudarc's cross-stream event tracking off (one stream: nothing to track,
 /// and a capture cannot wait on events recorded before it).
@@ -259,7 +273,8 @@ fn graph_ms(dev: &Device, mut f: impl FnMut()) -> f64 {
 
 /// `TESSERA_BENCH_GEMM=small_m_variants`: every variant the tuner chooses from for the
 /// small-M shapes (the tiled kernels, the small-M kernel at each split of K), each forced and
-/// timed by graph replays, the fastest first — what the default heuristic should pick.
+/// timed by graph replays (cycling through copies of the weights, as `small_m`), the fastest
+/// first — what the default heuristic should pick.
 /// `TESSERA_BENCH_SHAPES` replaces the shapes.
 fn small_m_variants(dev: &Device) {
     let dev = &graph_device(dev);
@@ -275,13 +290,22 @@ fn small_m_variants(dev: &Device) {
     }
     for (m, n, k) in shapes {
         let a = Tensor::from_host(dev, &rng.vec(m * k, bf16::from_f32), &[m, k]).expect("a");
-        let b = Tensor::from_host(dev, &rng.vec(n * k, bf16::from_f32), &[n, k]).expect("b");
+        let bs = weight_copies(dev, &mut rng, n, k);
         let mut c = Tensor::<bf16>::zeros(dev, &[m, n]).expect("c");
-        let default = graph_ms(dev, || tessera_kernels::gemm(&a, &b).run(dev, &mut c).expect("gemm"));
+        let mut i = 0;
+        let mut call = |v: Option<&str>| {
+            i += 1;
+            let g = tessera_kernels::gemm(&a, &bs[i % bs.len()].0);
+            match v {
+                Some(v) => g.variant(v).run(dev, &mut c),
+                None => g.run(dev, &mut c),
+            }
+        };
+        let default = graph_ms(dev, || call(None).expect("gemm"));
         let mut rows: Vec<(f64, &str)> = Vec::new();
         for v in &names {
-            if tessera_kernels::gemm(&a, &b).variant(v).run(dev, &mut c).is_ok() {
-                rows.push((graph_ms(dev, || tessera_kernels::gemm(&a, &b).variant(v).run(dev, &mut c).expect("gemm")), v));
+            if call(Some(v)).is_ok() {
+                rows.push((graph_ms(dev, || call(Some(v)).expect("gemm")), v));
             }
         }
         rows.sort_by(|x, y| x.0.total_cmp(&y.0));
@@ -293,8 +317,9 @@ fn small_m_variants(dev: &Device) {
 /// `TESSERA_BENCH_GEMM=small_m`: the decode and small-batch shapes of issue 29 — M in 1, 16, 64,
 /// 128, 256, 512 by N, K in 4096, 14336 — beside cuBLAS, alternating in one run, timed two ways:
 /// back-to-back calls on the stream (the host's cost per call included, as a caller sees it)
-/// and CUDA-graph replays of 10 calls (the kernels alone); the weights' read bandwidth against
-/// a device-to-device copy of 512 MB timed in the same run. `TESSERA_BENCH_SHAPES` (`MxNxK,…`)
+/// and CUDA-graph replays of 10 calls (the kernels alone), each call on the next of several
+/// copies of the weights (256 MB together: read from DRAM, not L2); the weights' read
+/// bandwidth against a device-to-device copy of 512 MB timed in the same run. `TESSERA_BENCH_SHAPES` (`MxNxK,…`)
 /// replaces the shapes.
 fn small_m(dev: &Device) {
     let dev = &graph_device(dev);
@@ -316,23 +341,31 @@ fn small_m(dev: &Device) {
     }
     let mut rng = Uniform::new();
     let mut rows = Vec::new();
-    let mut weights_of = (0, 0, None);
+    let mut weights_of = (0, 0, Vec::new());
     for (m, n, k) in shapes {
         if (weights_of.0, weights_of.1) != (n, k) {
-            let b = Tensor::from_host(dev, &rng.vec(n * k, bf16::from_f32), &[n, k]).expect("b");
-            let b_raw = stream.clone_htod(&b.to_host().expect("b")).expect("b raw");
-            weights_of = (n, k, Some((b, b_raw)));
+            weights_of = (n, k, weight_copies(dev, &mut rng, n, k));
         }
-        let Some((b, b_raw)) = &weights_of.2 else { continue };
+        let bs = &weights_of.2;
         let a = Tensor::from_host(dev, &rng.vec(m * k, bf16::from_f32), &[m, k]).expect("a");
         let a_raw = stream.clone_htod(&a.to_host().expect("a")).expect("a raw");
         let mut c = Tensor::<bf16>::zeros(dev, &[m, n]).expect("c");
         let mut c_raw = stream.alloc_zeros::<bf16>(m * n).expect("c raw");
         let cfg = cublas_tn(m, n, k);
-        let mut ours = || tessera_kernels::gemm(&a, b).run(dev, &mut c).expect("gemm");
-        let mut theirs = || unsafe { blas.gemm(cfg, b_raw, &a_raw, &mut c_raw) }.expect("cublas");
+        let (mut i, mut j) = (0, 0);
+        let mut ours = || {
+            i += 1;
+            tessera_kernels::gemm(&a, &bs[i % bs.len()].0).run(dev, &mut c).expect("gemm")
+        };
+        let mut theirs = || {
+            j += 1;
+            unsafe { blas.gemm(cfg, &bs[j % bs.len()].1, &a_raw, &mut c_raw) }.expect("cublas")
+        };
         let (t_cublas, t_ours) = time_pair(dev, 50, &mut theirs, &mut ours);
         let (g_cublas, g_ours) = (graph_ms(dev, &mut theirs), graph_ms(dev, &mut ours));
+        // Both on the same weights for the comparison.
+        tessera_kernels::gemm(&a, &bs[0].0).run(dev, &mut c).expect("gemm");
+        unsafe { blas.gemm(cfg, &bs[0].1, &a_raw, &mut c_raw) }.expect("cublas");
         let (x, y) = (c.to_host().expect("c"), stream.clone_dtoh(&c_raw).expect("c raw"));
         let diff = x.iter().zip(&y).map(|(p, q)| (p.to_f32() - q.to_f32()).abs()).fold(0.0f32, f32::max);
         let weights = (n * k * 2) as f64;

@@ -751,30 +751,37 @@ const SMALL_M_ROWS: usize = 512;
 /// The small-M kernel's candidates `(MN, splits)` for `batch` GEMMs of `m` rows of X, `n`
 /// weight rows, `k` columns on `sms` SMs — X in chunks of `MN` rows (the narrowest holding
 /// them; past 64 rows also 64, 128, 256), K in 1, 2, 4, 8, 16 splits (at least 4 of its 64-wide
-/// steps each) — and whether the first is a good default: the fewest units (slab, chunk, split)
-/// that fill at least 80% of one wave, the narrowest chunks first, then the fewest splits. Run
-/// 276 (H200): every best of issue 29's grid is such a choice — 64 × 4096² 4 splits, 128 ×
-/// 4096² chunks of 64 in 2 splits, 256 × 4096² chunks of 64, 512 × 4096² chunks of 128, 1 ×
-/// 14336 × 4096 unsplit on 112 SMs (8 splits on 97% of them: 25% slower) — each split costs a
-/// pipeline fill, a reduce-add of its partial tile and a ticket, and a second wave a whole unit.
+/// steps each) — and whether the first is a good default. The default: the narrowest chunks
+/// whose units (slab, chunk, split) fit one wave, in the fewest splits that keep at least a
+/// fifth of the SMs busy with at most 128 K steps a unit (else the most splits that still fit
+/// the wave), and not at `MN` 256 (4 stages: the tiled kernels do as well). With the weights
+/// read from DRAM (run 279, H100) a split costs more than an idle SM saves until a unit's K is
+/// long: 64 × 4096² unsplit on 32 SMs 17.8 µs, in 4 splits 20.0; 64 × 4096 × 14336 in 2 splits
+/// 49.0, unsplit 54.3; and a second wave costs a whole unit (512 × 4096²: 64-row chunks 34.2
+/// µs, 128-row ones 25.4 — H200, run 276).
 fn small_m_options(all: &[&KernelSpec], batch: usize, m: usize, n: usize, k: usize, sms: usize) -> (Vec<(usize, usize)>, bool) {
     let mut widths: Vec<usize> = all.iter().filter_map(|v| v.knob("MN")).map(|w| w as usize).collect();
     widths.sort_unstable();
     let Some(&widest) = widths.last() else { return (Vec::new(), false) };
     let narrowest = widths.iter().copied().find(|&w| w >= m).unwrap_or(widest);
     let mns: Vec<usize> = widths.iter().copied().filter(|&w| w == narrowest || (64..narrowest).contains(&w)).collect();
-    let most = (k.div_ceil(64) / 4).clamp(1, 16);
+    let steps = k.div_ceil(64);
+    let most = (steps / 4).clamp(1, 16);
     let mut out: Vec<(usize, usize)> = Vec::new();
     for &mn in &mns {
         out.extend([1, 2, 4, 8, 16].into_iter().filter(|&s| s <= most).map(|s| (mn, s)));
     }
     let units = |(mn, s): (usize, usize)| batch * n.div_ceil(128) * m.div_ceil(mn) * s;
-    let one_wave = out.iter().position(|&o| units(o) <= sms && units(o) * 5 >= sms * 4);
-    if let Some(i) = one_wave {
-        let best = out.remove(i);
+    let fits = |o: (usize, usize)| units(o) <= sms && units(o) * 5 >= sms;
+    let pick = mns.iter().filter(|&&mn| mn < 256).find_map(|&mn| {
+        let mine: Vec<(usize, usize)> = out.iter().copied().filter(|&(w, _)| w == mn).collect();
+        mine.iter().copied().find(|&(w, s)| fits((w, s)) && steps.div_ceil(s) <= 128).or_else(|| mine.iter().copied().filter(|&o| fits(o)).last())
+    });
+    if let Some(best) = pick {
+        out.retain(|&o| o != best);
         out.insert(0, best);
     }
-    (out, one_wave.is_some())
+    (out, pick.is_some())
 }
 
 /// `y = gelu_tanh(x + bias)` with `bias` per column: the unfused form of the GEMM epilogue.
@@ -798,4 +805,32 @@ pub fn bias_gelu(device: &Device, x: &Tensor<bf16>, bias: &Tensor<bf16>, y: &mut
 /// As [`GemmBuilder::run`].
 pub fn gemm_tn<T: GemmElement>(device: &Device, a: &Tensor<T>, b: &Tensor<T>, c: &mut Tensor<T>) -> Result<()> {
     gemm(a, b).run(device, c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::small_m_options;
+
+    /// The small-M default on an H100's 132 SMs for the shapes it was measured on (runs
+    /// 276–279): `(MN, splits)`, or `None` where the tiled kernels are the default.
+    #[test]
+    fn small_m_default_follows_the_measurements() {
+        let all = super::kernels::gemm_small_m_bf16::VARIANTS;
+        let default = |m: usize, n: usize, k: usize| {
+            let (options, ok) = small_m_options(all, 1, m, n, k, 132);
+            ok.then(|| options[0])
+        };
+        assert_eq!(default(1, 4096, 4096), Some((16, 1)));
+        assert_eq!(default(64, 4096, 4096), Some((64, 1)));
+        assert_eq!(default(128, 4096, 4096), Some((64, 1)));
+        assert_eq!(default(256, 4096, 4096), Some((64, 1)));
+        assert_eq!(default(512, 4096, 4096), Some((128, 1)));
+        assert_eq!(default(64, 4096, 14336), Some((64, 2)));
+        assert_eq!(default(1, 14336, 4096), Some((16, 1)));
+        assert_eq!(default(16, 14336, 14336), Some((16, 1)));
+        assert_eq!(default(256, 14336, 4096), None);
+        assert_eq!(default(512, 14336, 4096), None);
+        // A GEMM too small to keep a fifth of the SMs busy stays on the tiled kernels.
+        assert_eq!(default(1, 128, 64), None);
+    }
 }
