@@ -543,8 +543,12 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
         self
     }
 
-    /// Runs the kernel variant named `name` (one of [`gemm_variants`]) instead of asking the
-    /// [`Tuner`](tessera::Tuner): for benchmarks and tests of one schedule.
+    /// Runs the kernel variant named `name` (one of [`gemm_variants`], or for M ≤ 512 with B
+    /// N×K on Hopper the small-M kernel as `gemm_small_m/mnW/splitsS`: X in chunks of `W` rows
+    /// — 16, 32, 64, 128 or 256 — and K in `S` splits — 1, 2, 4, 8 or 16, at least 4 of K's
+    /// 64-wide steps each) instead of asking the [`Tuner`](tessera::Tuner): for benchmarks and
+    /// tests of one schedule. A name that is not one of these for the shape is an
+    /// [`Error::Argument`] listing them.
     pub fn variant(mut self, name: &'t str) -> Self {
         self.variant = Some(name);
         self
@@ -775,7 +779,10 @@ fn small_m_options(all: &[&KernelSpec], batch: usize, m: usize, n: usize, k: usi
     let fits = |o: (usize, usize)| units(o) <= sms && units(o) * 5 >= sms;
     let pick = mns.iter().filter(|&&mn| mn < 256).find_map(|&mn| {
         let mine: Vec<(usize, usize)> = out.iter().copied().filter(|&(w, _)| w == mn).collect();
-        mine.iter().copied().find(|&(w, s)| fits((w, s)) && steps.div_ceil(s) <= 128).or_else(|| mine.iter().copied().filter(|&o| fits(o)).last())
+        mine.iter()
+            .copied()
+            .find(|&(w, s)| fits((w, s)) && steps.div_ceil(s) <= 128)
+            .or_else(|| mine.iter().copied().filter(|&o| fits(o)).last())
     });
     if let Some(best) = pick {
         out.retain(|&o| o != best);
