@@ -779,10 +779,7 @@ fn small_m_options(all: &[&KernelSpec], batch: usize, m: usize, n: usize, k: usi
     let fits = |o: (usize, usize)| units(o) <= sms && units(o) * 5 >= sms;
     let pick = mns.iter().filter(|&&mn| mn < 256).find_map(|&mn| {
         let mine: Vec<(usize, usize)> = out.iter().copied().filter(|&(w, _)| w == mn).collect();
-        mine.iter()
-            .copied()
-            .find(|&(w, s)| fits((w, s)) && steps.div_ceil(s) <= 128)
-            .or_else(|| mine.iter().copied().filter(|&o| fits(o)).last())
+        mine.iter().copied().find(|&(w, s)| fits((w, s)) && steps.div_ceil(s) <= 128).or_else(|| mine.iter().copied().rfind(|&o| fits(o)))
     });
     if let Some(best) = pick {
         out.retain(|&o| o != best);
