@@ -16,7 +16,7 @@
 use crate::gemm::{tma_output, unpad, Activation, Bias, GemmElement};
 use crate::prelude::*;
 use crate::Fp8Element;
-use tessera::{bf16, f16, kernel, Device, Error, Grid, KernelSpec, Result, Target, Tensor, TensorView, F8E4M3};
+use tessera::{bf16, f16, kernel, Device, Error, Grid, KernelSpec, Result, Tensor, TensorView, F8E4M3};
 
 /// `C = act(A·Bᵀ · scale_a[row] · scale_b[col] + bias)`, 128×`BN` tiles, the scales (and bias,
 /// `bias_kind` 1 per column, 2 per row) applied in the epilogue.
@@ -230,6 +230,20 @@ fn arg(name: &str, expected: String, found: String) -> Error {
     Error::Argument { kernel: "gemm_fp8", arg: name.into(), expected, found }
 }
 
+/// K of an fp8 GEMM: a multiple of 16, so that A's and B's rows are whole 16-byte units TMA
+/// copies (`kernel` names the caller in the error).
+pub(crate) fn check_fp8_k(kernel: &'static str, k: usize) -> Result<()> {
+    if k.is_multiple_of(16) {
+        return Ok(());
+    }
+    Err(Error::Argument {
+        kernel,
+        arg: "a".into(),
+        expected: "K a multiple of 16 (rows of 16-byte multiples, for TMA)".into(),
+        found: format!("K = {k}"),
+    })
+}
+
 /// `x` (`[rows, cols]`, fp8) as the rank-3 view TMA copies: rows 16-byte aligned.
 fn operand<'t, T: tessera::Element>(name: &str, x: &'t Tensor<T>, rows: usize, cols: usize) -> Result<View<'t, T>> {
     let st = x.strides();
@@ -311,12 +325,8 @@ impl<'t, A: Fp8Element, U: tessera::Element> Fp8GemmBuilder<'t, A, U> {
         if m == 0 || n == 0 || k == 0 {
             return Err(arg("a", "M, N and K ≥ 1".into(), format!("M={m}, N={n}, K={k}")));
         }
-        if !k.is_multiple_of(16) {
-            return Err(arg("a", "K a multiple of 16 (rows of 16-byte multiples, for TMA)".into(), format!("K = {k}")));
-        }
-        if device.target_for(A::fast_variants()[0]) != Some(Target::Sm90a) {
-            return Err(arg("a", "a Hopper GPU (sm_90a: fp8 wgmma)".into(), "another device".into()));
-        }
+        check_fp8_k("gemm_fp8", k)?;
+        super::check_hopper("gemm_fp8", device, A::fast_variants()[0])?;
         let a = operand("a", self.a, m, k)?;
         let b = operand("b", self.b, n, k)?;
         let (bias_kind, bias) = match self.bias {

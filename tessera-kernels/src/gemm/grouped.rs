@@ -399,9 +399,7 @@ impl<'t, A: Fp8Element> Fp8GroupedGemmBuilder<'t, A> {
         let arg =
             |name: &str, expected: String, found: String| Error::Argument { kernel: "gemm_fp8_grouped", arg: name.into(), expected, found };
         let (m, k, e, n) = grouped_shapes("gemm_fp8_grouped", self.a, self.b, false, self.ends, c)?;
-        if !k.is_multiple_of(16) {
-            return Err(arg("a", "K a multiple of 16 (rows of 16-byte multiples, for TMA)".into(), format!("K = {k}")));
-        }
+        super::fp8::check_fp8_k("gemm_fp8_grouped", k)?;
         for (name, contiguous, offset) in [("a", self.a.is_contiguous(), self.a.offset()), ("b", self.b.is_contiguous(), self.b.offset())] {
             if !contiguous || !offset.is_multiple_of(16) {
                 return Err(arg(name, "a contiguous tensor at a 16-byte aligned offset".into(), format!("offset {offset}")));
