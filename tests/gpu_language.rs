@@ -858,6 +858,51 @@ fn interp_atomic_adds_sum_over_blocks() {
     atomic_adds_sum_over_blocks(&Device::cpu());
 }
 
+/// Every block keeps the larger of its 16×64 tile of `x` and the one tile of `peak` there, and
+/// of its rows' maxima and `rows` (`atomic_max`; rows past `x` filled far below any value).
+#[kernel]
+fn atomic_maxima(x: Global<f32, 2>, peak: Global<f32, 2>, rows: Global<f32, 2>) {
+    let r = block::id_x() * 16;
+    let t: Tile<f32, 16, 64> = x.load_or([r, 0], -3.0e38);
+    peak.atomic_max([0, 0], t);
+    rows.atomic_max([0, 0], row_max(t));
+}
+
+fn atomic_maxima_over_blocks(dev: &Device) {
+    // Values and starting maxima of both signs (the two bit orders), all-negative inputs,
+    // and ±0 (+0 is the larger).
+    for (m, n, lo, hi) in [(16, 64, -1.0, 1.0), (300, 50, -3.0, -1.0), (37, 64, -1.0, 1.0)] {
+        let mut x = random(m * n, lo, hi);
+        x[0] = -0.0;
+        let xd = Tensor::from_host(dev, &x, &[m, n]).expect("x");
+        let (p0, r0) = (random(16 * n, -2.0, 0.5), random(16, -2.0, 0.5));
+        let mut peak = Tensor::from_host(dev, &p0, &[16, n]).expect("peak");
+        let mut rows = Tensor::from_host(dev, &r0, &[16, 1]).expect("rows");
+        atomic_maxima::launch(dev, m.div_ceil(16) as u32, &xd, &mut peak, &mut rows).expect("launch");
+        let (mut want_p, mut want_r) = (p0, r0);
+        for i in 0..m {
+            for j in 0..n {
+                want_p[(i % 16) * n + j] = want_p[(i % 16) * n + j].max(x[i * n + j]);
+                want_r[i % 16] = want_r[i % 16].max(x[i * n + j]);
+            }
+        }
+        assert_eq!(peak.to_host().expect("peak"), want_p, "tile maxima {m}×{n} in [{lo}, {hi})");
+        assert_eq!(rows.to_host().expect("rows"), want_r, "row maxima {m}×{n} in [{lo}, {hi})");
+    }
+}
+
+#[test]
+fn gpu_atomic_maxima_over_blocks() {
+    if let Some(dev) = gpu_or_skip("gpu_atomic_maxima_over_blocks") {
+        atomic_maxima_over_blocks(&dev);
+    }
+}
+
+#[test]
+fn interp_atomic_maxima_over_blocks() {
+    atomic_maxima_over_blocks(&Device::cpu());
+}
+
 /// Every block adds its 64×64 tile of `x` into the one tile of `sum` by two TMA reduce-adds
 /// of 32-column panels from shared memory (`sum` narrower than 64: the second panel's columns
 /// past it are skipped).

@@ -49,7 +49,7 @@ const FUNCTIONS: &str = "`exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, 
 
 /// The scans: inclusive or exclusive, from the first element or from the last.
 const SCANS: [&str; 4] = ["tile_scan", "tile_scan_exclusive", "tile_scan_reverse", "tile_scan_reverse_exclusive"];
-const METHODS: &str = "`load`, `load_or`, `get`, `store`, `store_within`, `atomic_add`, `fetch_add`, `fetch_inc`, `dim`, `cast`, `exp2`, `exp2_fma`, `exp2_split`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `mask_cols`, `keep_where`, `swap_pairs`, `last_col`, `first_col`, `shift_cols`, `shift_rows`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
+const METHODS: &str = "`load`, `load_or`, `get`, `store`, `store_within`, `atomic_add`, `atomic_max`, `fetch_add`, `fetch_inc`, `dim`, `cast`, `exp2`, `exp2_fma`, `exp2_split`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `mask_cols`, `keep_where`, `swap_pairs`, `last_col`, `first_col`, `shift_cols`, `shift_rows`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
 
 /// Whether a call's path names one of the language's own functions (which a device function
 /// cannot shadow): every other call is a device function's.
@@ -269,12 +269,13 @@ impl Frontend {
                 }
                 StmtKind::Store { tensor, index: self.index(&m.args[0])?, value: self.expr(&m.args[1])?, within: None }
             }
-            SynExpr::MethodCall(m) if m.method == "atomic_add" => {
+            SynExpr::MethodCall(m) if m.method == "atomic_add" || m.method == "atomic_max" => {
                 let tensor = receiver_name(&m.receiver)?;
+                let op = &m.method;
                 if m.args.len() != 2 {
-                    return err(m, "`atomic_add` takes an origin and an f32 tile: `tensor.atomic_add([i, j], tile)`");
+                    return err(m, format!("`{op}` takes an origin and an f32 tile: `tensor.{op}([i, j], tile)`"));
                 }
-                StmtKind::AtomicAdd { tensor, index: self.index(&m.args[0])?, value: self.expr(&m.args[1])? }
+                StmtKind::AtomicAdd { tensor, index: self.index(&m.args[0])?, value: self.expr(&m.args[1])?, max: op == "atomic_max" }
             }
             SynExpr::MethodCall(m) if m.method == "fetch_add" || m.method == "fetch_inc" => self.fetch_add(m, None)?,
             SynExpr::MethodCall(m) if m.method == "prefetch" => {

@@ -46,7 +46,8 @@
 //!   and indices; `R` = 1 to 5) and scalars `f32`, `i32`.
 //! - Statements: `let`, `let mut`, assignment (`=`, `+=`, …), `for i in (a..b).step_by(k)`,
 //!   `if … else`, `tensor.store([i, j], tile)`, `tensor.atomic_add([i, j], tile)` (f32 into an
-//!   f32 tensor, each element once, in no fixed order across blocks),
+//!   f32 tensor, each element once, in no fixed order across blocks), `tensor.atomic_max([i, j],
+//!   tile)` (the larger kept: an amax over blocks),
 //!   `let old = counter.fetch_add([i], v)` (one atomic addition to an `i32` element per
 //!   warpgroup, its old value given to every thread: it releases the warpgroup's earlier
 //!   writes — TMA stores and reduce-adds completed first — and acquires those of the

@@ -185,8 +185,11 @@ impl Lowerer<'_> {
         }
     }
 
-    /// `atomic_add`: each element, by its owner, if in bounds, added with `red.global.add.f32`.
-    pub(crate) fn atomic_add(&mut self, g: &GlobalVal, idx: &[Operand], t: &TileVal) {
+    /// `atomic_add`: each element, by its owner, if in bounds, added with `red.global.add.f32`;
+    /// `max` (`atomic_max`): on the f32 bits, `red.max.s32` where the value is ≥ +0 (such bits
+    /// order as the floats do, and above every negative float's), `red.min.u32` below (a
+    /// negative float's bits order backwards, and above every positive one's).
+    pub(crate) fn atomic_add(&mut self, g: &GlobalVal, idx: &[Operand], t: &TileVal, max: bool) {
         let plan = self.plan(g, idx, t.layout, t.ty, true);
         for (sl, &r) in t.layout.slots().iter().zip(&t.regs) {
             let &(_, row_addr, _, row_in) = plan.rows.iter().find(|p| p.0 == sl.dr).expect("planned row");
@@ -194,7 +197,18 @@ impl Lowerer<'_> {
                 (Some(c0), Some(dim), Some(sb)) => self.element_addr(row_addr, row_in, (c0, dim, sb), sl.dc),
                 _ => (row_addr, row_in),
             };
-            self.op_if(p, false, "red.global.add.f32", vec![Operand::Addr(addr, 0), Operand::Reg(r)]);
+            if !max {
+                self.op_if(p, false, "red.global.add.f32", vec![Operand::Addr(addr, 0), Operand::Reg(r)]);
+                continue;
+            }
+            use Operand::{Imm, Reg as R};
+            let bits = self.reg(RegClass::B32, "bits");
+            self.op("mov.b32", vec![R(bits), R(r)]);
+            let (pos, neg) = (self.reg(RegClass::Pred, "pos"), self.reg(RegClass::Pred, "neg"));
+            self.op("setp.ge.and.s32", vec![R(pos), R(bits), Imm(0), R(p)]);
+            self.op("setp.lt.and.s32", vec![R(neg), R(bits), Imm(0), R(p)]);
+            self.op_if(pos, false, "red.global.max.s32", vec![Operand::Addr(addr, 0), R(bits)]);
+            self.op_if(neg, false, "red.global.min.u32", vec![Operand::Addr(addr, 0), R(bits)]);
         }
     }
 

@@ -636,11 +636,11 @@ impl<'a> Lowerer<'a> {
                     self.bind(name, Value::Scalar(Operand::Reg(old), crate::dtype::ScalarType::I32));
                 }
             }
-            StmtKind::AtomicAdd { tensor, index, value } => {
+            StmtKind::AtomicAdd { tensor, index, value, max } => {
                 let g = self.global(tensor);
                 let idx = index.iter().map(|e| self.scalar(e)).collect::<Result<Vec<_>, _>>()?;
                 let t = self.tile(value)?;
-                self.atomic_add(&g, &idx, &t);
+                self.atomic_add(&g, &idx, &t, *max);
             }
             StmtKind::Store { tensor, index, value, within } => {
                 let g = self.global(tensor);

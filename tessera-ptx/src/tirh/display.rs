@@ -35,9 +35,10 @@ fn write_stmt(f: &mut fmt::Formatter<'_>, s: &Stmt, depth: usize) -> fmt::Result
         StmtKind::Assign { name, value } => {
             writeln!(f, "{pad}{name} = {};  // line {}", value, s.loc.line)
         }
-        StmtKind::AtomicAdd { tensor, index, value } => {
+        StmtKind::AtomicAdd { tensor, index, value, max } => {
             let idx = index.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(", ");
-            writeln!(f, "{pad}{tensor}.atomic_add([{idx}], {value});  // line {}", s.loc.line)
+            let op = if *max { "atomic_max" } else { "atomic_add" };
+            writeln!(f, "{pad}{tensor}.{op}([{idx}], {value});  // line {}", s.loc.line)
         }
         StmtKind::FetchAdd { name, tensor, index, value, inc } => {
             let bind = name.as_ref().map_or(String::new(), |n| format!("let {n}: i32 = "));

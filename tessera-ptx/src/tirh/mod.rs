@@ -271,6 +271,9 @@ pub enum StmtKind {
     /// `tensor.atomic_add([i, j], value);`: each in-bounds element of the f32 tile added to the
     /// f32 tensor's element atomically (`red.global.add.f32`), so that blocks may sum into one
     /// place — a gradient shared by many rows, say. The order of the additions is not fixed.
+    /// `tensor.atomic_max([i, j], value)` (`max`) keeps the larger of the two instead (an amax
+    /// over blocks): on the f32 bits, `red.max.s32` for a value ≥ +0 and `red.min.u32` below —
+    /// exact for every float; a positive NaN wins over any number.
     AtomicAdd {
         /// The global tensor parameter (f32).
         tensor: String,
@@ -278,6 +281,8 @@ pub enum StmtKind {
         index: Vec<Expr>,
         /// The f32 tile to add.
         value: Expr,
+        /// `atomic_max`.
+        max: bool,
     },
     /// `let old = tensor.fetch_add([i], v);` (or without the `let`): one atomic addition of the
     /// i32 `v` to the i32 tensor's element per warpgroup (by its leader), the element's value

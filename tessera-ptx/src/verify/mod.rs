@@ -267,19 +267,20 @@ impl Checker<'_> {
                 }
                 check_rank1(rank, t, value.loc)?;
             }
-            StmtKind::AtomicAdd { tensor, index, value } => {
+            StmtKind::AtomicAdd { tensor, index, value, max } => {
                 let (dtype, rank) = self.global(tensor, loc)?;
                 self.indices(tensor, rank, index, loc)?;
                 let ty = self.expr(value)?;
+                let (op, verb) = if *max { ("atomic_max", "takes the maximum") } else { ("atomic_add", "adds") };
                 match ty {
                     Type::Tile(t) if t.dtype == DType::F32 && dtype == DType::F32 => check_rank1(rank, t, value.loc)?,
                     Type::Tile(_) if dtype != DType::F32 => {
                         return Err(CompileError::ty(
                             loc,
-                            format!("`{tensor}.atomic_add` adds into an f32 tensor, and `{tensor}` is `Global<{dtype}, {rank}>`"),
+                            format!("`{tensor}.{op}` {verb} into an f32 tensor, and `{tensor}` is `Global<{dtype}, {rank}>`"),
                         ));
                     }
-                    _ => return Err(CompileError::ty(value.loc, format!("`{tensor}.atomic_add` adds an f32 tile, found `{ty}`"))),
+                    _ => return Err(CompileError::ty(value.loc, format!("`{tensor}.{op}` {verb} of an f32 tile, found `{ty}`"))),
                 }
             }
             StmtKind::FetchAdd { name, tensor, index, value, inc } => {

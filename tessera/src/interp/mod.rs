@@ -642,11 +642,11 @@ impl<'p> Kernel<'p> {
                     wg.env.push((name.as_str(), Val::I(old)));
                 }
             }
-            StmtKind::AtomicAdd { tensor, index, value } => {
+            StmtKind::AtomicAdd { tensor, index, value, max } => {
                 let g = self.global(tensor, wg)?;
                 let idx = self.indices(index, wg, blk)?;
                 let Val::T(t) = self.eval(value, wg, blk)? else { return Err("adds a tile".to_string().into()) };
-                self.add_tile(g, &idx, &t)?;
+                self.add_tile(g, &idx, &t, *max)?;
             }
             StmtKind::For { var, start, end, step, body } => {
                 let start = i64::from(self.int(start, wg, blk)?);
@@ -1233,11 +1233,17 @@ impl<'p> Kernel<'p> {
     }
 
     /// `atomic_add`: each in-bounds element added to the f32 tensor's (under the buffer's lock,
-    /// so blocks on other threads add without losing any).
-    fn add_tile(&self, g: &Global, idx: &[i64], t: &Tile) -> Flowing<()> {
+    /// so blocks on other threads add without losing any); `max` (`atomic_max`): the larger
+    /// kept, compared as the GPU's bit operations compare them (a positive NaN wins).
+    fn add_tile(&self, g: &Global, idx: &[i64], t: &Tile, max: bool) -> Flowing<()> {
         Self::each_element(g, idx, t, None, ("adds", "adds into"), |bytes, at, v| {
             let old = value::read(bytes, g.dtype, at);
-            value::write(bytes, g.dtype, at, old + v);
+            let new = match max {
+                false => old + v,
+                true if (v.to_bits() as i32) >= 0 => f32::from_bits((old.to_bits() as i32).max(v.to_bits() as i32) as u32),
+                true => f32::from_bits(old.to_bits().min(v.to_bits())),
+            };
+            value::write(bytes, g.dtype, at, new);
         })
     }
 
