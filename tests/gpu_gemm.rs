@@ -196,17 +196,23 @@ fn interp_bias_gelu_matches_f64_reference() {
     bias_gelu_matches_f64_reference(&Device::cpu());
 }
 
-fn gemm_f16_matches_f64_reference(dev: &Device) {
+/// f16 with bias and SiLU, by the default path and, where named, one variant forced (the f16
+/// small-M kernel in chunks of X and splits of K).
+fn gemm_f16_matches_f64_reference(dev: &Device, variant: Option<&str>) {
     use tessera::f16;
     use tessera_kernels::{gemm, Activation, Bias};
-    let (m, n, k) = (130, 250, 96);
+    let (m, n, k) = (130, 250, 520);
     let rnd = |len: usize| -> Vec<f16> { common::random(len, -1.0, 1.0).into_iter().map(f16::from_f32).collect() };
     let (a, b, bias) = (rnd(m * k), rnd(n * k), rnd(n));
     let at = Tensor::from_host(dev, &a, &[m, k]).unwrap();
     let bt = Tensor::from_host(dev, &b, &[n, k]).unwrap();
     let biast = Tensor::from_host(dev, &bias, &[n]).unwrap();
     let mut c = Tensor::full(dev, &[m, n], f16::NAN).unwrap();
-    gemm(&at, &bt).bias(Bias::PerColumn(&biast)).activation(Activation::Silu).run(dev, &mut c).unwrap();
+    let mut g = gemm(&at, &bt).bias(Bias::PerColumn(&biast)).activation(Activation::Silu);
+    if let Some(v) = variant {
+        g = g.variant(v);
+    }
+    g.run(dev, &mut c).unwrap();
     let got: Vec<f64> = c.to_host().unwrap().iter().map(|v| v.to_f64()).collect();
     let want: Vec<f64> = (0..m * n)
         .map(|x| {
@@ -216,19 +222,23 @@ fn gemm_f16_matches_f64_reference(dev: &Device) {
         })
         .collect();
     let err = rel_error(&got, &want);
-    assert!(err < 1e-2, "f16 gemm: relative error {err}");
+    assert!(err < 1e-2, "f16 gemm {variant:?}: relative error {err}");
 }
 
 #[test]
 fn gpu_gemm_f16_matches_f64_reference() {
     if let Some(dev) = gpu_or_skip("gpu_gemm_f16") {
-        gemm_f16_matches_f64_reference(&dev);
+        for v in [None, Some("gemm_small_m/mn64/splits2"), Some("gemm_small_m/mn256/splits1")] {
+            gemm_f16_matches_f64_reference(&dev, v);
+        }
     }
 }
 
 #[test]
 fn interp_gemm_f16_matches_f64_reference() {
-    gemm_f16_matches_f64_reference(&Device::cpu());
+    for v in [None, Some("gemm_small_m/mn64/splits2")] {
+        gemm_f16_matches_f64_reference(&Device::cpu(), v);
+    }
 }
 
 /// Checks a batched GEMM with B in either layout against f64, on sampled entries when large.
