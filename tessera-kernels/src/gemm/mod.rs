@@ -678,8 +678,8 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
         let (default_mn, splits) = options.first().copied().unwrap_or((1, 1));
         let small_default = small && self.variant.is_none() && one_wave;
         let fast_ok = !full && hopper && c_tma;
-        let small_names: Vec<String> = options.iter().map(|(mn, s)| format!("gemm_small_m/mn{mn}/splits{s}")).collect();
-        let forced_small = self.variant.and_then(|v| small_names.iter().position(|n| n == v));
+        let small_names: Vec<&str> = options.iter().map(|&o| small_m_name(o)).collect();
+        let forced_small = self.variant.and_then(|v| small_names.iter().position(|n| *n == v));
         if let Some(i) = forced_small {
             return T::gemm_small_m(device, &a, &b, c, c_shape, bias, epi, options[i]);
         }
@@ -702,7 +702,7 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
                     } else {
                         "with C's rows not 16-byte aligned only the 128×128 kernel runs"
                     };
-                    let all: Vec<&str> = names.iter().copied().chain(small_names.iter().map(String::as_str)).collect();
+                    let all: Vec<&str> = names.iter().chain(&small_names).copied().collect();
                     return Err(arg("variant", format!("one of {all:?} ({why})"), format!("`{v}`")));
                 }
             },
@@ -715,7 +715,7 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
         // fill the GPU (M = 128 decode shapes), where the 128×128 kernel gives twice the blocks.
         let variants = T::fast_variants(kn);
         let few = (tiles(256) as usize) * 4 < device.sm_count() as usize;
-        let names: Vec<&str> = names.iter().copied().chain(small_names.iter().map(String::as_str)).collect();
+        let names: Vec<&str> = names.iter().chain(&small_names).copied().collect();
         let default = match () {
             () if small_default => variants.len() + 1,
             () if few => variants.len(),
@@ -752,6 +752,20 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
 /// The most rows of A the small-M path takes.
 const SMALL_M_ROWS: usize = 512;
 
+/// The splits of K the small-M path offers.
+const SMALL_M_SPLITS: [usize; 5] = [1, 2, 4, 8, 16];
+
+/// The name of the small-M choice `(MN, splits)` (`gemm_small_m/mnW/splitsS`), made once for
+/// every width of the kernel and split (not on every call of a decode step).
+fn small_m_name((mn, splits): (usize, usize)) -> &'static str {
+    static NAMES: std::sync::OnceLock<Vec<((usize, usize), String)>> = std::sync::OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        let widths = kernels::gemm_small_m_bf16::VARIANTS.iter().filter_map(|v| v.knob("MN")).map(|w| w as usize);
+        widths.flat_map(|w| SMALL_M_SPLITS.map(|s| ((w, s), format!("gemm_small_m/mn{w}/splits{s}")))).collect()
+    });
+    names.iter().find(|(o, _)| *o == (mn, splits)).map_or("gemm_small_m", |(_, n)| n.as_str())
+}
+
 /// The small-M kernel's candidates `(MN, splits)` for `batch` GEMMs of `m` rows of X, `n`
 /// weight rows, `k` columns on `sms` SMs — X in chunks of `MN` rows (the narrowest holding
 /// them; past 64 rows also 64, 128, 256), K in 1, 2, 4, 8, 16 splits (at least 4 of its 64-wide
@@ -773,7 +787,7 @@ fn small_m_options(all: &[&KernelSpec], batch: usize, m: usize, n: usize, k: usi
     let most = (steps / 4).clamp(1, 16);
     let mut out: Vec<(usize, usize)> = Vec::new();
     for &mn in &mns {
-        out.extend([1, 2, 4, 8, 16].into_iter().filter(|&s| s <= most).map(|s| (mn, s)));
+        out.extend(SMALL_M_SPLITS.into_iter().filter(|&s| s <= most).map(|s| (mn, s)));
     }
     let units = |(mn, s): (usize, usize)| batch * n.div_ceil(128) * m.div_ceil(mn) * s;
     let fits = |o: (usize, usize)| units(o) <= sms && units(o) * 5 >= sms;
