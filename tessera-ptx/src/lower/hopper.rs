@@ -518,14 +518,13 @@ impl Lowerer<'_> {
         if v.ty.swizzle > 0 && v.ty.row_bytes() > v.ty.swizzle {
             // Rows in panels of one span: each element's address as `view.load()` reads it.
             let slots = t.layout.slots();
-            let pair = es == 2 && t.layout.run_len() >= 2;
+            let pair = es <= 2 && t.layout.run_len() >= 2;
             let mut i = 0;
             while i < slots.len() {
                 let addr = self.panel_address(&v, lr.row, lr.col, slots[i].dr, slots[i].dc, es);
                 if pair {
-                    let w = self.reg(RegClass::B32, "pack");
-                    self.op("mov.b32", vec![R(w), Operand::Vec(vec![t.regs[i], t.regs[i + 1]])]);
-                    self.op_if(lr.owner, false, "st.shared.b32", vec![Operand::Addr(addr, 0), R(w)]);
+                    let (w, op) = self.pack_pair(t.regs[i], t.regs[i + 1], es);
+                    self.op_if(lr.owner, false, op, vec![Operand::Addr(addr, 0), R(w)]);
                     i += 2;
                 } else {
                     self.op_if(lr.owner, false, &format!("st.shared.b{}", es * 8), vec![Operand::Addr(addr, 0), R(t.regs[i])]);
@@ -543,7 +542,7 @@ impl Lowerer<'_> {
         self.op("add.u32", vec![R(base), R(base), R(c)]);
         let slots = t.layout.slots();
         let rb = v.ty.row_bytes();
-        let pair = t.layout.run_len() >= 2 && (es == 2 || (es == 4 && rb % 8 == 0));
+        let pair = t.layout.run_len() >= 2 && (es <= 2 || (es == 4 && rb % 8 == 0));
         let step = if pair { 2 } else { 1 };
         // Rows a multiple of 8 swizzle rows apart (1024 bytes: every swizzle's period) share
         // the swizzled column offset: one address a column, the rows as immediate offsets.
@@ -569,10 +568,9 @@ impl Lowerer<'_> {
             };
             let at = Operand::Addr(addr, i64::from(imm));
             match (pair, es) {
-                (true, 2) => {
-                    let w = self.reg(RegClass::B32, "pack");
-                    self.op("mov.b32", vec![R(w), Operand::Vec(vec![t.regs[i], t.regs[i + 1]])]);
-                    self.op_if(lr.owner, false, "st.shared.b32", vec![at, R(w)]);
+                (true, 1 | 2) => {
+                    let (w, op) = self.pack_pair(t.regs[i], t.regs[i + 1], es);
+                    self.op_if(lr.owner, false, op, vec![at, R(w)]);
                 }
                 // f32 pairs (an accumulator's) in one 8-byte store.
                 (true, _) => self.op_if(lr.owner, false, "st.shared.v2.b32", vec![at, Operand::Vec(vec![t.regs[i], t.regs[i + 1]])]),
@@ -582,6 +580,23 @@ impl Lowerer<'_> {
         }
         self.fence_for_mma(view);
         Ok(())
+    }
+
+    /// Two adjacent 8- or 16-bit elements (`lo` first in memory) as one register, and the
+    /// shared store that writes it: fp8 codes (each in the low byte of a 16-bit register) as
+    /// one 16-bit word, 16-bit elements as one 32-bit word.
+    fn pack_pair(&mut self, lo: Reg, hi: Reg, es: u32) -> (Reg, &'static str) {
+        use Operand::{Imm, Reg as R};
+        if es == 1 {
+            let (l, w) = (self.reg(RegClass::B16, "lo8"), self.reg(RegClass::B16, "pack8"));
+            self.op("and.b16", vec![R(l), R(lo), Imm(0xff)]);
+            self.op("shl.b16", vec![R(w), R(hi), Imm(8)]);
+            self.op("or.b16", vec![R(w), R(w), R(l)]);
+            return (w, "st.shared.b16");
+        }
+        let w = self.reg(RegClass::B32, "pack");
+        self.op("mov.b32", vec![R(w), Operand::Vec(vec![lo, hi])]);
+        (w, "st.shared.b32")
     }
 
     /// The shared address of element (`row + dr`, `col + dc`) of a view whose rows lie in

@@ -303,9 +303,9 @@ impl Checker<'_> {
     }
 }
 
-/// Why an fp8 shared view may not be read or written from registers.
+/// Why an fp8 shared view may not be loaded into registers.
 pub(super) fn fp8_view_only(dtype: DType, what: &str) -> String {
-    format!("`{what}`: `{dtype}` shared views are filled by TMA and read by `mma_sync`; register tiles move bf16, f16, f32 or i32 through shared memory")
+    format!("`{what}`: `{dtype}` shared views are read by `mma_sync` and TMA stores, not loaded into registers; load the fp8 tensor from global memory instead")
 }
 
 /// An MN-major wgmma operand's rows: whole panels of a 128- or 64-byte swizzle span.

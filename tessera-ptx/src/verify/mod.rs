@@ -371,9 +371,6 @@ impl Checker<'_> {
                 let vt = self.expr(view)?;
                 let tt = self.expr(value)?;
                 match (vt, tt) {
-                    (Type::SmemView { dtype, .. }, _) if dtype.is_fp8() => {
-                        return Err(CompileError::ty(view.loc, hopper::fp8_view_only(dtype, "store")));
-                    }
                     (Type::SmemView { dtype, rows, cols, .. }, Type::Tile(t)) if t.dtype == dtype && t.rows == rows && t.cols == cols => {}
                     (Type::SmemView { dtype, rows, cols, .. }, other) => {
                         return Err(CompileError::ty(
