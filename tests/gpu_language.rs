@@ -1682,9 +1682,21 @@ fn fp8_staged_matches_the_host(dev: &Device) {
         }
     }
     let poison4 = F8E4M3::from_bits(0x55);
-    run(dev, |x, e, [a, b, c, d]| fp8_staged_f8e4m3::launch(dev, 2, x, e, a, b, c, d, 37.0).expect("launch"), F8E4M3::from_f32, poison4, "e4m3");
+    run(
+        dev,
+        |x, e, [a, b, c, d]| fp8_staged_f8e4m3::launch(dev, 2, x, e, a, b, c, d, 37.0).expect("launch"),
+        F8E4M3::from_f32,
+        poison4,
+        "e4m3",
+    );
     let poison5 = F8E5M2::from_bits(0x55);
-    run(dev, |x, e, [a, b, c, d]| fp8_staged_f8e5m2::launch(dev, 2, x, e, a, b, c, d, 37.0).expect("launch"), F8E5M2::from_f32, poison5, "e5m2");
+    run(
+        dev,
+        |x, e, [a, b, c, d]| fp8_staged_f8e5m2::launch(dev, 2, x, e, a, b, c, d, 37.0).expect("launch"),
+        F8E5M2::from_f32,
+        poison5,
+        "e5m2",
+    );
 }
 
 #[test]

@@ -305,6 +305,33 @@ impl<T: Element> Tensor<T> {
     }
 }
 
+impl<T: Element> Tensor<T> {
+    /// Sets every element of a contiguous tensor (or view, at any offset into its buffer) to
+    /// zero, on the device's stream (no host sync; a memset, capturable in a CUDA graph).
+    ///
+    /// # Errors
+    /// [`Error::Tensor`] if the tensor is strided.
+    pub fn fill_zeros(&mut self) -> Result<()> {
+        let n = self.numel();
+        if !self.is_contiguous() {
+            return Err(Error::Tensor {
+                what: "Tensor::fill_zeros",
+                expected: "a contiguous tensor".into(),
+                found: format!("strides {:?}", self.strides),
+            });
+        }
+        let range = self.offset..self.offset + n;
+        match &mut self.buf {
+            Storage::Cuda(b) => self.device.stream()?.clone().memset_zeros(&mut b.slice_mut(range))?,
+            Storage::Host(h) => {
+                let es = std::mem::size_of::<T>();
+                h.lock()[range.start * es..range.end * es].fill(0);
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Checks that a view of `len` elements' buffer stays inside it.
 fn check_view(what: &'static str, len: usize, offset: usize, shape: &[usize], strides: &[usize]) -> Result<()> {
     if shape.len() != strides.len() {

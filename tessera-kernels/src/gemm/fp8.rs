@@ -16,7 +16,10 @@
 use crate::gemm::{tma_output, unpad, Activation, Bias, GemmElement};
 use crate::prelude::*;
 use crate::Fp8Element;
-use tessera::{bf16, f16, kernel, Device, Error, Grid, KernelSpec, Result, Tensor, TensorView, F8E4M3};
+use tessera::{
+    bf16, device, f16, kernel, Absent, Device, Error, GlobalArg, GlobalArgMut, Grid, KernelSpec, Optional, OptionalMut, Result, Tensor,
+    TensorView, F8E4M3,
+};
 
 /// `C = act(A·Bᵀ · scale_a[row] · scale_b[col] + bias)`, 128×`BN` tiles, the scales (and bias,
 /// `bias_kind` 1 per column, 2 per row) applied in the epilogue.
@@ -48,25 +51,95 @@ pub fn gemm_fp8_promoted(
     let sb = Smem::<f8e4m3, 128, 128>::ring(STAGES);
     let sc = Smem::<U, 64, 64>::ring(4);
     let pipe = Pipeline::<STAGES>::new(2);
-    let pb = per_block as f32;
     let (per_batch, tiles_m, group) = gemm_raster::<128>(c);
     #[rustfmt::skip]
     gemm_persistent_mapped::<0, 128, 1>(
         a, b, c, counter, sa, sb, sc, pipe, per_batch * c.dim(0), |tile| grouped_tile(tile, per_batch, tiles_m, group),
-        // One expression of loads, so that it loads straight into the accumulator's row
-        // layout: B's block scale, or 1 where `per_block` is 0 (`scale_b[0, 0]` times 0).
-        |_bt, m0, n0, k| {
-            scale_a.load::<Tile<f32, 64, 1>>([m0, k])
-                * (scale_b.load::<Tile<f32, 1, 1>>([(n0 / 128) * per_block, k * per_block]) * pb + (1.0 - pb))
-        },
+        |_bt, m0, n0, k| fp8_step_scale(scale_a, scale_b, per_block, m0, n0, k),
+        |acc, _bt, m0, n| promoted_epilogue(acc, scale_b, per_block, bias, bias_kind, act, m0, n),
+    );
+}
+
+/// [`gemm_fp8`] with C in fp8 `Q` (the bias in bf16): `C = Q(act(A·Bᵀ·scale_a·scale_b + bias) ·
+/// scale_c[0])`, and where `amax_on` is 1 the largest |value| before `scale_c` kept in `amax`
+/// ([`fp8_quantized`]). `cols` is N.
+#[kernel(warpgroups = 3, dtypes(A = [f8e4m3, f8e5m2], Q = [f8e4m3, f8e5m2]), tune(BN = [256, 128], STAGES = [4]), targets(sm_90a))]
+pub fn gemm_fp8_q(
+    a: Global<A, 3>, b: Global<f8e4m3, 3>, c: Global<Q, 3>, scale_a: Global<f32, 1>, scale_b: Global<f32, 1>, bias: Global<bf16, 1>,
+    scale_c: Global<f32, 1>, amax: Global<f32, 2>, counter: Global<i32, 1>, bias_kind: i32, act: i32, cols: i32, amax_on: i32,
+) {
+    let sa = Smem::<A, 128, 128>::ring(STAGES);
+    let sb = Smem::<f8e4m3, BN, 128>::ring(STAGES);
+    let sc = Smem::<Q, 64, 64>::ring(4);
+    let pipe = Pipeline::<STAGES>::new(2);
+    gemm_persistent::<0, BN>(a, b, c, counter, sa, sb, sc, pipe, |acc, _bt, m0, n| {
+        let scaled = acc * scale_a.load::<Tile<f32, 64, 1>>([m0]) * scale_b.load::<Tile<f32, 1, 64>>([n]);
+        fp8_quantized(bias_act(scaled, bias, bias_kind, act, m0, n), c, scale_c, amax, cols, amax_on, m0, n)
+    });
+}
+
+/// [`gemm_fp8_promoted`] with C in fp8 `Q`, as [`gemm_fp8_q`].
+#[kernel(warpgroups = 3, dtypes(A = [f8e4m3, f8e5m2], Q = [f8e4m3, f8e5m2]), tune(STAGES = [6]), targets(sm_90a))]
+pub fn gemm_fp8_promoted_q(
+    a: Global<A, 3>, b: Global<f8e4m3, 3>, c: Global<Q, 3>, scale_a: Global<f32, 2>, scale_b: Global<f32, 2>, bias: Global<bf16, 1>,
+    scale_c: Global<f32, 1>, amax: Global<f32, 2>, counter: Global<i32, 1>, per_block: i32, bias_kind: i32, act: i32, cols: i32,
+    amax_on: i32,
+) {
+    let sa = Smem::<A, 128, 128>::ring(STAGES);
+    let sb = Smem::<f8e4m3, 128, 128>::ring(STAGES);
+    let sc = Smem::<Q, 64, 64>::ring(4);
+    let pipe = Pipeline::<STAGES>::new(2);
+    let (per_batch, tiles_m, group) = gemm_raster::<128>(c);
+    #[rustfmt::skip]
+    gemm_persistent_mapped::<0, 128, 1>(
+        a, b, c, counter, sa, sb, sc, pipe, per_batch * c.dim(0), |tile| grouped_tile(tile, per_batch, tiles_m, group),
+        |_bt, m0, n0, k| fp8_step_scale(scale_a, scale_b, per_block, m0, n0, k),
         |acc, _bt, m0, n| {
-            let mut out = acc;
-            if per_block == 0 {
-                out = out * scale_b.load::<Tile<f32, 1, 64>>([0, n]);
-            }
-            bias_act(out, bias, bias_kind, act, m0, n)
+            let out = promoted_epilogue(acc, scale_b, per_block, bias, bias_kind, act, m0, n);
+            fp8_quantized(out, c, scale_c, amax, cols, amax_on, m0, n)
         },
     );
+}
+
+/// The promoted kernels' factor for K step `k` of the 64 rows at `m0`, columns at `n0`: A's
+/// 64×1 scales times, where `per_block` is 1, B's block scale (else 1: `scale_b[0, 0]` times 0).
+/// One expression of loads, so that it loads straight into the accumulator's row layout.
+#[device]
+pub fn fp8_step_scale(scale_a: Global<f32, 2>, scale_b: Global<f32, 2>, per_block: i32, m0: i32, n0: i32, k: i32) -> Tile<f32, 64, 1> {
+    let pb = per_block as f32;
+    scale_a.load::<Tile<f32, 64, 1>>([m0, k]) * (scale_b.load::<Tile<f32, 1, 1>>([(n0 / 128) * per_block, k * per_block]) * pb + (1.0 - pb))
+}
+
+/// The promoted kernels' epilogue: B's per-column scales where `per_block` is 0, then bias and
+/// activation.
+#[device]
+#[allow(clippy::too_many_arguments)]
+pub fn promoted_epilogue<T>(
+    acc: Tile<f32, 64, 64>, scale_b: Global<f32, 2>, per_block: i32, bias: Global<T, 1>, bias_kind: i32, act: i32, m0: i32, n: i32,
+) -> Tile<f32, 64, 64> {
+    let mut out = acc;
+    if per_block == 0 {
+        out = out * scale_b.load::<Tile<f32, 1, 64>>([0, n]);
+    }
+    bias_act(out, bias, bias_kind, act, m0, n)
+}
+
+/// An fp8 output's last step for the 64×64 chunk at `[_, m0, n]` of C: `out · scale_c[0]`, and
+/// where `amax_on` is 1 the largest |out| of its elements inside C (rows below `c.dim(1)`,
+/// columns below `cols`: a tile's padding holds `act(bias)`, not C) kept in `amax[0, 0]` by an
+/// `atomic_max` — the GEMM's amax once every block is done.
+#[device]
+#[allow(clippy::too_many_arguments)]
+pub fn fp8_quantized<Q>(
+    out: Tile<f32, 64, 64>, c: Global<Q, 3>, scale_c: Global<f32, 1>, amax: Global<f32, 2>, cols: i32, amax_on: i32, m0: i32, n: i32,
+) -> Tile<f32, 64, 64> {
+    if amax_on == 1 {
+        let rows_left = (c.dim(1) - m0) as f32 - 0.5;
+        let cols_left = (cols - n) as f32 - 0.5;
+        let inside = (rows_left - Tile::<f32, 64, 64>::row_index()).step() * (cols_left - Tile::<f32, 64, 64>::col_index()).step();
+        amax.atomic_max([0, 0], col_max(row_max(abs(out) * inside)));
+    }
+    out * scale_c.get([0])
 }
 
 /// How the operands of an fp8 GEMM are scaled: `C = (A ∘ scale_a)·(B ∘ scale_b)ᵀ`, each scale
@@ -107,13 +180,13 @@ pub trait Fp8Gemm<U: tessera::Element>: Fp8Element {
     #[allow(clippy::too_many_arguments)]
     fn fast(
         d: &Device, g: Grid, variant: usize, a: &View<Self>, b: &View<F8E4M3>, c: &mut Tensor<U>, c_shape: [usize; 3], sa: &View<f32>,
-        sb: &View<f32>, bias: &View<U>, epi: (i32, i32),
+        sb: &View<f32>, bias: &impl GlobalArg<U>, epi: (i32, i32),
     ) -> Result<()>;
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     fn promoted(
         d: &Device, g: Grid, a: &View<Self>, b: &View<F8E4M3>, c: &mut Tensor<U>, c_shape: [usize; 3], sa: &View<f32>, sb: &View<f32>,
-        bias: &View<U>, epi: (i32, i32, i32),
+        bias: &impl GlobalArg<U>, epi: (i32, i32, i32),
     ) -> Result<()>;
     /// The fast grouped kernel's variants (`tune(BN, BM)`).
     #[doc(hidden)]
@@ -138,7 +211,7 @@ macro_rules! fp8_gemm {
             }
             fn fast(
                 d: &Device, g: Grid, variant: usize, a: &View<Self>, b: &View<F8E4M3>, c: &mut Tensor<$u>, c_shape: [usize; 3],
-                sa: &View<f32>, sb: &View<f32>, bias: &View<$u>, (bias_kind, act): (i32, i32),
+                sa: &View<f32>, sb: &View<f32>, bias: &impl GlobalArg<$u>, (bias_kind, act): (i32, i32),
             ) -> Result<()> {
                 let mut c = c.view_mut(&c_shape, &[c_shape[1] * c_shape[2], c_shape[2], 1])?;
                 let mut counter = d.tile_counter()?;
@@ -146,7 +219,7 @@ macro_rules! fp8_gemm {
             }
             fn promoted(
                 d: &Device, g: Grid, a: &View<Self>, b: &View<F8E4M3>, c: &mut Tensor<$u>, c_shape: [usize; 3], sa: &View<f32>,
-                sb: &View<f32>, bias: &View<$u>, (per_block, bias_kind, act): (i32, i32, i32),
+                sb: &View<f32>, bias: &impl GlobalArg<$u>, (per_block, bias_kind, act): (i32, i32, i32),
             ) -> Result<()> {
                 let mut c = c.view_mut(&c_shape, &[c_shape[1] * c_shape[2], c_shape[2], 1])?;
                 let mut counter = d.tile_counter()?;
@@ -185,6 +258,60 @@ fp8_gemm!(F8E4M3, f16, gemm_fp8_f8e4m3_f16, gemm_fp8_promoted_f8e4m3_f16, gemm_f
 fp8_gemm!(tessera::F8E5M2, bf16, gemm_fp8_f8e5m2_bf16, gemm_fp8_promoted_f8e5m2_bf16, gemm_fp8_grouped_f8e5m2_bf16, gemm_fp8_grouped_promoted_f8e5m2_bf16);
 #[rustfmt::skip]
 fp8_gemm!(tessera::F8E5M2, f16, gemm_fp8_f8e5m2_f16, gemm_fp8_promoted_f8e5m2_f16, gemm_fp8_grouped_f8e5m2_f16, gemm_fp8_grouped_promoted_f8e5m2_f16);
+
+/// The fp8 GEMM's kernels for A in `Self` and C in fp8 `Q` ([`Fp8GemmBuilder::run_fp8`]).
+pub trait Fp8QuantizedGemm<Q: Fp8Element>: Fp8Element {
+    #[doc(hidden)]
+    fn quantized_variants() -> &'static [&'static KernelSpec];
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn fast_q(
+        d: &Device, g: Grid, variant: usize, a: &View<Self>, b: &View<F8E4M3>, c: &mut Tensor<Q>, sa: &View<f32>, sb: &View<f32>,
+        bias: &impl GlobalArg<bf16>, scale_c: &View<f32>, amax: &mut impl GlobalArgMut<f32>, epi: (i32, i32, i32, i32),
+    ) -> Result<()>;
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn promoted_q(
+        d: &Device, g: Grid, a: &View<Self>, b: &View<F8E4M3>, c: &mut Tensor<Q>, sa: &View<f32>, sb: &View<f32>,
+        bias: &impl GlobalArg<bf16>, scale_c: &View<f32>, amax: &mut impl GlobalArgMut<f32>, epi: (i32, i32, i32, i32, i32),
+    ) -> Result<()>;
+}
+
+macro_rules! fp8_quantized_gemm {
+    ($a:ty, $q:ty, $fast:ident, $promoted:ident) => {
+        impl Fp8QuantizedGemm<$q> for $a {
+            fn quantized_variants() -> &'static [&'static KernelSpec] {
+                $fast::VARIANTS
+            }
+            fn fast_q(
+                d: &Device, g: Grid, variant: usize, a: &View<Self>, b: &View<F8E4M3>, c: &mut Tensor<$q>, sa: &View<f32>, sb: &View<f32>,
+                bias: &impl GlobalArg<bf16>, scale_c: &View<f32>, amax: &mut impl GlobalArgMut<f32>,
+                (bias_kind, act, cols, amax_on): (i32, i32, i32, i32),
+            ) -> Result<()> {
+                let [m, n] = [c.shape()[0], c.shape()[1]];
+                let mut c = c.view_mut(&[1, m, n], &[m * n, n, 1])?;
+                let mut counter = d.tile_counter()?;
+                let epi = (bias_kind, act, cols, amax_on);
+                $fast::launch_variant(variant, d, g, a, b, &mut c, sa, sb, bias, scale_c, amax, &mut counter, epi.0, epi.1, epi.2, epi.3)
+            }
+            fn promoted_q(
+                d: &Device, g: Grid, a: &View<Self>, b: &View<F8E4M3>, c: &mut Tensor<$q>, sa: &View<f32>, sb: &View<f32>,
+                bias: &impl GlobalArg<bf16>, scale_c: &View<f32>, amax: &mut impl GlobalArgMut<f32>,
+                (per_block, bias_kind, act, cols, amax_on): (i32, i32, i32, i32, i32),
+            ) -> Result<()> {
+                let [m, n] = [c.shape()[0], c.shape()[1]];
+                let mut c = c.view_mut(&[1, m, n], &[m * n, n, 1])?;
+                let mut counter = d.tile_counter()?;
+                let epi = (per_block, bias_kind, act, cols, amax_on);
+                $promoted::launch(d, g, a, b, &mut c, sa, sb, bias, scale_c, amax, &mut counter, epi.0, epi.1, epi.2, epi.3, epi.4)
+            }
+        }
+    };
+}
+fp8_quantized_gemm!(F8E4M3, F8E4M3, gemm_fp8_q_f8e4m3_f8e4m3, gemm_fp8_promoted_q_f8e4m3_f8e4m3);
+fp8_quantized_gemm!(F8E4M3, tessera::F8E5M2, gemm_fp8_q_f8e4m3_f8e5m2, gemm_fp8_promoted_q_f8e4m3_f8e5m2);
+fp8_quantized_gemm!(tessera::F8E5M2, F8E4M3, gemm_fp8_q_f8e5m2_f8e4m3, gemm_fp8_promoted_q_f8e5m2_f8e4m3);
+fp8_quantized_gemm!(tessera::F8E5M2, tessera::F8E5M2, gemm_fp8_q_f8e5m2_f8e5m2, gemm_fp8_promoted_q_f8e5m2_f8e5m2);
 
 /// An fp8 GEMM `C = act((A ∘ scale_a)·(B ∘ scale_b)ᵀ + bias)`, built with [`gemm_fp8`] and run
 /// with [`Fp8GemmBuilder::run`]: A `[M, K]` in e4m3 (activations, weights) or e5m2
@@ -316,89 +443,192 @@ impl<'t, A: Fp8Element, U: tessera::Element> Fp8GemmBuilder<'t, A, U> {
         A: Fp8Gemm<U>,
         U: GemmElement,
     {
+        let p = self.prepare(device, A::fast_variants()[0], c.shape())?;
+        // C's rows leave by TMA stores: where they are not 16-byte multiples (N not a multiple
+        // of 8) or C starts off 16 bytes, the kernels write a padded C, copied into `c` after.
+        let mut padded = tma_output("gemm_fp8", device, c, p.m, p.n, false)?;
+        let n8 = padded.as_ref().map_or(p.n, |t| t.shape()[1]);
+        let c_shape = [1, p.m, n8];
+        let bias = Optional(p.bias.as_ref(), 1);
+        let (bias_kind, act) = (p.bias_kind, self.activation.code());
+        match &p.scales {
+            &Scales::Promoted { ref sa, ref sb, per_block } => {
+                let out = padded.as_mut().unwrap_or(c);
+                A::promoted(device, p.tiles(device, n8, 128), &p.a, &p.b, out, c_shape, sa, sb, &bias, (per_block, bias_kind, act))?;
+            }
+            Scales::Fast { sa, sb } => {
+                let variants = A::fast_variants();
+                let run = |i: usize, c: &mut Tensor<U>| {
+                    let g = p.tiles(device, n8, variants[i].knob("BN").unwrap_or(256) as usize);
+                    A::fast(device, g, i, &p.a, &p.b, c, c_shape, sa, sb, &bias, (bias_kind, act))
+                };
+                let choice = self.fast_variant(device, "gemm_fp8", (A::DTYPE, U::DTYPE), variants, &p, n8, &run)?;
+                run(choice, padded.as_mut().unwrap_or(c))?;
+            }
+        }
+        unpad(device, padded, c, p.m, p.n)
+    }
+
+    /// Checks the operands against each other and C's shape `c_shape`, and views them as the
+    /// kernels read them.
+    fn prepare(&self, device: &Device, spec: &KernelSpec, c_shape: &[usize]) -> Result<Prepared<'t, A, U>> {
         let (m, k) = crate::check_2d("gemm_fp8", "a", self.a)?;
         let (n, kb) = crate::check_2d("gemm_fp8", "b", self.b)?;
         if kb != k {
             return Err(arg("b", format!("N×{k} (K = {k}, as a's)"), format!("shape {:?}", self.b.shape())));
         }
-        crate::check_shape("gemm_fp8", "c", c, &[m, n])?;
+        if c_shape != [m, n] {
+            return Err(arg("c", format!("shape [{m}, {n}] (M×N)"), format!("shape {c_shape:?}")));
+        }
         if m == 0 || n == 0 || k == 0 {
             return Err(arg("a", "M, N and K ≥ 1".into(), format!("M={m}, N={n}, K={k}")));
         }
         check_fp8_k("gemm_fp8", k)?;
-        super::check_hopper("gemm_fp8", device, A::fast_variants()[0])?;
+        super::check_hopper("gemm_fp8", device, spec)?;
         let a = operand("a", self.a, m, k)?;
         let b = operand("b", self.b, n, k)?;
         let (bias_kind, bias) = match self.bias {
             None => (0, None),
             Some(Bias::PerColumn(t)) => {
                 crate::check_shape("gemm_fp8", "bias", t, &[n])?;
-                (1, Some(t))
+                (1, Some(t.view(t.shape(), t.strides())?))
             }
             Some(Bias::PerRow(t)) => {
                 crate::check_shape("gemm_fp8", "bias", t, &[m])?;
-                (2, Some(t))
+                (2, Some(t.view(t.shape(), t.strides())?))
             }
         };
-        // A bias the epilogue does not read: a one-element tensor (never read; allocated only
-        // then).
-        let none;
-        let bias = match bias {
-            Some(t) => t.view(t.shape(), t.strides())?,
-            None => {
-                none = Tensor::<U>::zeros(device, &[1])?;
-                none.view(&[1], &[1])?
-            }
-        };
-        let act = self.activation.code();
-        let kb = k.div_ceil(128);
-        // C's rows leave by TMA stores: where they are not 16-byte multiples (N not a multiple
-        // of 8) or C starts off 16 bytes, the kernels write a padded C, copied into `c` after.
-        let mut padded = tma_output("gemm_fp8", device, c, m, n, false)?;
-        let n8 = padded.as_ref().map_or(n, |p| p.shape()[1]);
-        let c_shape = [1, m, n8];
-        let tiles = |bn: usize| (Grid::tiles(m, 128).saturating_mul(Grid::tiles(n8, bn))).min(device.sm_count());
-        let nb = n.div_ceil(128);
+        let (kb, nb) = (k.div_ceil(128), n.div_ceil(128));
         let (sa, sb, want_a, want_b) = match self.scaling {
             Fp8Scaling::Tensorwise { a, b } => (a, b, vec![1], vec![1]),
             Fp8Scaling::Rowwise { a, b } => (a, b, vec![m], vec![n]),
             Fp8Scaling::Blockwise { a, b } => (a, b, vec![m, kb], vec![nb, kb]),
         };
-        let rowwise = matches!(self.scaling, Fp8Scaling::Rowwise { .. });
-        let blockwise = matches!(self.scaling, Fp8Scaling::Blockwise { .. });
         // Per tensor: stride-0 views of the one element; per row: a stride along M (and N).
-        let s = usize::from(rowwise);
+        let s = usize::from(matches!(self.scaling, Fp8Scaling::Rowwise { .. }));
+        let blockwise = matches!(self.scaling, Fp8Scaling::Blockwise { .. });
         if blockwise && self.fast {
             return Err(arg("scaling", "tensorwise or rowwise scales with fast accumulation".into(), "blockwise".into()));
         }
-        if !self.fast {
-            if let Some(v) = self.variant {
-                return Err(arg("variant", "fast_accumulation(true) to name a variant".into(), format!("`{v}` without it")));
-            }
+        if let (Some(v), false) = (self.variant, self.fast) {
+            return Err(arg("variant", "fast_accumulation(true) to name a variant".into(), format!("`{v}` without it")));
+        }
+        let scales = if !self.fast {
             let (sa, sb, per_block) = if blockwise {
                 (scale_view("scale_a", sa, &want_a, &[m, kb], &[kb, 1])?, scale_view("scale_b", sb, &want_b, &[nb, kb], &[kb, 1])?, 1)
             } else {
                 (scale_view("scale_a", sa, &want_a, &[m, kb], &[s, 0])?, scale_view("scale_b", sb, &want_b, &[1, n], &[0, s])?, 0)
             };
-            let out = padded.as_mut().unwrap_or(c);
-            A::promoted(device, tiles(128).into(), &a, &b, out, c_shape, &sa, &sb, &bias, (per_block, bias_kind, act))?;
-            return unpad(device, padded, c, m, n);
-        }
-        let sa = scale_view("scale_a", sa, &want_a, &[m], &[s])?;
-        let sb = scale_view("scale_b", sb, &want_b, &[n], &[s])?;
-        let variants = A::fast_variants();
-        let names: Vec<&str> = variants.iter().map(|v| v.name).collect();
-        let run = |i: usize, c: &mut Tensor<U>| {
-            let bn = variants[i].knob("BN").unwrap_or(256) as usize;
-            A::fast(device, tiles(bn).into(), i, &a, &b, c, c_shape, &sa, &sb, &bias, (bias_kind, act))
+            Scales::Promoted { sa, sb, per_block }
+        } else {
+            Scales::Fast { sa: scale_view("scale_a", sa, &want_a, &[m], &[s])?, sb: scale_view("scale_b", sb, &want_b, &[n], &[s])? }
         };
-        // 128×256 tiles unless too few of them fill the GPU.
-        let few = (tiles(256) as usize) * 4 < device.sm_count() as usize;
+        Ok(Prepared { m, n, k, a, b, bias, bias_kind, scales })
+    }
+
+    /// The fast kernel `kernel`'s variant to run for A and C of `dtypes`: the one forced, or the
+    /// tuner's choice (128×256 tiles unless too few of them fill the GPU).
+    #[allow(clippy::too_many_arguments)]
+    fn fast_variant<C: tessera::Element>(
+        &self, device: &Device, kernel: &'static str, dtypes: (tessera::DType, tessera::DType), variants: &[&KernelSpec],
+        p: &Prepared<'t, A, U>, n8: usize, run: &dyn Fn(usize, &mut Tensor<C>) -> Result<()>,
+    ) -> Result<usize> {
+        let (shape, epilogue) = ([p.m, p.n, p.k], (p.bias_kind, self.activation));
+        let key = tessera::TuneKey::new(kernel, device).field("dtypes", &dtypes).field("shape", &shape).field("epilogue", &epilogue);
+        let names: Vec<&str> = variants.iter().map(|v| v.name).collect();
+        let few = Grid::tiles(p.m, 128).saturating_mul(Grid::tiles(n8, 256)) as usize * 4 < device.sm_count() as usize;
         let default = if few { names.len() - 1 } else { 0 };
-        let (dtypes, shape, epilogue) = ((A::DTYPE, U::DTYPE), [m, n, k], (bias_kind, self.activation));
-        let key = tessera::TuneKey::new("gemm_fp8", device).field("dtypes", &dtypes).field("shape", &shape).field("epilogue", &epilogue);
-        let choice = crate::gemm::pick_variant(device, "gemm_fp8", &key, &names, default, self.variant, &[m, n8], &run)?;
-        run(choice, padded.as_mut().unwrap_or(c))?;
-        unpad(device, padded, c, m, n)
+        crate::gemm::pick_variant(device, kernel, &key, &names, default, self.variant, &[p.m, n8], run)
+    }
+}
+
+impl<'t, A: Fp8Element> Fp8GemmBuilder<'t, A, bf16> {
+    /// Runs it into an fp8 `c` (`[M, N]`, e4m3 or e5m2, contiguous): `C = Q(act(A·Bᵀ · scales +
+    /// bias) · scale[0])`, rounded to nearest and saturating as [`quantize_fp8`](crate::quantize_fp8)
+    /// does, the bias in bf16; and where `amax` is given, `amax[0]` ← the largest |value| of C
+    /// before `scale` (overwritten, not combined with what it held: the delayed-scaling recipes'
+    /// amax of this output, from which a later `scale` is made). `scale` and `amax` are
+    /// one-element f32 tensors on the device: no host sync.
+    ///
+    /// Any M ≥ 1; N a multiple of 16 and `c` 16-byte aligned (C's fp8 rows leave by TMA stores);
+    /// K a multiple of 16. Hopper (sm_90a) only.
+    ///
+    /// # Errors
+    /// As [`Fp8GemmBuilder::run`]; and [`Error::Argument`] naming `c`, `scale` or `amax` when
+    /// their shape or alignment does not match.
+    pub fn run_fp8<Q: Fp8Element>(
+        self, device: &Device, c: &mut Tensor<Q>, scale: &Tensor<f32>, amax: Option<&mut Tensor<f32>>,
+    ) -> Result<()>
+    where
+        A: Fp8QuantizedGemm<Q>,
+    {
+        let p = self.prepare(device, A::quantized_variants()[0], c.shape())?;
+        if !p.n.is_multiple_of(16) || !c.offset().is_multiple_of(16) || !c.is_contiguous() {
+            return Err(arg(
+                "c",
+                "a contiguous fp8 C with N a multiple of 16 from a 16-byte aligned offset (its rows leave by TMA stores)".into(),
+                format!("shape {:?}, strides {:?}, offset {}", c.shape(), c.strides(), c.offset()),
+            ));
+        }
+        let scale_c = scale_view("scale", scale, &[1], &[1], &[1])?;
+        let mut amax = match amax {
+            Some(t) => {
+                if t.shape() != [1] {
+                    return Err(arg("amax", "an f32 tensor of shape [1]".into(), format!("shape {:?}", t.shape())));
+                }
+                // Overwritten: cleared here, then every block keeps its chunks' maxima.
+                t.fill_zeros()?;
+                Some(t.view_mut(&[1, 1], &[1, 1])?)
+            }
+            None => None,
+        };
+        let amax_on = i32::from(amax.is_some());
+        let mut amax = OptionalMut(amax.as_mut(), 2);
+        let bias = Optional(p.bias.as_ref(), 1);
+        let (bias_kind, act, cols) = (p.bias_kind, self.activation.code(), p.n as i32);
+        match &p.scales {
+            &Scales::Promoted { ref sa, ref sb, per_block } => {
+                let epi = (per_block, bias_kind, act, cols, amax_on);
+                A::promoted_q(device, p.tiles(device, p.n, 128), &p.a, &p.b, c, sa, sb, &bias, &scale_c, &mut amax, epi)
+            }
+            Scales::Fast { sa, sb } => {
+                let variants = A::quantized_variants();
+                let grid = |i: usize| p.tiles(device, p.n, variants[i].knob("BN").unwrap_or(256) as usize);
+                // (The tuner's trials write scratch, not `amax`.)
+                let trial = |i: usize, c: &mut Tensor<Q>| {
+                    A::fast_q(device, grid(i), i, &p.a, &p.b, c, sa, sb, &bias, &scale_c, &mut Absent(2), (bias_kind, act, cols, 0))
+                };
+                let choice = self.fast_variant(device, "gemm_fp8_q", (A::DTYPE, Q::DTYPE), variants, &p, p.n, &trial)?;
+                A::fast_q(device, grid(choice), choice, &p.a, &p.b, c, sa, sb, &bias, &scale_c, &mut amax, (bias_kind, act, cols, amax_on))
+            }
+        }
+    }
+}
+
+/// How the kernels read an fp8 GEMM's scales.
+enum Scales<'t> {
+    /// The promoted kernel's: `scale_a` `[M, ⌈K/128⌉]`, `scale_b` per 128×128 block (`per_block`
+    /// 1) or `[1, N]` (0).
+    Promoted { sa: View<'t, f32>, sb: View<'t, f32>, per_block: i32 },
+    /// The fast kernel's: `scale_a` `[M]`, `scale_b` `[N]` (stride 0 for one per tensor).
+    Fast { sa: View<'t, f32>, sb: View<'t, f32> },
+}
+
+/// An fp8 GEMM's operands, checked and viewed as the kernels read them.
+struct Prepared<'t, A: tessera::Element, U: tessera::Element> {
+    m: usize,
+    n: usize,
+    k: usize,
+    a: View<'t, A>,
+    b: View<'t, F8E4M3>,
+    bias: Option<View<'t, U>>,
+    bias_kind: i32,
+    scales: Scales<'t>,
+}
+
+impl<A: tessera::Element, U: tessera::Element> Prepared<'_, A, U> {
+    /// The persistent grid over C's 128×`bn` tiles (`n8` columns): at most one block an SM.
+    fn tiles(&self, device: &Device, n8: usize, bn: usize) -> Grid {
+        Grid::tiles(self.m, 128).saturating_mul(Grid::tiles(n8, bn)).min(device.sm_count()).into()
     }
 }
