@@ -134,10 +134,14 @@ pub fn fp8_quantized<Q>(
     out: Tile<f32, 64, 64>, c: Global<Q, 3>, scale_c: Global<f32, 1>, amax: Global<f32, 2>, cols: i32, amax_on: i32, m0: i32, n: i32,
 ) -> Tile<f32, 64, 64> {
     if amax_on == 1 {
-        let rows_left = (c.dim(1) - m0) as f32 - 0.5;
-        let cols_left = (cols - n) as f32 - 0.5;
-        let inside = (rows_left - Tile::<f32, 64, 64>::row_index()).step() * (cols_left - Tile::<f32, 64, 64>::col_index()).step();
-        amax.atomic_max([0, 0], col_max(row_max(abs(out) * inside)));
+        let mut mag = abs(out);
+        if m0 + 64 > c.dim(1) || n + 64 > cols {
+            // A chunk at C's edge: the elements past it left out.
+            let rows_left = (c.dim(1) - m0) as f32 - 0.5;
+            let cols_left = (cols - n) as f32 - 0.5;
+            mag = mag * (rows_left - Tile::<f32, 64, 64>::row_index()).step() * (cols_left - Tile::<f32, 64, 64>::col_index()).step();
+        }
+        amax.atomic_max([0, 0], col_max(row_max(mag)));
     }
     out * scale_c.get([0])
 }
