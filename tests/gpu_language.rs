@@ -903,6 +903,50 @@ fn interp_atomic_maxima_over_blocks() {
     atomic_maxima_over_blocks(&Device::cpu());
 }
 
+/// Column maxima and sums of each block's 64 rows of `x` kept by atomics: `maxima[0, j]` ←
+/// max over blocks of `col_max`, `sums[0, j]` += `col_sum` — the rows span the warpgroup's four
+/// warps, so each warp's partial goes to the atomic without an exchange across warps.
+#[kernel]
+fn column_atomics(x: Global<f32, 2>, maxima: Global<f32, 2>, sums: Global<f32, 2>) {
+    let r = block::id_x() * 64;
+    maxima.atomic_max([0, 0], col_max(x.load_or::<Tile<f32, 64, 48>>([r, 0], -3.0e38)));
+    sums.atomic_add([0, 0], col_sum(x.load_or::<Tile<f32, 64, 48>>([r, 0], 0.0)));
+}
+
+fn column_atomics_over_blocks(dev: &Device) {
+    for (m, n, lo, hi) in [(64, 48, -1.0, 1.0), (300, 40, -3.0, -1.0), (130, 48, 0.5, 2.0)] {
+        let x = random(m * n, lo, hi);
+        let xd = Tensor::from_host(dev, &x, &[m, n]).expect("x");
+        let (p0, s0) = (random(n, -2.0, 0.5), random(n, -1.0, 1.0));
+        let mut maxima = Tensor::from_host(dev, &p0, &[1, n]).expect("maxima");
+        let mut sums = Tensor::from_host(dev, &s0, &[1, n]).expect("sums");
+        column_atomics::launch(dev, m.div_ceil(64) as u32, &xd, &mut maxima, &mut sums).expect("launch");
+        let mut want_max = p0;
+        let mut want_sum: Vec<f64> = s0.iter().map(|&v| f64::from(v)).collect();
+        for i in 0..m {
+            for j in 0..n {
+                want_max[j] = want_max[j].max(x[i * n + j]);
+                want_sum[j] += f64::from(x[i * n + j]);
+            }
+        }
+        assert_eq!(maxima.to_host().expect("maxima"), want_max, "column maxima {m}×{n} in [{lo}, {hi})");
+        let got = wide(&sums.to_host().expect("sums"));
+        assert!(rel_error(&got, &want_sum) < 1e-5, "column sums {m}×{n}: {}", rel_error(&got, &want_sum));
+    }
+}
+
+#[test]
+fn gpu_column_atomics_over_blocks() {
+    if let Some(dev) = gpu_or_skip("gpu_column_atomics_over_blocks") {
+        column_atomics_over_blocks(&dev);
+    }
+}
+
+#[test]
+fn interp_column_atomics_over_blocks() {
+    column_atomics_over_blocks(&Device::cpu());
+}
+
 /// Every block adds its 64×64 tile of `x` into the one tile of `sum` by two TMA reduce-adds
 /// of 32-column panels from shared memory (`sum` narrower than 64: the second panel's columns
 /// past it are skipped).

@@ -189,8 +189,10 @@ impl Lowerer<'_> {
     /// `max` (`atomic_max`): on the f32 bits, `red.max.s32` where the value is ≥ +0 (such bits
     /// order as the floats do, and above every negative float's), `red.min.u32` below (a
     /// negative float's bits order backwards, and above every positive one's).
-    pub(crate) fn atomic_add(&mut self, g: &GlobalVal, idx: &[Operand], t: &TileVal, max: bool) {
-        let plan = self.plan(g, idx, t.layout, t.ty, true);
+    /// `writers`, where given, names the threads that issue them instead of the layout's owners
+    /// (each warp's partial of a column reduction: [`Self::reduce_per_warp`]).
+    pub(crate) fn atomic_add(&mut self, g: &GlobalVal, idx: &[Operand], t: &TileVal, max: bool, writers: Option<Reg>) {
+        let plan = self.plan_for(g, idx, t.layout, t.ty, true, writers);
         for (sl, &r) in t.layout.slots().iter().zip(&t.regs) {
             let &(_, row_addr, _, row_in) = plan.rows.iter().find(|p| p.0 == sl.dr).expect("planned row");
             let (addr, p) = match (plan.col0, plan.col_dim, plan.col_stride_bytes) {
@@ -219,6 +221,12 @@ impl Lowerer<'_> {
     }
 
     fn plan(&mut self, g: &GlobalVal, idx: &[Operand], layout: Layout, ty: TileType, owners_only: bool) -> Plan {
+        self.plan_for(g, idx, layout, ty, owners_only, None)
+    }
+
+    /// [`Self::plan`], the threads that write given by `writers` where it is given (instead of
+    /// the layout's owners).
+    fn plan_for(&mut self, g: &GlobalVal, idx: &[Operand], layout: Layout, ty: TileType, owners_only: bool, writers: Option<Reg>) -> Plan {
         use Operand::{Imm, Reg as R};
         let rank = g.rank;
         let es = i64::from(ty.dtype.size());
@@ -236,7 +244,9 @@ impl Lowerer<'_> {
         let base = self.reg(RegClass::B64, "base");
         self.op("mov.b64", vec![R(base), R(gr.ptr)]);
         let inb = self.reg(RegClass::Pred, "inb");
-        if owners_only {
+        if let Some(w) = writers {
+            self.op("mov.pred", vec![R(inb), R(w)]);
+        } else if owners_only {
             self.op("mov.pred", vec![R(inb), R(lr.owner)]);
         } else {
             self.op("setp.eq.u32", vec![R(inb), R(self.lane), R(self.lane)]);

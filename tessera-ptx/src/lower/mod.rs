@@ -639,8 +639,20 @@ impl<'a> Lowerer<'a> {
             StmtKind::AtomicAdd { tensor, index, value, max } => {
                 let g = self.global(tensor);
                 let idx = index.iter().map(|e| self.scalar(e)).collect::<Result<Vec<_>, _>>()?;
+                // `atomic_add(…, col_sum(x))`, `atomic_max(…, col_max(x))`: the atomic combines
+                // as the reduction does, so each warp's partial goes to it as it is — no
+                // exchange across the warps (two barriers) first.
+                let want = if *max { crate::tirh::ReduceOp::Max } else { crate::tirh::ReduceOp::Sum };
+                if let crate::tirh::ExprKind::Reduce { op, axis: 0, value: inner } = &value.kind {
+                    if *op == want {
+                        let t = self.tile(inner)?;
+                        let (t, writers) = self.reduce_per_warp(t, *op);
+                        self.atomic_add(&g, &idx, &t, *max, writers);
+                        return Ok(());
+                    }
+                }
                 let t = self.tile(value)?;
-                self.atomic_add(&g, &idx, &t, *max);
+                self.atomic_add(&g, &idx, &t, *max, None);
             }
             StmtKind::Store { tensor, index, value, within } => {
                 let g = self.global(tensor);

@@ -1442,6 +1442,25 @@ impl Lowerer<'_> {
         self.reduce_finish(p)
     }
 
+    /// A reduction down the columns (`axis` 0) whose warps' partials an atomic with the same
+    /// combine takes as they are: where `t`'s rows span several warps, each warp's partial (its
+    /// lanes reduced, not exchanged across warps) and the threads that hold one (a warp's first
+    /// lane row, owning its columns); else the whole reduction and no such threads (its owners).
+    pub(crate) fn reduce_per_warp(&mut self, t: TileVal, op: ReduceOp) -> (TileVal, Option<Reg>) {
+        let l = t.layout;
+        let p = self.reduce_in_warps(t, op, 0);
+        if p.done || l.warp_split(0) <= 1 {
+            let mut p = [p];
+            self.reduce_across_warps(&mut p);
+            let [p] = p;
+            return (self.reduce_finish(p), None);
+        }
+        let lr = self.layout_regs(l);
+        let writers = self.reg(RegClass::Pred, "warp_writer");
+        self.op("setp.eq.and.u32", vec![Operand::Reg(writers), Operand::Reg(lr.lr), Operand::Imm(0), Operand::Reg(lr.col_owner)]);
+        (self.reduce_finish(p), Some(writers))
+    }
+
     /// Reduces the tiles of independent `let`s (`let a = row_sum(x); let b = row_sum(y);`)
     /// with one exchange across warps: one pair of barriers for them all.
     pub(crate) fn reduce_many(&mut self, tiles: Vec<(TileVal, ReduceOp, u32)>) -> Vec<TileVal> {
