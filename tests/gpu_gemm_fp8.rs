@@ -1,5 +1,5 @@
 //! The fp8 GEMM against a float64 reference: fp8 inputs decoded exactly, scales per tensor,
-//! per row and per block, with and without promotion, e4m3 and e5m2 A, bf16 and f16 C, bias and
+//! per row and per block, with and without promotion, e4m3 and e5m2 A, bf16, f16 and f32 C, bias and
 //! activation; fp8 C with an output scale and amax; odd M and N, K not a multiple of a tile; and
 //! its argument errors.
 
@@ -35,7 +35,7 @@ impl Fp8Host for F8E5M2 {
 }
 
 /// An output type's host conversions.
-trait Out: tessera_kernels::GemmElement {
+trait Out: tessera::Element {
     fn decode(self) -> f64;
     fn encode(x: f32) -> Self;
     /// The relative error allowed (its rounding, and fp8's wgmma sums).
@@ -58,6 +58,16 @@ impl Out for f16 {
     }
     fn encode(x: f32) -> Self {
         f16::from_f32(x)
+    }
+    const TOL: f64 = 4e-3;
+}
+
+impl Out for f32 {
+    fn decode(self) -> f64 {
+        f64::from(self)
+    }
+    fn encode(x: f32) -> Self {
+        x
     }
     const TOL: f64 = 4e-3;
 }
@@ -207,6 +217,11 @@ fn all_modes(dev: &Device, m: usize, n: usize, k: usize) {
     check::<F8E5M2, bf16>(dev, m, n, k, Mode::Row, false, true);
     check::<F8E4M3, f16>(dev, m, n, k, Mode::Block, true, true);
     check::<F8E5M2, f16>(dev, m, n, k, Mode::Tensor, true, false);
+    // f32 C: N a multiple of 4.
+    if n.is_multiple_of(4) {
+        check::<F8E4M3, f32>(dev, m, n, k, Mode::Row, false, true);
+        check::<F8E5M2, f32>(dev, m, n, k, Mode::Block, true, false);
+    }
 }
 
 /// fp8 outputs: both formats, each scaling, fast and promoted, padded tiles (M and N not
@@ -286,6 +301,11 @@ fn bad_input_gemm_fp8_names_the_argument() {
     let (ba, bb) = (s(&[64, 2]), s(&[1, 2]));
     let e = err(gemm_fp8(&a, &b, Fp8Scaling::Blockwise { a: &ba, b: &bb }).fast_accumulation(true).run(&dev, &mut out));
     assert!(e.contains("scaling") && e.contains("blockwise"), "{e}");
+    // An f32 C: N a multiple of 4.
+    let mut f = Tensor::<f32>::zeros(&dev, &[64, 130]).unwrap();
+    let b4 = q(130, 256);
+    let e = err(gemm_fp8(&a, &b4, Fp8Scaling::Tensorwise { a: &one, b: &one }).run(&dev, &mut f));
+    assert!(e.contains("\"c\"") && e.contains("multiple of 4") && e.contains("[64, 130]"), "{e}");
     // An fp8 C: N a multiple of 16, scale and amax of one element.
     let mut q8 = Tensor::<F8E4M3>::zeros(&dev, &[64, 120]).unwrap();
     let (a3, b3) = (q(64, 256), q(120, 256));

@@ -188,7 +188,7 @@ fn gpu_gemm_grouped_survives_bad_ends() {
 
 /// The fp8 grouped GEMM (e4m3 or e5m2 A, e4m3 B, bf16 C), rowwise and tensorwise scales, fast
 /// and promoted accumulation, every fast variant: fp8 inputs decoded exactly, against float64.
-fn fp8_grouped_matches<A: tessera_kernels::Fp8Gemm<bf16>>(
+fn fp8_grouped_matches<A: tessera_kernels::Fp8GroupedGemm<bf16>>(
     dev: &Device, sizes: &[usize], spare: usize, n: usize, k: usize, encode: fn(f32) -> A, decode: fn(A) -> f64,
 ) {
     use tessera::F8E4M3;

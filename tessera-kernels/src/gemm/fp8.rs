@@ -32,6 +32,31 @@ pub fn gemm_fp8(
     let sb = Smem::<f8e4m3, BN, 128>::ring(STAGES);
     let sc = Smem::<U, 64, 64>::ring(4);
     let pipe = Pipeline::<STAGES>::new(2);
+    fp8_fast_gemm(a, b, c, scale_a, scale_b, bias, counter, bias_kind, act, sa, sb, sc, pipe);
+}
+
+/// [`gemm_fp8`] into f32 C: its 64×64 staging buffers unswizzled (256-byte rows, one TMA box
+/// each), 128×128 tiles (128×256 ones and the buffers do not fit in shared memory).
+#[kernel(warpgroups = 3, dtypes(A = [f8e4m3, f8e5m2]), tune(BN = [128], STAGES = [4]), targets(sm_90a))]
+pub fn gemm_fp8_f32(
+    a: Global<A, 3>, b: Global<f8e4m3, 3>, c: Global<f32, 3>, scale_a: Global<f32, 1>, scale_b: Global<f32, 1>, bias: Global<f32, 1>,
+    counter: Global<i32, 1>, bias_kind: i32, act: i32,
+) {
+    let sa = Smem::<A, 128, 128>::ring(STAGES);
+    let sb = Smem::<f8e4m3, BN, 128>::ring(STAGES);
+    let sc = Smem::<f32, 64, 64>::ring_swizzled(4, 0);
+    let pipe = Pipeline::<STAGES>::new(2);
+    fp8_fast_gemm(a, b, c, scale_a, scale_b, bias, counter, bias_kind, act, sa, sb, sc, pipe);
+}
+
+/// The epilogue-scaled fp8 GEMM over a kernel's rings ([`gemm_fp8`], [`gemm_fp8_f32`]).
+#[device]
+#[allow(clippy::too_many_arguments)]
+pub fn fp8_fast_gemm<A, U, const BN: usize, const S: usize>(
+    a: Global<A, 3>, b: Global<f8e4m3, 3>, c: Global<U, 3>, scale_a: Global<f32, 1>, scale_b: Global<f32, 1>, bias: Global<U, 1>,
+    counter: Global<i32, 1>, bias_kind: i32, act: i32, sa: Smem<A, 128, 128>, sb: Smem<f8e4m3, BN, 128>, sc: Smem<U, 64, 64>,
+    pipe: Pipeline<S>,
+) {
     gemm_persistent::<0, BN>(a, b, c, counter, sa, sb, sc, pipe, |acc, _bt, m0, n| {
         let scaled = acc * scale_a.load::<Tile<f32, 64, 1>>([m0]) * scale_b.load::<Tile<f32, 1, 64>>([n]);
         bias_act(scaled, bias, bias_kind, act, m0, n)
@@ -51,6 +76,31 @@ pub fn gemm_fp8_promoted(
     let sb = Smem::<f8e4m3, 128, 128>::ring(STAGES);
     let sc = Smem::<U, 64, 64>::ring(4);
     let pipe = Pipeline::<STAGES>::new(2);
+    fp8_promoted_gemm(a, b, c, scale_a, scale_b, bias, counter, per_block, bias_kind, act, sa, sb, sc, pipe);
+}
+
+/// [`gemm_fp8_promoted`] into f32 C, its staging buffers unswizzled as [`gemm_fp8_f32`]'s, in
+/// 4 stages (6 and the buffers do not fit).
+#[kernel(warpgroups = 3, dtypes(A = [f8e4m3, f8e5m2]), tune(STAGES = [4]), targets(sm_90a))]
+pub fn gemm_fp8_promoted_f32(
+    a: Global<A, 3>, b: Global<f8e4m3, 3>, c: Global<f32, 3>, scale_a: Global<f32, 2>, scale_b: Global<f32, 2>, bias: Global<f32, 1>,
+    counter: Global<i32, 1>, per_block: i32, bias_kind: i32, act: i32,
+) {
+    let sa = Smem::<A, 128, 128>::ring(STAGES);
+    let sb = Smem::<f8e4m3, 128, 128>::ring(STAGES);
+    let sc = Smem::<f32, 64, 64>::ring_swizzled(4, 0);
+    let pipe = Pipeline::<STAGES>::new(2);
+    fp8_promoted_gemm(a, b, c, scale_a, scale_b, bias, counter, per_block, bias_kind, act, sa, sb, sc, pipe);
+}
+
+/// The promoted fp8 GEMM over a kernel's rings ([`gemm_fp8_promoted`], [`gemm_fp8_promoted_f32`]).
+#[device]
+#[allow(clippy::too_many_arguments)]
+pub fn fp8_promoted_gemm<A, U, const S: usize>(
+    a: Global<A, 3>, b: Global<f8e4m3, 3>, c: Global<U, 3>, scale_a: Global<f32, 2>, scale_b: Global<f32, 2>, bias: Global<U, 1>,
+    counter: Global<i32, 1>, per_block: i32, bias_kind: i32, act: i32, sa: Smem<A, 128, 128>, sb: Smem<f8e4m3, 128, 128>,
+    sc: Smem<U, 64, 64>, pipe: Pipeline<S>,
+) {
     let (per_batch, tiles_m, group) = gemm_raster::<128>(c);
     #[rustfmt::skip]
     gemm_persistent_mapped::<0, 128, 1>(
@@ -176,7 +226,7 @@ pub enum Fp8Scaling<'t> {
 
 type View<'a, T> = TensorView<'a, T>;
 
-/// The fp8 GEMM's kernels for A in `Self` and C in `U` (bf16 or f16).
+/// The fp8 GEMM's kernels for A in `Self` and C in `U` (bf16, f16 or f32).
 pub trait Fp8Gemm<U: tessera::Element>: Fp8Element {
     #[doc(hidden)]
     fn fast_variants() -> &'static [&'static KernelSpec];
@@ -192,6 +242,16 @@ pub trait Fp8Gemm<U: tessera::Element>: Fp8Element {
         d: &Device, g: Grid, a: &View<Self>, b: &View<F8E4M3>, c: &mut Tensor<U>, c_shape: [usize; 3], sa: &View<f32>, sb: &View<f32>,
         bias: &impl GlobalArg<U>, epi: (i32, i32, i32),
     ) -> Result<()>;
+    /// C as the kernels store it (by TMA): `None` where `c` is so, else a padded buffer that
+    /// [`Self::unpad_output`] copies into `c` (16-bit C), or an error (f32 C: N a multiple of 4).
+    #[doc(hidden)]
+    fn padded_output(d: &Device, c: &Tensor<U>, m: usize, n: usize) -> Result<Option<Tensor<U>>>;
+    #[doc(hidden)]
+    fn unpad_output(d: &Device, padded: Option<Tensor<U>>, c: &mut Tensor<U>, m: usize, n: usize) -> Result<()>;
+}
+
+/// The fp8 grouped GEMM's kernels for A in `Self` and C in `U` (bf16 or f16).
+pub trait Fp8GroupedGemm<U: tessera::Element>: Fp8Element {
     /// The fast grouped kernel's variants (`tune(BN, BM)`).
     #[doc(hidden)]
     fn grouped_variants() -> &'static [&'static KernelSpec];
@@ -208,7 +268,7 @@ pub trait Fp8Gemm<U: tessera::Element>: Fp8Element {
 }
 
 macro_rules! fp8_gemm {
-    ($a:ty, $u:ty, $fast:ident, $promoted:ident, $grouped:ident, $grouped_promoted:ident) => {
+    ($a:ty, $u:ty, $fast:ident, $promoted:ident, $padded:expr, $unpad:expr) => {
         impl Fp8Gemm<$u> for $a {
             fn fast_variants() -> &'static [&'static KernelSpec] {
                 $fast::VARIANTS
@@ -229,6 +289,19 @@ macro_rules! fp8_gemm {
                 let mut counter = d.tile_counter()?;
                 $promoted::launch(d, g, a, b, &mut c, sa, sb, bias, &mut counter, per_block, bias_kind, act)
             }
+            fn padded_output(d: &Device, c: &Tensor<$u>, m: usize, n: usize) -> Result<Option<Tensor<$u>>> {
+                $padded(d, c, m, n)
+            }
+            fn unpad_output(d: &Device, padded: Option<Tensor<$u>>, c: &mut Tensor<$u>, m: usize, n: usize) -> Result<()> {
+                $unpad(d, padded, c, m, n)
+            }
+        }
+    };
+}
+
+macro_rules! fp8_grouped_gemm {
+    ($a:ty, $u:ty, $grouped:ident, $grouped_promoted:ident) => {
+        impl Fp8GroupedGemm<$u> for $a {
             fn grouped_variants() -> &'static [&'static KernelSpec] {
                 $grouped::VARIANTS
             }
@@ -254,14 +327,43 @@ use super::grouped::{
     gemm_fp8_grouped_promoted_f8e4m3_bf16, gemm_fp8_grouped_promoted_f8e4m3_f16, gemm_fp8_grouped_promoted_f8e5m2_bf16,
     gemm_fp8_grouped_promoted_f8e5m2_f16,
 };
-#[rustfmt::skip]
-fp8_gemm!(F8E4M3, bf16, gemm_fp8_f8e4m3_bf16, gemm_fp8_promoted_f8e4m3_bf16, gemm_fp8_grouped_f8e4m3_bf16, gemm_fp8_grouped_promoted_f8e4m3_bf16);
-#[rustfmt::skip]
-fp8_gemm!(F8E4M3, f16, gemm_fp8_f8e4m3_f16, gemm_fp8_promoted_f8e4m3_f16, gemm_fp8_grouped_f8e4m3_f16, gemm_fp8_grouped_promoted_f8e4m3_f16);
-#[rustfmt::skip]
-fp8_gemm!(tessera::F8E5M2, bf16, gemm_fp8_f8e5m2_bf16, gemm_fp8_promoted_f8e5m2_bf16, gemm_fp8_grouped_f8e5m2_bf16, gemm_fp8_grouped_promoted_f8e5m2_bf16);
-#[rustfmt::skip]
-fp8_gemm!(tessera::F8E5M2, f16, gemm_fp8_f8e5m2_f16, gemm_fp8_promoted_f8e5m2_f16, gemm_fp8_grouped_f8e5m2_f16, gemm_fp8_grouped_promoted_f8e5m2_f16);
+fp8_gemm!(F8E4M3, bf16, gemm_fp8_f8e4m3_bf16, gemm_fp8_promoted_f8e4m3_bf16, padded_16bit, unpad_16bit);
+fp8_gemm!(F8E4M3, f16, gemm_fp8_f8e4m3_f16, gemm_fp8_promoted_f8e4m3_f16, padded_16bit, unpad_16bit);
+fp8_gemm!(F8E4M3, f32, gemm_fp8_f32_f8e4m3, gemm_fp8_promoted_f32_f8e4m3, aligned_f32, unpad_f32);
+fp8_gemm!(tessera::F8E5M2, bf16, gemm_fp8_f8e5m2_bf16, gemm_fp8_promoted_f8e5m2_bf16, padded_16bit, unpad_16bit);
+fp8_gemm!(tessera::F8E5M2, f16, gemm_fp8_f8e5m2_f16, gemm_fp8_promoted_f8e5m2_f16, padded_16bit, unpad_16bit);
+fp8_gemm!(tessera::F8E5M2, f32, gemm_fp8_f32_f8e5m2, gemm_fp8_promoted_f32_f8e5m2, aligned_f32, unpad_f32);
+fp8_grouped_gemm!(F8E4M3, bf16, gemm_fp8_grouped_f8e4m3_bf16, gemm_fp8_grouped_promoted_f8e4m3_bf16);
+fp8_grouped_gemm!(F8E4M3, f16, gemm_fp8_grouped_f8e4m3_f16, gemm_fp8_grouped_promoted_f8e4m3_f16);
+fp8_grouped_gemm!(tessera::F8E5M2, bf16, gemm_fp8_grouped_f8e5m2_bf16, gemm_fp8_grouped_promoted_f8e5m2_bf16);
+fp8_grouped_gemm!(tessera::F8E5M2, f16, gemm_fp8_grouped_f8e5m2_f16, gemm_fp8_grouped_promoted_f8e5m2_f16);
+
+/// A 16-bit C as the kernels store it: [`tma_output`].
+fn padded_16bit<U: GemmElement>(d: &Device, c: &Tensor<U>, m: usize, n: usize) -> Result<Option<Tensor<U>>> {
+    tma_output("gemm_fp8", d, c, m, n, false)
+}
+
+/// A padded 16-bit C copied back: [`unpad`].
+fn unpad_16bit<U: GemmElement>(d: &Device, padded: Option<Tensor<U>>, c: &mut Tensor<U>, m: usize, n: usize) -> Result<()> {
+    unpad(d, padded, c, m, n)
+}
+
+/// An f32 C stored as it is: contiguous, its rows and start 16-byte aligned (N a multiple of 4).
+fn aligned_f32(_d: &Device, c: &Tensor<f32>, _m: usize, n: usize) -> Result<Option<Tensor<f32>>> {
+    if c.is_contiguous() && n.is_multiple_of(4) && c.offset().is_multiple_of(4) {
+        return Ok(None);
+    }
+    Err(arg(
+        "c",
+        "a contiguous f32 C with N a multiple of 4 from a 16-byte aligned offset (its rows leave by TMA stores)".into(),
+        format!("shape {:?}, strides {:?}, offset {}", c.shape(), c.strides(), c.offset()),
+    ))
+}
+
+/// Nothing to copy back: an f32 C is never padded.
+fn unpad_f32(_d: &Device, _padded: Option<Tensor<f32>>, _c: &mut Tensor<f32>, _m: usize, _n: usize) -> Result<()> {
+    Ok(())
+}
 
 /// The fp8 GEMM's kernels for A in `Self` and C in fp8 `Q` ([`Fp8GemmBuilder::run_fp8`]).
 pub trait Fp8QuantizedGemm<Q: Fp8Element>: Fp8Element {
@@ -432,11 +534,13 @@ impl<'t, A: Fp8Element, U: tessera::Element> Fp8GemmBuilder<'t, A, U> {
         self
     }
 
-    /// Runs it into `c` (`[M, N]`, contiguous).
+    /// Runs it into `c` (`[M, N]`, contiguous; bf16, f16 or f32 — an f32 C's bias is f32).
     ///
     /// Any M, N ≥ 1; K a multiple of 16 (TMA copies A's and B's fp8 rows, 16-byte multiples).
-    /// Where C's rows are not 16-byte multiples (N not a multiple of 8), the kernel writes a
-    /// padded C that is then copied into `c`. Hopper (sm_90a) only.
+    /// Where a 16-bit C's rows are not 16-byte multiples (N not a multiple of 8), the kernel
+    /// writes a padded C that is then copied into `c`; an f32 C takes N a multiple of 4 (and
+    /// 128×128 tiles, and 4 stages where promoted: its staging buffers are twice as large).
+    /// Hopper (sm_90a) only.
     ///
     /// # Errors
     /// [`Error::Argument`] naming the tensor when a shape, a scale's shape or an alignment does
@@ -445,12 +549,11 @@ impl<'t, A: Fp8Element, U: tessera::Element> Fp8GemmBuilder<'t, A, U> {
     pub fn run(self, device: &Device, c: &mut Tensor<U>) -> Result<()>
     where
         A: Fp8Gemm<U>,
-        U: GemmElement,
     {
         let p = self.prepare(device, A::fast_variants()[0], c.shape())?;
         // C's rows leave by TMA stores: where they are not 16-byte multiples (N not a multiple
         // of 8) or C starts off 16 bytes, the kernels write a padded C, copied into `c` after.
-        let mut padded = tma_output("gemm_fp8", device, c, p.m, p.n, false)?;
+        let mut padded = A::padded_output(device, c, p.m, p.n)?;
         let n8 = padded.as_ref().map_or(p.n, |t| t.shape()[1]);
         let c_shape = [1, p.m, n8];
         let bias = Optional(p.bias.as_ref(), 1);
@@ -470,7 +573,7 @@ impl<'t, A: Fp8Element, U: tessera::Element> Fp8GemmBuilder<'t, A, U> {
                 run(choice, padded.as_mut().unwrap_or(c))?;
             }
         }
-        unpad(device, padded, c, p.m, p.n)
+        A::unpad_output(device, padded, c, p.m, p.n)
     }
 
     /// Checks the operands against each other and C's shape `c_shape`, and views them as the

@@ -18,7 +18,7 @@
 //! 256-row tiles (B read once for 256 rows) are the default where experts average fewer than
 //! 1024 rows.
 
-use crate::gemm::{check_hopper, pick_variant, tma_output, tma_ready, unpad, Activation, BLayout, Fp8Gemm, GemmElement};
+use crate::gemm::{check_hopper, pick_variant, tma_output, tma_ready, unpad, Activation, BLayout, Fp8GroupedGemm, GemmElement};
 use crate::prelude::*;
 use crate::Fp8Element;
 use tessera::{kernel, Device, Error, Grid, KernelSpec, Result, Tensor, F8E4M3};
@@ -352,7 +352,7 @@ pub fn gemm_fp8_grouped<'t, A: Fp8Element>(
 }
 
 /// The variants of the fp8 grouped GEMM's fast-accumulation kernel for A in `A`, C in `U`.
-pub fn gemm_fp8_grouped_variants<A: Fp8Gemm<U>, U: tessera::Element>() -> Vec<&'static str> {
+pub fn gemm_fp8_grouped_variants<A: Fp8GroupedGemm<U>, U: tessera::Element>() -> Vec<&'static str> {
     A::grouped_variants().iter().map(|s| s.name).collect()
 }
 
@@ -394,7 +394,7 @@ impl<'t, A: Fp8Element> Fp8GroupedGemmBuilder<'t, A> {
     /// launch's own checks.
     pub fn run<U: GemmElement>(self, device: &Device, c: &mut Tensor<U>) -> Result<()>
     where
-        A: Fp8Gemm<U>,
+        A: Fp8GroupedGemm<U>,
     {
         let arg =
             |name: &str, expected: String, found: String| Error::Argument { kernel: "gemm_fp8_grouped", arg: name.into(), expected, found };

@@ -15,11 +15,12 @@ pub use kernels::{
 
 pub use bsr::{gemm_bsr, gemm_bsr_bf16, gemm_bsr_f16, gemm_bsr_variants, Bsr, BsrGemmBuilder, BSR_BLOCK};
 pub use fp8::{
-    gemm_fp8, gemm_fp8_f8e4m3_bf16, gemm_fp8_f8e4m3_f16, gemm_fp8_f8e5m2_bf16, gemm_fp8_f8e5m2_f16, gemm_fp8_promoted_f8e4m3_bf16,
+    gemm_fp8, gemm_fp8_f32_f8e4m3, gemm_fp8_f32_f8e5m2, gemm_fp8_f8e4m3_bf16, gemm_fp8_f8e4m3_f16, gemm_fp8_f8e5m2_bf16,
+    gemm_fp8_f8e5m2_f16, gemm_fp8_promoted_f32_f8e4m3, gemm_fp8_promoted_f32_f8e5m2, gemm_fp8_promoted_f8e4m3_bf16,
     gemm_fp8_promoted_f8e4m3_f16, gemm_fp8_promoted_f8e5m2_bf16, gemm_fp8_promoted_f8e5m2_f16, gemm_fp8_promoted_q_f8e4m3_f8e4m3,
     gemm_fp8_promoted_q_f8e4m3_f8e5m2, gemm_fp8_promoted_q_f8e5m2_f8e4m3, gemm_fp8_promoted_q_f8e5m2_f8e5m2, gemm_fp8_q_f8e4m3_f8e4m3,
     gemm_fp8_q_f8e4m3_f8e5m2, gemm_fp8_q_f8e5m2_f8e4m3, gemm_fp8_q_f8e5m2_f8e5m2, gemm_fp8_variants, Fp8Gemm, Fp8GemmBuilder,
-    Fp8QuantizedGemm, Fp8Scaling,
+    Fp8GroupedGemm, Fp8QuantizedGemm, Fp8Scaling,
 };
 pub use grouped::{
     gemm_fp8_grouped, gemm_fp8_grouped_f8e4m3_bf16, gemm_fp8_grouped_f8e4m3_f16, gemm_fp8_grouped_f8e5m2_bf16, gemm_fp8_grouped_f8e5m2_f16,
