@@ -44,8 +44,9 @@ fn main() {
     match std::env::var("TESSERA_BENCH_GEMM").as_deref() {
         Ok("small_m") => return small_m(&dev),
         Ok("small_m_variants") => return small_m_variants(&dev),
-        Ok("fp8") => return fp8(&dev, false),
-        Ok("fp8_out") => return fp8(&dev, true),
+        Ok("fp8") => return fp8(&dev, "bf16"),
+        Ok("fp8_out") => return fp8(&dev, "e4m3"),
+        Ok("fp8_f32") => return fp8(&dev, "f32"),
         Ok("syrk") => return syrk(&dev, &blas),
         Ok("grouped") => return grouped(&dev, &blas),
         Ok("bsr") => return bsr(&dev, &blas),
@@ -397,12 +398,13 @@ fn small_m(dev: &Device) {
 /// unpromoted) and its promoted one (ours promoted), blockwise (always promoted). Then the
 /// relative error of tensorwise scaling with and without promotion at K = 16384 against a
 /// float64 reference on the host (256 × 256 of C). `TESSERA_BENCH_SHAPES` (`4096x4096x4096,…`)
-/// replaces the shapes. `TESSERA_BENCH_GEMM=fp8_out` (`out8`): C in e4m3 instead, with an
+/// replaces the shapes. `TESSERA_BENCH_GEMM=fp8_out` (`out` "e4m3"): C in e4m3 instead, with an
 /// output scale and ours keeping the amax ([`Fp8GemmBuilder::run_fp8`]), beside `_scaled_mm`
-/// with `scale_result` (tensorwise and rowwise; no error table).
+/// with `scale_result` (tensorwise and rowwise; no error table); `fp8_f32`: C in f32.
 ///
 /// [`Fp8GemmBuilder::run_fp8`]: tessera_kernels::Fp8GemmBuilder::run_fp8
-fn fp8(dev: &Device, out8: bool) {
+fn fp8(dev: &Device, out: &str) {
+    let out8 = out == "e4m3";
     use tessera::F8E4M3;
     use tessera_kernels::{gemm_fp8, Fp8Scaling};
     let mut torch = common::PyBaseline::spawn("TESSERA_SCALED_MM_SCRIPT", "scaled_mm.py");
@@ -418,6 +420,7 @@ fn fp8(dev: &Device, out8: bool) {
         let b = Tensor::from_host(dev, &rng.vec(n * k, q), &[n, k]).expect("b");
         let mut c = Tensor::<bf16>::zeros(dev, &[m, n]).expect("c");
         let mut c8 = Tensor::<F8E4M3>::zeros(dev, &[m, n]).expect("c8");
+        let mut c32 = Tensor::<f32>::zeros(dev, &[m, n]).expect("c32");
         let mut amax = Tensor::<f32>::zeros(dev, &[1]).expect("amax");
         let one = |len: usize, rng: &mut Uniform| Tensor::from_host(dev, &rng.vec(len, |x| 1.0 + 0.5 * x), &[len]).expect("scale");
         let (ta, tb, tc) = (one(1, &mut rng), one(1, &mut rng), one(1, &mut rng));
@@ -435,18 +438,15 @@ fn fp8(dev: &Device, out8: bool) {
             if out8 && name == "block" {
                 continue;
             }
-            let out = if out8 { "e4m3" } else { "bf16" };
             let mut theirs = |fast: bool| {
                 torch.as_mut().map_err(|e| e.clone()).and_then(|t| t.ask(&format!("{m} {n} {k} {name} {} {out}", u8::from(fast)), 5))
             };
             let mut ours_amax = |promote: bool, keep_amax: bool| {
                 let g = gemm_fp8(&a, &b, scaling).fast_accumulation(!promote);
-                let mut f = || {
-                    if out8 {
-                        g.run_fp8(dev, &mut c8, &tc, if keep_amax { Some(&mut amax) } else { None }).expect("gemm_fp8 into e4m3")
-                    } else {
-                        g.run(dev, &mut c).expect("gemm_fp8")
-                    }
+                let mut f = || match out {
+                    "e4m3" => g.run_fp8(dev, &mut c8, &tc, if keep_amax { Some(&mut amax) } else { None }).expect("gemm_fp8 into e4m3"),
+                    "f32" => gemm_fp8(&a, &b, scaling).fast_accumulation(!promote).run(dev, &mut c32).expect("gemm_fp8 into f32"),
+                    _ => g.run(dev, &mut c).expect("gemm_fp8"),
                 };
                 tflops(median((0..3).map(|_| time_ms(dev, 3, 20, &mut f)).collect()))
             };
@@ -474,7 +474,7 @@ fn fp8(dev: &Device, out8: bool) {
     }
     let show = |r: &Result<f64, String>| r.as_ref().map_or_else(|e| format!("— ({e})"), |v| format!("{v:.0}"));
     let ratio = |r: &Result<f64, String>, o: f64| r.as_ref().map_or_else(|_| "—".to_string(), |v| format!("{:.2}", o / v));
-    let out = if out8 { "e4m3 (scaled, ours with amax)" } else { "bf16" };
+    let out = if out8 { "e4m3 (scaled, ours with amax)" } else { out };
     println!("\ngemm fp8 e4m3 → {out} on {} (TFLOP/s; baseline torch._scaled_mm, same run)", dev.name());
     println!("| MxNxK | scaling | torch fast | tessera | × | torch promoted | tessera promoted | × |");
     println!("|---|---|---|---|---|---|---|---|");
@@ -492,7 +492,7 @@ fn fp8(dev: &Device, out8: bool) {
         for line in &plain {
             println!("  {line}");
         }
-    } else {
+    } else if out == "bf16" {
         fp8_promotion_error(dev, &mut rng);
     }
 }

@@ -3,7 +3,7 @@
 
 Reads lines `m n k mode fast [out]` and prints `m n k mode fast tflops` for each: A [m, k] and
 B [n, k] in e4m3 (B passed transposed, column-major, as `_scaled_mm` takes it), C in bf16 (or
-e4m3 where `out` is `e4m3`, with a `scale_result`),
+e4m3 where `out` is `e4m3`, with a `scale_result`, or f32 where it is `f32`),
 `mode` `tensor` (one f32 scale each), `row` (A's [m, 1], B's [1, n]) or `block` (A's per 1×128
 block [m, k/128], outer-dim-major; B's per 128×128 block), `fast` 1 for `use_fast_accum`
 (cuBLASLt's fp8 sums without promotion; refused with block scales). CUDA-event timing of 30
@@ -41,16 +41,17 @@ for line in iter(sys.stdin.readline, ""):
     words = line.split()
     m, n, k = (int(x) for x in words[:3])
     mode, fast = words[3], words[4] == "1"
-    out8 = len(words) > 5 and words[5] == "e4m3"
+    out = words[5] if len(words) > 5 else "bf16"
     try:
         a, b, sa, sb = operands(m, n, k, mode)
-        if out8:
+        if out == "e4m3":
             sc = torch.tensor(0.01, device="cuda")
             ms = time_ms(
                 lambda: torch._scaled_mm(a, b, sa, sb, scale_result=sc, out_dtype=torch.float8_e4m3fn, use_fast_accum=fast)
             )
         else:
-            ms = time_ms(lambda: torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16, use_fast_accum=fast))
+            dtype = torch.float32 if out == "f32" else torch.bfloat16
+            ms = time_ms(lambda: torch._scaled_mm(a, b, sa, sb, out_dtype=dtype, use_fast_accum=fast))
     except Exception as e:
         print(f"error {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", flush=True)
         continue
