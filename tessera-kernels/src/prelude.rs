@@ -170,8 +170,11 @@ pub fn gemm_load_from<const KN: usize, T, TB, const BK: usize, const SR: usize, 
 /// A consumer warpgroup's K loop: `acc` ← its 64 rows of A (from row `row` of the stage)
 /// times B (`KN` as [`gemm_load`]'s), one MMA group kept in flight, each stage released once
 /// the MMA after it is issued; returns with every MMA done and every stage released (`acc`
-/// zero where `k_steps` is 0).
+/// zero where `k_steps` is 0). Where B's stages (`[N, K]`, `KN` 0) hold more rows than `acc`
+/// has columns, `acc` takes `BN` of them from row `b_row` (consumers splitting a tile's
+/// columns, as the 64-block sparse GEMM's do); else `b_row` is unused.
 #[device]
+#[allow(clippy::too_many_arguments)]
 pub fn gemm_mma<
     const KN: usize,
     T,
@@ -183,7 +186,7 @@ pub fn gemm_mma<
     const S: usize,
     const BM: usize,
 >(
-    acc: &mut Tile<f32, 64, BN>, sa: Smem<T, BM, BK>, sb: Smem<TB, SR, SC>, pipe: Pipeline<S>, row: i32, k_steps: i32,
+    acc: &mut Tile<f32, 64, BN>, sa: Smem<T, BM, BK>, sb: Smem<TB, SR, SC>, pipe: Pipeline<S>, row: i32, b_row: i32, k_steps: i32,
 ) {
     *acc = Tile::<f32, 64, BN>::zeros();
     let mut prev = 0;
@@ -191,8 +194,10 @@ pub fn gemm_mma<
         let s = pipe.wait();
         if KN == 1 {
             mma_sync_kn(acc, sa.at(s).rows(row, 64), sb.at(s));
-        } else {
+        } else if SR == BN {
             mma_sync(acc, sa.at(s).rows(row, 64), sb.at(s));
+        } else {
+            mma_sync(acc, sa.at(s).rows(row, 64), sb.at(s).rows(b_row, BN));
         }
         mma_wait(1);
         if k > 0 {
@@ -482,7 +487,7 @@ pub fn gemm_consume<
         if PROMOTE == 1 {
             gemm_mma_promoted(&mut acc, sa, sb, pipe, row, k_steps, |k| scale(bb, m0, n0, k));
         } else {
-            gemm_mma::<KN>(&mut acc, sa, sb, pipe, row, k_steps);
+            gemm_mma::<KN>(&mut acc, sa, sb, pipe, row, 0, k_steps);
         }
         gemm_epilogue_store::<BOUNDED>(acc, c, sc, bt, bb, m0, n0, row_end, epilogue);
     }
@@ -648,7 +653,7 @@ pub fn gemm_portable<const KN: usize, T, U, const SR: usize, const SC: usize>(
             let (bt, tm, tn) = grouped_tile(tile, per_batch, tiles_m, group);
             let m0 = tm * 128 + row;
             let n0 = tn * 128;
-            gemm_mma::<KN>(&mut acc, sa, sb, pipe, row, k_steps);
+            gemm_mma::<KN>(&mut acc, sa, sb, pipe, row, 0, k_steps);
             #[unroll]
             for j in 0..8 {
                 let n = n0 + j * 16;

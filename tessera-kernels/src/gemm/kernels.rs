@@ -116,7 +116,7 @@ pub fn gemm_small_m(
         let mut acc = Tile::<f32, 64, MN>::zeros();
         for u in (block::id_x()..units).step_by(grid::dim_x()) {
             let (bt, n0, m0, _, k_steps) = small_m_unit(u, splits, chunks, tiles_n, k_all, MN);
-            gemm_mma::<0>(&mut acc, sa, sb, pipe, row, k_steps);
+            gemm_mma::<0>(&mut acc, sa, sb, pipe, row, 0, k_steps);
             // The epilogue 64 columns at a time (at most): a whole 64×256 tile's would spill.
             let n = n0 + row;
             if splits == 1 {
