@@ -673,12 +673,13 @@ fn bsr(dev: &Device, blas: &CudaBlas) {
     let b_raw = stream.clone_htod(&b.to_host().expect("b")).expect("b raw");
     let mut c_raw = stream.alloc_zeros::<bf16>(m * n).expect("c raw");
     let mut c = Tensor::<bf16>::zeros(dev, &[m, n]).expect("c");
-    let (rows, cols) = (m / 128, k / 128);
-    println!("\nBlock-sparse GEMM bf16 on {} ({m}³, 128×128 blocks; effective TFLOP/s over the nonzero blocks)", dev.name());
-    println!("| blocks a row | cuBLAS dense | tessera BSR | × dense | torch BSR | × torch |");
-    println!("|---|---|---|---|---|---|");
+    println!("\nBlock-sparse GEMM bf16 on {} ({m}³; effective TFLOP/s over the nonzero blocks)", dev.name());
+    println!("| block | blocks a row | cuBLAS dense | tessera BSR | × dense | torch BSR | × torch |");
+    println!("|---|---|---|---|---|---|---|");
     let mut by_variant = Vec::new();
-    for per_row in [16usize, 4, 32] {
+    // 128-blocks (seed 004: 16 a row), and 64-blocks at the same densities.
+    for (blk, per_row) in [(128usize, 16usize), (128, 4), (128, 32), (64, 32), (64, 8), (64, 64)] {
+        let (rows, cols) = (m / blk, k / blk);
         let mut idx = Vec::with_capacity(rows * per_row);
         for _ in 0..rows {
             let mut row: Vec<i32> = Vec::with_capacity(per_row);
@@ -692,7 +693,7 @@ fn bsr(dev: &Device, blas: &CudaBlas) {
             idx.extend(row);
         }
         let ptr: Vec<i32> = (0..=rows).map(|r| (r * per_row) as i32).collect();
-        let values = Tensor::from_host(dev, &rng.vec(idx.len() * 128 * 128, bf16::from_f32), &[idx.len(), 128, 128]).expect("values");
+        let values = Tensor::from_host(dev, &rng.vec(idx.len() * blk * blk, bf16::from_f32), &[idx.len(), blk, blk]).expect("values");
         let (ptr_t, idx_t) =
             (Tensor::from_host(dev, &ptr, &[rows + 1]).expect("ptr"), Tensor::from_host(dev, &idx, &[idx.len()]).expect("idx"));
         let a = Bsr::new(&values, &ptr_t, &idx_t, m, k).expect("bsr");
@@ -701,16 +702,17 @@ fn bsr(dev: &Device, blas: &CudaBlas) {
         let mut ours = || gemm_bsr(a, &b).run(dev, &mut c).expect("bsr");
         ours();
         let (t_cublas, t_ours) = time_pair(dev, 10, &mut theirs, &mut ours);
-        let (dense, eff) = (2.0 * (m * n * k) as f64 / t_cublas * 1e-9, 2.0 * (m * n * per_row * 128) as f64 / t_ours * 1e-9);
-        let torch = torch.as_mut().map_err(|e| e.clone()).and_then(|t| t.ask(&format!("{m} {n} {k} {per_row}"), 0));
+        let work = 2.0 * (m * n * per_row * blk) as f64;
+        let (dense, eff) = (2.0 * (m * n * k) as f64 / t_cublas * 1e-9, work / t_ours * 1e-9);
+        let torch = torch.as_mut().map_err(|e| e.clone()).and_then(|t| t.ask(&format!("{m} {n} {k} {per_row} {blk}"), 0));
         let (torch_tf, vs) = match &torch {
             Ok(t) => (format!("{t:.0}"), format!("{:.2}", eff / t)),
             Err(e) => (format!("— ({e})"), "—".into()),
         };
-        println!("| {per_row} | {dense:.0} | {eff:.0} | {:.2} | {torch_tf} | {vs} |", eff / dense);
-        for v in gemm_bsr_variants::<bf16>() {
+        println!("| {blk} | {per_row} | {dense:.0} | {eff:.0} | {:.2} | {torch_tf} | {vs} |", eff / dense);
+        for v in gemm_bsr_variants::<bf16>(blk) {
             let t = time_ms(dev, 2, 10, || gemm_bsr(a, &b).variant(v).run(dev, &mut c).expect("bsr"));
-            by_variant.push(format!("{per_row} {v}: {:.0}", 2.0 * (m * n * per_row * 128) as f64 / t * 1e-9));
+            by_variant.push(format!("{blk}/{per_row} {v}: {:.0}", work / t * 1e-9));
         }
     }
     println!("\nEach variant (effective TFLOP/s): {}", by_variant.join("; "));

@@ -1,5 +1,5 @@
-//! The block-sparse GEMM against a float64 reference: fresh random blocks and patterns (a block
-//! row without blocks, rows and K not multiples of the block, K not a multiple of 8), C
+//! The block-sparse GEMM against a float64 reference, 128- and 64-blocks: fresh random blocks
+//! and patterns (a block row without blocks, rows and K not multiples of the block, K not a multiple of 8), C
 //! poisoned with NaN before the launch; and a malformed structure named in the error.
 
 mod common;
@@ -7,7 +7,7 @@ mod common;
 use rand::seq::SliceRandom;
 use tessera::testing::{gpu_or_skip, rel_error};
 use tessera::{bf16, Device, Tensor};
-use tessera_kernels::{gemm_bsr, gemm_bsr_variants, Activation, Bsr, BSR_BLOCK};
+use tessera_kernels::{gemm_bsr, gemm_bsr_variants, Activation, Bsr};
 
 /// A random block pattern: for each of `block_rows` rows, `per_row[r]` distinct block columns
 /// of `block_cols`, sorted.
@@ -25,10 +25,9 @@ fn pattern(per_row: &[usize], block_cols: usize) -> (Vec<i32>, Vec<i32>) {
     (ptr, idx)
 }
 
-/// `gelu_tanh(alpha · A·Bᵀ)` with A `m × k` block-sparse (`per_row` blocks in each block row),
-/// every variant, against float64 over all of C.
-fn bsr_matches(dev: &Device, m: usize, n: usize, k: usize, per_row: &[usize]) {
-    const B: usize = BSR_BLOCK;
+/// `gelu_tanh(alpha · A·Bᵀ)` with A `m × k` block-sparse in `B`×`B` blocks (`per_row` blocks in
+/// each block row), every variant, against float64 over all of C.
+fn bsr_matches<const B: usize>(dev: &Device, m: usize, n: usize, k: usize, per_row: &[usize]) {
     let (ptr, idx) = pattern(per_row, k.div_ceil(B));
     let nnz = idx.len();
     // Blocks' elements past m or k are random too: the GEMM must ignore them.
@@ -54,7 +53,8 @@ fn bsr_matches(dev: &Device, m: usize, n: usize, k: usize, per_row: &[usize]) {
         }
     }
     let want: Vec<f64> = want.iter().map(|&v| common::gelu_tanh(v * alpha as f64)).collect();
-    for variant in gemm_bsr_variants::<bf16>() {
+    assert_eq!(a.block(), B);
+    for variant in gemm_bsr_variants::<bf16>(B) {
         let mut c = Tensor::full(dev, &[m, n], bf16::NAN).unwrap();
         gemm_bsr(a, &bt).alpha(alpha).activation(Activation::GeluTanh).variant(variant).run(dev, &mut c).unwrap();
         let have: Vec<f64> = c.to_host().unwrap().iter().map(|x| x.to_f64()).collect();
@@ -67,17 +67,23 @@ fn bsr_matches(dev: &Device, m: usize, n: usize, k: usize, per_row: &[usize]) {
 #[test]
 fn gpu_gemm_bsr_matches_f64_reference() {
     let Some(dev) = gpu_or_skip("gpu_gemm_bsr") else { return };
-    bsr_matches(&dev, 1000, 520, 1100, &[3, 0, 9, 1, 5, 2, 4, 8]);
-    bsr_matches(&dev, 300, 264, 196, &[1, 2, 0]);
-    bsr_matches(&dev, 700, 261, 640, &[5, 0, 3, 2, 1, 4]);
+    bsr_matches::<128>(&dev, 1000, 520, 1100, &[3, 0, 9, 1, 5, 2, 4, 8]);
+    bsr_matches::<128>(&dev, 300, 264, 196, &[1, 2, 0]);
+    bsr_matches::<128>(&dev, 700, 261, 640, &[5, 0, 3, 2, 1, 4]);
+    bsr_matches::<64>(&dev, 1000, 520, 1100, &[3, 0, 9, 1, 5, 2, 4, 8, 17, 0, 1, 6, 2, 3, 11, 5]);
+    bsr_matches::<64>(&dev, 300, 264, 196, &[1, 2, 0, 4, 3]);
+    bsr_matches::<64>(&dev, 700, 261, 640, &[5, 0, 3, 2, 1, 4, 10, 0, 7, 2, 6]);
 }
 
 #[test]
 fn interp_gemm_bsr_matches_f64_reference() {
     let dev = Device::cpu_with_threads(2);
-    bsr_matches(&dev, 300, 136, 196, &[1, 0, 2]);
+    bsr_matches::<128>(&dev, 300, 136, 196, &[1, 0, 2]);
     // N not a multiple of 8: a padded C, copied back.
-    bsr_matches(&dev, 200, 27, 256, &[2, 1]);
+    bsr_matches::<128>(&dev, 200, 27, 256, &[2, 1]);
+    // 64-blocks: a 64-row tile a block row, its columns split between the consumers.
+    bsr_matches::<64>(&dev, 300, 136, 196, &[1, 0, 2, 4, 3]);
+    bsr_matches::<64>(&dev, 130, 27, 256, &[2, 1, 4]);
 }
 
 #[test]
@@ -96,8 +102,15 @@ fn interp_gemm_bsr_names_a_malformed_structure() {
     assert!(e.contains("`col_idx`"), "{e}");
     let e = err(&[0, 1], &[0, 1, 2], &values);
     assert!(e.contains("`row_ptr`"), "{e}");
-    let e = err(&[0, 1, 3], &[0, 1, 2], &Tensor::<bf16>::zeros(&dev, &[3, 64, 64]).unwrap());
-    assert!(e.contains("`values`"), "{e}");
+    let e = err(&[0, 1, 3], &[0, 1, 2], &Tensor::<bf16>::zeros(&dev, &[3, 32, 32]).unwrap());
+    assert!(e.contains("`values`") && e.contains("[nnz, 64, 64]"), "{e}");
+    // 64-blocks: four block rows of 256, six block columns of 384.
+    let v64 = Tensor::<bf16>::zeros(&dev, &[3, 64, 64]).unwrap();
+    let e = err(&[0, 1, 3], &[0, 1, 2], &v64);
+    assert!(e.contains("`row_ptr`") && e.contains("[5]"), "{e}");
+    let e = err(&[0, 1, 1, 2, 3], &[0, 6, 2], &v64);
+    assert!(e.contains("`col_idx`") && e.contains("0..6"), "{e}");
+    assert_eq!(Bsr::new(&v64, &i32s(&[0, 1, 1, 2, 3]), &i32s(&[0, 5, 2]), 256, 384).unwrap().block(), 64);
     // B's K must be A's; C must be [M, N].
     let (ptr, idx) = (i32s(&[0, 1, 3]), i32s(&[0, 1, 2]));
     let a = Bsr::new(&values, &ptr, &idx, 256, 384).unwrap();

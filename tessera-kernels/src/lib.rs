@@ -48,7 +48,7 @@ pub use gemm::{
     bias_gelu, gemm, gemm_bsr, gemm_bsr_variants, gemm_fp8, gemm_fp8_grouped, gemm_fp8_grouped_variants, gemm_fp8_variants, gemm_grouped,
     gemm_grouped_variants, gemm_tn, gemm_triangle_variants, gemm_variants, Activation, BLayout, Bias, Bsr, BsrGemmBuilder, Fp8Gemm,
     Fp8GemmBuilder, Fp8GroupedGemm, Fp8GroupedGemmBuilder, Fp8GroupedScaling, Fp8QuantizedGemm, Fp8Scaling, GemmBuilder, GemmElement,
-    GroupedGemmBuilder, Triangle, BSR_BLOCK, GROUPED_GEMM_MAX_EXPERTS,
+    GroupedGemmBuilder, Triangle, BSR_BLOCK, BSR_BLOCKS, GROUPED_GEMM_MAX_EXPERTS,
 };
 pub use linear_attention::{FeatureMap, LinearAttention, LinearAttentionElement, LinearAttentionGrads};
 pub use norm::{layer_norm, rms_norm, NormElement, NormPath, NORM_WIDE_MAX, ROW_IN_REGISTERS, ROW_PER_BLOCK_MAX};
@@ -82,12 +82,12 @@ pub mod kernels {
         quantize_f32_f8e5m2,
     };
     pub use crate::gemm::{
-        bias_gelu_bf16, gemm_bsr_bf16, gemm_bsr_f16, gemm_fp8_f32_f8e4m3, gemm_fp8_f32_f8e5m2, gemm_fp8_f8e4m3_bf16, gemm_fp8_f8e4m3_f16,
-        gemm_fp8_f8e5m2_bf16, gemm_fp8_f8e5m2_f16, gemm_fp8_grouped_f8e4m3_bf16, gemm_fp8_grouped_f8e4m3_f16, gemm_fp8_grouped_f8e5m2_bf16,
-        gemm_fp8_grouped_f8e5m2_f16, gemm_fp8_grouped_promoted_f8e4m3_bf16, gemm_fp8_grouped_promoted_f8e4m3_f16,
-        gemm_fp8_grouped_promoted_f8e5m2_bf16, gemm_fp8_grouped_promoted_f8e5m2_f16, gemm_fp8_promoted_f32_f8e4m3,
-        gemm_fp8_promoted_f32_f8e5m2, gemm_fp8_promoted_f8e4m3_bf16, gemm_fp8_promoted_f8e4m3_f16, gemm_fp8_promoted_f8e5m2_bf16,
-        gemm_fp8_promoted_f8e5m2_f16, gemm_fp8_promoted_q_f8e4m3_f8e4m3, gemm_fp8_promoted_q_f8e4m3_f8e5m2,
+        bias_gelu_bf16, gemm_bsr64_bf16, gemm_bsr64_f16, gemm_bsr_bf16, gemm_bsr_f16, gemm_fp8_f32_f8e4m3, gemm_fp8_f32_f8e5m2,
+        gemm_fp8_f8e4m3_bf16, gemm_fp8_f8e4m3_f16, gemm_fp8_f8e5m2_bf16, gemm_fp8_f8e5m2_f16, gemm_fp8_grouped_f8e4m3_bf16,
+        gemm_fp8_grouped_f8e4m3_f16, gemm_fp8_grouped_f8e5m2_bf16, gemm_fp8_grouped_f8e5m2_f16, gemm_fp8_grouped_promoted_f8e4m3_bf16,
+        gemm_fp8_grouped_promoted_f8e4m3_f16, gemm_fp8_grouped_promoted_f8e5m2_bf16, gemm_fp8_grouped_promoted_f8e5m2_f16,
+        gemm_fp8_promoted_f32_f8e4m3, gemm_fp8_promoted_f32_f8e5m2, gemm_fp8_promoted_f8e4m3_bf16, gemm_fp8_promoted_f8e4m3_f16,
+        gemm_fp8_promoted_f8e5m2_bf16, gemm_fp8_promoted_f8e5m2_f16, gemm_fp8_promoted_q_f8e4m3_f8e4m3, gemm_fp8_promoted_q_f8e4m3_f8e5m2,
         gemm_fp8_promoted_q_f8e5m2_f8e4m3, gemm_fp8_promoted_q_f8e5m2_f8e5m2, gemm_fp8_q_f8e4m3_f8e4m3, gemm_fp8_q_f8e4m3_f8e5m2,
         gemm_fp8_q_f8e5m2_f8e4m3, gemm_fp8_q_f8e5m2_f8e5m2, gemm_grouped_bf16, gemm_grouped_f16, gemm_grouped_nn_bf16, gemm_grouped_nn_f16,
         gemm_nn_bf16, gemm_nn_f16, gemm_nn_full_bf16, gemm_nn_full_f16, gemm_small_m_bf16, gemm_small_m_f16, gemm_tn_bf16, gemm_tn_f16,
@@ -241,6 +241,8 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         gemm_grouped_nn_f16::VARIANTS,
         gemm_bsr_bf16::VARIANTS,
         gemm_bsr_f16::VARIANTS,
+        gemm_bsr64_bf16::VARIANTS,
+        gemm_bsr64_f16::VARIANTS,
         gemm_fp8_grouped_f8e4m3_bf16::VARIANTS,
         gemm_fp8_grouped_f8e4m3_f16::VARIANTS,
         gemm_fp8_grouped_f8e5m2_bf16::VARIANTS,

@@ -510,6 +510,11 @@ pub fn gemm_epilogue_store<const BOUNDED: usize, U, const BN: usize>(
         if BOUNDED == 1 && m0 + 64 > row_end {
             c.store_within([bt, m0, n], out.cast::<U>(), [c.dim(0), row_end, c.dim(2)]);
         } else {
+            if BN == 64 {
+                // One chunk a block: its buffer is the last block's, whose store must have read it
+                // (issued a K loop ago: no wait in practice).
+                tma::store_wait(0);
+            }
             stage_store(c, sc, out, (warpgroup::id() - 1) * 2 + j % 2, bt, m0, n);
         }
     }

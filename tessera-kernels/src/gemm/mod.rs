@@ -13,7 +13,9 @@ pub use kernels::{
     gemm_tn_f16, gemm_tn_full_bf16, gemm_tn_full_f16, gemm_tn_triangle_bf16, gemm_tn_triangle_f16, pad_copy_bf16, pad_copy_f16,
 };
 
-pub use bsr::{gemm_bsr, gemm_bsr_bf16, gemm_bsr_f16, gemm_bsr_variants, Bsr, BsrGemmBuilder, BSR_BLOCK};
+pub use bsr::{
+    gemm_bsr, gemm_bsr64_bf16, gemm_bsr64_f16, gemm_bsr_bf16, gemm_bsr_f16, gemm_bsr_variants, Bsr, BsrGemmBuilder, BSR_BLOCK, BSR_BLOCKS,
+};
 pub use fp8::{
     gemm_fp8, gemm_fp8_f32_f8e4m3, gemm_fp8_f32_f8e5m2, gemm_fp8_f8e4m3_bf16, gemm_fp8_f8e4m3_f16, gemm_fp8_f8e5m2_bf16,
     gemm_fp8_f8e5m2_f16, gemm_fp8_promoted_f32_f8e4m3, gemm_fp8_promoted_f32_f8e5m2, gemm_fp8_promoted_f8e4m3_bf16,
@@ -127,15 +129,16 @@ pub trait GemmElement: Element + sealed::Sealed {
         d: &Device, g: Grid, kn: bool, variant: usize, a: &View<Self>, b: &View<Self>, ends: &View<i32>, c: &mut Tensor<Self>,
         c_shape: [usize; 3], epi: (f32, i32),
     ) -> Result<()>;
-    /// The block-sparse kernel's variants (`tune(BN)`), the default first.
+    /// The block-sparse kernel's variants (`tune(BN)`), the default first: for 64×64 blocks
+    /// where `block64`, else 128×128.
     #[doc(hidden)]
-    fn bsr_variants() -> &'static [&'static KernelSpec];
+    fn bsr_variants(block64: bool) -> &'static [&'static KernelSpec];
     #[doc(hidden)]
     fn small_m_variants() -> &'static [&'static KernelSpec];
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     fn gemm_bsr(
-        d: &Device, g: Grid, variant: usize, a: (&View<Self>, &View<i32>, &View<i32>), b: &View<Self>, c: &mut Tensor<Self>,
+        d: &Device, g: Grid, block64: bool, variant: usize, a: (&View<Self>, &View<i32>, &View<i32>), b: &View<Self>, c: &mut Tensor<Self>,
         c_shape: [usize; 3], epi: (f32, i32),
     ) -> Result<()>;
     /// The small-M path (`gemm_small_m`, X in chunks of `MN` rows, K in `splits`).
@@ -159,7 +162,7 @@ fn strides3(s: [usize; 3]) -> [usize; 3] {
 }
 
 macro_rules! gemm_element {
-    ($t:ty, $tn:ident, $nn:ident, $full:ident, $nn_full:ident, $pad:ident, $small:ident, $tri:ident, $grouped:ident, $grouped_nn:ident, $bsr:ident) => {
+    ($t:ty, $tn:ident, $nn:ident, $full:ident, $nn_full:ident, $pad:ident, $small:ident, $tri:ident, $grouped:ident, $grouped_nn:ident, $bsr:ident, $bsr64:ident) => {
         impl GemmElement for $t {
             fn fast_kernel(kn: bool) -> &'static KernelSpec {
                 if kn {
@@ -243,16 +246,24 @@ macro_rules! gemm_element {
             fn small_m_variants() -> &'static [&'static KernelSpec] {
                 $small::VARIANTS
             }
-            fn bsr_variants() -> &'static [&'static KernelSpec] {
-                $bsr::VARIANTS
+            fn bsr_variants(block64: bool) -> &'static [&'static KernelSpec] {
+                if block64 {
+                    $bsr64::VARIANTS
+                } else {
+                    $bsr::VARIANTS
+                }
             }
             fn gemm_bsr(
-                d: &Device, g: Grid, variant: usize, (values, row_ptr, col_idx): (&View<Self>, &View<i32>, &View<i32>), b: &View<Self>,
-                c: &mut Tensor<Self>, c_shape: [usize; 3], (alpha, act): (f32, i32),
+                d: &Device, g: Grid, block64: bool, variant: usize, (values, row_ptr, col_idx): (&View<Self>, &View<i32>, &View<i32>),
+                b: &View<Self>, c: &mut Tensor<Self>, c_shape: [usize; 3], (alpha, act): (f32, i32),
             ) -> Result<()> {
                 let mut c = c.view_mut(&c_shape, &strides3(c_shape))?;
                 let mut counter = d.tile_counter()?;
-                $bsr::launch_variant(variant, d, g, values, row_ptr, col_idx, b, &mut c, &mut counter, alpha, act)
+                if block64 {
+                    $bsr64::launch_variant(variant, d, g, values, row_ptr, col_idx, b, &mut c, &mut counter, alpha, act)
+                } else {
+                    $bsr::launch_variant(variant, d, g, values, row_ptr, col_idx, b, &mut c, &mut counter, alpha, act)
+                }
             }
             fn gemm_small_m(
                 d: &Device, a: &View<Self>, b: &View<Self>, c: &mut Tensor<Self>, c_shape: [usize; 3], bias: &View<Self>,
@@ -292,7 +303,8 @@ gemm_element!(
     gemm_tn_triangle_bf16,
     gemm_grouped_bf16,
     gemm_grouped_nn_bf16,
-    gemm_bsr_bf16
+    gemm_bsr_bf16,
+    gemm_bsr64_bf16
 );
 gemm_element!(
     f16,
@@ -305,7 +317,8 @@ gemm_element!(
     gemm_tn_triangle_f16,
     gemm_grouped_f16,
     gemm_grouped_nn_f16,
-    gemm_bsr_f16
+    gemm_bsr_f16,
+    gemm_bsr64_f16
 );
 
 /// A GEMM `C = act(alpha·A·Bᵀ + beta·C_in + bias) + residual` (or `A·B` with
