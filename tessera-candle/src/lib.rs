@@ -1,0 +1,152 @@
+//! Tessera's kernels inside [candle](https://github.com/huggingface/candle): candle custom ops
+//! (`CustomOp2`, `CustomOp3`) that run Tessera's library kernels on candle tensors, so that a
+//! model written in candle calls them as it calls its own ops.
+//!
+//! So far the CPU path: a candle CPU tensor runs through Tessera's interpreter — the same
+//! kernels, the same f32 statistics, no GPU — so that a model's tests run anywhere. The CUDA
+//! path (the kernels launched on candle's own stream and buffers, no copy, no sync) needs
+//! candle's `cuda` feature, which builds candle's own kernels with nvcc: it comes once that
+//! build runs without a hand-installed toolkit (issue 30). A CUDA tensor is refused with a
+//! candle error until then, never a panic.
+//!
+//! ```
+//! use candle_core::{DType, Device, Tensor};
+//! let x = Tensor::randn(0f32, 1.0, (2, 7, 96), &Device::Cpu)?.to_dtype(DType::BF16)?;
+//! let w = Tensor::ones(96, DType::BF16, &Device::Cpu)?;
+//! let y = tessera_candle::rms_norm(&x, &w, 1e-6)?;
+//! assert_eq!(y.dims(), &[2, 7, 96]);
+//! # Ok::<(), candle_core::Error>(())
+//! ```
+
+use candle_core::backend::BackendStorage;
+use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor, WithDType};
+use std::sync::OnceLock;
+use tessera_kernels::NormElement;
+
+/// `y = x / sqrt(mean(x²) + eps) · weight` over the last axis of `x` (any rank ≥ 1, bf16, f16
+/// or f32, contiguous), `weight` `[hidden]` of `x`'s dtype; f32 statistics
+/// ([`tessera_kernels::rms_norm`]). No gradient: the op is for inference (`apply_op2_no_bwd`).
+///
+/// # Errors
+/// A candle error when a dtype, shape or layout does not fit (saying which tensor and what was
+/// expected), for a CUDA tensor (not yet), or when the kernel fails.
+pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f32) -> candle_core::Result<Tensor> {
+    x.apply_op2_no_bwd(weight, &RmsNorm { eps })
+}
+
+/// `y = (x − mean) / sqrt(var + eps) · weight + bias` over the last axis of `x` (the biased
+/// variance, as PyTorch's `layer_norm`), `weight` and `bias` `[hidden]`; otherwise as
+/// [`rms_norm`] ([`tessera_kernels::layer_norm`]).
+///
+/// # Errors
+/// As [`rms_norm`]'s.
+pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f32) -> candle_core::Result<Tensor> {
+    x.apply_op3_no_bwd(weight, bias, &LayerNorm { eps })
+}
+
+/// [`rms_norm`] as a candle op.
+#[derive(Clone, Copy, Debug)]
+pub struct RmsNorm {
+    /// Added to the mean of squares.
+    pub eps: f32,
+}
+
+/// [`layer_norm`] as a candle op.
+#[derive(Clone, Copy, Debug)]
+pub struct LayerNorm {
+    /// Added to the variance.
+    pub eps: f32,
+}
+
+/// The interpreter's device, made once.
+fn interpreter() -> &'static tessera::Device {
+    static DEVICE: OnceLock<tessera::Device> = OnceLock::new();
+    DEVICE.get_or_init(tessera::Device::cpu)
+}
+
+/// A candle CPU tensor's elements as a Tessera tensor of `shape` on the interpreter: contiguous
+/// layouts only (`op` and `name` say whose in the error).
+fn host_tensor<T: WithDType + tessera::Element>(
+    op: &str, name: &str, s: &CpuStorage, l: &Layout, shape: &[usize],
+) -> candle_core::Result<tessera::Tensor<T>> {
+    let Some((start, end)) = l.contiguous_offsets() else {
+        bail!("{op}: `{name}` must be contiguous (call `.contiguous()`), found strides {:?}", l.stride())
+    };
+    let data = &s.as_slice::<T>()?[start..end];
+    tessera::Tensor::from_host(interpreter(), data, shape).map_err(candle_core::Error::wrap)
+}
+
+/// `x`'s rows and hidden size, with each of `params` (`(name, layout, dtype)`) checked to be
+/// `[hidden]` of `x`'s dtype.
+fn rows_and_hidden(op: &str, x: (&Layout, DType), params: &[(&str, &Layout, DType)]) -> candle_core::Result<(usize, usize)> {
+    let dims = x.0.dims();
+    let Some(&hidden) = dims.last() else { bail!("{op}: `x` must have at least one axis, found a scalar") };
+    for &(name, l, dt) in params {
+        if l.dims() != [hidden] {
+            bail!("{op}: `{name}` must be [{hidden}] (x's last axis), found {:?}", l.dims())
+        }
+        if dt != x.1 {
+            bail!("{op}: `{name}` must be {:?} as `x` is, found {dt:?}", x.1)
+        }
+    }
+    Ok((dims.iter().product::<usize>() / hidden.max(1), hidden))
+}
+
+/// Runs `f` for `x`'s dtype (bf16, f16 or f32), a candle error for another.
+macro_rules! by_dtype {
+    ($op:expr, $dt:expr, $f:ident ( $($arg:expr),* )) => {
+        match $dt {
+            DType::BF16 => $f::<half::bf16>($($arg),*),
+            DType::F16 => $f::<half::f16>($($arg),*),
+            DType::F32 => $f::<f32>($($arg),*),
+            other => bail!("{}: `x` must be bf16, f16 or f32, found {other:?}", $op),
+        }
+    };
+}
+
+fn rms_norm_cpu<T: WithDType + NormElement>(
+    eps: f32, (s1, l1): (&CpuStorage, &Layout), (s2, l2): (&CpuStorage, &Layout), rows: usize, hidden: usize,
+) -> candle_core::Result<(CpuStorage, Shape)> {
+    let x = host_tensor::<T>("rms_norm", "x", s1, l1, &[rows, hidden])?;
+    let w = host_tensor::<T>("rms_norm", "weight", s2, l2, &[hidden])?;
+    let mut y = tessera::Tensor::<T>::zeros(interpreter(), &[rows, hidden]).map_err(candle_core::Error::wrap)?;
+    tessera_kernels::rms_norm(interpreter(), &x, Some(&w), eps, &mut y).map_err(candle_core::Error::wrap)?;
+    Ok((T::to_cpu_storage_owned(y.to_host().map_err(candle_core::Error::wrap)?), l1.shape().clone()))
+}
+
+fn layer_norm_cpu<T: WithDType + NormElement>(
+    eps: f32, (s1, l1): (&CpuStorage, &Layout), (s2, l2): (&CpuStorage, &Layout), (s3, l3): (&CpuStorage, &Layout), rows: usize,
+    hidden: usize,
+) -> candle_core::Result<(CpuStorage, Shape)> {
+    let x = host_tensor::<T>("layer_norm", "x", s1, l1, &[rows, hidden])?;
+    let w = host_tensor::<T>("layer_norm", "weight", s2, l2, &[hidden])?;
+    let b = host_tensor::<T>("layer_norm", "bias", s3, l3, &[hidden])?;
+    let mut y = tessera::Tensor::<T>::zeros(interpreter(), &[rows, hidden]).map_err(candle_core::Error::wrap)?;
+    tessera_kernels::layer_norm(interpreter(), &x, Some(&w), Some(&b), eps, &mut y).map_err(candle_core::Error::wrap)?;
+    Ok((T::to_cpu_storage_owned(y.to_host().map_err(candle_core::Error::wrap)?), l1.shape().clone()))
+}
+
+impl CustomOp2 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "tessera-rms-norm"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (rows, hidden) = rows_and_hidden("rms_norm", (l1, s1.dtype()), &[("weight", l2, s2.dtype())])?;
+        by_dtype!("rms_norm", s1.dtype(), rms_norm_cpu(self.eps, (s1, l1), (s2, l2), rows, hidden))
+    }
+}
+
+impl CustomOp3 for LayerNorm {
+    fn name(&self) -> &'static str {
+        "tessera-layer-norm"
+    }
+
+    fn cpu_fwd(
+        &self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout, s3: &CpuStorage, l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let params = [("weight", l2, s2.dtype()), ("bias", l3, s3.dtype())];
+        let (rows, hidden) = rows_and_hidden("layer_norm", (l1, s1.dtype()), &params)?;
+        by_dtype!("layer_norm", s1.dtype(), layer_norm_cpu(self.eps, (s1, l1), (s2, l2), (s3, l3), rows, hidden))
+    }
+}

@@ -1,0 +1,110 @@
+//! The norms as candle ops on the CPU (Tessera's interpreter) against a float64 reference of the
+//! math: fresh random inputs each run, odd shapes and ranks, each dtype; and the errors a
+//! misfit tensor gives (candle errors naming it, never a panic).
+
+use candle_core::{DType, Device, Tensor};
+
+/// Uniform values in [-scale, scale) from a fresh seed (the clock).
+fn random(n: usize, scale: f32) -> Vec<f32> {
+    let mut s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+/// `‖got − want‖ / ‖want‖`.
+fn rel_error(got: &[f64], want: &[f64]) -> f64 {
+    let num: f64 = got.iter().zip(want).map(|(g, w)| (g - w).powi(2)).sum();
+    let den: f64 = want.iter().map(|w| w * w).sum();
+    (num / den).sqrt()
+}
+
+/// A candle tensor of `dtype` holding `v` (rounded), and the values it holds, widened.
+fn tensor(v: &[f32], dims: &[usize], dtype: DType) -> (Tensor, Vec<f64>) {
+    let t = Tensor::from_vec(v.to_vec(), dims, &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
+    let held = t.to_dtype(DType::F64).unwrap().flatten_all().unwrap().to_vec1::<f64>().unwrap();
+    (t, held)
+}
+
+fn values(t: &Tensor) -> Vec<f64> {
+    t.to_dtype(DType::F64).unwrap().flatten_all().unwrap().to_vec1::<f64>().unwrap()
+}
+
+/// The float64 norm of each row of `x` (`hidden` wide): RMS where `bias` is `None`, else layer
+/// norm (biased variance).
+fn reference(x: &[f64], hidden: usize, w: &[f64], bias: Option<&[f64]>, eps: f64) -> Vec<f64> {
+    let mut y = Vec::with_capacity(x.len());
+    for row in x.chunks(hidden) {
+        let n = hidden as f64;
+        let mean = if bias.is_some() { row.iter().sum::<f64>() / n } else { 0.0 };
+        let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
+        let r = 1.0 / (var + eps).sqrt();
+        for (j, v) in row.iter().enumerate() {
+            y.push((v - mean) * r * w[j] + bias.map_or(0.0, |b| b[j]));
+        }
+    }
+    y
+}
+
+/// The rounding each dtype's output allows, relative.
+fn tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::BF16 => 8e-3,
+        DType::F16 => 1e-3,
+        _ => 1e-5,
+    }
+}
+
+#[test]
+fn rms_norm_matches_f64_reference() {
+    for (dims, dtype) in
+        [(vec![3, 5, 70], DType::BF16), (vec![7, 1000], DType::F16), (vec![129], DType::F32), (vec![2, 3, 4097], DType::F32)]
+    {
+        let hidden = *dims.last().unwrap();
+        let n: usize = dims.iter().product();
+        let (x, xv) = tensor(&random(n, 3.0), &dims, dtype);
+        let (w, wv) = tensor(&random(hidden, 2.0), &[hidden], dtype);
+        let y = tessera_candle::rms_norm(&x, &w, 1e-5).unwrap();
+        assert_eq!(y.dims(), x.dims());
+        assert_eq!(y.dtype(), dtype);
+        let err = rel_error(&values(&y), &reference(&xv, hidden, &wv, None, 1e-5));
+        assert!(err < tolerance(dtype), "rms_norm {dims:?} {dtype:?}: relative error {err}");
+    }
+}
+
+#[test]
+fn layer_norm_matches_f64_reference() {
+    for (dims, dtype) in [(vec![3, 5, 70], DType::BF16), (vec![7, 1000], DType::F16), (vec![2, 3, 4097], DType::F32)] {
+        let hidden = *dims.last().unwrap();
+        let n: usize = dims.iter().product();
+        // Rows off zero mean: the variance taken about the mean, not about 0.
+        let xs: Vec<f32> = random(n, 3.0).into_iter().map(|v| v + 5.0).collect();
+        let (x, xv) = tensor(&xs, &dims, dtype);
+        let (w, wv) = tensor(&random(hidden, 2.0), &[hidden], dtype);
+        let (b, bv) = tensor(&random(hidden, 1.0), &[hidden], dtype);
+        let y = tessera_candle::layer_norm(&x, &w, &b, 1e-5).unwrap();
+        let err = rel_error(&values(&y), &reference(&xv, hidden, &wv, Some(&bv), 1e-5));
+        assert!(err < tolerance(dtype), "layer_norm {dims:?} {dtype:?}: relative error {err}");
+    }
+}
+
+#[test]
+fn misfit_tensors_are_candle_errors() {
+    let (x, _) = tensor(&random(4 * 64, 1.0), &[4, 64], DType::F32);
+    let (w, _) = tensor(&random(64, 1.0), &[64], DType::F32);
+    let e = tessera_candle::rms_norm(&x, &w.narrow(0, 0, 32).unwrap(), 1e-5).unwrap_err().to_string();
+    assert!(e.contains("`weight`") && e.contains("[64]") && e.contains("[32]"), "{e}");
+    let e = tessera_candle::rms_norm(&x, &w.to_dtype(DType::BF16).unwrap(), 1e-5).unwrap_err().to_string();
+    assert!(e.contains("`weight`") && e.contains("F32") && e.contains("BF16"), "{e}");
+    let e = tessera_candle::rms_norm(&x.t().unwrap(), &tensor(&random(4, 1.0), &[4], DType::F32).0, 1e-5).unwrap_err().to_string();
+    assert!(e.contains("contiguous"), "{e}");
+    let e = tessera_candle::rms_norm(&x.to_dtype(DType::F64).unwrap(), &w.to_dtype(DType::F64).unwrap(), 1e-5).unwrap_err().to_string();
+    assert!(e.contains("bf16, f16 or f32") && e.contains("F64"), "{e}");
+    let e = tessera_candle::layer_norm(&x, &w, &w.narrow(0, 1, 63).unwrap(), 1e-5).unwrap_err().to_string();
+    assert!(e.contains("`bias`") && e.contains("[63]"), "{e}");
+}
