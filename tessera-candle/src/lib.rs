@@ -19,9 +19,10 @@
 //! ```
 
 use candle_core::backend::BackendStorage;
-use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor, WithDType};
+use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor, WithDType};
 use std::sync::OnceLock;
-use tessera_kernels::NormElement;
+pub use tessera_kernels::Activation;
+use tessera_kernels::{GemmElement, NormElement, SoftmaxElement};
 
 /// `y = x / sqrt(mean(x²) + eps) · weight` over the last axis of `x` (any rank ≥ 1, bf16, f16
 /// or f32, contiguous), `weight` `[hidden]` of `x`'s dtype; f32 statistics
@@ -42,6 +43,40 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f32) -> candle_core::Result<Te
 /// As [`rms_norm`]'s.
 pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f32) -> candle_core::Result<Tensor> {
     x.apply_op3_no_bwd(weight, bias, &LayerNorm { eps })
+}
+
+/// The softmax of each row along the last axis of `x` (any rank ≥ 1, bf16, f16 or f32,
+/// contiguous), f32 inside ([`tessera_kernels::softmax`]).
+///
+/// # Errors
+/// As [`rms_norm`]'s.
+pub fn softmax_last_dim(x: &Tensor) -> candle_core::Result<Tensor> {
+    x.apply_op1_no_bwd(&SoftmaxLastDim)
+}
+
+/// A linear layer `y = act(x·wᵀ + bias)`: `x` `[…, K]` (any rank ≥ 1), `w` `[N, K]` (PyTorch's and
+/// candle-nn's layout), `bias` `[N]` or none, bf16 or f16, all contiguous; `y` `[…, N]`, f32
+/// accumulation, the bias and activation in the GEMM's epilogue ([`tessera_kernels::gemm`]).
+///
+/// # Errors
+/// As [`rms_norm`]'s (`w` of another K, or a dtype other than bf16/f16, named).
+pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, activation: Activation) -> candle_core::Result<Tensor> {
+    let op = Linear { activation };
+    match bias {
+        Some(b) => x.apply_op3_no_bwd(w, b, &op),
+        None => x.apply_op2_no_bwd(w, &op),
+    }
+}
+
+/// [`softmax_last_dim`] as a candle op.
+#[derive(Clone, Copy, Debug)]
+pub struct SoftmaxLastDim;
+
+/// [`linear`] as a candle op: `CustomOp2` without a bias, `CustomOp3` with one.
+#[derive(Clone, Copy, Debug)]
+pub struct Linear {
+    /// Applied after the bias.
+    pub activation: Activation,
 }
 
 /// [`rms_norm`] as a candle op.
@@ -92,7 +127,8 @@ fn rows_and_hidden(op: &str, x: (&Layout, DType), params: &[(&str, &Layout, DTyp
     Ok((dims.iter().product::<usize>() / hidden.max(1), hidden))
 }
 
-/// Runs `f` for `x`'s dtype (bf16, f16 or f32), a candle error for another.
+/// Runs `f` for `x`'s dtype (bf16, f16 or f32; `16bit` bf16 or f16 only), a candle error for
+/// another.
 macro_rules! by_dtype {
     ($op:expr, $dt:expr, $f:ident ( $($arg:expr),* )) => {
         match $dt {
@@ -102,6 +138,103 @@ macro_rules! by_dtype {
             other => bail!("{}: `x` must be bf16, f16 or f32, found {other:?}", $op),
         }
     };
+    (16bit $op:expr, $dt:expr, $f:ident ( $($arg:expr),* )) => {
+        match $dt {
+            DType::BF16 => $f::<half::bf16>($($arg),*),
+            DType::F16 => $f::<half::f16>($($arg),*),
+            other => bail!("{}: `x` must be bf16 or f16, found {other:?}", $op),
+        }
+    };
+}
+
+/// A kernel's output `[rows, cols]` on the interpreter, handed back as candle storage of
+/// `shape` after `run` writes it.
+fn output<T: WithDType + tessera::Element>(
+    rows: usize, cols: usize, shape: Shape, run: impl FnOnce(&mut tessera::Tensor<T>) -> tessera::Result<()>,
+) -> candle_core::Result<(CpuStorage, Shape)> {
+    let mut y = tessera::Tensor::<T>::zeros(interpreter(), &[rows, cols]).map_err(candle_core::Error::wrap)?;
+    run(&mut y).map_err(candle_core::Error::wrap)?;
+    Ok((T::to_cpu_storage_owned(y.to_host().map_err(candle_core::Error::wrap)?), shape))
+}
+
+fn softmax_cpu<T: WithDType + SoftmaxElement>(
+    s: &CpuStorage, l: &Layout, rows: usize, n: usize,
+) -> candle_core::Result<(CpuStorage, Shape)> {
+    let x = host_tensor::<T>("softmax_last_dim", "x", s, l, &[rows, n])?;
+    output(rows, n, l.shape().clone(), |y| tessera_kernels::softmax(interpreter(), &x, y))
+}
+
+/// `x` `[…, K]` and `w` `[N, K]` as `(M, K, N)`, `x`'s shape with `N` last.
+fn linear_shapes(x: (&Layout, DType), w: (&Layout, DType)) -> candle_core::Result<(usize, usize, usize, Shape)> {
+    let (xd, wd) = (x.0.dims(), w.0.dims());
+    let Some(&k) = xd.last() else { bail!("linear: `x` must have at least one axis, found a scalar") };
+    let [n, kw] = *wd else { bail!("linear: `w` must be [N, {k}] (N×K, K as x's last axis), found {wd:?}") };
+    if kw != k {
+        bail!("linear: `w` must be [N, {k}] (N×K, K as x's last axis), found {wd:?}")
+    }
+    if w.1 != x.1 {
+        bail!("linear: `w` must be {:?} as `x` is, found {:?}", x.1, w.1)
+    }
+    let mut out = xd.to_vec();
+    if let Some(last) = out.last_mut() {
+        *last = n;
+    }
+    Ok((xd.iter().product::<usize>() / k.max(1), k, n, Shape::from(out)))
+}
+
+fn linear_cpu<T: WithDType + GemmElement>(
+    act: Activation, (sx, lx): (&CpuStorage, &Layout), (sw, lw): (&CpuStorage, &Layout), bias: Option<(&CpuStorage, &Layout)>,
+    (m, k, n, shape): (usize, usize, usize, Shape),
+) -> candle_core::Result<(CpuStorage, Shape)> {
+    let x = host_tensor::<T>("linear", "x", sx, lx, &[m, k])?;
+    let w = host_tensor::<T>("linear", "w", sw, lw, &[n, k])?;
+    let b = bias.map(|(sb, lb)| host_tensor::<T>("linear", "bias", sb, lb, &[n])).transpose()?;
+    output(m, n, shape, |y| {
+        let mut g = tessera_kernels::gemm(&x, &w).activation(act);
+        if let Some(b) = &b {
+            g = g.bias(tessera_kernels::Bias::PerColumn(b));
+        }
+        g.run(interpreter(), y)
+    })
+}
+
+impl CustomOp1 for SoftmaxLastDim {
+    fn name(&self) -> &'static str {
+        "tessera-softmax-last-dim"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (rows, n) = rows_and_hidden("softmax_last_dim", (l, s.dtype()), &[])?;
+        by_dtype!("softmax_last_dim", s.dtype(), softmax_cpu(s, l, rows, n))
+    }
+}
+
+impl CustomOp2 for Linear {
+    fn name(&self) -> &'static str {
+        "tessera-linear"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let shapes = linear_shapes((l1, s1.dtype()), (l2, s2.dtype()))?;
+        by_dtype!(16bit "linear", s1.dtype(), linear_cpu(self.activation, (s1, l1), (s2, l2), None, shapes))
+    }
+}
+
+impl CustomOp3 for Linear {
+    fn name(&self) -> &'static str {
+        "tessera-linear-bias"
+    }
+
+    fn cpu_fwd(
+        &self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout, s3: &CpuStorage, l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let shapes = linear_shapes((l1, s1.dtype()), (l2, s2.dtype()))?;
+        let n = shapes.2;
+        if l3.dims() != [n] || s3.dtype() != s1.dtype() {
+            bail!("linear: `bias` must be [{n}] of {:?}, found {:?} of {:?}", s1.dtype(), l3.dims(), s3.dtype())
+        }
+        by_dtype!(16bit "linear", s1.dtype(), linear_cpu(self.activation, (s1, l1), (s2, l2), Some((s3, l3)), shapes))
+    }
 }
 
 fn rms_norm_cpu<T: WithDType + NormElement>(
@@ -109,9 +242,7 @@ fn rms_norm_cpu<T: WithDType + NormElement>(
 ) -> candle_core::Result<(CpuStorage, Shape)> {
     let x = host_tensor::<T>("rms_norm", "x", s1, l1, &[rows, hidden])?;
     let w = host_tensor::<T>("rms_norm", "weight", s2, l2, &[hidden])?;
-    let mut y = tessera::Tensor::<T>::zeros(interpreter(), &[rows, hidden]).map_err(candle_core::Error::wrap)?;
-    tessera_kernels::rms_norm(interpreter(), &x, Some(&w), eps, &mut y).map_err(candle_core::Error::wrap)?;
-    Ok((T::to_cpu_storage_owned(y.to_host().map_err(candle_core::Error::wrap)?), l1.shape().clone()))
+    output(rows, hidden, l1.shape().clone(), |y| tessera_kernels::rms_norm(interpreter(), &x, Some(&w), eps, y))
 }
 
 fn layer_norm_cpu<T: WithDType + NormElement>(
@@ -121,9 +252,7 @@ fn layer_norm_cpu<T: WithDType + NormElement>(
     let x = host_tensor::<T>("layer_norm", "x", s1, l1, &[rows, hidden])?;
     let w = host_tensor::<T>("layer_norm", "weight", s2, l2, &[hidden])?;
     let b = host_tensor::<T>("layer_norm", "bias", s3, l3, &[hidden])?;
-    let mut y = tessera::Tensor::<T>::zeros(interpreter(), &[rows, hidden]).map_err(candle_core::Error::wrap)?;
-    tessera_kernels::layer_norm(interpreter(), &x, Some(&w), Some(&b), eps, &mut y).map_err(candle_core::Error::wrap)?;
-    Ok((T::to_cpu_storage_owned(y.to_host().map_err(candle_core::Error::wrap)?), l1.shape().clone()))
+    output(rows, hidden, l1.shape().clone(), |y| tessera_kernels::layer_norm(interpreter(), &x, Some(&w), Some(&b), eps, y))
 }
 
 impl CustomOp2 for RmsNorm {

@@ -2,38 +2,10 @@
 //! math: fresh random inputs each run, odd shapes and ranks, each dtype; and the errors a
 //! misfit tensor gives (candle errors naming it, never a panic).
 
-use candle_core::{DType, Device, Tensor};
+mod common;
 
-/// Uniform values in [-scale, scale) from a fresh seed (the clock).
-fn random(n: usize, scale: f32) -> Vec<f32> {
-    let mut s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect()
-}
-
-/// `‖got − want‖ / ‖want‖`.
-fn rel_error(got: &[f64], want: &[f64]) -> f64 {
-    let num: f64 = got.iter().zip(want).map(|(g, w)| (g - w).powi(2)).sum();
-    let den: f64 = want.iter().map(|w| w * w).sum();
-    (num / den).sqrt()
-}
-
-/// A candle tensor of `dtype` holding `v` (rounded), and the values it holds, widened.
-fn tensor(v: &[f32], dims: &[usize], dtype: DType) -> (Tensor, Vec<f64>) {
-    let t = Tensor::from_vec(v.to_vec(), dims, &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
-    let held = t.to_dtype(DType::F64).unwrap().flatten_all().unwrap().to_vec1::<f64>().unwrap();
-    (t, held)
-}
-
-fn values(t: &Tensor) -> Vec<f64> {
-    t.to_dtype(DType::F64).unwrap().flatten_all().unwrap().to_vec1::<f64>().unwrap()
-}
+use candle_core::DType;
+use common::{random, rel_error, tensor, values};
 
 /// The float64 norm of each row of `x` (`hidden` wide): RMS where `bias` is `None`, else layer
 /// norm (biased variance).

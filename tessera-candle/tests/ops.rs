@@ -1,0 +1,80 @@
+//! Softmax and the linear layer as candle ops on the CPU (Tessera's interpreter) against float64
+//! references, fresh random inputs, odd shapes and ranks; and their misfit errors.
+
+mod common;
+
+use candle_core::DType;
+use common::{random, rel_error, tensor, values};
+use tessera_candle::Activation;
+
+#[test]
+fn softmax_matches_f64_reference() {
+    for (dims, dtype, tol) in [(vec![3, 5, 70], DType::BF16, 8e-3), (vec![7, 3000], DType::F16, 2e-3), (vec![1, 4099], DType::F32, 1e-5)] {
+        let n = *dims.last().unwrap();
+        let (x, xv) = tensor(&random(dims.iter().product(), 6.0), &dims, dtype);
+        let y = tessera_candle::softmax_last_dim(&x).unwrap();
+        assert_eq!((y.dims(), y.dtype()), (x.dims(), dtype));
+        let mut want = Vec::with_capacity(xv.len());
+        for row in xv.chunks(n) {
+            let m = row.iter().cloned().fold(f64::MIN, f64::max);
+            let sum: f64 = row.iter().map(|v| (v - m).exp()).sum();
+            want.extend(row.iter().map(|v| (v - m).exp() / sum));
+        }
+        let err = rel_error(&values(&y), &want);
+        assert!(err < tol, "softmax {dims:?} {dtype:?}: relative error {err}");
+    }
+}
+
+/// tanh-approximated GELU, in float64.
+fn gelu_tanh(x: f64) -> f64 {
+    0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh())
+}
+
+#[test]
+fn linear_matches_f64_reference() {
+    for (dims, n, dtype, bias) in
+        [(vec![2, 37, 70], 100, DType::BF16, true), (vec![130, 48], 24, DType::F16, false), (vec![64], 136, DType::BF16, true)]
+    {
+        let k = *dims.last().unwrap();
+        let m: usize = dims.iter().product::<usize>() / k;
+        let (x, xv) = tensor(&random(m * k, 1.0), &dims, dtype);
+        let (w, wv) = tensor(&random(n * k, 1.0), &[n, k], dtype);
+        let (b, bv) = tensor(&random(n, 1.0), &[n], dtype);
+        let act = if bias { Activation::GeluTanh } else { Activation::None };
+        let y = tessera_candle::linear(&x, &w, bias.then_some(&b), act).unwrap();
+        let mut out_dims = dims.clone();
+        *out_dims.last_mut().unwrap() = n;
+        assert_eq!(y.dims(), &out_dims[..]);
+        let want: Vec<f64> = (0..m * n)
+            .map(|ij| {
+                let (i, j) = (ij / n, ij % n);
+                let dot: f64 = (0..k).map(|kk| xv[i * k + kk] * wv[j * k + kk]).sum();
+                if bias {
+                    gelu_tanh(dot + bv[j])
+                } else {
+                    dot
+                }
+            })
+            .collect();
+        let err = rel_error(&values(&y), &want);
+        assert!(err < 1e-2, "linear {dims:?}×{n} {dtype:?} bias={bias}: relative error {err}");
+    }
+}
+
+#[test]
+fn misfit_ops_are_candle_errors() {
+    let (x, _) = tensor(&random(4 * 64, 1.0), &[4, 64], DType::BF16);
+    let (w, _) = tensor(&random(32 * 60, 1.0), &[32, 60], DType::BF16);
+    let e = tessera_candle::linear(&x, &w, None, Activation::None).unwrap_err().to_string();
+    assert!(e.contains("`w`") && e.contains("[N, 64]") && e.contains("[32, 60]"), "{e}");
+    let (w, _) = tensor(&random(32 * 64, 1.0), &[32, 64], DType::BF16);
+    let e = tessera_candle::linear(&x.to_dtype(DType::F32).unwrap(), &w.to_dtype(DType::F32).unwrap(), None, Activation::None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("bf16 or f16") && e.contains("F32"), "{e}");
+    let (b, _) = tensor(&random(31, 1.0), &[31], DType::BF16);
+    let e = tessera_candle::linear(&x, &w, Some(&b), Activation::None).unwrap_err().to_string();
+    assert!(e.contains("`bias`") && e.contains("[32]") && e.contains("[31]"), "{e}");
+    let e = tessera_candle::softmax_last_dim(&x.t().unwrap()).unwrap_err().to_string();
+    assert!(e.contains("contiguous"), "{e}");
+}
