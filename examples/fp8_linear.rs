@@ -2,8 +2,9 @@
 //! ways — one scale per tensor (`quantize_fp8` on the device, amax taken on the host) and
 //! DeepSeek-V3's blocks (a scale per 1×128 block of x and per 128×128 block of W, quantized
 //! on the host) — each run by `gemm_fp8` into bf16 and compared with float64 on the bf16
-//! inputs, beside the bf16 GEMM. On the GPU, or on the CPU interpreter where there is none
-//! (smaller sizes).
+//! inputs, beside the bf16 GEMM; then the output itself in e4m3 (`run_fp8`), scaled as delayed
+//! scaling does: a first call's amax of y sets the next call's output scale. On the GPU, or on
+//! the CPU interpreter where there is none (smaller sizes).
 //!
 //! `cargo run --release --example fp8_linear`
 
@@ -19,7 +20,7 @@ fn main() -> tessera::Result<()> {
         Ok(dev) => (dev, (1000, 4096, 2048)),
         Err(e) => {
             println!("no GPU here ({e}): on the CPU interpreter, smaller");
-            (Device::cpu(), (70, 384, 136))
+            (Device::cpu(), (70, 384, 144))
         }
     };
     let mut rng = Uniform::new();
@@ -50,6 +51,7 @@ fn main() -> tessera::Result<()> {
     let (dx, dw) = (Tensor::from_host(&dev, &[1.0 / sx], &[1])?, Tensor::from_host(&dev, &[1.0 / sw], &[1])?);
     gemm_fp8(&xq, &wq, Fp8Scaling::Tensorwise { a: &dx, b: &dw }).run(&dev, &mut y)?;
     let e_tensor = rel_error(&read(&y)?, &want);
+    let (xq_t, wq_t) = (xq, wq);
 
     // Per block (host-side quantization): each 1×128 block of x and 128×128 block of W to its
     // own amax.
@@ -76,11 +78,25 @@ fn main() -> tessera::Result<()> {
     gemm_fp8(&xq, &wq, Fp8Scaling::Blockwise { a: &xs, b: &ws }).run(&dev, &mut y)?;
     let e_block = rel_error(&read(&y)?, &want);
 
+    // The output in e4m3 too (per-tensor inputs as above): the kernel keeps y's amax (before
+    // the output scale); the next call scales y by 448 / amax, the scale delayed scaling keeps.
+    let mut yq = Tensor::<F8E4M3>::zeros(&dev, &[tokens, d_out])?;
+    let mut y_amax = Tensor::<f32>::zeros(&dev, &[1])?;
+    let fp8_out = gemm_fp8(&xq_t, &wq_t, Fp8Scaling::Tensorwise { a: &dx, b: &dw });
+    fp8_out.run_fp8(&dev, &mut yq, &Tensor::from_host(&dev, &[1.0f32], &[1])?, Some(&mut y_amax))?;
+    let got_amax = y_amax.to_host()?[0];
+    let sy = E4M3_MAX / got_amax;
+    fp8_out.run_fp8(&dev, &mut yq, &Tensor::from_host(&dev, &[sy], &[1])?, None)?;
+    let yq_back: Vec<f64> = yq.to_host()?.into_iter().map(|q| f64::from(q.to_f32() / sy)).collect();
+    let e_out = rel_error(&yq_back, &want);
+    let want_amax = want.iter().fold(0.0f64, |a, v| a.max(v.abs()));
+
     println!("device: {}", dev.name());
     println!("y = x·Wᵀ, {tokens}×{d_out} from {tokens}×{d_in} and {d_out}×{d_in}; relative error against float64:");
     println!("  bf16 GEMM                           {e_bf16:.2e}");
     println!("  fp8 e4m3, a scale per tensor        {e_tensor:.2e}");
     println!("  fp8 e4m3, 1×128 / 128×128 blocks    {e_block:.2e}");
+    println!("  fp8 e4m3 in and out (y·448/amax)    {e_out:.2e}   (amax {got_amax:.4}, float64 {want_amax:.4})");
     println!("(fp8 keeps 3 mantissa bits: a few percent is its rounding, not the GEMM's)");
     Ok(())
 }
