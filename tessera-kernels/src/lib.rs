@@ -8,9 +8,9 @@
 //! | [`row_sum`], [`row_max`], [`row_mean`], [`col_sum`], [`col_max`], [`col_mean`] | per-row and per-column sum, maximum and mean of a 2-D f32 tensor |
 //! | [`softmax`], [`softmax_with`], [`softmax_backward`] | numerically stable softmax of each row (bf16/f16/f32), optional scale and causal mask, and its backward pass |
 //! | [`gemm`], [`gemm_tn`] | `C = act(alpha·A·Bᵀ + beta·C_in + bias) + residual`, bf16/f16, B N×K or K×N, batches: TMA + wgmma on Hopper, cp.async + mma.sync on sm_80 and later; one triangle of C only on request (SYRK) |
-//! | [`gemm_fp8`] | `C = act((A ∘ scale_a)·(B ∘ scale_b)ᵀ + bias)`, A e4m3/e5m2, B e4m3, C bf16/f16, scales per tensor, per row or per 1×128 / 128×128 block, sums promoted to f32 every 128 of K on request (Hopper) |
+//! | [`gemm_fp8`] | `C = act((A ∘ scale_a)·(B ∘ scale_b)ᵀ + bias)`, A e4m3/e5m2, B e4m3, C bf16/f16/f32 or e4m3/e5m2 with an output scale and the amax ([`Fp8GemmBuilder::run_fp8`]), scales per tensor, per row or per 1×128 / 128×128 block, sums promoted to f32 every 128 of K (the default) (Hopper) |
 //! | [`gemm_grouped`], [`gemm_fp8_grouped`] | mixture-of-experts grouped GEMM, one launch over the experts, their row counts on the device (cumulative ends): bf16/f16 (B `[E, N, K]` or `[E, K, N]`) and fp8 with tensor or row scales (Hopper) |
-//! | [`gemm_bsr`] | block-sparse × dense, A in block-CSR with 128×128 blocks ([`Bsr`]), each tile's K loop over its row's nonzero blocks only (Hopper) |
+//! | [`gemm_bsr`] | block-sparse × dense, A in block-CSR with 128×128 or 64×64 blocks ([`Bsr`]), each tile's K loop over its row's nonzero blocks only (Hopper) |
 //! | [`bias_gelu`] | `y = gelu(x + bias)`, the unfused epilogue |
 //! | [`rms_norm`] | `y = x / sqrt(mean(x²) + eps) · weight` per row, bf16/f16/f32, f32 statistics |
 //! | [`rope`], [`rope_in_place`], [`rope_backward`] | rotary position embedding of query/key heads, half-split or interleaved, `[b, s, h, d]` or `[b, h, s, d]`, angles computed or from [`rope_cache`] |
