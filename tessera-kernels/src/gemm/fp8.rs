@@ -49,7 +49,7 @@ pub fn gemm_fp8_f32(
     fp8_fast_gemm(a, b, c, scale_a, scale_b, bias, counter, bias_kind, act, sa, sb, sc, pipe);
 }
 
-/// The epilogue-scaled fp8 GEMM over a kernel's rings ([`gemm_fp8`], [`gemm_fp8_f32`]).
+/// The epilogue-scaled fp8 GEMM over a kernel's rings ([`gemm_fp8`], `gemm_fp8_f32`).
 #[device]
 #[allow(clippy::too_many_arguments)]
 pub fn fp8_fast_gemm<A, U, const BN: usize, const S: usize>(
@@ -79,7 +79,7 @@ pub fn gemm_fp8_promoted(
     fp8_promoted_gemm(a, b, c, scale_a, scale_b, bias, counter, per_block, bias_kind, act, sa, sb, sc, pipe);
 }
 
-/// [`gemm_fp8_promoted`] into f32 C, its staging buffers unswizzled as [`gemm_fp8_f32`]'s, in
+/// `gemm_fp8_promoted` into f32 C, its staging buffers unswizzled as `gemm_fp8_f32`'s, in
 /// 4 stages (6 and the buffers do not fit).
 #[kernel(warpgroups = 3, dtypes(A = [f8e4m3, f8e5m2]), tune(STAGES = [4]), targets(sm_90a))]
 pub fn gemm_fp8_promoted_f32(
@@ -93,7 +93,7 @@ pub fn gemm_fp8_promoted_f32(
     fp8_promoted_gemm(a, b, c, scale_a, scale_b, bias, counter, per_block, bias_kind, act, sa, sb, sc, pipe);
 }
 
-/// The promoted fp8 GEMM over a kernel's rings ([`gemm_fp8_promoted`], [`gemm_fp8_promoted_f32`]).
+/// The promoted fp8 GEMM over a kernel's rings (`gemm_fp8_promoted`, `gemm_fp8_promoted_f32`).
 #[device]
 #[allow(clippy::too_many_arguments)]
 pub fn fp8_promoted_gemm<A, U, const S: usize>(
@@ -112,7 +112,7 @@ pub fn fp8_promoted_gemm<A, U, const S: usize>(
 
 /// [`gemm_fp8`] with C in fp8 `Q` (the bias in bf16): `C = Q(act(A·Bᵀ·scale_a·scale_b + bias) ·
 /// scale_c[0])`, and where `amax_on` is 1 the largest |value| before `scale_c` kept in `amax`
-/// ([`fp8_quantized`]). `cols` is N.
+/// (`fp8_quantized`). `cols` is N.
 #[kernel(warpgroups = 3, dtypes(A = [f8e4m3, f8e5m2], Q = [f8e4m3, f8e5m2]), tune(BN = [256, 128], STAGES = [4]), targets(sm_90a))]
 pub fn gemm_fp8_q(
     a: Global<A, 3>, b: Global<f8e4m3, 3>, c: Global<Q, 3>, scale_a: Global<f32, 1>, scale_b: Global<f32, 1>, bias: Global<bf16, 1>,
@@ -128,7 +128,7 @@ pub fn gemm_fp8_q(
     });
 }
 
-/// [`gemm_fp8_promoted`] with C in fp8 `Q`, as [`gemm_fp8_q`].
+/// `gemm_fp8_promoted` with C in fp8 `Q`, as `gemm_fp8_q`.
 #[kernel(warpgroups = 3, dtypes(A = [f8e4m3, f8e5m2], Q = [f8e4m3, f8e5m2]), tune(STAGES = [6]), targets(sm_90a))]
 pub fn gemm_fp8_promoted_q(
     a: Global<A, 3>, b: Global<f8e4m3, 3>, c: Global<Q, 3>, scale_a: Global<f32, 2>, scale_b: Global<f32, 2>, bias: Global<bf16, 1>,
