@@ -21,8 +21,8 @@
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor, WithDType};
 use std::sync::OnceLock;
-pub use tessera_kernels::Activation;
-use tessera_kernels::{GemmElement, NormElement, SoftmaxElement};
+pub use tessera_kernels::{Activation, HeadLayout, RopeStyle};
+use tessera_kernels::{GemmElement, NormElement, RopeElement, SoftmaxElement};
 
 /// `y = x / sqrt(mean(x²) + eps) · weight` over the last axis of `x` (any rank ≥ 1, bf16, f16
 /// or f32, contiguous), `weight` `[hidden]` of `x`'s dtype; f32 statistics
@@ -66,6 +66,30 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, activation: Activat
         Some(b) => x.apply_op3_no_bwd(w, b, &op),
         None => x.apply_op2_no_bwd(w, &op),
     }
+}
+
+/// Rotary position embedding of a query or key tensor `x` (`[batch, seq, heads, dim]` or
+/// `[batch, heads, seq, dim]` as `layout` says; bf16, f16 or f32, contiguous): each pair of
+/// `style` rotated by `p·base^(−2i/dim)`, token `s` at position `offset + s`
+/// ([`tessera_kernels::rope`], angles computed in the kernel).
+///
+/// # Errors
+/// As [`rms_norm`]'s (`x` not 4-D or `dim` odd, named).
+pub fn rope(x: &Tensor, style: RopeStyle, layout: HeadLayout, base: f32, offset: usize) -> candle_core::Result<Tensor> {
+    x.apply_op1_no_bwd(&Rope { style, layout, base, offset })
+}
+
+/// [`rope`] as a candle op.
+#[derive(Clone, Copy, Debug)]
+pub struct Rope {
+    /// The pairing convention.
+    pub style: RopeStyle,
+    /// The order of `x`'s axes.
+    pub layout: HeadLayout,
+    /// The base of the frequencies.
+    pub base: f32,
+    /// The first token's position.
+    pub offset: usize,
 }
 
 /// [`softmax_last_dim`] as a candle op.
@@ -196,6 +220,28 @@ fn linear_cpu<T: WithDType + GemmElement>(
         }
         g.run(interpreter(), y)
     })
+}
+
+fn rope_cpu<T: WithDType + RopeElement>(op: &Rope, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+    let dims = l.dims();
+    if dims.len() != 4 {
+        bail!("rope: `x` must be 4-D ([batch, seq, heads, dim] or [batch, heads, seq, dim]), found {dims:?}")
+    }
+    let x = host_tensor::<T>("rope", "x", s, l, dims)?;
+    let cfg = tessera_kernels::Rope::new(op.style, op.layout).base(op.base).positions(tessera_kernels::Positions::Offset(op.offset));
+    let mut y = tessera::Tensor::<T>::zeros(interpreter(), dims).map_err(candle_core::Error::wrap)?;
+    tessera_kernels::rope(interpreter(), &cfg, &x, &mut y).map_err(candle_core::Error::wrap)?;
+    Ok((T::to_cpu_storage_owned(y.to_host().map_err(candle_core::Error::wrap)?), l.shape().clone()))
+}
+
+impl CustomOp1 for Rope {
+    fn name(&self) -> &'static str {
+        "tessera-rope"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        by_dtype!("rope", s.dtype(), rope_cpu(self, s, l))
+    }
 }
 
 impl CustomOp1 for SoftmaxLastDim {

@@ -1,11 +1,11 @@
-//! Softmax and the linear layer as candle ops on the CPU (Tessera's interpreter) against float64
+//! Softmax, the linear layer and RoPE as candle ops on the CPU (Tessera's interpreter) against float64
 //! references, fresh random inputs, odd shapes and ranks; and their misfit errors.
 
 mod common;
 
 use candle_core::DType;
 use common::{random, rel_error, tensor, values};
-use tessera_candle::Activation;
+use tessera_candle::{Activation, HeadLayout, RopeStyle};
 
 #[test]
 fn softmax_matches_f64_reference() {
@@ -77,4 +77,48 @@ fn misfit_ops_are_candle_errors() {
     assert!(e.contains("`bias`") && e.contains("[32]") && e.contains("[31]"), "{e}");
     let e = tessera_candle::softmax_last_dim(&x.t().unwrap()).unwrap_err().to_string();
     assert!(e.contains("contiguous"), "{e}");
+}
+
+#[test]
+fn rope_matches_f64_reference() {
+    for (style, layout, dtype, tol) in [
+        (RopeStyle::HalfSplit, HeadLayout::Bshd, DType::BF16, 8e-3),
+        (RopeStyle::Interleaved, HeadLayout::Bhsd, DType::F32, 1e-5),
+        (RopeStyle::HalfSplit, HeadLayout::Bhsd, DType::F16, 2e-3),
+    ] {
+        let (b, s, h, d) = (2, 7, 3, 64);
+        let dims = match layout {
+            HeadLayout::Bshd => [b, s, h, d],
+            HeadLayout::Bhsd => [b, h, s, d],
+        };
+        let (base, offset) = (500_000.0f64, 11);
+        let (x, xv) = tensor(&random(b * s * h * d, 2.0), &dims, dtype);
+        let y = tessera_candle::rope(&x, style, layout, base as f32, offset).unwrap();
+        assert_eq!(y.dims(), &dims);
+        let mut want = vec![0f64; xv.len()];
+        for row in 0..b * s * h {
+            // The row's token: its `s` index in either layout.
+            let tok = match layout {
+                HeadLayout::Bshd => (row / h) % s,
+                HeadLayout::Bhsd => row % s,
+            };
+            let p = (offset + tok) as f64;
+            let x = &xv[row * d..(row + 1) * d];
+            for i in 0..d / 2 {
+                let (j, k) = match style {
+                    RopeStyle::HalfSplit => (i, i + d / 2),
+                    RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                };
+                let a = p * base.powf(-2.0 * i as f64 / d as f64);
+                want[row * d + j] = x[j] * a.cos() - x[k] * a.sin();
+                want[row * d + k] = x[k] * a.cos() + x[j] * a.sin();
+            }
+        }
+        let err = rel_error(&values(&y), &want);
+        assert!(err < tol, "rope {style:?} {layout:?} {dtype:?}: relative error {err}");
+    }
+    let e = tessera_candle::rope(&tensor(&random(64, 1.0), &[8, 8], DType::F32).0, RopeStyle::HalfSplit, HeadLayout::Bshd, 1e4, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("4-D") && e.contains("[8, 8]"), "{e}");
 }
