@@ -171,12 +171,12 @@ macro_rules! by_dtype {
     };
 }
 
-/// A kernel's output `[rows, cols]` on the interpreter, handed back as candle storage of
-/// `shape` after `run` writes it.
+/// A kernel's output of `dims` on the interpreter, handed back as candle storage of `shape`
+/// after `run` writes it.
 fn output<T: WithDType + tessera::Element>(
-    rows: usize, cols: usize, shape: Shape, run: impl FnOnce(&mut tessera::Tensor<T>) -> tessera::Result<()>,
+    dims: &[usize], shape: Shape, run: impl FnOnce(&mut tessera::Tensor<T>) -> tessera::Result<()>,
 ) -> candle_core::Result<(CpuStorage, Shape)> {
-    let mut y = tessera::Tensor::<T>::zeros(interpreter(), &[rows, cols]).map_err(candle_core::Error::wrap)?;
+    let mut y = tessera::Tensor::<T>::zeros(interpreter(), dims).map_err(candle_core::Error::wrap)?;
     run(&mut y).map_err(candle_core::Error::wrap)?;
     Ok((T::to_cpu_storage_owned(y.to_host().map_err(candle_core::Error::wrap)?), shape))
 }
@@ -185,7 +185,7 @@ fn softmax_cpu<T: WithDType + SoftmaxElement>(
     s: &CpuStorage, l: &Layout, rows: usize, n: usize,
 ) -> candle_core::Result<(CpuStorage, Shape)> {
     let x = host_tensor::<T>("softmax_last_dim", "x", s, l, &[rows, n])?;
-    output(rows, n, l.shape().clone(), |y| tessera_kernels::softmax(interpreter(), &x, y))
+    output(&[rows, n], l.shape().clone(), |y| tessera_kernels::softmax(interpreter(), &x, y))
 }
 
 /// `x` `[…, K]` and `w` `[N, K]` as `(M, K, N)`, `x`'s shape with `N` last.
@@ -213,7 +213,7 @@ fn linear_cpu<T: WithDType + GemmElement>(
     let x = host_tensor::<T>("linear", "x", sx, lx, &[m, k])?;
     let w = host_tensor::<T>("linear", "w", sw, lw, &[n, k])?;
     let b = bias.map(|(sb, lb)| host_tensor::<T>("linear", "bias", sb, lb, &[n])).transpose()?;
-    output(m, n, shape, |y| {
+    output(&[m, n], shape, |y| {
         let mut g = tessera_kernels::gemm(&x, &w).activation(act);
         if let Some(b) = &b {
             g = g.bias(tessera_kernels::Bias::PerColumn(b));
@@ -229,9 +229,7 @@ fn rope_cpu<T: WithDType + RopeElement>(op: &Rope, s: &CpuStorage, l: &Layout) -
     }
     let x = host_tensor::<T>("rope", "x", s, l, dims)?;
     let cfg = tessera_kernels::Rope::new(op.style, op.layout).base(op.base).positions(tessera_kernels::Positions::Offset(op.offset));
-    let mut y = tessera::Tensor::<T>::zeros(interpreter(), dims).map_err(candle_core::Error::wrap)?;
-    tessera_kernels::rope(interpreter(), &cfg, &x, &mut y).map_err(candle_core::Error::wrap)?;
-    Ok((T::to_cpu_storage_owned(y.to_host().map_err(candle_core::Error::wrap)?), l.shape().clone()))
+    output(dims, l.shape().clone(), |y| tessera_kernels::rope(interpreter(), &cfg, &x, y))
 }
 
 impl CustomOp1 for Rope {
@@ -288,7 +286,7 @@ fn rms_norm_cpu<T: WithDType + NormElement>(
 ) -> candle_core::Result<(CpuStorage, Shape)> {
     let x = host_tensor::<T>("rms_norm", "x", s1, l1, &[rows, hidden])?;
     let w = host_tensor::<T>("rms_norm", "weight", s2, l2, &[hidden])?;
-    output(rows, hidden, l1.shape().clone(), |y| tessera_kernels::rms_norm(interpreter(), &x, Some(&w), eps, y))
+    output(&[rows, hidden], l1.shape().clone(), |y| tessera_kernels::rms_norm(interpreter(), &x, Some(&w), eps, y))
 }
 
 fn layer_norm_cpu<T: WithDType + NormElement>(
@@ -298,7 +296,7 @@ fn layer_norm_cpu<T: WithDType + NormElement>(
     let x = host_tensor::<T>("layer_norm", "x", s1, l1, &[rows, hidden])?;
     let w = host_tensor::<T>("layer_norm", "weight", s2, l2, &[hidden])?;
     let b = host_tensor::<T>("layer_norm", "bias", s3, l3, &[hidden])?;
-    output(rows, hidden, l1.shape().clone(), |y| tessera_kernels::layer_norm(interpreter(), &x, Some(&w), Some(&b), eps, y))
+    output(&[rows, hidden], l1.shape().clone(), |y| tessera_kernels::layer_norm(interpreter(), &x, Some(&w), Some(&b), eps, y))
 }
 
 impl CustomOp2 for RmsNorm {
