@@ -70,6 +70,24 @@ fn reads_unwritten(a: Global<bf16, 2>, c: Global<f32, 2>, store: i32) {
     }
 }
 
+/// Loads a 64-column ring from a 32-column `x`: TMA leaves the second panel unwritten (it
+/// starts past `x`'s columns); `mask_cols(keep, 0.0)` replaces what it read past `keep`.
+#[kernel(warpgroups = 2, targets(sm_90a))]
+fn masks_unwritten(x: Global<f32, 2>, y: Global<f32, 2>, keep: i32) {
+    let sx = Smem::<f32, 64, 64>::ring(1);
+    let pipe = Pipeline::<1>::new(1);
+    if warpgroup::id() == 0 {
+        let s = pipe.acquire();
+        tma::load(sx.at(s), x, [0, 0], pipe);
+        pipe.commit(s);
+    } else {
+        let s = pipe.wait();
+        let t = sx.at(s).load().mask_cols(keep, 0.0);
+        pipe.release(s);
+        y.store([0, 0], t);
+    }
+}
+
 /// Rewrites the staging buffer before the first TMA store has finished reading it (when
 /// `wait` is 0), or after `tma::store_wait(0)` (when it is 1).
 #[kernel(targets(sm_90a))]
@@ -115,6 +133,22 @@ fn interp_unwritten_shared_memory_is_reported_where_it_is_stored() {
     println!("{e}");
     // Garbage that never reaches memory is no error (the GPU's columns past an edge).
     reads_unwritten::launch(&dev, 1, &x, &mut y, 0).unwrap();
+}
+
+#[test]
+fn interp_masked_unwritten_shared_memory_is_no_error() {
+    let dev = Device::cpu();
+    let x = Tensor::from_host(&dev, &common::random(64 * 32, -1.0, 1.0), &[64, 32]).unwrap();
+    let mut y = Tensor::full(&dev, &[64, 64], f32::NAN).unwrap();
+    masks_unwritten::launch(&dev, 1, &x, &mut y, 32).unwrap();
+    let (xs, ys) = (x.to_host().unwrap(), y.to_host().unwrap());
+    for r in 0..64 {
+        assert_eq!(&ys[r * 64..][..32], &xs[r * 32..][..32], "row {r}");
+        assert!(ys[r * 64 + 32..][..32].iter().all(|&v| v == 0.0), "row {r}: the masked columns are the fill");
+    }
+    // One column past what TMA wrote still reaches memory: an error naming the ring.
+    let e = masks_unwritten::launch(&dev, 1, &x, &mut y, 33).unwrap_err().to_string();
+    assert!(e.contains("`masks_unwritten`") && e.contains("ring `sx`"), "{e}");
 }
 
 #[test]

@@ -936,7 +936,14 @@ impl<'p> Kernel<'p> {
                 for (i, x) in t.v.iter_mut().enumerate() {
                     if (i % cols) as f64 >= limits[i / cols] {
                         *x = fill;
+                        // A masked element no longer comes from what it read.
+                        if let Some(p) = t.poison.as_mut() {
+                            p.mask[i] = false;
+                        }
                     }
+                }
+                if t.poison.as_ref().is_some_and(|p| !p.mask.contains(&true)) {
+                    t.poison = None;
                 }
                 Val::T(t)
             }
