@@ -248,3 +248,33 @@ fn scratch_tensors_on_the_gpu() {
 fn scratch_tensors_in_the_interpreter() {
     scratch_case(&Device::cpu());
 }
+
+/// A buffer another library owns (here a bare cudarc allocation, as candle's storage is) is
+/// read in place through `Tensor::borrow_cudarc` — at an offset, by a library kernel — and is
+/// still its owner's, unchanged, after the borrow ends.
+#[test]
+fn gpu_borrowed_cudarc_buffers_are_read_in_place() {
+    let Some(dev) = gpu_or_skip("gpu_borrowed_cudarc_buffers_are_read_in_place") else { return };
+    let (rows, n, offset) = (5, 96, 3);
+    let host = random(offset + rows * n + 7, -4.0, 4.0);
+    let owned = dev.stream().unwrap().clone_htod(&host).unwrap();
+    let mut got = Tensor::<f32>::full(&dev, &[rows, n], f32::NAN).unwrap();
+    {
+        let x = Tensor::borrow_cudarc(&dev, &owned, offset, &[rows, n]).unwrap();
+        assert_eq!((x.shape(), x.offset()), (&[rows, n][..], offset));
+        tessera_kernels::softmax(&dev, &x, &mut got).unwrap();
+    }
+    let got = got.to_host().unwrap();
+    for (r, row) in host[offset..].chunks(n).take(rows).enumerate() {
+        let m = row.iter().fold(f64::MIN, |a, &v| a.max(f64::from(v)));
+        let sum: f64 = row.iter().map(|&v| (f64::from(v) - m).exp()).sum();
+        for (j, &v) in row.iter().enumerate() {
+            let want = (f64::from(v) - m).exp() / sum;
+            assert!((f64::from(got[r * n + j]) - want).abs() < 1e-6, "row {r}, column {j}: {} vs {want}", got[r * n + j]);
+        }
+    }
+    // The owner's buffer outlives the borrow, as it was.
+    assert_eq!(dev.stream().unwrap().clone_dtoh(&owned).unwrap(), host);
+    let e = Tensor::borrow_cudarc(&dev, &owned, offset, &[rows + 1, n + 7]).unwrap_err().to_string();
+    assert!(e.contains("inside the buffer") && e.contains("offset 3"), "{e}");
+}

@@ -123,17 +123,98 @@ fn interpreter() -> &'static tessera::Device {
     DEVICE.get_or_init(tessera::Device::cpu)
 }
 
-/// A candle CPU tensor's elements as a Tessera tensor of `shape` on the interpreter: contiguous
-/// layouts only (`op` and `name` say whose in the error).
-fn host_tensor<T: WithDType + tessera::Element>(
-    op: &str, name: &str, s: &CpuStorage, l: &Layout, shape: &[usize],
-) -> candle_core::Result<tessera::Tensor<T>> {
-    let Some((start, end)) = l.contiguous_offsets() else {
-        bail!("{op}: `{name}` must be contiguous (call `.contiguous()`), found strides {:?}", l.stride())
-    };
-    let data = &s.as_slice::<T>()?[start..end];
-    tessera::Tensor::from_host(interpreter(), data, shape).map_err(candle_core::Error::wrap)
+/// An element type both candle and Tessera know (bf16, f16, f32); with the `cuda` feature,
+/// one candle keeps in CUDA storage too.
+#[cfg(not(feature = "cuda"))]
+pub trait Elem: WithDType + tessera::Element {}
+#[cfg(not(feature = "cuda"))]
+impl<T: WithDType + tessera::Element> Elem for T {}
+/// An element type both candle and Tessera know (bf16, f16, f32); with the `cuda` feature,
+/// one candle keeps in CUDA storage too.
+#[cfg(feature = "cuda")]
+pub trait Elem: WithDType + tessera::Element + candle_core::cuda::CudaDType {}
+#[cfg(feature = "cuda")]
+impl<T: WithDType + tessera::Element + candle_core::cuda::CudaDType> Elem for T {}
+
+/// A kernel's input: a copy on the interpreter, or candle's own CUDA buffer, borrowed.
+enum Input<'a, T: tessera::Element> {
+    Host(tessera::Tensor<T>),
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Borrowed(tessera::BorrowedTensor<'a, T>),
 }
+
+impl<T: tessera::Element> std::ops::Deref for Input<'_, T> {
+    type Target = tessera::Tensor<T>;
+
+    fn deref(&self) -> &tessera::Tensor<T> {
+        match self {
+            Input::Host(t) => t,
+            Input::Borrowed(t) => t,
+        }
+    }
+}
+
+/// Where an op runs: the interpreter on candle CPU storage ([`Cpu`]) or the GPU on candle's
+/// CUDA storage and stream (`Cuda`, with the `cuda` feature). An op is written once against it.
+trait Side {
+    /// candle's storage on this side.
+    type Storage;
+
+    /// The Tessera device the kernels launch on.
+    fn device(&self) -> &tessera::Device;
+
+    /// Storage `s` seen through layout `l` as a tensor of `shape` (contiguous layouts only;
+    /// `op` and `name` say whose in the error).
+    fn input<'a, T: Elem>(
+        &self, op: &str, name: &str, s: &'a Self::Storage, l: &Layout, shape: &[usize],
+    ) -> candle_core::Result<Input<'a, T>>;
+
+    /// A kernel's output of `dims`, handed back as candle storage of `shape` after `run`
+    /// writes all of it.
+    fn output<T: Elem>(
+        &self, dims: &[usize], shape: Shape, run: impl FnOnce(&mut tessera::Tensor<T>) -> tessera::Result<()>,
+    ) -> candle_core::Result<(Self::Storage, Shape)>;
+}
+
+/// The interpreter's side.
+struct Cpu;
+
+/// The elements `l` covers in storage of `len`, or a candle error asking for `.contiguous()`.
+fn contiguous(op: &str, name: &str, l: &Layout) -> candle_core::Result<(usize, usize)> {
+    match l.contiguous_offsets() {
+        Some(range) => Ok(range),
+        None => bail!("{op}: `{name}` must be contiguous (call `.contiguous()`), found strides {:?}", l.stride()),
+    }
+}
+
+impl Side for Cpu {
+    type Storage = CpuStorage;
+
+    fn device(&self) -> &tessera::Device {
+        interpreter()
+    }
+
+    fn input<'a, T: Elem>(
+        &self, op: &str, name: &str, s: &'a CpuStorage, l: &Layout, shape: &[usize],
+    ) -> candle_core::Result<Input<'a, T>> {
+        let (start, end) = contiguous(op, name, l)?;
+        let data = &s.as_slice::<T>()?[start..end];
+        Ok(Input::Host(tessera::Tensor::from_host(interpreter(), data, shape).map_err(candle_core::Error::wrap)?))
+    }
+
+    fn output<T: Elem>(
+        &self, dims: &[usize], shape: Shape, run: impl FnOnce(&mut tessera::Tensor<T>) -> tessera::Result<()>,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let mut y = tessera::Tensor::<T>::scratch(interpreter(), dims).map_err(candle_core::Error::wrap)?;
+        run(&mut y).map_err(candle_core::Error::wrap)?;
+        Ok((T::to_cpu_storage_owned(y.to_host().map_err(candle_core::Error::wrap)?), shape))
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod cuda;
+#[cfg(feature = "cuda")]
+use cuda::Cuda;
 
 /// `x`'s rows and hidden size, with each of `params` (`(name, layout, dtype)`) checked to be
 /// `[hidden]` of `x`'s dtype.
@@ -156,36 +237,92 @@ fn rows_and_hidden(op: &str, x: (&Layout, DType), params: &[(&str, &Layout, DTyp
 macro_rules! by_dtype {
     ($op:expr, $dt:expr, $f:ident ( $($arg:expr),* )) => {
         match $dt {
-            DType::BF16 => $f::<half::bf16>($($arg),*),
-            DType::F16 => $f::<half::f16>($($arg),*),
-            DType::F32 => $f::<f32>($($arg),*),
+            DType::BF16 => $f::<half::bf16, _>($($arg),*),
+            DType::F16 => $f::<half::f16, _>($($arg),*),
+            DType::F32 => $f::<f32, _>($($arg),*),
             other => bail!("{}: `x` must be bf16, f16 or f32, found {other:?}", $op),
         }
     };
     (16bit $op:expr, $dt:expr, $f:ident ( $($arg:expr),* )) => {
         match $dt {
-            DType::BF16 => $f::<half::bf16>($($arg),*),
-            DType::F16 => $f::<half::f16>($($arg),*),
+            DType::BF16 => $f::<half::bf16, _>($($arg),*),
+            DType::F16 => $f::<half::f16, _>($($arg),*),
             other => bail!("{}: `x` must be bf16 or f16, found {other:?}", $op),
         }
     };
 }
 
-/// A kernel's output of `dims` on the interpreter, handed back as candle storage of `shape`
-/// after `run` writes it.
-fn output<T: WithDType + tessera::Element>(
-    dims: &[usize], shape: Shape, run: impl FnOnce(&mut tessera::Tensor<T>) -> tessera::Result<()>,
-) -> candle_core::Result<(CpuStorage, Shape)> {
-    let mut y = tessera::Tensor::<T>::zeros(interpreter(), dims).map_err(candle_core::Error::wrap)?;
-    run(&mut y).map_err(candle_core::Error::wrap)?;
-    Ok((T::to_cpu_storage_owned(y.to_host().map_err(candle_core::Error::wrap)?), shape))
+/// Implements a candle custom op's `cpu_fwd` and, with the `cuda` feature, `cuda_fwd`, both
+/// through one function generic over the [`Side`].
+macro_rules! forwards {
+    ($op:ident: CustomOp1 $name:literal, |$this:ident, $side:ident, $s:ident, $l:ident| $body:expr) => {
+        impl CustomOp1 for $op {
+            fn name(&self) -> &'static str {
+                $name
+            }
+
+            fn cpu_fwd(&self, $s: &CpuStorage, $l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+                let ($this, $side) = (self, &Cpu);
+                $body
+            }
+
+            #[cfg(feature = "cuda")]
+            fn cuda_fwd(&self, $s: &candle_core::CudaStorage, $l: &Layout) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+                let ($this, $side) = (self, &Cuda::of($s)?);
+                $body
+            }
+        }
+    };
+    ($op:ident: CustomOp2 $name:literal, |$this:ident, $side:ident, $s1:ident, $l1:ident, $s2:ident, $l2:ident| $body:expr) => {
+        impl CustomOp2 for $op {
+            fn name(&self) -> &'static str {
+                $name
+            }
+
+            fn cpu_fwd(&self, $s1: &CpuStorage, $l1: &Layout, $s2: &CpuStorage, $l2: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+                let ($this, $side) = (self, &Cpu);
+                $body
+            }
+
+            #[cfg(feature = "cuda")]
+            fn cuda_fwd(
+                &self, $s1: &candle_core::CudaStorage, $l1: &Layout, $s2: &candle_core::CudaStorage, $l2: &Layout,
+            ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+                let ($this, $side) = (self, &Cuda::of($s1)?);
+                $body
+            }
+        }
+    };
+    ($op:ident: CustomOp3 $name:literal, |$this:ident, $side:ident, $s1:ident, $l1:ident, $s2:ident, $l2:ident, $s3:ident, $l3:ident| $body:expr) => {
+        impl CustomOp3 for $op {
+            fn name(&self) -> &'static str {
+                $name
+            }
+
+            fn cpu_fwd(
+                &self, $s1: &CpuStorage, $l1: &Layout, $s2: &CpuStorage, $l2: &Layout, $s3: &CpuStorage, $l3: &Layout,
+            ) -> candle_core::Result<(CpuStorage, Shape)> {
+                let ($this, $side) = (self, &Cpu);
+                $body
+            }
+
+            #[cfg(feature = "cuda")]
+            fn cuda_fwd(
+                &self, $s1: &candle_core::CudaStorage, $l1: &Layout, $s2: &candle_core::CudaStorage, $l2: &Layout,
+                $s3: &candle_core::CudaStorage, $l3: &Layout,
+            ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+                let ($this, $side) = (self, &Cuda::of($s1)?);
+                $body
+            }
+        }
+    };
 }
 
-fn softmax_cpu<T: WithDType + SoftmaxElement>(
-    s: &CpuStorage, l: &Layout, rows: usize, n: usize,
-) -> candle_core::Result<(CpuStorage, Shape)> {
-    let x = host_tensor::<T>("softmax_last_dim", "x", s, l, &[rows, n])?;
-    output(&[rows, n], l.shape().clone(), |y| tessera_kernels::softmax(interpreter(), &x, y))
+fn softmax_run<T: Elem + SoftmaxElement, S: Side>(
+    side: &S, s: &S::Storage, l: &Layout, rows: usize, n: usize,
+) -> candle_core::Result<(S::Storage, Shape)> {
+    let x = side.input::<T>("softmax_last_dim", "x", s, l, &[rows, n])?;
+    side.output(&[rows, n], l.shape().clone(), |y| tessera_kernels::softmax(side.device(), &x, y))
 }
 
 /// `x` `[…, K]` and `w` `[N, K]` as `(M, K, N)`, `x`'s shape with `N` last.
@@ -206,120 +343,84 @@ fn linear_shapes(x: (&Layout, DType), w: (&Layout, DType)) -> candle_core::Resul
     Ok((xd.iter().product::<usize>() / k.max(1), k, n, Shape::from(out)))
 }
 
-fn linear_cpu<T: WithDType + GemmElement>(
-    act: Activation, (sx, lx): (&CpuStorage, &Layout), (sw, lw): (&CpuStorage, &Layout), bias: Option<(&CpuStorage, &Layout)>,
+/// [`Linear`]'s checks of its bias, `[N]` of `x`'s dtype.
+fn check_bias(l: &Layout, dtype: DType, x: DType, n: usize) -> candle_core::Result<()> {
+    if l.dims() != [n] || dtype != x {
+        bail!("linear: `bias` must be [{n}] of {x:?}, found {:?} of {dtype:?}", l.dims())
+    }
+    Ok(())
+}
+
+fn linear_run<T: Elem + GemmElement, S: Side>(
+    side: &S, act: Activation, (sx, lx): (&S::Storage, &Layout), (sw, lw): (&S::Storage, &Layout), bias: Option<(&S::Storage, &Layout)>,
     (m, k, n, shape): (usize, usize, usize, Shape),
-) -> candle_core::Result<(CpuStorage, Shape)> {
-    let x = host_tensor::<T>("linear", "x", sx, lx, &[m, k])?;
-    let w = host_tensor::<T>("linear", "w", sw, lw, &[n, k])?;
-    let b = bias.map(|(sb, lb)| host_tensor::<T>("linear", "bias", sb, lb, &[n])).transpose()?;
-    output(&[m, n], shape, |y| {
+) -> candle_core::Result<(S::Storage, Shape)> {
+    let x = side.input::<T>("linear", "x", sx, lx, &[m, k])?;
+    let w = side.input::<T>("linear", "w", sw, lw, &[n, k])?;
+    let b = bias.map(|(sb, lb)| side.input::<T>("linear", "bias", sb, lb, &[n])).transpose()?;
+    side.output(&[m, n], shape, |y| {
         let mut g = tessera_kernels::gemm(&x, &w).activation(act);
         if let Some(b) = &b {
             g = g.bias(tessera_kernels::Bias::PerColumn(b));
         }
-        g.run(interpreter(), y)
+        g.run(side.device(), y)
     })
 }
 
-fn rope_cpu<T: WithDType + RopeElement>(op: &Rope, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+fn rope_run<T: Elem + RopeElement, S: Side>(op: &Rope, side: &S, s: &S::Storage, l: &Layout) -> candle_core::Result<(S::Storage, Shape)> {
     let dims = l.dims();
     if dims.len() != 4 {
         bail!("rope: `x` must be 4-D ([batch, seq, heads, dim] or [batch, heads, seq, dim]), found {dims:?}")
     }
-    let x = host_tensor::<T>("rope", "x", s, l, dims)?;
+    let x = side.input::<T>("rope", "x", s, l, dims)?;
     let cfg = tessera_kernels::Rope::new(op.style, op.layout).base(op.base).positions(tessera_kernels::Positions::Offset(op.offset));
-    output(dims, l.shape().clone(), |y| tessera_kernels::rope(interpreter(), &cfg, &x, y))
+    side.output(dims, l.shape().clone(), |y| tessera_kernels::rope(side.device(), &cfg, &x, y))
 }
 
-impl CustomOp1 for Rope {
-    fn name(&self) -> &'static str {
-        "tessera-rope"
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        by_dtype!("rope", s.dtype(), rope_cpu(self, s, l))
-    }
+fn rms_norm_run<T: Elem + NormElement, S: Side>(
+    eps: f32, side: &S, (s1, l1): (&S::Storage, &Layout), (s2, l2): (&S::Storage, &Layout), rows: usize, hidden: usize,
+) -> candle_core::Result<(S::Storage, Shape)> {
+    let x = side.input::<T>("rms_norm", "x", s1, l1, &[rows, hidden])?;
+    let w = side.input::<T>("rms_norm", "weight", s2, l2, &[hidden])?;
+    side.output(&[rows, hidden], l1.shape().clone(), |y| tessera_kernels::rms_norm(side.device(), &x, Some(&w), eps, y))
 }
 
-impl CustomOp1 for SoftmaxLastDim {
-    fn name(&self) -> &'static str {
-        "tessera-softmax-last-dim"
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (rows, n) = rows_and_hidden("softmax_last_dim", (l, s.dtype()), &[])?;
-        by_dtype!("softmax_last_dim", s.dtype(), softmax_cpu(s, l, rows, n))
-    }
-}
-
-impl CustomOp2 for Linear {
-    fn name(&self) -> &'static str {
-        "tessera-linear"
-    }
-
-    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let shapes = linear_shapes((l1, s1.dtype()), (l2, s2.dtype()))?;
-        by_dtype!(16bit "linear", s1.dtype(), linear_cpu(self.activation, (s1, l1), (s2, l2), None, shapes))
-    }
-}
-
-impl CustomOp3 for Linear {
-    fn name(&self) -> &'static str {
-        "tessera-linear-bias"
-    }
-
-    fn cpu_fwd(
-        &self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout, s3: &CpuStorage, l3: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let shapes = linear_shapes((l1, s1.dtype()), (l2, s2.dtype()))?;
-        let n = shapes.2;
-        if l3.dims() != [n] || s3.dtype() != s1.dtype() {
-            bail!("linear: `bias` must be [{n}] of {:?}, found {:?} of {:?}", s1.dtype(), l3.dims(), s3.dtype())
-        }
-        by_dtype!(16bit "linear", s1.dtype(), linear_cpu(self.activation, (s1, l1), (s2, l2), Some((s3, l3)), shapes))
-    }
-}
-
-fn rms_norm_cpu<T: WithDType + NormElement>(
-    eps: f32, (s1, l1): (&CpuStorage, &Layout), (s2, l2): (&CpuStorage, &Layout), rows: usize, hidden: usize,
-) -> candle_core::Result<(CpuStorage, Shape)> {
-    let x = host_tensor::<T>("rms_norm", "x", s1, l1, &[rows, hidden])?;
-    let w = host_tensor::<T>("rms_norm", "weight", s2, l2, &[hidden])?;
-    output(&[rows, hidden], l1.shape().clone(), |y| tessera_kernels::rms_norm(interpreter(), &x, Some(&w), eps, y))
-}
-
-fn layer_norm_cpu<T: WithDType + NormElement>(
-    eps: f32, (s1, l1): (&CpuStorage, &Layout), (s2, l2): (&CpuStorage, &Layout), (s3, l3): (&CpuStorage, &Layout), rows: usize,
+#[allow(clippy::too_many_arguments)]
+fn layer_norm_run<T: Elem + NormElement, S: Side>(
+    eps: f32, side: &S, (s1, l1): (&S::Storage, &Layout), (s2, l2): (&S::Storage, &Layout), (s3, l3): (&S::Storage, &Layout), rows: usize,
     hidden: usize,
-) -> candle_core::Result<(CpuStorage, Shape)> {
-    let x = host_tensor::<T>("layer_norm", "x", s1, l1, &[rows, hidden])?;
-    let w = host_tensor::<T>("layer_norm", "weight", s2, l2, &[hidden])?;
-    let b = host_tensor::<T>("layer_norm", "bias", s3, l3, &[hidden])?;
-    output(&[rows, hidden], l1.shape().clone(), |y| tessera_kernels::layer_norm(interpreter(), &x, Some(&w), Some(&b), eps, y))
+) -> candle_core::Result<(S::Storage, Shape)> {
+    let x = side.input::<T>("layer_norm", "x", s1, l1, &[rows, hidden])?;
+    let w = side.input::<T>("layer_norm", "weight", s2, l2, &[hidden])?;
+    let b = side.input::<T>("layer_norm", "bias", s3, l3, &[hidden])?;
+    side.output(&[rows, hidden], l1.shape().clone(), |y| tessera_kernels::layer_norm(side.device(), &x, Some(&w), Some(&b), eps, y))
 }
 
-impl CustomOp2 for RmsNorm {
-    fn name(&self) -> &'static str {
-        "tessera-rms-norm"
-    }
+forwards!(Rope: CustomOp1 "tessera-rope", |op, side, s, l| by_dtype!("rope", s.dtype(), rope_run(op, side, s, l)));
 
-    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (rows, hidden) = rows_and_hidden("rms_norm", (l1, s1.dtype()), &[("weight", l2, s2.dtype())])?;
-        by_dtype!("rms_norm", s1.dtype(), rms_norm_cpu(self.eps, (s1, l1), (s2, l2), rows, hidden))
-    }
-}
+forwards!(SoftmaxLastDim: CustomOp1 "tessera-softmax-last-dim", |_op, side, s, l| {
+    let (rows, n) = rows_and_hidden("softmax_last_dim", (l, s.dtype()), &[])?;
+    by_dtype!("softmax_last_dim", s.dtype(), softmax_run(side, s, l, rows, n))
+});
 
-impl CustomOp3 for LayerNorm {
-    fn name(&self) -> &'static str {
-        "tessera-layer-norm"
-    }
+forwards!(Linear: CustomOp2 "tessera-linear", |op, side, s1, l1, s2, l2| {
+    let shapes = linear_shapes((l1, s1.dtype()), (l2, s2.dtype()))?;
+    by_dtype!(16bit "linear", s1.dtype(), linear_run(side, op.activation, (s1, l1), (s2, l2), None, shapes))
+});
 
-    fn cpu_fwd(
-        &self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout, s3: &CpuStorage, l3: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let params = [("weight", l2, s2.dtype()), ("bias", l3, s3.dtype())];
-        let (rows, hidden) = rows_and_hidden("layer_norm", (l1, s1.dtype()), &params)?;
-        by_dtype!("layer_norm", s1.dtype(), layer_norm_cpu(self.eps, (s1, l1), (s2, l2), (s3, l3), rows, hidden))
-    }
-}
+forwards!(Linear: CustomOp3 "tessera-linear-bias", |op, side, s1, l1, s2, l2, s3, l3| {
+    let shapes = linear_shapes((l1, s1.dtype()), (l2, s2.dtype()))?;
+    check_bias(l3, s3.dtype(), s1.dtype(), shapes.2)?;
+    by_dtype!(16bit "linear", s1.dtype(), linear_run(side, op.activation, (s1, l1), (s2, l2), Some((s3, l3)), shapes))
+});
+
+forwards!(RmsNorm: CustomOp2 "tessera-rms-norm", |op, side, s1, l1, s2, l2| {
+    let (rows, hidden) = rows_and_hidden("rms_norm", (l1, s1.dtype()), &[("weight", l2, s2.dtype())])?;
+    by_dtype!("rms_norm", s1.dtype(), rms_norm_run(op.eps, side, (s1, l1), (s2, l2), rows, hidden))
+});
+
+forwards!(LayerNorm: CustomOp3 "tessera-layer-norm", |op, side, s1, l1, s2, l2, s3, l3| {
+    let params = [("weight", l2, s2.dtype()), ("bias", l3, s3.dtype())];
+    let (rows, hidden) = rows_and_hidden("layer_norm", (l1, s1.dtype()), &params)?;
+    by_dtype!("layer_norm", s1.dtype(), layer_norm_run(op.eps, side, (s1, l1), (s2, l2), (s3, l3), rows, hidden))
+});

@@ -4,7 +4,7 @@
 
 mod common;
 
-use candle_core::DType;
+use candle_core::{DType, Device};
 use common::{random, rel_error, tensor, values};
 
 /// The float64 norm of each row of `x` (`hidden` wide): RMS where `bias` is `None`, else layer
@@ -34,13 +34,19 @@ fn tolerance(dtype: DType) -> f64 {
 
 #[test]
 fn rms_norm_matches_f64_reference() {
+    for dev in common::devices() {
+        rms_norm_matches_f64_reference_on(&dev);
+    }
+}
+
+fn rms_norm_matches_f64_reference_on(dev: &Device) {
     for (dims, dtype) in
         [(vec![3, 5, 70], DType::BF16), (vec![7, 1000], DType::F16), (vec![129], DType::F32), (vec![2, 3, 4097], DType::F32)]
     {
         let hidden = *dims.last().unwrap();
         let n: usize = dims.iter().product();
-        let (x, xv) = tensor(&random(n, 3.0), &dims, dtype);
-        let (w, wv) = tensor(&random(hidden, 2.0), &[hidden], dtype);
+        let (x, xv) = tensor(dev, &random(n, 3.0), &dims, dtype);
+        let (w, wv) = tensor(dev, &random(hidden, 2.0), &[hidden], dtype);
         let y = tessera_candle::rms_norm(&x, &w, 1e-5).unwrap();
         assert_eq!(y.dims(), x.dims());
         assert_eq!(y.dtype(), dtype);
@@ -51,14 +57,20 @@ fn rms_norm_matches_f64_reference() {
 
 #[test]
 fn layer_norm_matches_f64_reference() {
+    for dev in common::devices() {
+        layer_norm_matches_f64_reference_on(&dev);
+    }
+}
+
+fn layer_norm_matches_f64_reference_on(dev: &Device) {
     for (dims, dtype) in [(vec![3, 5, 70], DType::BF16), (vec![7, 1000], DType::F16), (vec![2, 3, 4097], DType::F32)] {
         let hidden = *dims.last().unwrap();
         let n: usize = dims.iter().product();
         // Rows off zero mean: the variance taken about the mean, not about 0.
         let xs: Vec<f32> = random(n, 3.0).into_iter().map(|v| v + 5.0).collect();
-        let (x, xv) = tensor(&xs, &dims, dtype);
-        let (w, wv) = tensor(&random(hidden, 2.0), &[hidden], dtype);
-        let (b, bv) = tensor(&random(hidden, 1.0), &[hidden], dtype);
+        let (x, xv) = tensor(dev, &xs, &dims, dtype);
+        let (w, wv) = tensor(dev, &random(hidden, 2.0), &[hidden], dtype);
+        let (b, bv) = tensor(dev, &random(hidden, 1.0), &[hidden], dtype);
         let y = tessera_candle::layer_norm(&x, &w, &b, 1e-5).unwrap();
         let err = rel_error(&values(&y), &reference(&xv, hidden, &wv, Some(&bv), 1e-5));
         assert!(err < tolerance(dtype), "layer_norm {dims:?} {dtype:?}: relative error {err}");
@@ -67,13 +79,19 @@ fn layer_norm_matches_f64_reference() {
 
 #[test]
 fn misfit_tensors_are_candle_errors() {
-    let (x, _) = tensor(&random(4 * 64, 1.0), &[4, 64], DType::F32);
-    let (w, _) = tensor(&random(64, 1.0), &[64], DType::F32);
+    for dev in common::devices() {
+        misfit_tensors_are_candle_errors_on(&dev);
+    }
+}
+
+fn misfit_tensors_are_candle_errors_on(dev: &Device) {
+    let (x, _) = tensor(dev, &random(4 * 64, 1.0), &[4, 64], DType::F32);
+    let (w, _) = tensor(dev, &random(64, 1.0), &[64], DType::F32);
     let e = tessera_candle::rms_norm(&x, &w.narrow(0, 0, 32).unwrap(), 1e-5).unwrap_err().to_string();
     assert!(e.contains("`weight`") && e.contains("[64]") && e.contains("[32]"), "{e}");
     let e = tessera_candle::rms_norm(&x, &w.to_dtype(DType::BF16).unwrap(), 1e-5).unwrap_err().to_string();
     assert!(e.contains("`weight`") && e.contains("F32") && e.contains("BF16"), "{e}");
-    let e = tessera_candle::rms_norm(&x.t().unwrap(), &tensor(&random(4, 1.0), &[4], DType::F32).0, 1e-5).unwrap_err().to_string();
+    let e = tessera_candle::rms_norm(&x.t().unwrap(), &tensor(dev, &random(4, 1.0), &[4], DType::F32).0, 1e-5).unwrap_err().to_string();
     assert!(e.contains("contiguous"), "{e}");
     let e = tessera_candle::rms_norm(&x.to_dtype(DType::F64).unwrap(), &w.to_dtype(DType::F64).unwrap(), 1e-5).unwrap_err().to_string();
     assert!(e.contains("bf16, f16 or f32") && e.contains("F64"), "{e}");

@@ -3,15 +3,21 @@
 
 mod common;
 
-use candle_core::DType;
+use candle_core::{DType, Device};
 use common::{random, rel_error, tensor, values};
 use tessera_candle::{Activation, HeadLayout, RopeStyle};
 
 #[test]
 fn softmax_matches_f64_reference() {
+    for dev in common::devices() {
+        softmax_matches_f64_reference_on(&dev);
+    }
+}
+
+fn softmax_matches_f64_reference_on(dev: &Device) {
     for (dims, dtype, tol) in [(vec![3, 5, 70], DType::BF16, 8e-3), (vec![7, 3000], DType::F16, 2e-3), (vec![1, 4099], DType::F32, 1e-5)] {
         let n = *dims.last().unwrap();
-        let (x, xv) = tensor(&random(dims.iter().product(), 6.0), &dims, dtype);
+        let (x, xv) = tensor(dev, &random(dims.iter().product(), 6.0), &dims, dtype);
         let y = tessera_candle::softmax_last_dim(&x).unwrap();
         assert_eq!((y.dims(), y.dtype()), (x.dims(), dtype));
         let mut want = Vec::with_capacity(xv.len());
@@ -32,14 +38,20 @@ fn gelu_tanh(x: f64) -> f64 {
 
 #[test]
 fn linear_matches_f64_reference() {
+    for dev in common::devices() {
+        linear_matches_f64_reference_on(&dev);
+    }
+}
+
+fn linear_matches_f64_reference_on(dev: &Device) {
     for (dims, n, dtype, bias) in
         [(vec![2, 37, 70], 100, DType::BF16, true), (vec![130, 48], 24, DType::F16, false), (vec![64], 136, DType::BF16, true)]
     {
         let k = *dims.last().unwrap();
         let m: usize = dims.iter().product::<usize>() / k;
-        let (x, xv) = tensor(&random(m * k, 1.0), &dims, dtype);
-        let (w, wv) = tensor(&random(n * k, 1.0), &[n, k], dtype);
-        let (b, bv) = tensor(&random(n, 1.0), &[n], dtype);
+        let (x, xv) = tensor(dev, &random(m * k, 1.0), &dims, dtype);
+        let (w, wv) = tensor(dev, &random(n * k, 1.0), &[n, k], dtype);
+        let (b, bv) = tensor(dev, &random(n, 1.0), &[n], dtype);
         let act = if bias { Activation::GeluTanh } else { Activation::None };
         let y = tessera_candle::linear(&x, &w, bias.then_some(&b), act).unwrap();
         let mut out_dims = dims.clone();
@@ -63,16 +75,22 @@ fn linear_matches_f64_reference() {
 
 #[test]
 fn misfit_ops_are_candle_errors() {
-    let (x, _) = tensor(&random(4 * 64, 1.0), &[4, 64], DType::BF16);
-    let (w, _) = tensor(&random(32 * 60, 1.0), &[32, 60], DType::BF16);
+    for dev in common::devices() {
+        misfit_ops_are_candle_errors_on(&dev);
+    }
+}
+
+fn misfit_ops_are_candle_errors_on(dev: &Device) {
+    let (x, _) = tensor(dev, &random(4 * 64, 1.0), &[4, 64], DType::BF16);
+    let (w, _) = tensor(dev, &random(32 * 60, 1.0), &[32, 60], DType::BF16);
     let e = tessera_candle::linear(&x, &w, None, Activation::None).unwrap_err().to_string();
     assert!(e.contains("`w`") && e.contains("[N, 64]") && e.contains("[32, 60]"), "{e}");
-    let (w, _) = tensor(&random(32 * 64, 1.0), &[32, 64], DType::BF16);
+    let (w, _) = tensor(dev, &random(32 * 64, 1.0), &[32, 64], DType::BF16);
     let e = tessera_candle::linear(&x.to_dtype(DType::F32).unwrap(), &w.to_dtype(DType::F32).unwrap(), None, Activation::None)
         .unwrap_err()
         .to_string();
     assert!(e.contains("bf16 or f16") && e.contains("F32"), "{e}");
-    let (b, _) = tensor(&random(31, 1.0), &[31], DType::BF16);
+    let (b, _) = tensor(dev, &random(31, 1.0), &[31], DType::BF16);
     let e = tessera_candle::linear(&x, &w, Some(&b), Activation::None).unwrap_err().to_string();
     assert!(e.contains("`bias`") && e.contains("[32]") && e.contains("[31]"), "{e}");
     let e = tessera_candle::softmax_last_dim(&x.t().unwrap()).unwrap_err().to_string();
@@ -81,6 +99,12 @@ fn misfit_ops_are_candle_errors() {
 
 #[test]
 fn rope_matches_f64_reference() {
+    for dev in common::devices() {
+        rope_matches_f64_reference_on(&dev);
+    }
+}
+
+fn rope_matches_f64_reference_on(dev: &Device) {
     for (style, layout, dtype, tol) in [
         (RopeStyle::HalfSplit, HeadLayout::Bshd, DType::BF16, 8e-3),
         (RopeStyle::Interleaved, HeadLayout::Bhsd, DType::F32, 1e-5),
@@ -92,7 +116,7 @@ fn rope_matches_f64_reference() {
             HeadLayout::Bhsd => [b, h, s, d],
         };
         let (base, offset) = (500_000.0f64, 11);
-        let (x, xv) = tensor(&random(b * s * h * d, 2.0), &dims, dtype);
+        let (x, xv) = tensor(dev, &random(b * s * h * d, 2.0), &dims, dtype);
         let y = tessera_candle::rope(&x, style, layout, base as f32, offset).unwrap();
         assert_eq!(y.dims(), &dims);
         let mut want = vec![0f64; xv.len()];
@@ -117,7 +141,7 @@ fn rope_matches_f64_reference() {
         let err = rel_error(&values(&y), &want);
         assert!(err < tol, "rope {style:?} {layout:?} {dtype:?}: relative error {err}");
     }
-    let e = tessera_candle::rope(&tensor(&random(64, 1.0), &[8, 8], DType::F32).0, RopeStyle::HalfSplit, HeadLayout::Bshd, 1e4, 0)
+    let e = tessera_candle::rope(&tensor(dev, &random(64, 1.0), &[8, 8], DType::F32).0, RopeStyle::HalfSplit, HeadLayout::Bshd, 1e4, 0)
         .unwrap_err()
         .to_string();
     assert!(e.contains("4-D") && e.contains("[8, 8]"), "{e}");

@@ -214,6 +214,48 @@ impl<T: Element> Tensor<T> {
         Ok(self)
     }
 
+    /// A row-major tensor of `shape` starting `offset` elements into a cudarc buffer that
+    /// another library owns (a candle or burn tensor's storage): no copy, and the buffer is
+    /// left to its owner when the borrow ends. The result reads as a `&Tensor<T>` (it derefs to
+    /// one), so that any of the library's kernels takes it as an input.
+    ///
+    /// ```no_run
+    /// use tessera::{Device, Tensor};
+    /// let dev = Device::new(0)?;
+    /// let owned = dev.stream()?.clone_htod(&[1.0f32, 2.0, 3.0, 4.0])?; // another library's buffer
+    /// let x = Tensor::borrow_cudarc(&dev, &owned, 1, &[3])?;
+    /// assert_eq!(x.to_host()?, vec![2.0, 3.0, 4.0]);
+    /// # Ok::<(), tessera::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Tensor`] if the buffer holds fewer than `offset` + the shape's elements or
+    /// lives in another CUDA context than `device`'s stream; [`Error::NotCuda`] if `device` is
+    /// the CPU interpreter.
+    pub fn borrow_cudarc<'a>(device: &Device, buf: &'a CudaSlice<T>, offset: usize, shape: &[usize]) -> Result<BorrowedTensor<'a, T>> {
+        let stream = device.stream()?;
+        if buf.stream().context().cu_ctx() != stream.context().cu_ctx() {
+            return Err(Error::Tensor {
+                what: "Tensor::borrow_cudarc",
+                expected: "a buffer of the device's CUDA context".into(),
+                found: "a buffer of another context".into(),
+            });
+        }
+        let ptr = {
+            let (ptr, _record) = buf.device_ptr(stream);
+            ptr
+        };
+        // SAFETY: `ptr` is `buf`'s allocation of `buf.len()` elements of `T`, valid for `'a`;
+        // the tensor made of it never frees it (`BorrowedTensor`'s drop leaks it back) and is
+        // only ever handed out as `&Tensor<T>`, so nothing writes through it.
+        let alias = unsafe { stream.upgrade_device_ptr::<T>(ptr, buf.len()) };
+        let tensor = Tensor::from_cudarc(device, alias, &[buf.len()])?.restride(offset, shape, &contiguous_strides(shape));
+        match tensor {
+            Ok(t) => Ok(BorrowedTensor { tensor: std::mem::ManuallyDrop::new(t), _owner: std::marker::PhantomData }),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The underlying cudarc buffer (the view's offset, shape and strides are dropped).
     ///
     /// # Errors
@@ -731,5 +773,38 @@ impl GlobalArgMut<i32> for Counters<'_> {
     fn global_desc_mut<'a>(&'a mut self, device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)> {
         let own = self.device;
         ZeroedBuf::desc_mut(self.slot.as_mut(), device, own, &[self.len], &[1], "counters")
+    }
+}
+
+/// A [`Tensor`] over a buffer another library owns, from [`Tensor::borrow_cudarc`]: it derefs
+/// to `&Tensor<T>` for as long as the buffer is borrowed, and leaves the buffer allocated when
+/// dropped.
+pub struct BorrowedTensor<'a, T: Element> {
+    tensor: std::mem::ManuallyDrop<Tensor<T>>,
+    _owner: std::marker::PhantomData<&'a CudaSlice<T>>,
+}
+
+impl<T: Element> std::ops::Deref for BorrowedTensor<'_, T> {
+    type Target = Tensor<T>;
+
+    fn deref(&self) -> &Tensor<T> {
+        &self.tensor
+    }
+}
+
+impl<T: Element> std::fmt::Debug for BorrowedTensor<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Borrowed{:?}", *self.tensor)
+    }
+}
+
+impl<T: Element> Drop for BorrowedTensor<'_, T> {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here; the field is not used again.
+        let t = unsafe { std::mem::ManuallyDrop::take(&mut self.tensor) };
+        if let Storage::Cuda(alias) = t.buf {
+            // The owner frees the allocation, not this alias of it.
+            alias.leak();
+        }
     }
 }

@@ -25,9 +25,23 @@ pub fn rel_error(got: &[f64], want: &[f64]) -> f64 {
     (num / den).sqrt()
 }
 
-/// A candle tensor of `dtype` holding `v` (rounded), and the values it holds, widened.
-pub fn tensor(v: &[f32], dims: &[usize], dtype: DType) -> (Tensor, Vec<f64>) {
-    let t = Tensor::from_vec(v.to_vec(), dims, &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
+/// The devices the ops are tested on: the CPU (Tessera's interpreter) and, with the `cuda`
+/// feature, GPU 0 where there is one (`TESSERA_REQUIRE_GPU=1` makes its absence a failure).
+pub fn devices() -> Vec<Device> {
+    #[allow(unused_mut)]
+    let mut devices = vec![Device::Cpu];
+    #[cfg(feature = "cuda")]
+    match Device::new_cuda(0) {
+        Ok(gpu) => devices.push(gpu),
+        Err(e) if std::env::var_os("TESSERA_REQUIRE_GPU").is_some() => panic!("TESSERA_REQUIRE_GPU is set and there is no GPU: {e}"),
+        Err(e) => eprintln!("skipping the CUDA side: {e}"),
+    }
+    devices
+}
+
+/// A candle tensor of `dtype` on `dev` holding `v` (rounded), and the values it holds, widened.
+pub fn tensor(dev: &Device, v: &[f32], dims: &[usize], dtype: DType) -> (Tensor, Vec<f64>) {
+    let t = Tensor::from_vec(v.to_vec(), dims, dev).unwrap().to_dtype(dtype).unwrap();
     (t.clone(), values(&t))
 }
 

@@ -1,0 +1,58 @@
+//! The CUDA side of the ops: candle's CUDA storage borrowed as Tessera tensors (no copy), the
+//! kernels launched on candle's stream, the outputs handed back as candle storage.
+
+use crate::{contiguous, Elem, Input, Side};
+use candle_core::backend::BackendStorage;
+use candle_core::{CudaDevice, CudaStorage, Layout, Shape};
+use std::sync::{Arc, Mutex};
+
+/// A candle CUDA device's side: its stream as a Tessera [`tessera::Device`].
+pub(crate) struct Cuda {
+    candle: CudaDevice,
+    device: tessera::Device,
+}
+
+impl Cuda {
+    /// The side of the device `s` lives on. Tessera's device for each candle stream is made
+    /// once (it holds the loaded modules and the tensor-map cache) and kept for the process.
+    pub(crate) fn of(s: &CudaStorage) -> candle_core::Result<Cuda> {
+        static DEVICES: Mutex<Vec<(usize, usize, tessera::Device)>> = Mutex::new(Vec::new());
+        let candle = s.device().clone();
+        let stream = candle.cuda_stream();
+        let key = (stream.context().cu_ctx() as usize, stream.cu_stream() as usize);
+        let mut devices = DEVICES.lock().unwrap_or_else(|p| p.into_inner());
+        let device = match devices.iter().find(|(ctx, st, _)| (*ctx, *st) == key) {
+            Some((_, _, d)) => d.clone(),
+            None => {
+                let d = tessera::Device::from_stream(Arc::clone(&stream)).map_err(candle_core::Error::wrap)?;
+                devices.push((key.0, key.1, d.clone()));
+                d
+            }
+        };
+        Ok(Cuda { candle, device })
+    }
+}
+
+impl Side for Cuda {
+    type Storage = CudaStorage;
+
+    fn device(&self) -> &tessera::Device {
+        &self.device
+    }
+
+    fn input<'a, T: Elem>(
+        &self, op: &str, name: &str, s: &'a CudaStorage, l: &Layout, shape: &[usize],
+    ) -> candle_core::Result<Input<'a, T>> {
+        let (start, _) = contiguous(op, name, l)?;
+        let slice = s.as_cuda_slice::<T>()?;
+        Ok(Input::Borrowed(tessera::Tensor::borrow_cudarc(&self.device, slice, start, shape).map_err(candle_core::Error::wrap)?))
+    }
+
+    fn output<T: Elem>(
+        &self, dims: &[usize], shape: Shape, run: impl FnOnce(&mut tessera::Tensor<T>) -> tessera::Result<()>,
+    ) -> candle_core::Result<(CudaStorage, Shape)> {
+        let mut y = tessera::Tensor::<T>::scratch(&self.device, dims).map_err(candle_core::Error::wrap)?;
+        run(&mut y).map_err(candle_core::Error::wrap)?;
+        Ok((T::wrap_cuda_slice(y.into_cudarc().map_err(candle_core::Error::wrap)?, self.candle.clone()), shape))
+    }
+}
