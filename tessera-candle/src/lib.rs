@@ -22,7 +22,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor, WithDType};
 use std::sync::OnceLock;
 pub use tessera_kernels::{Activation, HeadLayout, RopeStyle};
-use tessera_kernels::{GemmElement, NormElement, RopeElement, SoftmaxElement};
+use tessera_kernels::{AttentionElement, GemmElement, NormElement, RopeElement, SoftmaxElement};
 
 /// `y = x / sqrt(mean(x²) + eps) · weight` over the last axis of `x` (any rank ≥ 1, bf16, f16
 /// or f32, contiguous), `weight` `[hidden]` of `x`'s dtype; f32 statistics
@@ -68,6 +68,28 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, activation: Activat
     }
 }
 
+/// `y = x·wᵀ + residual` (`residual` shaped as `y`): [`linear`] with the residual added in the
+/// GEMM's epilogue — a projection back into the residual stream in one pass.
+///
+/// # Errors
+/// As [`linear`]'s (`residual` of another shape or dtype, named).
+pub fn linear_residual(x: &Tensor, w: &Tensor, residual: &Tensor) -> candle_core::Result<Tensor> {
+    x.apply_op3_no_bwd(w, residual, &LinearResidual)
+}
+
+/// FlashAttention forward, `o = softmax(q·kᵀ·scale [+ causal mask])·v` per (batch, head): `q`
+/// `[batch, seq_q, heads, dim]`, `k` and `v` `[batch, seq_k, kv_heads, dim]` (the projections'
+/// layout; `kv_heads` dividing `heads`: grouped-query attention), bf16 or f16, contiguous; head
+/// dims 64, 96, 128, 192, 256; `scale` `1/√dim` unless given. The causal mask aligns the last
+/// query with the last key, as decoding against a KV cache wants. Hopper GPUs and the
+/// interpreter ([`tessera_kernels::attention`]).
+///
+/// # Errors
+/// As [`rms_norm`]'s (shapes that do not fit, named by the kernel's argument check).
+pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: Option<f32>) -> candle_core::Result<Tensor> {
+    q.apply_op3_no_bwd(k, v, &Attention { causal, scale })
+}
+
 /// Rotary position embedding of a query or key tensor `x` (`[batch, seq, heads, dim]` or
 /// `[batch, heads, seq, dim]` as `layout` says; bf16, f16 or f32, contiguous): each pair of
 /// `style` rotated by `p·base^(−2i/dim)`, token `s` at position `offset + s`
@@ -101,6 +123,19 @@ pub struct SoftmaxLastDim;
 pub struct Linear {
     /// Applied after the bias.
     pub activation: Activation,
+}
+
+/// [`linear_residual`] as a candle op.
+#[derive(Clone, Copy, Debug)]
+pub struct LinearResidual;
+
+/// [`attention`] as a candle op.
+#[derive(Clone, Copy, Debug)]
+pub struct Attention {
+    /// Whether key `j` is masked from query `i` when `j > i + seq_k − seq_q`.
+    pub causal: bool,
+    /// The factor on `q·kᵀ` (`1/√dim` when `None`).
+    pub scale: Option<f32>,
 }
 
 /// [`rms_norm`] as a candle op.
@@ -367,6 +402,34 @@ fn linear_run<T: Elem + GemmElement, S: Side>(
     })
 }
 
+fn linear_residual_run<T: Elem + GemmElement, S: Side>(
+    side: &S, (sx, lx): (&S::Storage, &Layout), (sw, lw): (&S::Storage, &Layout), (sr, lr): (&S::Storage, &Layout),
+    (m, k, n, shape): (usize, usize, usize, Shape),
+) -> candle_core::Result<(S::Storage, Shape)> {
+    let x = side.input::<T>("linear_residual", "x", sx, lx, &[m, k])?;
+    let w = side.input::<T>("linear_residual", "w", sw, lw, &[n, k])?;
+    let r = side.input::<T>("linear_residual", "residual", sr, lr, &[m, n])?;
+    side.output(&[m, n], shape, |y| tessera_kernels::gemm(&x, &w).residual(&r).run(side.device(), y))
+}
+
+fn attention_run<T: Elem + AttentionElement, S: Side>(
+    op: &Attention, side: &S, (sq, lq): (&S::Storage, &Layout), (sk, lk): (&S::Storage, &Layout), (sv, lv): (&S::Storage, &Layout),
+) -> candle_core::Result<(S::Storage, Shape)> {
+    for (name, l) in [("q", lq), ("k", lk), ("v", lv)] {
+        if l.dims().len() != 4 {
+            bail!("attention: `{name}` must be 4-D ([batch, seq, heads, dim]), found {:?}", l.dims())
+        }
+    }
+    let q = side.input::<T>("attention", "q", sq, lq, lq.dims())?;
+    let k = side.input::<T>("attention", "k", sk, lk, lk.dims())?;
+    let v = side.input::<T>("attention", "v", sv, lv, lv.dims())?;
+    let mut cfg = tessera_kernels::Attention::new().causal(op.causal);
+    if let Some(scale) = op.scale {
+        cfg = cfg.scale(scale);
+    }
+    side.output(lq.dims(), lq.shape().clone(), |o| tessera_kernels::attention(side.device(), &cfg, &q, &k, &v, o))
+}
+
 fn rope_run<T: Elem + RopeElement, S: Side>(op: &Rope, side: &S, s: &S::Storage, l: &Layout) -> candle_core::Result<(S::Storage, Shape)> {
     let dims = l.dims();
     if dims.len() != 4 {
@@ -412,6 +475,23 @@ forwards!(Linear: CustomOp3 "tessera-linear-bias", |op, side, s1, l1, s2, l2, s3
     let shapes = linear_shapes((l1, s1.dtype()), (l2, s2.dtype()))?;
     check_bias(l3, s3.dtype(), s1.dtype(), shapes.2)?;
     by_dtype!(16bit "linear", s1.dtype(), linear_run(side, op.activation, (s1, l1), (s2, l2), Some((s3, l3)), shapes))
+});
+
+forwards!(LinearResidual: CustomOp3 "tessera-linear-residual", |_op, side, s1, l1, s2, l2, s3, l3| {
+    let shapes = linear_shapes((l1, s1.dtype()), (l2, s2.dtype()))?;
+    if l3.shape() != &shapes.3 || s3.dtype() != s1.dtype() {
+        bail!("linear_residual: `residual` must be {:?} of {:?}, found {:?} of {:?}", shapes.3.dims(), s1.dtype(), l3.dims(), s3.dtype())
+    }
+    by_dtype!(16bit "linear_residual", s1.dtype(), linear_residual_run(side, (s1, l1), (s2, l2), (s3, l3), shapes))
+});
+
+forwards!(Attention: CustomOp3 "tessera-attention", |op, side, s1, l1, s2, l2, s3, l3| {
+    for (name, dt) in [("k", s2.dtype()), ("v", s3.dtype())] {
+        if dt != s1.dtype() {
+            bail!("attention: `{name}` must be {:?} as `q` is, found {dt:?}", s1.dtype())
+        }
+    }
+    by_dtype!(16bit "attention", s1.dtype(), attention_run(op, side, (s1, l1), (s2, l2), (s3, l3)))
 });
 
 forwards!(RmsNorm: CustomOp2 "tessera-rms-norm", |op, side, s1, l1, s2, l2| {

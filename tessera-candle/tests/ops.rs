@@ -146,3 +146,79 @@ fn rope_matches_f64_reference_on(dev: &Device) {
         .to_string();
     assert!(e.contains("4-D") && e.contains("[8, 8]"), "{e}");
 }
+
+/// Attention in float64 from the definition: `q` `[b, sq, h, d]`, `k`/`v` `[b, sk, hk, d]`,
+/// query head `i` reading key/value head `i / (h / hk)`, key `j` masked from query `i` when
+/// `j > i + sk − sq` (causal).
+#[allow(clippy::too_many_arguments)]
+fn attention_reference(q: &[f64], k: &[f64], v: &[f64], [b, sq, h, d]: [usize; 4], [sk, hk]: [usize; 2], causal: bool) -> Vec<f64> {
+    let scale = 1.0 / (d as f64).sqrt();
+    let mut o = vec![0.0; q.len()];
+    for bi in 0..b {
+        for hi in 0..h {
+            let kh = hi / (h / hk);
+            for i in 0..sq {
+                let qi = &q[((bi * sq + i) * h + hi) * d..][..d];
+                let keys = if causal { (i + sk - sq + 1).min(sk) } else { sk };
+                let s: Vec<f64> = (0..keys)
+                    .map(|j| qi.iter().zip(&k[((bi * sk + j) * hk + kh) * d..][..d]).map(|(a, b)| a * b).sum::<f64>() * scale)
+                    .collect();
+                let m = s.iter().cloned().fold(f64::MIN, f64::max);
+                let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                let sum: f64 = p.iter().sum();
+                for (j, pj) in p.iter().enumerate() {
+                    for c in 0..d {
+                        o[((bi * sq + i) * h + hi) * d + c] += pj / sum * v[((bi * sk + j) * hk + kh) * d + c];
+                    }
+                }
+            }
+        }
+    }
+    o
+}
+
+#[test]
+fn attention_matches_f64_reference() {
+    for dev in common::devices() {
+        attention_matches_f64_reference_on(&dev);
+    }
+}
+
+fn attention_matches_f64_reference_on(dev: &Device) {
+    // Prefill (causal, GQA 4/2), a decode step against a longer cache, and no mask.
+    for (b, sq, sk, h, hk, d, causal, dtype) in
+        [(1, 70, 70, 4, 2, 64, true, DType::BF16), (2, 3, 130, 4, 1, 128, true, DType::F16), (1, 33, 50, 2, 2, 64, false, DType::BF16)]
+    {
+        let (q, qv) = tensor(dev, &random(b * sq * h * d, 1.0), &[b, sq, h, d], dtype);
+        let (k, kv) = tensor(dev, &random(b * sk * hk * d, 1.0), &[b, sk, hk, d], dtype);
+        let (v, vv) = tensor(dev, &random(b * sk * hk * d, 1.0), &[b, sk, hk, d], dtype);
+        let o = tessera_candle::attention(&q, &k, &v, causal, None).unwrap();
+        assert_eq!((o.dims(), o.dtype()), (q.dims(), dtype));
+        let err = rel_error(&values(&o), &attention_reference(&qv, &kv, &vv, [b, sq, h, d], [sk, hk], causal));
+        assert!(err < 1e-2, "attention {b}×{sq}×{sk} {h}/{hk} d{d} causal={causal} {dtype:?}: relative error {err}");
+    }
+    let (q, _) = tensor(dev, &random(2 * 8 * 64, 1.0), &[2, 8, 64], DType::BF16);
+    let e = tessera_candle::attention(&q, &q, &q, true, None).unwrap_err().to_string();
+    assert!(e.contains("`q`") && e.contains("4-D"), "{e}");
+}
+
+#[test]
+fn linear_residual_matches_f64_reference() {
+    for dev in common::devices() {
+        linear_residual_matches_f64_reference_on(&dev);
+    }
+}
+
+fn linear_residual_matches_f64_reference_on(dev: &Device) {
+    let (m, k, n) = (37, 72, 40);
+    let (x, xv) = tensor(dev, &random(m * k, 1.0), &[1, m, k], DType::BF16);
+    let (w, wv) = tensor(dev, &random(n * k, 1.0), &[n, k], DType::BF16);
+    let (r, rv) = tensor(dev, &random(m * n, 4.0), &[1, m, n], DType::BF16);
+    let y = tessera_candle::linear_residual(&x, &w, &r).unwrap();
+    let want: Vec<f64> =
+        (0..m * n).map(|ij| rv[ij] + (0..k).map(|kk| xv[(ij / n) * k + kk] * wv[(ij % n) * k + kk]).sum::<f64>()).collect();
+    let err = rel_error(&values(&y), &want);
+    assert!(err < 1e-2, "linear_residual: relative error {err}");
+    let e = tessera_candle::linear_residual(&x, &w, &r.narrow(1, 0, 36).unwrap()).unwrap_err().to_string();
+    assert!(e.contains("`residual`") && e.contains("[1, 37, 40]"), "{e}");
+}
