@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace. On a fresh machine it first unpacks ptxas from the pinned
 # nvidia-cuda-nvcc==13.0.88 wheel (CUDA 13.0, the GPU machine's driver) into .tools/, so that
-# the ptxas test assembles every emitted PTX. Extra arguments go to `cargo test`.
+# the ptxas test assembles every emitted PTX. Extra arguments go to `cargo test`. Then the CUDA
+# side of tessera-candle is built and linted (candle's `cuda` feature, whose kernels nvcc
+# compiles: scripts/cuda-toolkit.sh unpacks it from NVIDIA's wheels where none is installed;
+# its tests run where there is a GPU). TESSERA_SKIP_CANDLE_CUDA=1 skips that build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ptxas=.tools/nvidia/cu13/bin/ptxas
@@ -15,3 +18,7 @@ if [ -z "${TESSERA_PTXAS:-}" ] && ! command -v ptxas >/dev/null && [ ! -x "$ptxa
   rm -rf "$tmp"
 fi
 cargo test --workspace "$@"
+if [ -z "${TESSERA_SKIP_CANDLE_CUDA:-}" ]; then
+  source scripts/cuda-toolkit.sh
+  cargo clippy -p tessera-candle --all-targets --features cuda -- -D warnings
+fi
