@@ -30,7 +30,7 @@ export CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-90}"
 tessera_lib="$tessera_cuda/lib"
 if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so ' && [ ! -e "$tessera_lib/libcuda.so" ] && [ -d "$tessera_lib" ]; then
   tessera_cudarc=$(cd "$tessera_root" && cargo metadata --format-version 1 2>/dev/null |
-    python3 -c 'import sys, json; print(next(p["manifest_path"] for p in json.load(sys.stdin)["packages"] if p["name"] == "cudarc"))' 2>/dev/null)
+    python3 -c 'import sys, json; print(next(p["manifest_path"] for p in json.load(sys.stdin)["packages"] if p["name"] == "cudarc"))' 2>/dev/null || true)
   if [ -n "$tessera_cudarc" ]; then
     echo "writing CUDA link stubs into ${tessera_lib#"$tessera_root"/}"
     tessera_src=$(dirname "$tessera_cudarc")/src
