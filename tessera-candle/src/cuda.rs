@@ -40,6 +40,31 @@ impl Side for Cuda {
         &self.device
     }
 
+    fn storage_of<'s>(name: &str, s: &'s candle_core::Storage) -> candle_core::Result<&'s CudaStorage> {
+        match s {
+            candle_core::Storage::Cuda(c) => Ok(c),
+            _ => candle_core::bail!("`{name}` must be on the GPU as the op's other tensors are"),
+        }
+    }
+
+    fn concat<T: Elem>(&self, parts: Vec<tessera::Tensor<T>>) -> candle_core::Result<(CudaStorage, Shape)> {
+        let stream = self.device.stream().map_err(candle_core::Error::wrap)?;
+        let total = parts.iter().map(tessera::Tensor::numel).sum::<usize>();
+        // SAFETY: every element is written by the copies below.
+        let mut all = unsafe { stream.alloc::<T>(total) }.map_err(candle_core::Error::wrap)?;
+        let mut at = 0;
+        for p in parts {
+            let (n, offset) = (p.numel(), p.offset());
+            if !p.is_contiguous() {
+                candle_core::bail!("a part to concatenate is not contiguous: {p:?}")
+            }
+            let src = p.into_cudarc().map_err(candle_core::Error::wrap)?;
+            stream.memcpy_dtod(&src.slice(offset..offset + n), &mut all.slice_mut(at..at + n)).map_err(candle_core::Error::wrap)?;
+            at += n;
+        }
+        Ok((T::wrap_cuda_slice(all, self.candle.clone()), Shape::from(total)))
+    }
+
     fn input<'a, T: Elem>(
         &self, op: &str, name: &str, s: &'a CudaStorage, l: &Layout, shape: &[usize],
     ) -> candle_core::Result<Input<'a, T>> {

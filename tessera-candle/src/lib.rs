@@ -84,10 +84,15 @@ pub fn linear_residual(x: &Tensor, w: &Tensor, residual: &Tensor) -> candle_core
 /// query with the last key, as decoding against a KV cache wants. Hopper GPUs and the
 /// interpreter ([`tessera_kernels::attention`]).
 ///
+/// The op is registered with candle's autograd: where `q`, `k` or `v` is a `Var`, `backward()`
+/// gives their gradients through Tessera's FlashAttention backward
+/// ([`tessera_kernels::attention_backward`]), which first runs the forward again for the rows'
+/// log-sum-exp (a candle op keeps one output).
+///
 /// # Errors
 /// As [`rms_norm`]'s (shapes that do not fit, named by the kernel's argument check).
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: Option<f32>) -> candle_core::Result<Tensor> {
-    q.apply_op3_no_bwd(k, v, &Attention { causal, scale })
+    q.apply_op3(k, v, Attention { causal, scale })
 }
 
 /// Rotary position embedding of a query or key tensor `x` (`[batch, seq, heads, dim]` or
@@ -204,6 +209,13 @@ trait Side {
         &self, op: &str, name: &str, s: &'a Self::Storage, l: &Layout, shape: &[usize],
     ) -> candle_core::Result<Input<'a, T>>;
 
+    /// candle's storage of this side inside `s` (another tensor an op reads beside its
+    /// arguments), or a candle error naming `name`.
+    fn storage_of<'s>(name: &str, s: &'s candle_core::Storage) -> candle_core::Result<&'s Self::Storage>;
+
+    /// `parts` one after another, flattened, as one candle storage.
+    fn concat<T: Elem>(&self, parts: Vec<tessera::Tensor<T>>) -> candle_core::Result<(Self::Storage, Shape)>;
+
     /// A kernel's output of `dims`, handed back as candle storage of `shape` after `run`
     /// writes all of it.
     fn output<T: Elem>(
@@ -227,6 +239,22 @@ impl Side for Cpu {
 
     fn device(&self) -> &tessera::Device {
         interpreter()
+    }
+
+    fn storage_of<'s>(name: &str, s: &'s candle_core::Storage) -> candle_core::Result<&'s CpuStorage> {
+        match s {
+            candle_core::Storage::Cpu(c) => Ok(c),
+            _ => bail!("`{name}` must be on the CPU as the op's other tensors are"),
+        }
+    }
+
+    fn concat<T: Elem>(&self, parts: Vec<tessera::Tensor<T>>) -> candle_core::Result<(CpuStorage, Shape)> {
+        let mut all = Vec::new();
+        for p in parts {
+            all.extend(p.to_host().map_err(candle_core::Error::wrap)?);
+        }
+        let n = all.len();
+        Ok((T::to_cpu_storage_owned(all), Shape::from(n)))
     }
 
     fn input<'a, T: Elem>(
@@ -328,11 +356,13 @@ macro_rules! forwards {
             }
         }
     };
-    ($op:ident: CustomOp3 $name:literal, |$this:ident, $side:ident, $s1:ident, $l1:ident, $s2:ident, $l2:ident, $s3:ident, $l3:ident| $body:expr) => {
+    ($op:ident: CustomOp3 $name:literal, |$this:ident, $side:ident, $s1:ident, $l1:ident, $s2:ident, $l2:ident, $s3:ident, $l3:ident| $body:expr $(; $extra:item)*) => {
         impl CustomOp3 for $op {
             fn name(&self) -> &'static str {
                 $name
             }
+
+            $($extra)*
 
             fn cpu_fwd(
                 &self, $s1: &CpuStorage, $l1: &Layout, $s2: &CpuStorage, $l2: &Layout, $s3: &CpuStorage, $l3: &Layout,
@@ -423,11 +453,48 @@ fn attention_run<T: Elem + AttentionElement, S: Side>(
     let q = side.input::<T>("attention", "q", sq, lq, lq.dims())?;
     let k = side.input::<T>("attention", "k", sk, lk, lk.dims())?;
     let v = side.input::<T>("attention", "v", sv, lv, lv.dims())?;
-    let mut cfg = tessera_kernels::Attention::new().causal(op.causal);
-    if let Some(scale) = op.scale {
-        cfg = cfg.scale(scale);
-    }
+    let cfg = op.config();
     side.output(lq.dims(), lq.shape().clone(), |o| tessera_kernels::attention(side.device(), &cfg, &q, &k, &v, o))
+}
+
+impl Attention {
+    /// The kernels' options.
+    fn config(&self) -> tessera_kernels::Attention {
+        let cfg = tessera_kernels::Attention::new().causal(self.causal);
+        match self.scale {
+            Some(scale) => cfg.scale(scale),
+            None => cfg,
+        }
+    }
+}
+
+/// [`attention`]'s backward over `(q, k, v)` with the output's gradient `dout` beside: `dq`,
+/// `dk`, `dv` flattened one after another (a candle op keeps one output).
+struct AttentionBackward {
+    forward: Attention,
+    dout: Tensor,
+}
+
+fn attention_backward_run<T: Elem + AttentionElement, S: Side>(
+    op: &AttentionBackward, side: &S, (sq, lq): (&S::Storage, &Layout), (sk, lk): (&S::Storage, &Layout), (sv, lv): (&S::Storage, &Layout),
+) -> candle_core::Result<(S::Storage, Shape)> {
+    let name = "attention backward";
+    let q = side.input::<T>(name, "q", sq, lq, lq.dims())?;
+    let k = side.input::<T>(name, "k", sk, lk, lk.dims())?;
+    let v = side.input::<T>(name, "v", sv, lv, lv.dims())?;
+    let (ds, dl) = op.dout.storage_and_layout();
+    if dl.dims() != lq.dims() {
+        bail!("{name}: `dout` must be q's shape {:?}, found {:?}", lq.dims(), dl.dims())
+    }
+    let dout = side.input::<T>(name, "dout", S::storage_of("dout", &ds)?, dl, dl.dims())?;
+    let (dev, cfg) = (side.device(), op.forward.config());
+    let [b, s, h, _] = *lq.dims() else { bail!("{name}: `q` must be 4-D, found {:?}", lq.dims()) };
+    let wrap = candle_core::Error::wrap;
+    let mut o = tessera::Tensor::<T>::scratch(dev, lq.dims()).map_err(wrap)?;
+    let mut lse = tessera::Tensor::<f32>::scratch(dev, &[b, h, s]).map_err(wrap)?;
+    tessera_kernels::attention_with_lse(dev, &cfg, &q, &k, &v, &mut o, &mut lse).map_err(wrap)?;
+    let g = tessera_kernels::attention_backward(dev, &cfg, &q, &k, &v, &o, &lse, &dout).map_err(wrap)?;
+    side.concat(vec![g.dq, g.dk, g.dv])
 }
 
 fn rope_run<T: Elem + RopeElement, S: Side>(op: &Rope, side: &S, s: &S::Storage, l: &Layout) -> candle_core::Result<(S::Storage, Shape)> {
@@ -485,13 +552,33 @@ forwards!(LinearResidual: CustomOp3 "tessera-linear-residual", |_op, side, s1, l
     by_dtype!(16bit "linear_residual", s1.dtype(), linear_residual_run(side, (s1, l1), (s2, l2), (s3, l3), shapes))
 });
 
-forwards!(Attention: CustomOp3 "tessera-attention", |op, side, s1, l1, s2, l2, s3, l3| {
-    for (name, dt) in [("k", s2.dtype()), ("v", s3.dtype())] {
-        if dt != s1.dtype() {
-            bail!("attention: `{name}` must be {:?} as `q` is, found {dt:?}", s1.dtype())
+/// `k` and `v` of `q`'s dtype.
+fn check_attention_dtypes(q: DType, k: DType, v: DType) -> candle_core::Result<()> {
+    for (name, dt) in [("k", k), ("v", v)] {
+        if dt != q {
+            bail!("attention: `{name}` must be {q:?} as `q` is, found {dt:?}")
         }
     }
+    Ok(())
+}
+
+forwards!(Attention: CustomOp3 "tessera-attention", |op, side, s1, l1, s2, l2, s3, l3| {
+    check_attention_dtypes(s1.dtype(), s2.dtype(), s3.dtype())?;
     by_dtype!(16bit "attention", s1.dtype(), attention_run(op, side, (s1, l1), (s2, l2), (s3, l3)))
+};
+    fn bwd(&self, q: &Tensor, k: &Tensor, v: &Tensor, _o: &Tensor, dout: &Tensor) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let grads = q.apply_op3_no_bwd(k, v, &AttentionBackward { forward: *self, dout: dout.contiguous()? })?;
+        let (nq, nk) = (q.elem_count(), k.elem_count());
+        let dq = grads.narrow(0, 0, nq)?.reshape(q.shape())?;
+        let dk = grads.narrow(0, nq, nk)?.reshape(k.shape())?;
+        let dv = grads.narrow(0, nq + nk, nk)?.reshape(v.shape())?;
+        Ok((Some(dq), Some(dk), Some(dv)))
+    }
+);
+
+forwards!(AttentionBackward: CustomOp3 "tessera-attention-backward", |op, side, s1, l1, s2, l2, s3, l3| {
+    check_attention_dtypes(s1.dtype(), s2.dtype(), s3.dtype())?;
+    by_dtype!(16bit "attention backward", s1.dtype(), attention_backward_run(op, side, (s1, l1), (s2, l2), (s3, l3)))
 });
 
 forwards!(RmsNorm: CustomOp2 "tessera-rms-norm", |op, side, s1, l1, s2, l2| {

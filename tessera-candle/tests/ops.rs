@@ -222,3 +222,70 @@ fn linear_residual_matches_f64_reference_on(dev: &Device) {
     let e = tessera_candle::linear_residual(&x, &w, &r.narrow(1, 0, 36).unwrap()).unwrap_err().to_string();
     assert!(e.contains("`residual`") && e.contains("[1, 37, 40]"), "{e}");
 }
+
+/// The gradients of `Σ o ⊙ g` for attention's `o`, in float64 from the definition (layouts and
+/// the mask as [`attention_reference`]): `dv = pᵀ·g`, `ds = p ⊙ (g·vᵀ − Σ_d g ⊙ o)`, `dq =
+/// ds·k·scale`, `dk = dsᵀ·q·scale`, the grouped heads' shares summed.
+#[allow(clippy::too_many_arguments)]
+fn attention_grads_reference(
+    q: &[f64], k: &[f64], v: &[f64], g: &[f64], [b, sq, h, d]: [usize; 4], [sk, hk]: [usize; 2], causal: bool,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let scale = 1.0 / (d as f64).sqrt();
+    let (mut dq, mut dk, mut dv) = (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
+    let o = attention_reference(q, k, v, [b, sq, h, d], [sk, hk], causal);
+    for bi in 0..b {
+        for hi in 0..h {
+            let kh = hi / (h / hk);
+            for i in 0..sq {
+                let row = ((bi * sq + i) * h + hi) * d;
+                let keys = if causal { (i + sk - sq + 1).min(sk) } else { sk };
+                let at = |j: usize| ((bi * sk + j) * hk + kh) * d;
+                let s: Vec<f64> = (0..keys).map(|j| (0..d).map(|c| q[row + c] * k[at(j) + c]).sum::<f64>() * scale).collect();
+                let m = s.iter().cloned().fold(f64::MIN, f64::max);
+                let sum: f64 = s.iter().map(|x| (x - m).exp()).sum();
+                let delta: f64 = (0..d).map(|c| g[row + c] * o[row + c]).sum();
+                for (j, sj) in s.iter().enumerate() {
+                    let p = (sj - m).exp() / sum;
+                    let dp: f64 = (0..d).map(|c| g[row + c] * v[at(j) + c]).sum();
+                    let ds = p * (dp - delta);
+                    for c in 0..d {
+                        dv[at(j) + c] += p * g[row + c];
+                        dq[row + c] += ds * k[at(j) + c] * scale;
+                        dk[at(j) + c] += ds * q[row + c] * scale;
+                    }
+                }
+            }
+        }
+    }
+    (dq, dk, dv)
+}
+
+#[test]
+fn attention_gradients_through_candle_autograd() {
+    for dev in common::devices() {
+        attention_gradients_through_candle_autograd_on(&dev);
+    }
+}
+
+fn attention_gradients_through_candle_autograd_on(dev: &Device) {
+    for (b, sq, sk, h, hk, d, causal) in [(1, 70, 70, 4, 2, 64, true), (2, 33, 50, 2, 1, 128, false)] {
+        let var = |n: usize, dims: &[usize]| {
+            let (t, v) = tensor(dev, &random(n, 1.0), dims, DType::BF16);
+            (candle_core::Var::from_tensor(&t).unwrap(), v)
+        };
+        let (q, qv) = var(b * sq * h * d, &[b, sq, h, d]);
+        let (k, kv) = var(b * sk * hk * d, &[b, sk, hk, d]);
+        let (v, vv) = var(b * sk * hk * d, &[b, sk, hk, d]);
+        let (g, gv) = tensor(dev, &random(b * sq * h * d, 1.0), &[b, sq, h, d], DType::BF16);
+        let o = tessera_candle::attention(&q, &k, &v, causal, None).unwrap();
+        let loss = (o * &g).unwrap().to_dtype(DType::F32).unwrap().sum_all().unwrap();
+        let grads = loss.backward().unwrap();
+        let (dq, dk, dv) = attention_grads_reference(&qv, &kv, &vv, &gv, [b, sq, h, d], [sk, hk], causal);
+        for (name, x, want) in [("dq", &q, dq), ("dk", &k, dk), ("dv", &v, dv)] {
+            let got = grads.get(x.as_tensor()).unwrap_or_else(|| panic!("no gradient for {name}"));
+            assert_eq!(got.dims(), x.dims(), "{name}");
+            let err = rel_error(&values(got), &want);
+            assert!(err < 2e-2, "{name} {b}×{sq}×{sk} {h}/{hk} d{d} causal={causal}: relative error {err}");
+        }
+    }
+}
