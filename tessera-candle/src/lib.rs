@@ -22,7 +22,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor, WithDType};
 use std::sync::OnceLock;
 pub use tessera_kernels::{Activation, HeadLayout, RopeStyle};
-use tessera_kernels::{AttentionElement, GemmElement, NormElement, RopeElement, SoftmaxElement};
+use tessera_kernels::{AttentionElement, GemmElement, NormElement, RopeElement, ScanElement, SoftmaxElement};
 
 /// `y = x / sqrt(mean(x²) + eps) · weight` over the last axis of `x` (any rank ≥ 1, bf16, f16
 /// or f32, contiguous), `weight` `[hidden]` of `x`'s dtype; f32 statistics
@@ -104,6 +104,45 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, causal: bool, scale: Option
 /// As [`rms_norm`]'s (`x` not 4-D or `dim` odd, named).
 pub fn rope(x: &Tensor, style: RopeStyle, layout: HeadLayout, base: f32, offset: usize) -> candle_core::Result<Tensor> {
     x.apply_op1_no_bwd(&Rope { style, layout, base, offset })
+}
+
+/// A prefix scan along the last axis of `x` (any rank ≥ 1, bf16, f16 or f32, contiguous), f32
+/// inside: `Cumsum` `y[…, j] = Σ_{k ≤ j} x[…, k]`, `Cumprod` the running product, `LogCumSumExp`
+/// `ln Σ_{k ≤ j} exp(x[…, k])` ([`tessera_kernels::cumsum`] & co., at about the copy's speed).
+/// Registered with candle's autograd: the gradient runs Tessera's scan backwards
+/// ([`tessera_kernels::cumsum_backward`], `cumprod_backward` — exact where `x` has zeros —,
+/// `logcumsumexp_backward`).
+///
+/// # Errors
+/// As [`rms_norm`]'s.
+pub fn scan(x: &Tensor, kind: ScanKind) -> candle_core::Result<Tensor> {
+    x.apply_op1(Scan { kind })
+}
+
+/// Which prefix scan [`scan`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScanKind {
+    /// The running sum.
+    Cumsum,
+    /// The running product.
+    Cumprod,
+    /// The running log-sum-exp.
+    LogCumSumExp,
+}
+
+/// [`scan`] as a candle op.
+#[derive(Clone, Copy, Debug)]
+pub struct Scan {
+    /// Which scan.
+    pub kind: ScanKind,
+}
+
+/// [`scan`]'s backward as a candle op over the output's gradient `dy`, with the forward's
+/// input `x` and output `y` beside (those the scan's backward reads).
+struct ScanBackward {
+    kind: ScanKind,
+    x: Tensor,
+    y: Tensor,
 }
 
 /// [`rope`] as a candle op.
@@ -318,11 +357,13 @@ macro_rules! by_dtype {
 /// Implements a candle custom op's `cpu_fwd` and, with the `cuda` feature, `cuda_fwd`, both
 /// through one function generic over the [`Side`].
 macro_rules! forwards {
-    ($op:ident: CustomOp1 $name:literal, |$this:ident, $side:ident, $s:ident, $l:ident| $body:expr) => {
+    ($op:ident: CustomOp1 $name:literal, |$this:ident, $side:ident, $s:ident, $l:ident| $body:expr $(; $extra:item)*) => {
         impl CustomOp1 for $op {
             fn name(&self) -> &'static str {
                 $name
             }
+
+            $($extra)*
 
             fn cpu_fwd(&self, $s: &CpuStorage, $l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
                 let ($this, $side) = (self, &Cpu);
@@ -497,6 +538,36 @@ fn attention_backward_run<T: Elem + AttentionElement, S: Side>(
     side.concat(vec![g.dq, g.dk, g.dv])
 }
 
+fn scan_run<T: Elem + ScanElement, S: Side>(op: &Scan, side: &S, s: &S::Storage, l: &Layout) -> candle_core::Result<(S::Storage, Shape)> {
+    if l.dims().is_empty() {
+        bail!("scan: `x` must have at least one axis, found a scalar")
+    }
+    let x = side.input::<T>("scan", "x", s, l, l.dims())?;
+    let dev = side.device();
+    side.output(l.dims(), l.shape().clone(), |y| match op.kind {
+        ScanKind::Cumsum => tessera_kernels::cumsum(dev, &x, y),
+        ScanKind::Cumprod => tessera_kernels::cumprod(dev, &x, y),
+        ScanKind::LogCumSumExp => tessera_kernels::logcumsumexp(dev, &x, y),
+    })
+}
+
+fn scan_backward_run<T: Elem + ScanElement, S: Side>(
+    op: &ScanBackward, side: &S, s: &S::Storage, l: &Layout,
+) -> candle_core::Result<(S::Storage, Shape)> {
+    let name = "scan backward";
+    let dy = side.input::<T>(name, "dy", s, l, l.dims())?;
+    let (xs, xl) = op.x.storage_and_layout();
+    let (ys, yl) = op.y.storage_and_layout();
+    let x = side.input::<T>(name, "x", S::storage_of("x", &xs)?, xl, l.dims())?;
+    let y = side.input::<T>(name, "y", S::storage_of("y", &ys)?, yl, l.dims())?;
+    let dev = side.device();
+    side.output(l.dims(), l.shape().clone(), |dx| match op.kind {
+        ScanKind::Cumsum => tessera_kernels::cumsum_backward(dev, &dy, dx),
+        ScanKind::Cumprod => tessera_kernels::cumprod_backward(dev, &x, &dy, dx),
+        ScanKind::LogCumSumExp => tessera_kernels::logcumsumexp_backward(dev, &x, &y, &dy, dx),
+    })
+}
+
 fn rope_run<T: Elem + RopeElement, S: Side>(op: &Rope, side: &S, s: &S::Storage, l: &Layout) -> candle_core::Result<(S::Storage, Shape)> {
     let dims = l.dims();
     if dims.len() != 4 {
@@ -527,6 +598,15 @@ fn layer_norm_run<T: Elem + NormElement, S: Side>(
 }
 
 forwards!(Rope: CustomOp1 "tessera-rope", |op, side, s, l| by_dtype!("rope", s.dtype(), rope_run(op, side, s, l)));
+
+forwards!(Scan: CustomOp1 "tessera-scan", |op, side, s, l| by_dtype!("scan", s.dtype(), scan_run(op, side, s, l));
+    fn bwd(&self, x: &Tensor, y: &Tensor, dy: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let op = ScanBackward { kind: self.kind, x: x.contiguous()?, y: y.contiguous()? };
+        Ok(Some(dy.contiguous()?.apply_op1_no_bwd(&op)?))
+    }
+);
+
+forwards!(ScanBackward: CustomOp1 "tessera-scan-backward", |op, side, s, l| by_dtype!("scan backward", s.dtype(), scan_backward_run(op, side, s, l)));
 
 forwards!(SoftmaxLastDim: CustomOp1 "tessera-softmax-last-dim", |_op, side, s, l| {
     let (rows, n) = rows_and_hidden("softmax_last_dim", (l, s.dtype()), &[])?;
