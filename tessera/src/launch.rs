@@ -78,6 +78,9 @@ pub struct Launch<'d> {
     /// The loaded function; `None` on the CPU interpreter.
     kernel: Option<Arc<LoadedKernel>>,
     words: Vec<Word>,
+    /// The tensors' parameter names and shapes, for the launch's NVTX range (kept only while
+    /// ranges are on).
+    shapes: Vec<(&'static str, Vec<usize>)>,
 }
 
 impl<'d> Launch<'d> {
@@ -93,7 +96,7 @@ impl<'d> Launch<'d> {
         } else {
             Some(device.kernel(spec)?)
         };
-        Ok(Launch { spec, device, kernel, words: Vec::new() })
+        Ok(Launch { spec, device, kernel, words: Vec::new(), shapes: Vec::new() })
     }
 
     fn arg_err(&self, index: usize, expected: impl Into<String>, found: impl Into<String>) -> Error {
@@ -142,6 +145,10 @@ impl<'d> Launch<'d> {
         }
         if d.shape.len() != rank as usize {
             return Err(self.arg_err(index, format!("a rank-{rank} tensor"), format!("shape {:?} (rank {})", d.shape, d.shape.len())));
+        }
+        if crate::nvtx::enabled() {
+            let name = self.spec.params.get(index).map_or("?", |p| p.name);
+            self.shapes.push((name, d.shape.clone()));
         }
         match (self.kernel.is_none(), d.host.is_some()) {
             (true, false) => return Err(self.arg_err(index, "a tensor in host memory, made on the CPU interpreter", "a GPU tensor")),
@@ -232,6 +239,13 @@ impl<'d> Launch<'d> {
                 found: "fewer".into(),
             });
         }
+        let _range = crate::nvtx::range(|| {
+            let mut name = self.spec.name.to_string();
+            for (arg, shape) in &self.shapes {
+                name += &format!(" {arg}{shape:?}");
+            }
+            name + &format!(" grid {}×{}×{}", grid.x, grid.y, grid.z)
+        });
         let Some(kernel) = self.kernel.clone() else {
             let args = self
                 .words

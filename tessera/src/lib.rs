@@ -171,6 +171,7 @@ mod error;
 mod fp8;
 mod interp;
 mod launch;
+pub mod nvtx;
 mod tensor;
 pub mod testing;
 mod tma;
