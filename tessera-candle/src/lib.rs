@@ -1,13 +1,15 @@
 //! Tessera's kernels inside [candle](https://github.com/huggingface/candle): candle custom ops
-//! (`CustomOp2`, `CustomOp3`) that run Tessera's library kernels on candle tensors, so that a
-//! model written in candle calls them as it calls its own ops.
+//! (`CustomOp1/2/3`) that run Tessera's library kernels on candle tensors, so that a model
+//! written in candle calls them as it calls its own ops.
 //!
-//! So far the CPU path: a candle CPU tensor runs through Tessera's interpreter — the same
-//! kernels, the same f32 statistics, no GPU — so that a model's tests run anywhere. The CUDA
-//! path (the kernels launched on candle's own stream and buffers, no copy, no sync) needs
-//! candle's `cuda` feature, which builds candle's own kernels with nvcc: it comes once that
-//! build runs without a hand-installed toolkit (issue 30). A CUDA tensor is refused with a
-//! candle error until then, never a panic.
+//! With the `cuda` feature, a CUDA tensor's op launches on candle's own stream and reads
+//! candle's buffers in place (`tessera::Tensor::borrow_cudarc`: no copy, no sync); its output is
+//! candle storage on the same device. A CPU tensor runs through Tessera's interpreter — the
+//! same kernels, the same f32 statistics, no GPU — so that a model's tests run anywhere.
+//! [`attention`] and [`scan`] are registered with candle's autograd (their backwards run
+//! Tessera's); the other ops are for inference. candle's `cuda` feature builds candle's own
+//! kernels with nvcc: `scripts/cuda-toolkit.sh` provides one from NVIDIA's wheels where no
+//! toolkit is installed. Without the feature a CUDA tensor is a candle error, never a panic.
 //!
 //! ```
 //! use candle_core::{DType, Device, Tensor};
@@ -30,7 +32,7 @@ use tessera_kernels::{AttentionElement, GemmElement, NormElement, RopeElement, S
 ///
 /// # Errors
 /// A candle error when a dtype, shape or layout does not fit (saying which tensor and what was
-/// expected), for a CUDA tensor (not yet), or when the kernel fails.
+/// expected), for a CUDA tensor without the `cuda` feature, or when the kernel fails.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f32) -> candle_core::Result<Tensor> {
     x.apply_op2_no_bwd(weight, &RmsNorm { eps })
 }
