@@ -267,7 +267,7 @@ trait Side {
 /// The interpreter's side.
 struct Cpu;
 
-/// The elements `l` covers in storage of `len`, or a candle error asking for `.contiguous()`.
+/// The range of storage elements `l` covers, or a candle error asking for `.contiguous()`.
 fn contiguous(op: &str, name: &str, l: &Layout) -> candle_core::Result<(usize, usize)> {
     match l.contiguous_offsets() {
         Some(range) => Ok(range),

@@ -180,34 +180,7 @@ impl<T: Element> Tensor<T> {
     /// # Errors
     /// [`Error::Tensor`] if the view reaches past the buffer or the ranks differ.
     pub fn restride(mut self, offset: usize, shape: &[usize], strides: &[usize]) -> Result<Tensor<T>> {
-        if shape.len() != strides.len() {
-            return Err(Error::Tensor {
-                what: "Tensor::restride",
-                expected: format!("{} strides for shape {shape:?}", shape.len()),
-                found: format!("{strides:?}"),
-            });
-        }
-        let last = shape.iter().zip(strides).try_fold(
-            offset,
-            |acc, (&d, &s)| {
-                if d == 0 {
-                    Some(acc)
-                } else {
-                    acc.checked_add((d - 1).checked_mul(s)?)
-                }
-            },
-        );
-        let empty = shape.contains(&0);
-        match last {
-            Some(last) if empty || last < self.buf.len() => {}
-            _ => {
-                return Err(Error::Tensor {
-                    what: "Tensor::restride",
-                    expected: format!("a view inside the buffer of {} elements", self.buf.len()),
-                    found: format!("offset {offset}, shape {shape:?}, strides {strides:?}"),
-                })
-            }
-        }
+        check_view("Tensor::restride", self.buf.len(), offset, shape, strides)?;
         self.offset = offset;
         self.shape = shape.to_vec();
         self.strides = strides.to_vec();
@@ -241,6 +214,10 @@ impl<T: Element> Tensor<T> {
                 found: "a buffer of another context".into(),
             });
         }
+        // Checked before the alias exists: an alias dropped on an error would free the
+        // owner's buffer.
+        let strides = contiguous_strides(shape);
+        check_view("Tensor::borrow_cudarc", buf.len(), offset, shape, &strides)?;
         let ptr = {
             let (ptr, _record) = buf.device_ptr(stream);
             ptr
@@ -249,11 +226,8 @@ impl<T: Element> Tensor<T> {
         // the tensor made of it never frees it (`BorrowedTensor`'s drop leaks it back) and is
         // only ever handed out as `&Tensor<T>`, so nothing writes through it.
         let alias = unsafe { stream.upgrade_device_ptr::<T>(ptr, buf.len()) };
-        let tensor = Tensor::from_cudarc(device, alias, &[buf.len()])?.restride(offset, shape, &contiguous_strides(shape));
-        match tensor {
-            Ok(t) => Ok(BorrowedTensor { tensor: std::mem::ManuallyDrop::new(t), _owner: std::marker::PhantomData }),
-            Err(e) => Err(e),
-        }
+        let tensor = Tensor { buf: Storage::Cuda(alias), offset, shape: shape.to_vec(), strides, device: device.clone() };
+        Ok(BorrowedTensor { tensor: std::mem::ManuallyDrop::new(tensor), _owner: std::marker::PhantomData })
     }
 
     /// The underlying cudarc buffer (the view's offset, shape and strides are dropped).
