@@ -154,7 +154,8 @@ fn main() {
             timed(&mut criterion, "softmax", &mut f);
             rows.push(("softmax", 2.0 * mb, time_ms(&dev, 5, 20, f)));
         }
-        // Prefix scans along the rows (16 rows a block, 256-column chunks carried along).
+        // Prefix scans along the rows (4 rows a block, 1024-column chunks carried along; the
+        // 16-bit logcumsumexp 16 rows × 256).
         {
             let mut f = || tessera_kernels::cumsum(&dev, &x, &mut y).expect("cumsum");
             timed(&mut criterion, "cumsum", &mut f);
@@ -169,6 +170,8 @@ fn main() {
             let mut yb = Tensor::<tessera::bf16>::zeros(&dev, &[M, N]).expect("y bf16");
             let mut f = || tessera_kernels::cumsum(&dev, &xb, &mut yb).expect("cumsum bf16");
             rows.push(("cumsum bf16", mb, time_ms(&dev, 5, 20, &mut f)));
+            let mut f = || tessera_kernels::logcumsumexp(&dev, &xb, &mut yb).expect("logcumsumexp bf16");
+            rows.push(("logcumsumexp bf16", mb, time_ms(&dev, 5, 20, &mut f)));
         }
         // PyTorch's scans on the same shapes, in this run (a child process; its own copy row
         // shows whether the device is in the same state).

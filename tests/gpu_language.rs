@@ -813,6 +813,93 @@ fn interp_reverse_scans_match_sequential() {
     reverse_scans_match_sequential(&Device::cpu());
 }
 
+/// Scans of rows wider than one run a lane (a thread holds a run in each 256-column segment of
+/// the row, which the scan joins one after another): in `R×C` chunks, a forward sum, a forward
+/// exclusive max, the reverse linear recurrence `h = a·h_next + x` (a tuple) and a reverse
+/// exclusive sum, each chunk alone.
+#[tessera::device]
+fn segment_scan_chunks<const R: usize, const C: usize>(
+    x: Global<f32, 2>, a: Global<f32, 2>, sum: Global<f32, 2>, xmax: Global<f32, 2>, rec: Global<f32, 2>, rsum: Global<f32, 2>,
+) {
+    let r = block::id_x() * R;
+    for c in (0..x.dim(1)).step_by(C) {
+        let t: Tile<f32, R, C> = x.load_or([r, c], 0.0);
+        let at: Tile<f32, R, C> = a.load_or([r, c], 1.0);
+        let tm: Tile<f32, R, C> = x.load_or([r, c], f32::NEG_INFINITY);
+        sum.store([r, c], tile_scan::<tessera_kernels::prelude::scan_add>(t, 1, 0.0));
+        xmax.store([r, c], tile_scan_exclusive::<scan_max>(tm, 1, f32::NEG_INFINITY));
+        let (_, h) = tile_scan_reverse::<tessera_kernels::prelude::scan_linear>((at, t), 1, (1.0, 0.0));
+        rec.store([r, c], h);
+        rsum.store([r, c], tile_scan_reverse_exclusive::<tessera_kernels::prelude::scan_add>(t, 1, 0.0));
+    }
+}
+
+/// Four 256-column segments a row.
+#[kernel]
+fn segment_scans_4x1024(
+    x: Global<f32, 2>, a: Global<f32, 2>, sum: Global<f32, 2>, xmax: Global<f32, 2>, rec: Global<f32, 2>, rsum: Global<f32, 2>,
+) {
+    segment_scan_chunks::<4, 1024>(x, a, sum, xmax, rec, rsum);
+}
+
+/// Two segments a row, two rows a thread.
+#[kernel]
+fn segment_scans_8x512(
+    x: Global<f32, 2>, a: Global<f32, 2>, sum: Global<f32, 2>, xmax: Global<f32, 2>, rec: Global<f32, 2>, rsum: Global<f32, 2>,
+) {
+    segment_scan_chunks::<8, 512>(x, a, sum, xmax, rec, rsum);
+}
+
+fn segment_scans_match_sequential(dev: &Device) {
+    for (rows, chunk) in [(4, 1024), (8, 512)] {
+        for (m, n) in [(5, 1030), (9, 700), (rows, chunk), (3, 7)] {
+            let x = random(m * n, -2.0, 2.0);
+            let a = random(m * n, 0.5, 1.0);
+            let xd = Tensor::from_host(dev, &x, &[m, n]).expect("x");
+            let ad = Tensor::from_host(dev, &a, &[m, n]).expect("a");
+            let poison = || Tensor::from_host(dev, &vec![f32::NAN; m * n], &[m, n]).expect("out");
+            let (mut sum, mut xmax, mut rec, mut rsum) = (poison(), poison(), poison(), poison());
+            let grid = m.div_ceil(rows) as u32;
+            let launched = if rows == 4 {
+                segment_scans_4x1024::launch(dev, grid, &xd, &ad, &mut sum, &mut xmax, &mut rec, &mut rsum)
+            } else {
+                segment_scans_8x512::launch(dev, grid, &xd, &ad, &mut sum, &mut xmax, &mut rec, &mut rsum)
+            };
+            launched.expect("launch");
+            let (mut w_sum, mut w_xmax, mut w_rec, mut w_rsum) = (vec![0.0; m * n], vec![0.0; m * n], vec![0.0; m * n], vec![0.0; m * n]);
+            let at = |i: usize, q: usize| f64::from(x[i * n + q]);
+            for i in 0..m {
+                for j in 0..n {
+                    let (k, start) = (i * n + j, j - j % chunk);
+                    let end = (start + chunk).min(n);
+                    w_sum[k] = (start..=j).map(|q| at(i, q)).sum();
+                    w_xmax[k] = (start..j).map(|q| at(i, q)).fold(f64::NEG_INFINITY, f64::max);
+                    w_rec[k] = (j..end).rev().fold(0.0, |h, q| f64::from(a[i * n + q]) * h + at(i, q));
+                    w_rsum[k] = (j + 1..end).map(|q| at(i, q)).sum();
+                }
+            }
+            let got = |t: &Tensor<f32>| wide(&t.to_host().expect("out"));
+            let what = format!("{rows}×{chunk} chunks, {m}×{n}");
+            assert!(rel_error(&got(&sum), &w_sum) < 1e-5, "sum, {what}: {}", rel_error(&got(&sum), &w_sum));
+            assert_eq!(got(&xmax), w_xmax, "exclusive max, {what}");
+            assert!(rel_error(&got(&rec), &w_rec) < 1e-5, "reverse recurrence, {what}: {}", rel_error(&got(&rec), &w_rec));
+            assert!(rel_error(&got(&rsum), &w_rsum) < 1e-5, "reverse exclusive sum, {what}: {}", rel_error(&got(&rsum), &w_rsum));
+        }
+    }
+}
+
+#[test]
+fn gpu_segment_scans_match_sequential() {
+    if let Some(dev) = gpu_or_skip("gpu_segment_scans_match_sequential") {
+        segment_scans_match_sequential(&dev);
+    }
+}
+
+#[test]
+fn interp_segment_scans_match_sequential() {
+    segment_scans_match_sequential(&Device::cpu());
+}
+
 /// Every block adds its 16×64 tile of `x` into the one tile of `sum` and its rows' sums into
 /// `rows` (a reduced tile: each sum added once, by its owner) with `atomic_add`.
 #[kernel]

@@ -41,3 +41,59 @@ fn ptx_targets_differ_only_in_target() {
         }
     }
 }
+
+/// The `#[kernel]`s of the library's sources, each with its `dtypes(...)` expanded: the names
+/// of the kernel modules they make (`cumsum_bf16`, `axpy_f32`, …).
+fn kernels_in_source(dir: &std::path::Path, out: &mut Vec<String>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir).expect("read the library's sources").map(|e| e.expect("entry").path()).collect();
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            kernels_in_source(&path, out);
+            continue;
+        }
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("read a source file");
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("#[kernel") {
+            // Only an attribute: nothing but indentation before it on its line (not a comment).
+            let line_start = rest[..at].rfind('\n').map_or(0, |i| i + 1);
+            let code = rest[line_start..at].trim().is_empty();
+            rest = &rest[at..];
+            if !code {
+                rest = &rest[1..];
+                continue;
+            }
+            let fn_at = rest.find("fn ").expect("a #[kernel] attribute before a fn");
+            let (attr, after) = rest.split_at(fn_at);
+            let name: String = after[3..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+            // `dtypes(T = [bf16, f16], Q = [f8e4m3])`: one module per choice of each parameter.
+            let mut names = vec![name];
+            if let Some(d) = attr.find("dtypes(") {
+                let lists = &attr[d..];
+                let lists = &lists[..lists.find(")").expect("dtypes(...) closes")];
+                for list in lists.split('[').skip(1) {
+                    let types: Vec<&str> = list[..list.find(']').expect("a dtype list closes")].split(',').map(str::trim).collect();
+                    names = names.iter().flat_map(|n| types.iter().map(move |t| format!("{n}_{t}"))).collect();
+                }
+            }
+            out.extend(names);
+            rest = &after[3..];
+        }
+    }
+}
+
+/// Every kernel of the library's sources is in `all_kernels()`, so that the ptxas test, these
+/// snapshots and the tools check it (a kernel left off the list is checked by none of them).
+#[test]
+fn every_library_kernel_is_listed() {
+    let listed: std::collections::HashSet<&str> =
+        tessera_kernels::all_kernels().iter().map(|s| s.name.split("__").next().unwrap_or(s.name)).collect();
+    let mut found = Vec::new();
+    kernels_in_source(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tessera-kernels/src"), &mut found);
+    assert!(found.len() > 100, "found only {} kernels in tessera-kernels/src", found.len());
+    let missing: Vec<&String> = found.iter().filter(|n| !listed.contains(n.as_str())).collect();
+    assert!(missing.is_empty(), "kernels missing from tessera_kernels::all_kernels(): {missing:?}");
+}

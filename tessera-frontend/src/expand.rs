@@ -355,6 +355,7 @@ fn per_dtype(item: TokenStream, opts: &Options) -> syn::Result<Vec<(TokenStream,
         .map(|(item, chosen)| {
             let mut o = opts.clone();
             o.blocks_per_sm = opts.blocks_per_sm.for_types(&chosen);
+            o.tune = opts.tune.as_ref().map(|t| t.for_types(&chosen));
             (item, o)
         })
         .collect())
@@ -627,14 +628,93 @@ struct Tune {
     /// The `tune` path, where an empty set of combinations is reported.
     span: Span,
     knobs: Vec<(String, Vec<i64>)>,
-    /// `only(...)`: the combinations built are those where it holds (none: all).
+    /// `only(...)`: the combinations built are those where it holds (none: all). Its type
+    /// comparisons (`T == f32`) are settled per kernel by [`Tune::for_types`].
     only: Option<syn::Expr>,
+}
+
+/// `PARAM == dtype` or `PARAM != dtype` in an `only(...)`: the parameter, whether `==`, the dtype.
+fn type_comparison(b: &syn::ExprBinary) -> Option<(&syn::Ident, bool, &syn::Ident)> {
+    fn ident(e: &syn::Expr) -> Option<&syn::Ident> {
+        match e {
+            syn::Expr::Path(p) => p.path.get_ident(),
+            _ => None,
+        }
+    }
+    let eq = match b.op {
+        syn::BinOp::Eq(_) => true,
+        syn::BinOp::Ne(_) => false,
+        _ => return None,
+    };
+    Some((ident(&b.left)?, eq, ident(&b.right)?))
+}
+
+/// Replaces the comparisons of a `dtypes` parameter in an `only(...)` by `true` or `false` for
+/// one kernel's `types` (parameter, dtype); the knob conditions stay.
+struct SettleTypes<'a>(&'a [(String, String)]);
+
+impl syn::visit_mut::VisitMut for SettleTypes<'_> {
+    fn visit_expr_mut(&mut self, e: &mut syn::Expr) {
+        if let syn::Expr::Binary(b) = e {
+            if let Some((param, eq, ty)) = type_comparison(b) {
+                if let Some((_, chosen)) = self.0.iter().find(|(p, _)| param == p) {
+                    let value = (ty == chosen) == eq;
+                    *e = syn::Expr::Lit(syn::ExprLit { attrs: Vec::new(), lit: syn::LitBool::new(value, ty.span()).into() });
+                    return;
+                }
+            }
+        }
+        syn::visit_mut::visit_expr_mut(self, e);
+    }
+}
+
+/// Every choice of one dtype per `dtypes` parameter, as (parameter, dtype) pairs.
+fn type_choices(dtypes: &[(syn::Ident, Vec<syn::Ident>)]) -> Vec<Vec<(String, String)>> {
+    let mut out: Vec<Vec<(String, String)>> = vec![Vec::new()];
+    for (param, types) in dtypes {
+        out = out
+            .into_iter()
+            .flat_map(|c| types.iter().map(move |t| [c.clone(), vec![(param.to_string(), t.to_string())]].concat()))
+            .collect();
+    }
+    out
+}
+
+/// Each type comparison in `only(...)` names a `dtypes` parameter and one of its dtypes.
+fn check_type_comparisons(only: &syn::Expr, dtypes: &[(syn::Ident, Vec<syn::Ident>)]) -> syn::Result<()> {
+    struct Check<'a>(&'a [(syn::Ident, Vec<syn::Ident>)], Option<syn::Error>);
+    impl<'ast> syn::visit::Visit<'ast> for Check<'_> {
+        fn visit_expr_binary(&mut self, b: &'ast syn::ExprBinary) {
+            if let Some((param, _, ty)) = type_comparison(b) {
+                if let Some((_, types)) = self.0.iter().find(|(p, _)| p == param) {
+                    if !types.contains(ty) && self.1.is_none() {
+                        let listed: Vec<String> = types.iter().map(|t| t.to_string()).collect();
+                        self.1 = Some(syn::Error::new_spanned(ty, format!("`{param}` is one of {}, never `{ty}`", listed.join(", "))));
+                    }
+                    return;
+                }
+            }
+            syn::visit::visit_expr_binary(self, b);
+        }
+    }
+    let mut check = Check(dtypes, None);
+    syn::visit::Visit::visit_expr(&mut check, only);
+    check.1.map_or(Ok(()), Err)
 }
 
 /// At most this many combinations: each is a full compile and a PTX module in the binary.
 const MAX_COMBINATIONS: usize = 64;
 
 impl Tune {
+    /// The knobs with `only(...)`'s type comparisons settled for one kernel's `types`.
+    fn for_types(&self, types: &[(String, String)]) -> Tune {
+        let mut out = self.clone();
+        if let Some(only) = &mut out.only {
+            syn::visit_mut::VisitMut::visit_expr_mut(&mut SettleTypes(types), only);
+        }
+        out
+    }
+
     /// Every combination, the first knob varying slowest: the first is every knob's first value.
     /// Those where `only(...)` is false are left out.
     fn combinations(&self) -> Vec<Knobs> {
@@ -694,25 +774,38 @@ impl Tune {
         }
         let mut tune = Tune { span: meta.path.span(), knobs, only: None };
         if let Some(only) = only {
-            // Every combination must evaluate (unknown names, division by zero, …): said at the token.
-            for k in tune.combinations() {
-                knob_expr(&only, &k)?;
+            check_type_comparisons(&only, dtypes)?;
+            // Every combination must evaluate for every dtype (unknown names, division by
+            // zero, …): said at the token.
+            let all = tune.combinations();
+            for types in type_choices(dtypes) {
+                let mut settled = only.clone();
+                syn::visit_mut::VisitMut::visit_expr_mut(&mut SettleTypes(&types), &mut settled);
+                for k in &all {
+                    knob_expr(&settled, k)?;
+                }
             }
             tune.only = Some(only);
         }
-        let count = tune.combinations().len();
-        if count > MAX_COMBINATIONS {
-            return Err(meta.error(format!("`tune` makes {count} combinations, more than {MAX_COMBINATIONS}")));
-        }
-        if count == 0 {
-            return Err(meta.error("`only(...)` leaves no combination of `tune`'s knobs"));
+        // Each kernel (one per dtype choice) has its own combinations.
+        for types in type_choices(dtypes) {
+            let count = tune.for_types(&types).combinations().len();
+            if count > MAX_COMBINATIONS {
+                return Err(meta.error(format!("`tune` makes {count} combinations, more than {MAX_COMBINATIONS}")));
+            }
+            if count == 0 {
+                let which: Vec<String> = types.iter().map(|(p, t)| format!("{p} = {t}")).collect();
+                let at = if which.is_empty() { String::new() } else { format!(" for {}", which.join(", ")) };
+                return Err(meta.error(format!("`only(...)` leaves no combination of `tune`'s knobs{at}")));
+            }
         }
         Ok(tune)
     }
 }
 
 /// The value of `tune(..., only(e))`'s `e` for one combination `knobs`: integers, the knobs by
-/// name, `+ - * / %`, comparisons and `&& || !` (true is 1, false 0), parentheses.
+/// name, `+ - * / %`, comparisons and `&& || !` (true is 1, false 0), parentheses; the
+/// comparisons of dtypes (`T == f32`) already settled to `true`/`false` ([`Tune::for_types`]).
 fn knob_expr(e: &syn::Expr, knobs: &Knobs) -> syn::Result<i64> {
     use syn::BinOp as B;
     match e {
@@ -724,7 +817,7 @@ fn knob_expr(e: &syn::Expr, knobs: &Knobs) -> syn::Result<i64> {
                 Some((_, v)) => Ok(*v),
                 None => {
                     let names: Vec<&str> = knobs.iter().map(|(n, _)| n.as_str()).collect();
-                    Err(syn::Error::new_spanned(p, format!("`only(...)` names the knobs of `tune`: expected one of {}", names.join(", "))))
+                    Err(syn::Error::new_spanned(p, format!("`only(...)` names the knobs of `tune` (or compares a `dtypes` parameter with a dtype, `T == f32`): expected one of {}", names.join(", "))))
                 }
             }
         }

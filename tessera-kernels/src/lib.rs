@@ -94,11 +94,11 @@ pub mod kernels {
         gemm_tn_full_bf16, gemm_tn_full_f16, gemm_tn_triangle_bf16, gemm_tn_triangle_f16, pad_copy_bf16, pad_copy_f16,
     };
     pub use crate::linear_attention::{
-        feature_map_rows_bf16, feature_map_rows_f16, gla_finish_bf16, gla_finish_f16, gla_prepare_bf16, gla_prepare_f16,
-        linear_attention_bwd_dkv_bf16, linear_attention_bwd_dkv_f16, linear_attention_bwd_dkv_v64_bf16, linear_attention_bwd_dkv_v64_f16,
-        linear_attention_bwd_dq_bf16, linear_attention_bwd_dq_f16, linear_attention_bwd_dq_v64_bf16, linear_attention_bwd_dq_v64_f16,
-        linear_attention_fwd_bf16, linear_attention_fwd_f16, linear_attention_fwd_v64_bf16, linear_attention_fwd_v64_f16,
-        linear_attention_step_bf16, linear_attention_step_f16,
+        cast_from_f32_bf16, cast_from_f32_f16, feature_map_rows_bf16, feature_map_rows_f16, gla_finish_bf16, gla_finish_f16,
+        gla_prepare_bf16, gla_prepare_f16, linear_attention_bwd_dkv_bf16, linear_attention_bwd_dkv_f16, linear_attention_bwd_dkv_v64_bf16,
+        linear_attention_bwd_dkv_v64_f16, linear_attention_bwd_dq_bf16, linear_attention_bwd_dq_f16, linear_attention_bwd_dq_v64_bf16,
+        linear_attention_bwd_dq_v64_f16, linear_attention_fwd_bf16, linear_attention_fwd_f16, linear_attention_fwd_v64_bf16,
+        linear_attention_fwd_v64_f16, linear_attention_step_bf16, linear_attention_step_f16,
     };
     pub use crate::norm::{
         layer_norm_bf16, layer_norm_f16, layer_norm_f32, layer_norm_row_bf16, layer_norm_row_f16, layer_norm_row_f32,
@@ -108,16 +108,18 @@ pub mod kernels {
         rms_norm_rows4_bf16, rms_norm_rows4_f16, rms_norm_rows4_f32, rms_norm_wide_bf16, rms_norm_wide_f16, rms_norm_wide_f32,
     };
     pub use crate::norm_fused::{
-        norm_backward_row_bf16, norm_backward_row_f16, norm_backward_row_f32, norm_backward_rows_bf16, norm_backward_rows_f16,
-        norm_backward_rows_f32, norm_backward_wide_bf16, norm_backward_wide_f16, norm_backward_wide_f32, norm_fused_row_bf16,
-        norm_fused_row_f16, norm_fused_row_f32, norm_fused_rows4_bf16, norm_fused_rows4_f16, norm_fused_rows4_f32, norm_fused_wide_bf16,
-        norm_fused_wide_f16, norm_fused_wide_f32, sum_partials_bf16, sum_partials_f16, sum_partials_f32,
+        norm_backward_halves_bf16, norm_backward_halves_f16, norm_backward_halves_f32, norm_backward_row_bf16, norm_backward_row_f16,
+        norm_backward_row_f32, norm_backward_rows4_bf16, norm_backward_rows4_f16, norm_backward_rows4_f32, norm_backward_rows_bf16,
+        norm_backward_rows_f16, norm_backward_rows_f32, norm_backward_wide_bf16, norm_backward_wide_f16, norm_backward_wide_f32,
+        norm_fused_row_bf16, norm_fused_row_f16, norm_fused_row_f32, norm_fused_rows4_bf16, norm_fused_rows4_f16, norm_fused_rows4_f32,
+        norm_fused_wide_bf16, norm_fused_wide_f16, norm_fused_wide_f32, sum_partials_bf16, sum_partials_f16, sum_partials_f32,
     };
     pub use crate::reduce::{col_max_f32, col_sum_f32, row_max_f32, row_sum_f32, scale_f32};
     pub use crate::rope::{rope_half_bf16, rope_half_f16, rope_half_f32, rope_pairs_bf16, rope_pairs_f16, rope_pairs_f32};
     pub use crate::scan::{
-        cumprod_bf16, cumprod_f16, cumprod_f32, cumsum_bf16, cumsum_f16, cumsum_f32, cumsum_reverse_bf16, cumsum_reverse_f16,
-        cumsum_reverse_f32, logcumsumexp_bf16, logcumsumexp_f16, logcumsumexp_f32,
+        cumprod_backward_bf16, cumprod_backward_f16, cumprod_backward_f32, cumprod_bf16, cumprod_f16, cumprod_f32, cumsum_bf16, cumsum_f16,
+        cumsum_f32, cumsum_reverse_bf16, cumsum_reverse_f16, cumsum_reverse_f32, logcumsumexp_backward_bf16, logcumsumexp_backward_f16,
+        logcumsumexp_backward_f32, logcumsumexp_bf16, logcumsumexp_f16, logcumsumexp_f32,
     };
     pub use crate::selective_scan::{
         selective_scan_bwd_bf16, selective_scan_bwd_f32, selective_scan_fwd_bf16, selective_scan_fwd_f32, selective_scan_fwd_rows_bf16,
@@ -155,6 +157,12 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         logcumsumexp_bf16::VARIANTS,
         logcumsumexp_f16::VARIANTS,
         logcumsumexp_f32::VARIANTS,
+        cumprod_backward_bf16::VARIANTS,
+        cumprod_backward_f16::VARIANTS,
+        cumprod_backward_f32::VARIANTS,
+        logcumsumexp_backward_bf16::VARIANTS,
+        logcumsumexp_backward_f16::VARIANTS,
+        logcumsumexp_backward_f32::VARIANTS,
         selective_scan_fwd_bf16::VARIANTS,
         selective_scan_fwd_f32::VARIANTS,
         selective_scan_fwd_rows_bf16::VARIANTS,
@@ -195,6 +203,8 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         linear_attention_bwd_dkv_v64_f16::VARIANTS,
         linear_attention_step_bf16::VARIANTS,
         linear_attention_step_f16::VARIANTS,
+        cast_from_f32_bf16::VARIANTS,
+        cast_from_f32_f16::VARIANTS,
         feature_map_rows_bf16::VARIANTS,
         feature_map_rows_f16::VARIANTS,
         gla_prepare_bf16::VARIANTS,
@@ -319,6 +329,12 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         norm_backward_rows_bf16::VARIANTS,
         norm_backward_rows_f16::VARIANTS,
         norm_backward_rows_f32::VARIANTS,
+        norm_backward_rows4_bf16::VARIANTS,
+        norm_backward_rows4_f16::VARIANTS,
+        norm_backward_rows4_f32::VARIANTS,
+        norm_backward_halves_bf16::VARIANTS,
+        norm_backward_halves_f16::VARIANTS,
+        norm_backward_halves_f32::VARIANTS,
         norm_backward_wide_bf16::VARIANTS,
         norm_backward_wide_f16::VARIANTS,
         norm_backward_wide_f32::VARIANTS,

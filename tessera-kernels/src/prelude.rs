@@ -780,7 +780,9 @@ pub fn scan_linear<const M: usize, const N: usize>(
 }
 
 /// One chunk of a running sum along each row: the chunk's cumulative sums plus `carry` (the
-/// sum of the chunks before, `M×1`), which then grows by the chunk's total.
+/// sum of the chunks before, `M×1`), which then grows by the chunk's total. Start the carry as
+/// `Tile::<f32, M, N>::zeros().last_col()` (the layout this gives back), not as an `M×1` tile
+/// of its own, which each call would move between layouts through shared memory.
 #[device]
 pub fn cumsum_chunk<const M: usize, const N: usize>(x: Tile<f32, M, N>, carry: &mut Tile<f32, M, 1>) -> Tile<f32, M, N> {
     let s = tile_scan::<scan_add>(x, 1, 0.0) + *carry;
@@ -791,7 +793,8 @@ pub fn cumsum_chunk<const M: usize, const N: usize>(x: Tile<f32, M, N>, carry: &
 /// One chunk of the linear recurrence `h_t = a_t · h_{t−1} + b_t` along each row (a selective
 /// scan's inner loop): every `h_t` of the chunk from `h`, the chunks before's last state
 /// (`M×1`), which then becomes the chunk's last. Out-of-range columns should hold `a = 1`,
-/// `b = 0` so that they carry the state through.
+/// `b = 0` so that they carry the state through. Start `h` in a chunk's layout, as
+/// [`cumsum_chunk`]'s carry.
 #[device]
 pub fn linear_recurrence_chunk<const M: usize, const N: usize>(
     a: Tile<f32, M, N>, b: Tile<f32, M, N>, h: &mut Tile<f32, M, 1>,

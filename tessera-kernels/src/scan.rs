@@ -1,20 +1,23 @@
 //! Prefix scans along the last axis: `cumsum`, `cumprod`, `logcumsumexp`, and `cumsum`'s
 //! backward (the sum from each element to the row's end).
 //!
-//! One body, [`scan_rows`], runs every one: 16 rows per block, 256-column chunks in order (or
-//! in reverse), each chunk scanned in registers by `tile_scan` and joined to the chunks before
-//! by a carried `16×1` value; the kernels differ only in the closure that does one chunk's
-//! step. Elements load in their dtype and scan in f32. The rows are the blocks' parallelism:
-//! a tensor of few long rows runs on few SMs (splitting a row across blocks is the next step,
-//! notes/ISSUE-27.md).
+//! One body, [`scan_rows`], runs every one: a block walks chunks of `R` rows × `C` columns in
+//! order (or in reverse), each chunk scanned in registers by `tile_scan` and joined to the
+//! chunks before by a carried `R×1` value; the kernels differ only in the closure that does one
+//! chunk's step. Elements load in their dtype and scan in f32. The chunk's shape is the kernel's
+//! knob `C` (`R = 4096 / C` rows): 4 × 1024 — a row a warp, a run of 8 columns a lane in each
+//! of four 256-column segments, 4 KiB of f32 a row — except the 16-bit `logcumsumexp`, whose
+//! combines (two MUFU operations each) bound it and which takes 16 × 256 (no segments to join):
+//! the fastest shapes on the H100 (notes/MEASUREMENTS.md, run 306). Few long rows are split
+//! into segments of blocks, joined by a scan of the segments' totals.
 
 use crate::prelude::{scan_add, scan_linear, scan_mul};
-use tessera::{device, kernel, Device, Element, Error, Grid, OptionalMut, Result, Tensor};
+use tessera::{device, kernel, Device, Element, Error, Grid, KernelSpec, OptionalMut, Result, Tensor};
 
-/// Rows a block scans.
-const ROWS: usize = 16;
+/// Rows a block of the backward kernels takes (16 × 256 chunks).
+const BACKWARD_ROWS: usize = 16;
 
-/// The scan of rows `16·block..` of `x` into `y` in 256-column chunks from the first (or, with
+/// The scan of rows `R·block..` of `x` into `y` in `C`-column chunks from the first (or, with
 /// `reverse` 1, from the last), elements past the row's end read as `fill`: `step(chunk,
 /// carry)` gives the chunk's output and the carry into the next chunk, the carry starting at
 /// `fill` (the scan's identity).
@@ -25,27 +28,29 @@ const ROWS: usize = 16;
 /// segment `k > 0` from `totals[row, k − 1]`. With one segment, `pass` 1 alone scans whole
 /// rows.
 #[device]
-fn scan_rows<T>(
+fn scan_rows<T, const R: usize, const C: usize>(
     x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, seg_chunks: i32, pass: i32, fill: f32, reverse: i32,
-    step: impl Fn(Tile<f32, 16, 256>, Tile<f32, 16, 1>) -> (Tile<f32, 16, 256>, Tile<f32, 16, 1>),
+    step: impl Fn(Tile<f32, R, C>, Tile<f32, R, 1>) -> (Tile<f32, R, C>, Tile<f32, R, 1>),
 ) {
-    let chunks = (x.dim(1) + 255) / 256;
+    let chunks = (x.dim(1) + (C - 1)) / C;
     let segs = (chunks + seg_chunks - 1) / seg_chunks;
-    let r = (block::id_x() / segs) * 16;
+    let r = (block::id_x() / segs) * R;
     // This block's segment, `k` in scan order, and its chunks.
     let k = block::id_x() - (block::id_x() / segs) * segs;
     let first = k * seg_chunks;
     let count = min(seg_chunks, chunks - first);
-    let mut carry = Tile::<f32, 16, 1>::full(fill);
+    // Carried in the layout of a chunk's last column (what `step` gives back), so that no
+    // chunk converts it.
+    let mut carry = Tile::<f32, R, C>::full(fill).last_col();
     if pass == 1 && k > 0 {
         carry = totals.load_or([r, k - 1], fill);
     }
     for i in first..first + count {
-        let mut c = i * 256;
+        let mut c = i * C;
         if reverse == 1 {
-            c = (chunks - 1 - i) * 256;
+            c = (chunks - 1 - i) * C;
         }
-        let t: Tile<T, 16, 256> = x.load_or([r, c], fill);
+        let t: Tile<T, R, C> = x.load_or([r, c], fill);
         let (out, next) = step(t.cast::<f32>(), carry);
         carry = next;
         if pass == 1 {
@@ -73,27 +78,27 @@ pub fn scan_logaddexp2<const M: usize, const N: usize>(a: Tile<f32, M, N>, b: Ti
 }
 
 /// `y[i, j] = Σ_{k ≤ j} x[i, k]`.
-#[kernel(dtypes(T = [bf16, f16, f32]), blocks_per_sm = 8)]
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(C = [1024]), blocks_per_sm = 8)]
 pub fn cumsum(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, seg_chunks: i32, pass: i32) {
-    scan_rows(x, y, totals, seg_chunks, pass, 0.0, 0, |t, carry| {
+    scan_rows::<T, { 4096 / C }, C>(x, y, totals, seg_chunks, pass, 0.0, 0, |t, carry| {
         let s = tile_scan::<scan_add>(t, 1, 0.0) + carry;
         (s, s.last_col())
     });
 }
 
 /// `y[i, j] = Σ_{k ≥ j} x[i, k]`: `cumsum`'s backward (its `dx` from `dy`).
-#[kernel(dtypes(T = [bf16, f16, f32]), blocks_per_sm = 8)]
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(C = [1024]), blocks_per_sm = 8)]
 pub fn cumsum_reverse(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, seg_chunks: i32, pass: i32) {
-    scan_rows(x, y, totals, seg_chunks, pass, 0.0, 1, |t, carry| {
+    scan_rows::<T, { 4096 / C }, C>(x, y, totals, seg_chunks, pass, 0.0, 1, |t, carry| {
         let total = row_sum(t);
         (carry + total - tile_scan::<scan_add>(t, 1, 0.0) + t, carry + total)
     });
 }
 
 /// `y[i, j] = Π_{k ≤ j} x[i, k]`.
-#[kernel(dtypes(T = [bf16, f16, f32]), blocks_per_sm = 8)]
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(C = [1024]), blocks_per_sm = 8)]
 pub fn cumprod(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, seg_chunks: i32, pass: i32) {
-    scan_rows(x, y, totals, seg_chunks, pass, 1.0, 0, |t, carry| {
+    scan_rows::<T, { 4096 / C }, C>(x, y, totals, seg_chunks, pass, 1.0, 0, |t, carry| {
         let s = tile_scan::<scan_mul>(t, 1, 1.0) * carry;
         (s, s.last_col())
     });
@@ -101,9 +106,9 @@ pub fn cumprod(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, seg_chu
 
 /// `y[i, j] = ln Σ_{k ≤ j} exp(x[i, k])`, in base 2 inside (the carry, like the output and a
 /// segment's total, a natural log).
-#[kernel(dtypes(T = [bf16, f16, f32]), blocks_per_sm = 8)]
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(C = [1024, 256], only(T == f32 && C == 1024 || T != f32 && C == 256)), blocks_per_sm = 8)]
 pub fn logcumsumexp(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, seg_chunks: i32, pass: i32) {
-    scan_rows(x, y, totals, seg_chunks, pass, f32::NEG_INFINITY, 0, |t, carry| {
+    scan_rows::<T, { 4096 / C }, C>(x, y, totals, seg_chunks, pass, f32::NEG_INFINITY, 0, |t, carry| {
         let s = log2_add(tile_scan::<scan_logaddexp2>(t * f32::consts::LOG2_E, 1, f32::NEG_INFINITY), carry * f32::consts::LOG2_E);
         let out = s * f32::consts::LN_2;
         (out, out.last_col())
@@ -119,7 +124,8 @@ pub fn logcumsumexp(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, se
 pub fn cumprod_backward(x: Global<T, 2>, dy: Global<T, 2>, dx: Global<T, 2>) {
     let r = block::id_x() * 16;
     let chunks = (x.dim(1) + 255) / 256;
-    let mut s_after = Tile::<f32, 16, 1>::zeros();
+    // Carries in the layout of a chunk's edge column, so that no chunk converts them.
+    let mut s_after = Tile::<f32, 16, 256>::zeros().first_col();
     for i in 0..chunks {
         let c = (chunks - 1 - i) * 256;
         let xt = x.load_or::<Tile<T, 16, 256>>([r, c], 1.0).cast::<f32>();
@@ -129,7 +135,7 @@ pub fn cumprod_backward(x: Global<T, 2>, dy: Global<T, 2>, dx: Global<T, 2>) {
         s_after = (xt * rt).first_col();
         dx.store([r, c], rt.cast::<T>());
     }
-    let mut before = Tile::<f32, 16, 1>::full(1.0);
+    let mut before = Tile::<f32, 16, 256>::full(1.0).last_col();
     for i in 0..chunks {
         let c = i * 256;
         let xt = x.load_or::<Tile<T, 16, 256>>([r, c], 1.0).cast::<f32>();
@@ -158,8 +164,9 @@ pub fn scan_scaled_add<const M: usize, const N: usize, const K: usize>(
 pub fn logcumsumexp_backward(x: Global<T, 2>, y: Global<T, 2>, dy: Global<T, 2>, dx: Global<T, 2>) {
     let r = block::id_x() * 16;
     let chunks = (x.dim(1) + 255) / 256;
-    let mut scale = Tile::<f32, 16, 1>::full(f32::NEG_INFINITY);
-    let mut value = Tile::<f32, 16, 1>::zeros();
+    // Carried in the layout of a chunk's first column, so that no chunk converts them.
+    let mut scale = Tile::<f32, 16, 256>::full(f32::NEG_INFINITY).first_col();
+    let mut value = Tile::<f32, 16, 256>::zeros().first_col();
     for i in 0..chunks {
         let c = (chunks - 1 - i) * 256;
         let xt = x.load_or::<Tile<T, 16, 256>>([r, c], f32::NEG_INFINITY).cast::<f32>();
@@ -206,8 +213,9 @@ pub enum ScanOp {
 /// them after a pass that stores each segment's total ([`segments`]).
 macro_rules! scan_forward {
     ($k:ident, $totals:ident, $device:expr, $x:expr, $yv:expr, $m:expr, $n:expr) => {{
-        let (segs, seg_chunks) = segments($device, $m, $n);
-        let grid = Grid::from(Grid::tiles($m, ROWS) * segs as u32);
+        let (rows, cols) = chunk($k::VARIANTS);
+        let (segs, seg_chunks) = segments($device, $m, $n, rows, cols);
+        let grid = Grid::from(Grid::tiles($m, rows) * segs as u32);
         if segs == 1 {
             $k::launch($device, grid, $x, &mut $yv, &mut OptionalMut(None::<&mut Tensor<f32>>, 2), seg_chunks, 1)
         } else {
@@ -216,10 +224,11 @@ macro_rules! scan_forward {
             let mut carries = Tensor::<f32>::scratch($device, &[$m, segs])?;
             $k::launch($device, grid, $x, &mut $yv, &mut totals, seg_chunks, 0)?;
             let (tv, mut cv) = (totals.view(&[$m, segs], &[segs, 1])?, carries.view_mut(&[$m, segs], &[segs, 1])?);
-            let whole = i32::try_from(segs.div_ceil(256)).unwrap_or(i32::MAX);
+            let (total_rows, total_cols) = chunk($totals::VARIANTS);
+            let whole = i32::try_from(segs.div_ceil(total_cols)).unwrap_or(i32::MAX);
             $totals::launch(
                 $device,
-                Grid::from(Grid::tiles($m, ROWS)),
+                Grid::from(Grid::tiles($m, total_rows)),
                 &tv,
                 &mut cv,
                 &mut OptionalMut(None::<&mut Tensor<f32>>, 2),
@@ -265,13 +274,21 @@ scan_element!(
 scan_element!(tessera::f16, cumsum_f16, cumsum_reverse_f16, cumprod_f16, logcumsumexp_f16, cumprod_backward_f16, logcumsumexp_backward_f16);
 scan_element!(f32, cumsum_f32, cumsum_reverse_f32, cumprod_f32, logcumsumexp_f32, cumprod_backward_f32, logcumsumexp_backward_f32);
 
-/// How a forward scan splits rows of `n` columns, `m` of them, over blocks: `(segments a row,
-/// 256-column chunks a segment)`. One segment where the row blocks fill the GPU twice over (or
-/// a row is short); else segments of at least 16 chunks, enough for 8 blocks an SM.
-fn segments(device: &Device, m: usize, n: usize) -> (usize, i32) {
-    let chunks = n.div_ceil(256);
-    let (blocks, sms) = (m.div_ceil(ROWS), device.sm_count().max(1) as usize);
-    let segs = if blocks >= 2 * sms { 1 } else { (8 * sms).div_ceil(blocks).min(chunks / 16).max(1) };
+/// A forward scan kernel's chunk, `(rows, columns)`, from its knob `C` (`rows = 4096 / C`).
+fn chunk(variants: &[&KernelSpec]) -> (usize, usize) {
+    let c = variants.first().and_then(|v| v.knob("C")).and_then(|c| usize::try_from(c).ok()).filter(|&c| c > 0);
+    let c = c.expect("every forward scan kernel has its chunk's columns as knob `C`");
+    (4096 / c, c)
+}
+
+/// How a forward scan splits rows of `n` columns, `m` of them, over blocks of `rows` rows that
+/// walk `cols`-column chunks: `(segments a row, chunks a segment)`. One segment where the row
+/// blocks fill the GPU twice over (or a row is short); else segments of at least 4096 columns,
+/// enough for 8 blocks an SM.
+fn segments(device: &Device, m: usize, n: usize, rows: usize, cols: usize) -> (usize, i32) {
+    let chunks = n.div_ceil(cols);
+    let (blocks, sms) = (m.div_ceil(rows), device.sm_count().max(1) as usize);
+    let segs = if blocks >= 2 * sms { 1 } else { (8 * sms).div_ceil(blocks).min(n / 4096).max(1) };
     let seg_chunks = chunks.div_ceil(segs);
     (chunks.div_ceil(seg_chunks), i32::try_from(seg_chunks).unwrap_or(i32::MAX))
 }
@@ -303,7 +320,7 @@ fn run<T: ScanElement>(
         return Err(arg("x", "fewer than 2³¹ rows and columns".into(), format!("{m} rows of {n}")));
     }
     let tensors: Vec<&Tensor<T>> = inputs.iter().map(|&(_, t)| t).collect();
-    T::scan_launch(op, device, Grid::from(Grid::tiles(m, ROWS)), &tensors, y, [m, n])
+    T::scan_launch(op, device, Grid::from(Grid::tiles(m, BACKWARD_ROWS)), &tensors, y, [m, n])
 }
 
 /// `y = cumsum(x)` along the last axis (`y[…, j] = Σ_{k ≤ j} x[…, k]`): bf16, f16 or f32 in

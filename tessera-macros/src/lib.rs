@@ -22,7 +22,8 @@ use proc_macro::TokenStream;
 /// STAGES = [4, 3])` (one variant per combination of the knobs' integer values, in the module's
 /// `VARIANTS`; a combination that does not compile is dropped, and an empty set is an error at
 /// `tune`; `only(D <= 128 || BN <= 96)` among the knobs builds just the combinations where the
-/// condition holds); `blocks_per_sm = N`; `targets(sm_90a, sm_80)`.
+/// condition holds, and may compare a `dtypes` parameter, `only(T == f32 && C == 128 || T != f32
+/// && C == 1024)`, for variants per type); `blocks_per_sm = N`; `targets(sm_90a, sm_80)`.
 #[proc_macro_attribute]
 pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     tessera_frontend::expand(attr.into(), item.into()).into()

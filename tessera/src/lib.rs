@@ -103,7 +103,9 @@
 //!   `launch_variant(i, …)` runs one; combinations that do not compile, such as those over the
 //!   target's shared memory, are dropped, and none left is an error at `tune`;
 //!   `tune(D = [64, 256], BN = [128, 64], only(D < 256 || BN == 64))` builds only the
-//!   combinations where the condition on the knobs holds). The
+//!   combinations where the condition on the knobs holds; it may compare a `dtypes`
+//!   parameter, `only(T == f32 && C == 128 || T != f32 && C == 1024)`, so that each type's
+//!   kernel has its own variants). The
 //!   [`Tuner`] picks among variants at run time ([`tune`]).
 //!
 //! ## Hopper (sm_90a)

@@ -1239,10 +1239,11 @@ impl Lowerer<'_> {
     }
 
     /// A scan step's operand ([`ScanStep`]) in the tile's blocked layout, where a thread's run
-    /// is its `v` slots of a row: a serial step moves the register of the column before (after,
-    /// in a reverse scan), a lanes step shuffles the run's last (first) register up (down) `s`
-    /// lanes, the apply step shuffles it one lane for the run's other columns; `fill` where no
-    /// column lies there and in the slots the step leaves alone.
+    /// is its `v` slots of a row in one segment: a serial step moves the register of the column
+    /// before (after, in a reverse scan), a lanes step shuffles the run's last (first) register
+    /// up (down) `s` lanes, the apply step shuffles it one lane for the run's other columns, a
+    /// segment step takes the last (first) lane's last (first) register of the segment before;
+    /// `fill` where no column lies there and in the slots the step leaves alone.
     fn scan_part(&mut self, t: TileVal, step: ScanStep, fill: Reg) -> TileVal {
         use Operand::{Imm, Reg as R};
         let to = Layout::blocked(t.ty.rows, t.ty.cols);
@@ -1250,13 +1251,25 @@ impl Lowerer<'_> {
         let slots = to.slots();
         let at = |dr: u32, dc: u32| slots.iter().position(|s| s.dr == dr && s.dc == dc).expect("a blocked run holds every column");
         let base_col = self.layout_regs(to).col;
-        let v = step.v;
+        let (v, seg) = (step.v, step.seg);
         // The run's last slot in the scan's order, and where a serial step's source lies.
         let (last, back) = if step.reverse { (0, -1i64) } else { (v - 1, 1) };
-        let mut shuffled: Vec<(u32, Reg)> = Vec::new();
+        // A segment step's source: the lane holding the row's segment's last (first) column.
+        let edge_lane = matches!(step.kind, ScanKind::Segment(_)).then(|| {
+            let (lane, tc) = (self.reg(RegClass::B32, "seglane"), seg / v);
+            if step.reverse {
+                self.op("and.b32", vec![R(lane), R(self.lane), Imm(i64::from(!(tc - 1) & 31))]);
+            } else {
+                self.op("or.b32", vec![R(lane), R(self.lane), Imm(i64::from(tc - 1))]);
+            }
+            lane
+        });
+        // One shuffle per run and segment (the apply step's columns share it).
+        let mut shuffled: Vec<((u32, u32), Reg)> = Vec::new();
         let mut regs = Vec::with_capacity(slots.len());
         for slot in &slots {
             let r = self.reg(RegClass::F32, "scan");
+            let segment = slot.dc / seg;
             let lanes = match step.kind {
                 _ if !step.touches_slot(slot.dc) => None,
                 ScanKind::Serial(_) => {
@@ -1267,29 +1280,35 @@ impl Lowerer<'_> {
                 }
                 ScanKind::Lanes(s) => Some(s),
                 ScanKind::Apply => Some(1),
+                ScanKind::Segment(_) => Some(0),
             };
             let Some(lanes) = lanes else {
                 self.op("mov.f32", vec![R(r), R(fill)]);
                 regs.push(r);
                 continue;
             };
-            // One shuffle per run (the apply step's columns share it).
-            let got = match shuffled.iter().find(|(dr, _)| *dr == slot.dr) {
+            let got = match shuffled.iter().find(|(key, _)| *key == (slot.dr, segment)) {
                 Some(&(_, g)) => g,
                 None => {
-                    let src = t.regs[at(slot.dr, last)];
-                    let got = self.reg(RegClass::F32, "shfl");
-                    let has = self.reg(RegClass::Pred, "shin");
-                    if step.reverse {
-                        self.op("shfl.sync.down.b32", vec![R(got), R(src), Imm(i64::from(lanes)), Imm(31), Imm(-1)]);
-                        self.op("setp.lt.u32", vec![R(has), R(base_col), Imm(i64::from(step.cols - lanes * v))]);
-                    } else {
-                        self.op("shfl.sync.up.b32", vec![R(got), R(src), Imm(i64::from(lanes)), Imm(0), Imm(-1)]);
-                        self.op("setp.ge.u32", vec![R(has), R(base_col), Imm(i64::from(lanes * v))]);
-                    }
                     let g = self.reg(RegClass::F32, "scanin");
-                    self.op("selp.f32", vec![R(g), R(got), R(fill), R(has)]);
-                    shuffled.push((slot.dr, g));
+                    if let Some(lane) = edge_lane {
+                        let from = if step.reverse { (segment + 1) * seg } else { (segment - 1) * seg + v - 1 };
+                        let src = t.regs[at(slot.dr, from)];
+                        self.op("shfl.sync.idx.b32", vec![R(g), R(src), R(lane), Imm(31), Imm(-1)]);
+                    } else {
+                        let src = t.regs[at(slot.dr, segment * seg + last)];
+                        let got = self.reg(RegClass::F32, "shfl");
+                        let has = self.reg(RegClass::Pred, "shin");
+                        if step.reverse {
+                            self.op("shfl.sync.down.b32", vec![R(got), R(src), Imm(i64::from(lanes)), Imm(31), Imm(-1)]);
+                            self.op("setp.lt.u32", vec![R(has), R(base_col), Imm(i64::from(seg - lanes * v))]);
+                        } else {
+                            self.op("shfl.sync.up.b32", vec![R(got), R(src), Imm(i64::from(lanes)), Imm(0), Imm(-1)]);
+                            self.op("setp.ge.u32", vec![R(has), R(base_col), Imm(i64::from(lanes * v))]);
+                        }
+                        self.op("selp.f32", vec![R(g), R(got), R(fill), R(has)]);
+                    }
+                    shuffled.push(((slot.dr, segment), g));
                     g
                 }
             };

@@ -696,13 +696,16 @@ pub enum Builtin {
     WarpgroupId,
 }
 
-/// One step of a row scan in the blocked layout where each thread holds one run of `v`
+/// One step of a row scan in the blocked layout where each thread holds runs of `v`
 /// consecutive columns of a row and the row's runs lie in `tc` lanes of one warp: the serial
 /// scan of each run, then a Hillis–Steele scan of the runs' totals across the lanes, then
 /// each run's other elements combined with the total of the runs before. `n` combines and
 /// `log₂ tc` shuffles a row instead of Hillis–Steele's `n·log₂ n` and `v·log₂ tc`; the
-/// interpreter and the lowering read the same steps. A reverse scan runs the mirror image:
-/// column `j` plays column `cols − 1 − j`.
+/// interpreter and the lowering read the same steps. A row wider than the lanes' `v·tc`
+/// columns (a thread holding a run in each of several *segments* of `v·tc` columns) scans its
+/// segments side by side, then joins them one after another: each segment takes in the last
+/// element of the one before. A reverse scan runs the mirror image: column `j` plays column
+/// `cols − 1 − j`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ScanStep {
     /// Which step.
@@ -713,6 +716,8 @@ pub struct ScanStep {
     pub cols: u32,
     /// A reverse scan's step.
     pub reverse: bool,
+    /// The columns of a segment, `v·tc` (`cols` where the lanes cover the row).
+    pub seg: u32,
 }
 
 /// What a [`ScanStep`] does, in forward order.
@@ -721,28 +726,33 @@ pub enum ScanKind {
     /// Run position `k` takes in position `k − 1`.
     Serial(u32),
     /// The last position of each run takes in the last position of the run this many runs
-    /// back.
+    /// back in its segment.
     Lanes(u32),
-    /// Every position but the last of each run takes in the last position of the run before.
+    /// Every position but the last of each run takes in the last position of the run before
+    /// in its segment.
     Apply,
+    /// Every column of this segment takes in the last column of the segment before.
+    Segment(u32),
 }
 
 impl ScanStep {
     /// The steps of the scan along the rows of a `rows×cols` tile in its canonical blocked
     /// layout ([`crate::layout::Layout::blocked`]), or `None` where a row spans more than one
-    /// run per thread or more than one warp.
+    /// warp.
     pub fn plan(rows: u32, cols: u32, reverse: bool) -> Option<Vec<ScanStep>> {
         let l = crate::layout::Layout::blocked(rows, cols);
         let crate::layout::LayoutKind::Blocked { v, tc, wc: 1, .. } = l.kind else { return None };
-        if cols != v * tc || cols < 2 {
+        let seg = v * tc;
+        if !cols.is_multiple_of(seg) || cols < 2 {
             return None;
         }
-        let step = |kind| ScanStep { kind, v, cols, reverse };
+        let step = |kind| ScanStep { kind, v, cols, reverse, seg };
         let mut steps: Vec<ScanStep> = (1..v).map(|k| step(ScanKind::Serial(k))).collect();
         steps.extend(std::iter::successors(Some(1), |s| Some(s * 2)).take_while(|&s| s < tc).map(|s| step(ScanKind::Lanes(s))));
         if tc > 1 {
             steps.push(step(ScanKind::Apply));
         }
+        steps.extend((1..cols / seg).map(|j| step(ScanKind::Segment(j))));
         Some(steps)
     }
 
@@ -755,24 +765,32 @@ impl ScanStep {
         }
     }
 
-    /// The run position (in forward order) of the elements the step changes.
-    fn touches_pos(self, pos: u32) -> bool {
+    /// Whether the step changes the element at run position `pos` of forward-order segment
+    /// `segment`.
+    fn touches_at(self, pos: u32, segment: u32) -> bool {
         match self.kind {
             ScanKind::Serial(k) => pos == k,
             ScanKind::Lanes(_) => pos == self.v - 1,
             ScanKind::Apply => pos != self.v - 1,
+            ScanKind::Segment(j) => segment == j,
         }
     }
 
     /// Whether the step changes column `col`.
     pub fn touches(self, col: u32) -> bool {
-        self.touches_pos(self.mirror(col) % self.v)
+        let c = self.mirror(col);
+        self.touches_at(c % self.v, c / self.seg)
     }
 
-    /// Whether the step changes the slot at run offset `dc` of a thread's run (the lowering's
-    /// view: a run's slots in column order).
+    /// Whether the step changes the slot at offset `dc` from a thread's base column (the
+    /// lowering's view: a run's slots in column order, a run a segment).
     pub fn touches_slot(self, dc: u32) -> bool {
-        self.touches_pos(if self.reverse { self.v - 1 - dc } else { dc })
+        let (k, segment) = (dc % self.seg, dc / self.seg);
+        if self.reverse {
+            self.touches_at(self.v - 1 - k, self.cols / self.seg - 1 - segment)
+        } else {
+            self.touches_at(k, segment)
+        }
     }
 
     /// The column that column `col` combines with at this step, if the step touches it and one
@@ -782,10 +800,13 @@ impl ScanStep {
             return None;
         }
         let (c, v) = (self.mirror(col), self.v);
+        // The segment's first column and the column's place in it.
+        let (start, cs) = (c / self.seg * self.seg, c % self.seg);
         let from = match self.kind {
             ScanKind::Serial(_) => Some(c - 1),
-            ScanKind::Lanes(s) => (c / v >= s).then(|| c - s * v),
-            ScanKind::Apply => (c >= v).then(|| c / v * v - 1),
+            ScanKind::Lanes(s) => (cs / v >= s).then(|| c - s * v),
+            ScanKind::Apply => (cs >= v).then(|| start + cs / v * v - 1),
+            ScanKind::Segment(_) => Some(start - 1),
         };
         from.map(|f| self.mirror(f))
     }
