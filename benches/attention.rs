@@ -136,12 +136,23 @@ fn main() {
     println!("\nattention bf16 forward on {} (TFLOP/s; baseline: cuDNN through PyTorch, same run)", dev.name());
     println!("| shape | cuDNN | tessera | × cuDNN | with lse | × cuDNN |");
     println!("|---|---|---|---|---|---|");
-    for (name, base, ours, with_lse) in &rows {
+    // The JSON report (`target/tessera-bench/attention-<arch>.json`): this table's rows.
+    let mut report = tessera::report::Report::new("attention", &dev);
+    for ((name, base, ours, with_lse), &(b, h, s, d, causal)) in rows.iter().zip(&shapes) {
         match base {
             Ok(v) => println!("| {name} | {v:.0} | {ours:.0} | {:.2} | {with_lse:.0} | {:.2} |", ours / v, with_lse / v),
             Err(_) => println!("| {name} | — | {ours:.0} | — | {with_lse:.0} | — |"),
         }
+        let flop = 4.0 * (b * h * s * s * d) as f64 / if causal { 2.0 } else { 1.0 };
+        for (kernel, tf) in [("attention forward", ours), ("attention forward + lse", with_lse)] {
+            let mut r = tessera::report::Record::new("attention", kernel, name, "bf16", flop / tf * 1e-9, "TFLOP/s", *tf);
+            if let Ok(v) = base {
+                r = r.against("cuDNN (torch)", *v);
+            }
+            report.push(&dev, r);
+        }
     }
+    common::write_report(&report);
     if let Some((_, Err(why), ..)) = rows.iter().find(|r| r.1.is_err()) {
         println!("no cuDNN baseline: {why}");
     }

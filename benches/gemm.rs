@@ -152,9 +152,15 @@ fn main() {
 
     println!("\ngemm bf16 on {} (TFLOP/s)", dev.name());
     println!("{:<18} {:>9} {:>9} {:>7} {:>9}", "MxNxK", "cuBLAS", "tessera", "ratio", "max|dC|");
+    // The JSON report (`target/tessera-bench/gemm-<arch>.json`): the main table's rows.
+    let mut report = tessera::report::Report::new("gemm", &dev);
     for (name, cb, us, diff) in rows {
         println!("{name:<18} {cb:>9.0} {us:>9.0} {:>7.2} {diff:>9.3}", us / cb);
+        let flop = 2.0 * name.split('x').filter_map(|v| v.parse::<f64>().ok()).product::<f64>();
+        let record = tessera::report::Record::new("gemm", "gemm (C = A·Bᵀ)", &name, "bf16", flop / us * 1e-9, "TFLOP/s", us);
+        report.push(&dev, record.against("cuBLAS", cb));
     }
+    common::write_report(&report);
     println!(
         "{:<18} {:>9.0} {:>9.0} {:>7.2}   (GEMM+bias+GELU {m}x{n}x{k}: cuBLAS + separate kernel vs fused)",
         "bias+gelu",

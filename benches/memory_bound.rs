@@ -16,12 +16,32 @@
 //! scan's forward mamba-ssm's own CUDA kernel (`scripts/mamba-selective-scan.sh`, built there
 //! with nvcc from the sources `scripts/fetch-baselines.sh` fetches).
 
+mod common;
+
 use criterion::Criterion;
 use std::time::Duration;
+use tessera::report::{Record, Report};
 use tessera::testing::Uniform;
 use tessera::{Device, Tensor};
 
+/// A row into the JSON report beside the printed tables: GB/s against the copy measured first
+/// (its rate the roofline), with the kernels launched since the last row. `shape` and `dtype`
+/// where the label names none.
+fn record(report: &mut Report, dev: &Device, label: &str, bytes: f64, ms: f64, shape: &str, dtype: &str) {
+    let (source, family, kernel, shape, dtype) = common::label_fields(label, shape, dtype);
+    let gbs = bytes / ms * 1e-6;
+    let mut r = Record::new(&family, &kernel, &shape, &dtype, ms, "GB/s", gbs).source(&source);
+    if let Some(copy) = report.records.first().map(|c| c.value) {
+        r = r.against("copy", copy).roofline(copy);
+    }
+    report.push(dev, r);
+}
+
+/// CUDA-event milliseconds a call after `warm` calls, over `iters`. Under
+/// `TESSERA_BENCH_PROFILE` (`scripts/bench-report.sh --ncu`: a profiler replays every launch)
+/// each row runs once, untimed in earnest.
 fn time_ms(dev: &Device, warm: usize, iters: usize, f: impl FnMut()) -> f64 {
+    let (warm, iters) = if std::env::var_os("TESSERA_BENCH_PROFILE").is_some() { (0, 1) } else { (warm, iters) };
     tessera::testing::time_ms(dev, warm, iters, f).expect("CUDA event timing")
 }
 
@@ -118,10 +138,29 @@ fn main() {
     };
     let mb = (M * N * 4) as f64;
     let mut rows: Vec<(&str, f64, f64)> = Vec::new();
+    let mut norm_rows: Vec<(String, f64, f64)> = Vec::new();
+    let mut report = Report::new("memory_bound", &dev);
+    let whole = format!("{M}x{N}");
+    // A row of the first table (f32 at 16384×8192 unless its label says), or of the second
+    // (bf16): printed at the end, recorded in the report now.
+    macro_rules! row {
+        ($label:expr, $bytes:expr, $ms:expr $(,)?) => {{
+            let (label, bytes, ms) = ($label, $bytes, $ms);
+            record(&mut report, &dev, label, bytes, ms, &whole, "f32");
+            rows.push((label, bytes, ms));
+        }};
+    }
+    macro_rules! norm_row {
+        ($label:expr, $bytes:expr, $ms:expr $(,)?) => {{
+            let (label, bytes, ms): (String, f64, f64) = ($label, $bytes, $ms);
+            record(&mut report, &dev, &label, bytes, ms, "", "bf16");
+            norm_rows.push((label, bytes, ms));
+        }};
+    }
     {
         let mut f = || dev.stream().expect("a CUDA stream").memcpy_dtod(&src, &mut dst).expect("copy");
         timed(&mut criterion, "copy", &mut f);
-        rows.push(("copy (read+write)", 2.0 * mb, time_ms(&dev, 5, 20, f)));
+        row!("copy (read+write)", 2.0 * mb, time_ms(&dev, 5, 20, f));
     }
     // Only some norm widths (and the copy), to look at one kernel quickly.
     let only: Option<Vec<usize>> = std::env::var("TESSERA_BENCH_WIDTHS")
@@ -137,41 +176,41 @@ fn main() {
         {
             let mut f = || tessera_kernels::axpy(&dev, 0.5, &x, &mut y).expect("axpy");
             timed(&mut criterion, "axpy", &mut f);
-            rows.push(("axpy y=a*x+y", 3.0 * mb, time_ms(&dev, 5, 20, f)));
+            row!("axpy y=a*x+y", 3.0 * mb, time_ms(&dev, 5, 20, f));
         }
         {
             let mut f = || tessera_kernels::row_sum(&dev, &x, &mut out).expect("row_sum");
             timed(&mut criterion, "row_sum", &mut f);
-            rows.push(("row_sum", mb + (M * 4) as f64, time_ms(&dev, 5, 20, f)));
+            row!("row_sum", mb + (M * 4) as f64, time_ms(&dev, 5, 20, f));
         }
         {
             let mut f = || tessera_kernels::row_max(&dev, &x, &mut out).expect("row_max");
             timed(&mut criterion, "row_max", &mut f);
-            rows.push(("row_max", mb + (M * 4) as f64, time_ms(&dev, 5, 20, f)));
+            row!("row_max", mb + (M * 4) as f64, time_ms(&dev, 5, 20, f));
         }
         {
             let mut f = || tessera_kernels::softmax(&dev, &x, &mut y).expect("softmax");
             timed(&mut criterion, "softmax", &mut f);
-            rows.push(("softmax", 2.0 * mb, time_ms(&dev, 5, 20, f)));
+            row!("softmax", 2.0 * mb, time_ms(&dev, 5, 20, f));
         }
         // Prefix scans along the rows (4 rows a block, 1024-column chunks carried along; the
         // 16-bit logcumsumexp 16 rows × 256).
         {
             let mut f = || tessera_kernels::cumsum(&dev, &x, &mut y).expect("cumsum");
             timed(&mut criterion, "cumsum", &mut f);
-            rows.push(("cumsum", 2.0 * mb, time_ms(&dev, 5, 20, f)));
+            row!("cumsum", 2.0 * mb, time_ms(&dev, 5, 20, f));
         }
         {
             let mut f = || tessera_kernels::logcumsumexp(&dev, &x, &mut y).expect("logcumsumexp");
-            rows.push(("logcumsumexp", 2.0 * mb, time_ms(&dev, 5, 20, &mut f)));
+            row!("logcumsumexp", 2.0 * mb, time_ms(&dev, 5, 20, &mut f));
         }
         {
             let xb = Tensor::from_host(&dev, &rng_bf16(M * N), &[M, N]).expect("x bf16");
             let mut yb = Tensor::<tessera::bf16>::zeros(&dev, &[M, N]).expect("y bf16");
             let mut f = || tessera_kernels::cumsum(&dev, &xb, &mut yb).expect("cumsum bf16");
-            rows.push(("cumsum bf16", mb, time_ms(&dev, 5, 20, &mut f)));
+            row!("cumsum bf16", mb, time_ms(&dev, 5, 20, &mut f));
             let mut f = || tessera_kernels::logcumsumexp(&dev, &xb, &mut yb).expect("logcumsumexp bf16");
-            rows.push(("logcumsumexp bf16", mb, time_ms(&dev, 5, 20, &mut f)));
+            row!("logcumsumexp bf16", mb, time_ms(&dev, 5, 20, &mut f));
         }
         // PyTorch's scans on the same shapes, in this run (a child process; its own copy row
         // shows whether the device is in the same state).
@@ -185,7 +224,7 @@ fn main() {
                         "cumsum_bf16" => ("torch cumsum bf16", mb),
                         _ => continue,
                     };
-                    rows.push((row, bytes, ms));
+                    row!(row, bytes, ms);
                 }
             }
             Err(why) => println!("memory_bound: no torch scan baseline: {why}"),
@@ -196,17 +235,16 @@ fn main() {
         let x4 = Tensor::from_host(&dev, &random(M * N), &[rows4, cols4]).expect("x 4 rows");
         let mut y4 = Tensor::<f32>::zeros(&dev, &[rows4, cols4]).expect("y 4 rows");
         let mut f = || tessera_kernels::cumsum(&dev, &x4, &mut y4).expect("cumsum 4 rows");
-        rows.push(("cumsum 4 long rows", 2.0 * mb, time_ms(&dev, 5, 20, &mut f)));
+        row!("cumsum 4 long rows", 2.0 * mb, time_ms(&dev, 5, 20, &mut f));
         if let Ok(lines) = torch_scans(rows4, cols4) {
             if let Some(&(_, ms)) = lines.iter().find(|(name, _)| name == "cumsum") {
-                rows.push(("torch cumsum 4 rows", 2.0 * mb, ms));
+                row!("torch cumsum 4 rows", 2.0 * mb, ms);
             }
         }
     }
     // The norms in bf16 with weight (and bias): x read once, y written once, the [hidden]
     // parameters once. 16384×8192 first (the shape), then hidden sizes around it with
     // rows chosen for 256 MiB of input, far above L2.
-    let mut norm_rows: Vec<(String, f64, f64)> = Vec::new();
     let widths = if scans_only {
         Vec::new()
     } else {
@@ -237,12 +275,12 @@ fn main() {
             if i == 0 && path == default {
                 timed(&mut criterion, "rms_norm bf16", &mut rms);
             }
-            norm_rows.push((format!("rms_norm {m}x{n} {path}{mark}"), bytes, time_ms(&dev, 5, 20, &mut rms)));
+            norm_row!(format!("rms_norm {m}x{n} {path}{mark}"), bytes, time_ms(&dev, 5, 20, &mut rms));
             let mut ln = || tessera_kernels::layer_norm(&dev, &xb, Some(&wb), Some(&bb), 1e-5, &mut yb).expect("layer_norm");
             if i == 0 && path == default {
                 timed(&mut criterion, "layer_norm bf16", &mut ln);
             }
-            norm_rows.push((format!("layer_norm {m}x{n} {path}{mark}"), bytes + (n * 2) as f64, time_ms(&dev, 5, 20, &mut ln)));
+            norm_row!(format!("layer_norm {m}x{n} {path}{mark}"), bytes + (n * 2) as f64, time_ms(&dev, 5, 20, &mut ln));
             if path == "wide" {
                 // Softmax has no two-warpgroup kernel: its default at these widths follows.
                 continue;
@@ -253,20 +291,20 @@ fn main() {
             }
             let mark =
                 if path == "tiled" && n > tessera_kernels::ROW_PER_BLOCK_MAX && n <= tessera_kernels::SOFTMAX_ROW_MAX { "" } else { mark };
-            norm_rows.push((format!("softmax {m}x{n} {path}{mark}"), bytes - (n * 2) as f64, time_ms(&dev, 5, 20, &mut sm)));
+            norm_row!(format!("softmax {m}x{n} {path}{mark}"), bytes - (n * 2) as f64, time_ms(&dev, 5, 20, &mut sm));
         }
         std::env::remove_var("TESSERA_NORM_PATH");
         if n > tessera_kernels::ROW_PER_BLOCK_MAX && n <= tessera_kernels::SOFTMAX_ROW_MAX {
             // Softmax's forward reads rows this wide once, a block per row (its default here).
             let mut sm = || tessera_kernels::softmax(&dev, &xb, &mut yb).expect("softmax");
-            norm_rows.push((format!("softmax {m}x{n} row*"), bytes - (n * 2) as f64, time_ms(&dev, 5, 20, &mut sm)));
+            norm_row!(format!("softmax {m}x{n} row*"), bytes - (n * 2) as f64, time_ms(&dev, 5, 20, &mut sm));
         }
         if n <= tessera_kernels::ROW_PER_BLOCK_MAX {
             // y, dy read, dx written.
             let mut dx = Tensor::<bf16>::zeros(&dev, &[m, n]).expect("dx bf16");
             let dy = Tensor::from_host(&dev, &rng_bf16(m * n), &[m, n]).expect("dy bf16");
             let mut bwd = || tessera_kernels::softmax_backward(&dev, &xb, &dy, &mut dx, 1.0).expect("softmax_backward");
-            norm_rows.push((format!("softmax_backward {m}x{n}"), (3 * m * n * 2) as f64, time_ms(&dev, 5, 20, &mut bwd)));
+            norm_row!(format!("softmax_backward {m}x{n}"), (3 * m * n * 2) as f64, time_ms(&dev, 5, 20, &mut bwd));
         }
         if i == 0 || !all || matches!(n, 2048 | 2304 | 5120 | 11008) {
             // Fused RMSNorm: dropout + residual + weight, the new residual returned (x, res read;
@@ -277,12 +315,12 @@ fn main() {
             let mut dw = Tensor::<bf16>::zeros(&dev, &[n]).expect("dw");
             let norm = Norm::rms(1e-6).weight(&wb).residual(&res).dropout(Dropout::new(0.1, 42, 0));
             let mut fwd = || norm.forward(&dev, &xb, &mut yb, Some(&mut h)).expect("fused norm");
-            norm_rows.push((format!("rms fused drop+res {m}x{n}"), (4 * m * n * 2) as f64, time_ms(&dev, 5, 20, &mut fwd)));
+            norm_row!(format!("rms fused drop+res {m}x{n}"), (4 * m * n * 2) as f64, time_ms(&dev, 5, 20, &mut fwd));
             let mut bwd = || {
                 let grads = NormGrads { dh: &mut dh, dx: Some(&mut dx), dweight: Some(&mut dw), dbias: None };
                 norm.backward(&dev, &xb, &res, Some(&yb), grads).expect("fused norm backward");
             };
-            norm_rows.push((format!("rms fused backward {m}x{n}"), (5 * m * n * 2) as f64, time_ms(&dev, 5, 20, &mut bwd)));
+            norm_row!(format!("rms fused backward {m}x{n}"), (5 * m * n * 2) as f64, time_ms(&dev, 5, 20, &mut bwd));
         }
     }
     // RoPE in bf16: the shape (batch 8, seq 4096, 32 heads, dim 128) in each
@@ -311,13 +349,13 @@ fn main() {
                         timed(&mut criterion, "rope bf16", &mut f);
                     }
                     let src = if cached { "cache" } else { "computed" };
-                    norm_rows.push((format!("rope {shape} {style:?} {layout:?} {src}"), bytes, time_ms(&dev, 5, 20, &mut f)));
+                    norm_row!(format!("rope {shape} {style:?} {layout:?} {src}"), bytes, time_ms(&dev, 5, 20, &mut f));
                 }
             }
             if b == 8 {
                 let rope = Rope::new(RopeStyle::HalfSplit, HeadLayout::Bshd);
                 let mut f = || tessera_kernels::rope_in_place(&dev, &rope, &mut yb).expect("rope in place");
-                norm_rows.push((format!("rope {shape} in place"), bytes, time_ms(&dev, 5, 20, &mut f)));
+                norm_row!(format!("rope {shape} in place"), bytes, time_ms(&dev, 5, 20, &mut f));
             }
         }
     }
@@ -331,9 +369,9 @@ fn main() {
         let mut yb = Tensor::<bf16>::zeros(&dev, &[m, n]).expect("y bf16");
         let bytes = (m * n * 3) as f64;
         let mut f = || tessera_kernels::quantize_fp8(&dev, &xb, 8.0, &mut q).expect("quantize");
-        norm_rows.push((format!("quantize_fp8 {m}x{n} bf16->e4m3"), bytes, time_ms(&dev, 5, 20, &mut f)));
+        norm_row!(format!("quantize_fp8 {m}x{n} bf16->e4m3"), bytes, time_ms(&dev, 5, 20, &mut f));
         let mut f = || tessera_kernels::dequantize_fp8(&dev, &q, 0.125, &mut yb).expect("dequantize");
-        norm_rows.push((format!("dequantize_fp8 {m}x{n} e4m3->bf16"), bytes, time_ms(&dev, 5, 20, &mut f)));
+        norm_row!(format!("dequantize_fp8 {m}x{n} e4m3->bf16"), bytes, time_ms(&dev, 5, 20, &mut f));
     }
     // The selective scan (Mamba-1) forward, bf16, d_state 16, one group, with D, the gate and
     // softplus: its roofline reads u, delta, z (batch·channels·L each), B and C
@@ -351,9 +389,9 @@ fn main() {
         let bytes = ((4 * b * ch * l + 2 * b * n * l) * 2) as f64;
         let scan = tessera_kernels::SelectiveScan::new(&dev, &u, &delta, &a, &bm, &cm).d(&dskip).z(&z).delta_softplus(true);
         let mut f = || scan.run(&mut y, &mut h).expect("selective scan");
-        norm_rows.push((format!("selective_scan fwd {b}x{ch}x{l} N{n}"), bytes, time_ms(&dev, 3, 10, &mut f)));
+        norm_row!(format!("selective_scan fwd {b}x{ch}x{l} N{n}"), bytes, time_ms(&dev, 3, 10, &mut f));
         match mamba_scan(b, ch, l, n) {
-            Ok(ms) => norm_rows.push((format!("  mamba cuda fwd {b}x{ch}x{l} N{n}"), bytes, ms)),
+            Ok(ms) => norm_row!(format!("  mamba cuda fwd {b}x{ch}x{l} N{n}"), bytes, ms),
             Err(why) => println!("memory_bound: no mamba selective scan baseline: {why}"),
         }
         // The backward (gradients allocated and zeroed in each call): u, delta, z, dout, B, C
@@ -361,7 +399,7 @@ fn main() {
         let dout = t(&[b, ch, l]);
         let bwd_bytes = ((7 * b * ch * l + 2 * b * n * l) * 2 + 2 * b * ch * n * l * 4 / ch) as f64;
         let mut f = || drop(scan.backward(&dout).expect("selective scan backward"));
-        norm_rows.push((format!("selective_scan bwd {b}x{ch}x{l} N{n}"), bwd_bytes, time_ms(&dev, 2, 5, &mut f)));
+        norm_row!(format!("selective_scan bwd {b}x{ch}x{l} N{n}"), bwd_bytes, time_ms(&dev, 2, 5, &mut f));
     }
     // Causal linear attention (chunked), B 8, T 4096, H 16, D 128, bf16, beside
     // flash-linear-attention's `chunk_linear_attn` (and `chunk_simple_gla` for the decayed
@@ -377,14 +415,14 @@ fn main() {
         let bytes = (4 * b * t * h * d * 2) as f64;
         let la = tessera_kernels::LinearAttention::new(&dev, &q, &k, &v);
         let mut f = || la.run(&mut o, None).expect("linear attention");
-        norm_rows.push((format!("linear_attention fwd {b}x{t}x{h}x{d}"), bytes, time_ms(&dev, 3, 10, &mut f)));
+        norm_row!(format!("linear_attention fwd {b}x{t}x{h}x{d}"), bytes, time_ms(&dev, 3, 10, &mut f));
         let la = tessera_kernels::LinearAttention::new(&dev, &q, &k, &v).decay(&g).beta(&g);
         let mut f = || la.run(&mut o, None).expect("linear attention");
-        norm_rows.push((
+        norm_row!(
             format!("linear_attention fwd decay+beta {b}x{t}x{h}x{d}"),
             bytes + (2 * b * h * t * 4) as f64,
             time_ms(&dev, 3, 10, &mut f),
-        ));
+        );
         // Forward + backward (the gradients allocated in each call): the backward reads q, k,
         // v, dout and writes dq, dk, dv, so 11 tensors' bytes with the forward's.
         let dout = r(&[b, t, h, d]);
@@ -394,35 +432,35 @@ fn main() {
             drop(la.backward(&dout, None).expect("linear attention backward"));
         };
         let bytes_fb = bytes * 11.0 / 4.0;
-        norm_rows.push((format!("linear_attention fwd+bwd {b}x{t}x{h}x{d}"), bytes_fb, time_ms(&dev, 2, 5, &mut f)));
+        norm_row!(format!("linear_attention fwd+bwd {b}x{t}x{h}x{d}"), bytes_fb, time_ms(&dev, 2, 5, &mut f));
         let la = tessera_kernels::LinearAttention::new(&dev, &q, &k, &v).decay(&g).beta(&g);
         let mut f = || {
             la.run(&mut o, None).expect("linear attention");
             drop(la.backward(&dout, None).expect("linear attention backward"));
         };
-        norm_rows.push((format!("linear_attention fwd+bwd decay+beta {b}x{t}x{h}x{d}"), bytes_fb, time_ms(&dev, 2, 5, &mut f)));
+        norm_row!(format!("linear_attention fwd+bwd decay+beta {b}x{t}x{h}x{d}"), bytes_fb, time_ms(&dev, 2, 5, &mut f));
         // Per-channel gates (GLA): the gates (f32, as k) read besides q, k, v; a pass prepares
         // q and k.
         let gk = Tensor::from_host(&dev, &random(b * t * h * d).iter().map(|x| -0.1 * x.abs()).collect::<Vec<_>>(), &[b, t, h, d])
             .expect("gates");
         let la = tessera_kernels::LinearAttention::new(&dev, &q, &k, &v).gates(&gk);
         let mut f = || la.run(&mut o, None).expect("linear attention");
-        norm_rows.push((format!("linear_attention fwd gates {b}x{t}x{h}x{d}"), bytes * 1.5, time_ms(&dev, 3, 10, &mut f)));
+        norm_row!(format!("linear_attention fwd gates {b}x{t}x{h}x{d}"), bytes * 1.5, time_ms(&dev, 3, 10, &mut f));
         let mut f = || {
             la.run(&mut o, None).expect("linear attention");
             drop(la.backward(&dout, None).expect("linear attention backward"));
         };
-        norm_rows.push((format!("linear_attention fwd+bwd gates {b}x{t}x{h}x{d}"), bytes_fb * 1.5, time_ms(&dev, 2, 5, &mut f)));
+        norm_row!(format!("linear_attention fwd+bwd gates {b}x{t}x{h}x{d}"), bytes_fb * 1.5, time_ms(&dev, 2, 5, &mut f));
         // The elu + 1 feature map on q and k (a pass that maps them first, one that takes
         // dq, dk through φ′ after the backward).
         let la = tessera_kernels::LinearAttention::new(&dev, &q, &k, &v).feature_map(tessera_kernels::FeatureMap::EluPlusOne);
         let mut f = || la.run(&mut o, None).expect("linear attention");
-        norm_rows.push((format!("linear_attention fwd elu {b}x{t}x{h}x{d}"), bytes, time_ms(&dev, 3, 10, &mut f)));
+        norm_row!(format!("linear_attention fwd elu {b}x{t}x{h}x{d}"), bytes, time_ms(&dev, 3, 10, &mut f));
         let mut f = || {
             la.run(&mut o, None).expect("linear attention");
             drop(la.backward(&dout, None).expect("linear attention backward"));
         };
-        norm_rows.push((format!("linear_attention fwd+bwd elu {b}x{t}x{h}x{d}"), bytes_fb, time_ms(&dev, 2, 5, &mut f)));
+        norm_row!(format!("linear_attention fwd+bwd elu {b}x{t}x{h}x{d}"), bytes_fb, time_ms(&dev, 2, 5, &mut f));
         match python_baseline("TESSERA_FLA_SCRIPT", "fla_linear_attn.py", &[b, t, h, d]) {
             Ok(lines) => {
                 for (name, ms) in lines {
@@ -433,7 +471,7 @@ fn main() {
                     } else {
                         bytes
                     };
-                    norm_rows.push((format!("  fla {name} {b}x{t}x{h}x{d}"), by, ms));
+                    norm_row!(format!("  fla {name} {b}x{t}x{h}x{d}"), by, ms);
                 }
             }
             Err(why) => println!("memory_bound: no flash-linear-attention baseline: {why}"),
@@ -454,17 +492,17 @@ fn main() {
         let io = |tensors: usize| ((tensors * b * l * h * p + 2 * b * l * n + b * l * h) * 2) as f64;
         let ssd = tessera_kernels::Ssd::new(&dev, &x, &dt, &a, &bm, &cm).d(&d).dt_bias(&d).dt_softplus(true);
         let mut f = || ssd.run(&mut y, None).expect("ssd");
-        norm_rows.push((format!("ssd fwd {b}x{l}x{h}x{p} N{n}"), io(2), time_ms(&dev, 3, 10, &mut f)));
+        norm_row!(format!("ssd fwd {b}x{l}x{h}x{p} N{n}"), io(2), time_ms(&dev, 3, 10, &mut f));
         let mut f = || {
             ssd.run(&mut y, None).expect("ssd");
             drop(ssd.backward(&dy, None).expect("ssd backward"));
         };
-        norm_rows.push((format!("ssd fwd+bwd {b}x{l}x{h}x{p} N{n}"), 2.0 * io(3), time_ms(&dev, 2, 5, &mut f)));
+        norm_row!(format!("ssd fwd+bwd {b}x{l}x{h}x{p} N{n}"), 2.0 * io(3), time_ms(&dev, 2, 5, &mut f));
         match python_baseline("TESSERA_MAMBA_SSD_SCRIPT", "mamba_ssd.py", &[b, l, h, p, n]) {
             Ok(lines) => {
                 for (name, ms) in lines {
                     let by = if name.contains("bwd") { 2.0 * io(3) } else { io(2) };
-                    norm_rows.push((format!("  mamba triton ssd {name} {b}x{l}x{h}x{p} N{n}"), by, ms));
+                    norm_row!(format!("  mamba triton ssd {name} {b}x{l}x{h}x{p} N{n}"), by, ms);
                 }
             }
             Err(why) => println!("memory_bound: no mamba SSD baseline: {why}"),
@@ -498,13 +536,13 @@ fn main() {
                 .delta_bias(&dskip)
                 .delta_softplus(true);
             let mut f = || s.run_step(&mut state, &mut y).expect("selective scan step");
-            norm_rows.push((format!("selective_scan step {b}x{ch} N{n} launched"), bytes, time_ms(&sdev, 10, 50, &mut f)));
+            norm_row!(format!("selective_scan step {b}x{ch} N{n} launched"), bytes, time_ms(&sdev, 10, 50, &mut f));
             match tessera::testing::time_graph_ms(&sdev, 10, 50, &mut f) {
-                Ok(ms) => norm_rows.push((format!("selective_scan step {b}x{ch} N{n} graph"), bytes, ms)),
+                Ok(ms) => norm_row!(format!("selective_scan step {b}x{ch} N{n} graph"), bytes, ms),
                 Err(e) => println!("memory_bound: no graph replay: {e:?}"),
             }
             match mamba_step(b, ch, n) {
-                Ok(ms) => norm_rows.push((format!("  mamba triton step {b}x{ch} N{n} graph"), bytes, ms)),
+                Ok(ms) => norm_row!(format!("  mamba triton step {b}x{ch} N{n} graph"), bytes, ms),
                 Err(why) => println!("memory_bound: no mamba step baseline: {why}"),
             }
         }
@@ -545,4 +583,5 @@ fn main() {
     for (name, us) in &small {
         println!("{name:<24} {us:>8.1}");
     }
+    common::write_report(&report);
 }

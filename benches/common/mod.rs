@@ -87,3 +87,58 @@ impl Drop for PyBaseline {
         let _ = self.child.wait();
     }
 }
+
+/// A bench row's printed label (`rms fused 16384x8192 bf16`, `  torch cumsum bf16`) as the
+/// report's fields: `(source, family, kernel, shape, dtype)`. A leading `torch`, `mamba` or `fla`
+/// names a peer; a token of digits and `x` is the shape (`shape` where there is none); a dtype
+/// token (`bf16`, `f32`, `bf16->e4m3`) the dtype (`dtype` where there is none); the rest the
+/// kernel, whose words pick the family.
+#[allow(dead_code)]
+pub fn label_fields(label: &str, shape: &str, dtype: &str) -> (String, String, String, String, String) {
+    let mut words: Vec<&str> = label.split_whitespace().collect();
+    let source = match words.first() {
+        Some(&w) if ["torch", "mamba", "fla"].contains(&w) => {
+            words.remove(0);
+            w
+        }
+        _ => "tessera",
+    };
+    let is_dtype = |w: &str| ["bf16", "f16", "f32", "e4m3", "e5m2"].iter().any(|t| w == *t || w.starts_with(&format!("{t}->")));
+    let is_shape = |w: &str| w.chars().any(|c| c.is_ascii_digit()) && w.chars().all(|c| c.is_ascii_digit() || c == 'x') && w.contains('x');
+    let found_dtype = words.iter().find(|w| is_dtype(w)).map_or(dtype, |w| *w);
+    let shapes: Vec<&str> = words.iter().copied().filter(|w| is_shape(w)).collect();
+    let kernel: Vec<&str> = words.iter().copied().filter(|w| !is_dtype(w) && !is_shape(w)).collect();
+    let kernel = kernel.join(" ");
+    let family = [
+        ("selective", "selective scan"),
+        ("mamba", "selective scan"),
+        ("ssd", "ssd"),
+        ("linear_attention", "linear attention"),
+        ("fla", "linear attention"),
+        ("cum", "prefix scan"),
+        ("norm", "norm"),
+        ("rms", "norm"),
+        ("softmax", "softmax"),
+        ("rope", "rope"),
+        ("quantize", "fp8"),
+    ]
+    .iter()
+    .find(|(word, _)| kernel.contains(word) || label.contains(word))
+    .map_or("memory", |(_, f)| f);
+    let shape = if shapes.is_empty() { shape.to_string() } else { shapes.join(" ") };
+    (source.into(), family.into(), kernel, shape, found_dtype.into())
+}
+
+/// Where the report went, or why it did not: printed after the bench's tables.
+#[allow(dead_code)]
+pub fn write_report(report: &tessera::report::Report) {
+    match report.write() {
+        Ok(path) => println!(
+            "\nresults: {} ({} rows; `cargo run --bin tessera-report -- html {}`)",
+            path.display(),
+            report.records.len(),
+            path.display()
+        ),
+        Err(e) => println!("\nresults not written: {e}"),
+    }
+}

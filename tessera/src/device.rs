@@ -397,6 +397,37 @@ impl Device {
         Ok(k)
     }
 
+    /// A kernel's resources as the driver reports them for its loaded module (loading it if
+    /// it is not yet): registers a thread, static and dynamic shared memory, and how many
+    /// blocks fit an SM at once.
+    ///
+    /// # Errors
+    /// [`Error::NotCuda`] on the CPU interpreter; the load's or the driver's errors.
+    pub fn launch_figures(&self, spec: &'static tessera_ptx::KernelSpec) -> Result<crate::report::LaunchFigures> {
+        use sys::CUfunction_attribute as A;
+        let k = self.kernel(spec)?;
+        k.ctx.bind_to_thread()?;
+        // SAFETY: the function belongs to the context just bound.
+        let attr = |a| unsafe { cudarc::driver::result::function::get_function_attribute(k.function, a) };
+        let (registers, static_shared) = (attr(A::CU_FUNC_ATTRIBUTE_NUM_REGS)?, attr(A::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?);
+        // SAFETY: as above.
+        let blocks = unsafe {
+            cudarc::driver::result::occupancy::max_active_block_per_multiprocessor(
+                k.function,
+                spec.threads as i32,
+                spec.dynamic_shared_bytes as usize,
+            )
+        }?;
+        Ok(crate::report::LaunchFigures {
+            entry: spec.name.to_string(),
+            threads: spec.threads,
+            registers: registers.max(0) as u32,
+            static_shared: static_shared.max(0) as u32,
+            dynamic_shared: spec.dynamic_shared_bytes,
+            blocks_per_sm: blocks.max(0) as u32,
+        })
+    }
+
     /// The device's cache of TMA tensor maps.
     pub fn tma_cache(&self) -> &crate::tma::TmaDescriptorCache {
         &self.inner.tma

@@ -105,6 +105,9 @@ pub enum Error {
     /// `TESSERA_TUNE` holds something other than `off`, `replay` or `search`.
     #[error("TESSERA_TUNE: expected `off`, `replay` or `search`, got `{0}`")]
     TuneMode(String),
+    /// A bench report could not be written, read or merged (`tessera::report`).
+    #[error("bench report: {0}")]
+    Report(String),
     /// A CUDA driver call failed.
     #[error("CUDA driver call failed")]
     Driver(#[from] DriverError),

@@ -239,6 +239,7 @@ impl<'d> Launch<'d> {
                 found: "fewer".into(),
             });
         }
+        crate::report::note_launch(self.spec);
         let _range = crate::nvtx::range(|| {
             let mut name = self.spec.name.to_string();
             for (arg, shape) in &self.shapes {

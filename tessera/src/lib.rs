@@ -174,6 +174,7 @@ mod fp8;
 mod interp;
 mod launch;
 pub mod nvtx;
+pub mod report;
 mod tensor;
 pub mod testing;
 mod tma;
