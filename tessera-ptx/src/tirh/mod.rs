@@ -743,7 +743,9 @@ impl ScanStep {
         let l = crate::layout::Layout::blocked(rows, cols);
         let crate::layout::LayoutKind::Blocked { v, tc, wc: 1, .. } = l.kind else { return None };
         let seg = v * tc;
-        if !cols.is_multiple_of(seg) || cols < 2 {
+        // Up to 8 segments (2048 columns at 256 a segment): each is a step over the whole
+        // tile, so a wider row scans by Hillis–Steele's log₂ steps instead.
+        if !cols.is_multiple_of(seg) || cols < 2 || cols / seg > 8 {
             return None;
         }
         let step = |kind| ScanStep { kind, v, cols, reverse, seg };
