@@ -554,10 +554,7 @@ impl Occupancy {
                     let Some((_, types)) = dtypes.iter().find(|(p, _)| p == param) else {
                         return Err(syn::Error::new_spanned(param, format!("`{param}` is not a `dtypes` parameter")));
                     };
-                    if !types.contains(ty) {
-                        let listed: Vec<String> = types.iter().map(|t| t.to_string()).collect();
-                        return Err(syn::Error::new_spanned(ty, format!("`{param}` is one of {}, never `{ty}`", listed.join(", "))));
-                    }
+                    check_dtype(param, types, ty)?;
                 }
             }
         }
@@ -680,6 +677,16 @@ fn type_choices(dtypes: &[(syn::Ident, Vec<syn::Ident>)]) -> Vec<Vec<(String, St
     out
 }
 
+/// `ty` is one of the dtypes `types` of the `dtypes` parameter `param` (a type comparison of
+/// `blocks_per_sm(...)` or `only(...)`).
+fn check_dtype(param: &syn::Ident, types: &[syn::Ident], ty: &syn::Ident) -> syn::Result<()> {
+    if types.contains(ty) {
+        return Ok(());
+    }
+    let listed: Vec<String> = types.iter().map(|t| t.to_string()).collect();
+    Err(syn::Error::new_spanned(ty, format!("`{param}` is one of {}, never `{ty}`", listed.join(", "))))
+}
+
 /// Each type comparison in `only(...)` names a `dtypes` parameter and one of its dtypes.
 fn check_type_comparisons(only: &syn::Expr, dtypes: &[(syn::Ident, Vec<syn::Ident>)]) -> syn::Result<()> {
     struct Check<'a>(&'a [(syn::Ident, Vec<syn::Ident>)], Option<syn::Error>);
@@ -687,9 +694,8 @@ fn check_type_comparisons(only: &syn::Expr, dtypes: &[(syn::Ident, Vec<syn::Iden
         fn visit_expr_binary(&mut self, b: &'ast syn::ExprBinary) {
             if let Some((param, _, ty)) = type_comparison(b) {
                 if let Some((_, types)) = self.0.iter().find(|(p, _)| p == param) {
-                    if !types.contains(ty) && self.1.is_none() {
-                        let listed: Vec<String> = types.iter().map(|t| t.to_string()).collect();
-                        self.1 = Some(syn::Error::new_spanned(ty, format!("`{param}` is one of {}, never `{ty}`", listed.join(", "))));
+                    if self.1.is_none() {
+                        self.1 = check_dtype(param, types, ty).err();
                     }
                     return;
                 }

@@ -14,9 +14,10 @@
 
 use crate::{Device, Error, KernelSpec, Result};
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{LazyLock, Mutex};
 
 /// One measured row.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -97,8 +98,8 @@ impl Record {
     }
 
     /// What identifies the row between two runs.
-    fn key(&self) -> (String, String, String, String, String) {
-        (self.bench.clone(), self.kernel.clone(), self.shape.clone(), self.dtype.clone(), self.source.clone())
+    fn key(&self) -> (&str, &str, &str, &str, &str) {
+        (&self.bench, &self.kernel, &self.shape, &self.dtype, &self.source)
     }
 }
 
@@ -157,6 +158,8 @@ pub struct Report {
 /// Whether launches are noted, and those noted since the last [`Report::push`].
 static NOTING: AtomicBool = AtomicBool::new(false);
 static NOTED: Mutex<Vec<&'static KernelSpec>> = Mutex::new(Vec::new());
+/// The driver's figures of the entries seen so far, by device and entry: asked once each.
+static FIGURES: LazyLock<Mutex<HashMap<(String, &'static str), LaunchFigures>>> = LazyLock::new(Default::default);
 
 /// Notes a launch of `spec` while a report is open (one relaxed load otherwise).
 pub(crate) fn note_launch(spec: &'static KernelSpec) {
@@ -195,11 +198,16 @@ impl Report {
     pub fn push(&mut self, device: &Device, mut record: Record) {
         let noted = std::mem::take(&mut *NOTED.lock().unwrap_or_else(|p| p.into_inner()));
         record.bench = self.bench.clone();
+        let mut known = FIGURES.lock().unwrap_or_else(|p| p.into_inner());
         for spec in noted {
             record.entries.push(spec.name.to_string());
-            if let Ok(figures) = device.launch_figures(spec) {
-                record.launch.push(figures);
+            let key = (device.name().to_string(), spec.name);
+            if !known.contains_key(&key) {
+                if let Ok(figures) = device.launch_figures(spec) {
+                    known.insert(key.clone(), figures);
+                }
             }
+            record.launch.extend(known.get(&key).cloned());
         }
         self.records.push(record);
     }
@@ -371,9 +379,10 @@ pub struct Change {
 /// without a baseline, their rates) before and after; `fell` where the new is lower than the
 /// old by more than `threshold` (0.05: 5%).
 pub fn compare(old: &Report, new: &Report, threshold: f64) -> Vec<Change> {
+    let old: HashMap<_, &Record> = old.records.iter().map(|o| (o.key(), o)).collect();
     let mut out = Vec::new();
     for n in &new.records {
-        let Some(o) = old.records.iter().find(|o| o.key() == n.key()) else { continue };
+        let Some(o) = old.get(&n.key()) else { continue };
         let (a, b) = match (o.ratio, n.ratio) {
             (Some(a), Some(b)) => (a, b),
             _ => (o.value, n.value),
