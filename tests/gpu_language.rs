@@ -1034,6 +1034,57 @@ fn interp_column_atomics_over_blocks() {
     column_atomics_over_blocks(&Device::cpu());
 }
 
+/// As `column_atomics` in the shapes whose warps reduce by a reduce-scatter (each lane ends
+/// with some of the columns' totals and adds those itself): 128 rows of 8 columns (a row a
+/// thread, 32 lanes down the rows) along `x`'s width, then 64×64 tiles (8 columns a thread,
+/// 4 lanes down the rows), so every column's sum is added twice.
+#[kernel]
+fn column_atomics_scattered(x: Global<f32, 2>, maxima: Global<f32, 2>, sums: Global<f32, 2>) {
+    let r = block::id_x() * 128;
+    for c in (0..x.dim(1)).step_by(8) {
+        maxima.atomic_max([0, c], col_max(x.load_or::<Tile<f32, 128, 8>>([r, c], -3.0e38)));
+        sums.atomic_add([0, c], col_sum(x.load_or::<Tile<f32, 128, 8>>([r, c], 0.0)));
+    }
+    for q in 0..2 {
+        maxima.atomic_max([0, 0], col_max(x.load_or::<Tile<f32, 64, 64>>([r + q * 64, 0], -3.0e38)));
+        sums.atomic_add([0, 0], col_sum(x.load_or::<Tile<f32, 64, 64>>([r + q * 64, 0], 0.0)));
+    }
+}
+
+fn column_atomics_scattered_over_blocks(dev: &Device) {
+    for (m, n, lo, hi) in [(128, 8, -1.0, 1.0), (300, 61, -3.0, -1.0), (129, 40, 0.5, 2.0), (7, 3, -1.0, 1.0)] {
+        let x = random(m * n, lo, hi);
+        let xd = Tensor::from_host(dev, &x, &[m, n]).expect("x");
+        let (p0, s0) = (random(n, -2.0, 0.5), random(n, -1.0, 1.0));
+        let mut maxima = Tensor::from_host(dev, &p0, &[1, n]).expect("maxima");
+        let mut sums = Tensor::from_host(dev, &s0, &[1, n]).expect("sums");
+        column_atomics_scattered::launch(dev, m.div_ceil(128) as u32, &xd, &mut maxima, &mut sums).expect("launch");
+        let mut want_max = p0;
+        let mut want_sum: Vec<f64> = s0.iter().map(|&v| f64::from(v)).collect();
+        for i in 0..m {
+            for j in 0..n {
+                want_max[j] = want_max[j].max(x[i * n + j]);
+                want_sum[j] += 2.0 * f64::from(x[i * n + j]);
+            }
+        }
+        assert_eq!(maxima.to_host().expect("maxima"), want_max, "column maxima {m}×{n} in [{lo}, {hi})");
+        let got = wide(&sums.to_host().expect("sums"));
+        assert!(rel_error(&got, &want_sum) < 1e-5, "column sums {m}×{n}: {}", rel_error(&got, &want_sum));
+    }
+}
+
+#[test]
+fn gpu_column_atomics_scattered_over_blocks() {
+    if let Some(dev) = gpu_or_skip("gpu_column_atomics_scattered_over_blocks") {
+        column_atomics_scattered_over_blocks(&dev);
+    }
+}
+
+#[test]
+fn interp_column_atomics_scattered_over_blocks() {
+    column_atomics_scattered_over_blocks(&Device::cpu());
+}
+
 /// Every block adds its 64×64 tile of `x` into the one tile of `sum` by two TMA reduce-adds
 /// of 32-column panels from shared memory (`sum` narrower than 64: the second panel's columns
 /// past it are skipped).

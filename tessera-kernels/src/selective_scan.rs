@@ -79,6 +79,12 @@ pub fn selective_scan_fwd(
 /// Channels a block of `selective_scan_fwd_rows` takes: one a thread.
 const ROWS_CHANNELS: usize = 128;
 
+/// Whether the scan runs a thread a channel (`selective_scan_fwd_rows`, `selective_scan_bwd_rows`):
+/// a group's channels come in blocks of 128, and rows of Δ, u, z start on 16 bytes for TMA.
+fn rows_fit<T>(Dims { channels, groups, len, .. }: Dims) -> bool {
+    (channels / groups).is_multiple_of(ROWS_CHANNELS) && (len * std::mem::size_of::<T>()).is_multiple_of(16)
+}
+
 /// `selective_scan_fwd` with a thread a channel, for 128 channels of one (batch, group) a block
 /// (`channels / groups` a multiple of 128, rows of Δ, u, z a multiple of 16 bytes), three
 /// warpgroups. A producer brings each 8-step chunk of Δ, u, z (128×8 boxes), B and C (N×8, f32)
@@ -89,12 +95,14 @@ const ROWS_CHANNELS: usize = 128;
 /// the thread; the second consumer's half of `y` meets the first's in shared memory. Per state
 /// and step: one `ex2`, the scan's multiply-adds and `C·h`. Arguments as `selective_scan_fwd`,
 /// but `bm`, `cm` f32, `a` `[channels, N]`, `h0` and `h_last` `[batch·channels, N]`, `dskip` and
-/// `bias` `[channels, 1]`.
+/// `bias` `[channels, 1]`. With `save` 1 (the backward's first pass) each chunk's starting
+/// states go to `hsave` (`[chunks·batch·channels, N]`: chunk k's at rows `k·batch·channels +
+/// row`) and `y` is not stored.
 #[kernel(dtypes(T = [bf16, f32]), tune(N = [16, 32, 64]), warpgroups = 3)]
 pub fn selective_scan_fwd_rows(
     u: Global<T, 2>, delta: Global<T, 2>, a: Global<f32, 2>, bm: Global<f32, 2>, cm: Global<f32, 2>, dskip: Global<f32, 2>,
-    z: Global<T, 2>, bias: Global<f32, 2>, h0: Global<f32, 2>, y: Global<T, 2>, h_last: Global<f32, 2>, channels: i32, groups: i32,
-    has_d: i32, has_z: i32, softplus: i32, has_h0: i32, has_bias: i32,
+    z: Global<T, 2>, bias: Global<f32, 2>, h0: Global<f32, 2>, y: Global<T, 2>, h_last: Global<f32, 2>, hsave: Global<f32, 2>,
+    channels: i32, groups: i32, has_d: i32, has_z: i32, softplus: i32, has_h0: i32, has_bias: i32, save: i32,
 ) {
     let blocks = channels / 128;
     let b = block::id_x() / blocks;
@@ -146,8 +154,15 @@ pub fn selective_scan_fwd_rows(
         if has_d == 1 {
             skip = dskip.load::<Tile<f32, 128, 1>>([d0, 0]);
         }
+        let rows = u.dim(0);
         drain_stages(pipe, chunks, |s, c| {
             let t = c * 8;
+            if save == 1 {
+                #[unroll]
+                for n in 0..N / 2 {
+                    hsave.store([c * rows + row0, n0 + n], hs.at(n0 + n).load());
+                }
+            }
             let x = sx.at(s).load().cast::<f32>() + bias_d;
             let ut = su.at(s).load().cast::<f32>();
             let mut dt = x;
@@ -181,7 +196,9 @@ pub fn selective_scan_fwd_rows(
                     let r = rsqrt(1.0 + exp2(zt * -f32::consts::LOG2_E));
                     out = out * zt * r * r;
                 }
-                y.store([row0, t], out.cast::<T>());
+                if save == 0 {
+                    y.store([row0, t], out.cast::<T>());
+                }
             }
         });
         #[unroll]
@@ -205,6 +222,174 @@ fn state_chunk<const N: usize>(
     let states = linear_recurrence_chunk(exp2(dt * a2.at(j).load()), du * sb.at(s).rows(j, 1).load(), &mut h);
     hs.at(j).store(h);
     *out = *out + sc.at(s).rows(j, 1).load() * states;
+}
+
+/// The selective scan's backward for 128 channels of one (batch, group) a block, as
+/// `selective_scan_fwd_rows` (three warpgroups: a producer bringing Δ, u, z, dy and the f32 B
+/// and C by TMA, now from the last chunk back; two consumers splitting the states, a thread a
+/// channel). Each chunk's states come again from its starting states (`hsave`, which the
+/// forward kernel's `save` pass stored), `a·h_{t−1}` as `h_t − Δ·B·u`; the state gradient
+/// `g_t = C_t·dy_t + a_{t+1}·g_{t+1}` is a reverse scan from the carry the chunk after left (in
+/// shared memory, a row a thread). `du`, `ddelta` and `dz` are stored (the second consumer's
+/// sums over its states meet the first's in shared memory), dA summed in shared memory and
+/// added once at the end, dB and dC summed over the block's channels and added each chunk,
+/// dD and d(delta_bias) summed in registers and added once. Gradients as `selective_scan_bwd`
+/// takes them, `da` `[channels, N]`, `dd` and `dbias` `[channels, 1]`.
+#[kernel(dtypes(T = [bf16, f32]), tune(N = [16, 32, 64]), warpgroups = 3)]
+pub fn selective_scan_bwd_rows(
+    u: Global<T, 2>, delta: Global<T, 2>, a: Global<f32, 2>, bm: Global<f32, 2>, cm: Global<f32, 2>, dskip: Global<f32, 2>,
+    z: Global<T, 2>, bias: Global<f32, 2>, dout: Global<T, 2>, hsave: Global<f32, 2>, du: Global<T, 2>, ddelta: Global<T, 2>,
+    dz: Global<T, 2>, da: Global<f32, 2>, db: Global<f32, 2>, dc: Global<f32, 2>, dd: Global<f32, 2>, dbias: Global<f32, 2>, channels: i32,
+    groups: i32, has_d: i32, has_z: i32, softplus: i32, has_bias: i32,
+) {
+    let blocks = channels / 128;
+    let b = block::id_x() / blocks;
+    let d0 = (block::id_x() - b * blocks) * 128;
+    let row0 = b * channels + d0;
+    let rows = u.dim(0);
+    let srow = (b * groups + d0 / (channels / groups)) * N;
+    let len = u.dim(1);
+    let chunks = (len + 7) / 8;
+    let sx = Smem::<T, 128, 8>::ring_swizzled(4, 0);
+    let su = Smem::<T, 128, 8>::ring_swizzled(4, 0);
+    let sz = Smem::<T, 128, 8>::ring_swizzled(4, 0);
+    let sdo = Smem::<T, 128, 8>::ring_swizzled(4, 0);
+    let sb = Smem::<f32, N, 8>::ring_swizzled(4, 0);
+    let sc = Smem::<f32, N, 8>::ring_swizzled(4, 0);
+    // Per state: A·log₂e, the carry of g, the sum for dA; a row a consumer thread.
+    let a2 = Smem::<f32, 128, 1>::ring(N);
+    let gs = Smem::<f32, 128, 1>::ring(N);
+    let das = Smem::<f32, 128, 1>::ring(N);
+    // The second consumer's sums over its states (y, g·B, ∂/∂Δ), by chunk parity.
+    let sp = Smem::<f32, 128, 8>::ring_swizzled(6, 0);
+    let pipe = Pipeline::<4>::new(2);
+    if warpgroup::id() == 0 {
+        setmaxnreg(40);
+        fill_stages(pipe, chunks, |s, i| {
+            let t = (chunks - 1 - i) * 8;
+            tma::load(sx.at(s), delta, [row0, t], pipe);
+            tma::load(su.at(s), u, [row0, t], pipe);
+            tma::load(sdo.at(s), dout, [row0, t], pipe);
+            if has_z == 1 {
+                tma::load(sz.at(s), z, [row0, t], pipe);
+            }
+            tma::load(sb.at(s), bm, [srow, t], pipe);
+            tma::load(sc.at(s), cm, [srow, t], pipe);
+        });
+    } else {
+        setmaxnreg(232);
+        let me = warpgroup::id() - 1;
+        let n0 = me * (N / 2);
+        #[unroll]
+        for n in 0..N / 2 {
+            a2.at(n0 + n).store(a.load::<Tile<f32, 128, 1>>([d0, n0 + n]) * f32::consts::LOG2_E);
+            gs.at(n0 + n).store(Tile::<f32, 128, 1>::zeros());
+            das.at(n0 + n).store(Tile::<f32, 128, 1>::zeros());
+        }
+        let mut bias_d = Tile::<f32, 128, 1>::zeros();
+        if has_bias == 1 {
+            bias_d = bias.load::<Tile<f32, 128, 1>>([d0, 0]);
+        }
+        let mut skip = Tile::<f32, 128, 1>::zeros();
+        if has_d == 1 {
+            skip = dskip.load::<Tile<f32, 128, 1>>([d0, 0]);
+        }
+        let mut dd_sum = Tile::<f32, 128, 1>::zeros();
+        let mut dbias_sum = Tile::<f32, 128, 1>::zeros();
+        drain_stages(pipe, chunks, |s, i| {
+            let k = chunks - 1 - i;
+            let t = k * 8;
+            let x = sx.at(s).load().cast::<f32>() + bias_d;
+            let ut = su.at(s).load().cast::<f32>();
+            let go = sdo.at(s).load().cast::<f32>();
+            let mut dt = x;
+            if softplus == 1 {
+                dt = softplus(x);
+            }
+            dt = dt.mask_cols(len - t, 0.0);
+            let dtu = dt * ut;
+            // The gradient reaching y before the gate.
+            let mut dy = go;
+            if has_z == 1 {
+                let zt = sz.at(s).load().cast::<f32>();
+                let r = rsqrt(1.0 + exp2(zt * -f32::consts::LOG2_E));
+                dy = go * zt * r * r;
+            }
+            let mut yp = Tile::<f32, 128, 8>::zeros();
+            let mut gb = Tile::<f32, 128, 8>::zeros();
+            let mut gx = Tile::<f32, 128, 8>::zeros();
+            // The chunk's starting states, eight at a time (whole rows: `.cols(n, 1)` is a
+            // register), loaded before any is needed.
+            #[unroll]
+            for q in 0..N / 16 {
+                let hq = hsave.load::<Tile<f32, 128, 8>>([k * rows + row0, n0 + q * 8]);
+                #[unroll]
+                for n in 0..8 {
+                    let j = n0 + q * 8 + n;
+                    let an = a2.at(j).load();
+                    let at = exp2(dt * an);
+                    let bn = sb.at(s).rows(j, 1).load();
+                    let cn = sc.at(s).rows(j, 1).load();
+                    let bb = dtu * bn;
+                    let mut h = hq.cols(n, 1);
+                    let ht = linear_recurrence_chunk(at, bb, &mut h);
+                    // a_t·h_{t−1}.
+                    let ap = ht - bb;
+                    yp = yp + cn * ht;
+                    let cdy = cn * dy;
+                    let (ra, rb) = tile_scan_reverse_exclusive::<scan_linear>((at, at * cdy), 1, (1.0, 0.0));
+                    let gt = cdy + ra * gs.at(j).load() + rb;
+                    gs.at(j).store((at * gt).first_col());
+                    gb = gb + gt * bn;
+                    let gap = gt * ap;
+                    gx = gx + gt * bn * ut + gap * (an * f32::consts::LN_2);
+                    das.at(j).store(das.at(j).load() + row_sum(gap * dt));
+                    // Summed over the block's channels: each warp's totals (a reduce-scatter,
+                    // a column a lane) go to the atomics, no exchange across warps.
+                    db.atomic_add([srow + j, t], col_sum(gt * dtu));
+                    dc.atomic_add([srow + j, t], col_sum(dy * ht));
+                }
+            }
+            let p = (i % 2) * 3;
+            if me == 1 {
+                sp.at(p).store(yp);
+                sp.at(p + 1).store(gb);
+                sp.at(p + 2).store(gx);
+            }
+            barrier::sync(1, 2);
+            if me == 0 {
+                let y = yp + sp.at(p).load() + ut * skip;
+                du.store([row0, t], ((gb + sp.at(p + 1).load()) * dt + dy * skip).cast::<T>());
+                let mut dx = gx + sp.at(p + 2).load();
+                if softplus == 1 {
+                    let r = rsqrt(1.0 + exp2(x * -f32::consts::LOG2_E));
+                    dx = dx * r * r;
+                }
+                dx = dx.mask_cols(len - t, 0.0);
+                ddelta.store([row0, t], dx.cast::<T>());
+                if has_z == 1 {
+                    let zt = sz.at(s).load().cast::<f32>();
+                    let r = rsqrt(1.0 + exp2(zt * -f32::consts::LOG2_E));
+                    let sig = r * r;
+                    dz.store([row0, t], (go * y * sig * (1.0 + zt * (1.0 - sig))).cast::<T>());
+                }
+                dd_sum = dd_sum + row_sum(dy * ut);
+                dbias_sum = dbias_sum + row_sum(dx);
+            }
+        });
+        #[unroll]
+        for n in 0..N / 2 {
+            da.atomic_add([d0, n0 + n], das.at(n0 + n).load());
+        }
+        if me == 0 {
+            if has_d == 1 {
+                dd.atomic_add([d0, 0], dd_sum);
+            }
+            if has_bias == 1 {
+                dbias.atomic_add([d0, 0], dbias_sum);
+            }
+        }
+    }
 }
 
 /// Channels a block of `selective_scan_bwd` takes, of one (batch, group): their dB and dC
@@ -406,6 +591,11 @@ pub trait SelectiveScanElement: Element + sealed::Sealed {
     fn selective_scan_bwd_launch(
         s: &SelectiveScan<'_, Self>, dims: Dims, dout: &Tensor<Self>, grads: &mut SelectiveScanGrads<Self>,
     ) -> Result<()>;
+    #[doc(hidden)]
+    fn selective_scan_rows_launch(
+        s: &SelectiveScan<'_, Self>, dims: Dims, y: &mut OptionalMut<'_, tessera::TensorViewMut<'_, Self>>,
+        h_last: &mut OptionalMut<'_, tessera::TensorViewMut<'_, f32>>, hsave: Option<&mut Tensor<f32>>,
+    ) -> Result<()>;
 }
 
 /// The gradients of a selective scan ([`SelectiveScan::backward`]): `du`, `ddelta`, `dz` in the
@@ -488,7 +678,7 @@ impl<'a, T: Element> Rows<'a, T> {
 }
 
 macro_rules! selective_scan_element {
-    ($t:ty, $k:ident, $rows:ident, $f32rows:path, $step:ident, $bwd:ident) => {
+    ($t:ty, $k:ident, $rows:ident, $f32rows:path, $step:ident, $bwd:ident, $bwdrows:ident) => {
         impl SelectiveScanElement for $t {
             fn selective_scan_bwd_launch(
                 s: &SelectiveScan<'_, Self>, dims @ Dims { batch, channels, groups, states, len }: Dims, dout: &Tensor<Self>,
@@ -496,6 +686,61 @@ macro_rules! selective_scan_element {
             ) -> Result<()> {
                 let dev = s.device;
                 let rows = batch * channels;
+                let flag = |b: bool| i32::from(b);
+                if rows_fit::<Self>(dims) {
+                    // A thread a channel: the forward kernel stores each 8-step chunk's starting
+                    // states, then the reverse walk.
+                    let mut hsave = Tensor::<f32>::scratch(dev, &[len.div_ceil(8) * rows, states])?;
+                    Self::selective_scan_rows_launch(
+                        s,
+                        dims,
+                        &mut OptionalMut::<tessera::TensorViewMut<'_, Self>>(None, 2),
+                        &mut OptionalMut::<tessera::TensorViewMut<'_, f32>>(None, 2),
+                        Some(&mut hsave),
+                    )?;
+                    let i = state_variant($bwdrows::VARIANTS, states)?;
+                    let Rows { u, delta, bm, cm, z, .. } = Rows::of(s, dims)?;
+                    let (bm, cm) = ($f32rows(dev, bm)?, $f32rows(dev, cm)?);
+                    let (a, dskip, bias) = s.per_channel(channels, states)?;
+                    let go = rows_of(dout, rows, len)?;
+                    let mut du = gr.du.view_mut(&[rows, len], &[len, 1])?;
+                    let mut ddelta = gr.ddelta.view_mut(&[rows, len], &[len, 1])?;
+                    let mut dz = gr.dz.as_mut().map(|t| t.view_mut(&[rows, len], &[len, 1])).transpose()?;
+                    let mut da = gr.da.view_mut(&[channels, states], &[states, 1])?;
+                    let mut db = gr.db.view_mut(&[batch * groups * states, len], &[len, 1])?;
+                    let mut dc = gr.dc.view_mut(&[batch * groups * states, len], &[len, 1])?;
+                    let mut dd = gr.dd.as_mut().map(|t| t.view_mut(&[channels, 1], &[1, 1])).transpose()?;
+                    let mut dbias = gr.d_delta_bias.as_mut().map(|t| t.view_mut(&[channels, 1], &[1, 1])).transpose()?;
+                    return $bwdrows::launch_variant(
+                        i,
+                        dev,
+                        Grid::from((rows / ROWS_CHANNELS) as u32),
+                        &u,
+                        &delta,
+                        &a,
+                        &bm,
+                        &cm,
+                        &Optional(dskip.as_ref(), 2),
+                        z.as_ref().unwrap_or(&u),
+                        &Optional(bias.as_ref(), 2),
+                        &go,
+                        &hsave,
+                        &mut du,
+                        &mut ddelta,
+                        &mut OptionalMut(dz.as_mut(), 2),
+                        &mut da,
+                        &mut db,
+                        &mut dc,
+                        &mut OptionalMut(dd.as_mut(), 2),
+                        &mut OptionalMut(dbias.as_mut(), 2),
+                        channels as i32,
+                        groups as i32,
+                        flag(s.d.is_some()),
+                        flag(s.z.is_some()),
+                        flag(s.delta_softplus),
+                        flag(s.delta_bias.is_some()),
+                    );
+                }
                 let i = state_variant($bwd::VARIANTS, states)?;
                 let chunks = len.div_ceil(2048 / states);
                 let mut hs = Tensor::<f32>::scratch(dev, &[rows * states, chunks])?;
@@ -511,7 +756,6 @@ macro_rules! selective_scan_element {
                 let mut dc = gr.dc.view_mut(&[batch * groups * states, len], &[len, 1])?;
                 let mut dd = gr.dd.as_mut().map(|t| t.view_mut(&[channels, 1], &[1, 1])).transpose()?;
                 let mut dbias = gr.d_delta_bias.as_mut().map(|t| t.view_mut(&[channels, 1], &[1, 1])).transpose()?;
-                let flag = |b: bool| i32::from(b);
                 $bwd::launch_variant(
                     i,
                     dev,
@@ -592,40 +836,16 @@ macro_rules! selective_scan_element {
                 let dev = s.device;
                 let rows = batch * channels;
                 let flag = |b: bool| i32::from(b);
-                if (channels / groups) % ROWS_CHANNELS == 0 && (len * std::mem::size_of::<Self>()) % 16 == 0 {
-                    // A thread a channel, 128 channels of one group a block, its inputs by TMA
-                    // (whose rows start on 16 bytes).
-                    let i = state_variant($rows::VARIANTS, states)?;
-                    let Rows { u, delta, bm, cm, z, .. } = Rows::of(s, dims)?;
-                    // B and C in f32: each is read by every thread of a block.
-                    let (bm, cm) = ($f32rows(dev, bm)?, $f32rows(dev, cm)?);
-                    let (a, dskip, bias) = s.per_channel(channels, states)?;
-                    let h0 = s.h0.map(|h| h.view(&[rows, states], &[states, 1])).transpose()?;
+                if rows_fit::<Self>(dims) {
+                    // A thread a channel, 128 channels of one group a block.
                     let mut yv = y.view_mut(&[rows, len], &[len, 1])?;
                     let mut hv = h_last.view_mut(&[rows, states], &[states, 1])?;
-                    return $rows::launch_variant(
-                        i,
-                        dev,
-                        Grid::from((rows / ROWS_CHANNELS) as u32),
-                        &u,
-                        &delta,
-                        &a,
-                        &bm,
-                        &cm,
-                        &Optional(dskip.as_ref(), 2),
-                        // Without a gate, `u` stands in for it (TMA needs a tensor; it is not read).
-                        z.as_ref().unwrap_or(&u),
-                        &Optional(bias.as_ref(), 2),
-                        &Optional(h0.as_ref(), 2),
-                        &mut yv,
-                        &mut hv,
-                        channels as i32,
-                        groups as i32,
-                        flag(s.d.is_some()),
-                        flag(s.z.is_some()),
-                        flag(s.delta_softplus),
-                        flag(s.h0.is_some()),
-                        flag(s.delta_bias.is_some()),
+                    return Self::selective_scan_rows_launch(
+                        s,
+                        dims,
+                        &mut OptionalMut(Some(&mut yv), 2),
+                        &mut OptionalMut(Some(&mut hv), 2),
+                        None,
                     );
                 }
                 let i = state_variant($k::VARIANTS, states)?;
@@ -656,6 +876,49 @@ macro_rules! selective_scan_element {
                     flag(s.delta_bias.is_some()),
                 )
             }
+
+            fn selective_scan_rows_launch(
+                s: &SelectiveScan<'_, Self>, dims @ Dims { batch, channels, groups, states, .. }: Dims,
+                y: &mut OptionalMut<'_, tessera::TensorViewMut<'_, Self>>, h_last: &mut OptionalMut<'_, tessera::TensorViewMut<'_, f32>>,
+                hsave: Option<&mut Tensor<f32>>,
+            ) -> Result<()> {
+                let dev = s.device;
+                let rows = batch * channels;
+                let flag = |b: bool| i32::from(b);
+                let i = state_variant($rows::VARIANTS, states)?;
+                let Rows { u, delta, bm, cm, z, .. } = Rows::of(s, dims)?;
+                // B and C in f32: each is read by every thread of a block.
+                let (bm, cm) = ($f32rows(dev, bm)?, $f32rows(dev, cm)?);
+                let (a, dskip, bias) = s.per_channel(channels, states)?;
+                let h0 = s.h0.map(|h| h.view(&[rows, states], &[states, 1])).transpose()?;
+                let save = hsave.is_some();
+                $rows::launch_variant(
+                    i,
+                    dev,
+                    Grid::from((rows / ROWS_CHANNELS) as u32),
+                    &u,
+                    &delta,
+                    &a,
+                    &bm,
+                    &cm,
+                    &Optional(dskip.as_ref(), 2),
+                    // Without a gate, `u` stands in for it (TMA needs a tensor; it is not read).
+                    z.as_ref().unwrap_or(&u),
+                    &Optional(bias.as_ref(), 2),
+                    &Optional(h0.as_ref(), 2),
+                    y,
+                    h_last,
+                    &mut OptionalMut(hsave, 2),
+                    channels as i32,
+                    groups as i32,
+                    flag(s.d.is_some()),
+                    flag(s.z.is_some()),
+                    flag(s.delta_softplus),
+                    flag(s.h0.is_some()),
+                    flag(s.delta_bias.is_some()),
+                    flag(save),
+                )
+            }
         }
     };
 }
@@ -665,7 +928,8 @@ selective_scan_element!(
     selective_scan_fwd_rows_bf16,
     crate::elementwise::widened_bf16,
     selective_scan_step_bf16,
-    selective_scan_bwd_bf16
+    selective_scan_bwd_bf16,
+    selective_scan_bwd_rows_bf16
 );
 selective_scan_element!(
     f32,
@@ -673,7 +937,8 @@ selective_scan_element!(
     selective_scan_fwd_rows_f32,
     f32_as_is,
     selective_scan_step_f32,
-    selective_scan_bwd_f32
+    selective_scan_bwd_f32,
+    selective_scan_bwd_rows_f32
 );
 
 /// An f32 view as the kernels take it (the f32 scan's B and C need no widening).

@@ -199,19 +199,45 @@ impl Lowerer<'_> {
                 (Some(c0), Some(dim), Some(sb)) => self.element_addr(row_addr, row_in, (c0, dim, sb), sl.dc),
                 _ => (row_addr, row_in),
             };
-            if !max {
-                self.op_if(p, false, "red.global.add.f32", vec![Operand::Addr(addr, 0), Operand::Reg(r)]);
-                continue;
-            }
-            use Operand::{Imm, Reg as R};
-            let bits = self.reg(RegClass::B32, "bits");
-            self.op("mov.b32", vec![R(bits), R(r)]);
-            let (pos, neg) = (self.reg(RegClass::Pred, "pos"), self.reg(RegClass::Pred, "neg"));
-            self.op("setp.ge.and.s32", vec![R(pos), R(bits), Imm(0), R(p)]);
-            self.op("setp.lt.and.s32", vec![R(neg), R(bits), Imm(0), R(p)]);
-            self.op_if(pos, false, "red.global.max.s32", vec![Operand::Addr(addr, 0), R(bits)]);
-            self.op_if(neg, false, "red.global.min.u32", vec![Operand::Addr(addr, 0), R(bits)]);
+            self.red(addr, p, r, max);
         }
+    }
+
+    /// `atomic_add` (`atomic_max` with `max`) of a warp's column totals scattered over its lanes
+    /// ([`Self::reduce_scatter`]): each value at the tile's first slot moved by its column offset.
+    pub(crate) fn atomic_add_scattered(&mut self, g: &GlobalVal, idx: &[Operand], sc: &super::tile::Scattered, max: bool) {
+        use Operand::Reg as R;
+        let col_axis = g.rank.max(1) - 1;
+        let first = sc.layout.slots()[0];
+        for &(v, off) in &sc.values {
+            let mut at = idx.to_vec();
+            let c = self.reg(RegClass::B32, "scatter_c");
+            self.op("add.s32", vec![R(c), R(off), idx[col_axis].clone()]);
+            at[col_axis] = R(c);
+            let plan = self.plan_for(g, &at, sc.layout, sc.ty, true, Some(sc.writers));
+            let &(_, row_addr, _, row_in) = plan.rows.iter().find(|p| p.0 == first.dr).expect("planned row");
+            let (addr, p) = match (plan.col0, plan.col_dim, plan.col_stride_bytes) {
+                (Some(c0), Some(dim), Some(sb)) => self.element_addr(row_addr, row_in, (c0, dim, sb), first.dc),
+                _ => (row_addr, row_in),
+            };
+            self.red(addr, p, v, max);
+        }
+    }
+
+    /// One f32 atomic add (or max: as integers, by sign) of `r` at `addr` where `p`.
+    fn red(&mut self, addr: Reg, p: Reg, r: Reg, max: bool) {
+        use Operand::{Imm, Reg as R};
+        if !max {
+            self.op_if(p, false, "red.global.add.f32", vec![Operand::Addr(addr, 0), R(r)]);
+            return;
+        }
+        let bits = self.reg(RegClass::B32, "bits");
+        self.op("mov.b32", vec![R(bits), R(r)]);
+        let (pos, neg) = (self.reg(RegClass::Pred, "pos"), self.reg(RegClass::Pred, "neg"));
+        self.op("setp.ge.and.s32", vec![R(pos), R(bits), Imm(0), R(p)]);
+        self.op("setp.lt.and.s32", vec![R(neg), R(bits), Imm(0), R(p)]);
+        self.op_if(pos, false, "red.global.max.s32", vec![Operand::Addr(addr, 0), R(bits)]);
+        self.op_if(neg, false, "red.global.min.u32", vec![Operand::Addr(addr, 0), R(bits)]);
     }
 
     /// Stores a tile at origin `idx`; each element is written once, by its owner, if in bounds.

@@ -646,6 +646,13 @@ impl<'a> Lowerer<'a> {
                 if let crate::tirh::ExprKind::Reduce { op, axis: 0, value: inner } = &value.kind {
                     if *op == want {
                         let t = self.tile(inner)?;
+                        let t = match self.reduce_scatter(t, *op) {
+                            Ok(sc) => {
+                                self.atomic_add_scattered(&g, &idx, &sc, *max);
+                                return Ok(());
+                            }
+                            Err(t) => t,
+                        };
                         let (t, writers) = self.reduce_per_warp(t, *op);
                         self.atomic_add(&g, &idx, &t, *max, writers);
                         return Ok(());

@@ -143,12 +143,34 @@ impl Lowerer<'_> {
             ExprKind::KeepWhere { value, cond, fill } => self.keep_where(value, cond, fill, ty)?,
             ExprKind::TileCols { value, start, cols } => {
                 let t = self.tile(value)?;
+                let whole_rows = |l: Layout| matches!(l.kind, LayoutKind::Blocked { tc: 1, wc: 1, .. }) && l.keep_rows && l.keep_cols;
+                let part = Layout::blocked(t.ty.rows, *cols);
+                if whole_rows(t.layout) && whole_rows(part) && t.layout.footprint_rows() == part.footprint_rows() {
+                    // Each thread holds its rows whole (a `Tile<_, 128, 8>`): the columns are its own
+                    // registers, in the same rows.
+                    let slots = t.layout.slots();
+                    let regs = part
+                        .slots()
+                        .iter()
+                        .map(|p| {
+                            let at = slots.iter().position(|s| s.dr == p.dr && s.dc == p.dc + *start);
+                            t.regs[at.expect("a whole-row layout holds every column of its rows")]
+                        })
+                        .collect();
+                    return Ok(TileVal { ty, layout: part, regs });
+                }
                 let LayoutKind::Wgmma { m_blocks } = t.layout.kind else {
                     return Err(CompileError::Lower {
-                        message: "`cols` takes an MMA accumulator (a tile that `mma_sync` wrote)".into(),
+                        message: "`cols` takes an MMA accumulator (a tile that `mma_sync` wrote) or a tile whose rows each lie in one thread (`Tile<_, 128, 8>`)".into(),
                         loc: e.loc,
                     });
                 };
+                if *cols % 8 != 0 {
+                    return Err(CompileError::Lower {
+                        message: format!("`cols` of an MMA accumulator takes a multiple of 8 columns, found {cols}"),
+                        loc: e.loc,
+                    });
+                }
                 // Block b's registers for columns [start, start + cols) are a contiguous run of
                 // the m64nN fragment: 4 registers per 8 columns.
                 let per_block = (t.ty.cols / 2) as usize;
@@ -1490,7 +1512,6 @@ impl Lowerer<'_> {
 
     /// Steps 1 and 2 of a reduction: within each thread, then across the lanes of each warp.
     fn reduce_in_warps(&mut self, t: TileVal, op: ReduceOp, axis: u32) -> Partial {
-        use Operand::{Imm, Reg as R};
         let l = t.layout;
         let out_layout = l.reduced(axis);
         let ty = if axis == 1 { TileType { cols: 1, ..t.ty } } else { TileType { rows: 1, ..t.ty } };
@@ -1498,8 +1519,27 @@ impl Lowerer<'_> {
         if !kept {
             return Partial { op, axis, layout: l, ty, out_layout, acc: t.regs, done: true };
         }
+        let mut acc = self.reduce_in_threads(&t, op, axis);
         let inst = op.f32_inst();
-        // 1. Within the thread: combine the registers that share the kept coordinate.
+        // 2. Across the lanes of a warp: butterfly over the lane bits of the reduced axis.
+        let (lane_lo, lane_n) = l.lane_split(axis);
+        let mut step = lane_lo * lane_n / 2;
+        while step >= lane_lo && lane_n > 1 {
+            for a in acc.iter_mut() {
+                *a = self.butterfly(*a, *a, step, inst);
+            }
+            step /= 2;
+        }
+        Partial { op, axis, layout: l, ty, out_layout, acc, done: false }
+    }
+
+    /// Step 1 of a reduction: within the thread, the registers that share the kept coordinate
+    /// combined, one f32 a slot of the reduced layout (replicas zeroed in a sum).
+    fn reduce_in_threads(&mut self, t: &TileVal, op: ReduceOp, axis: u32) -> Vec<Reg> {
+        use Operand::Reg as R;
+        let l = t.layout;
+        let out_layout = l.reduced(axis);
+        let inst = op.f32_inst();
         let slots = l.slots();
         let mut acc: Vec<Reg> = Vec::new();
         for o in &out_layout.slots() {
@@ -1531,20 +1571,96 @@ impl Lowerer<'_> {
                 *a = r;
             }
         }
-        // 2. Across the lanes of a warp: butterfly over the lane bits of the reduced axis.
-        let (lane_lo, lane_n) = l.lane_split(axis);
+        acc
+    }
+
+    /// A column reduction for `atomic_add(…, col_sum(t))` (or `col_max` with `atomic_max`) by
+    /// a reduce-scatter inside each warp: where each thread holds `k` of the columns and `L`
+    /// lane bits run down the rows, the butterfly's first levels halve the values a lane
+    /// carries (a lane keeps one half and sends the other to its partner: one shuffle a pair)
+    /// instead of exchanging all `k` at every level, so that each lane ends with some of the
+    /// columns' warp totals and writes those itself — about `k` shuffles instead of `k·L` (9
+    /// instead of 40 for a row of 8 a thread), and no exchange across warps. `Err(t)` where
+    /// it saves nothing or does not apply (16-bit values, columns not evenly spaced).
+    pub(crate) fn reduce_scatter(&mut self, t: TileVal, op: ReduceOp) -> Result<Scattered, TileVal> {
+        use Operand::{Imm, Reg as R};
+        let l = t.layout;
+        let out_layout = l.reduced(0);
+        let offsets: Vec<i64> = out_layout.slots().iter().map(|o| i64::from(o.dc)).collect();
+        let k = offsets.len();
+        let (lane_lo, lane_n) = l.lane_split(0);
+        let spacing = if k >= 2 { offsets[1] - offsets[0] } else { 0 };
+        let evenly = offsets.iter().enumerate().all(|(i, &o)| o == offsets[0] + i as i64 * spacing);
+        if !l.keep_rows || t.ty.dtype != DType::F32 || k < 2 || !k.is_power_of_two() || lane_n < 2 || !lane_n.is_power_of_two() || !evenly {
+            return Err(t);
+        }
+        let levels = lane_n.trailing_zeros();
+        let halving = k.trailing_zeros().min(levels);
+        let kept = k >> halving;
+        let scatter: usize = (0..halving).map(|i| k >> (i + 1)).sum::<usize>() + (levels - halving) as usize * kept;
+        if scatter >= k * levels as usize {
+            return Err(t);
+        }
+        let mut acc = self.reduce_in_threads(&t, op, 0);
+        let inst = op.f32_inst();
+        // The index (in the reduced layout's slots) of the lane's first kept value.
+        let index = self.reg(RegClass::B32, "scatter_index");
+        self.op("mov.b32", vec![R(index), Imm(0)]);
         let mut step = lane_lo * lane_n / 2;
-        while step >= lane_lo && lane_n > 1 {
-            for a in acc.iter_mut() {
-                let other = self.reg(RegClass::F32, "shfl");
-                self.op("shfl.sync.bfly.b32", vec![R(other), R(*a), Imm(i64::from(step)), Imm(31), Imm(-1)]);
-                let r = self.reg(RegClass::F32, "red");
-                self.op(inst, vec![R(r), R(*a), R(other)]);
-                *a = r;
+        for level in 0..levels {
+            if level < halving {
+                // Lanes with this bit set keep the upper half and send the lower.
+                let (bit, upper) = (self.reg(RegClass::B32, "bit"), self.reg(RegClass::Pred, "upper"));
+                self.op("and.b32", vec![R(bit), R(self.lane), Imm(i64::from(step))]);
+                self.op("setp.ne.u32", vec![R(upper), R(bit), Imm(0)]);
+                let half = acc.len() / 2;
+                let mut next = Vec::with_capacity(half);
+                for i in 0..half {
+                    let (lo, hi) = (acc[i], acc[i + half]);
+                    let (send, keep) = (self.reg(RegClass::F32, "send"), self.reg(RegClass::F32, "keep"));
+                    self.op("selp.f32", vec![R(send), R(lo), R(hi), R(upper)]);
+                    self.op("selp.f32", vec![R(keep), R(hi), R(lo), R(upper)]);
+                    next.push(self.butterfly(keep, send, step, inst));
+                }
+                acc = next;
+                let add = self.reg(RegClass::B32, "half");
+                self.op("selp.b32", vec![R(add), Imm(half as i64), Imm(0), R(upper)]);
+                self.op("add.s32", vec![R(index), R(index), R(add)]);
+            } else {
+                for a in acc.iter_mut() {
+                    *a = self.butterfly(*a, *a, step, inst);
+                }
             }
             step /= 2;
         }
-        Partial { op, axis, layout: l, ty, out_layout, acc, done: false }
+        // Writers: the lanes whose bits of the full levels are zero, owning their columns.
+        let lr = self.layout_regs(l);
+        let writers = self.reg(RegClass::Pred, "scatter_writer");
+        let low = (i64::from(lane_lo) << (levels - halving)) - i64::from(lane_lo);
+        let bits = self.reg(RegClass::B32, "lowbits");
+        self.op("and.b32", vec![R(bits), R(self.lane), Imm(low)]);
+        self.op("setp.eq.and.u32", vec![R(writers), R(bits), Imm(0), R(lr.col_owner)]);
+        let values = acc
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let off = self.reg(RegClass::B32, "scatter_col");
+                self.op("add.s32", vec![R(off), R(index), Imm(i as i64)]);
+                self.op("mul.lo.s32", vec![R(off), R(off), Imm(spacing)]);
+                (v, off)
+            })
+            .collect();
+        Ok(Scattered { values, writers, ty: TileType { rows: 1, ..t.ty }, layout: out_layout })
+    }
+
+    /// `keep` combined by `inst` with lane `lane ^ step`'s `send` (a butterfly level: both `a`).
+    fn butterfly(&mut self, keep: Reg, send: Reg, step: u32, inst: &str) -> Reg {
+        use Operand::{Imm, Reg as R};
+        let other = self.reg(RegClass::F32, "shfl");
+        self.op("shfl.sync.bfly.b32", vec![R(other), R(send), Imm(i64::from(step)), Imm(31), Imm(-1)]);
+        let r = self.reg(RegClass::F32, "red");
+        self.op(inst, vec![R(r), R(keep), R(other)]);
+        r
     }
 
     /// Step 3: across warps, through shared memory, every partial in one exchange. Each
@@ -1617,6 +1733,17 @@ impl Lowerer<'_> {
         let regs = if p.done { p.acc } else { p.acc.into_iter().map(|a| self.f32_to(a, p.ty.dtype)).collect() };
         TileVal { ty: p.ty, layout: p.out_layout, regs }
     }
+}
+
+/// A warp's column totals after [`Lowerer::reduce_scatter`]: the values a lane holds, each
+/// with its column's offset from the reduced tile's first slot (in elements), and which
+/// lanes write them.
+pub(crate) struct Scattered {
+    pub values: Vec<(Reg, Reg)>,
+    pub writers: Reg,
+    /// The reduced tile's type and layout.
+    pub ty: TileType,
+    pub layout: Layout,
 }
 
 /// A reduction part way: each warp's result, before the exchange across warps.

@@ -224,9 +224,16 @@ impl Checker<'_> {
                 let Type::Tile(t) = ty else {
                     return Err(CompileError::ty(value.loc, format!("`cols` takes a tile, found `{ty}`")));
                 };
-                if *cols == 0 || *cols % 8 != 0 || *start % *cols != 0 || *start + *cols > t.cols {
-                    return Err(CompileError::ty(loc, format!(
-                        "`cols({start}, {cols})` of `{t}`: expected a multiple of 8 columns starting at a multiple of the count, inside {} columns", t.cols)));
+                // Which counts a tile's layout allows (8-column runs of an MMA accumulator, any of
+                // a tile whose rows lie whole in their threads) is the lowering's to check.
+                if *cols == 0 || *start % *cols != 0 || *start + *cols > t.cols {
+                    return Err(CompileError::ty(
+                        loc,
+                        format!(
+                            "`cols({start}, {cols})` of `{t}`: expected columns starting at a multiple of the count, inside {} columns",
+                            t.cols
+                        ),
+                    ));
                 }
                 Type::Tile(TileType { cols: *cols, ..t })
             }
