@@ -104,11 +104,7 @@ pub fn selective_scan_fwd_rows(
     z: Global<T, 2>, bias: Global<f32, 2>, h0: Global<f32, 2>, y: Global<T, 2>, h_last: Global<f32, 2>, hsave: Global<f32, 2>,
     channels: i32, groups: i32, has_d: i32, has_z: i32, softplus: i32, has_h0: i32, has_bias: i32, save: i32,
 ) {
-    let blocks = channels / 128;
-    let b = block::id_x() / blocks;
-    let d0 = (block::id_x() - b * blocks) * 128;
-    let row0 = b * channels + d0;
-    let srow = (b * groups + d0 / (channels / groups)) * N;
+    let (d0, row0, srow) = channel_block::<N>(channels, groups);
     let len = u.dim(1);
     let chunks = (len + 7) / 8;
     let sx = Smem::<T, 128, 8>::ring_swizzled(8, 0);
@@ -146,14 +142,7 @@ pub fn selective_scan_fwd_rows(
                 hs.at(n0 + n).store(Tile::<f32, 128, 1>::zeros());
             }
         }
-        let mut bias_d = Tile::<f32, 128, 1>::zeros();
-        if has_bias == 1 {
-            bias_d = bias.load::<Tile<f32, 128, 1>>([d0, 0]);
-        }
-        let mut skip = Tile::<f32, 128, 1>::zeros();
-        if has_d == 1 {
-            skip = dskip.load::<Tile<f32, 128, 1>>([d0, 0]);
-        }
+        let (bias_d, skip) = channel_columns(bias, dskip, d0, has_bias, has_d);
         let rows = u.dim(0);
         drain_stages(pipe, chunks, |s, c| {
             let t = c * 8;
@@ -163,14 +152,8 @@ pub fn selective_scan_fwd_rows(
                     hsave.store([c * rows + row0, n0 + n], hs.at(n0 + n).load());
                 }
             }
-            let x = sx.at(s).load().cast::<f32>() + bias_d;
+            let dt = deltas::<128, 8>(sx.at(s).load().cast::<f32>() + bias_d, softplus, len - t);
             let ut = su.at(s).load().cast::<f32>();
-            let mut dt = x;
-            if softplus == 1 {
-                dt = softplus(x);
-            }
-            // Steps past the end carry the state through: Δ = 0 gives a = 1, b = 0.
-            dt = dt.mask_cols(len - t, 0.0);
             let du = dt * ut;
             let mut out = Tile::<f32, 128, 8>::zeros();
             // Eight states unrolled at a time (more outrun the 168 registers of three
@@ -208,6 +191,34 @@ pub fn selective_scan_fwd_rows(
     }
 }
 
+/// Where a block of a thread-a-channel kernel (`selective_scan_fwd_rows`, `_bwd_rows`; 128
+/// channels of one batch and group a block) starts: its first channel `d0`, its first row of
+/// `u`, `delta`, `z` (`row0`) and of B and C (`srow`).
+#[device]
+fn channel_block<const N: usize>(channels: i32, groups: i32) -> (i32, i32, i32) {
+    let blocks = channels / 128;
+    let b = block::id_x() / blocks;
+    let d0 = (block::id_x() - b * blocks) * 128;
+    (d0, b * channels + d0, (b * groups + d0 / (channels / groups)) * N)
+}
+
+/// The block's channels' delta bias and `D` (`[channels, 1]` columns, a row a thread), zeros
+/// where absent.
+#[device]
+fn channel_columns(
+    bias: Global<f32, 2>, dskip: Global<f32, 2>, d0: i32, has_bias: i32, has_d: i32,
+) -> (Tile<f32, 128, 1>, Tile<f32, 128, 1>) {
+    let mut bias_d = Tile::<f32, 128, 1>::zeros();
+    if has_bias == 1 {
+        bias_d = bias.load::<Tile<f32, 128, 1>>([d0, 0]);
+    }
+    let mut skip = Tile::<f32, 128, 1>::zeros();
+    if has_d == 1 {
+        skip = dskip.load::<Tile<f32, 128, 1>>([d0, 0]);
+    }
+    (bias_d, skip)
+}
+
 /// State `j`'s 8-step chunk in `selective_scan_fwd_rows`, a thread a channel: its carry (`hs`)
 /// through the chunk's recurrence (`a = 2^(Δ·A·log₂e)` with `a2` holding `A·log₂e`,
 /// `b = Δ·u·B`), and `C·h` added into `out`. `sb`, `sc` hold the chunk's B and C (stage `s`,
@@ -242,12 +253,8 @@ pub fn selective_scan_bwd_rows(
     dz: Global<T, 2>, da: Global<f32, 2>, db: Global<f32, 2>, dc: Global<f32, 2>, dd: Global<f32, 2>, dbias: Global<f32, 2>, channels: i32,
     groups: i32, has_d: i32, has_z: i32, softplus: i32, has_bias: i32,
 ) {
-    let blocks = channels / 128;
-    let b = block::id_x() / blocks;
-    let d0 = (block::id_x() - b * blocks) * 128;
-    let row0 = b * channels + d0;
+    let (d0, row0, srow) = channel_block::<N>(channels, groups);
     let rows = u.dim(0);
-    let srow = (b * groups + d0 / (channels / groups)) * N;
     let len = u.dim(1);
     let chunks = (len + 7) / 8;
     let sx = Smem::<T, 128, 8>::ring_swizzled(4, 0);
@@ -286,27 +293,16 @@ pub fn selective_scan_bwd_rows(
             gs.at(n0 + n).store(Tile::<f32, 128, 1>::zeros());
             das.at(n0 + n).store(Tile::<f32, 128, 1>::zeros());
         }
-        let mut bias_d = Tile::<f32, 128, 1>::zeros();
-        if has_bias == 1 {
-            bias_d = bias.load::<Tile<f32, 128, 1>>([d0, 0]);
-        }
-        let mut skip = Tile::<f32, 128, 1>::zeros();
-        if has_d == 1 {
-            skip = dskip.load::<Tile<f32, 128, 1>>([d0, 0]);
-        }
+        let (bias_d, skip) = channel_columns(bias, dskip, d0, has_bias, has_d);
         let mut dd_sum = Tile::<f32, 128, 1>::zeros();
         let mut dbias_sum = Tile::<f32, 128, 1>::zeros();
         drain_stages(pipe, chunks, |s, i| {
             let k = chunks - 1 - i;
             let t = k * 8;
             let x = sx.at(s).load().cast::<f32>() + bias_d;
+            let dt = deltas::<128, 8>(x, softplus, len - t);
             let ut = su.at(s).load().cast::<f32>();
             let go = sdo.at(s).load().cast::<f32>();
-            let mut dt = x;
-            if softplus == 1 {
-                dt = softplus(x);
-            }
-            dt = dt.mask_cols(len - t, 0.0);
             let dtu = dt * ut;
             // The gradient reaching y before the gate.
             let mut dy = go;
@@ -518,18 +514,24 @@ pub fn selective_scan_bwd(
     }
 }
 
-/// A chunk's `delta + bias` (`x`) and step sizes `Δ` (softplus of `x` with `softplus` 1),
-/// `Δ` 0 past the sequence's end (so that those steps carry the state through).
+/// A chunk's `delta + bias` (`x`) and step sizes `Δ` ([`deltas`]).
 #[device]
 fn step_sizes<T, const W: usize>(
     delta: Global<T, 2>, row: i32, t: i32, len: i32, bias_d: f32, softplus: i32,
 ) -> (Tile<f32, 1, W>, Tile<f32, 1, W>) {
     let x = delta.load_or::<Tile<T, 1, W>>([row, t], 0.0).cast::<f32>() + bias_d;
+    (x, deltas::<1, W>(x, softplus, len - t))
+}
+
+/// Step sizes `Δ` from `x = δ + bias` (its softplus with `softplus` 1), 0 past the sequence's
+/// end (`left` steps remain), so that those steps carry the state through (a = 1, b = 0).
+#[device]
+fn deltas<const R: usize, const W: usize>(x: Tile<f32, R, W>, softplus: i32, left: i32) -> Tile<f32, R, W> {
     let mut dt = x;
     if softplus == 1 {
         dt = softplus(x);
     }
-    (x, dt.mask_cols(len - t, 0.0))
+    dt.mask_cols(left, 0.0)
 }
 
 /// One step of the selective scan, the decode path: for 64 channels of one (batch, group) a
