@@ -207,17 +207,17 @@ impl Lowerer<'_> {
     /// ([`Self::reduce_scatter`]): each value at the tile's first slot moved by its column offset.
     pub(crate) fn atomic_add_scattered(&mut self, g: &GlobalVal, idx: &[Operand], sc: &super::tile::Scattered, max: bool) {
         use Operand::Reg as R;
-        let col_axis = g.rank.max(1) - 1;
         let first = sc.layout.slots()[0];
+        // One plan for the tile's origin; each value's column is the thread's first plus its offset.
+        let plan = self.plan_for(g, idx, sc.layout, sc.ty, true, Some(sc.writers));
+        let &(_, row_addr, _, row_in) = plan.rows.iter().find(|p| p.0 == first.dr).expect("planned row");
         for &(v, off) in &sc.values {
-            let mut at = idx.to_vec();
-            let c = self.reg(RegClass::B32, "scatter_c");
-            self.op("add.s32", vec![R(c), R(off), idx[col_axis].clone()]);
-            at[col_axis] = R(c);
-            let plan = self.plan_for(g, &at, sc.layout, sc.ty, true, Some(sc.writers));
-            let &(_, row_addr, _, row_in) = plan.rows.iter().find(|p| p.0 == first.dr).expect("planned row");
             let (addr, p) = match (plan.col0, plan.col_dim, plan.col_stride_bytes) {
-                (Some(c0), Some(dim), Some(sb)) => self.element_addr(row_addr, row_in, (c0, dim, sb), first.dc),
+                (Some(c0), Some(dim), Some(sb)) => {
+                    let c = self.reg(RegClass::B32, "scatter_c");
+                    self.op("add.s32", vec![R(c), R(c0), R(off)]);
+                    self.element_addr(row_addr, row_in, (c, dim, sb), first.dc)
+                }
                 _ => (row_addr, row_in),
             };
             self.red(addr, p, v, max);
