@@ -25,13 +25,19 @@ fn reference(kind: ScanKind, x: &[f64], g: &[f64]) -> (Vec<f64>, Vec<f64>) {
         };
         y.push(acc);
     }
+    // dy_k/dx_j for k ≥ j, summed against g; a cumprod's product of every factor but x_j
+    // built up as k grows (the factors before j, then each x_k past j).
     let dx = (0..n)
         .map(|j| {
+            let mut others: f64 = x[..j].iter().product();
             (j..n)
                 .map(|k| {
+                    if k > j {
+                        others *= x[k];
+                    }
                     g[k] * match kind {
                         ScanKind::Cumsum => 1.0,
-                        ScanKind::Cumprod => (0..=k).filter(|&i| i != j).map(|i| x[i]).product::<f64>(),
+                        ScanKind::Cumprod => others,
                         ScanKind::LogCumSumExp => (x[j] - y[k]).exp(),
                     }
                 })
