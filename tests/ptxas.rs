@@ -108,6 +108,7 @@ fn check(ptxas: &Path, dir: &Path, spec: &tessera::KernelSpec, v: &tessera::PtxV
         Some(d) => Path::new(&d).join(format!("{}.{}.cubin", spec.name, v.target.name())),
         None => dir.join(format!("{}.{}.cubin", spec.name, v.target.name())),
     };
+    let started = std::time::Instant::now();
     let out = Command::new(ptxas)
         .args(["-v", "--warning-as-error", &format!("-arch={}", v.target.name()), "-o"])
         .arg(&cubin)
@@ -116,7 +117,7 @@ fn check(ptxas: &Path, dir: &Path, spec: &tessera::KernelSpec, v: &tessera::PtxV
         .expect("run ptxas");
     let report = String::from_utf8_lossy(&out.stderr).to_string();
     let regs = report.lines().find(|l| l.contains("Used")).unwrap_or("").trim().to_string();
-    let line = format!("{:<16} {:<7} {}", spec.name, v.target.name(), regs);
+    let line = format!("{:<16} {:<7} {:>6.1} s  {}", spec.name, v.target.name(), started.elapsed().as_secs_f64(), regs);
     let failure = if !out.status.success() {
         Some(format!("{} {}: ptxas failed (PTX kept at {}):\n{report}", spec.name, v.target.name(), file.display()))
     } else if spills(&report) > spill_allowance(spec, v) {
