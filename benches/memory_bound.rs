@@ -13,7 +13,7 @@
 //! mamba-ssm's Triton kernel beside it (`benches/mamba_step.py`, which says what it needs), the
 //! linear attention flash-linear-attention's (`benches/fla_linear_attn.py`, likewise), Mamba-2's
 //! SSD mamba-ssm's Triton `mamba_chunk_scan_combined` (`benches/mamba_ssd.py`), and the selective
-//! scan's forward mamba-ssm's own CUDA kernel (`scripts/mamba-selective-scan.sh`, built there
+//! scan mamba-ssm's own CUDA kernels, forward and backward (`scripts/mamba-selective-scan.sh`, built there
 //! with nvcc from the sources `scripts/fetch-baselines.sh` fetches).
 
 mod common;
@@ -88,11 +88,12 @@ fn mamba_step(batch: usize, dim: usize, dstate: usize) -> Result<f64, String> {
     lines.iter().find(|(name, _)| name == "ms").map(|&(_, ms)| ms).ok_or_else(|| "mamba_step.py printed no `ms` line".to_string())
 }
 
-/// mamba-ssm's selective scan forward CUDA kernel at one shape, in ms, or why there is none:
+/// mamba-ssm's selective scan CUDA kernels at one shape, forward and backward, in ms, or why
+/// there are none:
 /// `scripts/mamba-selective-scan.sh` builds it with the machine's nvcc from mamba-ssm's sources
 /// (`TESSERA_MAMBA_CSRC`, else `mamba_csrc` or `.gpu2/mamba_csrc` as
 /// `scripts/fetch-baselines.sh` leaves them) and runs it.
-fn mamba_scan(batch: usize, dim: usize, len: usize, dstate: usize) -> Result<f64, String> {
+fn mamba_scan(batch: usize, dim: usize, len: usize, dstate: usize) -> Result<(f64, f64), String> {
     let found = |paths: &[&str]| paths.iter().find(|p| std::path::Path::new(p).exists()).map(|p| p.to_string());
     let csrc = std::env::var("TESSERA_MAMBA_CSRC").ok().or_else(|| found(&["mamba_csrc", ".gpu2/mamba_csrc"])).ok_or("no mamba_csrc")?;
     let script =
@@ -104,11 +105,14 @@ fn mamba_scan(batch: usize, dim: usize, len: usize, dstate: usize) -> Result<f64
         .output()
         .map_err(|e| format!("bash {script}: {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("mamba_selective_scan_fwd"))
-        .ok_or_else(|| format!("{script}: {}", String::from_utf8_lossy(&out.stderr)))?;
-    line.rsplit(' ').next().and_then(|ms| ms.parse::<f64>().ok()).ok_or_else(|| format!("{script}: `{line}`"))
+    let ms = |name: &str| {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(name))
+            .ok_or_else(|| format!("{script}: no `{name}` line: {}", String::from_utf8_lossy(&out.stderr)))?;
+        line.rsplit(' ').next().and_then(|ms| ms.parse::<f64>().ok()).ok_or_else(|| format!("{script}: `{line}`"))
+    };
+    Ok((ms("mamba_selective_scan_fwd")?, ms("mamba_selective_scan_bwd")?))
 }
 
 fn main() {
@@ -390,8 +394,9 @@ fn main() {
         let scan = tessera_kernels::SelectiveScan::new(&dev, &u, &delta, &a, &bm, &cm).d(&dskip).z(&z).delta_softplus(true);
         let mut f = || scan.run(&mut y, &mut h).expect("selective scan");
         norm_row!(format!("selective_scan fwd {b}x{ch}x{l} N{n}"), bytes, time_ms(&dev, 3, 10, &mut f));
-        match mamba_scan(b, ch, l, n) {
-            Ok(ms) => norm_row!(format!("  mamba cuda fwd {b}x{ch}x{l} N{n}"), bytes, ms),
+        let mamba = mamba_scan(b, ch, l, n);
+        match &mamba {
+            Ok((ms, _)) => norm_row!(format!("  mamba cuda fwd {b}x{ch}x{l} N{n}"), bytes, *ms),
             Err(why) => println!("memory_bound: no mamba selective scan baseline: {why}"),
         }
         // The backward (gradients allocated and zeroed in each call): u, delta, z, dout, B, C
@@ -400,6 +405,10 @@ fn main() {
         let bwd_bytes = ((7 * b * ch * l + 2 * b * n * l) * 2 + 2 * b * ch * n * l * 4 / ch) as f64;
         let mut f = || drop(scan.backward(&dout).expect("selective scan backward"));
         norm_row!(format!("selective_scan bwd {b}x{ch}x{l} N{n}"), bwd_bytes, time_ms(&dev, 2, 5, &mut f));
+        if let Ok((_, ms)) = mamba {
+            // mamba's backward starts from its forward's saved chunk states; ours recomputes them.
+            norm_row!(format!("  mamba cuda bwd {b}x{ch}x{l} N{n}"), bwd_bytes, ms);
+        }
     }
     // Causal linear attention (chunked), B 8, T 4096, H 16, D 128, bf16, beside
     // flash-linear-attention's `chunk_linear_attn` (and `chunk_simple_gla` for the decayed

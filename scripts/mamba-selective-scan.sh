@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# On the GPU machine: builds mamba-ssm's selective scan forward CUDA kernel (the baseline of the
-# bench's `selective_scan fwd` row) with the machine's nvcc and PyTorch's c10 headers, and runs
+# On the GPU machine: builds mamba-ssm's selective scan CUDA kernels, forward and backward (the
+# baselines of the bench's `selective_scan` rows) with the machine's nvcc and PyTorch's c10 headers, and runs
 # it at the bench's shape. Usage: bash scripts/mamba-selective-scan.sh <mamba_src> [batch dim len
 # d_state]. `mamba_src` is the mamba-ssm 2.3.1 sdist unpacked (`scripts/fetch-baselines.sh`).
 set -euo pipefail
