@@ -409,6 +409,22 @@ fn main() {
             // mamba's backward starts from its forward's saved chunk states; ours recomputes them.
             norm_row!(format!("  mamba cuda bwd {b}x{ch}x{l} N{n}"), bwd_bytes, ms);
         }
+        // A training step's scan: forward then backward, recomputing the states or keeping
+        // them (`run_saving`); mamba's two kernels' times added.
+        let fb_bytes = bytes + bwd_bytes;
+        let mut f = || {
+            scan.run(&mut y, &mut h).expect("selective scan");
+            drop(scan.backward(&dout).expect("selective scan backward"));
+        };
+        norm_row!(format!("selective_scan fwd+bwd {b}x{ch}x{l} N{n}"), fb_bytes, time_ms(&dev, 2, 5, &mut f));
+        let mut f = || {
+            let saved = scan.run_saving(&mut y, &mut h).expect("selective scan");
+            drop(scan.backward_saved(&saved, &dout).expect("selective scan backward"));
+        };
+        norm_row!(format!("selective_scan fwd+bwd kept {b}x{ch}x{l} N{n}"), fb_bytes, time_ms(&dev, 2, 5, &mut f));
+        if let Ok((fwd, bwd)) = mamba {
+            norm_row!(format!("  mamba cuda fwd+bwd {b}x{ch}x{l} N{n}"), fb_bytes, fwd + bwd);
+        }
     }
     // Causal linear attention (chunked), B 8, T 4096, H 16, D 128, bf16, beside
     // flash-linear-attention's `chunk_linear_attn` (and `chunk_simple_gla` for the decayed

@@ -10,7 +10,7 @@ mod common;
 use common::random;
 use tessera::testing::{gpu_or_skip, rel_error};
 use tessera::{bf16, Device, Tensor};
-use tessera_kernels::{SelectiveScan, SelectiveScanElement};
+use tessera_kernels::{SelectiveScan, SelectiveScanElement, SelectiveScanGrads};
 
 #[derive(Clone, Copy, Debug)]
 struct Case {
@@ -232,21 +232,42 @@ fn check_backward<T: SelectiveScanElement>(dev: &Device, c: Case, to: fn(f32) ->
     if c.extras {
         s = s.d(&dst).z(&zt).delta_bias(&biast).delta_softplus(true).initial_state(&h0t);
     }
-    let grads = s.backward(&gt).unwrap_or_else(|e| panic!("{c:?}: {e}"));
     let want = reference_backward(c, &x.u.1, &x.delta.1, &x.a.1, &x.b.1, &x.cm.1, &x.d.1, &x.z.1, &x.bias.1, &x.h0.1, &x.dout.1);
     let wide_t = |x: &Tensor<T>| -> Vec<f64> { x.to_host().unwrap().into_iter().map(from).collect() };
     let wide_f = |x: &Tensor<f32>| -> Vec<f64> { x.to_host().unwrap().into_iter().map(f64::from).collect() };
-    let mut got = vec![("du", wide_t(&grads.du), &want[0]), ("ddelta", wide_t(&grads.ddelta), &want[1])];
-    got.extend([("da", wide_f(&grads.da), &want[2]), ("db", wide_f(&grads.db), &want[3]), ("dc", wide_f(&grads.dc), &want[4])]);
-    if c.extras {
-        let (dd, dz, dbias) = (grads.dd.as_ref().expect("dd"), grads.dz.as_ref().expect("dz"), grads.d_delta_bias.as_ref().expect("dbias"));
-        got.extend([("dd", wide_f(dd), &want[5]), ("dz", wide_t(dz), &want[6]), ("d_delta_bias", wide_f(dbias), &want[7])]);
-    } else {
-        assert!(grads.dd.is_none() && grads.dz.is_none() && grads.d_delta_bias.is_none(), "{c:?}: gradients of inputs not given");
-    }
-    for (name, g, w) in got {
-        let err = rel_error(&g, w);
-        assert!(err < tol, "{c:?} {}: {name} relative error {err}", std::any::type_name::<T>());
+    let compare = |grads: SelectiveScanGrads<T>, how: &str| {
+        let mut got = vec![("du", wide_t(&grads.du), &want[0]), ("ddelta", wide_t(&grads.ddelta), &want[1])];
+        got.extend([("da", wide_f(&grads.da), &want[2]), ("db", wide_f(&grads.db), &want[3]), ("dc", wide_f(&grads.dc), &want[4])]);
+        if c.extras {
+            let (dd, dz, dbias) =
+                (grads.dd.as_ref().expect("dd"), grads.dz.as_ref().expect("dz"), grads.d_delta_bias.as_ref().expect("dbias"));
+            got.extend([("dd", wide_f(dd), &want[5]), ("dz", wide_t(dz), &want[6]), ("d_delta_bias", wide_f(dbias), &want[7])]);
+        } else {
+            assert!(grads.dd.is_none() && grads.dz.is_none() && grads.d_delta_bias.is_none(), "{c:?}: gradients of inputs not given");
+        }
+        for (name, g, w) in got {
+            let err = rel_error(&g, w);
+            assert!(err < tol, "{c:?} {} {how}: {name} relative error {err}", std::any::type_name::<T>());
+        }
+    };
+    compare(s.backward(&gt).unwrap_or_else(|e| panic!("{c:?}: {e}")), "backward");
+    // The forward kept for the backward: y and the last state bit for bit `run`'s, the same
+    // gradients from the kept states.
+    let poisoned = || t(&vec![to(f32::NAN); bt * ch * l], &[bt, ch, l]);
+    let (mut y, mut y_kept) = (poisoned(), poisoned());
+    let (mut h, mut h_kept) = (tf(&vec![f32::NAN; bt * ch * n], &[bt, ch, n]), tf(&vec![f32::NAN; bt * ch * n], &[bt, ch, n]));
+    s.run(&mut y, &mut h).unwrap_or_else(|e| panic!("{c:?}: {e}"));
+    let saved = s.run_saving(&mut y_kept, &mut h_kept).unwrap_or_else(|e| panic!("{c:?}: {e}"));
+    let bits_t = |x: &Tensor<T>| -> Vec<u64> { x.to_host().unwrap().into_iter().map(|v| from(v).to_bits()).collect() };
+    assert!(bits_t(&y) == bits_t(&y_kept), "{c:?}: run_saving's y is not run's");
+    assert!(h.to_host().unwrap() == h_kept.to_host().unwrap(), "{c:?}: run_saving's last state is not run's");
+    compare(s.backward_saved(&saved, &gt).unwrap_or_else(|e| panic!("{c:?}: {e}")), "backward_saved");
+    // States kept for other sizes are refused.
+    if l > 8 {
+        let (us, ds) = (t(&x.u.0[..bt * ch * 8], &[bt, ch, 8]), t(&x.delta.0[..bt * ch * 8], &[bt, ch, 8]));
+        let (bs, cs) = (t(&x.b.0[..bt * g * n * 8], &[bt, g, n, 8]), t(&x.cm.0[..bt * g * n * 8], &[bt, g, n, 8]));
+        let e = SelectiveScan::new(dev, &us, &ds, &at, &bs, &cs).backward_saved(&saved, &us).err();
+        assert!(matches!(&e, Some(tessera::Error::Argument { arg, .. }) if arg == "saved"), "{c:?}: {e:?}");
     }
 }
 

@@ -58,7 +58,7 @@ pub use rope::{
     rope, rope_backward, rope_backward_in_place, rope_cache, rope_in_place, HeadLayout, Positions, Rope, RopeElement, RopeStyle,
 };
 pub use scan::{cumprod, cumprod_backward, cumsum, cumsum_backward, logcumsumexp, logcumsumexp_backward, ScanElement};
-pub use selective_scan::{SelectiveScan, SelectiveScanElement, SelectiveScanGrads};
+pub use selective_scan::{SavedScan, SelectiveScan, SelectiveScanElement, SelectiveScanGrads};
 pub use softmax::{softmax, softmax_backward, softmax_with, SoftmaxElement, SoftmaxOptions, SOFTMAX_ROW_MAX};
 pub use ssd::{Ssd, SsdElement, SsdGrads};
 

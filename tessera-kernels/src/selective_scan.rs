@@ -76,6 +76,18 @@ pub fn selective_scan_fwd(
     h_last.store([row * N, 0], h);
 }
 
+/// How many f32 states the thread-a-channel backward keeps: each 8-step chunk's starting
+/// states.
+fn saved_states(Dims { batch, channels, states, len, .. }: Dims) -> usize {
+    len.div_ceil(8) * batch * channels * states
+}
+
+/// Whether the backward runs a thread a channel: as `rows_fit`, the saved states' offsets in
+/// `i32` (the kernels' indices).
+fn rows_save_fits<T>(dims: Dims) -> bool {
+    rows_fit::<T>(dims) && i32::try_from(saved_states(dims)).is_ok()
+}
+
 /// Channels a block of `selective_scan_fwd_rows` takes: one a thread.
 const ROWS_CHANNELS: usize = 128;
 
@@ -95,9 +107,11 @@ fn rows_fit<T>(Dims { channels, groups, len, .. }: Dims) -> bool {
 /// the thread; the second consumer's half of `y` meets the first's in shared memory. Per state
 /// and step: one `ex2`, the scan's multiply-adds and `C·h`. Arguments as `selective_scan_fwd`,
 /// but `bm`, `cm` f32, `a` `[channels, N]`, `h0` and `h_last` `[batch·channels, N]`, `dskip` and
-/// `bias` `[channels, 1]`. With `save` 1 (the backward's first pass) each chunk's starting
-/// states go to `hsave` (`[chunks·batch·channels, N]`: chunk k's at rows `k·batch·channels +
-/// row`) and `y` is not stored.
+/// `bias` `[channels, 1]`. With `save` 1 (the backward's first pass) or 2 (a forward kept for
+/// the backward, `SelectiveScan::run_saving`) each chunk's starting states go to `hsave`
+/// (`[chunks·batch·channels·N, 1]`, a state's 128 channels of a block together so that its
+/// store is one contiguous row: chunk k's state n of channel row `row0 + i` at
+/// `(k·batch·channels + row0)·N + n·128 + i`); with `save` 1, `y` is not stored.
 #[kernel(dtypes(T = [bf16, f32]), tune(N = [16, 32, 64]), warpgroups = 3)]
 pub fn selective_scan_fwd_rows(
     u: Global<T, 2>, delta: Global<T, 2>, a: Global<f32, 2>, bm: Global<f32, 2>, cm: Global<f32, 2>, dskip: Global<f32, 2>,
@@ -146,10 +160,10 @@ pub fn selective_scan_fwd_rows(
         let rows = u.dim(0);
         drain_stages(pipe, chunks, |s, c| {
             let t = c * 8;
-            if save == 1 {
+            if save >= 1 {
                 #[unroll]
                 for n in 0..N / 2 {
-                    hsave.store([c * rows + row0, n0 + n], hs.at(n0 + n).load());
+                    hsave.store([(c * rows + row0) * N + (n0 + n) * 128, 0], hs.at(n0 + n).load());
                 }
             }
             let dt = deltas::<128, 8>(sx.at(s).load().cast::<f32>() + bias_d, softplus, len - t);
@@ -179,7 +193,7 @@ pub fn selective_scan_fwd_rows(
                     let r = rsqrt(1.0 + exp2(zt * -f32::consts::LOG2_E));
                     out = out * zt * r * r;
                 }
-                if save == 0 {
+                if save != 1 {
                     y.store([row0, t], out.cast::<T>());
                 }
             }
@@ -233,6 +247,42 @@ fn state_chunk<const N: usize>(
     let states = linear_recurrence_chunk(exp2(dt * a2.at(j).load()), du * sb.at(s).rows(j, 1).load(), &mut h);
     hs.at(j).store(h);
     *out = *out + sc.at(s).rows(j, 1).load() * states;
+}
+
+/// State `j`'s part of an 8-step chunk of `selective_scan_bwd_rows`, a thread a channel, from
+/// its starting state `h`: the states again (`a·h_{t−1} = h_t − Δ·B·u`), the state gradient
+/// `g_t = C_t·dy_t + a_{t+1}·g_{t+1}` as a reverse scan from the carry the chunk after left in
+/// `gs`, the state's terms of y (`yp`), of `du` (`gb`, `g·B`) and of `ddelta` (`gx`), dA summed
+/// into `das`, and dB and dC added into row `srow + j` at step `t` (each warp's column totals by
+/// a reduce-scatter, no exchange across warps). `dt`, `dtu`, `dy`, `ut`: the chunk's Δ, Δ·u, the
+/// gradient reaching y before the gate, u; `sb`, `sc` its B and C (stage `s`).
+#[device]
+#[allow(clippy::too_many_arguments)]
+fn state_grads<const N: usize>(
+    h: Tile<f32, 128, 1>, j: i32, s: i32, t: i32, dt: Tile<f32, 128, 8>, dtu: Tile<f32, 128, 8>, dy: Tile<f32, 128, 8>,
+    ut: Tile<f32, 128, 8>, a2: Smem<f32, 128, 1>, gs: Smem<f32, 128, 1>, das: Smem<f32, 128, 1>, sb: Smem<f32, N, 8>, sc: Smem<f32, N, 8>,
+    db: Global<f32, 2>, dc: Global<f32, 2>, srow: i32, yp: &mut Tile<f32, 128, 8>, gb: &mut Tile<f32, 128, 8>, gx: &mut Tile<f32, 128, 8>,
+) {
+    let an = a2.at(j).load();
+    let at = exp2(dt * an);
+    let bn = sb.at(s).rows(j, 1).load();
+    let cn = sc.at(s).rows(j, 1).load();
+    let bb = dtu * bn;
+    let mut h = h;
+    let ht = linear_recurrence_chunk(at, bb, &mut h);
+    // a_t·h_{t−1}.
+    let ap = ht - bb;
+    *yp = *yp + cn * ht;
+    let cdy = cn * dy;
+    let (ra, rb) = tile_scan_reverse_exclusive::<scan_linear>((at, at * cdy), 1, (1.0, 0.0));
+    let gt = cdy + ra * gs.at(j).load() + rb;
+    gs.at(j).store((at * gt).first_col());
+    *gb = *gb + gt * bn;
+    let gap = gt * ap;
+    *gx = *gx + gt * bn * ut + gap * (an * f32::consts::LN_2);
+    das.at(j).store(das.at(j).load() + row_sum(gap * dt));
+    db.atomic_add([srow + j, t], col_sum(gt * dtu));
+    dc.atomic_add([srow + j, t], col_sum(dy * ht));
 }
 
 /// The selective scan's backward for 128 channels of one (batch, group) a block, as
@@ -314,37 +364,27 @@ pub fn selective_scan_bwd_rows(
             let mut yp = Tile::<f32, 128, 8>::zeros();
             let mut gb = Tile::<f32, 128, 8>::zeros();
             let mut gx = Tile::<f32, 128, 8>::zeros();
-            // The chunk's starting states, eight at a time (whole rows: `.cols(n, 1)` is a
-            // register), loaded before any is needed.
+            // The chunk's starting states, eight at a time, loaded before any is needed.
             #[unroll]
             for q in 0..N / 16 {
-                let hq = hsave.load::<Tile<f32, 128, 8>>([k * rows + row0, n0 + q * 8]);
-                #[unroll]
-                for n in 0..8 {
-                    let j = n0 + q * 8 + n;
-                    let an = a2.at(j).load();
-                    let at = exp2(dt * an);
-                    let bn = sb.at(s).rows(j, 1).load();
-                    let cn = sc.at(s).rows(j, 1).load();
-                    let bb = dtu * bn;
-                    let mut h = hq.cols(n, 1);
-                    let ht = linear_recurrence_chunk(at, bb, &mut h);
-                    // a_t·h_{t−1}.
-                    let ap = ht - bb;
-                    yp = yp + cn * ht;
-                    let cdy = cn * dy;
-                    let (ra, rb) = tile_scan_reverse_exclusive::<scan_linear>((at, at * cdy), 1, (1.0, 0.0));
-                    let gt = cdy + ra * gs.at(j).load() + rb;
-                    gs.at(j).store((at * gt).first_col());
-                    gb = gb + gt * bn;
-                    let gap = gt * ap;
-                    gx = gx + gt * bn * ut + gap * (an * f32::consts::LN_2);
-                    das.at(j).store(das.at(j).load() + row_sum(gap * dt));
-                    // Summed over the block's channels: each warp's totals (a reduce-scatter,
-                    // a column a lane) go to the atomics, no exchange across warps.
-                    db.atomic_add([srow + j, t], col_sum(gt * dtu));
-                    dc.atomic_add([srow + j, t], col_sum(dy * ht));
-                }
+                let j = n0 + q * 8;
+                let at = (k * rows + row0) * N + j * 128;
+                let h0 = hsave.load::<Tile<f32, 128, 1>>([at, 0]);
+                let h1 = hsave.load::<Tile<f32, 128, 1>>([at + 128, 0]);
+                let h2 = hsave.load::<Tile<f32, 128, 1>>([at + 256, 0]);
+                let h3 = hsave.load::<Tile<f32, 128, 1>>([at + 384, 0]);
+                let h4 = hsave.load::<Tile<f32, 128, 1>>([at + 512, 0]);
+                let h5 = hsave.load::<Tile<f32, 128, 1>>([at + 640, 0]);
+                let h6 = hsave.load::<Tile<f32, 128, 1>>([at + 768, 0]);
+                let h7 = hsave.load::<Tile<f32, 128, 1>>([at + 896, 0]);
+                state_grads::<N>(h0, j, s, t, dt, dtu, dy, ut, a2, gs, das, sb, sc, db, dc, srow, &mut yp, &mut gb, &mut gx);
+                state_grads::<N>(h1, j + 1, s, t, dt, dtu, dy, ut, a2, gs, das, sb, sc, db, dc, srow, &mut yp, &mut gb, &mut gx);
+                state_grads::<N>(h2, j + 2, s, t, dt, dtu, dy, ut, a2, gs, das, sb, sc, db, dc, srow, &mut yp, &mut gb, &mut gx);
+                state_grads::<N>(h3, j + 3, s, t, dt, dtu, dy, ut, a2, gs, das, sb, sc, db, dc, srow, &mut yp, &mut gb, &mut gx);
+                state_grads::<N>(h4, j + 4, s, t, dt, dtu, dy, ut, a2, gs, das, sb, sc, db, dc, srow, &mut yp, &mut gb, &mut gx);
+                state_grads::<N>(h5, j + 5, s, t, dt, dtu, dy, ut, a2, gs, das, sb, sc, db, dc, srow, &mut yp, &mut gb, &mut gx);
+                state_grads::<N>(h6, j + 6, s, t, dt, dtu, dy, ut, a2, gs, das, sb, sc, db, dc, srow, &mut yp, &mut gb, &mut gx);
+                state_grads::<N>(h7, j + 7, s, t, dt, dtu, dy, ut, a2, gs, das, sb, sc, db, dc, srow, &mut yp, &mut gb, &mut gx);
             }
             let p = (i % 2) * 3;
             if me == 1 {
@@ -591,7 +631,7 @@ pub trait SelectiveScanElement: Element + sealed::Sealed {
     fn selective_scan_step_launch(s: &SelectiveScan<'_, Self>, dims: Dims, y: &mut Tensor<Self>, state: &mut Tensor<f32>) -> Result<()>;
     #[doc(hidden)]
     fn selective_scan_bwd_launch(
-        s: &SelectiveScan<'_, Self>, dims: Dims, dout: &Tensor<Self>, grads: &mut SelectiveScanGrads<Self>,
+        s: &SelectiveScan<'_, Self>, dims: Dims, dout: &Tensor<Self>, grads: &mut SelectiveScanGrads<Self>, saved: Option<&Tensor<f32>>,
     ) -> Result<()>;
     #[doc(hidden)]
     fn selective_scan_rows_launch(
@@ -628,6 +668,14 @@ mod sealed {
     pub trait Sealed {}
     impl Sealed for tessera::bf16 {}
     impl Sealed for f32 {}
+}
+
+/// What [`SelectiveScan::run_saving`] keeps for [`SelectiveScan::backward_saved`]: each 8-step
+/// chunk's starting states (none where the scan does not run a thread a channel).
+pub struct SavedScan {
+    states: Option<Tensor<f32>>,
+    /// How many states a scan of these sizes keeps (checked against the backward's).
+    len: usize,
 }
 
 /// The problem's sizes: batch, channels, groups, states, length.
@@ -684,22 +732,29 @@ macro_rules! selective_scan_element {
         impl SelectiveScanElement for $t {
             fn selective_scan_bwd_launch(
                 s: &SelectiveScan<'_, Self>, dims @ Dims { batch, channels, groups, states, len }: Dims, dout: &Tensor<Self>,
-                gr: &mut SelectiveScanGrads<Self>,
+                gr: &mut SelectiveScanGrads<Self>, saved: Option<&Tensor<f32>>,
             ) -> Result<()> {
                 let dev = s.device;
                 let rows = batch * channels;
                 let flag = |b: bool| i32::from(b);
-                if rows_fit::<Self>(dims) {
-                    // A thread a channel: the forward kernel stores each 8-step chunk's starting
-                    // states, then the reverse walk.
-                    let mut hsave = Tensor::<f32>::scratch(dev, &[len.div_ceil(8) * rows, states])?;
-                    Self::selective_scan_rows_launch(
-                        s,
-                        dims,
-                        &mut OptionalMut::<tessera::TensorViewMut<'_, Self>>(None, 2),
-                        &mut OptionalMut::<tessera::TensorViewMut<'_, f32>>(None, 2),
-                        Some(&mut hsave),
-                    )?;
+                if rows_save_fits::<Self>(dims) {
+                    // A thread a channel: each 8-step chunk's starting states (kept by
+                    // `run_saving`, or stored now by the forward kernel), then the reverse walk.
+                    let mut kept = None;
+                    let hsave = match saved {
+                        Some(h) => h,
+                        None => {
+                            let mut h = Tensor::<f32>::scratch(dev, &[saved_states(dims), 1])?;
+                            Self::selective_scan_rows_launch(
+                                s,
+                                dims,
+                                &mut OptionalMut::<tessera::TensorViewMut<'_, Self>>(None, 2),
+                                &mut OptionalMut::<tessera::TensorViewMut<'_, f32>>(None, 2),
+                                Some(&mut h),
+                            )?;
+                            &*kept.insert(h)
+                        }
+                    };
                     let i = state_variant($bwdrows::VARIANTS, states)?;
                     let Rows { u, delta, bm, cm, z, .. } = Rows::of(s, dims)?;
                     let (bm, cm) = ($f32rows(dev, bm)?, $f32rows(dev, cm)?);
@@ -726,7 +781,7 @@ macro_rules! selective_scan_element {
                         z.as_ref().unwrap_or(&u),
                         &Optional(bias.as_ref(), 2),
                         &go,
-                        &hsave,
+                        hsave,
                         &mut du,
                         &mut ddelta,
                         &mut OptionalMut(dz.as_mut(), 2),
@@ -893,7 +948,12 @@ macro_rules! selective_scan_element {
                 let (bm, cm) = ($f32rows(dev, bm)?, $f32rows(dev, cm)?);
                 let (a, dskip, bias) = s.per_channel(channels, states)?;
                 let h0 = s.h0.map(|h| h.view(&[rows, states], &[states, 1])).transpose()?;
-                let save = hsave.is_some();
+                // 0: no states kept; 1: the backward's pass, states and no y; 2: both.
+                let save = match (hsave.is_some(), y.0.is_some()) {
+                    (false, _) => 0,
+                    (true, false) => 1,
+                    (true, true) => 2,
+                };
                 $rows::launch_variant(
                     i,
                     dev,
@@ -918,7 +978,7 @@ macro_rules! selective_scan_element {
                     flag(s.delta_softplus),
                     flag(s.h0.is_some()),
                     flag(s.delta_bias.is_some()),
-                    flag(save),
+                    save,
                 )
             }
         }
@@ -1068,7 +1128,8 @@ impl<'a, T: SelectiveScanElement> SelectiveScan<'a, T> {
     /// The gradients of the scan's inputs from `dout`, the gradient of its output `y` (as
     /// `u`); the gradient reaching the last state is taken as zero, and none is given for an
     /// initial state. The forward is recomputed, nothing of it saved: one pass storing each
-    /// chunk's starting state, one from the last chunk back.
+    /// chunk's starting state, one from the last chunk back ([`SelectiveScan::run_saving`]
+    /// keeps the states of a forward instead).
     ///
     /// ```ignore
     /// let grads = SelectiveScan::new(&dev, &u, &delta, &a, &b, &c).d(&d).z(&z).backward(&dout)?;
@@ -1078,6 +1139,65 @@ impl<'a, T: SelectiveScanElement> SelectiveScan<'a, T> {
     /// As [`SelectiveScan::run`], and [`Error::Argument`] naming `dout` where its shape is not
     /// `u`'s or it is not contiguous.
     pub fn backward(&self, dout: &Tensor<T>) -> Result<SelectiveScanGrads<T>> {
+        self.backward_from(dout, None)
+    }
+
+    /// [`SelectiveScan::run`] for training: the forward, keeping what the backward would
+    /// otherwise recompute (each 8-step chunk's starting states, f32: 8 bytes a step, channel and
+    /// 16 states — four times a bf16 `u` at d_state 16) for [`SelectiveScan::backward_saved`],
+    /// which then skips its first pass. Where the scan does not run a thread a channel (a
+    /// group's channels not a multiple of 128, rows of `u` not a multiple of 16 bytes) nothing is
+    /// kept and the backward recomputes.
+    ///
+    /// ```ignore
+    /// let s = SelectiveScan::new(&dev, &u, &delta, &a, &b, &c).d(&d).z(&z).delta_softplus(true);
+    /// let saved = s.run_saving(&mut y, &mut h_last)?;
+    /// // … the loss, dout …
+    /// let grads = s.backward_saved(&saved, &dout)?;
+    /// ```
+    ///
+    /// # Errors
+    /// As [`SelectiveScan::run`].
+    pub fn run_saving(&self, y: &mut Tensor<T>, h_last: &mut Tensor<f32>) -> Result<SavedScan> {
+        let dims = self.dims(y, Some(("h_last", h_last)))?;
+        if dims.batch == 0 || dims.channels == 0 || dims.len == 0 || !rows_save_fits::<T>(dims) {
+            self.run(y, h_last)?;
+            return Ok(SavedScan { states: None, len: saved_states(dims) });
+        }
+        let rows = dims.batch * dims.channels;
+        let mut states = Tensor::<f32>::scratch(self.device, &[saved_states(dims), 1])?;
+        let mut yv = y.view_mut(&[rows, dims.len], &[dims.len, 1])?;
+        let mut hv = h_last.view_mut(&[rows, dims.states], &[dims.states, 1])?;
+        T::selective_scan_rows_launch(
+            self,
+            dims,
+            &mut OptionalMut(Some(&mut yv), 2),
+            &mut OptionalMut(Some(&mut hv), 2),
+            Some(&mut states),
+        )?;
+        Ok(SavedScan { states: Some(states), len: saved_states(dims) })
+    }
+
+    /// [`SelectiveScan::backward`] from what [`SelectiveScan::run_saving`] kept, with the same
+    /// inputs.
+    ///
+    /// # Errors
+    /// As [`SelectiveScan::backward`], and [`Error::Argument`] naming `saved` where it was kept
+    /// for a scan of other sizes.
+    pub fn backward_saved(&self, saved: &SavedScan, dout: &Tensor<T>) -> Result<SelectiveScanGrads<T>> {
+        let dims = self.dims(dout, None)?;
+        if saved.len != saved_states(dims) {
+            let Dims { batch, channels, states, len, .. } = dims;
+            return Err(self.arg(
+                "saved",
+                format!("the {} states of a scan of batch {batch}, channels {channels}, d_state {states}, L {len}", saved_states(dims)),
+                format!("{} states, kept for other sizes", saved.len),
+            ));
+        }
+        self.backward_from(dout, saved.states.as_ref())
+    }
+
+    fn backward_from(&self, dout: &Tensor<T>, saved: Option<&Tensor<f32>>) -> Result<SelectiveScanGrads<T>> {
         let dev = self.device;
         let [batch, channels, len] = *self.u.shape() else {
             return Err(self.arg("u", "[batch, channels, L]".into(), format!("shape {:?}", self.u.shape())));
@@ -1090,26 +1210,33 @@ impl<'a, T: SelectiveScanElement> SelectiveScan<'a, T> {
             ));
         }
         let states = self.a.shape().get(1).copied().unwrap_or(0);
-        let zeros_like = |t: &Tensor<T>| Tensor::<T>::zeros(dev, t.shape());
+        // The shapes as the forward checks them (`dout` stands in for y).
+        let dims = self.dims(dout, None)?;
+        // The thread-a-channel walk writes every element of du, ddelta and dz.
+        let written = |t: &Tensor<T>| {
+            if rows_save_fits::<T>(dims) {
+                Tensor::<T>::scratch(dev, t.shape())
+            } else {
+                Tensor::<T>::zeros(dev, t.shape())
+            }
+        };
         let mut grads = SelectiveScanGrads {
-            du: zeros_like(self.u)?,
-            ddelta: zeros_like(self.delta)?,
+            du: written(self.u)?,
+            ddelta: written(self.delta)?,
             da: Tensor::zeros(dev, self.a.shape())?,
             db: Tensor::zeros(dev, self.b.shape())?,
             dc: Tensor::zeros(dev, self.c.shape())?,
             dd: self.d.map(|d| Tensor::zeros(dev, d.shape())).transpose()?,
-            dz: self.z.map(zeros_like).transpose()?,
+            dz: self.z.map(written).transpose()?,
             d_delta_bias: self.delta_bias.map(|d| Tensor::zeros(dev, d.shape())).transpose()?,
         };
-        // The shapes as the forward checks them (`dout` stands in for y).
-        let dims = self.dims(dout, None)?;
         if i32::try_from(batch * channels * states.max(len)).is_err() {
             return Err(self.arg("u", "fewer than 2³¹ rows".into(), format!("batch {batch}, channels {channels}")));
         }
         if batch == 0 || channels == 0 || len == 0 {
             return Ok(grads);
         }
-        T::selective_scan_bwd_launch(self, dims, dout, &mut grads)?;
+        T::selective_scan_bwd_launch(self, dims, dout, &mut grads, saved)?;
         Ok(grads)
     }
 
