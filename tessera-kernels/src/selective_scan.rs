@@ -626,7 +626,9 @@ pub fn selective_scan_step(
 /// f32.
 pub trait SelectiveScanElement: Element + sealed::Sealed {
     #[doc(hidden)]
-    fn selective_scan_launch(s: &SelectiveScan<'_, Self>, dims: Dims, y: &mut Tensor<Self>, h_last: &mut Tensor<f32>) -> Result<()>;
+    fn selective_scan_launch(
+        s: &SelectiveScan<'_, Self>, dims: Dims, y: &mut Tensor<Self>, h_last: &mut Tensor<f32>, hsave: Option<&mut Tensor<f32>>,
+    ) -> Result<()>;
     #[doc(hidden)]
     fn selective_scan_step_launch(s: &SelectiveScan<'_, Self>, dims: Dims, y: &mut Tensor<Self>, state: &mut Tensor<f32>) -> Result<()>;
     #[doc(hidden)]
@@ -888,11 +890,12 @@ macro_rules! selective_scan_element {
 
             fn selective_scan_launch(
                 s: &SelectiveScan<'_, Self>, dims @ Dims { batch, channels, groups, states, len }: Dims, y: &mut Tensor<Self>,
-                h_last: &mut Tensor<f32>,
+                h_last: &mut Tensor<f32>, hsave: Option<&mut Tensor<f32>>,
             ) -> Result<()> {
                 let dev = s.device;
                 let rows = batch * channels;
                 let flag = |b: bool| i32::from(b);
+                // States are kept (`hsave`) only where the scan runs a thread a channel.
                 if rows_fit::<Self>(dims) {
                     // A thread a channel, 128 channels of one group a block.
                     let mut yv = y.view_mut(&[rows, len], &[len, 1])?;
@@ -902,7 +905,7 @@ macro_rules! selective_scan_element {
                         dims,
                         &mut OptionalMut(Some(&mut yv), 2),
                         &mut OptionalMut(Some(&mut hv), 2),
-                        None,
+                        hsave,
                     );
                 }
                 let i = state_variant($k::VARIANTS, states)?;
@@ -1075,6 +1078,12 @@ impl<'a, T: SelectiveScanElement> SelectiveScan<'a, T> {
     /// [`Error::Argument`] naming the tensor whose rank, shape or contiguity does not fit, or a
     /// d_state without a kernel; a launch error.
     pub fn run(&self, y: &mut Tensor<T>, h_last: &mut Tensor<f32>) -> Result<()> {
+        self.run_keeping(y, h_last, None)
+    }
+
+    /// [`SelectiveScan::run`], each 8-step chunk's starting states stored into `hsave` where it
+    /// is given (only where the scan runs a thread a channel: `rows_save_fits`).
+    fn run_keeping(&self, y: &mut Tensor<T>, h_last: &mut Tensor<f32>, hsave: Option<&mut Tensor<f32>>) -> Result<()> {
         let dims = self.dims(y, Some(("h_last", h_last)))?;
         if i32::try_from(dims.batch * dims.channels * dims.states.max(dims.len)).is_err() {
             return Err(self.arg("u", "fewer than 2³¹ rows".into(), format!("batch {}, channels {}", dims.batch, dims.channels)));
@@ -1090,7 +1099,7 @@ impl<'a, T: SelectiveScanElement> SelectiveScan<'a, T> {
             };
             return h_last.copy_from_host(&h);
         }
-        T::selective_scan_launch(self, dims, y, h_last)
+        T::selective_scan_launch(self, dims, y, h_last, hsave)
     }
 
     /// One step of the recurrence in place, the decode path: `state` (`[batch, channels,
@@ -1160,22 +1169,14 @@ impl<'a, T: SelectiveScanElement> SelectiveScan<'a, T> {
     /// As [`SelectiveScan::run`].
     pub fn run_saving(&self, y: &mut Tensor<T>, h_last: &mut Tensor<f32>) -> Result<SavedScan> {
         let dims = self.dims(y, Some(("h_last", h_last)))?;
-        if dims.batch == 0 || dims.channels == 0 || dims.len == 0 || !rows_save_fits::<T>(dims) {
+        let len = saved_states(dims);
+        if len == 0 || !rows_save_fits::<T>(dims) {
             self.run(y, h_last)?;
-            return Ok(SavedScan { states: None, len: saved_states(dims) });
+            return Ok(SavedScan { states: None, len });
         }
-        let rows = dims.batch * dims.channels;
-        let mut states = Tensor::<f32>::scratch(self.device, &[saved_states(dims), 1])?;
-        let mut yv = y.view_mut(&[rows, dims.len], &[dims.len, 1])?;
-        let mut hv = h_last.view_mut(&[rows, dims.states], &[dims.states, 1])?;
-        T::selective_scan_rows_launch(
-            self,
-            dims,
-            &mut OptionalMut(Some(&mut yv), 2),
-            &mut OptionalMut(Some(&mut hv), 2),
-            Some(&mut states),
-        )?;
-        Ok(SavedScan { states: Some(states), len: saved_states(dims) })
+        let mut states = Tensor::<f32>::scratch(self.device, &[len, 1])?;
+        self.run_keeping(y, h_last, Some(&mut states))?;
+        Ok(SavedScan { states: Some(states), len })
     }
 
     /// [`SelectiveScan::backward`] from what [`SelectiveScan::run_saving`] kept, with the same
@@ -1213,8 +1214,9 @@ impl<'a, T: SelectiveScanElement> SelectiveScan<'a, T> {
         // The shapes as the forward checks them (`dout` stands in for y).
         let dims = self.dims(dout, None)?;
         // The thread-a-channel walk writes every element of du, ddelta and dz.
+        let walk = rows_save_fits::<T>(dims);
         let written = |t: &Tensor<T>| {
-            if rows_save_fits::<T>(dims) {
+            if walk {
                 Tensor::<T>::scratch(dev, t.shape())
             } else {
                 Tensor::<T>::zeros(dev, t.shape())
