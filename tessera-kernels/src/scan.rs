@@ -6,12 +6,12 @@
 //! chunks before by a carried `R×1` value; the kernels differ only in the closure that does one
 //! chunk's step. Elements load in their dtype and scan in f32. The chunk's shape is the kernel's
 //! knob `C` (`R = 4096 / C` rows): 4 × 1024 — a row a warp, a run of 8 columns a lane in each
-//! of four 256-column segments, 4 KiB of f32 a row — except the 16-bit `logcumsumexp`, whose
-//! combines (two MUFU operations each) bound it and which takes 16 × 256 (no segments to join):
-//! the fastest shapes on the H100 (notes/MEASUREMENTS.md, run 306). Few long rows are split
+//! of four 256-column segments, 4 KiB of f32 a row (notes/MEASUREMENTS.md, run 306) — except
+//! `logcumsumexp`, bound by its instructions rather than memory (two scans, a max and a linear
+//! recurrence), which takes 16 × 256 in every dtype (run 315). Few long rows are split
 //! into segments of blocks, joined by a scan of the segments' totals.
 
-use crate::prelude::{scan_add, scan_linear, scan_mul};
+use crate::prelude::{scan_add, scan_linear, scan_max, scan_mul};
 use tessera::{device, kernel, Device, Element, Error, Grid, KernelSpec, OptionalMut, Result, Tensor};
 
 /// Rows a block of the backward kernels takes (16 × 256 chunks).
@@ -106,11 +106,30 @@ pub fn cumprod(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, seg_chu
 
 /// `y[i, j] = ln Σ_{k ≤ j} exp(x[i, k])`, in base 2 inside (the carry, like the output and a
 /// segment's total, a natural log).
-#[kernel(dtypes(T = [bf16, f16, f32]), tune(C = [1024, 256], only(T == f32 && C == 1024 || T != f32 && C == 256)), blocks_per_sm = 8)]
+///
+/// A running log-sum-exp combined pairwise costs two MUFU operations a combine (`ex2`, `lg2`)
+/// and a scan makes ~3 combines an element, which bounds the 16-bit kernels below the copy
+/// bandwidth. Instead the sum is kept against the running maximum `r_j` (a `max` scan, no MUFU):
+/// `σ_j = Σ_{k ≤ j} 2^(x_k − r_j)` is the linear recurrence `σ_j = a_j·σ_{j−1} + b_j` with
+/// `(a_j, b_j) = (2^(r_{j−1} − x_j), 1)` where `x_j` raises the maximum and `(1, 2^(x_j − r_j))`
+/// where it does not — one `ex2` either way — and `y_j = r_j + log2 σ_j`, one `lg2`: two MUFU
+/// operations an element. `σ_j ≥ 1` wherever `r_j` is finite, so no range of inputs underflows
+/// it (a sum against one reference a chunk would lose the elements far below the chunk's
+/// maximum). Inputs of −∞ add nothing; +∞ and NaN are not supported.
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(C = [256]), blocks_per_sm = 8)]
 pub fn logcumsumexp(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, seg_chunks: i32, pass: i32) {
     scan_rows::<T, { 4096 / C }, C>(x, y, totals, seg_chunks, pass, f32::NEG_INFINITY, 0, |t, carry| {
-        let s = log2_add(tile_scan::<scan_logaddexp2>(t * f32::consts::LOG2_E, 1, f32::NEG_INFINITY), carry * f32::consts::LOG2_E);
-        let out = s * f32::consts::LN_2;
+        // The maximum before each element, the carry's among it (a maximum is the same in
+        // either base). Its identity is −f32::MAX, not −∞, so that `t − before` is never
+        // −∞ − (−∞): an element of −∞ gives `(a, b) = (1, 0)`, and a carry of −∞ its σ = 0.
+        let before = max(tile_scan_exclusive::<scan_max>(t, 1, -f32::MAX), carry);
+        let diff = t - before;
+        // 2^−|x − before| in base 2; where `x` raises the maximum `(a, b) = (d, 1)`, else `(1, d)`.
+        let d = exp2(-abs(diff) * f32::consts::LOG2_E);
+        let raises = step(diff);
+        let (pa, pb) = tile_scan::<scan_linear>((1.0 + raises * (d - 1.0), d - raises * (d - 1.0)), 1, (1.0, 0.0));
+        // σ continues from the carry's own: 1 against itself, 0 for −∞.
+        let out = max(t, before) + log2(pa * step(carry + f32::MAX) + pb) * f32::consts::LN_2;
         (out, out.last_col())
     });
 }
