@@ -216,6 +216,34 @@ fn main() {
             let mut f = || tessera_kernels::logcumsumexp(&dev, &xb, &mut yb).expect("logcumsumexp bf16");
             row!("logcumsumexp bf16", mb, time_ms(&dev, 5, 20, &mut f));
         }
+        // The backwards: the bytes each must read and write (cumprod_backward reads x twice,
+        // counted once). `y` for logcumsumexp's is its forward's output.
+        {
+            let dy = Tensor::from_host(&dev, &random(M * N), &[M, N]).expect("dy");
+            let mut dx = Tensor::<f32>::zeros(&dev, &[M, N]).expect("dx");
+            let mut f = || tessera_kernels::cumsum_backward(&dev, &dy, &mut dx).expect("cumsum_backward");
+            row!("cumsum_backward", 2.0 * mb, time_ms(&dev, 5, 20, &mut f));
+            let mut f = || tessera_kernels::cumprod_backward(&dev, &x, &dy, &mut dx).expect("cumprod_backward");
+            row!("cumprod_backward", 3.0 * mb, time_ms(&dev, 5, 20, &mut f));
+            let mut lse = Tensor::<f32>::zeros(&dev, &[M, N]).expect("lse");
+            tessera_kernels::logcumsumexp(&dev, &x, &mut lse).expect("logcumsumexp");
+            let mut f = || tessera_kernels::logcumsumexp_backward(&dev, &x, &lse, &dy, &mut dx).expect("logcumsumexp_backward");
+            row!("logcumsumexp_backward", 4.0 * mb, time_ms(&dev, 5, 20, &mut f));
+            drop((dx, lse));
+            let to16 = |t: &Tensor<f32>| {
+                Tensor::from_host(
+                    &dev,
+                    &t.to_host().expect("to host").into_iter().map(tessera::bf16::from_f32).collect::<Vec<_>>(),
+                    &[M, N],
+                )
+            };
+            let (xb, dyb) = (to16(&x).expect("x bf16"), to16(&dy).expect("dy bf16"));
+            let mut lseb = Tensor::<tessera::bf16>::zeros(&dev, &[M, N]).expect("lse bf16");
+            tessera_kernels::logcumsumexp(&dev, &xb, &mut lseb).expect("logcumsumexp bf16");
+            let mut dxb = Tensor::<tessera::bf16>::zeros(&dev, &[M, N]).expect("dx bf16");
+            let mut f = || tessera_kernels::logcumsumexp_backward(&dev, &xb, &lseb, &dyb, &mut dxb).expect("logcumsumexp_backward bf16");
+            row!("logcumsumexp_backward bf16", 2.0 * mb, time_ms(&dev, 5, 20, &mut f));
+        }
         // PyTorch's scans on the same shapes, in this run (a child process; its own copy row
         // shows whether the device is in the same state).
         match torch_scans(M, N) {
