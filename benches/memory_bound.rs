@@ -453,6 +453,21 @@ fn main() {
         if let Ok((fwd, bwd)) = mamba {
             norm_row!(format!("  mamba cuda fwd+bwd {b}x{ch}x{l} N{n}"), fb_bytes, fwd + bwd);
         }
+        // A batch of one over a long prompt (prefill): 12 blocks of 128 channels, the sequence
+        // split into segments across the GPU.
+        let (b, l) = (1usize, 16384usize);
+        let (u, delta, z) = (t(&[b, ch, l]), t(&[b, ch, l]), t(&[b, ch, l]));
+        let (bm, cm) = (t(&[b, 1, n, l]), t(&[b, 1, n, l]));
+        let mut y = Tensor::<bf16>::zeros(&dev, &[b, ch, l]).expect("y");
+        let mut h = Tensor::<f32>::zeros(&dev, &[b, ch, n]).expect("h");
+        let bytes = ((4 * b * ch * l + 2 * b * n * l) * 2) as f64;
+        let scan = tessera_kernels::SelectiveScan::new(&dev, &u, &delta, &a, &bm, &cm).d(&dskip).z(&z).delta_softplus(true);
+        let mut f = || scan.run(&mut y, &mut h).expect("selective scan");
+        norm_row!(format!("selective_scan fwd {b}x{ch}x{l} N{n}"), bytes, time_ms(&dev, 3, 10, &mut f));
+        match mamba_scan(b, ch, l, n) {
+            Ok((ms, _)) => norm_row!(format!("  mamba cuda fwd {b}x{ch}x{l} N{n}"), bytes, ms),
+            Err(why) => println!("memory_bound: no mamba selective scan baseline: {why}"),
+        }
     }
     // Causal linear attention (chunked), B 8, T 4096, H 16, D 128, bf16, beside
     // flash-linear-attention's `chunk_linear_attn` (and `chunk_simple_gla` for the decayed

@@ -324,8 +324,23 @@ fn cases(dev: &Device) -> Vec<Case> {
             c(2, 256, 1, 16, 1000, true),
             c(1, 256, 2, 32, 4104, true),
             c(2, 128, 1, 64, 1004, false),
+            // Few blocks over a long sequence: split into segments (pass 1, the carried
+            // states, pass 2), here 8 (4104) and 9 (5000).
+            c(1, 128, 1, 64, 5000, true),
         ]
     }
+}
+
+/// A sequence split into segments over the blocks (`selective_scan_fwd_rows`' passes 1 and 2
+/// and `selective_scan_seg_carry`): an interpreter of 8 "SMs" splits 128 channels of 1544 steps
+/// in three, with an initial state, D, z and the delta bias; forward, `run_saving` and backward.
+#[test]
+fn interp_selective_scan_split_sequence_matches_f64_reference() {
+    let dev = Device::cpu_with_threads(8);
+    let c = Case { batch: 1, channels: 128, groups: 1, states: 16, len: 1544, extras: true };
+    check::<f32>(&dev, c, |v| v, f64::from, 1e-4);
+    check::<bf16>(&dev, c, bf16::from_f32, |v| v.to_f64(), 2e-2);
+    check_backward::<f32>(&dev, c, |v| v, f64::from, 2e-4);
 }
 
 fn selective_scan_matches_f64(dev: &Device) {

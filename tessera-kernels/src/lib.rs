@@ -124,7 +124,7 @@ pub mod kernels {
     pub use crate::selective_scan::{
         selective_scan_bwd_bf16, selective_scan_bwd_f32, selective_scan_bwd_rows_bf16, selective_scan_bwd_rows_f32,
         selective_scan_fwd_bf16, selective_scan_fwd_f32, selective_scan_fwd_rows_bf16, selective_scan_fwd_rows_f32,
-        selective_scan_step_bf16, selective_scan_step_f32,
+        selective_scan_seg_carry, selective_scan_step_bf16, selective_scan_step_f32,
     };
     pub use crate::softmax::{
         softmax_backward_bf16, softmax_backward_f16, softmax_backward_f32, softmax_backward_row_bf16, softmax_backward_row_f16,
@@ -168,6 +168,7 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         selective_scan_fwd_f32::VARIANTS,
         selective_scan_fwd_rows_bf16::VARIANTS,
         selective_scan_fwd_rows_f32::VARIANTS,
+        selective_scan_seg_carry::VARIANTS,
         selective_scan_bwd_rows_bf16::VARIANTS,
         selective_scan_bwd_rows_f32::VARIANTS,
         selective_scan_step_bf16::VARIANTS,

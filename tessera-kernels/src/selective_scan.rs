@@ -93,6 +93,20 @@ const ROWS_CHANNELS: usize = 128;
 
 /// Whether the scan runs a thread a channel (`selective_scan_fwd_rows`, `selective_scan_bwd_rows`):
 /// a group's channels come in blocks of 128, and rows of Δ, u, z start on 16 bytes for TMA.
+/// How many segments a thread-a-channel forward splits each sequence into: one where its
+/// blocks (one per 128 channels of a batch entry) already fill the GPU; else as many as fill it,
+/// each at least 64 chunks (512 steps) long, and never 2 (a split runs the recurrence twice:
+/// two segments would gain nothing).
+fn sequence_segments(dev: &Device, blocks: usize, chunks: usize) -> usize {
+    let sms = dev.sm_count().max(1) as usize;
+    let segs = (sms / blocks.max(1)).min(chunks / 64);
+    if segs >= 3 {
+        segs
+    } else {
+        1
+    }
+}
+
 fn rows_fit<T>(Dims { channels, groups, len, .. }: Dims) -> bool {
     (channels / groups).is_multiple_of(ROWS_CHANNELS) && (len * std::mem::size_of::<T>()).is_multiple_of(16)
 }
@@ -112,15 +126,29 @@ fn rows_fit<T>(Dims { channels, groups, len, .. }: Dims) -> bool {
 /// (`[chunks·batch·channels·N, 1]`, a state's 128 channels of a block together so that its
 /// store is one contiguous row: chunk k's state n of channel row `row0 + i` at
 /// `(k·batch·channels + row0)·N + n·128 + i`); with `save` 1, `y` is not stored.
+///
+/// A long sequence over few blocks is split into segments of `seg_chunks` chunks, one a
+/// `block::id_y()`: `pass` 1 runs each from zeros (the first from `h0`) and stores its end state
+/// at `h_last[segment·rows + row, n]` and its sum of Δ at `dseg[segment·rows + row, 0]`, storing
+/// no y; [`selective_scan_seg_carry`] turns those into each segment's true starting state;
+/// `pass` 2 runs each again from it (`h0` `[segments·rows, N]`), storing y, and the last segment
+/// its end state. `pass` 0 is one segment, the whole sequence.
 #[kernel(dtypes(T = [bf16, f32]), tune(N = [16, 32, 64]), warpgroups = 3)]
 pub fn selective_scan_fwd_rows(
     u: Global<T, 2>, delta: Global<T, 2>, a: Global<f32, 2>, bm: Global<f32, 2>, cm: Global<f32, 2>, dskip: Global<f32, 2>,
     z: Global<T, 2>, bias: Global<f32, 2>, h0: Global<f32, 2>, y: Global<T, 2>, h_last: Global<f32, 2>, hsave: Global<f32, 2>,
-    channels: i32, groups: i32, has_d: i32, has_z: i32, softplus: i32, has_h0: i32, has_bias: i32, save: i32,
+    dseg: Global<f32, 2>, channels: i32, groups: i32, has_d: i32, has_z: i32, softplus: i32, has_h0: i32, has_bias: i32, save: i32,
+    seg_chunks: i32, pass: i32,
 ) {
     let (d0, row0, srow) = channel_block::<N>(channels, groups);
+    let rows = u.dim(0);
     let len = u.dim(1);
-    let chunks = (len + 7) / 8;
+    // This block's segment of the sequence (`block::id_y()`, `seg_chunks` chunks each), and
+    // where its start and end states sit in `h0` and `h_last` (`[segments·rows, N]`).
+    let seg = block::id_y();
+    let first = seg * seg_chunks;
+    let count = min(seg_chunks, (len + 7) / 8 - first);
+    let hrow = seg * rows + row0;
     let sx = Smem::<T, 128, 8>::ring_swizzled(8, 0);
     let su = Smem::<T, 128, 8>::ring_swizzled(8, 0);
     let sz = Smem::<T, 128, 8>::ring_swizzled(8, 0);
@@ -134,7 +162,8 @@ pub fn selective_scan_fwd_rows(
     let pipe = Pipeline::<8>::new(2);
     if warpgroup::id() == 0 {
         setmaxnreg(40);
-        fill_stages(pipe, chunks, |s, c| {
+        fill_stages(pipe, count, |s, i| {
+            let c = first + i;
             tma::load(sx.at(s), delta, [row0, c * 8], pipe);
             tma::load(su.at(s), u, [row0, c * 8], pipe);
             if has_z == 1 {
@@ -150,15 +179,19 @@ pub fn selective_scan_fwd_rows(
         #[unroll]
         for n in 0..N / 2 {
             a2.at(n0 + n).store(a.load::<Tile<f32, 128, 1>>([d0, n0 + n]) * f32::consts::LOG2_E);
-            if has_h0 == 1 {
-                hs.at(n0 + n).store(h0.load::<Tile<f32, 128, 1>>([row0, n0 + n]));
+            // Pass 1 starts every segment but the first from zeros.
+            if has_h0 == 1 && (pass != 1 || seg == 0) {
+                hs.at(n0 + n).store(h0.load::<Tile<f32, 128, 1>>([hrow, n0 + n]));
             } else {
                 hs.at(n0 + n).store(Tile::<f32, 128, 1>::zeros());
             }
         }
         let (bias_d, skip) = channel_columns(bias, dskip, d0, has_bias, has_d);
-        let rows = u.dim(0);
-        drain_stages(pipe, chunks, |s, c| {
+        // The segment's sum of Δ a channel (its decay is 2^(A·log₂e·ΣΔ)), stored by pass 1
+        // (added in every pass: cheaper than a branch in the loop).
+        let mut dsum = Tile::<f32, 128, 8>::zeros();
+        drain_stages(pipe, count, |s, i| {
+            let c = first + i;
             let t = c * 8;
             if save >= 1 {
                 #[unroll]
@@ -167,6 +200,7 @@ pub fn selective_scan_fwd_rows(
                 }
             }
             let dt = deltas::<128, 8>(sx.at(s).load().cast::<f32>() + bias_d, softplus, len - t);
+            dsum = dsum + dt;
             let ut = su.at(s).load().cast::<f32>();
             let du = dt * ut;
             let mut out = Tile::<f32, 128, 8>::zeros();
@@ -193,15 +227,47 @@ pub fn selective_scan_fwd_rows(
                     let r = rsqrt(1.0 + exp2(zt * -f32::consts::LOG2_E));
                     out = out * zt * r * r;
                 }
-                if save != 1 {
+                if save != 1 && pass != 1 {
                     y.store([row0, t], out.cast::<T>());
                 }
             }
         });
-        #[unroll]
-        for n in 0..N / 2 {
-            h_last.store([row0, n0 + n], hs.at(n0 + n).load());
+        // Pass 1: each segment's end state and ΣΔ; else the last segment's end state alone.
+        let mut last = row0;
+        if pass == 1 {
+            last = hrow;
         }
+        if pass == 1 || seg == grid::dim_y() - 1 {
+            #[unroll]
+            for n in 0..N / 2 {
+                h_last.store([last, n0 + n], hs.at(n0 + n).load());
+            }
+        }
+        if pass == 1 && me == 0 {
+            dseg.store([hrow, 0], row_sum(dsum));
+        }
+    }
+}
+
+/// The states each segment of a split `selective_scan_fwd_rows` starts from: segment 0 from
+/// `h0` (or zeros), segment k from segment k − 1's, carried through its decay and plus its end
+/// state from zeros: `h_in[k] = 2^(A·log₂e·ΣΔ[k−1])·h_in[k−1] + h_end[k−1]`. `hseg` (the end
+/// states) and `hin` `[segments·rows, N]`, `dseg` (ΣΔ) `[segments·rows, 1]`, `a` `[channels, N]`;
+/// 128 rows a block.
+#[kernel(tune(N = [16, 32, 64]))]
+pub fn selective_scan_seg_carry(
+    a: Global<f32, 2>, hseg: Global<f32, 2>, dseg: Global<f32, 2>, h0: Global<f32, 2>, hin: Global<f32, 2>, channels: i32, rows: i32,
+    has_h0: i32,
+) {
+    let row0 = block::id_x() * 128;
+    let a2 = a.load::<Tile<f32, 128, N>>([row0 % channels, 0]) * f32::consts::LOG2_E;
+    let mut h = Tile::<f32, 128, N>::zeros();
+    if has_h0 == 1 {
+        h = h0.load([row0, 0]);
+    }
+    for k in 0..hseg.dim(0) / rows {
+        hin.store([k * rows + row0, 0], h);
+        h = exp2(a2 * dseg.load::<Tile<f32, 128, 1>>([k * rows + row0, 0])) * h + hseg.load::<Tile<f32, 128, N>>([k * rows + row0, 0]);
     }
 }
 
@@ -957,32 +1023,90 @@ macro_rules! selective_scan_element {
                     (true, false) => 1,
                     (true, true) => 2,
                 };
-                $rows::launch_variant(
-                    i,
-                    dev,
-                    Grid::from((rows / ROWS_CHANNELS) as u32),
-                    &u,
-                    &delta,
-                    &a,
-                    &bm,
-                    &cm,
-                    &Optional(dskip.as_ref(), 2),
-                    // Without a gate, `u` stands in for it (TMA needs a tensor; it is not read).
-                    z.as_ref().unwrap_or(&u),
-                    &Optional(bias.as_ref(), 2),
+                let blocks = (rows / ROWS_CHANNELS) as u32;
+                let chunks = dims.len.div_ceil(8);
+                let seg_chunks = chunks.div_ceil(sequence_segments(dev, blocks as usize, chunks));
+                let segs = chunks.div_ceil(seg_chunks.max(1)).max(1);
+                let seg_chunks = i32::try_from(seg_chunks).unwrap_or(i32::MAX);
+                macro_rules! launch {
+                    ($segs:expr, $h0:expr, $has_h0:expr, $y:expr, $h_last:expr, $hsave:expr, $dseg:expr, $save:expr, $pass:expr) => {
+                        $rows::launch_variant(
+                            i,
+                            dev,
+                            Grid::from((blocks, $segs as u32)),
+                            &u,
+                            &delta,
+                            &a,
+                            &bm,
+                            &cm,
+                            &Optional(dskip.as_ref(), 2),
+                            // Without a gate, `u` stands in for it (TMA needs a tensor; it is not read).
+                            z.as_ref().unwrap_or(&u),
+                            &Optional(bias.as_ref(), 2),
+                            $h0,
+                            $y,
+                            $h_last,
+                            $hsave,
+                            $dseg,
+                            channels as i32,
+                            groups as i32,
+                            flag(s.d.is_some()),
+                            flag(s.z.is_some()),
+                            flag(s.delta_softplus),
+                            $has_h0,
+                            flag(s.delta_bias.is_some()),
+                            $save,
+                            seg_chunks,
+                            $pass,
+                        )
+                    };
+                }
+                let no_dseg = &mut OptionalMut(None::<&mut Tensor<f32>>, 2);
+                if segs == 1 {
+                    return launch!(
+                        1,
+                        &Optional(h0.as_ref(), 2),
+                        flag(s.h0.is_some()),
+                        y,
+                        h_last,
+                        &mut OptionalMut(hsave, 2),
+                        no_dseg,
+                        save,
+                        0
+                    );
+                }
+                // A long sequence over few blocks: each segment's end state from zeros and its
+                // ΣΔ (pass 1), the states each segment starts from (`selective_scan_seg_carry`),
+                // then every segment again from its true start (pass 2).
+                let mut hseg = Tensor::<f32>::scratch(dev, &[segs * rows, states])?;
+                let mut dseg = Tensor::<f32>::scratch(dev, &[segs * rows, 1])?;
+                let mut hin = Tensor::<f32>::scratch(dev, &[segs * rows, states])?;
+                launch!(
+                    segs,
                     &Optional(h0.as_ref(), 2),
-                    y,
-                    h_last,
-                    &mut OptionalMut(hsave, 2),
-                    channels as i32,
-                    groups as i32,
-                    flag(s.d.is_some()),
-                    flag(s.z.is_some()),
-                    flag(s.delta_softplus),
                     flag(s.h0.is_some()),
-                    flag(s.delta_bias.is_some()),
-                    save,
-                )
+                    &mut OptionalMut(None::<&mut Tensor<Self>>, 2),
+                    &mut hseg,
+                    &mut OptionalMut(None::<&mut Tensor<f32>>, 2),
+                    &mut dseg,
+                    0,
+                    1
+                )?;
+                let c = state_variant(selective_scan_seg_carry::VARIANTS, states)?;
+                selective_scan_seg_carry::launch_variant(
+                    c,
+                    dev,
+                    Grid::from(blocks),
+                    &a,
+                    &hseg,
+                    &dseg,
+                    &Optional(h0.as_ref(), 2),
+                    &mut hin,
+                    channels as i32,
+                    i32::try_from(rows).unwrap_or(i32::MAX),
+                    flag(s.h0.is_some()),
+                )?;
+                launch!(segs, &hin, 1, y, h_last, &mut OptionalMut(hsave, 2), no_dseg, save, 2)
             }
         }
     };
