@@ -270,19 +270,18 @@ fn logcumsumexp_wide_range(dev: &Device) {
     let noise = random(4 * n, -1.0, 1.0);
     let jumps = random(4 * n, 40.0, 400.0);
     let mut host = vec![0.0f32; 4 * n];
-    let mut level = [-3000.0f32, 3000.0, 0.0, 0.0];
-    for r in 0..4 {
+    for (r, mut level) in [-3000.0f32, 3000.0, 0.0, 0.0].into_iter().enumerate() {
         for j in 0..n {
             let i = r * n + j;
             if j % 97 == 0 {
-                level[r] += match r {
+                level += match r {
                     0 => jumps[i],
                     1 => -jumps[i],
                     _ if j % 2 == 0 => jumps[i],
                     _ => -jumps[i],
                 };
             }
-            host[i] = if r == 3 && j % 5 == 0 { f32::NEG_INFINITY } else { level[r] + noise[i] };
+            host[i] = if r == 3 && j % 5 == 0 { f32::NEG_INFINITY } else { level + noise[i] };
         }
     }
     let x = Tensor::from_host(dev, &host, &[4, n]).unwrap();
