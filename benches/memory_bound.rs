@@ -412,13 +412,18 @@ fn main() {
         use tessera::bf16;
         let (b, ch, n, l) = (8usize, 1536usize, 16usize, 4096usize);
         let mut t = |shape: &[usize]| Tensor::from_host(&dev, &rng_bf16(shape.iter().product()), shape).expect("bf16 input");
-        let (u, delta, z) = (t(&[b, ch, l]), t(&[b, ch, l]), t(&[b, ch, l]));
-        let (bm, cm) = (t(&[b, 1, n, l]), t(&[b, 1, n, l]));
         let a = Tensor::from_host(&dev, &vec![-0.5f32; ch * n], &[ch, n]).expect("a");
         let dskip = Tensor::from_host(&dev, &vec![1.0f32; ch], &[ch]).expect("d");
-        let mut y = Tensor::<bf16>::zeros(&dev, &[b, ch, l]).expect("y");
-        let mut h = Tensor::<f32>::zeros(&dev, &[b, ch, n]).expect("h");
-        let bytes = ((4 * b * ch * l + 2 * b * n * l) * 2) as f64;
+        // u, delta, z, B, C, the backward's dout, y, the last state and the forward's bytes
+        // at batch b, length l.
+        let mut inputs = |b: usize, l: usize| {
+            let (u, delta, z) = (t(&[b, ch, l]), t(&[b, ch, l]), t(&[b, ch, l]));
+            let (bm, cm) = (t(&[b, 1, n, l]), t(&[b, 1, n, l]));
+            let y = Tensor::<bf16>::zeros(&dev, &[b, ch, l]).expect("y");
+            let h = Tensor::<f32>::zeros(&dev, &[b, ch, n]).expect("h");
+            (u, delta, z, bm, cm, t(&[b, ch, l]), y, h, ((4 * b * ch * l + 2 * b * n * l) * 2) as f64)
+        };
+        let (u, delta, z, bm, cm, dout, mut y, mut h, bytes) = inputs(b, l);
         let scan = tessera_kernels::SelectiveScan::new(&dev, &u, &delta, &a, &bm, &cm).d(&dskip).z(&z).delta_softplus(true);
         let mut f = || scan.run(&mut y, &mut h).expect("selective scan");
         norm_row!(format!("selective_scan fwd {b}x{ch}x{l} N{n}"), bytes, time_ms(&dev, 3, 10, &mut f));
@@ -429,7 +434,6 @@ fn main() {
         }
         // The backward (gradients allocated and zeroed in each call): u, delta, z, dout, B, C
         // read, du, ddelta, dz written (bf16), dB and dC added into (f32, per channel).
-        let dout = t(&[b, ch, l]);
         let bwd_bytes = ((7 * b * ch * l + 2 * b * n * l) * 2 + 2 * b * ch * n * l * 4 / ch) as f64;
         let mut f = || drop(scan.backward(&dout).expect("selective scan backward"));
         norm_row!(format!("selective_scan bwd {b}x{ch}x{l} N{n}"), bwd_bytes, time_ms(&dev, 2, 5, &mut f));
@@ -456,11 +460,7 @@ fn main() {
         // A batch of one over a long prompt (prefill): 12 blocks of 128 channels, the sequence
         // split into segments across the GPU.
         let (b, l) = (1usize, 16384usize);
-        let (u, delta, z) = (t(&[b, ch, l]), t(&[b, ch, l]), t(&[b, ch, l]));
-        let (bm, cm) = (t(&[b, 1, n, l]), t(&[b, 1, n, l]));
-        let mut y = Tensor::<bf16>::zeros(&dev, &[b, ch, l]).expect("y");
-        let mut h = Tensor::<f32>::zeros(&dev, &[b, ch, n]).expect("h");
-        let bytes = ((4 * b * ch * l + 2 * b * n * l) * 2) as f64;
+        let (u, delta, z, bm, cm, _, mut y, mut h, bytes) = inputs(b, l);
         let scan = tessera_kernels::SelectiveScan::new(&dev, &u, &delta, &a, &bm, &cm).d(&dskip).z(&z).delta_softplus(true);
         let mut f = || scan.run(&mut y, &mut h).expect("selective scan");
         norm_row!(format!("selective_scan fwd {b}x{ch}x{l} N{n}"), bytes, time_ms(&dev, 3, 10, &mut f));
