@@ -375,4 +375,14 @@ fn regressions() {
         check(TokenStream::new(), k.parse().expect("tokens")).unwrap_or_else(|e| panic!("{k}: {e}"));
         assert!(tessera_frontend::compile(TokenStream::new(), k.parse().unwrap()).is_err(), "{ring} accepted");
     }
+    // A pipeline's stage inside an expression (`pipe.wait() + 1`): typed as a scalar, but
+    // lowered only as a whole `let` value, it panicked the lowering (CI, session 38).
+    for stage in ["pipe.wait() + 1", "-pipe.wait()", "pipe.wait() as f32 as i32", "(pipe.wait() % 2 == 0) as i32"] {
+        let k = format!(
+            "fn k(x: Global<f32, 2>) {{\n    let ring = Smem::<f32, 1, 64>::ring(2);\n    let pipe = Pipeline::<2>::new(1);\n    \
+             let s = {stage};\n    x.store([0, 0], ring.at(s % 2).load());\n}}"
+        );
+        check("warpgroups = 2, targets(sm_90a)".parse().expect("tokens"), k.parse().expect("tokens"))
+            .unwrap_or_else(|e| panic!("{k}: {e}"));
+    }
 }

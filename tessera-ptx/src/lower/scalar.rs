@@ -142,7 +142,12 @@ impl Lowerer<'_> {
                 let idx = index.iter().map(|i| self.scalar(i)).collect::<Result<Vec<_>, _>>()?;
                 R(self.get(&g, &idx, ty))
             }
-            _ => unreachable!("verified TIR-H: not a scalar expression"),
+            // A pipeline's stage (`pipe.wait() + 1`), lowered with the other Hopper forms.
+            _ => match self.hopper_expr(e) {
+                Some(Ok(Value::Scalar(op, _))) => op,
+                Some(Err(err)) => return Err(err),
+                _ => unreachable!("verified TIR-H: not a scalar expression"),
+            },
         })
     }
 }
