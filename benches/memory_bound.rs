@@ -7,12 +7,13 @@
 //! `cargo bench --bench memory_bound` (prints a skip where there is no GPU).
 //! `TESSERA_BENCH_WIDTHS=11008,12288` times the copy and the norms at those hidden sizes only;
 //! `TESSERA_BENCH_SCANS=1` the first table and the scan rows only (`=prefix`, `=selective`,
-//! `=linear`, `=ssd`: the copy and that part of them).
+//! `=linear`, `=ssd`, `=conv`: the copy and that part of them).
 //! The scan rows have PyTorch's beside them (`benches/torch_scans.py`, run as a child process;
 //! `TESSERA_TORCH_SCANS_SCRIPT` overrides its path); the selective scan's decode step has
 //! mamba-ssm's Triton kernel beside it (`benches/mamba_step.py`, which says what it needs), the
 //! linear attention flash-linear-attention's (`benches/fla_linear_attn.py`, likewise), Mamba-2's
-//! SSD mamba-ssm's Triton `mamba_chunk_scan_combined` (`benches/mamba_ssd.py`), and the selective
+//! SSD mamba-ssm's Triton `mamba_chunk_scan_combined` (`benches/mamba_ssd.py`), the convolutions
+//! PyTorch's `conv1d` and FFT convolution (`benches/torch_conv.py`), and the selective
 //! scan mamba-ssm's own CUDA kernels, forward and backward (`scripts/mamba-selective-scan.sh`, built there
 //! with nvcc from the sources `scripts/fetch-baselines.sh` fetches).
 
@@ -408,6 +409,47 @@ fn main() {
     // The selective scan (Mamba-1) forward, bf16, d_state 16, one group, with D, the gate and
     // softplus: its roofline reads u, delta, z (batch·channels·L each), B and C
     // (batch·d_state·L each) once and writes y once (2 bytes an element).
+    if all && part("conv") {
+        // Mamba's short causal convolution (4 taps, bias, SiLU; bf16): x read and y written
+        // once forward; x and dy read, dx written backward (the filter's sums are small).
+        let (b, ch, l, taps) = (8, 4096, 4096, 4);
+        let n = b * ch * l;
+        let x = Tensor::from_host(&dev, &rng_bf16(n), &[b, ch, l]).expect("x");
+        let w = Tensor::from_host(&dev, &random(ch * taps), &[ch, taps]).expect("w");
+        let bias = Tensor::from_host(&dev, &random(ch), &[ch]).expect("bias");
+        let mut y = Tensor::<tessera::bf16>::zeros(&dev, &[b, ch, l]).expect("y");
+        let conv = tessera_kernels::Conv1d::causal_conv1d(&dev, &x, &w).bias(&bias).silu();
+        let mut f = || conv.run(&mut y).expect("conv1d");
+        norm_row!(format!("conv1d causal K{taps} silu {b}x{ch}x{l}"), (2 * n * 2) as f64, time_ms(&dev, 5, 20, &mut f));
+        let dy = Tensor::from_host(&dev, &rng_bf16(n), &[b, ch, l]).expect("dy");
+        let mut f = || drop(conv.backward(&dy).expect("conv1d backward"));
+        norm_row!(format!("conv1d causal K{taps} silu bwd {b}x{ch}x{l}"), (3 * n * 2) as f64, time_ms(&dev, 2, 10, &mut f));
+        if let Ok(lines) = python_baseline("TESSERA_TORCH_CONV_SCRIPT", "torch_conv.py", &[b, ch, l, taps]) {
+            if let Some(&(_, ms)) = lines.iter().find(|(name, _)| name == "conv1d_bf16") {
+                norm_row!(format!("  torch conv1d K{taps} {b}x{ch}x{l}"), (2 * n * 2) as f64, ms);
+            }
+        }
+        drop((x, y, dy));
+        // A long causal convolution (Hyena's: the filter as long as the signal, f32) on the
+        // direct path, beside PyTorch's FFT convolution (the FFT paths are not built yet).
+        for (b, ch, l) in [(8, 768, 4096), (4, 768, 16384)] {
+            let n = b * ch * l;
+            let x = Tensor::from_host(&dev, &random(n), &[b, ch, l]).expect("x");
+            let k = Tensor::from_host(&dev, &random(ch * l), &[ch, l]).expect("k");
+            let mut y = Tensor::<f32>::zeros(&dev, &[b, ch, l]).expect("y");
+            let conv = tessera_kernels::Conv1d::new(&dev, &x, &k, tessera_kernels::ConvMode::Causal);
+            let mut f = || conv.run(&mut y).expect("conv1d long");
+            norm_row!(format!("conv1d causal direct K{l} f32 {b}x{ch}x{l}"), (2 * n * 4) as f64, time_ms(&dev, 1, 3, &mut f));
+            match python_baseline("TESSERA_TORCH_CONV_SCRIPT", "torch_conv.py", &[b, ch, l, l]) {
+                Ok(lines) => {
+                    if let Some(&(_, ms)) = lines.iter().find(|(name, _)| name == "fftconv") {
+                        norm_row!(format!("  torch fftconv f32 {b}x{ch}x{l}"), (2 * n * 4) as f64, ms);
+                    }
+                }
+                Err(why) => println!("memory_bound: no torch conv baseline: {why}"),
+            }
+        }
+    }
     if all && part("selective") {
         use tessera::bf16;
         let (b, ch, n, l) = (8usize, 1536usize, 16usize, 4096usize);

@@ -18,11 +18,13 @@
 //! | [`attention`], [`attention_with_lse`], [`attention_varlen`] | FlashAttention forward: bf16/f16, `[b, s, h, d]` or `[b, h, s, d]` or sequences packed end to end, causal or not, grouped-query heads, different query and key lengths, the log-sum-exp for a backward pass (Hopper) |
 //! | [`layer_norm`] | `y = (x − mean) / sqrt(var + eps) · weight + bias` per row, bf16/f16/f32, f32 statistics |
 //! | [`LinearAttention`] | causal linear attention, chunked, with a scalar decay a step and β (RetNet, simple GLA), per-channel gates (GLA) and a feature map on q and k: forward, backward, decode step (Hopper) |
+//! | [`Conv1d`] | depthwise 1-D convolution along the last axis (`full`, `same`, `causal`; PyTorch's `conv1d` weights too), with a bias, a skip term `D·x`, SiLU and a gate fused; forward and backward (`dx`, `dk`, and the terms'); the direct path, the FFT paths to come |
 //! | [`Ssd`] | Mamba-2's state-space duality on the linear attention's kernels: forward and backward (Hopper) |
 //! | [`quantize_fp8`], [`dequantize_fp8`] | `y = x · scale` to fp8 ([`tessera::F8E4M3`], [`tessera::F8E5M2`]; round to nearest even, saturating, as the GPU's `cvt`) and back (sm_89 and later) |
 #![warn(missing_docs)]
 
 mod attention;
+mod conv;
 mod elementwise;
 mod fp8;
 mod gemm;
@@ -42,6 +44,7 @@ pub use attention::{
     attention_with_lse, check_cu_seqlens, Attention, AttentionElement, AttentionGrads, AttentionKernel, AttentionLayout,
     ATTENTION_KERNEL_PARAMS,
 };
+pub use conv::{Conv1d, Conv1dGrads, ConvElement, ConvMode};
 pub use elementwise::axpy;
 pub use fp8::{dequantize_fp8, quantize_fp8, Fp8Element, Fp8Source};
 pub use gemm::{
@@ -74,6 +77,10 @@ pub mod kernels {
         attention_bwd_dq_mods_f16, attention_bwd_dq_out_bf16, attention_bwd_dq_out_f16, attention_combine_bf16, attention_combine_f16,
         flash_attention_bf16, flash_attention_f16, flash_attention_mods_bf16, flash_attention_mods_f16, flash_attention_varlen_bf16,
         flash_attention_varlen_f16, flash_attention_varlen_mods_bf16, flash_attention_varlen_mods_f16,
+    };
+    pub use crate::conv::{
+        conv1d_direct_bf16, conv1d_direct_f16, conv1d_direct_f32, conv1d_direct_grads_bf16, conv1d_direct_grads_f16,
+        conv1d_direct_grads_f32,
     };
     pub use crate::elementwise::{axpy_f32, to_f32_bf16, to_f32_f16};
     pub use crate::fp8::{
@@ -176,6 +183,12 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         selective_scan_bwd_bf16::VARIANTS,
         selective_scan_bwd_f32::VARIANTS,
         to_f32_bf16::VARIANTS,
+        conv1d_direct_bf16::VARIANTS,
+        conv1d_direct_f16::VARIANTS,
+        conv1d_direct_f32::VARIANTS,
+        conv1d_direct_grads_bf16::VARIANTS,
+        conv1d_direct_grads_f16::VARIANTS,
+        conv1d_direct_grads_f32::VARIANTS,
         to_f32_f16::VARIANTS,
         attention_bwd_dot_bf16::VARIANTS,
         attention_bwd_dot_f16::VARIANTS,

@@ -804,3 +804,23 @@ pub fn linear_recurrence_chunk<const M: usize, const N: usize>(
     *h = out.last_col();
     out
 }
+
+/// A depthwise (per-channel) correlation along the steps of `x` `[batch, channels, steps]`:
+/// `Σ_k w[h, k′]·x[b, h, t + k]` for the tile of channels `h0..h0 + R` and steps `t0..t0 + W`,
+/// over the taps `k < K = w.dim(1)` of `w` `[channels, K]` (`k′ = k`, or `K − 1 − k` with
+/// `reverse` 1, which makes it a convolution). Steps and channels outside `x` read zeros, so a
+/// causal convolution starts its tile `K − 1` steps back. `conv1d_direct` is this plus its
+/// epilogue; a kernel of yours can add its own.
+#[device]
+pub fn depthwise_conv<T, const R: usize, const W: usize>(
+    x: Global<T, 3>, w: Global<f32, 2>, b: i32, h0: i32, t0: i32, reverse: i32,
+) -> Tile<f32, R, W> {
+    let taps = w.dim(1);
+    let mut acc = Tile::<f32, R, W>::zeros();
+    for k in 0..taps {
+        let tap = k + reverse * (taps - 1 - 2 * k);
+        let xs: Tile<T, R, W> = x.load([b, h0, t0 + k]);
+        acc = acc + xs.cast::<f32>() * w.load::<Tile<f32, R, 1>>([h0, tap]);
+    }
+    acc
+}

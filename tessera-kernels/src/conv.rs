@@ -1,0 +1,490 @@
+//! Depthwise 1-D convolution along the last axis: `x` `[batch, channels, L]` with one filter a
+//! channel, `k` `[channels, Lk]`, in the modes `full`, `same` and `causal`, with an epilogue
+//! chain (a bias, a skip term `D·x`, SiLU, a gate) — Mamba's and Hyena's short convolutions,
+//! and long ones.
+//!
+//! This is the direct path: each block computes 16 channels × 256 steps of the output as `Lk`
+//! shifted loads of `x` times a column of the filters ([`crate::prelude::depthwise_conv`]),
+//! then the epilogue in registers. Its cost grows with `Lk`; the FFT paths that long filters
+//! want (cuFFT, and a tensor-core FFT in the language) are not built yet (notes/ISSUE-31.md).
+//!
+//! The backward takes two launches: one recomputes the epilogue's input where the epilogue
+//! needs it, stores the gradient reaching the convolution (`dpre`, in the element type) and
+//! the gate's, and adds the filter's, the bias's and the skip's gradients (sums over the batch
+//! and the steps) by atomics; the other is the forward kernel again on `dpre`, the filter
+//! reversed and shifted, which gives `dx` (the transpose of a correlation is the correlation
+//! with the reversed filter).
+
+use crate::prelude::{depthwise_conv, silu};
+use tessera::{device, kernel, Device, Element, Error, Grid, Optional, OptionalMut, Result, Tensor};
+
+/// Channels a block takes.
+const ROWS: usize = 16;
+/// Steps a block takes.
+const COLS: usize = 256;
+
+/// The convolution of the block's tile plus the bias and the skip term: the epilogue's input.
+#[device]
+#[allow(clippy::too_many_arguments)]
+fn conv_pre<T, const R: usize, const W: usize>(
+    x: Global<T, 3>, w: Global<f32, 2>, bias: Global<f32, 2>, skip: Global<f32, 2>, b: i32, h0: i32, t0: i32, shift: i32, reverse: i32,
+    has_bias: i32, has_skip: i32,
+) -> Tile<f32, R, W> {
+    let mut acc = depthwise_conv::<T, R, W>(x, w, b, h0, t0 + shift, reverse);
+    if has_bias == 1 {
+        acc = acc + bias.load::<Tile<f32, R, 1>>([h0, 0]);
+    }
+    if has_skip == 1 {
+        acc = acc + x.load::<Tile<T, R, W>>([b, h0, t0]).cast::<f32>() * skip.load::<Tile<f32, R, 1>>([h0, 0]);
+    }
+    acc
+}
+
+/// `y[b, h, t] = act(Σ_k w[h, k′]·x[b, h, t + shift + k] + bias[h] + skip[h]·x[b, h, t]) ·
+/// gate[b, h, t]` (`k′` as [`depthwise_conv`]; `act` 1 SiLU, 0 none; each term where its flag
+/// is 1), 16 channels × 256 steps a block (grid: steps, channels, batch). `bias`, `skip`
+/// `[channels, 1]`.
+#[kernel(dtypes(T = [bf16, f16, f32]))]
+#[allow(clippy::too_many_arguments)]
+pub fn conv1d_direct(
+    x: Global<T, 3>, w: Global<f32, 2>, bias: Global<f32, 2>, skip: Global<f32, 2>, gate: Global<T, 3>, y: Global<T, 3>, shift: i32,
+    reverse: i32, has_bias: i32, has_skip: i32, has_gate: i32, act: i32,
+) {
+    let b = block::id_z();
+    let h0 = block::id_y() * 16;
+    let t0 = block::id_x() * 256;
+    let mut out = conv_pre::<T, 16, 256>(x, w, bias, skip, b, h0, t0, shift, reverse, has_bias, has_skip);
+    if act == 1 {
+        out = silu(out);
+    }
+    if has_gate == 1 {
+        out = out * gate.load::<Tile<T, 16, 256>>([b, h0, t0]).cast::<f32>();
+    }
+    y.store([b, h0, t0], out.cast::<T>());
+}
+
+/// `conv1d_direct`'s gradients but `dx`: from `dy`, the gradient reaching the convolution
+/// (`dpre`, stored in `T` for the launch that makes `dx`), the gate's (`dgate`), and the sums
+/// over the batch and the steps of the filters' (`dw`, at each tap's own index), the bias's and
+/// the skip's, added into the `[channels, ·]` f32 sums by atomics. Blocks as `conv1d_direct`'s.
+#[kernel(dtypes(T = [bf16, f16, f32]))]
+#[allow(clippy::too_many_arguments)]
+pub fn conv1d_direct_grads(
+    x: Global<T, 3>, w: Global<f32, 2>, bias: Global<f32, 2>, skip: Global<f32, 2>, gate: Global<T, 3>, dy: Global<T, 3>,
+    dpre: Global<T, 3>, dgate: Global<T, 3>, dw: Global<f32, 2>, dbias: Global<f32, 2>, dskip: Global<f32, 2>, shift: i32, reverse: i32,
+    has_bias: i32, has_skip: i32, has_gate: i32, act: i32,
+) {
+    let b = block::id_z();
+    let h0 = block::id_y() * 16;
+    let t0 = block::id_x() * 256;
+    // Zero past the output's end (dy reads zeros there), so no sum takes those steps.
+    let mut g = dy.load::<Tile<T, 16, 256>>([b, h0, t0]).cast::<f32>();
+    if has_gate == 1 || act == 1 {
+        let pre = conv_pre::<T, 16, 256>(x, w, bias, skip, b, h0, t0, shift, reverse, has_bias, has_skip);
+        let mut out = pre;
+        let mut sig = Tile::<f32, 16, 256>::zeros();
+        if act == 1 {
+            sig = 1.0 / (1.0 + exp2(pre * -f32::consts::LOG2_E));
+            out = pre * sig;
+        }
+        if has_gate == 1 {
+            dgate.store([b, h0, t0], (g * out).cast::<T>());
+            g = g * gate.load::<Tile<T, 16, 256>>([b, h0, t0]).cast::<f32>();
+        }
+        if act == 1 {
+            g = g * sig * (1.0 + pre * (1.0 - sig));
+        }
+    }
+    dpre.store([b, h0, t0], g.cast::<T>());
+    if has_bias == 1 {
+        dbias.atomic_add([h0, 0], row_sum(g));
+    }
+    if has_skip == 1 {
+        dskip.atomic_add([h0, 0], row_sum(g * x.load::<Tile<T, 16, 256>>([b, h0, t0]).cast::<f32>()));
+    }
+    let taps = w.dim(1);
+    for k in 0..taps {
+        let tap = k + reverse * (taps - 1 - 2 * k);
+        let xs: Tile<T, 16, 256> = x.load([b, h0, t0 + shift + k]);
+        dw.atomic_add([h0, tap], row_sum(g * xs.cast::<f32>()));
+    }
+}
+
+/// Which part of the full convolution (`L + Lk − 1` steps) comes out, as NumPy's `convolve`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConvMode {
+    /// Every step where the filter meets the signal: `L + Lk − 1` steps.
+    Full,
+    /// The middle `L` steps of the full output, from step `(Lk − 1) / 2` (the filter must not
+    /// be longer than the signal).
+    Same,
+    /// The first `L` steps: step `t` sees `x` up to `t` only.
+    Causal,
+}
+
+/// A depthwise 1-D convolution along the last axis, and its backward.
+///
+/// `x` `[batch, channels, L]` (bf16, f16 or f32, contiguous), filters `k` `[channels, Lk]`
+/// (f32): `full[b, h, t] = Σ_j k[h, j]·x[b, h, t − j]` (a convolution: the filter reversed
+/// against the signal), cut by [`ConvMode`], then the epilogue chain in this order, each part
+/// optional:
+///
+/// `y = act(conv + bias[h] + skip[h]·x[t]) · gate[t]`
+///
+/// — Mamba's short convolution is `causal` with a bias and SiLU ([`Conv1d::causal_conv1d`]
+/// takes its weights as PyTorch's `conv1d` does), Hyena's long one is `causal` with the skip
+/// term `D·x` and the gate. Sums and the epilogue run in f32.
+///
+/// ```no_run
+/// # use tessera::{Device, Tensor, bf16};
+/// # use tessera_kernels::{Conv1d, ConvMode};
+/// # fn main() -> tessera::Result<()> {
+/// let dev = Device::cpu();
+/// let x = Tensor::<bf16>::zeros(&dev, &[2, 64, 1000])?;
+/// let k = Tensor::<f32>::zeros(&dev, &[64, 4])?;
+/// let conv = Conv1d::new(&dev, &x, &k, ConvMode::Causal).silu();
+/// let mut y = Tensor::<bf16>::zeros(&dev, &conv.out_shape())?;
+/// conv.run(&mut y)?;
+/// let grads = conv.backward(&y)?; // dx, dk (and dbias, dskip, dgate where given)
+/// # Ok(()) }
+/// ```
+pub struct Conv1d<'a, T: Element> {
+    device: &'a Device,
+    x: &'a Tensor<T>,
+    k: &'a Tensor<f32>,
+    mode: ConvMode,
+    /// Taps in correlation order (PyTorch's `conv1d`): `k[h, j]` meets `x[t − (Lk − 1) + j]`.
+    correlate: bool,
+    bias: Option<&'a Tensor<f32>>,
+    skip: Option<&'a Tensor<f32>>,
+    gate: Option<&'a Tensor<T>>,
+    silu: bool,
+}
+
+/// The gradients of a [`Conv1d`]: `dx` as `x`, `dk` as the filters (in the order they were
+/// given), and those of the optional terms that were given.
+pub struct Conv1dGrads<T: Element> {
+    /// The signal's, `[batch, channels, L]`.
+    pub dx: Tensor<T>,
+    /// The filters', `[channels, Lk]`, summed over the batch.
+    pub dk: Tensor<f32>,
+    /// The bias's, `[channels]`.
+    pub dbias: Option<Tensor<f32>>,
+    /// The skip term's, `[channels]`.
+    pub dskip: Option<Tensor<f32>>,
+    /// The gate's, as the output.
+    pub dgate: Option<Tensor<T>>,
+}
+
+impl<'a, T: ConvElement> Conv1d<'a, T> {
+    /// The convolution of `x` `[batch, channels, L]` with the filters `k` `[channels, Lk]`.
+    pub fn new(device: &'a Device, x: &'a Tensor<T>, k: &'a Tensor<f32>, mode: ConvMode) -> Self {
+        Conv1d { device, x, k, mode, correlate: false, bias: None, skip: None, gate: None, silu: false }
+    }
+
+    /// A causal convolution with the weights `w` `[channels, K]` as PyTorch's `conv1d` (and the
+    /// `causal-conv1d` package) take them, a cross-correlation padded `K − 1` steps on the left:
+    /// `y[t] = Σ_j w[h, j]·x[t − (K − 1) + j]`. Add `.bias(b)` and `.silu()` for Mamba's.
+    pub fn causal_conv1d(device: &'a Device, x: &'a Tensor<T>, w: &'a Tensor<f32>) -> Self {
+        Conv1d { correlate: true, ..Conv1d::new(device, x, w, ConvMode::Causal) }
+    }
+
+    /// Adds `bias[h]` (`[channels]`, f32) before the activation.
+    pub fn bias(mut self, bias: &'a Tensor<f32>) -> Self {
+        self.bias = Some(bias);
+        self
+    }
+
+    /// Adds the skip term `skip[h]·x[b, h, t]` (`[channels]`, f32; Hyena's and S4's `D`) before
+    /// the activation.
+    pub fn skip(mut self, skip: &'a Tensor<f32>) -> Self {
+        self.skip = Some(skip);
+        self
+    }
+
+    /// Applies SiLU after the bias and the skip term.
+    pub fn silu(mut self) -> Self {
+        self.silu = true;
+        self
+    }
+
+    /// Multiplies the result by `gate` (of the output's shape), last.
+    pub fn gate(mut self, gate: &'a Tensor<T>) -> Self {
+        self.gate = Some(gate);
+        self
+    }
+
+    /// The output's shape: `[batch, channels, L + Lk − 1]` in `full` mode, else `x`'s (the
+    /// input's shape as given where it is not 3-D, for the error [`Conv1d::run`] gives).
+    pub fn out_shape(&self) -> Vec<usize> {
+        match (self.x.shape(), self.k.shape()) {
+            (&[b, h, l], &[_, lk]) if self.mode == ConvMode::Full && l > 0 && lk > 0 => vec![b, h, l + lk - 1],
+            (s, _) => s.to_vec(),
+        }
+    }
+
+    /// The sizes after the checks: `(batch, channels, L, Lk, out L)`.
+    fn dims(&self, name: &'static str) -> Result<Dims> {
+        let arg = |arg: &str, expected: String, found: String| Error::Argument { kernel: name, arg: arg.into(), expected, found };
+        let &[batch, channels, len] = self.x.shape() else {
+            return Err(arg("x", "a 3-D tensor [batch, channels, L]".into(), format!("shape {:?}", self.x.shape())));
+        };
+        let taps = match *self.k.shape() {
+            [h, lk] if h == channels && lk > 0 => lk,
+            _ => {
+                let what = if self.correlate { "w" } else { "k" };
+                return Err(arg(
+                    what,
+                    format!("shape [{channels}, Lk] with Lk ≥ 1 (a filter a channel of x)"),
+                    format!("shape {:?}", self.k.shape()),
+                ));
+            }
+        };
+        if self.mode == ConvMode::Same && taps > len {
+            return Err(arg("k", format!("a filter no longer than the signal ({len} steps) in `same` mode"), format!("{taps} taps")));
+        }
+        for (what, t) in [("x", self.x.is_contiguous()), ("k", self.k.is_contiguous())] {
+            if !t {
+                return Err(arg(what, "a contiguous tensor".into(), "a strided one".into()));
+            }
+        }
+        for (what, t) in [("bias", self.bias), ("skip", self.skip)] {
+            if let Some(t) = t {
+                if t.shape() != [channels] || !t.is_contiguous() {
+                    return Err(arg(what, format!("a contiguous tensor of shape [{channels}]"), format!("shape {:?}", t.shape())));
+                }
+            }
+        }
+        let out = self.out_shape();
+        if let Some(g) = self.gate {
+            if g.shape() != out.as_slice() || !g.is_contiguous() {
+                return Err(arg("gate", format!("a contiguous tensor of the output's shape {out:?}"), format!("shape {:?}", g.shape())));
+            }
+        }
+        // The grid: steps along x, channels along y (≤ 65535 blocks), sequences along z.
+        if batch > 65535 || channels.div_ceil(ROWS) > 65535 || i32::try_from(out[2] + taps).is_err() {
+            let most = format!("at most 65535 sequences, {} channels and 2³¹ steps", 65535 * ROWS);
+            return Err(arg("x", most, format!("shape {:?} (filters of {taps})", self.x.shape())));
+        }
+        // `y[t] = Σ_k w[k′]·x[t + shift + k]`: a convolution reverses the taps (k′ = Lk − 1 − k).
+        let first = match self.mode {
+            ConvMode::Same => (taps - 1) / 2,
+            ConvMode::Full | ConvMode::Causal => 0,
+        };
+        Ok(Dims { batch, channels, len, taps, out: out[2], shift: first as i32 - (taps as i32 - 1), reverse: !self.correlate })
+    }
+
+    /// Runs the convolution into `y` (of [`Conv1d::out_shape`], contiguous).
+    ///
+    /// # Errors
+    /// [`Error::Argument`] naming the argument: `x` not 3-D or strided, `k` not `[channels, Lk]`
+    /// or longer than the signal in `same` mode, `bias`/`skip` not `[channels]`, `gate` or `y`
+    /// not of the output's shape; a launch error.
+    pub fn run(&self, y: &mut Tensor<T>) -> Result<()> {
+        let d = self.dims("conv1d")?;
+        check_out("conv1d", "y", y, &self.out_shape())?;
+        if d.batch * d.channels * d.out == 0 {
+            return Ok(());
+        }
+        let (bias, skip) = (column(self.bias, d.channels)?, column(self.skip, d.channels)?);
+        let flags = Flags { bias: self.bias.is_some(), skip: self.skip.is_some(), gate: self.gate.is_some(), silu: self.silu };
+        T::conv_launch(self.device, d, d.shift, d.reverse, self.x, self.k, (bias.as_ref(), skip.as_ref()), self.gate, y, flags)
+    }
+
+    /// The gradients from `dy` (of the output's shape): `dx`, `dk`, and those of the bias, the
+    /// skip term and the gate where they were given. Recomputes the forward where the
+    /// activation or the gate needs it; sums in f32.
+    ///
+    /// # Errors
+    /// As [`Conv1d::run`], and `dy` not of the output's shape.
+    pub fn backward(&self, dy: &Tensor<T>) -> Result<Conv1dGrads<T>> {
+        let d = self.dims("conv1d_backward")?;
+        check_out("conv1d_backward", "dy", dy, &self.out_shape())?;
+        let dev = self.device;
+        let mut grads = Conv1dGrads {
+            dx: Tensor::zeros(dev, self.x.shape())?,
+            dk: Tensor::zeros(dev, &[d.channels, d.taps])?,
+            dbias: self.bias.map(|_| Tensor::zeros(dev, &[d.channels])).transpose()?,
+            dskip: self.skip.map(|_| Tensor::zeros(dev, &[d.channels])).transpose()?,
+            dgate: self.gate.map(|_| Tensor::zeros(dev, &self.out_shape())).transpose()?,
+        };
+        if d.batch * d.channels * d.out == 0 {
+            return Ok(grads);
+        }
+        let (bias, skip) = (column(self.bias, d.channels)?, column(self.skip, d.channels)?);
+        let flags = Flags { bias: self.bias.is_some(), skip: self.skip.is_some(), gate: self.gate.is_some(), silu: self.silu };
+        let mut dpre = Tensor::<T>::scratch(dev, &self.out_shape())?;
+        {
+            let mut dbias = grads.dbias.as_mut().map(|t| t.view_mut(&[d.channels, 1], &[1, 1])).transpose()?;
+            let mut dskip = grads.dskip.as_mut().map(|t| t.view_mut(&[d.channels, 1], &[1, 1])).transpose()?;
+            T::conv_grads_launch(
+                dev,
+                d,
+                ConvGradArgs {
+                    x: self.x,
+                    k: self.k,
+                    bias: bias.as_ref(),
+                    skip: skip.as_ref(),
+                    gate: self.gate,
+                    dy,
+                    dpre: &mut dpre,
+                    dgate: grads.dgate.as_mut(),
+                    dk: &mut grads.dk,
+                    dbias: dbias.as_mut(),
+                    dskip: dskip.as_mut(),
+                },
+                flags,
+            )?;
+        }
+        // dx[i] = Σ_k w[k′]·dpre[i − shift − k]: the same kernel, the taps the other way round,
+        // plus skip·dpre[i] (the skip term's own step), over L steps.
+        let back = Dims { out: d.len, ..d };
+        let only_skip = Flags { bias: false, skip: flags.skip, gate: false, silu: false };
+        let shift = -d.shift - (d.taps as i32 - 1);
+        T::conv_launch(dev, back, shift, !d.reverse, &dpre, self.k, (None, skip.as_ref()), None, &mut grads.dx, only_skip)?;
+        Ok(grads)
+    }
+}
+
+/// A `[channels]` tensor as the `[channels, 1]` column the kernels take.
+fn column(t: Option<&Tensor<f32>>, channels: usize) -> Result<Option<tessera::TensorView<'_, f32>>> {
+    t.map(|t| t.view(&[channels, 1], &[1, 1])).transpose()
+}
+
+/// Checks an output (or `dy`) of shape `want`, contiguous.
+fn check_out<T: Element>(kernel: &'static str, what: &str, t: &Tensor<T>, want: &[usize]) -> Result<()> {
+    if t.shape() == want && t.is_contiguous() {
+        return Ok(());
+    }
+    Err(Error::Argument {
+        kernel,
+        arg: what.into(),
+        expected: format!("a contiguous tensor of shape {want:?}"),
+        found: format!("shape {:?}, strides {:?}", t.shape(), t.strides()),
+    })
+}
+
+/// A checked convolution's sizes and its kernel's `shift` and tap order.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub struct Dims {
+    batch: usize,
+    channels: usize,
+    len: usize,
+    taps: usize,
+    out: usize,
+    shift: i32,
+    reverse: bool,
+}
+
+impl Dims {
+    fn grid(&self) -> Grid {
+        Grid::from((self.out.div_ceil(COLS) as u32, self.channels.div_ceil(ROWS) as u32, self.batch as u32))
+    }
+}
+
+/// The epilogue's parts in use.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub struct Flags {
+    bias: bool,
+    skip: bool,
+    gate: bool,
+    silu: bool,
+}
+
+/// The backward's first launch's tensors.
+#[doc(hidden)]
+pub struct ConvGradArgs<'t, 'v, T: Element> {
+    x: &'t Tensor<T>,
+    k: &'t Tensor<f32>,
+    bias: Option<&'t tessera::TensorView<'v, f32>>,
+    skip: Option<&'t tessera::TensorView<'v, f32>>,
+    gate: Option<&'t Tensor<T>>,
+    dy: &'t Tensor<T>,
+    dpre: &'t mut Tensor<T>,
+    dgate: Option<&'t mut Tensor<T>>,
+    dk: &'t mut Tensor<f32>,
+    dbias: Option<&'t mut tessera::TensorViewMut<'v, f32>>,
+    dskip: Option<&'t mut tessera::TensorViewMut<'v, f32>>,
+}
+
+/// The element types [`Conv1d`] takes: bf16, f16, f32.
+pub trait ConvElement: Element + sealed::Sealed {
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn conv_launch(
+        device: &Device, d: Dims, shift: i32, reverse: bool, x: &Tensor<Self>, k: &Tensor<f32>,
+        terms: (Option<&tessera::TensorView<'_, f32>>, Option<&tessera::TensorView<'_, f32>>), gate: Option<&Tensor<Self>>,
+        y: &mut Tensor<Self>, flags: Flags,
+    ) -> Result<()>;
+    #[doc(hidden)]
+    fn conv_grads_launch(device: &Device, d: Dims, a: ConvGradArgs<'_, '_, Self>, flags: Flags) -> Result<()>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for tessera::bf16 {}
+    impl Sealed for tessera::f16 {}
+    impl Sealed for f32 {}
+}
+
+fn flag(b: bool) -> i32 {
+    i32::from(b)
+}
+
+macro_rules! conv_element {
+    ($t:ty, $fwd:ident, $grads:ident) => {
+        impl ConvElement for $t {
+            fn conv_launch(
+                device: &Device, d: Dims, shift: i32, reverse: bool, x: &Tensor<Self>, k: &Tensor<f32>,
+                (bias, skip): (Option<&tessera::TensorView<'_, f32>>, Option<&tessera::TensorView<'_, f32>>), gate: Option<&Tensor<Self>>,
+                y: &mut Tensor<Self>, flags: Flags,
+            ) -> Result<()> {
+                $fwd::launch(
+                    device,
+                    d.grid(),
+                    x,
+                    k,
+                    &Optional(bias, 2),
+                    &Optional(skip, 2),
+                    &Optional(gate, 3),
+                    y,
+                    shift,
+                    flag(reverse),
+                    flag(flags.bias),
+                    flag(flags.skip),
+                    flag(flags.gate),
+                    flag(flags.silu),
+                )
+            }
+
+            fn conv_grads_launch(device: &Device, d: Dims, a: ConvGradArgs<'_, '_, Self>, flags: Flags) -> Result<()> {
+                $grads::launch(
+                    device,
+                    d.grid(),
+                    a.x,
+                    a.k,
+                    &Optional(a.bias, 2),
+                    &Optional(a.skip, 2),
+                    &Optional(a.gate, 3),
+                    a.dy,
+                    a.dpre,
+                    &mut OptionalMut(a.dgate, 3),
+                    a.dk,
+                    &mut OptionalMut(a.dbias, 2),
+                    &mut OptionalMut(a.dskip, 2),
+                    d.shift,
+                    flag(d.reverse),
+                    flag(flags.bias),
+                    flag(flags.skip),
+                    flag(flags.gate),
+                    flag(flags.silu),
+                )
+            }
+        }
+    };
+}
+conv_element!(tessera::bf16, conv1d_direct_bf16, conv1d_direct_grads_bf16);
+conv_element!(tessera::f16, conv1d_direct_f16, conv1d_direct_grads_f16);
+conv_element!(f32, conv1d_direct_f32, conv1d_direct_grads_f32);

@@ -1,0 +1,263 @@
+//! The depthwise 1-D convolution ([`Conv1d`]) against float64 references of its definition on
+//! the host: `full[t] = Σ_j k[j]·x[t − j]` cut by the mode (or PyTorch's cross-correlation for
+//! `causal_conv1d`), then `act(· + bias + skip·x)·gate`; the backward's `dx`, `dk`, `dbias`,
+//! `dskip` and `dgate` from the chain rule on that definition (not from the kernels'
+//! reversed-filter form). Fresh random inputs, odd lengths and channel counts, outputs
+//! poisoned, bf16/f16/f32. On the GPU and, at small sizes, in the interpreter.
+
+mod common;
+
+use common::random;
+use tessera::testing::{gpu_or_skip, rel_error};
+use tessera::{bf16, f16, Device, Element, Tensor};
+use tessera_kernels::{Conv1d, ConvElement, ConvMode};
+
+/// One case: sizes, mode (`None`: PyTorch's causal `conv1d` weights), and the epilogue's terms.
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    batch: usize,
+    channels: usize,
+    len: usize,
+    taps: usize,
+    mode: Option<ConvMode>,
+    bias: bool,
+    skip: bool,
+    silu: bool,
+    gate: bool,
+}
+
+/// The host's inputs, in f64, after rounding to the element type.
+struct Inputs {
+    x: Vec<f64>,
+    k: Vec<f64>,
+    bias: Vec<f64>,
+    skip: Vec<f64>,
+    gate: Vec<f64>,
+}
+
+impl Case {
+    fn out_len(&self) -> usize {
+        match self.mode {
+            Some(ConvMode::Full) => self.len + self.taps - 1,
+            _ => self.len,
+        }
+    }
+
+    /// `(x index, filter tap)` pairs feeding output step `t`: `full[t + first]` sums
+    /// `k[j]·x[t + first − j]`; PyTorch's form `w[j]·x[t − (K − 1) + j]`.
+    fn taps_of(&self, t: usize) -> Vec<(usize, usize)> {
+        let (len, kk) = (self.len as i64, self.taps as i64);
+        (0..kk)
+            .filter_map(|j| {
+                let i = match self.mode {
+                    None => t as i64 - (kk - 1) + j,
+                    Some(m) => {
+                        let first = if m == ConvMode::Same { (kk - 1) / 2 } else { 0 };
+                        t as i64 + first - j
+                    }
+                };
+                (0..len).contains(&i).then_some((i as usize, j as usize))
+            })
+            .collect()
+    }
+
+    /// The pre-activation value, output and activation's derivative at every output step.
+    fn forward(&self, v: &Inputs) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+        let (lo, n) = (self.out_len(), self.batch * self.channels * self.out_len());
+        let (mut pre, mut y, mut dact) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+        for r in 0..self.batch * self.channels {
+            let h = r % self.channels;
+            for t in 0..lo {
+                let mut p: f64 = self.taps_of(t).iter().map(|&(i, j)| v.k[h * self.taps + j] * v.x[r * self.len + i]).sum();
+                if self.bias {
+                    p += v.bias[h];
+                }
+                if self.skip && t < self.len {
+                    p += v.skip[h] * v.x[r * self.len + t];
+                }
+                let s = 1.0 / (1.0 + (-p).exp());
+                let (a, da) = if self.silu { (p * s, s * (1.0 + p * (1.0 - s))) } else { (p, 1.0) };
+                let o = r * lo + t;
+                pre[o] = p;
+                y[o] = if self.gate { a * v.gate[o] } else { a };
+                dact[o] = da;
+            }
+        }
+        (pre, y, dact)
+    }
+}
+
+fn inputs<T: Element>(c: &Case, to: fn(f32) -> T, from: fn(T) -> f64) -> (Vec<T>, Vec<T>, Inputs) {
+    let round = |v: &[T]| v.iter().map(|&x| from(x)).collect::<Vec<f64>>();
+    let x: Vec<T> = random(c.batch * c.channels * c.len, -1.0, 1.0).into_iter().map(to).collect();
+    let gate: Vec<T> = random(c.batch * c.channels * c.out_len(), -1.5, 1.5).into_iter().map(to).collect();
+    let scale = 1.0 / (c.taps as f32).sqrt();
+    let v = Inputs {
+        x: round(&x),
+        k: random(c.channels * c.taps, -scale, scale).into_iter().map(f64::from).collect(),
+        bias: random(c.channels, -0.5, 0.5).into_iter().map(f64::from).collect(),
+        skip: random(c.channels, -1.0, 1.0).into_iter().map(f64::from).collect(),
+        gate: round(&gate),
+    };
+    (x, gate, v)
+}
+
+fn narrow(v: &[f64]) -> Vec<f32> {
+    v.iter().map(|&x| x as f32).collect()
+}
+
+/// Forward and backward of one case against the references; `tol` for the forward, `gtol` for
+/// the gradients.
+fn check<T: ConvElement>(dev: &Device, c: Case, to: fn(f32) -> T, from: fn(T) -> f64, tol: f64, gtol: f64) {
+    let (xh, gh, v) = inputs(&c, to, from);
+    let x = Tensor::from_host(dev, &xh, &[c.batch, c.channels, c.len]).unwrap();
+    let k = Tensor::from_host(dev, &narrow(&v.k), &[c.channels, c.taps]).unwrap();
+    let bias = Tensor::from_host(dev, &narrow(&v.bias), &[c.channels]).unwrap();
+    let skip = Tensor::from_host(dev, &narrow(&v.skip), &[c.channels]).unwrap();
+    let lo = c.out_len();
+    let gate = Tensor::from_host(dev, &gh, &[c.batch, c.channels, lo]).unwrap();
+    let mut conv = match c.mode {
+        Some(m) => Conv1d::new(dev, &x, &k, m),
+        None => Conv1d::causal_conv1d(dev, &x, &k),
+    };
+    if c.bias {
+        conv = conv.bias(&bias);
+    }
+    if c.skip {
+        conv = conv.skip(&skip);
+    }
+    if c.silu {
+        conv = conv.silu();
+    }
+    if c.gate {
+        conv = conv.gate(&gate);
+    }
+    assert_eq!(conv.out_shape(), [c.batch, c.channels, lo], "{c:?}");
+    let mut y = Tensor::full(dev, &[c.batch, c.channels, lo], to(f32::NAN)).unwrap();
+    conv.run(&mut y).unwrap_or_else(|e| panic!("{c:?}: {e}"));
+    let (pre, want, dact) = c.forward(&v);
+    let got: Vec<f64> = y.to_host().unwrap().into_iter().map(from).collect();
+    let err = rel_error(&got, &want);
+    let name = std::any::type_name::<T>();
+    assert!(err < tol, "{c:?} {name}: forward relative error {err}");
+
+    // The backward from the chain rule on the definition.
+    let dyh: Vec<T> = random(c.batch * c.channels * lo, -1.0, 1.0).into_iter().map(to).collect();
+    let dy = Tensor::from_host(dev, &dyh, &[c.batch, c.channels, lo]).unwrap();
+    let grads = conv.backward(&dy).unwrap_or_else(|e| panic!("{c:?}: {e}"));
+    let (n, kk) = (c.batch * c.channels, c.taps);
+    let (mut dx, mut dk) = (vec![0.0; n * c.len], vec![0.0; c.channels * kk]);
+    let (mut dbias, mut dskip, mut dgate) = (vec![0.0; c.channels], vec![0.0; c.channels], vec![0.0; n * lo]);
+    for r in 0..n {
+        let h = r % c.channels;
+        for t in 0..lo {
+            let o = r * lo + t;
+            let mut g = from(dyh[o]);
+            if c.gate {
+                dgate[o] = g * (if c.silu { pre[o] / (1.0 + (-pre[o]).exp()) } else { pre[o] });
+                g *= v.gate[o];
+            }
+            g *= dact[o];
+            for (i, j) in c.taps_of(t) {
+                dx[r * c.len + i] += g * v.k[h * kk + j];
+                dk[h * kk + j] += g * v.x[r * c.len + i];
+            }
+            dbias[h] += g;
+            if t < c.len {
+                dskip[h] += g * v.x[r * c.len + t];
+                if c.skip {
+                    dx[r * c.len + t] += g * v.skip[h];
+                }
+            }
+        }
+    }
+    let host = |t: &Tensor<f32>| t.to_host().unwrap().into_iter().map(f64::from).collect::<Vec<f64>>();
+    let dx_got: Vec<f64> = grads.dx.to_host().unwrap().into_iter().map(from).collect();
+    let mut checks = vec![("dx", rel_error(&dx_got, &dx)), ("dk", rel_error(&host(&grads.dk), &dk))];
+    assert_eq!(grads.dbias.is_some(), c.bias, "{c:?}");
+    assert_eq!(grads.dskip.is_some(), c.skip, "{c:?}");
+    assert_eq!(grads.dgate.is_some(), c.gate, "{c:?}");
+    if let Some(t) = &grads.dbias {
+        checks.push(("dbias", rel_error(&host(t), &dbias)));
+    }
+    if let Some(t) = &grads.dskip {
+        checks.push(("dskip", rel_error(&host(t), &dskip)));
+    }
+    if let Some(t) = &grads.dgate {
+        let got: Vec<f64> = t.to_host().unwrap().into_iter().map(from).collect();
+        checks.push(("dgate", rel_error(&got, &dgate)));
+    }
+    for (what, err) in checks {
+        assert!(err < gtol, "{c:?} {name}: {what} relative error {err}");
+    }
+}
+
+/// Every mode and epilogue over `sizes` `(batch, channels, L, Lk)`, in the three element types.
+fn conv_matches_f64(dev: &Device, sizes: &[(usize, usize, usize, usize)]) {
+    let terms = [(false, false, false, false), (true, false, true, false), (false, true, false, true), (true, true, true, true)];
+    let modes = [Some(ConvMode::Causal), Some(ConvMode::Full), Some(ConvMode::Same), None];
+    for (n, &(batch, channels, len, taps)) in sizes.iter().enumerate() {
+        for (m, &mode) in modes.iter().enumerate() {
+            if mode == Some(ConvMode::Same) && taps > len {
+                continue;
+            }
+            // Each size and mode with one set of terms, turn about (all four over the modes).
+            let (bias, skip, silu, gate) = terms[(n + m) % terms.len()];
+            let c = Case { batch, channels, len, taps, mode, bias, skip, silu, gate };
+            check::<f32>(dev, c, |v| v, f64::from, 1e-5, 1e-4);
+            check::<bf16>(dev, c, bf16::from_f32, |v| v.to_f64(), 1e-2, 2e-2);
+            check::<f16>(dev, c, f16::from_f32, |v| v.to_f64(), 2e-3, 4e-3);
+        }
+    }
+}
+
+#[test]
+fn gpu_conv1d_matches_f64_reference() {
+    if let Some(dev) = gpu_or_skip("gpu_conv1d_matches_f64_reference") {
+        conv_matches_f64(
+            &dev,
+            &[(1, 1, 1, 1), (2, 3, 3, 4), (1, 5, 1000, 3), (2, 48, 4097, 4), (3, 20, 1000, 64), (1, 17, 4099, 257), (2, 7, 300, 301)],
+        );
+    }
+}
+
+#[test]
+fn interp_conv1d_matches_f64_reference() {
+    // Lk 7 over 3 steps: a filter longer than the signal (full and causal only).
+    conv_matches_f64(&Device::cpu(), &[(1, 1, 1, 1), (2, 3, 3, 7), (1, 17, 300, 4), (2, 5, 1000, 3), (1, 2, 513, 33)]);
+}
+
+#[test]
+fn conv1d_refuses_bad_input() {
+    let dev = Device::cpu();
+    let z = |s: &[usize]| Tensor::<f32>::zeros(&dev, s).unwrap();
+    let (x, k) = (z(&[2, 4, 8]), z(&[4, 3]));
+    let msg = |r: tessera::Result<()>| r.expect_err("refused").to_string();
+    let mut y = z(&[2, 4, 8]);
+    // A filter longer than the signal in `same` mode.
+    let long = z(&[4, 9]);
+    let e = msg(Conv1d::new(&dev, &x, &long, ConvMode::Same).run(&mut y));
+    assert!(e.contains("`k`") && e.contains("same") && e.contains("9 taps"), "{e}");
+    // Channels that do not match.
+    let k5 = z(&[5, 3]);
+    let e = msg(Conv1d::new(&dev, &x, &k5, ConvMode::Causal).run(&mut y));
+    assert!(e.contains("`k`") && e.contains("[4, Lk]") && e.contains("[5, 3]"), "{e}");
+    let e = msg(Conv1d::causal_conv1d(&dev, &x, &k5).run(&mut y));
+    assert!(e.contains("`w`"), "{e}");
+    // Not 3-D.
+    let x2 = z(&[4, 8]);
+    let e = msg(Conv1d::new(&dev, &x2, &k, ConvMode::Causal).run(&mut y));
+    assert!(e.contains("`x`") && e.contains("3-D"), "{e}");
+    // The output's length in `full` mode, a bias of the wrong length, a gate of the wrong shape.
+    let e = msg(Conv1d::new(&dev, &x, &k, ConvMode::Full).run(&mut y));
+    assert!(e.contains("`y`") && e.contains("[2, 4, 10]"), "{e}");
+    let b3 = z(&[3]);
+    let e = msg(Conv1d::new(&dev, &x, &k, ConvMode::Causal).bias(&b3).run(&mut y));
+    assert!(e.contains("`bias`") && e.contains("[4]"), "{e}");
+    let g = z(&[2, 4, 9]);
+    let e = msg(Conv1d::new(&dev, &x, &k, ConvMode::Causal).gate(&g).run(&mut y));
+    assert!(e.contains("`gate`") && e.contains("[2, 4, 8]"), "{e}");
+    let dy = z(&[2, 4, 7]);
+    let e = Conv1d::new(&dev, &x, &k, ConvMode::Causal).backward(&dy).err().expect("dy's shape").to_string();
+    assert!(e.contains("`dy`") && e.contains("[2, 4, 8]"), "{e}");
+}
