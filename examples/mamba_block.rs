@@ -13,8 +13,9 @@
 //!
 //! The GEMMs take token-major activations (`[batch·L, width]`, bf16); the selective scan takes
 //! channel-major ones (`[batch, channels, L]`). Two kernels of this file, written in Tessera's
-//! language, do what the library does not: the causal convolution (any width K, zeros before
-//! the sequence's start) and a tile copy that changes the layout by storing through a
+//! language, do what the library does not: the causal convolution over the GEMM's token-major
+//! output (any width K, zeros before the sequence's start; the library's `Conv1d` takes
+//! channel-major activations) and a tile copy that changes the layout by storing through a
 //! transposed view.
 //!
 //! `cargo run --release --example mamba_block`: on the GPU where there is one (and then timed

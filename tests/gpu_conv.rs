@@ -261,3 +261,32 @@ fn conv1d_refuses_bad_input() {
     let e = Conv1d::new(&dev, &x, &k, ConvMode::Causal).backward(&dy).err().expect("dy's shape").to_string();
     assert!(e.contains("`dy`") && e.contains("[2, 4, 8]"), "{e}");
 }
+
+#[path = "../examples/hyena_block.rs"]
+#[allow(dead_code)]
+mod hyena_block;
+
+/// The Hyena operator of `examples/hyena_block.rs` (projections → short convolutions → two long
+/// convolutions with their skip and gate fused → output projection) against its float64
+/// reference: bf16 activations between the kernels keep the error near 4e-3, so 2e-2 fails
+/// on a wrong tap, a lost skip or gate.
+fn hyena_block_matches_f64(dev: &Device, sizes: &[hyena_block::Sizes]) {
+    for &s in sizes {
+        let err = hyena_block::check(dev, s).unwrap_or_else(|e| panic!("{s:?}: {e}"));
+        assert!(err < 2e-2, "{s:?}: relative error {err:.3e}");
+    }
+}
+
+#[test]
+fn gpu_hyena_block_matches_f64_reference() {
+    if let Some(dev) = gpu_or_skip("gpu_hyena_block_matches_f64_reference") {
+        let s = |batch, len, model, inner| hyena_block::Sizes { batch, len, model, inner, taps: 3 };
+        hyena_block_matches_f64(&dev, &[s(2, 1000, 128, 256), s(1, 4099, 64, 48), s(3, 1, 64, 64)]);
+    }
+}
+
+#[test]
+fn interp_hyena_block_matches_f64_reference() {
+    let s = |batch, len, model, inner| hyena_block::Sizes { batch, len, model, inner, taps: 3 };
+    hyena_block_matches_f64(&Device::cpu(), &[s(2, 45, 32, 48), s(1, 7, 16, 20)]);
+}
