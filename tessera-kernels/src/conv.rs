@@ -9,7 +9,8 @@
 //! want (cuFFT, and a tensor-core FFT in the language) are not built yet (notes/ISSUE-31.md).
 //!
 //! The backward takes two launches: one recomputes the epilogue's input where the epilogue
-//! needs it, stores the gradient reaching the convolution (`dpre`, in the element type) and
+//! needs it, stores the gradient reaching the convolution (`dpre`, in the element type, where
+//! SiLU or the gate make it differ from `dy`) and
 //! the gate's, and adds the filter's, the bias's and the skip's gradients (sums over the batch
 //! and the steps) by atomics; the other is the forward kernel again on `dpre`, the filter
 //! reversed and shifted, which gives `dx` (the transpose of a correlation is the correlation
@@ -64,7 +65,8 @@ pub fn conv1d_direct(
 }
 
 /// `conv1d_direct`'s gradients but `dx`: from `dy`, the gradient reaching the convolution
-/// (`dpre`, stored in `T` for the launch that makes `dx`), the gate's (`dgate`), and the sums
+/// (`dpre`, stored in `T` for the launch that makes `dx` where SiLU or the gate makes it differ
+/// from `dy`), the gate's (`dgate`), and the sums
 /// over the batch and the steps of the filters' (`dw`, at each tap's own index), the bias's and
 /// the skip's, added into the `[channels, ·]` f32 sums by atomics. Blocks as `conv1d_direct`'s.
 #[kernel(dtypes(T = [bf16, f16, f32]))]
@@ -94,8 +96,9 @@ pub fn conv1d_direct_grads(
         if act == 1 {
             g = g * sig * (1.0 + pre * (1.0 - sig));
         }
+        // Without an activation or a gate `dpre` is `dy`, which the `dx` launch reads itself.
+        dpre.store([b, h0, t0], g.cast::<T>());
     }
-    dpre.store([b, h0, t0], g.cast::<T>());
     if has_bias == 1 {
         dbias.atomic_add([h0, 0], row_sum(g));
     }
@@ -313,7 +316,8 @@ impl<'a, T: ConvElement> Conv1d<'a, T> {
         }
         let (bias, skip) = (column(self.bias, d.channels)?, column(self.skip, d.channels)?);
         let flags = Flags { bias: self.bias.is_some(), skip: self.skip.is_some(), gate: self.gate.is_some(), silu: self.silu };
-        let mut dpre = Tensor::<T>::scratch(dev, &self.out_shape())?;
+        // The gradient reaching the convolution: `dy` itself without an activation or a gate.
+        let mut dpre = if flags.silu || flags.gate { Some(Tensor::<T>::scratch(dev, &self.out_shape())?) } else { None };
         {
             let mut dbias = grads.dbias.as_mut().map(|t| t.view_mut(&[d.channels, 1], &[1, 1])).transpose()?;
             let mut dskip = grads.dskip.as_mut().map(|t| t.view_mut(&[d.channels, 1], &[1, 1])).transpose()?;
@@ -327,7 +331,7 @@ impl<'a, T: ConvElement> Conv1d<'a, T> {
                     skip: skip.as_ref(),
                     gate: self.gate,
                     dy,
-                    dpre: &mut dpre,
+                    dpre: dpre.as_mut(),
                     dgate: grads.dgate.as_mut(),
                     dk: &mut grads.dk,
                     dbias: dbias.as_mut(),
@@ -341,7 +345,18 @@ impl<'a, T: ConvElement> Conv1d<'a, T> {
         let back = Dims { out: d.len, ..d };
         let only_skip = Flags { bias: false, skip: flags.skip, gate: false, silu: false };
         let shift = -d.shift - (d.taps as i32 - 1);
-        T::conv_launch(dev, back, shift, !d.reverse, &dpre, self.k, (None, skip.as_ref()), None, &mut grads.dx, only_skip)?;
+        T::conv_launch(
+            dev,
+            back,
+            shift,
+            !d.reverse,
+            dpre.as_ref().unwrap_or(dy),
+            self.k,
+            (None, skip.as_ref()),
+            None,
+            &mut grads.dx,
+            only_skip,
+        )?;
         Ok(grads)
     }
 }
@@ -402,7 +417,7 @@ pub struct ConvGradArgs<'t, 'v, T: Element> {
     skip: Option<&'t tessera::TensorView<'v, f32>>,
     gate: Option<&'t Tensor<T>>,
     dy: &'t Tensor<T>,
-    dpre: &'t mut Tensor<T>,
+    dpre: Option<&'t mut Tensor<T>>,
     dgate: Option<&'t mut Tensor<T>>,
     dk: &'t mut Tensor<f32>,
     dbias: Option<&'t mut tessera::TensorViewMut<'v, f32>>,
@@ -469,7 +484,7 @@ macro_rules! conv_element {
                     &Optional(a.skip, 2),
                     &Optional(a.gate, 3),
                     a.dy,
-                    a.dpre,
+                    &mut OptionalMut(a.dpre, 3),
                     &mut OptionalMut(a.dgate, 3),
                     a.dk,
                     &mut OptionalMut(a.dbias, 2),
