@@ -34,6 +34,8 @@ struct Inner {
     workspace: Mutex<Option<crate::tensor::ZeroedBuf<f32>>>,
     /// The zeroed arrival counters (see [`Device::zeroed_counters`]), grown on demand.
     counters: Mutex<Option<crate::tensor::ZeroedBuf<i32>>>,
+    /// Values kept with the device (see [`Device::local`]), by type and key.
+    local: Mutex<HashMap<(std::any::TypeId, u64), Arc<dyn std::any::Any + Send + Sync>>>,
 }
 
 impl Inner {
@@ -48,6 +50,7 @@ impl Inner {
             counter: Mutex::new(None),
             workspace: Mutex::new(None),
             counters: Mutex::new(None),
+            local: Mutex::new(HashMap::new()),
         }
     }
 }
@@ -234,6 +237,36 @@ impl Device {
     pub fn zeroed_counters(&self, len: usize) -> Result<crate::tensor::Counters<'_>> {
         let len = len.max(1);
         Ok(crate::tensor::Counters { slot: self.zeroed(&self.inner.counters, len)?, device: self, len })
+    }
+
+    /// The value of type `V` kept with this device under `key`, made by `make` on the first
+    /// call: a library's per-device state (plans, pools, tables) that lives as long as the
+    /// device and its clones and goes with it (a [`Device::with_target`] device has its own).
+    /// `make` runs without the lock held, so it may use the device (and `local` itself);
+    /// where two threads make the same value at once, both get the first one stored.
+    ///
+    /// ```
+    /// let dev = tessera::Device::cpu();
+    /// let a = dev.local(7, || Ok(vec![1u32, 2, 3]))?;
+    /// let b = dev.local(7, || Ok(vec![9u32]))?; // made once: the same value
+    /// assert!(std::sync::Arc::ptr_eq(&a, &b));
+    /// # Ok::<(), tessera::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// `make`'s error, and then nothing is kept.
+    pub fn local<V: std::any::Any + Send + Sync>(&self, key: u64, make: impl FnOnce() -> Result<V>) -> Result<Arc<V>> {
+        let id = (std::any::TypeId::of::<V>(), key);
+        let lock = || self.inner.local.lock().unwrap_or_else(|p| p.into_inner());
+        let found = lock().get(&id).cloned();
+        let kept = match found {
+            Some(v) => v,
+            None => {
+                let made: Arc<dyn std::any::Any + Send + Sync> = Arc::new(make()?);
+                lock().entry(id).or_insert(made).clone()
+            }
+        };
+        Ok(kept.downcast::<V>().unwrap_or_else(|_| unreachable!("kept under its own TypeId")))
     }
 
     /// A kept-zeroed buffer of at least `len` elements, locked: made (or grown, a fresh zeroed
@@ -439,5 +472,54 @@ impl Device {
             Backend::Cuda { modules, .. } => modules.lock().map(|m| m.len()).unwrap_or(0),
             Backend::Cpu { .. } => 0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Device;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    /// Counts its drops, to see a kept value go with its device.
+    struct Kept(Arc<AtomicUsize>);
+
+    impl Drop for Kept {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn local_values_are_made_once_per_key_and_type_and_go_with_the_device() {
+        let dev = Device::cpu();
+        let drops = Arc::new(AtomicUsize::new(0));
+        let made = AtomicUsize::new(0);
+        let make = || {
+            made.fetch_add(1, Ordering::SeqCst);
+            Ok(Kept(drops.clone()))
+        };
+        let a = dev.local(1, make).unwrap();
+        let b = dev.clone().local(1, make).unwrap();
+        assert!(Arc::ptr_eq(&a, &b), "a clone shares the device's values");
+        assert_eq!(made.load(Ordering::SeqCst), 1);
+        // Another key, another type under the same key: values of their own.
+        let c = dev.local(2, make).unwrap();
+        assert!(!Arc::ptr_eq(&a, &c));
+        assert_eq!(*dev.local(1, || Ok(5u64)).unwrap(), 5);
+        // A failed make keeps nothing: the next call makes it.
+        assert!(dev.local(3, || Err::<Kept, _>(crate::Error::NoDriver)).is_err());
+        let d = dev.local(3, make).unwrap();
+        assert_eq!(made.load(Ordering::SeqCst), 3);
+        // The make may use the device's own local values.
+        let nested = dev.local(4, || Ok(*dev.local(5, || Ok(41u64))? + 1)).unwrap();
+        assert_eq!(*nested, 42);
+        // A device for another target has its own.
+        let other = dev.with_target(tessera_ptx::Target::Sm80);
+        assert!(!Arc::ptr_eq(&a, &other.local(1, make).unwrap()));
+        drop((a, b, c, d, other));
+        assert_eq!(drops.load(Ordering::SeqCst), 1, "only the other target's value went with it");
+        drop(dev);
+        assert_eq!(drops.load(Ordering::SeqCst), 4, "the device's values went with it");
     }
 }
