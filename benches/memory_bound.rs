@@ -431,7 +431,8 @@ fn main() {
         }
         drop((x, y, dy));
         // A long causal convolution (Hyena's: the filter as long as the signal, f32) on the
-        // direct path, beside PyTorch's FFT convolution (the FFT paths are not built yet).
+        // direct path and through cuFFT (the filter's transform in the timing, as torch's),
+        // beside PyTorch's FFT convolution.
         for (b, ch, l) in [(8, 768, 4096), (4, 768, 16384)] {
             let n = b * ch * l;
             let x = Tensor::from_host(&dev, &random(n), &[b, ch, l]).expect("x");
@@ -440,6 +441,9 @@ fn main() {
             let conv = tessera_kernels::Conv1d::new(&dev, &x, &k, tessera_kernels::ConvMode::Causal);
             let mut f = || conv.run(&mut y).expect("conv1d long");
             norm_row!(format!("conv1d causal direct K{l} f32 {b}x{ch}x{l}"), (2 * n * 4) as f64, time_ms(&dev, 1, 3, &mut f));
+            let conv = conv.path(tessera_kernels::ConvPath::Fft);
+            let mut f = || conv.run(&mut y).expect("conv1d long, FFT path");
+            norm_row!(format!("conv1d causal fft K{l} f32 {b}x{ch}x{l}"), (2 * n * 4) as f64, time_ms(&dev, 3, 10, &mut f));
             match python_baseline("TESSERA_TORCH_CONV_SCRIPT", "torch_conv.py", &[b, ch, l, l]) {
                 Ok(lines) => {
                     if let Some(&(_, ms)) = lines.iter().find(|(name, _)| name == "fftconv") {

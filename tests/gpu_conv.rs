@@ -10,7 +10,7 @@ mod common;
 use common::random;
 use tessera::testing::{gpu_or_skip, rel_error};
 use tessera::{bf16, f16, Device, Element, Tensor};
-use tessera_kernels::{Conv1d, ConvElement, ConvMode};
+use tessera_kernels::{Conv1d, ConvElement, ConvMode, ConvPath};
 
 /// One case: sizes, mode (`None`: PyTorch's causal `conv1d` weights), and the epilogue's terms.
 #[derive(Clone, Copy, Debug)]
@@ -116,30 +116,38 @@ fn check<T: ConvElement>(dev: &Device, c: Case, to: fn(f32) -> T, from: fn(T) ->
     let skip = Tensor::from_host(dev, &narrow(&v.skip), &[c.channels]).unwrap();
     let lo = c.out_len();
     let gate = Tensor::from_host(dev, &gh, &[c.batch, c.channels, lo]).unwrap();
-    let mut conv = match c.mode {
-        Some(m) => Conv1d::new(dev, &x, &k, m),
-        None => Conv1d::causal_conv1d(dev, &x, &k),
+    let builder = |path: ConvPath| {
+        let mut conv = match c.mode {
+            Some(m) => Conv1d::new(dev, &x, &k, m),
+            None => Conv1d::causal_conv1d(dev, &x, &k),
+        };
+        if c.bias {
+            conv = conv.bias(&bias);
+        }
+        if c.skip {
+            conv = conv.skip(&skip);
+        }
+        if c.silu {
+            conv = conv.silu();
+        }
+        if c.gate {
+            conv = conv.gate(&gate);
+        }
+        conv.path(path)
     };
-    if c.bias {
-        conv = conv.bias(&bias);
-    }
-    if c.skip {
-        conv = conv.skip(&skip);
-    }
-    if c.silu {
-        conv = conv.silu();
-    }
-    if c.gate {
-        conv = conv.gate(&gate);
-    }
+    let conv = builder(ConvPath::Direct);
     assert_eq!(conv.out_shape(), [c.batch, c.channels, lo], "{c:?}");
-    let mut y = Tensor::full(dev, &[c.batch, c.channels, lo], to(f32::NAN)).unwrap();
-    conv.run(&mut y).unwrap_or_else(|e| panic!("{c:?}: {e}"));
     let (pre, want, dact) = c.forward(&v);
-    let got: Vec<f64> = y.to_host().unwrap().into_iter().map(from).collect();
-    let err = rel_error(&got, &want);
     let name = std::any::type_name::<T>();
-    assert!(err < tol, "{c:?} {name}: forward relative error {err}");
+    // The FFT path (cuFFT) where there is a GPU: the same forward.
+    let paths: &[ConvPath] = if dev.is_cpu() { &[ConvPath::Direct] } else { &[ConvPath::Direct, ConvPath::Fft] };
+    for &path in paths {
+        let mut y = Tensor::full(dev, &[c.batch, c.channels, lo], to(f32::NAN)).unwrap();
+        builder(path).run(&mut y).unwrap_or_else(|e| panic!("{c:?} {path:?}: {e}"));
+        let got: Vec<f64> = y.to_host().unwrap().into_iter().map(from).collect();
+        let err = rel_error(&got, &want);
+        assert!(err < tol, "{c:?} {name} {path:?}: forward relative error {err}");
+    }
 
     // The backward from the chain rule on the definition.
     let dyh: Vec<T> = random(c.batch * c.channels * lo, -1.0, 1.0).into_iter().map(to).collect();
@@ -289,4 +297,77 @@ fn gpu_hyena_block_matches_f64_reference() {
 fn interp_hyena_block_matches_f64_reference() {
     let s = |batch, len, model, inner| hyena_block::Sizes { batch, len, model, inner, taps: 3 };
     hyena_block_matches_f64(&Device::cpu(), &[s(2, 45, 32, 48), s(1, 7, 16, 20)]);
+}
+
+/// The FFT path's own kernels against host math, in the interpreter (cuFFT, between them,
+/// runs on a GPU only): the padded input, the filter's two factors, the spectra's product
+/// (a complex product, conjugated for a correlation) and the epilogue read at an offset.
+#[test]
+fn interp_fft_path_kernels_match_host_math() {
+    use tessera::Grid;
+    use tessera_kernels::kernels::{conv_fft_filter, conv_fft_finish_bf16, conv_fft_pad_bf16, conv_fft_product};
+    let dev = Device::cpu();
+    let (b, h, l, n) = (2, 3, 300, 512);
+    let m2 = 2 * (n / 2 + 1);
+    let grid = |cols: usize, rows: usize, z: usize| Grid::from((cols.div_ceil(256) as u32, rows.div_ceil(16) as u32, z as u32));
+    // The padded input: x[r, j − lead], zeros elsewhere.
+    let xh: Vec<bf16> = random(b * h * l, -1.0, 1.0).into_iter().map(bf16::from_f32).collect();
+    let x2 = Tensor::from_host(&dev, &xh, &[b * h, l]).unwrap();
+    let mut xp = Tensor::full(&dev, &[b * h, n], f32::NAN).unwrap();
+    conv_fft_pad_bf16::launch(&dev, grid(n, b * h, 1), &x2, &mut xp, 3).unwrap();
+    let want: Vec<f64> = (0..b * h * n)
+        .map(|i| (i / n, (i % n) as i64 - 3))
+        .map(|(r, j)| if (0..l as i64).contains(&j) { xh[r * l + j as usize].to_f64() } else { 0.0 })
+        .collect();
+    let got: Vec<f64> = xp.to_host().unwrap().into_iter().map(f64::from).collect();
+    assert_eq!(rel_error(&got, &want), 0.0, "the padded input");
+    // The filter's factors and the product, against a complex product on the host.
+    let ks = random(h * m2, -1.0, 1.0);
+    let xs = random(b * h * m2, -1.0, 1.0);
+    for conj in [1.0f32, -1.0] {
+        let kt = Tensor::from_host(&dev, &ks, &[h, m2]).unwrap();
+        let (mut kc, mut kd) = (Tensor::full(&dev, &[h, m2], f32::NAN).unwrap(), Tensor::full(&dev, &[h, m2], f32::NAN).unwrap());
+        conv_fft_filter::launch(&dev, grid(m2, h, 1), &kt, &mut kc, &mut kd, 0.25, conj).unwrap();
+        let xt = Tensor::from_host(&dev, &xs, &[b, h, m2]).unwrap();
+        let mut out = Tensor::full(&dev, &[b, h, m2], f32::NAN).unwrap();
+        conv_fft_product::launch(&dev, grid(m2, h, b), &xt, &kc, &kd, &mut out).unwrap();
+        let mut want = vec![0.0f64; b * h * m2];
+        for r in 0..b * h {
+            for f in 0..m2 / 2 {
+                let (xr, xi) = (f64::from(xs[r * m2 + 2 * f]), f64::from(xs[r * m2 + 2 * f + 1]));
+                let c = (r % h) * m2 + 2 * f;
+                let (kr, ki) = (f64::from(ks[c]) * 0.25, f64::from(ks[c + 1]) * 0.25 * f64::from(conj));
+                want[r * m2 + 2 * f] = xr * kr - xi * ki;
+                want[r * m2 + 2 * f + 1] = xr * ki + xi * kr;
+            }
+        }
+        let got: Vec<f64> = out.to_host().unwrap().into_iter().map(f64::from).collect();
+        let err = rel_error(&got, &want);
+        assert!(err < 1e-6, "the spectra's product (conj {conj}): relative error {err}");
+    }
+    // The epilogue on the inverse transform's steps from `first` on: silu(full + bias + skip·x)·gate.
+    let full = random(b * h * n, -2.0, 2.0);
+    let (bias, skip) = (random(h, -0.5, 0.5), random(h, -1.0, 1.0));
+    let gate: Vec<bf16> = random(b * h * l, -1.0, 1.0).into_iter().map(bf16::from_f32).collect();
+    let ft = Tensor::from_host(&dev, &full, &[b, h, n]).unwrap();
+    let x3 = Tensor::from_host(&dev, &xh, &[b, h, l]).unwrap();
+    let (bt, st) = (Tensor::from_host(&dev, &bias, &[h, 1]).unwrap(), Tensor::from_host(&dev, &skip, &[h, 1]).unwrap());
+    let gt = Tensor::from_host(&dev, &gate, &[b, h, l]).unwrap();
+    let mut y = Tensor::full(&dev, &[b, h, l], bf16::NAN).unwrap();
+    conv_fft_finish_bf16::launch(&dev, grid(l, h, b), &ft, &x3, &bt, &st, &gt, &mut y, 5, 1, 1, 1, 1).unwrap();
+    let want: Vec<f64> = (0..b * h * l)
+        .map(|i| {
+            let (r, t) = (i / l, i % l);
+            let p = f64::from(full[r * n + t + 5]) + f64::from(bias[r % h]) + f64::from(skip[r % h]) * xh[i].to_f64();
+            p / (1.0 + (-p).exp()) * gate[i].to_f64()
+        })
+        .collect();
+    let got: Vec<f64> = y.to_host().unwrap().into_iter().map(|v| v.to_f64()).collect();
+    let err = rel_error(&got, &want);
+    assert!(err < 1e-2, "the FFT path's epilogue: relative error {err}");
+    // The whole path needs cuFFT: the interpreter says so.
+    let k = Tensor::from_host(&dev, &random(h * 4, -1.0, 1.0), &[h, 4]).unwrap();
+    let mut y = Tensor::<bf16>::zeros(&dev, &[b, h, l]).unwrap();
+    let e = Conv1d::new(&dev, &x3, &k, ConvMode::Causal).path(ConvPath::Fft).run(&mut y).expect_err("no cuFFT").to_string();
+    assert!(e.contains("FFT path") && e.contains("CUDA"), "{e}");
 }

@@ -3,10 +3,14 @@
 //! chain (a bias, a skip term `D·x`, SiLU, a gate) — Mamba's and Hyena's short convolutions,
 //! and long ones.
 //!
-//! This is the direct path: each block computes 16 channels × 256 steps of the output as `Lk`
-//! shifted loads of `x` times a column of the filters ([`crate::prelude::depthwise_conv`]),
-//! then the epilogue in registers. Its cost grows with `Lk`; the FFT paths that long filters
-//! want (cuFFT, and a tensor-core FFT in the language) are not built yet (notes/ISSUE-31.md).
+//! Two paths ([`ConvPath`]). The direct one: each block computes 16 channels × 256 steps of
+//! the output as `Lk` shifted loads of `x` times a column of the filters
+//! ([`crate::prelude::depthwise_conv`]), then the epilogue in registers; its cost grows with
+//! `Lk`. The FFT one (GPU only): the signal and the filters zero-padded to `N ≥ L + Lk − 1`,
+//! cuFFT's R2C, the spectra's complex product (`swap_pairs`, the filter's factors arranged
+//! once as `[re, re]` and `[−im, im]`), cuFFT's C2R, then the same epilogue; plans kept with the
+//! device ([`Device::local`]). A tensor-core FFT in the language is still to come
+//! (notes/ISSUE-31.md).
 //!
 //! The backward takes two launches: one recomputes the epilogue's input where the epilogue
 //! needs it, stores the gradient reaching the convolution (`dpre`, in the element type, where
@@ -24,6 +28,23 @@ const ROWS: usize = 16;
 /// Steps a block takes.
 const COLS: usize = 256;
 
+/// `acc` plus the bias and the skip term `skip·x` of the block's tile: the epilogue's input.
+#[device]
+#[allow(clippy::too_many_arguments)]
+fn add_terms<T, const R: usize, const W: usize>(
+    acc: Tile<f32, R, W>, x: Global<T, 3>, bias: Global<f32, 2>, skip: Global<f32, 2>, b: i32, h0: i32, t0: i32, has_bias: i32,
+    has_skip: i32,
+) -> Tile<f32, R, W> {
+    let mut pre = acc;
+    if has_bias == 1 {
+        pre = pre + bias.load::<Tile<f32, R, 1>>([h0, 0]);
+    }
+    if has_skip == 1 {
+        pre = pre + x.load::<Tile<T, R, W>>([b, h0, t0]).cast::<f32>() * skip.load::<Tile<f32, R, 1>>([h0, 0]);
+    }
+    pre
+}
+
 /// The convolution of the block's tile plus the bias and the skip term: the epilogue's input.
 #[device]
 #[allow(clippy::too_many_arguments)]
@@ -31,14 +52,24 @@ fn conv_pre<T, const R: usize, const W: usize>(
     x: Global<T, 3>, w: Global<f32, 2>, bias: Global<f32, 2>, skip: Global<f32, 2>, b: i32, h0: i32, t0: i32, shift: i32, reverse: i32,
     has_bias: i32, has_skip: i32,
 ) -> Tile<f32, R, W> {
-    let mut acc = depthwise_conv::<T, R, W>(x, w, b, h0, t0 + shift, reverse);
-    if has_bias == 1 {
-        acc = acc + bias.load::<Tile<f32, R, 1>>([h0, 0]);
+    add_terms(depthwise_conv::<T, R, W>(x, w, b, h0, t0 + shift, reverse), x, bias, skip, b, h0, t0, has_bias, has_skip)
+}
+
+/// The epilogue's end: the activation (`act` 1 SiLU) and the gate on `pre`, stored into the
+/// block's tile of `y`.
+#[device]
+#[allow(clippy::too_many_arguments)]
+fn activate_gate_store<T, const R: usize, const W: usize>(
+    pre: Tile<f32, R, W>, gate: Global<T, 3>, y: Global<T, 3>, b: i32, h0: i32, t0: i32, has_gate: i32, act: i32,
+) {
+    let mut out = pre;
+    if act == 1 {
+        out = silu(out);
     }
-    if has_skip == 1 {
-        acc = acc + x.load::<Tile<T, R, W>>([b, h0, t0]).cast::<f32>() * skip.load::<Tile<f32, R, 1>>([h0, 0]);
+    if has_gate == 1 {
+        out = out * gate.load::<Tile<T, R, W>>([b, h0, t0]).cast::<f32>();
     }
-    acc
+    y.store([b, h0, t0], out.cast::<T>());
 }
 
 /// `y[b, h, t] = act(Σ_k w[h, k′]·x[b, h, t + shift + k] + bias[h] + skip[h]·x[b, h, t]) ·
@@ -54,14 +85,61 @@ pub fn conv1d_direct(
     let b = block::id_z();
     let h0 = block::id_y() * 16;
     let t0 = block::id_x() * 256;
-    let mut out = conv_pre::<T, 16, 256>(x, w, bias, skip, b, h0, t0, shift, reverse, has_bias, has_skip);
-    if act == 1 {
-        out = silu(out);
-    }
-    if has_gate == 1 {
-        out = out * gate.load::<Tile<T, 16, 256>>([b, h0, t0]).cast::<f32>();
-    }
-    y.store([b, h0, t0], out.cast::<T>());
+    let pre = conv_pre::<T, 16, 256>(x, w, bias, skip, b, h0, t0, shift, reverse, has_bias, has_skip);
+    activate_gate_store(pre, gate, y, b, h0, t0, has_gate, act);
+}
+
+/// The FFT path's input: `out[r, j] = x[r, j − lead]` in f32 for the `N` columns of `out`
+/// (zeros outside `x`: the padding that keeps the circular convolution linear, and `lead`
+/// zeros first for a correlation), 16 rows × 256 columns a block.
+#[kernel(dtypes(T = [bf16, f16, f32]))]
+pub fn conv_fft_pad(x: Global<T, 2>, out: Global<f32, 2>, lead: i32) {
+    let r = block::id_y() * 16;
+    let j = block::id_x() * 256;
+    out.store([r, j], x.load::<Tile<T, 16, 256>>([r, j - lead]).cast::<f32>());
+}
+
+/// The filters' spectra `k` `[channels, 2M]` (cuFFT's pairs: re, im) as the product's two
+/// factors, scaled by `scale` (cuFFT's inverse leaves a factor N): `kc = [re, re]`, `kd =
+/// [−im, im]`, or `[im, −im]` with `conj` −1 (the conjugate: a correlation).
+#[kernel]
+pub fn conv_fft_filter(k: Global<f32, 2>, kc: Global<f32, 2>, kd: Global<f32, 2>, scale: f32, conj: f32) {
+    let r = block::id_y() * 16;
+    let j = block::id_x() * 256;
+    let t = k.load::<Tile<f32, 16, 256>>([r, j]);
+    let swapped = t.swap_pairs();
+    // 1 at an imaginary part (an odd column; the tile starts on an even one), else 0.
+    let col = Tile::<f32, 16, 256>::col_index();
+    let odd = col - 2.0 * floor(col * 0.5);
+    kc.store([r, j], (t + odd * (swapped - t)) * scale);
+    kd.store([r, j], (odd * t - (1.0 - odd) * swapped) * (scale * conj));
+}
+
+/// The spectra's product: `out[b, h] = x[b, h]·kc[h] + swap_pairs(x[b, h])·kd[h]`, the complex
+/// product of each row of `x` `[batch, channels, 2M]` (pairs) with its channel's filter, the
+/// factors as [`conv_fft_filter`] makes them.
+#[kernel]
+pub fn conv_fft_product(x: Global<f32, 3>, kc: Global<f32, 2>, kd: Global<f32, 2>, out: Global<f32, 3>) {
+    let b = block::id_z();
+    let h0 = block::id_y() * 16;
+    let j = block::id_x() * 256;
+    let t = x.load::<Tile<f32, 16, 256>>([b, h0, j]);
+    out.store([b, h0, j], t * kc.load::<Tile<f32, 16, 256>>([h0, j]) + t.swap_pairs() * kd.load::<Tile<f32, 16, 256>>([h0, j]));
+}
+
+/// The FFT path's output: `y[b, h, t]` as `conv1d_direct`'s, the convolution's sum read from
+/// the inverse transform `full` `[batch, channels, N]` at step `t + first`.
+#[kernel(dtypes(T = [bf16, f16, f32]))]
+#[allow(clippy::too_many_arguments)]
+pub fn conv_fft_finish(
+    full: Global<f32, 3>, x: Global<T, 3>, bias: Global<f32, 2>, skip: Global<f32, 2>, gate: Global<T, 3>, y: Global<T, 3>, first: i32,
+    has_bias: i32, has_skip: i32, has_gate: i32, act: i32,
+) {
+    let b = block::id_z();
+    let h0 = block::id_y() * 16;
+    let t0 = block::id_x() * 256;
+    let acc = full.load::<Tile<f32, 16, 256>>([b, h0, t0 + first]);
+    activate_gate_store(add_terms(acc, x, bias, skip, b, h0, t0, has_bias, has_skip), gate, y, b, h0, t0, has_gate, act);
 }
 
 /// `conv1d_direct`'s gradients but `dx`: from `dy`, the gradient reaching the convolution
@@ -162,6 +240,22 @@ pub struct Conv1d<'a, T: Element> {
     skip: Option<&'a Tensor<f32>>,
     gate: Option<&'a Tensor<T>>,
     silu: bool,
+    path: ConvPath,
+}
+
+/// How [`Conv1d::run`] computes the convolution.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ConvPath {
+    /// `conv1d_direct`: a shifted load of the signal a tap (GPU and interpreter). Its cost grows
+    /// with the filter's length.
+    #[default]
+    Direct,
+    /// Through cuFFT (GPU only): the signal and the filters zero-padded to a length `N ≥ L +
+    /// Lk − 1` with small prime factors, transformed, multiplied, transformed back, then the
+    /// epilogue (`conv_fft_pad`, `_filter`, `_product`, `_finish` around cuFFT's R2C and
+    /// C2R). Its cost grows as `N log N`, not with the filter. Forward only: the backward
+    /// takes the direct path.
+    Fft,
 }
 
 /// The gradients of a [`Conv1d`]: `dx` as `x`, `dk` as the filters (in the order they were
@@ -182,7 +276,14 @@ pub struct Conv1dGrads<T: Element> {
 impl<'a, T: ConvElement> Conv1d<'a, T> {
     /// The convolution of `x` `[batch, channels, L]` with the filters `k` `[channels, Lk]`.
     pub fn new(device: &'a Device, x: &'a Tensor<T>, k: &'a Tensor<f32>, mode: ConvMode) -> Self {
-        Conv1d { device, x, k, mode, correlate: false, bias: None, skip: None, gate: None, silu: false }
+        Conv1d { device, x, k, mode, correlate: false, bias: None, skip: None, gate: None, silu: false, path: ConvPath::Direct }
+    }
+
+    /// Computes the forward by `path` (by default [`ConvPath::Direct`]; which path is faster
+    /// where is not measured yet, so nothing chooses for you).
+    pub fn path(mut self, path: ConvPath) -> Self {
+        self.path = path;
+        self
     }
 
     /// A causal convolution with the weights `w` `[channels, K]` as PyTorch's `conv1d` (and the
@@ -291,7 +392,82 @@ impl<'a, T: ConvElement> Conv1d<'a, T> {
         }
         let (bias, skip) = (column(self.bias, d.channels)?, column(self.skip, d.channels)?);
         let flags = Flags { bias: self.bias.is_some(), skip: self.skip.is_some(), gate: self.gate.is_some(), silu: self.silu };
-        T::conv_launch(self.device, d, d.shift, d.reverse, self.x, self.k, (bias.as_ref(), skip.as_ref()), self.gate, y, flags)
+        match self.path {
+            ConvPath::Direct => {
+                T::conv_launch(self.device, d, d.shift, d.reverse, self.x, self.k, (bias.as_ref(), skip.as_ref()), self.gate, y, flags)
+            }
+            ConvPath::Fft => self.run_fft(d, (bias.as_ref(), skip.as_ref()), y, flags),
+        }
+    }
+
+    /// [`ConvPath::Fft`]'s forward.
+    fn run_fft(&self, d: Dims, terms: Columns<'_>, y: &mut Tensor<T>, flags: Flags) -> Result<()> {
+        let dev = self.device;
+        let stream = dev.stream().map_err(|_| Error::NotCuda { what: "conv1d's FFT path (cuFFT)" })?.clone();
+        // SAFETY: asks the loader whether the library can be opened; loads nothing else.
+        if !unsafe { cudarc::cufft::sys::is_culib_present() } {
+            return Err(Error::Library { library: "libcufft", message: "could not be loaded: conv1d's FFT path needs cuFFT".into() });
+        }
+        let n = fft_len(d.len + d.taps - 1);
+        let (rows, m2) = (d.batch * d.channels, 2 * (n / 2 + 1));
+        if rows.div_ceil(ROWS) > 65535 {
+            let most = format!("at most {} sequences × channels on the FFT path", 65535 * ROWS);
+            return Err(Error::Argument {
+                kernel: "conv1d",
+                arg: "x".into(),
+                expected: most,
+                found: format!("shape {:?}", self.x.shape()),
+            });
+        }
+        let int =
+            |v: usize| i32::try_from(v).map_err(|_| Error::Library { library: "libcufft", message: format!("a size of {v} past i32") });
+        let (ni, rows_i, h_i) = (int(n)?, int(rows)?, int(d.channels)?);
+        // The signal, padded (a correlation's `Lk − 1` zeros first), and the filters.
+        let lead = if d.reverse { 0 } else { d.taps as i32 - 1 };
+        let pad_grid = |r: usize| Grid::from((n.div_ceil(COLS) as u32, r.div_ceil(ROWS) as u32));
+        let mut xp = stream.alloc_zeros::<f32>(rows * n)?;
+        let xv = self.x.view(&[rows, d.len], &[d.len, 1])?;
+        T::fft_pad_launch(dev, pad_grid(rows), &xv, &mut tessera::global_mut(&mut xp, &[rows, n]), lead)?;
+        let mut kp = stream.alloc_zeros::<f32>(d.channels * n)?;
+        let kv = self.k.view(&[d.channels, d.taps], &[d.taps, 1])?;
+        conv_fft_pad_f32::launch(dev, pad_grid(d.channels), &kv, &mut tessera::global_mut(&mut kp, &[d.channels, n]), 0)?;
+        // Forward transforms (batched over the rows), the product, the inverse.
+        let plans = dev.local(FFT_PLANS, || Ok(FftPlans::default()))?;
+        let mut xs = stream.alloc_zeros::<f32>(rows * m2)?;
+        let mut ks = stream.alloc_zeros::<f32>(d.channels * m2)?;
+        plans.exec_r2c(&stream, ni, rows_i, &xp, &mut xs)?;
+        plans.exec_r2c(&stream, ni, h_i, &kp, &mut ks)?;
+        drop((xp, kp));
+        let (mut kc, mut kd) = (stream.alloc_zeros::<f32>(d.channels * m2)?, stream.alloc_zeros::<f32>(d.channels * m2)?);
+        let grid2 = Grid::from((m2.div_ceil(COLS) as u32, d.channels.div_ceil(ROWS) as u32));
+        let conj = if d.reverse { 1.0 } else { -1.0 };
+        conv_fft_filter::launch(
+            dev,
+            grid2,
+            &tessera::global(&ks, &[d.channels, m2]),
+            &mut tessera::global_mut(&mut kc, &[d.channels, m2]),
+            &mut tessera::global_mut(&mut kd, &[d.channels, m2]),
+            1.0 / n as f32,
+            conj,
+        )?;
+        let mut prod = stream.alloc_zeros::<f32>(rows * m2)?;
+        let grid3 = Grid::from((m2.div_ceil(COLS) as u32, d.channels.div_ceil(ROWS) as u32, d.batch as u32));
+        conv_fft_product::launch(
+            dev,
+            grid3,
+            &tessera::global(&xs, &[d.batch, d.channels, m2]),
+            &tessera::global(&kc, &[d.channels, m2]),
+            &tessera::global(&kd, &[d.channels, m2]),
+            &mut tessera::global_mut(&mut prod, &[d.batch, d.channels, m2]),
+        )?;
+        drop((xs, ks, kc, kd));
+        let mut full = stream.alloc_zeros::<f32>(rows * n)?;
+        plans.exec_c2r(&stream, ni, rows_i, &mut prod, &mut full)?;
+        let first = match self.mode {
+            ConvMode::Same => (d.taps as i32 - 1) / 2,
+            ConvMode::Full | ConvMode::Causal => 0,
+        };
+        T::fft_finish_launch(dev, d, &tessera::global(&full, &[d.batch, d.channels, n]), self.x, terms, self.gate, y, first, flags)
     }
 
     /// The gradients from `dy` (of the output's shape): `dx`, `dk`, and those of the bias, the
@@ -435,7 +611,22 @@ pub trait ConvElement: Element + sealed::Sealed {
     ) -> Result<()>;
     #[doc(hidden)]
     fn conv_grads_launch(device: &Device, d: Dims, a: ConvGradArgs<'_, '_, Self>, flags: Flags) -> Result<()>;
+    #[doc(hidden)]
+    fn fft_pad_launch(
+        device: &Device, grid: Grid, x: &tessera::TensorView<'_, Self>, out: &mut tessera::CudaGlobal<&mut cudarc::driver::CudaSlice<f32>>,
+        lead: i32,
+    ) -> Result<()>;
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    fn fft_finish_launch(
+        device: &Device, d: Dims, full: &tessera::CudaGlobal<&cudarc::driver::CudaSlice<f32>>, x: &Tensor<Self>, terms: Columns<'_>,
+        gate: Option<&Tensor<Self>>, y: &mut Tensor<Self>, first: i32, flags: Flags,
+    ) -> Result<()>;
 }
+
+/// The bias and skip columns (`[channels, 1]` views) where given.
+#[doc(hidden)]
+pub type Columns<'v> = (Option<&'v tessera::TensorView<'v, f32>>, Option<&'v tessera::TensorView<'v, f32>>);
 
 mod sealed {
     pub trait Sealed {}
@@ -449,8 +640,36 @@ fn flag(b: bool) -> i32 {
 }
 
 macro_rules! conv_element {
-    ($t:ty, $fwd:ident, $grads:ident) => {
+    ($t:ty, $fwd:ident, $grads:ident, $pad:ident, $finish:ident) => {
         impl ConvElement for $t {
+            fn fft_pad_launch(
+                device: &Device, grid: Grid, x: &tessera::TensorView<'_, Self>,
+                out: &mut tessera::CudaGlobal<&mut cudarc::driver::CudaSlice<f32>>, lead: i32,
+            ) -> Result<()> {
+                $pad::launch(device, grid, x, out, lead)
+            }
+
+            fn fft_finish_launch(
+                device: &Device, d: Dims, full: &tessera::CudaGlobal<&cudarc::driver::CudaSlice<f32>>, x: &Tensor<Self>,
+                (bias, skip): Columns<'_>, gate: Option<&Tensor<Self>>, y: &mut Tensor<Self>, first: i32, flags: Flags,
+            ) -> Result<()> {
+                $finish::launch(
+                    device,
+                    d.grid(),
+                    full,
+                    x,
+                    &Optional(bias, 2),
+                    &Optional(skip, 2),
+                    &Optional(gate, 3),
+                    y,
+                    first,
+                    flag(flags.bias),
+                    flag(flags.skip),
+                    flag(flags.gate),
+                    flag(flags.silu),
+                )
+            }
+
             fn conv_launch(
                 device: &Device, d: Dims, shift: i32, reverse: bool, x: &Tensor<Self>, k: &Tensor<f32>,
                 (bias, skip): (Option<&tessera::TensorView<'_, f32>>, Option<&tessera::TensorView<'_, f32>>), gate: Option<&Tensor<Self>>,
@@ -500,6 +719,76 @@ macro_rules! conv_element {
         }
     };
 }
-conv_element!(tessera::bf16, conv1d_direct_bf16, conv1d_direct_grads_bf16);
-conv_element!(tessera::f16, conv1d_direct_f16, conv1d_direct_grads_f16);
-conv_element!(f32, conv1d_direct_f32, conv1d_direct_grads_f32);
+conv_element!(tessera::bf16, conv1d_direct_bf16, conv1d_direct_grads_bf16, conv_fft_pad_bf16, conv_fft_finish_bf16);
+conv_element!(tessera::f16, conv1d_direct_f16, conv1d_direct_grads_f16, conv_fft_pad_f16, conv_fft_finish_f16);
+conv_element!(f32, conv1d_direct_f32, conv1d_direct_grads_f32, conv_fft_pad_f32, conv_fft_finish_f32);
+
+/// The smallest length ≥ `n` whose only prime factors are 2, 3, 5 and 7 (cuFFT's fast sizes).
+pub(crate) fn fft_len(n: usize) -> usize {
+    (n.max(1)..)
+        .find(|&v| {
+            let mut r = v;
+            for p in [2, 3, 5, 7] {
+                while r % p == 0 {
+                    r /= p;
+                }
+            }
+            r == 1
+        })
+        .unwrap_or(n)
+}
+
+/// The key of the FFT path's plans among a device's [`Device::local`] values.
+const FFT_PLANS: u64 = 0x000c_0ff7;
+
+/// cuFFT plans by (length, batch, direction), kept with their device (made on its stream).
+#[derive(Default)]
+struct FftPlans(std::sync::Mutex<std::collections::HashMap<(i32, i32, bool), std::sync::Arc<cudarc::cufft::CudaFft>>>);
+
+fn cufft_error(e: cudarc::cufft::result::CufftError) -> Error {
+    Error::Library { library: "libcufft", message: format!("{e:?}") }
+}
+
+impl FftPlans {
+    /// The plan for `batch` real transforms of length `n` (`inverse`: C2R), made on first use.
+    fn plan(
+        &self, stream: &std::sync::Arc<cudarc::driver::CudaStream>, n: i32, batch: i32, inverse: bool,
+    ) -> Result<std::sync::Arc<cudarc::cufft::CudaFft>> {
+        use cudarc::cufft::sys::cufftType;
+        let mut plans = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = plans.get(&(n, batch, inverse)) {
+            return Ok(p.clone());
+        }
+        let kind = if inverse { cufftType::CUFFT_C2R } else { cufftType::CUFFT_R2C };
+        let plan = std::sync::Arc::new(cudarc::cufft::CudaFft::plan_1d(n, kind, batch, stream.clone()).map_err(cufft_error)?);
+        plans.insert((n, batch, inverse), plan.clone());
+        Ok(plan)
+    }
+
+    /// `batch` R2C transforms of length `n`: `input` `[batch, n]` → `out` `[batch, n/2 + 1]` pairs.
+    fn exec_r2c(
+        &self, stream: &std::sync::Arc<cudarc::driver::CudaStream>, n: i32, batch: i32, input: &cudarc::driver::CudaSlice<f32>,
+        out: &mut cudarc::driver::CudaSlice<f32>,
+    ) -> Result<()> {
+        let plan = self.plan(stream, n, batch, false)?;
+        let len = out.len() / 2;
+        // SAFETY: f32 pairs are cuFFT's float2, and `out` holds `len` of them.
+        let mut pairs = unsafe { out.transmute_mut::<cudarc::cufft::sys::float2>(len) }
+            .ok_or_else(|| Error::Library { library: "libcufft", message: "an odd spectrum buffer".into() })?;
+        plan.exec_r2c(input, &mut pairs).map_err(cufft_error)
+    }
+
+    /// `batch` C2R transforms of length `n`: `input` `[batch, n/2 + 1]` pairs (overwritten) →
+    /// `out` `[batch, n]`.
+    fn exec_c2r(
+        &self, stream: &std::sync::Arc<cudarc::driver::CudaStream>, n: i32, batch: i32, input: &mut cudarc::driver::CudaSlice<f32>,
+        out: &mut cudarc::driver::CudaSlice<f32>,
+    ) -> Result<()> {
+        let plan = self.plan(stream, n, batch, true)?;
+        let len = input.len() / 2;
+        // SAFETY: as in `exec_r2c`.
+        let mut pairs = unsafe { input.transmute_mut::<cudarc::cufft::sys::float2>(len) }
+            .ok_or_else(|| Error::Library { library: "libcufft", message: "an odd spectrum buffer".into() })?;
+        plan.exec_c2r(&mut pairs, out).map_err(cufft_error)
+    }
+}

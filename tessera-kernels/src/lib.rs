@@ -18,7 +18,7 @@
 //! | [`attention`], [`attention_with_lse`], [`attention_varlen`] | FlashAttention forward: bf16/f16, `[b, s, h, d]` or `[b, h, s, d]` or sequences packed end to end, causal or not, grouped-query heads, different query and key lengths, the log-sum-exp for a backward pass (Hopper) |
 //! | [`layer_norm`] | `y = (x − mean) / sqrt(var + eps) · weight + bias` per row, bf16/f16/f32, f32 statistics |
 //! | [`LinearAttention`] | causal linear attention, chunked, with a scalar decay a step and β (RetNet, simple GLA), per-channel gates (GLA) and a feature map on q and k: forward, backward, decode step (Hopper) |
-//! | [`Conv1d`] | depthwise 1-D convolution along the last axis (`full`, `same`, `causal`; PyTorch's `conv1d` weights too), with a bias, a skip term `D·x`, SiLU and a gate fused; forward and backward (`dx`, `dk`, and the terms'); the direct path, the FFT paths to come |
+//! | [`Conv1d`] | depthwise 1-D convolution along the last axis (`full`, `same`, `causal`; PyTorch's `conv1d` weights too), with a bias, a skip term `D·x`, SiLU and a gate fused; forward and backward (`dx`, `dk`, and the terms'); a direct path, and cuFFT's (forward, GPU) |
 //! | [`Ssd`] | Mamba-2's state-space duality on the linear attention's kernels: forward and backward (Hopper) |
 //! | [`quantize_fp8`], [`dequantize_fp8`] | `y = x · scale` to fp8 ([`tessera::F8E4M3`], [`tessera::F8E5M2`]; round to nearest even, saturating, as the GPU's `cvt`) and back (sm_89 and later) |
 #![warn(missing_docs)]
@@ -44,7 +44,7 @@ pub use attention::{
     attention_with_lse, check_cu_seqlens, Attention, AttentionElement, AttentionGrads, AttentionKernel, AttentionLayout,
     ATTENTION_KERNEL_PARAMS,
 };
-pub use conv::{Conv1d, Conv1dGrads, ConvElement, ConvMode};
+pub use conv::{Conv1d, Conv1dGrads, ConvElement, ConvMode, ConvPath};
 pub use elementwise::axpy;
 pub use fp8::{dequantize_fp8, quantize_fp8, Fp8Element, Fp8Source};
 pub use gemm::{
@@ -80,7 +80,8 @@ pub mod kernels {
     };
     pub use crate::conv::{
         conv1d_direct_bf16, conv1d_direct_f16, conv1d_direct_f32, conv1d_direct_grads_bf16, conv1d_direct_grads_f16,
-        conv1d_direct_grads_f32,
+        conv1d_direct_grads_f32, conv_fft_filter, conv_fft_finish_bf16, conv_fft_finish_f16, conv_fft_finish_f32, conv_fft_pad_bf16,
+        conv_fft_pad_f16, conv_fft_pad_f32, conv_fft_product,
     };
     pub use crate::elementwise::{axpy_f32, to_f32_bf16, to_f32_f16};
     pub use crate::fp8::{
@@ -189,6 +190,14 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         conv1d_direct_grads_bf16::VARIANTS,
         conv1d_direct_grads_f16::VARIANTS,
         conv1d_direct_grads_f32::VARIANTS,
+        conv_fft_pad_bf16::VARIANTS,
+        conv_fft_pad_f16::VARIANTS,
+        conv_fft_pad_f32::VARIANTS,
+        conv_fft_filter::VARIANTS,
+        conv_fft_product::VARIANTS,
+        conv_fft_finish_bf16::VARIANTS,
+        conv_fft_finish_f16::VARIANTS,
+        conv_fft_finish_f32::VARIANTS,
         to_f32_f16::VARIANTS,
         attention_bwd_dot_bf16::VARIANTS,
         attention_bwd_dot_f16::VARIANTS,

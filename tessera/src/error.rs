@@ -111,6 +111,15 @@ pub enum Error {
     /// A CUDA driver call failed.
     #[error("CUDA driver call failed")]
     Driver(#[from] DriverError),
+    /// A CUDA library other than the driver (cuFFT) could not be loaded, or a call into it
+    /// failed: `library` names it.
+    #[error("{library}: {message}")]
+    Library {
+        /// The library (`libcufft`).
+        library: &'static str,
+        /// What failed.
+        message: String,
+    },
 }
 
 /// `Result` with [`Error`].
