@@ -771,11 +771,7 @@ impl FftPlans {
         out: &mut cudarc::driver::CudaSlice<f32>,
     ) -> Result<()> {
         let plan = self.plan(stream, n, batch, false)?;
-        let len = out.len() / 2;
-        // SAFETY: f32 pairs are cuFFT's float2, and `out` holds `len` of them.
-        let mut pairs = unsafe { out.transmute_mut::<cudarc::cufft::sys::float2>(len) }
-            .ok_or_else(|| Error::Library { library: "libcufft", message: "an odd spectrum buffer".into() })?;
-        plan.exec_r2c(input, &mut pairs).map_err(cufft_error)
+        plan.exec_r2c(input, &mut pairs(out)?).map_err(cufft_error)
     }
 
     /// `batch` C2R transforms of length `n`: `input` `[batch, n/2 + 1]` pairs (overwritten) →
@@ -785,10 +781,14 @@ impl FftPlans {
         out: &mut cudarc::driver::CudaSlice<f32>,
     ) -> Result<()> {
         let plan = self.plan(stream, n, batch, true)?;
-        let len = input.len() / 2;
-        // SAFETY: as in `exec_r2c`.
-        let mut pairs = unsafe { input.transmute_mut::<cudarc::cufft::sys::float2>(len) }
-            .ok_or_else(|| Error::Library { library: "libcufft", message: "an odd spectrum buffer".into() })?;
-        plan.exec_c2r(&mut pairs, out).map_err(cufft_error)
+        plan.exec_c2r(&mut pairs(input)?, out).map_err(cufft_error)
     }
+}
+
+/// A spectrum's f32 buffer as cuFFT's complex pairs.
+fn pairs(buf: &mut cudarc::driver::CudaSlice<f32>) -> Result<cudarc::driver::CudaViewMut<'_, cudarc::cufft::sys::float2>> {
+    let len = buf.len() / 2;
+    // SAFETY: an f32 pair has float2's layout, and the buffer holds `len` of them.
+    unsafe { buf.transmute_mut::<cudarc::cufft::sys::float2>(len) }
+        .ok_or_else(|| Error::Library { library: "libcufft", message: "an odd spectrum buffer".into() })
 }
