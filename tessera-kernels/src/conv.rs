@@ -404,8 +404,12 @@ impl<'a, T: ConvElement> Conv1d<'a, T> {
     fn run_fft(&self, d: Dims, terms: Columns<'_>, y: &mut Tensor<T>, flags: Flags) -> Result<()> {
         let dev = self.device;
         let stream = dev.stream().map_err(|_| Error::NotCuda { what: "conv1d's FFT path (cuFFT)" })?.clone();
-        // SAFETY: asks the loader whether the library can be opened; loads nothing else.
-        if !unsafe { cudarc::cufft::sys::is_culib_present() } {
+        let names = if cfg!(windows) {
+            &["cufft64_12.dll", "cufft64_11.dll"][..]
+        } else {
+            &["libcufft.so.12", "libcufft.so.11", "libcufft.so"][..]
+        };
+        if !tessera::library_present(names) {
             return Err(Error::Library { library: "libcufft", message: "could not be loaded: conv1d's FFT path needs cuFFT".into() });
         }
         let n = fft_len(d.len + d.taps - 1);

@@ -115,6 +115,16 @@ pub fn driver_present() -> bool {
     })
 }
 
+/// Whether one of the libraries `names` (file names the loader searches for, such as
+/// `libcufft.so.12`) can be loaded on this machine, asked of the loader as
+/// [`driver_present`] does.
+pub fn library_present(names: &[&str]) -> bool {
+    names.iter().any(|&name| {
+        // SAFETY: opening a CUDA library runs its initializers, as cudarc's own loading does.
+        unsafe { libloading::Library::new(name) }.is_ok()
+    })
+}
+
 impl Device {
     /// The GPU with this ordinal, on its primary context's default stream.
     ///

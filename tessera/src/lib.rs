@@ -180,7 +180,7 @@ pub mod testing;
 mod tma;
 pub mod tune;
 
-pub use device::{driver_present, Device};
+pub use device::{driver_present, library_present, Device};
 pub use error::{Error, Result};
 pub use fp8::{F8E4M3, F8E5M2};
 pub use half::{bf16, f16};
