@@ -378,6 +378,11 @@ impl<'a, T: ConvElement> Conv1d<'a, T> {
         Ok(Dims { batch, channels, len, taps, out: out[2], shift: first as i32 - (taps as i32 - 1), reverse: !self.correlate })
     }
 
+    /// The epilogue's parts in use.
+    fn flags(&self) -> Flags {
+        Flags { bias: self.bias.is_some(), skip: self.skip.is_some(), gate: self.gate.is_some(), silu: self.silu }
+    }
+
     /// Runs the convolution into `y` (of [`Conv1d::out_shape`], contiguous).
     ///
     /// # Errors
@@ -391,7 +396,7 @@ impl<'a, T: ConvElement> Conv1d<'a, T> {
             return Ok(());
         }
         let (bias, skip) = (column(self.bias, d.channels)?, column(self.skip, d.channels)?);
-        let flags = Flags { bias: self.bias.is_some(), skip: self.skip.is_some(), gate: self.gate.is_some(), silu: self.silu };
+        let flags = self.flags();
         match self.path {
             ConvPath::Direct => {
                 T::conv_launch(self.device, d, d.shift, d.reverse, self.x, self.k, (bias.as_ref(), skip.as_ref()), self.gate, y, flags)
@@ -467,10 +472,8 @@ impl<'a, T: ConvElement> Conv1d<'a, T> {
         drop((xs, ks, kc, kd));
         let mut full = stream.alloc_zeros::<f32>(rows * n)?;
         plans.exec_c2r(&stream, ni, rows_i, &mut prod, &mut full)?;
-        let first = match self.mode {
-            ConvMode::Same => (d.taps as i32 - 1) / 2,
-            ConvMode::Full | ConvMode::Causal => 0,
-        };
+        // The output's first step in the full convolution (`shift = first − (Lk − 1)`).
+        let first = d.shift + d.taps as i32 - 1;
         T::fft_finish_launch(dev, d, &tessera::global(&full, &[d.batch, d.channels, n]), self.x, terms, self.gate, y, first, flags)
     }
 
@@ -495,7 +498,7 @@ impl<'a, T: ConvElement> Conv1d<'a, T> {
             return Ok(grads);
         }
         let (bias, skip) = (column(self.bias, d.channels)?, column(self.skip, d.channels)?);
-        let flags = Flags { bias: self.bias.is_some(), skip: self.skip.is_some(), gate: self.gate.is_some(), silu: self.silu };
+        let flags = self.flags();
         // The gradient reaching the convolution: `dy` itself without an activation or a gate.
         let mut dpre = if flags.silu || flags.gate { Some(Tensor::<T>::scratch(dev, &self.out_shape())?) } else { None };
         {

@@ -108,11 +108,7 @@ impl Drop for LoadedKernel {
 /// the answer holds however cudarc is linked: candle's `cuda` feature links the driver rather
 /// than loading it).
 pub fn driver_present() -> bool {
-    let names = if cfg!(windows) { &["nvcuda.dll"][..] } else { &["libcuda.so.1", "libcuda.so"][..] };
-    names.iter().any(|&name| {
-        // SAFETY: opening the driver library runs its initializers, as cudarc's own loading does.
-        unsafe { libloading::Library::new(name) }.is_ok()
-    })
+    library_present(if cfg!(windows) { &["nvcuda.dll"][..] } else { &["libcuda.so.1", "libcuda.so"][..] })
 }
 
 /// Whether one of the libraries `names` (file names the loader searches for, such as
