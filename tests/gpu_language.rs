@@ -1892,3 +1892,74 @@ fn gpu_fp8_staged_matches_the_host() {
 fn interp_fp8_staged_matches_the_host() {
     fp8_staged_matches_the_host(&Device::cpu());
 }
+
+/// `y[r, c] = x[r, c + shift]` (zero outside `x`) and, through a store at the shifted origin,
+/// `z[r, c + shift] = x[r, c]` (the tile's zeros past `x` included) where that is inside `z`:
+/// tiles whose first columns lie before a row's start, on rows shorter than a thread's run.
+#[kernel(dtypes(T = [bf16, f32]))]
+fn shifted_rows(x: Global<T, 2>, y: Global<T, 2>, z: Global<T, 2>, shift: i32) {
+    let t = x.load::<Tile<T, 16, 256>>([0, shift]);
+    y.store([0, 0], t);
+    z.store([0, shift], x.load::<Tile<T, 16, 256>>([0, 0]));
+}
+
+/// The element types `shifted_rows` comes in.
+trait Shifted: tessera::Element + Copy {
+    fn launch(dev: &Device, x: &Tensor<Self>, y: &mut Tensor<Self>, z: &mut Tensor<Self>, shift: i32);
+}
+
+impl Shifted for f32 {
+    fn launch(dev: &Device, x: &Tensor<Self>, y: &mut Tensor<Self>, z: &mut Tensor<Self>, shift: i32) {
+        shifted_rows_f32::launch(dev, 1, x, y, z, shift).expect("launch");
+    }
+}
+
+impl Shifted for bf16 {
+    fn launch(dev: &Device, x: &Tensor<Self>, y: &mut Tensor<Self>, z: &mut Tensor<Self>, shift: i32) {
+        shifted_rows_bf16::launch(dev, 1, x, y, z, shift).expect("launch");
+    }
+}
+
+fn loads_and_stores_straddling_column_zero(dev: &Device) {
+    fn run<T: Shifted>(dev: &Device, to: impl Fn(f32) -> T, back: impl Fn(T) -> f64) {
+        for width in [1usize, 2, 3, 5, 7, 8, 9, 13] {
+            for shift in [-9i32, -8, -5, -3, -1, 0, 2] {
+                let rows = 3;
+                let x: Vec<T> = random(rows * width, 0.5, 1.0).into_iter().map(&to).collect();
+                let xt = Tensor::from_host(dev, &x, &[rows, width]).unwrap();
+                let mut yt = Tensor::full(dev, &[rows, width], to(f32::NAN)).unwrap();
+                let mut zt = Tensor::full(dev, &[rows, width], to(f32::NAN)).unwrap();
+                T::launch(dev, &xt, &mut yt, &mut zt, shift);
+                let (y, z) = (yt.to_host().unwrap(), zt.to_host().unwrap());
+                let at = |r: usize, c: i32| (0..width as i32).contains(&c).then(|| back(x[r * width + c as usize]));
+                for r in 0..rows {
+                    for c in 0..width {
+                        let (got_y, got_z) = (back(y[r * width + c]), back(z[r * width + c]));
+                        let want_y = at(r, c as i32 + shift).unwrap_or(0.0);
+                        assert_eq!(got_y, want_y, "load: width {width}, shift {shift}, [{r}, {c}]");
+                        // The stored tile covers z's columns from `shift` on, zeros past x.
+                        if c as i32 >= shift {
+                            assert_eq!(got_z, at(r, c as i32 - shift).unwrap_or(0.0), "store: width {width}, shift {shift}, [{r}, {c}]");
+                        } else {
+                            assert!(got_z.is_nan(), "store: width {width}, shift {shift}, [{r}, {c}] written: {got_z}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    run::<f32>(dev, |v| v, f64::from);
+    run::<bf16>(dev, bf16::from_f32, |v| v.to_f64());
+}
+
+#[test]
+fn gpu_loads_and_stores_straddling_column_zero() {
+    if let Some(dev) = gpu_or_skip("gpu_loads_and_stores_straddling_column_zero") {
+        loads_and_stores_straddling_column_zero(&dev);
+    }
+}
+
+#[test]
+fn interp_loads_and_stores_straddling_column_zero() {
+    loads_and_stores_straddling_column_zero(&Device::cpu());
+}

@@ -491,10 +491,14 @@ impl Lowerer<'_> {
                 self.op("setp.lt.and.u32", vec![R(v), R(first), R(dim), R(v)]);
                 self.op("and.pred", vec![R(v), R(v), R(row_in)]);
                 self.vector_move(Some(v), row_first, i64::from(sl.dc * es), &regs[i..i + n], None, ty, op, load, chunk);
-                // A run moved as a vector, or wholly past the row's end (or outside the rows),
-                // needs nothing element by element: only runs that straddle the end do.
+                // A run moved as a vector, or wholly outside the row (past its end or before
+                // its start, compared signed) or outside the rows, needs nothing element by
+                // element: only runs that straddle the row's start or end do. (Unsigned, a run
+                // from column −2 to 1 would read as wholly past the end, and leave columns 0
+                // and 1 unloaded.)
                 let (skip, outside) = (self.reg(RegClass::Pred, "skip"), self.reg(RegClass::Pred, "outside"));
-                self.op("setp.ge.or.u32", vec![R(skip), R(first), R(dim), R(v)]);
+                self.op("setp.ge.or.s32", vec![R(skip), R(first), R(dim), R(v)]);
+                self.op("setp.lt.or.s32", vec![R(skip), R(last), Imm(0), R(skip)]);
                 self.op("not.pred", vec![R(outside), R(row_in)]);
                 self.op("or.pred", vec![R(skip), R(skip), R(outside)]);
                 let label = self.label("run_done");
