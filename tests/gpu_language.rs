@@ -1963,3 +1963,69 @@ fn gpu_loads_and_stores_straddling_column_zero() {
 fn interp_loads_and_stores_straddling_column_zero() {
     loads_and_stores_straddling_column_zero(&Device::cpu());
 }
+
+/// Funnel shifts: `cur.shift_cols(k, prev)` (the window `k` back along `[prev | cur]`) and
+/// `cur.shift_cols(-k, next)` (`k` ahead along `[cur | next]`), at distances inside a lane's
+/// run, across lanes, and on a width (48) and an axis (rows) that go through shared memory.
+/// `x` `[48, 768]`: three 256-column tiles side by side, three 16-row tiles down.
+#[kernel]
+fn funnel_shifts(x: Global<f32, 2>, y: Global<f32, 2>) {
+    let prev = x.load::<Tile<f32, 16, 256>>([16, 0]);
+    let cur = x.load::<Tile<f32, 16, 256>>([16, 256]);
+    let next = x.load::<Tile<f32, 16, 256>>([16, 512]);
+    y.store([0, 0], cur.shift_cols(3, prev));
+    y.store([16, 0], cur.shift_cols(16, prev));
+    y.store([32, 0], cur.shift_cols(-5, next));
+    y.store([48, 0], cur.shift_cols(-8, next));
+    y.store([64, 0], cur.shift_cols(256, prev));
+    let p48 = x.load::<Tile<f32, 16, 48>>([16, 208]);
+    let c48 = x.load::<Tile<f32, 16, 48>>([16, 256]);
+    let n48 = x.load::<Tile<f32, 16, 48>>([16, 304]);
+    y.store([80, 0], c48.shift_cols(5, p48));
+    y.store([96, 0], c48.shift_cols(-7, n48));
+    let above = x.load::<Tile<f32, 16, 256>>([0, 256]);
+    let below = x.load::<Tile<f32, 16, 256>>([32, 256]);
+    y.store([112, 0], cur.shift_rows(3, above));
+    y.store([128, 0], cur.shift_rows(-9, below));
+}
+
+fn funnel_shifts_match_the_host(dev: &Device) {
+    let x = random(48 * 768, -1.0, 1.0);
+    let xt = Tensor::from_host(dev, &x, &[48, 768]).unwrap();
+    let mut yt = Tensor::full(dev, &[144, 256], f32::NAN).unwrap();
+    funnel_shifts::launch(dev, 1, &xt, &mut yt).unwrap();
+    let y = yt.to_host().unwrap();
+    // Each output block: its first row in y, its width, and where its element [r, j] lies in x.
+    type Src = fn(usize, usize) -> (usize, usize);
+    let blocks: [(&str, usize, usize, Src); 9] = [
+        ("cols 3", 0, 256, |r, j| (16 + r, 256 + j - 3)),
+        ("cols 16", 16, 256, |r, j| (16 + r, 256 + j - 16)),
+        ("cols -5", 32, 256, |r, j| (16 + r, 256 + j + 5)),
+        ("cols -8", 48, 256, |r, j| (16 + r, 256 + j + 8)),
+        ("cols 256", 64, 256, |r, j| (16 + r, j)),
+        ("48 wide, cols 5", 80, 48, |r, j| (16 + r, 256 + j - 5)),
+        ("48 wide, cols -7", 96, 48, |r, j| (16 + r, 256 + j + 7)),
+        ("rows 3", 112, 256, |r, j| (16 + r - 3, 256 + j)),
+        ("rows -9", 128, 256, |r, j| (16 + r + 9, 256 + j)),
+    ];
+    for (what, row0, width, src) in blocks {
+        for r in 0..16 {
+            for j in 0..width {
+                let (sr, sc) = src(r, j);
+                assert_eq!(y[(row0 + r) * 256 + j], x[sr * 768 + sc], "{what} at [{r}, {j}]");
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_funnel_shifts_match_the_host() {
+    if let Some(dev) = gpu_or_skip("gpu_funnel_shifts_match_the_host") {
+        funnel_shifts_match_the_host(&dev);
+    }
+}
+
+#[test]
+fn interp_funnel_shifts_match_the_host() {
+    funnel_shifts_match_the_host(&Device::cpu());
+}

@@ -952,11 +952,16 @@ impl Frontend {
             }
             "shift_cols" | "shift_rows" => {
                 want(2)?;
-                let by = const_eval(&m.args[0])
-                    .and_then(|v| u32::try_from(v).ok())
-                    .ok_or_else(|| syn::Error::new_spanned(&m.args[0], format!("`{name}` takes a constant, non-negative distance")))?;
+                // A negative distance shifts the other way (element `j` takes `j + |k|`).
+                let (by, reverse) =
+                    const_eval(&m.args[0]).and_then(|v| Some((u32::try_from(v.unsigned_abs()).ok()?, v < 0))).ok_or_else(|| {
+                        syn::Error::new_spanned(
+                            &m.args[0],
+                            format!("`{name}` takes a constant distance (an `#[unroll]` loop variable works)"),
+                        )
+                    })?;
                 let axis = u32::from(name == "shift_cols");
-                ExprKind::Shift { value: recv(self)?, axis, by, reverse: false, fill: Box::new(self.expr(&m.args[1])?) }
+                ExprKind::Shift { value: recv(self)?, axis, by, reverse, fill: Box::new(self.expr(&m.args[1])?) }
             }
             "keep_where" => {
                 want(2)?;

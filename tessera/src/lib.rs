@@ -70,7 +70,13 @@
 //!   multiples of 1/256, a Philox call per 4×4 block, origins multiples of 16: dropout masks
 //!   drawn alike by a kernel that walks `Q·Kᵀ` and one that walks `K·Qᵀ`
 //!   ([`random::uniform8`]),
-//!   `t.swap_pairs()` (columns 2k and 2k+1 exchanged, in registers), `t.last_col()` (the last
+//!   `t.swap_pairs()` (columns 2k and 2k+1 exchanged, in registers),
+//!   `t.shift_cols(k, fill)` and `shift_rows` (f32 tiles; element `j` takes element `j − k`,
+//!   the first `k` take `fill`; `k` a constant, negative the other way) — with a tile of `t`'s
+//!   type as the fill, a funnel shift: the window `k` back along `[fill | t]` (`|k|` ahead
+//!   along `[t | fill]`), the neighbouring tiles of a sliding window (a short convolution's
+//!   taps: `tessera_kernels::prelude::depthwise_conv_short`) — in shuffles where a row lies in
+//!   one warp's lanes, else through shared memory, `t.last_col()` (the last
 //!   column, `M×1`: a chunked scan's carry), `t.mask_cols(limit, fill)`
 //!   (columns from `limit` on replaced; `limit` an `i32`, or a `Tile<f32, M, 1>` of one per
 //!   row), `t.keep_where(cond, fill)` (elements whose `cond`, an f32 tile of `t`'s shape or

@@ -64,6 +64,11 @@ impl Lowerer<'_> {
                 let t = self.tile(value)?;
                 self.edge_col(t, *last)
             }
+            ExprKind::Shift { value, axis, by, reverse, fill } if matches!(fill.ty, Some(crate::tirh::Type::Tile(_))) => {
+                let t = self.tile(value)?;
+                let from = self.tile(fill)?;
+                self.funnel(t, from, *axis, *by, *reverse)
+            }
             ExprKind::Shift { value, axis, by, reverse, fill } => {
                 let t = self.tile(value)?;
                 let f = self.scalar(fill)?;
@@ -1199,6 +1204,129 @@ impl Lowerer<'_> {
             // No barrier after the reads: every scratch user starts with one.
         };
         TileVal { ty: t.ty, layout: t.layout, regs }
+    }
+
+    /// `t.shift_cols(by, from)` with `from` a tile of `t`'s type (a funnel shift): as
+    /// [`Self::shift`], the elements shifted in taken from `from` — the window `by` back along
+    /// `[from | t]` (ahead along `[t | from]`, `reverse`). In one warp's lanes where each row
+    /// lies in one warp ([`Self::funnel_in_warp`]), else through the warpgroup's scratch.
+    fn funnel(&mut self, t: TileVal, from: TileVal, axis: u32, by: u32, reverse: bool) -> TileVal {
+        use Operand::{Addr, Imm, Reg as R};
+        let from = self.convert(from, t.layout);
+        let (rows, cols) = (t.ty.rows, t.ty.cols);
+        let n = if axis == 1 { cols } else { rows };
+        if by == 0 {
+            return t;
+        }
+        if by == n {
+            return from;
+        }
+        if let Some(regs) = self.funnel_in_warp(&t, &from, axis, by, reverse) {
+            return TileVal { ty: t.ty, layout: t.layout, regs };
+        }
+        // `from` at [row][col] of the scratch's first half, `t` of its second.
+        let half = rows * cols * 4;
+        self.need_scratch(2 * half);
+        self.warpgroup_barrier();
+        let l = self.layout_regs(t.layout);
+        let base = self.thread_offset(l, cols, 4);
+        for (slot, (&f, &r)) in t.layout.slots().iter().zip(from.regs.iter().zip(&t.regs)) {
+            let off = i64::from((slot.dr * cols + slot.dc) * 4);
+            self.op_if(l.owner, false, "st.shared.f32", vec![Addr(base, off), R(f)]);
+            self.op_if(l.owner, false, "st.shared.f32", vec![Addr(base, off + i64::from(half)), R(r)]);
+        }
+        self.warpgroup_barrier();
+        // Along the axis, one element is `step` bytes on; the element `by` back (ahead) lies in
+        // `t` where the index allows, else `n` on (back) in `from`.
+        let step = i64::from(if axis == 1 { 4 } else { cols * 4 });
+        let back = i64::from(by) * step * if reverse { -1 } else { 1 };
+        let wrap = i64::from(n) * step * if reverse { -1 } else { 1 };
+        let regs = t
+            .layout
+            .slots()
+            .iter()
+            .map(|slot| {
+                let (at, d) = if axis == 1 { (l.col, slot.dc) } else { (l.row, slot.dr) };
+                let idx = self.reg(RegClass::B32, "shidx");
+                self.op("add.u32", vec![R(idx), R(at), Imm(i64::from(d))]);
+                let mine = self.reg(RegClass::Pred, "shin");
+                if reverse {
+                    self.op("setp.lt.u32", vec![R(mine), R(idx), Imm(i64::from(n - by))]);
+                } else {
+                    self.op("setp.ge.u32", vec![R(mine), R(idx), Imm(i64::from(by))]);
+                }
+                let r = self.reg(RegClass::F32, "shift");
+                let off = i64::from((slot.dr * cols + slot.dc) * 4) - back;
+                self.op_if(mine, false, "ld.shared.f32", vec![R(r), Addr(base, off + i64::from(half))]);
+                self.op_if(mine, true, "ld.shared.f32", vec![R(r), Addr(base, off + wrap)]);
+                r
+            })
+            .collect();
+        // No barrier after the reads: every scratch user starts with one.
+        TileVal { ty: t.ty, layout: t.layout, regs }
+    }
+
+    /// [`Self::funnel`] in one warp's lanes, where [`Self::shift_in_warp`] applies: the
+    /// elements that cross lanes come by one `shfl.sync.idx` each, from the lane `by / v` back
+    /// (ahead) around the row's lanes; the lanes that wrap around provide `from`'s register
+    /// instead of `t`'s.
+    fn funnel_in_warp(&mut self, t: &TileVal, from: &TileVal, axis: u32, by: u32, reverse: bool) -> Option<Vec<Reg>> {
+        use Operand::{Imm, Reg as R};
+        let l = t.layout;
+        let LayoutKind::Blocked { v, tc, wc: 1, .. } = l.kind else { return None };
+        let n = l.parent_cols;
+        let fits = axis == 1
+            && l.keep_rows
+            && l.keep_cols
+            && v.is_power_of_two()
+            && tc.is_power_of_two()
+            && n == v * tc
+            && by < n
+            && (by < v || by.is_multiple_of(v))
+            && t.ty.dtype == DType::F32;
+        if !fits || by == 0 {
+            return None;
+        }
+        let slots = l.slots();
+        let at = |dr: u32, dc: u32| slots.iter().position(|s| s.dr == dr && s.dc == dc);
+        let lr = self.layout_regs(l);
+        let lanes = if by < v { 1 } else { by / v };
+        // The source lane, `lanes` around this row's lanes, and whether this lane is read by
+        // one that wraps (it provides `from`'s register): its run within the row is among the
+        // last `lanes` (first, `reverse`).
+        let (src_lane, wraps) = (self.reg(RegClass::B32, "fsrc"), self.reg(RegClass::Pred, "fwrap"));
+        let (row_lanes, turn) = (self.reg(RegClass::B32, "frow"), self.reg(RegClass::B32, "fturn"));
+        self.op("and.b32", vec![R(row_lanes), R(self.lane), Imm(i64::from(!(tc - 1) & 31))]);
+        let delta = if reverse { i64::from(lanes) } else { -i64::from(lanes) };
+        self.op("add.s32", vec![R(turn), R(self.lane), Imm(delta)]);
+        self.op("and.b32", vec![R(turn), R(turn), Imm(i64::from(tc - 1))]);
+        self.op("or.b32", vec![R(src_lane), R(row_lanes), R(turn)]);
+        if reverse {
+            self.op("setp.lt.u32", vec![R(wraps), R(lr.col), Imm(i64::from(lanes * v))]);
+        } else {
+            self.op("setp.ge.u32", vec![R(wraps), R(lr.col), Imm(i64::from((tc - lanes) * v))]);
+        }
+        let mut out = Vec::with_capacity(slots.len());
+        for slot in &slots {
+            let r = self.reg(RegClass::F32, "shift");
+            let own = if reverse { (slot.dc + by < v).then(|| slot.dc + by) } else { (by < v && slot.dc >= by).then(|| slot.dc - by) };
+            if let (true, Some(dc)) = (by < v, own) {
+                let src = t.regs[at(slot.dr, dc)?];
+                self.op("mov.f32", vec![R(r), R(src)]);
+                out.push(r);
+                continue;
+            }
+            let k = match (by < v, reverse) {
+                (true, false) => at(slot.dr, slot.dc + v - by)?,
+                (true, true) => at(slot.dr, slot.dc + by - v)?,
+                (false, _) => at(slot.dr, slot.dc)?,
+            };
+            let give = self.reg(RegClass::F32, "fgive");
+            self.op("selp.f32", vec![R(give), R(from.regs[k]), R(t.regs[k]), R(wraps)]);
+            self.op("shfl.sync.idx.b32", vec![R(r), R(give), R(src_lane), Imm(31), Imm(-1)]);
+            out.push(r);
+        }
+        Some(out)
     }
 
     /// `shift_cols(by, fill)` without shared memory where each row lies in one warp's lanes

@@ -248,11 +248,35 @@ impl Checker<'_> {
                 self.expr(old)?;
                 self.expr(updated)?
             }
-            ExprKind::Shift { value, axis, fill, .. } => {
+            ExprKind::Shift { value, axis, by, fill, .. } => {
                 let ty = self.expr(value)?;
                 match ty {
                     Type::Tile(t) if t.dtype == DType::F32 && *axis <= 1 => {
-                        self.fill_value(fill, DType::F32)?;
+                        // The fill: a scalar, or a tile of the same type whose elements shift in
+                        // (a funnel shift: the window `by` back along `[fill | value]`).
+                        match self.expr(fill)? {
+                            Type::Tile(f) if f == t => {
+                                let n = if *axis == 1 { t.cols } else { t.rows };
+                                if *by > n {
+                                    let what = if *axis == 1 { "columns" } else { "rows" };
+                                    return Err(CompileError::ty(
+                                        loc,
+                                        format!("a funnel shift moves at most the tile's {n} {what}, found a shift of {by}"),
+                                    ));
+                                }
+                            }
+                            Type::Tile(f) => {
+                                return Err(CompileError::ty(
+                                    fill.loc,
+                                    format!(
+                                        "the tile shifted in is of the shifted tile's type, `{}`: found `{}`",
+                                        Type::Tile(t),
+                                        Type::Tile(f)
+                                    ),
+                                ))
+                            }
+                            fty => self.fill_typed(fill, fty, DType::F32)?,
+                        }
                         Type::Tile(t)
                     }
                     _ => {
@@ -307,6 +331,11 @@ impl Checker<'_> {
 
     pub(super) fn fill_value(&mut self, value: &mut Expr, dtype: DType) -> Result<(), CompileError> {
         let ty = self.expr(value)?;
+        self.fill_typed(value, ty, dtype)
+    }
+
+    /// [`Self::fill_value`] of a fill already typed `ty`.
+    fn fill_typed(&mut self, value: &mut Expr, ty: Type, dtype: DType) -> Result<(), CompileError> {
         let ty = coerce_literal(value, Type::Scalar(ScalarType::F32), ty);
         let want = if dtype.is_float() { ScalarType::F32 } else { ScalarType::I32 };
         if ty != Type::Scalar(want) {

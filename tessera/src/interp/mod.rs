@@ -1072,7 +1072,8 @@ impl<'p> Kernel<'p> {
             }
             ExprKind::Shift { value, axis, by, reverse, fill } => match (self.eval(value, wg, blk)?, self.eval(fill, wg, blk)?) {
                 (Val::T(t), Val::F(f)) => Val::T(t.shift(*axis, *by, *reverse, f)),
-                _ => return Err("`shift_cols` takes an f32 tile and an f32 fill".to_string().into()),
+                (Val::T(t), Val::T(from)) if from.ty == t.ty => Val::T(t.shift_from(*axis, *by, *reverse, &from)),
+                _ => return Err("`shift_cols` takes an f32 tile and an f32 fill or a tile of its type".to_string().into()),
             },
             ExprKind::ScanPart { value, step, fill } => match (self.eval(value, wg, blk)?, self.eval(fill, wg, blk)?) {
                 (Val::T(t), Val::F(f)) => Val::T(t.scan_part(*step, f)),

@@ -121,6 +121,40 @@ impl Tile {
         })
     }
 
+    /// [`Self::shift`] with the elements shifted in taken from `from` (a tile of the same type)
+    /// instead of a fill: the window of `[from | self]` (`[self | from]` with `reverse`) `by`
+    /// before (after) `self` along `axis` — a funnel shift.
+    pub fn shift_from(&self, axis: u32, by: u32, reverse: bool, from: &Tile) -> Tile {
+        let (rows, cols) = (self.ty.rows as usize, self.ty.cols as usize);
+        let (n, by) = (if axis == 1 { cols } else { rows }, by as usize);
+        let step = if axis == 1 { 1 } else { cols };
+        // Element i's index along the axis, and where its source lies: (in self?, index).
+        let src = |i: usize| {
+            let at = if axis == 1 { i % cols } else { i / cols };
+            let base = i - at * step;
+            match reverse {
+                false if at >= by => (true, base + (at - by) * step),
+                false => (false, base + (n + at - by) * step),
+                true if at + by < n => (true, base + (at + by) * step),
+                true => (false, base + (at + by - n) * step),
+            }
+        };
+        let pick = |i: usize| {
+            let (mine, j) = src(i);
+            if mine {
+                (self.v[j], self.poisoned(j))
+            } else {
+                (from.v[j], from.poisoned(j))
+            }
+        };
+        let v = (0..rows * cols).map(|i| pick(i).0).collect();
+        let poison = (self.poison.is_some() || from.poison.is_some()).then(|| {
+            let what = self.poison.as_ref().or(from.poison.as_ref()).map(|p| p.what.clone()).unwrap_or_default();
+            Box::new(Poison { mask: (0..rows * cols).map(|i| pick(i).1).collect(), what })
+        });
+        Tile { ty: self.ty, v, poison }
+    }
+
     /// A scan step's operand: each element the step touches takes the column it combines with
     /// in its row, `fill` where none (and where the step leaves the element alone).
     pub fn scan_part(&self, step: ScanStep, fill: f32) -> Tile {
