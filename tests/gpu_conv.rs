@@ -224,15 +224,30 @@ fn gpu_conv1d_matches_f64_reference() {
     if let Some(dev) = gpu_or_skip("gpu_conv1d_matches_f64_reference") {
         conv_matches_f64(
             &dev,
-            &[(1, 1, 1, 1), (2, 3, 3, 4), (1, 5, 1000, 3), (2, 48, 4097, 4), (3, 20, 1000, 64), (1, 17, 4099, 257), (2, 7, 300, 301)],
+            &[
+                (1, 1, 1, 1),
+                (2, 3, 3, 4),
+                (1, 5, 1000, 3),
+                (2, 48, 4097, 4),
+                (1, 9, 2050, 9),
+                (2, 5, 1500, 10),
+                (3, 20, 1000, 64),
+                (1, 17, 4099, 257),
+                (2, 7, 300, 301),
+            ],
         );
     }
 }
 
 #[test]
 fn interp_conv1d_matches_f64_reference() {
-    // Lk 7 over 3 steps: a filter longer than the signal (full and causal only).
-    conv_matches_f64(&Device::cpu(), &[(1, 1, 1, 1), (2, 3, 3, 7), (1, 17, 300, 4), (2, 5, 1000, 3), (1, 2, 513, 33)]);
+    // Lk 7 over 3 steps: a filter longer than the signal (full and causal only). Lk up to 9
+    // takes the short path in every mode; Lk 10 in `same` only (its taps at −5..=4); Lk 33 the
+    // general one.
+    conv_matches_f64(
+        &Device::cpu(),
+        &[(1, 1, 1, 1), (2, 3, 3, 7), (1, 17, 300, 4), (2, 5, 1000, 3), (1, 3, 1100, 9), (2, 2, 333, 10), (1, 2, 513, 33)],
+    );
 }
 
 #[test]

@@ -20,7 +20,7 @@
 //! reversed and shifted, which gives `dx` (the transpose of a correlation is the correlation
 //! with the reversed filter).
 
-use crate::prelude::{depthwise_conv, silu};
+use crate::prelude::{depthwise_conv, depthwise_conv_short, silu};
 use tessera::{device, kernel, Device, Element, Error, Grid, Optional, OptionalMut, Result, Tensor};
 
 /// Channels a block takes.
@@ -28,21 +28,31 @@ const ROWS: usize = 16;
 /// Steps a block takes.
 const COLS: usize = 256;
 
-/// `acc` plus the bias and the skip term `skip·x` of the block's tile: the epilogue's input.
+/// `acc` plus the bias and the skip term `skip·xt` (`xt` the block's tile of `x` in f32): the
+/// epilogue's input.
 #[device]
 #[allow(clippy::too_many_arguments)]
-fn add_terms<T, const R: usize, const W: usize>(
-    acc: Tile<f32, R, W>, x: Global<T, 3>, bias: Global<f32, 2>, skip: Global<f32, 2>, b: i32, h0: i32, t0: i32, has_bias: i32,
-    has_skip: i32,
+fn add_terms<const R: usize, const W: usize>(
+    acc: Tile<f32, R, W>, xt: Tile<f32, R, W>, bias: Global<f32, 2>, skip: Global<f32, 2>, h0: i32, has_bias: i32, has_skip: i32,
 ) -> Tile<f32, R, W> {
     let mut pre = acc;
     if has_bias == 1 {
         pre = pre + bias.load::<Tile<f32, R, 1>>([h0, 0]);
     }
     if has_skip == 1 {
-        pre = pre + x.load::<Tile<T, R, W>>([b, h0, t0]).cast::<f32>() * skip.load::<Tile<f32, R, 1>>([h0, 0]);
+        pre = pre + xt * skip.load::<Tile<f32, R, 1>>([h0, 0]);
     }
     pre
+}
+
+/// The block's tile of `x` in f32 where the skip term needs it (`has_skip` 1), else zeros.
+#[device]
+fn skip_input<T, const R: usize, const W: usize>(x: Global<T, 3>, b: i32, h0: i32, t0: i32, has_skip: i32) -> Tile<f32, R, W> {
+    let mut xt = Tile::<f32, R, W>::zeros();
+    if has_skip == 1 {
+        xt = x.load::<Tile<T, R, W>>([b, h0, t0]).cast::<f32>();
+    }
+    xt
 }
 
 /// The convolution of the block's tile plus the bias and the skip term: the epilogue's input.
@@ -52,7 +62,8 @@ fn conv_pre<T, const R: usize, const W: usize>(
     x: Global<T, 3>, w: Global<f32, 2>, bias: Global<f32, 2>, skip: Global<f32, 2>, b: i32, h0: i32, t0: i32, shift: i32, reverse: i32,
     has_bias: i32, has_skip: i32,
 ) -> Tile<f32, R, W> {
-    add_terms(depthwise_conv::<T, R, W>(x, w, b, h0, t0 + shift, reverse), x, bias, skip, b, h0, t0, has_bias, has_skip)
+    let xt = skip_input::<T, R, W>(x, b, h0, t0, has_skip);
+    add_terms(depthwise_conv::<T, R, W>(x, w, b, h0, t0 + shift, reverse), xt, bias, skip, h0, has_bias, has_skip)
 }
 
 /// The epilogue's end: the activation (`act` 1 SiLU) and the gate on `pre`, stored into the
@@ -139,7 +150,36 @@ pub fn conv_fft_finish(
     let h0 = block::id_y() * 16;
     let t0 = block::id_x() * 256;
     let acc = full.load::<Tile<f32, 16, 256>>([b, h0, t0 + first]);
-    activate_gate_store(add_terms(acc, x, bias, skip, b, h0, t0, has_bias, has_skip), gate, y, b, h0, t0, has_gate, act);
+    let xt = skip_input::<T, 16, 256>(x, b, h0, t0, has_skip);
+    activate_gate_store(add_terms(acc, xt, bias, skip, h0, has_bias, has_skip), gate, y, b, h0, t0, has_gate, act);
+}
+
+/// The gradient reaching the convolution from `g` (`dy`'s tile) through the epilogue, given
+/// its input `pre`: the gate's gradient stored into `dgate` (with a gate) and the result into
+/// `dpre` (the `dx` launch's input), both where an activation or a gate makes it differ from
+/// `dy` — the caller skips this otherwise.
+#[device]
+#[allow(clippy::too_many_arguments)]
+fn epilogue_grads<T, const R: usize, const W: usize>(
+    pre: Tile<f32, R, W>, g: Tile<f32, R, W>, gate: Global<T, 3>, dpre: Global<T, 3>, dgate: Global<T, 3>, b: i32, h0: i32, t0: i32,
+    has_gate: i32, act: i32,
+) -> Tile<f32, R, W> {
+    let mut out = pre;
+    let mut grad = g;
+    let mut sig = Tile::<f32, R, W>::zeros();
+    if act == 1 {
+        sig = 1.0 / (1.0 + exp2(pre * -f32::consts::LOG2_E));
+        out = pre * sig;
+    }
+    if has_gate == 1 {
+        dgate.store([b, h0, t0], (grad * out).cast::<T>());
+        grad = grad * gate.load::<Tile<T, R, W>>([b, h0, t0]).cast::<f32>();
+    }
+    if act == 1 {
+        grad = grad * sig * (1.0 + pre * (1.0 - sig));
+    }
+    dpre.store([b, h0, t0], grad.cast::<T>());
+    grad
 }
 
 /// `conv1d_direct`'s gradients but `dx`: from `dy`, the gradient reaching the convolution
@@ -161,21 +201,7 @@ pub fn conv1d_direct_grads(
     let mut g = dy.load::<Tile<T, 16, 256>>([b, h0, t0]).cast::<f32>();
     if has_gate == 1 || act == 1 {
         let pre = conv_pre::<T, 16, 256>(x, w, bias, skip, b, h0, t0, shift, reverse, has_bias, has_skip);
-        let mut out = pre;
-        let mut sig = Tile::<f32, 16, 256>::zeros();
-        if act == 1 {
-            sig = 1.0 / (1.0 + exp2(pre * -f32::consts::LOG2_E));
-            out = pre * sig;
-        }
-        if has_gate == 1 {
-            dgate.store([b, h0, t0], (g * out).cast::<T>());
-            g = g * gate.load::<Tile<T, 16, 256>>([b, h0, t0]).cast::<f32>();
-        }
-        if act == 1 {
-            g = g * sig * (1.0 + pre * (1.0 - sig));
-        }
-        // Without an activation or a gate `dpre` is `dy`, which the `dx` launch reads itself.
-        dpre.store([b, h0, t0], g.cast::<T>());
+        g = epilogue_grads(pre, g, gate, dpre, dgate, b, h0, t0, has_gate, act);
     }
     if has_bias == 1 {
         dbias.atomic_add([h0, 0], row_sum(g));
@@ -188,6 +214,119 @@ pub fn conv1d_direct_grads(
         let tap = k + reverse * (taps - 1 - 2 * k);
         let xs: Tile<T, 16, 256> = x.load([b, h0, t0 + shift + k]);
         dw.atomic_add([h0, tap], row_sum(g * xs.cast::<f32>()));
+    }
+}
+
+/// Tiles of 256 steps a short-path block walks ([`conv1d_short`]).
+const WALK: usize = 4;
+
+/// [`conv1d_direct`] for short filters (taps at offsets `shift..shift + Lk` within `−8..=8`):
+/// each block walks `WALK` tiles of 16 channels × 256 steps along the sequence, carrying the
+/// window of three tiles of `x` in registers (one load a tile, aligned) and making every tap a
+/// funnel shift of it ([`depthwise_conv_short`]).
+#[kernel(dtypes(T = [bf16, f16, f32]))]
+#[allow(clippy::too_many_arguments)]
+pub fn conv1d_short(
+    x: Global<T, 3>, w: Global<f32, 2>, bias: Global<f32, 2>, skip: Global<f32, 2>, gate: Global<T, 3>, y: Global<T, 3>, shift: i32,
+    reverse: i32, has_bias: i32, has_skip: i32, has_gate: i32, act: i32,
+) {
+    let b = block::id_z();
+    let h0 = block::id_y() * 16;
+    let t0 = block::id_x() * 1024;
+    let (mut prev, mut cur) = window_start::<T, 16, 256>(x, b, h0, t0, shift);
+    let ahead = shift + w.dim(1) > 1;
+    for i in 0..4 {
+        let t = t0 + i * 256;
+        let mut next = Tile::<f32, 16, 256>::zeros();
+        if i < 3 || ahead {
+            next = x.load::<Tile<T, 16, 256>>([b, h0, t + 256]).cast::<f32>();
+        }
+        let acc = depthwise_conv_short(prev, cur, next, w, h0, shift, reverse);
+        activate_gate_store(add_terms(acc, cur, bias, skip, h0, has_bias, has_skip), gate, y, b, h0, t, has_gate, act);
+        prev = cur;
+        cur = next;
+    }
+}
+
+/// A short-path block's first window: the tile before `t0` (where a tap reaches back:
+/// `shift < 0`; else zeros) and the tile at `t0`, in f32.
+#[device]
+fn window_start<T, const R: usize, const W: usize>(
+    x: Global<T, 3>, b: i32, h0: i32, t0: i32, shift: i32,
+) -> (Tile<f32, R, W>, Tile<f32, R, W>) {
+    let mut prev = Tile::<f32, R, W>::zeros();
+    if shift < 0 {
+        prev = x.load::<Tile<T, R, W>>([b, h0, t0 - W]).cast::<f32>();
+    }
+    (prev, x.load::<Tile<T, R, W>>([b, h0, t0]).cast::<f32>())
+}
+
+/// The filters' gradients of one tile, `dw[h, k′] += Σ_t g[t]·x[t + shift + k]`, from the
+/// window as [`depthwise_conv_short`] takes it: an atomic add a tap.
+#[device]
+#[allow(clippy::too_many_arguments)]
+fn filter_grads_short<const R: usize, const W: usize>(
+    prev: Tile<f32, R, W>, cur: Tile<f32, R, W>, next: Tile<f32, R, W>, g: Tile<f32, R, W>, dw: Global<f32, 2>, h0: i32, shift: i32,
+    reverse: i32,
+) {
+    let taps = dw.dim(1);
+    #[unroll]
+    for e in 1..9 {
+        let k = -e - shift;
+        if k >= 0 && k < taps {
+            dw.atomic_add([h0, k + reverse * (taps - 1 - 2 * k)], row_sum(g * cur.shift_cols(e, prev)));
+        }
+    }
+    #[unroll]
+    for e in 0..9 {
+        let k = e - shift;
+        if k >= 0 && k < taps {
+            dw.atomic_add([h0, k + reverse * (taps - 1 - 2 * k)], row_sum(g * cur.shift_cols(-e, next)));
+        }
+    }
+}
+
+/// [`conv1d_direct_grads`] for short filters, walking as [`conv1d_short`] but 8 channels a
+/// block (registers: the window, `dy`'s tile and the epilogue's): the bias's and the skip's
+/// sums kept in registers over the walk (one atomic each a block), the filters' an atomic a
+/// tap and tile.
+#[kernel(dtypes(T = [bf16, f16, f32]))]
+#[allow(clippy::too_many_arguments)]
+pub fn conv1d_short_grads(
+    x: Global<T, 3>, w: Global<f32, 2>, bias: Global<f32, 2>, skip: Global<f32, 2>, gate: Global<T, 3>, dy: Global<T, 3>,
+    dpre: Global<T, 3>, dgate: Global<T, 3>, dw: Global<f32, 2>, dbias: Global<f32, 2>, dskip: Global<f32, 2>, shift: i32, reverse: i32,
+    has_bias: i32, has_skip: i32, has_gate: i32, act: i32,
+) {
+    let b = block::id_z();
+    let h0 = block::id_y() * 8;
+    let t0 = block::id_x() * 1024;
+    let (mut prev, mut cur) = window_start::<T, 8, 256>(x, b, h0, t0, shift);
+    let ahead = shift + w.dim(1) > 1;
+    let mut gb = Tile::<f32, 8, 256>::zeros().last_col();
+    let mut gs = Tile::<f32, 8, 256>::zeros().last_col();
+    for i in 0..4 {
+        let t = t0 + i * 256;
+        let mut next = Tile::<f32, 8, 256>::zeros();
+        if i < 3 || ahead {
+            next = x.load::<Tile<T, 8, 256>>([b, h0, t + 256]).cast::<f32>();
+        }
+        // Zero past the output's end (dy reads zeros there), so no sum takes those steps.
+        let mut g = dy.load::<Tile<T, 8, 256>>([b, h0, t]).cast::<f32>();
+        if has_gate == 1 || act == 1 {
+            let pre = add_terms(depthwise_conv_short(prev, cur, next, w, h0, shift, reverse), cur, bias, skip, h0, has_bias, has_skip);
+            g = epilogue_grads(pre, g, gate, dpre, dgate, b, h0, t, has_gate, act);
+        }
+        gb = gb + row_sum(g);
+        gs = gs + row_sum(g * cur);
+        filter_grads_short(prev, cur, next, g, dw, h0, shift, reverse);
+        prev = cur;
+        cur = next;
+    }
+    if has_bias == 1 {
+        dbias.atomic_add([h0, 0], gb);
+    }
+    if has_skip == 1 {
+        dskip.atomic_add([h0, 0], gs);
     }
 }
 
@@ -487,14 +626,17 @@ impl<'a, T: ConvElement> Conv1d<'a, T> {
         let d = self.dims("conv1d_backward")?;
         check_out("conv1d_backward", "dy", dy, &self.out_shape())?;
         let dev = self.device;
+        // dx and dgate are written whole by the launches (where there are any): no zeroing.
+        let empty = d.batch * d.channels * d.out == 0;
+        let written = |shape: &[usize]| if empty { Tensor::zeros(dev, shape) } else { Tensor::scratch(dev, shape) };
         let mut grads = Conv1dGrads {
-            dx: Tensor::zeros(dev, self.x.shape())?,
+            dx: written(self.x.shape())?,
             dk: Tensor::zeros(dev, &[d.channels, d.taps])?,
             dbias: self.bias.map(|_| Tensor::zeros(dev, &[d.channels])).transpose()?,
             dskip: self.skip.map(|_| Tensor::zeros(dev, &[d.channels])).transpose()?,
-            dgate: self.gate.map(|_| Tensor::zeros(dev, &self.out_shape())).transpose()?,
+            dgate: self.gate.map(|_| written(&self.out_shape())).transpose()?,
         };
-        if d.batch * d.channels * d.out == 0 {
+        if empty {
             return Ok(grads);
         }
         let (bias, skip) = (column(self.bias, d.channels)?, column(self.skip, d.channels)?);
@@ -579,6 +721,16 @@ impl Dims {
     fn grid(&self) -> Grid {
         Grid::from((self.out.div_ceil(COLS) as u32, self.channels.div_ceil(ROWS) as u32, self.batch as u32))
     }
+
+    /// The short path's grid: a block walks `WALK` tiles along the steps, `rows` channels each.
+    fn short_grid(&self, rows: usize) -> Grid {
+        Grid::from((self.out.div_ceil(COLS * WALK) as u32, self.channels.div_ceil(rows) as u32, self.batch as u32))
+    }
+
+    /// Whether a launch at `shift` takes the short path: every tap's offset within `−8..=8`.
+    fn short(&self, shift: i32) -> bool {
+        shift >= -8 && shift + self.taps as i32 - 1 <= 8
+    }
 }
 
 /// The epilogue's parts in use.
@@ -647,7 +799,7 @@ fn flag(b: bool) -> i32 {
 }
 
 macro_rules! conv_element {
-    ($t:ty, $fwd:ident, $grads:ident, $pad:ident, $finish:ident) => {
+    ($t:ty, $fwd:ident, $grads:ident, $short:ident, $short_grads:ident, $pad:ident, $finish:ident) => {
         impl ConvElement for $t {
             fn fft_pad_launch(
                 device: &Device, grid: Grid, x: &tessera::TensorView<'_, Self>,
@@ -682,9 +834,12 @@ macro_rules! conv_element {
                 (bias, skip): (Option<&tessera::TensorView<'_, f32>>, Option<&tessera::TensorView<'_, f32>>), gate: Option<&Tensor<Self>>,
                 y: &mut Tensor<Self>, flags: Flags,
             ) -> Result<()> {
-                $fwd::launch(
+                let short = d.short(shift);
+                let launch = if short { $short::launch } else { $fwd::launch };
+                let grid = if short { d.short_grid(ROWS) } else { d.grid() };
+                launch(
                     device,
-                    d.grid(),
+                    grid,
                     x,
                     k,
                     &Optional(bias, 2),
@@ -701,9 +856,12 @@ macro_rules! conv_element {
             }
 
             fn conv_grads_launch(device: &Device, d: Dims, a: ConvGradArgs<'_, '_, Self>, flags: Flags) -> Result<()> {
-                $grads::launch(
+                let short = d.short(d.shift);
+                let launch = if short { $short_grads::launch } else { $grads::launch };
+                let grid = if short { d.short_grid(ROWS / 2) } else { d.grid() };
+                launch(
                     device,
-                    d.grid(),
+                    grid,
                     a.x,
                     a.k,
                     &Optional(a.bias, 2),
@@ -726,9 +884,33 @@ macro_rules! conv_element {
         }
     };
 }
-conv_element!(tessera::bf16, conv1d_direct_bf16, conv1d_direct_grads_bf16, conv_fft_pad_bf16, conv_fft_finish_bf16);
-conv_element!(tessera::f16, conv1d_direct_f16, conv1d_direct_grads_f16, conv_fft_pad_f16, conv_fft_finish_f16);
-conv_element!(f32, conv1d_direct_f32, conv1d_direct_grads_f32, conv_fft_pad_f32, conv_fft_finish_f32);
+conv_element!(
+    tessera::bf16,
+    conv1d_direct_bf16,
+    conv1d_direct_grads_bf16,
+    conv1d_short_bf16,
+    conv1d_short_grads_bf16,
+    conv_fft_pad_bf16,
+    conv_fft_finish_bf16
+);
+conv_element!(
+    tessera::f16,
+    conv1d_direct_f16,
+    conv1d_direct_grads_f16,
+    conv1d_short_f16,
+    conv1d_short_grads_f16,
+    conv_fft_pad_f16,
+    conv_fft_finish_f16
+);
+conv_element!(
+    f32,
+    conv1d_direct_f32,
+    conv1d_direct_grads_f32,
+    conv1d_short_f32,
+    conv1d_short_grads_f32,
+    conv_fft_pad_f32,
+    conv_fft_finish_f32
+);
 
 /// The smallest length ≥ `n` whose only prime factors are 2, 3, 5 and 7 (cuFFT's fast sizes).
 pub(crate) fn fft_len(n: usize) -> usize {

@@ -80,7 +80,8 @@ pub mod kernels {
     };
     pub use crate::conv::{
         conv1d_direct_bf16, conv1d_direct_f16, conv1d_direct_f32, conv1d_direct_grads_bf16, conv1d_direct_grads_f16,
-        conv1d_direct_grads_f32, conv_fft_filter, conv_fft_finish_bf16, conv_fft_finish_f16, conv_fft_finish_f32, conv_fft_pad_bf16,
+        conv1d_direct_grads_f32, conv1d_short_bf16, conv1d_short_f16, conv1d_short_f32, conv1d_short_grads_bf16, conv1d_short_grads_f16,
+        conv1d_short_grads_f32, conv_fft_filter, conv_fft_finish_bf16, conv_fft_finish_f16, conv_fft_finish_f32, conv_fft_pad_bf16,
         conv_fft_pad_f16, conv_fft_pad_f32, conv_fft_product,
     };
     pub use crate::elementwise::{axpy_f32, to_f32_bf16, to_f32_f16};
@@ -190,6 +191,12 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         conv1d_direct_grads_bf16::VARIANTS,
         conv1d_direct_grads_f16::VARIANTS,
         conv1d_direct_grads_f32::VARIANTS,
+        conv1d_short_bf16::VARIANTS,
+        conv1d_short_f16::VARIANTS,
+        conv1d_short_f32::VARIANTS,
+        conv1d_short_grads_bf16::VARIANTS,
+        conv1d_short_grads_f16::VARIANTS,
+        conv1d_short_grads_f32::VARIANTS,
         conv_fft_pad_bf16::VARIANTS,
         conv_fft_pad_f16::VARIANTS,
         conv_fft_pad_f32::VARIANTS,

@@ -824,3 +824,34 @@ pub fn depthwise_conv<T, const R: usize, const W: usize>(
     }
     acc
 }
+
+/// [`depthwise_conv`] for short filters, in registers: `Σ_k w[h, k′]·x[t + shift + k]` for the
+/// tile `cur` (`x`'s steps `t0..t0 + W` in f32) from it and its neighbours `prev` (the `W`
+/// steps before) and `next` (after), each tap a funnel shift of that window (`cur.shift_cols(e,
+/// prev)`: shuffles where a row lies in one warp's lanes, no memory). The taps' offsets
+/// `shift..shift + K` must lie within `−8..=8` (others add nothing). A block walking along the
+/// steps carries the window from tile to tile (`conv1d_short`).
+#[device]
+pub fn depthwise_conv_short<const R: usize, const W: usize>(
+    prev: Tile<f32, R, W>, cur: Tile<f32, R, W>, next: Tile<f32, R, W>, w: Global<f32, 2>, h0: i32, shift: i32, reverse: i32,
+) -> Tile<f32, R, W> {
+    let taps = w.dim(1);
+    let mut acc = Tile::<f32, R, W>::zeros();
+    // Offsets −8..−1: the window reaches into `prev`.
+    #[unroll]
+    for e in 1..9 {
+        let k = -e - shift;
+        if k >= 0 && k < taps {
+            acc = acc + cur.shift_cols(e, prev) * w.load::<Tile<f32, R, 1>>([h0, k + reverse * (taps - 1 - 2 * k)]);
+        }
+    }
+    // Offsets 0..8: into `next`.
+    #[unroll]
+    for e in 0..9 {
+        let k = e - shift;
+        if k >= 0 && k < taps {
+            acc = acc + cur.shift_cols(-e, next) * w.load::<Tile<f32, R, 1>>([h0, k + reverse * (taps - 1 - 2 * k)]);
+        }
+    }
+    acc
+}
