@@ -221,7 +221,7 @@ pub fn conv1d_direct_grads(
 const WALK: usize = 4;
 
 /// [`conv1d_direct`] for short filters (taps at offsets `shift..shift + Lk` within `−8..=8`):
-/// each block walks `WALK` tiles of 16 channels × 256 steps along the sequence, carrying the
+/// each block walks `WALK` tiles of 8 channels × 256 steps along the sequence, carrying the
 /// window of three tiles of `x` in registers (one load a tile, aligned) and making every tap a
 /// funnel shift of it ([`depthwise_conv_short`]).
 #[kernel(dtypes(T = [bf16, f16, f32]))]
@@ -231,15 +231,15 @@ pub fn conv1d_short(
     reverse: i32, has_bias: i32, has_skip: i32, has_gate: i32, act: i32,
 ) {
     let b = block::id_z();
-    let h0 = block::id_y() * 16;
+    let h0 = block::id_y() * 8;
     let t0 = block::id_x() * 1024;
-    let (mut prev, mut cur) = window_start::<T, 16, 256>(x, b, h0, t0, shift);
+    let (mut prev, mut cur) = window_start::<T, 8, 256>(x, b, h0, t0, shift);
     let ahead = shift + w.dim(1) > 1;
     for i in 0..4 {
         let t = t0 + i * 256;
-        let mut next = Tile::<f32, 16, 256>::zeros();
+        let mut next = Tile::<f32, 8, 256>::zeros();
         if i < 3 || ahead {
-            next = x.load::<Tile<T, 16, 256>>([b, h0, t + 256]).cast::<f32>();
+            next = x.load::<Tile<T, 8, 256>>([b, h0, t + 256]).cast::<f32>();
         }
         let acc = depthwise_conv_short(prev, cur, next, w, h0, shift, reverse);
         activate_gate_store(add_terms(acc, cur, bias, skip, h0, has_bias, has_skip), gate, y, b, h0, t, has_gate, act);
@@ -836,7 +836,7 @@ macro_rules! conv_element {
             ) -> Result<()> {
                 let short = d.short(shift);
                 let launch = if short { $short::launch } else { $fwd::launch };
-                let grid = if short { d.short_grid(ROWS) } else { d.grid() };
+                let grid = if short { d.short_grid(ROWS / 2) } else { d.grid() };
                 launch(
                     device,
                     grid,
