@@ -3,10 +3,11 @@
 //! chain (a bias, a skip term `D·x`, SiLU, a gate) — Mamba's and Hyena's short convolutions,
 //! and long ones.
 //!
-//! Two paths ([`ConvPath`]). The direct one: each block computes 16 channels × 256 steps of
-//! the output as `Lk` shifted loads of `x` times a column of the filters
-//! ([`crate::prelude::depthwise_conv`]), then the epilogue in registers; its cost grows with
-//! `Lk`. The FFT one (GPU only): the signal and the filters zero-padded to `N ≥ L + Lk − 1`,
+//! Two paths ([`ConvPath`]). The direct one, for taps within 8 steps either side (`Lk ≤ 9`):
+//! `conv1d_short`, each block walking tiles of 8 channels × 256 steps with the window of three
+//! tiles in registers, a tap a funnel shift ([`crate::prelude::depthwise_conv_short`]); else
+//! `conv1d_direct`, `Lk` shifted loads ([`crate::prelude::depthwise_conv`]), its cost growing
+//! with `Lk`; both with the epilogue in registers. The FFT one (GPU only): the signal and the filters zero-padded to `N ≥ L + Lk − 1`,
 //! cuFFT's R2C, the spectra's complex product (`swap_pairs`, the filter's factors arranged
 //! once as `[re, re]` and `[−im, im]`), cuFFT's C2R, then the same epilogue; plans kept with the
 //! device ([`Device::local`]). A tensor-core FFT in the language is still to come
@@ -385,7 +386,8 @@ pub struct Conv1d<'a, T: Element> {
 /// How [`Conv1d::run`] computes the convolution.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum ConvPath {
-    /// `conv1d_direct`: a shifted load of the signal a tap (GPU and interpreter). Its cost grows
+    /// In registers (GPU and interpreter): `conv1d_short`'s funnel shifts where every tap lies
+    /// within 8 steps either side, else `conv1d_direct`'s shifted load a tap, whose cost grows
     /// with the filter's length.
     #[default]
     Direct,
