@@ -1272,21 +1272,7 @@ impl Lowerer<'_> {
     /// instead of `t`'s.
     fn funnel_in_warp(&mut self, t: &TileVal, from: &TileVal, axis: u32, by: u32, reverse: bool) -> Option<Vec<Reg>> {
         use Operand::{Imm, Reg as R};
-        let l = t.layout;
-        let LayoutKind::Blocked { v, tc, wc: 1, .. } = l.kind else { return None };
-        let n = l.parent_cols;
-        let fits = axis == 1
-            && l.keep_rows
-            && l.keep_cols
-            && v.is_power_of_two()
-            && tc.is_power_of_two()
-            && n == v * tc
-            && by < n
-            && (by < v || by.is_multiple_of(v))
-            && t.ty.dtype == DType::F32;
-        if !fits || by == 0 {
-            return None;
-        }
+        let (l, v, tc) = in_warp_shift(t, axis, by)?;
         let slots = l.slots();
         let at = |dr: u32, dc: u32| slots.iter().position(|s| s.dr == dr && s.dc == dc);
         let lr = self.layout_regs(l);
@@ -1337,20 +1323,8 @@ impl Lowerer<'_> {
     /// register; `fill` where no column lies there. `None` where the layout does not allow it.
     fn shift_in_warp(&mut self, t: &TileVal, axis: u32, by: u32, reverse: bool, fill: Reg) -> Option<Vec<Reg>> {
         use Operand::{Imm, Reg as R};
-        let l = t.layout;
-        let LayoutKind::Blocked { v, tc, wc: 1, .. } = l.kind else { return None };
+        let (l, v, _) = in_warp_shift(t, axis, by)?;
         let n = l.parent_cols;
-        let fits = axis == 1
-            && l.keep_rows
-            && l.keep_cols
-            && v.is_power_of_two()
-            && n == v * tc
-            && by < n
-            && (by < v || by.is_multiple_of(v))
-            && t.ty.dtype == DType::F32;
-        if !fits || by == 0 {
-            return None;
-        }
         let slots = l.slots();
         let at = |dr: u32, dc: u32| slots.iter().position(|s| s.dr == dr && s.dc == dc);
         let lr = self.layout_regs(l);
@@ -2055,4 +2029,24 @@ pub(crate) fn layout_free(e: &Expr) -> bool {
         },
         _ => false,
     }
+}
+
+/// Whether `t.shift_cols(by, …)` can move in one warp's lanes — an f32 tile in a blocked layout
+/// whose runs of `v` columns, one a lane, cover each row once in one warp, shifted by less than
+/// a run or by whole runs — and if so its layout, `v` and the lanes of a row (`tc`).
+fn in_warp_shift(t: &TileVal, axis: u32, by: u32) -> Option<(Layout, u32, u32)> {
+    let l = t.layout;
+    let LayoutKind::Blocked { v, tc, wc: 1, .. } = l.kind else { return None };
+    let n = l.parent_cols;
+    let fits = axis == 1
+        && l.keep_rows
+        && l.keep_cols
+        && v.is_power_of_two()
+        && tc.is_power_of_two()
+        && n == v * tc
+        && by > 0
+        && by < n
+        && (by < v || by.is_multiple_of(v))
+        && t.ty.dtype == DType::F32;
+    fits.then_some((l, v, tc))
 }
