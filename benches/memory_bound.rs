@@ -480,7 +480,8 @@ fn main() {
         }
         // The backward (gradients allocated and zeroed in each call): u, delta, z, dout, B, C
         // read, du, ddelta, dz written (bf16), dB and dC added into (f32, per channel).
-        let bwd_bytes = ((7 * b * ch * l + 2 * b * n * l) * 2 + 2 * b * ch * n * l * 4 / ch) as f64;
+        let bwd_bytes_of = |b: usize, l: usize| ((7 * b * ch * l + 2 * b * n * l) * 2 + 2 * b * ch * n * l * 4 / ch) as f64;
+        let bwd_bytes = bwd_bytes_of(b, l);
         let mut f = || drop(scan.backward(&dout).expect("selective scan backward"));
         norm_row!(format!("selective_scan bwd {b}x{ch}x{l} N{n}"), bwd_bytes, time_ms(&dev, 2, 5, &mut f));
         if let Ok((_, ms)) = mamba {
@@ -506,12 +507,18 @@ fn main() {
         // A batch of one over a long prompt (prefill): 12 blocks of 128 channels, the sequence
         // split into segments across the GPU.
         let (b, l) = (1usize, 16384usize);
-        let (u, delta, z, bm, cm, _, mut y, mut h, bytes) = inputs(b, l);
+        let (u, delta, z, bm, cm, dout, mut y, mut h, bytes) = inputs(b, l);
         let scan = tessera_kernels::SelectiveScan::new(&dev, &u, &delta, &a, &bm, &cm).d(&dskip).z(&z).delta_softplus(true);
         let mut f = || scan.run(&mut y, &mut h).expect("selective scan");
         norm_row!(format!("selective_scan fwd {b}x{ch}x{l} N{n}"), bytes, time_ms(&dev, 3, 10, &mut f));
+        let bwd_bytes = bwd_bytes_of(b, l);
+        let mut f = || drop(scan.backward(&dout).expect("selective scan backward"));
+        norm_row!(format!("selective_scan bwd {b}x{ch}x{l} N{n}"), bwd_bytes, time_ms(&dev, 2, 5, &mut f));
         match mamba_scan(b, ch, l, n) {
-            Ok((ms, _)) => norm_row!(format!("  mamba cuda fwd {b}x{ch}x{l} N{n}"), bytes, ms),
+            Ok((fwd, bwd)) => {
+                norm_row!(format!("  mamba cuda fwd {b}x{ch}x{l} N{n}"), bytes, fwd);
+                norm_row!(format!("  mamba cuda bwd {b}x{ch}x{l} N{n}"), bwd_bytes, bwd);
+            }
             Err(why) => println!("memory_bound: no mamba selective scan baseline: {why}"),
         }
     }

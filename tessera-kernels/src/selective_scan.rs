@@ -107,6 +107,14 @@ fn sequence_segments(dev: &Device, blocks: usize, chunks: usize) -> usize {
     }
 }
 
+/// The segments of a thread-a-channel kernel's sequence ([`sequence_segments`]) and the
+/// chunks each takes (the kernels' `seg_chunks`).
+fn split(dev: &Device, blocks: usize, len: usize) -> (usize, i32) {
+    let chunks = len.div_ceil(8);
+    let seg_chunks = chunks.div_ceil(sequence_segments(dev, blocks, chunks)).max(1);
+    (chunks.div_ceil(seg_chunks).max(1), i32::try_from(seg_chunks).unwrap_or(i32::MAX))
+}
+
 fn rows_fit<T>(Dims { channels, groups, len, .. }: Dims) -> bool {
     (channels / groups).is_multiple_of(ROWS_CHANNELS) && (len * std::mem::size_of::<T>()).is_multiple_of(16)
 }
@@ -339,16 +347,24 @@ fn state_grads<const N: usize>(
     // a_t·h_{t−1}.
     let ap = ht - bb;
     *yp = *yp + cn * ht;
-    let cdy = cn * dy;
-    let (ra, rb) = tile_scan_reverse_exclusive::<scan_linear>((at, at * cdy), 1, (1.0, 0.0));
-    let gt = cdy + ra * gs.at(j).load() + rb;
-    gs.at(j).store((at * gt).first_col());
+    let mut gt = Tile::<f32, 128, 8>::zeros();
+    g_chunk(at, cn * dy, gs, j, &mut gt);
     *gb = *gb + gt * bn;
     let gap = gt * ap;
     *gx = *gx + gt * bn * ut + gap * (an * f32::consts::LN_2);
     das.at(j).store(das.at(j).load() + row_sum(gap * dt));
     db.atomic_add([srow + j, t], col_sum(gt * dtu));
     dc.atomic_add([srow + j, t], col_sum(dy * ht));
+}
+
+/// State `j`'s gradient over an 8-step chunk, `g_t = C_t·dy_t + a_{t+1}·g_{t+1}` (`cdy` =
+/// `C·dy`), into `gt`: a reverse scan from the carry the chunk after left in `gs` (`a·g` at its
+/// first step), which it replaces with this chunk's.
+#[device]
+fn g_chunk(at: Tile<f32, 128, 8>, cdy: Tile<f32, 128, 8>, gs: Smem<f32, 128, 1>, j: i32, gt: &mut Tile<f32, 128, 8>) {
+    let (ra, rb) = tile_scan_reverse_exclusive::<scan_linear>((at, at * cdy), 1, (1.0, 0.0));
+    *gt = cdy + ra * gs.at(j).load() + rb;
+    gs.at(j).store((at * *gt).first_col());
 }
 
 /// The selective scan's backward for 128 channels of one (batch, group) a block, as
@@ -366,13 +382,19 @@ fn state_grads<const N: usize>(
 pub fn selective_scan_bwd_rows(
     u: Global<T, 2>, delta: Global<T, 2>, a: Global<f32, 2>, bm: Global<f32, 2>, cm: Global<f32, 2>, dskip: Global<f32, 2>,
     z: Global<T, 2>, bias: Global<f32, 2>, dout: Global<T, 2>, hsave: Global<f32, 2>, du: Global<T, 2>, ddelta: Global<T, 2>,
-    dz: Global<T, 2>, da: Global<f32, 2>, db: Global<f32, 2>, dc: Global<f32, 2>, dd: Global<f32, 2>, dbias: Global<f32, 2>, channels: i32,
-    groups: i32, has_d: i32, has_z: i32, softplus: i32, has_bias: i32,
+    dz: Global<T, 2>, da: Global<f32, 2>, db: Global<f32, 2>, dc: Global<f32, 2>, dd: Global<f32, 2>, dbias: Global<f32, 2>,
+    gseg: Global<f32, 2>, dseg: Global<f32, 2>, channels: i32, groups: i32, has_d: i32, has_z: i32, softplus: i32, has_bias: i32,
+    seg_chunks: i32, pass: i32,
 ) {
     let (d0, row0, srow) = channel_block::<N>(channels, groups);
     let rows = u.dim(0);
     let len = u.dim(1);
-    let chunks = (len + 7) / 8;
+    // This block's segment (`block::id_y()`, `seg_chunks` chunks each) and its row in `gseg`
+    // and `dseg`, the segments counted from the sequence's end.
+    let seg = block::id_y();
+    let first = seg * seg_chunks;
+    let count = min(seg_chunks, (len + 7) / 8 - first);
+    let crow = (grid::dim_y() - 1 - seg) * rows + row0;
     let sx = Smem::<T, 128, 8>::ring_swizzled(4, 0);
     let su = Smem::<T, 128, 8>::ring_swizzled(4, 0);
     let sz = Smem::<T, 128, 8>::ring_swizzled(4, 0);
@@ -388,8 +410,8 @@ pub fn selective_scan_bwd_rows(
     let pipe = Pipeline::<4>::new(2);
     if warpgroup::id() == 0 {
         setmaxnreg(40);
-        fill_stages(pipe, chunks, |s, i| {
-            let t = (chunks - 1 - i) * 8;
+        fill_stages(pipe, count, |s, i| {
+            let t = (first + count - 1 - i) * 8;
             tma::load(sx.at(s), delta, [row0, t], pipe);
             tma::load(su.at(s), u, [row0, t], pipe);
             tma::load(sdo.at(s), dout, [row0, t], pipe);
@@ -406,17 +428,25 @@ pub fn selective_scan_bwd_rows(
         #[unroll]
         for n in 0..N / 2 {
             a2.at(n0 + n).store(a.load::<Tile<f32, 128, 1>>([d0, n0 + n]) * f32::consts::LOG2_E);
-            gs.at(n0 + n).store(Tile::<f32, 128, 1>::zeros());
+            // Pass 2 starts each segment from the carry the segments after it leave.
+            if pass == 2 {
+                gs.at(n0 + n).store(gseg.load::<Tile<f32, 128, 1>>([crow, n0 + n]));
+            } else {
+                gs.at(n0 + n).store(Tile::<f32, 128, 1>::zeros());
+            }
             das.at(n0 + n).store(Tile::<f32, 128, 1>::zeros());
         }
         let (bias_d, skip) = channel_columns(bias, dskip, d0, has_bias, has_d);
         let mut dd_sum = Tile::<f32, 128, 1>::zeros();
         let mut dbias_sum = Tile::<f32, 128, 1>::zeros();
-        drain_stages(pipe, chunks, |s, i| {
-            let k = chunks - 1 - i;
+        // The segment's ΣΔ a channel, stored by pass 1 (added in every pass: no branch).
+        let mut dsum = Tile::<f32, 128, 8>::zeros();
+        drain_stages(pipe, count, |s, i| {
+            let k = first + count - 1 - i;
             let t = k * 8;
             let x = sx.at(s).load().cast::<f32>() + bias_d;
             let dt = deltas::<128, 8>(x, softplus, len - t);
+            dsum = dsum + dt;
             let ut = su.at(s).load().cast::<f32>();
             let go = sdo.at(s).load().cast::<f32>();
             let dtu = dt * ut;
@@ -427,68 +457,95 @@ pub fn selective_scan_bwd_rows(
                 let r = rsqrt(1.0 + exp2(zt * -f32::consts::LOG2_E));
                 dy = go * zt * r * r;
             }
-            let mut yp = Tile::<f32, 128, 8>::zeros();
-            let mut gb = Tile::<f32, 128, 8>::zeros();
-            let mut gx = Tile::<f32, 128, 8>::zeros();
-            // The chunk's starting states, eight at a time, loaded before any is needed.
-            #[unroll]
-            for q in 0..N / 16 {
-                let j = n0 + q * 8;
-                let at = (k * rows + row0) * N + j * 128;
-                let h0 = hsave.load::<Tile<f32, 128, 1>>([at, 0]);
-                let h1 = hsave.load::<Tile<f32, 128, 1>>([at + 128, 0]);
-                let h2 = hsave.load::<Tile<f32, 128, 1>>([at + 256, 0]);
-                let h3 = hsave.load::<Tile<f32, 128, 1>>([at + 384, 0]);
-                let h4 = hsave.load::<Tile<f32, 128, 1>>([at + 512, 0]);
-                let h5 = hsave.load::<Tile<f32, 128, 1>>([at + 640, 0]);
-                let h6 = hsave.load::<Tile<f32, 128, 1>>([at + 768, 0]);
-                let h7 = hsave.load::<Tile<f32, 128, 1>>([at + 896, 0]);
-                state_grads::<N>(h0, j, s, t, dt, dtu, dy, ut, a2, gs, das, sb, sc, db, dc, srow, &mut yp, &mut gb, &mut gx);
-                state_grads::<N>(h1, j + 1, s, t, dt, dtu, dy, ut, a2, gs, das, sb, sc, db, dc, srow, &mut yp, &mut gb, &mut gx);
-                state_grads::<N>(h2, j + 2, s, t, dt, dtu, dy, ut, a2, gs, das, sb, sc, db, dc, srow, &mut yp, &mut gb, &mut gx);
-                state_grads::<N>(h3, j + 3, s, t, dt, dtu, dy, ut, a2, gs, das, sb, sc, db, dc, srow, &mut yp, &mut gb, &mut gx);
-                state_grads::<N>(h4, j + 4, s, t, dt, dtu, dy, ut, a2, gs, das, sb, sc, db, dc, srow, &mut yp, &mut gb, &mut gx);
-                state_grads::<N>(h5, j + 5, s, t, dt, dtu, dy, ut, a2, gs, das, sb, sc, db, dc, srow, &mut yp, &mut gb, &mut gx);
-                state_grads::<N>(h6, j + 6, s, t, dt, dtu, dy, ut, a2, gs, das, sb, sc, db, dc, srow, &mut yp, &mut gb, &mut gx);
-                state_grads::<N>(h7, j + 7, s, t, dt, dtu, dy, ut, a2, gs, das, sb, sc, db, dc, srow, &mut yp, &mut gb, &mut gx);
-            }
-            let p = (i % 2) * 3;
-            if me == 1 {
-                sp.at(p).store(yp);
-                sp.at(p + 1).store(gb);
-                sp.at(p + 2).store(gx);
-            }
-            barrier::sync(1, 2);
-            if me == 0 {
-                let y = yp + sp.at(p).load() + ut * skip;
-                du.store([row0, t], ((gb + sp.at(p + 1).load()) * dt + dy * skip).cast::<T>());
-                let mut dx = gx + sp.at(p + 2).load();
-                if softplus == 1 {
-                    let r = rsqrt(1.0 + exp2(x * -f32::consts::LOG2_E));
-                    dx = dx * r * r;
+            if pass == 1 {
+                // The carry of g alone.
+                #[unroll]
+                for q in 0..N / 16 {
+                    #[unroll]
+                    for n in 0..8 {
+                        let j = n0 + q * 8 + n;
+                        let mut gt = Tile::<f32, 128, 8>::zeros();
+                        g_chunk(exp2(dt * a2.at(j).load()), sc.at(s).rows(j, 1).load() * dy, gs, j, &mut gt);
+                    }
                 }
-                dx = dx.mask_cols(len - t, 0.0);
-                ddelta.store([row0, t], dx.cast::<T>());
-                if has_z == 1 {
-                    let zt = sz.at(s).load().cast::<f32>();
-                    let r = rsqrt(1.0 + exp2(zt * -f32::consts::LOG2_E));
-                    let sig = r * r;
-                    dz.store([row0, t], (go * y * sig * (1.0 + zt * (1.0 - sig))).cast::<T>());
+                // A stage is released by each consumer warpgroup's leader thread alone: keep
+                // every consumer warp within the chunk (as pass 2's exchange does), so that none
+                // reads a stage the producer has refilled or misses a phase of its barrier.
+                barrier::sync(1, 2);
+            } else {
+                let mut yp = Tile::<f32, 128, 8>::zeros();
+                let mut gb = Tile::<f32, 128, 8>::zeros();
+                let mut gx = Tile::<f32, 128, 8>::zeros();
+                // The chunk's starting states, eight at a time, loaded before any is needed.
+                #[unroll]
+                for q in 0..N / 16 {
+                    let j = n0 + q * 8;
+                    let at = (k * rows + row0) * N + j * 128;
+                    let h0 = hsave.load::<Tile<f32, 128, 1>>([at, 0]);
+                    let h1 = hsave.load::<Tile<f32, 128, 1>>([at + 128, 0]);
+                    let h2 = hsave.load::<Tile<f32, 128, 1>>([at + 256, 0]);
+                    let h3 = hsave.load::<Tile<f32, 128, 1>>([at + 384, 0]);
+                    let h4 = hsave.load::<Tile<f32, 128, 1>>([at + 512, 0]);
+                    let h5 = hsave.load::<Tile<f32, 128, 1>>([at + 640, 0]);
+                    let h6 = hsave.load::<Tile<f32, 128, 1>>([at + 768, 0]);
+                    let h7 = hsave.load::<Tile<f32, 128, 1>>([at + 896, 0]);
+                    state_grads::<N>(h0, j, s, t, dt, dtu, dy, ut, a2, gs, das, sb, sc, db, dc, srow, &mut yp, &mut gb, &mut gx);
+                    state_grads::<N>(h1, j + 1, s, t, dt, dtu, dy, ut, a2, gs, das, sb, sc, db, dc, srow, &mut yp, &mut gb, &mut gx);
+                    state_grads::<N>(h2, j + 2, s, t, dt, dtu, dy, ut, a2, gs, das, sb, sc, db, dc, srow, &mut yp, &mut gb, &mut gx);
+                    state_grads::<N>(h3, j + 3, s, t, dt, dtu, dy, ut, a2, gs, das, sb, sc, db, dc, srow, &mut yp, &mut gb, &mut gx);
+                    state_grads::<N>(h4, j + 4, s, t, dt, dtu, dy, ut, a2, gs, das, sb, sc, db, dc, srow, &mut yp, &mut gb, &mut gx);
+                    state_grads::<N>(h5, j + 5, s, t, dt, dtu, dy, ut, a2, gs, das, sb, sc, db, dc, srow, &mut yp, &mut gb, &mut gx);
+                    state_grads::<N>(h6, j + 6, s, t, dt, dtu, dy, ut, a2, gs, das, sb, sc, db, dc, srow, &mut yp, &mut gb, &mut gx);
+                    state_grads::<N>(h7, j + 7, s, t, dt, dtu, dy, ut, a2, gs, das, sb, sc, db, dc, srow, &mut yp, &mut gb, &mut gx);
                 }
-                dd_sum = dd_sum + row_sum(dy * ut);
-                dbias_sum = dbias_sum + row_sum(dx);
+                let p = (i % 2) * 3;
+                if me == 1 {
+                    sp.at(p).store(yp);
+                    sp.at(p + 1).store(gb);
+                    sp.at(p + 2).store(gx);
+                }
+                barrier::sync(1, 2);
+                if me == 0 {
+                    let y = yp + sp.at(p).load() + ut * skip;
+                    du.store([row0, t], ((gb + sp.at(p + 1).load()) * dt + dy * skip).cast::<T>());
+                    let mut dx = gx + sp.at(p + 2).load();
+                    if softplus == 1 {
+                        let r = rsqrt(1.0 + exp2(x * -f32::consts::LOG2_E));
+                        dx = dx * r * r;
+                    }
+                    dx = dx.mask_cols(len - t, 0.0);
+                    ddelta.store([row0, t], dx.cast::<T>());
+                    if has_z == 1 {
+                        let zt = sz.at(s).load().cast::<f32>();
+                        let r = rsqrt(1.0 + exp2(zt * -f32::consts::LOG2_E));
+                        let sig = r * r;
+                        dz.store([row0, t], (go * y * sig * (1.0 + zt * (1.0 - sig))).cast::<T>());
+                    }
+                    dd_sum = dd_sum + row_sum(dy * ut);
+                    dbias_sum = dbias_sum + row_sum(dx);
+                }
             }
         });
-        #[unroll]
-        for n in 0..N / 2 {
-            da.atomic_add([d0, n0 + n], das.at(n0 + n).load());
-        }
-        if me == 0 {
-            if has_d == 1 {
-                dd.atomic_add([d0, 0], dd_sum);
+        if pass == 1 {
+            #[unroll]
+            for n in 0..N / 2 {
+                gseg.store([crow, n0 + n], gs.at(n0 + n).load());
             }
-            if has_bias == 1 {
-                dbias.atomic_add([d0, 0], dbias_sum);
+            if me == 0 {
+                dseg.store([crow, 0], row_sum(dsum));
+            }
+        } else {
+            #[unroll]
+            for n in 0..N / 2 {
+                da.atomic_add([d0, n0 + n], das.at(n0 + n).load());
+            }
+            if me == 0 {
+                if has_d == 1 {
+                    dd.atomic_add([d0, 0], dd_sum);
+                }
+                if has_bias == 1 {
+                    dbias.atomic_add([d0, 0], dbias_sum);
+                }
             }
         }
     }
@@ -836,35 +893,71 @@ macro_rules! selective_scan_element {
                     let mut dc = gr.dc.view_mut(&[batch * groups * states, len], &[len, 1])?;
                     let mut dd = gr.dd.as_mut().map(|t| t.view_mut(&[channels, 1], &[1, 1])).transpose()?;
                     let mut dbias = gr.d_delta_bias.as_mut().map(|t| t.view_mut(&[channels, 1], &[1, 1])).transpose()?;
-                    return $bwdrows::launch_variant(
-                        i,
+                    let blocks = (rows / ROWS_CHANNELS) as u32;
+                    let (segs, seg_chunks) = split(dev, blocks as usize, len);
+                    macro_rules! launch {
+                        ($segs:expr, $gseg:expr, $dseg:expr, $pass:expr) => {
+                            $bwdrows::launch_variant(
+                                i,
+                                dev,
+                                Grid::from((blocks, $segs as u32)),
+                                &u,
+                                &delta,
+                                &a,
+                                &bm,
+                                &cm,
+                                &Optional(dskip.as_ref(), 2),
+                                z.as_ref().unwrap_or(&u),
+                                &Optional(bias.as_ref(), 2),
+                                &go,
+                                hsave,
+                                &mut du,
+                                &mut ddelta,
+                                &mut OptionalMut(dz.as_mut(), 2),
+                                &mut da,
+                                &mut db,
+                                &mut dc,
+                                &mut OptionalMut(dd.as_mut(), 2),
+                                &mut OptionalMut(dbias.as_mut(), 2),
+                                $gseg,
+                                $dseg,
+                                channels as i32,
+                                groups as i32,
+                                flag(s.d.is_some()),
+                                flag(s.z.is_some()),
+                                flag(s.delta_softplus),
+                                flag(s.delta_bias.is_some()),
+                                seg_chunks,
+                                $pass,
+                            )
+                        };
+                    }
+                    let none = || OptionalMut(None::<&mut Tensor<f32>>, 2);
+                    if segs == 1 {
+                        return launch!(1, &mut none(), &mut none(), 0);
+                    }
+                    // A long sequence over few blocks, as the forward splits it: each segment's
+                    // carry of g from a zero start and its ΣΔ (pass 1, the segments stored from
+                    // the sequence's end), the carry each segment starts from, the walk (pass 2).
+                    let mut cseg = Tensor::<f32>::scratch(dev, &[segs * rows, states])?;
+                    let mut dseg = Tensor::<f32>::scratch(dev, &[segs * rows, 1])?;
+                    let mut cin = Tensor::<f32>::scratch(dev, &[segs * rows, states])?;
+                    launch!(segs, &mut cseg, &mut dseg, 1)?;
+                    let c = state_variant(selective_scan_seg_carry::VARIANTS, states)?;
+                    selective_scan_seg_carry::launch_variant(
+                        c,
                         dev,
-                        Grid::from((rows / ROWS_CHANNELS) as u32),
-                        &u,
-                        &delta,
+                        Grid::from(blocks),
                         &a,
-                        &bm,
-                        &cm,
-                        &Optional(dskip.as_ref(), 2),
-                        z.as_ref().unwrap_or(&u),
-                        &Optional(bias.as_ref(), 2),
-                        &go,
-                        hsave,
-                        &mut du,
-                        &mut ddelta,
-                        &mut OptionalMut(dz.as_mut(), 2),
-                        &mut da,
-                        &mut db,
-                        &mut dc,
-                        &mut OptionalMut(dd.as_mut(), 2),
-                        &mut OptionalMut(dbias.as_mut(), 2),
+                        &cseg,
+                        &dseg,
+                        &Optional(None::<&Tensor<f32>>, 2),
+                        &mut cin,
                         channels as i32,
-                        groups as i32,
-                        flag(s.d.is_some()),
-                        flag(s.z.is_some()),
-                        flag(s.delta_softplus),
-                        flag(s.delta_bias.is_some()),
-                    );
+                        i32::try_from(rows).unwrap_or(i32::MAX),
+                        0,
+                    )?;
+                    return launch!(segs, &mut cin, &mut none(), 2);
                 }
                 let i = state_variant($bwd::VARIANTS, states)?;
                 let chunks = len.div_ceil(2048 / states);
@@ -1024,10 +1117,7 @@ macro_rules! selective_scan_element {
                     (true, true) => 2,
                 };
                 let blocks = (rows / ROWS_CHANNELS) as u32;
-                let chunks = dims.len.div_ceil(8);
-                let seg_chunks = chunks.div_ceil(sequence_segments(dev, blocks as usize, chunks));
-                let segs = chunks.div_ceil(seg_chunks.max(1)).max(1);
-                let seg_chunks = i32::try_from(seg_chunks).unwrap_or(i32::MAX);
+                let (segs, seg_chunks) = split(dev, blocks as usize, dims.len);
                 macro_rules! launch {
                     ($segs:expr, $h0:expr, $has_h0:expr, $y:expr, $h_last:expr, $hsave:expr, $dseg:expr, $save:expr, $pass:expr) => {
                         $rows::launch_variant(
