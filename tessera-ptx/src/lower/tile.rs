@@ -1151,7 +1151,7 @@ impl Lowerer<'_> {
     /// elements, the one `by` columns (rows) back (ahead, `reverse`), or takes `fill` where
     /// there is none. A shift past the whole tile is `fill` everywhere, with no memory traffic.
     pub(crate) fn shift(&mut self, t: TileVal, axis: u32, by: u32, reverse: bool, fill: Reg) -> TileVal {
-        use Operand::{Addr, Imm, Reg as R};
+        use Operand::{Addr, Reg as R};
         let (rows, cols) = (t.ty.rows, t.ty.cols);
         let n = if axis == 1 { cols } else { rows };
         if by == 0 {
@@ -1184,16 +1184,7 @@ impl Lowerer<'_> {
                 .slots()
                 .iter()
                 .map(|slot| {
-                    // This element's index along the axis, and whether one lies `by` before it.
-                    let (at, d) = if axis == 1 { (l.col, slot.dc) } else { (l.row, slot.dr) };
-                    let idx = self.reg(RegClass::B32, "shidx");
-                    self.op("add.u32", vec![R(idx), R(at), Imm(i64::from(d))]);
-                    let has = self.reg(RegClass::Pred, "shin");
-                    if reverse {
-                        self.op("setp.lt.u32", vec![R(has), R(idx), Imm(i64::from(n - by))]);
-                    } else {
-                        self.op("setp.ge.u32", vec![R(has), R(idx), Imm(i64::from(by))]);
-                    }
+                    let has = self.shift_source_inside(l, slot, axis, n, by, reverse);
                     let r = self.reg(RegClass::F32, "shift");
                     self.op("mov.f32", vec![R(r), R(fill)]);
                     let off = i64::from((slot.dr * cols + slot.dc) * 4) - back;
@@ -1211,7 +1202,7 @@ impl Lowerer<'_> {
     /// `[from | t]` (ahead along `[t | from]`, `reverse`). In one warp's lanes where each row
     /// lies in one warp ([`Self::funnel_in_warp`]), else through the warpgroup's scratch.
     fn funnel(&mut self, t: TileVal, from: TileVal, axis: u32, by: u32, reverse: bool) -> TileVal {
-        use Operand::{Addr, Imm, Reg as R};
+        use Operand::{Addr, Reg as R};
         let from = self.convert(from, t.layout);
         let (rows, cols) = (t.ty.rows, t.ty.cols);
         let n = if axis == 1 { cols } else { rows };
@@ -1246,15 +1237,7 @@ impl Lowerer<'_> {
             .slots()
             .iter()
             .map(|slot| {
-                let (at, d) = if axis == 1 { (l.col, slot.dc) } else { (l.row, slot.dr) };
-                let idx = self.reg(RegClass::B32, "shidx");
-                self.op("add.u32", vec![R(idx), R(at), Imm(i64::from(d))]);
-                let mine = self.reg(RegClass::Pred, "shin");
-                if reverse {
-                    self.op("setp.lt.u32", vec![R(mine), R(idx), Imm(i64::from(n - by))]);
-                } else {
-                    self.op("setp.ge.u32", vec![R(mine), R(idx), Imm(i64::from(by))]);
-                }
+                let mine = self.shift_source_inside(l, slot, axis, n, by, reverse);
                 let r = self.reg(RegClass::F32, "shift");
                 let off = i64::from((slot.dr * cols + slot.dc) * 4) - back;
                 self.op_if(mine, false, "ld.shared.f32", vec![R(r), Addr(base, off + i64::from(half))]);
@@ -1264,6 +1247,22 @@ impl Lowerer<'_> {
             .collect();
         // No barrier after the reads: every scratch user starts with one.
         TileVal { ty: t.ty, layout: t.layout, regs }
+    }
+
+    /// Whether the element of `slot` (this thread's, in the layout whose registers are `l`) has
+    /// its source `by` back (ahead, `reverse`) along `axis` inside the tile (`n` long there).
+    fn shift_source_inside(&mut self, l: super::LayoutRegs, slot: &crate::layout::Slot, axis: u32, n: u32, by: u32, reverse: bool) -> Reg {
+        use Operand::{Imm, Reg as R};
+        let (at, d) = if axis == 1 { (l.col, slot.dc) } else { (l.row, slot.dr) };
+        let idx = self.reg(RegClass::B32, "shidx");
+        self.op("add.u32", vec![R(idx), R(at), Imm(i64::from(d))]);
+        let inside = self.reg(RegClass::Pred, "shin");
+        if reverse {
+            self.op("setp.lt.u32", vec![R(inside), R(idx), Imm(i64::from(n - by))]);
+        } else {
+            self.op("setp.ge.u32", vec![R(inside), R(idx), Imm(i64::from(by))]);
+        }
+        inside
     }
 
     /// [`Self::funnel`] in one warp's lanes, where [`Self::shift_in_warp`] applies: the
