@@ -468,10 +468,6 @@ pub fn selective_scan_bwd_rows(
                         g_chunk(exp2(dt * a2.at(j).load()), sc.at(s).rows(j, 1).load() * dy, gs, j, &mut gt);
                     }
                 }
-                // A stage is released by each consumer warpgroup's leader thread alone: keep
-                // every consumer warp within the chunk (as pass 2's exchange does), so that none
-                // reads a stage the producer has refilled or misses a phase of its barrier.
-                barrier::sync(1, 2);
             } else {
                 let mut yp = Tile::<f32, 128, 8>::zeros();
                 let mut gb = Tile::<f32, 128, 8>::zeros();

@@ -8,9 +8,13 @@
 //!
 //! Pipelines: each role keeps `(stage, phase)` in registers, starting at `(0, 0)`. The producer's
 //! `acquire` waits on `empty[stage]` with parity `phase ^ 1` (its first lap passes), a consumer's
-//! `wait` on `full[stage]` with parity `phase`; both advance. `commit(s)`/`release(s)` arrive on
-//! stage `s`'s barrier. One thread per warpgroup (its thread 0) issues TMA, `expect_tx` and
-//! arrivals.
+//! `wait` on `full[stage]` with parity `phase`; both advance. `commit(s)` arrives on stage `s`'s
+//! full barrier: one thread per warpgroup (its thread 0) issues TMA, `expect_tx` and that
+//! arrival. `release(s)` arrives on its empty barrier once per consumer *warp* (lane 0, after
+//! the warp's `bar.warp.sync`), the barrier counting four a consumer warpgroup: consumers that
+//! read a stage with plain loads keep no warpgroup in step, and a leader's lone arrival let a
+//! slower warp read a stage already refilled, or poll a parity passed twice (session 40's
+//! selective-scan backward, H200).
 //!
 //! For sm_80 each statement here defers to the `ampere` lowering: cp.async instead of TMA,
 //! `mma.sync` instead of wgmma, `test_wait` instead of `try_wait`.
@@ -218,8 +222,9 @@ impl Lowerer<'_> {
             ExprKind::PipelineNew { stages, consumers } => {
                 // sm_90a: the producer's leader arrives once (TMA counts bytes); sm_80: each of
                 // the producer's 128 threads arrives when its cp.async copies land.
+                // The empty barrier: each consumer warp's lane 0 arrives (`release`).
                 let full_count = if self.sm90() { 1 } else { 128 };
-                Value::Pipe(self.barrier_ring(*stages, full_count, *consumers))
+                Value::Pipe(self.barrier_ring(*stages, full_count, 4 * *consumers))
             }
             ExprKind::QueueNew { stages, consumers, counter } => self.queue_new(*stages, *consumers, counter),
             ExprKind::SmemAt { ring, stage } => {
@@ -356,6 +361,22 @@ impl Lowerer<'_> {
         }
     }
 
+    /// Each warp's release of a pipeline stage: the warp's lanes sync (their reads of the
+    /// stage ordered before the arrival), then lane 0 arrives on the stage's empty barrier.
+    fn warp_release(&mut self, off: u32, stage: Reg) {
+        let bar = self.barrier_addr(off, stage);
+        self.op("bar.warp.sync", vec![Operand::Imm(-1)]);
+        let lane0 = self.reg(RegClass::Pred, "lane0");
+        let lane = self.lane;
+        self.op("setp.eq.u32", vec![Operand::Reg(lane0), Operand::Reg(lane), Operand::Imm(0)]);
+        if self.sm90() {
+            self.op_if(lane0, false, "mbarrier.arrive.shared::cta.b64", vec![Operand::Sym("_".into()), Operand::Addr(bar, 0)]);
+        } else {
+            let state = self.reg(RegClass::B64, "state");
+            self.op_if(lane0, false, "mbarrier.arrive.shared.b64", vec![Operand::Reg(state), Operand::Addr(bar, 0)]);
+        }
+    }
+
     fn barrier_addr(&mut self, off: u32, stage: Reg) -> Reg {
         use Operand::{Imm, Reg as R};
         let base = self.dyn_base();
@@ -392,8 +413,10 @@ impl Lowerer<'_> {
                     Err(e) => return Some(Err(e)),
                 };
                 let st = self.in_reg(st, crate::dtype::ScalarType::I32, "stage");
-                if self.sm90() || release {
-                    self.ring_arrive(if release { p.empty } else { p.full }, st);
+                if release {
+                    self.warp_release(p.empty, st);
+                } else if self.sm90() {
+                    self.ring_arrive(p.full, st);
                 } else {
                     let bar = self.barrier_addr(p.full, st);
                     self.op("cp.async.mbarrier.arrive.noinc.shared.b64", vec![Operand::Addr(bar, 0)]);
