@@ -22,7 +22,7 @@
 //! with the reversed filter).
 
 use crate::prelude::{depthwise_conv, depthwise_conv_short, silu};
-use tessera::{device, kernel, Device, Element, Error, Grid, Optional, OptionalMut, Result, Tensor};
+use tessera::{device, kernel, Device, Element, Error, Grid, KernelSpec, Optional, OptionalMut, Result, Tensor};
 
 /// Channels a block takes.
 const ROWS: usize = 16;
@@ -224,8 +224,14 @@ const WALK: usize = 4;
 /// [`conv1d_direct`] for short filters (taps at offsets `shift..shift + Lk` within `−8..=8`):
 /// each block walks `WALK` tiles of 8 channels × 256 steps along the sequence, carrying the
 /// window of three tiles of `x` in registers (one load a tile, aligned) and making every tap a
-/// funnel shift of it ([`depthwise_conv_short`]).
-#[kernel(dtypes(T = [bf16, f16, f32]))]
+/// funnel shift of it ([`depthwise_conv_short`]). Variants by the knobs `K` and `P` fix the
+/// filter's length and first offset (`shift = P − 8`) for the common short filters — Mamba's
+/// 4 taps, Hyena's 3, causal (`P = 9 − K`) and its transpose in the backward's `dx` (`P = 8`) —
+/// and `K = 0` takes any within reach (see [`depthwise_conv_short`]).
+#[kernel(
+    dtypes(T = [bf16, f16, f32]),
+    tune(K = [0, 4, 3], P = [0, 5, 6, 8], only(K == 0 && P == 0 || K == 4 && (P == 5 || P == 8) || K == 3 && (P == 6 || P == 8)))
+)]
 #[allow(clippy::too_many_arguments)]
 pub fn conv1d_short(
     x: Global<T, 3>, w: Global<f32, 2>, bias: Global<f32, 2>, skip: Global<f32, 2>, gate: Global<T, 3>, y: Global<T, 3>, shift: i32,
@@ -242,7 +248,7 @@ pub fn conv1d_short(
         if i < 3 || ahead {
             next = x.load::<Tile<T, 8, 256>>([b, h0, t + 256]).cast::<f32>();
         }
-        let acc = depthwise_conv_short(prev, cur, next, w, h0, shift, reverse);
+        let acc = depthwise_conv_short::<8, 256, K, P>(prev, cur, next, w, h0, shift, reverse);
         activate_gate_store(add_terms(acc, cur, bias, skip, h0, has_bias, has_skip), gate, y, b, h0, t, has_gate, act);
         prev = cur;
         cur = next;
@@ -263,10 +269,10 @@ fn window_start<T, const R: usize, const W: usize>(
 }
 
 /// The filters' gradients of one tile, `dw[h, k′] += Σ_t g[t]·x[t + shift + k]`, from the
-/// window as [`depthwise_conv_short`] takes it: an atomic add a tap.
+/// window as [`depthwise_conv_short`] takes it (`K`, `P` as there): an atomic add a tap.
 #[device]
 #[allow(clippy::too_many_arguments)]
-fn filter_grads_short<const R: usize, const W: usize>(
+fn filter_grads_short<const R: usize, const W: usize, const K: usize, const P: usize>(
     prev: Tile<f32, R, W>, cur: Tile<f32, R, W>, next: Tile<f32, R, W>, g: Tile<f32, R, W>, dw: Global<f32, 2>, h0: i32, shift: i32,
     reverse: i32,
 ) {
@@ -274,14 +280,14 @@ fn filter_grads_short<const R: usize, const W: usize>(
     #[unroll]
     for e in 1..9 {
         let k = -e - shift;
-        if k >= 0 && k < taps {
+        if K == 0 && k >= 0 && k < taps || K > 0 && 8 - e >= P && 8 - e < P + K {
             dw.atomic_add([h0, k + reverse * (taps - 1 - 2 * k)], row_sum(g * cur.shift_cols(e, prev)));
         }
     }
     #[unroll]
     for e in 0..9 {
         let k = e - shift;
-        if k >= 0 && k < taps {
+        if K == 0 && k >= 0 && k < taps || K > 0 && e + 8 >= P && e + 8 < P + K {
             dw.atomic_add([h0, k + reverse * (taps - 1 - 2 * k)], row_sum(g * cur.shift_cols(-e, next)));
         }
     }
@@ -290,8 +296,8 @@ fn filter_grads_short<const R: usize, const W: usize>(
 /// [`conv1d_direct_grads`] for short filters, walking as [`conv1d_short`] but 8 channels a
 /// block (registers: the window, `dy`'s tile and the epilogue's): the bias's and the skip's
 /// sums kept in registers over the walk (one atomic each a block), the filters' an atomic a
-/// tap and tile.
-#[kernel(dtypes(T = [bf16, f16, f32]))]
+/// tap and tile. Variants as [`conv1d_short`]'s, causal only.
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(K = [0, 4, 3], P = [0, 5, 6], only(K == 0 && P == 0 || K == 4 && P == 5 || K == 3 && P == 6)))]
 #[allow(clippy::too_many_arguments)]
 pub fn conv1d_short_grads(
     x: Global<T, 3>, w: Global<f32, 2>, bias: Global<f32, 2>, skip: Global<f32, 2>, gate: Global<T, 3>, dy: Global<T, 3>,
@@ -314,12 +320,20 @@ pub fn conv1d_short_grads(
         // Zero past the output's end (dy reads zeros there), so no sum takes those steps.
         let mut g = dy.load::<Tile<T, 8, 256>>([b, h0, t]).cast::<f32>();
         if has_gate == 1 || act == 1 {
-            let pre = add_terms(depthwise_conv_short(prev, cur, next, w, h0, shift, reverse), cur, bias, skip, h0, has_bias, has_skip);
+            let pre = add_terms(
+                depthwise_conv_short::<8, 256, K, P>(prev, cur, next, w, h0, shift, reverse),
+                cur,
+                bias,
+                skip,
+                h0,
+                has_bias,
+                has_skip,
+            );
             g = epilogue_grads(pre, g, gate, dpre, dgate, b, h0, t, has_gate, act);
         }
         gb = gb + row_sum(g);
         gs = gs + row_sum(g * cur);
-        filter_grads_short(prev, cur, next, g, dw, h0, shift, reverse);
+        filter_grads_short::<8, 256, K, P>(prev, cur, next, g, dw, h0, shift, reverse);
         prev = cur;
         cur = next;
     }
@@ -733,6 +747,13 @@ impl Dims {
     fn short(&self, shift: i32) -> bool {
         shift >= -8 && shift + self.taps as i32 - 1 <= 8
     }
+
+    /// The short kernel's variant for a launch at `shift`: the one whose knobs fix this
+    /// filter's length and first offset (`K`, `P = shift + 8`), else the one that takes any.
+    fn short_variant(&self, all: &[&KernelSpec], shift: i32) -> usize {
+        let fixed = |s: &&KernelSpec| s.knob("K") == Some(self.taps as i64) && s.knob("P") == Some(i64::from(shift) + 8);
+        all.iter().position(fixed).or_else(|| all.iter().position(|s| s.knob("K") == Some(0))).unwrap_or(0)
+    }
 }
 
 /// The epilogue's parts in use.
@@ -837,9 +858,11 @@ macro_rules! conv_element {
                 y: &mut Tensor<Self>, flags: Flags,
             ) -> Result<()> {
                 let short = d.short(shift);
-                let launch = if short { $short::launch } else { $fwd::launch };
+                let variant = if short { d.short_variant($short::VARIANTS, shift) } else { 0 };
+                let launch = if short { $short::launch_variant } else { $fwd::launch_variant };
                 let grid = if short { d.short_grid(ROWS / 2) } else { d.grid() };
                 launch(
+                    variant,
                     device,
                     grid,
                     x,
@@ -859,9 +882,11 @@ macro_rules! conv_element {
 
             fn conv_grads_launch(device: &Device, d: Dims, a: ConvGradArgs<'_, '_, Self>, flags: Flags) -> Result<()> {
                 let short = d.short(d.shift);
-                let launch = if short { $short_grads::launch } else { $grads::launch };
+                let variant = if short { d.short_variant($short_grads::VARIANTS, d.shift) } else { 0 };
+                let launch = if short { $short_grads::launch_variant } else { $grads::launch_variant };
                 let grid = if short { d.short_grid(ROWS / 2) } else { d.grid() };
                 launch(
+                    variant,
                     device,
                     grid,
                     a.x,
@@ -982,4 +1007,36 @@ fn pairs(buf: &mut cudarc::driver::CudaSlice<f32>) -> Result<cudarc::driver::Cud
     // SAFETY: an f32 pair has float2's layout, and the buffer holds `len` of them.
     unsafe { buf.transmute_mut::<cudarc::cufft::sys::float2>(len) }
         .ok_or_else(|| Error::Library { library: "libcufft", message: "an odd spectrum buffer".into() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dims(taps: usize) -> Dims {
+        Dims { batch: 1, channels: 8, len: 4096, taps, out: 4096, shift: 1 - taps as i32, reverse: false }
+    }
+
+    /// The short path's fixed variants are built and picked for the filters they fix — the
+    /// causal forward and its transpose (`dx`) at 4 and 3 taps — and the any-filter one for
+    /// the rest; a variant dropped at build time would fall back silently without this.
+    #[test]
+    fn short_variants_fix_the_common_filters() {
+        let knobs = |all: &[&KernelSpec], i: usize| (all[i].knob("K"), all[i].knob("P"));
+        for all in [conv1d_short_bf16::VARIANTS, conv1d_short_f16::VARIANTS, conv1d_short_f32::VARIANTS] {
+            for taps in [3_usize, 4] {
+                let d = dims(taps);
+                let k = Some(taps as i64);
+                assert_eq!(knobs(all, d.short_variant(all, d.shift)), (k, Some(9 - taps as i64)));
+                assert_eq!(knobs(all, d.short_variant(all, 0)), (k, Some(8)));
+                assert_eq!(knobs(all, d.short_variant(all, -1)), (Some(0), Some(0)));
+            }
+            assert_eq!(knobs(all, dims(2).short_variant(all, -1)), (Some(0), Some(0)));
+        }
+        for all in [conv1d_short_grads_bf16::VARIANTS, conv1d_short_grads_f16::VARIANTS, conv1d_short_grads_f32::VARIANTS] {
+            let d = dims(4);
+            assert_eq!(knobs(all, d.short_variant(all, d.shift)), (Some(4), Some(5)));
+            assert_eq!(knobs(all, d.short_variant(all, 0)), (Some(0), Some(0)));
+        }
+    }
 }

@@ -829,10 +829,16 @@ pub fn depthwise_conv<T, const R: usize, const W: usize>(
 /// tile `cur` (`x`'s steps `t0..t0 + W` in f32) from it and its neighbours `prev` (the `W`
 /// steps before) and `next` (after), each tap a funnel shift of that window (`cur.shift_cols(e,
 /// prev)`: shuffles where a row lies in one warp's lanes, no memory). The taps' offsets
-/// `shift..shift + K` must lie within `−8..=8` (others add nothing). A block walking along the
+/// `shift..shift + Lk` must lie within `−8..=8` (others add nothing). A block walking along the
 /// steps carries the window from tile to tile (`conv1d_short`).
+///
+/// `K` and `P`, where `K > 0`, fix the filter's length (`Lk = K`) and its first offset (`shift =
+/// P − 8`) at compile time: the taps outside fold away, no branch is left a tile (a kernel's
+/// `tune` knob, the host picking the variant that matches); `K = 0` takes both from `w` and
+/// `shift` at run time.
 #[device]
-pub fn depthwise_conv_short<const R: usize, const W: usize>(
+#[allow(clippy::too_many_arguments)]
+pub fn depthwise_conv_short<const R: usize, const W: usize, const K: usize, const P: usize>(
     prev: Tile<f32, R, W>, cur: Tile<f32, R, W>, next: Tile<f32, R, W>, w: Global<f32, 2>, h0: i32, shift: i32, reverse: i32,
 ) -> Tile<f32, R, W> {
     let taps = w.dim(1);
@@ -841,7 +847,7 @@ pub fn depthwise_conv_short<const R: usize, const W: usize>(
     #[unroll]
     for e in 1..9 {
         let k = -e - shift;
-        if k >= 0 && k < taps {
+        if K == 0 && k >= 0 && k < taps || K > 0 && 8 - e >= P && 8 - e < P + K {
             acc = acc + cur.shift_cols(e, prev) * w.load::<Tile<f32, R, 1>>([h0, k + reverse * (taps - 1 - 2 * k)]);
         }
     }
@@ -849,7 +855,7 @@ pub fn depthwise_conv_short<const R: usize, const W: usize>(
     #[unroll]
     for e in 0..9 {
         let k = e - shift;
-        if k >= 0 && k < taps {
+        if K == 0 && k >= 0 && k < taps || K > 0 && e + 8 >= P && e + 8 < P + K {
             acc = acc + cur.shift_cols(-e, next) * w.load::<Tile<f32, R, 1>>([h0, k + reverse * (taps - 1 - 2 * k)]);
         }
     }

@@ -303,6 +303,13 @@ pub(crate) fn literal_value(e: &Expr) -> Option<i64> {
         ExprKind::Int(v) => Some(*v),
         ExprKind::Bool(b) => Some(i64::from(*b)),
         ExprKind::Unary(UnOp::Not, a) => Some(i64::from(literal_value(a)? == 0)),
+        // `false && x`, `x || true` and the like fold whatever `x` is (scalar expressions
+        // have no effects): a constant knob's guard in front of a run-time test.
+        ExprKind::Binary(op @ (BinOp::And | BinOp::Or), a, b)
+            if [a, b].iter().any(|e| literal_value(e).is_some_and(|v| (v != 0) == matches!(op, BinOp::Or))) =>
+        {
+            Some(i64::from(matches!(op, BinOp::Or)))
+        }
         ExprKind::Binary(op, a, b) => {
             let Type::Scalar(t) = a.checked_ty() else { return None };
             fold(*op, t, literal_value(a)?, literal_value(b)?)
