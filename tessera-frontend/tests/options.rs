@@ -33,3 +33,31 @@ fn plain_blocks_per_sm_reaches_every_variant() {
         assert!(k.variants.iter().all(|v| v.ptx.contains(".minnctapersm 2")), "{} lacks the request", k.name);
     }
 }
+
+/// A knob's guard in front of a run-time test folds where the knob decides it (`false && x`,
+/// `true || x`): no branch is left in that variant, and the run-time test stays in the other.
+#[test]
+fn a_knobs_guard_folds_the_branch_it_decides() {
+    let attr = quote!(tune(K = [0, 4]));
+    let item = quote!(
+        fn k(x: Global<f32, 2>, n: i32) {
+            let mut t = Tile::<f32, 1, 64>::zeros();
+            if K == 0 && n > 3 || K > 0 && 2 < K {
+                t = t + 1.0;
+            }
+            if K > 0 && n > 5 {
+                t = t + 2.0;
+            }
+            x.store([0, 0], t);
+        }
+    );
+    let kernels = tessera_frontend::compile(attr, item).expect("the kernel compiles");
+    let ptx = |name: &str| kernels.iter().find(|k| k.name == name).map(|k| k.variants[0].ptx.clone()).expect("the variant");
+    let branches = |p: &str| p.lines().filter(|l| l.contains("bra.uni") && l.contains("else")).count();
+    // K = 0: the first guard stays a run-time test, the second folds away with its body.
+    assert_eq!(branches(&ptx("k__k0")), 1, "{}", ptx("k__k0"));
+    // K = 4: the first guard folds true (its body, unguarded), the second keeps `n > 5`.
+    assert_eq!(branches(&ptx("k__k4")), 1, "{}", ptx("k__k4"));
+    // The folded-away body's constant (2.0) is in the variant that keeps it only.
+    assert!(!ptx("k__k0").contains("0f40000000") && ptx("k__k4").contains("0f40000000"));
+}
