@@ -21,7 +21,7 @@
 //! reversed and shifted, which gives `dx` (the transpose of a correlation is the correlation
 //! with the reversed filter).
 
-use crate::prelude::{depthwise_conv, depthwise_conv_short, silu};
+use crate::prelude::{depthwise_conv, depthwise_conv_short, sigmoid, silu};
 use tessera::{device, kernel, Device, Element, Error, Grid, KernelSpec, Optional, OptionalMut, Result, Tensor};
 
 /// Channels a block takes.
@@ -169,7 +169,7 @@ fn epilogue_grads<T, const R: usize, const W: usize>(
     let mut grad = g;
     let mut sig = Tile::<f32, R, W>::zeros();
     if act == 1 {
-        sig = 1.0 / (1.0 + exp2(pre * -f32::consts::LOG2_E));
+        sig = sigmoid(pre);
         out = pre * sig;
     }
     if has_gate == 1 {

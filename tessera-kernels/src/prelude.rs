@@ -698,10 +698,19 @@ pub fn softplus<const R: usize, const W: usize>(x: Tile<f32, R, W>) -> Tile<f32,
     max(x, 0.0) + log2(1.0 + exp2(abs(x) * -f32::consts::LOG2_E)) * f32::consts::LN_2
 }
 
+/// `1 / (1 + e^−x)`, the reciprocal as `rsqrt(·)²`: two MUFU operations, not a division's
+/// range check and slow path (an f32 `/` is IEEE-rounded); within a few ulp, 0 where `e^−x`
+/// overflows.
+#[device]
+pub fn sigmoid<const R: usize, const W: usize>(x: Tile<f32, R, W>) -> Tile<f32, R, W> {
+    let r = rsqrt(1.0 + exp2(x * -1.4426950408889634));
+    r * r
+}
+
 /// `x · sigmoid(x)`.
 #[device]
 pub fn silu<const R: usize, const W: usize>(x: Tile<f32, R, W>) -> Tile<f32, R, W> {
-    x / (1.0 + exp2(x * -1.4426950408889634))
+    x * sigmoid(x)
 }
 
 /// The GEMM epilogue's bias: `kind` 1 adds `bias[n..n + W]` to every row, 2 adds
