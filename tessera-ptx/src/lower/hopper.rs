@@ -353,11 +353,16 @@ impl Lowerer<'_> {
     pub(crate) fn ring_arrive(&mut self, off: u32, stage: Reg) {
         let bar = self.barrier_addr(off, stage);
         let leader = self.leader;
+        self.arrive_if(leader, bar);
+    }
+
+    /// An arrival on the barrier at shared address `bar` by the threads where `who` holds.
+    fn arrive_if(&mut self, who: Reg, bar: Reg) {
         if self.sm90() {
-            self.op_if(leader, false, "mbarrier.arrive.shared::cta.b64", vec![Operand::Sym("_".into()), Operand::Addr(bar, 0)]);
+            self.op_if(who, false, "mbarrier.arrive.shared::cta.b64", vec![Operand::Sym("_".into()), Operand::Addr(bar, 0)]);
         } else {
             let state = self.reg(RegClass::B64, "state");
-            self.op_if(leader, false, "mbarrier.arrive.shared.b64", vec![Operand::Reg(state), Operand::Addr(bar, 0)]);
+            self.op_if(who, false, "mbarrier.arrive.shared.b64", vec![Operand::Reg(state), Operand::Addr(bar, 0)]);
         }
     }
 
@@ -369,12 +374,7 @@ impl Lowerer<'_> {
         let lane0 = self.reg(RegClass::Pred, "lane0");
         let lane = self.lane;
         self.op("setp.eq.u32", vec![Operand::Reg(lane0), Operand::Reg(lane), Operand::Imm(0)]);
-        if self.sm90() {
-            self.op_if(lane0, false, "mbarrier.arrive.shared::cta.b64", vec![Operand::Sym("_".into()), Operand::Addr(bar, 0)]);
-        } else {
-            let state = self.reg(RegClass::B64, "state");
-            self.op_if(lane0, false, "mbarrier.arrive.shared.b64", vec![Operand::Reg(state), Operand::Addr(bar, 0)]);
-        }
+        self.arrive_if(lane0, bar);
     }
 
     fn barrier_addr(&mut self, off: u32, stage: Reg) -> Reg {
