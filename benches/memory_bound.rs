@@ -433,14 +433,26 @@ fn main() {
         // A long causal convolution (Hyena's: the filter as long as the signal, f32) on the
         // direct path and through cuFFT (the filter's transform in the timing, as torch's),
         // beside PyTorch's FFT convolution.
-        for (b, ch, l) in [(8, 768, 4096), (4, 768, 16384)] {
+        // The tensor-core FFT in bf16 where `2L − 1` fits its lengths (the filter's transform in
+        // the timing too).
+        for (b, ch, l) in [(8, 768, 2048), (8, 768, 4096), (4, 768, 16384)] {
             let n = b * ch * l;
             let x = Tensor::from_host(&dev, &random(n), &[b, ch, l]).expect("x");
             let k = Tensor::from_host(&dev, &random(ch * l), &[ch, l]).expect("k");
             let mut y = Tensor::<f32>::zeros(&dev, &[b, ch, l]).expect("y");
+            if 2 * l - 1 <= tessera_kernels::CONV_TENSOR_CORE_MAX {
+                let xb = Tensor::from_host(&dev, &rng_bf16(n), &[b, ch, l]).expect("x bf16");
+                let mut yb = Tensor::<tessera::bf16>::zeros(&dev, &[b, ch, l]).expect("y bf16");
+                let conv = tessera_kernels::Conv1d::new(&dev, &xb, &k, tessera_kernels::ConvMode::Causal)
+                    .path(tessera_kernels::ConvPath::TensorCore);
+                let mut f = || conv.run(&mut yb).expect("conv1d long, tensor-core path");
+                norm_row!(format!("conv1d causal tensor-core K{l} bf16 {b}x{ch}x{l}"), (2 * n * 2) as f64, time_ms(&dev, 3, 10, &mut f));
+            }
             let conv = tessera_kernels::Conv1d::new(&dev, &x, &k, tessera_kernels::ConvMode::Causal);
-            let mut f = || conv.run(&mut y).expect("conv1d long");
-            norm_row!(format!("conv1d causal direct K{l} f32 {b}x{ch}x{l}"), (2 * n * 4) as f64, time_ms(&dev, 1, 3, &mut f));
+            if l > 2048 {
+                let mut f = || conv.run(&mut y).expect("conv1d long");
+                norm_row!(format!("conv1d causal direct K{l} f32 {b}x{ch}x{l}"), (2 * n * 4) as f64, time_ms(&dev, 1, 3, &mut f));
+            }
             let conv = conv.path(tessera_kernels::ConvPath::Fft);
             let mut f = || conv.run(&mut y).expect("conv1d long, FFT path");
             norm_row!(format!("conv1d causal fft K{l} f32 {b}x{ch}x{l}"), (2 * n * 4) as f64, time_ms(&dev, 3, 10, &mut f));

@@ -139,9 +139,18 @@ fn check<T: ConvElement>(dev: &Device, c: Case, to: fn(f32) -> T, from: fn(T) ->
     assert_eq!(conv.out_shape(), [c.batch, c.channels, lo], "{c:?}");
     let (pre, want, dact) = c.forward(&v);
     let name = std::any::type_name::<T>();
-    // The FFT path (cuFFT) where there is a GPU: the same forward.
-    let paths: &[ConvPath] = if dev.is_cpu() { &[ConvPath::Direct] } else { &[ConvPath::Direct, ConvPath::Fft] };
-    for &path in paths {
+    // The FFT path (cuFFT) where there is a GPU: the same forward. The tensor-core FFT for 16-bit
+    // types where the padded length fits (in the interpreter for a few rows only: its MMAs are
+    // slow there), its transforms in f16 (measured 4·10⁻⁴ in f16, 1.7·10⁻³ in bf16).
+    let mut paths = vec![(ConvPath::Direct, tol)];
+    if !dev.is_cpu() {
+        paths.push((ConvPath::Fft, tol));
+    }
+    let tc_fits = c.len + c.taps - 1 <= tessera_kernels::CONV_TENSOR_CORE_MAX && (!dev.is_cpu() || c.batch * c.channels <= 6);
+    if std::mem::size_of::<T>() == 2 && tc_fits {
+        paths.push((ConvPath::TensorCore, tol.max(2e-3)));
+    }
+    for (path, tol) in paths {
         let mut y = Tensor::full(dev, &[c.batch, c.channels, lo], to(f32::NAN)).unwrap();
         builder(path).run(&mut y).unwrap_or_else(|e| panic!("{c:?} {path:?}: {e}"));
         let got: Vec<f64> = y.to_host().unwrap().into_iter().map(from).collect();
@@ -243,10 +252,21 @@ fn gpu_conv1d_matches_f64_reference() {
 fn interp_conv1d_matches_f64_reference() {
     // Lk 7 over 3 steps: a filter longer than the signal (full and causal only). Lk up to 9
     // takes the short path in every mode; Lk 10 in `same` only (its taps at −5..=4); Lk 33 the
-    // general one.
+    // general one. The tensor-core FFT's three lengths: 2048 (the first five that take it), 4096
+    // (L 3001) and 8192 (L 4500, two warpgroups a row).
     conv_matches_f64(
         &Device::cpu(),
-        &[(1, 1, 1, 1), (2, 3, 3, 7), (1, 17, 300, 4), (2, 5, 1000, 3), (1, 3, 1100, 9), (2, 2, 333, 10), (1, 2, 513, 33)],
+        &[
+            (1, 1, 1, 1),
+            (2, 3, 3, 7),
+            (1, 17, 300, 4),
+            (2, 5, 1000, 3),
+            (1, 3, 1100, 9),
+            (2, 2, 333, 10),
+            (1, 2, 513, 33),
+            (1, 2, 3001, 40),
+            (1, 2, 4500, 7),
+        ],
     );
 }
 

@@ -1277,7 +1277,16 @@ fn path_value(p: &syn::Path) -> R<ExprKind> {
             "LN_2" => std::f64::consts::LN_2,
             "PI" => std::f64::consts::PI,
             "E" => std::f64::consts::E,
-            _ => return err(p, format!("unknown constant `{}`", segs.join("::"))),
+            "TAU" => std::f64::consts::TAU,
+            "FRAC_PI_2" => std::f64::consts::FRAC_PI_2,
+            "SQRT_2" => std::f64::consts::SQRT_2,
+            "FRAC_1_SQRT_2" => std::f64::consts::FRAC_1_SQRT_2,
+            "LN_10" => std::f64::consts::LN_10,
+            "LOG10_E" => std::f64::consts::LOG10_E,
+            _ => {
+                let known = "LOG2_E, LN_2, PI, E, TAU, FRAC_PI_2, SQRT_2, FRAC_1_SQRT_2, LN_10, LOG10_E";
+                return err(p, format!("unknown constant `{}`: the `f32::consts` the language knows are {known}", segs.join("::")));
+            }
         },
         _ => return err(p, format!("unknown name `{}`: expected a local, a parameter or an `f32` constant", segs.join("::"))),
     };

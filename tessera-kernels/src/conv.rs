@@ -21,6 +21,7 @@
 //! reversed and shifted, which gives `dx` (the transpose of a correlation is the correlation
 //! with the reversed filter).
 
+use crate::fft::{dft_tables, fft_forward, fft_inverse_real, row_amax, row_sync};
 use crate::prelude::{depthwise_conv, depthwise_conv_short, sigmoid, silu};
 use tessera::{device, kernel, Device, Element, Error, Grid, KernelSpec, Optional, OptionalMut, Result, Tensor};
 
@@ -153,6 +154,110 @@ pub fn conv_fft_finish(
     let acc = full.load::<Tile<f32, 16, 256>>([b, h0, t0 + first]);
     let xt = skip_input::<T, 16, 256>(x, b, h0, t0, has_skip);
     activate_gate_store(add_terms(acc, xt, bias, skip, h0, has_bias, has_skip), gate, y, b, h0, t0, has_gate, act);
+}
+
+/// `out[r, j] = x[r, j]`, zeros past `x`'s columns, `out`'s past its own dropped: a row-wise
+/// copy that pads (the tensor-core path's input, to whole `N2`-step rows) or crops (its output),
+/// 16 rows × 256 columns a block over `out`.
+#[kernel(dtypes(T = [bf16, f16]))]
+pub fn conv_copy_rows(x: Global<T, 2>, out: Global<T, 2>) {
+    let r = block::id_y() * 16;
+    let j = block::id_x() * 256;
+    out.store([r, j], x.load::<Tile<T, 16, 256>>([r, j]));
+}
+
+/// The filters `k` `[channels, Lk]` placed on the circle of `N` steps (`out` `[channels, N]`)
+/// from step `−c`: `out[r, j] = k[r, j + c] + k[r, j + c − N]` (`0 ≤ c < N`, `Lk ≤ N`: one of
+/// the two is in the filter), 16 rows × 256 columns a block.
+#[kernel]
+pub fn conv_fft_wrap(k: Global<f32, 2>, out: Global<f32, 2>, c: i32) {
+    let r = block::id_y() * 16;
+    let j = block::id_x() * 256;
+    let n = out.dim(1);
+    out.store([r, j], k.load::<Tile<f32, 16, 256>>([r, j + c]) + k.load::<Tile<f32, 16, 256>>([r, j + c - n]));
+}
+
+/// The tensor-core path's filters: `g` `[channels, N1, N2]` (each filter placed on the circle
+/// of `N = N1·N2` steps as the product needs it, f32; `N1 = 64·P`) to their spectra `kf`
+/// `[channels, 2, N1, N2]` (real, imaginary; f16, divided by the largest magnitude of the
+/// channel's, conjugated where `conj` is −1: a correlation) and the factor `ks` `[channels, 1]`
+/// that undoes both scalings and the transforms' `1/√N`. `P` warpgroups a channel, four
+/// warpgroups a block.
+#[kernel(warpgroups = 4, targets(sm_90a), tune(P = [1, 2], N2 = [64, 32], only(P == 1 || N2 == 64)))]
+pub fn conv_fft_tc_filter(g: Global<f32, 3>, kf: Global<f16, 4>, ks: Global<f32, 2>, conj: f32) {
+    let f1 = Smem::<f16, { 64 * P }, { 64 * P }>::ring(2);
+    let f2 = Smem::<f16, N2, N2>::ring(3);
+    let sx = Smem::<f16, { 64 * P }, N2>::ring({ 4 / P });
+    let me = warpgroup::id();
+    dft_tables::<N2, P>(f1, f2, me);
+    barrier::sync(1, 4);
+    let group = me / P;
+    let r0 = (me - group * P) * 64;
+    // Past the last channel the loads read zeros and the stores drop: every warpgroup reaches
+    // the block's reductions.
+    let h = block::id_x() * (4 / P) + group;
+    let gt = g.load::<Tile<f32, 64, N2>>([h, r0, 0]);
+    let gm = row_amax::<64, N2, P>(gt);
+    sx.at(group).rows(r0, 64).store((gt / gm).cast::<f16>());
+    row_sync::<P>(2 + group);
+    let (dr, di) = fft_forward::<N2, P>(sx, group, f1, f2, r0);
+    let dm = row_amax::<64, N2, P>(max(abs(dr), abs(di)));
+    kf.store([h, 0, r0, 0], (dr / dm).cast::<f16>());
+    kf.store([h, 1, r0, 0], (di * conj / dm).cast::<f16>());
+    if r0 == 0 {
+        ks.store([h, 0], dm * gm * sqrt(Tile::<f32, 1, 1>::full((64 * P * N2) as f32)));
+    }
+}
+
+/// The tensor-core path's convolution: each row `x[b, h]` (`x` `[batch·channels, L/N2, N2]`,
+/// the row's steps as `N2`-step lines, zeros past `L`), scaled to at most 1 in magnitude,
+/// transformed by [`fft_forward`], multiplied by its channel's spectrum (as
+/// [`conv_fft_tc_filter`] makes it), transformed back, then the epilogue of `conv1d_direct`
+/// into `y` (`[batch·channels, Lout/N2, N2]`, of `gate`'s shape): the circular convolution of
+/// `N = 64·P·N2` steps, the output's first `Lout` steps. A block per channel and `rows`
+/// sequences (grid: channels, ⌈batch / rows⌉), `P` warpgroups a sequence (four in a block).
+#[kernel(warpgroups = 4, targets(sm_90a), dtypes(T = [bf16, f16]), tune(P = [1, 2], N2 = [64, 32], only(P == 1 || N2 == 64)))]
+#[allow(clippy::too_many_arguments)]
+pub fn conv_fft_tc(
+    x: Global<T, 3>, kf: Global<f16, 4>, ks: Global<f32, 2>, bias: Global<f32, 2>, skip: Global<f32, 2>, gate: Global<T, 3>,
+    y: Global<T, 3>, rows: i32, has_bias: i32, has_skip: i32, has_gate: i32, act: i32,
+) {
+    let f1 = Smem::<f16, { 64 * P }, { 64 * P }>::ring(2);
+    let f2 = Smem::<f16, N2, N2>::ring(3);
+    // A sequence's input, then the inverse's last operand (real, imaginary).
+    let sx = Smem::<f16, { 64 * P }, N2>::ring({ 12 / P });
+    let me = warpgroup::id();
+    dft_tables::<N2, P>(f1, f2, me);
+    barrier::sync(1, 4);
+    let group = me / P;
+    let r0 = (me - group * P) * 64;
+    let s = group * 3;
+    let channels = kf.dim(0);
+    let h = block::id_x();
+    let b0 = block::id_y() * rows;
+    let scale = ks.get([h, 0]);
+    // `rows` a multiple of the block's `4 / P` sequences: each warpgroup takes as many, and
+    // past the last sequence the loads read zeros and the stores drop, so that every
+    // warpgroup reaches the block's reductions (`P` 2) each time.
+    for i in (group..rows).step_by(4 / P) {
+        let row = (b0 + i) * channels + h;
+        let xt = x.load::<Tile<T, 64, N2>>([row, r0, 0]).cast::<f32>();
+        let xm = row_amax::<64, N2, P>(xt);
+        sx.at(s).rows(r0, 64).store((xt / xm).cast::<f16>());
+        row_sync::<P>(2 + group);
+        let (dr, di) = fft_forward::<N2, P>(sx, s, f1, f2, r0);
+        let kr = kf.load::<Tile<f16, 64, N2>>([h, 0, r0, 0]).cast::<f32>();
+        let ki = kf.load::<Tile<f16, 64, N2>>([h, 1, r0, 0]).cast::<f32>();
+        let yt = fft_inverse_real::<N2, P>(dr * kr - di * ki, dr * ki + di * kr, sx, s + 1, f1, f2, r0, 2 + group);
+        let mut pre = yt * (xm * scale);
+        if has_bias == 1 {
+            pre = pre + bias.get([h, 0]);
+        }
+        if has_skip == 1 {
+            pre = pre + x.load::<Tile<T, 64, N2>>([row, r0, 0]).cast::<f32>() * skip.get([h, 0]);
+        }
+        activate_gate_store(pre, gate, y, row, r0, 0, has_gate, act);
+    }
 }
 
 /// The gradient reaching the convolution from `g` (`dy`'s tile) through the epilogue, given
@@ -411,6 +516,14 @@ pub enum ConvPath {
     /// C2R). Its cost grows as `N log N`, not with the filter. Forward only: the backward
     /// takes the direct path.
     Fft,
+    /// Through a tensor-core FFT in the language (Hopper, bf16 and f16): each row and filter
+    /// padded to `N ≥ L + Lk − 1` (2048, 4096 or 8192: [`CONV_TENSOR_CORE_MAX`]), transformed by
+    /// small DFT matrices on the tensor cores ([`crate::fft`]), multiplied by the filter's
+    /// spectrum, transformed back and through the epilogue in one kernel, a row in one or two
+    /// warpgroups' registers. The
+    /// transforms' operands are f16 (each row and filter spectrum scaled to at most 1 first):
+    /// about 10⁻³ relative error. Forward only.
+    TensorCore,
 }
 
 /// The gradients of a [`Conv1d`]: `dx` as `x`, `dk` as the filters (in the order they were
@@ -557,6 +670,7 @@ impl<'a, T: ConvElement> Conv1d<'a, T> {
                 T::conv_launch(self.device, d, d.shift, d.reverse, self.x, self.k, (bias.as_ref(), skip.as_ref()), self.gate, y, flags)
             }
             ConvPath::Fft => self.run_fft(d, (bias.as_ref(), skip.as_ref()), y, flags),
+            ConvPath::TensorCore => T::tc_launch(self, d, (bias.as_ref(), skip.as_ref()), y, flags),
         }
     }
 
@@ -783,7 +897,7 @@ pub struct ConvGradArgs<'t, 'v, T: Element> {
 }
 
 /// The element types [`Conv1d`] takes: bf16, f16, f32.
-pub trait ConvElement: Element + sealed::Sealed {
+pub trait ConvElement: Element + TensorCoreConv + sealed::Sealed {
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     fn conv_launch(
@@ -805,6 +919,130 @@ pub trait ConvElement: Element + sealed::Sealed {
         gate: Option<&Tensor<Self>>, y: &mut Tensor<Self>, first: i32, flags: Flags,
     ) -> Result<()>;
 }
+
+/// The tensor-core path's forward (bf16 and f16; f32 has none).
+#[doc(hidden)]
+pub trait TensorCoreConv: Element + Sized {
+    #[doc(hidden)]
+    fn tc_launch(conv: &Conv1d<'_, Self>, d: Dims, terms: Columns<'_>, y: &mut Tensor<Self>, flags: Flags) -> Result<()>
+    where
+        Self: ConvElement;
+}
+
+impl TensorCoreConv for f32 {
+    fn tc_launch(_: &Conv1d<'_, Self>, _: Dims, _: Columns<'_>, _: &mut Tensor<Self>, _: Flags) -> Result<()> {
+        Err(Error::Argument {
+            kernel: "conv1d",
+            arg: "x".into(),
+            expected: "bf16 or f16 on the tensor-core path (f32 takes `ConvPath::Fft` or `Direct`)".into(),
+            found: "f32".into(),
+        })
+    }
+}
+
+/// The tensor-core path's shapes `(P, N2)` (`N = 64·P·N2`: warpgroups a row, steps a line),
+/// shortest first.
+const TC_SHAPES: [(usize, usize); 3] = [(1, 32), (1, 64), (2, 64)];
+
+/// The longest full convolution (`L + Lk − 1`) [`ConvPath::TensorCore`] takes.
+pub const CONV_TENSOR_CORE_MAX: usize = 64 * 2 * 64;
+
+/// Sequences a tensor-core block takes at most (its four warpgroups, `P` to a sequence, taking
+/// turns).
+const TC_ROWS: usize = 8;
+
+macro_rules! tensor_core_conv {
+    ($t:ty, $tc:ident, $copy:ident) => {
+        impl TensorCoreConv for $t {
+            fn tc_launch(conv: &Conv1d<'_, Self>, d: Dims, (bias, skip): Columns<'_>, y: &mut Tensor<Self>, flags: Flags) -> Result<()> {
+                let dev = conv.device;
+                let arg =
+                    |arg: &str, expected: String, found: String| Error::Argument { kernel: "conv1d", arg: arg.into(), expected, found };
+                let need = d.len + d.taps - 1;
+                let Some((p, n2)) = TC_SHAPES.into_iter().find(|&(p, n2)| 64 * p * n2 >= need) else {
+                    let most = CONV_TENSOR_CORE_MAX;
+                    return Err(arg("x", format!("L + Lk − 1 ≤ {most} on the tensor-core path"), format!("L {} and Lk {}", d.len, d.taps)));
+                };
+                if d.channels > 65535 {
+                    return Err(arg("x", "at most 65535 channels on the tensor-core path".into(), format!("{} channels", d.channels)));
+                }
+                let (n1, n) = (64 * p, 64 * p * n2);
+                // A whole number of the block's turns (4 sequences).
+                let tc_rows = d.batch.next_multiple_of(4).min(TC_ROWS);
+                let rows = d.batch * d.channels;
+                // The filters on the circle: a convolution's tap `first` at step 0, a
+                // correlation's (conjugated spectrum) tap `Lk − 1 − first`.
+                let first = (d.shift + d.taps as i32 - 1) as usize;
+                let (c, conj) = if d.reverse { (first, 1.0) } else { (d.taps - 1 - first, -1.0) };
+                let mut g = Tensor::<f32>::scratch(dev, &[d.channels, n])?;
+                let grid = |r: usize, cols: usize| Grid::from((cols.div_ceil(COLS) as u32, r.div_ceil(ROWS) as u32));
+                conv_fft_wrap::launch(dev, grid(d.channels, n), conv.k, &mut g, c as i32)?;
+                let mut kf = Tensor::<tessera::f16>::scratch(dev, &[d.channels, 2, n1, n2])?;
+                let mut ks = Tensor::<f32>::scratch(dev, &[d.channels, 1])?;
+                let shape = |s: &&KernelSpec| s.knob("P") == Some(p as i64) && s.knob("N2") == Some(n2 as i64);
+                let variant = |all: &[&KernelSpec]| all.iter().position(shape).unwrap_or(0);
+                conv_fft_tc_filter::launch_variant(
+                    variant(conv_fft_tc_filter::VARIANTS),
+                    dev,
+                    Grid::from(d.channels.div_ceil(4 / p) as u32),
+                    &g.view(&[d.channels, n1, n2], &[n, n2, 1])?,
+                    &mut kf,
+                    &mut ks,
+                    conj,
+                )?;
+                drop(g);
+                // Rows of whole `N2`-step lines: padded copies where the lengths are not.
+                let (lp, lop) = (d.len.next_multiple_of(n2), d.out.next_multiple_of(n2));
+                let padded = |t: &Tensor<Self>, len: usize, to: usize| -> Result<Option<Tensor<Self>>> {
+                    if len == to {
+                        return Ok(None);
+                    }
+                    let mut p = Tensor::<Self>::scratch(dev, &[rows, to])?;
+                    $copy::launch(dev, grid(rows, to), &t.view(&[rows, len], &[len, 1])?, &mut p)?;
+                    Ok(Some(p))
+                };
+                let xp = padded(conv.x, d.len, lp)?;
+                let gp = match conv.gate {
+                    Some(gt) => padded(gt, d.out, lop)?,
+                    None => None,
+                };
+                let mut yp = if lop == d.out { None } else { Some(Tensor::<Self>::scratch(dev, &[rows, lop])?) };
+                let xs = xp.as_ref().unwrap_or(conv.x);
+                let gate = gp.as_ref().or(conv.gate);
+                {
+                    let xv = xs.view(&[rows, lp / n2, n2], &[lp, n2, 1])?;
+                    let gv = gate.map(|t| t.view(&[rows, lop / n2, n2], &[lop, n2, 1])).transpose()?;
+                    let yt = yp.as_mut().unwrap_or(y);
+                    let mut yv = yt.view_mut(&[rows, lop / n2, n2], &[lop, n2, 1])?;
+                    $tc::launch_variant(
+                        variant($tc::VARIANTS),
+                        dev,
+                        Grid::from((d.channels as u32, d.batch.div_ceil(tc_rows) as u32)),
+                        &xv,
+                        &kf,
+                        &ks,
+                        &Optional(bias, 2),
+                        &Optional(skip, 2),
+                        &Optional(gv.as_ref(), 3),
+                        &mut yv,
+                        tc_rows as i32,
+                        flag(flags.bias),
+                        flag(flags.skip),
+                        flag(flags.gate),
+                        flag(flags.silu),
+                    )?;
+                }
+                if let Some(p) = yp {
+                    let out = d.out;
+                    $copy::launch(dev, grid(rows, out), &p, &mut y.view_mut(&[rows, out], &[out, 1])?)?;
+                }
+                Ok(())
+            }
+        }
+    };
+}
+tensor_core_conv!(tessera::bf16, conv_fft_tc_bf16, conv_copy_rows_bf16);
+tensor_core_conv!(tessera::f16, conv_fft_tc_f16, conv_copy_rows_f16);
 
 /// The bias and skip columns (`[channels, 1]` views) where given.
 #[doc(hidden)]

@@ -26,6 +26,7 @@
 mod attention;
 mod conv;
 mod elementwise;
+pub mod fft;
 mod fp8;
 mod gemm;
 mod linear_attention;
@@ -44,7 +45,7 @@ pub use attention::{
     attention_with_lse, check_cu_seqlens, Attention, AttentionElement, AttentionGrads, AttentionKernel, AttentionLayout,
     ATTENTION_KERNEL_PARAMS,
 };
-pub use conv::{Conv1d, Conv1dGrads, ConvElement, ConvMode, ConvPath};
+pub use conv::{Conv1d, Conv1dGrads, ConvElement, ConvMode, ConvPath, TensorCoreConv, CONV_TENSOR_CORE_MAX};
 pub use elementwise::axpy;
 pub use fp8::{dequantize_fp8, quantize_fp8, Fp8Element, Fp8Source};
 pub use gemm::{
@@ -81,8 +82,9 @@ pub mod kernels {
     pub use crate::conv::{
         conv1d_direct_bf16, conv1d_direct_f16, conv1d_direct_f32, conv1d_direct_grads_bf16, conv1d_direct_grads_f16,
         conv1d_direct_grads_f32, conv1d_short_bf16, conv1d_short_f16, conv1d_short_f32, conv1d_short_grads_bf16, conv1d_short_grads_f16,
-        conv1d_short_grads_f32, conv_fft_filter, conv_fft_finish_bf16, conv_fft_finish_f16, conv_fft_finish_f32, conv_fft_pad_bf16,
-        conv_fft_pad_f16, conv_fft_pad_f32, conv_fft_product,
+        conv1d_short_grads_f32, conv_copy_rows_bf16, conv_copy_rows_f16, conv_fft_filter, conv_fft_finish_bf16, conv_fft_finish_f16,
+        conv_fft_finish_f32, conv_fft_pad_bf16, conv_fft_pad_f16, conv_fft_pad_f32, conv_fft_product, conv_fft_tc_bf16, conv_fft_tc_f16,
+        conv_fft_tc_filter, conv_fft_wrap,
     };
     pub use crate::elementwise::{axpy_f32, to_f32_bf16, to_f32_f16};
     pub use crate::fp8::{
@@ -202,6 +204,12 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         conv_fft_pad_f32::VARIANTS,
         conv_fft_filter::VARIANTS,
         conv_fft_product::VARIANTS,
+        conv_fft_tc_filter::VARIANTS,
+        conv_copy_rows_bf16::VARIANTS,
+        conv_copy_rows_f16::VARIANTS,
+        conv_fft_wrap::VARIANTS,
+        conv_fft_tc_bf16::VARIANTS,
+        conv_fft_tc_f16::VARIANTS,
         conv_fft_finish_bf16::VARIANTS,
         conv_fft_finish_f16::VARIANTS,
         conv_fft_finish_f32::VARIANTS,

@@ -519,9 +519,14 @@ impl<'a> Lowerer<'a> {
         self.lets_together(
             run,
             |lw, name, value| {
-                // A per-row vector for an accumulator's rows loads in their layout.
+                // A per-row vector for an accumulator's rows loads in their layout, and so does a
+                // whole tile of the accumulator's shape that meets it (a spectrum's factors).
                 if let (true, Type::Tile(ty)) = (lw.acc_partners.iter().any(|p| p == name), value.checked_ty()) {
-                    lw.layout_hint = Some(lw.full_layout(Some(name), ty));
+                    lw.layout_hint = Some(if ty.rows.is_multiple_of(64) && ty.cols.is_multiple_of(8) {
+                        crate::layout::Layout::wgmma(ty.rows, ty.cols)
+                    } else {
+                        lw.full_layout(Some(name), ty)
+                    });
                 }
                 let args = lw.load_args(loaded(value).expect("a load run loads"));
                 lw.layout_hint = None;
