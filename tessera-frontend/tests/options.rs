@@ -61,3 +61,24 @@ fn a_knobs_guard_folds_the_branch_it_decides() {
     // The folded-away body's constant (2.0) is in the variant that keeps it only.
     assert!(!ptx("k__k0").contains("0f40000000") && ptx("k__k4").contains("0f40000000"));
 }
+
+/// `f32::consts` the language knows fold to their f32 values (TAU as `0f40C90FDB`); an unknown
+/// one is an error that lists them.
+#[test]
+fn f32_consts_fold_and_unknown_ones_are_named() {
+    let item = quote!(
+        fn k(x: Global<f32, 2>) {
+            x.store([0, 0], Tile::<f32, 1, 64>::full(f32::consts::TAU));
+        }
+    );
+    let kernels = tessera_frontend::compile(quote!(), item).expect("the kernel compiles");
+    assert!(kernels[0].variants[0].ptx.contains("0f40C90FDB"), "{}", kernels[0].variants[0].ptx);
+    let item = quote!(
+        fn k(x: Global<f32, 2>) {
+            x.store([0, 0], Tile::<f32, 1, 64>::full(f32::consts::PHI));
+        }
+    );
+    let err = tessera_frontend::compile(quote!(), item).err().expect("an unknown constant is an error");
+    let text = format!("{err:?}");
+    assert!(text.contains("unknown constant `f32::consts::PHI`") && text.contains("TAU"), "{text}");
+}

@@ -184,12 +184,15 @@ pub fn conv_fft_wrap(k: Global<f32, 2>, out: Global<f32, 2>, c: i32) {
 /// that undoes both scalings and the transforms' `1/√N`. `P` warpgroups a channel, four
 /// warpgroups a block.
 #[kernel(warpgroups = 4, targets(sm_90a), tune(P = [1, 2], N2 = [64, 32], only(P == 1 || N2 == 64)))]
-pub fn conv_fft_tc_filter(g: Global<f32, 3>, kf: Global<f16, 4>, ks: Global<f32, 2>, conj: f32) {
+#[allow(clippy::too_many_arguments)]
+pub fn conv_fft_tc_filter(
+    g: Global<f32, 3>, kf: Global<f16, 4>, ks: Global<f32, 2>, tf1: Global<f16, 3>, tf2: Global<f16, 3>, tw: Global<f16, 3>, conj: f32,
+) {
     let f1 = Smem::<f16, { 64 * P }, { 64 * P }>::ring(2);
     let f2 = Smem::<f16, N2, N2>::ring(3);
     let sx = Smem::<f16, { 64 * P }, N2>::ring({ 4 / P });
     let me = warpgroup::id();
-    dft_tables::<N2, P>(f1, f2, me);
+    dft_tables::<N2, P>(f1, f2, tf1, tf2, me);
     barrier::sync(1, 4);
     let group = me / P;
     let r0 = (me - group * P) * 64;
@@ -198,12 +201,13 @@ pub fn conv_fft_tc_filter(g: Global<f32, 3>, kf: Global<f16, 4>, ks: Global<f32,
     let h = block::id_x() * (4 / P) + group;
     let gt = g.load::<Tile<f32, 64, N2>>([h, r0, 0]);
     let gm = row_amax::<64, N2, P>(gt);
-    sx.at(group).rows(r0, 64).store((gt / gm).cast::<f16>());
+    sx.at(group).rows(r0, 64).store((gt * (1.0 / gm)).cast::<f16>());
     row_sync::<P>(2 + group);
-    let (dr, di) = fft_forward::<N2, P>(sx, group, f1, f2, r0);
+    let (dr, di) = fft_forward::<N2, P>(sx, group, f1, f2, tw, r0);
     let dm = row_amax::<64, N2, P>(max(abs(dr), abs(di)));
-    kf.store([h, 0, r0, 0], (dr / dm).cast::<f16>());
-    kf.store([h, 1, r0, 0], (di * conj / dm).cast::<f16>());
+    let inv = 1.0 / dm;
+    kf.store([h, 0, r0, 0], (dr * inv).cast::<f16>());
+    kf.store([h, 1, r0, 0], (di * (inv * conj)).cast::<f16>());
     if r0 == 0 {
         ks.store([h, 0], dm * gm * sqrt(Tile::<f32, 1, 1>::full((64 * P * N2) as f32)));
     }
@@ -220,14 +224,15 @@ pub fn conv_fft_tc_filter(g: Global<f32, 3>, kf: Global<f16, 4>, ks: Global<f32,
 #[allow(clippy::too_many_arguments)]
 pub fn conv_fft_tc(
     x: Global<T, 3>, kf: Global<f16, 4>, ks: Global<f32, 2>, bias: Global<f32, 2>, skip: Global<f32, 2>, gate: Global<T, 3>,
-    y: Global<T, 3>, rows: i32, has_bias: i32, has_skip: i32, has_gate: i32, act: i32,
+    y: Global<T, 3>, tf1: Global<f16, 3>, tf2: Global<f16, 3>, tw: Global<f16, 3>, rows: i32, has_bias: i32, has_skip: i32, has_gate: i32,
+    act: i32,
 ) {
     let f1 = Smem::<f16, { 64 * P }, { 64 * P }>::ring(2);
     let f2 = Smem::<f16, N2, N2>::ring(3);
     // A sequence's input, then the inverse's last operand (real, imaginary).
     let sx = Smem::<f16, { 64 * P }, N2>::ring({ 12 / P });
     let me = warpgroup::id();
-    dft_tables::<N2, P>(f1, f2, me);
+    dft_tables::<N2, P>(f1, f2, tf1, tf2, me);
     barrier::sync(1, 4);
     let group = me / P;
     let r0 = (me - group * P) * 64;
@@ -243,12 +248,12 @@ pub fn conv_fft_tc(
         let row = (b0 + i) * channels + h;
         let xt = x.load::<Tile<T, 64, N2>>([row, r0, 0]).cast::<f32>();
         let xm = row_amax::<64, N2, P>(xt);
-        sx.at(s).rows(r0, 64).store((xt / xm).cast::<f16>());
+        sx.at(s).rows(r0, 64).store((xt * (1.0 / xm)).cast::<f16>());
         row_sync::<P>(2 + group);
-        let (dr, di) = fft_forward::<N2, P>(sx, s, f1, f2, r0);
+        let (dr, di) = fft_forward::<N2, P>(sx, s, f1, f2, tw, r0);
         let kr = kf.load::<Tile<f16, 64, N2>>([h, 0, r0, 0]).cast::<f32>();
         let ki = kf.load::<Tile<f16, 64, N2>>([h, 1, r0, 0]).cast::<f32>();
-        let yt = fft_inverse_real::<N2, P>(dr * kr - di * ki, dr * ki + di * kr, sx, s + 1, f1, f2, r0, 2 + group);
+        let yt = fft_inverse_real::<N2, P>(dr * kr - di * ki, dr * ki + di * kr, sx, s + 1, f1, f2, tw, r0, 2 + group);
         let mut pre = yt * (xm * scale);
         if has_bias == 1 {
             pre = pre + bias.get([h, 0]);
@@ -981,6 +986,7 @@ macro_rules! tensor_core_conv {
                 let mut ks = Tensor::<f32>::scratch(dev, &[d.channels, 1])?;
                 let shape = |s: &&KernelSpec| s.knob("P") == Some(p as i64) && s.knob("N2") == Some(n2 as i64);
                 let variant = |all: &[&KernelSpec]| all.iter().position(shape).unwrap_or(0);
+                let tables = crate::fft::FftTables::get(dev, p, n2)?;
                 conv_fft_tc_filter::launch_variant(
                     variant(conv_fft_tc_filter::VARIANTS),
                     dev,
@@ -988,6 +994,9 @@ macro_rules! tensor_core_conv {
                     &g.view(&[d.channels, n1, n2], &[n, n2, 1])?,
                     &mut kf,
                     &mut ks,
+                    &tables.f1,
+                    &tables.f2,
+                    &tables.tw,
                     conj,
                 )?;
                 drop(g);
@@ -1025,6 +1034,9 @@ macro_rules! tensor_core_conv {
                         &Optional(skip, 2),
                         &Optional(gv.as_ref(), 3),
                         &mut yv,
+                        &tables.f1,
+                        &tables.f2,
+                        &tables.tw,
                         tc_rows as i32,
                         flag(flags.bias),
                         flag(flags.skip),

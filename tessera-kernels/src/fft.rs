@@ -13,48 +13,33 @@
 //! inverse runs the same steps backwards with the conjugates and keeps the real part (two
 //! MMAs, over every warpgroup's rows: a named barrier among them first). The DFT matrices are
 //! scaled by `1/√n` (unitary), so magnitudes stay within f16's range where the row is scaled
-//! to at most 1 first; operands are f16, sums f32.
+//! to at most 1 first; operands are f16, sums f32. The matrices and the twiddles come from
+//! tables made once a device on the host ([`FftTables`]): the matrices copied into shared
+//! memory once a block, the twiddles loaded (from L1/L2) straight into the accumulators' layout.
+//! [`crate::ConvPath::TensorCore`] is built from these pieces.
 
 use tessera::device;
 
-/// The DFT matrices in shared memory, f16, unitary: `f1` stages 0 and 1 the real and imaginary
-/// parts of `F_N1 / √N1` (`N1 = 64·P`), `f2` stages 0, 1 and 2 those of `F_N2 / √N2` and the
-/// imaginary part negated (so that no operand is negated in registers). Warpgroup `me < P`
-/// writes `f1`'s rows `64·me..`, warpgroup 3 writes `f2` (a block of four warpgroups); the
-/// caller syncs the block before any MMA reads them.
+/// The DFT matrices copied into shared memory from [`FftTables`] (`tf1` `[2, N1, N1]`, `tf2`
+/// `[3, N2, N2]`): `f1` stages 0 and 1 the real and imaginary parts of `F_N1 / √N1` (`N1 =
+/// 64·P`), `f2` stages 0, 1 and 2 those of `F_N2 / √N2` and the imaginary part negated (so that
+/// no operand is negated in registers). Warpgroup `me < P` copies `f1`'s rows `64·me..`,
+/// warpgroup 3 `f2` (a block of four warpgroups); the caller syncs the block before any MMA
+/// reads them.
 #[device]
-pub fn dft_tables<const N2: usize, const P: usize>(f1: Smem<f16, { 64 * P }, { 64 * P }>, f2: Smem<f16, N2, N2>, me: i32) {
+pub fn dft_tables<const N2: usize, const P: usize>(
+    f1: Smem<f16, { 64 * P }, { 64 * P }>, f2: Smem<f16, N2, N2>, tf1: Global<f16, 3>, tf2: Global<f16, 3>, me: i32,
+) {
     if me < P {
-        let (c, s) = dft_block::<64, { 64 * P }>(me * 64);
-        let scale = rsqrt(Tile::<f32, 1, 1>::full((64 * P) as f32));
-        f1.at(0).rows(me * 64, 64).store((c * scale).cast::<f16>());
-        f1.at(1).rows(me * 64, 64).store((s * scale).cast::<f16>());
+        f1.at(0).rows(me * 64, 64).store(tf1.load::<Tile<f16, 64, { 64 * P }>>([0, me * 64, 0]));
+        f1.at(1).rows(me * 64, 64).store(tf1.load::<Tile<f16, 64, { 64 * P }>>([1, me * 64, 0]));
     }
     if me == 3 {
-        let (c, s) = dft_block::<N2, N2>(0);
-        let scale = rsqrt(Tile::<f32, 1, 1>::full(N2 as f32));
-        f2.at(0).store((c * scale).cast::<f16>());
-        f2.at(1).store((s * scale).cast::<f16>());
-        f2.at(2).store((s * -scale).cast::<f16>());
+        #[unroll]
+        for i in 0..3 {
+            f2.at(i).store(tf2.load::<Tile<f16, N2, N2>>([i, 0, 0]));
+        }
     }
-}
-
-/// Rows `r0..r0 + R` of the `N`-point DFT matrix: `(cos, sin)` of `−2π·(j·k mod N)/N`.
-#[device]
-pub fn dft_block<const R: usize, const N: usize>(r0: i32) -> (Tile<f32, R, N>, Tile<f32, R, N>) {
-    let m = (Tile::<f32, R, N>::row_index() + r0 as f32) * Tile::<f32, R, N>::col_index();
-    let turns = m * (1.0 / N as f32);
-    let angle = (turns - floor(turns)) * -f32::consts::TAU;
-    (cos(angle), sin(angle))
-}
-
-/// The twiddles between the two steps for rows `r0..r0 + 64`: `ω_N^(k1·n2)` for `N =
-/// 64·P·N2`, as `(cos, sin)`.
-#[device]
-pub fn twiddles<const N2: usize, const P: usize>(r0: i32) -> (Tile<f32, 64, N2>, Tile<f32, 64, N2>) {
-    let m = (Tile::<f32, 64, N2>::row_index() + r0 as f32) * Tile::<f32, 64, N2>::col_index();
-    let angle = m * (-f32::consts::TAU / (64 * P * N2) as f32);
-    (cos(angle), sin(angle))
 }
 
 /// Rows `r0..r0 + 64` (`k1`) of the spectrum `(re, im)` of the real row held in `sx` stage `s`
@@ -62,14 +47,16 @@ pub fn twiddles<const N2: usize, const P: usize>(r0: i32) -> (Tile<f32, 64, N2>,
 /// N1·k2`), in the accumulators' layout.
 #[device]
 pub fn fft_forward<const N2: usize, const P: usize>(
-    sx: Smem<f16, { 64 * P }, N2>, s: i32, f1: Smem<f16, { 64 * P }, { 64 * P }>, f2: Smem<f16, N2, N2>, r0: i32,
+    sx: Smem<f16, { 64 * P }, N2>, s: i32, f1: Smem<f16, { 64 * P }, { 64 * P }>, f2: Smem<f16, N2, N2>, tw: Global<f16, 3>, r0: i32,
 ) -> (Tile<f32, 64, N2>, Tile<f32, 64, N2>) {
     let mut br = Tile::<f32, 64, N2>::zeros();
     let mut bi = Tile::<f32, 64, N2>::zeros();
     mma_sync_kn(br, f1.at(0).rows(r0, 64), sx.at(s));
     mma_sync_kn(bi, f1.at(1).rows(r0, 64), sx.at(s));
     mma_wait(0);
-    let (c, sn) = twiddles::<N2, P>(r0);
+    // The twiddles `ω_N^(k1·n2)` of these rows, loaded straight into the accumulators' layout.
+    let c = tw.load::<Tile<f16, 64, N2>>([0, r0, 0]).cast::<f32>();
+    let sn = tw.load::<Tile<f16, 64, N2>>([1, r0, 0]).cast::<f32>();
     let cr = (br * c - bi * sn).cast::<f16>();
     let ci = (br * sn + bi * c).cast::<f16>();
     let mut dr = Tile::<f32, 64, N2>::zeros();
@@ -91,7 +78,7 @@ pub fn fft_forward<const N2: usize, const P: usize>(
 #[allow(clippy::too_many_arguments)]
 pub fn fft_inverse_real<const N2: usize, const P: usize>(
     er: Tile<f32, 64, N2>, ei: Tile<f32, 64, N2>, sc: Smem<f16, { 64 * P }, N2>, s: i32, f1: Smem<f16, { 64 * P }, { 64 * P }>,
-    f2: Smem<f16, N2, N2>, r0: i32, bar: i32,
+    f2: Smem<f16, N2, N2>, tw: Global<f16, 3>, r0: i32, bar: i32,
 ) -> Tile<f32, 64, N2> {
     let ar = er.cast::<f16>();
     let ai = ei.cast::<f16>();
@@ -102,9 +89,13 @@ pub fn fft_inverse_real<const N2: usize, const P: usize>(
     mma_sync_kn(pi, ai, f2.at(0));
     mma_sync_kn(pi, ar, f2.at(2));
     mma_wait(0);
-    let (c, sn) = twiddles::<N2, P>(r0);
-    sc.at(s).rows(r0, 64).store((pr * c + pi * sn).cast::<f16>());
-    sc.at(s + 1).rows(r0, 64).store((pi * c - pr * sn).cast::<f16>());
+    // The twiddles `ω_N^(k1·n2)` of these rows, loaded straight into the accumulators' layout.
+    let c = tw.load::<Tile<f16, 64, N2>>([0, r0, 0]).cast::<f32>();
+    let sn = tw.load::<Tile<f16, 64, N2>>([1, r0, 0]).cast::<f32>();
+    let qr = (pr * c + pi * sn).cast::<f16>();
+    let qi = (pi * c - pr * sn).cast::<f16>();
+    sc.at(s).rows(r0, 64).store(qr);
+    sc.at(s + 1).rows(r0, 64).store(qi);
     row_sync::<P>(bar);
     let mut y = Tile::<f32, 64, N2>::zeros();
     mma_sync_kn(y, f1.at(0).rows(r0, 64), sc.at(s));
@@ -130,6 +121,67 @@ pub fn row_sync<const P: usize>(bar: i32) {
 #[device]
 pub fn tile_amax<const R: usize, const N: usize>(t: Tile<f32, R, N>, floor: f32) -> Tile<f32, 1, 1> {
     max(col_max(row_max(abs(t))), floor)
+}
+
+/// The tables the transforms read for `N = 64·P·N2`, made on the host in f64 and rounded to
+/// f16 once a device (kept with it: [`FftTables::get`]): `f1` `[2, N1, N1]` and `f2` `[3, N2,
+/// N2]` the unitary DFT matrices (real, imaginary, and for `f2` the imaginary negated), `tw`
+/// `[2, N1, N2]` the twiddles `ω_N^(k1·n2)` (real, imaginary).
+pub struct FftTables {
+    /// `F_N1 / √N1`, `[2, N1, N1]`.
+    pub f1: tessera::Tensor<tessera::f16>,
+    /// `F_N2 / √N2` and its imaginary part negated, `[3, N2, N2]`.
+    pub f2: tessera::Tensor<tessera::f16>,
+    /// The twiddles, `[2, N1, N2]`.
+    pub tw: tessera::Tensor<tessera::f16>,
+}
+
+impl FftTables {
+    /// The device's tables for `N = 64·p·n2`, made on first use.
+    ///
+    /// # Errors
+    /// An upload's.
+    pub fn get(device: &tessera::Device, p: usize, n2: usize) -> tessera::Result<std::sync::Arc<FftTables>> {
+        const KEY: u64 = 0x0ff7_7ab1_e000_0000;
+        device.local(KEY + (p * 1024 + n2) as u64, || {
+            let n1 = 64 * p;
+            let n = (n1 * n2) as f64;
+            let h = |v: f64| tessera::f16::from_f64(v);
+            // `ω_m^(j·k)` scaled by `scale`: (re, im).
+            let w = |m: usize, j: usize, k: usize, scale: f64| {
+                let a = -std::f64::consts::TAU * ((j * k) % m) as f64 / m as f64;
+                (a.cos() * scale, a.sin() * scale)
+            };
+            let dft = |m: usize, parts: usize| {
+                let s = 1.0 / (m as f64).sqrt();
+                let mut out = vec![tessera::f16::ZERO; parts * m * m];
+                for j in 0..m {
+                    for k in 0..m {
+                        let (re, im) = w(m, j, k, s);
+                        out[j * m + k] = h(re);
+                        out[m * m + j * m + k] = h(im);
+                        if parts == 3 {
+                            out[2 * m * m + j * m + k] = h(-im);
+                        }
+                    }
+                }
+                out
+            };
+            let mut tw = vec![tessera::f16::ZERO; 2 * n1 * n2];
+            for k1 in 0..n1 {
+                for j in 0..n2 {
+                    let a = -std::f64::consts::TAU * (k1 * j) as f64 / n;
+                    tw[k1 * n2 + j] = h(a.cos());
+                    tw[n1 * n2 + k1 * n2 + j] = h(a.sin());
+                }
+            }
+            Ok(FftTables {
+                f1: tessera::Tensor::from_host(device, &dft(n1, 2), &[2, n1, n1])?,
+                f2: tessera::Tensor::from_host(device, &dft(n2, 3), &[3, n2, n2])?,
+                tw: tessera::Tensor::from_host(device, &tw, &[2, n1, n2])?,
+            })
+        })
+    }
 }
 
 /// [`tile_amax`] of each warpgroup's own `t` where `P` is 1, else over the whole block (a row
