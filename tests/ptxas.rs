@@ -90,10 +90,11 @@ fn spill_allowance(spec: &tessera::KernelSpec, v: &tessera::PtxVariant) -> u64 {
     if spec.name.starts_with("flash_attention_varlen_mods") && spec.knob("M") == Some(15) {
         return 272;
     }
-    // The tensor-core FFT convolution at N 8192 (two warpgroups a row, four a block: 128
-    // registers): 128 bytes stored and loaded beside the twiddles' and the spectrum's tiles,
-    // measured so (session 42: 0.510 ms at 8×768×4096 bf16, 1.40× torch's FFT convolution).
-    if spec.name.starts_with("conv_fft_tc_") && spec.knob("P") == Some(2) {
+    // The tensor-core FFT convolution at N 4096 and 8192 (four warpgroups a block: 128
+    // registers): 8–80 bytes stored beside the f32 twiddles' and the spectrum's tiles, measured
+    // so (session 42: 0.420 ms at 8×768×4096 bf16, 1.69× torch's FFT convolution, against 0.510
+    // with f16 twiddles loaded in pairs and 72–128 bytes spilled at N 8192 only).
+    if spec.name.starts_with("conv_fft_tc") && spec.knob("N2") == Some(64) {
         return 256;
     }
     let requested =

@@ -186,7 +186,7 @@ pub fn conv_fft_wrap(k: Global<f32, 2>, out: Global<f32, 2>, c: i32) {
 #[kernel(warpgroups = 4, targets(sm_90a), tune(P = [1, 2], N2 = [64, 32], only(P == 1 || N2 == 64)))]
 #[allow(clippy::too_many_arguments)]
 pub fn conv_fft_tc_filter(
-    g: Global<f32, 3>, kf: Global<f16, 4>, ks: Global<f32, 2>, tf1: Global<f16, 3>, tf2: Global<f16, 3>, tw: Global<f16, 3>, conj: f32,
+    g: Global<f32, 3>, kf: Global<f16, 4>, ks: Global<f32, 2>, tf1: Global<f16, 3>, tf2: Global<f16, 3>, tw: Global<f32, 2>, conj: f32,
 ) {
     let f1 = Smem::<f16, { 64 * P }, { 64 * P }>::ring(2);
     let f2 = Smem::<f16, N2, N2>::ring(3);
@@ -224,7 +224,7 @@ pub fn conv_fft_tc_filter(
 #[allow(clippy::too_many_arguments)]
 pub fn conv_fft_tc(
     x: Global<T, 3>, kf: Global<f16, 4>, ks: Global<f32, 2>, bias: Global<f32, 2>, skip: Global<f32, 2>, gate: Global<T, 3>,
-    y: Global<T, 3>, tf1: Global<f16, 3>, tf2: Global<f16, 3>, tw: Global<f16, 3>, rows: i32, has_bias: i32, has_skip: i32, has_gate: i32,
+    y: Global<T, 3>, tf1: Global<f16, 3>, tf2: Global<f16, 3>, tw: Global<f32, 2>, rows: i32, has_bias: i32, has_skip: i32, has_gate: i32,
     act: i32,
 ) {
     let f1 = Smem::<f16, { 64 * P }, { 64 * P }>::ring(2);

@@ -15,7 +15,8 @@
 //! scaled by `1/√n` (unitary), so magnitudes stay within f16's range where the row is scaled
 //! to at most 1 first; operands are f16, sums f32. The matrices and the twiddles come from
 //! tables made once a device on the host ([`FftTables`]): the matrices copied into shared
-//! memory once a block, the twiddles loaded (from L1/L2) straight into the accumulators' layout.
+//! memory once a block, the twiddles (f32) read in the accumulators' fragment order
+//! (`load_fragments`: 16 contiguous bytes a thread).
 //! [`crate::ConvPath::TensorCore`] is built from these pieces.
 
 use tessera::device;
@@ -47,16 +48,16 @@ pub fn dft_tables<const N2: usize, const P: usize>(
 /// N1·k2`), in the accumulators' layout.
 #[device]
 pub fn fft_forward<const N2: usize, const P: usize>(
-    sx: Smem<f16, { 64 * P }, N2>, s: i32, f1: Smem<f16, { 64 * P }, { 64 * P }>, f2: Smem<f16, N2, N2>, tw: Global<f16, 3>, r0: i32,
+    sx: Smem<f16, { 64 * P }, N2>, s: i32, f1: Smem<f16, { 64 * P }, { 64 * P }>, f2: Smem<f16, N2, N2>, tw: Global<f32, 2>, r0: i32,
 ) -> (Tile<f32, 64, N2>, Tile<f32, 64, N2>) {
     let mut br = Tile::<f32, 64, N2>::zeros();
     let mut bi = Tile::<f32, 64, N2>::zeros();
     mma_sync_kn(br, f1.at(0).rows(r0, 64), sx.at(s));
     mma_sync_kn(bi, f1.at(1).rows(r0, 64), sx.at(s));
     mma_wait(0);
-    // The twiddles `ω_N^(k1·n2)` of these rows, loaded straight into the accumulators' layout.
-    let c = tw.load::<Tile<f16, 64, N2>>([0, r0, 0]).cast::<f32>();
-    let sn = tw.load::<Tile<f16, 64, N2>>([1, r0, 0]).cast::<f32>();
+    // The twiddles `ω_N^(k1·n2)` of these rows, stored in the accumulators' fragment order.
+    let c = tw.load_fragments::<Tile<f32, 64, N2>>([r0 / 64, 0]);
+    let sn = tw.load_fragments::<Tile<f32, 64, N2>>([P + r0 / 64, 0]);
     let cr = (br * c - bi * sn).cast::<f16>();
     let ci = (br * sn + bi * c).cast::<f16>();
     let mut dr = Tile::<f32, 64, N2>::zeros();
@@ -78,7 +79,7 @@ pub fn fft_forward<const N2: usize, const P: usize>(
 #[allow(clippy::too_many_arguments)]
 pub fn fft_inverse_real<const N2: usize, const P: usize>(
     er: Tile<f32, 64, N2>, ei: Tile<f32, 64, N2>, sc: Smem<f16, { 64 * P }, N2>, s: i32, f1: Smem<f16, { 64 * P }, { 64 * P }>,
-    f2: Smem<f16, N2, N2>, tw: Global<f16, 3>, r0: i32, bar: i32,
+    f2: Smem<f16, N2, N2>, tw: Global<f32, 2>, r0: i32, bar: i32,
 ) -> Tile<f32, 64, N2> {
     let ar = er.cast::<f16>();
     let ai = ei.cast::<f16>();
@@ -89,9 +90,9 @@ pub fn fft_inverse_real<const N2: usize, const P: usize>(
     mma_sync_kn(pi, ai, f2.at(0));
     mma_sync_kn(pi, ar, f2.at(2));
     mma_wait(0);
-    // The twiddles `ω_N^(k1·n2)` of these rows, loaded straight into the accumulators' layout.
-    let c = tw.load::<Tile<f16, 64, N2>>([0, r0, 0]).cast::<f32>();
-    let sn = tw.load::<Tile<f16, 64, N2>>([1, r0, 0]).cast::<f32>();
+    // The twiddles `ω_N^(k1·n2)` of these rows, stored in the accumulators' fragment order.
+    let c = tw.load_fragments::<Tile<f32, 64, N2>>([r0 / 64, 0]);
+    let sn = tw.load_fragments::<Tile<f32, 64, N2>>([P + r0 / 64, 0]);
     let qr = (pr * c + pi * sn).cast::<f16>();
     let qi = (pi * c - pr * sn).cast::<f16>();
     sc.at(s).rows(r0, 64).store(qr);
@@ -126,14 +127,15 @@ pub fn tile_amax<const R: usize, const N: usize>(t: Tile<f32, R, N>, floor: f32)
 /// The tables the transforms read for `N = 64·P·N2`, made on the host in f64 and rounded to
 /// f16 once a device (kept with it: [`FftTables::get`]): `f1` `[2, N1, N1]` and `f2` `[3, N2,
 /// N2]` the unitary DFT matrices (real, imaginary, and for `f2` the imaginary negated), `tw`
-/// `[2, N1, N2]` the twiddles `ω_N^(k1·n2)` (real, imaginary).
+/// `[2·P, 64·N2]` the twiddles `ω_N^(k1·n2)` in f32, each 64-row block of the real parts then
+/// of the imaginary ones a row in fragment order ([`tessera_ptx::layout::fragment_offset`]).
 pub struct FftTables {
     /// `F_N1 / √N1`, `[2, N1, N1]`.
     pub f1: tessera::Tensor<tessera::f16>,
     /// `F_N2 / √N2` and its imaginary part negated, `[3, N2, N2]`.
     pub f2: tessera::Tensor<tessera::f16>,
-    /// The twiddles, `[2, N1, N2]`.
-    pub tw: tessera::Tensor<tessera::f16>,
+    /// The twiddles, `[2·P, 64·N2]` in fragment order.
+    pub tw: tessera::Tensor<f32>,
 }
 
 impl FftTables {
@@ -167,18 +169,19 @@ impl FftTables {
                 }
                 out
             };
-            let mut tw = vec![tessera::f16::ZERO; 2 * n1 * n2];
+            let mut tw = vec![0.0f32; 2 * n1 * n2];
             for k1 in 0..n1 {
                 for j in 0..n2 {
                     let a = -std::f64::consts::TAU * (k1 * j) as f64 / n;
-                    tw[k1 * n2 + j] = h(a.cos());
-                    tw[n1 * n2 + k1 * n2 + j] = h(a.sin());
+                    let at = (k1 / 64) * 64 * n2 + tessera_ptx::layout::fragment_offset(n2 as u32, (k1 % 64) as u32, j as u32) as usize;
+                    tw[at] = a.cos() as f32;
+                    tw[n1 * n2 + at] = a.sin() as f32;
                 }
             }
             Ok(FftTables {
                 f1: tessera::Tensor::from_host(device, &dft(n1, 2), &[2, n1, n1])?,
                 f2: tessera::Tensor::from_host(device, &dft(n2, 3), &[3, n2, n2])?,
-                tw: tessera::Tensor::from_host(device, &tw, &[2, n1, n2])?,
+                tw: tessera::Tensor::from_host(device, &tw, &[2 * p, 64 * n2])?,
             })
         })
     }
