@@ -525,9 +525,8 @@ pub enum ConvPath {
     /// padded to `N ≥ L + Lk − 1` (2048, 4096 or 8192: [`CONV_TENSOR_CORE_MAX`]), transformed by
     /// small DFT matrices on the tensor cores ([`crate::fft`]), multiplied by the filter's
     /// spectrum, transformed back and through the epilogue in one kernel, a row in one or two
-    /// warpgroups' registers. The
-    /// transforms' operands are f16 (each row and filter spectrum scaled to at most 1 first):
-    /// about 10⁻³ relative error. Forward only.
+    /// warpgroups' registers. The transforms' operands are f16 (each row and filter spectrum
+    /// scaled to at most 1 first): about 10⁻³ relative error. Forward only.
     TensorCore,
 }
 
@@ -949,8 +948,12 @@ impl TensorCoreConv for f32 {
 /// shortest first.
 const TC_SHAPES: [(usize, usize); 3] = [(1, 32), (1, 64), (2, 64)];
 
-/// The longest full convolution (`L + Lk − 1`) [`ConvPath::TensorCore`] takes.
-pub const CONV_TENSOR_CORE_MAX: usize = 64 * 2 * 64;
+/// The longest full convolution (`L + Lk − 1`) [`ConvPath::TensorCore`] takes: its longest
+/// shape's `N`.
+pub const CONV_TENSOR_CORE_MAX: usize = {
+    let (p, n2) = TC_SHAPES[TC_SHAPES.len() - 1];
+    64 * p * n2
+};
 
 /// Sequences a tensor-core block takes at most (its four warpgroups, `P` to a sequence, taking
 /// turns).
