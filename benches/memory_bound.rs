@@ -447,6 +447,19 @@ fn main() {
                     .path(tessera_kernels::ConvPath::TensorCore);
                 let mut f = || conv.run(&mut yb).expect("conv1d long, tensor-core path");
                 norm_row!(format!("conv1d causal tensor-core K{l} bf16 {b}x{ch}x{l}"), (2 * n * 2) as f64, time_ms(&dev, 3, 10, &mut f));
+                // The filters' spectrum made once (`ConvSpectrum`), as a model's layer reuses it.
+                let spectrum = conv.spectrum().expect("tensor-core spectrum");
+                let conv = conv.with_spectrum(&spectrum);
+                let mut f = || conv.run(&mut yb).expect("conv1d long, tensor-core path, spectrum kept");
+                let ms = time_ms(&dev, 3, 10, &mut f);
+                norm_row!(format!("conv1d causal tensor-core K{l} bf16 spectrum kept {b}x{ch}x{l}"), (2 * n * 2) as f64, ms);
+                let t = std::time::Instant::now();
+                for _ in 0..10 {
+                    f();
+                }
+                let host = t.elapsed().as_secs_f64() * 1e5;
+                dev.synchronize().expect("sync");
+                println!("  (host time to enqueue one call: {host:.0} µs)");
             }
             let conv = tessera_kernels::Conv1d::new(&dev, &x, &k, tessera_kernels::ConvMode::Causal);
             if l > 2048 {
@@ -456,6 +469,11 @@ fn main() {
             let conv = conv.path(tessera_kernels::ConvPath::Fft);
             let mut f = || conv.run(&mut y).expect("conv1d long, FFT path");
             norm_row!(format!("conv1d causal fft K{l} f32 {b}x{ch}x{l}"), (2 * n * 4) as f64, time_ms(&dev, 3, 10, &mut f));
+            let spectrum = conv.spectrum().expect("cuFFT spectrum");
+            let conv = conv.with_spectrum(&spectrum);
+            let mut f = || conv.run(&mut y).expect("conv1d long, FFT path, spectrum kept");
+            let ms = time_ms(&dev, 3, 10, &mut f);
+            norm_row!(format!("conv1d causal fft K{l} f32 spectrum kept {b}x{ch}x{l}"), (2 * n * 4) as f64, ms);
             match python_baseline("TESSERA_TORCH_CONV_SCRIPT", "torch_conv.py", &[b, ch, l, l]) {
                 Ok(lines) => {
                     if let Some(&(_, ms)) = lines.iter().find(|(name, _)| name == "fftconv") {

@@ -165,6 +165,15 @@ fn check<T: ConvElement>(dev: &Device, c: Case, to: fn(f32) -> T, from: fn(T) ->
         let diff: Vec<f64> = got.iter().zip(&want).map(|(g, w)| if g.is_nan() { f64::INFINITY } else { g - w }).collect();
         let err = norm(&diff) / size;
         assert!(err < tol, "{c:?} {name} {path:?}: forward relative error {err}");
+        if path != ConvPath::Direct {
+            // The filters' spectrum made once and reused: the same output.
+            let conv = builder(path);
+            let spectrum = conv.spectrum().unwrap_or_else(|e| panic!("{c:?} {path:?} spectrum: {e}"));
+            let mut again = Tensor::full(dev, &[c.batch, c.channels, lo], to(f32::NAN)).unwrap();
+            conv.with_spectrum(&spectrum).run(&mut again).unwrap_or_else(|e| panic!("{c:?} {path:?} with spectrum: {e}"));
+            let again: Vec<f64> = again.to_host().unwrap().into_iter().map(from).collect();
+            assert!(again == got, "{c:?} {name} {path:?}: the output with a made spectrum differs");
+        }
     }
 
     // The backward from the chain rule on the definition.
@@ -312,6 +321,41 @@ fn conv1d_refuses_bad_input() {
     let dy = z(&[2, 4, 7]);
     let e = Conv1d::new(&dev, &x, &k, ConvMode::Causal).backward(&dy).err().expect("dy's shape").to_string();
     assert!(e.contains("`dy`") && e.contains("[2, 4, 8]"), "{e}");
+}
+
+#[test]
+fn conv1d_spectrum_refuses_a_misfit() {
+    // In the interpreter: the tensor-core path's filter kernel runs there (four filters).
+    let dev = Device::cpu();
+    let (b, h, l, lk) = (2, 4, 40, 3);
+    let x = Tensor::from_host(&dev, &random(b * h * l, -1.0, 1.0).into_iter().map(bf16::from_f32).collect::<Vec<_>>(), &[b, h, l]).unwrap();
+    let xf = Tensor::from_host(&dev, &random(b * h * l, -1.0, 1.0), &[b, h, l]).unwrap();
+    let k = Tensor::from_host(&dev, &random(h * lk, -1.0, 1.0), &[h, lk]).unwrap();
+    let mut y = Tensor::<bf16>::zeros(&dev, &[b, h, l]).unwrap();
+    let msg = |r: tessera::Result<()>| r.expect_err("refused").to_string();
+    let causal = Conv1d::new(&dev, &x, &k, ConvMode::Causal).path(ConvPath::TensorCore);
+    let spectrum = causal.spectrum().unwrap();
+    // The direct path makes none and takes none.
+    let e = Conv1d::new(&dev, &x, &k, ConvMode::Causal).spectrum().map(drop).expect_err("direct").to_string();
+    assert!(e.contains("`path`") && e.contains("Direct"), "{e}");
+    let e = msg(Conv1d::new(&dev, &x, &k, ConvMode::Causal).with_spectrum(&spectrum).run(&mut y));
+    assert!(e.contains("`spectrum`") && e.contains("direct path"), "{e}");
+    // f32 has no tensor-core path.
+    let e = Conv1d::new(&dev, &xf, &k, ConvMode::Causal).path(ConvPath::TensorCore).spectrum().map(drop).expect_err("f32").to_string();
+    assert!(e.contains("bf16 or f16"), "{e}");
+    // Another mode places another tap first; a correlation conjugates; another path.
+    let e = msg(Conv1d::new(&dev, &x, &k, ConvMode::Same).path(ConvPath::TensorCore).with_spectrum(&spectrum).run(&mut y));
+    assert!(e.contains("`spectrum`") && e.contains("tap 1 first") && e.contains("tap 0 first"), "{e}");
+    let e = msg(Conv1d::causal_conv1d(&dev, &x, &k).path(ConvPath::TensorCore).with_spectrum(&spectrum).run(&mut y));
+    assert!(e.contains("a correlation") && e.contains("a convolution"), "{e}");
+    let e = msg(Conv1d::new(&dev, &x, &k, ConvMode::Causal).path(ConvPath::Fft).with_spectrum(&spectrum).run(&mut y));
+    assert!(e.contains("`spectrum`") && e.contains("on Fft") && e.contains("on TensorCore"), "{e}");
+    // Filters of another length.
+    let k5 = Tensor::from_host(&dev, &random(h * 5, -1.0, 1.0), &[h, 5]).unwrap();
+    let e = msg(Conv1d::new(&dev, &x, &k5, ConvMode::Causal).path(ConvPath::TensorCore).with_spectrum(&spectrum).run(&mut y));
+    assert!(e.contains("of 5 taps") && e.contains("of 3 taps"), "{e}");
+    // The one it fits runs.
+    causal.with_spectrum(&spectrum).run(&mut y).unwrap();
 }
 
 #[path = "../examples/hyena_block.rs"]

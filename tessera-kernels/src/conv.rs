@@ -10,8 +10,10 @@
 //! with `Lk`; both with the epilogue in registers. The FFT one (GPU only): the signal and the filters zero-padded to `N ≥ L + Lk − 1`,
 //! cuFFT's R2C, the spectra's complex product (`swap_pairs`, the filter's factors arranged
 //! once as `[re, re]` and `[−im, im]`), cuFFT's C2R, then the same epilogue; plans kept with the
-//! device ([`Device::local`]). A tensor-core FFT in the language is still to come
-//! (notes/ISSUE-31.md).
+//! device ([`Device::local`]). The tensor-core one (Hopper, 16-bit): `conv_fft_tc`, each row
+//! transformed by small DFT matrices on the tensor cores ([`crate::fft`]), multiplied, transformed
+//! back and through the epilogue in one kernel. On both transform paths the filters' spectrum
+//! can be made once and reused across calls ([`ConvSpectrum`]).
 //!
 //! The backward takes two launches: one recomputes the epilogue's input where the epilogue
 //! needs it, stores the gradient reaching the convolution (`dpre`, in the element type, where
@@ -219,7 +221,9 @@ pub fn conv_fft_tc_filter(
 /// [`conv_fft_tc_filter`] makes it), transformed back, then the epilogue of `conv1d_direct`
 /// into `y` (`[batch·channels, Lout/N2, N2]`, of `gate`'s shape): the circular convolution of
 /// `N = 64·P·N2` steps, the output's first `Lout` steps. A block per channel and `rows`
-/// sequences (grid: channels, ⌈batch / rows⌉), `P` warpgroups a sequence (four in a block).
+/// sequences (grid: channels, ⌈batch / rows⌉), `P` warpgroups a sequence (four in a block);
+/// the channel's spectrum is copied into shared memory once a block (read from there, not from
+/// L2, by each sequence: 10% of the time at N 4096).
 #[kernel(warpgroups = 4, targets(sm_90a), dtypes(T = [bf16, f16]), tune(P = [1, 2], N2 = [64, 32], only(P == 1 || N2 == 64)))]
 #[allow(clippy::too_many_arguments)]
 pub fn conv_fft_tc(
@@ -231,15 +235,23 @@ pub fn conv_fft_tc(
     let f2 = Smem::<f16, N2, N2>::ring(3);
     // A sequence's input, then the inverse's last operand (real, imaginary).
     let sx = Smem::<f16, { 64 * P }, N2>::ring({ 12 / P });
+    // The block's channel's spectrum (real, imaginary), read by every sequence.
+    let kfs = Smem::<f16, { 64 * P }, N2>::ring(2);
     let me = warpgroup::id();
-    dft_tables::<N2, P>(f1, f2, tf1, tf2, me);
-    barrier::sync(1, 4);
     let group = me / P;
     let r0 = (me - group * P) * 64;
-    let s = group * 3;
     let channels = kf.dim(0);
     let h = block::id_x();
     let b0 = block::id_y() * rows;
+    dft_tables::<N2, P>(f1, f2, tf1, tf2, me);
+    // Warpgroups 2.. copy it (0.. copy `f1`, 3 `f2`).
+    if me >= 2 && me < 2 + P {
+        let k0 = (me - 2) * 64;
+        kfs.at(0).rows(k0, 64).store(kf.load::<Tile<f16, 64, N2>>([h, 0, k0, 0]));
+        kfs.at(1).rows(k0, 64).store(kf.load::<Tile<f16, 64, N2>>([h, 1, k0, 0]));
+    }
+    barrier::sync(1, 4);
+    let s = group * 3;
     let scale = ks.get([h, 0]);
     // `rows` a multiple of the block's `4 / P` sequences: each warpgroup takes as many, and
     // past the last sequence the loads read zeros and the stores drop, so that every
@@ -251,8 +263,8 @@ pub fn conv_fft_tc(
         sx.at(s).rows(r0, 64).store((xt * (1.0 / xm)).cast::<f16>());
         row_sync::<P>(2 + group);
         let (dr, di) = fft_forward::<N2, P>(sx, s, f1, f2, tw, r0);
-        let kr = kf.load::<Tile<f16, 64, N2>>([h, 0, r0, 0]).cast::<f32>();
-        let ki = kf.load::<Tile<f16, 64, N2>>([h, 1, r0, 0]).cast::<f32>();
+        let kr = kfs.at(0).rows(r0, 64).load().cast::<f32>();
+        let ki = kfs.at(1).rows(r0, 64).load().cast::<f32>();
         let yt = fft_inverse_real::<N2, P>(dr * kr - di * ki, dr * ki + di * kr, sx, s + 1, f1, f2, tw, r0, 2 + group);
         let mut pre = yt * (xm * scale);
         if has_bias == 1 {
@@ -505,6 +517,61 @@ pub struct Conv1d<'a, T: Element> {
     gate: Option<&'a Tensor<T>>,
     silu: bool,
     path: ConvPath,
+    spectrum: Option<&'a ConvSpectrum>,
+}
+
+/// The filters' spectrum for a transform path ([`ConvPath::Fft`], [`ConvPath::TensorCore`]), a
+/// transform length and a mode, made once by [`Conv1d::spectrum`] and reused by
+/// [`Conv1d::with_spectrum`]. A long convolution applies the same filters to every batch, and
+/// without one each call transforms them again (on the tensor-core path `conv_fft_wrap` and
+/// `conv_fft_tc_filter`; through cuFFT the filters' pad, R2C and `conv_fft_filter`). It holds
+/// the filters' values as they were when it was made: make it again after they change.
+///
+/// ```no_run
+/// # use tessera::{Device, Tensor, bf16};
+/// # use tessera_kernels::{Conv1d, ConvMode, ConvPath};
+/// # fn main() -> tessera::Result<()> {
+/// let dev = Device::new(0)?;
+/// let k = Tensor::<f32>::zeros(&dev, &[768, 4096])?;
+/// let xs = (0..4).map(|_| Tensor::<bf16>::zeros(&dev, &[8, 768, 4096])).collect::<tessera::Result<Vec<_>>>()?;
+/// let conv = |x| Conv1d::new(&dev, x, &k, ConvMode::Causal).path(ConvPath::TensorCore);
+/// let spectrum = conv(&xs[0]).spectrum()?;
+/// let mut y = Tensor::<bf16>::zeros(&dev, &[8, 768, 4096])?;
+/// for x in &xs {
+///     // Another `x` each time, the same filters: their transform is not made again.
+///     conv(x).with_spectrum(&spectrum).run(&mut y)?;
+/// }
+/// # Ok(()) }
+/// ```
+pub struct ConvSpectrum {
+    key: SpectrumKey,
+    data: SpectrumData,
+}
+
+/// What a spectrum fits: the path, the filters' count and length, the transform's length, the
+/// tap placed at step 0 and whether the spectrum is conjugated (a correlation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct SpectrumKey {
+    path: ConvPath,
+    channels: usize,
+    taps: usize,
+    n: usize,
+    first: usize,
+    conj: bool,
+}
+
+impl SpectrumKey {
+    fn describe(&self) -> String {
+        let order = if self.conj { "a correlation" } else { "a convolution" };
+        format!("{} filters of {} taps on {:?}, N = {}, tap {} first ({order})", self.channels, self.taps, self.path, self.n, self.first)
+    }
+}
+
+enum SpectrumData {
+    /// `conv_fft_filter`'s factors `[re, re]` and `[−im, im]`, `[channels, 2·(N/2 + 1)]`.
+    Fft { kc: Tensor<f32>, kd: Tensor<f32> },
+    /// `conv_fft_tc_filter`'s spectra `[channels, 2, N1, N2]` and factors `[channels, 1]`.
+    TensorCore { kf: Tensor<tessera::f16>, ks: Tensor<f32> },
 }
 
 /// How [`Conv1d::run`] computes the convolution.
@@ -548,7 +615,40 @@ pub struct Conv1dGrads<T: Element> {
 impl<'a, T: ConvElement> Conv1d<'a, T> {
     /// The convolution of `x` `[batch, channels, L]` with the filters `k` `[channels, Lk]`.
     pub fn new(device: &'a Device, x: &'a Tensor<T>, k: &'a Tensor<f32>, mode: ConvMode) -> Self {
-        Conv1d { device, x, k, mode, correlate: false, bias: None, skip: None, gate: None, silu: false, path: ConvPath::Direct }
+        Conv1d {
+            device,
+            x,
+            k,
+            mode,
+            correlate: false,
+            bias: None,
+            skip: None,
+            gate: None,
+            silu: false,
+            path: ConvPath::Direct,
+            spectrum: None,
+        }
+    }
+
+    /// Takes the filters' spectrum from `spectrum` (made by [`Conv1d::spectrum`] for the same
+    /// filters, path, lengths and mode) instead of transforming them again; [`Conv1d::run`]
+    /// refuses one that does not fit. The backward does not use it.
+    pub fn with_spectrum(mut self, spectrum: &'a ConvSpectrum) -> Self {
+        self.spectrum = Some(spectrum);
+        self
+    }
+
+    /// The filters' spectrum as [`Conv1d::run`] makes it on this path, for these lengths and
+    /// this mode, to reuse across calls ([`Conv1d::with_spectrum`]).
+    ///
+    /// # Errors
+    /// As [`Conv1d::run`]'s checks of `x` and `k`; [`ConvPath::Direct`] (no transform); the
+    /// tensor-core path's limits (16-bit `x`, `L + Lk − 1 ≤` [`CONV_TENSOR_CORE_MAX`]); a
+    /// launch's or cuFFT's error.
+    pub fn spectrum(&self) -> Result<ConvSpectrum> {
+        let d = self.dims("conv1d")?;
+        let key = self.spectrum_key(d)?;
+        self.make_spectrum(d, key)
     }
 
     /// Computes the forward by `path` (by default [`ConvPath::Direct`]; which path is faster
@@ -668,29 +768,112 @@ impl<'a, T: ConvElement> Conv1d<'a, T> {
             return Ok(());
         }
         let (bias, skip) = (column(self.bias, d.channels)?, column(self.skip, d.channels)?);
+        let terms = (bias.as_ref(), skip.as_ref());
         let flags = self.flags();
-        match self.path {
-            ConvPath::Direct => {
-                T::conv_launch(self.device, d, d.shift, d.reverse, self.x, self.k, (bias.as_ref(), skip.as_ref()), self.gate, y, flags)
+        if self.path == ConvPath::Direct {
+            if let Some(s) = self.spectrum {
+                let found = format!("the spectrum of {}", s.key.describe());
+                return Err(Error::Argument {
+                    kernel: "conv1d",
+                    arg: "spectrum".into(),
+                    expected: "none on the direct path".into(),
+                    found,
+                });
             }
-            ConvPath::Fft => self.run_fft(d, (bias.as_ref(), skip.as_ref()), y, flags),
-            ConvPath::TensorCore => T::tc_launch(self, d, (bias.as_ref(), skip.as_ref()), y, flags),
+            return T::conv_launch(self.device, d, d.shift, d.reverse, self.x, self.k, terms, self.gate, y, flags);
+        }
+        let key = self.spectrum_key(d)?;
+        let made;
+        let spectrum = match self.spectrum {
+            Some(s) if s.key == key => s,
+            Some(s) => {
+                return Err(Error::Argument {
+                    kernel: "conv1d",
+                    arg: "spectrum".into(),
+                    expected: format!("the spectrum of {}", key.describe()),
+                    found: format!("that of {}", s.key.describe()),
+                })
+            }
+            None => {
+                made = self.make_spectrum(d, key)?;
+                &made
+            }
+        };
+        match &spectrum.data {
+            SpectrumData::Fft { kc, kd } => self.run_fft(d, key.n, (kc, kd), terms, y, flags),
+            SpectrumData::TensorCore { kf, ks } => T::tc_launch(self, d, key.n, (kf, ks), terms, y, flags),
         }
     }
 
-    /// [`ConvPath::Fft`]'s forward.
-    fn run_fft(&self, d: Dims, terms: Columns<'_>, y: &mut Tensor<T>, flags: Flags) -> Result<()> {
-        let dev = self.device;
-        let stream = dev.stream().map_err(|_| Error::NotCuda { what: "conv1d's FFT path (cuFFT)" })?.clone();
-        let names = if cfg!(windows) {
-            &["cufft64_12.dll", "cufft64_11.dll"][..]
-        } else {
-            &["libcufft.so.12", "libcufft.so.11", "libcufft.so"][..]
-        };
-        if !tessera::library_present(names) {
-            return Err(Error::Library { library: "libcufft", message: "could not be loaded: conv1d's FFT path needs cuFFT".into() });
+    /// What a spectrum for this convolution (checked as `d`) on its path must fit.
+    fn spectrum_key(&self, d: Dims) -> Result<SpectrumKey> {
+        let arg = |arg: &str, expected: String, found: String| Error::Argument { kernel: "conv1d", arg: arg.into(), expected, found };
+        let need = d.len + d.taps - 1;
+        let key = |n: usize, first: usize| SpectrumKey { path: self.path, channels: d.channels, taps: d.taps, n, first, conj: !d.reverse };
+        match self.path {
+            ConvPath::Direct => {
+                let expected = "a transform path (`ConvPath::Fft` or `ConvPath::TensorCore`) for a spectrum".into();
+                Err(arg("path", expected, "ConvPath::Direct".into()))
+            }
+            // The signal is padded to place the output; the filters start at step 0.
+            ConvPath::Fft => Ok(key(fft_len(need), 0)),
+            ConvPath::TensorCore => {
+                if std::mem::size_of::<T>() != 2 {
+                    return Err(tensor_core_f32());
+                }
+                let Some((p, n2)) = TC_SHAPES.into_iter().find(|&(p, n2)| 64 * p * n2 >= need) else {
+                    let most = CONV_TENSOR_CORE_MAX;
+                    return Err(arg("x", format!("L + Lk − 1 ≤ {most} on the tensor-core path"), format!("L {} and Lk {}", d.len, d.taps)));
+                };
+                if d.channels > 65535 {
+                    return Err(arg("x", "at most 65535 channels on the tensor-core path".into(), format!("{} channels", d.channels)));
+                }
+                // The output read from step 0 of the circle: a convolution's tap `first` there,
+                // a correlation's (conjugated spectrum) tap `Lk − 1 − first`.
+                let first = (d.shift + d.taps as i32 - 1) as usize;
+                Ok(key(64 * p * n2, if d.reverse { first } else { d.taps - 1 - first }))
+            }
         }
-        let n = fft_len(d.len + d.taps - 1);
+    }
+
+    /// The filters' spectrum fitting `key`.
+    fn make_spectrum(&self, d: Dims, key: SpectrumKey) -> Result<ConvSpectrum> {
+        let data = match key.path {
+            ConvPath::TensorCore => tensor_core_spectrum(self.device, self.k, key)?,
+            _ => self.fft_spectrum(d, key)?,
+        };
+        Ok(ConvSpectrum { key, data })
+    }
+
+    /// [`ConvPath::Fft`]'s filter spectrum: the filters padded to `N`, cuFFT's R2C, then
+    /// `conv_fft_filter`'s factors (scaled by `1/N`, conjugated for a correlation).
+    fn fft_spectrum(&self, d: Dims, key: SpectrumKey) -> Result<SpectrumData> {
+        let dev = self.device;
+        let stream = cufft_stream(dev)?;
+        let (n, m2) = (key.n, 2 * (key.n / 2 + 1));
+        let int =
+            |v: usize| i32::try_from(v).map_err(|_| Error::Library { library: "libcufft", message: format!("a size of {v} past i32") });
+        let pad_grid = Grid::from((n.div_ceil(COLS) as u32, d.channels.div_ceil(ROWS) as u32));
+        let mut kp = written(&stream, d.channels * n)?;
+        let kv = self.k.view(&[d.channels, d.taps], &[d.taps, 1])?;
+        conv_fft_pad_f32::launch(dev, pad_grid, &kv, &mut tessera::global_mut(&mut kp, &[d.channels, n]), 0)?;
+        let plans = dev.local(FFT_PLANS, || Ok(FftPlans::default()))?;
+        let mut ks = written(&stream, d.channels * m2)?;
+        plans.exec_r2c(&stream, int(n)?, int(d.channels)?, &kp, &mut ks)?;
+        drop(kp);
+        let (mut kc, mut kd) = (Tensor::<f32>::scratch(dev, &[d.channels, m2])?, Tensor::<f32>::scratch(dev, &[d.channels, m2])?);
+        let grid = Grid::from((m2.div_ceil(COLS) as u32, d.channels.div_ceil(ROWS) as u32));
+        let conj = if key.conj { -1.0 } else { 1.0 };
+        conv_fft_filter::launch(dev, grid, &tessera::global(&ks, &[d.channels, m2]), &mut kc, &mut kd, 1.0 / n as f32, conj)?;
+        Ok(SpectrumData::Fft { kc, kd })
+    }
+
+    /// [`ConvPath::Fft`]'s forward with the filters' factors `kc`, `kd` for length `n`.
+    fn run_fft(
+        &self, d: Dims, n: usize, (kc, kd): (&Tensor<f32>, &Tensor<f32>), terms: Columns<'_>, y: &mut Tensor<T>, flags: Flags,
+    ) -> Result<()> {
+        let dev = self.device;
+        let stream = cufft_stream(dev)?;
         let (rows, m2) = (d.batch * d.channels, 2 * (n / 2 + 1));
         if rows.div_ceil(ROWS) > 65535 {
             let most = format!("at most {} sequences × channels on the FFT path", 65535 * ROWS);
@@ -703,47 +886,30 @@ impl<'a, T: ConvElement> Conv1d<'a, T> {
         }
         let int =
             |v: usize| i32::try_from(v).map_err(|_| Error::Library { library: "libcufft", message: format!("a size of {v} past i32") });
-        let (ni, rows_i, h_i) = (int(n)?, int(rows)?, int(d.channels)?);
-        // The signal, padded (a correlation's `Lk − 1` zeros first), and the filters.
+        let (ni, rows_i) = (int(n)?, int(rows)?);
+        // The signal, padded (a correlation's `Lk − 1` zeros first).
         let lead = if d.reverse { 0 } else { d.taps as i32 - 1 };
-        let pad_grid = |r: usize| Grid::from((n.div_ceil(COLS) as u32, r.div_ceil(ROWS) as u32));
-        let mut xp = stream.alloc_zeros::<f32>(rows * n)?;
+        let pad_grid = Grid::from((n.div_ceil(COLS) as u32, rows.div_ceil(ROWS) as u32));
+        let mut xp = written(&stream, rows * n)?;
         let xv = self.x.view(&[rows, d.len], &[d.len, 1])?;
-        T::fft_pad_launch(dev, pad_grid(rows), &xv, &mut tessera::global_mut(&mut xp, &[rows, n]), lead)?;
-        let mut kp = stream.alloc_zeros::<f32>(d.channels * n)?;
-        let kv = self.k.view(&[d.channels, d.taps], &[d.taps, 1])?;
-        conv_fft_pad_f32::launch(dev, pad_grid(d.channels), &kv, &mut tessera::global_mut(&mut kp, &[d.channels, n]), 0)?;
-        // Forward transforms (batched over the rows), the product, the inverse.
+        T::fft_pad_launch(dev, pad_grid, &xv, &mut tessera::global_mut(&mut xp, &[rows, n]), lead)?;
+        // The forward transform (batched over the rows), the product, the inverse.
         let plans = dev.local(FFT_PLANS, || Ok(FftPlans::default()))?;
-        let mut xs = stream.alloc_zeros::<f32>(rows * m2)?;
-        let mut ks = stream.alloc_zeros::<f32>(d.channels * m2)?;
+        let mut xs = written(&stream, rows * m2)?;
         plans.exec_r2c(&stream, ni, rows_i, &xp, &mut xs)?;
-        plans.exec_r2c(&stream, ni, h_i, &kp, &mut ks)?;
-        drop((xp, kp));
-        let (mut kc, mut kd) = (stream.alloc_zeros::<f32>(d.channels * m2)?, stream.alloc_zeros::<f32>(d.channels * m2)?);
-        let grid2 = Grid::from((m2.div_ceil(COLS) as u32, d.channels.div_ceil(ROWS) as u32));
-        let conj = if d.reverse { 1.0 } else { -1.0 };
-        conv_fft_filter::launch(
-            dev,
-            grid2,
-            &tessera::global(&ks, &[d.channels, m2]),
-            &mut tessera::global_mut(&mut kc, &[d.channels, m2]),
-            &mut tessera::global_mut(&mut kd, &[d.channels, m2]),
-            1.0 / n as f32,
-            conj,
-        )?;
-        let mut prod = stream.alloc_zeros::<f32>(rows * m2)?;
+        drop(xp);
+        let mut prod = written(&stream, rows * m2)?;
         let grid3 = Grid::from((m2.div_ceil(COLS) as u32, d.channels.div_ceil(ROWS) as u32, d.batch as u32));
         conv_fft_product::launch(
             dev,
             grid3,
             &tessera::global(&xs, &[d.batch, d.channels, m2]),
-            &tessera::global(&kc, &[d.channels, m2]),
-            &tessera::global(&kd, &[d.channels, m2]),
+            kc,
+            kd,
             &mut tessera::global_mut(&mut prod, &[d.batch, d.channels, m2]),
         )?;
-        drop((xs, ks, kc, kd));
-        let mut full = stream.alloc_zeros::<f32>(rows * n)?;
+        drop(xs);
+        let mut full = written(&stream, rows * n)?;
         plans.exec_c2r(&stream, ni, rows_i, &mut prod, &mut full)?;
         // The output's first step in the full convolution (`shift = first − (Lk − 1)`).
         let first = d.shift + d.taps as i32 - 1;
@@ -928,20 +1094,88 @@ pub trait ConvElement: Element + TensorCoreConv + sealed::Sealed {
 #[doc(hidden)]
 pub trait TensorCoreConv: Element + Sized {
     #[doc(hidden)]
-    fn tc_launch(conv: &Conv1d<'_, Self>, d: Dims, terms: Columns<'_>, y: &mut Tensor<Self>, flags: Flags) -> Result<()>
+    #[allow(clippy::too_many_arguments)]
+    fn tc_launch(
+        conv: &Conv1d<'_, Self>, d: Dims, n: usize, spectrum: (&Tensor<tessera::f16>, &Tensor<f32>), terms: Columns<'_>,
+        y: &mut Tensor<Self>, flags: Flags,
+    ) -> Result<()>
     where
         Self: ConvElement;
 }
 
 impl TensorCoreConv for f32 {
-    fn tc_launch(_: &Conv1d<'_, Self>, _: Dims, _: Columns<'_>, _: &mut Tensor<Self>, _: Flags) -> Result<()> {
-        Err(Error::Argument {
-            kernel: "conv1d",
-            arg: "x".into(),
-            expected: "bf16 or f16 on the tensor-core path (f32 takes `ConvPath::Fft` or `Direct`)".into(),
-            found: "f32".into(),
-        })
+    fn tc_launch(
+        _: &Conv1d<'_, Self>, _: Dims, _: usize, _: (&Tensor<tessera::f16>, &Tensor<f32>), _: Columns<'_>, _: &mut Tensor<Self>, _: Flags,
+    ) -> Result<()> {
+        Err(tensor_core_f32())
     }
+}
+
+/// The tensor-core path's refusal of f32 signals.
+fn tensor_core_f32() -> Error {
+    Error::Argument {
+        kernel: "conv1d",
+        arg: "x".into(),
+        expected: "bf16 or f16 on the tensor-core path (f32 takes `ConvPath::Fft` or `Direct`)".into(),
+        found: "f32".into(),
+    }
+}
+
+/// The device's stream where cuFFT can be loaded, else an error naming what is missing.
+fn cufft_stream(dev: &Device) -> Result<std::sync::Arc<cudarc::driver::CudaStream>> {
+    let stream = dev.stream().map_err(|_| Error::NotCuda { what: "conv1d's FFT path (cuFFT)" })?.clone();
+    let names =
+        if cfg!(windows) { &["cufft64_12.dll", "cufft64_11.dll"][..] } else { &["libcufft.so.12", "libcufft.so.11", "libcufft.so"][..] };
+    if !tessera::library_present(names) {
+        return Err(Error::Library { library: "libcufft", message: "could not be loaded: conv1d's FFT path needs cuFFT".into() });
+    }
+    Ok(stream)
+}
+
+/// A buffer of `len` f32 for the FFT path, not cleared: each is written whole before it is read
+/// (by `conv_fft_pad`, which writes every column of its rows, zeros included; by cuFFT's
+/// transforms; by `conv_fft_product`), so clearing would only add a pass over memory.
+fn written(stream: &std::sync::Arc<cudarc::driver::CudaStream>, len: usize) -> Result<cudarc::driver::CudaSlice<f32>> {
+    // SAFETY: f32 is plain data, so any bits a read could find are a value; and no read comes
+    // before the write that covers it (above).
+    Ok(unsafe { stream.alloc::<f32>(len.max(1)) }?)
+}
+
+/// The tensor-core path's shape `(P, N2)` for the transform length `n`.
+fn tensor_core_shape(n: usize) -> (usize, usize) {
+    TC_SHAPES.into_iter().find(|&(p, n2)| 64 * p * n2 == n).unwrap_or(TC_SHAPES[0])
+}
+
+/// The variant of a tensor-core kernel for the shape `(P, N2)`.
+fn tensor_core_variant(all: &[&KernelSpec], (p, n2): (usize, usize)) -> usize {
+    let shape = |s: &&KernelSpec| s.knob("P") == Some(p as i64) && s.knob("N2") == Some(n2 as i64);
+    all.iter().position(shape).unwrap_or(0)
+}
+
+/// [`ConvPath::TensorCore`]'s filter spectrum for `key`: the filters placed on the circle
+/// (`conv_fft_wrap`: tap `key.first` at step 0), then `conv_fft_tc_filter`.
+fn tensor_core_spectrum(dev: &Device, k: &Tensor<f32>, key: SpectrumKey) -> Result<SpectrumData> {
+    let (p, n2) = tensor_core_shape(key.n);
+    let (n1, n, channels) = (64 * p, key.n, key.channels);
+    let mut g = Tensor::<f32>::scratch(dev, &[channels, n])?;
+    let grid = Grid::from((n.div_ceil(COLS) as u32, channels.div_ceil(ROWS) as u32));
+    conv_fft_wrap::launch(dev, grid, k, &mut g, key.first as i32)?;
+    let mut kf = Tensor::<tessera::f16>::scratch(dev, &[channels, 2, n1, n2])?;
+    let mut ks = Tensor::<f32>::scratch(dev, &[channels, 1])?;
+    let tables = crate::fft::FftTables::get(dev, p, n2)?;
+    conv_fft_tc_filter::launch_variant(
+        tensor_core_variant(conv_fft_tc_filter::VARIANTS, (p, n2)),
+        dev,
+        Grid::from(channels.div_ceil(4 / p) as u32),
+        &g.view(&[channels, n1, n2], &[n, n2, 1])?,
+        &mut kf,
+        &mut ks,
+        &tables.f1,
+        &tables.f2,
+        &tables.tw,
+        if key.conj { -1.0 } else { 1.0 },
+    )?;
+    Ok(SpectrumData::TensorCore { kf, ks })
 }
 
 /// The tensor-core path's shapes `(P, N2)` (`N = 64·P·N2`: warpgroups a row, steps a line),
@@ -962,47 +1196,17 @@ const TC_ROWS: usize = 8;
 macro_rules! tensor_core_conv {
     ($t:ty, $tc:ident, $copy:ident) => {
         impl TensorCoreConv for $t {
-            fn tc_launch(conv: &Conv1d<'_, Self>, d: Dims, (bias, skip): Columns<'_>, y: &mut Tensor<Self>, flags: Flags) -> Result<()> {
+            fn tc_launch(
+                conv: &Conv1d<'_, Self>, d: Dims, n: usize, (kf, ks): (&Tensor<tessera::f16>, &Tensor<f32>), (bias, skip): Columns<'_>,
+                y: &mut Tensor<Self>, flags: Flags,
+            ) -> Result<()> {
                 let dev = conv.device;
-                let arg =
-                    |arg: &str, expected: String, found: String| Error::Argument { kernel: "conv1d", arg: arg.into(), expected, found };
-                let need = d.len + d.taps - 1;
-                let Some((p, n2)) = TC_SHAPES.into_iter().find(|&(p, n2)| 64 * p * n2 >= need) else {
-                    let most = CONV_TENSOR_CORE_MAX;
-                    return Err(arg("x", format!("L + Lk − 1 ≤ {most} on the tensor-core path"), format!("L {} and Lk {}", d.len, d.taps)));
-                };
-                if d.channels > 65535 {
-                    return Err(arg("x", "at most 65535 channels on the tensor-core path".into(), format!("{} channels", d.channels)));
-                }
-                let (n1, n) = (64 * p, 64 * p * n2);
+                let (p, n2) = tensor_core_shape(n);
                 // A whole number of the block's turns (4 sequences).
                 let tc_rows = d.batch.next_multiple_of(4).min(TC_ROWS);
                 let rows = d.batch * d.channels;
-                // The filters on the circle: a convolution's tap `first` at step 0, a
-                // correlation's (conjugated spectrum) tap `Lk − 1 − first`.
-                let first = (d.shift + d.taps as i32 - 1) as usize;
-                let (c, conj) = if d.reverse { (first, 1.0) } else { (d.taps - 1 - first, -1.0) };
-                let mut g = Tensor::<f32>::scratch(dev, &[d.channels, n])?;
                 let grid = |r: usize, cols: usize| Grid::from((cols.div_ceil(COLS) as u32, r.div_ceil(ROWS) as u32));
-                conv_fft_wrap::launch(dev, grid(d.channels, n), conv.k, &mut g, c as i32)?;
-                let mut kf = Tensor::<tessera::f16>::scratch(dev, &[d.channels, 2, n1, n2])?;
-                let mut ks = Tensor::<f32>::scratch(dev, &[d.channels, 1])?;
-                let shape = |s: &&KernelSpec| s.knob("P") == Some(p as i64) && s.knob("N2") == Some(n2 as i64);
-                let variant = |all: &[&KernelSpec]| all.iter().position(shape).unwrap_or(0);
                 let tables = crate::fft::FftTables::get(dev, p, n2)?;
-                conv_fft_tc_filter::launch_variant(
-                    variant(conv_fft_tc_filter::VARIANTS),
-                    dev,
-                    Grid::from(d.channels.div_ceil(4 / p) as u32),
-                    &g.view(&[d.channels, n1, n2], &[n, n2, 1])?,
-                    &mut kf,
-                    &mut ks,
-                    &tables.f1,
-                    &tables.f2,
-                    &tables.tw,
-                    conj,
-                )?;
-                drop(g);
                 // Rows of whole `N2`-step lines: padded copies where the lengths are not.
                 let (lp, lop) = (d.len.next_multiple_of(n2), d.out.next_multiple_of(n2));
                 let padded = |t: &Tensor<Self>, len: usize, to: usize| -> Result<Option<Tensor<Self>>> {
@@ -1027,12 +1231,12 @@ macro_rules! tensor_core_conv {
                     let yt = yp.as_mut().unwrap_or(y);
                     let mut yv = yt.view_mut(&[rows, lop / n2, n2], &[lop, n2, 1])?;
                     $tc::launch_variant(
-                        variant($tc::VARIANTS),
+                        tensor_core_variant($tc::VARIANTS, (p, n2)),
                         dev,
                         Grid::from((d.channels as u32, d.batch.div_ceil(tc_rows) as u32)),
                         &xv,
-                        &kf,
-                        &ks,
+                        kf,
+                        ks,
                         &Optional(bias, 2),
                         &Optional(skip, 2),
                         &Optional(gv.as_ref(), 3),

@@ -54,10 +54,11 @@ pub fn fft_forward<const N2: usize, const P: usize>(
     let mut bi = Tile::<f32, 64, N2>::zeros();
     mma_sync_kn(br, f1.at(0).rows(r0, 64), sx.at(s));
     mma_sync_kn(bi, f1.at(1).rows(r0, 64), sx.at(s));
-    mma_wait(0);
-    // The twiddles `ω_N^(k1·n2)` of these rows, stored in the accumulators' fragment order.
+    // The twiddles `ω_N^(k1·n2)` of these rows, stored in the accumulators' fragment order,
+    // read while the MMAs run.
     let c = tw.load_fragments::<Tile<f32, 64, N2>>([r0 / 64, 0]);
     let sn = tw.load_fragments::<Tile<f32, 64, N2>>([P + r0 / 64, 0]);
+    mma_wait(0);
     let cr = (br * c - bi * sn).cast::<f16>();
     let ci = (br * sn + bi * c).cast::<f16>();
     let mut dr = Tile::<f32, 64, N2>::zeros();
@@ -89,10 +90,9 @@ pub fn fft_inverse_real<const N2: usize, const P: usize>(
     mma_sync_kn(pr, ai, f2.at(1));
     mma_sync_kn(pi, ai, f2.at(0));
     mma_sync_kn(pi, ar, f2.at(2));
-    mma_wait(0);
-    // The twiddles `ω_N^(k1·n2)` of these rows, stored in the accumulators' fragment order.
     let c = tw.load_fragments::<Tile<f32, 64, N2>>([r0 / 64, 0]);
     let sn = tw.load_fragments::<Tile<f32, 64, N2>>([P + r0 / 64, 0]);
+    mma_wait(0);
     let qr = (pr * c + pi * sn).cast::<f16>();
     let qi = (pi * c - pr * sn).cast::<f16>();
     sc.at(s).rows(r0, 64).store(qr);

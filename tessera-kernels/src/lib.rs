@@ -45,7 +45,7 @@ pub use attention::{
     attention_with_lse, check_cu_seqlens, Attention, AttentionElement, AttentionGrads, AttentionKernel, AttentionLayout,
     ATTENTION_KERNEL_PARAMS,
 };
-pub use conv::{Conv1d, Conv1dGrads, ConvElement, ConvMode, ConvPath, TensorCoreConv, CONV_TENSOR_CORE_MAX};
+pub use conv::{Conv1d, Conv1dGrads, ConvElement, ConvMode, ConvPath, ConvSpectrum, TensorCoreConv, CONV_TENSOR_CORE_MAX};
 pub use elementwise::axpy;
 pub use fp8::{dequantize_fp8, quantize_fp8, Fp8Element, Fp8Source};
 pub use gemm::{

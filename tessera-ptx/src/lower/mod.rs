@@ -602,9 +602,16 @@ impl<'a> Lowerer<'a> {
                         let layout = self.full_layout(Some(name), ty);
                         Value::Tile(self.full(value, ty, layout)?)
                     }
-                    // A per-row vector loaded for an accumulator's rows: in their layout.
+                    // A per-row vector loaded for an accumulator's rows: in their layout; so is
+                    // a whole tile of the accumulator's shape read from shared memory to meet it
+                    // (a spectrum's factors kept there).
                     (_, Type::Tile(ty)) if self.acc_partners.iter().any(|p| p == name) => {
-                        self.layout_hint = Some(self.full_layout(Some(name), ty));
+                        let whole = ty.rows.is_multiple_of(64) && ty.cols.is_multiple_of(8);
+                        self.layout_hint = Some(if whole && smem_loaded(value) {
+                            crate::layout::Layout::wgmma(ty.rows, ty.cols)
+                        } else {
+                            self.full_layout(Some(name), ty)
+                        });
                         let v = self.expr(value);
                         self.layout_hint = None;
                         v?
@@ -940,6 +947,16 @@ fn loaded(e: &crate::tirh::Expr) -> Option<&crate::tirh::Expr> {
         ExprKind::Load { .. } => Some(e),
         ExprKind::Cast { value, .. } if matches!(value.kind, ExprKind::Load { .. }) => Some(value),
         _ => None,
+    }
+}
+
+/// Whether `e` reads shared memory (`view.load()`, maybe cast).
+fn smem_loaded(e: &crate::tirh::Expr) -> bool {
+    use crate::tirh::ExprKind;
+    match &e.kind {
+        ExprKind::SmemLoad(_) => true,
+        ExprKind::Cast { value, .. } => matches!(value.kind, ExprKind::SmemLoad(_)),
+        _ => false,
     }
 }
 
