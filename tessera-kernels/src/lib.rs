@@ -18,7 +18,7 @@
 //! | [`attention`], [`attention_with_lse`], [`attention_varlen`] | FlashAttention forward: bf16/f16, `[b, s, h, d]` or `[b, h, s, d]` or sequences packed end to end, causal or not, grouped-query heads, different query and key lengths, the log-sum-exp for a backward pass (Hopper) |
 //! | [`layer_norm`] | `y = (x − mean) / sqrt(var + eps) · weight + bias` per row, bf16/f16/f32, f32 statistics |
 //! | [`LinearAttention`] | causal linear attention, chunked, with a scalar decay a step and β (RetNet, simple GLA), per-channel gates (GLA) and a feature map on q and k: forward, backward, decode step (Hopper) |
-//! | [`Conv1d`] | depthwise 1-D convolution along the last axis (`full`, `same`, `causal`; PyTorch's `conv1d` weights too), with a bias, a skip term `D·x`, SiLU and a gate fused; forward and backward (`dx`, `dk`, and the terms'); a direct path, cuFFT's (forward, GPU) and a tensor-core FFT in the language ([`fft`]; forward, Hopper, bf16/f16, `L + Lk − 1 ≤ 8192`) |
+//! | [`Conv1d`] | depthwise 1-D convolution along the last axis (`full`, `same`, `causal`; PyTorch's `conv1d` weights too), with a bias, a skip term `D·x`, SiLU and a gate fused; forward and backward (`dx`, `dk`, and the terms'); a direct path, cuFFT's (forward, GPU) and a tensor-core FFT in the language ([`fft`]; forward, Hopper, bf16/f16, `L + Lk − 1 ≤ 8192`); on the transform paths the filters' spectrum made once and reused ([`ConvSpectrum`]) |
 //! | [`Ssd`] | Mamba-2's state-space duality on the linear attention's kernels: forward and backward (Hopper) |
 //! | [`quantize_fp8`], [`dequantize_fp8`] | `y = x · scale` to fp8 ([`tessera::F8E4M3`], [`tessera::F8E5M2`]; round to nearest even, saturating, as the GPU's `cvt`) and back (sm_89 and later) |
 #![warn(missing_docs)]
