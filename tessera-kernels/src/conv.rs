@@ -188,13 +188,14 @@ pub fn conv_fft_wrap(k: Global<f32, 2>, out: Global<f32, 2>, c: i32) {
 #[kernel(warpgroups = 4, targets(sm_90a), tune(P = [1, 2], N2 = [64, 32], only(P == 1 || N2 == 64)))]
 #[allow(clippy::too_many_arguments)]
 pub fn conv_fft_tc_filter(
-    g: Global<f32, 3>, kf: Global<f16, 4>, ks: Global<f32, 2>, tf1: Global<f16, 3>, tf2: Global<f16, 3>, tw: Global<f32, 2>, conj: f32,
+    g: Global<f32, 3>, kf: Global<f16, 4>, ks: Global<f32, 2>, tf1: Global<f16, 3>, tf2: Global<f16, 3>, tw: Global<f16, 3>, conj: f32,
 ) {
     let f1 = Smem::<f16, { 64 * P }, { 64 * P }>::ring(2);
     let f2 = Smem::<f16, N2, N2>::ring(3);
+    let tws = Smem::<f16, { 64 * P }, N2>::ring(2);
     let sx = Smem::<f16, { 64 * P }, N2>::ring({ 4 / P });
     let me = warpgroup::id();
-    dft_tables::<N2, P>(f1, f2, tf1, tf2, me);
+    dft_tables::<N2, P>(f1, f2, tws, tf1, tf2, tw, me);
     barrier::sync(1, 4);
     let group = me / P;
     let r0 = (me - group * P) * 64;
@@ -205,7 +206,7 @@ pub fn conv_fft_tc_filter(
     let gm = row_amax::<64, N2, P>(gt);
     sx.at(group).rows(r0, 64).store((gt * (1.0 / gm)).cast::<f16>());
     row_sync::<P>(2 + group);
-    let (dr, di) = fft_forward::<N2, P>(sx, group, f1, f2, tw, r0);
+    let (dr, di) = fft_forward::<N2, P>(sx, group, f1, f2, tws, r0);
     let dm = row_amax::<64, N2, P>(max(abs(dr), abs(di)));
     let inv = 1.0 / dm;
     kf.store([h, 0, r0, 0], (dr * inv).cast::<f16>());
@@ -228,13 +229,15 @@ pub fn conv_fft_tc_filter(
 #[allow(clippy::too_many_arguments)]
 pub fn conv_fft_tc(
     x: Global<T, 3>, kf: Global<f16, 4>, ks: Global<f32, 2>, bias: Global<f32, 2>, skip: Global<f32, 2>, gate: Global<T, 3>,
-    y: Global<T, 3>, tf1: Global<f16, 3>, tf2: Global<f16, 3>, tw: Global<f32, 2>, rows: i32, has_bias: i32, has_skip: i32, has_gate: i32,
+    y: Global<T, 3>, tf1: Global<f16, 3>, tf2: Global<f16, 3>, tw: Global<f16, 3>, rows: i32, has_bias: i32, has_skip: i32, has_gate: i32,
     act: i32,
 ) {
     let f1 = Smem::<f16, { 64 * P }, { 64 * P }>::ring(2);
     let f2 = Smem::<f16, N2, N2>::ring(3);
-    // A sequence's input, then the inverse's last operand (real, imaginary).
-    let sx = Smem::<f16, { 64 * P }, N2>::ring({ 12 / P });
+    let tws = Smem::<f16, { 64 * P }, N2>::ring(2);
+    // A sequence's input, then (its stage again, and the next) the inverse's last operand (real,
+    // imaginary).
+    let sx = Smem::<f16, { 64 * P }, N2>::ring({ 8 / P });
     // The block's channel's spectrum (real, imaginary), read by every sequence.
     let kfs = Smem::<f16, { 64 * P }, N2>::ring(2);
     let me = warpgroup::id();
@@ -243,7 +246,7 @@ pub fn conv_fft_tc(
     let channels = kf.dim(0);
     let h = block::id_x();
     let b0 = block::id_y() * rows;
-    dft_tables::<N2, P>(f1, f2, tf1, tf2, me);
+    dft_tables::<N2, P>(f1, f2, tws, tf1, tf2, tw, me);
     // Warpgroups 2.. copy it (0.. copy `f1`, 3 `f2`).
     if me >= 2 && me < 2 + P {
         let k0 = (me - 2) * 64;
@@ -251,7 +254,7 @@ pub fn conv_fft_tc(
         kfs.at(1).rows(k0, 64).store(kf.load::<Tile<f16, 64, N2>>([h, 1, k0, 0]));
     }
     barrier::sync(1, 4);
-    let s = group * 3;
+    let s = group * 2;
     let scale = ks.get([h, 0]);
     // `rows` a multiple of the block's `4 / P` sequences: each warpgroup takes as many, and
     // past the last sequence the loads read zeros and the stores drop, so that every
@@ -262,10 +265,10 @@ pub fn conv_fft_tc(
         let xm = row_amax::<64, N2, P>(xt);
         sx.at(s).rows(r0, 64).store((xt * (1.0 / xm)).cast::<f16>());
         row_sync::<P>(2 + group);
-        let (dr, di) = fft_forward::<N2, P>(sx, s, f1, f2, tw, r0);
+        let (dr, di) = fft_forward::<N2, P>(sx, s, f1, f2, tws, r0);
         let kr = kfs.at(0).rows(r0, 64).load().cast::<f32>();
         let ki = kfs.at(1).rows(r0, 64).load().cast::<f32>();
-        let yt = fft_inverse_real::<N2, P>(dr * kr - di * ki, dr * ki + di * kr, sx, s + 1, f1, f2, tw, r0, 2 + group);
+        let yt = fft_inverse_real::<N2, P>(dr * kr - di * ki, dr * ki + di * kr, sx, s, f1, f2, tws, r0, 2 + group);
         let mut pre = yt * (xm * scale);
         if has_bias == 1 {
             pre = pre + bias.get([h, 0]);

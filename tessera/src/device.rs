@@ -416,7 +416,10 @@ impl Device {
                 return Err(load_err(e));
             }
         };
-        if spec.dynamic_shared_bytes > 48 * 1024 {
+        // Static and dynamic shared memory together past 48 KiB need the opt-in, whatever the
+        // dynamic part alone (46 KiB dynamic beside a few static bytes failed to launch with
+        // CUDA_ERROR_INVALID_VALUE on an H200): set it for every kernel with a dynamic part.
+        if spec.dynamic_shared_bytes > 0 {
             // SAFETY: the function belongs to the bound context.
             let r = unsafe {
                 cudarc::driver::result::function::set_function_attribute(

@@ -109,7 +109,7 @@ pub enum Error {
     #[error("bench report: {0}")]
     Report(String),
     /// A CUDA driver call failed.
-    #[error("CUDA driver call failed")]
+    #[error("CUDA driver call failed: {0}")]
     Driver(#[from] DriverError),
     /// A CUDA library other than the driver (cuFFT) could not be loaded, or a call into it
     /// failed: `library` names it.
