@@ -435,7 +435,7 @@ fn main() {
         // beside PyTorch's FFT convolution.
         // The tensor-core FFT in bf16 where `2L − 1` fits its lengths (the filter's transform in
         // the timing too).
-        for (b, ch, l) in [(8, 768, 2048), (8, 768, 4096), (4, 768, 16384)] {
+        for (b, ch, l) in [(8, 768, 2048), (8, 768, 4096), (4, 768, 16384), (2, 768, 32768), (1, 768, 65536)] {
             let n = b * ch * l;
             let x = Tensor::from_host(&dev, &random(n), &[b, ch, l]).expect("x");
             let k = Tensor::from_host(&dev, &random(ch * l), &[ch, l]).expect("k");
@@ -462,7 +462,7 @@ fn main() {
                 println!("  (host time to enqueue one call: {host:.0} µs)");
             }
             let conv = tessera_kernels::Conv1d::new(&dev, &x, &k, tessera_kernels::ConvMode::Causal);
-            if l > 2048 {
+            if l > 2048 && l <= 4096 {
                 let mut f = || conv.run(&mut y).expect("conv1d long");
                 norm_row!(format!("conv1d causal direct K{l} f32 {b}x{ch}x{l}"), (2 * n * 4) as f64, time_ms(&dev, 1, 3, &mut f));
             }

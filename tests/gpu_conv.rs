@@ -112,6 +112,11 @@ fn narrow(v: &[f64]) -> Vec<f32> {
 /// Forward and backward of one case against the references; `tol` for the forward, `gtol` for
 /// the gradients.
 fn check<T: ConvElement>(dev: &Device, c: Case, to: fn(f32) -> T, from: fn(T) -> f64, tol: f64, gtol: f64) {
+    check_paths(dev, c, to, from, tol, gtol, None);
+}
+
+/// [`check`], or where `only` names a path, that path's forward alone.
+fn check_paths<T: ConvElement>(dev: &Device, c: Case, to: fn(f32) -> T, from: fn(T) -> f64, tol: f64, gtol: f64, only: Option<ConvPath>) {
     let (xh, gh, v) = inputs(&c, to, from);
     let x = Tensor::from_host(dev, &xh, &[c.batch, c.channels, c.len]).unwrap();
     let k = Tensor::from_host(dev, &narrow(&v.k), &[c.channels, c.taps]).unwrap();
@@ -158,6 +163,9 @@ fn check<T: ConvElement>(dev: &Device, c: Case, to: fn(f32) -> T, from: fn(T) ->
     if std::mem::size_of::<T>() == 2 && tc_fits {
         paths.push((ConvPath::TensorCore, tol.max(2e-3)));
     }
+    if let Some(p) = only {
+        paths = vec![(p, tol.max(2e-3))];
+    }
     for (path, tol) in paths {
         let mut y = Tensor::full(dev, &[c.batch, c.channels, lo], to(f32::NAN)).unwrap();
         builder(path).run(&mut y).unwrap_or_else(|e| panic!("{c:?} {path:?}: {e}"));
@@ -176,6 +184,9 @@ fn check<T: ConvElement>(dev: &Device, c: Case, to: fn(f32) -> T, from: fn(T) ->
         }
     }
 
+    if only.is_some() {
+        return;
+    }
     // The backward from the chain rule on the definition.
     let dyh: Vec<T> = random(c.batch * c.channels * lo, -1.0, 1.0).into_iter().map(to).collect();
     let dy = Tensor::from_host(dev, &dyh, &[c.batch, c.channels, lo]).unwrap();
@@ -261,6 +272,9 @@ fn gpu_conv1d_matches_f64_reference() {
                 (3, 20, 1000, 64),
                 (1, 17, 4099, 257),
                 (2, 7, 300, 301),
+                // The tensor-core path past 8192 steps: N 16384 and 65536.
+                (1, 3, 9000, 6000),
+                (1, 1, 17000, 16001),
             ],
         );
     }
@@ -286,6 +300,28 @@ fn interp_conv1d_matches_f64_reference() {
             (1, 2, 4500, 7),
         ],
     );
+}
+
+#[test]
+fn interp_conv1d_long_tensor_core_matches_f64_reference() {
+    // The tensor-core path past 8192 steps (N 16384: four parts of 4096, residues 0..=2), in the
+    // interpreter for a few rows: a convolution with every term, a correlation, `same` mode.
+    let dev = Device::cpu();
+    let case = |batch, channels, len, taps, mode, terms: bool| Case {
+        batch,
+        channels,
+        len,
+        taps,
+        mode,
+        bias: terms,
+        skip: terms,
+        silu: terms,
+        gate: terms,
+    };
+    let tc = Some(ConvPath::TensorCore);
+    check_paths::<bf16>(&dev, case(1, 2, 6000, 4000, Some(ConvMode::Causal), true), bf16::from_f32, |v| v.to_f64(), 1e-2, 0.0, tc);
+    check_paths::<f16>(&dev, case(1, 1, 7001, 2000, None, false), f16::from_f32, |v| v.to_f64(), 2e-3, 0.0, tc);
+    check_paths::<f16>(&dev, case(2, 1, 5000, 3999, Some(ConvMode::Same), true), f16::from_f32, |v| v.to_f64(), 2e-3, 0.0, tc);
 }
 
 #[test]

@@ -23,7 +23,10 @@
 //! reversed and shifted, which gives `dx` (the transpose of a correlation is the correlation
 //! with the reversed filter).
 
-use crate::fft::{dft_tables, fft_forward, fft_inverse_real, row_amax, row_sync};
+use crate::fft::{
+    dft_tables, fft_fold, fft_forward, fft_forward_complex, fft_inverse_complex, fft_inverse_real, fold_twiddle, row_amax, row_sync,
+    tile_amax,
+};
 use crate::prelude::{depthwise_conv, depthwise_conv_short, sigmoid, silu};
 use tessera::{device, kernel, Device, Element, Error, Grid, KernelSpec, Optional, OptionalMut, Result, Tensor};
 
@@ -278,6 +281,151 @@ pub fn conv_fft_tc(
         }
         activate_gate_store(pre, gate, y, row, r0, 0, has_gate, act);
     }
+}
+
+/// The long tensor-core path's tables in shared memory: [`dft_tables`] for `M = 4096` (`P` 1,
+/// `N2` 64) and `f1`'s stage 2 (`F_64`'s imaginary part negated, for the complex transforms),
+/// copied by warpgroup 1. The caller syncs the block.
+#[device]
+#[allow(clippy::too_many_arguments)]
+fn long_tables(
+    f1: Smem<f16, 64, 64>, f2: Smem<f16, 64, 64>, tws: Smem<f16, 64, 64>, tf1: Global<f16, 3>, tf2: Global<f16, 3>, tw: Global<f16, 3>,
+    me: i32,
+) {
+    dft_tables::<64, 1>(f1, f2, tws, tf1, tf2, tw, me);
+    if me == 1 {
+        f1.at(2).store(tf1.load::<Tile<f16, 64, 64>>([2, 0, 0]));
+    }
+}
+
+/// The long tensor-core path's filters (`N = 4096·q`, `q` 4 to 32): `g` `[channels, N/64, 64]`
+/// (each filter on the circle, as [`conv_fft_tc_filter`]'s) to the spectrum's residues `r =
+/// 0..=q/2` (`x̂[q·k + r]`, [`fft_fold`] then [`fft_forward_complex`]): `kf` `[channels·(q/2 +
+/// 1), 2, 64, 64]` (f16, row `h·(q/2 + 1) + r`, divided by its largest magnitude, conjugated
+/// where `conj` is −1) and `ks` `[channels·(q/2 + 1), 1]`, the factor undoing the scalings and
+/// the transforms' (`√M/q`). The filters' first `qn` blocks of 4096 steps are read (the others
+/// zeros). Item `i` is channel `i / (q/2 + 1)` and residue `i % (q/2 + 1)` (the row of `kf`
+/// and `ks` it makes); a block takes `per` consecutive items (a multiple of 4), its
+/// warpgroups in turn.
+#[kernel(warpgroups = 4, targets(sm_90a))]
+#[allow(clippy::too_many_arguments)]
+pub fn conv_fft_tc_long_filter(
+    g: Global<f32, 3>, kf: Global<f16, 4>, ks: Global<f32, 2>, tf1: Global<f16, 3>, tf2: Global<f16, 3>, tw: Global<f16, 3>, conj: f32,
+    per: i32, q: i32, qn: i32,
+) {
+    let f1 = Smem::<f16, 64, 64>::ring(3);
+    let f2 = Smem::<f16, 64, 64>::ring(3);
+    let tws = Smem::<f16, 64, 64>::ring(2);
+    let sx = Smem::<f16, 64, 64>::ring(8);
+    let me = warpgroup::id();
+    long_tables(f1, f2, tws, tf1, tf2, tw, me);
+    barrier::sync(1, 4);
+    let res = q / 2 + 1;
+    let s = me * 2;
+    // Past the last item the loads read zeros and the stores drop.
+    for i in (me..per).step_by(4) {
+        let at = block::id_x() * per + i;
+        let h = at / res;
+        let (ur, ui) = fft_fold::<f32>(g, h, at - h * res, q, qn);
+        let um = tile_amax(max(abs(ur), abs(ui)), 1e-30);
+        sx.at(s).store((ur * (1.0 / um)).cast::<f16>());
+        sx.at(s + 1).store((ui * (1.0 / um)).cast::<f16>());
+        let (dr, di) = fft_forward_complex::<64, 1>(sx, s, f1, f2, tws, 0);
+        let dm = tile_amax(max(abs(dr), abs(di)), 1e-30);
+        let inv = 1.0 / dm;
+        kf.store([at, 0, 0, 0], (dr * inv).cast::<f16>());
+        kf.store([at, 1, 0, 0], (di * (inv * conj)).cast::<f16>());
+        ks.store([at, 0], dm * um * (64.0 / q as f32));
+    }
+}
+
+/// The long tensor-core path's convolution by residue: item `i` is row `i / (q/2 + 1)` of `x`
+/// (`[batch·channels, L/64, 64]`, zeros past `L`; its first `qn` blocks of 4096 steps) and
+/// residue `r = i % (q/2 + 1)` of the spectrum: the row folded ([`fft_fold`]), transformed
+/// ([`fft_forward_complex`]), multiplied by its channel's residue `r` of
+/// [`conv_fft_tc_long_filter`]'s spectrum, transformed back ([`fft_inverse_complex`]) and turned
+/// by `ω_N^(−m·r)`: `w_r[m]`, from which `y[m + 4096·j] = Σ_r Re(ω_q^(−j·r)·w_r[m])` (the
+/// conjugate residues `q − r` twice over). Into `w` `[q, rows, 64, 64]` (f16, residue `r`'s
+/// real part at slot `r`, its imaginary part at slot `q − r` where `0 < r < q/2`) with each
+/// slot's factor in `ws` `[q, rows, 1]`; then [`conv_fft_tc_combine`]. A block takes `per`
+/// consecutive items (a multiple of 4), its warpgroups in turn (a row's residues one after
+/// another, so that the row's folds after the first read it from L2).
+#[kernel(warpgroups = 4, targets(sm_90a), dtypes(T = [bf16, f16]))]
+#[allow(clippy::too_many_arguments)]
+pub fn conv_fft_tc_long(
+    x: Global<T, 3>, kf: Global<f16, 4>, ks: Global<f32, 2>, w: Global<f16, 4>, ws: Global<f32, 3>, tf1: Global<f16, 3>,
+    tf2: Global<f16, 3>, tw: Global<f16, 3>, per: i32, q: i32, qn: i32,
+) {
+    let f1 = Smem::<f16, 64, 64>::ring(3);
+    let f2 = Smem::<f16, 64, 64>::ring(3);
+    let tws = Smem::<f16, 64, 64>::ring(2);
+    // A row's folded input (real, imaginary), then the inverse's last operand.
+    let sx = Smem::<f16, 64, 64>::ring(8);
+    let me = warpgroup::id();
+    let res = q / 2 + 1;
+    let channels = kf.dim(0) / res;
+    long_tables(f1, f2, tws, tf1, tf2, tw, me);
+    barrier::sync(1, 4);
+    let s = me * 2;
+    // Past the last item the loads read rows past `x` (zeros) and the stores drop.
+    for i in (me..per).step_by(4) {
+        let item = block::id_x() * per + i;
+        let row = item / res;
+        let r = item - row * res;
+        let at = (row - (row / channels) * channels) * res + r;
+        let (ur, ui) = fft_fold::<T>(x, row, r, q, qn);
+        let um = tile_amax(max(abs(ur), abs(ui)), 1e-30);
+        sx.at(s).store((ur * (1.0 / um)).cast::<f16>());
+        sx.at(s + 1).store((ui * (1.0 / um)).cast::<f16>());
+        let (dr, di) = fft_forward_complex::<64, 1>(sx, s, f1, f2, tws, 0);
+        let kr = kf.load::<Tile<f16, 64, 64>>([at, 0, 0, 0]).cast::<f32>();
+        let ki = kf.load::<Tile<f16, 64, 64>>([at, 1, 0, 0]).cast::<f32>();
+        let (zr, zi) = fft_inverse_complex::<64, 1>(dr * kr - di * ki, dr * ki + di * kr, sx, s, f1, f2, tws, 0, 2);
+        let (tc, ts) = fold_twiddle(r, q);
+        let f = um * ks.get([at, 0]);
+        w.store([r, row, 0, 0], (zr * tc + zi * ts).cast::<f16>());
+        ws.store([r, row, 0], f);
+        if 0 < r && 2 * r < q {
+            w.store([q - r, row, 0, 0], (zi * tc - zr * ts).cast::<f16>());
+            ws.store([q - r, row, 0], f);
+        }
+    }
+}
+
+/// The long tensor-core path's output: `y[m + 4096·j] = act(Σ_slots c(j, slot)·ws·w + bias +
+/// skip·x)·gate` from [`conv_fft_tc_long`]'s slots (`w` `[q, batch, channels, 4096]`, `ws` `[q,
+/// batch, channels, 1]`): slot 0 and `q/2` with `cos(2π·j·r/q)`, slot `0 < r < q/2` with
+/// `2·cos`, slot `q − r` with `−2·sin` — the inverse over the residues, the conjugate ones
+/// included. The epilogue as `conv1d_direct`'s; blocks as [`conv_fft_finish`]'s.
+#[kernel(dtypes(T = [bf16, f16]))]
+#[allow(clippy::too_many_arguments)]
+pub fn conv_fft_tc_combine(
+    w: Global<f16, 4>, ws: Global<f32, 4>, x: Global<T, 3>, bias: Global<f32, 2>, skip: Global<f32, 2>, gate: Global<T, 3>,
+    y: Global<T, 3>, q: i32, has_bias: i32, has_skip: i32, has_gate: i32, act: i32,
+) {
+    let b = block::id_z();
+    let h0 = block::id_y() * 16;
+    let t0 = block::id_x() * 256;
+    let j = t0 / 4096;
+    let m0 = t0 - j * 4096;
+    let mut acc = Tile::<f32, 16, 256>::zeros();
+    for slot in 0..q {
+        let mut r = slot;
+        if 2 * slot > q {
+            r = q - slot;
+        }
+        let a = ((j * r) % q) as f32 * (f32::consts::TAU / q as f32);
+        let mut c = cos(a);
+        if 2 * slot > q {
+            c = -2.0 * sin(a);
+        } else if 0 < slot && 2 * slot < q {
+            c = 2.0 * c;
+        }
+        let wt = w.load::<Tile<f16, 16, 256>>([slot, b, h0, m0]).cast::<f32>();
+        acc = acc + wt * (ws.load::<Tile<f32, 16, 1>>([slot, b, h0, 0]) * c);
+    }
+    let xt = skip_input::<T, 16, 256>(x, b, h0, t0, has_skip);
+    activate_gate_store(add_terms(acc, xt, bias, skip, h0, has_bias, has_skip), gate, y, b, h0, t0, has_gate, act);
 }
 
 /// The gradient reaching the convolution from `g` (`dy`'s tile) through the epilogue, given
@@ -592,11 +740,16 @@ pub enum ConvPath {
     /// takes the direct path.
     Fft,
     /// Through a tensor-core FFT in the language (Hopper, bf16 and f16): each row and filter
-    /// padded to `N ≥ L + Lk − 1` (2048, 4096 or 8192: [`CONV_TENSOR_CORE_MAX`]), transformed by
-    /// small DFT matrices on the tensor cores ([`crate::fft`]), multiplied by the filter's
-    /// spectrum, transformed back and through the epilogue in one kernel, a row in one or two
-    /// warpgroups' registers. The transforms' operands are f16 (each row and filter spectrum
-    /// scaled to at most 1 first): about 10⁻³ relative error. Forward only.
+    /// padded to `N ≥ L + Lk − 1`, transformed by small DFT matrices on the tensor cores
+    /// ([`crate::fft`]), multiplied by the filter's spectrum, transformed back and through the
+    /// epilogue. `N` 2048, 4096 or 8192: one kernel, a row in one or two warpgroups' registers.
+    /// `N` a power of two from 16384 to [`CONV_TENSOR_CORE_MAX`]: `N = q·4096`, each row folded
+    /// into its spectrum's `q/2 + 1` residues (`x̂[q·k + r]`, a complex transform of 4096 steps
+    /// each; the other residues are their conjugates), each transformed, multiplied and
+    /// transformed back in a warpgroup, then summed over the residues with the epilogue in a
+    /// second kernel (`conv_fft_tc_long`, `conv_fft_tc_combine`; `N/2` f16 values a row in
+    /// between). The transforms' operands are f16 (each row and filter spectrum scaled to at
+    /// most 1 first): about 10⁻³ relative error. Forward only.
     TensorCore,
 }
 
@@ -824,7 +977,7 @@ impl<'a, T: ConvElement> Conv1d<'a, T> {
                 if std::mem::size_of::<T>() != 2 {
                     return Err(tensor_core_f32());
                 }
-                let Some((p, n2)) = TC_SHAPES.into_iter().find(|&(p, n2)| 64 * p * n2 >= need) else {
+                let Some(n) = tensor_core_len(need) else {
                     let most = CONV_TENSOR_CORE_MAX;
                     return Err(arg("x", format!("L + Lk − 1 ≤ {most} on the tensor-core path"), format!("L {} and Lk {}", d.len, d.taps)));
                 };
@@ -834,7 +987,7 @@ impl<'a, T: ConvElement> Conv1d<'a, T> {
                 // The output read from step 0 of the circle: a convolution's tap `first` there,
                 // a correlation's (conjugated spectrum) tap `Lk − 1 − first`.
                 let first = (d.shift + d.taps as i32 - 1) as usize;
-                Ok(key(64 * p * n2, if d.reverse { first } else { d.taps - 1 - first }))
+                Ok(key(n, if d.reverse { first } else { d.taps - 1 - first }))
             }
         }
     }
@@ -1158,11 +1311,37 @@ fn tensor_core_variant(all: &[&KernelSpec], (p, n2): (usize, usize)) -> usize {
 /// [`ConvPath::TensorCore`]'s filter spectrum for `key`: the filters placed on the circle
 /// (`conv_fft_wrap`: tap `key.first` at step 0), then `conv_fft_tc_filter`.
 fn tensor_core_spectrum(dev: &Device, k: &Tensor<f32>, key: SpectrumKey) -> Result<SpectrumData> {
-    let (p, n2) = tensor_core_shape(key.n);
-    let (n1, n, channels) = (64 * p, key.n, key.channels);
+    let (n, channels) = (key.n, key.channels);
     let mut g = Tensor::<f32>::scratch(dev, &[channels, n])?;
     let grid = Grid::from((n.div_ceil(COLS) as u32, channels.div_ceil(ROWS) as u32));
     conv_fft_wrap::launch(dev, grid, k, &mut g, key.first as i32)?;
+    let conj = if key.conj { -1.0 } else { 1.0 };
+    if n > TC_SHORT_MAX {
+        // Residues 0..=q/2 of the spectrum, each an `M`-point transform.
+        let (q, lines) = (n / TC_LONG_M, TC_LONG_M / 64);
+        let res = q / 2 + 1;
+        let mut kf = Tensor::<tessera::f16>::scratch(dev, &[channels * res, 2, lines, 64])?;
+        let mut ks = Tensor::<f32>::scratch(dev, &[channels * res, 1])?;
+        let tables = crate::fft::FftTables::get(dev, 1, 64)?;
+        conv_fft_tc_long_filter::launch(
+            dev,
+            Grid::from((channels * res).div_ceil(TC_LONG_ITEMS) as u32),
+            &g.view(&[channels, n / 64, 64], &[n, 64, 1])?,
+            &mut kf,
+            &mut ks,
+            &tables.f1,
+            &tables.f2,
+            &tables.tw,
+            conj,
+            TC_LONG_ITEMS as i32,
+            q as i32,
+            // Where no tap wraps to the circle's end, only the blocks the filters reach.
+            if key.first == 0 { key.taps.div_ceil(TC_LONG_M) as i32 } else { q as i32 },
+        )?;
+        return Ok(SpectrumData::TensorCore { kf, ks });
+    }
+    let (p, n2) = tensor_core_shape(n);
+    let n1 = 64 * p;
     let mut kf = Tensor::<tessera::f16>::scratch(dev, &[channels, 2, n1, n2])?;
     let mut ks = Tensor::<f32>::scratch(dev, &[channels, 1])?;
     let tables = crate::fft::FftTables::get(dev, p, n2)?;
@@ -1176,7 +1355,7 @@ fn tensor_core_spectrum(dev: &Device, k: &Tensor<f32>, key: SpectrumKey) -> Resu
         &tables.f1,
         &tables.f2,
         &tables.tw,
-        if key.conj { -1.0 } else { 1.0 },
+        conj,
     )?;
     Ok(SpectrumData::TensorCore { kf, ks })
 }
@@ -1185,33 +1364,47 @@ fn tensor_core_spectrum(dev: &Device, k: &Tensor<f32>, key: SpectrumKey) -> Resu
 /// shortest first.
 const TC_SHAPES: [(usize, usize); 3] = [(1, 32), (1, 64), (2, 64)];
 
-/// The longest full convolution (`L + Lk − 1`) [`ConvPath::TensorCore`] takes: its longest
-/// shape's `N`.
-pub const CONV_TENSOR_CORE_MAX: usize = {
+/// The longest transform one block holds a row of: the longest shape's `N`.
+const TC_SHORT_MAX: usize = {
     let (p, n2) = TC_SHAPES[TC_SHAPES.len() - 1];
     64 * p * n2
 };
+
+/// The part a longer transform (`N = q·M`, `q` 4 to 32) splits into: `M = 4096` steps, a row of
+/// `64 × 64` in one warpgroup (`conv_fft_tc_long`).
+const TC_LONG_M: usize = 4096;
+
+/// Rows × residues a `conv_fft_tc_long` block takes (four turns of its four warpgroups).
+const TC_LONG_ITEMS: usize = 16;
+
+/// The longest full convolution (`L + Lk − 1`) [`ConvPath::TensorCore`] takes: 32 parts of
+/// [`TC_LONG_M`].
+pub const CONV_TENSOR_CORE_MAX: usize = 32 * TC_LONG_M;
+
+/// The tensor-core path's transform length for a full convolution of `need` steps: the shortest
+/// of [`TC_SHAPES`] that holds it, else the power of two (`q·M`), else none past
+/// [`CONV_TENSOR_CORE_MAX`].
+fn tensor_core_len(need: usize) -> Option<usize> {
+    let short = TC_SHAPES.into_iter().map(|(p, n2)| 64 * p * n2).find(|&n| n >= need);
+    short.or_else(|| Some(need.next_power_of_two()).filter(|&n| n <= CONV_TENSOR_CORE_MAX))
+}
 
 /// Sequences a tensor-core block takes at most (its four warpgroups, `P` to a sequence, taking
 /// turns).
 const TC_ROWS: usize = 8;
 
 macro_rules! tensor_core_conv {
-    ($t:ty, $tc:ident, $copy:ident) => {
+    ($t:ty, $tc:ident, $long:ident, $combine:ident, $copy:ident) => {
         impl TensorCoreConv for $t {
             fn tc_launch(
                 conv: &Conv1d<'_, Self>, d: Dims, n: usize, (kf, ks): (&Tensor<tessera::f16>, &Tensor<f32>), (bias, skip): Columns<'_>,
                 y: &mut Tensor<Self>, flags: Flags,
             ) -> Result<()> {
                 let dev = conv.device;
-                let (p, n2) = tensor_core_shape(n);
                 // A whole number of the block's turns (4 sequences).
                 let tc_rows = d.batch.next_multiple_of(4).min(TC_ROWS);
                 let rows = d.batch * d.channels;
                 let grid = |r: usize, cols: usize| Grid::from((cols.div_ceil(COLS) as u32, r.div_ceil(ROWS) as u32));
-                let tables = crate::fft::FftTables::get(dev, p, n2)?;
-                // Rows of whole `N2`-step lines: padded copies where the lengths are not.
-                let (lp, lop) = (d.len.next_multiple_of(n2), d.out.next_multiple_of(n2));
                 let padded = |t: &Tensor<Self>, len: usize, to: usize| -> Result<Option<Tensor<Self>>> {
                     if len == to {
                         return Ok(None);
@@ -1220,6 +1413,52 @@ macro_rules! tensor_core_conv {
                     $copy::launch(dev, grid(rows, to), &t.view(&[rows, len], &[len, 1])?, &mut p)?;
                     Ok(Some(p))
                 };
+                if n > TC_SHORT_MAX {
+                    // Each residue's part of the output into `w`, then their sum and the epilogue.
+                    let (q, m) = (n / TC_LONG_M, TC_LONG_M);
+                    let lp = d.len.next_multiple_of(64);
+                    let xp = padded(conv.x, d.len, lp)?;
+                    let xv = xp.as_ref().unwrap_or(conv.x).view(&[rows, lp / 64, 64], &[lp, 64, 1])?;
+                    let mut w = Tensor::<tessera::f16>::scratch(dev, &[q, rows, m / 64, 64])?;
+                    let mut ws = Tensor::<f32>::scratch(dev, &[q, rows, 1])?;
+                    let tables = crate::fft::FftTables::get(dev, 1, 64)?;
+                    let items = rows * (q / 2 + 1);
+                    $long::launch(
+                        dev,
+                        Grid::from(items.div_ceil(TC_LONG_ITEMS) as u32),
+                        &xv,
+                        kf,
+                        ks,
+                        &mut w,
+                        &mut ws,
+                        &tables.f1,
+                        &tables.f2,
+                        &tables.tw,
+                        TC_LONG_ITEMS as i32,
+                        q as i32,
+                        lp.div_ceil(m) as i32,
+                    )?;
+                    return $combine::launch(
+                        dev,
+                        d.grid(),
+                        &w.view(&[q, d.batch, d.channels, m], &[rows * m, d.channels * m, m, 1])?,
+                        &ws.view(&[q, d.batch, d.channels, 1], &[rows, d.channels, 1, 1])?,
+                        conv.x,
+                        &Optional(bias, 2),
+                        &Optional(skip, 2),
+                        &Optional(conv.gate, 3),
+                        y,
+                        q as i32,
+                        flag(flags.bias),
+                        flag(flags.skip),
+                        flag(flags.gate),
+                        flag(flags.silu),
+                    );
+                }
+                let (p, n2) = tensor_core_shape(n);
+                let tables = crate::fft::FftTables::get(dev, p, n2)?;
+                // Rows of whole `N2`-step lines: padded copies where the lengths are not.
+                let (lp, lop) = (d.len.next_multiple_of(n2), d.out.next_multiple_of(n2));
                 let xp = padded(conv.x, d.len, lp)?;
                 let gp = match conv.gate {
                     Some(gt) => padded(gt, d.out, lop)?,
@@ -1263,8 +1502,8 @@ macro_rules! tensor_core_conv {
         }
     };
 }
-tensor_core_conv!(tessera::bf16, conv_fft_tc_bf16, conv_copy_rows_bf16);
-tensor_core_conv!(tessera::f16, conv_fft_tc_f16, conv_copy_rows_f16);
+tensor_core_conv!(tessera::bf16, conv_fft_tc_bf16, conv_fft_tc_long_bf16, conv_fft_tc_combine_bf16, conv_copy_rows_bf16);
+tensor_core_conv!(tessera::f16, conv_fft_tc_f16, conv_fft_tc_long_f16, conv_fft_tc_combine_f16, conv_copy_rows_f16);
 
 /// The bias and skip columns (`[channels, 1]` views) where given.
 #[doc(hidden)]

@@ -16,12 +16,18 @@
 //! to at most 1 first; operands are f16, sums f32. The matrices and the twiddles come from
 //! tables made once a device on the host ([`FftTables`]): the matrices copied into shared
 //! memory once a block with the twiddles (f16).
+//!
+//! Longer rows, `N = q·M` (`M = 4096`, `q` 4 to 32), are folded first ([`fft_fold`]): with `n =
+//! m + M·j` and `k = q·k′ + r`, `x̂[q·k′ + r]` is the `M`-point transform of `u_r[m] = ω_N^(m·r)·
+//! Σ_j x[m + M·j]·ω_q^(j·r)`, a complex row that [`fft_forward_complex`] takes (four MMAs in the
+//! first step, `f1`'s third stage the imaginary part negated); [`fft_inverse_complex`] keeps
+//! the imaginary part on the way back. A real row needs the residues `0..=q/2` only.
 //! [`crate::ConvPath::TensorCore`] is built from these pieces.
 
 use tessera::device;
 
-/// The DFT matrices and the twiddles copied into shared memory from [`FftTables`] (`tf1` `[2,
-/// N1, N1]`, `tf2` `[3, N2, N2]`, `tw` `[2, N1, N2]` into `tws`): `f1` stages 0 and 1 the real and imaginary parts of `F_N1 / √N1` (`N1 =
+/// The DFT matrices and the twiddles copied into shared memory from [`FftTables`] (`tf1` `[3,
+/// N1, N1]`, its first two parts, `tf2` `[3, N2, N2]`, `tw` `[2, N1, N2]` into `tws`): `f1` stages 0 and 1 the real and imaginary parts of `F_N1 / √N1` (`N1 =
 /// 64·P`), `f2` stages 0, 1 and 2 those of `F_N2 / √N2` and the imaginary part negated (so that
 /// no operand is negated in registers). Warpgroup `me < P` copies `f1`'s and `tws`' rows `64·me..`,
 /// warpgroup 3 `f2` (a block of four warpgroups); the caller syncs the block before any MMA
@@ -62,6 +68,34 @@ pub fn fft_forward<const N2: usize, const P: usize>(
     let c = tws.at(0).rows(r0, 64).load().cast::<f32>();
     let sn = tws.at(1).rows(r0, 64).load().cast::<f32>();
     mma_wait(0);
+    fft_forward_last::<N2>(br, bi, c, sn, f2)
+}
+
+/// [`fft_forward`] of a complex row: real part in `sx` stage `s`, imaginary in `s + 1` (f16,
+/// `[n1][n2]`); `f1`'s stage 2 holds `F_N1`'s imaginary part negated.
+#[device]
+pub fn fft_forward_complex<const N2: usize, const P: usize>(
+    sx: Smem<f16, { 64 * P }, N2>, s: i32, f1: Smem<f16, { 64 * P }, { 64 * P }>, f2: Smem<f16, N2, N2>, tws: Smem<f16, { 64 * P }, N2>,
+    r0: i32,
+) -> (Tile<f32, 64, N2>, Tile<f32, 64, N2>) {
+    let mut br = Tile::<f32, 64, N2>::zeros();
+    let mut bi = Tile::<f32, 64, N2>::zeros();
+    mma_sync_kn(br, f1.at(0).rows(r0, 64), sx.at(s));
+    mma_sync_kn(br, f1.at(2).rows(r0, 64), sx.at(s + 1));
+    mma_sync_kn(bi, f1.at(1).rows(r0, 64), sx.at(s));
+    mma_sync_kn(bi, f1.at(0).rows(r0, 64), sx.at(s + 1));
+    let c = tws.at(0).rows(r0, 64).load().cast::<f32>();
+    let sn = tws.at(1).rows(r0, 64).load().cast::<f32>();
+    mma_wait(0);
+    fft_forward_last::<N2>(br, bi, c, sn, f2)
+}
+
+/// The forward's second step from the first's rows `(br, bi)`: the twiddles `(c, sn)`, then
+/// `· F_N2`.
+#[device]
+fn fft_forward_last<const N2: usize>(
+    br: Tile<f32, 64, N2>, bi: Tile<f32, 64, N2>, c: Tile<f32, 64, N2>, sn: Tile<f32, 64, N2>, f2: Smem<f16, N2, N2>,
+) -> (Tile<f32, 64, N2>, Tile<f32, 64, N2>) {
     let cr = (br * c - bi * sn).cast::<f16>();
     let ci = (br * sn + bi * c).cast::<f16>();
     let mut dr = Tile::<f32, 64, N2>::zeros();
@@ -85,6 +119,42 @@ pub fn fft_inverse_real<const N2: usize, const P: usize>(
     er: Tile<f32, 64, N2>, ei: Tile<f32, 64, N2>, sc: Smem<f16, { 64 * P }, N2>, s: i32, f1: Smem<f16, { 64 * P }, { 64 * P }>,
     f2: Smem<f16, N2, N2>, tws: Smem<f16, { 64 * P }, N2>, r0: i32, bar: i32,
 ) -> Tile<f32, 64, N2> {
+    fft_inverse_first::<N2, P>(er, ei, sc, s, f2, tws, r0, bar);
+    let mut y = Tile::<f32, 64, N2>::zeros();
+    mma_sync_kn(y, f1.at(0).rows(r0, 64), sc.at(s));
+    mma_sync_kn(y, f1.at(1).rows(r0, 64), sc.at(s + 1));
+    mma_wait(0);
+    y
+}
+
+/// [`fft_inverse_real`] keeping the imaginary part too: `(real, imaginary)`; `f1`'s stage 2
+/// holds `F_N1`'s imaginary part negated.
+#[device]
+#[allow(clippy::too_many_arguments)]
+pub fn fft_inverse_complex<const N2: usize, const P: usize>(
+    er: Tile<f32, 64, N2>, ei: Tile<f32, 64, N2>, sc: Smem<f16, { 64 * P }, N2>, s: i32, f1: Smem<f16, { 64 * P }, { 64 * P }>,
+    f2: Smem<f16, N2, N2>, tws: Smem<f16, { 64 * P }, N2>, r0: i32, bar: i32,
+) -> (Tile<f32, 64, N2>, Tile<f32, 64, N2>) {
+    fft_inverse_first::<N2, P>(er, ei, sc, s, f2, tws, r0, bar);
+    let mut yr = Tile::<f32, 64, N2>::zeros();
+    let mut yi = Tile::<f32, 64, N2>::zeros();
+    mma_sync_kn(yr, f1.at(0).rows(r0, 64), sc.at(s));
+    mma_sync_kn(yr, f1.at(1).rows(r0, 64), sc.at(s + 1));
+    mma_sync_kn(yi, f1.at(0).rows(r0, 64), sc.at(s + 1));
+    mma_sync_kn(yi, f1.at(2).rows(r0, 64), sc.at(s));
+    mma_wait(0);
+    (yr, yi)
+}
+
+/// The inverse's first step, `· conj(F_N2)` and the conjugate twiddles, its result stored into
+/// `sc` stages `s` (real) and `s + 1` (imaginary) for the last step, the row's warpgroups
+/// synced after.
+#[device]
+#[allow(clippy::too_many_arguments)]
+fn fft_inverse_first<const N2: usize, const P: usize>(
+    er: Tile<f32, 64, N2>, ei: Tile<f32, 64, N2>, sc: Smem<f16, { 64 * P }, N2>, s: i32, f2: Smem<f16, N2, N2>,
+    tws: Smem<f16, { 64 * P }, N2>, r0: i32, bar: i32,
+) {
     let ar = er.cast::<f16>();
     let ai = ei.cast::<f16>();
     let mut pr = Tile::<f32, 64, N2>::zeros();
@@ -103,11 +173,35 @@ pub fn fft_inverse_real<const N2: usize, const P: usize>(
     sc.at(s).rows(r0, 64).store(qr);
     sc.at(s + 1).rows(r0, 64).store(qi);
     row_sync::<P>(bar);
-    let mut y = Tile::<f32, 64, N2>::zeros();
-    mma_sync_kn(y, f1.at(0).rows(r0, 64), sc.at(s));
-    mma_sync_kn(y, f1.at(1).rows(r0, 64), sc.at(s + 1));
-    mma_wait(0);
-    y
+}
+
+/// The first step of a transform of `N = Q·M` steps past one block's reach (`M = 4096`, a row
+/// of `64 × 64` in one warpgroup): of the row `x[n]` (`x` `[rows, N/64, 64]`, lines of 64
+/// steps; block `j` is `x[m + M·j]`, lines `64·j..`), `u_r[m] = ω_N^(m·r)·Σ_(j < qn) x[m +
+/// M·j]·ω_Q^(j·r)`, whose `M`-point transform at `k` is `x̂[Q·k + r]` (the spectrum's residue
+/// `r`). Blocks `qn..Q` are taken as zeros. `(real, imaginary)`.
+#[device]
+pub fn fft_fold<T>(x: Global<T, 3>, row: i32, r: i32, q: i32, qn: i32) -> (Tile<f32, 64, 64>, Tile<f32, 64, 64>) {
+    let mut sr = Tile::<f32, 64, 64>::zeros();
+    let mut si = Tile::<f32, 64, 64>::zeros();
+    for j in 0..qn {
+        let xt = x.load::<Tile<T, 64, 64>>([row, j * 64, 0]).cast::<f32>();
+        let a = ((j * r) % q) as f32 * (-f32::consts::TAU / q as f32);
+        sr = sr + xt * cos(a);
+        si = si + xt * sin(a);
+    }
+    let (c, sn) = fold_twiddle(r, q);
+    (sr * c - si * sn, sr * sn + si * c)
+}
+
+/// `ω_N^(m·r)` (`N = 4096·q`, `0 ≤ r ≤ q/2`) at each `m = 64·row + column` of a `64 × 64` row:
+/// `(cos, sin)`. (Read from a table instead, the loads' layout made the fold's reduction go
+/// through 64 KiB of shared memory and spill 1.4 KB: session 44.)
+#[device]
+pub fn fold_twiddle(r: i32, q: i32) -> (Tile<f32, 64, 64>, Tile<f32, 64, 64>) {
+    let m = Tile::<f32, 64, 64>::row_index() * 64.0 + Tile::<f32, 64, 64>::col_index();
+    let a = m * (r as f32 * (-f32::consts::TAU / (4096 * q) as f32));
+    (cos(a), sin(a))
 }
 
 /// Named barrier `bar` (2 or 3: the block's two rows) among the `P` warpgroups sharing a row;
@@ -130,11 +224,11 @@ pub fn tile_amax<const R: usize, const N: usize>(t: Tile<f32, R, N>, floor: f32)
 }
 
 /// The tables the transforms read for `N = 64·P·N2`, made on the host in f64 and rounded to
-/// f16 once a device (kept with it: [`FftTables::get`]): `f1` `[2, N1, N1]` and `f2` `[3, N2,
-/// N2]` the unitary DFT matrices (real, imaginary, and for `f2` the imaginary negated), `tw`
+/// f16 once a device (kept with it: [`FftTables::get`]): `f1` `[3, N1, N1]` and `f2` `[3, N2,
+/// N2]` the unitary DFT matrices (real, imaginary, and the imaginary negated), `tw`
 /// `[2, N1, N2]` the twiddles `ω_N^(k1·n2)` (real, imaginary).
 pub struct FftTables {
-    /// `F_N1 / √N1`, `[2, N1, N1]`.
+    /// `F_N1 / √N1` and its imaginary part negated, `[3, N1, N1]`.
     pub f1: tessera::Tensor<tessera::f16>,
     /// `F_N2 / √N2` and its imaginary part negated, `[3, N2, N2]`.
     pub f2: tessera::Tensor<tessera::f16>,
@@ -175,7 +269,7 @@ impl FftTables {
             };
             let unit = |m: usize| 1.0 / (m as f64).sqrt();
             Ok(FftTables {
-                f1: tessera::Tensor::from_host(device, &table(n1, n1, n1, unit(n1), 2), &[2, n1, n1])?,
+                f1: tessera::Tensor::from_host(device, &table(n1, n1, n1, unit(n1), 3), &[3, n1, n1])?,
                 f2: tessera::Tensor::from_host(device, &table(n2, n2, n2, unit(n2), 3), &[3, n2, n2])?,
                 tw: tessera::Tensor::from_host(device, &table(n1 * n2, n1, n2, 1.0, 2), &[2, n1, n2])?,
             })

@@ -18,7 +18,7 @@
 //! | [`attention`], [`attention_with_lse`], [`attention_varlen`] | FlashAttention forward: bf16/f16, `[b, s, h, d]` or `[b, h, s, d]` or sequences packed end to end, causal or not, grouped-query heads, different query and key lengths, the log-sum-exp for a backward pass (Hopper) |
 //! | [`layer_norm`] | `y = (x − mean) / sqrt(var + eps) · weight + bias` per row, bf16/f16/f32, f32 statistics |
 //! | [`LinearAttention`] | causal linear attention, chunked, with a scalar decay a step and β (RetNet, simple GLA), per-channel gates (GLA) and a feature map on q and k: forward, backward, decode step (Hopper) |
-//! | [`Conv1d`] | depthwise 1-D convolution along the last axis (`full`, `same`, `causal`; PyTorch's `conv1d` weights too), with a bias, a skip term `D·x`, SiLU and a gate fused; forward and backward (`dx`, `dk`, and the terms'); a direct path, cuFFT's (forward, GPU) and a tensor-core FFT in the language ([`fft`]; forward, Hopper, bf16/f16, `L + Lk − 1 ≤ 8192`); on the transform paths the filters' spectrum made once and reused ([`ConvSpectrum`]) |
+//! | [`Conv1d`] | depthwise 1-D convolution along the last axis (`full`, `same`, `causal`; PyTorch's `conv1d` weights too), with a bias, a skip term `D·x`, SiLU and a gate fused; forward and backward (`dx`, `dk`, and the terms'); a direct path, cuFFT's (forward, GPU) and a tensor-core FFT in the language ([`fft`]; forward, Hopper, bf16/f16, `L + Lk − 1 ≤ 131072`); on the transform paths the filters' spectrum made once and reused ([`ConvSpectrum`]) |
 //! | [`Ssd`] | Mamba-2's state-space duality on the linear attention's kernels: forward and backward (Hopper) |
 //! | [`quantize_fp8`], [`dequantize_fp8`] | `y = x · scale` to fp8 ([`tessera::F8E4M3`], [`tessera::F8E5M2`]; round to nearest even, saturating, as the GPU's `cvt`) and back (sm_89 and later) |
 #![warn(missing_docs)]
@@ -83,8 +83,9 @@ pub mod kernels {
         conv1d_direct_bf16, conv1d_direct_f16, conv1d_direct_f32, conv1d_direct_grads_bf16, conv1d_direct_grads_f16,
         conv1d_direct_grads_f32, conv1d_short_bf16, conv1d_short_f16, conv1d_short_f32, conv1d_short_grads_bf16, conv1d_short_grads_f16,
         conv1d_short_grads_f32, conv_copy_rows_bf16, conv_copy_rows_f16, conv_fft_filter, conv_fft_finish_bf16, conv_fft_finish_f16,
-        conv_fft_finish_f32, conv_fft_pad_bf16, conv_fft_pad_f16, conv_fft_pad_f32, conv_fft_product, conv_fft_tc_bf16, conv_fft_tc_f16,
-        conv_fft_tc_filter, conv_fft_wrap,
+        conv_fft_finish_f32, conv_fft_pad_bf16, conv_fft_pad_f16, conv_fft_pad_f32, conv_fft_product, conv_fft_tc_bf16,
+        conv_fft_tc_combine_bf16, conv_fft_tc_combine_f16, conv_fft_tc_f16, conv_fft_tc_filter, conv_fft_tc_long_bf16,
+        conv_fft_tc_long_f16, conv_fft_tc_long_filter, conv_fft_wrap,
     };
     pub use crate::elementwise::{axpy_f32, to_f32_bf16, to_f32_f16};
     pub use crate::fp8::{
@@ -210,6 +211,11 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         conv_fft_wrap::VARIANTS,
         conv_fft_tc_bf16::VARIANTS,
         conv_fft_tc_f16::VARIANTS,
+        conv_fft_tc_long_filter::VARIANTS,
+        conv_fft_tc_long_bf16::VARIANTS,
+        conv_fft_tc_long_f16::VARIANTS,
+        conv_fft_tc_combine_bf16::VARIANTS,
+        conv_fft_tc_combine_f16::VARIANTS,
         conv_fft_finish_bf16::VARIANTS,
         conv_fft_finish_f16::VARIANTS,
         conv_fft_finish_f32::VARIANTS,
