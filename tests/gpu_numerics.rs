@@ -1,14 +1,14 @@
 //! Numerics pinned at the edges: softmax rows of −∞ only (0, not NaN) and of ±1e4, a NaN in
 //! an input reaching the outputs that read it and no other (softmax, the norms, GEMM), and
 //! GEMM's epilogues past the output type's range (f16 and bf16: ±∞ as an IEEE
-//! round-to-nearest cast gives, through every epilogue). On the GPU and in the interpreter,
-//! which must agree. Attention's edges are in `gpu_attention.rs`.
+//! round-to-nearest cast gives, through every epilogue), `sin`/`cos` with and without range
+//! reduction. On the GPU and in the interpreter, which must agree. Attention's edges are in `gpu_attention.rs`.
 
 mod common;
 
 use common::{erf, gelu_tanh, random};
 use tessera::testing::{gpu_or_skip, rel_error};
-use tessera::{bf16, f16, Device, Tensor};
+use tessera::{bf16, f16, kernel, Device, Grid, Tensor};
 use tessera_kernels::{Activation, Bias};
 
 /// Softmax rows through each of its paths (four rows a block, a row a block, tiled): row 1 is
@@ -384,4 +384,72 @@ fn gpu_numerics_fp8_conversions_match_the_hardware() {
 #[test]
 fn interp_numerics_fp8_conversions_match_the_hardware() {
     fp8_conversions_match_the_hardware(&Device::cpu());
+}
+
+/// `sin`, `cos`, `sin_reduced` and `cos_reduced` of a tile, side by side in `y` `[4, rows, 64]`.
+#[kernel]
+fn trig(x: Global<f32, 2>, y: Global<f32, 3>) {
+    let r = block::id_x() * 16;
+    let t = x.load::<Tile<f32, 16, 64>>([r, 0]);
+    y.store([0, r, 0], sin(t));
+    y.store([1, r, 0], t.cos());
+    y.store([2, r, 0], sin_reduced(t));
+    y.store([3, r, 0], t.cos_reduced());
+}
+
+/// The four sines against f64 on arguments that `sin_reduced` takes (random in [−π, π], its
+/// ends and neighbours of 0 and ±π/2; absolute error under 4·10⁻⁶ on the GPU) and, `sin`/`cos`
+/// alone, on arguments to ±1000 (under 10⁻⁴ there: the reduction's f32 rounding of k·2π).
+fn reduced_trig(dev: &Device) {
+    let pi = std::f32::consts::PI;
+    let rows = 37;
+    let mut x = random(rows * 64, -pi, pi);
+    x[..8].copy_from_slice(&[pi, -pi, 0.0, -0.0, 1e-30, std::f32::consts::FRAC_PI_2, -std::f32::consts::FRAC_PI_2, 3.1415925]);
+    let xt = Tensor::from_host(dev, &x, &[rows, 64]).unwrap();
+    let mut y = Tensor::full(dev, &[4, rows, 64], f32::NAN).unwrap();
+    trig::launch(dev, Grid::tiles(rows, 16), &xt, &mut y).unwrap();
+    let y = y.to_host().unwrap();
+    let n = rows * 64;
+    for (k, name) in ["sin", "cos", "sin_reduced", "cos_reduced"].into_iter().enumerate() {
+        let worst = x
+            .iter()
+            .zip(&y[k * n..(k + 1) * n])
+            .map(|(&a, &g)| {
+                let want = if k % 2 == 0 { f64::from(a).sin() } else { f64::from(a).cos() };
+                ((f64::from(g) - want).abs(), a)
+            })
+            .fold((0.0, 0.0), |w, e| if e.0 > w.0 || e.0.is_nan() { e } else { w });
+        assert!(worst.0 < 4e-6, "{name}: error {:e} at {}", worst.0, worst.1);
+    }
+    // The range-reduced pair far from 0; the reduced pair is refused there (the interpreter
+    // checks its arguments; the GPU computes garbage).
+    let far = random(rows * 64, -1000.0, 1000.0);
+    let ft = Tensor::from_host(dev, &far, &[rows, 64]).unwrap();
+    let mut y = Tensor::full(dev, &[4, rows, 64], f32::NAN).unwrap();
+    let done = trig::launch(dev, Grid::tiles(rows, 16), &ft, &mut y);
+    if dev.is_cpu() {
+        let e = done.unwrap_err().to_string();
+        assert!(e.contains("`sin_reduced` takes arguments in [−π, π]") && e.contains("sin_reduced(t)"), "{e}");
+        return;
+    }
+    done.unwrap();
+    let y = y.to_host().unwrap();
+    for k in 0..2 {
+        for (&a, &g) in far.iter().zip(&y[k * n..(k + 1) * n]) {
+            let want = if k == 0 { f64::from(a).sin() } else { f64::from(a).cos() };
+            assert!((f64::from(g) - want).abs() < 1e-4, "{}({a}) = {g}, want {want}", ["sin", "cos"][k]);
+        }
+    }
+}
+
+#[test]
+fn gpu_numerics_reduced_trig() {
+    if let Some(dev) = gpu_or_skip("gpu_numerics_reduced_trig") {
+        reduced_trig(&dev);
+    }
+}
+
+#[test]
+fn interp_numerics_reduced_trig() {
+    reduced_trig(&Device::cpu());
 }

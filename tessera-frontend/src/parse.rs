@@ -45,31 +45,31 @@ type R<T> = Result<T, syn::Error>;
 /// (the `deps` where it was written), and where it stands.
 pub type Lambda = (syn::ExprClosure, Vec<(String, u32)>, SourceLoc);
 
-const FUNCTIONS: &str = "`exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block_sum`, `block_max`, `block_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Tile::<f32, M, N>::col_index`, `Tile::<f32, M, N>::row_index`, `Tile::<f32, M, N>::uniform`, `Tile::<f32, M, N>::uniform8`, `Tile::<f32, M, N>::uniform8_t`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `TileQueue::<S>::new`, `tma::load`, `tma::store`, `tma::reduce_add`, `tma::store_flat`, `tma::reduce_add_flat`, `tma::store_wait`, `mma_sync`, `mma_sync_kn`, `mma_wait`, `setmaxnreg`, `barrier::sync`, `barrier::arrive`, `tile_scan::<F>`, `tile_scan_exclusive::<F>`, `tile_scan_reverse::<F>`, `tile_scan_reverse_exclusive::<F>`";
+const FUNCTIONS: &str = "`exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `sin_reduced`, `cos_reduced`, `floor`, `step`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block_sum`, `block_max`, `block_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Tile::<f32, M, N>::col_index`, `Tile::<f32, M, N>::row_index`, `Tile::<f32, M, N>::uniform`, `Tile::<f32, M, N>::uniform8`, `Tile::<f32, M, N>::uniform8_t`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `TileQueue::<S>::new`, `tma::load`, `tma::store`, `tma::reduce_add`, `tma::store_flat`, `tma::reduce_add_flat`, `tma::store_wait`, `mma_sync`, `mma_sync_kn`, `mma_wait`, `setmaxnreg`, `barrier::sync`, `barrier::arrive`, `tile_scan::<F>`, `tile_scan_exclusive::<F>`, `tile_scan_reverse::<F>`, `tile_scan_reverse_exclusive::<F>`";
 
 /// The scans: inclusive or exclusive, from the first element or from the last.
 const SCANS: [&str; 4] = ["tile_scan", "tile_scan_exclusive", "tile_scan_reverse", "tile_scan_reverse_exclusive"];
-const METHODS: &str = "`load`, `load_or`, `get`, `store`, `store_within`, `atomic_add`, `atomic_max`, `fetch_add`, `fetch_inc`, `dim`, `cast`, `exp2`, `exp2_fma`, `exp2_split`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `floor`, `step`, `mask_cols`, `keep_where`, `swap_pairs`, `last_col`, `first_col`, `shift_cols`, `shift_rows`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
+const METHODS: &str = "`load`, `load_or`, `get`, `store`, `store_within`, `atomic_add`, `atomic_max`, `fetch_add`, `fetch_inc`, `dim`, `cast`, `exp2`, `exp2_fma`, `exp2_split`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `sin_reduced`, `cos_reduced`, `floor`, `step`, `mask_cols`, `keep_where`, `swap_pairs`, `last_col`, `first_col`, `shift_cols`, `shift_rows`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
 
 /// Whether a call's path names one of the language's own functions (which a device function
 /// cannot shadow): every other call is a device function's.
 pub(crate) fn is_builtin(segs: &[&str]) -> bool {
-    matches!(
-        segs,
-        ["block", "id_x" | "id_y" | "id_z"]
-            | ["grid", "dim_x" | "dim_y" | "dim_z"]
-            | ["warpgroup", "id" | "setmaxnreg"]
-            | ["exp2" | "exp2_fma" | "exp2_split" | "log2" | "abs" | "sqrt" | "rsqrt" | "tanh" | "erf" | "sin" | "cos" | "floor" | "step"]
-            | ["max" | "min" | "block_sum" | "block_max" | "block_min"]
-            | ["row_sum" | "row_max" | "row_min" | "col_sum" | "col_max" | "col_min"]
-            | ["Smem" | "smem", _]
-            | ["Pipeline" | "TileQueue", _]
-            | ["Tile" | "tile", _]
-            | ["tma", _]
-            | ["mma_sync" | "mma_sync_kn" | "mma_wait" | "setmaxnreg"]
-            | ["barrier", _]
-            | ["tile_scan" | "tile_scan_exclusive" | "tile_scan_reverse" | "tile_scan_reverse_exclusive"]
-    )
+    matches!(segs, [f] if UnOp::function(f).is_some())
+        || matches!(
+            segs,
+            ["block", "id_x" | "id_y" | "id_z"]
+                | ["grid", "dim_x" | "dim_y" | "dim_z"]
+                | ["warpgroup", "id" | "setmaxnreg"]
+                | ["max" | "min" | "block_sum" | "block_max" | "block_min"]
+                | ["row_sum" | "row_max" | "row_min" | "col_sum" | "col_max" | "col_min"]
+                | ["Smem" | "smem", _]
+                | ["Pipeline" | "TileQueue", _]
+                | ["Tile" | "tile", _]
+                | ["tma", _]
+                | ["mma_sync" | "mma_sync_kn" | "mma_wait" | "setmaxnreg"]
+                | ["barrier", _]
+                | ["tile_scan" | "tile_scan_exclusive" | "tile_scan_reverse" | "tile_scan_reverse_exclusive"]
+        )
 }
 
 /// The combine of a `tile_scan::<F>(…)` call: `F`'s path, if the call is a scan's.
@@ -744,8 +744,7 @@ impl Frontend {
                 args(self, 0)?;
                 ExprKind::Builtin(Builtin::WarpgroupId)
             }
-            [f @ ("exp2" | "exp2_fma" | "exp2_split" | "log2" | "abs" | "sqrt" | "rsqrt" | "tanh" | "erf" | "sin" | "cos" | "floor"
-            | "step")] => {
+            [f] if UnOp::function(f).is_some() => {
                 let mut a = args(self, 1)?;
                 ExprKind::Unary(unary_fn(f), Box::new(a.remove(0)))
             }
@@ -986,7 +985,7 @@ impl Frontend {
                 let dtype = dtype_of(to)?;
                 ExprKind::Cast { value: recv(self)?, to: dtype }
             }
-            "exp2" | "exp2_fma" | "exp2_split" | "log2" | "abs" | "sqrt" | "rsqrt" | "tanh" | "erf" | "sin" | "cos" | "floor" | "step" => {
+            f if UnOp::function(f).is_some() => {
                 want(0)?;
                 ExprKind::Unary(unary_fn(&name), recv(self)?)
             }
@@ -1228,21 +1227,7 @@ fn bin_op(op: &SynBinOp) -> Option<BinOp> {
 }
 
 fn unary_fn(name: &str) -> UnOp {
-    match name {
-        "exp2" => UnOp::Exp2,
-        "exp2_fma" => UnOp::Exp2Fma,
-        "exp2_split" => UnOp::Exp2Split,
-        "log2" => UnOp::Log2,
-        "abs" => UnOp::Abs,
-        "sqrt" => UnOp::Sqrt,
-        "tanh" => UnOp::Tanh,
-        "erf" => UnOp::Erf,
-        "sin" => UnOp::Sin,
-        "cos" => UnOp::Cos,
-        "floor" => UnOp::Floor,
-        "step" => UnOp::Step,
-        _ => UnOp::Rsqrt,
-    }
+    UnOp::function(name).unwrap_or(UnOp::Rsqrt)
 }
 
 fn reduce_op(name: &str) -> ReduceOp {

@@ -24,8 +24,8 @@
 //! with the reversed filter).
 
 use crate::fft::{
-    dft_tables, fft_fold, fft_forward, fft_forward_complex, fft_inverse_complex, fft_inverse_real, fold_twiddle, row_amax, row_sync,
-    tile_amax,
+    dft_tables, fft_fold, fft_forward, fft_forward_complex, fft_inverse_complex, fft_inverse_real, fold_twiddle, root_angle, row_amax,
+    row_sync, tile_amax,
 };
 use crate::prelude::{depthwise_conv, depthwise_conv_short, sigmoid, silu};
 use tessera::{device, kernel, Device, Element, Error, Grid, KernelSpec, Optional, OptionalMut, Result, Tensor};
@@ -414,10 +414,10 @@ pub fn conv_fft_tc_combine(
         if 2 * slot > q {
             r = q - slot;
         }
-        let a = ((j * r) % q) as f32 * (f32::consts::TAU / q as f32);
-        let mut c = cos(a);
+        let a = root_angle(j * r, q, 1.0);
+        let mut c = cos_reduced(a);
         if 2 * slot > q {
-            c = -2.0 * sin(a);
+            c = -2.0 * sin_reduced(a);
         } else if 0 < slot && 2 * slot < q {
             c = 2.0 * c;
         }

@@ -60,7 +60,8 @@
 //!   `Tile` or `tile`): `Tile::<T, M, N>::zeros()`,
 //!   `::full(v)`, `let t: Tile<T, M, N> = x.load([i, j])`, `x.load_or([i, j], fill)`,
 //!   `+ - * /`, `max`, `min`, `exp2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`,
-//!   `floor`, `step` (1.0 where `x ≥ 0`, else 0.0), `.cast::<bf16>()`, `row_sum`, `row_max`,
+//!   `sin_reduced`/`cos_reduced` (no range reduction: arguments in [−π, π], checked by the
+//!   interpreter), `floor`, `step` (1.0 where `x ≥ 0`, else 0.0), `.cast::<bf16>()`, `row_sum`, `row_max`,
 //!   `col_sum`, `t.sum(axis)`,
 //!   `Tile::<f32, M, N>::col_index()` / `row_index()` (each element's column or row),
 //!   `Tile::<f32, M, N>::uniform(seed_lo, seed_hi, offset, [row, col])` (Philox4x32-10 numbers

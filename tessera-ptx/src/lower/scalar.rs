@@ -237,6 +237,8 @@ impl Lowerer<'_> {
             UnOp::Rsqrt => one(self, "rsqrt.approx.f32"),
             UnOp::Tanh => one(self, "tanh.approx.f32"),
             UnOp::Floor => one(self, "cvt.rmi.f32.f32"),
+            UnOp::SinReduced => one(self, "sin.approx.f32"),
+            UnOp::CosReduced => one(self, "cos.approx.f32"),
             UnOp::Step => {
                 // `set` with an f32 destination writes 1.0 or 0.0 (false for NaN).
                 let r = self.reg(RegClass::F32, "step");

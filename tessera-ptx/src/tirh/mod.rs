@@ -633,6 +633,13 @@ pub enum UnOp {
     Sin,
     /// `cos(x)` (as `sin`)
     Cos,
+    /// `sin_reduced(x)`: the hardware's `sin` alone, for arguments the kernel already keeps in
+    /// [−π, π] (absolute error under 4·10⁻⁶ there, `gpu_numerics`; garbage far outside; one MUFU op where
+    /// `sin` adds five for the range reduction). The interpreter refuses an argument past
+    /// ±1.001π; a literal one is a compile error.
+    SinReduced,
+    /// `cos_reduced(x)` (as `sin_reduced`)
+    CosReduced,
     /// `floor(x)`: the largest integer not above `x`
     Floor,
     /// `step(x)`: 1.0 where `x ≥ 0`, else 0.0 (NaN gives 0.0), e.g. a dropout mask
@@ -641,6 +648,31 @@ pub enum UnOp {
 }
 
 impl UnOp {
+    /// The elementwise functions the DSL spells by name, as functions (`exp2(x)`) and methods
+    /// (`x.exp2()`); `rsqrt` is among them.
+    pub const FUNCTIONS: [UnOp; 15] = [
+        UnOp::Exp2,
+        UnOp::Exp2Fma,
+        UnOp::Exp2Split,
+        UnOp::Log2,
+        UnOp::Abs,
+        UnOp::Sqrt,
+        UnOp::Rsqrt,
+        UnOp::Tanh,
+        UnOp::Erf,
+        UnOp::Sin,
+        UnOp::Cos,
+        UnOp::SinReduced,
+        UnOp::CosReduced,
+        UnOp::Floor,
+        UnOp::Step,
+    ];
+
+    /// The function spelled `name` (`"exp2"`, `"sin_reduced"`), if there is one.
+    pub fn function(name: &str) -> Option<UnOp> {
+        UnOp::FUNCTIONS.into_iter().find(|op| op.name() == name)
+    }
+
     /// The spelling in the DSL.
     pub fn name(self) -> &'static str {
         match self {
@@ -657,6 +689,8 @@ impl UnOp {
             UnOp::Erf => "erf",
             UnOp::Sin => "sin",
             UnOp::Cos => "cos",
+            UnOp::SinReduced => "sin_reduced",
+            UnOp::CosReduced => "cos_reduced",
             UnOp::Floor => "floor",
             UnOp::Step => "step",
         }

@@ -310,6 +310,29 @@ impl Checker<'_> {
             ExprKind::Unary(op, a) => {
                 let op = *op;
                 let ty = self.expr(a)?;
+                if matches!(op, UnOp::SinReduced | UnOp::CosReduced) {
+                    let literal = match &a.kind {
+                        ExprKind::Float(x) => Some(*x),
+                        ExprKind::Unary(UnOp::Neg, x) => {
+                            if let ExprKind::Float(x) = x.kind {
+                                Some(-x)
+                            } else {
+                                None
+                            }
+                        }
+                        _ => None,
+                    };
+                    if let Some(x) = literal.filter(|x| x.abs() > std::f64::consts::PI) {
+                        return Err(CompileError::ty(
+                            a.loc,
+                            format!(
+                                "`{}` takes arguments in [−π, π] (no range reduction), found {x}: use `{}`",
+                                op.name(),
+                                if op == UnOp::SinReduced { "sin" } else { "cos" }
+                            ),
+                        ));
+                    }
+                }
                 match (op, ty) {
                     (UnOp::Not, Type::Scalar(ScalarType::Bool)) => ty,
                     (UnOp::Neg, Type::Scalar(ScalarType::I32 | ScalarType::F32)) => ty,

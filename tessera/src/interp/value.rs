@@ -308,8 +308,8 @@ fn f32_unary(op: UnOp, x: f32) -> f32 {
         UnOp::Rsqrt => 1.0 / x.sqrt(),
         UnOp::Tanh => x.tanh(),
         UnOp::Erf => erf(x),
-        UnOp::Sin => x.sin(),
-        UnOp::Cos => x.cos(),
+        UnOp::Sin | UnOp::SinReduced => x.sin(),
+        UnOp::Cos | UnOp::CosReduced => x.cos(),
         UnOp::Floor => x.floor(),
         UnOp::Step => {
             if x >= 0.0 {
@@ -322,7 +322,25 @@ fn f32_unary(op: UnOp, x: f32) -> f32 {
     }
 }
 
+/// The widest argument `sin_reduced`/`cos_reduced` take: π and a little for the rounding of
+/// an angle computed in f32 (the hardware's error stays near its bound there).
+const REDUCED_MAX: f32 = std::f32::consts::PI * 1.001;
+
 pub(crate) fn unary(op: UnOp, v: Val) -> Result<Val, String> {
+    if matches!(op, UnOp::SinReduced | UnOp::CosReduced) {
+        let past = match &v {
+            Val::F(x) => (x.abs() > REDUCED_MAX).then_some(*x),
+            Val::T(t) => t.v.iter().copied().find(|x| x.abs() > REDUCED_MAX),
+            _ => None,
+        };
+        if let Some(x) = past {
+            return Err(format!(
+                "`{}` takes arguments in [−π, π] (the hardware's approximation without range reduction), found {x}: use `{}`",
+                op.name(),
+                if op == UnOp::SinReduced { "sin" } else { "cos" }
+            ));
+        }
+    }
     Ok(match (op, v) {
         (UnOp::Not, Val::B(b)) => Val::B(!b),
         (UnOp::Neg, Val::I(i)) => Val::I(i.wrapping_neg()),
