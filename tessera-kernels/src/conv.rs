@@ -721,8 +721,20 @@ impl SpectrumKey {
 enum SpectrumData {
     /// `conv_fft_filter`'s factors `[re, re]` and `[−im, im]`, `[channels, 2·(N/2 + 1)]`.
     Fft { kc: Tensor<f32>, kd: Tensor<f32> },
-    /// `conv_fft_tc_filter`'s spectra `[channels, 2, N1, N2]` and factors `[channels, 1]`.
-    TensorCore { kf: Tensor<tessera::f16>, ks: Tensor<f32> },
+    /// The tensor-core path's spectra and the shape they were made for.
+    TensorCore(TcSpectrum),
+}
+
+/// The tensor-core path's filter spectrum: `conv_fft_tc_filter`'s spectra `[channels, 2, N1,
+/// N2]` and factors `[channels, 1]` (`conv_fft_tc_long_filter`'s `[channels·(q/2 + 1), 2, 64,
+/// 64]` and `[channels·(q/2 + 1), 1]`), the transform's shape, and the DFT tables that shape
+/// reads.
+#[doc(hidden)]
+pub struct TcSpectrum {
+    kf: Tensor<tessera::f16>,
+    ks: Tensor<f32>,
+    shape: TcShape,
+    tables: std::sync::Arc<crate::fft::FftTables>,
 }
 
 /// How [`Conv1d::run`] computes the convolution.
@@ -957,7 +969,7 @@ impl<'a, T: ConvElement> Conv1d<'a, T> {
         };
         match &spectrum.data {
             SpectrumData::Fft { kc, kd } => self.run_fft(d, key.n, (kc, kd), terms, y, flags),
-            SpectrumData::TensorCore { kf, ks } => T::tc_launch(self, d, key.n, (kf, ks), terms, y, flags),
+            SpectrumData::TensorCore(tc) => T::tc_launch(self, d, tc, terms, y, flags),
         }
     }
 
@@ -977,7 +989,7 @@ impl<'a, T: ConvElement> Conv1d<'a, T> {
                 if std::mem::size_of::<T>() != 2 {
                     return Err(tensor_core_f32());
                 }
-                let Some(n) = tensor_core_len(need) else {
+                let Some(shape) = TcShape::for_len(need) else {
                     let most = CONV_TENSOR_CORE_MAX;
                     return Err(arg("x", format!("L + Lk − 1 ≤ {most} on the tensor-core path"), format!("L {} and Lk {}", d.len, d.taps)));
                 };
@@ -987,7 +999,7 @@ impl<'a, T: ConvElement> Conv1d<'a, T> {
                 // The output read from step 0 of the circle: a convolution's tap `first` there,
                 // a correlation's (conjugated spectrum) tap `Lk − 1 − first`.
                 let first = (d.shift + d.taps as i32 - 1) as usize;
-                Ok(key(n, if d.reverse { first } else { d.taps - 1 - first }))
+                Ok(key(shape.n(), if d.reverse { first } else { d.taps - 1 - first }))
             }
         }
     }
@@ -1252,17 +1264,14 @@ pub trait TensorCoreConv: Element + Sized {
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     fn tc_launch(
-        conv: &Conv1d<'_, Self>, d: Dims, n: usize, spectrum: (&Tensor<tessera::f16>, &Tensor<f32>), terms: Columns<'_>,
-        y: &mut Tensor<Self>, flags: Flags,
+        conv: &Conv1d<'_, Self>, d: Dims, spectrum: &TcSpectrum, terms: Columns<'_>, y: &mut Tensor<Self>, flags: Flags,
     ) -> Result<()>
     where
         Self: ConvElement;
 }
 
 impl TensorCoreConv for f32 {
-    fn tc_launch(
-        _: &Conv1d<'_, Self>, _: Dims, _: usize, _: (&Tensor<tessera::f16>, &Tensor<f32>), _: Columns<'_>, _: &mut Tensor<Self>, _: Flags,
-    ) -> Result<()> {
+    fn tc_launch(_: &Conv1d<'_, Self>, _: Dims, _: &TcSpectrum, _: Columns<'_>, _: &mut Tensor<Self>, _: Flags) -> Result<()> {
         Err(tensor_core_f32())
     }
 }
@@ -1297,11 +1306,6 @@ fn written(stream: &std::sync::Arc<cudarc::driver::CudaStream>, len: usize) -> R
     Ok(unsafe { stream.alloc::<f32>(len.max(1)) }?)
 }
 
-/// The tensor-core path's shape `(P, N2)` for the transform length `n`.
-fn tensor_core_shape(n: usize) -> (usize, usize) {
-    TC_SHAPES.into_iter().find(|&(p, n2)| 64 * p * n2 == n).unwrap_or(TC_SHAPES[0])
-}
-
 /// The variant of a tensor-core kernel for the shape `(P, N2)`.
 fn tensor_core_variant(all: &[&KernelSpec], (p, n2): (usize, usize)) -> usize {
     let shape = |s: &&KernelSpec| s.knob("P") == Some(p as i64) && s.knob("N2") == Some(n2 as i64);
@@ -1312,39 +1316,45 @@ fn tensor_core_variant(all: &[&KernelSpec], (p, n2): (usize, usize)) -> usize {
 /// (`conv_fft_wrap`: tap `key.first` at step 0), then `conv_fft_tc_filter`.
 fn tensor_core_spectrum(dev: &Device, k: &Tensor<f32>, key: SpectrumKey) -> Result<SpectrumData> {
     let (n, channels) = (key.n, key.channels);
+    let shape = TcShape::for_len(n).filter(|s| s.n() == n).ok_or_else(|| Error::Argument {
+        kernel: "conv1d",
+        arg: "x".into(),
+        expected: "a tensor-core transform length".into(),
+        found: format!("N = {n}"),
+    })?;
     let mut g = Tensor::<f32>::scratch(dev, &[channels, n])?;
     let grid = Grid::from((n.div_ceil(COLS) as u32, channels.div_ceil(ROWS) as u32));
     conv_fft_wrap::launch(dev, grid, k, &mut g, key.first as i32)?;
     let conj = if key.conj { -1.0 } else { 1.0 };
-    if n > TC_SHORT_MAX {
-        // Residues 0..=q/2 of the spectrum, each an `M`-point transform.
-        let (q, lines) = (n / TC_LONG_M, TC_LONG_M / 64);
-        let res = q / 2 + 1;
-        let mut kf = Tensor::<tessera::f16>::scratch(dev, &[channels * res, 2, lines, 64])?;
-        let mut ks = Tensor::<f32>::scratch(dev, &[channels * res, 1])?;
-        let tables = crate::fft::FftTables::get(dev, 1, 64)?;
-        conv_fft_tc_long_filter::launch(
-            dev,
-            Grid::from((channels * res).div_ceil(TC_LONG_ITEMS) as u32),
-            &g.view(&[channels, n / 64, 64], &[n, 64, 1])?,
-            &mut kf,
-            &mut ks,
-            &tables.f1,
-            &tables.f2,
-            &tables.tw,
-            conj,
-            TC_LONG_ITEMS as i32,
-            q as i32,
-            // Where no tap wraps to the circle's end, only the blocks the filters reach.
-            if key.first == 0 { key.taps.div_ceil(TC_LONG_M) as i32 } else { q as i32 },
-        )?;
-        return Ok(SpectrumData::TensorCore { kf, ks });
-    }
-    let (p, n2) = tensor_core_shape(n);
+    let tables = crate::fft::FftTables::get(dev, shape.tables().0, shape.tables().1)?;
+    let (p, n2) = match shape {
+        TcShape::Short { p, n2 } => (p, n2),
+        TcShape::Long { q } => {
+            // Residues 0..=q/2 of the spectrum, each an `M`-point transform.
+            let res = q / 2 + 1;
+            let mut kf = Tensor::<tessera::f16>::scratch(dev, &[channels * res, 2, TC_LONG_M / 64, 64])?;
+            let mut ks = Tensor::<f32>::scratch(dev, &[channels * res, 1])?;
+            conv_fft_tc_long_filter::launch(
+                dev,
+                Grid::from((channels * res).div_ceil(TC_LONG_ITEMS) as u32),
+                &g.view(&[channels, n / 64, 64], &[n, 64, 1])?,
+                &mut kf,
+                &mut ks,
+                &tables.f1,
+                &tables.f2,
+                &tables.tw,
+                conj,
+                TC_LONG_ITEMS as i32,
+                q as i32,
+                // Where no tap wraps to the circle's end, only the blocks the filters reach.
+                if key.first == 0 { key.taps.div_ceil(TC_LONG_M) as i32 } else { q as i32 },
+            )?;
+            return Ok(SpectrumData::TensorCore(TcSpectrum { kf, ks, shape, tables }));
+        }
+    };
     let n1 = 64 * p;
     let mut kf = Tensor::<tessera::f16>::scratch(dev, &[channels, 2, n1, n2])?;
     let mut ks = Tensor::<f32>::scratch(dev, &[channels, 1])?;
-    let tables = crate::fft::FftTables::get(dev, p, n2)?;
     conv_fft_tc_filter::launch_variant(
         tensor_core_variant(conv_fft_tc_filter::VARIANTS, (p, n2)),
         dev,
@@ -1357,18 +1367,12 @@ fn tensor_core_spectrum(dev: &Device, k: &Tensor<f32>, key: SpectrumKey) -> Resu
         &tables.tw,
         conj,
     )?;
-    Ok(SpectrumData::TensorCore { kf, ks })
+    Ok(SpectrumData::TensorCore(TcSpectrum { kf, ks, shape, tables }))
 }
 
 /// The tensor-core path's shapes `(P, N2)` (`N = 64·P·N2`: warpgroups a row, steps a line),
 /// shortest first.
 const TC_SHAPES: [(usize, usize); 3] = [(1, 32), (1, 64), (2, 64)];
-
-/// The longest transform one block holds a row of: the longest shape's `N`.
-const TC_SHORT_MAX: usize = {
-    let (p, n2) = TC_SHAPES[TC_SHAPES.len() - 1];
-    64 * p * n2
-};
 
 /// The part a longer transform (`N = q·M`, `q` 4 to 32) splits into: `M = 4096` steps, a row of
 /// `64 × 64` in one warpgroup (`conv_fft_tc_long`).
@@ -1381,12 +1385,42 @@ const TC_LONG_ITEMS: usize = 16;
 /// [`TC_LONG_M`].
 pub const CONV_TENSOR_CORE_MAX: usize = 32 * TC_LONG_M;
 
-/// The tensor-core path's transform length for a full convolution of `need` steps: the shortest
-/// of [`TC_SHAPES`] that holds it, else the power of two (`q·M`), else none past
-/// [`CONV_TENSOR_CORE_MAX`].
-fn tensor_core_len(need: usize) -> Option<usize> {
-    let short = TC_SHAPES.into_iter().map(|(p, n2)| 64 * p * n2).find(|&n| n >= need);
-    short.or_else(|| Some(need.next_power_of_two()).filter(|&n| n <= CONV_TENSOR_CORE_MAX))
+/// The tensor-core path's transform: one block a row (`N = 64·P·N2`, one of [`TC_SHAPES`]), or
+/// `q` parts of [`TC_LONG_M`] (`q` a power of two, 4 to 32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TcShape {
+    /// `conv_fft_tc`: `P` warpgroups a row, `N2` steps a line.
+    Short { p: usize, n2: usize },
+    /// `conv_fft_tc_long` and `conv_fft_tc_combine`.
+    Long { q: usize },
+}
+
+impl TcShape {
+    /// The transform for a full convolution of `need` steps: the shortest of [`TC_SHAPES`] that
+    /// holds it, else the power of two `q·M`; none past [`CONV_TENSOR_CORE_MAX`].
+    fn for_len(need: usize) -> Option<TcShape> {
+        let short = TC_SHAPES.into_iter().find(|&(p, n2)| 64 * p * n2 >= need).map(|(p, n2)| TcShape::Short { p, n2 });
+        short.or_else(|| {
+            let n = need.next_power_of_two();
+            (n <= CONV_TENSOR_CORE_MAX).then_some(TcShape::Long { q: n / TC_LONG_M })
+        })
+    }
+
+    /// The transform's length `N`.
+    fn n(self) -> usize {
+        match self {
+            TcShape::Short { p, n2 } => 64 * p * n2,
+            TcShape::Long { q } => q * TC_LONG_M,
+        }
+    }
+
+    /// The `(P, N2)` of the DFT tables it reads ([`crate::fft::FftTables::get`]).
+    fn tables(self) -> (usize, usize) {
+        match self {
+            TcShape::Short { p, n2 } => (p, n2),
+            TcShape::Long { .. } => (1, 64),
+        }
+    }
 }
 
 /// Sequences a tensor-core block takes at most (its four warpgroups, `P` to a sequence, taking
@@ -1397,12 +1431,10 @@ macro_rules! tensor_core_conv {
     ($t:ty, $tc:ident, $long:ident, $combine:ident, $copy:ident) => {
         impl TensorCoreConv for $t {
             fn tc_launch(
-                conv: &Conv1d<'_, Self>, d: Dims, n: usize, (kf, ks): (&Tensor<tessera::f16>, &Tensor<f32>), (bias, skip): Columns<'_>,
-                y: &mut Tensor<Self>, flags: Flags,
+                conv: &Conv1d<'_, Self>, d: Dims, spectrum: &TcSpectrum, (bias, skip): Columns<'_>, y: &mut Tensor<Self>, flags: Flags,
             ) -> Result<()> {
                 let dev = conv.device;
-                // A whole number of the block's turns (4 sequences).
-                let tc_rows = d.batch.next_multiple_of(4).min(TC_ROWS);
+                let TcSpectrum { kf, ks, shape, tables } = spectrum;
                 let rows = d.batch * d.channels;
                 let grid = |r: usize, cols: usize| Grid::from((cols.div_ceil(COLS) as u32, r.div_ceil(ROWS) as u32));
                 let padded = |t: &Tensor<Self>, len: usize, to: usize| -> Result<Option<Tensor<Self>>> {
@@ -1413,50 +1445,52 @@ macro_rules! tensor_core_conv {
                     $copy::launch(dev, grid(rows, to), &t.view(&[rows, len], &[len, 1])?, &mut p)?;
                     Ok(Some(p))
                 };
-                if n > TC_SHORT_MAX {
-                    // Each residue's part of the output into `w`, then their sum and the epilogue.
-                    let (q, m) = (n / TC_LONG_M, TC_LONG_M);
-                    let lp = d.len.next_multiple_of(64);
-                    let xp = padded(conv.x, d.len, lp)?;
-                    let xv = xp.as_ref().unwrap_or(conv.x).view(&[rows, lp / 64, 64], &[lp, 64, 1])?;
-                    let mut w = Tensor::<tessera::f16>::scratch(dev, &[q, rows, m / 64, 64])?;
-                    let mut ws = Tensor::<f32>::scratch(dev, &[q, rows, 1])?;
-                    let tables = crate::fft::FftTables::get(dev, 1, 64)?;
-                    let items = rows * (q / 2 + 1);
-                    $long::launch(
-                        dev,
-                        Grid::from(items.div_ceil(TC_LONG_ITEMS) as u32),
-                        &xv,
-                        kf,
-                        ks,
-                        &mut w,
-                        &mut ws,
-                        &tables.f1,
-                        &tables.f2,
-                        &tables.tw,
-                        TC_LONG_ITEMS as i32,
-                        q as i32,
-                        lp.div_ceil(m) as i32,
-                    )?;
-                    return $combine::launch(
-                        dev,
-                        d.grid(),
-                        &w.view(&[q, d.batch, d.channels, m], &[rows * m, d.channels * m, m, 1])?,
-                        &ws.view(&[q, d.batch, d.channels, 1], &[rows, d.channels, 1, 1])?,
-                        conv.x,
-                        &Optional(bias, 2),
-                        &Optional(skip, 2),
-                        &Optional(conv.gate, 3),
-                        y,
-                        q as i32,
-                        flag(flags.bias),
-                        flag(flags.skip),
-                        flag(flags.gate),
-                        flag(flags.silu),
-                    );
-                }
-                let (p, n2) = tensor_core_shape(n);
-                let tables = crate::fft::FftTables::get(dev, p, n2)?;
+                let (p, n2) = match *shape {
+                    TcShape::Short { p, n2 } => (p, n2),
+                    TcShape::Long { q } => {
+                        // Each residue's part of the output into `w`, then their sum and the epilogue.
+                        let m = TC_LONG_M;
+                        let lp = d.len.next_multiple_of(64);
+                        let xp = padded(conv.x, d.len, lp)?;
+                        let xv = xp.as_ref().unwrap_or(conv.x).view(&[rows, lp / 64, 64], &[lp, 64, 1])?;
+                        let mut w = Tensor::<tessera::f16>::scratch(dev, &[q, rows, m / 64, 64])?;
+                        let mut ws = Tensor::<f32>::scratch(dev, &[q, rows, 1])?;
+                        let items = rows * (q / 2 + 1);
+                        $long::launch(
+                            dev,
+                            Grid::from(items.div_ceil(TC_LONG_ITEMS) as u32),
+                            &xv,
+                            kf,
+                            ks,
+                            &mut w,
+                            &mut ws,
+                            &tables.f1,
+                            &tables.f2,
+                            &tables.tw,
+                            TC_LONG_ITEMS as i32,
+                            q as i32,
+                            lp.div_ceil(m) as i32,
+                        )?;
+                        return $combine::launch(
+                            dev,
+                            d.grid(),
+                            &w.view(&[q, d.batch, d.channels, m], &[rows * m, d.channels * m, m, 1])?,
+                            &ws.view(&[q, d.batch, d.channels, 1], &[rows, d.channels, 1, 1])?,
+                            conv.x,
+                            &Optional(bias, 2),
+                            &Optional(skip, 2),
+                            &Optional(conv.gate, 3),
+                            y,
+                            q as i32,
+                            flag(flags.bias),
+                            flag(flags.skip),
+                            flag(flags.gate),
+                            flag(flags.silu),
+                        );
+                    }
+                };
+                // A whole number of the block's turns (4 sequences).
+                let tc_rows = d.batch.next_multiple_of(4).min(TC_ROWS);
                 // Rows of whole `N2`-step lines: padded copies where the lengths are not.
                 let (lp, lop) = (d.len.next_multiple_of(n2), d.out.next_multiple_of(n2));
                 let xp = padded(conv.x, d.len, lp)?;
