@@ -371,11 +371,17 @@ fn conv1d_spectrum_refuses_a_misfit() {
     let msg = |r: tessera::Result<()>| r.expect_err("refused").to_string();
     let causal = Conv1d::new(&dev, &x, &k, ConvMode::Causal).path(ConvPath::TensorCore);
     let spectrum = causal.spectrum().unwrap();
-    // The direct path makes none and takes none.
-    let e = Conv1d::new(&dev, &x, &k, ConvMode::Causal).spectrum().map(drop).expect_err("direct").to_string();
-    assert!(e.contains("`path`") && e.contains("Direct"), "{e}");
-    let e = msg(Conv1d::new(&dev, &x, &k, ConvMode::Causal).with_spectrum(&spectrum).run(&mut y));
+    // The direct path makes none and takes none; `Auto` (the default) takes the direct one in
+    // the interpreter, and a kept spectrum's path where it is given one.
+    let direct = || Conv1d::new(&dev, &x, &k, ConvMode::Causal).path(ConvPath::Direct);
+    let e = direct().spectrum().map(drop).expect_err("direct").to_string();
+    assert!(e.contains("`path`") && e.contains("ConvPath::Direct"), "{e}");
+    let e = Conv1d::new(&dev, &x, &k, ConvMode::Causal).spectrum().map(drop).expect_err("auto").to_string();
+    assert!(e.contains("`path`") && e.contains("ConvPath::Auto, which takes the direct path"), "{e}");
+    let e = msg(direct().with_spectrum(&spectrum).run(&mut y));
     assert!(e.contains("`spectrum`") && e.contains("direct path"), "{e}");
+    assert_eq!(Conv1d::new(&dev, &x, &k, ConvMode::Causal).chosen_path().unwrap(), ConvPath::Direct);
+    assert_eq!(Conv1d::new(&dev, &x, &k, ConvMode::Causal).with_spectrum(&spectrum).chosen_path().unwrap(), ConvPath::TensorCore);
     // f32 has no tensor-core path.
     let e = Conv1d::new(&dev, &xf, &k, ConvMode::Causal).path(ConvPath::TensorCore).spectrum().map(drop).expect_err("f32").to_string();
     assert!(e.contains("bf16 or f16"), "{e}");
@@ -392,6 +398,38 @@ fn conv1d_spectrum_refuses_a_misfit() {
     assert!(e.contains("of 5 taps") && e.contains("of 3 taps"), "{e}");
     // The one it fits runs.
     causal.with_spectrum(&spectrum).run(&mut y).unwrap();
+}
+
+/// `ConvPath::Auto` on the GPU: short filters direct, long ones on the tensor cores (bf16 on
+/// Hopper) or through cuFFT (f32); its output is the chosen path's, bit for bit.
+#[test]
+fn gpu_conv1d_auto_path_follows_the_cost_model() {
+    let Some(dev) = gpu_or_skip("gpu_conv1d_auto_path_follows_the_cost_model") else { return };
+    let (b, h) = (2, 64);
+    for (l, lk, bf16_path, f32_path) in [
+        (2048, 4, ConvPath::Direct, ConvPath::Direct),
+        (2048, 16, ConvPath::Direct, ConvPath::Direct),
+        (2048, 512, ConvPath::TensorCore, ConvPath::Fft),
+        (8192, 16, ConvPath::Direct, ConvPath::Direct),
+        (8192, 300, ConvPath::TensorCore, ConvPath::Fft),
+    ] {
+        let xh = random(b * h * l, -1.0, 1.0);
+        let x = Tensor::from_host(&dev, &xh.iter().copied().map(bf16::from_f32).collect::<Vec<_>>(), &[b, h, l]).unwrap();
+        let xf = Tensor::from_host(&dev, &xh, &[b, h, l]).unwrap();
+        let k = Tensor::from_host(&dev, &random(h * lk, -1.0, 1.0), &[h, lk]).unwrap();
+        let bias = Tensor::from_host(&dev, &random(h, -1.0, 1.0), &[h]).unwrap();
+        let tc = dev.compute_capability().0 == 9;
+        let want = if tc || bf16_path == ConvPath::Direct { bf16_path } else { ConvPath::Direct };
+        assert_eq!(Conv1d::new(&dev, &x, &k, ConvMode::Causal).chosen_path().unwrap(), want, "bf16 L {l} Lk {lk}");
+        assert_eq!(Conv1d::new(&dev, &xf, &k, ConvMode::Causal).chosen_path().unwrap(), f32_path, "f32 L {l} Lk {lk}");
+        let run = |path: ConvPath| {
+            let mut y = Tensor::full(&dev, &[b, h, l], bf16::NAN).unwrap();
+            Conv1d::new(&dev, &x, &k, ConvMode::Causal).path(path).bias(&bias).run(&mut y).unwrap();
+            y.to_host().unwrap()
+        };
+        let (auto, chosen) = (run(ConvPath::Auto), run(want));
+        assert!(auto.iter().zip(&chosen).all(|(a, c)| a.to_bits() == c.to_bits()), "L {l} Lk {lk}: Auto differs from {want:?}");
+    }
 }
 
 #[path = "../examples/hyena_block.rs"]

@@ -740,10 +740,18 @@ pub struct TcSpectrum {
 /// How [`Conv1d::run`] computes the convolution.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum ConvPath {
+    /// The default: the path a cost model measured on the H200 favours for these lengths and
+    /// this element type ([`Conv1d::chosen_path`] says which). Direct where the filters are
+    /// short (always within 9 taps, and in the interpreter); the tensor cores for bf16/f16 on
+    /// Hopper, else cuFFT where it loads, once the direct path's cost (`out·Lk` steps a row)
+    /// passes the transform's (by `N`). Measured crossovers (session 45, 8×768 and 2×768
+    /// rows): bf16 at Lk ≈ 24 for L 2048 and ≈ 56 for L 8192; f32 (cuFFT) at Lk ≈ 26 and ≈ 32.
+    /// A kept spectrum ([`Conv1d::with_spectrum`]) decides by its own path.
+    #[default]
+    Auto,
     /// In registers (GPU and interpreter): `conv1d_short`'s funnel shifts where every tap lies
     /// within 8 steps either side, else `conv1d_direct`'s shifted load a tap, whose cost grows
     /// with the filter's length.
-    #[default]
     Direct,
     /// Through cuFFT (GPU only): the signal and the filters zero-padded to a length `N ≥ L +
     /// Lk − 1` with small prime factors, transformed, multiplied, transformed back, then the
@@ -793,7 +801,7 @@ impl<'a, T: ConvElement> Conv1d<'a, T> {
             skip: None,
             gate: None,
             silu: false,
-            path: ConvPath::Direct,
+            path: ConvPath::Auto,
             spectrum: None,
         }
     }
@@ -815,15 +823,33 @@ impl<'a, T: ConvElement> Conv1d<'a, T> {
     /// launch's or cuFFT's error.
     pub fn spectrum(&self) -> Result<ConvSpectrum> {
         let d = self.dims("conv1d")?;
-        let key = self.spectrum_key(d)?;
+        let key = self.spectrum_key(d, self.resolve(d))?;
         self.make_spectrum(d, key)
     }
 
-    /// Computes the forward by `path` (by default [`ConvPath::Direct`]; which path is faster
-    /// where is not measured yet, so nothing chooses for you).
+    /// Computes the forward by `path` (by default [`ConvPath::Auto`]: the one a measured cost
+    /// model favours).
     pub fn path(mut self, path: ConvPath) -> Self {
         self.path = path;
         self
+    }
+
+    /// The path [`Conv1d::run`] takes: the one asked for, or for [`ConvPath::Auto`] a kept
+    /// spectrum's, else the cheapest by the cost model (never `Auto`).
+    ///
+    /// # Errors
+    /// As [`Conv1d::run`]'s for the shapes of `x` and `k`.
+    pub fn chosen_path(&self) -> Result<ConvPath> {
+        Ok(self.resolve(self.dims("conv1d")?))
+    }
+
+    /// [`Conv1d::chosen_path`] for the checked dims `d`.
+    fn resolve(&self, d: Dims) -> ConvPath {
+        match (self.path, self.spectrum) {
+            (ConvPath::Auto, Some(s)) => s.key.path,
+            (ConvPath::Auto, None) => auto_path(self.device, std::mem::size_of::<T>(), d),
+            (path, _) => path,
+        }
     }
 
     /// A causal convolution with the weights `w` `[channels, K]` as PyTorch's `conv1d` (and the
@@ -938,7 +964,8 @@ impl<'a, T: ConvElement> Conv1d<'a, T> {
         let (bias, skip) = (column(self.bias, d.channels)?, column(self.skip, d.channels)?);
         let terms = (bias.as_ref(), skip.as_ref());
         let flags = self.flags();
-        if self.path == ConvPath::Direct {
+        let path = self.resolve(d);
+        if path == ConvPath::Direct {
             if let Some(s) = self.spectrum {
                 let found = format!("the spectrum of {}", s.key.describe());
                 return Err(Error::Argument {
@@ -950,7 +977,7 @@ impl<'a, T: ConvElement> Conv1d<'a, T> {
             }
             return T::conv_launch(self.device, d, d.shift, d.reverse, self.x, self.k, terms, self.gate, y, flags);
         }
-        let key = self.spectrum_key(d)?;
+        let key = self.spectrum_key(d, path)?;
         let made;
         let spectrum = match self.spectrum {
             Some(s) if s.key == key => s,
@@ -974,14 +1001,19 @@ impl<'a, T: ConvElement> Conv1d<'a, T> {
     }
 
     /// What a spectrum for this convolution (checked as `d`) on its path must fit.
-    fn spectrum_key(&self, d: Dims) -> Result<SpectrumKey> {
+    fn spectrum_key(&self, d: Dims, path: ConvPath) -> Result<SpectrumKey> {
         let arg = |arg: &str, expected: String, found: String| Error::Argument { kernel: "conv1d", arg: arg.into(), expected, found };
         let need = d.len + d.taps - 1;
-        let key = |n: usize, first: usize| SpectrumKey { path: self.path, channels: d.channels, taps: d.taps, n, first, conj: !d.reverse };
-        match self.path {
-            ConvPath::Direct => {
+        let key = |n: usize, first: usize| SpectrumKey { path, channels: d.channels, taps: d.taps, n, first, conj: !d.reverse };
+        match path {
+            ConvPath::Direct | ConvPath::Auto => {
                 let expected = "a transform path (`ConvPath::Fft` or `ConvPath::TensorCore`) for a spectrum".into();
-                Err(arg("path", expected, "ConvPath::Direct".into()))
+                let found = if self.path == ConvPath::Auto {
+                    "ConvPath::Auto, which takes the direct path for these lengths".into()
+                } else {
+                    "ConvPath::Direct".into()
+                };
+                Err(arg("path", expected, found))
             }
             // The signal is padded to place the output; the filters start at step 0.
             ConvPath::Fft => Ok(key(fft_len(need), 0)),
@@ -1286,12 +1318,48 @@ fn tensor_core_f32() -> Error {
     }
 }
 
+/// Whether cuFFT's library loads here.
+fn cufft_present() -> bool {
+    let names =
+        if cfg!(windows) { &["cufft64_12.dll", "cufft64_11.dll"][..] } else { &["libcufft.so.12", "libcufft.so.11", "libcufft.so"][..] };
+    tessera::library_present(names)
+}
+
+/// [`ConvPath::Auto`]'s choice for `bytes`-byte elements: the cheapest path by time a row
+/// (nanoseconds, a full H200; session 45's `TESSERA_BENCH_SCANS=convpaths` and the long rows).
+/// The direct path costs `out·Lk` steps a row, its short kernel (`Lk ≤ 9`) always wins; the
+/// transforms cost by their length `N` alone.
+fn auto_path(dev: &Device, bytes: usize, d: Dims) -> ConvPath {
+    if dev.is_cpu() || d.taps <= 9 {
+        return ConvPath::Direct;
+    }
+    // 0.438 ms (bf16) and 0.71 ms (f32) for 6144 rows of 2048 steps at Lk 64.
+    let direct = (d.out * d.taps) as f64 * if bytes == 2 { 5.4e-4 } else { 8.8e-4 };
+    let need = d.len + d.taps - 1;
+    // By `N` from 4096 doubling; past the table, ×2.3 a doubling.
+    let by_n = |n: usize, table: &[f64]| {
+        let i = n.next_power_of_two().max(4096).trailing_zeros() as usize - 12;
+        table.get(i).copied().unwrap_or_else(|| table[table.len() - 1] * 2.3f64.powi((i + 1 - table.len()) as i32))
+    };
+    let tc = (bytes == 2 && dev.compute_capability().0 == 9)
+        .then(|| TcShape::for_len(need))
+        .flatten()
+        .map(|s| by_n(s.n(), &[28.0, 61.0, 250.0, 320.0, 874.0, 2900.0]));
+    if let Some(tc) = tc {
+        return if tc < direct { ConvPath::TensorCore } else { ConvPath::Direct };
+    }
+    let fft = by_n(fft_len(need), &[47.0, 180.0, 250.0, 611.0, 1640.0, 4960.0]);
+    if fft < direct && cufft_present() {
+        ConvPath::Fft
+    } else {
+        ConvPath::Direct
+    }
+}
+
 /// The device's stream where cuFFT can be loaded, else an error naming what is missing.
 fn cufft_stream(dev: &Device) -> Result<std::sync::Arc<cudarc::driver::CudaStream>> {
     let stream = dev.stream().map_err(|_| Error::NotCuda { what: "conv1d's FFT path (cuFFT)" })?.clone();
-    let names =
-        if cfg!(windows) { &["cufft64_12.dll", "cufft64_11.dll"][..] } else { &["libcufft.so.12", "libcufft.so.11", "libcufft.so"][..] };
-    if !tessera::library_present(names) {
+    if !cufft_present() {
         return Err(Error::Library { library: "libcufft", message: "could not be loaded: conv1d's FFT path needs cuFFT".into() });
     }
     Ok(stream)
