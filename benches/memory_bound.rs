@@ -692,31 +692,6 @@ fn main() {
     // (the default stream cannot be captured) with cudarc's cross-stream event tracking off
     // for its tensors (one stream: nothing to track, and a capture cannot wait on events
     // recorded before it).
-    // Where the transform paths overtake the direct one (the `ConvPath::Auto` thresholds), by
-    // filter length; only when asked (`TESSERA_BENCH_SCANS=convpaths`): 56 timings.
-    if all && std::env::var("TESSERA_BENCH_SCANS").is_ok_and(|v| v.split(',').any(|p| p == "convpaths")) {
-        use tessera_kernels::{Conv1d, ConvMode, ConvPath};
-        for (b, ch, l) in [(8, 768, 2048), (2, 768, 8192)] {
-            let n = b * ch * l;
-            let x = Tensor::from_host(&dev, &random(n), &[b, ch, l]).expect("x");
-            let xb = Tensor::from_host(&dev, &rng_bf16(n), &[b, ch, l]).expect("x bf16");
-            let mut y = Tensor::<f32>::zeros(&dev, &[b, ch, l]).expect("y");
-            let mut yb = Tensor::<tessera::bf16>::zeros(&dev, &[b, ch, l]).expect("y bf16");
-            for taps in [8, 16, 32, 64, 128, 256, 512] {
-                let k = Tensor::from_host(&dev, &random(ch * taps), &[ch, taps]).expect("k");
-                for path in [ConvPath::Direct, ConvPath::TensorCore] {
-                    let conv = Conv1d::new(&dev, &xb, &k, ConvMode::Causal).path(path);
-                    let mut f = || conv.run(&mut yb).expect("conv1d bf16");
-                    norm_row!(format!("conv1d paths {path:?} K{taps} bf16 {b}x{ch}x{l}"), (2 * n * 2) as f64, time_ms(&dev, 3, 10, &mut f));
-                }
-                for path in [ConvPath::Direct, ConvPath::Fft] {
-                    let conv = Conv1d::new(&dev, &x, &k, ConvMode::Causal).path(path);
-                    let mut f = || conv.run(&mut y).expect("conv1d f32");
-                    norm_row!(format!("conv1d paths {path:?} K{taps} f32 {b}x{ch}x{l}"), (2 * n * 4) as f64, time_ms(&dev, 3, 10, &mut f));
-                }
-            }
-        }
-    }
     if all && part("selective") {
         use tessera::bf16;
         let ctx = dev.context().expect("a CUDA context").clone();
