@@ -2029,3 +2029,87 @@ fn gpu_funnel_shifts_match_the_host() {
 fn interp_funnel_shifts_match_the_host() {
     funnel_shifts_match_the_host(&Device::cpu());
 }
+
+/// A tile and a scalar read from mutable bindings before those are assigned again: `t` and `j`
+/// keep the values of that moment (the load of the next chunk goes to `ahead`'s registers).
+#[kernel]
+fn load_ahead(x: Global<f32, 2>, y: Global<f32, 2>) {
+    let mut ahead: Tile<f32, 16, 64> = x.load([0, 0]);
+    let mut k = 0;
+    for i in 0..x.dim(1) / 64 {
+        let t = ahead;
+        let j = k;
+        ahead = x.load_or([0, (i + 1) * 64], 0.0);
+        k = k + 1;
+        y.store([0, i * 64], t + j as f32);
+    }
+}
+
+fn reads_before_assignment(dev: &Device) {
+    let (m, n) = (16, 64 * 5);
+    let x = random(m * n, -1.0, 1.0);
+    let xt = Tensor::from_host(dev, &x, &[m, n]).unwrap();
+    let mut y = Tensor::full(dev, &[m, n], f32::NAN).unwrap();
+    load_ahead::launch(dev, Grid::from(1), &xt, &mut y).unwrap();
+    for (i, (&a, b)) in x.iter().zip(y.to_host().unwrap()).enumerate() {
+        let want = a + ((i % n) / 64) as f32;
+        assert!(b == want, "element {i}: got {b}, expected {want}");
+    }
+}
+
+#[test]
+fn gpu_reads_before_assignment() {
+    if let Some(dev) = gpu_or_skip("gpu_reads_before_assignment") {
+        reads_before_assignment(&dev);
+    }
+}
+
+#[test]
+fn interp_reads_before_assignment() {
+    reads_before_assignment(&Device::cpu());
+}
+
+/// `tile_all`: each block's 16 × 64 tile, 1 where every element is ≥ 0, else 0.
+#[kernel]
+fn tile_all_blocks(x: Global<f32, 2>, y: Global<f32, 2>) {
+    let t: Tile<f32, 16, 64> = x.load([block::id_x() * 16, 0]);
+    let mut flag = Tile::<f32, 16, 64>::zeros();
+    if tile_all(t) {
+        flag = Tile::<f32, 16, 64>::full(1.0);
+    }
+    y.store([block::id_x() * 16, 0], flag);
+}
+
+/// Blocks of values ≥ 0 (zeros and −0 among them) pass; one negative element or one NaN
+/// anywhere in a block fails it.
+fn tile_all_tests_every_element(dev: &Device) {
+    let (blocks, n) = (6, 64);
+    let mut x = random(blocks * 16 * n, 0.0, 1.0);
+    let spot = random(blocks, 0.0, (16 * n) as f32);
+    x[0] = 0.0;
+    x[1] = -0.0;
+    let at = |b: usize| b * 16 * n + (spot[b] as usize).min(16 * n - 1);
+    x[at(1)] = -1e-30;
+    x[at(3)] = f32::NAN;
+    x[at(4)] = -5.0;
+    let xt = Tensor::from_host(dev, &x, &[blocks * 16, n]).unwrap();
+    let mut y = Tensor::full(dev, &[blocks * 16, n], f32::NAN).unwrap();
+    tile_all_blocks::launch(dev, Grid::from(blocks as u32), &xt, &mut y).unwrap();
+    let got = y.to_host().unwrap();
+    for b in 0..blocks {
+        let want = if [1, 3, 4].contains(&b) { 0.0 } else { 1.0 };
+        assert!(got[b * 16 * n..][..16 * n].iter().all(|&v| v == want), "block {b}: expected {want}");
+    }
+}
+
+#[test]
+fn gpu_tile_all_tests_every_element() {
+    if let Some(dev) = gpu_or_skip("gpu_tile_all_tests_every_element") {
+        tile_all_tests_every_element(&dev);
+    }
+}
+
+#[test]
+fn interp_tile_all_tests_every_element() {
+    tile_all_tests_every_element(&Device::cpu());
+}

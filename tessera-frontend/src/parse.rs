@@ -45,7 +45,7 @@ type R<T> = Result<T, syn::Error>;
 /// (the `deps` where it was written), and where it stands.
 pub type Lambda = (syn::ExprClosure, Vec<(String, u32)>, SourceLoc);
 
-const FUNCTIONS: &str = "`exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `sin_reduced`, `cos_reduced`, `floor`, `step`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block_sum`, `block_max`, `block_min`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Tile::<f32, M, N>::col_index`, `Tile::<f32, M, N>::row_index`, `Tile::<f32, M, N>::uniform`, `Tile::<f32, M, N>::uniform8`, `Tile::<f32, M, N>::uniform8_t`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `TileQueue::<S>::new`, `tma::load`, `tma::store`, `tma::reduce_add`, `tma::store_flat`, `tma::reduce_add_flat`, `tma::store_wait`, `mma_sync`, `mma_sync_kn`, `mma_wait`, `setmaxnreg`, `barrier::sync`, `barrier::arrive`, `tile_scan::<F>`, `tile_scan_exclusive::<F>`, `tile_scan_reverse::<F>`, `tile_scan_reverse_exclusive::<F>`";
+const FUNCTIONS: &str = "`exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `sin_reduced`, `cos_reduced`, `floor`, `step`, `max`, `min`, `row_sum`, `row_max`, `row_min`, `col_sum`, `col_max`, `col_min`, `block_sum`, `block_max`, `block_min`, `tile_all`, `block::id_x`, `grid::dim_x`, `warpgroup::id`, `Tile::<T, M, N>::zeros`, `Tile::<T, M, N>::full`, `Tile::<f32, M, N>::col_index`, `Tile::<f32, M, N>::row_index`, `Tile::<f32, M, N>::uniform`, `Tile::<f32, M, N>::uniform8`, `Tile::<f32, M, N>::uniform8_t`, `Smem::<T, M, N>::ring`, `Pipeline::<S>::new`, `TileQueue::<S>::new`, `tma::load`, `tma::store`, `tma::reduce_add`, `tma::store_flat`, `tma::reduce_add_flat`, `tma::store_wait`, `mma_sync`, `mma_sync_kn`, `mma_wait`, `setmaxnreg`, `barrier::sync`, `barrier::arrive`, `tile_scan::<F>`, `tile_scan_exclusive::<F>`, `tile_scan_reverse::<F>`, `tile_scan_reverse_exclusive::<F>`";
 
 /// The scans: inclusive or exclusive, from the first element or from the last.
 const SCANS: [&str; 4] = ["tile_scan", "tile_scan_exclusive", "tile_scan_reverse", "tile_scan_reverse_exclusive"];
@@ -60,7 +60,7 @@ pub(crate) fn is_builtin(segs: &[&str]) -> bool {
             ["block", "id_x" | "id_y" | "id_z"]
                 | ["grid", "dim_x" | "dim_y" | "dim_z"]
                 | ["warpgroup", "id" | "setmaxnreg"]
-                | ["max" | "min" | "block_sum" | "block_max" | "block_min"]
+                | ["max" | "min" | "block_sum" | "block_max" | "block_min" | "tile_all"]
                 | ["row_sum" | "row_max" | "row_min" | "col_sum" | "col_max" | "col_min"]
                 | ["Smem" | "smem", _]
                 | ["Pipeline" | "TileQueue", _]
@@ -752,6 +752,10 @@ impl Frontend {
                 let mut a = args(self, 2)?;
                 let b = a.remove(1);
                 ExprKind::Binary(if *f == "max" { BinOp::Max } else { BinOp::Min }, Box::new(a.remove(0)), Box::new(b))
+            }
+            ["tile_all"] => {
+                let mut a = args(self, 1)?;
+                ExprKind::TileAll(Box::new(a.remove(0)))
             }
             [f @ ("block_sum" | "block_max" | "block_min")] => {
                 let mut a = args(self, 1)?;

@@ -90,6 +90,10 @@
 //!   barriers of the whole block, in warpgroup order, so every warpgroup gets the same bits:
 //!   `block_sum(row_sum(x))` sums rows spread over the warpgroups (`tessera_kernels::rms_norm_wide`).
 //!   Every warpgroup must reach it, and it is the whole value of a `let`.
+//! - `tile_all(t)`: `true` where every element of this warpgroup's float tile `t` is `≥ 0`
+//!   (NaN is not), the same in all of its threads (one barrier of the warpgroup, which each of
+//!   its threads must reach): an `if` for the whole warpgroup on its data, such as a fast path
+//!   taken where the inputs allow it (`tessera_kernels::logcumsumexp`).
 //! - Scheduling: consecutive `let`s of tile loads (each maybe `.cast`) whose indices do not use
 //!   each other issue as one group, every vector in flight before any is used; consecutive
 //!   `let`s of independent reductions (`let a = row_sum(x); let b = row_sum(x * x);`) share

@@ -138,6 +138,11 @@ pub(crate) struct Lowerer<'a> {
     pub body: Vec<Inst>,
     pub params: Vec<PtxParam>,
     scopes: Vec<HashMap<String, Value>>,
+    /// Names bound by a `let mut` anywhere so far (see `copy_let`).
+    mutable_names: std::collections::HashSet<String>,
+    /// The statement lowered next is `let t = v;` of a mutable `v` that a later statement of
+    /// the block writes: `t` takes a copy, or the write would move into registers they share.
+    copy_let: bool,
     labels: u32,
     /// Bytes of scratch each warpgroup needs.
     pub scratch_bytes: u32,
@@ -209,6 +214,8 @@ impl<'a> Lowerer<'a> {
             body: Vec::new(),
             params: Vec::new(),
             scopes: vec![HashMap::new()],
+            mutable_names: std::collections::HashSet::new(),
+            copy_let: false,
             labels: 0,
             scratch_bytes: 0,
             after_tma_store: false,
@@ -443,6 +450,11 @@ impl<'a> Lowerer<'a> {
                 self.reductions(&body[i..i + reductions])?;
                 reductions
             } else {
+                if let StmtKind::Let { mutable: false, value, .. } = &body[i].kind {
+                    if let crate::tirh::ExprKind::Var(n) = &value.kind {
+                        self.copy_let = self.mutable_names.contains(n) && writes(&body[i + 1..], n);
+                    }
+                }
                 // A store right before a named barrier's sync needs no warpgroup barrier of its
                 // own (`fence_for_mma`): the named one waits for this warpgroup's threads too.
                 self.named_sync_follows = matches!(body.get(i + 1).map(|s| &s.kind), Some(StmtKind::NamedBarrier { wait: true, .. }));
@@ -618,8 +630,11 @@ impl<'a> Lowerer<'a> {
                     }
                     _ => self.expr(value)?,
                 };
-                if *mutable {
+                if *mutable || std::mem::take(&mut self.copy_let) {
                     v = self.copy(&v, name);
+                }
+                if *mutable {
+                    self.mutable_names.insert(name.clone());
                 }
                 self.bind(name, v);
                 if !*mutable && matches!(value.checked_ty(), Type::Tile(_)) && tile::index_like(value, &self.deferred) {
@@ -988,4 +1003,17 @@ fn independent_run(body: &[Stmt], pick: impl Fn(&crate::tirh::Expr) -> Option<&c
         bound.push(name.clone());
     }
     bound.len()
+}
+
+/// Whether a statement of `body` (or of a block inside one) writes the binding `n` in place:
+/// an assignment, an MMA into it, a tuple assigned to it.
+fn writes(body: &[Stmt], n: &str) -> bool {
+    body.iter().any(|s| match &s.kind {
+        StmtKind::Assign { name, .. } => name == n,
+        StmtKind::Mma { acc, .. } => acc == n,
+        StmtKind::Unpack { names, assign: true, .. } => names.iter().any(|(m, _)| m == n),
+        StmtKind::For { body, .. } | StmtKind::QueueFor { body, .. } => writes(body, n),
+        StmtKind::If { then, otherwise, .. } => writes(then, n) || writes(otherwise, n),
+        _ => false,
+    })
 }

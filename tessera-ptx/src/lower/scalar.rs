@@ -1,6 +1,6 @@
 //! Scalar expressions, and the dispatch from expressions to values.
 
-use super::{scalar_class, Lowerer, Value};
+use super::{scalar_class, Lowerer, TileVal, Value};
 use crate::dtype::{DType, ScalarType};
 use crate::error::CompileError;
 use crate::tirh::{BinOp, Builtin, Expr, ExprKind, Type, UnOp};
@@ -142,6 +142,10 @@ impl Lowerer<'_> {
                 let idx = index.iter().map(|i| self.scalar(i)).collect::<Result<Vec<_>, _>>()?;
                 R(self.get(&g, &idx, ty))
             }
+            ExprKind::TileAll(value) => {
+                let t = self.tile(value)?;
+                R(self.tile_all(&t))
+            }
             // A pipeline's stage (`pipe.wait() + 1`), lowered with the other Hopper forms.
             _ => match self.hopper_expr(e) {
                 Some(Ok(Value::Scalar(op, _))) => op,
@@ -157,6 +161,24 @@ impl Lowerer<'_> {
 pub const EXP2_POLY: [f32; 6] = [1.000_000_1, 0.693_146_94, 0.240_221_2, 0.055_507_135, 0.009_675_541, 0.001_327_646_7];
 
 impl Lowerer<'_> {
+    /// `tile_all(t)`: each thread's registers tested `≥ 0` (`setp.ge` is false for NaN) and
+    /// joined, then the warpgroup's 128 threads joined by `bar.red.and.pred` on its own barrier.
+    fn tile_all(&mut self, t: &TileVal) -> Reg {
+        use Operand::{Imm, Reg as R, F32};
+        let mine = self.reg(RegClass::Pred, "all");
+        for (k, &r) in t.regs.iter().enumerate() {
+            let x = self.widen_f32(r, t.ty.dtype);
+            if k == 0 {
+                self.op("setp.ge.f32", vec![R(mine), R(x), F32(0.0)]);
+            } else {
+                self.op("setp.ge.and.f32", vec![R(mine), R(x), F32(0.0), R(mine)]);
+            }
+        }
+        let all = self.reg(RegClass::Pred, "all");
+        self.op("bar.red.and.pred", vec![R(all), R(self.barid), Imm(128), R(mine)]);
+        all
+    }
+
     /// `x / 2^k` or `x % 2^k` for a signed `x`, truncating toward zero as `div.s32` does, by
     /// shifts: ptxas turns `div.s32`/`rem.s32` by a constant into a division by a reciprocal
     /// computed at run time (about twenty instructions where these are four or five).

@@ -198,6 +198,7 @@ impl fmt::Display for Expr {
             ExprKind::Get { tensor, index } => write!(f, "{tensor}.get[{}]", list(index)),
             ExprKind::Reduce { op, axis, value } => write!(f, "reduce_{}<axis={axis}>({value})", op.name()),
             ExprKind::BlockReduce { op, value } => write!(f, "block_{}({value})", op.name()),
+            ExprKind::TileAll(value) => write!(f, "tile_all({value})"),
         }
     }
 }

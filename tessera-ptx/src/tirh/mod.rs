@@ -490,7 +490,8 @@ impl Expr {
             | K::TileCols { value: a, .. }
             | K::SmemCols { view: a, .. }
             | K::Reduce { value: a, .. }
-            | K::BlockReduce { value: a, .. } => {
+            | K::BlockReduce { value: a, .. }
+            | K::TileAll(a) => {
                 vec![a]
             }
             K::Full { value, .. } => vec![value],
@@ -1102,6 +1103,11 @@ pub enum ExprKind {
         /// The tile.
         value: Box<Expr>,
     },
+    /// `tile_all(t)`: whether every element of this warpgroup's `t` (a float tile) is `≥ 0` —
+    /// NaN is not —, the same `bool` in all 128 threads (one barrier of the warpgroup: every
+    /// thread of it reaches it). A branch for the whole warpgroup on its data: a fast path where
+    /// the inputs allow it.
+    TileAll(Box<Expr>),
     /// `t.shift_cols(k, fill)` (`axis` 1) or `t.shift_rows(k, fill)` (`axis` 0): element
     /// `j` of each row (column) takes element `j − k`, the first `k` take `fill` — the step of a
     /// scan (`tile_scan`). `t` is an f32 tile, `k` a constant.

@@ -285,6 +285,10 @@ impl Checker<'_> {
                     }
                 }
             }
+            ExprKind::TileAll(value) => match self.expr(value)? {
+                Type::Tile(t) if t.dtype.is_float() => Type::Scalar(ScalarType::Bool),
+                ty => return Err(CompileError::ty(value.loc, format!("`tile_all` tests a float tile, found `{ty}`"))),
+            },
             ExprKind::BlockReduce { op, .. } => {
                 return Err(CompileError::ty(
                     loc,

@@ -1067,6 +1067,17 @@ impl<'p> Kernel<'p> {
                 _ => return Err("`cols` takes a tile".to_string().into()),
             },
             ExprKind::BlockReduce { .. } => return Err("`block_sum` is the whole value of a `let`".to_string().into()),
+            // A warpgroup holds its whole tile here: the GPU's join over its 128 threads is
+            // this test over every element (`≥ 0` is false for NaN).
+            ExprKind::TileAll(value) => match self.eval(value, wg, blk)? {
+                Val::T(t) => {
+                    if let Some(p) = t.poison.as_ref().filter(|p| p.mask.contains(&true)) {
+                        return Err(format!("`tile_all` tests a value computed from shared memory nothing wrote ({})", p.what).into());
+                    }
+                    Val::B(t.v.iter().all(|&x| x >= 0.0))
+                }
+                _ => return Err("`tile_all` tests a tile".to_string().into()),
+            },
             ExprKind::Call { func, .. } | ExprKind::Scan { func, .. } => {
                 return Err(format!("`{func}`: a device-function call that was not inlined").into())
             }
