@@ -284,8 +284,14 @@ fn logcumsumexp_wide_range(dev: &Device) {
             host[i] = if r == 3 && j % 5 == 0 { f32::NEG_INFINITY } else { level + noise[i] };
         }
     }
-    let x = Tensor::from_host(dev, &host, &[4, n]).unwrap();
-    let mut y = Tensor::full(dev, &[4, n], f32::NAN).unwrap();
+    forward_and_backward(dev, &host, 4, n);
+}
+
+/// `logcumsumexp` of `rows` rows of `n` (f32) against the f64 scan, each output within
+/// 1e-4 + 1e-6·|y|; then its backward, given the f64 forward rounded to f32, within 1e-3.
+fn forward_and_backward(dev: &Device, host: &[f32], rows: usize, n: usize) {
+    let x = Tensor::from_host(dev, host, &[rows, n]).unwrap();
+    let mut y = Tensor::full(dev, &[rows, n], f32::NAN).unwrap();
     tessera_kernels::logcumsumexp(dev, &x, &mut y).unwrap();
     let got = y.to_host().unwrap();
     let wide: Vec<f64> = host.iter().map(|&v| f64::from(v)).collect();
@@ -296,12 +302,12 @@ fn logcumsumexp_wide_range(dev: &Device) {
     }
     // The backward on the same rows, given the f64 forward rounded to f32.
     let lse: Vec<f32> = want.iter().map(|&v| v as f32).collect();
-    let g = random(4 * n, -1.0, 1.0);
-    let (yt, dyt) = (Tensor::from_host(dev, &lse, &[4, n]).unwrap(), Tensor::from_host(dev, &g, &[4, n]).unwrap());
-    let mut dx = Tensor::full(dev, &[4, n], f32::NAN).unwrap();
+    let g = random(rows * n, -1.0, 1.0);
+    let (yt, dyt) = (Tensor::from_host(dev, &lse, &[rows, n]).unwrap(), Tensor::from_host(dev, &g, &[rows, n]).unwrap());
+    let mut dx = Tensor::full(dev, &[rows, n], f32::NAN).unwrap();
     tessera_kernels::logcumsumexp_backward(dev, &x, &yt, &dyt, &mut dx).unwrap();
     let (yw, gw): (Vec<f64>, Vec<f64>) = (lse.iter().map(|&v| f64::from(v)).collect(), g.iter().map(|&v| f64::from(v)).collect());
-    let want: Vec<f64> = (0..4)
+    let want: Vec<f64> = (0..rows)
         .flat_map(|r| logcumsumexp_backward_reference(&wide[r * n..][..n], &yw[r * n..][..n], &gw[r * n..][..n]))
         .map(|v| if v.is_nan() { 0.0 } else { v })
         .collect();
@@ -309,7 +315,7 @@ fn logcumsumexp_wide_range(dev: &Device) {
     let err = rel_error(&got, &want);
     // x·log₂e and y·log₂e round by up to 2.4e-4 at magnitudes in the thousands: exp's
     // relative error is that much.
-    assert!(err < 1e-3, "logcumsumexp_backward over a wide range: relative error {err}");
+    assert!(err < 1e-3, "logcumsumexp_backward: relative error {err}");
 }
 
 #[test]
@@ -322,6 +328,43 @@ fn gpu_logcumsumexp_wide_range() {
 #[test]
 fn interp_logcumsumexp_wide_range() {
     logcumsumexp_wide_range(&Device::cpu());
+}
+
+/// Rows that switch between the kernels' two ways from chunk to chunk (one reference a row
+/// where every row's chunk stays within 40 of its largest value, the running maximum
+/// elsewhere), forward and backward: a step of +100 (a slow chunk, then fast ones far above the
+/// start), a step of −100 (the rest flushed against the carry), a run of −∞ and then −∞ every
+/// 7th element, ramps of ±0.15 a step (about 38 across a 256-column chunk: the fast way near its
+/// limit).
+fn logcumsumexp_both_ways(dev: &Device) {
+    let (rows, n) = (6, 3001);
+    let noise = random(rows * n, -6.0, 6.0);
+    let host: Vec<f32> = (0..rows * n)
+        .map(|i| {
+            let (r, j) = (i / n, (i % n) as f32);
+            match r {
+                0 if j >= 1000.0 => noise[i] + 100.0,
+                1 if j >= 1000.0 => noise[i] - 100.0,
+                2 if j < 600.0 || i % 7 == 0 => f32::NEG_INFINITY,
+                3 => 0.15 * j + noise[i] * 0.01,
+                4 => -0.15 * j + noise[i] * 0.01,
+                _ => noise[i],
+            }
+        })
+        .collect();
+    forward_and_backward(dev, &host, rows, n);
+}
+
+#[test]
+fn gpu_logcumsumexp_both_ways() {
+    if let Some(dev) = gpu_or_skip("gpu_logcumsumexp_both_ways") {
+        logcumsumexp_both_ways(&dev);
+    }
+}
+
+#[test]
+fn interp_logcumsumexp_both_ways() {
+    logcumsumexp_both_ways(&Device::cpu());
 }
 
 #[test]

@@ -107,29 +107,52 @@ pub fn cumprod(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, seg_chu
 /// `y[i, j] = ln Σ_{k ≤ j} exp(x[i, k])`, in base 2 inside (the carry, like the output and a
 /// segment's total, a natural log).
 ///
-/// A running log-sum-exp combined pairwise costs two MUFU operations a combine (`ex2`, `lg2`)
-/// and a scan makes ~3 combines an element, which bounds the 16-bit kernels below the copy
-/// bandwidth. Instead the sum is kept against the running maximum `r_j` (a `max` scan, no MUFU):
-/// `σ_j = Σ_{k ≤ j} 2^(x_k − r_j)` is the linear recurrence `σ_j = a_j·σ_{j−1} + b_j` with
-/// `(a_j, b_j) = (2^(r_{j−1} − x_j), 1)` where `x_j` raises the maximum and `(1, 2^(x_j − r_j))`
-/// where it does not — one `ex2` either way — and `y_j = r_j + log2 σ_j`, one `lg2`: two MUFU
-/// operations an element. `σ_j ≥ 1` wherever `r_j` is finite, so no range of inputs underflows
-/// it (a sum against one reference a chunk would lose the elements far below the chunk's
-/// maximum). Inputs of −∞ add nothing; +∞ and NaN are not supported.
-#[kernel(dtypes(T = [bf16, f16, f32]), tune(C = [256]), blocks_per_sm = 8)]
+/// Two ways to a chunk. The 16-bit kernels (knob `F` 1) choose for the whole block by its
+/// inputs; the f32 one (`F` 0) takes the second always: with twice the bytes an element it is
+/// nearly bound by memory, and the first way's test (a barrier a chunk, which keeps the four
+/// warps in step) cost it more than its fewer instructions save (H200: 0.85× copy → 0.77×,
+/// against 0.66× → 0.70× in bf16; notes/MEASUREMENTS.md, run 319).
+/// - **Against one reference a row** (most inputs): `r` = the row's largest value in the chunk
+///   or its carry; `y_j = r + ln(2^((c − r)·log₂e) + Σ_{k ≤ j} 2^((x_k − r)·log₂e))`, a plain
+///   `add` scan of one `ex2` an element, one `lg2` an element. Exact to f32 only where no
+///   prefix of the row is far below `r`: terms under 2^−126 flush to zero, so a prefix whose
+///   largest term is that small would lose its sum. A prefix's largest term is the row's
+///   carry or first element at least, so the block takes this way where every row has
+///   `r − max(carry, x_first) < 40` (natural units: its terms stay above 2^−58, the flushed
+///   ones below 2^−68 of them).
+/// - **Against the running maximum** (any finite inputs): `σ_j = Σ_{k ≤ j} 2^(x_k − r_j)` with
+///   `r_j` a `max` scan is the linear recurrence `σ_j = a_j·σ_{j−1} + b_j` with
+///   `(a_j, b_j) = (2^(r_{j−1} − x_j), 1)` where `x_j` raises the maximum and `(1, 2^(x_j − r_j))`
+///   where it does not, and `y_j = r_j + log2 σ_j`. `σ_j ≥ 1` wherever `r_j` is finite, so no
+///   range of inputs underflows it; it costs two scans (~29 instructions an element against
+///   ~12).
+///
+/// Inputs of −∞ add nothing (a row of −∞ so far gives −∞); +∞ and NaN are not supported.
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(C = [256], F = [1, 0], only(T != f32 && F == 1 || T == f32 && F == 0)), blocks_per_sm = 8)]
 pub fn logcumsumexp(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, seg_chunks: i32, pass: i32) {
     scan_rows::<T, { 4096 / C }, C>(x, y, totals, seg_chunks, pass, f32::NEG_INFINITY, 0, |t, carry| {
-        // The maximum before each element, the carry's among it (a maximum is the same in
-        // either base). Its identity is −f32::MAX, not −∞, so that `t − before` is never
-        // −∞ − (−∞): an element of −∞ gives `(a, b) = (1, 0)`, and a carry of −∞ its σ = 0.
-        let before = max(tile_scan_exclusive::<scan_max>(t, 1, -f32::MAX), carry);
-        let diff = t - before;
-        // 2^−|x − before| in base 2; where `x` raises the maximum `(a, b) = (d, 1)`, else `(1, d)`.
-        let d = exp2(-abs(diff) * f32::consts::LOG2_E);
-        let raises = step(diff);
-        let (pa, pb) = tile_scan::<scan_linear>((1.0 + raises * (d - 1.0), d - raises * (d - 1.0)), 1, (1.0, 0.0));
-        // σ continues from the carry's own: 1 against itself, 0 for −∞.
-        let out = max(t, before) + log2(pa * step(carry + f32::MAX) + pb) * f32::consts::LN_2;
+        let r = max(row_max(t), carry);
+        let mut out = t;
+        // A row of −∞ so far (rows past the tensor's end too) passes the test and takes this
+        // way with every term 0 against the clamped reference: its output −∞.
+        if F == 1 && tile_all(40.0 - (r - max(max(t.first_col(), carry), -f32::MAX))) {
+            let rc = max(r, -1.0e30);
+            let rz = rc * f32::consts::LOG2_E;
+            let s = tile_scan::<scan_add>(exp2(t * f32::consts::LOG2_E - rz), 1, 0.0) + exp2(carry * f32::consts::LOG2_E - rz);
+            out = rc + log2(s) * f32::consts::LN_2;
+        } else {
+            // The maximum before each element, the carry's among it (a maximum is the same in
+            // either base). Its identity is −f32::MAX, not −∞, so that `t − before` is never
+            // −∞ − (−∞): an element of −∞ gives `(a, b) = (1, 0)`, and a carry of −∞ its σ = 0.
+            let before = max(tile_scan_exclusive::<scan_max>(t, 1, -f32::MAX), carry);
+            let diff = t - before;
+            // 2^−|x − before| in base 2; where `x` raises the maximum `(a, b) = (d, 1)`, else `(1, d)`.
+            let d = exp2(-abs(diff) * f32::consts::LOG2_E);
+            let raises = step(diff);
+            let (pa, pb) = tile_scan::<scan_linear>((1.0 + raises * (d - 1.0), d - raises * (d - 1.0)), 1, (1.0, 0.0));
+            // σ continues from the carry's own: 1 against itself, 0 for −∞.
+            out = max(t, before) + log2(pa * step(carry + f32::MAX) + pb) * f32::consts::LN_2;
+        }
         (out, out.last_col())
     });
 }
@@ -177,9 +200,19 @@ pub fn scan_scaled_add<const M: usize, const N: usize, const K: usize>(
 }
 
 /// `logcumsumexp`'s backward: `dx[j] = Σ_{k ≥ j} dy[k]·exp(x[j] − y[k])` from `x`, the forward's
-/// `y` and `dy`, as a reverse scan of `dy[k]·2^(−y[k]·log₂e)` kept as scale and value
-/// ([`scan_scaled_add`]), so that no exponential overflows; `dx` is 0 where `x` is −∞.
-#[kernel(dtypes(T = [bf16, f16, f32]))]
+/// `y` and `dy`, as a reverse sum of `dy[k]·2^(s_k)`, `s = −y·log₂e`, carried between chunks as
+/// a scale and a value (`2^scale·value`), so that no exponential overflows; `dx` is 0 where `x`
+/// is −∞. Two ways to a chunk, as the forward's:
+/// - **Against one reference a row**, `m` = the chunk's largest `s` or the carry's scale: a
+///   plain `add` scan of `dy·2^(s − m)`, one `ex2` an element. A sum from `j` on weighs its
+///   terms against `2^(s_j − m)`; flushed terms (under 2^−126) are negligible beside it while
+///   `s_j ≥ m − 60`, so the warpgroup takes this way where every element's `s` (past the row's
+///   end: −∞, no term) is within 60 of its row's `m`.
+/// - **As scales and values all along** ([`scan_scaled_add`]): any finite inputs, −∞ in `y`.
+///
+/// As in the forward, the f32 kernel (knob `F` 0) takes the second way always (H200: 0.95×
+/// copy against 0.93× with the test; bf16 0.65× → 0.75× with it).
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(F = [1, 0], only(T != f32 && F == 1 || T == f32 && F == 0)))]
 pub fn logcumsumexp_backward(x: Global<T, 2>, y: Global<T, 2>, dy: Global<T, 2>, dx: Global<T, 2>) {
     let r = block::id_x() * 16;
     let chunks = (x.dim(1) + 255) / 256;
@@ -191,11 +224,22 @@ pub fn logcumsumexp_backward(x: Global<T, 2>, y: Global<T, 2>, dy: Global<T, 2>,
         let xt = x.load_or::<Tile<T, 16, 256>>([r, c], f32::NEG_INFINITY).cast::<f32>();
         let s = y.load_or::<Tile<T, 16, 256>>([r, c], f32::INFINITY).cast::<f32>() * -f32::consts::LOG2_E;
         let g = dy.load_or::<Tile<T, 16, 256>>([r, c], 0.0).cast::<f32>();
-        let (ps, pv) = tile_scan_reverse::<scan_scaled_add>((s, g), 1, (f32::NEG_INFINITY, 0.0));
-        let (m, v) = scan_scaled_add(scale, value, ps, pv);
-        scale = m.first_col();
-        value = v.first_col();
-        dx.store([r, c], (v * exp2(max(m + xt * f32::consts::LOG2_E, -1.0e30))).cast::<T>());
+        // Clamped: rows past the tensor's end (all −∞) get terms of 0, not NaN.
+        let top = max(max(row_max(s), scale), -1.0e30);
+        let mut out = g;
+        if F == 1 && tile_all((60.0 - (top - s)).keep_where(s + 1.0e30, 1.0)) {
+            let v = tile_scan_reverse::<scan_add>(g * exp2(s - top), 1, 0.0) + value * exp2(scale - top);
+            scale = top;
+            value = v.first_col();
+            out = v * exp2(max(top + xt * f32::consts::LOG2_E, -1.0e30));
+        } else {
+            let (ps, pv) = tile_scan_reverse::<scan_scaled_add>((s, g), 1, (f32::NEG_INFINITY, 0.0));
+            let (m, v) = scan_scaled_add(scale, value, ps, pv);
+            scale = m.first_col();
+            value = v.first_col();
+            out = v * exp2(max(m + xt * f32::consts::LOG2_E, -1.0e30));
+        }
+        dx.store([r, c], out.cast::<T>());
     }
 }
 

@@ -13,7 +13,7 @@
 //! parallelism is `batch × channels`. The state is f32; the last
 //! one is stored for the next call (chunked prefill) and may start from one given.
 
-use crate::prelude::{drain_stages, fill_stages, linear_recurrence_chunk, scan_linear, softplus};
+use crate::prelude::{drain_stages, fill_stages, linear_recurrence_chunk, scan_linear, sigmoid, silu, softplus};
 use tessera::{device, kernel, Device, Element, Error, Grid, Optional, OptionalMut, Result, Tensor};
 
 /// `selective_scan` for `N` states (`d_state`): `u`, `delta`, `z`, `y` as `[batch·channels, L]`
@@ -67,9 +67,7 @@ pub fn selective_scan_fwd(
         let mut out = col_sum(ct * states) + ut * skip;
         if has_z == 1 {
             let zt = z.load_or::<Tile<T, 1, { 4096 / N }>>([row, t], 0.0).cast::<f32>();
-            // silu(z) = z / (1 + e^−z), the reciprocal as rsqrt² (no division's slow path).
-            let r = rsqrt(1.0 + exp2(zt * -f32::consts::LOG2_E));
-            out = out * zt * r * r;
+            out = out * silu(zt);
         }
         y.store([row, t], out.cast::<T>());
     }
@@ -232,8 +230,7 @@ pub fn selective_scan_fwd_rows(
                 out = out + sy.at(c % 2).load() + ut * skip;
                 if has_z == 1 {
                     let zt = sz.at(s).load().cast::<f32>();
-                    let r = rsqrt(1.0 + exp2(zt * -f32::consts::LOG2_E));
-                    out = out * zt * r * r;
+                    out = out * silu(zt);
                 }
                 if save != 1 && pass != 1 {
                     y.store([row0, t], out.cast::<T>());
@@ -454,8 +451,7 @@ pub fn selective_scan_bwd_rows(
             let mut dy = go;
             if has_z == 1 {
                 let zt = sz.at(s).load().cast::<f32>();
-                let r = rsqrt(1.0 + exp2(zt * -f32::consts::LOG2_E));
-                dy = go * zt * r * r;
+                dy = go * silu(zt);
             }
             if pass == 1 {
                 // The carry of g alone.
@@ -506,15 +502,13 @@ pub fn selective_scan_bwd_rows(
                     du.store([row0, t], ((gb + sp.at(p + 1).load()) * dt + dy * skip).cast::<T>());
                     let mut dx = gx + sp.at(p + 2).load();
                     if softplus == 1 {
-                        let r = rsqrt(1.0 + exp2(x * -f32::consts::LOG2_E));
-                        dx = dx * r * r;
+                        dx = dx * sigmoid(x);
                     }
                     dx = dx.mask_cols(len - t, 0.0);
                     ddelta.store([row0, t], dx.cast::<T>());
                     if has_z == 1 {
                         let zt = sz.at(s).load().cast::<f32>();
-                        let r = rsqrt(1.0 + exp2(zt * -f32::consts::LOG2_E));
-                        let sig = r * r;
+                        let sig = sigmoid(zt);
                         dz.store([row0, t], (go * y * sig * (1.0 + zt * (1.0 - sig))).cast::<T>());
                     }
                     dd_sum = dd_sum + row_sum(dy * ut);
@@ -638,8 +632,7 @@ pub fn selective_scan_bwd(
             let mut dy = go;
             if has_z == 1 {
                 let zt = z.load_or::<Tile<T, 1, { 2048 / N }>>([row, t], 0.0).cast::<f32>();
-                let r = rsqrt(1.0 + exp2(zt * -f32::consts::LOG2_E));
-                let sig = r * r;
+                let sig = sigmoid(zt);
                 let y = col_sum(ct * ht) + ut * skip;
                 dz.store([row, t], (go * y * sig * (1.0 + zt * (1.0 - sig))).cast::<T>());
                 dy = go * zt * sig;
@@ -655,8 +648,7 @@ pub fn selective_scan_bwd(
             da.atomic_add([d * N, 0], row_sum(gh * dt));
             let mut dx = col_sum(gt * bt * ut + gh * a_nat);
             if softplus == 1 {
-                let r = rsqrt(1.0 + exp2(x * -f32::consts::LOG2_E));
-                dx = dx * r * r;
+                dx = dx * sigmoid(x);
             }
             ddelta.store([row, t], dx.cast::<T>());
             if has_d == 1 {
@@ -735,8 +727,7 @@ pub fn selective_scan_step(
     }
     if has_z == 1 {
         let zt = row_max(Tile::<f32, 64, N>::zeros() + z.load_or::<Tile<T, 64, 1>>([row0, 0], 0.0).cast::<f32>());
-        let r = rsqrt(1.0 + exp2(zt * -f32::consts::LOG2_E));
-        out = out * zt * r * r;
+        out = out * silu(zt);
     }
     y.store_within([row0, 0], out.cast::<T>(), [end, 1]);
 }
