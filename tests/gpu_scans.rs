@@ -120,9 +120,30 @@ fn interp_scans_match_f64_reference() {
     scans_match_f64(&Device::cpu(), &[&[1], &[7], &[300], &[17, 7], &[2, 3, 513], &[1, 9000], &[3, 17000]]);
 }
 
-/// `cumprod`'s backward from its definition, `dx[j] = Σ_{k ≥ j} dy[k]·Π_{i ≤ k, i ≠ j} x[i]`
-/// (O(n²) a row, in f64).
+/// Rows longer than this take the backwards' references in O(n) rather than from their
+/// definitions (O(n²)).
+const DEFINITION_UP_TO: usize = 5000;
+
+/// `cumprod`'s backward, `dx[j] = Σ_{k ≥ j} dy[k]·Π_{i ≤ k, i ≠ j} x[i]`, in f64: from the
+/// definition (O(n²) a row), or for long rows as `dx[j] = P[j−1]·T[j]` with `P` the running
+/// product and `T[j] = Σ_{k ≥ j} dy[k]·Π_{j < i ≤ k} x[i]` summed from the row's end.
 fn cumprod_backward_reference(x: &[f64], dy: &[f64]) -> Vec<f64> {
+    if x.len() > DEFINITION_UP_TO {
+        let mut t = vec![0.0; x.len()];
+        for j in (0..x.len()).rev() {
+            t[j] = dy[j] + if j + 1 < x.len() { x[j + 1] * t[j + 1] } else { 0.0 };
+        }
+        let mut p = 1.0;
+        return t
+            .iter()
+            .zip(x)
+            .map(|(&t, &x)| {
+                let d = p * t;
+                p *= x;
+                d
+            })
+            .collect();
+    }
     (0..x.len())
         .map(|j| {
             let mut p: f64 = x[..j].iter().product();
@@ -136,14 +157,29 @@ fn cumprod_backward_reference(x: &[f64], dy: &[f64]) -> Vec<f64> {
         .collect()
 }
 
-/// `logcumsumexp`'s backward from its definition, `dx[j] = Σ_{k ≥ j} dy[k]·exp(x[j] − y[k])`
-/// with `y` the f64 log-sum-exps (O(n²) a row).
+/// `logcumsumexp`'s backward, `dx[j] = Σ_{k ≥ j} dy[k]·exp(x[j] − y[k])` with `y` the f64
+/// log-sum-exps: from the definition (O(n²) a row), or for long rows as `exp(x[j])` times the
+/// sum of `dy[k]·exp(−y[k])` from the row's end (in range for these inputs).
 fn logcumsumexp_backward_reference(x: &[f64], y: &[f64], dy: &[f64]) -> Vec<f64> {
+    if x.len() > DEFINITION_UP_TO {
+        let mut sum = 0.0;
+        let mut dx: Vec<f64> = (0..x.len())
+            .rev()
+            .map(|j| {
+                sum += dy[j] * (-y[j]).exp();
+                x[j].exp() * sum
+            })
+            .collect();
+        dx.reverse();
+        return dx;
+    }
     (0..x.len()).map(|j| (j..x.len()).map(|k| dy[k] * (x[j] - y[k]).exp()).sum()).collect()
 }
 
-/// The backwards of `cumprod` (with exact zeros among the factors) and `logcumsumexp` against
-/// their definitions in f64; `logcumsumexp_backward` is given the f64 forward rounded to `T`.
+/// The backwards of `cumprod` (with exact zeros among the factors: every 37th, or in long rows,
+/// where that would leave nothing but zeros, one at three quarters of each row) and
+/// `logcumsumexp` against their f64 references; `logcumsumexp_backward` is given the f64
+/// forward rounded to `T`. Tolerances grow as √n past 64K columns (f32 running sums).
 fn check_backward<T: ScanElement>(dev: &Device, shape: &[usize], to: fn(f32) -> T, from: fn(T) -> f64, tol: f64) {
     let n = *shape.last().expect("rank ≥ 1");
     let len: usize = shape.iter().product();
@@ -156,7 +192,9 @@ fn check_backward<T: ScanElement>(dev: &Device, shape: &[usize], to: fn(f32) -> 
     let (dy, dyw) = quantize(random(len, -1.0, 1.0));
     let dyt = Tensor::from_host(dev, &dy, shape).unwrap();
     // cumprod: factors near 1, every 37th one exactly 0.
-    let (x, xw) = quantize(random(len, 0.99, 1.01).into_iter().enumerate().map(|(i, v)| if i % 37 == 5 { 0.0 } else { v }).collect());
+    let zero = |i: usize| if n > DEFINITION_UP_TO { i % n == 3 * n / 4 } else { i % 37 == 5 };
+    let (x, xw) = quantize(random(len, 0.99, 1.01).into_iter().enumerate().map(|(i, v)| if zero(i) { 0.0 } else { v }).collect());
+    let tol = tol * (n as f64 / 65536.0).sqrt().max(1.0);
     let xt = Tensor::from_host(dev, &x, shape).unwrap();
     let mut dx = Tensor::full(dev, shape, to(f32::NAN)).unwrap();
     tessera_kernels::cumprod_backward(dev, &xt, &dyt, &mut dx).unwrap_or_else(|e| panic!("cumprod_backward {shape:?}: {e}"));
@@ -189,13 +227,15 @@ fn backwards_match_f64(dev: &Device, shapes: &[&[usize]]) {
 #[test]
 fn gpu_scan_backwards_match_f64_reference() {
     if let Some(dev) = gpu_or_skip("gpu_scan_backwards_match_f64_reference") {
-        backwards_match_f64(&dev, &[&[1], &[7], &[1000], &[4099], &[3, 5, 300], &[17, 1000]]);
+        // The last three split rows into segments (few rows, long).
+        backwards_match_f64(&dev, &[&[1], &[7], &[1000], &[4099], &[3, 5, 300], &[17, 1000], &[2, 65537], &[5, 300001], &[1_000_003]]);
     }
 }
 
 #[test]
 fn interp_scan_backwards_match_f64_reference() {
-    backwards_match_f64(&Device::cpu(), &[&[1], &[7], &[300], &[3, 2, 513]]);
+    // [1, 9000] and [3, 17000]: rows split into segments.
+    backwards_match_f64(&Device::cpu(), &[&[1], &[7], &[300], &[3, 2, 513], &[1, 9000], &[3, 17000]]);
 }
 
 /// −∞ contributes nothing to a log-sum-exp: a row of −∞ stays −∞, and −∞ among finite values

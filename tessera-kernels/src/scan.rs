@@ -17,6 +17,19 @@ use tessera::{device, kernel, Device, Element, Error, Grid, KernelSpec, Optional
 /// Rows a block of the backward kernels takes (16 × 256 chunks).
 const BACKWARD_ROWS: usize = 16;
 
+/// This block's part of a scan split into segments of `seg_chunks` chunks of `cols`
+/// columns, `rows` rows a block (the blocks of a row band consecutive): `(first row, segment
+/// k, its first chunk, its chunks, the row's chunks)`. `k` counts segments in the order of
+/// the columns; a scan from the last column walks a segment from its last chunk.
+#[device]
+fn segment(n: i32, cols: i32, rows: i32, seg_chunks: i32) -> (i32, i32, i32, i32, i32) {
+    let chunks = (n + (cols - 1)) / cols;
+    let segs = (chunks + seg_chunks - 1) / seg_chunks;
+    let k = block::id_x() - (block::id_x() / segs) * segs;
+    let first = k * seg_chunks;
+    ((block::id_x() / segs) * rows, k, first, min(seg_chunks, chunks - first), chunks)
+}
+
 /// The scan of rows `R·block..` of `x` into `y` in `C`-column chunks from the first (or, with
 /// `reverse` 1, from the last), elements past the row's end read as `fill`: `step(chunk,
 /// carry)` gives the chunk's output and the carry into the next chunk, the carry starting at
@@ -32,13 +45,7 @@ fn scan_rows<T, const R: usize, const C: usize>(
     x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, seg_chunks: i32, pass: i32, fill: f32, reverse: i32,
     step: impl Fn(Tile<f32, R, C>, Tile<f32, R, 1>) -> (Tile<f32, R, C>, Tile<f32, R, 1>),
 ) {
-    let chunks = (x.dim(1) + (C - 1)) / C;
-    let segs = (chunks + seg_chunks - 1) / seg_chunks;
-    let r = (block::id_x() / segs) * R;
-    // This block's segment, `k` in scan order, and its chunks.
-    let k = block::id_x() - (block::id_x() / segs) * segs;
-    let first = k * seg_chunks;
-    let count = min(seg_chunks, chunks - first);
+    let (r, k, first, count, chunks) = segment(x.dim(1), C, R, seg_chunks);
     // Carried in the layout of a chunk's last column (what `step` gives back), so that no
     // chunk converts it.
     let mut carry = Tile::<f32, R, C>::full(fill).last_col();
@@ -160,31 +167,69 @@ pub fn logcumsumexp(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, se
 /// `cumprod`'s backward, exact where `x` has zeros (no division by `x`): `dx[j] = P[j−1]·R[j]`
 /// with `P` the exclusive running product of `x` and `R[j] = dy[j] + x[j+1]·R[j+1]` (`R[j]` =
 /// `dy[j] + S[j+1]` where `S[j] = x[j]·(dy[j] + S[j+1])` is the reverse recurrence of
-/// `(x, x·dy)` pairs). Two walks over each row: from the end, `R` into `dx`; then from the
-/// start, `dx · P`.
-#[kernel(dtypes(T = [bf16, f16, f32]))]
-pub fn cumprod_backward(x: Global<T, 2>, dy: Global<T, 2>, dx: Global<T, 2>) {
-    let r = block::id_x() * 16;
-    let chunks = (x.dim(1) + 255) / 256;
+/// `(x, x·dy)` pairs). Two walks over each row, 256-column chunks: `pass` 0 from the start
+/// stores `P` before each chunk at `before[row, chunk]` (reading `x` alone); `pass` 1 from the
+/// end takes `R` and, from the stored carry and the chunk's own exclusive product, `P`, and
+/// stores `dx` once.
+///
+/// Few long rows split into segments of `seg_chunks` chunks ([`segment`], counted from the
+/// row's end): pass 0 then stores `P` from the segment's start, and the segment's product and
+/// `S` from a zero start at `prods[row, k]` and `sums[row, k]` (it reads `dy` too); pass 1
+/// starts from the products of the segments before it and the `S` of those after it.
+#[kernel(dtypes(T = [bf16, f16, f32]), blocks_per_sm = 4)]
+pub fn cumprod_backward(
+    x: Global<T, 2>, dy: Global<T, 2>, dx: Global<T, 2>, before: Global<f32, 2>, prods: Global<f32, 2>, sums: Global<f32, 2>,
+    seg_chunks: i32, pass: i32,
+) {
+    let (r, k, first, count, chunks) = segment(x.dim(1), 256, 16, seg_chunks);
+    let split = seg_chunks < chunks;
     // Carries in the layout of a chunk's edge column, so that no chunk converts them.
+    let mut p = Tile::<f32, 16, 256>::full(1.0).last_col();
     let mut s_after = Tile::<f32, 16, 256>::zeros().first_col();
-    for i in 0..chunks {
-        let c = (chunks - 1 - i) * 256;
-        let xt = x.load_or::<Tile<T, 16, 256>>([r, c], 1.0).cast::<f32>();
-        let g = dy.load_or::<Tile<T, 16, 256>>([r, c], 0.0).cast::<f32>();
-        let (pa, pb) = tile_scan_reverse_exclusive::<scan_linear>((xt, xt * g), 1, (1.0, 0.0));
-        let rt = g + pa * s_after + pb;
-        s_after = (xt * rt).first_col();
-        dx.store([r, c], rt.cast::<T>());
-    }
-    let mut before = Tile::<f32, 16, 256>::full(1.0).last_col();
-    for i in 0..chunks {
-        let c = i * 256;
-        let xt = x.load_or::<Tile<T, 16, 256>>([r, c], 1.0).cast::<f32>();
-        let rt = dx.load_or::<Tile<T, 16, 256>>([r, c], 0.0).cast::<f32>();
-        let p = tile_scan_exclusive::<scan_mul>(xt, 1, 1.0) * before;
-        before = (p * xt).last_col();
-        dx.store([r, c], (rt * p).cast::<T>());
+    if pass == 0 {
+        for i in 0..count {
+            let c = chunks - first - count + i;
+            before.store([r, c], p);
+            let xt = x.load_or::<Tile<T, 16, 256>>([r, c * 256], 1.0).cast::<f32>();
+            if split {
+                // The segment's S so far from a zero start: this chunk's own, continued by
+                // what the chunks before it take of it (their product).
+                let g = dy.load_or::<Tile<T, 16, 256>>([r, c * 256], 0.0).cast::<f32>();
+                let (_, pb) = tile_scan_reverse::<scan_linear>((xt, xt * g), 1, (1.0, 0.0));
+                s_after = s_after + p * pb.first_col();
+            }
+            p = (tile_scan::<scan_mul>(xt, 1, 1.0) * p).last_col();
+        }
+        if split {
+            prods.store([r, k], p);
+            sums.store([r, k], s_after);
+        }
+    } else {
+        let mut pin = Tile::<f32, 16, 256>::full(1.0).last_col();
+        if split {
+            // The segments' totals, one a column in scan order: those before this one (nearer
+            // the row's end) give its `S` from the end, composed as pairs `(product, S)`, the
+            // nearest outermost; those after it, its `P`.
+            let j = Tile::<f32, 16, 256>::col_index();
+            let ts = prods.load_or::<Tile<f32, 16, 256>>([r, 0], 1.0);
+            let (_, sb) = tile_scan::<scan_linear>(
+                (ts.keep_where(k as f32 - 1.0 - j, 1.0), sums.load_or::<Tile<f32, 16, 256>>([r, 0], 0.0).keep_where(k as f32 - 1.0 - j, 0.0)),
+                1,
+                (1.0, 0.0),
+            );
+            s_after = sb.last_col();
+            pin = tile_scan::<scan_mul>(ts.keep_where(j - k as f32 - 1.0, 1.0), 1, 1.0).last_col();
+        }
+        for i in first..first + count {
+            let c = chunks - 1 - i;
+            let xt = x.load_or::<Tile<T, 16, 256>>([r, c * 256], 1.0).cast::<f32>();
+            let g = dy.load_or::<Tile<T, 16, 256>>([r, c * 256], 0.0).cast::<f32>();
+            p = before.load_or([r, c], 1.0);
+            let (pa, pb) = tile_scan_reverse_exclusive::<scan_linear>((xt, xt * g), 1, (1.0, 0.0));
+            let rt = g + pa * s_after + pb;
+            s_after = (xt * rt).first_col();
+            dx.store([r, c * 256], (rt * tile_scan_exclusive::<scan_mul>(xt, 1, 1.0) * (p * pin)).cast::<T>());
+        }
     }
 }
 
@@ -212,14 +257,29 @@ pub fn scan_scaled_add<const M: usize, const N: usize, const K: usize>(
 ///
 /// As in the forward, the f32 kernel (knob `F` 0) takes the second way always (H200: 0.95×
 /// copy against 0.93× with the test; bf16 0.65× → 0.75× with it).
+///
+/// Few long rows split into segments of `seg_chunks` chunks ([`segment`], counted from the
+/// row's end): `pass` 0 stores each segment's sum from a zero start at `scales[row, k]` and
+/// `values[row, k]` (nothing to `dx`), and `pass` 1 starts each segment from the sums of those
+/// nearer the row's end.
 #[kernel(dtypes(T = [bf16, f16, f32]), tune(F = [1, 0], only(T != f32 && F == 1 || T == f32 && F == 0)))]
-pub fn logcumsumexp_backward(x: Global<T, 2>, y: Global<T, 2>, dy: Global<T, 2>, dx: Global<T, 2>) {
-    let r = block::id_x() * 16;
-    let chunks = (x.dim(1) + 255) / 256;
+pub fn logcumsumexp_backward(
+    x: Global<T, 2>, y: Global<T, 2>, dy: Global<T, 2>, dx: Global<T, 2>, scales: Global<f32, 2>, values: Global<f32, 2>,
+    seg_chunks: i32, pass: i32,
+) {
+    let (r, k, first, count, chunks) = segment(x.dim(1), 256, 16, seg_chunks);
     // Carried in the layout of a chunk's first column, so that no chunk converts them.
     let mut scale = Tile::<f32, 16, 256>::full(f32::NEG_INFINITY).first_col();
     let mut value = Tile::<f32, 16, 256>::zeros().first_col();
-    for i in 0..chunks {
+    if pass == 1 && k > 0 {
+        // The sums of the segments nearer the row's end (before this one in scan order).
+        let later = k as f32 - 1.0 - Tile::<f32, 16, 256>::col_index();
+        let ts = scales.load_or::<Tile<f32, 16, 256>>([r, 0], f32::NEG_INFINITY).keep_where(later, f32::NEG_INFINITY);
+        let top = max(row_max(ts), -1.0e30);
+        scale = top;
+        value = row_sum(values.load_or::<Tile<f32, 16, 256>>([r, 0], 0.0).keep_where(later, 0.0) * exp2(ts - top));
+    }
+    for i in first..first + count {
         let c = (chunks - 1 - i) * 256;
         let xt = x.load_or::<Tile<T, 16, 256>>([r, c], f32::NEG_INFINITY).cast::<f32>();
         let s = y.load_or::<Tile<T, 16, 256>>([r, c], f32::INFINITY).cast::<f32>() * -f32::consts::LOG2_E;
@@ -239,7 +299,15 @@ pub fn logcumsumexp_backward(x: Global<T, 2>, y: Global<T, 2>, dy: Global<T, 2>,
             value = v.first_col();
             out = v * exp2(max(m + xt * f32::consts::LOG2_E, -1.0e30));
         }
-        dx.store([r, c], out.cast::<T>());
+        if pass == 1 {
+            dx.store([r, c], out.cast::<T>());
+        }
+    }
+    if pass == 0 {
+        // The block's place again rather than held through the walk (168 registers).
+        let (r0, k0, _, _, _) = segment(x.dim(1), 256, 16, seg_chunks);
+        scales.store([r0, k0], scale);
+        values.store([r0, k0], value);
     }
 }
 
@@ -247,7 +315,7 @@ pub fn logcumsumexp_backward(x: Global<T, 2>, y: Global<T, 2>, dy: Global<T, 2>,
 pub trait ScanElement: Element + sealed::Sealed {
     #[doc(hidden)]
     fn scan_launch(
-        op: ScanOp, device: &Device, grid: Grid, inputs: &[&Tensor<Self>], y: &mut Tensor<Self>, shape: [usize; 2],
+        op: ScanOp, device: &Device, inputs: &[&Tensor<Self>], y: &mut Tensor<Self>, shape: [usize; 2],
     ) -> Result<()>;
 }
 
@@ -308,7 +376,7 @@ macro_rules! scan_element {
     ($t:ty, $sum:ident, $rev:ident, $prod:ident, $lse:ident, $prod_bwd:ident, $lse_bwd:ident) => {
         impl ScanElement for $t {
             fn scan_launch(
-                op: ScanOp, device: &Device, grid: Grid, inputs: &[&Tensor<Self>], y: &mut Tensor<Self>, [m, n]: [usize; 2],
+                op: ScanOp, device: &Device, inputs: &[&Tensor<Self>], y: &mut Tensor<Self>, [m, n]: [usize; 2],
             ) -> Result<()> {
                 let views = inputs.iter().map(|t| t.view(&[m, n], &[n, 1])).collect::<Result<Vec<_>>>()?;
                 let mut yv = y.view_mut(&[m, n], &[n, 1])?;
@@ -318,8 +386,31 @@ macro_rules! scan_element {
                     ScanOp::SumReverse => scan_forward!($rev, cumsum_f32, device, x, yv, m, n),
                     ScanOp::Prod => scan_forward!($prod, cumprod_f32, device, x, yv, m, n),
                     ScanOp::LogSumExp => scan_forward!($lse, logcumsumexp_f32, device, x, yv, m, n),
-                    ScanOp::ProdBackward => $prod_bwd::launch(device, grid, x, &views[1], &mut yv),
-                    ScanOp::LogSumExpBackward => $lse_bwd::launch(device, grid, x, &views[1], &views[2], &mut yv),
+                    ScanOp::ProdBackward => {
+                        let (segs, seg_chunks) = backward_segments(device, m, n);
+                        let grid = Grid::from(Grid::tiles(m, BACKWARD_ROWS) * segs as u32);
+                        // The products before each 256-column chunk of each row; with segments,
+                        // each segment's product and reverse sum.
+                        let chunks = n.div_ceil(256);
+                        let mut before = Tensor::<f32>::scratch(device, &[m, chunks])?;
+                        let mut bv = before.view_mut(&[m, chunks], &[chunks, 1])?;
+                        let (mut prods, mut sums) = totals(device, m, segs)?;
+                        for pass in 0..2 {
+                            $prod_bwd::launch(device, grid, x, &views[1], &mut yv, &mut bv, &mut prods.opt(), &mut sums.opt(), seg_chunks, pass)?;
+                        }
+                        Ok(())
+                    }
+                    ScanOp::LogSumExpBackward => {
+                        let (segs, seg_chunks) = backward_segments(device, m, n);
+                        let grid = Grid::from(Grid::tiles(m, BACKWARD_ROWS) * segs as u32);
+                        // Each segment's sum from a zero start, as a scale and a value.
+                        let (mut scales, mut values) = totals(device, m, segs)?;
+                        for pass in if segs == 1 { 1 } else { 0 }..2 {
+                            let (s, v) = (&mut scales.opt(), &mut values.opt());
+                            $lse_bwd::launch(device, grid, x, &views[1], &views[2], &mut yv, s, v, seg_chunks, pass)?;
+                        }
+                        Ok(())
+                    }
                 }
             }
         }
@@ -356,6 +447,33 @@ fn segments(device: &Device, m: usize, n: usize, rows: usize, cols: usize) -> (u
     (chunks.div_ceil(seg_chunks), i32::try_from(seg_chunks).unwrap_or(i32::MAX))
 }
 
+/// [`segments`] for the backward kernels (16 × 256 chunks), at most 256 segments a row (their
+/// totals are read as one 16 × 256 tile).
+fn backward_segments(device: &Device, m: usize, n: usize) -> (usize, i32) {
+    let (segs, seg_chunks) = segments(device, m, n, BACKWARD_ROWS, 256);
+    if segs <= 256 {
+        return (segs, seg_chunks);
+    }
+    let seg_chunks = n.div_ceil(256).div_ceil(256);
+    (n.div_ceil(256).div_ceil(seg_chunks), i32::try_from(seg_chunks).unwrap_or(i32::MAX))
+}
+
+/// Two `[m, segs]` f32 scratches for the segments' totals, none where there is one segment.
+fn totals(device: &Device, m: usize, segs: usize) -> Result<(Totals, Totals)> {
+    let one = || -> Result<Totals> { Ok(Totals((segs > 1).then(|| Tensor::<f32>::scratch(device, &[m, segs])).transpose()?)) };
+    Ok((one()?, one()?))
+}
+
+/// A segments' totals scratch, or none.
+struct Totals(Option<Tensor<f32>>);
+
+impl Totals {
+    /// The kernel argument: the tensor, or an absent one of rank 2.
+    fn opt(&mut self) -> OptionalMut<'_, Tensor<f32>> {
+        OptionalMut(self.0.as_mut(), 2)
+    }
+}
+
 /// Checks the inputs (named `names`, the first `x`) and the output `y` (named `out`): all
 /// contiguous, of one shape, rank ≥ 1; then runs `op` over the rows.
 fn run<T: ScanElement>(
@@ -383,7 +501,7 @@ fn run<T: ScanElement>(
         return Err(arg("x", "fewer than 2³¹ rows and columns".into(), format!("{m} rows of {n}")));
     }
     let tensors: Vec<&Tensor<T>> = inputs.iter().map(|&(_, t)| t).collect();
-    T::scan_launch(op, device, Grid::from(Grid::tiles(m, BACKWARD_ROWS)), &tensors, y, [m, n])
+    T::scan_launch(op, device, &tensors, y, [m, n])
 }
 
 /// `y = cumsum(x)` along the last axis (`y[…, j] = Σ_{k ≤ j} x[…, k]`): bf16, f16 or f32 in
@@ -414,7 +532,8 @@ pub fn cumprod<T: ScanElement>(device: &Device, x: &Tensor<T>, y: &mut Tensor<T>
 
 /// The backward of [`cumprod`]: `dx[…, j] = Σ_{k ≥ j} dy[…, k]·Π_{i ≤ k, i ≠ j} x[…, i]` from
 /// `x` and `dy`, exact where `x` has zeros (no division: the exclusive products before `j`
-/// times a reverse recurrence after it). Reads `x` twice and `dx` once besides `dy`.
+/// times a reverse recurrence after it). Reads `x` twice besides `dy` (once for the products
+/// before each chunk, stored in a scratch of `rows × ⌈n / 256⌉` f32).
 ///
 /// # Errors
 /// As [`cumsum`], naming `x`, `dy` or `dx`.

@@ -291,8 +291,18 @@ impl<'a> Lowerer<'a> {
 
     /// A barrier over this warpgroup's 128 threads.
     pub fn warpgroup_barrier(&mut self) {
-        let id = self.barid;
-        self.op("bar.sync", vec![Operand::Reg(id), Operand::Imm(128)]);
+        let id = self.warpgroup_barid();
+        self.op("bar.sync", vec![id, Operand::Imm(128)]);
+    }
+
+    /// This warpgroup's barrier id: a constant in a kernel of one warpgroup (ptxas then counts
+    /// the barriers it uses; with an id in a register it reserves all 16).
+    pub fn warpgroup_barid(&mut self) -> Operand {
+        if self.ir.warpgroups == 1 {
+            Operand::Imm(1)
+        } else {
+            Operand::Reg(self.barid)
+        }
     }
 
     fn thread_indices(&mut self) {

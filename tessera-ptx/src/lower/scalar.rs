@@ -175,7 +175,8 @@ impl Lowerer<'_> {
             }
         }
         let all = self.reg(RegClass::Pred, "all");
-        self.op("bar.red.and.pred", vec![R(all), R(self.barid), Imm(128), R(mine)]);
+        let id = self.warpgroup_barid();
+        self.op("bar.red.and.pred", vec![R(all), id, Imm(128), R(mine)]);
         all
     }
 
