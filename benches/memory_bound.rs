@@ -274,6 +274,15 @@ fn main() {
                 row!("torch cumsum 4 rows", 2.0 * mb, ms);
             }
         }
+        // The backwards of four long rows (segments of 16-row blocks: a pass of the segments'
+        // totals, then the walk; at most 256 segments a row).
+        let dy4 = Tensor::from_host(&dev, &random(M * N), &[rows4, cols4]).expect("dy 4 rows");
+        let mut f = || tessera_kernels::cumprod_backward(&dev, &x4, &dy4, &mut y4).expect("cumprod_backward 4 rows");
+        row!("cumprod_backward 4 long rows", 3.0 * mb, time_ms(&dev, 5, 20, &mut f));
+        let mut lse4 = Tensor::<f32>::zeros(&dev, &[rows4, cols4]).expect("lse 4 rows");
+        tessera_kernels::logcumsumexp(&dev, &x4, &mut lse4).expect("logcumsumexp 4 rows");
+        let mut f = || tessera_kernels::logcumsumexp_backward(&dev, &x4, &lse4, &dy4, &mut y4).expect("logcumsumexp_backward 4 rows");
+        row!("logcumsumexp_backward 4 long rows", 4.0 * mb, time_ms(&dev, 5, 20, &mut f));
     }
     // The norms in bf16 with weight (and bias): x read once, y written once, the [hidden]
     // parameters once. 16384×8192 first (the shape), then hidden sizes around it with
