@@ -69,13 +69,6 @@ fn spill_allowance(spec: &tessera::KernelSpec, v: &tessera::PtxVariant) -> u64 {
     if spec.name.starts_with("selective_scan_bwd_rows") {
         return 16;
     }
-    // The 16-bit logcumsumexp with its two ways (knob F 1) at eight blocks an SM: the running
-    // maximum's way, rarely taken, holds the chunk beside both scans' pairs (128 bytes stored,
-    // 136 loaded on sm_90a); measured so (H200, session 46: bf16 0.70× copy, 0.72× at six
-    // blocks with 12 bytes, against 0.66× for the running maximum alone).
-    if spec.name.starts_with("logcumsumexp_") && spec.knob("F") == Some(1) && spec.knob("C").is_some() {
-        return 320;
-    }
     if spec.name.starts_with("norm_backward_rows") && spec.knob("W").is_some_and(|w| w >= 10240) {
         return 640;
     }

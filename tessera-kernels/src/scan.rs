@@ -10,6 +10,11 @@
 //! `logcumsumexp`, bound by its instructions rather than memory (two scans, a max and a linear
 //! recurrence), which takes 16 × 256 in every dtype (run 315). Few long rows are split
 //! into segments of blocks, joined by a scan of the segments' totals.
+//!
+//! The backwards of `cumprod` and `logcumsumexp` walk 16 × 256 chunks of their own (two
+//! recurrences, or two inputs beside `dy`), split likewise for few long rows: a first pass
+//! stores each segment's totals, and each segment of the second combines those it needs from
+//! one 16 × 256 tile of them ([`segment`], at most 256 segments a row).
 
 use crate::prelude::{scan_add, scan_linear, scan_max, scan_mul};
 use tessera::{device, kernel, Device, Element, Error, Grid, KernelSpec, OptionalMut, Result, Tensor};
@@ -118,7 +123,9 @@ pub fn cumprod(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, seg_chu
 /// inputs; the f32 one (`F` 0) takes the second always: with twice the bytes an element it is
 /// nearly bound by memory, and the first way's test (a barrier a chunk, which keeps the four
 /// warps in step) cost it more than its fewer instructions save (H200: 0.85× copy → 0.77×,
-/// against 0.66× → 0.70× in bf16; notes/MEASUREMENTS.md, run 319).
+/// against 0.66× → 0.70× in bf16; notes/MEASUREMENTS.md, run 319). Four blocks an SM, not
+/// eight: 128 registers hold either way unspilled, and fewer blocks walking at once ran faster
+/// (H200: f32 0.85 → 0.90× copy, bf16 0.70 → 0.75×; run 321).
 /// - **Against one reference a row** (most inputs): `r` = the row's largest value in the chunk
 ///   or its carry; `y_j = r + ln(2^((c − r)·log₂e) + Σ_{k ≤ j} 2^((x_k − r)·log₂e))`, a plain
 ///   `add` scan of one `ex2` an element, one `lg2` an element. Exact to f32 only where no
@@ -135,7 +142,7 @@ pub fn cumprod(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, seg_chu
 ///   ~12).
 ///
 /// Inputs of −∞ add nothing (a row of −∞ so far gives −∞); +∞ and NaN are not supported.
-#[kernel(dtypes(T = [bf16, f16, f32]), tune(C = [256], F = [1, 0], only(T != f32 && F == 1 || T == f32 && F == 0)), blocks_per_sm = 8)]
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(C = [256], F = [1, 0], only(T != f32 && F == 1 || T == f32 && F == 0)), blocks_per_sm = 4)]
 pub fn logcumsumexp(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, seg_chunks: i32, pass: i32) {
     scan_rows::<T, { 4096 / C }, C>(x, y, totals, seg_chunks, pass, f32::NEG_INFINITY, 0, |t, carry| {
         let r = max(row_max(t), carry);
@@ -256,13 +263,14 @@ pub fn scan_scaled_add<const M: usize, const N: usize, const K: usize>(
 /// - **As scales and values all along** ([`scan_scaled_add`]): any finite inputs, −∞ in `y`.
 ///
 /// As in the forward, the f32 kernel (knob `F` 0) takes the second way always (H200: 0.95×
-/// copy against 0.93× with the test; bf16 0.65× → 0.75× with it).
+/// copy against 0.93× with the test; bf16 0.65× → 0.75× with it); four blocks an SM rather
+/// than the three of 168 registers (bf16 0.75 → 0.87×, f32 unchanged at 0.96×; run 321).
 ///
 /// Few long rows split into segments of `seg_chunks` chunks ([`segment`], counted from the
 /// row's end): `pass` 0 stores each segment's sum from a zero start at `scales[row, k]` and
 /// `values[row, k]` (nothing to `dx`), and `pass` 1 starts each segment from the sums of those
 /// nearer the row's end.
-#[kernel(dtypes(T = [bf16, f16, f32]), tune(F = [1, 0], only(T != f32 && F == 1 || T == f32 && F == 0)))]
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(F = [1, 0], only(T != f32 && F == 1 || T == f32 && F == 0)), blocks_per_sm = 4)]
 pub fn logcumsumexp_backward(
     x: Global<T, 2>, y: Global<T, 2>, dy: Global<T, 2>, dx: Global<T, 2>, scales: Global<f32, 2>, values: Global<f32, 2>,
     seg_chunks: i32, pass: i32,
