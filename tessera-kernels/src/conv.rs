@@ -1318,11 +1318,14 @@ fn tensor_core_f32() -> Error {
     }
 }
 
-/// Whether cuFFT's library loads here.
+/// Whether cuFFT's library loads here (looked for once a process: each look opens it).
 fn cufft_present() -> bool {
-    let names =
-        if cfg!(windows) { &["cufft64_12.dll", "cufft64_11.dll"][..] } else { &["libcufft.so.12", "libcufft.so.11", "libcufft.so"][..] };
-    tessera::library_present(names)
+    static PRESENT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PRESENT.get_or_init(|| {
+        let names =
+            if cfg!(windows) { &["cufft64_12.dll", "cufft64_11.dll"][..] } else { &["libcufft.so.12", "libcufft.so.11", "libcufft.so"][..] };
+        tessera::library_present(names)
+    })
 }
 
 /// [`ConvPath::Auto`]'s choice for `bytes`-byte elements: the cheapest path by time a row
