@@ -1322,8 +1322,11 @@ fn tensor_core_f32() -> Error {
 fn cufft_present() -> bool {
     static PRESENT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *PRESENT.get_or_init(|| {
-        let names =
-            if cfg!(windows) { &["cufft64_12.dll", "cufft64_11.dll"][..] } else { &["libcufft.so.12", "libcufft.so.11", "libcufft.so"][..] };
+        let names = if cfg!(windows) {
+            &["cufft64_12.dll", "cufft64_11.dll"][..]
+        } else {
+            &["libcufft.so.12", "libcufft.so.11", "libcufft.so"][..]
+        };
         tessera::library_present(names)
     })
 }

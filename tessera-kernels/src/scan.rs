@@ -220,7 +220,10 @@ pub fn cumprod_backward(
             let j = Tile::<f32, 16, 256>::col_index();
             let ts = prods.load_or::<Tile<f32, 16, 256>>([r, 0], 1.0);
             let (_, sb) = tile_scan::<scan_linear>(
-                (ts.keep_where(k as f32 - 1.0 - j, 1.0), sums.load_or::<Tile<f32, 16, 256>>([r, 0], 0.0).keep_where(k as f32 - 1.0 - j, 0.0)),
+                (
+                    ts.keep_where(k as f32 - 1.0 - j, 1.0),
+                    sums.load_or::<Tile<f32, 16, 256>>([r, 0], 0.0).keep_where(k as f32 - 1.0 - j, 0.0),
+                ),
                 1,
                 (1.0, 0.0),
             );
@@ -272,8 +275,8 @@ pub fn scan_scaled_add<const M: usize, const N: usize, const K: usize>(
 /// nearer the row's end.
 #[kernel(dtypes(T = [bf16, f16, f32]), tune(F = [1, 0], only(T != f32 && F == 1 || T == f32 && F == 0)), blocks_per_sm = 4)]
 pub fn logcumsumexp_backward(
-    x: Global<T, 2>, y: Global<T, 2>, dy: Global<T, 2>, dx: Global<T, 2>, scales: Global<f32, 2>, values: Global<f32, 2>,
-    seg_chunks: i32, pass: i32,
+    x: Global<T, 2>, y: Global<T, 2>, dy: Global<T, 2>, dx: Global<T, 2>, scales: Global<f32, 2>, values: Global<f32, 2>, seg_chunks: i32,
+    pass: i32,
 ) {
     let (r, k, first, count, chunks) = segment(x.dim(1), 256, 16, seg_chunks);
     // Carried in the layout of a chunk's first column, so that no chunk converts them.
@@ -322,9 +325,7 @@ pub fn logcumsumexp_backward(
 /// The element types the scans take (`bf16`, `f16`, `f32`), and their kernels.
 pub trait ScanElement: Element + sealed::Sealed {
     #[doc(hidden)]
-    fn scan_launch(
-        op: ScanOp, device: &Device, inputs: &[&Tensor<Self>], y: &mut Tensor<Self>, shape: [usize; 2],
-    ) -> Result<()>;
+    fn scan_launch(op: ScanOp, device: &Device, inputs: &[&Tensor<Self>], y: &mut Tensor<Self>, shape: [usize; 2]) -> Result<()>;
 }
 
 mod sealed {
@@ -383,9 +384,7 @@ macro_rules! scan_forward {
 macro_rules! scan_element {
     ($t:ty, $sum:ident, $rev:ident, $prod:ident, $lse:ident, $prod_bwd:ident, $lse_bwd:ident) => {
         impl ScanElement for $t {
-            fn scan_launch(
-                op: ScanOp, device: &Device, inputs: &[&Tensor<Self>], y: &mut Tensor<Self>, [m, n]: [usize; 2],
-            ) -> Result<()> {
+            fn scan_launch(op: ScanOp, device: &Device, inputs: &[&Tensor<Self>], y: &mut Tensor<Self>, [m, n]: [usize; 2]) -> Result<()> {
                 let views = inputs.iter().map(|t| t.view(&[m, n], &[n, 1])).collect::<Result<Vec<_>>>()?;
                 let mut yv = y.view_mut(&[m, n], &[n, 1])?;
                 let [x, ..] = views.as_slice() else { unreachable!("every scan has an input") };
@@ -404,7 +403,18 @@ macro_rules! scan_element {
                         let mut bv = before.view_mut(&[m, chunks], &[chunks, 1])?;
                         let (mut prods, mut sums) = totals(device, m, segs)?;
                         for pass in 0..2 {
-                            $prod_bwd::launch(device, grid, x, &views[1], &mut yv, &mut bv, &mut prods.opt(), &mut sums.opt(), seg_chunks, pass)?;
+                            $prod_bwd::launch(
+                                device,
+                                grid,
+                                x,
+                                &views[1],
+                                &mut yv,
+                                &mut bv,
+                                &mut prods.opt(),
+                                &mut sums.opt(),
+                                seg_chunks,
+                                pass,
+                            )?;
                         }
                         Ok(())
                     }
