@@ -24,8 +24,8 @@ const BACKWARD_ROWS: usize = 16;
 
 /// This block's part of a scan split into segments of `seg_chunks` chunks of `cols`
 /// columns, `rows` rows a block (the blocks of a row band consecutive): `(first row, segment
-/// k, its first chunk, its chunks, the row's chunks)`. `k` counts segments in the order of
-/// the columns; a scan from the last column walks a segment from its last chunk.
+/// k, its first chunk, its chunks, the row's chunks)`, segments and chunks counted in scan
+/// order (a scan from the last column takes chunk `i` at column `(chunks − 1 − i)·cols`).
 #[device]
 fn segment(n: i32, cols: i32, rows: i32, seg_chunks: i32) -> (i32, i32, i32, i32, i32) {
     let chunks = (n + (cols - 1)) / cols;
@@ -182,7 +182,7 @@ pub fn logcumsumexp(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, se
 /// Few long rows split into segments of `seg_chunks` chunks ([`segment`], counted from the
 /// row's end): pass 0 then stores `P` from the segment's start, and the segment's product and
 /// `S` from a zero start at `prods[row, k]` and `sums[row, k]` (it reads `dy` too); pass 1
-/// starts from the products of the segments before it and the `S` of those after it.
+/// starts from the product of the segments left of it and the `S` of those right of it.
 #[kernel(dtypes(T = [bf16, f16, f32]), blocks_per_sm = 4)]
 pub fn cumprod_backward(
     x: Global<T, 2>, dy: Global<T, 2>, dx: Global<T, 2>, before: Global<f32, 2>, prods: Global<f32, 2>, sums: Global<f32, 2>,
