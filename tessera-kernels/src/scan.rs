@@ -13,8 +13,8 @@
 //!
 //! The backwards of `cumprod` and `logcumsumexp` walk 16 × 256 chunks of their own (two
 //! recurrences, or two inputs beside `dy`), split likewise for few long rows: a first pass
-//! stores each segment's totals, and each segment of the second combines those it needs from
-//! one 16 × 256 tile of them ([`segment`], at most 256 segments a row).
+//! stores each segment's totals, and each segment of the second combines those it needs,
+//! read 16 × 256 at a time ([`segment`]).
 
 use crate::prelude::{scan_add, scan_linear, scan_max, scan_mul};
 use tessera::{device, kernel, Device, Element, Error, Grid, KernelSpec, OptionalMut, Result, Tensor};
@@ -214,21 +214,24 @@ pub fn cumprod_backward(
     } else {
         let mut pin = Tile::<f32, 16, 256>::full(1.0).last_col();
         if split {
-            // The segments' totals, one a column in scan order: those before this one (nearer
-            // the row's end) give its `S` from the end, composed as pairs `(product, S)`, the
-            // nearest outermost; those after it, its `P`.
-            let j = Tile::<f32, 16, 256>::col_index();
-            let ts = prods.load_or::<Tile<f32, 16, 256>>([r, 0], 1.0);
-            let (_, sb) = tile_scan::<scan_linear>(
-                (
-                    ts.keep_where(k as f32 - 1.0 - j, 1.0),
-                    sums.load_or::<Tile<f32, 16, 256>>([r, 0], 0.0).keep_where(k as f32 - 1.0 - j, 0.0),
-                ),
-                1,
-                (1.0, 0.0),
-            );
-            s_after = sb.last_col();
-            pin = tile_scan::<scan_mul>(ts.keep_where(j - k as f32 - 1.0, 1.0), 1, 1.0).last_col();
+            // The segments' totals, one a column in scan order, 256 at a time: those before
+            // this one (nearer the row's end) give its `S` from the end, composed as pairs
+            // `(product, S)`, the nearest outermost; those after it, its `P`.
+            let segs = (chunks + seg_chunks - 1) / seg_chunks;
+            for t in 0..(segs + 255) / 256 {
+                let j = Tile::<f32, 16, 256>::col_index() + (t * 256) as f32;
+                let ts = prods.load_or::<Tile<f32, 16, 256>>([r, t * 256], 1.0);
+                let (sa, sb) = tile_scan::<scan_linear>(
+                    (
+                        ts.keep_where(k as f32 - 1.0 - j, 1.0),
+                        sums.load_or::<Tile<f32, 16, 256>>([r, t * 256], 0.0).keep_where(k as f32 - 1.0 - j, 0.0),
+                    ),
+                    1,
+                    (1.0, 0.0),
+                );
+                s_after = sa.last_col() * s_after + sb.last_col();
+                pin = pin * tile_scan::<scan_mul>(ts.keep_where(j - k as f32 - 1.0, 1.0), 1, 1.0).last_col();
+            }
         }
         for i in first..first + count {
             let c = chunks - 1 - i;
@@ -282,13 +285,17 @@ pub fn logcumsumexp_backward(
     // Carried in the layout of a chunk's first column, so that no chunk converts them.
     let mut scale = Tile::<f32, 16, 256>::full(f32::NEG_INFINITY).first_col();
     let mut value = Tile::<f32, 16, 256>::zeros().first_col();
-    if pass == 1 && k > 0 {
-        // The sums of the segments nearer the row's end (before this one in scan order).
-        let later = k as f32 - 1.0 - Tile::<f32, 16, 256>::col_index();
-        let ts = scales.load_or::<Tile<f32, 16, 256>>([r, 0], f32::NEG_INFINITY).keep_where(later, f32::NEG_INFINITY);
-        let top = max(row_max(ts), -1.0e30);
-        scale = top;
-        value = row_sum(values.load_or::<Tile<f32, 16, 256>>([r, 0], 0.0).keep_where(later, 0.0) * exp2(ts - top));
+    if pass == 1 {
+        // The sums of the segments nearer the row's end (before this one in scan order), 256
+        // at a time.
+        for t in 0..(k + 255) / 256 {
+            let later = (k - 1 - t * 256) as f32 - Tile::<f32, 16, 256>::col_index();
+            let ts = scales.load_or::<Tile<f32, 16, 256>>([r, t * 256], f32::NEG_INFINITY).keep_where(later, f32::NEG_INFINITY);
+            let top = max(max(row_max(ts), scale), -1.0e30);
+            value = value * exp2(scale - top)
+                + row_sum(values.load_or::<Tile<f32, 16, 256>>([r, t * 256], 0.0).keep_where(later, 0.0) * exp2(ts - top));
+            scale = top;
+        }
     }
     for i in first..first + count {
         let c = (chunks - 1 - i) * 256;
@@ -394,7 +401,7 @@ macro_rules! scan_element {
                     ScanOp::Prod => scan_forward!($prod, cumprod_f32, device, x, yv, m, n),
                     ScanOp::LogSumExp => scan_forward!($lse, logcumsumexp_f32, device, x, yv, m, n),
                     ScanOp::ProdBackward => {
-                        let (segs, seg_chunks) = backward_segments(device, m, n);
+                        let (segs, seg_chunks) = segments(device, m, n, BACKWARD_ROWS, 256);
                         let grid = Grid::from(Grid::tiles(m, BACKWARD_ROWS) * segs as u32);
                         // The products before each 256-column chunk of each row; with segments,
                         // each segment's product and reverse sum.
@@ -419,7 +426,7 @@ macro_rules! scan_element {
                         Ok(())
                     }
                     ScanOp::LogSumExpBackward => {
-                        let (segs, seg_chunks) = backward_segments(device, m, n);
+                        let (segs, seg_chunks) = segments(device, m, n, BACKWARD_ROWS, 256);
                         let grid = Grid::from(Grid::tiles(m, BACKWARD_ROWS) * segs as u32);
                         // Each segment's sum from a zero start, as a scale and a value.
                         let (mut scales, mut values) = totals(device, m, segs)?;
@@ -463,17 +470,6 @@ fn segments(device: &Device, m: usize, n: usize, rows: usize, cols: usize) -> (u
     let segs = if blocks >= 2 * sms { 1 } else { (8 * sms).div_ceil(blocks).min(n / 4096).max(1) };
     let seg_chunks = chunks.div_ceil(segs);
     (chunks.div_ceil(seg_chunks), i32::try_from(seg_chunks).unwrap_or(i32::MAX))
-}
-
-/// [`segments`] for the backward kernels (16 × 256 chunks), at most 256 segments a row (their
-/// totals are read as one 16 × 256 tile).
-fn backward_segments(device: &Device, m: usize, n: usize) -> (usize, i32) {
-    let (segs, seg_chunks) = segments(device, m, n, BACKWARD_ROWS, 256);
-    if segs <= 256 {
-        return (segs, seg_chunks);
-    }
-    let seg_chunks = n.div_ceil(256).div_ceil(256);
-    (n.div_ceil(256).div_ceil(seg_chunks), i32::try_from(seg_chunks).unwrap_or(i32::MAX))
 }
 
 /// Two `[m, segs]` f32 scratches for the segments' totals, none where there is one segment.
