@@ -269,6 +269,14 @@ fn main() {
         let mut y4 = Tensor::<f32>::zeros(&dev, &[rows4, cols4]).expect("y 4 rows");
         let mut f = || tessera_kernels::cumsum(&dev, &x4, &mut y4).expect("cumsum 4 rows");
         row!("cumsum 4 long rows", 2.0 * mb, time_ms(&dev, 5, 20, &mut f));
+        let mut f = || tessera_kernels::logcumsumexp(&dev, &x4, &mut y4).expect("logcumsumexp 4 rows");
+        row!("logcumsumexp 4 long rows", 2.0 * mb, time_ms(&dev, 5, 20, &mut f));
+        {
+            let x4h = Tensor::from_host(&dev, &rng_bf16(M * N), &[rows4, cols4]).expect("x 4 rows bf16");
+            let mut y4h = Tensor::<tessera::bf16>::zeros(&dev, &[rows4, cols4]).expect("y 4 rows bf16");
+            let mut f = || tessera_kernels::cumsum(&dev, &x4h, &mut y4h).expect("cumsum 4 rows bf16");
+            row!("cumsum bf16 4 long rows", mb, time_ms(&dev, 5, 20, &mut f));
+        }
         if let Ok(lines) = torch_scans(rows4, cols4) {
             if let Some(&(_, ms)) = lines.iter().find(|(name, _)| name == "cumsum") {
                 row!("torch cumsum 4 rows", 2.0 * mb, ms);

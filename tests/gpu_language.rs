@@ -1227,6 +1227,78 @@ fn interp_last_arrival_finishes_sums() {
     last_arrival_finishes_sums(&Device::cpu(), true);
 }
 
+/// Running sums over blocks by a decoupled look-back: block `b` sums its 64×64 part of `x`
+/// (64 row sums), publishes them (`totals`, flag 1), walks back over the flags of the blocks
+/// before it (`while` and `wait_nonzero`), adding their totals until a block whose running
+/// sums are out (flag 2, `inclusive`), then publishes its own running sums (flag 2) and stores
+/// them, and how many blocks it looked at, in `out` and `steps`.
+#[kernel]
+fn look_back_sums(
+    x: Global<f32, 2>, totals: Global<f32, 2>, inclusive: Global<f32, 2>, flags: Global<i32, 1>, out: Global<f32, 2>, steps: Global<f32, 2>,
+) {
+    let b = block::id_x();
+    let own = row_sum(x.load::<Tile<f32, 64, 64>>([b * 64, 0]));
+    totals.store([b * 64, 0], own);
+    flags.fetch_add([b], 1);
+    let mut carry = Tile::<f32, 64, 64>::zeros().last_col();
+    let mut looked = Tile::<f32, 1, 1>::zeros();
+    let mut j = b - 1;
+    while j >= 0 {
+        let flag = flags.wait_nonzero([j]);
+        looked = looked + 1.0;
+        if flag == 2 {
+            carry = carry + inclusive.load::<Tile<f32, 64, 1>>([j * 64, 0]);
+            j = -1;
+        } else {
+            carry = carry + totals.load::<Tile<f32, 64, 1>>([j * 64, 0]);
+            j = j - 1;
+        }
+    }
+    inclusive.store([b * 64, 0], carry + own);
+    flags.fetch_add([b], 1);
+    out.store([b * 64, 0], carry + own);
+    steps.store([b, 0], looked);
+}
+
+fn look_back_sums_match(dev: &Device) {
+    for blocks in [1, 5, 300] {
+        let x = random(blocks * 64 * 64, -1.0, 1.0);
+        let xd = Tensor::from_host(dev, &x, &[blocks * 64, 64]).expect("x");
+        let poison = |n: usize, cols: usize| Tensor::from_host(dev, &vec![f32::NAN; n * cols], &[n, cols]).expect("poisoned");
+        let (mut totals, mut inclusive, mut out) = (poison(blocks * 64, 1), poison(blocks * 64, 1), poison(blocks * 64, 1));
+        let mut steps = poison(blocks, 1);
+        let mut flags = Tensor::<i32>::zeros(dev, &[blocks]).expect("flags");
+        look_back_sums::launch(dev, Grid::from(blocks as u32), &xd, &mut totals, &mut inclusive, &mut flags, &mut out, &mut steps)
+            .expect("launch");
+        // Row i of block b: the sum of row i of the blocks up to b.
+        let mut want = vec![0.0f64; blocks * 64];
+        for b in 0..blocks {
+            for i in 0..64 {
+                let own: f64 = x[(b * 64 + i) * 64..][..64].iter().map(|&v| f64::from(v)).sum();
+                want[b * 64 + i] = own + if b > 0 { want[(b - 1) * 64 + i] } else { 0.0 };
+            }
+        }
+        let got = wide(&out.to_host().expect("out"));
+        assert!(rel_error(&got, &want) < 1e-5, "look-back over {blocks} blocks: {}", rel_error(&got, &want));
+        assert!(flags.to_host().expect("flags").iter().all(|&f| f == 2), "every flag raised twice ({blocks} blocks)");
+        let looked = steps.to_host().expect("steps");
+        assert!(looked.iter().enumerate().all(|(b, &n)| n >= (b > 0) as u8 as f32 && n <= b as f32), "steps {looked:?}");
+    }
+}
+
+#[test]
+fn gpu_look_back_sums_match() {
+    if let Some(dev) = gpu_or_skip("gpu_look_back_sums_match") {
+        look_back_sums_match(&dev);
+    }
+}
+
+#[test]
+fn interp_look_back_sums_match() {
+    look_back_sums_match(&Device::cpu());
+    look_back_sums_match(&Device::cpu_with_threads(8));
+}
+
 /// One row of `x` from column `col` through TMA, into `out`.
 #[kernel(warpgroups = 2, targets(sm_90a))]
 fn tma_row_from(x: Global<f32, 2>, out: Global<f32, 2>, col: i32) {

@@ -106,18 +106,20 @@ fn scans_match_f64(dev: &Device, shapes: &[&[usize]]) {
 #[test]
 fn gpu_scans_match_f64_reference() {
     if let Some(dev) = gpu_or_skip("gpu_scans_match_f64_reference") {
-        // The last three split rows into segments (few rows, long): L up to 1M.
+        // The last four split rows into segments (few rows, long): L up to 8M.
         scans_match_f64(
             &dev,
-            &[&[1], &[7], &[1000], &[4099], &[33, 4099], &[3, 5, 1000], &[100, 7], &[2, 65537], &[5, 300001], &[1_000_003]],
+            &[&[1], &[7], &[1000], &[4099], &[33, 4099], &[3, 5, 1000], &[100, 7], &[2, 65537], &[5, 300001], &[1_000_003], &[3, 1 << 23]],
         );
     }
 }
 
 #[test]
 fn interp_scans_match_f64_reference() {
-    // [1, 9000] and [3, 17000]: rows split into segments (the interpreter has few "SMs").
+    // [1, 9000] and [3, 17000]: rows split into segments (the interpreter has few "SMs"); on
+    // 8 threads too.
     scans_match_f64(&Device::cpu(), &[&[1], &[7], &[300], &[17, 7], &[2, 3, 513], &[1, 9000], &[3, 17000]]);
+    scans_match_f64(&Device::cpu_with_threads(8), &[&[2, 20000]]);
 }
 
 /// Rows longer than this take the backwards' references in O(n) rather than from their

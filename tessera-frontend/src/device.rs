@@ -512,7 +512,9 @@ fn is_mma(c: &syn::ExprCall) -> bool {
 fn split_tail(block: &syn::Block) -> (Vec<syn::Stmt>, Vec<syn::Expr>) {
     let mut stmts = block.stmts.clone();
     match stmts.last() {
-        Some(syn::Stmt::Expr(e, None)) if !matches!(e, syn::Expr::ForLoop(_) | syn::Expr::If(_) | syn::Expr::Block(_)) => {
+        Some(syn::Stmt::Expr(e, None))
+            if !matches!(e, syn::Expr::ForLoop(_) | syn::Expr::While(_) | syn::Expr::If(_) | syn::Expr::Block(_)) =>
+        {
             let results = match e {
                 syn::Expr::Tuple(t) => t.elems.iter().cloned().collect(),
                 other => vec![other.clone()],

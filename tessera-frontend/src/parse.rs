@@ -49,7 +49,7 @@ const FUNCTIONS: &str = "`exp2`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, 
 
 /// The scans: inclusive or exclusive, from the first element or from the last.
 const SCANS: [&str; 4] = ["tile_scan", "tile_scan_exclusive", "tile_scan_reverse", "tile_scan_reverse_exclusive"];
-const METHODS: &str = "`load`, `load_or`, `get`, `store`, `store_within`, `atomic_add`, `atomic_max`, `fetch_add`, `fetch_inc`, `dim`, `cast`, `exp2`, `exp2_fma`, `exp2_split`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `sin_reduced`, `cos_reduced`, `floor`, `step`, `mask_cols`, `keep_where`, `swap_pairs`, `last_col`, `first_col`, `shift_cols`, `shift_rows`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
+const METHODS: &str = "`load`, `load_or`, `get`, `store`, `store_within`, `atomic_add`, `atomic_max`, `fetch_add`, `fetch_inc`, `wait_nonzero`, `dim`, `cast`, `exp2`, `exp2_fma`, `exp2_split`, `log2`, `abs`, `sqrt`, `rsqrt`, `tanh`, `erf`, `sin`, `cos`, `sin_reduced`, `cos_reduced`, `floor`, `step`, `mask_cols`, `keep_where`, `swap_pairs`, `last_col`, `first_col`, `shift_cols`, `shift_rows`, `max`, `min`, `sum`, `reduce_max`, `reduce_min`, `row_sum`, `row_max`, `at`, `rows`, `cols`, `acquire`, `wait`, `commit`, `release`";
 
 /// Whether a call's path names one of the language's own functions (which a device function
 /// cannot shadow): every other call is a device function's.
@@ -202,6 +202,18 @@ impl Frontend {
                     return err(diverge, "unsupported Rust construct in a kernel: `let … else`");
                 }
                 if let SynExpr::MethodCall(m) = &*init.expr {
+                    if m.method == "wait_nonzero" {
+                        if declared.is_some() || id.mutability.is_some() {
+                            return err(pat, "`wait_nonzero`'s value binds as `let flag = tensor.wait_nonzero([i]);`");
+                        }
+                        let loc = self.loc(m.span());
+                        let tensor = receiver_name(&m.receiver)?;
+                        let [index] = m.args.iter().collect::<Vec<_>>()[..] else {
+                            return err(m, "`wait_nonzero` takes an element's index: `let flag = tensor.wait_nonzero([i]);`");
+                        };
+                        let index = self.index(index)?;
+                        return Ok(Some(Stmt { kind: StmtKind::WaitNonzero { name: id.ident.to_string(), tensor, index }, loc, text }));
+                    }
                     if m.method == "fetch_add" || m.method == "fetch_inc" {
                         if declared.is_some() || id.mutability.is_some() {
                             return err(pat, format!("`{}`'s old value binds as `let name = tensor.{}([i], v);`", m.method, m.method));
@@ -316,6 +328,14 @@ impl Frontend {
                     let body = self.block(&f.body.stmts);
                     StmtKind::For { var, start, end, step, body }
                 }
+            }
+            SynExpr::While(w) if !matches!(&*w.cond, SynExpr::Let(_)) => {
+                if let Some(l) = &w.label {
+                    return err(l, "a loop label: `break` and `continue` are not supported, so a `while` needs none");
+                }
+                let cond = self.expr(&w.cond)?;
+                let body = self.block(&w.body.stmts);
+                StmtKind::While { cond, body }
             }
             SynExpr::If(i) => {
                 let kind = self.if_stmt(i)?;
@@ -942,6 +962,9 @@ impl Frontend {
             "fetch_add" | "fetch_inc" => {
                 return err(&m.method, format!("`{name}` is a statement of its own: `let old = tensor.{name}([i], v);`"));
             }
+            "wait_nonzero" => {
+                return err(&m.method, "`wait_nonzero` is a statement of its own: `let flag = tensor.wait_nonzero([i]);`");
+            }
             "t" => {
                 return err(&m.method, "`.t()` transposes a shared view only as `mma_sync`'s `a`: `mma_sync_kn(acc, ring.at(s).t(), b)`");
             }
@@ -1130,7 +1153,6 @@ fn unsupported(e: &SynExpr) -> syn::Error {
         SynExpr::Closure(_) => "a closure",
         SynExpr::Match(_) => "`match`",
         SynExpr::While(w) if matches!(&*w.cond, SynExpr::Let(_)) => "`while let`",
-        SynExpr::While(_) => "`while` (use `for i in (a..b).step_by(k)`)",
         SynExpr::Loop(_) => "`loop`",
         SynExpr::Let(_) => "`if let`",
         SynExpr::Return(_) => "`return`",
@@ -1145,7 +1167,7 @@ fn unsupported(e: &SynExpr) -> syn::Error {
         SynExpr::Macro(_) => "a macro call",
         _ => "this expression",
     };
-    let msg = format!("unsupported Rust construct in a kernel: {what}: expected `let`, an assignment, `store`, `for` or `if`");
+    let msg = format!("unsupported Rust construct in a kernel: {what}: expected `let`, an assignment, `store`, `for`, `while` or `if`");
     // Point at the keyword, not the whole block.
     match e {
         SynExpr::Match(m) => syn::Error::new_spanned(m.match_token, msg),

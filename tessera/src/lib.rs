@@ -45,14 +45,19 @@
 //! - Parameters: `Global<T, R>` tensors (`T` = `f32`, `bf16`, `f16`, or `i32` for counters
 //!   and indices; `R` = 1 to 5) and scalars `f32`, `i32`.
 //! - Statements: `let`, `let mut`, assignment (`=`, `+=`, …), `for i in (a..b).step_by(k)`,
-//!   `if … else`, `tensor.store([i, j], tile)`, `tensor.atomic_add([i, j], tile)` (f32 into an
+//!   `while cond { … }` (a condition alike in every thread: a scalar), `if … else`, `tensor.store([i, j], tile)`, `tensor.atomic_add([i, j], tile)` (f32 into an
 //!   f32 tensor, each element once, in no fixed order across blocks), `tensor.atomic_max([i, j],
 //!   tile)` (the larger kept: an amax over blocks),
 //!   `let old = counter.fetch_add([i], v)` (one atomic addition to an `i32` element per
 //!   warpgroup, its old value given to every thread: it releases the warpgroup's earlier
 //!   writes — TMA stores and reduce-adds completed first — and acquires those of the
 //!   warpgroups whose additions it sees, at GPU scope; the warpgroup that draws the last of `n`
-//!   tickets reads what the others wrote: split-K's fixup, a grid-wide count).
+//!   tickets reads what the others wrote: split-K's fixup, a grid-wide count);
+//!   `counter.fetch_add([i], v);` without the `let` raises a flag (the same release, nothing
+//!   waits for it), and `let flag = flags.wait_nonzero([i])` waits until an `i32` element is
+//!   not 0 and acquires what its raiser released — with `while`, a block's look-back over the
+//!   flags of the blocks before it (a block may wait only on blocks of lower index, which the
+//!   GPU starts first).
 //! - Scalars: literals, `block::id_x()`/`_y`/`_z`, `grid::dim_x()`, `warpgroup::id()`,
 //!   `tensor.dim(axis)`, `tensor.get([i, j])` (one element, 16-bit floats widened to `f32`; 0 out of bounds),
 //!   arithmetic, comparisons, `as f32`/`as i32`.

@@ -112,7 +112,7 @@ pub(crate) fn scan(body: &[Stmt], out: &mut HopperScan) {
                 out.any_mma = true;
                 out.mma_rings.extend([a, b].into_iter().filter_map(ring_of).map(str::to_string));
             }
-            StmtKind::For { body, .. } | StmtKind::QueueFor { body, .. } => scan(body, out),
+            StmtKind::For { body, .. } | StmtKind::QueueFor { body, .. } | StmtKind::While { body, .. } => scan(body, out),
             StmtKind::If { then, otherwise, .. } => {
                 scan(then, out);
                 scan(otherwise, out);
@@ -131,7 +131,7 @@ pub(crate) fn acc_derived(body: &[Stmt], accs: &[String]) -> Vec<String> {
         for s in body {
             match &s.kind {
                 StmtKind::Let { name, value, .. } | StmtKind::Assign { name, value } => out.push((name, value)),
-                StmtKind::For { body, .. } | StmtKind::QueueFor { body, .. } => defs(body, out),
+                StmtKind::For { body, .. } | StmtKind::QueueFor { body, .. } | StmtKind::While { body, .. } => defs(body, out),
                 StmtKind::If { then, otherwise, .. } => {
                     defs(then, out);
                     defs(otherwise, out);
@@ -174,7 +174,7 @@ pub(crate) fn acc_partners(body: &[Stmt], derived: &[String]) -> Vec<String> {
                 StmtKind::Assign { value, .. } => defs.push(value),
                 // A register A operand computed in place: `mma_sync_kn(dq, (p * (dp − d)).cast(), …)`.
                 StmtKind::Mma { a, .. } => defs.push(a),
-                StmtKind::For { body, .. } | StmtKind::QueueFor { body, .. } => walk(body, lets, defs),
+                StmtKind::For { body, .. } | StmtKind::QueueFor { body, .. } | StmtKind::While { body, .. } => walk(body, lets, defs),
                 StmtKind::If { then, otherwise, .. } => {
                     walk(then, lets, defs);
                     walk(otherwise, lets, defs);

@@ -638,6 +638,60 @@ impl Lowerer<'_> {
         out
     }
 
+    /// `tensor.fetch_add(idx, v);` with its old value unused: the warpgroup's writes ordered
+    /// before the leader's (a barrier; its TMA stores completed and fenced against the generic
+    /// proxy), then the leader's `red.release.gpu.add`, which nothing waits for — a flag raised
+    /// for other blocks. Out of bounds: no addition.
+    pub(crate) fn add_release(&mut self, g: &GlobalVal, idx: &[Operand], v: Operand, inc: bool) {
+        use Operand::{Addr, Imm, Reg as R};
+        let (addr, inb) = self.element(g, idx);
+        let leader = self.leader;
+        self.warpgroup_barrier();
+        if self.sm90() {
+            self.op_if(leader, false, "cp.async.bulk.wait_group", vec![Imm(0)]);
+            self.op_if(leader, false, "fence.proxy.async.global", vec![]);
+        }
+        let add = self.reg(RegClass::Pred, "adds");
+        self.op("and.pred", vec![R(add), R(inb), R(leader)]);
+        let vr = self.reg(RegClass::B32, "add");
+        self.op("mov.b32", vec![R(vr), v]);
+        let op = if inc { "red.release.gpu.global.inc.u32" } else { "red.release.gpu.global.add.u32" };
+        self.op_if(add, false, op, vec![Addr(addr, 0), R(vr)]);
+    }
+
+    /// `let flag = tensor.wait_nonzero(idx)`: the leader reads the element (`ld.acquire.gpu`)
+    /// until it is not 0, sleeping ~100 ns between reads (spinning readers slow the memory
+    /// system for everyone), and hands it to every thread through the warpgroup's scratch (a
+    /// barrier before its write, for the readers of the last value, and one after). Out of
+    /// bounds: 0 at once.
+    pub(crate) fn wait_nonzero(&mut self, g: &GlobalVal, idx: &[Operand]) -> Reg {
+        use Operand::{Addr, Imm, Reg as R, Sym};
+        let (addr, inb) = self.element(g, idx);
+        let leader = self.leader;
+        let (spin, got, skip) = (self.label("spin"), self.label("raised"), self.label("waited"));
+        self.warpgroup_barrier();
+        let v = self.reg(RegClass::B32, "flag");
+        self.op("mov.b32", vec![R(v), Imm(0)]);
+        self.op_if(leader, true, "bra", vec![Sym(skip.clone())]);
+        self.op_if(inb, true, "bra", vec![Sym(got.clone())]);
+        self.body.push(crate::tirt::Inst::Label(spin.clone()));
+        self.op("ld.acquire.gpu.global.u32", vec![R(v), Addr(addr, 0)]);
+        let raised = self.reg(RegClass::Pred, "raised");
+        self.op("setp.ne.u32", vec![R(raised), R(v), Imm(0)]);
+        self.op_if(raised, false, "bra", vec![Sym(got.clone())]);
+        self.op("nanosleep.u32", vec![Imm(100)]);
+        self.op("bra", vec![Sym(spin)]);
+        self.body.push(crate::tirt::Inst::Label(got));
+        self.need_scratch(4);
+        let scratch = self.scratch;
+        self.op("st.shared.u32", vec![Addr(scratch, 0), R(v)]);
+        self.body.push(crate::tirt::Inst::Label(skip));
+        self.warpgroup_barrier();
+        let out = self.reg(RegClass::B32, "flag");
+        self.op("ld.shared.u32", vec![R(out), Addr(scratch, 0)]);
+        out
+    }
+
     /// `tensor.get(idx)`: one 4-byte element, 0 where `idx` is out of bounds.
     pub(crate) fn get(&mut self, g: &GlobalVal, idx: &[Operand], ty: crate::dtype::ScalarType) -> Reg {
         use Operand::{Addr, Imm, Reg as R};

@@ -668,10 +668,19 @@ impl<'a> Lowerer<'a> {
                 let g = self.global(tensor);
                 let idx = index.iter().map(|e| self.scalar(e)).collect::<Result<Vec<_>, _>>()?;
                 let v = self.scalar(value)?;
-                let old = self.fetch_add(&g, &idx, v, *inc);
-                if let Some(name) = name {
-                    self.bind(name, Value::Scalar(Operand::Reg(old), crate::dtype::ScalarType::I32));
+                match name {
+                    Some(name) => {
+                        let old = self.fetch_add(&g, &idx, v, *inc);
+                        self.bind(name, Value::Scalar(Operand::Reg(old), crate::dtype::ScalarType::I32));
+                    }
+                    None => self.add_release(&g, &idx, v, *inc),
                 }
+            }
+            StmtKind::WaitNonzero { name, tensor, index } => {
+                let g = self.global(tensor);
+                let idx = index.iter().map(|e| self.scalar(e)).collect::<Result<Vec<_>, _>>()?;
+                let v = self.wait_nonzero(&g, &idx);
+                self.bind(name, Value::Scalar(Operand::Reg(v), crate::dtype::ScalarType::I32));
             }
             StmtKind::AtomicAdd { tensor, index, value, max } => {
                 let g = self.global(tensor);
@@ -729,6 +738,11 @@ impl<'a> Lowerer<'a> {
                 self.queue_for(var, queue, total.as_ref(), body)?;
                 self.loop_pending(body, Some(accs));
             }
+            StmtKind::While { cond, body } => {
+                let accs = self.loop_pending(body, None);
+                self.while_loop(cond, body)?;
+                self.loop_pending(body, Some(accs));
+            }
             StmtKind::If { cond, then, otherwise } => {
                 if let Some(c) = scalar::literal_value(cond) {
                     // Literals alone (an unrolled loop's guard, a scope): the way taken, alone.
@@ -749,6 +763,22 @@ impl<'a> Lowerer<'a> {
             }
             _ => unreachable!("Hopper statements are lowered by hopper_stmt"),
         }
+        Ok(())
+    }
+
+    /// `while cond { body }`: the test at the head, a uniform branch out.
+    fn while_loop(&mut self, cond: &crate::tirh::Expr, body: &[Stmt]) -> Result<(), CompileError> {
+        use Operand::Sym;
+        let (head, exit) = (self.label("while"), self.label("endwhile"));
+        self.body.push(Inst::Label(head.clone()));
+        let p = self.scalar(cond)?;
+        let p = self.in_reg(p, ScalarType::Bool, "cond");
+        self.op_if(p, true, "bra.uni", vec![Sym(exit.clone())]);
+        self.scopes.push(HashMap::new());
+        self.block(body)?;
+        self.scopes.pop();
+        self.op("bra.uni", vec![Sym(head)]);
+        self.body.push(Inst::Label(exit));
         Ok(())
     }
 
@@ -1022,7 +1052,7 @@ fn writes(body: &[Stmt], n: &str) -> bool {
         StmtKind::Assign { name, .. } => name == n,
         StmtKind::Mma { acc, .. } => acc == n,
         StmtKind::Unpack { names, assign: true, .. } => names.iter().any(|(m, _)| m == n),
-        StmtKind::For { body, .. } | StmtKind::QueueFor { body, .. } => writes(body, n),
+        StmtKind::For { body, .. } | StmtKind::QueueFor { body, .. } | StmtKind::While { body, .. } => writes(body, n),
         StmtKind::If { then, otherwise, .. } => writes(then, n) || writes(otherwise, n),
         _ => false,
     })

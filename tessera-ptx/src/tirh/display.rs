@@ -45,6 +45,9 @@ fn write_stmt(f: &mut fmt::Formatter<'_>, s: &Stmt, depth: usize) -> fmt::Result
             let op = if *inc { "fetch_inc" } else { "fetch_add" };
             writeln!(f, "{pad}{bind}{tensor}.{op}([{}], {value});  // line {}", list(index), s.loc.line)
         }
+        StmtKind::WaitNonzero { name, tensor, index } => {
+            writeln!(f, "{pad}let {name}: i32 = {tensor}.wait_nonzero([{}]);  // line {}", list(index), s.loc.line)
+        }
         StmtKind::Store { tensor, index, value, within: None } => {
             writeln!(f, "{pad}store {tensor}[{}] <- {};  // line {}", list(index), value, s.loc.line)
         }
@@ -54,6 +57,11 @@ fn write_stmt(f: &mut fmt::Formatter<'_>, s: &Stmt, depth: usize) -> fmt::Result
         StmtKind::Prefetch(load) => writeln!(f, "{pad}prefetch {load};  // line {}", s.loc.line),
         StmtKind::For { var, start, end, step, body } => {
             writeln!(f, "{pad}for {var} in {start}..{end} step {step} {{  // line {}", s.loc.line)?;
+            write_block(f, body, depth + 1)?;
+            writeln!(f, "{pad}}}")
+        }
+        StmtKind::While { cond, body } => {
+            writeln!(f, "{pad}while {cond} {{  // line {}", s.loc.line)?;
             write_block(f, body, depth + 1)?;
             writeln!(f, "{pad}}}")
         }

@@ -214,7 +214,7 @@ impl TileIr {
                 | StmtKind::FetchAdd { tensor, .. } => tensor == name,
                 // A tile queue's counter is atomically incremented.
                 StmtKind::Let { value: Expr { kind: ExprKind::QueueNew { counter, .. }, .. }, .. } => counter == name,
-                StmtKind::For { body, .. } | StmtKind::QueueFor { body, .. } => any(body, name),
+                StmtKind::For { body, .. } | StmtKind::QueueFor { body, .. } | StmtKind::While { body, .. } => any(body, name),
                 StmtKind::If { then, otherwise, .. } => any(then, name) || any(otherwise, name),
                 _ => false,
             })
@@ -293,7 +293,9 @@ pub enum StmtKind {
     /// what the other `n − 1` wrote. Out of bounds: nothing is added and the value is 0.
     /// `tensor.fetch_inc([i], limit)` (`inc`) is the same with CUDA's `atomicInc`: the element
     /// becomes `old + 1`, or 0 once `old ≥ limit` — `n` arrivals with limit `n − 1` draw the
-    /// tickets 0 to `n − 1` and leave 0 behind.
+    /// tickets 0 to `n − 1` and leave 0 behind. Without the `let` the old value goes
+    /// nowhere: the addition is a release that no thread waits for (a flag raised for other
+    /// blocks, which read it with `fetch_add([i], 0)` and acquire what came before it).
     FetchAdd {
         /// The name bound to the old value, if any.
         name: Option<String>,
@@ -305,6 +307,19 @@ pub enum StmtKind {
         value: Expr,
         /// `fetch_inc`: wrap to 0 past `value`.
         inc: bool,
+    },
+    /// `let flag = tensor.wait_nonzero([i]);`: waits until the i32 element is not 0 and gives
+    /// it to every thread of the warpgroup (its leader reads it, an acquire at GPU scope, and
+    /// sleeps a little between reads), acquiring what the block that raised it released
+    /// before (with a `fetch_add` without `let`). Out of bounds: 0 at once. With `while`, a
+    /// block's look-back over the flags of the blocks before it.
+    WaitNonzero {
+        /// The name bound to the value.
+        name: String,
+        /// The global tensor parameter (i32).
+        tensor: String,
+        /// The element, one index per dimension.
+        index: Vec<Expr>,
     },
     /// `tensor.prefetch::<Tile<T, M, N>>(index)`: asks L2 to fetch the lines of the tile that
     /// the load would read (in-bounds elements only), holding no registers and waiting for
@@ -320,6 +335,18 @@ pub enum StmtKind {
         end: Expr,
         /// Increment: a positive constant, or a uniform `i32` that must be positive at run time.
         step: Box<Expr>,
+        /// Body.
+        body: Vec<Stmt>,
+    },
+    /// `while cond { body }`: the body again while the scalar `cond` holds, tested before each
+    /// lap. `cond` must be uniform across the warpgroup (a branch of every thread at once): a
+    /// value every thread computes alike, or a `fetch_add`'s, which every thread receives —
+    /// `fetch_add([i], 0)` reads a flag another block publishes, so a loop on it waits for that
+    /// block (a decoupled look-back: a block waits only on blocks of lower index, which the
+    /// GPU starts first).
+    While {
+        /// The condition (bool).
+        cond: Expr,
         /// Body.
         body: Vec<Stmt>,
     },

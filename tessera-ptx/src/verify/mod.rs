@@ -283,6 +283,17 @@ impl Checker<'_> {
                     _ => return Err(CompileError::ty(value.loc, format!("`{tensor}.{op}` {verb} of an f32 tile, found `{ty}`"))),
                 }
             }
+            StmtKind::WaitNonzero { name, tensor, index } => {
+                let (dtype, rank) = self.global(tensor, loc)?;
+                if dtype != DType::I32 {
+                    return Err(CompileError::ty(
+                        loc,
+                        format!("`{tensor}.wait_nonzero` waits on an i32 flag, and `{tensor}` is `Global<{dtype}, {rank}>`"),
+                    ));
+                }
+                self.indices(tensor, rank, index, loc)?;
+                self.bind(name, Type::Scalar(ScalarType::I32), false);
+            }
             StmtKind::FetchAdd { name, tensor, index, value, inc } => {
                 let (dtype, rank) = self.global(tensor, loc)?;
                 let op = if *inc { "fetch_inc" } else { "fetch_add" };
@@ -449,6 +460,10 @@ impl Checker<'_> {
             StmtKind::Unpack { names, assign, value } => {
                 let (names, assign) = (names.clone(), *assign);
                 self.unpack(names, assign, value, loc, &s.text)?;
+            }
+            StmtKind::While { cond, body } => {
+                self.expect_scalar(cond, ScalarType::Bool, "a `while` condition")?;
+                self.block(body);
             }
             StmtKind::If { cond, then, otherwise } => {
                 self.expect_scalar(cond, ScalarType::Bool, "an `if` condition")?;

@@ -5,7 +5,11 @@
 //!
 //! - **Blocks** of the grid are independent; they run on a pool of threads, taking block
 //!   indices in order. Results do not depend on the number of threads (a kernel whose blocks
-//!   write the same element races on the GPU too).
+//!   write the same element races on the GPU too), except where a block reads what blocks
+//!   running beside it publish (`wait_nonzero` in a `while`: a look-back may meet a block's
+//!   total or its running total, as on the GPU). `wait_nonzero` reads its element under the
+//!   buffer's lock until it is not 0, yielding the core between reads; after 60 s the launch
+//!   fails (no block raises it).
 //! - **Warpgroups** of a block run concurrently as coroutines: each runs until it must wait
 //!   on a pipeline barrier, then the next one runs. If every live warpgroup waits and none
 //!   can arrive, the launch ends with [`Error::Kernel`] naming the barrier, its stage and
@@ -108,7 +112,7 @@ fn scan(ir: &TileIr) -> Scanned {
                     }
                     _ => {}
                 },
-                StmtKind::For { body, .. } | StmtKind::QueueFor { body, .. } => walk(body, out),
+                StmtKind::For { body, .. } | StmtKind::QueueFor { body, .. } | StmtKind::While { body, .. } => walk(body, out),
                 StmtKind::If { then, otherwise, .. } => {
                     walk(then, out);
                     walk(otherwise, out);
@@ -314,6 +318,11 @@ enum Frame<'p> {
         end: i64,
         step: i64,
         body: &'p [Stmt],
+        mark: usize,
+    },
+    /// A `while`: each lap tests its condition first.
+    While {
+        stmt: &'p Stmt,
         mark: usize,
     },
     /// A `for` over a tile queue: each lap draws (or takes) the next index first.
@@ -537,6 +546,24 @@ impl<'p> Kernel<'p> {
                 }
                 Ok(Step::Ran)
             }
+            Frame::While { stmt, mark } => {
+                let (stmt, mark) = (*stmt, *mark);
+                let StmtKind::While { cond, body } = &stmt.kind else { return Ok(Step::Done) };
+                wg.env.truncate(mark);
+                // A lap may wait on a block that another thread runs (a look-back's flag):
+                // let that thread have the core.
+                std::thread::yield_now();
+                match self.eval(cond, wg, blk) {
+                    Ok(Val::B(true)) => wg.frames.push(Frame::Body { stmts: body, pc: 0, mark }),
+                    Ok(Val::B(false)) => {
+                        wg.frames.pop();
+                    }
+                    Ok(_) => return Err(self.fail(stmt, "`while` takes a bool".to_string())),
+                    Err(Flow::Fail(m)) => return Err(self.fail(stmt, m)),
+                    Err(Flow::Blocked(_)) => return Err(self.fail(stmt, "a `while` condition cannot wait".to_string())),
+                }
+                Ok(Step::Ran)
+            }
             Frame::Loop { var, next, end, step, body, mark } => {
                 if *next < *end {
                     let (var, body, mark, v) = (*var, *body, *mark, *next);
@@ -642,6 +669,32 @@ impl<'p> Kernel<'p> {
                     wg.env.push((name.as_str(), Val::I(old)));
                 }
             }
+            StmtKind::WaitNonzero { name, tensor, index } => {
+                let idx = self.indices(index, wg, blk)?;
+                let g = self.global(tensor, wg)?;
+                let flag = match Self::offset(g, &idx) {
+                    Some(at) => {
+                        if let Some(m) = Self::outside(g, at, g.buf.len) {
+                            return Err(format!("waits on {m}").into());
+                        }
+                        // Raised by a block of lower index, which another thread runs (or ran):
+                        // read under the buffer's lock until it is, giving that thread the core.
+                        let start = std::time::Instant::now();
+                        loop {
+                            let v = value::read(&g.buf.lock(), g.dtype, at as usize).to_bits() as i32;
+                            if v != 0 {
+                                break v;
+                            }
+                            if start.elapsed() > std::time::Duration::from_secs(60) {
+                                return Err(format!("`{tensor}.wait_nonzero` waited 60 s: no block raises the flag").into());
+                            }
+                            std::thread::yield_now();
+                        }
+                    }
+                    None => 0,
+                };
+                wg.env.push((name.as_str(), Val::I(flag)));
+            }
             StmtKind::AtomicAdd { tensor, index, value, max } => {
                 let g = self.global(tensor, wg)?;
                 let idx = self.indices(index, wg, blk)?;
@@ -657,6 +710,10 @@ impl<'p> Kernel<'p> {
                 }
                 let mark = wg.env.len();
                 wg.frames.push(Frame::Loop { var: var.as_str(), next: start, end, step, body, mark });
+            }
+            StmtKind::While { .. } => {
+                let mark = wg.env.len();
+                wg.frames.push(Frame::While { stmt: s, mark });
             }
             StmtKind::QueueFor { .. } => {
                 let mark = wg.env.len();
