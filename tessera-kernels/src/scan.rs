@@ -8,19 +8,19 @@
 //! knob `C` (`R = 4096 / C` rows): 4 × 1024 — a row a warp, a run of 8 columns a lane in each
 //! of four 256-column segments, 4 KiB of f32 a row (notes/MEASUREMENTS.md, run 306) — except
 //! `logcumsumexp`, bound by its instructions rather than memory (two scans, a max and a linear
-//! recurrence), which takes 16 × 256 in every dtype (run 315). Few long rows are split
-//! into segments of blocks, joined by a scan of the segments' totals.
+//! recurrence), which takes 16 × 256 in every dtype (run 315). Few long rows are split into
+//! segments of blocks, joined by a scan of the segments' totals.
 //!
 //! The backwards of `cumprod` and `logcumsumexp` walk 16 × 256 chunks of their own (two
 //! recurrences, or two inputs beside `dy`), split likewise for few long rows: a first pass
 //! stores each segment's totals, and each segment of the second combines those it needs,
-//! read 16 × 256 at a time ([`segment`]).
+//! read a chunk's width at a time ([`segment`]).
+//!
+//! Fewer than 16 rows take 4 × 1024 chunks in the kernels of 16 × 256 (their second variant,
+//! `C` 1024): 4 rows in 16-row blocks did 4× the work.
 
 use crate::prelude::{scan_add, scan_linear, scan_max, scan_mul};
 use tessera::{device, kernel, Device, Element, Error, Grid, KernelSpec, OptionalMut, Result, Tensor};
-
-/// Rows a block of the backward kernels takes (16 × 256 chunks).
-const BACKWARD_ROWS: usize = 16;
 
 /// This block's part of a scan split into segments of `seg_chunks` chunks of `cols`
 /// columns, `rows` rows a block (the blocks of a row band consecutive): `(first row, segment
@@ -142,7 +142,7 @@ pub fn cumprod(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, seg_chu
 ///   ~12).
 ///
 /// Inputs of −∞ add nothing (a row of −∞ so far gives −∞); +∞ and NaN are not supported.
-#[kernel(dtypes(T = [bf16, f16, f32]), tune(C = [256], F = [1, 0], only(T != f32 && F == 1 || T == f32 && F == 0)), blocks_per_sm = 4)]
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(C = [256, 1024], F = [1, 0], only(T != f32 && F == 1 || T == f32 && F == 0)), blocks_per_sm = 4)]
 pub fn logcumsumexp(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, seg_chunks: i32, pass: i32) {
     scan_rows::<T, { 4096 / C }, C>(x, y, totals, seg_chunks, pass, f32::NEG_INFINITY, 0, |t, carry| {
         let r = max(row_max(t), carry);
@@ -156,9 +156,11 @@ pub fn logcumsumexp(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, se
             out = rc + log2(s) * f32::consts::LN_2;
         } else {
             // The maximum before each element, the carry's among it (a maximum is the same in
-            // either base). Its identity is −f32::MAX, not −∞, so that `t − before` is never
-            // −∞ − (−∞): an element of −∞ gives `(a, b) = (1, 0)`, and a carry of −∞ its σ = 0.
-            let before = max(tile_scan_exclusive::<scan_max>(t, 1, -f32::MAX), carry);
+            // either base), and −f32::MAX at least, so that `t − before` is never −∞ − (−∞): an
+            // element of −∞ gives `(a, b) = (1, 0)`, and a carry of −∞ its σ = 0. (The floor is
+            // its own `max`: the scan's identity is combined in only where a step has no
+            // partner, so a run of −∞ across the chunk's 256-column segments gave −∞.)
+            let before = max(max(tile_scan_exclusive::<scan_max>(t, 1, -f32::MAX), carry), -f32::MAX);
             let diff = t - before;
             // 2^−|x − before| in base 2; where `x` raises the maximum `(a, b) = (d, 1)`, else `(1, d)`.
             let d = exp2(-abs(diff) * f32::consts::LOG2_E);
@@ -174,7 +176,7 @@ pub fn logcumsumexp(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, se
 /// `cumprod`'s backward, exact where `x` has zeros (no division by `x`): `dx[j] = P[j−1]·R[j]`
 /// with `P` the exclusive running product of `x` and `R[j] = dy[j] + x[j+1]·R[j+1]` (`R[j]` =
 /// `dy[j] + S[j+1]` where `S[j] = x[j]·(dy[j] + S[j+1])` is the reverse recurrence of
-/// `(x, x·dy)` pairs). Two walks over each row, 256-column chunks: `pass` 0 from the start
+/// `(x, x·dy)` pairs). Two walks over each row, `C`-column chunks: `pass` 0 from the start
 /// stores `P` before each chunk at `before[row, chunk]` (reading `x` alone); `pass` 1 from the
 /// end takes `R` and, from the stored carry and the chunk's own exclusive product, `P`, and
 /// stores `dx` once.
@@ -183,25 +185,25 @@ pub fn logcumsumexp(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, se
 /// row's end): pass 0 then stores `P` from the segment's start, and the segment's product and
 /// `S` from a zero start at `prods[row, k]` and `sums[row, k]` (it reads `dy` too); pass 1
 /// starts from the product of the segments left of it and the `S` of those right of it.
-#[kernel(dtypes(T = [bf16, f16, f32]), blocks_per_sm = 4)]
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(C = [256, 1024]), blocks_per_sm = 4)]
 pub fn cumprod_backward(
     x: Global<T, 2>, dy: Global<T, 2>, dx: Global<T, 2>, before: Global<f32, 2>, prods: Global<f32, 2>, sums: Global<f32, 2>,
     seg_chunks: i32, pass: i32,
 ) {
-    let (r, k, first, count, chunks) = segment(x.dim(1), 256, 16, seg_chunks);
+    let (r, k, first, count, chunks) = segment(x.dim(1), C, 4096 / C, seg_chunks);
     let split = seg_chunks < chunks;
     // Carries in the layout of a chunk's edge column, so that no chunk converts them.
-    let mut p = Tile::<f32, 16, 256>::full(1.0).last_col();
-    let mut s_after = Tile::<f32, 16, 256>::zeros().first_col();
+    let mut p = Tile::<f32, { 4096 / C }, C>::full(1.0).last_col();
+    let mut s_after = Tile::<f32, { 4096 / C }, C>::zeros().first_col();
     if pass == 0 {
         for i in 0..count {
             let c = chunks - first - count + i;
             before.store([r, c], p);
-            let xt = x.load_or::<Tile<T, 16, 256>>([r, c * 256], 1.0).cast::<f32>();
+            let xt = x.load_or::<Tile<T, { 4096 / C }, C>>([r, c * C], 1.0).cast::<f32>();
             if split {
                 // The segment's S so far from a zero start: this chunk's own, continued by
                 // what the chunks before it take of it (their product).
-                let g = dy.load_or::<Tile<T, 16, 256>>([r, c * 256], 0.0).cast::<f32>();
+                let g = dy.load_or::<Tile<T, { 4096 / C }, C>>([r, c * C], 0.0).cast::<f32>();
                 let (_, pb) = tile_scan_reverse::<scan_linear>((xt, xt * g), 1, (1.0, 0.0));
                 s_after = s_after + p * pb.first_col();
             }
@@ -212,19 +214,19 @@ pub fn cumprod_backward(
             sums.store([r, k], s_after);
         }
     } else {
-        let mut pin = Tile::<f32, 16, 256>::full(1.0).last_col();
+        let mut pin = Tile::<f32, { 4096 / C }, C>::full(1.0).last_col();
         if split {
-            // The segments' totals, one a column in scan order, 256 at a time: those before
+            // The segments' totals, one a column in scan order, `C` at a time: those before
             // this one (nearer the row's end) give its `S` from the end, composed as pairs
             // `(product, S)`, the nearest outermost; those after it, its `P`.
             let segs = (chunks + seg_chunks - 1) / seg_chunks;
-            for t in 0..(segs + 255) / 256 {
-                let j = Tile::<f32, 16, 256>::col_index() + (t * 256) as f32;
-                let ts = prods.load_or::<Tile<f32, 16, 256>>([r, t * 256], 1.0);
+            for t in 0..(segs + C - 1) / C {
+                let j = Tile::<f32, { 4096 / C }, C>::col_index() + (t * C) as f32;
+                let ts = prods.load_or::<Tile<f32, { 4096 / C }, C>>([r, t * C], 1.0);
                 let (sa, sb) = tile_scan::<scan_linear>(
                     (
                         ts.keep_where(k as f32 - 1.0 - j, 1.0),
-                        sums.load_or::<Tile<f32, 16, 256>>([r, t * 256], 0.0).keep_where(k as f32 - 1.0 - j, 0.0),
+                        sums.load_or::<Tile<f32, { 4096 / C }, C>>([r, t * C], 0.0).keep_where(k as f32 - 1.0 - j, 0.0),
                     ),
                     1,
                     (1.0, 0.0),
@@ -235,13 +237,13 @@ pub fn cumprod_backward(
         }
         for i in first..first + count {
             let c = chunks - 1 - i;
-            let xt = x.load_or::<Tile<T, 16, 256>>([r, c * 256], 1.0).cast::<f32>();
-            let g = dy.load_or::<Tile<T, 16, 256>>([r, c * 256], 0.0).cast::<f32>();
+            let xt = x.load_or::<Tile<T, { 4096 / C }, C>>([r, c * C], 1.0).cast::<f32>();
+            let g = dy.load_or::<Tile<T, { 4096 / C }, C>>([r, c * C], 0.0).cast::<f32>();
             p = before.load_or([r, c], 1.0);
             let (pa, pb) = tile_scan_reverse_exclusive::<scan_linear>((xt, xt * g), 1, (1.0, 0.0));
             let rt = g + pa * s_after + pb;
             s_after = (xt * rt).first_col();
-            dx.store([r, c * 256], (rt * tile_scan_exclusive::<scan_mul>(xt, 1, 1.0) * (p * pin)).cast::<T>());
+            dx.store([r, c * C], (rt * tile_scan_exclusive::<scan_mul>(xt, 1, 1.0) * (p * pin)).cast::<T>());
         }
     }
 }
@@ -276,32 +278,32 @@ pub fn scan_scaled_add<const M: usize, const N: usize, const K: usize>(
 /// row's end): `pass` 0 stores each segment's sum from a zero start at `scales[row, k]` and
 /// `values[row, k]` (nothing to `dx`), and `pass` 1 starts each segment from the sums of those
 /// nearer the row's end.
-#[kernel(dtypes(T = [bf16, f16, f32]), tune(F = [1, 0], only(T != f32 && F == 1 || T == f32 && F == 0)), blocks_per_sm = 4)]
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(C = [256, 1024], F = [1, 0], only(T != f32 && F == 1 || T == f32 && F == 0)), blocks_per_sm = 4)]
 pub fn logcumsumexp_backward(
     x: Global<T, 2>, y: Global<T, 2>, dy: Global<T, 2>, dx: Global<T, 2>, scales: Global<f32, 2>, values: Global<f32, 2>, seg_chunks: i32,
     pass: i32,
 ) {
-    let (r, k, first, count, chunks) = segment(x.dim(1), 256, 16, seg_chunks);
+    let (r, k, first, count, chunks) = segment(x.dim(1), C, 4096 / C, seg_chunks);
     // Carried in the layout of a chunk's first column, so that no chunk converts them.
-    let mut scale = Tile::<f32, 16, 256>::full(f32::NEG_INFINITY).first_col();
-    let mut value = Tile::<f32, 16, 256>::zeros().first_col();
+    let mut scale = Tile::<f32, { 4096 / C }, C>::full(f32::NEG_INFINITY).first_col();
+    let mut value = Tile::<f32, { 4096 / C }, C>::zeros().first_col();
     if pass == 1 {
-        // The sums of the segments nearer the row's end (before this one in scan order), 256
+        // The sums of the segments nearer the row's end (before this one in scan order), `C`
         // at a time.
-        for t in 0..(k + 255) / 256 {
-            let later = (k - 1 - t * 256) as f32 - Tile::<f32, 16, 256>::col_index();
-            let ts = scales.load_or::<Tile<f32, 16, 256>>([r, t * 256], f32::NEG_INFINITY).keep_where(later, f32::NEG_INFINITY);
+        for t in 0..(k + C - 1) / C {
+            let later = (k - 1 - t * C) as f32 - Tile::<f32, { 4096 / C }, C>::col_index();
+            let ts = scales.load_or::<Tile<f32, { 4096 / C }, C>>([r, t * C], f32::NEG_INFINITY).keep_where(later, f32::NEG_INFINITY);
             let top = max(max(row_max(ts), scale), -1.0e30);
             value = value * exp2(scale - top)
-                + row_sum(values.load_or::<Tile<f32, 16, 256>>([r, t * 256], 0.0).keep_where(later, 0.0) * exp2(ts - top));
+                + row_sum(values.load_or::<Tile<f32, { 4096 / C }, C>>([r, t * C], 0.0).keep_where(later, 0.0) * exp2(ts - top));
             scale = top;
         }
     }
     for i in first..first + count {
-        let c = (chunks - 1 - i) * 256;
-        let xt = x.load_or::<Tile<T, 16, 256>>([r, c], f32::NEG_INFINITY).cast::<f32>();
-        let s = y.load_or::<Tile<T, 16, 256>>([r, c], f32::INFINITY).cast::<f32>() * -f32::consts::LOG2_E;
-        let g = dy.load_or::<Tile<T, 16, 256>>([r, c], 0.0).cast::<f32>();
+        let c = (chunks - 1 - i) * C;
+        let xt = x.load_or::<Tile<T, { 4096 / C }, C>>([r, c], f32::NEG_INFINITY).cast::<f32>();
+        let s = y.load_or::<Tile<T, { 4096 / C }, C>>([r, c], f32::INFINITY).cast::<f32>() * -f32::consts::LOG2_E;
+        let g = dy.load_or::<Tile<T, { 4096 / C }, C>>([r, c], 0.0).cast::<f32>();
         // Clamped: rows past the tensor's end (all −∞) get terms of 0, not NaN.
         let top = max(max(row_max(s), scale), -1.0e30);
         let mut out = g;
@@ -323,7 +325,7 @@ pub fn logcumsumexp_backward(
     }
     if pass == 0 {
         // The block's place again rather than held through the walk (168 registers).
-        let (r0, k0, _, _, _) = segment(x.dim(1), 256, 16, seg_chunks);
+        let (r0, k0, _, _, _) = segment(x.dim(1), C, 4096 / C, seg_chunks);
         scales.store([r0, k0], scale);
         values.store([r0, k0], value);
     }
@@ -360,16 +362,17 @@ pub enum ScanOp {
 /// them after a pass that stores each segment's total ([`segments`]).
 macro_rules! scan_forward {
     ($k:ident, $totals:ident, $device:expr, $x:expr, $yv:expr, $m:expr, $n:expr) => {{
-        let (rows, cols) = chunk($k::VARIANTS);
+        let variant = fewest_padded_rows($k::VARIANTS, $m);
+        let (rows, cols) = chunk(&$k::VARIANTS[variant..]);
         let (segs, seg_chunks) = segments($device, $m, $n, rows, cols);
         let grid = Grid::from(Grid::tiles($m, rows) * segs as u32);
         if segs == 1 {
-            $k::launch($device, grid, $x, &mut $yv, &mut OptionalMut(None::<&mut Tensor<f32>>, 2), seg_chunks, 1)
+            $k::launch_variant(variant, $device, grid, $x, &mut $yv, &mut OptionalMut(None::<&mut Tensor<f32>>, 2), seg_chunks, 1)
         } else {
             // The segments' totals, their running combination (one short row each), the scan.
             let mut totals = Tensor::<f32>::scratch($device, &[$m, segs])?;
             let mut carries = Tensor::<f32>::scratch($device, &[$m, segs])?;
-            $k::launch($device, grid, $x, &mut $yv, &mut totals, seg_chunks, 0)?;
+            $k::launch_variant(variant, $device, grid, $x, &mut $yv, &mut totals, seg_chunks, 0)?;
             let (tv, mut cv) = (totals.view(&[$m, segs], &[segs, 1])?, carries.view_mut(&[$m, segs], &[segs, 1])?);
             let (total_rows, total_cols) = chunk($totals::VARIANTS);
             let whole = i32::try_from(segs.div_ceil(total_cols)).unwrap_or(i32::MAX);
@@ -383,7 +386,7 @@ macro_rules! scan_forward {
                 1,
             )?;
             drop((tv, cv));
-            $k::launch($device, grid, $x, &mut $yv, &mut carries, seg_chunks, 1)
+            $k::launch_variant(variant, $device, grid, $x, &mut $yv, &mut carries, seg_chunks, 1)
         }
     }};
 }
@@ -401,16 +404,16 @@ macro_rules! scan_element {
                     ScanOp::Prod => scan_forward!($prod, cumprod_f32, device, x, yv, m, n),
                     ScanOp::LogSumExp => scan_forward!($lse, logcumsumexp_f32, device, x, yv, m, n),
                     ScanOp::ProdBackward => {
-                        let (segs, seg_chunks) = segments(device, m, n, BACKWARD_ROWS, 256);
-                        let grid = Grid::from(Grid::tiles(m, BACKWARD_ROWS) * segs as u32);
-                        // The products before each 256-column chunk of each row; with segments,
-                        // each segment's product and reverse sum.
-                        let chunks = n.div_ceil(256);
+                        let (variant, grid, segs, seg_chunks, cols) = backward_split(device, $prod_bwd::VARIANTS, m, n);
+                        // The products before each chunk of each row; with segments, each
+                        // segment's product and reverse sum.
+                        let chunks = n.div_ceil(cols);
                         let mut before = Tensor::<f32>::scratch(device, &[m, chunks])?;
                         let mut bv = before.view_mut(&[m, chunks], &[chunks, 1])?;
                         let (mut prods, mut sums) = totals(device, m, segs)?;
                         for pass in 0..2 {
-                            $prod_bwd::launch(
+                            $prod_bwd::launch_variant(
+                                variant,
                                 device,
                                 grid,
                                 x,
@@ -426,13 +429,12 @@ macro_rules! scan_element {
                         Ok(())
                     }
                     ScanOp::LogSumExpBackward => {
-                        let (segs, seg_chunks) = segments(device, m, n, BACKWARD_ROWS, 256);
-                        let grid = Grid::from(Grid::tiles(m, BACKWARD_ROWS) * segs as u32);
+                        let (variant, grid, segs, seg_chunks, _) = backward_split(device, $lse_bwd::VARIANTS, m, n);
                         // Each segment's sum from a zero start, as a scale and a value.
                         let (mut scales, mut values) = totals(device, m, segs)?;
                         for pass in if segs == 1 { 1 } else { 0 }..2 {
                             let (s, v) = (&mut scales.opt(), &mut values.opt());
-                            $lse_bwd::launch(device, grid, x, &views[1], &views[2], &mut yv, s, v, seg_chunks, pass)?;
+                            $lse_bwd::launch_variant(variant, device, grid, x, &views[1], &views[2], &mut yv, s, v, seg_chunks, pass)?;
                         }
                         Ok(())
                     }
@@ -460,6 +462,19 @@ fn chunk(variants: &[&KernelSpec]) -> (usize, usize) {
     (4096 / c, c)
 }
 
+/// The forward variant for `m` rows: the first (chosen for many rows), unless `m` is fewer than
+/// its chunk's rows; then the one that pads `m` to the fewest rows (the first of those).
+fn fewest_padded_rows(variants: &[&KernelSpec], m: usize) -> usize {
+    let padded = |i: usize| {
+        let (rows, _) = chunk(&variants[i..]);
+        m.div_ceil(rows) * rows
+    };
+    if variants.is_empty() || m >= chunk(variants).0 {
+        return 0;
+    }
+    (0..variants.len()).min_by_key(|&i| (padded(i), i)).unwrap_or(0)
+}
+
 /// How a forward scan splits rows of `n` columns, `m` of them, over blocks of `rows` rows that
 /// walk `cols`-column chunks: `(segments a row, chunks a segment)`. One segment where the row
 /// blocks fill the GPU twice over (or a row is short); else segments of at least 4096 columns,
@@ -470,6 +485,15 @@ fn segments(device: &Device, m: usize, n: usize, rows: usize, cols: usize) -> (u
     let segs = if blocks >= 2 * sms { 1 } else { (8 * sms).div_ceil(blocks).min(n / 4096).max(1) };
     let seg_chunks = chunks.div_ceil(segs);
     (chunks.div_ceil(seg_chunks), i32::try_from(seg_chunks).unwrap_or(i32::MAX))
+}
+
+/// A backward's variant for `m` rows ([`fewest_padded_rows`]), its grid, segments a row,
+/// chunks a segment and chunk columns.
+fn backward_split(device: &Device, variants: &[&KernelSpec], m: usize, n: usize) -> (usize, Grid, usize, i32, usize) {
+    let variant = fewest_padded_rows(variants, m);
+    let (rows, cols) = chunk(&variants[variant..]);
+    let (segs, seg_chunks) = segments(device, m, n, rows, cols);
+    (variant, Grid::from(Grid::tiles(m, rows) * segs as u32), segs, seg_chunks, cols)
 }
 
 /// Two `[m, segs]` f32 scratches for the segments' totals, none where there is one segment.
