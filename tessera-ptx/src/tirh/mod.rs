@@ -1176,7 +1176,10 @@ pub enum ExprKind {
     /// identities, `tile_scan::<F>((a, b), 1, (1.0, 0.0))`): the inclusive scan of `x` along
     /// `axis` (1: each row, 0: each column) under the associative combine `F`, a device
     /// function taking the earlier elements' tiles, then the later ones', and giving the
-    /// combined tiles; `exclusive` shifts the result by one, `identity` first. The type checker
+    /// combined tiles; `exclusive` shifts the result by one, `identity` first (which must be an
+    /// identity of `F` for every input: the steps combine it in only where an element has no
+    /// partner, so a stand-in such as −f32::MAX for a maximum over −∞ shows at some elements
+    /// and not at others). The type checker
     /// expands it into the steps of [`ScanStep::plan`] where the row lies in one warp's lanes,
     /// else into ⌈log₂ n⌉ shift-and-combine steps (Hillis–Steele).
     Scan {
