@@ -38,10 +38,11 @@ fn segment(n: i32, cols: i32, rows: i32, seg_chunks: i32) -> (i32, i32, i32, i32
 /// The scan of rows `R·block..` of `x` into `y` in `C`-column chunks from the first (or, with
 /// `reverse` 1, from the last), elements past the row's end read as `fill`: `step(chunk,
 /// carry)` gives the chunk's output and the carry into the next chunk, the carry starting at
-/// `fill` (the scan's identity).
+/// `fill` (the scan's identity); `total(chunk, carry)` gives that carry alone (a reduction
+/// where the scan has one: a pass that needs no output need not scan).
 ///
 /// Few long rows split into segments of `seg_chunks` chunks, one block each: `pass` 0 stores
-/// each segment's carry (its total) at `totals[row, k]` (`k` counts segments in scan order);
+/// each segment's carry (its total, by `total`) at `totals[row, k]` (`k` counts segments in scan order);
 /// the host scans those totals along `k` (the same scan, in f32); then `pass` 1 starts each
 /// segment `k > 0` from `totals[row, k − 1]`. With one segment, `pass` 1 alone scans whole
 /// rows.
@@ -49,6 +50,7 @@ fn segment(n: i32, cols: i32, rows: i32, seg_chunks: i32) -> (i32, i32, i32, i32
 fn scan_rows<T, const R: usize, const C: usize>(
     x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, seg_chunks: i32, pass: i32, fill: f32, reverse: i32,
     step: impl Fn(Tile<f32, R, C>, Tile<f32, R, 1>) -> (Tile<f32, R, C>, Tile<f32, R, 1>),
+    total: impl Fn(Tile<f32, R, C>, Tile<f32, R, 1>) -> Tile<f32, R, 1>,
 ) {
     let (r, k, first, count, chunks) = segment(x.dim(1), C, R, seg_chunks);
     // Carried in the layout of a chunk's last column (what `step` gives back), so that no
@@ -62,11 +64,13 @@ fn scan_rows<T, const R: usize, const C: usize>(
         if reverse == 1 {
             c = (chunks - 1 - i) * C;
         }
-        let t: Tile<T, R, C> = x.load_or([r, c], fill);
-        let (out, next) = step(t.cast::<f32>(), carry);
-        carry = next;
+        let t = x.load_or::<Tile<T, R, C>>([r, c], fill).cast::<f32>();
         if pass == 1 {
+            let (out, next) = step(t, carry);
+            carry = next;
             y.store([r, c], out.cast::<T>());
+        } else {
+            carry = total(t, carry);
         }
     }
     if pass == 0 {
@@ -92,28 +96,58 @@ pub fn scan_logaddexp2<const M: usize, const N: usize>(a: Tile<f32, M, N>, b: Ti
 /// `y[i, j] = Σ_{k ≤ j} x[i, k]`.
 #[kernel(dtypes(T = [bf16, f16, f32]), tune(C = [1024]), blocks_per_sm = 8)]
 pub fn cumsum(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, seg_chunks: i32, pass: i32) {
-    scan_rows::<T, { 4096 / C }, C>(x, y, totals, seg_chunks, pass, 0.0, 0, |t, carry| {
-        let s = tile_scan::<scan_add>(t, 1, 0.0) + carry;
-        (s, s.last_col())
-    });
+    scan_rows::<T, { 4096 / C }, C>(
+        x,
+        y,
+        totals,
+        seg_chunks,
+        pass,
+        0.0,
+        0,
+        |t, carry| {
+            let s = tile_scan::<scan_add>(t, 1, 0.0) + carry;
+            (s, s.last_col())
+        },
+        |t, carry| carry + row_sum(t),
+    );
 }
 
 /// `y[i, j] = Σ_{k ≥ j} x[i, k]`: `cumsum`'s backward (its `dx` from `dy`).
 #[kernel(dtypes(T = [bf16, f16, f32]), tune(C = [1024]), blocks_per_sm = 8)]
 pub fn cumsum_reverse(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, seg_chunks: i32, pass: i32) {
-    scan_rows::<T, { 4096 / C }, C>(x, y, totals, seg_chunks, pass, 0.0, 1, |t, carry| {
-        let total = row_sum(t);
-        (carry + total - tile_scan::<scan_add>(t, 1, 0.0) + t, carry + total)
-    });
+    scan_rows::<T, { 4096 / C }, C>(
+        x,
+        y,
+        totals,
+        seg_chunks,
+        pass,
+        0.0,
+        1,
+        |t, carry| {
+            let total = row_sum(t);
+            (carry + total - tile_scan::<scan_add>(t, 1, 0.0) + t, carry + total)
+        },
+        |t, carry| carry + row_sum(t),
+    );
 }
 
 /// `y[i, j] = Π_{k ≤ j} x[i, k]`.
 #[kernel(dtypes(T = [bf16, f16, f32]), tune(C = [1024]), blocks_per_sm = 8)]
 pub fn cumprod(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, seg_chunks: i32, pass: i32) {
-    scan_rows::<T, { 4096 / C }, C>(x, y, totals, seg_chunks, pass, 1.0, 0, |t, carry| {
-        let s = tile_scan::<scan_mul>(t, 1, 1.0) * carry;
-        (s, s.last_col())
-    });
+    scan_rows::<T, { 4096 / C }, C>(
+        x,
+        y,
+        totals,
+        seg_chunks,
+        pass,
+        1.0,
+        0,
+        |t, carry| {
+            let s = tile_scan::<scan_mul>(t, 1, 1.0) * carry;
+            (s, s.last_col())
+        },
+        |t, carry| (tile_scan::<scan_mul>(t, 1, 1.0) * carry).last_col(),
+    );
 }
 
 /// `y[i, j] = ln Σ_{k ≤ j} exp(x[i, k])`, in base 2 inside (the carry, like the output and a
@@ -144,33 +178,48 @@ pub fn cumprod(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, seg_chu
 /// Inputs of −∞ add nothing (a row of −∞ so far gives −∞); +∞ and NaN are not supported.
 #[kernel(dtypes(T = [bf16, f16, f32]), tune(C = [256, 1024], F = [1, 0], only(T != f32 && F == 1 || T == f32 && F == 0)), blocks_per_sm = 4)]
 pub fn logcumsumexp(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, seg_chunks: i32, pass: i32) {
-    scan_rows::<T, { 4096 / C }, C>(x, y, totals, seg_chunks, pass, f32::NEG_INFINITY, 0, |t, carry| {
-        let r = max(row_max(t), carry);
-        let mut out = t;
-        // A row of −∞ so far (rows past the tensor's end too) passes the test and takes this
-        // way with every term 0 against the clamped reference: its output −∞.
-        if F == 1 && tile_all(40.0 - (r - max(max(t.first_col(), carry), -f32::MAX))) {
-            let rc = max(r, -1.0e30);
-            let rz = rc * f32::consts::LOG2_E;
-            let s = tile_scan::<scan_add>(exp2(t * f32::consts::LOG2_E - rz), 1, 0.0) + exp2(carry * f32::consts::LOG2_E - rz);
-            out = rc + log2(s) * f32::consts::LN_2;
-        } else {
-            // The maximum before each element, the carry's among it (a maximum is the same in
-            // either base), and −f32::MAX at least, so that `t − before` is never −∞ − (−∞): an
-            // element of −∞ gives `(a, b) = (1, 0)`, and a carry of −∞ its σ = 0. (The floor is
-            // its own `max`: the scan's identity is combined in only where a step has no
-            // partner, so a run of −∞ across the chunk's 256-column segments gave −∞.)
-            let before = max(max(tile_scan_exclusive::<scan_max>(t, 1, -f32::MAX), carry), -f32::MAX);
-            let diff = t - before;
-            // 2^−|x − before| in base 2; where `x` raises the maximum `(a, b) = (d, 1)`, else `(1, d)`.
-            let d = exp2(-abs(diff) * f32::consts::LOG2_E);
-            let raises = step(diff);
-            let (pa, pb) = tile_scan::<scan_linear>((1.0 + raises * (d - 1.0), d - raises * (d - 1.0)), 1, (1.0, 0.0));
-            // σ continues from the carry's own: 1 against itself, 0 for −∞.
-            out = max(t, before) + log2(pa * step(carry + f32::MAX) + pb) * f32::consts::LN_2;
-        }
-        (out, out.last_col())
-    });
+    scan_rows::<T, { 4096 / C }, C>(
+        x,
+        y,
+        totals,
+        seg_chunks,
+        pass,
+        f32::NEG_INFINITY,
+        0,
+        |t, carry| {
+            let r = max(row_max(t), carry);
+            let mut out = t;
+            // A row of −∞ so far (rows past the tensor's end too) passes the test and takes this
+            // way with every term 0 against the clamped reference: its output −∞.
+            if F == 1 && tile_all(40.0 - (r - max(max(t.first_col(), carry), -f32::MAX))) {
+                let rc = max(r, -1.0e30);
+                let rz = rc * f32::consts::LOG2_E;
+                let s = tile_scan::<scan_add>(exp2(t * f32::consts::LOG2_E - rz), 1, 0.0) + exp2(carry * f32::consts::LOG2_E - rz);
+                out = rc + log2(s) * f32::consts::LN_2;
+            } else {
+                // The maximum before each element, the carry's among it (a maximum is the same in
+                // either base), and −f32::MAX at least, so that `t − before` is never −∞ − (−∞): an
+                // element of −∞ gives `(a, b) = (1, 0)`, and a carry of −∞ its σ = 0. (The floor is
+                // its own `max`: the scan's identity is combined in only where a step has no
+                // partner, so a run of −∞ across the chunk's 256-column segments gave −∞.)
+                let before = max(max(tile_scan_exclusive::<scan_max>(t, 1, -f32::MAX), carry), -f32::MAX);
+                let diff = t - before;
+                // 2^−|x − before| in base 2; where `x` raises the maximum `(a, b) = (d, 1)`, else `(1, d)`.
+                let d = exp2(-abs(diff) * f32::consts::LOG2_E);
+                let raises = step(diff);
+                let (pa, pb) = tile_scan::<scan_linear>((1.0 + raises * (d - 1.0), d - raises * (d - 1.0)), 1, (1.0, 0.0));
+                // σ continues from the carry's own: 1 against itself, 0 for −∞.
+                out = max(t, before) + log2(pa * step(carry + f32::MAX) + pb) * f32::consts::LN_2;
+            }
+            (out, out.last_col())
+        },
+        |t, carry| {
+            // ln(Σ e^x + e^carry) against the largest term (clamped: a row of −∞ gives −∞).
+            let m = max(max(row_max(t), carry), -1.0e30);
+            let sum = row_sum(exp2((t - m) * f32::consts::LOG2_E)) + exp2((carry - m) * f32::consts::LOG2_E);
+            m + log2(sum) * f32::consts::LN_2
+        },
+    );
 }
 
 /// `cumprod`'s backward, exact where `x` has zeros (no division by `x`): `dx[j] = P[j−1]·R[j]`
