@@ -325,7 +325,7 @@ pub fn scan_scaled_add<const M: usize, const N: usize, const K: usize>(
 ///
 /// Few long rows split into segments of `seg_chunks` chunks ([`segment`], counted from the
 /// row's end): `pass` 0 stores each segment's sum from a zero start at `scales[row, k]` and
-/// `values[row, k]` (nothing to `dx`), and `pass` 1 starts each segment from the sums of those
+/// `values[row, k]` (a reduction of `y` and `dy`: nothing to `dx`, `x` unread), and `pass` 1 starts each segment from the sums of those
 /// nearer the row's end.
 #[kernel(dtypes(T = [bf16, f16, f32]), tune(C = [256, 1024], F = [1, 0], only(T != f32 && F == 1 || T == f32 && F == 0)), blocks_per_sm = 4)]
 pub fn logcumsumexp_backward(
@@ -350,25 +350,30 @@ pub fn logcumsumexp_backward(
     }
     for i in first..first + count {
         let c = (chunks - 1 - i) * C;
-        let xt = x.load_or::<Tile<T, { 4096 / C }, C>>([r, c], f32::NEG_INFINITY).cast::<f32>();
         let s = y.load_or::<Tile<T, { 4096 / C }, C>>([r, c], f32::INFINITY).cast::<f32>() * -f32::consts::LOG2_E;
         let g = dy.load_or::<Tile<T, { 4096 / C }, C>>([r, c], 0.0).cast::<f32>();
         // Clamped: rows past the tensor's end (all −∞) get terms of 0, not NaN.
         let top = max(max(row_max(s), scale), -1.0e30);
-        let mut out = g;
-        if F == 1 && tile_all((60.0 - (top - s)).keep_where(s + 1.0e30, 1.0)) {
-            let v = tile_scan_reverse::<scan_add>(g * exp2(s - top), 1, 0.0) + value * exp2(scale - top);
+        if pass == 0 {
+            // The segment's sum alone: a reduction, no `x` (a difference of infinities, from
+            // −∞ in `y`, counts as no term, as in `scan_scaled_add`).
+            value = value * exp2(max(scale - top, -1.0e30)) + row_sum(g * exp2(max(s - top, -1.0e30)));
             scale = top;
-            value = v.first_col();
-            out = v * exp2(max(top + xt * f32::consts::LOG2_E, -1.0e30));
         } else {
-            let (ps, pv) = tile_scan_reverse::<scan_scaled_add>((s, g), 1, (f32::NEG_INFINITY, 0.0));
-            let (m, v) = scan_scaled_add(scale, value, ps, pv);
-            scale = m.first_col();
-            value = v.first_col();
-            out = v * exp2(max(m + xt * f32::consts::LOG2_E, -1.0e30));
-        }
-        if pass == 1 {
+            let xt = x.load_or::<Tile<T, { 4096 / C }, C>>([r, c], f32::NEG_INFINITY).cast::<f32>();
+            let mut out = g;
+            if F == 1 && tile_all((60.0 - (top - s)).keep_where(s + 1.0e30, 1.0)) {
+                let v = tile_scan_reverse::<scan_add>(g * exp2(s - top), 1, 0.0) + value * exp2(scale - top);
+                scale = top;
+                value = v.first_col();
+                out = v * exp2(max(top + xt * f32::consts::LOG2_E, -1.0e30));
+            } else {
+                let (ps, pv) = tile_scan_reverse::<scan_scaled_add>((s, g), 1, (f32::NEG_INFINITY, 0.0));
+                let (m, v) = scan_scaled_add(scale, value, ps, pv);
+                scale = m.first_col();
+                value = v.first_col();
+                out = v * exp2(max(m + xt * f32::consts::LOG2_E, -1.0e30));
+            }
             dx.store([r, c], out.cast::<T>());
         }
     }
