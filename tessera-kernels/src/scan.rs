@@ -249,14 +249,15 @@ pub fn cumprod_backward(
             let c = chunks - first - count + i;
             before.store([r, c], p);
             let xt = x.load_or::<Tile<T, { 4096 / C }, C>>([r, c * C], 1.0).cast::<f32>();
+            let prefix = tile_scan::<scan_mul>(xt, 1, 1.0);
             if split {
-                // The segment's S so far from a zero start: this chunk's own, continued by
-                // what the chunks before it take of it (their product).
+                // The segment's S so far from a zero start: this chunk's own, Σ_k dy_k·Π_{i ≤ k}
+                // x_i over the chunk (a sum, from the products this pass scans anyway),
+                // continued by what the chunks before it take of it (their product).
                 let g = dy.load_or::<Tile<T, { 4096 / C }, C>>([r, c * C], 0.0).cast::<f32>();
-                let (_, pb) = tile_scan_reverse::<scan_linear>((xt, xt * g), 1, (1.0, 0.0));
-                s_after = s_after + p * pb.first_col();
+                s_after = s_after + p * row_sum(prefix * g);
             }
-            p = (tile_scan::<scan_mul>(xt, 1, 1.0) * p).last_col();
+            p = (prefix * p).last_col();
         }
         if split {
             prods.store([r, k], p);
