@@ -614,19 +614,10 @@ impl Lowerer<'_> {
     /// `inc`: `fetch_inc`, `atom.inc` (0 past the limit `v`).
     pub(crate) fn fetch_add(&mut self, g: &GlobalVal, idx: &[Operand], v: Operand, inc: bool) -> Reg {
         use Operand::{Addr, Imm, Reg as R};
-        let (addr, inb) = self.element(g, idx);
-        let leader = self.leader;
-        self.warpgroup_barrier();
-        if self.sm90() {
-            self.op_if(leader, false, "cp.async.bulk.wait_group", vec![Imm(0)]);
-            self.op_if(leader, false, "fence.proxy.async.global", vec![]);
-        }
+        let (addr, add, vr) = self.leader_add(g, idx, v);
         let old = self.reg(RegClass::B32, "old");
         self.op("mov.b32", vec![R(old), Imm(0)]);
-        let add = self.reg(RegClass::Pred, "adds");
-        self.op("and.pred", vec![R(add), R(inb), R(leader)]);
-        let vr = self.reg(RegClass::B32, "add");
-        self.op("mov.b32", vec![R(vr), v]);
+        let leader = self.leader;
         let op = if inc { "atom.acq_rel.gpu.global.inc.u32" } else { "atom.acq_rel.gpu.global.add.u32" };
         self.op_if(add, false, op, vec![R(old), Addr(addr, 0), R(vr)]);
         self.need_scratch(4);
@@ -638,12 +629,11 @@ impl Lowerer<'_> {
         out
     }
 
-    /// `tensor.fetch_add(idx, v);` with its old value unused: the warpgroup's writes ordered
-    /// before the leader's (a barrier; its TMA stores completed and fenced against the generic
-    /// proxy), then the leader's `red.release.gpu.add`, which nothing waits for — a flag raised
-    /// for other blocks. Out of bounds: no addition.
-    pub(crate) fn add_release(&mut self, g: &GlobalVal, idx: &[Operand], v: Operand, inc: bool) {
-        use Operand::{Addr, Imm, Reg as R};
+    /// What an addition by the warpgroup's leader needs, the warpgroup's writes ordered before
+    /// it (a barrier; its TMA stores completed and fenced against the generic proxy): the
+    /// element's address, whether the leader adds (in bounds), and `v` in a register.
+    fn leader_add(&mut self, g: &GlobalVal, idx: &[Operand], v: Operand) -> (Reg, Reg, Reg) {
+        use Operand::{Imm, Reg as R};
         let (addr, inb) = self.element(g, idx);
         let leader = self.leader;
         self.warpgroup_barrier();
@@ -655,6 +645,16 @@ impl Lowerer<'_> {
         self.op("and.pred", vec![R(add), R(inb), R(leader)]);
         let vr = self.reg(RegClass::B32, "add");
         self.op("mov.b32", vec![R(vr), v]);
+        (addr, add, vr)
+    }
+
+    /// `tensor.fetch_add(idx, v);` with its old value unused: the warpgroup's writes ordered
+    /// before the leader's (a barrier; its TMA stores completed and fenced against the generic
+    /// proxy), then the leader's `red.release.gpu.add`, which nothing waits for — a flag raised
+    /// for other blocks. Out of bounds: no addition.
+    pub(crate) fn add_release(&mut self, g: &GlobalVal, idx: &[Operand], v: Operand, inc: bool) {
+        use Operand::{Addr, Reg as R};
+        let (addr, add, vr) = self.leader_add(g, idx, v);
         let op = if inc { "red.release.gpu.global.inc.u32" } else { "red.release.gpu.global.add.u32" };
         self.op_if(add, false, op, vec![Addr(addr, 0), R(vr)]);
     }
