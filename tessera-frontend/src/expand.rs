@@ -1539,7 +1539,7 @@ mod tests {
         let f: syn::ItemFn = parse_quote! {
             fn k(x: Vec<f32>, n: u64) {
                 let f = |v: f32| v;
-                while true {}
+                loop {}
             }
         };
         let errs = compile(&f).expect_err("four mistakes");
