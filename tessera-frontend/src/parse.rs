@@ -202,25 +202,20 @@ impl Frontend {
                     return err(diverge, "unsupported Rust construct in a kernel: `let … else`");
                 }
                 if let SynExpr::MethodCall(m) = &*init.expr {
-                    if m.method == "wait_nonzero" {
+                    // Statements of their own that bind an i32 (the leader's value, handed out):
+                    // a plain `let name`, the call's errors pointing at the call.
+                    let how = match m.method.to_string().as_str() {
+                        "wait_nonzero" => Some("`wait_nonzero`'s value binds as `let flag = tensor.wait_nonzero([i]);`".to_string()),
+                        op @ ("fetch_add" | "fetch_inc") => Some(format!("`{op}`'s old value binds as `let name = tensor.{op}([i], v);`")),
+                        _ => None,
+                    };
+                    if let Some(how) = how {
                         if declared.is_some() || id.mutability.is_some() {
-                            return err(pat, "`wait_nonzero`'s value binds as `let flag = tensor.wait_nonzero([i]);`");
+                            return err(pat, how);
                         }
-                        let loc = self.loc(m.span());
-                        let tensor = receiver_name(&m.receiver)?;
-                        let [index] = m.args.iter().collect::<Vec<_>>()[..] else {
-                            return err(m, "`wait_nonzero` takes an element's index: `let flag = tensor.wait_nonzero([i]);`");
-                        };
-                        let index = self.index(index)?;
-                        return Ok(Some(Stmt { kind: StmtKind::WaitNonzero { name: id.ident.to_string(), tensor, index }, loc, text }));
-                    }
-                    if m.method == "fetch_add" || m.method == "fetch_inc" {
-                        if declared.is_some() || id.mutability.is_some() {
-                            return err(pat, format!("`{}`'s old value binds as `let name = tensor.{}([i], v);`", m.method, m.method));
-                        }
-                        // Errors point at the call, not at the `let`.
-                        let loc = self.loc(m.span());
-                        return Ok(Some(Stmt { kind: self.fetch_add(m, Some(id.ident.to_string()))?, loc, text }));
+                        let (loc, name) = (self.loc(m.span()), id.ident.to_string());
+                        let kind = if m.method == "wait_nonzero" { self.wait_nonzero(m, name)? } else { self.fetch_add(m, Some(name))? };
+                        return Ok(Some(Stmt { kind, loc, text }));
                     }
                 }
                 StmtKind::Let { name: id.ident.to_string(), mutable: id.mutability.is_some(), declared, value: self.expr(&init.expr)? }
@@ -553,6 +548,15 @@ impl Frontend {
             },
             other => err(other, "a kernel loop runs over `start..end` or `(start..end).step_by(k)`"),
         }
+    }
+
+    /// `let name = tensor.wait_nonzero([i])`.
+    fn wait_nonzero(&mut self, m: &syn::ExprMethodCall, name: String) -> R<StmtKind> {
+        let tensor = receiver_name(&m.receiver)?;
+        let [index] = m.args.iter().collect::<Vec<_>>()[..] else {
+            return err(m, "`wait_nonzero` takes an element's index: `let flag = tensor.wait_nonzero([i]);`");
+        };
+        Ok(StmtKind::WaitNonzero { name, tensor, index: self.index(index)? })
     }
 
     /// `tensor.fetch_add([i], v)` or `tensor.fetch_inc([i], limit)`, its old value bound to

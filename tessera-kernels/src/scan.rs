@@ -78,6 +78,12 @@ fn scan_rows<T, const R: usize, const C: usize>(
     }
 }
 
+/// A chunk's row sums added to the carry: the total of `cumsum` and of its reverse.
+#[device]
+fn sum_total<const R: usize, const C: usize>(t: Tile<f32, R, C>, carry: Tile<f32, R, 1>) -> Tile<f32, R, 1> {
+    carry + row_sum(t)
+}
+
 /// `log2(2^a + 2^b)` elementwise, `b` broadcast along the rows where it is one column wide;
 /// for any values (−∞ too: the difference of two −∞ is NaN, which the `max` with −1e30 drops).
 #[device]
@@ -108,7 +114,7 @@ pub fn cumsum(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, seg_chun
             let s = tile_scan::<scan_add>(t, 1, 0.0) + carry;
             (s, s.last_col())
         },
-        |t, carry| carry + row_sum(t),
+        |t, carry| sum_total(t, carry),
     );
 }
 
@@ -127,7 +133,7 @@ pub fn cumsum_reverse(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, 
             let total = row_sum(t);
             (carry + total - tile_scan::<scan_add>(t, 1, 0.0) + t, carry + total)
         },
-        |t, carry| carry + row_sum(t),
+        |t, carry| sum_total(t, carry),
     );
 }
 

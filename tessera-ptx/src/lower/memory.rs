@@ -617,14 +617,21 @@ impl Lowerer<'_> {
         let (addr, add, vr) = self.leader_add(g, idx, v);
         let old = self.reg(RegClass::B32, "old");
         self.op("mov.b32", vec![R(old), Imm(0)]);
-        let leader = self.leader;
         let op = if inc { "atom.acq_rel.gpu.global.inc.u32" } else { "atom.acq_rel.gpu.global.add.u32" };
         self.op_if(add, false, op, vec![R(old), Addr(addr, 0), R(vr)]);
+        self.leader_to_all(old, "ticket")
+    }
+
+    /// The leader's `v` in every thread of the warpgroup, through its scratch: the leader's
+    /// store, a barrier, each thread's load (the next writer of the scratch passes a barrier
+    /// first).
+    fn leader_to_all(&mut self, v: Reg, name: &str) -> Reg {
+        use Operand::{Addr, Reg as R};
         self.need_scratch(4);
-        let scratch = self.scratch;
-        self.op_if(leader, false, "st.shared.u32", vec![Addr(scratch, 0), R(old)]);
+        let (scratch, leader) = (self.scratch, self.leader);
+        self.op_if(leader, false, "st.shared.u32", vec![Addr(scratch, 0), R(v)]);
         self.warpgroup_barrier();
-        let out = self.reg(RegClass::B32, "ticket");
+        let out = self.reg(RegClass::B32, name);
         self.op("ld.shared.u32", vec![R(out), Addr(scratch, 0)]);
         out
     }
@@ -661,35 +668,28 @@ impl Lowerer<'_> {
 
     /// `let flag = tensor.wait_nonzero(idx)`: the leader reads the element (`ld.acquire.gpu`)
     /// until it is not 0, sleeping ~100 ns between reads (spinning readers slow the memory
-    /// system for everyone), and hands it to every thread through the warpgroup's scratch (a
-    /// barrier before its write, for the readers of the last value, and one after). Out of
-    /// bounds: 0 at once.
+    /// system for everyone), and hands it to every thread (`leader_to_all`; a barrier before the
+    /// wait, for the readers of the scratch's last value). Out of bounds: 0 at once.
     pub(crate) fn wait_nonzero(&mut self, g: &GlobalVal, idx: &[Operand]) -> Reg {
         use Operand::{Addr, Imm, Reg as R, Sym};
         let (addr, inb) = self.element(g, idx);
         let leader = self.leader;
-        let (spin, got, skip) = (self.label("spin"), self.label("raised"), self.label("waited"));
+        let (spin, done) = (self.label("spin"), self.label("raised"));
         self.warpgroup_barrier();
         let v = self.reg(RegClass::B32, "flag");
         self.op("mov.b32", vec![R(v), Imm(0)]);
-        self.op_if(leader, true, "bra", vec![Sym(skip.clone())]);
-        self.op_if(inb, true, "bra", vec![Sym(got.clone())]);
+        // Threads other than the leader, and a leader out of bounds, go straight to the hand-out.
+        self.op_if(leader, true, "bra", vec![Sym(done.clone())]);
+        self.op_if(inb, true, "bra", vec![Sym(done.clone())]);
         self.body.push(crate::tirt::Inst::Label(spin.clone()));
         self.op("ld.acquire.gpu.global.u32", vec![R(v), Addr(addr, 0)]);
         let raised = self.reg(RegClass::Pred, "raised");
         self.op("setp.ne.u32", vec![R(raised), R(v), Imm(0)]);
-        self.op_if(raised, false, "bra", vec![Sym(got.clone())]);
+        self.op_if(raised, false, "bra", vec![Sym(done.clone())]);
         self.op("nanosleep.u32", vec![Imm(100)]);
         self.op("bra", vec![Sym(spin)]);
-        self.body.push(crate::tirt::Inst::Label(got));
-        self.need_scratch(4);
-        let scratch = self.scratch;
-        self.op("st.shared.u32", vec![Addr(scratch, 0), R(v)]);
-        self.body.push(crate::tirt::Inst::Label(skip));
-        self.warpgroup_barrier();
-        let out = self.reg(RegClass::B32, "flag");
-        self.op("ld.shared.u32", vec![R(out), Addr(scratch, 0)]);
-        out
+        self.body.push(crate::tirt::Inst::Label(done));
+        self.leader_to_all(v, "flag")
     }
 
     /// `tensor.get(idx)`: one 4-byte element, 0 where `idx` is out of bounds.

@@ -284,26 +284,12 @@ impl Checker<'_> {
                 }
             }
             StmtKind::WaitNonzero { name, tensor, index } => {
-                let (dtype, rank) = self.global(tensor, loc)?;
-                if dtype != DType::I32 {
-                    return Err(CompileError::ty(
-                        loc,
-                        format!("`{tensor}.wait_nonzero` waits on an i32 flag, and `{tensor}` is `Global<{dtype}, {rank}>`"),
-                    ));
-                }
-                self.indices(tensor, rank, index, loc)?;
+                self.i32_element(tensor, index, loc, "wait_nonzero` waits on an i32 flag")?;
                 self.bind(name, Type::Scalar(ScalarType::I32), false);
             }
             StmtKind::FetchAdd { name, tensor, index, value, inc } => {
-                let (dtype, rank) = self.global(tensor, loc)?;
-                let op = if *inc { "fetch_inc" } else { "fetch_add" };
-                if dtype != DType::I32 {
-                    return Err(CompileError::ty(
-                        loc,
-                        format!("`{tensor}.{op}` counts in an i32 tensor, and `{tensor}` is `Global<{dtype}, {rank}>`"),
-                    ));
-                }
-                self.indices(tensor, rank, index, loc)?;
+                let op = if *inc { "fetch_inc` counts in an i32 tensor" } else { "fetch_add` counts in an i32 tensor" };
+                self.i32_element(tensor, index, loc, op)?;
                 let what = if *inc { format!("the limit of `{tensor}.fetch_inc`") } else { format!("the value `{tensor}.fetch_add` adds") };
                 self.expect_scalar(value, ScalarType::I32, &what)?;
                 if let Some(name) = name {
@@ -472,6 +458,16 @@ impl Checker<'_> {
             }
         }
         Ok(())
+    }
+
+    /// `tensor[index]`, one element of an i32 tensor (a flag or a counter); `what` ends
+    /// "`tensor.{what}, and `tensor` is …", the error where the tensor is of another dtype.
+    fn i32_element(&mut self, tensor: &str, index: &mut [crate::tirh::Expr], loc: SourceLoc, what: &str) -> Result<(), CompileError> {
+        let (dtype, rank) = self.global(tensor, loc)?;
+        if dtype != DType::I32 {
+            return Err(CompileError::ty(loc, format!("`{tensor}.{what}, and `{tensor}` is `Global<{dtype}, {rank}>`")));
+        }
+        self.indices(tensor, rank, index, loc)
     }
 
     fn indices(&mut self, tensor: &str, rank: u32, index: &mut [crate::tirh::Expr], loc: SourceLoc) -> Result<(), CompileError> {

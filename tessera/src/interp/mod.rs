@@ -550,9 +550,8 @@ impl<'p> Kernel<'p> {
                 let (stmt, mark) = (*stmt, *mark);
                 let StmtKind::While { cond, body } = &stmt.kind else { return Ok(Step::Done) };
                 wg.env.truncate(mark);
-                // A lap may wait on a block that another thread runs (a look-back's flag):
-                // let that thread have the core.
-                std::thread::yield_now();
+                // No yield here: a lap that waits on another block does so in `wait_nonzero`,
+                // which gives that block's thread the core while it waits.
                 match self.eval(cond, wg, blk) {
                     Ok(Val::B(true)) => wg.frames.push(Frame::Body { stmts: body, pc: 0, mark }),
                     Ok(Val::B(false)) => {
