@@ -293,6 +293,12 @@ fn bad_input_gemm_output_and_bias() {
     let mut c: Tensor<bf16> = rand_t(&dev, &[8, 24]);
     let r = |c: &mut Tensor<bf16>| tessera_kernels::gemm(&a, &b).bias(Bias::PerColumn(&bias)).run(&dev, c);
     assert_eq!(unchanged(&[&a, &b, &bias], &mut c, r), "bias", "a per-column bias of 8 for 24 columns");
+    // A gate of another shape than C, and a gate beside a residual.
+    let (small, fits): (Tensor<bf16>, Tensor<bf16>) = (rand_t(&dev, &[8, 16]), rand_t(&dev, &[8, 24]));
+    let r = |c: &mut Tensor<bf16>| tessera_kernels::gemm(&a, &b).gate(&small).run(&dev, c);
+    assert_eq!(unchanged(&[&a, &b, &small], &mut c, r), "gate", "a gate of 8×16 for C of 8×24");
+    let r = |c: &mut Tensor<bf16>| tessera_kernels::gemm(&a, &b).residual(&fits).gate(&fits).run(&dev, c);
+    assert_eq!(unchanged(&[&a, &b, &fits], &mut c, r), "gate", "a gate beside a residual");
 }
 
 /// fp8 quantization: `y` of another shape, a scale that is not finite, a strided 3-D view;

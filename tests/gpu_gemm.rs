@@ -77,7 +77,7 @@ fn interp_gemm_rejects_mismatched_shapes() {
     gemm_rejects_mismatched_shapes(&Device::cpu());
 }
 
-/// The reference epilogue in f64: `act(alpha·ab + beta·c_in + bias) + residual`.
+/// The reference epilogue in f64: `act(alpha·ab + beta·c_in + bias) + residual` (or `· gate`).
 struct Epi {
     alpha: f64,
     beta: Option<Vec<bf16>>,
@@ -85,6 +85,7 @@ struct Epi {
     bias: Option<(Vec<bf16>, bool)>,
     act: tessera_kernels::Activation,
     residual: Option<Vec<bf16>>,
+    gate: Option<Vec<bf16>>,
 }
 
 fn check_epilogue(dev: &Device, m: usize, n: usize, k: usize, epi: Epi) {
@@ -101,7 +102,11 @@ fn check_epilogue_variant(dev: &Device, m: usize, n: usize, k: usize, epi: Epi, 
     let c_in = epi.beta.as_ref().map(|v| Tensor::from_host(dev, v, &[m, n]).unwrap());
     let bias = epi.bias.as_ref().map(|(v, per_col)| (Tensor::from_host(dev, v, &[v.len()]).unwrap(), *per_col));
     let residual = epi.residual.as_ref().map(|v| Tensor::from_host(dev, v, &[m, n]).unwrap());
+    let gate = epi.gate.as_ref().map(|v| Tensor::from_host(dev, v, &[m, n]).unwrap());
     let mut g = gemm(&at, &bt).alpha(epi.alpha as f32).activation(epi.act);
+    if let Some(t) = &gate {
+        g = g.gate(t);
+    }
     if let Some(t) = &c_in {
         g = g.beta(epi.beta_v as f32, t);
     }
@@ -135,6 +140,9 @@ fn check_epilogue_variant(dev: &Device, m: usize, n: usize, k: usize, epi: Epi, 
             if let Some(r) = &epi.residual {
                 v += r[i * n + j].to_f64();
             }
+            if let Some(r) = &epi.gate {
+                v *= r[i * n + j].to_f64();
+            }
             want.push(v);
         }
     }
@@ -154,13 +162,15 @@ fn gpu_gemm_epilogues_match_f64_reference() {
 /// Each epilogue alone, then all of them at once.
 fn check_every_epilogue(dev: &Device, m: usize, n: usize, k: usize) {
     use tessera_kernels::Activation;
-    let plain = || Epi { alpha: 1.0, beta: None, beta_v: 0.0, bias: None, act: Activation::None, residual: None };
+    let plain = || Epi { alpha: 1.0, beta: None, beta_v: 0.0, bias: None, act: Activation::None, residual: None, gate: None };
     check_epilogue(dev, m, n, k, Epi { alpha: 0.5, ..plain() });
     check_epilogue(dev, m, n, k, Epi { beta: Some(random_bf16(m * n)), beta_v: -2.0, ..plain() });
     check_epilogue(dev, m, n, k, Epi { bias: Some((random_bf16(n), true)), act: Activation::GeluTanh, ..plain() });
     check_epilogue(dev, m, n, k, Epi { bias: Some((random_bf16(m), false)), act: Activation::GeluErf, ..plain() });
     check_epilogue(dev, m, n, k, Epi { act: Activation::Silu, alpha: 3.0, ..plain() });
     check_epilogue(dev, m, n, k, Epi { residual: Some(random_bf16(m * n)), ..plain() });
+    // SwiGLU's gate: silu(x·W_gᵀ) ⊙ up.
+    check_epilogue(dev, m, n, k, Epi { act: Activation::Silu, gate: Some(random_bf16(m * n)), ..plain() });
     let all = Epi {
         alpha: 0.75,
         beta: Some(random_bf16(m * n)),
@@ -168,6 +178,7 @@ fn check_every_epilogue(dev: &Device, m: usize, n: usize, k: usize) {
         bias: Some((random_bf16(n), true)),
         act: Activation::GeluTanh,
         residual: Some(random_bf16(m * n)),
+        gate: None,
     };
     check_epilogue(dev, m, n, k, all);
 }
@@ -350,7 +361,7 @@ fn gpu_gemm_sm80_path_matches_f64_reference() {
     check_layout(&dev, 3, 100, 130, 70, false);
     check_layout(&dev, 3, 100, 130, 70, true);
     use tessera_kernels::Activation;
-    let plain = || Epi { alpha: 1.0, beta: None, beta_v: 0.0, bias: None, act: Activation::None, residual: None };
+    let plain = || Epi { alpha: 1.0, beta: None, beta_v: 0.0, bias: None, act: Activation::None, residual: None, gate: None };
     check_epilogue(
         &dev,
         129,
@@ -398,7 +409,7 @@ fn gpu_gemm_tma_store_path_with_epilogues() {
     // store C through shared memory and TMA; M = 1000 leaves a partial last tile-row.
     use tessera_kernels::Activation;
     let Some(dev) = gpu_or_skip("gpu_gemm_tma_store") else { return };
-    let plain = || Epi { alpha: 1.0, beta: None, beta_v: 0.0, bias: None, act: Activation::None, residual: None };
+    let plain = || Epi { alpha: 1.0, beta: None, beta_v: 0.0, bias: None, act: Activation::None, residual: None, gate: None };
     check_epilogue(&dev, 1000, 2048, 128, Epi { alpha: 0.5, bias: Some((random_bf16(2048), true)), act: Activation::GeluTanh, ..plain() });
     check_epilogue(&dev, 1000, 2048, 128, Epi { bias: Some((random_bf16(1000), false)), act: Activation::Silu, ..plain() });
     check_layout(&dev, 1, 1000, 2048, 200, false);
@@ -447,7 +458,7 @@ fn interp_gemm_sm80_path_matches_f64_reference() {
         check_layout(&dev, 1, m, n, k, true);
     }
     check_layout(&dev, 3, 50, 70, 40, false);
-    let plain = || Epi { alpha: 1.0, beta: None, beta_v: 0.0, bias: None, act: Activation::None, residual: None };
+    let plain = || Epi { alpha: 1.0, beta: None, beta_v: 0.0, bias: None, act: Activation::None, residual: None, gate: None };
     let epi = Epi { bias: Some((random_bf16(72), true)), act: Activation::GeluTanh, residual: Some(random_bf16(65 * 72)), ..plain() };
     check_epilogue(&dev, 65, 72, 40, epi);
 }
@@ -615,6 +626,7 @@ fn small_m_forced_matches_f64(dev: &Device, shapes: &[(usize, usize, usize)]) {
                 bias: Some((random_bf16(if per_col { n } else { m }), per_col)),
                 act,
                 residual: None,
+                gate: None,
             };
             check_epilogue_variant(dev, m, n, k, per(true, Activation::GeluTanh), Some(&v));
             check_epilogue_variant(dev, m, n, k, per(false, Activation::Silu), Some(&v));

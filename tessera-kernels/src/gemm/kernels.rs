@@ -174,12 +174,13 @@ fn small_m_unit(u: i32, splits: i32, chunks: i32, tiles_n: i32, k_all: i32, mn: 
 }
 
 /// The built-in portable epilogue on a chunk at `[bt, m0, n]`: `act(alpha·acc + beta·C_in +
-/// bias) + residual`, each term where asked.
+/// bias)`, each term where asked, then with `residual_op` 1 `+ residual`, with 2 `· residual`
+/// (a gate: SwiGLU's `silu(x·W_gᵀ) ⊙ (x·W_uᵀ)` with the second product given).
 #[tessera::device]
 #[allow(clippy::too_many_arguments)]
 fn full_epilogue<T, const W: usize>(
     acc: Tile<f32, 64, W>, c_in: Global<T, 3>, bias: Global<T, 1>, residual: Global<T, 3>, alpha: f32, beta: f32, bias_kind: i32, act: i32,
-    add_residual: i32, bt: i32, m0: i32, n: i32,
+    residual_op: i32, bt: i32, m0: i32, n: i32,
 ) -> Tile<f32, 64, W> {
     let mut out = acc * alpha;
     if beta != 0.0 {
@@ -187,25 +188,31 @@ fn full_epilogue<T, const W: usize>(
     }
     add_bias(&mut out, bias, bias_kind, n, m0);
     activate(&mut out, act);
-    if add_residual == 1 {
-        out = out + residual.load::<Tile<T, 64, W>>([bt, m0, n]).cast::<f32>();
+    if residual_op != 0 {
+        let r = residual.load::<Tile<T, 64, W>>([bt, m0, n]).cast::<f32>();
+        if residual_op == 1 {
+            out = out + r;
+        } else {
+            out = out * r;
+        }
     }
     out
 }
 
-/// `gemm_tn_*` with the whole epilogue, `act(alpha·acc + beta·C_in + bias) + residual`, on
+/// `gemm_tn_*` with the whole epilogue, `act(alpha·acc + beta·C_in + bias)` plus or times a
+/// residual, on
 /// 128×128 tiles: the two extra M×N operands need the registers a 64×256 accumulator takes.
 /// Built for sm_90a and sm_80 (ldmatrix + mma.sync, cp.async): the portable GEMM.
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]))]
 pub fn gemm_tn_full(
     a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, c_in: Global<T, 3>, bias: Global<T, 1>, residual: Global<T, 3>, alpha: f32,
-    beta: f32, bias_kind: i32, act: i32, add_residual: i32,
+    beta: f32, bias_kind: i32, act: i32, residual_op: i32,
 ) {
     let sa = Smem::<T, 128, 64>::ring(4);
     let sb = Smem::<T, 128, 64>::ring(4);
     let pipe = Pipeline::<4>::new(2);
     gemm_portable::<0>(a, b, c, sa, sb, pipe, |acc, bt, m0, n| {
-        full_epilogue(acc, c_in, bias, residual, alpha, beta, bias_kind, act, add_residual, bt, m0, n)
+        full_epilogue(acc, c_in, bias, residual, alpha, beta, bias_kind, act, residual_op, bt, m0, n)
     });
 }
 
@@ -213,13 +220,13 @@ pub fn gemm_tn_full(
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]))]
 pub fn gemm_nn_full(
     a: Global<T, 3>, b: Global<T, 3>, c: Global<T, 3>, c_in: Global<T, 3>, bias: Global<T, 1>, residual: Global<T, 3>, alpha: f32,
-    beta: f32, bias_kind: i32, act: i32, add_residual: i32,
+    beta: f32, bias_kind: i32, act: i32, residual_op: i32,
 ) {
     let sa = Smem::<T, 128, 64>::ring(4);
     let sb = Smem::<T, 64, 128>::ring(4);
     let pipe = Pipeline::<4>::new(2);
     gemm_portable::<1>(a, b, c, sa, sb, pipe, |acc, bt, m0, n| {
-        full_epilogue(acc, c_in, bias, residual, alpha, beta, bias_kind, act, add_residual, bt, m0, n)
+        full_epilogue(acc, c_in, bias, residual, alpha, beta, bias_kind, act, residual_op, bt, m0, n)
     });
 }
 

@@ -201,13 +201,13 @@ macro_rules! gemm_element {
             fn gemm_full(
                 d: &Device, g: Grid, kn: bool, a: &View<Self>, b: &View<Self>, c: &mut Tensor<Self>, c_shape: [usize; 3],
                 c_in: &View<Self>, bias: &View<Self>, residual: &View<Self>,
-                (alpha, beta, bias_kind, act, add_residual): (f32, f32, i32, i32, i32),
+                (alpha, beta, bias_kind, act, residual_op): (f32, f32, i32, i32, i32),
             ) -> Result<()> {
                 let mut c = c.view_mut(&c_shape, &strides3(c_shape))?;
                 if kn {
-                    $nn_full::launch(d, g, a, b, &mut c, c_in, bias, residual, alpha, beta, bias_kind, act, add_residual)
+                    $nn_full::launch(d, g, a, b, &mut c, c_in, bias, residual, alpha, beta, bias_kind, act, residual_op)
                 } else {
-                    $full::launch(d, g, a, b, &mut c, c_in, bias, residual, alpha, beta, bias_kind, act, add_residual)
+                    $full::launch(d, g, a, b, &mut c, c_in, bias, residual, alpha, beta, bias_kind, act, residual_op)
                 }
             }
             fn pad_copy(d: &Device, g: Grid, x: &View<Self>, y: &mut Tensor<Self>) -> Result<()> {
@@ -322,8 +322,8 @@ gemm_element!(
 );
 
 /// A GEMM `C = act(alpha·A·Bᵀ + beta·C_in + bias) + residual` (or `A·B` with
-/// [`BLayout::KxN`]), built with [`gemm`] and run with [`GemmBuilder::run`]. Every epilogue step
-/// is fused on the accumulator in registers.
+/// [`BLayout::KxN`]; or `· gate` in place of `+ residual`), built with [`gemm`] and run with
+/// [`GemmBuilder::run`]. Every epilogue step is fused on the accumulator in registers.
 ///
 /// Matrices are 2-D; 3-D tensors `[batch, rows, cols]` make a strided batch (each of A, B, C,
 /// C_in and the residual with the same batch).
@@ -350,6 +350,7 @@ pub struct GemmBuilder<'t, T: GemmElement = bf16> {
     bias: Option<Bias<'t, T>>,
     activation: Activation,
     residual: Option<&'t Tensor<T>>,
+    gate: Option<&'t Tensor<T>>,
     variant: Option<&'t str>,
     triangle: Option<Triangle>,
 }
@@ -366,6 +367,7 @@ pub fn gemm<'t, T: GemmElement>(a: &'t Tensor<T>, b: &'t Tensor<T>) -> GemmBuild
         bias: None,
         activation: Activation::None,
         residual: None,
+        gate: None,
         variant: None,
         triangle: None,
     }
@@ -549,6 +551,15 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
         self
     }
 
+    /// Multiplies the activation's result by `gate` (shaped as C): a gated linear unit in one
+    /// pass, SwiGLU's `silu(x·W_gᵀ) ⊙ (x·W_uᵀ)` as `gemm(&x, &w_g).activation(Activation::Silu)
+    /// .gate(&up)` with `up = x·W_uᵀ`. Not beside a residual (both are the epilogue's one extra
+    /// operand of C's shape); the 128×128 kernel runs it, as it runs a residual.
+    pub fn gate(mut self, gate: &'t Tensor<T>) -> Self {
+        self.gate = Some(gate);
+        self
+    }
+
     /// Computes only the tiles of C that meet one triangle (SYRK's `A·Aᵀ`, a causal product):
     /// about half the work of the square. Tiles across the diagonal are written whole (every
     /// element its product, on both sides of it); tiles wholly on the other side are not
@@ -619,10 +630,13 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
                 (Some(t), 2)
             }
         };
-        for (name, t) in [("c_in", self.c_in), ("residual", self.residual)] {
+        for (name, t) in [("c_in", self.c_in), ("residual", self.residual), ("gate", self.gate)] {
             if let Some(t) = t {
                 crate::check_shape("gemm", name, t, &c_dims)?;
             }
+        }
+        if self.residual.is_some() && self.gate.is_some() {
+            return Err(arg("gate", "no residual beside it (the epilogue takes one of the two)".into(), "a residual too".into()));
         }
         let (mut pa, mut pb) = (None, None);
         let a = tma_ready(device, "a", self.a, [batch, m, k], &mut pa)?;
@@ -636,7 +650,8 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
         let bias = &bias;
         // The 128×BN kernels run on Hopper when the epilogue needs no extra M×N operand; the
         // 128×128 ones take everything else, and every sm_80 device.
-        let full = self.c_in.is_some() || self.residual.is_some();
+        let extra = self.residual.or(self.gate);
+        let full = self.c_in.is_some() || extra.is_some();
         let hopper = device.target_for(T::fast_kernel(kn)) == Some(Target::Sm90a);
         let tiles =
             |bn: usize| (Grid::tiles(m, 128).saturating_mul(Grid::tiles(n, bn)).saturating_mul(batch as u32)).min(device.sm_count());
@@ -647,7 +662,7 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
             Some(t) => view3(t, c_shape)?,
             None => self.a.view(&[1, 1, 1], &[1, 1, 1])?,
         };
-        let residual = match self.residual {
+        let residual = match extra {
             Some(t) => view3(t, c_shape)?,
             None => self.a.view(&[1, 1, 1], &[1, 1, 1])?,
         };
@@ -656,15 +671,16 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
             if self.c_in.is_some() { self.beta } else { 0.0 },
             bias_kind,
             self.activation.code(),
-            i32::from(self.residual.is_some()),
+            // 1: add the residual, 2: multiply by the gate.
+            i32::from(self.residual.is_some()) + 2 * i32::from(self.gate.is_some()),
         );
         let epi = (self.alpha, bias_kind, self.activation.code());
         if let Some(triangle) = self.triangle {
             if full || !hopper || kn || !c_tma {
                 return Err(arg(
                     "triangular_only",
-                    "a Hopper GPU, B N×K, no beta or residual, C's rows 16-byte aligned".into(),
-                    format!("hopper={hopper}, B {:?}, beta/residual={full}, C aligned={c_tma}", self.b_layout),
+                    "a Hopper GPU, B N×K, no beta, residual or gate, C's rows 16-byte aligned".into(),
+                    format!("hopper={hopper}, B {:?}, beta/residual/gate={full}, C aligned={c_tma}", self.b_layout),
                 ));
             }
             let variants = T::triangle_variants();
@@ -714,7 +730,7 @@ impl<'t, T: GemmElement> GemmBuilder<'t, T> {
                     } else if !hopper {
                         "this device runs only the 128×128 kernel"
                     } else if full {
-                        "with beta or a residual only the 128×128 kernel runs"
+                        "with beta, a residual or a gate only the 128×128 kernel runs"
                     } else {
                         "with C's rows not 16-byte aligned only the 128×128 kernel runs"
                     };
