@@ -2,7 +2,7 @@
 //! kernels launched on candle's stream, the outputs handed back as candle storage.
 
 use crate::{contiguous, Elem, Input, Side};
-use candle_core::backend::BackendStorage;
+use candle_core::backend::{BackendDevice, BackendStorage};
 use candle_core::{CudaDevice, CudaStorage, Layout, Shape};
 use std::sync::{Arc, Mutex};
 
@@ -47,22 +47,17 @@ impl Side for Cuda {
         }
     }
 
-    fn concat<T: Elem>(&self, parts: Vec<tessera::Tensor<T>>) -> candle_core::Result<(CudaStorage, Shape)> {
-        let stream = self.device.stream().map_err(candle_core::Error::wrap)?;
-        let total = parts.iter().map(tessera::Tensor::numel).sum::<usize>();
-        // SAFETY: every element is written by the copies below.
-        let mut all = unsafe { stream.alloc::<T>(total) }.map_err(candle_core::Error::wrap)?;
-        let mut at = 0;
-        for p in parts {
-            let (n, offset) = (p.numel(), p.offset());
-            if !p.is_contiguous() {
-                candle_core::bail!("a part to concatenate is not contiguous: {p:?}")
-            }
-            let src = p.into_cudarc().map_err(candle_core::Error::wrap)?;
-            stream.memcpy_dtod(&src.slice(offset..offset + n), &mut all.slice_mut(at..at + n)).map_err(candle_core::Error::wrap)?;
-            at += n;
+    fn zeros(&self, shape: &Shape, dtype: candle_core::DType) -> candle_core::Result<CudaStorage> {
+        self.candle.zeros_impl(shape, dtype)
+    }
+
+    fn wrap<T: Elem>(&self, t: tessera::Tensor<T>) -> candle_core::Result<(CudaStorage, usize)> {
+        let n = t.numel();
+        if !t.is_contiguous() || t.offset() != 0 {
+            candle_core::bail!("a kernel's result to hand back is not a whole contiguous buffer: {t:?}")
         }
-        Ok((T::wrap_cuda_slice(all, self.candle.clone()), Shape::from(total)))
+        let slice = t.into_cudarc().map_err(candle_core::Error::wrap)?;
+        Ok((T::wrap_cuda_slice(slice, self.candle.clone()), n))
     }
 
     fn input<'a, T: Elem>(

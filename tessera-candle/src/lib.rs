@@ -6,8 +6,8 @@
 //! candle's buffers in place (`tessera::Tensor::borrow_cudarc`: no copy, no sync); its output is
 //! candle storage on the same device. A CPU tensor runs through Tessera's interpreter — the
 //! same kernels, the same f32 statistics, no GPU — so that a model's tests run anywhere.
-//! [`attention`] and [`scan`] are registered with candle's autograd (their backwards run
-//! Tessera's); the other ops are for inference. candle's `cuda` feature builds candle's own
+//! [`attention`], [`scan`], [`selective_scan`], [`ssd`] and [`linear_attention`] are registered with
+//! candle's autograd (their backwards run Tessera's); the other ops are for inference. candle's `cuda` feature builds candle's own
 //! kernels with nvcc: `scripts/cuda-toolkit.sh` provides one from NVIDIA's wheels where no
 //! toolkit is installed. Without the feature a CUDA tensor is a candle error, never a panic.
 //!
@@ -20,7 +20,7 @@
 //! # Ok::<(), candle_core::Error>(())
 //! ```
 
-use candle_core::backend::BackendStorage;
+use candle_core::backend::{BackendDevice, BackendStorage};
 use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor, WithDType};
 use std::sync::OnceLock;
 pub use tessera_kernels::{Activation, HeadLayout, RopeStyle};
@@ -77,6 +77,18 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, activation: Activat
 /// As [`linear`]'s (`residual` of another shape or dtype, named).
 pub fn linear_residual(x: &Tensor, w: &Tensor, residual: &Tensor) -> candle_core::Result<Tensor> {
     x.apply_op3_no_bwd(w, residual, &LinearResidual)
+}
+
+/// A SwiGLU feed-forward's gated product, `silu(x·w_gateᵀ) ⊙ (x·w_upᵀ)`: `x` `[…, K]`,
+/// `w_gate` and `w_up` `[N, K]`, bf16 or f16, contiguous; two GEMMs, the second (`w_gate`'s)
+/// with the SiLU and the product by the first's result in its epilogue
+/// ([`GemmBuilder::gate`](tessera_kernels::GemmBuilder::gate)), so no elementwise pass follows.
+/// For inference (no gradient).
+///
+/// # Errors
+/// As [`linear`]'s (`w_up` of another shape than `w_gate`, named).
+pub fn swiglu(x: &Tensor, w_gate: &Tensor, w_up: &Tensor) -> candle_core::Result<Tensor> {
+    x.apply_op3_no_bwd(w_gate, w_up, &SwiGlu)
 }
 
 /// FlashAttention forward, `o = softmax(q·kᵀ·scale [+ causal mask])·v` per (batch, head): `q`
@@ -175,6 +187,10 @@ pub struct Linear {
 #[derive(Clone, Copy, Debug)]
 pub struct LinearResidual;
 
+/// [`swiglu`] as a candle op.
+#[derive(Clone, Copy, Debug)]
+pub struct SwiGlu;
+
 /// [`attention`] as a candle op.
 #[derive(Clone, Copy, Debug)]
 pub struct Attention {
@@ -239,7 +255,7 @@ impl<T: tessera::Element> std::ops::Deref for Input<'_, T> {
 /// CUDA storage and stream (`Cuda`, with the `cuda` feature). An op is written once against it.
 trait Side {
     /// candle's storage on this side.
-    type Storage;
+    type Storage: BackendStorage;
 
     /// The Tessera device the kernels launch on.
     fn device(&self) -> &tessera::Device;
@@ -254,8 +270,11 @@ trait Side {
     /// arguments), or a candle error naming `name`.
     fn storage_of<'s>(name: &str, s: &'s candle_core::Storage) -> candle_core::Result<&'s Self::Storage>;
 
-    /// `parts` one after another, flattened, as one candle storage.
-    fn concat<T: Elem>(&self, parts: Vec<tessera::Tensor<T>>) -> candle_core::Result<(Self::Storage, Shape)>;
+    /// A kernel's result as candle storage (flat), and its length.
+    fn wrap<T: Elem>(&self, t: tessera::Tensor<T>) -> candle_core::Result<(Self::Storage, usize)>;
+
+    /// Zeroed storage of `shape` and `dtype` on this side's device.
+    fn zeros(&self, shape: &Shape, dtype: DType) -> candle_core::Result<Self::Storage>;
 
     /// A kernel's output of `dims`, handed back as candle storage of `shape` after `run`
     /// writes all of it.
@@ -289,13 +308,13 @@ impl Side for Cpu {
         }
     }
 
-    fn concat<T: Elem>(&self, parts: Vec<tessera::Tensor<T>>) -> candle_core::Result<(CpuStorage, Shape)> {
-        let mut all = Vec::new();
-        for p in parts {
-            all.extend(p.to_host().map_err(candle_core::Error::wrap)?);
-        }
-        let n = all.len();
-        Ok((T::to_cpu_storage_owned(all), Shape::from(n)))
+    fn zeros(&self, shape: &Shape, dtype: DType) -> candle_core::Result<CpuStorage> {
+        candle_core::cpu_backend::CpuDevice.zeros_impl(shape, dtype)
+    }
+
+    fn wrap<T: Elem>(&self, t: tessera::Tensor<T>) -> candle_core::Result<(CpuStorage, usize)> {
+        let n = t.numel();
+        Ok((T::to_cpu_storage_owned(t.to_host().map_err(candle_core::Error::wrap)?), n))
     }
 
     fn input<'a, T: Elem>(
@@ -379,11 +398,13 @@ macro_rules! forwards {
             }
         }
     };
-    ($op:ident: CustomOp2 $name:literal, |$this:ident, $side:ident, $s1:ident, $l1:ident, $s2:ident, $l2:ident| $body:expr) => {
+    ($op:ident: CustomOp2 $name:literal, |$this:ident, $side:ident, $s1:ident, $l1:ident, $s2:ident, $l2:ident| $body:expr $(; $extra:item)*) => {
         impl CustomOp2 for $op {
             fn name(&self) -> &'static str {
                 $name
             }
+
+            $($extra)*
 
             fn cpu_fwd(&self, $s1: &CpuStorage, $l1: &Layout, $s2: &CpuStorage, $l2: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
                 let ($this, $side) = (self, &Cpu);
@@ -485,6 +506,21 @@ fn linear_residual_run<T: Elem + GemmElement, S: Side>(
     side.output(&[m, n], shape, |y| tessera_kernels::gemm(&x, &w).residual(&r).run(side.device(), y))
 }
 
+fn swiglu_run<T: Elem + GemmElement, S: Side>(
+    side: &S, (sx, lx): (&S::Storage, &Layout), (sg, lg): (&S::Storage, &Layout), (su, lu): (&S::Storage, &Layout),
+    (m, k, n, shape): (usize, usize, usize, Shape),
+) -> candle_core::Result<(S::Storage, Shape)> {
+    let x = side.input::<T>("swiglu", "x", sx, lx, &[m, k])?;
+    let wg = side.input::<T>("swiglu", "w_gate", sg, lg, &[n, k])?;
+    let wu = side.input::<T>("swiglu", "w_up", su, lu, &[n, k])?;
+    let dev = side.device();
+    side.output(&[m, n], shape, |y| {
+        let mut up = tessera::Tensor::<T>::scratch(dev, &[m, n])?;
+        tessera_kernels::gemm(&x, &wu).run(dev, &mut up)?;
+        tessera_kernels::gemm(&x, &wg).activation(Activation::Silu).gate(&up).run(dev, y)
+    })
+}
+
 fn attention_run<T: Elem + AttentionElement, S: Side>(
     op: &Attention, side: &S, (sq, lq): (&S::Storage, &Layout), (sk, lk): (&S::Storage, &Layout), (sv, lv): (&S::Storage, &Layout),
 ) -> candle_core::Result<(S::Storage, Shape)> {
@@ -537,7 +573,7 @@ fn attention_backward_run<T: Elem + AttentionElement, S: Side>(
     let mut lse = tessera::Tensor::<f32>::scratch(dev, &[b, h, s]).map_err(wrap)?;
     tessera_kernels::attention_with_lse(dev, &cfg, &q, &k, &v, &mut o, &mut lse).map_err(wrap)?;
     let g = tessera_kernels::attention_backward(dev, &cfg, &q, &k, &v, &o, &lse, &dout).map_err(wrap)?;
-    side.concat(vec![g.dq, g.dk, g.dv])
+    mixers::concat_as(side, vec![side.wrap(g.dq)?, side.wrap(g.dk)?, side.wrap(g.dv)?], <T as WithDType>::DTYPE)
 }
 
 fn scan_run<T: Elem + ScanElement, S: Side>(op: &Scan, side: &S, s: &S::Storage, l: &Layout) -> candle_core::Result<(S::Storage, Shape)> {
@@ -599,6 +635,9 @@ fn layer_norm_run<T: Elem + NormElement, S: Side>(
     side.output(&[rows, hidden], l1.shape().clone(), |y| tessera_kernels::layer_norm(side.device(), &x, Some(&w), Some(&b), eps, y))
 }
 
+mod mixers;
+pub use mixers::{linear_attention, selective_scan, ssd, FeatureMap, LinearAttentionOptions, SelectiveScanOptions, SsdOptions};
+
 forwards!(Rope: CustomOp1 "tessera-rope", |op, side, s, l| by_dtype!("rope", s.dtype(), rope_run(op, side, s, l)));
 
 forwards!(Scan: CustomOp1 "tessera-scan", |op, side, s, l| by_dtype!("scan", s.dtype(), scan_run(op, side, s, l));
@@ -632,6 +671,14 @@ forwards!(LinearResidual: CustomOp3 "tessera-linear-residual", |_op, side, s1, l
         bail!("linear_residual: `residual` must be {:?} of {:?}, found {:?} of {:?}", shapes.3.dims(), s1.dtype(), l3.dims(), s3.dtype())
     }
     by_dtype!(16bit "linear_residual", s1.dtype(), linear_residual_run(side, (s1, l1), (s2, l2), (s3, l3), shapes))
+});
+
+forwards!(SwiGlu: CustomOp3 "tessera-swiglu", |_op, side, s1, l1, s2, l2, s3, l3| {
+    let shapes = linear_shapes((l1, s1.dtype()), (l2, s2.dtype()))?;
+    if l3.dims() != l2.dims() || s3.dtype() != s2.dtype() {
+        bail!("swiglu: `w_up` must be {:?} of {:?} as `w_gate` is, found {:?} of {:?}", l2.dims(), s2.dtype(), l3.dims(), s3.dtype())
+    }
+    by_dtype!(16bit "swiglu", s1.dtype(), swiglu_run(side, (s1, l1), (s2, l2), (s3, l3), shapes))
 });
 
 /// `k` and `v` of `q`'s dtype.

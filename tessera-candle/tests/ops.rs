@@ -74,6 +74,39 @@ fn linear_matches_f64_reference_on(dev: &Device) {
 }
 
 #[test]
+fn swiglu_matches_f64_reference() {
+    for dev in common::devices() {
+        for (dims, n, dtype) in [(vec![2, 37, 70], 100, DType::BF16), (vec![130, 48], 24, DType::F16)] {
+            let k = *dims.last().unwrap();
+            let m: usize = dims.iter().product::<usize>() / k;
+            let (x, xv) = tensor(&dev, &random(m * k, 1.0), &dims, dtype);
+            let (wg, wgv) = tensor(&dev, &random(n * k, 1.0), &[n, k], dtype);
+            let (wu, wuv) = tensor(&dev, &random(n * k, 1.0), &[n, k], dtype);
+            let y = tessera_candle::swiglu(&x, &wg, &wu).unwrap();
+            let mut out_dims = dims.clone();
+            *out_dims.last_mut().unwrap() = n;
+            assert_eq!((y.dims(), y.dtype()), (&out_dims[..], dtype));
+            let dot = |w: &[f64], i: usize, j: usize| (0..k).map(|kk| xv[i * k + kk] * w[j * k + kk]).sum::<f64>();
+            let want: Vec<f64> = (0..m * n)
+                .map(|ij| {
+                    let (i, j) = (ij / n, ij % n);
+                    let g = dot(&wgv, i, j);
+                    g / (1.0 + (-g).exp()) * dot(&wuv, i, j)
+                })
+                .collect();
+            // The up projection is rounded to 16 bits before the product.
+            let err = rel_error(&values(&y), &want);
+            assert!(err < 1e-2, "swiglu {dims:?}×{n} {dtype:?}: relative error {err}");
+        }
+        let (x, _) = tensor(&dev, &random(4 * 64, 1.0), &[4, 64], DType::BF16);
+        let (wg, _) = tensor(&dev, &random(32 * 64, 1.0), &[32, 64], DType::BF16);
+        let (wu, _) = tensor(&dev, &random(16 * 64, 1.0), &[16, 64], DType::BF16);
+        let e = tessera_candle::swiglu(&x, &wg, &wu).unwrap_err().to_string();
+        assert!(e.contains("`w_up`") && e.contains("[32, 64]"), "{e}");
+    }
+}
+
+#[test]
 fn misfit_ops_are_candle_errors() {
     for dev in common::devices() {
         misfit_ops_are_candle_errors_on(&dev);

@@ -1,0 +1,540 @@
+//! The scan family's sequence mixers as candle ops: Mamba's selective scan, Mamba-2's SSD and
+//! causal linear attention, registered with candle's autograd (their backwards run Tessera's).
+//!
+//! A candle op takes three tensors at most, and a selective scan takes up to eight. So an op
+//! here takes two packed tensors: those of the input's dtype flattened one after another into
+//! one, the f32 ones into another ([`Packed`]; `Tensor::cat`, one copy of the inputs, which
+//! candle's autograd differentiates back to each). The op reads its parts in place; its backward
+//! hands every gradient back in one f32 tensor, cut apart and cast to each packed tensor's
+//! dtype.
+
+#[cfg(feature = "cuda")]
+use crate::Cuda;
+use crate::{contiguous, Cpu, Elem, Input, Side};
+use candle_core::backend::BackendStorage;
+use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor};
+pub use tessera_kernels::FeatureMap;
+use tessera_kernels::{LinearAttentionElement, SelectiveScanElement, SsdElement};
+
+/// Tensors of one dtype flattened one after another into one (a candle op takes three tensors
+/// at most): the packed tensor, and each part's name and shape.
+#[derive(Clone)]
+struct Packed {
+    tensor: Tensor,
+    parts: Vec<(&'static str, Vec<usize>)>,
+}
+
+impl Packed {
+    /// `parts` (each `(name, tensor)`, every one of `dtype` and on `device`) packed; `op` names
+    /// the op in the error where a part's dtype or device is not that.
+    fn new(op: &str, dtype: DType, device: &candle_core::Device, parts: &[(&'static str, &Tensor)]) -> candle_core::Result<Packed> {
+        for (name, t) in parts {
+            if t.dtype() != dtype {
+                bail!("{op}: `{name}` must be {dtype:?}, found {:?}", t.dtype())
+            }
+            if !t.device().same_device(device) {
+                bail!(
+                    "{op}: `{name}` must be on the device of the op's first tensor ({:?}), found {:?}",
+                    device.location(),
+                    t.device().location()
+                )
+            }
+        }
+        let flat = parts.iter().map(|(_, t)| t.flatten_all()).collect::<candle_core::Result<Vec<_>>>()?;
+        let tensor = if flat.is_empty() { Tensor::zeros(0, dtype, device)? } else { Tensor::cat(&flat, 0)? };
+        Ok(Packed { tensor, parts: parts.iter().map(|(name, t)| (*name, t.dims().to_vec())).collect() })
+    }
+
+    /// Every part of the packed storage `s` (laid out by `l`) as a kernel input of its shape,
+    /// by name.
+    fn read<'a, T: Elem, S: Side>(
+        &self, side: &S, op: &str, s: &'a S::Storage, l: &Layout,
+    ) -> candle_core::Result<Vec<(&'static str, Input<'a, T>)>> {
+        let (mut at, _) = contiguous(op, "the packed inputs", l)?;
+        let mut out = Vec::with_capacity(self.parts.len());
+        for (name, shape) in &self.parts {
+            let part = Layout::contiguous_with_offset(shape.clone(), at);
+            out.push((*name, side.input::<T>(op, name, s, &part, shape)?));
+            at += shape.iter().product::<usize>();
+        }
+        Ok(out)
+    }
+}
+
+/// An op's inputs as two packed tensors: those of the op's dtype, and the f32 ones.
+#[derive(Clone)]
+struct Inputs {
+    own: Packed,
+    f32s: Packed,
+}
+
+impl Inputs {
+    /// `own` (of `first`'s dtype, `first` among them) and `f32s` packed.
+    fn new(op: &str, first: &Tensor, own: &[(&'static str, &Tensor)], f32s: &[(&'static str, &Tensor)]) -> candle_core::Result<Inputs> {
+        Ok(Inputs { own: Packed::new(op, first.dtype(), first.device(), own)?, f32s: Packed::new(op, DType::F32, first.device(), f32s)? })
+    }
+
+    /// `op` (holding these inputs) applied to the two packed tensors.
+    fn apply<C: CustomOp2 + Send + Sync + 'static>(&self, op: C) -> candle_core::Result<Tensor> {
+        self.own.tensor.apply_op2(&self.f32s.tensor, op)
+    }
+
+    /// The parts of the two packed storages.
+    fn parts<'a, T: Elem, S: Side>(
+        &self, side: &S, op: &'static str, (so, lo): (&'a S::Storage, &Layout), (sf, lf): (&'a S::Storage, &Layout),
+    ) -> candle_core::Result<Parts<'a, T>> {
+        Ok(Parts { op, own: self.own.read(side, op, so, lo)?, f32s: self.f32s.read(side, op, sf, lf)? })
+    }
+}
+
+/// An op's inputs read from its packed storages, by name.
+struct Parts<'a, T: Elem> {
+    op: &'static str,
+    own: Vec<(&'static str, Input<'a, T>)>,
+    f32s: Vec<(&'static str, Input<'a, f32>)>,
+}
+
+impl<T: Elem> Parts<'_, T> {
+    /// Input `name` of the op's dtype, if it was given.
+    fn maybe(&self, name: &str) -> Option<&tessera::Tensor<T>> {
+        self.own.iter().find(|(n, _)| *n == name).map(|(_, t)| &**t)
+    }
+
+    /// Input `name` of the op's dtype.
+    fn get(&self, name: &str) -> candle_core::Result<&tessera::Tensor<T>> {
+        self.maybe(name).ok_or_else(|| candle_core::Error::Msg(format!("{}: `{name}` is missing from the packed inputs", self.op)))
+    }
+
+    /// f32 input `name`, if it was given.
+    fn maybe_f32(&self, name: &str) -> Option<&tessera::Tensor<f32>> {
+        self.f32s.iter().find(|(n, _)| *n == name).map(|(_, t)| &**t)
+    }
+
+    /// f32 input `name`.
+    fn get_f32(&self, name: &str) -> candle_core::Result<&tessera::Tensor<f32>> {
+        self.maybe_f32(name).ok_or_else(|| candle_core::Error::Msg(format!("{}: `{name}` is missing from the packed inputs", self.op)))
+    }
+}
+
+/// `parts` (each a flat storage and its length) converted to `dtype`, one after another as one
+/// flat storage of `side`.
+pub(crate) fn concat_as<S: Side>(side: &S, parts: Vec<(S::Storage, usize)>, dtype: DType) -> candle_core::Result<(S::Storage, Shape)> {
+    let shape = Shape::from(parts.iter().map(|p| p.1).sum::<usize>());
+    let mut all = side.zeros(&shape, dtype)?;
+    let mut at = 0;
+    for (p, n) in parts {
+        let l = Layout::contiguous(n);
+        let p = if p.dtype() == dtype { p } else { p.to_dtype(&l, dtype)? };
+        p.copy_strided_src(&mut all, at, &l)?;
+        at += n;
+    }
+    Ok((all, shape))
+}
+
+/// The options of [`selective_scan`]: Mamba's skip `D`, gate `z`, delta bias and softplus.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SelectiveScanOptions<'a> {
+    /// The skip connection `D·u`, `[channels]` f32.
+    pub d: Option<&'a Tensor>,
+    /// The gate: `y · silu(z)`, `z` as `u`.
+    pub z: Option<&'a Tensor>,
+    /// Added to `delta`, `[channels]` f32.
+    pub delta_bias: Option<&'a Tensor>,
+    /// `Δ = softplus(delta + bias)` (Mamba's default) rather than `delta + bias`.
+    pub delta_softplus: bool,
+}
+
+/// Mamba's selective scan ([`tessera_kernels::SelectiveScan`]): `h_t = exp(Δ_t·A)·h_{t−1} +
+/// Δ_t·B_t·u_t`, `y_t = C_t·h_t (+ D·u_t) (· silu(z_t))` per (batch, channel), the state
+/// starting at zero. `u`, `delta` `[batch, channels, L]` and `b`, `c` `[batch, groups, d_state,
+/// L]` of one dtype (bf16 or f32), `a` `[channels, d_state]` f32 (negative: a decaying state),
+/// d_state 16, 32 or 64; `y` as `u`. The options add `D`, `z`, the delta bias and softplus.
+///
+/// Registered with candle's autograd: `backward()` gives the gradients of every input
+/// (Tessera's [`SelectiveScan::backward`](tessera_kernels::SelectiveScan::backward); `db`,
+/// `dc`, `da`, `dD` and the delta bias's are summed with float atomics on the GPU, so their
+/// last bits vary from run to run). The inputs are packed into two tensors first (see the
+/// module's notes): one copy of them, which an inference-only caller can skip by calling
+/// [`tessera_kernels::SelectiveScan`] on borrowed buffers.
+///
+/// ```
+/// use candle_core::{DType, Device, Tensor};
+/// let dev = Device::Cpu;
+/// let (batch, channels, states, len) = (1, 2, 16, 5);
+/// let u = Tensor::randn(0f32, 1.0, (batch, channels, len), &dev)?;
+/// let delta = (Tensor::rand(0f32, 1.0, (batch, channels, len), &dev)? * 0.1)?;
+/// let a = Tensor::rand(-1f32, -0.1, (channels, states), &dev)?;
+/// let b = Tensor::randn(0f32, 1.0, (batch, 1, states, len), &dev)?;
+/// let c = Tensor::randn(0f32, 1.0, (batch, 1, states, len), &dev)?;
+/// let y = tessera_candle::selective_scan(&u, &delta, &a, &b, &c, &Default::default())?;
+/// assert_eq!(y.dims(), &[batch, channels, len]);
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+///
+/// # Errors
+/// A candle error when a dtype, device or shape does not fit (saying which tensor and what was
+/// expected: the kernel's argument check), for a CUDA tensor without the `cuda` feature, or when
+/// the kernel fails.
+/// Mamba's selective scan ([`tessera_kernels::SelectiveScan`]): `h_t = exp(Δ_t·A)·h_{t−1} +
+/// Δ_t·B_t·u_t`, `y_t = C_t·h_t (+ D·u_t) (· silu(z_t))` per (batch, channel), the state
+/// starting at zero. `u`, `delta` `[batch, channels, L]` and `b`, `c` `[batch, groups, d_state,
+/// L]` of one dtype (bf16 or f32), `a` `[channels, d_state]` f32 (negative: a decaying state),
+/// d_state 16, 32 or 64; `y` as `u`. The options add `D`, `z`, the delta bias and softplus.
+///
+/// Registered with candle's autograd: `backward()` gives the gradients of every input
+/// (Tessera's [`SelectiveScan::backward`](tessera_kernels::SelectiveScan::backward); `db`,
+/// `dc`, `da`, `dD` and the delta bias's are summed with float atomics on the GPU, so their
+/// last bits vary from run to run). The inputs are packed into two tensors first (see the
+/// module's notes): one copy of them, which an inference-only caller can skip by calling
+/// [`tessera_kernels::SelectiveScan`] on borrowed buffers.
+///
+/// ```
+/// use candle_core::{DType, Device, Tensor};
+/// let dev = Device::Cpu;
+/// let (batch, channels, states, len) = (1, 2, 16, 5);
+/// let u = Tensor::randn(0f32, 1.0, (batch, channels, len), &dev)?;
+/// let delta = (Tensor::rand(0f32, 1.0, (batch, channels, len), &dev)? * 0.1)?;
+/// let a = Tensor::rand(-1f32, -0.1, (channels, states), &dev)?;
+/// let b = Tensor::randn(0f32, 1.0, (batch, 1, states, len), &dev)?;
+/// let c = Tensor::randn(0f32, 1.0, (batch, 1, states, len), &dev)?;
+/// let y = tessera_candle::selective_scan(&u, &delta, &a, &b, &c, &Default::default())?;
+/// assert_eq!(y.dims(), &[batch, channels, len]);
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+///
+/// # Errors
+/// A candle error when a dtype, device or shape does not fit (saying which tensor and what was
+/// expected: the kernel's argument check), for a CUDA tensor without the `cuda` feature, or when
+/// the kernel fails.
+pub fn selective_scan(
+    u: &Tensor, delta: &Tensor, a: &Tensor, b: &Tensor, c: &Tensor, options: &SelectiveScanOptions<'_>,
+) -> candle_core::Result<Tensor> {
+    let mut own = vec![("u", u), ("delta", delta), ("b", b), ("c", c)];
+    own.extend(options.z.map(|z| ("z", z)));
+    let mut f32s = vec![("a", a)];
+    f32s.extend(options.d.map(|d| ("d", d)));
+    f32s.extend(options.delta_bias.map(|bias| ("delta_bias", bias)));
+    let inputs = Inputs::new("selective_scan", u, &own, &f32s)?;
+    inputs.apply(SelectiveScanOp { inputs: inputs.clone(), softplus: options.delta_softplus })
+}
+
+/// [`selective_scan`] as a candle op over its two packed tensors.
+#[derive(Clone)]
+struct SelectiveScanOp {
+    inputs: Inputs,
+    softplus: bool,
+}
+
+impl SelectiveScanOp {
+    /// The scan of `p` on `device`.
+    fn scan<'s, T: Elem + SelectiveScanElement>(
+        &self, p: &'s Parts<'_, T>, device: &'s tessera::Device,
+    ) -> candle_core::Result<tessera_kernels::SelectiveScan<'s, T>> {
+        let mut s = tessera_kernels::SelectiveScan::new(device, p.get("u")?, p.get("delta")?, p.get_f32("a")?, p.get("b")?, p.get("c")?)
+            .delta_softplus(self.softplus);
+        if let Some(d) = p.maybe_f32("d") {
+            s = s.d(d);
+        }
+        if let Some(z) = p.maybe("z") {
+            s = s.z(z);
+        }
+        if let Some(bias) = p.maybe_f32("delta_bias") {
+            s = s.delta_bias(bias);
+        }
+        Ok(s)
+    }
+}
+
+fn selective_scan_run<T: Elem + SelectiveScanElement, S: Side>(
+    op: &SelectiveScanOp, side: &S, own: (&S::Storage, &Layout), f32s: (&S::Storage, &Layout),
+) -> candle_core::Result<(S::Storage, Shape)> {
+    let p = op.inputs.parts::<T, S>(side, "selective_scan", own, f32s)?;
+    let (dev, dims) = (side.device(), p.get("u")?.shape().to_vec());
+    let [batch, channels, _] = dims[..] else { bail!("selective_scan: `u` must be [batch, channels, L], found {dims:?}") };
+    let states = p.get_f32("a")?.shape().last().copied().unwrap_or(0);
+    let scan = op.scan(&p, dev)?;
+    side.output(&dims, Shape::from(dims.clone()), |y| {
+        let mut h_last = tessera::Tensor::<f32>::scratch(dev, &[batch, channels, states])?;
+        scan.run(y, &mut h_last)
+    })
+}
+
+/// [`selective_scan`]'s backward: the packed inputs and the output's gradient in, every
+/// gradient out as one f32 tensor in the packed order (`du`, `ddelta`, `db`, `dc`, `dz`, then
+/// `da`, `dD`, the delta bias's).
+struct SelectiveScanBackward {
+    forward: SelectiveScanOp,
+}
+
+fn selective_scan_backward_run<T: Elem + SelectiveScanElement, S: Side>(
+    op: &SelectiveScanBackward, side: &S, own: (&S::Storage, &Layout), f32s: (&S::Storage, &Layout), (sd, ld): (&S::Storage, &Layout),
+) -> candle_core::Result<(S::Storage, Shape)> {
+    let name = "selective_scan backward";
+    let p = op.forward.inputs.parts::<T, S>(side, name, own, f32s)?;
+    let dy = side.input::<T>(name, "dy", sd, ld, p.get("u")?.shape())?;
+    let g = op.forward.scan(&p, side.device())?.backward(&dy).map_err(candle_core::Error::wrap)?;
+    let mut parts = vec![side.wrap(g.du)?, side.wrap(g.ddelta)?, side.wrap(g.db)?, side.wrap(g.dc)?];
+    if let Some(dz) = g.dz {
+        parts.push(side.wrap(dz)?);
+    }
+    parts.push(side.wrap(g.da)?);
+    for t in [g.dd, g.d_delta_bias].into_iter().flatten() {
+        parts.push(side.wrap(t)?);
+    }
+    concat_as(side, parts, DType::F32)
+}
+
+/// The options of [`linear_attention`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LinearAttentionOptions<'a> {
+    /// The factor on the output (`1/√dk` unless given).
+    pub scale: Option<f32>,
+    /// The feature map applied to q and k.
+    pub feature_map: FeatureMap,
+    /// A decay a step, `[batch, heads, seq]` f32 in natural-log units (≤ 0): the state is
+    /// multiplied by `exp(g_t)` before step t adds to it (RetNet's `ln γ`, or a gate's output).
+    pub decay: Option<&'a Tensor>,
+}
+
+/// Causal linear attention, chunked ([`tessera_kernels::LinearAttention`]): `o_t =
+/// scale·φ(q_t)·H_t`, `H_t = exp(g_t)·H_{t−1} + φ(k_t)ᵀv_t` from a zero state. `q`, `k` `[batch,
+/// seq, heads, dk]`, `v` `[batch, seq, heads, dv]` (q and k may have fewer heads, dividing v's),
+/// bf16 or f16, dk and dv 64 or 128; `o` as `v`. Hopper GPUs and the interpreter.
+///
+/// Registered with candle's autograd: `backward()` gives the gradients of q, k, v and the decay
+/// (Tessera's [`LinearAttention::backward`](tessera_kernels::LinearAttention::backward)). The
+/// inputs are packed first, as [`selective_scan`]'s.
+///
+/// # Errors
+/// As [`selective_scan`]'s.
+/// Causal linear attention, chunked ([`tessera_kernels::LinearAttention`]): `o_t =
+/// scale·φ(q_t)·H_t`, `H_t = exp(g_t)·H_{t−1} + φ(k_t)ᵀv_t` from a zero state. `q`, `k` `[batch,
+/// seq, heads, dk]`, `v` `[batch, seq, heads, dv]` (q and k may have fewer heads, dividing v's),
+/// bf16 or f16, dk and dv 64 or 128; `o` as `v`. Hopper GPUs and the interpreter.
+///
+/// Registered with candle's autograd: `backward()` gives the gradients of q, k, v and the decay
+/// (Tessera's [`LinearAttention::backward`](tessera_kernels::LinearAttention::backward)). The
+/// inputs are packed first, as [`selective_scan`]'s.
+///
+/// # Errors
+/// As [`selective_scan`]'s.
+pub fn linear_attention(q: &Tensor, k: &Tensor, v: &Tensor, options: &LinearAttentionOptions<'_>) -> candle_core::Result<Tensor> {
+    let f32s: Vec<_> = options.decay.map(|g| ("decay", g)).into_iter().collect();
+    let inputs = Inputs::new("linear_attention", q, &[("q", q), ("k", k), ("v", v)], &f32s)?;
+    inputs.apply(LinearAttentionOp { inputs: inputs.clone(), scale: options.scale, feature: options.feature_map })
+}
+
+/// [`linear_attention`] as a candle op over its two packed tensors.
+#[derive(Clone)]
+struct LinearAttentionOp {
+    inputs: Inputs,
+    scale: Option<f32>,
+    feature: FeatureMap,
+}
+
+impl LinearAttentionOp {
+    /// The attention of `p` on `device`.
+    fn attention<'s, T: Elem + LinearAttentionElement>(
+        &self, p: &'s Parts<'_, T>, device: &'s tessera::Device,
+    ) -> candle_core::Result<tessera_kernels::LinearAttention<'s, T>> {
+        let mut la = tessera_kernels::LinearAttention::new(device, p.get("q")?, p.get("k")?, p.get("v")?).feature_map(self.feature);
+        if let Some(scale) = self.scale {
+            la = la.scale(scale);
+        }
+        if let Some(g) = p.maybe_f32("decay") {
+            la = la.decay(g);
+        }
+        Ok(la)
+    }
+}
+
+fn linear_attention_run<T: Elem + LinearAttentionElement, S: Side>(
+    op: &LinearAttentionOp, side: &S, own: (&S::Storage, &Layout), f32s: (&S::Storage, &Layout),
+) -> candle_core::Result<(S::Storage, Shape)> {
+    let p = op.inputs.parts::<T, S>(side, "linear_attention", own, f32s)?;
+    let dims = p.get("v")?.shape().to_vec();
+    let la = op.attention(&p, side.device())?;
+    side.output(&dims, Shape::from(dims.clone()), |o| la.run(o, None))
+}
+
+/// [`linear_attention`]'s backward: every gradient out as one f32 tensor in the packed order
+/// (`dq`, `dk`, `dv`, then the decay's).
+struct LinearAttentionBackward {
+    forward: LinearAttentionOp,
+}
+
+fn linear_attention_backward_run<T: Elem + LinearAttentionElement, S: Side>(
+    op: &LinearAttentionBackward, side: &S, own: (&S::Storage, &Layout), f32s: (&S::Storage, &Layout), (sd, ld): (&S::Storage, &Layout),
+) -> candle_core::Result<(S::Storage, Shape)> {
+    let name = "linear_attention backward";
+    let p = op.forward.inputs.parts::<T, S>(side, name, own, f32s)?;
+    let dout = side.input::<T>(name, "dout", sd, ld, p.get("v")?.shape())?;
+    let g = op.forward.attention(&p, side.device())?.backward(&dout, None).map_err(candle_core::Error::wrap)?;
+    let mut parts = vec![side.wrap(g.dq)?, side.wrap(g.dk)?, side.wrap(g.dv)?];
+    if p.maybe_f32("decay").is_some() {
+        match g.dg {
+            Some(dg) => parts.push(side.wrap(dg)?),
+            None => bail!("{name}: the kernel gave no gradient for the decay"),
+        }
+    }
+    concat_as(side, parts, DType::F32)
+}
+
+/// The options of [`ssd`]: Mamba-2's skip `D`, dt bias and softplus.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SsdOptions<'a> {
+    /// The skip connection `D_h·x`, `[heads]` f32.
+    pub d: Option<&'a Tensor>,
+    /// Added to `dt`, `[heads]` f32.
+    pub dt_bias: Option<&'a Tensor>,
+    /// `Δ = softplus(dt + bias)` (Mamba-2's default) rather than `dt + bias`.
+    pub dt_softplus: bool,
+}
+
+/// Mamba-2's state-space duality, chunked ([`tessera_kernels::Ssd`]): per (batch, head), `h_t =
+/// exp(Δ_t·A_h)·h_{t−1} + Δ_t·B_tᵀx_t`, `y_t = C_t·h_t (+ D_h·x_t)` from a zero state. `x`
+/// `[batch, L, heads, headdim]`, `dt` `[batch, L, heads]`, `b`, `c` `[batch, L, groups, d_state]`
+/// of one dtype (bf16 or f16), `a` `[heads]` f32 (negative); headdim and d_state 64 or 128; `y`
+/// as `x`. Hopper GPUs and the interpreter.
+///
+/// Registered with candle's autograd: `backward()` gives the gradients of every input
+/// (Tessera's [`Ssd::backward`](tessera_kernels::Ssd::backward)). The inputs are packed first,
+/// as [`selective_scan`]'s.
+///
+/// # Errors
+/// As [`selective_scan`]'s.
+/// Mamba-2's state-space duality, chunked ([`tessera_kernels::Ssd`]): per (batch, head), `h_t =
+/// exp(Δ_t·A_h)·h_{t−1} + Δ_t·B_tᵀx_t`, `y_t = C_t·h_t (+ D_h·x_t)` from a zero state. `x`
+/// `[batch, L, heads, headdim]`, `dt` `[batch, L, heads]`, `b`, `c` `[batch, L, groups, d_state]`
+/// of one dtype (bf16 or f16), `a` `[heads]` f32 (negative); headdim and d_state 64 or 128; `y`
+/// as `x`. Hopper GPUs and the interpreter.
+///
+/// Registered with candle's autograd: `backward()` gives the gradients of every input
+/// (Tessera's [`Ssd::backward`](tessera_kernels::Ssd::backward)). The inputs are packed first,
+/// as [`selective_scan`]'s.
+///
+/// # Errors
+/// As [`selective_scan`]'s.
+pub fn ssd(x: &Tensor, dt: &Tensor, a: &Tensor, b: &Tensor, c: &Tensor, options: &SsdOptions<'_>) -> candle_core::Result<Tensor> {
+    let mut f32s = vec![("a", a)];
+    f32s.extend(options.d.map(|d| ("d", d)));
+    f32s.extend(options.dt_bias.map(|bias| ("dt_bias", bias)));
+    let inputs = Inputs::new("ssd", x, &[("x", x), ("dt", dt), ("b", b), ("c", c)], &f32s)?;
+    inputs.apply(SsdOp { inputs: inputs.clone(), softplus: options.dt_softplus })
+}
+
+/// [`ssd`] as a candle op over its two packed tensors.
+#[derive(Clone)]
+struct SsdOp {
+    inputs: Inputs,
+    softplus: bool,
+}
+
+impl SsdOp {
+    /// The SSD of `p` on `device`.
+    fn ssd<'s, T: Elem + SsdElement>(
+        &self, p: &'s Parts<'_, T>, device: &'s tessera::Device,
+    ) -> candle_core::Result<tessera_kernels::Ssd<'s, T>> {
+        let mut s = tessera_kernels::Ssd::new(device, p.get("x")?, p.get("dt")?, p.get_f32("a")?, p.get("b")?, p.get("c")?)
+            .dt_softplus(self.softplus);
+        if let Some(d) = p.maybe_f32("d") {
+            s = s.d(d);
+        }
+        if let Some(bias) = p.maybe_f32("dt_bias") {
+            s = s.dt_bias(bias);
+        }
+        Ok(s)
+    }
+}
+
+fn ssd_run<T: Elem + SsdElement, S: Side>(
+    op: &SsdOp, side: &S, own: (&S::Storage, &Layout), f32s: (&S::Storage, &Layout),
+) -> candle_core::Result<(S::Storage, Shape)> {
+    let p = op.inputs.parts::<T, S>(side, "ssd", own, f32s)?;
+    let dims = p.get("x")?.shape().to_vec();
+    let ssd = op.ssd(&p, side.device())?;
+    side.output(&dims, Shape::from(dims.clone()), |y| ssd.run(y, None))
+}
+
+/// [`ssd`]'s backward: every gradient out as one f32 tensor in the packed order (`dx`, `ddt`,
+/// `db`, `dc`, then `da`, `dD`, the dt bias's).
+struct SsdBackward {
+    forward: SsdOp,
+}
+
+fn ssd_backward_run<T: Elem + SsdElement, S: Side>(
+    op: &SsdBackward, side: &S, own: (&S::Storage, &Layout), f32s: (&S::Storage, &Layout), (sd, ld): (&S::Storage, &Layout),
+) -> candle_core::Result<(S::Storage, Shape)> {
+    let name = "ssd backward";
+    let p = op.forward.inputs.parts::<T, S>(side, name, own, f32s)?;
+    let dy = side.input::<T>(name, "dy", sd, ld, p.get("x")?.shape())?;
+    let g = op.forward.ssd(&p, side.device())?.backward(&dy, None).map_err(candle_core::Error::wrap)?;
+    let mut parts = vec![side.wrap(g.dx)?, side.wrap(g.ddt)?, side.wrap(g.db)?, side.wrap(g.dc)?, side.wrap(g.da)?];
+    for t in [g.dd, g.d_dt_bias].into_iter().flatten() {
+        parts.push(side.wrap(t)?);
+    }
+    concat_as(side, parts, DType::F32)
+}
+
+/// The gradients of an op over two packed tensors, from its backward's one f32 tensor: the
+/// first part cast back to the first packed tensor's dtype.
+fn split_grads(all: &Tensor, own: &Tensor, f32s: &Tensor) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+    let n = own.elem_count();
+    let d_own = all.narrow(0, 0, n)?.to_dtype(own.dtype())?;
+    let d_f32s = all.narrow(0, n, f32s.elem_count())?;
+    Ok((Some(d_own), Some(d_f32s)))
+}
+
+/// Runs `f` for the op's dtype among `$T` (each `DType` variant and its element type), a candle
+/// error naming the op and the dtypes it takes for another.
+macro_rules! among {
+    ($op:expr, $dt:expr, [$($d:ident => $t:ty),*], $f:ident $args:tt) => {
+        match $dt {
+            $(DType::$d => $f::<$t, _> $args,)*
+            other => bail!("{}: the inputs must be {}, found {other:?}", $op, [$(stringify!($d)),*].join(" or ")),
+        }
+    };
+}
+
+/// The candle ops of a mixer over two packed tensors: `$op`'s forward (`CustomOp2` over the
+/// packed tensors, `run`) registered with autograd through `$backward` (`CustomOp3` over the
+/// packed tensors and the output's gradient, `backward_run`, every gradient out in one f32
+/// tensor), for the element types `$T`.
+macro_rules! packed_ops {
+    ($op:ident, $name:literal, $backward:ident, $backward_name:literal, [$($T:tt)*], $run:ident, $backward_run:ident) => {
+        forwards!($op: CustomOp2 $name, |op, side, s1, l1, s2, l2| {
+            among!($name, s1.dtype(), [$($T)*], $run(op, side, (s1, l1), (s2, l2)))
+        };
+            fn bwd(&self, own: &Tensor, f32s: &Tensor, _y: &Tensor, dy: &Tensor) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+                let all = own.apply_op3_no_bwd(f32s, &dy.contiguous()?, &$backward { forward: self.clone() })?;
+                split_grads(&all, own, f32s)
+            }
+        );
+
+        forwards!($backward: CustomOp3 $backward_name, |op, side, s1, l1, s2, l2, s3, l3| {
+            among!($backward_name, s1.dtype(), [$($T)*], $backward_run(op, side, (s1, l1), (s2, l2), (s3, l3)))
+        });
+    };
+}
+
+packed_ops!(
+    SelectiveScanOp,
+    "tessera-selective-scan",
+    SelectiveScanBackward,
+    "tessera-selective-scan-backward",
+    [BF16 => half::bf16, F32 => f32],
+    selective_scan_run,
+    selective_scan_backward_run
+);
+
+packed_ops!(
+    LinearAttentionOp,
+    "tessera-linear-attention",
+    LinearAttentionBackward,
+    "tessera-linear-attention-backward",
+    [BF16 => half::bf16, F16 => half::f16],
+    linear_attention_run,
+    linear_attention_backward_run
+);
+
+packed_ops!(SsdOp, "tessera-ssd", SsdBackward, "tessera-ssd-backward", [BF16 => half::bf16, F16 => half::f16], ssd_run, ssd_backward_run);
