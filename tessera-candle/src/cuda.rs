@@ -47,8 +47,9 @@ impl Side for Cuda {
         }
     }
 
-    fn zeros(&self, shape: &Shape, dtype: candle_core::DType) -> candle_core::Result<CudaStorage> {
-        self.candle.zeros_impl(shape, dtype)
+    unsafe fn alloc(&self, shape: &Shape, dtype: candle_core::DType) -> candle_core::Result<CudaStorage> {
+        // SAFETY: the caller writes every element first.
+        unsafe { self.candle.alloc_uninit(shape, dtype) }
     }
 
     fn wrap<T: Elem>(&self, t: tessera::Tensor<T>) -> candle_core::Result<(CudaStorage, usize)> {

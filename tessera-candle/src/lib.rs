@@ -6,9 +6,9 @@
 //! candle's buffers in place (`tessera::Tensor::borrow_cudarc`: no copy, no sync); its output is
 //! candle storage on the same device. A CPU tensor runs through Tessera's interpreter — the
 //! same kernels, the same f32 statistics, no GPU — so that a model's tests run anywhere.
-//! [`attention`], [`scan`], [`selective_scan`], [`ssd`] and [`linear_attention`] are registered with
-//! candle's autograd (their backwards run Tessera's); the other ops are for inference. candle's `cuda` feature builds candle's own
-//! kernels with nvcc: `scripts/cuda-toolkit.sh` provides one from NVIDIA's wheels where no
+//! [`attention`], [`scan`], [`selective_scan`], [`ssd`] and [`linear_attention`] are
+//! registered with candle's autograd (their backwards run Tessera's); the other ops are for
+//! inference. candle's `cuda` feature builds candle's own kernels with nvcc: `scripts/cuda-toolkit.sh` provides one from NVIDIA's wheels where no
 //! toolkit is installed. Without the feature a CUDA tensor is a candle error, never a panic.
 //!
 //! ```
@@ -273,8 +273,11 @@ trait Side {
     /// A kernel's result as candle storage (flat), and its length.
     fn wrap<T: Elem>(&self, t: tessera::Tensor<T>) -> candle_core::Result<(Self::Storage, usize)>;
 
-    /// Zeroed storage of `shape` and `dtype` on this side's device.
-    fn zeros(&self, shape: &Shape, dtype: DType) -> candle_core::Result<Self::Storage>;
+    /// Storage of `shape` and `dtype` on this side's device, its elements not set.
+    ///
+    /// # Safety
+    /// Every element must be written before the storage is read or handed to candle.
+    unsafe fn alloc(&self, shape: &Shape, dtype: DType) -> candle_core::Result<Self::Storage>;
 
     /// A kernel's output of `dims`, handed back as candle storage of `shape` after `run`
     /// writes all of it.
@@ -308,8 +311,9 @@ impl Side for Cpu {
         }
     }
 
-    fn zeros(&self, shape: &Shape, dtype: DType) -> candle_core::Result<CpuStorage> {
-        candle_core::cpu_backend::CpuDevice.zeros_impl(shape, dtype)
+    unsafe fn alloc(&self, shape: &Shape, dtype: DType) -> candle_core::Result<CpuStorage> {
+        // SAFETY: the caller writes every element first.
+        unsafe { candle_core::cpu_backend::CpuDevice.alloc_uninit(shape, dtype) }
     }
 
     fn wrap<T: Elem>(&self, t: tessera::Tensor<T>) -> candle_core::Result<(CpuStorage, usize)> {

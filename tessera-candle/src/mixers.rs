@@ -97,30 +97,40 @@ struct Parts<'a, T: Elem> {
 impl<T: Elem> Parts<'_, T> {
     /// Input `name` of the op's dtype, if it was given.
     fn maybe(&self, name: &str) -> Option<&tessera::Tensor<T>> {
-        self.own.iter().find(|(n, _)| *n == name).map(|(_, t)| &**t)
+        find(&self.own, name)
     }
 
     /// Input `name` of the op's dtype.
     fn get(&self, name: &str) -> candle_core::Result<&tessera::Tensor<T>> {
-        self.maybe(name).ok_or_else(|| candle_core::Error::Msg(format!("{}: `{name}` is missing from the packed inputs", self.op)))
+        self.maybe(name).ok_or_else(|| self.missing(name))
     }
 
     /// f32 input `name`, if it was given.
     fn maybe_f32(&self, name: &str) -> Option<&tessera::Tensor<f32>> {
-        self.f32s.iter().find(|(n, _)| *n == name).map(|(_, t)| &**t)
+        find(&self.f32s, name)
     }
 
     /// f32 input `name`.
     fn get_f32(&self, name: &str) -> candle_core::Result<&tessera::Tensor<f32>> {
-        self.maybe_f32(name).ok_or_else(|| candle_core::Error::Msg(format!("{}: `{name}` is missing from the packed inputs", self.op)))
+        self.maybe_f32(name).ok_or_else(|| self.missing(name))
     }
+
+    fn missing(&self, name: &str) -> candle_core::Error {
+        candle_core::Error::Msg(format!("{}: `{name}` is missing from the packed inputs", self.op))
+    }
+}
+
+/// The input named `name` among `parts`.
+fn find<'p, U: tessera::Element>(parts: &'p [(&'static str, Input<'_, U>)], name: &str) -> Option<&'p tessera::Tensor<U>> {
+    parts.iter().find(|(n, _)| *n == name).map(|(_, t)| &**t)
 }
 
 /// `parts` (each a flat storage and its length) converted to `dtype`, one after another as one
 /// flat storage of `side`.
 pub(crate) fn concat_as<S: Side>(side: &S, parts: Vec<(S::Storage, usize)>, dtype: DType) -> candle_core::Result<(S::Storage, Shape)> {
     let shape = Shape::from(parts.iter().map(|p| p.1).sum::<usize>());
-    let mut all = side.zeros(&shape, dtype)?;
+    // SAFETY: the parts cover every element, each copied in below.
+    let mut all = unsafe { side.alloc(&shape, dtype)? };
     let mut at = 0;
     for (p, n) in parts {
         let l = Layout::contiguous(n);
