@@ -12,7 +12,7 @@
 use crate::Cuda;
 use crate::{contiguous, Cpu, Elem, Input, Side};
 use candle_core::backend::BackendStorage;
-use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor};
+use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor, WithDType};
 pub use tessera_kernels::FeatureMap;
 use tessera_kernels::{LinearAttentionElement, SelectiveScanElement, SsdElement};
 
@@ -40,7 +40,15 @@ impl Packed {
                 )
             }
         }
-        let flat = parts.iter().map(|(_, t)| t.flatten_all()).collect::<candle_core::Result<Vec<_>>>()?;
+        // Each part starts 16 bytes aligned, as TMA copies need (zeros pad the one before).
+        let mut flat = Vec::with_capacity(2 * parts.len());
+        for (_, t) in parts {
+            flat.push(t.flatten_all()?);
+            let pad = aligned(dtype, t.elem_count()) - t.elem_count();
+            if pad > 0 {
+                flat.push(Tensor::zeros(pad, dtype, device)?);
+            }
+        }
         let tensor = if flat.is_empty() { Tensor::zeros(0, dtype, device)? } else { Tensor::cat(&flat, 0)? };
         Ok(Packed { tensor, parts: parts.iter().map(|(name, t)| (*name, t.dims().to_vec())).collect() })
     }
@@ -55,10 +63,16 @@ impl Packed {
         for (name, shape) in &self.parts {
             let part = Layout::contiguous_with_offset(shape.clone(), at);
             out.push((*name, side.input::<T>(op, name, s, &part, shape)?));
-            at += shape.iter().product::<usize>();
+            at += aligned(<T as WithDType>::DTYPE, shape.iter().product::<usize>());
         }
         Ok(out)
     }
+}
+
+/// `n` elements of `dtype` rounded up to a whole number of 16 bytes.
+fn aligned(dtype: DType, n: usize) -> usize {
+    let per = (16 / dtype.size_in_bytes()).max(1);
+    n.div_ceil(per) * per
 }
 
 /// An op's inputs as two packed tensors: those of the op's dtype, and the f32 ones.
@@ -486,13 +500,27 @@ fn ssd_backward_run<T: Elem + SsdElement, S: Side>(
     concat_as(side, parts, DType::F32)
 }
 
-/// The gradients of an op over two packed tensors, from its backward's one f32 tensor: the
-/// first part cast back to the first packed tensor's dtype.
-fn split_grads(all: &Tensor, own: &Tensor, f32s: &Tensor) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
-    let n = own.elem_count();
-    let d_own = all.narrow(0, 0, n)?.to_dtype(own.dtype())?;
-    let d_f32s = all.narrow(0, n, f32s.elem_count())?;
-    Ok((Some(d_own), Some(d_f32s)))
+/// The gradients of an op over two packed tensors, from its backward's one f32 tensor (each
+/// part's gradient in turn, unpadded): each packed tensor's laid out as the tensor is (its
+/// parts' padding zero), the first cast back to its dtype.
+fn split_grads(all: &Tensor, inputs: &Inputs) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+    let mut at = 0;
+    let mut grad = |p: &Packed| -> candle_core::Result<Tensor> {
+        let dtype = p.tensor.dtype();
+        let mut pieces = Vec::with_capacity(2 * p.parts.len());
+        for (_, shape) in &p.parts {
+            let n = shape.iter().product::<usize>();
+            pieces.push(all.narrow(0, at, n)?.to_dtype(dtype)?);
+            at += n;
+            let pad = aligned(dtype, n) - n;
+            if pad > 0 {
+                pieces.push(Tensor::zeros(pad, dtype, all.device())?);
+            }
+        }
+        if pieces.is_empty() { Tensor::zeros(0, dtype, all.device()) } else { Tensor::cat(&pieces, 0) }
+    };
+    let d_own = grad(&inputs.own)?;
+    Ok((Some(d_own), Some(grad(&inputs.f32s)?)))
 }
 
 /// Runs `f` for the op's dtype among `$T` (each `DType` variant and its element type), a candle
@@ -517,7 +545,7 @@ macro_rules! packed_ops {
         };
             fn bwd(&self, own: &Tensor, f32s: &Tensor, _y: &Tensor, dy: &Tensor) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
                 let all = own.apply_op3_no_bwd(f32s, &dy.contiguous()?, &$backward { forward: self.clone() })?;
-                split_grads(&all, own, f32s)
+                split_grads(&all, &self.inputs)
             }
         );
 
