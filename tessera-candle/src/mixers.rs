@@ -517,7 +517,11 @@ fn split_grads(all: &Tensor, inputs: &Inputs) -> candle_core::Result<(Option<Ten
                 pieces.push(Tensor::zeros(pad, dtype, all.device())?);
             }
         }
-        if pieces.is_empty() { Tensor::zeros(0, dtype, all.device()) } else { Tensor::cat(&pieces, 0) }
+        if pieces.is_empty() {
+            Tensor::zeros(0, dtype, all.device())
+        } else {
+            Tensor::cat(&pieces, 0)
+        }
     };
     let d_own = grad(&inputs.own)?;
     Ok((Some(d_own), Some(grad(&inputs.f32s)?)))
