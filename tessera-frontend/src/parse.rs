@@ -204,17 +204,22 @@ impl Frontend {
                 if let SynExpr::MethodCall(m) = &*init.expr {
                     // Statements of their own that bind an i32 (the leader's value, handed out):
                     // a plain `let name`, the call's errors pointing at the call.
+                    // (How it binds, whether it is the wait.)
                     let how = match m.method.to_string().as_str() {
-                        "wait_nonzero" => Some("`wait_nonzero`'s value binds as `let flag = tensor.wait_nonzero([i]);`".to_string()),
-                        op @ ("fetch_add" | "fetch_inc") => Some(format!("`{op}`'s old value binds as `let name = tensor.{op}([i], v);`")),
+                        "wait_nonzero" => {
+                            Some(("`wait_nonzero`'s value binds as `let flag = tensor.wait_nonzero([i]);`".to_string(), true))
+                        }
+                        op @ ("fetch_add" | "fetch_inc") => {
+                            Some((format!("`{op}`'s old value binds as `let name = tensor.{op}([i], v);`"), false))
+                        }
                         _ => None,
                     };
-                    if let Some(how) = how {
+                    if let Some((how, wait)) = how {
                         if declared.is_some() || id.mutability.is_some() {
                             return err(pat, how);
                         }
                         let (loc, name) = (self.loc(m.span()), id.ident.to_string());
-                        let kind = if m.method == "wait_nonzero" { self.wait_nonzero(m, name)? } else { self.fetch_add(m, Some(name))? };
+                        let kind = if wait { self.wait_nonzero(m, name)? } else { self.fetch_add(m, Some(name))? };
                         return Ok(Some(Stmt { kind, loc, text }));
                     }
                 }

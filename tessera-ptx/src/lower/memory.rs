@@ -674,7 +674,7 @@ impl Lowerer<'_> {
         use Operand::{Addr, Imm, Reg as R, Sym};
         let (addr, inb) = self.element(g, idx);
         let leader = self.leader;
-        let (spin, done) = (self.label("spin"), self.label("raised"));
+        let (spin, done) = (self.label("spin"), self.label("waited"));
         self.warpgroup_barrier();
         let v = self.reg(RegClass::B32, "flag");
         self.op("mov.b32", vec![R(v), Imm(0)]);
