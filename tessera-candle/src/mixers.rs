@@ -12,7 +12,7 @@
 use crate::Cuda;
 use crate::{contiguous, Cpu, Elem, Input, Side};
 use candle_core::backend::BackendStorage;
-use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor, WithDType};
+use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor};
 pub use tessera_kernels::FeatureMap;
 use tessera_kernels::{LinearAttentionElement, SelectiveScanElement, SsdElement};
 
@@ -40,16 +40,7 @@ impl Packed {
                 )
             }
         }
-        // Each part starts 16 bytes aligned, as TMA copies need (zeros pad the one before).
-        let mut flat = Vec::with_capacity(2 * parts.len());
-        for (_, t) in parts {
-            flat.push(t.flatten_all()?);
-            let pad = aligned(dtype, t.elem_count()) - t.elem_count();
-            if pad > 0 {
-                flat.push(Tensor::zeros(pad, dtype, device)?);
-            }
-        }
-        let tensor = if flat.is_empty() { Tensor::zeros(0, dtype, device)? } else { Tensor::cat(&flat, 0)? };
+        let tensor = padded_cat(parts.iter().map(|(_, t)| t.flatten_all()), dtype, device)?;
         Ok(Packed { tensor, parts: parts.iter().map(|(name, t)| (*name, t.dims().to_vec())).collect() })
     }
 
@@ -63,9 +54,30 @@ impl Packed {
         for (name, shape) in &self.parts {
             let part = Layout::contiguous_with_offset(shape.clone(), at);
             out.push((*name, side.input::<T>(op, name, s, &part, shape)?));
-            at += aligned(<T as WithDType>::DTYPE, shape.iter().product::<usize>());
+            at += aligned(self.tensor.dtype(), shape.iter().product::<usize>());
         }
         Ok(out)
+    }
+}
+
+/// Flat tensors of `dtype` one after another, each starting 16 bytes aligned as TMA copies
+/// need (zeros pad the one before): how a [`Packed`] tensor, and its gradient, lie.
+fn padded_cat(
+    flat: impl Iterator<Item = candle_core::Result<Tensor>>, dtype: DType, device: &candle_core::Device,
+) -> candle_core::Result<Tensor> {
+    let mut pieces = Vec::new();
+    for t in flat {
+        let t = t?;
+        let pad = aligned(dtype, t.elem_count()) - t.elem_count();
+        pieces.push(t);
+        if pad > 0 {
+            pieces.push(Tensor::zeros(pad, dtype, device)?);
+        }
+    }
+    if pieces.is_empty() {
+        Tensor::zeros(0, dtype, device)
+    } else {
+        Tensor::cat(&pieces, 0)
     }
 }
 
@@ -507,21 +519,12 @@ fn split_grads(all: &Tensor, inputs: &Inputs) -> candle_core::Result<(Option<Ten
     let mut at = 0;
     let mut grad = |p: &Packed| -> candle_core::Result<Tensor> {
         let dtype = p.tensor.dtype();
-        let mut pieces = Vec::with_capacity(2 * p.parts.len());
-        for (_, shape) in &p.parts {
+        let parts = p.parts.iter().map(|(_, shape)| {
             let n = shape.iter().product::<usize>();
-            pieces.push(all.narrow(0, at, n)?.to_dtype(dtype)?);
             at += n;
-            let pad = aligned(dtype, n) - n;
-            if pad > 0 {
-                pieces.push(Tensor::zeros(pad, dtype, all.device())?);
-            }
-        }
-        if pieces.is_empty() {
-            Tensor::zeros(0, dtype, all.device())
-        } else {
-            Tensor::cat(&pieces, 0)
-        }
+            all.narrow(0, at - n, n)?.to_dtype(dtype)
+        });
+        padded_cat(parts, dtype, all.device())
     };
     let d_own = grad(&inputs.own)?;
     Ok((Some(d_own), Some(grad(&inputs.f32s)?)))
