@@ -1662,13 +1662,17 @@ impl Lowerer<'_> {
             }
             acc.push(a.expect("every reduced slot has a parent slot"));
         }
-        // Replicas must not count twice in a sum.
+        // Replicas take the operation's identity: they must not count twice in a sum, and a
+        // replica need not hold its owner's value — two threads' strong loads of memory that
+        // other blocks write (a look-back's published totals) may see it at different times,
+        // and a maximum that took the replica's newer value would point at an element whose
+        // owner saw the older one.
         let lr = self.layout_regs(l);
         let (replicated, valid) = if axis == 1 { (l.cols_replicated(), lr.col_owner) } else { (l.rows_replicated(), lr.row_owner) };
-        if replicated && op == ReduceOp::Sum {
+        if replicated {
             for a in acc.iter_mut() {
                 let r = self.reg(RegClass::F32, "red");
-                self.op("selp.f32", vec![R(r), R(*a), Operand::F32(0.0), R(valid)]);
+                self.op("selp.f32", vec![R(r), R(*a), Operand::F32(op.identity()), R(valid)]);
                 *a = r;
             }
         }
@@ -1863,6 +1867,15 @@ pub(crate) struct Partial {
 }
 
 impl ReduceOp {
+    /// The value that leaves the other operand unchanged.
+    fn identity(self) -> f32 {
+        match self {
+            ReduceOp::Sum => 0.0,
+            ReduceOp::Max => f32::NEG_INFINITY,
+            ReduceOp::Min => f32::INFINITY,
+        }
+    }
+
     fn f32_inst(self) -> &'static str {
         match self {
             ReduceOp::Sum => "add.f32",
