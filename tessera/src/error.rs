@@ -108,11 +108,35 @@ pub enum Error {
     /// A bench report could not be written, read or merged (`tessera::report`).
     #[error("bench report: {0}")]
     Report(String),
+    /// A collective could not complete: the ranks of a group disagree on the call (its kind,
+    /// element type or size), or the group was aborted (`tessera::dist`).
+    #[error("`{op}` on rank {rank}: {message}")]
+    Collective {
+        /// The collective (`all_reduce`, `recv`, …).
+        op: &'static str,
+        /// The rank that reports it.
+        rank: usize,
+        /// What went wrong, naming the ranks.
+        message: String,
+    },
+    /// A wait outlived its timeout (`tessera::dist`): the communicator was aborted, so that the
+    /// other ranks stop too.
+    #[error("`{op}`{}: nothing after {waited:?}: {waiting}", rank.map(|r| format!(" on rank {r}")).unwrap_or_default())]
+    Timeout {
+        /// What waited.
+        op: &'static str,
+        /// The rank that waited, where there is one.
+        rank: Option<usize>,
+        /// How long it waited.
+        waited: std::time::Duration,
+        /// What it waited for.
+        waiting: String,
+    },
     /// A CUDA driver call failed.
     #[error("CUDA driver call failed: {0}")]
     Driver(#[from] DriverError),
-    /// A CUDA library other than the driver (cuFFT) could not be loaded, or a call into it
-    /// failed: `library` names it.
+    /// A CUDA library other than the driver (cuFFT, NCCL) could not be loaded, or a call into
+    /// it failed: `library` names it.
     #[error("{library}: {message}")]
     Library {
         /// The library (`libcufft`).

@@ -185,6 +185,7 @@
 #![warn(missing_docs)]
 
 mod device;
+pub mod dist;
 mod error;
 mod fp8;
 mod interp;
