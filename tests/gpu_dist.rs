@@ -100,7 +100,8 @@ fn close<T: Elem>(what: &str, got: &[T], want: &[f64]) {
     let got = wide(got);
     let err = rel_error(&got, want);
     let tol = if T::TOL == 0.0 { 0.0 } else { T::TOL * 4.0 };
-    assert!(err <= tol, "{what} ({}): relative error {err:e} > {tol:e}", T::DTYPE);
+    let head = |v: &[f64]| v.iter().take(4).map(|x| format!("{x:.4}")).collect::<Vec<_>>().join(", ");
+    assert!(err <= tol, "{what} ({}): relative error {err:e} > {tol:e}: got [{}…], want [{}…]", T::DTYPE, head(&got), head(want));
 }
 
 /// Every collective on every rank of `comms`, one thread a rank (`threaded`) or all from this
@@ -431,4 +432,23 @@ fn gpu_nccl_overlaps_a_gemm() {
         })
         .collect();
     close("gemm then all_reduce of its output", &reduced.to_host().unwrap(), &want);
+}
+
+/// Three ranks sharing the one GPU (a stream each), staged through the host: every collective
+/// as in a real group, a thread a rank and one thread in groups.
+#[test]
+fn gpu_simulated_group_shares_one_gpu() {
+    let Some(dev) = gpu_or_skip("gpu_simulated_group_shares_one_gpu") else { return };
+    let ctx = dev.context().unwrap().clone();
+    let ranks = || -> Vec<Device> { (0..3).map(|_| Device::from_stream(ctx.new_stream().unwrap()).unwrap()).collect() };
+    for &n in &[1, 1003, (1 << 18) + 5] {
+        collectives::<f32>(Communicator::simulated(&ranks()).unwrap(), n, true);
+        collectives::<bf16>(Communicator::simulated(&ranks()).unwrap(), n, false);
+        collectives::<i32>(Communicator::simulated(&ranks()).unwrap(), n, true);
+    }
+    let comms = Communicator::simulated(&ranks()).unwrap();
+    let mut host = Tensor::full(&Device::cpu_with_threads(1), &[4], 1.0f32).unwrap();
+    let e = comms[0].all_reduce_in_place(&mut host, ReduceOp::Sum).unwrap_err().to_string();
+    assert!(e.contains("CPU interpreter"), "{e}");
+    assert!(Communicator::simulated(&[Device::cpu_with_threads(1)]).unwrap_err().to_string().contains("GPUs"));
 }

@@ -14,21 +14,58 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// A stretch of a host tensor: its buffer and the byte range of its elements.
-#[derive(Clone, Debug)]
+/// Where a span's bytes live: host memory (the interpreter's), or a GPU's (a simulated group,
+/// its ranks sharing GPUs, every call staged through the host).
+#[derive(Clone)]
+pub(crate) enum Place {
+    Host(HostBuffer),
+    Device(Arc<cudarc::driver::CudaContext>),
+}
+
+/// A stretch of a tensor: where it lives and the byte range of its elements (for a GPU
+/// tensor, `offset` is its device address).
+#[derive(Clone)]
 pub(crate) struct Span {
-    pub buf: HostBuffer,
+    pub place: Place,
     pub offset: usize,
     pub bytes: usize,
 }
 
+impl std::fmt::Debug for Span {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let at = if matches!(self.place, Place::Host(_)) { "host" } else { "device" };
+        write!(f, "Span({at}, {} bytes)", self.bytes)
+    }
+}
+
 impl Span {
-    fn read(&self) -> Vec<u8> {
-        self.buf.lock()[self.offset..self.offset + self.bytes].to_vec()
+    /// The bytes (for a GPU span, copied once its rank's stream has finished writing them,
+    /// which the caller waited for).
+    pub fn read(&self) -> Result<Vec<u8>, String> {
+        match &self.place {
+            Place::Host(buf) => Ok(buf.lock()[self.offset..self.offset + self.bytes].to_vec()),
+            Place::Device(ctx) => {
+                let mut out = vec![0u8; self.bytes];
+                ctx.bind_to_thread().map_err(|e| e.to_string())?;
+                // SAFETY: the span was checked to lie in a live buffer of this context.
+                unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut out, self.offset as u64) }.map_err(|e| e.to_string())?;
+                Ok(out)
+            }
+        }
     }
 
-    fn write(&self, data: &[u8]) {
-        self.buf.lock()[self.offset..self.offset + data.len()].copy_from_slice(data);
+    fn write(&self, data: &[u8]) -> Result<(), String> {
+        match &self.place {
+            Place::Host(buf) => {
+                buf.lock()[self.offset..self.offset + data.len()].copy_from_slice(data);
+                Ok(())
+            }
+            Place::Device(ctx) => {
+                ctx.bind_to_thread().map_err(|e| e.to_string())?;
+                // SAFETY: as in `read`; `data` is no longer than the span.
+                unsafe { cudarc::driver::result::memcpy_htod_sync(self.offset as u64, data) }.map_err(|e| e.to_string())
+            }
+        }
     }
 }
 
@@ -39,8 +76,9 @@ pub(crate) struct Post {
     pub dtype: DType,
     /// Elements per rank, as NCCL counts them (a reduce-scatter's received count).
     pub count: usize,
-    pub send: Option<Span>,
-    pub recv: Option<Span>,
+    /// What the rank sends, copied out when it posted.
+    pub send: Vec<u8>,
+    pub recv: Span,
 }
 
 /// The outcome of a collective: `Ok` or the message every rank reports.
@@ -142,8 +180,7 @@ impl Group {
                                     data.len() / (sent.size() as usize).max(1)
                                 )));
                             }
-                            span.write(&data);
-                            return Ok(());
+                            return span.write(&data).map_err(Stop::Mismatch);
                         }
                     }
                 }
@@ -197,37 +234,35 @@ fn run(posts: &[Post]) -> Outcome {
         }
     }
     let es = first.dtype.size() as usize;
-    let sends: Vec<Vec<u8>> = posts.iter().map(|p| p.send.as_ref().map(Span::read).unwrap_or_default()).collect();
-    let recv = |r: usize| posts[r].recv.as_ref();
+    let sends: Vec<&[u8]> = posts.iter().map(|p| p.send.as_slice()).collect();
+    let mut writes: Vec<(&Span, Vec<u8>)> = Vec::new();
     match first.kind {
         Kind::AllReduce(op) => {
             let out = reduce(first.dtype, op, &sends);
-            (0..posts.len()).filter_map(recv).for_each(|s| s.write(&out));
+            writes.extend(posts.iter().map(|p| (&p.recv, out.clone())));
         }
         Kind::ReduceScatter(op) => {
             let out = reduce(first.dtype, op, &sends);
             let part = first.count * es;
-            for (r, s) in (0..posts.len()).filter_map(|r| recv(r).map(|s| (r, s))) {
-                s.write(&out[r * part..(r + 1) * part]);
-            }
+            writes.extend(posts.iter().enumerate().map(|(r, p)| (&p.recv, out[r * part..(r + 1) * part].to_vec())));
         }
         Kind::AllGather => {
             let all: Vec<u8> = sends.concat();
-            (0..posts.len()).filter_map(recv).for_each(|s| s.write(&all));
+            writes.extend(posts.iter().map(|p| (&p.recv, all.clone())));
         }
         Kind::Broadcast(root) => {
-            let Some(data) = sends.get(root).cloned() else {
+            let Some(data) = sends.get(root) else {
                 return Err(format!("broadcast from rank {root} in a group of {}", posts.len()));
             };
-            (0..posts.len()).filter_map(recv).for_each(|s| s.write(&data));
+            writes.extend(posts.iter().map(|p| (&p.recv, data.to_vec())));
         }
     }
-    Ok(())
+    writes.into_iter().try_for_each(|(span, data)| span.write(&data))
 }
 
 /// Elementwise `op` over equal-length byte buffers of `dtype`, in rank order, in f64 (i64 for
 /// integers), rounded once to `dtype`.
-fn reduce(dtype: DType, op: ReduceOp, parts: &[Vec<u8>]) -> Vec<u8> {
+fn reduce(dtype: DType, op: ReduceOp, parts: &[&[u8]]) -> Vec<u8> {
     let es = dtype.size() as usize;
     let n = parts[0].len() / es;
     let mut out = vec![0u8; n * es];

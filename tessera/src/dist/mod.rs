@@ -8,7 +8,9 @@
 //! puts its calls on a stream of their own so that they overlap the compute stream's work
 //! (buffers shared by the two are ordered by cudarc's per-buffer events). On interpreter
 //! devices ([`crate::Device::cpu`]) the same calls run in host memory, so that code written
-//! for several GPUs runs — and is tested — on one machine without any.
+//! for several GPUs runs — and is tested — on one machine without any; and
+//! [`Communicator::simulated`] makes a group of ranks that share GPUs (staged through the host,
+//! slow) to test such code at several ranks on a machine of one GPU.
 //!
 //! ```
 //! use tessera::dist::{Communicator, ReduceOp};
@@ -244,7 +246,12 @@ pub fn nccl_present() -> bool {
 
 enum Backend {
     Nccl(Arc<nccl::Comm>),
-    Host { group: Arc<host::Group>, seq: Cell<u64> },
+    /// An in-process group: of interpreter devices, or (`simulated`) of ranks sharing GPUs.
+    Host {
+        group: Arc<host::Group>,
+        seq: Cell<u64>,
+        simulated: bool,
+    },
 }
 
 /// One rank of a group of devices that run collectives together.
@@ -267,7 +274,8 @@ impl std::fmt::Debug for Communicator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let how = match self.backend {
             Backend::Nccl(_) => "NCCL",
-            Backend::Host { .. } => "in-process",
+            Backend::Host { simulated: false, .. } => "in-process",
+            Backend::Host { simulated: true, .. } => "simulated on GPUs",
         };
         write!(f, "Communicator(rank {} of {}, {how}, {:?})", self.rank, self.world, self.device)
     }
@@ -386,7 +394,7 @@ impl Communicator {
             return Ok(devices
                 .iter()
                 .enumerate()
-                .map(|(r, d)| make(r, d, Backend::Host { group: group.clone(), seq: Cell::new(0) }))
+                .map(|(r, d)| make(r, d, Backend::Host { group: group.clone(), seq: Cell::new(0), simulated: false }))
                 .collect());
         }
         let mut ordinals = Vec::with_capacity(world);
@@ -427,7 +435,7 @@ impl Communicator {
             if group.world != world {
                 return Err(arg("world", format!("the size {} the group's first rank gave", group.world), world.to_string()));
             }
-            Backend::Host { group, seq: Cell::new(0) }
+            Backend::Host { group, seq: Cell::new(0), simulated: false }
         } else {
             if id.is_local() {
                 return Err(arg("id", "an NCCL id (UniqueId::new) for a GPU".into(), "a UniqueId::local() id".into()));
@@ -436,6 +444,40 @@ impl Communicator {
             Backend::Nccl(Arc::new(nccl::Comm::init_rank(world, &id.0, rank)?))
         };
         Ok(Communicator { rank, world, device: device.clone(), timeout: DEFAULT_TIMEOUT, checked: cfg!(debug_assertions), backend })
+    }
+
+    /// Ranks that share GPUs — any device any number of times, each rank best on a stream of
+    /// its own (`Device::from_stream`) — in one in-process group whose calls are staged through
+    /// host memory: each call waits for its rank's stream, copies the data out, and the
+    /// results are copied back in. Slow, and meant for that: testing code written for several
+    /// GPUs (ring attention, tensor-parallel layers) on a machine of one, with the calls and
+    /// errors of a real group.
+    ///
+    /// # Errors
+    /// [`Error::Argument`] for no devices or an interpreter device among them.
+    pub fn simulated(devices: &[Device]) -> Result<Vec<Communicator>> {
+        let arg = |expected: &str, found: &str| Error::Argument {
+            kernel: "Communicator::simulated",
+            arg: "devices".into(),
+            expected: expected.into(),
+            found: found.into(),
+        };
+        if devices.is_empty() {
+            return Err(arg("at least one device", "none"));
+        }
+        if devices.iter().any(Device::is_cpu) {
+            return Err(arg("GPUs (interpreter devices form a group through Communicator::for_devices)", "the CPU interpreter"));
+        }
+        let group = host::Group::new(devices.len());
+        let rank = |(rank, d): (usize, &Device)| Communicator {
+            rank,
+            world: devices.len(),
+            device: d.clone(),
+            timeout: DEFAULT_TIMEOUT,
+            checked: true,
+            backend: Backend::Host { group: group.clone(), seq: Cell::new(0), simulated: true },
+        };
+        Ok(devices.iter().enumerate().map(rank).collect())
     }
 
     /// This rank.
@@ -476,8 +518,10 @@ impl Communicator {
     /// [`Error::Argument`] for a device of another GPU or of another kind.
     pub fn with_stream(mut self, device: &Device) -> Result<Communicator> {
         let same = match (&self.backend, device.is_cpu()) {
-            (Backend::Host { .. }, true) => true,
-            (Backend::Nccl(_), false) => self.device.context()?.cu_ctx() == device.context()?.cu_ctx(),
+            (Backend::Host { simulated: false, .. }, true) => true,
+            (Backend::Nccl(_) | Backend::Host { simulated: true, .. }, false) => {
+                self.device.context()?.cu_ctx() == device.context()?.cu_ctx()
+            }
             _ => false,
         };
         if !same {
@@ -596,7 +640,7 @@ impl Communicator {
             // the guard orders the stream after their earlier writes.
             (Backend::Nccl(c), Loc::Cuda(ptr)) => unsafe { c.send(T::DTYPE, n, ptr, peer, self.raw_stream()?) },
             (Backend::Host { group, .. }, Loc::Host(span)) => {
-                let data = span.buf.lock()[span.offset..span.offset + span.bytes].to_vec();
+                let data = self.snapshot(&span, "send")?;
                 group.send(self.rank, peer, T::DTYPE, data);
                 Ok(())
             }
@@ -615,7 +659,11 @@ impl Communicator {
         match (&self.backend, loc) {
             // SAFETY: as in `send`.
             (Backend::Nccl(c), Loc::Cuda(ptr)) => unsafe { c.recv(T::DTYPE, n, ptr, peer, self.raw_stream()?) },
-            (Backend::Host { group, .. }, Loc::Host(span)) => {
+            (Backend::Host { group, simulated, .. }, Loc::Host(span)) => {
+                if *simulated {
+                    // Nothing queued before on this rank's stream may still use the buffer.
+                    self.device.synchronize()?;
+                }
                 self.finish_host(group, host::Ticket::Recv { from: peer, span, dtype: T::DTYPE }, "recv")
             }
             _ => unreachable!("locate checks the tensor's kind"),
@@ -646,29 +694,31 @@ impl Communicator {
             return Err(self.arg(op, arg, "a dense row-major tensor".into(), format!("shape {:?} with strides {:?}", d.shape, d.strides)));
         }
         let es = std::mem::size_of::<T>();
+        let same_gpu = |this: &Self| -> Result<()> {
+            if d.context != this.device.context()?.cu_ctx() as usize {
+                let expected = format!("a tensor on the communicator's GPU ({:?})", this.device);
+                return Err(this.arg(op, arg, expected, "a tensor of another GPU".into()));
+            }
+            Ok(())
+        };
+        let span = |place| Loc::Host(host::Span { place, offset: d.ptr as usize, bytes: n * es });
         match (&self.backend, &d.host) {
-            (Backend::Host { .. }, Some(buf)) => Ok((n, Loc::Host(host::Span { buf: buf.clone(), offset: d.ptr as usize, bytes: n * es }))),
+            (Backend::Host { simulated: false, .. }, Some(buf)) => Ok((n, span(host::Place::Host(buf.clone())))),
+            (Backend::Host { simulated: true, .. }, None) => {
+                same_gpu(self)?;
+                Ok((n, span(host::Place::Device(self.device.context()?.clone()))))
+            }
             (Backend::Nccl(_), None) => {
-                let ctx = self.device.context()?.cu_ctx() as usize;
-                if d.context != ctx {
-                    return Err(self.arg(
-                        op,
-                        arg,
-                        format!("a tensor on the communicator's GPU ({:?})", self.device),
-                        "a tensor of another GPU".into(),
-                    ));
-                }
+                same_gpu(self)?;
                 Ok((n, Loc::Cuda(d.ptr)))
             }
-            (Backend::Host { .. }, None) => {
+            (Backend::Host { simulated: false, .. }, None) => {
                 Err(self.arg(op, arg, "a tensor of the CPU interpreter (an in-process group)".into(), "a GPU tensor".into()))
             }
-            (Backend::Nccl(_), Some(_)) => Err(self.arg(
-                op,
-                arg,
-                format!("a tensor on the communicator's GPU ({:?})", self.device),
-                "a tensor of the CPU interpreter".into(),
-            )),
+            (Backend::Nccl(_) | Backend::Host { simulated: true, .. }, Some(_)) => {
+                let expected = format!("a tensor on the communicator's GPU ({:?})", self.device);
+                Err(self.arg(op, arg, expected, "a tensor of the CPU interpreter".into()))
+            }
         }
     }
 
@@ -715,14 +765,23 @@ impl Communicator {
                 // `count` need on this GPU; the caller's guards order the stream after them.
                 unsafe { c.call(kind, T::DTYPE, count, s, r, self.raw_stream()?) }
             }
-            (Backend::Host { group, seq }, Loc::Host(s), Loc::Host(r)) => {
+            (Backend::Host { group, seq, .. }, Loc::Host(s), Loc::Host(r)) => {
+                let send = self.snapshot(&s, kind.name())?;
                 let n = seq.get();
                 seq.set(n + 1);
-                let ticket = group.post(self.rank, n, host::Post { kind, dtype: T::DTYPE, count, send: Some(s), recv: Some(r) });
+                let ticket = group.post(self.rank, n, host::Post { kind, dtype: T::DTYPE, count, send, recv: r });
                 self.finish_host(group, ticket, kind.name())
             }
             _ => unreachable!("locate checks the tensors' kind"),
         }
+    }
+
+    /// What an in-process rank sends, copied out now (after its stream's work, on GPUs).
+    fn snapshot(&self, span: &host::Span, op: &'static str) -> Result<Vec<u8>> {
+        if matches!(span.place, host::Place::Device(_)) {
+            self.device.synchronize()?;
+        }
+        span.read().map_err(|message| Error::Collective { op, rank: self.rank, message })
     }
 
     /// Waits for an interpreter group's call now, or at the end of the enclosing [`group`].
