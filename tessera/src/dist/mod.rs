@@ -756,6 +756,14 @@ impl Communicator {
     }
 
     fn run<T: Element>(&self, kind: Kind, count: usize, send: Loc, recv: Loc) -> Result<()> {
+        // Over one rank an average is the value itself. NCCL 2.28 runs a one-rank average
+        // through a scaling kernel of its own that left elements past the first few
+        // unwritten on the H200 (7 and 1003 elements, f32; MEASUREMENTS run 335): a sum (a copy).
+        let kind = match kind {
+            Kind::AllReduce(ReduceOp::Avg) if self.world == 1 => Kind::AllReduce(ReduceOp::Sum),
+            Kind::ReduceScatter(ReduceOp::Avg) if self.world == 1 => Kind::ReduceScatter(ReduceOp::Sum),
+            k => k,
+        };
         match (&self.backend, send, recv) {
             (Backend::Nccl(c), Loc::Cuda(s), Loc::Cuda(r)) => {
                 if self.checked {
