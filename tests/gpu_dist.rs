@@ -36,30 +36,25 @@ impl Elem for f32 {
     }
     const TOL: f64 = 1e-6;
 }
-impl Elem for bf16 {
-    fn from_f64(x: f64) -> Self {
-        bf16::from_f64(x)
-    }
-    fn to_f64(self) -> f64 {
-        f64::from(self.to_f32())
-    }
-    fn poison() -> Self {
-        bf16::NAN
-    }
-    const TOL: f64 = 8e-3;
+/// The 16-bit floats: through f32 both ways, NaN as the poison.
+macro_rules! half_elem {
+    ($t:ty, $tol:expr) => {
+        impl Elem for $t {
+            fn from_f64(x: f64) -> Self {
+                <$t>::from_f64(x)
+            }
+            fn to_f64(self) -> f64 {
+                f64::from(self.to_f32())
+            }
+            fn poison() -> Self {
+                <$t>::NAN
+            }
+            const TOL: f64 = $tol;
+        }
+    };
 }
-impl Elem for f16 {
-    fn from_f64(x: f64) -> Self {
-        f16::from_f64(x)
-    }
-    fn to_f64(self) -> f64 {
-        f64::from(self.to_f32())
-    }
-    fn poison() -> Self {
-        f16::NAN
-    }
-    const TOL: f64 = 1e-3;
-}
+half_elem!(bf16, 8e-3);
+half_elem!(f16, 1e-3);
 impl Elem for i32 {
     fn from_f64(x: f64) -> Self {
         x.round() as i32
