@@ -4,7 +4,7 @@
 # toolkit is installed, and exports what candle's build looks for. Source it:
 #   source scripts/cuda-toolkit.sh && cargo test -p tessera-candle --features cuda
 # No GPU is needed to build: CUDA_COMPUTE_CAP names the target (90, Hopper). Where the machine
-# has no CUDA libraries to link against (no driver, no cuBLAS), it writes link stubs into
+# has no CUDA libraries to link against (no driver, no cuBLAS, no NCCL), it writes link stubs into
 # .tools/ — empty functions under the real libraries' names and sonames, generated from
 # cudarc's bindings — so that test binaries link here; they load the real libraries on the
 # GPU machine (LD_LIBRARY_PATH=/usr/local/cuda/lib64 there).
@@ -45,6 +45,7 @@ nvrtc libnvrtc.so.13 nvrtc nvrtc\w*
 curand libcurand.so.10 curand curand\w*
 cublas libcublas.so.13 cublas cublas\w*
 cublasLt libcublasLt.so.13 cublaslt cublasLt\w*
+nccl libnccl.so.2 nccl nccl\w*
 STUBS
     ln -sf libcudart.so.13 "$tessera_lib/libcudart.so"
   fi

@@ -6,14 +6,25 @@ use crate::{DType, Error, Result};
 use cudarc::nccl::sys;
 use std::ffi::c_void;
 
-/// Whether NCCL can be loaded here. cudarc asks the loader for `libnccl.so` (and
-/// CUDA-versioned names), not NCCL's own soname `libnccl.so.2`: where only the latter is
-/// installed (pip's `nvidia-nccl-cu12`/`-cu13`, as PyTorch uses), a `libnccl.so` link to it
-/// on `LD_LIBRARY_PATH` is needed.
+/// Whether NCCL can be used here: linked into the process (cudarc's `dynamic-linking`, which
+/// candle's `cuda` feature selects: the symbols are then in the process's global scope), or
+/// loadable under the name cudarc's own loading asks for first, `libnccl.so` — not NCCL's
+/// soname `libnccl.so.2`: where only that is installed (pip's `nvidia-nccl-cu12`/`-cu13`, as
+/// PyTorch uses), a `libnccl.so` link to it on `LD_LIBRARY_PATH` is needed.
 pub(crate) fn present() -> bool {
     static PRESENT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    // SAFETY: asks the loader for the library as cudarc's own loading does.
-    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+    *PRESENT.get_or_init(|| {
+        #[cfg(unix)]
+        {
+            // SAFETY: looks a symbol up in the process's global scope; nothing is called.
+            let linked = unsafe { libloading::os::unix::Library::this().get::<unsafe extern "C" fn()>(b"ncclGetVersion\0").is_ok() };
+            linked || crate::library_present(&["libnccl.so"])
+        }
+        #[cfg(not(unix))]
+        {
+            false
+        }
+    })
 }
 
 /// An error from NCCL with its message: the last error NCCL recorded for `comm` where there is
