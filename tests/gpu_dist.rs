@@ -447,3 +447,94 @@ fn gpu_simulated_group_shares_one_gpu() {
     assert!(e.contains("CPU interpreter"), "{e}");
     assert!(Communicator::simulated(&[Device::cpu_with_threads(1)]).unwrap_err().to_string().contains("GPUs"));
 }
+
+/// A SwiGLU MLP split across a group (`tp_swiglu`): every rank's `y` against the float64 MLP
+/// of the whole weights, from the bf16 values each rank was given.
+fn tp_mlp_matches(comms: Vec<Communicator>, m: usize, hidden: usize, ffn: usize) {
+    let world = comms.len();
+    let rnd = |n: usize, s: f32| -> Vec<bf16> { common::random(n, -s, s).into_iter().map(bf16::from_f32).collect() };
+    let (x, wg, wu, wd) = (rnd(m * hidden, 1.0), rnd(ffn * hidden, 0.2), rnd(ffn * hidden, 0.2), rnd(hidden * ffn, 0.2));
+    let f = ffn / world;
+    let ys: Vec<Vec<bf16>> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .into_iter()
+            .map(|c| {
+                let (x, wg, wu, wd) = (&x, &wg, &wu, &wd);
+                s.spawn(move || {
+                    let (dev, r) = (c.device().clone(), c.rank());
+                    // Rows r·f.. of the gate and up weights, the same columns of down.
+                    let rows = |w: &[bf16]| w[r * f * hidden..(r + 1) * f * hidden].to_vec();
+                    let cols: Vec<bf16> = (0..hidden).flat_map(|i| wd[i * ffn + r * f..i * ffn + (r + 1) * f].to_vec()).collect();
+                    let t = |v: &[bf16], shape: &[usize]| Tensor::from_host(&dev, v, shape).unwrap();
+                    let mut y = Tensor::full(&dev, &[m, hidden], bf16::NAN).unwrap();
+                    tessera_kernels::tp::tp_swiglu(
+                        &dev,
+                        &c,
+                        &t(x, &[m, hidden]),
+                        &t(&rows(wg), &[f, hidden]),
+                        &t(&rows(wu), &[f, hidden]),
+                        &t(&cols, &[hidden, f]),
+                        &mut y,
+                    )
+                    .unwrap();
+                    y.to_host().unwrap()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let w = |v: &[bf16], i: usize| f64::from(v[i].to_f32());
+    let mut want = vec![0.0; m * hidden];
+    for i in 0..m {
+        let h: Vec<f64> = (0..ffn)
+            .map(|j| {
+                let (g, u): (f64, f64) = (0..hidden)
+                    .map(|p| (w(&x, i * hidden + p) * w(&wg, j * hidden + p), w(&x, i * hidden + p) * w(&wu, j * hidden + p)))
+                    .fold((0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
+                g / (1.0 + (-g).exp()) * u
+            })
+            .collect();
+        for o in 0..hidden {
+            want[i * hidden + o] = (0..ffn).map(|j| h[j] * w(&wd, o * ffn + j)).sum();
+        }
+    }
+    for (r, y) in ys.iter().enumerate() {
+        let err = rel_error(&wide(y), &want);
+        // bf16 intermediates (up, the gated product, each rank's partial y) and the sum.
+        assert!(err < 2e-2, "tp_swiglu rank {r}/{world} M {m} H {hidden} F {ffn}: relative error {err:e}");
+    }
+}
+
+#[test]
+fn interp_tp_swiglu_matches_f64_mlp() {
+    tp_mlp_matches(cpu_group(2), 19, 64, 128);
+    tp_mlp_matches(cpu_group(1), 7, 64, 64);
+}
+
+#[test]
+fn bad_input_tp_swiglu_names_the_weight() {
+    let comms = cpu_group(1);
+    let dev = comms[0].device().clone();
+    let t = |shape: &[usize]| Tensor::full(&dev, shape, bf16::ONE).unwrap();
+    let mut y = t(&[4, 64]);
+    let e = tessera_kernels::tp::tp_swiglu(&dev, &comms[0], &t(&[4, 64]), &t(&[32, 64]), &t(&[32, 48]), &t(&[64, 32]), &mut y)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("w_up") && e.contains("[32, 48]"), "{e}");
+    let e = tessera_kernels::tp::tp_swiglu(&dev, &comms[0], &t(&[4, 64]), &t(&[32, 64]), &t(&[32, 64]), &t(&[64, 16]), &mut y)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("w_down") && e.contains("[64, 32]"), "{e}");
+}
+
+#[test]
+fn gpu_tp_swiglu_matches_f64_mlp() {
+    let Some(dev) = gpu_or_skip("gpu_tp_swiglu_matches_f64_mlp") else { return };
+    let ctx = dev.context().unwrap().clone();
+    let ranks = |n: usize| -> Vec<Device> { (0..n).map(|_| Device::from_stream(ctx.new_stream().unwrap()).unwrap()).collect() };
+    tp_mlp_matches(Communicator::simulated(&ranks(2)).unwrap(), 257, 512, 1536);
+    tp_mlp_matches(Communicator::simulated(&ranks(4)).unwrap(), 100, 256, 1024);
+    if tessera::dist::nccl_present() {
+        tp_mlp_matches(Communicator::for_devices(std::slice::from_ref(&dev)).unwrap(), 129, 512, 1024);
+    }
+}

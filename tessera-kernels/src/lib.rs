@@ -20,6 +20,7 @@
 //! | [`LinearAttention`] | causal linear attention, chunked, with a scalar decay a step and β (RetNet, simple GLA), per-channel gates (GLA) and a feature map on q and k: forward, backward, decode step (Hopper) |
 //! | [`Conv1d`] | depthwise 1-D convolution along the last axis (`full`, `same`, `causal`; PyTorch's `conv1d` weights too), with a bias, a skip term `D·x`, SiLU and a gate fused; forward and backward (`dx`, `dk`, and the terms'); a direct path, cuFFT's (forward, GPU) and a tensor-core FFT in the language ([`fft`]; forward, Hopper, bf16/f16, `L + Lk − 1 ≤ 131072`); on the transform paths the filters' spectrum made once and reused ([`ConvSpectrum`]) |
 //! | [`Ssd`] | Mamba-2's state-space duality on the linear attention's kernels: forward and backward (Hopper) |
+//! | [`tp::tp_swiglu`], [`tp::row_parallel_linear`] | tensor-parallel layers over a [`tessera::dist::Communicator`]: a SwiGLU MLP with its weights split across the group (gate and up by rows, down by columns), one all-reduce |
 //! | [`quantize_fp8`], [`dequantize_fp8`] | `y = x · scale` to fp8 ([`tessera::F8E4M3`], [`tessera::F8E5M2`]; round to nearest even, saturating, as the GPU's `cvt`) and back (sm_89 and later) |
 #![warn(missing_docs)]
 
@@ -39,6 +40,7 @@ mod scan;
 mod selective_scan;
 mod softmax;
 mod ssd;
+pub mod tp;
 
 pub use attention::{
     attention, attention_backward, attention_dropout_keep, attention_variants, attention_varlen, attention_varlen_backward,
