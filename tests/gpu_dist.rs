@@ -538,3 +538,88 @@ fn gpu_tp_swiglu_matches_f64_mlp() {
         tp_mlp_matches(Communicator::for_devices(std::slice::from_ref(&dev)).unwrap(), 129, 512, 1024);
     }
 }
+
+/// Ring attention at `world` ranks (zig-zag chunks of `chunk` rows for causal, an equal split
+/// otherwise): every rank's rows of `o` and `lse` against float64 attention of the whole
+/// sequence.
+#[allow(clippy::too_many_arguments)]
+fn ring_matches(comms: Vec<Communicator>, b: usize, h: usize, hk: usize, d: usize, chunk: usize, causal: bool) {
+    use tessera_kernels::{ring::ring_attention, Attention};
+    let world = comms.len();
+    let total = 2 * world * chunk;
+    let rnd = |n: usize| -> Vec<bf16> { common::random(n, -1.0, 1.0).into_iter().map(bf16::from_f32).collect() };
+    let (q, k, v) = (rnd(b * total * h * d), rnd(b * total * hk * d), rnd(b * total * hk * d));
+    // Rank r's rows of the sequence: chunks r and 2·world − 1 − r (causal), or rows r·2c.. .
+    let rows_of = |r: usize| -> Vec<usize> {
+        let (a, z) = if causal { (r, 2 * world - 1 - r) } else { (2 * r, 2 * r + 1) };
+        (a * chunk..(a + 1) * chunk).chain(z * chunk..(z + 1) * chunk).collect()
+    };
+    let pick = |x: &[bf16], heads: usize, rows: &[usize]| -> Vec<bf16> {
+        (0..b)
+            .flat_map(|bi| rows.iter().flat_map(move |&s| x[(bi * total + s) * heads * d..(bi * total + s + 1) * heads * d].to_vec()))
+            .collect()
+    };
+    let outs: Vec<(Vec<bf16>, Vec<f32>)> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .into_iter()
+            .map(|c| {
+                let (q, k, v, rows_of, pick) = (&q, &k, &v, &rows_of, &pick);
+                s.spawn(move || {
+                    let dev = c.device().clone();
+                    let rows = rows_of(c.rank());
+                    let n = rows.len();
+                    let t = |x: Vec<bf16>, heads: usize| Tensor::from_host(&dev, &x, &[b, n, heads, d]).unwrap();
+                    let (qt, kt, vt) = (t(pick(q, h, &rows), h), t(pick(k, hk, &rows), hk), t(pick(v, hk, &rows), hk));
+                    let mut o = Tensor::full(&dev, &[b, n, h, d], bf16::NAN).unwrap();
+                    let mut lse = Tensor::full(&dev, &[b, h, n], f32::NAN).unwrap();
+                    ring_attention(&dev, &c, &Attention::new().causal(causal), &qt, &kt, &vt, &mut o, &mut lse).unwrap();
+                    (o.to_host().unwrap(), lse.to_host().unwrap())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let dims = common::AttentionDims { b, sq: total, sk: total, h, hk, d };
+    let at = |len: usize, heads: usize, bi: usize, s: usize, hh: usize| ((bi * len + s) * heads + hh) * d;
+    let visible = common::causal_mask(causal, 0);
+    let mods = common::ScoreMods { score: &common::unmodified, grad: &common::unit_grad, visible: &visible, dropout: None };
+    let (wo, wl) = common::attention_reference(dims, &at, 1.0 / (d as f64).sqrt(), &mods, &wide(&q), &wide(&k), &wide(&v));
+    for (r, (o, lse)) in outs.iter().enumerate() {
+        let rows = rows_of(r);
+        let n = rows.len();
+        let want_o: Vec<f64> = (0..b)
+            .flat_map(|bi| rows.iter().flat_map(move |&s| (0..h * d).map(move |x| at(total, h, bi, s, 0) + x)))
+            .map(|i| wo[i])
+            .collect();
+        let err = rel_error(&wide(o), &want_o);
+        assert!(err < 1e-2, "ring attention rank {r}/{world} causal {causal}: o relative error {err:e}");
+        for bi in 0..b {
+            for hh in 0..h {
+                for (i, &s) in rows.iter().enumerate() {
+                    let (got, want) = (f64::from(lse[(bi * h + hh) * n + i]), wl[(bi * h + hh) * total + s]);
+                    assert!((got - want).abs() < 1e-2 * want.abs().max(1.0), "rank {r} lse [{bi}, {hh}, {s}]: {got} vs {want}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn interp_ring_attention_matches_f64_attention() {
+    ring_matches(cpu_group(2), 2, 2, 1, 64, 13, true);
+    ring_matches(cpu_group(3), 1, 2, 2, 64, 5, false);
+    ring_matches(cpu_group(1), 1, 1, 1, 64, 9, true);
+}
+
+#[test]
+fn gpu_ring_attention_matches_f64_attention() {
+    let Some(dev) = gpu_or_skip("gpu_ring_attention_matches_f64_attention") else { return };
+    let ctx = dev.context().unwrap().clone();
+    let ranks = |n: usize| -> Vec<Device> { (0..n).map(|_| Device::from_stream(ctx.new_stream().unwrap()).unwrap()).collect() };
+    ring_matches(Communicator::simulated(&ranks(2)).unwrap(), 2, 4, 2, 128, 300, true);
+    ring_matches(Communicator::simulated(&ranks(4)).unwrap(), 1, 4, 4, 64, 129, true);
+    ring_matches(Communicator::simulated(&ranks(3)).unwrap(), 1, 2, 1, 128, 200, false);
+    if tessera::dist::nccl_present() {
+        ring_matches(Communicator::for_devices(std::slice::from_ref(&dev)).unwrap(), 1, 4, 4, 128, 1000, true);
+    }
+}

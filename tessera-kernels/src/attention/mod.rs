@@ -167,6 +167,16 @@ impl Attention {
         Attention { causal, ..self }
     }
 
+    /// The layout (for the layers built on the forward, such as ring attention).
+    pub(crate) fn layout_of(&self) -> AttentionLayout {
+        self.layout
+    }
+
+    /// Whether the mask is causal.
+    pub(crate) fn is_causal(&self) -> bool {
+        self.causal
+    }
+
     /// The factor on `Q·Kᵀ` before the softmax (default `1/√head_dim`).
     pub fn scale(self, scale: f32) -> Attention {
         Attention { scale: Some(scale), ..self }
