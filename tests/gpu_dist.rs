@@ -544,11 +544,15 @@ fn gpu_tp_swiglu_matches_f64_mlp() {
 /// sequence.
 #[allow(clippy::too_many_arguments)]
 fn ring_matches(comms: Vec<Communicator>, b: usize, h: usize, hk: usize, d: usize, chunk: usize, causal: bool) {
-    use tessera_kernels::{ring::ring_attention, Attention};
+    use tessera_kernels::{
+        ring::{ring_attention, ring_attention_backward},
+        Attention,
+    };
     let world = comms.len();
     let total = 2 * world * chunk;
     let rnd = |n: usize| -> Vec<bf16> { common::random(n, -1.0, 1.0).into_iter().map(bf16::from_f32).collect() };
     let (q, k, v) = (rnd(b * total * h * d), rnd(b * total * hk * d), rnd(b * total * hk * d));
+    let dout = rnd(b * total * h * d);
     // Rank r's rows of the sequence: chunks r and 2·world − 1 − r (causal), or rows r·2c.. .
     let rows_of = |r: usize| -> Vec<usize> {
         let (a, z) = if causal { (r, 2 * world - 1 - r) } else { (2 * r, 2 * r + 1) };
@@ -559,11 +563,12 @@ fn ring_matches(comms: Vec<Communicator>, b: usize, h: usize, hk: usize, d: usiz
             .flat_map(|bi| rows.iter().flat_map(move |&s| x[(bi * total + s) * heads * d..(bi * total + s + 1) * heads * d].to_vec()))
             .collect()
     };
-    let outs: Vec<(Vec<bf16>, Vec<f32>)> = std::thread::scope(|s| {
+    type Out = (Vec<bf16>, Vec<f32>, [Vec<bf16>; 3]);
+    let outs: Vec<Out> = std::thread::scope(|s| {
         let hs: Vec<_> = comms
             .into_iter()
             .map(|c| {
-                let (q, k, v, rows_of, pick) = (&q, &k, &v, &rows_of, &pick);
+                let (q, k, v, dout, rows_of, pick) = (&q, &k, &v, &dout, &rows_of, &pick);
                 s.spawn(move || {
                     let dev = c.device().clone();
                     let rows = rows_of(c.rank());
@@ -572,8 +577,11 @@ fn ring_matches(comms: Vec<Communicator>, b: usize, h: usize, hk: usize, d: usiz
                     let (qt, kt, vt) = (t(pick(q, h, &rows), h), t(pick(k, hk, &rows), hk), t(pick(v, hk, &rows), hk));
                     let mut o = Tensor::full(&dev, &[b, n, h, d], bf16::NAN).unwrap();
                     let mut lse = Tensor::full(&dev, &[b, h, n], f32::NAN).unwrap();
-                    ring_attention(&dev, &c, &Attention::new().causal(causal), &qt, &kt, &vt, &mut o, &mut lse).unwrap();
-                    (o.to_host().unwrap(), lse.to_host().unwrap())
+                    let opts = Attention::new().causal(causal);
+                    ring_attention(&dev, &c, &opts, &qt, &kt, &vt, &mut o, &mut lse).unwrap();
+                    let g = ring_attention_backward(&dev, &c, &opts, &qt, &kt, &vt, &o, &lse, &t(pick(dout, h, &rows), h)).unwrap();
+                    let grads = [g.dq.to_host().unwrap(), g.dk.to_host().unwrap(), g.dv.to_host().unwrap()];
+                    (o.to_host().unwrap(), lse.to_host().unwrap(), grads)
                 })
             })
             .collect();
@@ -583,8 +591,10 @@ fn ring_matches(comms: Vec<Communicator>, b: usize, h: usize, hk: usize, d: usiz
     let at = |len: usize, heads: usize, bi: usize, s: usize, hh: usize| ((bi * len + s) * heads + hh) * d;
     let visible = common::causal_mask(causal, 0);
     let mods = common::ScoreMods { score: &common::unmodified, grad: &common::unit_grad, visible: &visible, dropout: None };
-    let (wo, wl) = common::attention_reference(dims, &at, 1.0 / (d as f64).sqrt(), &mods, &wide(&q), &wide(&k), &wide(&v));
-    for (r, (o, lse)) in outs.iter().enumerate() {
+    let scale = 1.0 / (d as f64).sqrt();
+    let (wo, wl) = common::attention_reference(dims, &at, scale, &mods, &wide(&q), &wide(&k), &wide(&v));
+    let wg = common::attention_backward_reference(dims, &at, scale, &mods, &wide(&q), &wide(&k), &wide(&v), &wide(&dout));
+    for (r, (o, lse, grads)) in outs.iter().enumerate() {
         let rows = rows_of(r);
         let n = rows.len();
         let want_o: Vec<f64> = (0..b)
@@ -600,6 +610,18 @@ fn ring_matches(comms: Vec<Communicator>, b: usize, h: usize, hk: usize, d: usiz
                     assert!((got - want).abs() < 1e-2 * want.abs().max(1.0), "rank {r} lse [{bi}, {hh}, {s}]: {got} vs {want}");
                 }
             }
+        }
+        // The gradients of this rank's rows, against the whole sequence's (the reference's
+        // value and magnitude picked the same way).
+        for ((name, got), (want, heads)) in ["dq", "dk", "dv"].iter().zip(grads).zip([(&wg[0], h), (&wg[1], hk), (&wg[2], hk)]) {
+            let idx: Vec<usize> =
+                (0..b).flat_map(|bi| rows.iter().flat_map(move |&s| (0..heads * d).map(move |x| at(total, heads, bi, s, 0) + x))).collect();
+            let part = common::Grad {
+                value: idx.iter().map(|&i| want.value[i]).collect(),
+                magnitude: idx.iter().map(|&i| want.magnitude[i]).collect(),
+            };
+            let err = part.error(&wide(got));
+            assert!(err < 2e-2, "ring attention backward rank {r}/{world} causal {causal}: {name} relative error {err:e}");
         }
     }
 }

@@ -20,7 +20,7 @@
 //! | [`LinearAttention`] | causal linear attention, chunked, with a scalar decay a step and β (RetNet, simple GLA), per-channel gates (GLA) and a feature map on q and k: forward, backward, decode step (Hopper) |
 //! | [`Conv1d`] | depthwise 1-D convolution along the last axis (`full`, `same`, `causal`; PyTorch's `conv1d` weights too), with a bias, a skip term `D·x`, SiLU and a gate fused; forward and backward (`dx`, `dk`, and the terms'); a direct path, cuFFT's (forward, GPU) and a tensor-core FFT in the language ([`fft`]; forward, Hopper, bf16/f16, `L + Lk − 1 ≤ 131072`); on the transform paths the filters' spectrum made once and reused ([`ConvSpectrum`]) |
 //! | [`Ssd`] | Mamba-2's state-space duality on the linear attention's kernels: forward and backward (Hopper) |
-//! | [`ring::ring_attention`] | context-parallel (ring) attention forward over a [`tessera::dist::Communicator`]: the sequence split across the group (zig-zag for causal), key/value blocks passed round the ring, each step's output merged by its log-sum-exp |
+//! | [`ring::ring_attention`] | context-parallel (ring) attention forward and backward ([`ring::ring_attention_backward`]) over a [`tessera::dist::Communicator`]: the sequence split across the group (zig-zag for causal), key/value blocks passed round the ring, each step's output merged by its log-sum-exp |
 //! | [`tp::tp_swiglu`], [`tp::row_parallel_linear`] | tensor-parallel layers over a [`tessera::dist::Communicator`]: a SwiGLU MLP with its weights split across the group (gate and up by rows, down by columns), one all-reduce |
 //! | [`quantize_fp8`], [`dequantize_fp8`] | `y = x · scale` to fp8 ([`tessera::F8E4M3`], [`tessera::F8E5M2`]; round to nearest even, saturating, as the GPU's `cvt`) and back (sm_89 and later) |
 #![warn(missing_docs)]
@@ -132,8 +132,8 @@ pub mod kernels {
     };
     pub use crate::reduce::{col_max_f32, col_sum_f32, row_max_f32, row_sum_f32, scale_f32};
     pub use crate::ring::{
-        attention_merge_bf16, attention_merge_f16, attention_merge_finish_bf16, attention_merge_finish_f16, ring_copy_rows_bf16,
-        ring_copy_rows_f16,
+        attention_merge_bf16, attention_merge_f16, attention_merge_finish_bf16, attention_merge_finish_f16, ring_accumulate_bf16,
+        ring_accumulate_f16, ring_cast_bf16, ring_cast_f16, ring_copy_rows_bf16, ring_copy_rows_f16, ring_copy_rows_f32,
     };
     pub use crate::rope::{rope_half_bf16, rope_half_f16, rope_half_f32, rope_pairs_bf16, rope_pairs_f16, rope_pairs_f32};
     pub use crate::scan::{
@@ -167,6 +167,11 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         attention_merge_finish_f16::VARIANTS,
         ring_copy_rows_bf16::VARIANTS,
         ring_copy_rows_f16::VARIANTS,
+        ring_copy_rows_f32::VARIANTS,
+        ring_accumulate_bf16::VARIANTS,
+        ring_accumulate_f16::VARIANTS,
+        ring_cast_bf16::VARIANTS,
+        ring_cast_f16::VARIANTS,
         row_sum_f32::VARIANTS,
         row_max_f32::VARIANTS,
         col_sum_f32::VARIANTS,

@@ -12,9 +12,12 @@
 //! work either way. Each step's output and log-sum-exp are merged into f32 running sums
 //! (`attention_merge`); the next block is exchanged (a send to `r + 1`, a receive from
 //! `r − 1`, one group) before the step's attention runs, on the communicator's stream — on a
-//! stream of its own ([`Communicator::with_stream`]) it overlaps the attention.
+//! stream of its own ([`Communicator::with_stream`]) it overlaps the attention. The backward
+//! ([`ring_attention_backward`]) runs the same block pairs through `attention_backward`, the
+//! key/value blocks travelling with the f32 sums of their gradients, which reach their owner
+//! after the last step.
 
-use crate::attention::{attention_with_lse, Attention, AttentionElement, AttentionLayout};
+use crate::attention::{attention_backward, attention_with_lse, Attention, AttentionElement, AttentionGrads, AttentionLayout};
 use tessera::dist::{group, Communicator};
 use tessera::{bf16, f16, kernel, Device, Error, Grid, Result, Tensor};
 
@@ -69,7 +72,7 @@ pub fn attention_merge_finish(acc: Global<f32, 4>, acc_lse: Global<f32, 4>, out:
 
 /// `out[b, i, j] = x[b, row0 + i, j]` over `out`'s extent: 16 rows × 256 columns a block, the
 /// batch entries along the grid's second axis with the row tiles.
-#[kernel(dtypes(T = [bf16, f16]))]
+#[kernel(dtypes(T = [bf16, f16, f32]))]
 pub fn ring_copy_rows(x: Global<T, 3>, out: Global<T, 3>, row0: i32) {
     let tiles = (out.dim(1) + 15) / 16;
     let b = block::id_y() / tiles;
@@ -80,6 +83,28 @@ pub fn ring_copy_rows(x: Global<T, 3>, out: Global<T, 3>, row0: i32) {
 
 type View<'a, T> = tessera::TensorView<'a, T>;
 type ViewMut<'a, T> = tessera::TensorViewMut<'a, T>;
+
+/// `acc[b, row0 + i, j] += x[b, i, j]` over `x`'s extent (f32 sums of 16-bit gradients),
+/// blocks as [`ring_copy_rows`]'s.
+#[kernel(dtypes(T = [bf16, f16]))]
+pub fn ring_accumulate(acc: Global<f32, 3>, x: Global<T, 3>, row0: i32) {
+    let tiles = (x.dim(1) + 15) / 16;
+    let b = block::id_y() / tiles;
+    let r = (block::id_y() - b * tiles) * 16;
+    let j = block::id_x() * 256;
+    let sum = acc.load::<Tile<f32, 16, 256>>([b, row0 + r, j]) + x.load::<Tile<T, 16, 256>>([b, r, j]).cast::<f32>();
+    acc.store([b, row0 + r, j], sum);
+}
+
+/// `y = x` in `T`, blocks as [`ring_copy_rows`]'s over `y`.
+#[kernel(dtypes(T = [bf16, f16]))]
+pub fn ring_cast(x: Global<f32, 3>, y: Global<T, 3>) {
+    let tiles = (y.dim(1) + 15) / 16;
+    let b = block::id_y() / tiles;
+    let r = (block::id_y() - b * tiles) * 16;
+    let j = block::id_x() * 256;
+    y.store([b, r, j], x.load::<Tile<f32, 16, 256>>([b, r, j]).cast::<T>());
+}
 
 /// An element type of ring attention: bf16 or f16.
 pub trait RingElement: AttentionElement {
@@ -96,10 +121,14 @@ pub trait RingElement: AttentionElement {
     ) -> Result<()>;
     #[doc(hidden)]
     fn copy_rows(device: &Device, grid: Grid, x: &View<'_, Self>, out: &mut ViewMut<'_, Self>, row0: i32) -> Result<()>;
+    #[doc(hidden)]
+    fn accumulate(device: &Device, grid: Grid, acc: &mut ViewMut<'_, f32>, x: &View<'_, Self>, row0: i32) -> Result<()>;
+    #[doc(hidden)]
+    fn cast(device: &Device, grid: Grid, x: &View<'_, f32>, y: &mut ViewMut<'_, Self>) -> Result<()>;
 }
 
 macro_rules! ring_element {
-    ($t:ty, $merge:ident, $finish:ident, $copy:ident) => {
+    ($t:ty, $merge:ident, $finish:ident, $copy:ident, $acc:ident, $cast:ident) => {
         impl RingElement for $t {
             fn merge(
                 device: &Device, grid: Grid, acc: &mut ViewMut<'_, f32>, acc_lse: &mut ViewMut<'_, f32>, part: &View<'_, Self>,
@@ -116,11 +145,17 @@ macro_rules! ring_element {
             fn copy_rows(device: &Device, grid: Grid, x: &View<'_, Self>, out: &mut ViewMut<'_, Self>, row0: i32) -> Result<()> {
                 $copy::launch(device, grid, x, out, row0)
             }
+            fn accumulate(device: &Device, grid: Grid, acc: &mut ViewMut<'_, f32>, x: &View<'_, Self>, row0: i32) -> Result<()> {
+                $acc::launch(device, grid, acc, x, row0)
+            }
+            fn cast(device: &Device, grid: Grid, x: &View<'_, f32>, y: &mut ViewMut<'_, Self>) -> Result<()> {
+                $cast::launch(device, grid, x, y)
+            }
         }
     };
 }
-ring_element!(bf16, attention_merge_bf16, attention_merge_finish_bf16, ring_copy_rows_bf16);
-ring_element!(f16, attention_merge_f16, attention_merge_finish_f16, ring_copy_rows_f16);
+ring_element!(bf16, attention_merge_bf16, attention_merge_finish_bf16, ring_copy_rows_bf16, ring_accumulate_bf16, ring_cast_bf16);
+ring_element!(f16, attention_merge_f16, attention_merge_finish_f16, ring_copy_rows_f16, ring_accumulate_f16, ring_cast_f16);
 
 fn arg(name: &str, expected: String, found: String) -> Error {
     Error::Argument { kernel: "ring_attention", arg: name.into(), expected, found }
@@ -134,15 +169,47 @@ fn dims4<T: tessera::Element>(name: &str, t: &Tensor<T>) -> Result<[usize; 4]> {
     }
 }
 
+/// The grid of [`ring_copy_rows`]-shaped kernels over `[b, rows, cols]`.
+fn rows_grid(b: usize, rows: usize, cols: usize) -> Grid {
+    Grid::from((Grid::tiles(cols, 256), Grid::tiles(rows, 16).saturating_mul(b as u32)))
+}
+
+/// `[b, s, h, d]` (any element) as the 3-D `[b, s, h·d]` the row kernels take.
+fn rows3(t: &[usize]) -> ([usize; 3], [usize; 3]) {
+    let (b, s, w) = (t[0], t[1], t[2..].iter().product::<usize>());
+    ([b, s, w], [s * w, w, 1])
+}
+
 /// Rows `row0..row0 + rows` of `x` (`[b, s, heads, d]`) as a tensor of their own.
 fn rows_of<T: RingElement>(device: &Device, x: &Tensor<T>, row0: usize, rows: usize) -> Result<Tensor<T>> {
-    let [b, s, h, d] = dims4("q", x)?;
+    let [b, _, h, d] = dims4("q", x)?;
     let mut out = Tensor::<T>::scratch(device, &[b, rows, h, d])?;
-    let grid = (Grid::tiles(h * d, 256), Grid::tiles(rows, 16).saturating_mul(b as u32));
-    let xv = x.view(&[b, s, h * d], &[s * h * d, h * d, 1])?;
-    let mut ov = out.view_mut(&[b, rows, h * d], &[rows * h * d, h * d, 1])?;
-    T::copy_rows(device, Grid::from(grid), &xv, &mut ov, row0 as i32)?;
-    drop(ov);
+    let ((sx, tx), (so, to)) = (rows3(x.shape()), rows3(out.shape()));
+    T::copy_rows(device, rows_grid(b, rows, h * d), &x.view(&sx, &tx)?, &mut out.view_mut(&so, &to)?, row0 as i32)?;
+    Ok(out)
+}
+
+/// `acc[:, row0.., :] += x` (`acc` f32 `[b, s, h, d]`, `x` `[b, rows, h, d]`).
+fn accumulate<T: RingElement>(device: &Device, acc: &mut Tensor<f32>, x: &Tensor<T>, row0: usize) -> Result<()> {
+    let ((sa, ta), (sx, tx)) = (rows3(acc.shape()), rows3(x.shape()));
+    T::accumulate(device, rows_grid(sx[0], sx[1], sx[2]), &mut acc.view_mut(&sa, &ta)?, &x.view(&sx, &tx)?, row0 as i32)
+}
+
+/// `acc` in `T`.
+fn cast<T: RingElement>(device: &Device, acc: &Tensor<f32>) -> Result<Tensor<T>> {
+    let mut y = Tensor::<T>::scratch(device, acc.shape())?;
+    let (sa, ta) = rows3(acc.shape());
+    T::cast(device, rows_grid(sa[0], sa[1], sa[2]), &acc.view(&sa, &ta)?, &mut y.view_mut(&sa, &ta)?)?;
+    Ok(y)
+}
+
+/// Rows `row0..row0 + rows` of a log-sum-exp `[b, h, s]`.
+fn lse_rows(device: &Device, lse: &Tensor<f32>, row0: usize, rows: usize) -> Result<Tensor<f32>> {
+    let [b, h, s] = [lse.shape()[0], lse.shape()[1], lse.shape()[2]];
+    let mut out = Tensor::<f32>::scratch(device, &[b, h, rows])?;
+    let (x, mut o) = (lse.view(&[b * h, s, 1], &[s, 1, 1])?, out.view_mut(&[b * h, rows, 1], &[rows, 1, 1])?);
+    ring_copy_rows_f32::launch(device, rows_grid(b * h, rows, 1), &x, &mut o, row0 as i32)?;
+    drop(o);
     Ok(out)
 }
 
@@ -202,6 +269,30 @@ impl Running {
     }
 }
 
+/// The checks the forward and the backward share: `[b, s, h, d]` of q.
+fn check<T: RingElement>(
+    opts: &Attention, q: &Tensor<T>, k: &Tensor<T>, v: &Tensor<T>, o: &Tensor<T>, lse: &Tensor<f32>,
+) -> Result<[usize; 4]> {
+    if opts.layout_of() != AttentionLayout::Bshd {
+        return Err(arg("opts", "AttentionLayout::Bshd".into(), "another layout".into()));
+    }
+    let [b, s, h, d] = dims4("q", q)?;
+    let [bk, sk, hk, dk] = dims4("k", k)?;
+    if dims4("v", v)? != [bk, sk, hk, dk] {
+        return Err(arg("v", format!("k's shape {:?}", k.shape()), format!("{:?}", v.shape())));
+    }
+    if dims4("o", o)? != [b, s, h, d] {
+        return Err(arg("o", format!("q's shape {:?}", q.shape()), format!("{:?}", o.shape())));
+    }
+    if lse.shape() != [b, h, s] {
+        return Err(arg("lse", format!("[{b}, {h}, {s}]"), format!("{:?}", lse.shape())));
+    }
+    if opts.is_causal() && (s % 2 != 0 || sk != s) {
+        return Err(arg("q", "causal: an even local length (two zig-zag chunks), the same for k".into(), format!("q {s} rows, k {sk}")));
+    }
+    Ok([b, s, h, d])
+}
+
 /// Ring attention forward for one rank of `comm`'s group: `q`, `k`, `v` `[batch, s, heads,
 /// head_dim]` are this rank's part of the sequence — for causal attention its zig-zag chunks
 /// `r` and `2·world − 1 − r` one after the other (`s` even), otherwise any equal split in rank
@@ -219,29 +310,13 @@ pub fn ring_attention<T: RingElement>(
     device: &Device, comm: &Communicator, opts: &Attention, q: &Tensor<T>, k: &Tensor<T>, v: &Tensor<T>, o: &mut Tensor<T>,
     lse: &mut Tensor<f32>,
 ) -> Result<()> {
-    if opts.layout_of() != AttentionLayout::Bshd {
-        return Err(arg("opts", "AttentionLayout::Bshd".into(), "another layout".into()));
-    }
-    let [b, s, h, d] = dims4("q", q)?;
-    let [bk, sk, hk, dk] = dims4("k", k)?;
-    if dims4("v", v)? != [bk, sk, hk, dk] {
-        return Err(arg("v", format!("k's shape {:?}", k.shape()), format!("{:?}", v.shape())));
-    }
-    if dims4("o", o)? != [b, s, h, d] {
-        return Err(arg("o", format!("q's shape {:?}", q.shape()), format!("{:?}", o.shape())));
-    }
-    if lse.shape() != [b, h, s] {
-        return Err(arg("lse", format!("[{b}, {h}, {s}]"), format!("{:?}", lse.shape())));
-    }
+    let [b, s, h, d] = check(opts, q, k, v, o, lse)?;
     let causal = opts.is_causal();
-    if causal && (s % 2 != 0 || sk != s) {
-        return Err(arg("q", "causal: an even local length (two zig-zag chunks), the same for k".into(), format!("q {s} rows, k {sk}")));
-    }
     let (world, rank) = (comm.world_size(), comm.rank());
     let c = s / 2;
     let mut run =
         Running { acc: Tensor::scratch(device, &[b, s, h, d])?, lse: Tensor::scratch(device, &[b, h, s])?, steps: 0, dims: [b, s, h, d] };
-    let (mut kc, mut vc) = (k_copy(device, k)?, k_copy(device, v)?);
+    let (mut kc, mut vc) = (rows_of(device, k, 0, k.shape()[1])?, rows_of(device, v, 0, v.shape()[1])?);
     for step in 0..world {
         // The next block, while this one's attention runs.
         let next = if step + 1 == world {
@@ -285,8 +360,76 @@ pub fn ring_attention<T: RingElement>(
     run.finish(device, o, lse)
 }
 
-/// A copy of `t` (the block this rank sends on while its own stays the caller's).
-fn k_copy<T: RingElement>(device: &Device, t: &Tensor<T>) -> Result<Tensor<T>> {
-    let s = t.shape()[1];
-    rows_of(device, t, 0, s)
+/// Ring attention backward for one rank (the forward's tensors and split, with `o` and `lse`
+/// what [`ring_attention`] gave, `dout` the gradient of `o`): this rank's `dq`, `dk`, `dv`.
+/// Each step runs [`attention_backward`] on the block pairs the forward's step ran — with the
+/// final `o` and the whole sequence's `lse`, each block's gradients are exact parts of the
+/// whole — and sums them in f32: `dq` here, `dk` and `dv` in sums that travel with the key/value
+/// block round the ring and reach its owner after the last step.
+///
+/// # Errors
+/// As [`ring_attention`]'s, and `dout` not o's shape.
+#[allow(clippy::too_many_arguments)]
+pub fn ring_attention_backward<T: RingElement>(
+    device: &Device, comm: &Communicator, opts: &Attention, q: &Tensor<T>, k: &Tensor<T>, v: &Tensor<T>, o: &Tensor<T>, lse: &Tensor<f32>,
+    dout: &Tensor<T>,
+) -> Result<AttentionGrads<T>> {
+    let [b, s, h, d] = check(opts, q, k, v, o, lse)?;
+    if dims4("dout", dout)? != [b, s, h, d] {
+        return Err(arg("dout", format!("o's shape {:?}", o.shape()), format!("{:?}", dout.shape())));
+    }
+    let causal = opts.is_causal();
+    let (world, rank) = (comm.world_size(), comm.rank());
+    let c = s / 2;
+    let mut dq = Tensor::<f32>::zeros(device, &[b, s, h, d])?;
+    let (mut kc, mut vc) = (rows_of(device, k, 0, k.shape()[1])?, rows_of(device, v, 0, v.shape()[1])?);
+    let mut dk = Tensor::<f32>::zeros(device, k.shape())?;
+    let mut dv = Tensor::<f32>::zeros(device, v.shape())?;
+    let plain = opts.causal(false);
+    for step in 0..world {
+        let from = (rank + world - step) % world;
+        if !causal || step == 0 {
+            let g = attention_backward(device, &opts.causal(causal && step == 0), q, &kc, &vc, o, lse, dout)?;
+            accumulate(device, &mut dq, &g.dq, 0)?;
+            accumulate(device, &mut dk, &g.dk, 0)?;
+            accumulate(device, &mut dv, &g.dv, 0)?;
+        } else if from < rank {
+            let (k0, v0) = (rows_of(device, &kc, 0, c)?, rows_of(device, &vc, 0, c)?);
+            let g = attention_backward(device, &plain, q, &k0, &v0, o, lse, dout)?;
+            accumulate(device, &mut dq, &g.dq, 0)?;
+            accumulate(device, &mut dk, &g.dk, 0)?;
+            accumulate(device, &mut dv, &g.dv, 0)?;
+        } else {
+            let (q1, o1, d1) = (rows_of(device, q, c, c)?, rows_of(device, o, c, c)?, rows_of(device, dout, c, c)?);
+            let g = attention_backward(device, &plain, &q1, &kc, &vc, &o1, &lse_rows(device, lse, c, c)?, &d1)?;
+            accumulate(device, &mut dq, &g.dq, c)?;
+            accumulate(device, &mut dk, &g.dk, 0)?;
+            accumulate(device, &mut dv, &g.dv, 0)?;
+        }
+        // The block on to the next rank, its gradients' sums with it (after the last step
+        // those alone, home to their owner).
+        let (to, from_rank) = ((rank + 1) % world, (rank + world - 1) % world);
+        let more = step + 1 < world;
+        let (mut kn, mut vn) = (Tensor::<T>::scratch(device, k.shape())?, Tensor::<T>::scratch(device, v.shape())?);
+        let (mut dkn, mut dvn) = (Tensor::<f32>::scratch(device, k.shape())?, Tensor::<f32>::scratch(device, v.shape())?);
+        group(|| {
+            if more {
+                comm.send(&kc, to)?;
+                comm.send(&vc, to)?;
+            }
+            comm.send(&dk, to)?;
+            comm.send(&dv, to)?;
+            if more {
+                comm.recv(&mut kn, from_rank)?;
+                comm.recv(&mut vn, from_rank)?;
+            }
+            comm.recv(&mut dkn, from_rank)?;
+            comm.recv(&mut dvn, from_rank)
+        })?;
+        if more {
+            (kc, vc) = (kn, vn);
+        }
+        (dk, dv) = (dkn, dvn);
+    }
+    Ok(AttentionGrads { dq: cast(device, &dq)?, dk: cast(device, &dk)?, dv: cast(device, &dv)? })
 }
