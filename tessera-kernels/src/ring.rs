@@ -293,6 +293,23 @@ fn check<T: RingElement>(
     Ok([b, s, h, d])
 }
 
+/// Which block pair a step runs (the zig-zag schedule, see the module's notes): the second
+/// chunk's queries only (`q_second`), the held block's first chunk of keys only
+/// (`k_first`), and whether causally (step 0 of causal attention: the rank's own block).
+struct Pair {
+    q_second: bool,
+    k_first: bool,
+    causal: bool,
+}
+
+impl Pair {
+    fn of(causal: bool, step: usize, rank: usize, world: usize) -> Pair {
+        let from = (rank + world - step) % world;
+        let split = causal && step > 0;
+        Pair { q_second: split && from > rank, k_first: split && from < rank, causal: causal && step == 0 }
+    }
+}
+
 /// Ring attention forward for one rank of `comm`'s group: `q`, `k`, `v` `[batch, s, heads,
 /// head_dim]` are this rank's part of the sequence — for causal attention its zig-zag chunks
 /// `r` and `2·world − 1 − r` one after the other (`s` even), otherwise any equal split in rank
@@ -316,45 +333,44 @@ pub fn ring_attention<T: RingElement>(
     let c = s / 2;
     let mut run =
         Running { acc: Tensor::scratch(device, &[b, s, h, d])?, lse: Tensor::scratch(device, &[b, h, s])?, steps: 0, dims: [b, s, h, d] };
-    let (mut kc, mut vc) = (rows_of(device, k, 0, k.shape()[1])?, rows_of(device, v, 0, v.shape()[1])?);
+    // The block received last (none yet: the rank's own, the caller's k and v).
+    let mut held: Option<(Tensor<T>, Tensor<T>)> = None;
     for step in 0..world {
+        let (kc, vc) = held.as_ref().map_or((k, v), |(a, b)| (a, b));
         // The next block, while this one's attention runs.
         let next = if step + 1 == world {
             None
         } else {
             let (mut kn, mut vn) = (Tensor::<T>::scratch(device, k.shape())?, Tensor::<T>::scratch(device, v.shape())?);
             group(|| {
-                comm.send(&kc, (rank + 1) % world)?;
-                comm.send(&vc, (rank + 1) % world)?;
+                comm.send(kc, (rank + 1) % world)?;
+                comm.send(vc, (rank + 1) % world)?;
                 comm.recv(&mut kn, (rank + world - 1) % world)?;
                 comm.recv(&mut vn, (rank + world - 1) % world)
             })?;
             Some((kn, vn))
         };
-        let from = (rank + world - step) % world;
-        if !causal || step == 0 {
-            let mut po = Tensor::<T>::scratch(device, &[b, s, h, d])?;
-            let mut pl = Tensor::<f32>::scratch(device, &[b, h, s])?;
-            let o_opts = opts.causal(causal && step == 0);
-            attention_with_lse(device, &o_opts, q, &kc, &vc, &mut po, &mut pl)?;
-            run.merge(device, &po, &pl, 0)?;
-        } else if from < rank {
-            // Every query against the block's first chunk only.
-            let (k0, v0) = (rows_of(device, &kc, 0, c)?, rows_of(device, &vc, 0, c)?);
-            let mut po = Tensor::<T>::scratch(device, &[b, s, h, d])?;
-            let mut pl = Tensor::<f32>::scratch(device, &[b, h, s])?;
-            attention_with_lse(device, &opts.causal(false), q, &k0, &v0, &mut po, &mut pl)?;
-            run.merge(device, &po, &pl, 0)?;
+        let pair = Pair::of(causal, step, rank, world);
+        let (q1, k0, v0);
+        let qs = if pair.q_second {
+            q1 = rows_of(device, q, c, c)?;
+            &q1
         } else {
-            // The second chunk's queries against both of the block's chunks.
-            let q1 = rows_of(device, q, c, c)?;
-            let mut po = Tensor::<T>::scratch(device, &[b, c, h, d])?;
-            let mut pl = Tensor::<f32>::scratch(device, &[b, h, c])?;
-            attention_with_lse(device, &opts.causal(false), &q1, &kc, &vc, &mut po, &mut pl)?;
-            run.merge(device, &po, &pl, c)?;
-        }
-        if let Some((kn, vn)) = next {
-            (kc, vc) = (kn, vn);
+            q
+        };
+        let (ks, vs) = if pair.k_first {
+            (k0, v0) = (rows_of(device, kc, 0, c)?, rows_of(device, vc, 0, c)?);
+            (&k0, &v0)
+        } else {
+            (kc, vc)
+        };
+        let rows = qs.shape()[1];
+        let mut po = Tensor::<T>::scratch(device, &[b, rows, h, d])?;
+        let mut pl = Tensor::<f32>::scratch(device, &[b, h, rows])?;
+        attention_with_lse(device, &opts.causal(pair.causal), qs, ks, vs, &mut po, &mut pl)?;
+        run.merge(device, &po, &pl, s - rows)?;
+        if next.is_some() {
+            held = next;
         }
     }
     run.finish(device, o, lse)
@@ -382,30 +398,30 @@ pub fn ring_attention_backward<T: RingElement>(
     let (world, rank) = (comm.world_size(), comm.rank());
     let c = s / 2;
     let mut dq = Tensor::<f32>::zeros(device, &[b, s, h, d])?;
-    let (mut kc, mut vc) = (rows_of(device, k, 0, k.shape()[1])?, rows_of(device, v, 0, v.shape()[1])?);
+    let mut held: Option<(Tensor<T>, Tensor<T>)> = None;
     let mut dk = Tensor::<f32>::zeros(device, k.shape())?;
     let mut dv = Tensor::<f32>::zeros(device, v.shape())?;
-    let plain = opts.causal(false);
     for step in 0..world {
-        let from = (rank + world - step) % world;
-        if !causal || step == 0 {
-            let g = attention_backward(device, &opts.causal(causal && step == 0), q, &kc, &vc, o, lse, dout)?;
-            accumulate(device, &mut dq, &g.dq, 0)?;
-            accumulate(device, &mut dk, &g.dk, 0)?;
-            accumulate(device, &mut dv, &g.dv, 0)?;
-        } else if from < rank {
-            let (k0, v0) = (rows_of(device, &kc, 0, c)?, rows_of(device, &vc, 0, c)?);
-            let g = attention_backward(device, &plain, q, &k0, &v0, o, lse, dout)?;
-            accumulate(device, &mut dq, &g.dq, 0)?;
-            accumulate(device, &mut dk, &g.dk, 0)?;
-            accumulate(device, &mut dv, &g.dv, 0)?;
+        let (kc, vc) = held.as_ref().map_or((k, v), |(a, b)| (a, b));
+        let pair = Pair::of(causal, step, rank, world);
+        let (q1, o1, d1, l1, k0, v0);
+        let (qs, os, ds, ls) = if pair.q_second {
+            (q1, o1, d1, l1) =
+                (rows_of(device, q, c, c)?, rows_of(device, o, c, c)?, rows_of(device, dout, c, c)?, lse_rows(device, lse, c, c)?);
+            (&q1, &o1, &d1, &l1)
         } else {
-            let (q1, o1, d1) = (rows_of(device, q, c, c)?, rows_of(device, o, c, c)?, rows_of(device, dout, c, c)?);
-            let g = attention_backward(device, &plain, &q1, &kc, &vc, &o1, &lse_rows(device, lse, c, c)?, &d1)?;
-            accumulate(device, &mut dq, &g.dq, c)?;
-            accumulate(device, &mut dk, &g.dk, 0)?;
-            accumulate(device, &mut dv, &g.dv, 0)?;
-        }
+            (q, o, dout, lse)
+        };
+        let (ks, vs) = if pair.k_first {
+            (k0, v0) = (rows_of(device, kc, 0, c)?, rows_of(device, vc, 0, c)?);
+            (&k0, &v0)
+        } else {
+            (kc, vc)
+        };
+        let g = attention_backward(device, &opts.causal(pair.causal), qs, ks, vs, os, ls, ds)?;
+        accumulate(device, &mut dq, &g.dq, s - qs.shape()[1])?;
+        accumulate(device, &mut dk, &g.dk, 0)?;
+        accumulate(device, &mut dv, &g.dv, 0)?;
         // The block on to the next rank, its gradients' sums with it (after the last step
         // those alone, home to their owner).
         let (to, from_rank) = ((rank + 1) % world, (rank + world - 1) % world);
@@ -414,8 +430,8 @@ pub fn ring_attention_backward<T: RingElement>(
         let (mut dkn, mut dvn) = (Tensor::<f32>::scratch(device, k.shape())?, Tensor::<f32>::scratch(device, v.shape())?);
         group(|| {
             if more {
-                comm.send(&kc, to)?;
-                comm.send(&vc, to)?;
+                comm.send(kc, to)?;
+                comm.send(vc, to)?;
             }
             comm.send(&dk, to)?;
             comm.send(&dv, to)?;
@@ -427,7 +443,7 @@ pub fn ring_attention_backward<T: RingElement>(
             comm.recv(&mut dvn, from_rank)
         })?;
         if more {
-            (kc, vc) = (kn, vn);
+            held = Some((kn, vn));
         }
         (dk, dv) = (dkn, dvn);
     }

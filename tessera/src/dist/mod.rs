@@ -281,7 +281,8 @@ impl std::fmt::Debug for Communicator {
     }
 }
 
-/// What a collective reads or writes, checked: its element count and where it lives.
+/// What a collective reads or writes, checked: where it lives.
+#[derive(Clone)]
 enum Loc {
     Cuda(u64),
     Host(host::Span),
@@ -360,6 +361,12 @@ fn wait_host(group: &host::Group, rank: usize, ticket: &host::Ticket, timeout: D
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 
 impl Communicator {
+    /// Rank `rank` of `world` on `device`, the defaults set.
+    fn new(rank: usize, world: usize, device: &Device, backend: Backend) -> Communicator {
+        let checked = cfg!(debug_assertions) || matches!(backend, Backend::Host { .. });
+        Communicator { rank, world, device: device.clone(), timeout: DEFAULT_TIMEOUT, checked, backend }
+    }
+
     /// One communicator per device, all in this process: ranks `0..devices.len()` in order.
     /// GPUs join one NCCL group (`ncclCommInitAll`; each GPU once); interpreter devices an
     /// in-process group.
@@ -378,14 +385,7 @@ impl Communicator {
             return Err(arg("at least one device", "none".into()));
         };
         let world = devices.len();
-        let make = |rank: usize, device: &Device, backend: Backend| Communicator {
-            rank,
-            world,
-            device: device.clone(),
-            timeout: DEFAULT_TIMEOUT,
-            checked: cfg!(debug_assertions),
-            backend,
-        };
+        let make = |rank: usize, device: &Device, backend: Backend| Communicator::new(rank, world, device, backend);
         if first.is_cpu() {
             if let Some(gpu) = devices.iter().find(|d| !d.is_cpu()) {
                 return Err(arg("devices all of one kind", format!("the CPU interpreter and {gpu:?}")));
@@ -443,7 +443,7 @@ impl Communicator {
             device.context()?.bind_to_thread()?;
             Backend::Nccl(Arc::new(nccl::Comm::init_rank(world, &id.0, rank)?))
         };
-        Ok(Communicator { rank, world, device: device.clone(), timeout: DEFAULT_TIMEOUT, checked: cfg!(debug_assertions), backend })
+        Ok(Communicator::new(rank, world, device, backend))
     }
 
     /// Ranks that share GPUs — any device any number of times, each rank best on a stream of
@@ -469,13 +469,8 @@ impl Communicator {
             return Err(arg("GPUs (interpreter devices form a group through Communicator::for_devices)", "the CPU interpreter"));
         }
         let group = host::Group::new(devices.len());
-        let rank = |(rank, d): (usize, &Device)| Communicator {
-            rank,
-            world: devices.len(),
-            device: d.clone(),
-            timeout: DEFAULT_TIMEOUT,
-            checked: true,
-            backend: Backend::Host { group: group.clone(), seq: Cell::new(0), simulated: true },
+        let rank = |(rank, d): (usize, &Device)| {
+            Communicator::new(rank, devices.len(), d, Backend::Host { group: group.clone(), seq: Cell::new(0), simulated: true })
         };
         Ok(devices.iter().enumerate().map(rank).collect())
     }
@@ -592,7 +587,7 @@ impl Communicator {
     /// # Errors
     /// As [`Communicator::all_reduce`].
     pub fn all_reduce_in_place<T: Element>(&self, t: &mut impl GlobalArgMut<T>, op: ReduceOp) -> Result<()> {
-        self.one::<T>(Kind::AllReduce(op), t, |n| n)
+        self.one::<T>(Kind::AllReduce(op), t)
     }
 
     /// `recv = [send of rank 0, send of rank 1, …]`: `recv` holds `world` times `send`'s
@@ -623,7 +618,7 @@ impl Communicator {
         if root >= self.world {
             return Err(self.arg("broadcast", "root", format!("a rank below {}", self.world), root.to_string()));
         }
-        self.one::<T>(Kind::Broadcast(root), t, |n| n)
+        self.one::<T>(Kind::Broadcast(root), t)
     }
 
     /// Sends `t` to rank `peer`, which receives it with [`Communicator::recv`]. Pairs between
@@ -744,28 +739,25 @@ impl Communicator {
     }
 
     /// A collective in place on one tensor.
-    fn one<T: Element>(&self, kind: Kind, t: &mut impl GlobalArgMut<T>, count: impl Fn(usize) -> usize) -> Result<()> {
+    fn one<T: Element>(&self, kind: Kind, t: &mut impl GlobalArgMut<T>) -> Result<()> {
         let op = kind.name();
         let (d, _g) = t.global_desc_mut(&self.device)?;
         let (n, loc) = self.locate::<T>(op, "t", &d)?;
-        let send = match &loc {
-            Loc::Cuda(p) => Loc::Cuda(*p),
-            Loc::Host(s) => Loc::Host(s.clone()),
-        };
-        self.run::<T>(kind, count(n), send, loc)
+        self.run::<T>(kind, n, loc.clone(), loc)
     }
 
     fn run<T: Element>(&self, kind: Kind, count: usize, send: Loc, recv: Loc) -> Result<()> {
-        // Over one rank an average is the value itself. NCCL 2.28 runs a one-rank average
-        // through a scaling kernel of its own that left elements past the first few
-        // unwritten on the H200 (7 and 1003 elements, f32; MEASUREMENTS run 335): a sum (a copy).
-        let kind = match kind {
-            Kind::AllReduce(ReduceOp::Avg) if self.world == 1 => Kind::AllReduce(ReduceOp::Sum),
-            Kind::ReduceScatter(ReduceOp::Avg) if self.world == 1 => Kind::ReduceScatter(ReduceOp::Sum),
-            k => k,
-        };
         match (&self.backend, send, recv) {
             (Backend::Nccl(c), Loc::Cuda(s), Loc::Cuda(r)) => {
+                // Over one rank an average is the value itself. NCCL 2.28 runs a one-rank
+                // average through a scaling kernel of its own that left elements past the
+                // first few unwritten on the H200 (7 and 1003 elements, f32; MEASUREMENTS run
+                // 335): sent as a sum (a copy).
+                let kind = match kind {
+                    Kind::AllReduce(ReduceOp::Avg) if self.world == 1 => Kind::AllReduce(ReduceOp::Sum),
+                    Kind::ReduceScatter(ReduceOp::Avg) if self.world == 1 => Kind::ReduceScatter(ReduceOp::Sum),
+                    k => k,
+                };
                 if self.checked {
                     self.check_calls(c, kind, T::DTYPE, count)?;
                 }
