@@ -19,7 +19,26 @@
 
 use crate::attention::{attention_backward, attention_with_lse, Attention, AttentionElement, AttentionGrads, AttentionLayout};
 use tessera::dist::{group, Communicator};
-use tessera::{bf16, f16, kernel, Device, Error, Grid, Result, Tensor};
+use tessera::{bf16, device, f16, kernel, Device, Error, Grid, Result, Tensor};
+
+/// A merge block's `(batch entry, head, first row)`: the grid's second axis counts the (batch
+/// entry, head) pairs of `heads` heads, its first the 64-row tiles.
+#[device]
+fn merge_block(heads: i32) -> (i32, i32, i32) {
+    let bh = block::id_y();
+    let b = bh / heads;
+    (b, bh - b * heads, block::id_x() * 64)
+}
+
+/// A rows block's `(batch entry, first row, first column)` over `rows` rows: the grid's second
+/// axis counts the batch entries' 16-row tiles, its first the 256-column tiles.
+#[device]
+fn rows_block(rows: i32) -> (i32, i32, i32) {
+    let tiles = (rows + 15) / 16;
+    let bt = block::id_y();
+    let b = bt / tiles;
+    (b, (bt - b * tiles) * 16, block::id_x() * 256)
+}
 
 /// `acc[b, h, row0 + i, :] ← acc·e^(L₁ − L) + part·e^(L₂ − L)` and `acc_lse ← L`, with `L`
 /// the log-sum-exp of the two (natural logs; a row masked in both stays 0 and −∞), the sum
@@ -27,11 +46,7 @@ use tessera::{bf16, f16, kernel, Device, Error, Grid, Result, Tensor};
 /// 1]`); 64 rows a block over `part`'s rows, the head dim in 64-column panels.
 #[kernel(dtypes(T = [bf16, f16]))]
 pub fn attention_merge(acc: Global<f32, 4>, acc_lse: Global<f32, 4>, part: Global<T, 4>, part_lse: Global<f32, 4>, row0: i32, first: i32) {
-    let heads = acc.dim(1);
-    let bh = block::id_y();
-    let b = bh / heads;
-    let h = bh - b * heads;
-    let s0 = block::id_x() * 64;
+    let (b, h, s0) = merge_block(acc.dim(1));
     let r0 = row0 + s0;
     let l2 = part_lse.load_or::<Tile<f32, 64, 1>>([b, h, s0, 0], f32::NEG_INFINITY);
     let mut l1 = Tile::<f32, 64, 1>::full(f32::NEG_INFINITY);
@@ -59,11 +74,7 @@ pub fn attention_merge(acc: Global<f32, 4>, acc_lse: Global<f32, 4>, part: Globa
 /// [`attention_merge`]'s, 64 rows a block.
 #[kernel(dtypes(T = [bf16, f16]))]
 pub fn attention_merge_finish(acc: Global<f32, 4>, acc_lse: Global<f32, 4>, out: Global<T, 4>, out_lse: Global<f32, 4>) {
-    let heads = acc.dim(1);
-    let bh = block::id_y();
-    let b = bh / heads;
-    let h = bh - b * heads;
-    let s0 = block::id_x() * 64;
+    let (b, h, s0) = merge_block(acc.dim(1));
     out_lse.store([b, h, s0, 0], acc_lse.load::<Tile<f32, 64, 1>>([b, h, s0, 0]));
     for c in 0..(acc.dim(3) + 63) / 64 {
         out.store([b, h, s0, c * 64], acc.load::<Tile<f32, 64, 64>>([b, h, s0, c * 64]).cast::<T>());
@@ -74,10 +85,7 @@ pub fn attention_merge_finish(acc: Global<f32, 4>, acc_lse: Global<f32, 4>, out:
 /// batch entries along the grid's second axis with the row tiles.
 #[kernel(dtypes(T = [bf16, f16, f32]))]
 pub fn ring_copy_rows(x: Global<T, 3>, out: Global<T, 3>, row0: i32) {
-    let tiles = (out.dim(1) + 15) / 16;
-    let b = block::id_y() / tiles;
-    let r = (block::id_y() - b * tiles) * 16;
-    let j = block::id_x() * 256;
+    let (b, r, j) = rows_block(out.dim(1));
     out.store([b, r, j], x.load::<Tile<T, 16, 256>>([b, row0 + r, j]));
 }
 
@@ -88,10 +96,7 @@ type ViewMut<'a, T> = tessera::TensorViewMut<'a, T>;
 /// blocks as [`ring_copy_rows`]'s.
 #[kernel(dtypes(T = [bf16, f16]))]
 pub fn ring_accumulate(acc: Global<f32, 3>, x: Global<T, 3>, row0: i32) {
-    let tiles = (x.dim(1) + 15) / 16;
-    let b = block::id_y() / tiles;
-    let r = (block::id_y() - b * tiles) * 16;
-    let j = block::id_x() * 256;
+    let (b, r, j) = rows_block(x.dim(1));
     let sum = acc.load::<Tile<f32, 16, 256>>([b, row0 + r, j]) + x.load::<Tile<T, 16, 256>>([b, r, j]).cast::<f32>();
     acc.store([b, row0 + r, j], sum);
 }
@@ -99,10 +104,7 @@ pub fn ring_accumulate(acc: Global<f32, 3>, x: Global<T, 3>, row0: i32) {
 /// `y = x` in `T`, blocks as [`ring_copy_rows`]'s over `y`.
 #[kernel(dtypes(T = [bf16, f16]))]
 pub fn ring_cast(x: Global<f32, 3>, y: Global<T, 3>) {
-    let tiles = (y.dim(1) + 15) / 16;
-    let b = block::id_y() / tiles;
-    let r = (block::id_y() - b * tiles) * 16;
-    let j = block::id_x() * 256;
+    let (b, r, j) = rows_block(y.dim(1));
     y.store([b, r, j], x.load::<Tile<f32, 16, 256>>([b, r, j]).cast::<T>());
 }
 
