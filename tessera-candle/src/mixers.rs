@@ -211,37 +211,6 @@ pub struct SelectiveScanOptions<'a> {
 /// A candle error when a dtype, device or shape does not fit (saying which tensor and what was
 /// expected: the kernel's argument check), for a CUDA tensor without the `cuda` feature, or when
 /// the kernel fails.
-/// Mamba's selective scan ([`tessera_kernels::SelectiveScan`]): `h_t = exp(Δ_t·A)·h_{t−1} +
-/// Δ_t·B_t·u_t`, `y_t = C_t·h_t (+ D·u_t) (· silu(z_t))` per (batch, channel), the state
-/// starting at zero. `u`, `delta` `[batch, channels, L]` and `b`, `c` `[batch, groups, d_state,
-/// L]` of one dtype (bf16 or f32), `a` `[channels, d_state]` f32 (negative: a decaying state),
-/// d_state 16, 32 or 64; `y` as `u`. The options add `D`, `z`, the delta bias and softplus.
-///
-/// Registered with candle's autograd: `backward()` gives the gradients of every input
-/// (Tessera's [`SelectiveScan::backward`](tessera_kernels::SelectiveScan::backward); `db`,
-/// `dc`, `da`, `dD` and the delta bias's are summed with float atomics on the GPU, so their
-/// last bits vary from run to run). The inputs are packed into two tensors first (see the
-/// module's notes): one copy of them, which an inference-only caller can skip by calling
-/// [`tessera_kernels::SelectiveScan`] on borrowed buffers.
-///
-/// ```
-/// use candle_core::{DType, Device, Tensor};
-/// let dev = Device::Cpu;
-/// let (batch, channels, states, len) = (1, 2, 16, 5);
-/// let u = Tensor::randn(0f32, 1.0, (batch, channels, len), &dev)?;
-/// let delta = (Tensor::rand(0f32, 1.0, (batch, channels, len), &dev)? * 0.1)?;
-/// let a = Tensor::rand(-1f32, -0.1, (channels, states), &dev)?;
-/// let b = Tensor::randn(0f32, 1.0, (batch, 1, states, len), &dev)?;
-/// let c = Tensor::randn(0f32, 1.0, (batch, 1, states, len), &dev)?;
-/// let y = tessera_candle::selective_scan(&u, &delta, &a, &b, &c, &Default::default())?;
-/// assert_eq!(y.dims(), &[batch, channels, len]);
-/// # Ok::<(), candle_core::Error>(())
-/// ```
-///
-/// # Errors
-/// A candle error when a dtype, device or shape does not fit (saying which tensor and what was
-/// expected: the kernel's argument check), for a CUDA tensor without the `cuda` feature, or when
-/// the kernel fails.
 pub fn selective_scan(
     u: &Tensor, delta: &Tensor, a: &Tensor, b: &Tensor, c: &Tensor, options: &SelectiveScanOptions<'_>,
 ) -> candle_core::Result<Tensor> {
@@ -286,13 +255,8 @@ fn selective_scan_run<T: Elem + SelectiveScanElement, S: Side>(
 ) -> candle_core::Result<(S::Storage, Shape)> {
     let p = op.inputs.parts::<T, S>(side, "selective_scan", own, f32s)?;
     let (dev, dims) = (side.device(), p.get("u")?.shape().to_vec());
-    let [batch, channels, _] = dims[..] else { bail!("selective_scan: `u` must be [batch, channels, L], found {dims:?}") };
-    let states = p.get_f32("a")?.shape().last().copied().unwrap_or(0);
     let scan = op.scan(&p, dev)?;
-    side.output(&dims, Shape::from(dims.clone()), |y| {
-        let mut h_last = tessera::Tensor::<f32>::scratch(dev, &[batch, channels, states])?;
-        scan.run(y, &mut h_last)
-    })
+    side.output(&dims, Shape::from(dims.clone()), |y| scan.run_y(y))
 }
 
 /// [`selective_scan`]'s backward: the packed inputs and the output's gradient in, every

@@ -737,7 +737,7 @@ pub fn selective_scan_step(
 pub trait SelectiveScanElement: Element + sealed::Sealed {
     #[doc(hidden)]
     fn selective_scan_launch(
-        s: &SelectiveScan<'_, Self>, dims: Dims, y: &mut Tensor<Self>, h_last: &mut Tensor<f32>, hsave: Option<&mut Tensor<f32>>,
+        s: &SelectiveScan<'_, Self>, dims: Dims, y: &mut Tensor<Self>, h_last: Option<&mut Tensor<f32>>, hsave: Option<&mut Tensor<f32>>,
     ) -> Result<()>;
     #[doc(hidden)]
     fn selective_scan_step_launch(s: &SelectiveScan<'_, Self>, dims: Dims, y: &mut Tensor<Self>, state: &mut Tensor<f32>) -> Result<()>;
@@ -1036,7 +1036,7 @@ macro_rules! selective_scan_element {
 
             fn selective_scan_launch(
                 s: &SelectiveScan<'_, Self>, dims @ Dims { batch, channels, groups, states, len }: Dims, y: &mut Tensor<Self>,
-                h_last: &mut Tensor<f32>, hsave: Option<&mut Tensor<f32>>,
+                h_last: Option<&mut Tensor<f32>>, hsave: Option<&mut Tensor<f32>>,
             ) -> Result<()> {
                 let dev = s.device;
                 let rows = batch * channels;
@@ -1045,19 +1045,19 @@ macro_rules! selective_scan_element {
                 if rows_fit::<Self>(dims) {
                     // A thread a channel, 128 channels of one group a block.
                     let mut yv = y.view_mut(&[rows, len], &[len, 1])?;
-                    let mut hv = h_last.view_mut(&[rows, states], &[states, 1])?;
+                    let mut hv = h_last.map(|h| h.view_mut(&[rows, states], &[states, 1])).transpose()?;
                     return Self::selective_scan_rows_launch(
                         s,
                         dims,
                         &mut OptionalMut(Some(&mut yv), 2),
-                        &mut OptionalMut(Some(&mut hv), 2),
+                        &mut OptionalMut(hv.as_mut(), 2),
                         hsave,
                     );
                 }
                 let i = state_variant($k::VARIANTS, states)?;
                 let Rows { u, delta, bm, cm, a, z, h0 } = Rows::of(s, dims)?;
                 let mut yv = y.view_mut(&[rows, len], &[len, 1])?;
-                let mut hv = h_last.view_mut(&[rows * states, 1], &[1, 1])?;
+                let mut hv = h_last.map(|h| h.view_mut(&[rows * states, 1], &[1, 1])).transpose()?;
                 $k::launch_variant(
                     i,
                     dev,
@@ -1072,7 +1072,7 @@ macro_rules! selective_scan_element {
                     &Optional(s.delta_bias, 1),
                     &Optional(h0.as_ref(), 2),
                     &mut yv,
-                    &mut hv,
+                    &mut OptionalMut(hv.as_mut(), 2),
                     channels as i32,
                     groups as i32,
                     flag(s.d.is_some()),
@@ -1279,13 +1279,22 @@ impl<'a, T: SelectiveScanElement> SelectiveScan<'a, T> {
     /// [`Error::Argument`] naming the tensor whose rank, shape or contiguity does not fit, or a
     /// d_state without a kernel; a launch error.
     pub fn run(&self, y: &mut Tensor<T>, h_last: &mut Tensor<f32>) -> Result<()> {
-        self.run_keeping(y, h_last, None)
+        self.run_keeping(y, Some(h_last), None)
+    }
+
+    /// [`SelectiveScan::run`] without the last state: `y` alone, no state written (nor a
+    /// buffer for it needed) — the forward of a whole sequence that is not continued.
+    ///
+    /// # Errors
+    /// As [`SelectiveScan::run`].
+    pub fn run_y(&self, y: &mut Tensor<T>) -> Result<()> {
+        self.run_keeping(y, None, None)
     }
 
     /// [`SelectiveScan::run`], each 8-step chunk's starting states stored into `hsave` where it
     /// is given (only where the scan runs a thread a channel: `rows_save_fits`).
-    fn run_keeping(&self, y: &mut Tensor<T>, h_last: &mut Tensor<f32>, hsave: Option<&mut Tensor<f32>>) -> Result<()> {
-        let dims = self.dims(y, Some(("h_last", h_last)))?;
+    fn run_keeping(&self, y: &mut Tensor<T>, h_last: Option<&mut Tensor<f32>>, hsave: Option<&mut Tensor<f32>>) -> Result<()> {
+        let dims = self.dims(y, h_last.as_deref().map(|h| ("h_last", h)))?;
         if i32::try_from(dims.batch * dims.channels * dims.states.max(dims.len)).is_err() {
             return Err(self.arg("u", "fewer than 2³¹ rows".into(), format!("batch {}, channels {}", dims.batch, dims.channels)));
         }
@@ -1294,6 +1303,7 @@ impl<'a, T: SelectiveScanElement> SelectiveScan<'a, T> {
         }
         if dims.len == 0 {
             // No steps: the last state is the first.
+            let Some(h_last) = h_last else { return Ok(()) };
             let h = match self.h0 {
                 Some(h0) => h0.to_host()?,
                 None => vec![0.0; dims.batch * dims.channels * dims.states],
@@ -1376,7 +1386,7 @@ impl<'a, T: SelectiveScanElement> SelectiveScan<'a, T> {
             return Ok(SavedScan { states: None, len });
         }
         let mut states = Tensor::<f32>::scratch(self.device, &[len, 1])?;
-        self.run_keeping(y, h_last, Some(&mut states))?;
+        self.run_keeping(y, Some(h_last), Some(&mut states))?;
         Ok(SavedScan { states: Some(states), len })
     }
 
