@@ -307,17 +307,6 @@ pub struct LinearAttentionOptions<'a> {
 ///
 /// # Errors
 /// As [`selective_scan`]'s.
-/// Causal linear attention, chunked ([`tessera_kernels::LinearAttention`]): `o_t =
-/// scale·φ(q_t)·H_t`, `H_t = exp(g_t)·H_{t−1} + φ(k_t)ᵀv_t` from a zero state. `q`, `k` `[batch,
-/// seq, heads, dk]`, `v` `[batch, seq, heads, dv]` (q and k may have fewer heads, dividing v's),
-/// bf16 or f16, dk and dv 64 or 128; `o` as `v`. Hopper GPUs and the interpreter.
-///
-/// Registered with candle's autograd: `backward()` gives the gradients of q, k, v and the decay
-/// (Tessera's [`LinearAttention::backward`](tessera_kernels::LinearAttention::backward)). The
-/// inputs are packed first, as [`selective_scan`]'s.
-///
-/// # Errors
-/// As [`selective_scan`]'s.
 pub fn linear_attention(q: &Tensor, k: &Tensor, v: &Tensor, options: &LinearAttentionOptions<'_>) -> candle_core::Result<Tensor> {
     let f32s: Vec<_> = options.decay.map(|g| ("decay", g)).into_iter().collect();
     let inputs = Inputs::new("linear_attention", q, &[("q", q), ("k", k), ("v", v)], &f32s)?;
@@ -391,18 +380,6 @@ pub struct SsdOptions<'a> {
     pub dt_softplus: bool,
 }
 
-/// Mamba-2's state-space duality, chunked ([`tessera_kernels::Ssd`]): per (batch, head), `h_t =
-/// exp(Δ_t·A_h)·h_{t−1} + Δ_t·B_tᵀx_t`, `y_t = C_t·h_t (+ D_h·x_t)` from a zero state. `x`
-/// `[batch, L, heads, headdim]`, `dt` `[batch, L, heads]`, `b`, `c` `[batch, L, groups, d_state]`
-/// of one dtype (bf16 or f16), `a` `[heads]` f32 (negative); headdim and d_state 64 or 128; `y`
-/// as `x`. Hopper GPUs and the interpreter.
-///
-/// Registered with candle's autograd: `backward()` gives the gradients of every input
-/// (Tessera's [`Ssd::backward`](tessera_kernels::Ssd::backward)). The inputs are packed first,
-/// as [`selective_scan`]'s.
-///
-/// # Errors
-/// As [`selective_scan`]'s.
 /// Mamba-2's state-space duality, chunked ([`tessera_kernels::Ssd`]): per (batch, head), `h_t =
 /// exp(Δ_t·A_h)·h_{t−1} + Δ_t·B_tᵀx_t`, `y_t = C_t·h_t (+ D_h·x_t)` from a zero state. `x`
 /// `[batch, L, heads, headdim]`, `dt` `[batch, L, heads]`, `b`, `c` `[batch, L, groups, d_state]`
