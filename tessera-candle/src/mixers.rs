@@ -6,13 +6,15 @@
 //! one, the f32 ones into another ([`Packed`]; `Tensor::cat`, one copy of the inputs, which
 //! candle's autograd differentiates back to each). The op reads its parts in place; its backward
 //! hands every gradient back in one f32 tensor, cut apart and cast to each packed tensor's
-//! dtype.
+//! dtype. Where no input needs a gradient (inference: no input is a `Var` or computed from one)
+//! nothing is packed: the op is applied to its first tensor and reads the others' storages
+//! where they lie (a copy only of those not contiguous).
 
 #[cfg(feature = "cuda")]
 use crate::Cuda;
 use crate::{contiguous, Cpu, Elem, Input, Side};
 use candle_core::backend::BackendStorage;
-use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor};
+use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor};
 pub use tessera_kernels::FeatureMap;
 use tessera_kernels::{LinearAttentionElement, SelectiveScanElement, SsdElement};
 
@@ -28,18 +30,7 @@ impl Packed {
     /// `parts` (each `(name, tensor)`, every one of `dtype` and on `device`) packed; `op` names
     /// the op in the error where a part's dtype or device is not that.
     fn new(op: &str, dtype: DType, device: &candle_core::Device, parts: &[(&'static str, &Tensor)]) -> candle_core::Result<Packed> {
-        for (name, t) in parts {
-            if t.dtype() != dtype {
-                bail!("{op}: `{name}` must be {dtype:?}, found {:?}", t.dtype())
-            }
-            if !t.device().same_device(device) {
-                bail!(
-                    "{op}: `{name}` must be on the device of the op's first tensor ({:?}), found {:?}",
-                    device.location(),
-                    t.device().location()
-                )
-            }
-        }
+        check_parts(op, dtype, device, parts)?;
         let tensor = padded_cat(parts.iter().map(|(_, t)| t.flatten_all()), dtype, device)?;
         Ok(Packed { tensor, parts: parts.iter().map(|(name, t)| (*name, t.dims().to_vec())).collect() })
     }
@@ -58,6 +49,24 @@ impl Packed {
         }
         Ok(out)
     }
+}
+
+/// A candle error naming the first of `parts` not of `dtype` or not on `device` (`op` names the
+/// op).
+fn check_parts(op: &str, dtype: DType, device: &candle_core::Device, parts: &[(&'static str, &Tensor)]) -> candle_core::Result<()> {
+    for (name, t) in parts {
+        if t.dtype() != dtype {
+            bail!("{op}: `{name}` must be {dtype:?}, found {:?}", t.dtype())
+        }
+        if !t.device().same_device(device) {
+            bail!(
+                "{op}: `{name}` must be on the device of the op's first tensor ({:?}), found {:?}",
+                device.location(),
+                t.device().location()
+            )
+        }
+    }
+    Ok(())
 }
 
 /// Flat tensors of `dtype` one after another, each starting 16 bytes aligned as TMA copies
@@ -87,29 +96,93 @@ fn aligned(dtype: DType, n: usize) -> usize {
     n.div_ceil(per) * per
 }
 
-/// An op's inputs as two packed tensors: those of the op's dtype, and the f32 ones.
+/// An op's inputs: packed into two tensors, those of the op's dtype and the f32 ones, where some
+/// input needs a gradient; else each as given.
 #[derive(Clone)]
-struct Inputs {
-    own: Packed,
-    f32s: Packed,
+enum Inputs {
+    Packed {
+        own: Packed,
+        f32s: Packed,
+    },
+    /// No input needs a gradient: the op is applied to the first of `own` and reads every other
+    /// one's storage (each contiguous: a copy made only of those that were not).
+    Loose {
+        own: Vec<(&'static str, Tensor)>,
+        f32s: Vec<(&'static str, Tensor)>,
+    },
+}
+
+/// What candle hands an op's forward: the two packed tensors' storages, or (inputs taken as
+/// given) the first input's.
+enum Handed<'a, S: Side> {
+    Packed((&'a S::Storage, &'a Layout), (&'a S::Storage, &'a Layout)),
+    First(&'a S::Storage, &'a Layout),
+}
+
+/// A mixer's op over two packed tensors, and the same op over its inputs as given.
+trait Unpack {
+    type Loose: CustomOp1 + Send + Sync + 'static;
+    fn loose(self) -> Self::Loose;
 }
 
 impl Inputs {
-    /// `own` (of `first`'s dtype, `first` among them) and `f32s` packed.
+    /// `own` (of `first`'s dtype, `first` among them, first) and `f32s`: packed where one of
+    /// them needs a gradient.
     fn new(op: &str, first: &Tensor, own: &[(&'static str, &Tensor)], f32s: &[(&'static str, &Tensor)]) -> candle_core::Result<Inputs> {
-        Ok(Inputs { own: Packed::new(op, first.dtype(), first.device(), own)?, f32s: Packed::new(op, DType::F32, first.device(), f32s)? })
+        if own.iter().chain(f32s).any(|(_, t)| t.track_op()) {
+            return Ok(Inputs::Packed {
+                own: Packed::new(op, first.dtype(), first.device(), own)?,
+                f32s: Packed::new(op, DType::F32, first.device(), f32s)?,
+            });
+        }
+        check_parts(op, first.dtype(), first.device(), own)?;
+        check_parts(op, DType::F32, first.device(), f32s)?;
+        let given = |parts: &[(&'static str, &Tensor)]| -> candle_core::Result<Vec<(&'static str, Tensor)>> {
+            parts.iter().map(|&(name, t)| Ok((name, t.contiguous()?))).collect()
+        };
+        Ok(Inputs::Loose { own: given(own)?, f32s: given(f32s)? })
     }
 
-    /// `op` (holding these inputs) applied to the two packed tensors.
-    fn apply<C: CustomOp2 + Send + Sync + 'static>(&self, op: C) -> candle_core::Result<Tensor> {
-        self.own.tensor.apply_op2(&self.f32s.tensor, op)
+    /// `op` (holding these inputs) applied: to the two packed tensors (with its backward), or
+    /// to the first input (none needs a gradient).
+    fn apply<C: CustomOp2 + Unpack + Send + Sync + 'static>(&self, op: C) -> candle_core::Result<Tensor> {
+        match self {
+            Inputs::Packed { own, f32s } => own.tensor.apply_op2(&f32s.tensor, op),
+            Inputs::Loose { own, .. } => match own.first() {
+                Some((_, first)) => first.apply_op1_no_bwd(&op.loose()),
+                None => bail!("{}: no inputs", op.name()),
+            },
+        }
     }
 
-    /// The parts of the two packed storages.
-    fn parts<'a, T: Elem, S: Side>(
-        &self, side: &S, op: &'static str, (so, lo): (&'a S::Storage, &Layout), (sf, lf): (&'a S::Storage, &Layout),
-    ) -> candle_core::Result<Parts<'a, T>> {
-        Ok(Parts { op, own: self.own.read(side, op, so, lo)?, f32s: self.f32s.read(side, op, sf, lf)? })
+    /// `f` of the inputs, read from what candle handed the op (and, for inputs as given, from
+    /// the other inputs' storages, read-locked while `f` runs).
+    fn with_parts<T: Elem, S: Side, R>(
+        &self, side: &S, op: &'static str, handed: Handed<'_, S>, f: impl FnOnce(&Parts<'_, T>) -> candle_core::Result<R>,
+    ) -> candle_core::Result<R> {
+        match (self, handed) {
+            (Inputs::Packed { own, f32s }, Handed::Packed((so, lo), (sf, lf))) => {
+                f(&Parts { op, own: own.read(side, op, so, lo)?, f32s: f32s.read(side, op, sf, lf)? })
+            }
+            (Inputs::Loose { own, f32s }, Handed::First(s, l)) => {
+                let own_locks: Vec<_> = own.iter().skip(1).map(|(name, t)| (*name, t.storage_and_layout())).collect();
+                let f32_locks: Vec<_> = f32s.iter().map(|(name, t)| (*name, t.storage_and_layout())).collect();
+                let mut own_parts = Vec::with_capacity(own.len());
+                if let Some((name, _)) = own.first() {
+                    own_parts.push((*name, side.input::<T>(op, name, s, l, l.dims())?));
+                }
+                for (name, (st, lt)) in &own_locks {
+                    own_parts.push((*name, side.input::<T>(op, name, S::storage_of(name, st)?, lt, lt.dims())?));
+                }
+                let mut f32_parts = Vec::with_capacity(f32s.len());
+                for (name, (st, lt)) in &f32_locks {
+                    f32_parts.push((*name, side.input::<f32>(op, name, S::storage_of(name, st)?, lt, lt.dims())?));
+                }
+                let parts = Parts { op, own: own_parts, f32s: f32_parts };
+                f(&parts)
+            }
+            _ => bail!("{op}: the op was handed tensors other than its inputs"),
+        }
     }
 }
 
@@ -251,12 +324,13 @@ impl SelectiveScanOp {
 }
 
 fn selective_scan_run<T: Elem + SelectiveScanElement, S: Side>(
-    op: &SelectiveScanOp, side: &S, own: (&S::Storage, &Layout), f32s: (&S::Storage, &Layout),
+    op: &SelectiveScanOp, side: &S, handed: Handed<'_, S>,
 ) -> candle_core::Result<(S::Storage, Shape)> {
-    let p = op.inputs.parts::<T, S>(side, "selective_scan", own, f32s)?;
-    let (dev, dims) = (side.device(), p.get("u")?.shape().to_vec());
-    let scan = op.scan(&p, dev)?;
-    side.output(&dims, Shape::from(dims.clone()), |y| scan.run_y(y))
+    op.inputs.with_parts::<T, S, _>(side, "selective_scan", handed, |p| {
+        let (dev, dims) = (side.device(), p.get("u")?.shape().to_vec());
+        let scan = op.scan(p, dev)?;
+        side.output(&dims, Shape::from(dims.clone()), |y| scan.run_y(y))
+    })
 }
 
 /// [`selective_scan`]'s backward: the packed inputs and the output's gradient in, every
@@ -270,18 +344,19 @@ fn selective_scan_backward_run<T: Elem + SelectiveScanElement, S: Side>(
     op: &SelectiveScanBackward, side: &S, own: (&S::Storage, &Layout), f32s: (&S::Storage, &Layout), (sd, ld): (&S::Storage, &Layout),
 ) -> candle_core::Result<(S::Storage, Shape)> {
     let name = "selective_scan backward";
-    let p = op.forward.inputs.parts::<T, S>(side, name, own, f32s)?;
-    let dy = side.input::<T>(name, "dy", sd, ld, p.get("u")?.shape())?;
-    let g = op.forward.scan(&p, side.device())?.backward(&dy).map_err(candle_core::Error::wrap)?;
-    let mut parts = vec![side.wrap(g.du)?, side.wrap(g.ddelta)?, side.wrap(g.db)?, side.wrap(g.dc)?];
-    if let Some(dz) = g.dz {
-        parts.push(side.wrap(dz)?);
-    }
-    parts.push(side.wrap(g.da)?);
-    for t in [g.dd, g.d_delta_bias].into_iter().flatten() {
-        parts.push(side.wrap(t)?);
-    }
-    concat_as(side, parts, DType::F32)
+    op.forward.inputs.with_parts::<T, S, _>(side, name, Handed::Packed(own, f32s), |p| {
+        let dy = side.input::<T>(name, "dy", sd, ld, p.get("u")?.shape())?;
+        let g = op.forward.scan(p, side.device())?.backward(&dy).map_err(candle_core::Error::wrap)?;
+        let mut parts = vec![side.wrap(g.du)?, side.wrap(g.ddelta)?, side.wrap(g.db)?, side.wrap(g.dc)?];
+        if let Some(dz) = g.dz {
+            parts.push(side.wrap(dz)?);
+        }
+        parts.push(side.wrap(g.da)?);
+        for t in [g.dd, g.d_delta_bias].into_iter().flatten() {
+            parts.push(side.wrap(t)?);
+        }
+        concat_as(side, parts, DType::F32)
+    })
 }
 
 /// The options of [`linear_attention`].
@@ -338,12 +413,13 @@ impl LinearAttentionOp {
 }
 
 fn linear_attention_run<T: Elem + LinearAttentionElement, S: Side>(
-    op: &LinearAttentionOp, side: &S, own: (&S::Storage, &Layout), f32s: (&S::Storage, &Layout),
+    op: &LinearAttentionOp, side: &S, handed: Handed<'_, S>,
 ) -> candle_core::Result<(S::Storage, Shape)> {
-    let p = op.inputs.parts::<T, S>(side, "linear_attention", own, f32s)?;
-    let dims = p.get("v")?.shape().to_vec();
-    let la = op.attention(&p, side.device())?;
-    side.output(&dims, Shape::from(dims.clone()), |o| la.run(o, None))
+    op.inputs.with_parts::<T, S, _>(side, "linear_attention", handed, |p| {
+        let dims = p.get("v")?.shape().to_vec();
+        let la = op.attention(p, side.device())?;
+        side.output(&dims, Shape::from(dims.clone()), |o| la.run(o, None))
+    })
 }
 
 /// [`linear_attention`]'s backward: every gradient out as one f32 tensor in the packed order
@@ -356,17 +432,18 @@ fn linear_attention_backward_run<T: Elem + LinearAttentionElement, S: Side>(
     op: &LinearAttentionBackward, side: &S, own: (&S::Storage, &Layout), f32s: (&S::Storage, &Layout), (sd, ld): (&S::Storage, &Layout),
 ) -> candle_core::Result<(S::Storage, Shape)> {
     let name = "linear_attention backward";
-    let p = op.forward.inputs.parts::<T, S>(side, name, own, f32s)?;
-    let dout = side.input::<T>(name, "dout", sd, ld, p.get("v")?.shape())?;
-    let g = op.forward.attention(&p, side.device())?.backward(&dout, None).map_err(candle_core::Error::wrap)?;
-    let mut parts = vec![side.wrap(g.dq)?, side.wrap(g.dk)?, side.wrap(g.dv)?];
-    if p.maybe_f32("decay").is_some() {
-        match g.dg {
-            Some(dg) => parts.push(side.wrap(dg)?),
-            None => bail!("{name}: the kernel gave no gradient for the decay"),
+    op.forward.inputs.with_parts::<T, S, _>(side, name, Handed::Packed(own, f32s), |p| {
+        let dout = side.input::<T>(name, "dout", sd, ld, p.get("v")?.shape())?;
+        let g = op.forward.attention(p, side.device())?.backward(&dout, None).map_err(candle_core::Error::wrap)?;
+        let mut parts = vec![side.wrap(g.dq)?, side.wrap(g.dk)?, side.wrap(g.dv)?];
+        if p.maybe_f32("decay").is_some() {
+            match g.dg {
+                Some(dg) => parts.push(side.wrap(dg)?),
+                None => bail!("{name}: the kernel gave no gradient for the decay"),
+            }
         }
-    }
-    concat_as(side, parts, DType::F32)
+        concat_as(side, parts, DType::F32)
+    })
 }
 
 /// The options of [`ssd`]: Mamba-2's skip `D`, dt bias and softplus.
@@ -424,13 +501,12 @@ impl SsdOp {
     }
 }
 
-fn ssd_run<T: Elem + SsdElement, S: Side>(
-    op: &SsdOp, side: &S, own: (&S::Storage, &Layout), f32s: (&S::Storage, &Layout),
-) -> candle_core::Result<(S::Storage, Shape)> {
-    let p = op.inputs.parts::<T, S>(side, "ssd", own, f32s)?;
-    let dims = p.get("x")?.shape().to_vec();
-    let ssd = op.ssd(&p, side.device())?;
-    side.output(&dims, Shape::from(dims.clone()), |y| ssd.run(y, None))
+fn ssd_run<T: Elem + SsdElement, S: Side>(op: &SsdOp, side: &S, handed: Handed<'_, S>) -> candle_core::Result<(S::Storage, Shape)> {
+    op.inputs.with_parts::<T, S, _>(side, "ssd", handed, |p| {
+        let dims = p.get("x")?.shape().to_vec();
+        let ssd = op.ssd(p, side.device())?;
+        side.output(&dims, Shape::from(dims.clone()), |y| ssd.run(y, None))
+    })
 }
 
 /// [`ssd`]'s backward: every gradient out as one f32 tensor in the packed order (`dx`, `ddt`,
@@ -443,20 +519,22 @@ fn ssd_backward_run<T: Elem + SsdElement, S: Side>(
     op: &SsdBackward, side: &S, own: (&S::Storage, &Layout), f32s: (&S::Storage, &Layout), (sd, ld): (&S::Storage, &Layout),
 ) -> candle_core::Result<(S::Storage, Shape)> {
     let name = "ssd backward";
-    let p = op.forward.inputs.parts::<T, S>(side, name, own, f32s)?;
-    let dy = side.input::<T>(name, "dy", sd, ld, p.get("x")?.shape())?;
-    let g = op.forward.ssd(&p, side.device())?.backward(&dy, None).map_err(candle_core::Error::wrap)?;
-    let mut parts = vec![side.wrap(g.dx)?, side.wrap(g.ddt)?, side.wrap(g.db)?, side.wrap(g.dc)?, side.wrap(g.da)?];
-    for t in [g.dd, g.d_dt_bias].into_iter().flatten() {
-        parts.push(side.wrap(t)?);
-    }
-    concat_as(side, parts, DType::F32)
+    op.forward.inputs.with_parts::<T, S, _>(side, name, Handed::Packed(own, f32s), |p| {
+        let dy = side.input::<T>(name, "dy", sd, ld, p.get("x")?.shape())?;
+        let g = op.forward.ssd(p, side.device())?.backward(&dy, None).map_err(candle_core::Error::wrap)?;
+        let mut parts = vec![side.wrap(g.dx)?, side.wrap(g.ddt)?, side.wrap(g.db)?, side.wrap(g.dc)?, side.wrap(g.da)?];
+        for t in [g.dd, g.d_dt_bias].into_iter().flatten() {
+            parts.push(side.wrap(t)?);
+        }
+        concat_as(side, parts, DType::F32)
+    })
 }
 
 /// The gradients of an op over two packed tensors, from its backward's one f32 tensor (each
 /// part's gradient in turn, unpadded): each packed tensor's laid out as the tensor is (its
 /// parts' padding zero), the first cast back to its dtype.
 fn split_grads(all: &Tensor, inputs: &Inputs) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+    let Inputs::Packed { own, f32s } = inputs else { bail!("a backward of inputs taken as given (none needs a gradient)") };
     let mut at = 0;
     let mut grad = |p: &Packed| -> candle_core::Result<Tensor> {
         let dtype = p.tensor.dtype();
@@ -467,8 +545,8 @@ fn split_grads(all: &Tensor, inputs: &Inputs) -> candle_core::Result<(Option<Ten
         });
         padded_cat(parts, dtype, all.device())
     };
-    let d_own = grad(&inputs.own)?;
-    Ok((Some(d_own), Some(grad(&inputs.f32s)?)))
+    let d_own = grad(own)?;
+    Ok((Some(d_own), Some(grad(f32s)?)))
 }
 
 /// Runs `f` for the op's dtype among `$T` (each `DType` variant and its element type), a candle
@@ -487,9 +565,9 @@ macro_rules! among {
 /// packed tensors and the output's gradient, `backward_run`, every gradient out in one f32
 /// tensor), for the element types `$T`.
 macro_rules! packed_ops {
-    ($op:ident, $name:literal, $backward:ident, $backward_name:literal, [$($T:tt)*], $run:ident, $backward_run:ident) => {
+    ($op:ident, $name:literal, $loose:ident, $backward:ident, $backward_name:literal, [$($T:tt)*], $run:ident, $backward_run:ident) => {
         forwards!($op: CustomOp2 $name, |op, side, s1, l1, s2, l2| {
-            among!($name, s1.dtype(), [$($T)*], $run(op, side, (s1, l1), (s2, l2)))
+            among!($name, s1.dtype(), [$($T)*], $run(op, side, Handed::Packed((s1, l1), (s2, l2))))
         };
             fn bwd(&self, own: &Tensor, f32s: &Tensor, _y: &Tensor, dy: &Tensor) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
                 let all = own.apply_op3_no_bwd(f32s, &dy.contiguous()?, &$backward { forward: self.clone() })?;
@@ -500,12 +578,27 @@ macro_rules! packed_ops {
         forwards!($backward: CustomOp3 $backward_name, |op, side, s1, l1, s2, l2, s3, l3| {
             among!($backward_name, s1.dtype(), [$($T)*], $backward_run(op, side, (s1, l1), (s2, l2), (s3, l3)))
         });
+
+        /// The op over its inputs as given (none needs a gradient), applied to the first.
+        struct $loose($op);
+
+        impl Unpack for $op {
+            type Loose = $loose;
+            fn loose(self) -> $loose {
+                $loose(self)
+            }
+        }
+
+        forwards!($loose: CustomOp1 $name, |op, side, s, l| {
+            among!($name, s.dtype(), [$($T)*], $run(&op.0, side, Handed::First(s, l)))
+        });
     };
 }
 
 packed_ops!(
     SelectiveScanOp,
     "tessera-selective-scan",
+    SelectiveScanGiven,
     SelectiveScanBackward,
     "tessera-selective-scan-backward",
     [BF16 => half::bf16, F32 => f32],
@@ -516,6 +609,7 @@ packed_ops!(
 packed_ops!(
     LinearAttentionOp,
     "tessera-linear-attention",
+    LinearAttentionGiven,
     LinearAttentionBackward,
     "tessera-linear-attention-backward",
     [BF16 => half::bf16, F16 => half::f16],
@@ -523,4 +617,4 @@ packed_ops!(
     linear_attention_backward_run
 );
 
-packed_ops!(SsdOp, "tessera-ssd", SsdBackward, "tessera-ssd-backward", [BF16 => half::bf16, F16 => half::f16], ssd_run, ssd_backward_run);
+packed_ops!(SsdOp, "tessera-ssd", SsdGiven, SsdBackward, "tessera-ssd-backward", [BF16 => half::bf16, F16 => half::f16], ssd_run, ssd_backward_run);

@@ -110,6 +110,12 @@ fn selective_scan_matches(dev: &Device, s: Scan, dtype: DType, tol: f64, grad_to
     assert_eq!((y.dims(), y.dtype()), (&seq[..], dtype));
     let err = rel_error(&values(&y), &scan_reference(s, &x));
     assert!(err < tol, "{s:?} {dtype:?}: y relative error {err}");
+    // No input needing a gradient: the inputs are read as given (nothing packed), the same y.
+    let t: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().detach()).collect();
+    let given =
+        SelectiveScanOptions { d: opts.d.map(|_| &t[6]), z: opts.z.map(|_| &t[4]), delta_bias: opts.delta_bias.map(|_| &t[7]), ..opts };
+    let y_given = tessera_candle::selective_scan(&t[0], &t[1], &t[5], &t[2], &t[3], &given).unwrap();
+    assert_eq!(values(&y_given), values(&y), "{s:?} {dtype:?}: y of the inputs as given");
 
     // The loss Σ y ⊙ w; each input's gradient by central differences of the float64 scan.
     let (w, wv) = tensor(dev, &random(bt * ch * l, 1.0), &seq, dtype);
@@ -262,6 +268,11 @@ fn linear_attention_matches(dev: &Device, c: Lin, dtype: DType) {
     let opts = LinearAttentionOptions { scale: None, feature_map: c.feature, decay: c.decay.then_some(g.as_tensor()) };
     let o = tessera_candle::linear_attention(&q, &k, &v, &opts).unwrap();
     assert_eq!((o.dims(), o.dtype()), (&vd[..], dtype));
+    let g_given = g.as_tensor().detach();
+    let given = LinearAttentionOptions { decay: opts.decay.map(|_| &g_given), ..opts };
+    let o_given =
+        tessera_candle::linear_attention(&q.as_tensor().detach(), &k.as_tensor().detach(), &v.as_tensor().detach(), &given).unwrap();
+    assert_eq!(values(&o_given), values(&o), "{c:?} {dtype:?}: o of the inputs as given");
     let (w, wv) = tensor(dev, &random(n(&vd), 1.0), &vd, dtype);
     let (want_o, want) = lin_reference(c, 1.0 / (c.dk as f64).sqrt(), &qv, &kv, &vv, c.decay.then_some(&gv[..]), None, &wv);
     let err = rel_error(&values(&o), &want_o);
@@ -278,6 +289,27 @@ fn linear_attention_matches(dev: &Device, c: Lin, dtype: DType) {
         let tol = if name == "decay" { 3e-2 } else { 1e-2 };
         assert!(err < tol, "{c:?} {dtype:?}: d{name} relative error {err}");
     }
+}
+
+/// Mamba's x and z as the halves of one projection `[batch, 2·channels, L]`: views that are not
+/// contiguous, taken as given (copied contiguous) where no input needs a gradient — the y of
+/// contiguous copies.
+#[test]
+fn selective_scan_takes_halves_of_one_projection() {
+    let dev = Device::Cpu;
+    let (bt, ch, n, l) = (2, 3, 16, 9);
+    let xz = Tensor::randn(0f32, 1.0, (bt, 2 * ch, l), &dev).unwrap();
+    let (x, z) = (xz.narrow(1, 0, ch).unwrap(), xz.narrow(1, ch, ch).unwrap());
+    assert!(!x.is_contiguous() && !z.is_contiguous());
+    let delta = (Tensor::rand(0f32, 1.0, (bt, ch, l), &dev).unwrap() * 0.2).unwrap();
+    let a = Tensor::rand(-1f32, -0.1, (ch, n), &dev).unwrap();
+    let b = Tensor::randn(0f32, 1.0, (bt, 1, n, l), &dev).unwrap();
+    let c = Tensor::randn(0f32, 1.0, (bt, 1, n, l), &dev).unwrap();
+    let run = |x: &Tensor, z: &Tensor| {
+        let opts = SelectiveScanOptions { z: Some(z), ..Default::default() };
+        values(&tessera_candle::selective_scan(x, &delta, &a, &b, &c, &opts).unwrap())
+    };
+    assert_eq!(run(&x, &z), run(&x.contiguous().unwrap(), &z.contiguous().unwrap()));
 }
 
 #[test]
@@ -338,6 +370,10 @@ fn ssd_matches(dev: &Device, batch: usize, len: usize, heads: usize, groups: usi
     };
     let y = tessera_candle::ssd(&vars[0], &vars[1], &vars[4], &vars[2], &vars[3], &opts).unwrap();
     assert_eq!((y.dims(), y.dtype()), (&xd[..], dtype));
+    let t: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().detach()).collect();
+    let given = tessera_candle::SsdOptions { d: opts.d.map(|_| &t[5]), dt_bias: opts.dt_bias.map(|_| &t[6]), ..opts };
+    let y_given = tessera_candle::ssd(&t[0], &t[1], &t[4], &t[2], &t[3], &given).unwrap();
+    assert_eq!(values(&y_given), values(&y), "ssd {dtype:?}: y of the inputs as given");
     let (w, wv) = tensor(dev, &random(count(&xd), 1.0), &xd, dtype);
 
     // Δ and the decay A·Δ as [batch, heads, L].

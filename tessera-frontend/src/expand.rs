@@ -354,7 +354,7 @@ fn per_dtype(item: TokenStream, opts: &Options) -> syn::Result<Vec<(TokenStream,
         .into_iter()
         .map(|(item, chosen)| {
             let mut o = opts.clone();
-            o.blocks_per_sm = opts.blocks_per_sm.for_types(&chosen);
+            o.blocks_per_sm = opts.blocks_per_sm.iter().map(|b| b.for_types(&chosen)).collect();
             o.tune = opts.tune.as_ref().map(|t| t.for_types(&chosen));
             (item, o)
         })
@@ -463,7 +463,7 @@ fn compile_fn(f: &syn::ItemFn, opts: &Options, knobs: &[(String, i64)]) -> Resul
         }
     }
     let Some(mut ir) = fe.kernel(f, opts.warpgroups) else { return Err(fe.errors) };
-    ir.blocks_per_sm = opts.blocks_per_sm.for_variant(knobs);
+    ir.blocks_per_sm = opts.blocks_per_sm.iter().map(|b| b.for_variant(knobs)).find(|&n| n > 0).unwrap_or(0);
     // A diagnostic build (`TESSERA_WAIT_LIMIT=2000000 cargo build`): waits that spin that
     // long name their line to memcheck. Read when this crate is built, so changing it rebuilds
     // the kernels.
@@ -489,8 +489,9 @@ struct Options {
     targets: Vec<tessera_ptx::Target>,
     /// `dtypes(T = [bf16, f16], …)`: each type parameter and its values (none: no `dtypes`).
     dtypes: Vec<(syn::Ident, Vec<syn::Ident>)>,
-    /// `blocks_per_sm = N` or `blocks_per_sm(W >= 11264) = N`: an occupancy request.
-    blocks_per_sm: Occupancy,
+    /// `blocks_per_sm = N` or `blocks_per_sm(W >= 11264) = N`: occupancy requests, in the
+    /// order written; a variant takes the first whose conditions it meets.
+    blocks_per_sm: Vec<Occupancy>,
     /// `tune(BN = [256, 128], STAGES = [4, 3])`: knobs and their values.
     tune: Option<Tune>,
     /// The device functions the kernel calls: the path each is called by, and its definition.
@@ -500,7 +501,10 @@ struct Options {
 /// `blocks_per_sm`: `blocks` (0: no request) for every variant, or for the variants that meet
 /// every condition — on a `tune` knob (`W >= 11264`) or a `dtypes` parameter (`T != f32`):
 /// `blocks_per_sm(W >= 11264, T != f32) = 3` caps the registers of the wide 16-bit tiles only,
-/// where fitting one more block pays, and leaves the narrow tiles their registers.
+/// where fitting one more block pays, and leaves the narrow tiles their registers. Several
+/// requests are tried in the order written, the first that holds taken:
+/// `blocks_per_sm(U == 4) = 2, blocks_per_sm = 8` gives the `U` 4 variants two blocks an SM
+/// and every other eight.
 #[derive(Clone, Default)]
 struct Occupancy {
     blocks: u32,
@@ -872,7 +876,7 @@ fn int_option(meta: &syn::meta::ParseNestedMeta, range: std::ops::RangeInclusive
 
 fn parse_attr(attr: TokenStream) -> syn::Result<Options> {
     let mut warpgroups = 1;
-    let mut blocks_per_sm = Occupancy::default();
+    let mut blocks_per_sm = Vec::new();
     let mut dtypes: Vec<(syn::Ident, Vec<syn::Ident>)> = Vec::new();
     let mut tune = None;
     let mut targets = tessera_ptx::Target::ALL.to_vec();
@@ -940,7 +944,7 @@ fn parse_attr(attr: TokenStream) -> syn::Result<Options> {
             warpgroups = int_option(meta, 1..=8, "`warpgroups` is 1 to 8 (128 to 1024 threads)")?;
             Ok(())
         } else if meta.path.is_ident("blocks_per_sm") {
-            blocks_per_sm = Occupancy::parse(meta)?;
+            blocks_per_sm.push(Occupancy::parse(meta)?);
             Ok(())
         } else {
             Err(meta.error(
@@ -953,7 +957,9 @@ fn parse_attr(attr: TokenStream) -> syn::Result<Options> {
         option(&meta).map_err(|e| at_end(e, at))
     });
     syn::parse::Parser::parse2(parser, attr).map_err(|e| at_end(e, last))?;
-    blocks_per_sm.check(tune.as_ref(), &dtypes)?;
+    for b in &blocks_per_sm {
+        b.check(tune.as_ref(), &dtypes)?;
+    }
     Ok(Options { warpgroups, targets, dtypes, blocks_per_sm, tune, devices: Vec::new() })
 }
 

@@ -34,6 +34,22 @@ fn plain_blocks_per_sm_reaches_every_variant() {
     }
 }
 
+#[test]
+fn several_blocks_per_sm_requests_take_the_first_that_holds() {
+    let attr = quote!(tune(U = [0, 2, 4]), blocks_per_sm(U == 4) = 2, blocks_per_sm(U >= 2) = 4, blocks_per_sm = 8);
+    let item = quote!(
+        fn k(x: Global<f32, 2>) {
+            x.store([0, 0], Tile::<f32, 1, 64>::zeros());
+        }
+    );
+    let kernels = tessera_frontend::compile(attr, item).expect("the kernel compiles");
+    let request = |name: &str| {
+        let k = kernels.iter().find(|k| k.name == name).expect("the variant");
+        k.variants[0].ptx.lines().find_map(|l| l.trim().strip_prefix(".minnctapersm")?.trim().parse::<u32>().ok())
+    };
+    assert_eq!([request("k__u0"), request("k__u2"), request("k__u4")], [Some(8), Some(4), Some(2)]);
+}
+
 /// A knob's guard in front of a run-time test folds where the knob decides it (`false && x`,
 /// `true || x`): no branch is left in that variant, and the run-time test stays in the other.
 #[test]
