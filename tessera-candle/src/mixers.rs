@@ -262,9 +262,9 @@ pub struct SelectiveScanOptions<'a> {
 /// Registered with candle's autograd: `backward()` gives the gradients of every input
 /// (Tessera's [`SelectiveScan::backward`](tessera_kernels::SelectiveScan::backward); `db`,
 /// `dc`, `da`, `dD` and the delta bias's are summed with float atomics on the GPU, so their
-/// last bits vary from run to run). The inputs are packed into two tensors first (see the
-/// module's notes): one copy of them, which an inference-only caller can skip by calling
-/// [`tessera_kernels::SelectiveScan`] on borrowed buffers.
+/// last bits vary from run to run). Where an input needs a gradient the inputs are packed into
+/// two tensors first (see the module's notes), one copy of them; where none does (inference)
+/// each is read where it lies.
 ///
 /// ```
 /// use candle_core::{DType, Device, Tensor};
