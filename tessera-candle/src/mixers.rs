@@ -106,7 +106,7 @@ enum Inputs {
     },
     /// No input needs a gradient: the op is applied to the first of `own` and reads every other
     /// one's storage (each contiguous: a copy made only of those that were not).
-    Loose {
+    Given {
         own: Vec<(&'static str, Tensor)>,
         f32s: Vec<(&'static str, Tensor)>,
     },
@@ -121,8 +121,8 @@ enum Handed<'a, S: Side> {
 
 /// A mixer's op over two packed tensors, and the same op over its inputs as given.
 trait Unpack {
-    type Loose: CustomOp1 + Send + Sync + 'static;
-    fn loose(self) -> Self::Loose;
+    type Given: CustomOp1 + Send + Sync + 'static;
+    fn given(self) -> Self::Given;
 }
 
 impl Inputs {
@@ -140,7 +140,7 @@ impl Inputs {
         let given = |parts: &[(&'static str, &Tensor)]| -> candle_core::Result<Vec<(&'static str, Tensor)>> {
             parts.iter().map(|&(name, t)| Ok((name, t.contiguous()?))).collect()
         };
-        Ok(Inputs::Loose { own: given(own)?, f32s: given(f32s)? })
+        Ok(Inputs::Given { own: given(own)?, f32s: given(f32s)? })
     }
 
     /// `op` (holding these inputs) applied: to the two packed tensors (with its backward), or
@@ -148,8 +148,8 @@ impl Inputs {
     fn apply<C: CustomOp2 + Unpack + Send + Sync + 'static>(&self, op: C) -> candle_core::Result<Tensor> {
         match self {
             Inputs::Packed { own, f32s } => own.tensor.apply_op2(&f32s.tensor, op),
-            Inputs::Loose { own, .. } => match own.first() {
-                Some((_, first)) => first.apply_op1_no_bwd(&op.loose()),
+            Inputs::Given { own, .. } => match own.first() {
+                Some((_, first)) => first.apply_op1_no_bwd(&op.given()),
                 None => bail!("{}: no inputs", op.name()),
             },
         }
@@ -164,26 +164,35 @@ impl Inputs {
             (Inputs::Packed { own, f32s }, Handed::Packed((so, lo), (sf, lf))) => {
                 f(&Parts { op, own: own.read(side, op, so, lo)?, f32s: f32s.read(side, op, sf, lf)? })
             }
-            (Inputs::Loose { own, f32s }, Handed::First(s, l)) => {
-                let own_locks: Vec<_> = own.iter().skip(1).map(|(name, t)| (*name, t.storage_and_layout())).collect();
-                let f32_locks: Vec<_> = f32s.iter().map(|(name, t)| (*name, t.storage_and_layout())).collect();
+            (Inputs::Given { own, f32s }, Handed::First(s, l)) => {
+                let (own_locks, f32_locks) = (lock(own.get(1..).unwrap_or_default()), lock(f32s));
                 let mut own_parts = Vec::with_capacity(own.len());
                 if let Some((name, _)) = own.first() {
                     own_parts.push((*name, side.input::<T>(op, name, s, l, l.dims())?));
                 }
-                for (name, (st, lt)) in &own_locks {
-                    own_parts.push((*name, side.input::<T>(op, name, S::storage_of(name, st)?, lt, lt.dims())?));
-                }
-                let mut f32_parts = Vec::with_capacity(f32s.len());
-                for (name, (st, lt)) in &f32_locks {
-                    f32_parts.push((*name, side.input::<f32>(op, name, S::storage_of(name, st)?, lt, lt.dims())?));
-                }
-                let parts = Parts { op, own: own_parts, f32s: f32_parts };
+                own_parts.extend(read_locked::<T, S>(side, op, &own_locks)?);
+                let parts = Parts { op, own: own_parts, f32s: read_locked::<f32, S>(side, op, &f32_locks)? };
                 f(&parts)
             }
             _ => bail!("{op}: the op was handed tensors other than its inputs"),
         }
     }
+}
+
+/// Each of `inputs` by name, its storage read-locked, and its layout.
+fn lock<'t>(inputs: &'t [(&'static str, Tensor)]) -> Vec<(&'static str, (candle_core::StorageRef<'t>, &'t Layout))> {
+    inputs.iter().map(|(name, t)| (*name, t.storage_and_layout())).collect()
+}
+
+/// Inputs taken as given, each read from its read-locked storage ([`lock`]) as a kernel input
+/// of its shape.
+fn read_locked<'a, T: Elem, S: Side>(
+    side: &S, op: &str, locks: &'a [(&'static str, (candle_core::StorageRef<'_>, &Layout))],
+) -> candle_core::Result<Vec<(&'static str, Input<'a, T>)>>
+where
+    S::Storage: 'a,
+{
+    locks.iter().map(|(name, (st, lt))| Ok((*name, side.input::<T>(op, name, S::storage_of(name, st)?, lt, lt.dims())?))).collect()
 }
 
 /// An op's inputs read from its packed storages, by name.
@@ -565,7 +574,7 @@ macro_rules! among {
 /// packed tensors and the output's gradient, `backward_run`, every gradient out in one f32
 /// tensor), for the element types `$T`.
 macro_rules! packed_ops {
-    ($op:ident, $name:literal, $loose:ident, $backward:ident, $backward_name:literal, [$($T:tt)*], $run:ident, $backward_run:ident) => {
+    ($op:ident, $name:literal, $given:ident, $backward:ident, $backward_name:literal, [$($T:tt)*], $run:ident, $backward_run:ident) => {
         forwards!($op: CustomOp2 $name, |op, side, s1, l1, s2, l2| {
             among!($name, s1.dtype(), [$($T)*], $run(op, side, Handed::Packed((s1, l1), (s2, l2))))
         };
@@ -580,16 +589,16 @@ macro_rules! packed_ops {
         });
 
         /// The op over its inputs as given (none needs a gradient), applied to the first.
-        struct $loose($op);
+        struct $given($op);
 
         impl Unpack for $op {
-            type Loose = $loose;
-            fn loose(self) -> $loose {
-                $loose(self)
+            type Given = $given;
+            fn given(self) -> $given {
+                $given(self)
             }
         }
 
-        forwards!($loose: CustomOp1 $name, |op, side, s, l| {
+        forwards!($given: CustomOp1 $name, |op, side, s, l| {
             among!($name, s.dtype(), [$($T)*], $run(&op.0, side, Handed::First(s, l)))
         });
     };
