@@ -343,6 +343,12 @@ fn gpu_linear_attention_matches_recurrence() {
     run_case(&dev, c);
     run_case(&dev, Case { decay: true, ..c });
     run_case(&dev, Case { beta: true, qk_heads: 1, layout: AttentionLayout::Bshd, ..c });
+    // Value heads of 64 in pairs a block (two sharing their q and k heads, side by side), and
+    // grouped heads that cannot pair (three to a group).
+    for len in [7, 4099] {
+        run_case(&dev, Case { heads: 4, qk_heads: 2, ..gated(case(len, 128, 64)) });
+        run_case(&dev, Case { heads: 3, qk_heads: 1, ..gated(case(len, 64, 64)) });
+    }
     // Feature maps on q and k.
     run_case(&dev, Case { feature: FeatureMap::EluPlusOne, ..gated(case(1000, 128, 128)) });
     run_case(&dev, Case { feature: FeatureMap::EluPlusOne, ..case(4099, 64, 64) });
@@ -367,6 +373,10 @@ fn gpu_linear_attention_backward_matches_reverse_mode() {
     let c = Case { batch: 3, heads: 4, qk_heads: 2, layout: AttentionLayout::Bhsd, ..case(1000, 128, 64) };
     run_backward(&dev, Case { decay: true, ..c });
     run_backward(&dev, Case { beta: true, qk_heads: 1, layout: AttentionLayout::Bshd, ..c });
+    for len in [7, 4099] {
+        run_backward(&dev, Case { heads: 4, qk_heads: 2, ..gated(case(len, 128, 64)) });
+        run_backward(&dev, Case { heads: 3, qk_heads: 1, ..gated(case(len, 64, 64)) });
+    }
     run_backward(&dev, Case { feature: FeatureMap::EluPlusOne, ..gated(case(1000, 128, 128)) });
     run_backward(&dev, Case { feature: FeatureMap::Relu, decay: true, ..c });
     // Per-channel gates (GLA).
@@ -385,6 +395,9 @@ fn interp_linear_attention_backward_matches_reverse_mode() {
     }
     run_backward(&dev, case(70, 128, 128));
     run_backward(&dev, Case { batch: 1, heads: 4, qk_heads: 2, layout: AttentionLayout::Bhsd, decay: true, ..case(100, 128, 64) });
+    // Heads in pairs a block, and grouped heads that cannot pair.
+    run_backward(&dev, Case { batch: 1, heads: 4, qk_heads: 2, ..gated(case(70, 128, 64)) });
+    run_backward(&dev, Case { batch: 1, heads: 3, qk_heads: 1, ..gated(case(70, 64, 64)) });
     run_backward(&dev, Case { feature: FeatureMap::EluPlusOne, ..gated(case(7, 64, 64)) });
     run_backward(&dev, Case { feature: FeatureMap::Relu, ..case(70, 64, 128) });
     run_backward(&dev, Case { gates: true, beta: true, h0: true, ..case(130, 64, 64) });
@@ -399,6 +412,8 @@ fn interp_linear_attention_matches_recurrence() {
     }
     run_case(&dev, case(70, 128, 128));
     run_case(&dev, Case { batch: 1, heads: 4, qk_heads: 2, layout: AttentionLayout::Bhsd, decay: true, ..case(100, 128, 64) });
+    run_case(&dev, Case { batch: 1, heads: 4, qk_heads: 2, ..gated(case(70, 128, 64)) });
+    run_case(&dev, Case { batch: 1, heads: 3, qk_heads: 1, ..gated(case(70, 64, 64)) });
     run_case(&dev, Case { feature: FeatureMap::EluPlusOne, ..gated(case(7, 64, 64)) });
     run_case(&dev, Case { feature: FeatureMap::Relu, ..case(70, 64, 128) });
     run_case(&dev, Case { gates: true, beta: true, h0: true, ..case(130, 64, 64) });

@@ -42,6 +42,37 @@ pub fn head_origin(b: i32, h: i32, heads: i32, width: i32, bhtd: i32) -> (i32, i
     (plane, col)
 }
 
+/// A block's heads and the first of them, as its (batch·head) index `first`, batch `b` and
+/// head `h`: one head a block, or with `pair` 1 two consecutive value heads of 64 columns each
+/// (one a consumer warpgroup, both served by the same q and k heads).
+#[device]
+pub fn block_heads(heads: i32, pair: i32) -> (i32, i32, i32) {
+    let first = block::id_x() * (1 + pair);
+    let b = first / heads;
+    (first, b, first - b * heads)
+}
+
+/// Where a block's q, k and v start, as planes and first columns: those of head `h`, v's
+/// `DV` columns being the one head's or a pair's two 64-column heads side by side.
+#[device]
+#[allow(clippy::too_many_arguments)]
+pub fn block_origins<const DK: usize, const DV: usize>(
+    b: i32, h: i32, heads: i32, q_group: i32, k_group: i32, bhtd: i32, pair: i32,
+) -> (i32, i32, i32, i32, i32, i32) {
+    let (qp, qc) = head_origin(b, h / q_group, heads / q_group, DK, bhtd);
+    let (kp, kc) = head_origin(b, h / k_group, heads / k_group, DK, bhtd);
+    let (vp, vc) = head_origin(b, h, heads, DV / (1 + pair), bhtd);
+    (qp, qc, kp, kc, vp, vc)
+}
+
+/// Consumer `me`'s own head, from its block's first (`first`, head `h`): its (batch·head)
+/// index, head, and first column in the per-head state tensors (`[batch·heads, DK, d]`). One
+/// head a block: the block's, columns `me·64` on. A pair: head `me` of the two, whole.
+#[device]
+pub fn consumer_head(first: i32, h: i32, me: i32, pair: i32) -> (i32, i32, i32) {
+    (first + me * pair, h + me * pair, me * 64 * (1 - pair))
+}
+
 /// A producer's walk over the chunks of one (batch, head): chunk `c` (or `chunks − 1 − c` with
 /// `reverse`) of Q and K into `sq`, `sk`, of V into `sv` (its 64-column halves one above the
 /// other), and whatever `more(stage, chunk)` loads (a backward's dO) into the same stage.
@@ -149,7 +180,7 @@ pub fn add_outer<T, const M: usize, const YR: usize>(
 pub fn linear_attention_blocks<T, const DK: usize, const DV: usize>(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, beta: Global<f32, 2>, betac: Global<f32, 3>,
     h0: Global<f32, 3>, o: Global<T, 3>, h_last: Global<f32, 3>, heads: i32, q_group: i32, k_group: i32, bhtd: i32, has_g: i32,
-    has_beta: i32, has_h0: i32, keep_h: i32, gv: Global<f32, 2>, has_gv: i32, scale: f32,
+    has_beta: i32, has_h0: i32, keep_h: i32, gv: Global<f32, 2>, has_gv: i32, pair: i32, scale: f32,
     epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
 ) {
     let sq = Smem::<T, 64, DK>::ring(2);
@@ -159,24 +190,21 @@ pub fn linear_attention_blocks<T, const DK: usize, const DV: usize>(
     let sh = Smem::<T, { DK * (DV / 64) }, 64>::ring(1);
     let so = Smem::<T, 64, 64>::ring({ 2 * (DV / 64) });
     let pipe = Pipeline::<2>::new({ DV / 64 });
-    let bh = block::id_x();
-    let b = bh / heads;
-    let h = bh - b * heads;
+    let (first, b, h) = block_heads(heads, pair);
     let chunks = (q.dim(1) + 63) / 64;
-    let (qp, qc) = head_origin(b, h / q_group, heads / q_group, DK, bhtd);
-    let (kp, kc) = head_origin(b, h / k_group, heads / k_group, DK, bhtd);
-    let (vp, vc) = head_origin(b, h, heads, DV, bhtd);
+    let (qp, qc, kp, kc, vp, vc) = block_origins::<DK, DV>(b, h, heads, q_group, k_group, bhtd, pair);
     if warpgroup::id() == 0 {
         load_chunks::<T, DK, DV>(pipe, sq, sk, sv, q, k, v, qp, qc, kp, kc, vp, vc, chunks, 0, |_, _| {});
     } else {
         setmaxnreg(232);
         let me = warpgroup::id() - 1;
         let col = me * 64;
+        let (bh, h, scol) = consumer_head(first, h, me, pair);
         // This consumer's 64 columns of the state, f32 in registers (loaded straight into the
         // accumulator's layout), and its 16-bit copy for the next chunk's queries.
         let mut hs = Tile::<f32, DK, 64>::zeros();
         if has_h0 == 1 {
-            hs = hs + h0.load::<Tile<f32, DK, 64>>([bh, 0, col]);
+            hs = hs + h0.load::<Tile<f32, DK, 64>>([bh, 0, scol]);
         }
         sh.at(0).rows(me * DK, DK).store(hs.cast::<T>());
         drain_stages(pipe, chunks, |s, c| {
@@ -209,7 +237,7 @@ pub fn linear_attention_blocks<T, const DK: usize, const DV: usize>(
             stage_store(o, so, epilogue(out * scale, vp, t0, vc + col), me * 2 + c % 2, vp, t0, vc + col);
         });
         if keep_h == 1 {
-            h_last.store([bh, 0, col], hs);
+            h_last.store([bh, 0, scol], hs);
         }
         tma::store_wait(0);
     }
@@ -259,7 +287,7 @@ pub fn put_gradient<T, const DK: usize>(
 pub fn linear_attention_dq_blocks<T, const DK: usize, const DV: usize>(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, beta: Global<f32, 2>,
     betac: Global<f32, 3>, h0: Global<f32, 3>, dq: Global<T, 3>, dq32: Global<f32, 3>, dg: Global<f32, 2>, hsave: Global<T, 3>, heads: i32,
-    q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_h0: i32, gv: Global<f32, 2>, has_gv: i32, scale: f32,
+    q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_h0: i32, gv: Global<f32, 2>, has_gv: i32, pair: i32, scale: f32,
 ) {
     let sx = Smem::<f32, 64, DK>::ring(1);
     let su = Smem::<T, 64, 64>::ring(1);
@@ -270,13 +298,9 @@ pub fn linear_attention_dq_blocks<T, const DK: usize, const DV: usize>(
     let sw = Smem::<T, DV, 64>::ring(1);
     let sh = Smem::<T, { DK * (DV / 64) }, 64>::ring(1);
     let pipe = Pipeline::<2>::new({ DV / 64 });
-    let bh = block::id_x();
-    let b = bh / heads;
-    let h = bh - b * heads;
+    let (first, b, h) = block_heads(heads, pair);
     let chunks = (q.dim(1) + 63) / 64;
-    let (qp, qc) = head_origin(b, h / q_group, heads / q_group, DK, bhtd);
-    let (kp, kc) = head_origin(b, h / k_group, heads / k_group, DK, bhtd);
-    let (vp, vc) = head_origin(b, h, heads, DV, bhtd);
+    let (qp, qc, kp, kc, vp, vc) = block_origins::<DK, DV>(b, h, heads, q_group, k_group, bhtd, pair);
     if warpgroup::id() == 0 {
         load_chunks::<T, DK, DV>(pipe, sq, sk, sv, q, k, v, qp, qc, kp, kc, vp, vc, chunks, 0, |s, c| {
             #[unroll]
@@ -288,9 +312,10 @@ pub fn linear_attention_dq_blocks<T, const DK: usize, const DV: usize>(
         setmaxnreg(232);
         let me = warpgroup::id() - 1;
         let col = me * 64;
+        let (bh, h, scol) = consumer_head(first, h, me, pair);
         let mut hs = Tile::<f32, DK, 64>::zeros();
         if has_h0 == 1 {
-            hs = hs + h0.load::<Tile<f32, DK, 64>>([bh, 0, col]);
+            hs = hs + h0.load::<Tile<f32, DK, 64>>([bh, 0, scol]);
         }
         sh.at(0).rows(me * DK, DK).store(hs.cast::<T>());
         // U_jt = [j < t], 16-bit, for dg's row sums: consumer 0 writes it, both wait.
@@ -307,7 +332,7 @@ pub fn linear_attention_dq_blocks<T, const DK: usize, const DV: usize>(
             let t0 = c * 64;
             if has_g == 1 {
                 // The state before the chunk, for the reverse walk's share of dg.
-                hsave.store([bh * chunks + c, 0, col], hs.cast::<T>());
+                hsave.store([bh * chunks + c, 0, scol], hs.cast::<T>());
             }
             let mut dp = Tile::<f32, 64, 64>::zeros();
             mma_sync(dp, sdo.at(s).rows(col, 64), sv.at(s).rows(col, 64));
@@ -347,7 +372,7 @@ pub fn linear_attention_dq_blocks<T, const DK: usize, const DV: usize>(
                 // Per-channel gates: the chunk's decay on the state's rows, as the forward; the
                 // state after the chunk kept for the gates' gradient.
                 hs = hs * gv.load::<Tile<f32, DK, 1>>([((b * (heads / k_group) + h / k_group) * chunks + c) * DK, 0]);
-                hsave.store([bh * chunks + c, 0, col], hs.cast::<T>());
+                hsave.store([bh * chunks + c, 0, scol], hs.cast::<T>());
             }
             sh.at(0).rows(me * DK, DK).store(hs.cast::<T>());
             let total = sum_consumers::<DK, DV>(dqa * scale, sx, me);
@@ -376,7 +401,7 @@ pub fn linear_attention_dkv_blocks<T, const DK: usize, const DV: usize>(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, betac: Global<f32, 3>,
     dh_last: Global<f32, 3>, hsave: Global<T, 3>, dk: Global<T, 3>, dk32: Global<f32, 3>, dv: Global<T, 3>, dbc: Global<f32, 3>,
     dg: Global<f32, 2>, dh0: Global<f32, 3>, heads: i32, q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_dh: i32,
-    keep_dh0: i32, gv: Global<f32, 2>, dgl: Global<f32, 2>, has_gv: i32, scale: f32,
+    keep_dh0: i32, gv: Global<f32, 2>, dgl: Global<f32, 2>, has_gv: i32, pair: i32, scale: f32,
 ) {
     let sx = Smem::<f32, 64, DK>::ring(1);
     let sq = Smem::<T, 64, DK>::ring(2);
@@ -386,13 +411,9 @@ pub fn linear_attention_dkv_blocks<T, const DK: usize, const DV: usize>(
     let sw = Smem::<T, DV, 64>::ring(1);
     let sdh = Smem::<T, { DK * (DV / 64) }, 64>::ring(1);
     let pipe = Pipeline::<2>::new({ DV / 64 });
-    let bh = block::id_x();
-    let b = bh / heads;
-    let h = bh - b * heads;
+    let (first, b, h) = block_heads(heads, pair);
     let chunks = (q.dim(1) + 63) / 64;
-    let (qp, qc) = head_origin(b, h / q_group, heads / q_group, DK, bhtd);
-    let (kp, kc) = head_origin(b, h / k_group, heads / k_group, DK, bhtd);
-    let (vp, vc) = head_origin(b, h, heads, DV, bhtd);
+    let (qp, qc, kp, kc, vp, vc) = block_origins::<DK, DV>(b, h, heads, q_group, k_group, bhtd, pair);
     if warpgroup::id() == 0 {
         load_chunks::<T, DK, DV>(pipe, sq, sk, sv, q, k, v, qp, qc, kp, kc, vp, vc, chunks, 1, |s, c| {
             #[unroll]
@@ -404,11 +425,12 @@ pub fn linear_attention_dkv_blocks<T, const DK: usize, const DV: usize>(
         setmaxnreg(232);
         let me = warpgroup::id() - 1;
         let col = me * 64;
+        let (bh, h, scol) = consumer_head(first, h, me, pair);
         // The state's gradient is carried divided by `scale`, so that a chunk adds Qᵀ·dO as
         // the MMA gives it (no scaled copy of dO without a decay); its uses multiply it back.
         let mut dh = Tile::<f32, DK, 64>::zeros();
         if has_dh == 1 {
-            dh = dh + dh_last.load::<Tile<f32, DK, 64>>([bh, 0, col]) * (1.0 / scale);
+            dh = dh + dh_last.load::<Tile<f32, DK, 64>>([bh, 0, scol]) * (1.0 / scale);
         }
         sdh.at(0).rows(me * DK, DK).store(dh.cast::<T>());
         if me == 0 {
@@ -424,7 +446,7 @@ pub fn linear_attention_dkv_blocks<T, const DK: usize, const DV: usize>(
                 // chunk's keys and the state before it.
                 let row = ((b * (heads / k_group) + h / k_group) * chunks + c) * DK;
                 // (the load inside the expression, so that it takes dH's layout)
-                dgl.atomic_add([row, 0], (dh * hsave.load::<Tile<T, DK, 64>>([bh * chunks + c, 0, col]).cast::<f32>()).sum(1) * scale);
+                dgl.atomic_add([row, 0], (dh * hsave.load::<Tile<T, DK, 64>>([bh * chunks + c, 0, scol]).cast::<f32>()).sum(1) * scale);
                 dh = dh * gv.load::<Tile<f32, DK, 1>>([row, 0]);
                 sdh.at(0).rows(me * DK, DK).store(dh.cast::<T>());
             }
@@ -445,7 +467,7 @@ pub fn linear_attention_dkv_blocks<T, const DK: usize, const DV: usize>(
                 if has_beta == 1 {
                     kj = kj * betac.load::<Tile<f32, 64, 1>>([bh, t0, 0]);
                 }
-                let prior = (dh * hsave.load::<Tile<T, DK, 64>>([bh * chunks + c, 0, col]).cast::<f32>()).sum(0).sum(1) * scale * last;
+                let prior = (dh * hsave.load::<Tile<T, DK, 64>>([bh * chunks + c, 0, scol]).cast::<f32>()).sum(0).sum(1) * scale * last;
                 dg.atomic_add(
                     [bh, t0],
                     col_sum(kj * step(Tile::<f32, 64, 64>::col_index() - Tile::<f32, 64, 1>::row_index() - 1.0)) + prior,
@@ -488,22 +510,23 @@ pub fn linear_attention_dkv_blocks<T, const DK: usize, const DV: usize>(
             }
         }
         if keep_dh0 == 1 {
-            dh0.store([bh, 0, col], dh * scale);
+            dh0.store([bh, 0, scol], dh * scale);
         }
     }
 }
 
 /// The output epilogue of the kernels below: `y + D_h·v` (Mamba-2's skip, `v` its x) where
-/// `has_d` is 1, `D` one f32 a head (the head from the chunk's plane or column, as the layout
-/// puts it), else `y`.
+/// `has_d` is 1, `D` one f32 a head (the head from the chunk's plane, or from its column and
+/// the heads' `width`, as the layout puts it), else `y`.
 #[device]
 #[allow(clippy::too_many_arguments)]
-pub fn head_skip<T, const DV: usize>(
-    y: Tile<f32, 64, 64>, v: Global<T, 3>, dskip: Global<f32, 1>, plane: i32, row: i32, col: i32, heads: i32, bhtd: i32, has_d: i32,
+pub fn head_skip<T>(
+    y: Tile<f32, 64, 64>, v: Global<T, 3>, dskip: Global<f32, 1>, plane: i32, row: i32, col: i32, width: i32, heads: i32, bhtd: i32,
+    has_d: i32,
 ) -> Tile<f32, 64, 64> {
     let mut out = y;
     if has_d == 1 {
-        let mut h = col / DV;
+        let mut h = col / width;
         if bhtd == 1 {
             h = plane % heads;
         }
@@ -513,12 +536,14 @@ pub fn head_skip<T, const DV: usize>(
 }
 
 /// Causal linear attention with value head dim 128 (two consumer warpgroups), key head dim
-/// `DK` 128 or 64: `linear_attention_blocks` with `head_skip` as the epilogue.
+/// `DK` 128 or 64: `linear_attention_blocks` with `head_skip` as the epilogue. With `pair` 1,
+/// a block takes two value heads of 64 that share their q and k heads, a consumer each
+/// (`[batch, T, heads·64]` views only).
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(DK = [128, 64]), targets(sm_90a))]
 pub fn linear_attention_fwd(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, beta: Global<f32, 2>, betac: Global<f32, 3>,
     h0: Global<f32, 3>, o: Global<T, 3>, h_last: Global<f32, 3>, dskip: Global<f32, 1>, gv: Global<f32, 2>, heads: i32, q_group: i32,
-    k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_h0: i32, keep_h: i32, has_d: i32, has_gv: i32, scale: f32,
+    k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_h0: i32, keep_h: i32, has_d: i32, has_gv: i32, pair: i32, scale: f32,
 ) {
     linear_attention_blocks::<T, DK, 128>(
         q,
@@ -541,17 +566,19 @@ pub fn linear_attention_fwd(
         keep_h,
         gv,
         has_gv,
+        pair,
         scale,
-        |y, plane, row, col| head_skip::<T, 128>(y, v, dskip, plane, row, col, heads, bhtd, has_d),
+        |y, plane, row, col| head_skip::<T>(y, v, dskip, plane, row, col, 128 / (1 + pair), heads, bhtd, has_d),
     );
 }
 
-/// As `linear_attention_fwd` with value head dim 64 (one consumer warpgroup).
+/// As `linear_attention_fwd` with value head dim 64 (one consumer warpgroup; `pair` is unused:
+/// pairs of 64-column heads run on `linear_attention_fwd`).
 #[kernel(warpgroups = 2, dtypes(T = [bf16, f16]), tune(DK = [128, 64]), targets(sm_90a))]
 pub fn linear_attention_fwd_v64(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, beta: Global<f32, 2>, betac: Global<f32, 3>,
     h0: Global<f32, 3>, o: Global<T, 3>, h_last: Global<f32, 3>, dskip: Global<f32, 1>, gv: Global<f32, 2>, heads: i32, q_group: i32,
-    k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_h0: i32, keep_h: i32, has_d: i32, has_gv: i32, scale: f32,
+    k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_h0: i32, keep_h: i32, has_d: i32, has_gv: i32, pair: i32, scale: f32,
 ) {
     linear_attention_blocks::<T, DK, 64>(
         q,
@@ -574,62 +601,65 @@ pub fn linear_attention_fwd_v64(
         keep_h,
         gv,
         has_gv,
+        0,
         scale,
-        |y, plane, row, col| head_skip::<T, 64>(y, v, dskip, plane, row, col, heads, bhtd, has_d),
+        |y, plane, row, col| head_skip::<T>(y, v, dskip, plane, row, col, 64, heads, bhtd, has_d),
     );
 }
 
-/// The backward's forward walk (`linear_attention_dq_blocks`), value head dim 128.
+/// The backward's forward walk (`linear_attention_dq_blocks`), value head dim 128 (or, with
+/// `pair`, two heads of 64 a block, as `linear_attention_fwd`).
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(DK = [128, 64]), targets(sm_90a))]
 pub fn linear_attention_bwd_dq(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, beta: Global<f32, 2>,
     betac: Global<f32, 3>, h0: Global<f32, 3>, dq: Global<T, 3>, dq32: Global<f32, 3>, dg: Global<f32, 2>, hsave: Global<T, 3>, heads: i32,
-    q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_h0: i32, gv: Global<f32, 2>, has_gv: i32, scale: f32,
+    q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_h0: i32, gv: Global<f32, 2>, has_gv: i32, pair: i32, scale: f32,
 ) {
     linear_attention_dq_blocks::<T, DK, 128>(
         q, k, v, dout, g, gc, beta, betac, h0, dq, dq32, dg, hsave, heads, q_group, k_group, bhtd, has_g, has_beta, has_h0, gv, has_gv,
-        scale,
+        pair, scale,
     );
 }
 
-/// As `linear_attention_bwd_dq`, value head dim 64.
+/// As `linear_attention_bwd_dq`, value head dim 64 (`pair` unused, as `linear_attention_fwd_v64`).
 #[kernel(warpgroups = 2, dtypes(T = [bf16, f16]), tune(DK = [128, 64]), targets(sm_90a))]
 pub fn linear_attention_bwd_dq_v64(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, beta: Global<f32, 2>,
     betac: Global<f32, 3>, h0: Global<f32, 3>, dq: Global<T, 3>, dq32: Global<f32, 3>, dg: Global<f32, 2>, hsave: Global<T, 3>, heads: i32,
-    q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_h0: i32, gv: Global<f32, 2>, has_gv: i32, scale: f32,
+    q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_h0: i32, gv: Global<f32, 2>, has_gv: i32, pair: i32, scale: f32,
 ) {
     linear_attention_dq_blocks::<T, DK, 64>(
-        q, k, v, dout, g, gc, beta, betac, h0, dq, dq32, dg, hsave, heads, q_group, k_group, bhtd, has_g, has_beta, has_h0, gv, has_gv,
+        q, k, v, dout, g, gc, beta, betac, h0, dq, dq32, dg, hsave, heads, q_group, k_group, bhtd, has_g, has_beta, has_h0, gv, has_gv, 0,
         scale,
     );
 }
 
-/// The backward's reverse walk (`linear_attention_dkv_blocks`), value head dim 128.
+/// The backward's reverse walk (`linear_attention_dkv_blocks`), value head dim 128 (or, with
+/// `pair`, two heads of 64 a block, as `linear_attention_fwd`).
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(DK = [128, 64]), targets(sm_90a))]
 pub fn linear_attention_bwd_dkv(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, betac: Global<f32, 3>,
     dh_last: Global<f32, 3>, hsave: Global<T, 3>, dk: Global<T, 3>, dk32: Global<f32, 3>, dv: Global<T, 3>, dbc: Global<f32, 3>,
     dg: Global<f32, 2>, dh0: Global<f32, 3>, heads: i32, q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_dh: i32,
-    keep_dh0: i32, gv: Global<f32, 2>, dgl: Global<f32, 2>, has_gv: i32, scale: f32,
+    keep_dh0: i32, gv: Global<f32, 2>, dgl: Global<f32, 2>, has_gv: i32, pair: i32, scale: f32,
 ) {
     linear_attention_dkv_blocks::<T, DK, 128>(
         q, k, v, dout, g, gc, betac, dh_last, hsave, dk, dk32, dv, dbc, dg, dh0, heads, q_group, k_group, bhtd, has_g, has_beta, has_dh,
-        keep_dh0, gv, dgl, has_gv, scale,
+        keep_dh0, gv, dgl, has_gv, pair, scale,
     );
 }
 
-/// As `linear_attention_bwd_dkv`, value head dim 64.
+/// As `linear_attention_bwd_dkv`, value head dim 64 (`pair` unused, as `linear_attention_fwd_v64`).
 #[kernel(warpgroups = 2, dtypes(T = [bf16, f16]), tune(DK = [128, 64]), targets(sm_90a))]
 pub fn linear_attention_bwd_dkv_v64(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, dout: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, betac: Global<f32, 3>,
     dh_last: Global<f32, 3>, hsave: Global<T, 3>, dk: Global<T, 3>, dk32: Global<f32, 3>, dv: Global<T, 3>, dbc: Global<f32, 3>,
     dg: Global<f32, 2>, dh0: Global<f32, 3>, heads: i32, q_group: i32, k_group: i32, bhtd: i32, has_g: i32, has_beta: i32, has_dh: i32,
-    keep_dh0: i32, gv: Global<f32, 2>, dgl: Global<f32, 2>, has_gv: i32, scale: f32,
+    keep_dh0: i32, gv: Global<f32, 2>, dgl: Global<f32, 2>, has_gv: i32, pair: i32, scale: f32,
 ) {
     linear_attention_dkv_blocks::<T, DK, 64>(
         q, k, v, dout, g, gc, betac, dh_last, hsave, dk, dk32, dv, dbc, dg, dh0, heads, q_group, k_group, bhtd, has_g, has_beta, has_dh,
-        keep_dh0, gv, dgl, has_gv, scale,
+        keep_dh0, gv, dgl, has_gv, 0, scale,
     );
 }
 
@@ -858,6 +888,24 @@ pub struct Dims {
     dv: usize,
 }
 
+impl Dims {
+    /// Whether a block takes two value heads (the 128-column kernels with `pair`): heads of 64
+    /// columns side by side (`Bshd`), each consecutive two served by the same q and k heads
+    /// (Mamba-2's groups). Half the blocks, each with two consumers where it had one, and the
+    /// pair's q and k gradients summed in the block before they are added into the group's.
+    fn paired(&self, layout: AttentionLayout) -> bool {
+        self.dv == 64
+            && layout == AttentionLayout::Bshd
+            && (self.heads / self.q_heads).is_multiple_of(2)
+            && (self.heads / self.k_heads).is_multiple_of(2)
+    }
+
+    /// The launch's blocks: one a (batch, head), or a pair of heads.
+    fn blocks(&self, layout: AttentionLayout) -> Grid {
+        Grid::from((self.batch * self.heads / (1 + usize::from(self.paired(layout)))) as u32)
+    }
+}
+
 /// The kernel's rank-3 view (shape, strides) of a `[batch, seq, heads, d]` or `[batch, heads,
 /// seq, d]` tensor.
 fn heads_dims(layout: AttentionLayout, batch: usize, heads: usize, len: usize, d: usize) -> ([usize; 3], [usize; 3]) {
@@ -900,7 +948,9 @@ macro_rules! linear_attention_element {
                 a: &LinearAttention<'_, Self>, d: Dims, o: &mut Tensor<Self>, h_last: Option<&mut Tensor<f32>>,
             ) -> Result<()> {
                 let Dims { batch, heads, q_heads, k_heads, len, dk, dv } = d;
-                let variants = if dv == 128 { $k128::VARIANTS } else { $k64::VARIANTS };
+                let pair = d.paired(a.layout);
+                let wide = dv == 128 || pair;
+                let variants = if wide { $k128::VARIANTS } else { $k64::VARIANTS };
                 let i = dk_variant(variants, dk)?;
                 let q = heads_view(a.q, a.layout, batch, q_heads, len, dk)?;
                 let k = heads_view(a.k, a.layout, batch, k_heads, len, dk)?;
@@ -920,7 +970,7 @@ macro_rules! linear_attention_element {
                         $k::launch_variant(
                             i,
                             a.device,
-                            Grid::from(rows as u32),
+                            d.blocks(a.layout),
                             &q,
                             &k,
                             &v,
@@ -943,11 +993,12 @@ macro_rules! linear_attention_element {
                             flag(keep),
                             flag(a.skip.is_some()),
                             flag(gv.is_some()),
+                            flag(pair),
                             scale,
                         )
                     };
                 }
-                if dv == 128 {
+                if wide {
                     go!($k128)
                 } else {
                     go!($k64)
@@ -956,7 +1007,9 @@ macro_rules! linear_attention_element {
 
             fn linear_attention_bwd_launch(a: &LinearAttention<'_, Self>, d: Dims, mut bw: Backward<'_, Self>) -> Result<()> {
                 let Dims { batch, heads, q_heads, k_heads, len, dk, dv } = d;
-                let variants = if dv == 128 { $dq128::VARIANTS } else { $dq64::VARIANTS };
+                let pair = d.paired(a.layout);
+                let wide = dv == 128 || pair;
+                let variants = if wide { $dq128::VARIANTS } else { $dq64::VARIANTS };
                 let i = dk_variant(variants, dk)?;
                 let q = heads_view(a.q, a.layout, batch, q_heads, len, dk)?;
                 let k = heads_view(a.k, a.layout, batch, k_heads, len, dk)?;
@@ -991,7 +1044,7 @@ macro_rules! linear_attention_element {
                         $dq::launch_variant(
                             i,
                             a.device,
-                            Grid::from(rows as u32),
+                            d.blocks(a.layout),
                             &q,
                             &k,
                             &v,
@@ -1014,6 +1067,7 @@ macro_rules! linear_attention_element {
                             flag(a.h0.is_some()),
                             &Optional(gv.as_ref(), 2),
                             flag(gv.is_some()),
+                            flag(pair),
                             scale,
                         )?;
                         drop(hsave);
@@ -1023,7 +1077,7 @@ macro_rules! linear_attention_element {
                         $dkv::launch_variant(
                             dk_variant($dkv::VARIANTS, dk)?,
                             a.device,
-                            Grid::from(rows as u32),
+                            d.blocks(a.layout),
                             &q,
                             &k,
                             &v,
@@ -1050,11 +1104,12 @@ macro_rules! linear_attention_element {
                             &Optional(gv.as_ref(), 2),
                             &mut OptionalMut(dgl.as_mut(), 2),
                             flag(gv.is_some()),
+                            flag(pair),
                             scale,
                         )
                     }};
                 }
-                if dv == 128 {
+                if wide {
                     walks!($dq128, $dkv128)
                 } else {
                     walks!($dq64, $dkv64)
