@@ -110,11 +110,11 @@ pub mod kernels {
         gemm_tn_full_bf16, gemm_tn_full_f16, gemm_tn_triangle_bf16, gemm_tn_triangle_f16, pad_copy_bf16, pad_copy_f16,
     };
     pub use crate::linear_attention::{
-        cast_from_f32_bf16, cast_from_f32_f16, feature_map_rows_bf16, feature_map_rows_f16, gla_finish_bf16, gla_finish_f16,
-        gla_prepare_bf16, gla_prepare_f16, linear_attention_bwd_dkv_bf16, linear_attention_bwd_dkv_f16, linear_attention_bwd_dkv_v64_bf16,
-        linear_attention_bwd_dkv_v64_f16, linear_attention_bwd_dq_bf16, linear_attention_bwd_dq_f16, linear_attention_bwd_dq_v64_bf16,
-        linear_attention_bwd_dq_v64_f16, linear_attention_fwd_bf16, linear_attention_fwd_f16, linear_attention_fwd_v64_bf16,
-        linear_attention_fwd_v64_f16, linear_attention_step_bf16, linear_attention_step_f16,
+        cast_from_f32_bf16, cast_from_f32_f16, chunk_decay_sums, feature_map_rows_bf16, feature_map_rows_f16, gla_finish_bf16,
+        gla_finish_f16, gla_prepare_bf16, gla_prepare_f16, linear_attention_bwd_dkv_bf16, linear_attention_bwd_dkv_f16,
+        linear_attention_bwd_dkv_v64_bf16, linear_attention_bwd_dkv_v64_f16, linear_attention_bwd_dq_bf16, linear_attention_bwd_dq_f16,
+        linear_attention_bwd_dq_v64_bf16, linear_attention_bwd_dq_v64_f16, linear_attention_fwd_bf16, linear_attention_fwd_f16,
+        linear_attention_fwd_v64_bf16, linear_attention_fwd_v64_f16, linear_attention_step_bf16, linear_attention_step_f16,
     };
     pub use crate::norm::{
         layer_norm_bf16, layer_norm_f16, layer_norm_f32, layer_norm_row_bf16, layer_norm_row_f16, layer_norm_row_f32,
@@ -269,6 +269,7 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         linear_attention_bwd_dkv_v64_f16::VARIANTS,
         linear_attention_step_bf16::VARIANTS,
         linear_attention_step_f16::VARIANTS,
+        chunk_decay_sums::VARIANTS,
         cast_from_f32_bf16::VARIANTS,
         cast_from_f32_f16::VARIANTS,
         feature_map_rows_bf16::VARIANTS,

@@ -98,10 +98,21 @@ pub fn load_chunks<T, const DK: usize, const DV: usize>(
     });
 }
 
-/// A chunk's decay from step `t0` on, in log₂ units: `G` (the running sum of `g` over the
-/// chunk) along a row (`gr`, one per column) and down a column (`gcol`, one per row), the
-/// decay from each step to the chunk's end `exp(G_last − G_j)` (`wl`, per row) and over the
-/// whole chunk `exp(G_last)`. Without a decay (`has_g` 0): zeros and ones.
+/// The decay's running sums over each 64-step chunk, in log₂ units, for the kernels below:
+/// `gs[r, c·64 + i] = log₂e · Σ_{j ≤ i} g[r, c·64 + j]` (`g` `[rows, T]`, `gs` `[rows, chunks·64]`),
+/// the last chunk's tail past `T` holding its last sum. A block scans one chunk of 16 rows.
+#[kernel]
+pub fn chunk_decay_sums(g: Global<f32, 2>, gs: Global<f32, 2>) {
+    let t0 = block::id_x() * 64;
+    let r0 = block::id_y() * 16;
+    gs.store([r0, t0], tile_scan::<scan_add>(g.load::<Tile<f32, 16, 64>>([r0, t0]), 1, 0.0) * f32::consts::LOG2_E);
+}
+
+/// A chunk's decay from step `t0` on, in log₂ units, from [`chunk_decay_sums`]' `gs` (read as
+/// rows, `g`, and as columns, `gc`): `G` along a row (`gr`, one per column) and down a column
+/// (`gcol`, one per row), the decay from each step to the chunk's end `exp(G_last − G_j)`
+/// (`wl`, per row) and over the whole chunk `exp(G_last)`. Without a decay (`has_g` 0): zeros
+/// and ones.
 #[device]
 pub fn chunk_decay(
     g: Global<f32, 2>, gc: Global<f32, 3>, bh: i32, t0: i32, has_g: i32,
@@ -111,9 +122,9 @@ pub fn chunk_decay(
     let mut wl = Tile::<f32, 64, 1>::full(1.0);
     let mut last = Tile::<f32, 1, 1>::full(1.0);
     if has_g == 1 {
-        gr = tile_scan::<scan_add>(g.load::<Tile<f32, 1, 64>>([bh, t0]), 1, 0.0) * f32::consts::LOG2_E;
-        gcol = tile_scan::<scan_add>(gc.load::<Tile<f32, 64, 1>>([bh, t0, 0]), 0, 0.0) * f32::consts::LOG2_E;
-        let gl = gr.last_col();
+        gr = g.load::<Tile<f32, 1, 64>>([bh, t0]);
+        gcol = gc.load::<Tile<f32, 64, 1>>([bh, t0, 0]);
+        let gl = g.load::<Tile<f32, 1, 1>>([bh, t0 + 63]);
         wl = exp2(gl - gcol);
         last = exp2(gl);
     }
@@ -152,20 +163,20 @@ pub fn causal_weights_t(x: Tile<f32, 64, 64>, gr: Tile<f32, 1, 64>, gcol: Tile<f
 /// `a ← exp(G_last)·a + Xᵀ·(w ∘ Y)` for a chunk: `x` (K×M, the chunk's steps down its rows,
 /// taken transposed by the MMA) against 64 columns of the chunk in shared memory (rows `row..
 /// row + 64` of stage `stage` of `y`), or against `w ∘ Y` written to the same rows of `sw`
-/// first when `scaled` is not 0 (Y read again from `yg` at `[plane, t0, col]`). The forward's state update (X = K, Y = V, w = β·exp(G_last − G_j)) and the
-/// backward's (X = Q, Y = dO, w = scale·exp(G_j)). Issues the MMA; the caller waits.
+/// first when `scaled` is not 0 (Y read back from its stage). The forward's state update (X =
+/// K, Y = V, w = β·exp(G_last − G_j)) and the backward's (X = Q, Y = dO, w = scale·exp(G_j)).
+/// Issues the MMA; the caller waits.
 #[device]
 #[allow(clippy::too_many_arguments)]
 pub fn add_outer<T, const M: usize, const YR: usize>(
-    a: &mut Tile<f32, M, 64>, x: Smem<T, 64, M>, y: Smem<T, YR, 64>, sw: Smem<T, YR, 64>, stage: i32, row: i32, yg: Global<T, 3>,
-    plane: i32, t0: i32, col: i32, w: Tile<f32, 64, 1>, last: Tile<f32, 1, 1>, has_g: i32, scaled: i32,
+    a: &mut Tile<f32, M, 64>, x: Smem<T, 64, M>, y: Smem<T, YR, 64>, sw: Smem<T, YR, 64>, stage: i32, row: i32, w: Tile<f32, 64, 1>,
+    last: Tile<f32, 1, 1>, has_g: i32, scaled: i32,
 ) {
     if has_g == 1 {
         *a = *a * last;
     }
     if scaled > 0 {
-        let yt: Tile<T, 64, 64> = yg.load([plane, t0, col]);
-        sw.at(0).rows(row, 64).store((yt.cast::<f32>() * w).cast::<T>());
+        sw.at(0).rows(row, 64).store((y.at(stage).rows(row, 64).load().cast::<f32>() * w).cast::<T>());
         mma_sync_kn(a, x.at(stage).t(), sw.at(0).rows(row, 64));
     } else {
         mma_sync_kn(a, x.at(stage).t(), y.at(stage).rows(row, 64));
@@ -173,14 +184,16 @@ pub fn add_outer<T, const M: usize, const YR: usize>(
 }
 
 /// The chunked causal linear attention of one (batch, head) per block (see the module's
-/// notes), with `epilogue(chunk, plane, row, col)` on each 64×64 piece of the output before it
-/// is stored. Launched with `1 + DV / 64` warpgroups, a block per (batch, head).
+/// notes), with Mamba-2's skip `D_h·v` added where `has_d` is 1 (`dskip` one f32 a head; v's
+/// chunk read back from shared memory) and then `epilogue(chunk, plane, row, col)` on each
+/// 64×64 piece of the output before it is stored. Launched with `1 + DV / 64` warpgroups, a
+/// block per (batch, head) or pair of heads ([`block_heads`]).
 #[device]
 #[allow(clippy::too_many_arguments)]
 pub fn linear_attention_blocks<T, const DK: usize, const DV: usize>(
     q: Global<T, 3>, k: Global<T, 3>, v: Global<T, 3>, g: Global<f32, 2>, gc: Global<f32, 3>, beta: Global<f32, 2>, betac: Global<f32, 3>,
-    h0: Global<f32, 3>, o: Global<T, 3>, h_last: Global<f32, 3>, heads: i32, q_group: i32, k_group: i32, bhtd: i32, has_g: i32,
-    has_beta: i32, has_h0: i32, keep_h: i32, gv: Global<f32, 2>, has_gv: i32, pair: i32, scale: f32,
+    h0: Global<f32, 3>, o: Global<T, 3>, h_last: Global<f32, 3>, dskip: Global<f32, 1>, heads: i32, q_group: i32, k_group: i32, bhtd: i32,
+    has_g: i32, has_beta: i32, has_h0: i32, keep_h: i32, has_d: i32, gv: Global<f32, 2>, has_gv: i32, pair: i32, scale: f32,
     epilogue: impl Fn(Tile<f32, 64, 64>, i32, i32, i32) -> Tile<f32, 64, 64>,
 ) {
     let sq = Smem::<T, 64, DK>::ring(2);
@@ -200,6 +213,10 @@ pub fn linear_attention_blocks<T, const DK: usize, const DV: usize>(
         let me = warpgroup::id() - 1;
         let col = me * 64;
         let (bh, h, scol) = consumer_head(first, h, me, pair);
+        let mut d_h = 0.0;
+        if has_d == 1 {
+            d_h = dskip.get([h]);
+        }
         // This consumer's 64 columns of the state, f32 in registers (loaded straight into the
         // accumulator's layout), and its 16-bit copy for the next chunk's queries.
         let mut hs = Tile::<f32, DK, 64>::zeros();
@@ -226,7 +243,7 @@ pub fn linear_attention_blocks<T, const DK: usize, const DV: usize>(
             }
             mma_sync_kn(out, p.cast::<T>(), sv.at(s).rows(col, 64));
             // The state: decayed, plus Kᵀ·(w ∘ V) of this chunk.
-            add_outer(&mut hs, sk, sv, sw, s, col, v, vp, t0, vc + col, ws, last, has_g, has_g + has_beta);
+            add_outer(&mut hs, sk, sv, sw, s, col, ws, last, has_g, has_g + has_beta);
             mma_wait(0);
             if has_gv == 1 {
                 // Per-channel gates (q and k prepared by `gla_prepare`): each key channel's
@@ -234,7 +251,11 @@ pub fn linear_attention_blocks<T, const DK: usize, const DV: usize>(
                 hs = hs * gv.load::<Tile<f32, DK, 1>>([((b * (heads / k_group) + h / k_group) * chunks + c) * DK, 0]);
             }
             sh.at(0).rows(me * DK, DK).store(hs.cast::<T>());
-            stage_store(o, so, epilogue(out * scale, vp, t0, vc + col), me * 2 + c % 2, vp, t0, vc + col);
+            let mut y = out * scale;
+            if has_d == 1 {
+                y = y + sv.at(s).rows(col, 64).load().cast::<f32>() * d_h;
+            }
+            stage_store(o, so, epilogue(y, vp, t0, vc + col), me * 2 + c % 2, vp, t0, vc + col);
         });
         if keep_h == 1 {
             h_last.store([bh, 0, scol], hs);
@@ -366,7 +387,7 @@ pub fn linear_attention_dq_blocks<T, const DK: usize, const DV: usize>(
                 );
             }
             mma_sync_kn(dqa, p.cast::<T>(), sk.at(s));
-            add_outer(&mut hs, sk, sv, sw, s, col, v, vp, t0, vc + col, ws, last, has_g, has_g + has_beta);
+            add_outer(&mut hs, sk, sv, sw, s, col, ws, last, has_g, has_g + has_beta);
             mma_wait(0);
             if has_gv == 1 {
                 // Per-channel gates: the chunk's decay on the state's rows, as the forward; the
@@ -463,7 +484,7 @@ pub fn linear_attention_dkv_blocks<T, const DK: usize, const DV: usize>(
             if has_g == 1 {
                 // dg_t, this walk's share: the keys j < t against the later queries (through
                 // dH) and the state before the chunk against them, each with its own decay.
-                let mut kj = row_sum(dvu * v.load::<Tile<T, 64, 64>>([vp, t0, vc + col]).cast::<f32>());
+                let mut kj = row_sum(dvu * sv.at(s).rows(col, 64).load().cast::<f32>());
                 if has_beta == 1 {
                     kj = kj * betac.load::<Tile<f32, 64, 1>>([bh, t0, 0]);
                 }
@@ -487,7 +508,7 @@ pub fn linear_attention_dkv_blocks<T, const DK: usize, const DV: usize>(
             let mut bc = Tile::<f32, 64, 1>::full(1.0);
             if has_beta == 1 {
                 bc = betac.load::<Tile<f32, 64, 1>>([bh, t0, 0]);
-                dbc.atomic_add([bh, t0, 0], row_sum(dvu * v.load::<Tile<T, 64, 64>>([vp, t0, vc + col]).cast::<f32>()));
+                dbc.atomic_add([bh, t0, 0], row_sum(dvu * sv.at(s).rows(col, 64).load().cast::<f32>()));
                 dvu = dvu * bc;
             }
             dv.store([vp, t0, vc + col], dvu.cast::<T>());
@@ -500,7 +521,7 @@ pub fn linear_attention_dkv_blocks<T, const DK: usize, const DV: usize>(
                 put_gradient(total, dk, dk32, kp, t0, kc, min(k_group - 1, 1));
             }
             // The state's gradient before the chunk (over `scale`): exp(G_last)·dH + Qᵀ·(exp(G_i) ∘ dO).
-            add_outer(&mut dh, sq, sdo, sw, s, col, dout, vp, t0, vc + col, exp2(gcol), last, has_g, has_g);
+            add_outer(&mut dh, sq, sdo, sw, s, col, exp2(gcol), last, has_g, has_g);
             mma_wait(0);
             sdh.at(0).rows(me * DK, DK).store(dh.cast::<T>());
         });
@@ -515,28 +536,8 @@ pub fn linear_attention_dkv_blocks<T, const DK: usize, const DV: usize>(
     }
 }
 
-/// The output epilogue of the kernels below: `y + D_h·v` (Mamba-2's skip, `v` its x) where
-/// `has_d` is 1, `D` one f32 a head (the head from the chunk's plane, or from its column and
-/// the heads' `width`, as the layout puts it), else `y`.
-#[device]
-#[allow(clippy::too_many_arguments)]
-pub fn head_skip<T>(
-    y: Tile<f32, 64, 64>, v: Global<T, 3>, dskip: Global<f32, 1>, plane: i32, row: i32, col: i32, width: i32, heads: i32, bhtd: i32,
-    has_d: i32,
-) -> Tile<f32, 64, 64> {
-    let mut out = y;
-    if has_d == 1 {
-        let mut h = col / width;
-        if bhtd == 1 {
-            h = plane % heads;
-        }
-        out = out + v.load::<Tile<T, 64, 64>>([plane, row, col]).cast::<f32>() * dskip.get([h]);
-    }
-    out
-}
-
 /// Causal linear attention with value head dim 128 (two consumer warpgroups), key head dim
-/// `DK` 128 or 64: `linear_attention_blocks` with `head_skip` as the epilogue. With `pair` 1,
+/// `DK` 128 or 64: `linear_attention_blocks` with the identity as its epilogue. With `pair` 1,
 /// a block takes two value heads of 64 that share their q and k heads, a consumer each
 /// (`[batch, T, heads·64]` views only).
 #[kernel(warpgroups = 3, dtypes(T = [bf16, f16]), tune(DK = [128, 64]), targets(sm_90a))]
@@ -556,6 +557,7 @@ pub fn linear_attention_fwd(
         h0,
         o,
         h_last,
+        dskip,
         heads,
         q_group,
         k_group,
@@ -564,11 +566,12 @@ pub fn linear_attention_fwd(
         has_beta,
         has_h0,
         keep_h,
+        has_d,
         gv,
         has_gv,
         pair,
         scale,
-        |y, plane, row, col| head_skip::<T>(y, v, dskip, plane, row, col, 128 / (1 + pair), heads, bhtd, has_d),
+        |y, _, _, _| y,
     );
 }
 
@@ -591,6 +594,7 @@ pub fn linear_attention_fwd_v64(
         h0,
         o,
         h_last,
+        dskip,
         heads,
         q_group,
         k_group,
@@ -599,11 +603,12 @@ pub fn linear_attention_fwd_v64(
         has_beta,
         has_h0,
         keep_h,
+        has_d,
         gv,
         has_gv,
         0,
         scale,
-        |y, plane, row, col| head_skip::<T>(y, v, dskip, plane, row, col, 64, heads, bhtd, has_d),
+        |y, _, _, _| y,
     );
 }
 
@@ -936,6 +941,14 @@ fn rows_cols(t: Option<&Tensor<f32>>, rows: usize, len: usize) -> Result<RowsCol
     })
 }
 
+/// The decay's running sums over each chunk ([`chunk_decay_sums`]), `[rows, chunks·64]` as
+/// rows and as columns.
+fn decay_sums(device: &Device, g: &Tensor<f32>, rows: usize, len: usize) -> Result<Tensor<f32>> {
+    let mut gs = Tensor::<f32>::scratch(device, &[rows, len.div_ceil(64) * 64])?;
+    chunk_decay_sums::launch(device, (Grid::tiles(len, 64), Grid::tiles(rows, 16)), &g.view(&[rows, len], &[len, 1])?, &mut gs)?;
+    Ok(gs)
+}
+
 /// The variant of a `tune(DK = [..])` kernel for key head dim `dk`, or the error naming `k`.
 fn dk_variant(variants: &[&tessera::KernelSpec], dk: usize) -> Result<usize> {
     crate::knob_variant(variants, "DK", dk, "linear_attention", "k", "a key head dim of 64 or 128", format!("{dk}"))
@@ -956,7 +969,8 @@ macro_rules! linear_attention_element {
                 let k = heads_view(a.k, a.layout, batch, k_heads, len, dk)?;
                 let v = heads_view(a.v, a.layout, batch, heads, len, dv)?;
                 let rows = batch * heads;
-                let ((g, gc), (b, bc)) = (rows_cols(a.g, rows, len)?, rows_cols(a.beta, rows, len)?);
+                let sums = a.g.map(|g| decay_sums(a.device, g, rows, len)).transpose()?;
+                let ((g, gc), (b, bc)) = (rows_cols(sums.as_ref(), rows, len.div_ceil(64) * 64)?, rows_cols(a.beta, rows, len)?);
                 let h0 = a.h0.map(|t| t.view(&[rows, dk, dv], &[dk * dv, dv, 1])).transpose()?;
                 let (shape, strides) = heads_dims(a.layout, batch, heads, len, dv);
                 let mut ov = o.view_mut(&shape, &strides)?;
@@ -1016,7 +1030,8 @@ macro_rules! linear_attention_element {
                 let v = heads_view(a.v, a.layout, batch, heads, len, dv)?;
                 let dout = heads_view(bw.dout, a.layout, batch, heads, len, dv)?;
                 let rows = batch * heads;
-                let ((g, gc), (b, bc)) = (rows_cols(a.g, rows, len)?, rows_cols(a.beta, rows, len)?);
+                let sums = a.g.map(|g| decay_sums(a.device, g, rows, len)).transpose()?;
+                let ((g, gc), (b, bc)) = (rows_cols(sums.as_ref(), rows, len.div_ceil(64) * 64)?, rows_cols(a.beta, rows, len)?);
                 let h0 = a.h0.map(|t| state_view(t, rows, dk, dv)).transpose()?;
                 let dh_last = bw.dh_last.map(|t| state_view(t, rows, dk, dv)).transpose()?;
                 let (shape, strides) = heads_dims(a.layout, batch, q_heads, len, dk);
