@@ -7,10 +7,11 @@
 //! ```
 //!
 //! from `H_{−1}` zero or given, the last `H` kept on request. A block takes one (batch, head)
-//! and walks its sequence once in chunks of 64 steps. A producer warpgroup streams each
+//! — or two value heads of 64 columns that share their q and k heads, a consumer each
+//! ([`block_heads`]) — and walks its sequence once in chunks of 64 steps. A producer warpgroup streams each
 //! chunk's Q, K, V by TMA through a two-stage ring; `DV / 64` consumer warpgroups each own 64
 //! of V's columns, and so 64 columns of `H` (in registers, f32) and of the output. With `G`
-//! the chunk's running sum of `g` (so `G_i − G_j` is the decay from step `j` to `i`):
+//! the chunk's running sum of `g` (from `chunk_decay_sums`, a pass before; so `G_i − G_j` is the decay from step `j` to `i`):
 //!
 //! - `S = Q·Kᵀ` and `Q·H` (H of the chunks before, held in shared memory in 16 bits) by wgmma;
 //! - `P = S ∘ exp(G_i − G_j) ∘ β_j` on `j ≤ i`, zero above the diagonal (registers);
