@@ -217,20 +217,22 @@ fn main() {
             let mut f = || tessera_kernels::logcumsumexp(&dev, &xb, &mut yb).expect("logcumsumexp bf16");
             row!("logcumsumexp bf16", mb, time_ms(&dev, 5, 20, &mut f));
         }
-        // The backwards: the bytes each must read and write (cumprod_backward reads x twice,
-        // counted once). `y` for logcumsumexp's is its forward's output.
+        // The backwards: the bytes each must read and write. `y` is the forward's output
+        // (cumprod_backward reads one column of it every 256).
         {
             let dy = Tensor::from_host(&dev, &random(M * N), &[M, N]).expect("dy");
             let mut dx = Tensor::<f32>::zeros(&dev, &[M, N]).expect("dx");
             let mut f = || tessera_kernels::cumsum_backward(&dev, &dy, &mut dx).expect("cumsum_backward");
             row!("cumsum_backward", 2.0 * mb, time_ms(&dev, 5, 20, &mut f));
-            let mut f = || tessera_kernels::cumprod_backward(&dev, &x, &dy, &mut dx).expect("cumprod_backward");
+            let mut prod = Tensor::<f32>::zeros(&dev, &[M, N]).expect("cumprod");
+            tessera_kernels::cumprod(&dev, &x, &mut prod).expect("cumprod");
+            let mut f = || tessera_kernels::cumprod_backward(&dev, &x, &prod, &dy, &mut dx).expect("cumprod_backward");
             row!("cumprod_backward", 3.0 * mb, time_ms(&dev, 5, 20, &mut f));
             let mut lse = Tensor::<f32>::zeros(&dev, &[M, N]).expect("lse");
             tessera_kernels::logcumsumexp(&dev, &x, &mut lse).expect("logcumsumexp");
             let mut f = || tessera_kernels::logcumsumexp_backward(&dev, &x, &lse, &dy, &mut dx).expect("logcumsumexp_backward");
             row!("logcumsumexp_backward", 4.0 * mb, time_ms(&dev, 5, 20, &mut f));
-            drop((dx, lse));
+            drop((dx, lse, prod));
             let to16 = |t: &Tensor<f32>| {
                 Tensor::from_host(
                     &dev,
@@ -285,8 +287,11 @@ fn main() {
         // The backwards of four long rows (segments of 16-row blocks: a pass of the segments'
         // totals, then the walk; at most 256 segments a row).
         let dy4 = Tensor::from_host(&dev, &random(M * N), &[rows4, cols4]).expect("dy 4 rows");
-        let mut f = || tessera_kernels::cumprod_backward(&dev, &x4, &dy4, &mut y4).expect("cumprod_backward 4 rows");
+        let mut prod4 = Tensor::<f32>::zeros(&dev, &[rows4, cols4]).expect("cumprod 4 rows");
+        tessera_kernels::cumprod(&dev, &x4, &mut prod4).expect("cumprod 4 rows");
+        let mut f = || tessera_kernels::cumprod_backward(&dev, &x4, &prod4, &dy4, &mut y4).expect("cumprod_backward 4 rows");
         row!("cumprod_backward 4 long rows", 3.0 * mb, time_ms(&dev, 5, 20, &mut f));
+        drop(prod4);
         let mut lse4 = Tensor::<f32>::zeros(&dev, &[rows4, cols4]).expect("lse 4 rows");
         tessera_kernels::logcumsumexp(&dev, &x4, &mut lse4).expect("logcumsumexp 4 rows");
         let mut f = || tessera_kernels::logcumsumexp_backward(&dev, &x4, &lse4, &dy4, &mut y4).expect("logcumsumexp_backward 4 rows");

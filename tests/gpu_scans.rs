@@ -180,8 +180,7 @@ fn logcumsumexp_backward_reference(x: &[f64], y: &[f64], dy: &[f64]) -> Vec<f64>
 
 /// The backwards of `cumprod` (with exact zeros among the factors: every 37th, or in long rows,
 /// where that would leave nothing but zeros, one at three quarters of each row) and
-/// `logcumsumexp` against their f64 references; `logcumsumexp_backward` is given the f64
-/// forward rounded to `T`. Tolerances grow as √n past 16K columns: a chain of n f32 products
+/// `logcumsumexp` against their f64 references; each is given its f64 forward rounded to `T`. Tolerances grow as √n past 16K columns: a chain of n f32 products
 /// or sums drifts by about √n·ε/√3 (9e-6 at 64K, where an f32 run of 4×1024 chunks measured
 /// 1.09e-5 against the 1e-5 the knee at 64K allowed).
 fn check_backward<T: ScanElement>(dev: &Device, shape: &[usize], to: fn(f32) -> T, from: fn(T) -> f64, tol: f64) {
@@ -200,8 +199,11 @@ fn check_backward<T: ScanElement>(dev: &Device, shape: &[usize], to: fn(f32) -> 
     let (x, xw) = quantize(random(len, 0.99, 1.01).into_iter().enumerate().map(|(i, v)| if zero(i) { 0.0 } else { v }).collect());
     let tol = tol * (n as f64 / 16384.0).sqrt().max(1.0);
     let xt = Tensor::from_host(dev, &x, shape).unwrap();
+    let yw: Vec<f64> = xw.chunks(n).flat_map(|row| reference(Op::Prod, row)).collect();
+    let (y, _) = quantize(yw.iter().map(|&v| v as f32).collect());
+    let yt = Tensor::from_host(dev, &y, shape).unwrap();
     let mut dx = Tensor::full(dev, shape, to(f32::NAN)).unwrap();
-    tessera_kernels::cumprod_backward(dev, &xt, &dyt, &mut dx).unwrap_or_else(|e| panic!("cumprod_backward {shape:?}: {e}"));
+    tessera_kernels::cumprod_backward(dev, &xt, &yt, &dyt, &mut dx).unwrap_or_else(|e| panic!("cumprod_backward {shape:?}: {e}"));
     let want: Vec<f64> = xw.chunks(n).zip(dyw.chunks(n)).flat_map(|(x, g)| cumprod_backward_reference(x, g)).collect();
     let got: Vec<f64> = dx.to_host().unwrap().into_iter().map(from).collect();
     let err = rel_error(&got, &want);

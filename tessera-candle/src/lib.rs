@@ -605,7 +605,7 @@ fn scan_backward_run<T: Elem + ScanElement, S: Side>(
     let dev = side.device();
     side.output(l.dims(), l.shape().clone(), |dx| match op.kind {
         ScanKind::Cumsum => tessera_kernels::cumsum_backward(dev, &dy, dx),
-        ScanKind::Cumprod => tessera_kernels::cumprod_backward(dev, &x, &dy, dx),
+        ScanKind::Cumprod => tessera_kernels::cumprod_backward(dev, &x, &y, &dy, dx),
         ScanKind::LogCumSumExp => tessera_kernels::logcumsumexp_backward(dev, &x, &y, &dy, dx),
     })
 }

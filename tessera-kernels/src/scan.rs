@@ -11,10 +11,11 @@
 //! recurrence), which takes 16 × 256 in every dtype (run 315). Few long rows are split into
 //! segments of blocks, joined by a scan of the segments' totals.
 //!
-//! The backwards of `cumprod` and `logcumsumexp` walk 16 × 256 chunks of their own (two
-//! recurrences, or two inputs beside `dy`), split likewise for few long rows: a first pass
-//! stores each segment's totals, and each segment of the second combines those it needs,
-//! read a chunk's width at a time ([`segment`]).
+//! The backwards of `cumprod` and `logcumsumexp` walk 16 × 256 chunks of their own from the
+//! row's end (two recurrences, or two inputs beside `dy`; each takes the forward's output),
+//! split likewise for few long rows: a first pass stores each segment's totals, and each
+//! segment of the second combines those it needs, read a chunk's width at a time
+//! ([`segment`]).
 //!
 //! Fewer than 16 rows take 4 × 1024 chunks in the kernels of 16 × 256 (their second variant,
 //! `C` 1024): 4 rows in 16-row blocks did 4× the work.
@@ -231,75 +232,71 @@ pub fn logcumsumexp(x: Global<T, 2>, y: Global<T, 2>, totals: Global<f32, 2>, se
 /// `cumprod`'s backward, exact where `x` has zeros (no division by `x`): `dx[j] = P[j−1]·R[j]`
 /// with `P` the exclusive running product of `x` and `R[j] = dy[j] + x[j+1]·R[j+1]` (`R[j]` =
 /// `dy[j] + S[j+1]` where `S[j] = x[j]·(dy[j] + S[j+1])` is the reverse recurrence of
-/// `(x, x·dy)` pairs). Two walks over each row, `C`-column chunks: `pass` 0 from the start
-/// stores `P` before each chunk at `before[row, chunk]` (reading `x` alone); `pass` 1 from the
-/// end takes `R` and, from the stored carry and the chunk's own exclusive product, `P`, and
-/// stores `dx` once.
+/// `(x, x·dy)` pairs). One walk over each row from its end in `C`-column chunks: `R` from the
+/// chunk's own recurrence and the carried `S`, `P` from the chunk's own exclusive product and
+/// the forward's output `y` (`cumprod(x)`) at the column before the chunk — one element a row
+/// and chunk, so that the walk reads `x` and `dy` once and stores `dx` once.
 ///
 /// Few long rows split into segments of `seg_chunks` chunks ([`segment`], counted from the
-/// row's end): pass 0 then stores `P` from the segment's start, and the segment's product and
-/// `S` from a zero start at `prods[row, k]` and `sums[row, k]` (it reads `dy` too); pass 1
-/// starts from the product of the segments left of it and the `S` of those right of it.
+/// row's end): `pass` 0 stores each segment's product and `S` from a zero start at
+/// `prods[row, k]` and `sums[row, k]` (reading `x` and `dy`; nothing to `dx`), and `pass` 1
+/// starts each segment from the `S` of those nearer the row's end; with one segment, `pass` 1
+/// alone.
 #[kernel(dtypes(T = [bf16, f16, f32]), tune(C = [256, 1024]), blocks_per_sm = 4)]
 pub fn cumprod_backward(
-    x: Global<T, 2>, dy: Global<T, 2>, dx: Global<T, 2>, before: Global<f32, 2>, prods: Global<f32, 2>, sums: Global<f32, 2>,
-    seg_chunks: i32, pass: i32,
+    x: Global<T, 2>, y: Global<T, 2>, dy: Global<T, 2>, dx: Global<T, 2>, prods: Global<f32, 2>, sums: Global<f32, 2>, seg_chunks: i32,
+    pass: i32,
 ) {
     let (r, k, first, count, chunks) = segment(x.dim(1), C, 4096 / C, seg_chunks);
-    let split = seg_chunks < chunks;
     // Carries in the layout of a chunk's edge column, so that no chunk converts them.
-    let mut p = Tile::<f32, { 4096 / C }, C>::full(1.0).last_col();
     let mut s_after = Tile::<f32, { 4096 / C }, C>::zeros().first_col();
     if pass == 0 {
+        let mut p = Tile::<f32, { 4096 / C }, C>::full(1.0).last_col();
         for i in 0..count {
             let c = chunks - first - count + i;
-            before.store([r, c], p);
             let xt = x.load_or::<Tile<T, { 4096 / C }, C>>([r, c * C], 1.0).cast::<f32>();
             let prefix = tile_scan::<scan_mul>(xt, 1, 1.0);
-            if split {
-                // The segment's S so far from a zero start: this chunk's own, Σ_k dy_k·Π_{i ≤ k}
-                // x_i over the chunk (a sum, from the products this pass scans anyway),
-                // continued by what the chunks before it take of it (their product).
-                let g = dy.load_or::<Tile<T, { 4096 / C }, C>>([r, c * C], 0.0).cast::<f32>();
-                s_after = s_after + p * row_sum(prefix * g);
-            }
+            // The segment's S so far from a zero start: this chunk's own, Σ_k dy_k·Π_{i ≤ k}
+            // x_i over the chunk (a sum, from the products this pass scans anyway), continued
+            // by what the chunks before it take of it (their product).
+            let g = dy.load_or::<Tile<T, { 4096 / C }, C>>([r, c * C], 0.0).cast::<f32>();
+            s_after = s_after + p * row_sum(prefix * g);
             p = (prefix * p).last_col();
         }
-        if split {
-            prods.store([r, k], p);
-            sums.store([r, k], s_after);
-        }
+        prods.store([r, k], p);
+        sums.store([r, k], s_after);
     } else {
-        let mut pin = Tile::<f32, { 4096 / C }, C>::full(1.0).last_col();
-        if split {
-            // The segments' totals, one a column in scan order, `C` at a time: those before
-            // this one (nearer the row's end) give its `S` from the end, composed as pairs
-            // `(product, S)`, the nearest outermost; those after it, its `P`.
-            let segs = (chunks + seg_chunks - 1) / seg_chunks;
-            for t in 0..(segs + C - 1) / C {
-                let j = Tile::<f32, { 4096 / C }, C>::col_index() + (t * C) as f32;
-                let ts = prods.load_or::<Tile<f32, { 4096 / C }, C>>([r, t * C], 1.0);
+        if seg_chunks < chunks {
+            // The totals of the segments nearer the row's end (before this one in scan order),
+            // one a column, `C` at a time, composed as pairs `(product, S)`, the nearest
+            // outermost.
+            for t in 0..(k + C - 1) / C {
+                let before = (k - 1 - t * C) as f32 - Tile::<f32, { 4096 / C }, C>::col_index();
                 let (sa, sb) = tile_scan::<scan_linear>(
                     (
-                        ts.keep_where(k as f32 - 1.0 - j, 1.0),
-                        sums.load_or::<Tile<f32, { 4096 / C }, C>>([r, t * C], 0.0).keep_where(k as f32 - 1.0 - j, 0.0),
+                        prods.load_or::<Tile<f32, { 4096 / C }, C>>([r, t * C], 1.0).keep_where(before, 1.0),
+                        sums.load_or::<Tile<f32, { 4096 / C }, C>>([r, t * C], 0.0).keep_where(before, 0.0),
                     ),
                     1,
                     (1.0, 0.0),
                 );
                 s_after = sa.last_col() * s_after + sb.last_col();
-                pin = pin * tile_scan::<scan_mul>(ts.keep_where(j - k as f32 - 1.0, 1.0), 1, 1.0).last_col();
             }
         }
         for i in first..first + count {
             let c = chunks - 1 - i;
             let xt = x.load_or::<Tile<T, { 4096 / C }, C>>([r, c * C], 1.0).cast::<f32>();
             let g = dy.load_or::<Tile<T, { 4096 / C }, C>>([r, c * C], 0.0).cast::<f32>();
-            p = before.load_or([r, c], 1.0);
             let (pa, pb) = tile_scan_reverse_exclusive::<scan_linear>((xt, xt * g), 1, (1.0, 0.0));
             let rt = g + pa * s_after + pb;
             s_after = (xt * rt).first_col();
-            dx.store([r, c * C], (rt * tile_scan_exclusive::<scan_mul>(xt, 1, 1.0) * (p * pin)).cast::<T>());
+            let mut dxt = rt * tile_scan_exclusive::<scan_mul>(xt, 1, 1.0);
+            if c > 0 {
+                // Times the product of the row before the chunk: the forward's output at the
+                // column before it.
+                dxt = dxt * y.load_or::<Tile<T, { 4096 / C }, 1>>([r, c * C - 1], 1.0).cast::<f32>();
+            }
+            dx.store([r, c * C], dxt.cast::<T>());
         }
     }
 }
@@ -413,7 +410,7 @@ pub enum ScanOp {
     SumReverse,
     Prod,
     LogSumExp,
-    /// Inputs `x`, `dy`.
+    /// Inputs `x`, `y`, `dy`.
     ProdBackward,
     /// Inputs `x`, `y`, `dy`.
     LogSumExpBackward,
@@ -465,27 +462,12 @@ macro_rules! scan_element {
                     ScanOp::Prod => scan_forward!($prod, cumprod_f32, device, x, yv, m, n),
                     ScanOp::LogSumExp => scan_forward!($lse, logcumsumexp_f32, device, x, yv, m, n),
                     ScanOp::ProdBackward => {
-                        let (variant, grid, segs, seg_chunks, cols) = backward_split(device, $prod_bwd::VARIANTS, m, n);
-                        // The products before each chunk of each row; with segments, each
-                        // segment's product and reverse sum.
-                        let chunks = n.div_ceil(cols);
-                        let mut before = Tensor::<f32>::scratch(device, &[m, chunks])?;
-                        let mut bv = before.view_mut(&[m, chunks], &[chunks, 1])?;
+                        let (variant, grid, segs, seg_chunks, _) = backward_split(device, $prod_bwd::VARIANTS, m, n);
+                        // With segments, each segment's product and reverse sum.
                         let (mut prods, mut sums) = totals(device, m, segs)?;
-                        for pass in 0..2 {
-                            $prod_bwd::launch_variant(
-                                variant,
-                                device,
-                                grid,
-                                x,
-                                &views[1],
-                                &mut yv,
-                                &mut bv,
-                                &mut prods.opt(),
-                                &mut sums.opt(),
-                                seg_chunks,
-                                pass,
-                            )?;
+                        for pass in if segs == 1 { 1 } else { 0 }..2 {
+                            let (p, s) = (&mut prods.opt(), &mut sums.opt());
+                            $prod_bwd::launch_variant(variant, device, grid, x, &views[1], &views[2], &mut yv, p, s, seg_chunks, pass)?;
                         }
                         Ok(())
                     }
@@ -630,14 +612,16 @@ pub fn cumprod<T: ScanElement>(device: &Device, x: &Tensor<T>, y: &mut Tensor<T>
 }
 
 /// The backward of [`cumprod`]: `dx[…, j] = Σ_{k ≥ j} dy[…, k]·Π_{i ≤ k, i ≠ j} x[…, i]` from
-/// `x` and `dy`, exact where `x` has zeros (no division: the exclusive products before `j`
-/// times a reverse recurrence after it). Reads `x` twice besides `dy` (once for the products
-/// before each chunk, stored in a scratch of `rows × ⌈n / 256⌉` f32).
+/// `x`, the forward's output `y` and `dy`, exact where `x` has zeros (no division: the
+/// exclusive products before `j` times a reverse recurrence after it). `y` is read at one
+/// column a row every 256 or 1024 (the product of the row before each chunk of the walk), so
+/// `x` and `dy` are read once and `dx` stored once; a `y` other than `cumprod(x)` gives
+/// gradients of no meaning.
 ///
 /// # Errors
-/// As [`cumsum`], naming `x`, `dy` or `dx`.
-pub fn cumprod_backward<T: ScanElement>(device: &Device, x: &Tensor<T>, dy: &Tensor<T>, dx: &mut Tensor<T>) -> Result<()> {
-    run("cumprod_backward", ScanOp::ProdBackward, device, &[("x", x), ("dy", dy)], ("dx", dx))
+/// As [`cumsum`], naming `x`, `y`, `dy` or `dx`.
+pub fn cumprod_backward<T: ScanElement>(device: &Device, x: &Tensor<T>, y: &Tensor<T>, dy: &Tensor<T>, dx: &mut Tensor<T>) -> Result<()> {
+    run("cumprod_backward", ScanOp::ProdBackward, device, &[("x", x), ("y", y), ("dy", dy)], ("dx", dx))
 }
 
 /// `y = logcumsumexp(x)` along the last axis (`y[…, j] = ln Σ_{k ≤ j} exp(x[…, k])`), as
