@@ -1322,6 +1322,9 @@ impl Lowerer<'_> {
     /// register; `fill` where no column lies there. `None` where the layout does not allow it.
     fn shift_in_warp(&mut self, t: &TileVal, axis: u32, by: u32, reverse: bool, fill: Reg) -> Option<Vec<Reg>> {
         use Operand::{Imm, Reg as R};
+        if let Some(regs) = self.shift_in_warp_segments(t, axis, by, reverse, fill) {
+            return Some(regs);
+        }
         let (l, v, _) = in_warp_shift(t, axis, by)?;
         let n = l.parent_cols;
         let slots = l.slots();
@@ -1353,6 +1356,90 @@ impl Lowerer<'_> {
                 self.op("setp.lt.u32", vec![R(has), R(idx), Imm(i64::from(n - by))]);
             } else {
                 self.op("shfl.sync.up.b32", vec![R(got), R(src), Imm(i64::from(lanes)), Imm(0), Imm(-1)]);
+                self.op("setp.ge.u32", vec![R(has), R(idx), Imm(i64::from(by))]);
+            }
+            self.op("selp.f32", vec![R(r), R(got), R(fill), R(has)]);
+            out.push(r);
+        }
+        Some(out)
+    }
+
+    /// [`Self::shift_in_warp`] for a row that a warp's lanes cover in several passes (`k`
+    /// segments of `v·tc` columns, a run a lane in each: a `4×1024` tile's four 256-column
+    /// segments), shifted by less than a run or by whole runs less than a segment: an element
+    /// whose source lies in its own run moves between registers; else one `shfl.sync.idx` a
+    /// receiving slot from the lane `by / v` (or 1) before (after) in the row's lanes, where the
+    /// lanes that wrap around to the row's first (last) ones send their register of the segment
+    /// before (after) — the one that lies `by` columns back from the receiver.
+    fn shift_in_warp_segments(&mut self, t: &TileVal, axis: u32, by: u32, reverse: bool, fill: Reg) -> Option<Vec<Reg>> {
+        use Operand::{Imm, Reg as R};
+        let l = t.layout;
+        let LayoutKind::Blocked { v, tc, wc: 1, .. } = l.kind else { return None };
+        let (n, seg) = (l.parent_cols, v * tc);
+        let fits = axis == 1
+            && l.keep_rows
+            && l.keep_cols
+            && v.is_power_of_two()
+            && tc.is_power_of_two()
+            && n > seg
+            && n.is_multiple_of(seg)
+            && by > 0
+            && (by < v || (by.is_multiple_of(v) && by < seg))
+            && t.ty.dtype == DType::F32;
+        if !fits {
+            return None;
+        }
+        let slots = l.slots();
+        let at = |dr: u32, dc: u32| slots.iter().position(|s| s.dr == dr && s.dc == dc);
+        let lr = self.layout_regs(l);
+        let lanes = if by < v { 1 } else { by / v };
+        // The source lane, `lanes` on (back) within the row's `tc` lanes, and whether this lane,
+        // as a sender, wraps to the segment before (after).
+        let (src_lane, wraps) = (self.reg(RegClass::B32, "shsrc"), self.reg(RegClass::Pred, "shwrap"));
+        let (within, group) = (self.reg(RegClass::B32, "shin_row"), self.reg(RegClass::B32, "shgroup"));
+        let step = if reverse { lanes } else { tc - lanes };
+        self.op("add.u32", vec![R(within), R(self.lane), Imm(i64::from(step))]);
+        self.op("and.b32", vec![R(within), R(within), Imm(i64::from(tc - 1))]);
+        self.op("and.b32", vec![R(group), R(self.lane), Imm(i64::from(!(tc - 1) & 31))]);
+        self.op("or.b32", vec![R(src_lane), R(group), R(within)]);
+        let mine = self.reg(RegClass::B32, "shmine");
+        self.op("and.b32", vec![R(mine), R(self.lane), Imm(i64::from(tc - 1))]);
+        if reverse {
+            self.op("setp.lt.u32", vec![R(wraps), R(mine), Imm(i64::from(lanes))]);
+        } else {
+            self.op("setp.ge.u32", vec![R(wraps), R(mine), Imm(i64::from(tc - lanes))]);
+        }
+        let mut out = Vec::with_capacity(slots.len());
+        for slot in &slots {
+            let r = self.reg(RegClass::F32, "shift");
+            let (j, s) = (slot.dc % v, slot.dc / seg);
+            if by < v && ((!reverse && j >= by) || (reverse && j + by < v)) {
+                let src = t.regs[at(slot.dr, if reverse { slot.dc + by } else { slot.dc - by })?];
+                self.op("mov.f32", vec![R(r), R(src)]);
+                out.push(r);
+                continue;
+            }
+            // The sender's slot in the receiver's segment, and in the one before (after).
+            let same = match (by < v, reverse) {
+                (true, false) => slot.dc + v - by,
+                (true, true) => slot.dc + by - v,
+                (false, _) => slot.dc,
+            };
+            let other = match reverse {
+                false if s > 0 => same - seg,
+                true if s + 1 < n / seg => same + seg,
+                _ => same,
+            };
+            let (a, b) = (t.regs[at(slot.dr, same)?], t.regs[at(slot.dr, other)?]);
+            let sent = self.reg(RegClass::F32, "shsend");
+            self.op("selp.f32", vec![R(sent), R(b), R(a), R(wraps)]);
+            let got = self.reg(RegClass::F32, "shfl");
+            self.op("shfl.sync.idx.b32", vec![R(got), R(sent), R(src_lane), Imm(31), Imm(-1)]);
+            let (idx, has) = (self.reg(RegClass::B32, "shidx"), self.reg(RegClass::Pred, "shin"));
+            self.op("add.u32", vec![R(idx), R(lr.col), Imm(i64::from(slot.dc))]);
+            if reverse {
+                self.op("setp.lt.u32", vec![R(has), R(idx), Imm(i64::from(n - by))]);
+            } else {
                 self.op("setp.ge.u32", vec![R(has), R(idx), Imm(i64::from(by))]);
             }
             self.op("selp.f32", vec![R(r), R(got), R(fill), R(has)]);
