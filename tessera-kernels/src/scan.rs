@@ -449,6 +449,20 @@ macro_rules! scan_forward {
     }};
 }
 
+/// A backward's launch: inputs `x`, `y`, `dy`; for few long rows a first pass (`pass` 0)
+/// storing each segment's two totals ([`totals`]), then the walk (`pass` 1).
+macro_rules! scan_backward {
+    ($k:ident, $device:expr, $x:expr, $views:expr, $yv:expr, $m:expr, $n:expr) => {{
+        let (variant, grid, segs, seg_chunks) = backward_split($device, $k::VARIANTS, $m, $n);
+        let (mut first, mut second) = totals($device, $m, segs)?;
+        for pass in if segs == 1 { 1 } else { 0 }..2 {
+            let (a, b) = (&mut first.opt(), &mut second.opt());
+            $k::launch_variant(variant, $device, grid, $x, &$views[1], &$views[2], &mut $yv, a, b, seg_chunks, pass)?;
+        }
+        Ok(())
+    }};
+}
+
 macro_rules! scan_element {
     ($t:ty, $sum:ident, $rev:ident, $prod:ident, $lse:ident, $prod_bwd:ident, $lse_bwd:ident) => {
         impl ScanElement for $t {
@@ -461,26 +475,10 @@ macro_rules! scan_element {
                     ScanOp::SumReverse => scan_forward!($rev, cumsum_f32, device, x, yv, m, n),
                     ScanOp::Prod => scan_forward!($prod, cumprod_f32, device, x, yv, m, n),
                     ScanOp::LogSumExp => scan_forward!($lse, logcumsumexp_f32, device, x, yv, m, n),
-                    ScanOp::ProdBackward => {
-                        let (variant, grid, segs, seg_chunks, _) = backward_split(device, $prod_bwd::VARIANTS, m, n);
-                        // With segments, each segment's product and reverse sum.
-                        let (mut prods, mut sums) = totals(device, m, segs)?;
-                        for pass in if segs == 1 { 1 } else { 0 }..2 {
-                            let (p, s) = (&mut prods.opt(), &mut sums.opt());
-                            $prod_bwd::launch_variant(variant, device, grid, x, &views[1], &views[2], &mut yv, p, s, seg_chunks, pass)?;
-                        }
-                        Ok(())
-                    }
-                    ScanOp::LogSumExpBackward => {
-                        let (variant, grid, segs, seg_chunks, _) = backward_split(device, $lse_bwd::VARIANTS, m, n);
-                        // Each segment's sum from a zero start, as a scale and a value.
-                        let (mut scales, mut values) = totals(device, m, segs)?;
-                        for pass in if segs == 1 { 1 } else { 0 }..2 {
-                            let (s, v) = (&mut scales.opt(), &mut values.opt());
-                            $lse_bwd::launch_variant(variant, device, grid, x, &views[1], &views[2], &mut yv, s, v, seg_chunks, pass)?;
-                        }
-                        Ok(())
-                    }
+                    // With segments, each segment's totals from a zero start: (product, reverse
+                    // sum), or (scale, value) of a log-sum.
+                    ScanOp::ProdBackward => scan_backward!($prod_bwd, device, x, views, yv, m, n),
+                    ScanOp::LogSumExpBackward => scan_backward!($lse_bwd, device, x, views, yv, m, n),
                 }
             }
         }
@@ -530,13 +528,13 @@ fn segments(device: &Device, m: usize, n: usize, rows: usize, cols: usize) -> (u
     (chunks.div_ceil(seg_chunks), i32::try_from(seg_chunks).unwrap_or(i32::MAX))
 }
 
-/// A backward's variant for `m` rows ([`fewest_padded_rows`]), its grid, segments a row,
-/// chunks a segment and chunk columns.
-fn backward_split(device: &Device, variants: &[&KernelSpec], m: usize, n: usize) -> (usize, Grid, usize, i32, usize) {
+/// A backward's variant for `m` rows ([`fewest_padded_rows`]), its grid, segments a row and
+/// chunks a segment.
+fn backward_split(device: &Device, variants: &[&KernelSpec], m: usize, n: usize) -> (usize, Grid, usize, i32) {
     let variant = fewest_padded_rows(variants, m);
     let (rows, cols) = chunk(&variants[variant..]);
     let (segs, seg_chunks) = segments(device, m, n, rows, cols);
-    (variant, Grid::from(Grid::tiles(m, rows) * segs as u32), segs, seg_chunks, cols)
+    (variant, Grid::from(Grid::tiles(m, rows) * segs as u32), segs, seg_chunks)
 }
 
 /// Two `[m, segs]` f32 scratches for the segments' totals, none where there is one segment.
