@@ -376,6 +376,13 @@ fn main() {
                 norm.backward(&dev, &xb, &res, Some(&yb), grads).expect("fused norm backward");
             };
             norm_row!(format!("rms fused backward {m}x{n}"), (5 * m * n * 2) as f64, time_ms(&dev, 5, 20, &mut bwd));
+            // Plain RMSNorm's backward with its weight (h, dy read; dh written; dweight).
+            let plain = Norm::rms(1e-6).weight(&wb);
+            let mut bwd = || {
+                let grads = NormGrads { dh: &mut dh, dx: None, dweight: Some(&mut dw), dbias: None };
+                plain.backward(&dev, &xb, &yb, None, grads).expect("rms backward");
+            };
+            norm_row!(format!("rms backward {m}x{n}"), (3 * m * n * 2) as f64, time_ms(&dev, 5, 20, &mut bwd));
         }
     }
     // RoPE in bf16: the shape (batch 8, seq 4096, 32 heads, dim 128) in each

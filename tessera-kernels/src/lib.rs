@@ -126,9 +126,10 @@ pub mod kernels {
     pub use crate::norm_fused::{
         norm_backward_halves_bf16, norm_backward_halves_f16, norm_backward_halves_f32, norm_backward_row_bf16, norm_backward_row_f16,
         norm_backward_row_f32, norm_backward_rows4_bf16, norm_backward_rows4_f16, norm_backward_rows4_f32, norm_backward_rows_bf16,
-        norm_backward_rows_f16, norm_backward_rows_f32, norm_backward_wide_bf16, norm_backward_wide_f16, norm_backward_wide_f32,
-        norm_fused_row_bf16, norm_fused_row_f16, norm_fused_row_f32, norm_fused_rows4_bf16, norm_fused_rows4_f16, norm_fused_rows4_f32,
-        norm_fused_wide_bf16, norm_fused_wide_f16, norm_fused_wide_f32, sum_partials_bf16, sum_partials_f16, sum_partials_f32,
+        norm_backward_rows_f16, norm_backward_rows_f32, norm_backward_staged_bf16, norm_backward_staged_f16, norm_backward_staged_f32,
+        norm_backward_wide_bf16, norm_backward_wide_f16, norm_backward_wide_f32, norm_fused_row_bf16, norm_fused_row_f16,
+        norm_fused_row_f32, norm_fused_rows4_bf16, norm_fused_rows4_f16, norm_fused_rows4_f32, norm_fused_wide_bf16, norm_fused_wide_f16,
+        norm_fused_wide_f32, sum_partials_bf16, sum_partials_f16, sum_partials_f32,
     };
     pub use crate::reduce::{col_max_f32, col_sum_f32, row_max_f32, row_sum_f32, scale_f32};
     pub use crate::ring::{
@@ -402,6 +403,9 @@ pub fn all_kernels() -> Vec<&'static tessera::KernelSpec> {
         norm_backward_halves_bf16::VARIANTS,
         norm_backward_halves_f16::VARIANTS,
         norm_backward_halves_f32::VARIANTS,
+        norm_backward_staged_bf16::VARIANTS,
+        norm_backward_staged_f16::VARIANTS,
+        norm_backward_staged_f32::VARIANTS,
         norm_backward_wide_bf16::VARIANTS,
         norm_backward_wide_f16::VARIANTS,
         norm_backward_wide_f32::VARIANTS,

@@ -18,7 +18,7 @@ use tessera::{kernel, Device, Element, Error, Grid, Launch, Optional, OptionalMu
 /// The fused kernels of element type `dtype` (bf16, f16 or f32: every [`NormElement`]).
 fn fused_specs(dtype: tessera::DType) -> FusedSpecs {
     macro_rules! specs {
-        ($rows4:ident, $row:ident, $wide:ident, $brows4:ident, $brow:ident, $brows:ident, $bhalves:ident, $bwide:ident, $sum:ident) => {
+        ($rows4:ident, $row:ident, $wide:ident, $brows4:ident, $brow:ident, $brows:ident, $bhalves:ident, $bstaged:ident, $bwide:ident, $sum:ident) => {
             FusedSpecs {
                 rows4: $rows4::VARIANTS,
                 row: $row::VARIANTS,
@@ -27,6 +27,7 @@ fn fused_specs(dtype: tessera::DType) -> FusedSpecs {
                 backward_row: &$brow::SPEC,
                 backward_rows: $brows::VARIANTS,
                 backward_halves: $bhalves::VARIANTS,
+                backward_staged: $bstaged::VARIANTS,
                 backward_wide: &$bwide::SPEC,
                 sum_partials: &$sum::SPEC,
             }
@@ -41,6 +42,7 @@ fn fused_specs(dtype: tessera::DType) -> FusedSpecs {
             norm_backward_row_bf16,
             norm_backward_rows_bf16,
             norm_backward_halves_bf16,
+            norm_backward_staged_bf16,
             norm_backward_wide_bf16,
             sum_partials_bf16
         ),
@@ -52,6 +54,7 @@ fn fused_specs(dtype: tessera::DType) -> FusedSpecs {
             norm_backward_row_f16,
             norm_backward_rows_f16,
             norm_backward_halves_f16,
+            norm_backward_staged_f16,
             norm_backward_wide_f16,
             sum_partials_f16
         ),
@@ -63,6 +66,7 @@ fn fused_specs(dtype: tessera::DType) -> FusedSpecs {
             norm_backward_row_f32,
             norm_backward_rows_f32,
             norm_backward_halves_f32,
+            norm_backward_staged_f32,
             norm_backward_wide_f32,
             sum_partials_f32
         ),
@@ -77,6 +81,11 @@ pub const FUSED_ROW_IN_REGISTERS: usize = 12288;
 /// Wider rows (to [`FUSED_BACKWARD_ROW_HALVES`]) take two warpgroups: the one-warpgroup tiles
 /// past 8192 columns spill (0.55–0.63× copy at 11008–12288, run 208).
 pub const FUSED_BACKWARD_ROW_IN_REGISTERS: usize = 8192;
+
+/// The widest row the fused backward's staged kernel takes on Hopper (`norm_backward_staged`,
+/// 16-bit; f32 to 6144): the ring of two rows of `h`, `dy` and `dres`, the weight and the
+/// block's sums take 176 KiB of shared memory there.
+pub const FUSED_BACKWARD_STAGED_MAX: usize = 8192;
 
 /// The widest row the fused backward's two-warpgroup kernel takes (half a row each, in
 /// registers); wider rows pass over 2048-column chunks.
@@ -452,6 +461,115 @@ pub fn norm_backward_halves(
     db_part.store([block::id_x(), c0], sdb.at(me).load());
 }
 
+/// The fused backward for rows of 2049 to [`FUSED_BACKWARD_STAGED_MAX`] columns on Hopper
+/// (f32 to 6144), every tensor seen as `[2·rows, n/2]` (a row's halves as two rows): a
+/// producer warpgroup brings each row's `h`, `dy` (and `dres`) by TMA into a two-stage ring
+/// (boxes of 256 columns), so the next row is on its way while this one is computed; two
+/// consumer warpgroups take half a row each, in 1024-column slices (8 elements a thread) read from shared memory
+/// (three sweeps: the mean for LayerNorm, the sums, the output), their row sums added across
+/// the halves through shared memory (`both_halves`), `dweight`'s and `dbias`'s sums in shared
+/// memory. A variant per width `W` (the narrowest holding the row).
+#[kernel(warpgroups = 3, dtypes(T = [bf16, f16, f32]), tune(W = [4096, 6144, 8192], only(T != f32 || W <= 6144)))]
+pub fn norm_backward_staged(
+    h: Global<T, 2>, dy: Global<T, 2>, dres: Global<T, 2>, w: Global<T, 2>, dh: Global<T, 2>, dx: Global<T, 2>, dw_part: Global<f32, 2>,
+    db_part: Global<f32, 2>, eps: f32, layer: i32, has_w: i32, has_dres: i32, drop_p: f32, drop_scale: f32, seed_lo: i32, seed_hi: i32,
+    offset: i32,
+) {
+    let hn = h.dim(1);
+    let inv_n = 1.0 / (hn * 2) as f32;
+    let step = grid::dim_x();
+    let count = (h.dim(0) / 2 - block::id_x() + step - 1) / step;
+    let sh = Smem::<T, 2, { W / 2 }>::ring_swizzled(2, 0);
+    let sg = Smem::<T, 2, { W / 2 }>::ring_swizzled(2, 0);
+    let sr = Smem::<T, 2, { W / 2 }>::ring_swizzled(2, 0);
+    let sw = Smem::<T, 2, { W / 2 }>::ring_swizzled(1, 0);
+    let sdw = Smem::<f32, 2, { W / 2 }>::ring_swizzled(1, 0);
+    let sdb = Smem::<f32, 2, { W / 2 }>::ring_swizzled(1, 0);
+    let sums = Smem::<f32, 1, 1>::ring_swizzled(8, 0);
+    let pipe = Pipeline::<2>::new(2);
+    if warpgroup::id() == 0 {
+        setmaxnreg(40);
+        fill_stages(pipe, count, |s, i| {
+            let r2 = (block::id_x() + i * step) * 2;
+            tma::load(sh.at(s), h, [r2, 0], pipe);
+            tma::load(sg.at(s), dy, [r2, 0], pipe);
+            if has_dres == 1 {
+                tma::load(sr.at(s), dres, [r2, 0], pipe);
+            }
+        });
+    } else {
+        setmaxnreg(232);
+        let me = warpgroup::id() - 1;
+        // Each slice's weight, zeros and sums in one layout: a thread reads only what it wrote.
+        #[unroll]
+        for q in 0..W / 2048 {
+            sw.at(0).rows(me, 1).cols(q * 1024, 1024).store(w.load::<Tile<T, 1, 1024>>([me, q * 1024]));
+            sdw.at(0).rows(me, 1).cols(q * 1024, 1024).store(Tile::<f32, 1, 1024>::zeros());
+            sdb.at(0).rows(me, 1).cols(q * 1024, 1024).store(Tile::<f32, 1, 1024>::zeros());
+        }
+        drain_stages(pipe, count, |s, i| {
+            let r = block::id_x() + i * step;
+            let zero = Tile::<f32, 1, 1>::zeros();
+            let mut mean = zero;
+            if layer == 1 {
+                let mut a = Tile::<f32, 1, 1024>::zeros();
+                #[unroll]
+                for q in 0..W / 2048 {
+                    a = a + sh.at(s).rows(me, 1).cols(q * 1024, 1024).load().cast::<f32>().mask_cols(hn - q * 1024, 0.0);
+                }
+                mean = both_halves(sums, row_sum(a), 0, me) * inv_n;
+            }
+            let mut ss = Tile::<f32, 1, 1024>::zeros();
+            let mut sgx = Tile::<f32, 1, 1024>::zeros();
+            let mut sgw = Tile::<f32, 1, 1024>::zeros();
+            #[unroll]
+            for q in 0..W / 2048 {
+                let d = (sh.at(s).rows(me, 1).cols(q * 1024, 1024).load().cast::<f32>() - mean).mask_cols(hn - q * 1024, 0.0);
+                let mut gw = sg.at(s).rows(me, 1).cols(q * 1024, 1024).load().cast::<f32>().mask_cols(hn - q * 1024, 0.0);
+                if has_w == 1 {
+                    gw = gw * sw.at(0).rows(me, 1).cols(q * 1024, 1024).load().cast::<f32>();
+                }
+                ss = ss + d * d;
+                sgx = sgx + gw * d;
+                sgw = sgw + gw;
+            }
+            let rstd = rsqrt(both_halves(sums, row_sum(ss), 1, me) * inv_n + eps);
+            // mean(g·w·x̂), and mean(g·w) for LayerNorm.
+            let a = both_halves(sums, row_sum(sgx), 2, me) * rstd * inv_n;
+            let mut b = zero;
+            if layer == 1 {
+                b = both_halves(sums, row_sum(sgw), 3, me) * inv_n;
+            }
+            #[unroll]
+            for q in 0..W / 2048 {
+                let c = q * 1024;
+                let d = (sh.at(s).rows(me, 1).cols(q * 1024, 1024).load().cast::<f32>() - mean).mask_cols(hn - c, 0.0);
+                let g = sg.at(s).rows(me, 1).cols(q * 1024, 1024).load().cast::<f32>().mask_cols(hn - c, 0.0);
+                let mut gw = g;
+                if has_w == 1 {
+                    gw = g * sw.at(0).rows(me, 1).cols(q * 1024, 1024).load().cast::<f32>();
+                }
+                let xhat = d * rstd;
+                let mut o = (gw - xhat * a - b) * rstd;
+                if has_dres == 1 {
+                    o = o + sr.at(s).rows(me, 1).cols(q * 1024, 1024).load().cast::<f32>();
+                }
+                dh.store([r * 2 + me, c], o.cast::<T>());
+                if drop_p > 0.0 {
+                    dx.store([r * 2 + me, c], dropout(o, drop_p, drop_scale, seed_lo, seed_hi, offset, r, me * hn + c).cast::<T>());
+                }
+                sdw.at(0).rows(me, 1).cols(q * 1024, 1024).store(sdw.at(0).rows(me, 1).cols(q * 1024, 1024).load() + g * xhat);
+                sdb.at(0).rows(me, 1).cols(q * 1024, 1024).store(sdb.at(0).rows(me, 1).cols(q * 1024, 1024).load() + g);
+            }
+        });
+        #[unroll]
+        for q in 0..W / 2048 {
+            dw_part.store([block::id_x() * 2 + me, q * 1024], sdw.at(0).rows(me, 1).cols(q * 1024, 1024).load());
+            db_part.store([block::id_x() * 2 + me, q * 1024], sdb.at(0).rows(me, 1).cols(q * 1024, 1024).load());
+        }
+    }
+}
+
 /// `norm_backward_row` for any width, in 2048-column chunks: passes for the mean
 /// (LayerNorm), the variance, the two sums the gradient needs, then the output; the block's
 /// partial sums of `dy · x̂` and `dy` are added into its rows of `dw_part` and `db_part` in
@@ -622,6 +740,7 @@ pub struct FusedSpecs {
     pub backward_row: &'static tessera::KernelSpec,
     pub backward_rows: &'static [&'static tessera::KernelSpec],
     pub backward_halves: &'static [&'static tessera::KernelSpec],
+    pub backward_staged: &'static [&'static tessera::KernelSpec],
     pub backward_wide: &'static tessera::KernelSpec,
     pub sum_partials: &'static tessera::KernelSpec,
 }
@@ -815,6 +934,9 @@ impl<'a, T: NormElement> Norm<'a, T> {
             return Ok(());
         }
         let specs = fused_specs(T::DTYPE);
+        if let Some(spec) = self.staged_backward(device, &specs, h, dy, dresidual, &grads, n) {
+            return self.backward_staged(device, spec, specs.sum_partials, h, dy, dresidual, grads);
+        }
         // Blocks stride over the rows: as many as fit on the GPU at once (ptxas: 96–200
         // registers for the four-row kernel, 96 for the row kernel; 96–128 for the wider rows' tiles to 4096, 154–168 to 6144, 208–255
         // above; 250 for the chunked one), each summing into its own row of partials.
@@ -874,14 +996,99 @@ impl<'a, T: NormElement> Norm<'a, T> {
             }
             l.launch(Grid::from(blocks as u32))?;
         }
-        for (part, out) in [(&dw_part, grads.dweight), (&db_part, grads.dbias)] {
-            if let Some(out) = out {
-                let mut l = Launch::new(specs.sum_partials, device)?;
-                let _g0 = l.global(0, part)?;
-                let _g1 = l.global_mut(1, out)?;
-                l.launch(Grid::from(Grid::tiles(n, 256)))?;
-            }
-        }
-        Ok(())
+        sum_partials_into(device, specs.sum_partials, [(&dw_part, grads.dweight), (&db_part, grads.dbias)], n)
     }
+
+    /// The staged backward's variant for these tensors, if it takes them: rows of 2049 to
+    /// [`FUSED_BACKWARD_STAGED_MAX`] columns (f32 to 6144), whose halves start on 16 bytes,
+    /// contiguous tensors, and a device (or the interpreter) running Hopper's code.
+    /// Opt-in for now (`TESSERA_NORM_BACKWARD=staged`) until timed and checked on the GPU.
+    fn staged_backward(
+        &self, device: &Device, specs: &FusedSpecs, h: &Tensor<T>, dy: &Tensor<T>, dres: Option<&Tensor<T>>, grads: &NormGrads<'_, T>,
+        n: usize,
+    ) -> Option<&'static tessera::KernelSpec> {
+        let es = T::DTYPE.size() as usize;
+        let max = if es == 4 { 6144 } else { FUSED_BACKWARD_STAGED_MAX };
+        let aligned = |t: &Tensor<T>| t.is_contiguous() && (t.offset() * es).is_multiple_of(16);
+        let fits = n > FUSED_BACKWARD_ROW_NARROW
+            && n <= max
+            && n.is_multiple_of(2)
+            && (n / 2 * es).is_multiple_of(16)
+            && [h, dy].into_iter().chain(dres).all(aligned)
+            && grads.dh.is_contiguous()
+            && grads.dx.as_ref().is_none_or(|d| d.is_contiguous())
+            && self.weight.is_none_or(|w| w.is_contiguous())
+            && std::env::var("TESSERA_NORM_BACKWARD").as_deref() == Ok("staged");
+        let spec = specs.backward_staged[crate::norm::narrowest(specs.backward_staged, n)];
+        (fits && device.target_for(spec) == Some(tessera::Target::Sm90a)).then_some(spec)
+    }
+
+    /// [`Norm::backward`] by `norm_backward_staged` (`spec`), every tensor seen as `[2·rows,
+    /// n/2]`, a block an SM; then `sum_partials` for `dweight` and `dbias`.
+    #[allow(clippy::too_many_arguments)]
+    fn backward_staged(
+        &self, device: &Device, spec: &'static tessera::KernelSpec, sum_partials: &'static tessera::KernelSpec, h: &Tensor<T>,
+        dy: &Tensor<T>, dres: Option<&Tensor<T>>, grads: NormGrads<'_, T>,
+    ) -> Result<()> {
+        let (m, n) = (h.shape()[0], h.shape()[1]);
+        let halves = [2 * m, n / 2];
+        let strides = [n / 2, 1];
+        let blocks = m.min(device.sm_count().max(1) as usize);
+        let mut dw_part = Tensor::<f32>::scratch(device, &[blocks, n])?;
+        let mut db_part = Tensor::<f32>::scratch(device, &[blocks, n])?;
+        let (p, keep_scale, seed_lo, seed_hi, offset) = self.dropout_args()?;
+        {
+            let mut l = Launch::new(spec, device)?;
+            let hv = h.view(&halves, &strides)?;
+            let dyv = dy.view(&halves, &strides)?;
+            // (An absent residual gradient: `dy` stands in, never read — TMA needs a tensor.)
+            let dresv = dres.unwrap_or(dy).view(&halves, &strides)?;
+            let _g0 = l.global(0, &hv)?;
+            let _g1 = l.global(1, &dyv)?;
+            let _g2 = l.global(2, &dresv)?;
+            let wv = self.weight.map(|w| w.view(&[2, n / 2], &strides)).transpose()?;
+            let wo = Optional(wv.as_ref(), 2);
+            let _g3 = l.global(3, &wo)?;
+            let mut dhv = grads.dh.view_mut(&halves, &strides)?;
+            let _g4 = l.global_mut(4, &mut dhv)?;
+            let mut dxv = grads.dx.map(|d| d.view_mut(&halves, &strides)).transpose()?;
+            let mut dxo = OptionalMut(dxv.as_mut(), 2);
+            let _g5 = l.global_mut(5, &mut dxo)?;
+            let mut dwv = dw_part.view_mut(&[2 * blocks, n / 2], &strides)?;
+            let _g6 = l.global_mut(6, &mut dwv)?;
+            let mut dbv = db_part.view_mut(&[2 * blocks, n / 2], &strides)?;
+            let _g7 = l.global_mut(7, &mut dbv)?;
+            let scalars: [ScalarArg; 9] = [
+                self.eps.into(),
+                i32::from(self.kind == NormKind::Layer).into(),
+                i32::from(self.weight.is_some()).into(),
+                i32::from(dres.is_some()).into(),
+                p.into(),
+                keep_scale.into(),
+                seed_lo.into(),
+                seed_hi.into(),
+                offset.into(),
+            ];
+            for (i, s) in scalars.into_iter().enumerate() {
+                l.scalar(8 + i, s)?;
+            }
+            l.launch(Grid::from(blocks as u32))?;
+        }
+        sum_partials_into(device, sum_partials, [(&dw_part, grads.dweight), (&db_part, grads.dbias)], n)
+    }
+}
+
+/// `dweight` and `dbias` (each if asked) from their blocks' rows of partial sums.
+fn sum_partials_into<T: Element>(
+    device: &Device, spec: &'static tessera::KernelSpec, parts: [(&Tensor<f32>, Option<&mut Tensor<T>>); 2], n: usize,
+) -> Result<()> {
+    for (part, out) in parts {
+        if let Some(out) = out {
+            let mut l = Launch::new(spec, device)?;
+            let _g0 = l.global(0, part)?;
+            let _g1 = l.global_mut(1, out)?;
+            l.launch(Grid::from(Grid::tiles(n, 256)))?;
+        }
+    }
+    Ok(())
 }

@@ -91,13 +91,30 @@ pub(crate) fn ring_of(e: &Expr) -> Option<&str> {
     }
 }
 
+/// The columns of each box a `tma::load` into an unswizzled view whose rows are wider than a
+/// TMA box's 256 elements copies it in: the widest divisor of the row of at most 256 elements
+/// and a multiple of 16 bytes, each box one row (a box of several rows would land box-major,
+/// not in the view's row-major order). `None` for rows that fit one box, and for swizzled
+/// views (their panels are the boxes).
+pub fn wide_row_box(cols: u32, swizzle: u32, dtype: crate::DType) -> Option<u32> {
+    if swizzle > 0 || cols <= 256 {
+        return None;
+    }
+    (1..=256).rev().find(|&c| cols.is_multiple_of(c) && (c * dtype.size()).is_multiple_of(16))
+}
+
 pub(crate) fn scan(body: &[Stmt], out: &mut HopperScan) {
     for s in body {
         match &s.kind {
             StmtKind::TmaLoad { dst, tensor, .. } => {
                 if let Some(Type::SmemView { rows, cols, swizzle, dtype }) = dst.ty {
-                    // One box per 128-byte panel of a wide row.
-                    let cols = if swizzle > 0 { cols.min(swizzle / dtype.size()) } else { cols };
+                    // One box per 128-byte panel of a wide row; an unswizzled row wider than a
+                    // box's 256 elements as boxes of one row ([`wide_row_box`]).
+                    let (rows, cols) = match wide_row_box(cols, swizzle, dtype) {
+                        Some(bc) => (1, bc),
+                        None if swizzle > 0 => (rows, cols.min(swizzle / dtype.size())),
+                        None => (rows, cols),
+                    };
                     out.tma.push((tensor.clone(), TmaUse { rows, cols, swizzle }, s.loc));
                 }
             }
@@ -262,10 +279,11 @@ impl Lowerer<'_> {
                     Err(err) => return Some(Err(err)),
                 };
                 // Whole panels (verified): panel p starts p × rows × pitch bytes in, and the
-                // panels from `start` on are laid out as a ring `cols` wide.
-                let panel = start / v.ty.panel_cols();
+                // panels from `start` on are laid out as a ring `cols` wide. Unswizzled: a run
+                // of one row's columns (verified), `start` elements in.
+                let off = if v.ty.swizzle == 0 { start * v.ty.dtype.size() } else { start / v.ty.panel_cols() * v.ty.rows * v.ty.pitch() };
                 let addr = self.reg(RegClass::B32, "cols_at");
-                self.op("add.u32", vec![R(addr), R(v.addr), Imm(i64::from(panel * v.ty.rows * v.ty.pitch()))]);
+                self.op("add.u32", vec![R(addr), R(v.addr), Imm(i64::from(off))]);
                 Value::View(ViewVal { addr, ty: SmemType { cols: *cols, ..v.ty }, ..v })
             }
             ExprKind::PipeStage { pipe, producer } => {
@@ -479,6 +497,15 @@ impl Lowerer<'_> {
         let map = self.tma_map(tensor);
         let idx = index.iter().map(|i| self.scalar(i)).collect::<Result<Vec<_>, _>>()?;
         if !self.sm90() {
+            if v.ty.swizzle == 0 && v.ty.row_bytes() > 128 * 16 {
+                return Err(CompileError::Lower {
+                    message: format!(
+                        "`tma::load` on sm_80 copies unswizzled rows of at most 2048 bytes (a warpgroup's 16-byte copies a row), found {}",
+                        v.ty.row_bytes()
+                    ),
+                    loc: dst.loc,
+                });
+            }
             self.tma_load_sm80(&v, tensor, &idx);
             return Ok(());
         }
@@ -494,6 +521,10 @@ impl Lowerer<'_> {
         let box_bytes = v.rows * v.ty.panel_cols() * v.ty.dtype.size();
         let g = self.global(tensor);
         let cols_dim = self.global_regs(&g).dims[dim - 1];
+        if let Some(bc) = wide_row_box(v.ty.cols, v.ty.swizzle, v.ty.dtype) {
+            self.tma_load_row_boxes(&v, map, bar, &mut coords, cols_dim, bc, &g);
+            return Ok(());
+        }
         for p in 0..v.ty.panels() {
             let (dst, issue) = if p == 0 {
                 (v.addr, leader)
@@ -521,6 +552,48 @@ impl Lowerer<'_> {
             });
         }
         Ok(())
+    }
+
+    /// `tma::load` of an unswizzled view whose rows are wider than one box: a box of `bc`
+    /// columns and one row at a time, each landing at its place in the view's row-major rows;
+    /// a box past the tensor's rows or columns is not issued (nor counted).
+    #[allow(clippy::too_many_arguments)]
+    fn tma_load_row_boxes(&mut self, v: &ViewVal, map: Reg, bar: Reg, coords: &mut [Reg], cols_dim: Reg, bc: u32, g: &super::GlobalVal) {
+        use Operand::{Imm, Reg as R};
+        let dim = coords.len();
+        let (col0, row0) = (coords[0], coords[1]);
+        let rows_dim = self.global_regs(g).dims[dim - 2];
+        let es = v.ty.dtype.size();
+        let box_bytes = bc * es;
+        let leader = self.leader;
+        for r in 0..v.rows {
+            let row = self.reg(RegClass::B32, "coord");
+            self.op("add.s32", vec![R(row), R(row0), Imm(i64::from(r))]);
+            let row_in = self.reg(RegClass::Pred, "issue");
+            self.op("setp.lt.and.s32", vec![R(row_in), R(row), R(rows_dim), R(leader)]);
+            coords[1] = row;
+            for b in 0..v.ty.cols / bc {
+                let d = self.reg(RegClass::B32, "box");
+                self.op("add.u32", vec![R(d), R(v.addr), Imm(i64::from(r * v.ty.row_bytes() + b * box_bytes))]);
+                let c = self.reg(RegClass::B32, "coord");
+                self.op("add.s32", vec![R(c), R(col0), Imm(i64::from(b * bc))]);
+                coords[0] = c;
+                let q = self.reg(RegClass::Pred, "issue");
+                self.op("setp.lt.and.s32", vec![R(q), R(c), R(cols_dim), R(row_in)]);
+                self.op_if(
+                    q,
+                    false,
+                    "mbarrier.expect_tx.relaxed.cta.shared::cta.b64",
+                    vec![Operand::Addr(bar, 0), Imm(i64::from(box_bytes))],
+                );
+                let names = coords.iter().map(|r| self.reg_name(*r)).collect::<Vec<_>>().join(", ");
+                self.body.push(Inst::Op {
+                    pred: Some((q, false)),
+                    op: format!("cp.async.bulk.tensor.{dim}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"),
+                    args: vec![Operand::Addr(d, 0), Operand::Sym(format!("[{}, {{{names}}}]", self.reg_name(map))), Operand::Addr(bar, 0)],
+                });
+            }
+        }
     }
 
     /// Writes a register tile into a shared view, swizzled as TMA and wgmma read it: each
@@ -658,8 +731,42 @@ impl Lowerer<'_> {
         let slots = layout.slots();
         let pair = es == 2 && layout.run_len() >= 2;
         let mut regs = Vec::with_capacity(slots.len());
+        // An unswizzled view's rows are contiguous: a thread's 16-byte runs (the layout's runs
+        // start on multiples of their length) load as one vector each.
+        let vec_len = (16 / es) as usize;
+        let vector = v.ty.swizzle == 0 && layout.run_len() as usize % vec_len == 0 && v.ty.row_bytes() % 16 == 0;
         let mut i = 0;
         while i < slots.len() {
+            let run = vector
+                && i + vec_len <= slots.len()
+                && slots[i].dc as usize % vec_len == 0
+                && (1..vec_len).all(|j| slots[i + j].dr == slots[i].dr && slots[i + j].dc == slots[i].dc + j as u32);
+            if run {
+                let off = self.reg(RegClass::B32, "loff");
+                let cb = self.reg(RegClass::B32, "lcol");
+                self.op("add.u32", vec![R(cb), R(lr.col), Imm(i64::from(slots[i].dc))]);
+                self.op("mul.lo.u32", vec![R(cb), R(cb), Imm(i64::from(es))]);
+                let r = self.reg(RegClass::B32, "lrow");
+                self.op("add.u32", vec![R(r), R(lr.row), Imm(i64::from(slots[i].dr))]);
+                self.op("mad.lo.u32", vec![R(off), R(r), Imm(i64::from(v.ty.row_bytes())), R(cb)]);
+                let addr = self.reg(RegClass::B32, "laddr");
+                self.op("add.u32", vec![R(addr), R(v.addr), R(off)]);
+                if es == 4 {
+                    let rs: Vec<Reg> = (0..4).map(|_| self.reg(super::elem_class(ty.dtype), "ld")).collect();
+                    self.op("ld.shared.v4.b32", vec![Operand::Vec(rs.clone()), Operand::Addr(addr, 0)]);
+                    regs.extend(rs);
+                } else {
+                    let ws: Vec<Reg> = (0..4).map(|_| self.reg(RegClass::B32, "lpair")).collect();
+                    self.op("ld.shared.v4.b32", vec![Operand::Vec(ws.clone()), Operand::Addr(addr, 0)]);
+                    for w in ws {
+                        let (a, b) = (self.reg(super::elem_class(ty.dtype), "lo"), self.reg(super::elem_class(ty.dtype), "hi"));
+                        self.op("mov.b32", vec![Operand::Vec(vec![a, b]), R(w)]);
+                        regs.extend([a, b]);
+                    }
+                }
+                i += vec_len;
+                continue;
+            }
             let addr = if panelled {
                 self.panel_address(&v, lr.row, lr.col, slots[i].dr, slots[i].dc, es)
             } else {

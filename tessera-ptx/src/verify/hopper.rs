@@ -112,10 +112,18 @@ impl Checker<'_> {
                 let (start, cols) = (*start, *cols);
                 match self.expr(view) {
                     Ok(Type::SmemView { dtype, rows, cols: have, swizzle }) => {
-                        // Whole column panels of one swizzle span each.
+                        // Whole column panels of one swizzle span each; of an unswizzled view of
+                        // one row, any run of columns starting on 16 bytes.
                         let panel = if swizzle == 0 { have } else { swizzle / dtype.size() };
                         let whole = start == 0 && cols == have;
-                        if !whole && (swizzle == 0 || cols == 0 || start % panel != 0 || cols % panel != 0 || start + cols > have) {
+                        let run =
+                            swizzle == 0 && rows == 1 && cols > 0 && (start * dtype.size()).is_multiple_of(16) && start + cols <= have;
+                        if swizzle == 0 && !whole && !run {
+                            Err(CompileError::ty(
+                                loc,
+                                format!("`cols({start}, {cols})` of a `{rows}×{have}` unswizzled shared view: expected a view of one row (`.rows(r, 1)`) and columns starting on 16 bytes, inside its {have} columns"),
+                            ))
+                        } else if !whole && !run && (cols == 0 || start % panel != 0 || cols % panel != 0 || start + cols > have) {
                             Err(CompileError::ty(
                                 loc,
                                 format!("`cols({start}, {cols})` of a `{rows}×{have}` shared view: expected whole column panels of a swizzled ring ({panel} columns each here), inside its {have} columns"),

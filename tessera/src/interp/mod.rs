@@ -1366,6 +1366,36 @@ impl<'p> Kernel<'p> {
         let ring = &mut blk.rings[view.ring];
         let bar = &mut blk.pipes[pipe].full[view.stage as usize];
         let mut co = Vec::with_capacity(rank);
+        if let Some(bc) = tessera_ptx::lower::hopper::wide_row_box(ty.cols, ty.swizzle, ty.dtype) {
+            // An unswizzled row wider than a box: boxes of one row and `bc` columns, one past
+            // the tensor's rows or columns not issued (nor counted), as the GPU's.
+            let row_dim = g.shape[rank - 2] as i64;
+            for r in 0..view.rows {
+                for b in 0..view.cols / bc {
+                    let c0 = b * bc;
+                    if idx[rank - 2] + i64::from(r) >= row_dim || idx[rank - 1] + i64::from(c0) >= col_dim {
+                        continue;
+                    }
+                    for c in c0..c0 + bc {
+                        Self::coords(idx, rank, 2, r, c, &mut co);
+                        let v = match Self::offset(g, &co) {
+                            Some(at) => {
+                                if let Some(m) = Self::outside(g, at, len) {
+                                    return Err(format!("TMA reads {m} (ring `{name}`)").into());
+                                }
+                                value::read(&bytes, g.dtype, at as usize)
+                            }
+                            None => 0.0,
+                        };
+                        let at = ring_index(*ty, view, r, c);
+                        ring.data[at] = v;
+                        ring.written[at] = true;
+                    }
+                    bar.settle();
+                }
+            }
+            return Ok(());
+        }
         for p in 0..panels {
             let c0 = p * pcols;
             // A panel starting past the tensor's columns is not issued (nor counted).
