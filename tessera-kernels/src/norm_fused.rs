@@ -934,7 +934,7 @@ impl<'a, T: NormElement> Norm<'a, T> {
             return Ok(());
         }
         let specs = fused_specs(T::DTYPE);
-        if let Some(spec) = self.staged_backward(device, &specs, h, dy, dresidual, &grads, n) {
+        if let Some(spec) = self.staged_backward(device, &specs, h, dy, dresidual, &grads) {
             return self.backward_staged(device, spec, specs.sum_partials, h, dy, dresidual, grads);
         }
         // Blocks stride over the rows: as many as fit on the GPU at once (ptxas: 96–200
@@ -1005,8 +1005,8 @@ impl<'a, T: NormElement> Norm<'a, T> {
     /// Opt-in for now (`TESSERA_NORM_BACKWARD=staged`) until timed and checked on the GPU.
     fn staged_backward(
         &self, device: &Device, specs: &FusedSpecs, h: &Tensor<T>, dy: &Tensor<T>, dres: Option<&Tensor<T>>, grads: &NormGrads<'_, T>,
-        n: usize,
     ) -> Option<&'static tessera::KernelSpec> {
+        let n = h.shape()[1];
         let es = T::DTYPE.size() as usize;
         let max = if es == 4 { 6144 } else { FUSED_BACKWARD_STAGED_MAX };
         let aligned = |t: &Tensor<T>| t.is_contiguous() && (t.offset() * es).is_multiple_of(16);

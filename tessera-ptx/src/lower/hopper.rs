@@ -734,12 +734,12 @@ impl Lowerer<'_> {
         // An unswizzled view's rows are contiguous: a thread's 16-byte runs (the layout's runs
         // start on multiples of their length) load as one vector each.
         let vec_len = (16 / es) as usize;
-        let vector = v.ty.swizzle == 0 && layout.run_len() as usize % vec_len == 0 && v.ty.row_bytes() % 16 == 0;
+        let vector = v.ty.swizzle == 0 && (layout.run_len() as usize).is_multiple_of(vec_len) && v.ty.row_bytes().is_multiple_of(16);
         let mut i = 0;
         while i < slots.len() {
             let run = vector
                 && i + vec_len <= slots.len()
-                && slots[i].dc as usize % vec_len == 0
+                && (slots[i].dc as usize).is_multiple_of(vec_len)
                 && (1..vec_len).all(|j| slots[i + j].dr == slots[i].dr && slots[i + j].dc == slots[i].dc + j as u32);
             if run {
                 let off = self.reg(RegClass::B32, "loff");

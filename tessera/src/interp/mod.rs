@@ -1369,7 +1369,7 @@ impl<'p> Kernel<'p> {
         if let Some(bc) = tessera_ptx::lower::hopper::wide_row_box(ty.cols, ty.swizzle, ty.dtype) {
             // An unswizzled row wider than a box: boxes of one row and `bc` columns, one past
             // the tensor's rows or columns not issued (nor counted), as the GPU's.
-            let row_dim = g.shape[rank - 2] as i64;
+            let row_dim = g.shape[rank - 2];
             for r in 0..view.rows {
                 for b in 0..view.cols / bc {
                     let c0 = b * bc;
