@@ -214,6 +214,37 @@ fn bad_input_fused_norm_residual_and_dropout() {
 }
 
 #[test]
+fn bad_input_fused_norm_stacked_output() {
+    use tessera_kernels::Norm;
+    let dev = Device::cpu();
+    let x: Tensor<bf16> = rand_t(&dev, &[4, 64]);
+    let w: Tensor<bf16> = rand_t(&dev, &[64]);
+    let norm = Norm::rms(1e-6).weight(&w).residual(&x);
+    // `yh` is `[2, rows, hidden]`: a `[rows, hidden]` or a `[3, rows, hidden]` one is named.
+    for shape in [&[4, 64][..], &[3, 4, 64], &[2, 4, 32]] {
+        let mut yh: Tensor<bf16> = rand_t(&dev, shape);
+        assert_eq!(unchanged(&[&x, &w], &mut yh, |yh| norm.forward_stacked(&dev, &x, yh)), "yh", "{shape:?}");
+    }
+}
+
+#[test]
+fn bad_input_split_outer_overlapping_parts() {
+    let dev = Device::cpu();
+    // A first axis of stride 0 (a broadcast): its parts would be the same elements.
+    let t: Tensor<f32> = rand_t(&dev, &[8]);
+    let mut b = t.restride(0, &[2, 8], &[0, 1]).unwrap();
+    match tessera::split_outer(&mut b, &dev) {
+        Err(tessera::Error::Tensor { what, expected, found }) => {
+            assert_eq!(what, "split_outer");
+            assert!(expected.contains("8 elements") && found.contains("[0, 1]"), "{expected} / {found}");
+        }
+        other => panic!("expected a tensor error, got {:?}", other.map(|(p, _)| p.len())),
+    }
+    let mut s: Tensor<f32> = rand_t(&dev, &[]);
+    assert!(matches!(tessera::split_outer(&mut s, &dev), Err(tessera::Error::Tensor { .. })), "rank 0 has no parts");
+}
+
+#[test]
 fn bad_input_gemm_inner_dimensions() {
     let dev = Device::cpu();
     let a: Tensor<bf16> = rand_t(&dev, &[8, 16]);

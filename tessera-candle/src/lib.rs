@@ -47,6 +47,40 @@ pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f32) -> candl
     x.apply_op3_no_bwd(weight, bias, &LayerNorm { eps })
 }
 
+/// The pre-norm residual step in one pass: `h = x + residual` (the new residual stream) and
+/// `y = rms_norm(h) · weight`, returned as `(y, h)`, both shaped as `x`. `x` and `residual` of
+/// one shape and dtype (bf16, f16 or f32), `weight` `[hidden]`; the sum is normalized in f32
+/// as it is (`h` is rounded to the dtype only where it is stored)
+/// ([`tessera_kernels::Norm::forward_stacked`]). The two results are the halves of one
+/// `[2, …]` buffer (`y` and `h` are views of it, contiguous each). For inference.
+///
+/// ```
+/// use candle_core::{DType, Device, Tensor};
+/// let x = Tensor::randn(0f32, 1.0, (3, 64), &Device::Cpu)?;
+/// let r = Tensor::randn(0f32, 1.0, (3, 64), &Device::Cpu)?;
+/// let w = Tensor::ones(64, DType::F32, &Device::Cpu)?;
+/// let (y, h) = tessera_candle::add_rms_norm(&x, &r, &w, 1e-6)?;
+/// assert_eq!((y.dims(), h.dims()), (&[3, 64][..], &[3, 64][..]));
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+///
+/// # Errors
+/// As [`rms_norm`]'s (`residual` of another shape or dtype than `x`, named).
+pub fn add_rms_norm(x: &Tensor, residual: &Tensor, weight: &Tensor, eps: f32) -> candle_core::Result<(Tensor, Tensor)> {
+    let yh = x.apply_op3_no_bwd(residual, weight, &AddRmsNorm { eps })?;
+    Ok((yh.get(0)?, yh.get(1)?))
+}
+
+/// [`add_rms_norm`] for LayerNorm: `h = x + residual`, `y = layer_norm(h) · weight + bias`,
+/// returned as `(y, h)`.
+///
+/// # Errors
+/// As [`add_rms_norm`]'s (`bias` named).
+pub fn add_layer_norm(x: &Tensor, residual: &Tensor, weight: &Tensor, bias: &Tensor, eps: f32) -> candle_core::Result<(Tensor, Tensor)> {
+    let yh = x.apply_op3_no_bwd(residual, weight, &AddLayerNorm { eps, bias: bias.clone() })?;
+    Ok((yh.get(0)?, yh.get(1)?))
+}
+
 /// The softmax of each row along the last axis of `x` (any rank ≥ 1, bf16, f16 or f32,
 /// contiguous), f32 inside ([`tessera_kernels::softmax`]).
 ///
@@ -212,6 +246,24 @@ pub struct RmsNorm {
 pub struct LayerNorm {
     /// Added to the variance.
     pub eps: f32,
+}
+
+/// [`add_rms_norm`] as a candle op over `(x, residual, weight)`: its result is `[2, …x's
+/// shape]`, `y` then `h`.
+#[derive(Clone, Copy, Debug)]
+pub struct AddRmsNorm {
+    /// Added to the mean of squares.
+    pub eps: f32,
+}
+
+/// [`add_layer_norm`] as a candle op over `(x, residual, weight)`, the bias held (a candle op
+/// takes three tensors) and read in place; its result as [`AddRmsNorm`]'s.
+#[derive(Clone, Debug)]
+pub struct AddLayerNorm {
+    /// Added to the variance.
+    pub eps: f32,
+    /// Added after the weight, `[hidden]`.
+    pub bias: Tensor,
 }
 
 /// The interpreter's device, made once.
@@ -639,6 +691,52 @@ fn layer_norm_run<T: Elem + NormElement, S: Side>(
     side.output(&[rows, hidden], l1.shape().clone(), |y| tessera_kernels::layer_norm(side.device(), &x, Some(&w), Some(&b), eps, y))
 }
 
+/// The storage of a tensor an op holds beside its arguments, on `side` (a candle error naming
+/// it when it lies elsewhere).
+fn held<'s, S: Side>(_side: &S, name: &str, s: &'s candle_core::Storage) -> candle_core::Result<&'s S::Storage> {
+    S::storage_of(name, s)
+}
+
+/// Which fused norm an `add_*_norm` op runs.
+#[derive(Clone, Copy)]
+struct NormSpec {
+    layer: bool,
+    eps: f32,
+}
+
+/// [`rows_and_hidden`] for an `add_*_norm` op: `residual` checked to be `x`'s shape and dtype.
+fn residual_and_hidden(
+    op: &str, x: (&Layout, DType), residual: (&Layout, DType), params: &[(&str, &Layout, DType)],
+) -> candle_core::Result<(usize, usize)> {
+    if residual.0.dims() != x.0.dims() || residual.1 != x.1 {
+        bail!("{op}: `residual` must be {:?} {:?} as `x` is, found {:?} {:?}", x.0.dims(), x.1, residual.0.dims(), residual.1)
+    }
+    rows_and_hidden(op, x, params)
+}
+
+/// The `add_*_norm` ops: `[2, …]` storage holding `y` then `h = x + residual`, from one launch
+/// of the fused norm ([`tessera_kernels::Norm::forward_stacked`]).
+fn add_norm_run<T: Elem + NormElement, S: Side>(
+    norm: NormSpec, side: &S, [(s1, l1), (s2, l2), (s3, l3)]: [(&S::Storage, &Layout); 3], bias: Option<(&S::Storage, &Layout)>,
+    rows: usize, hidden: usize,
+) -> candle_core::Result<(S::Storage, Shape)> {
+    let op = if norm.layer { "add_layer_norm" } else { "add_rms_norm" };
+    let x = side.input::<T>(op, "x", s1, l1, &[rows, hidden])?;
+    let r = side.input::<T>(op, "residual", s2, l2, &[rows, hidden])?;
+    let w = side.input::<T>(op, "weight", s3, l3, &[hidden])?;
+    let b = bias.map(|(s, l)| side.input::<T>(op, "bias", s, l, &[hidden])).transpose()?;
+    let mut dims = vec![2];
+    dims.extend_from_slice(l1.dims());
+    side.output(&[2, rows, hidden], Shape::from(dims), |yh| {
+        let base = if norm.layer { tessera_kernels::Norm::layer(norm.eps) } else { tessera_kernels::Norm::rms(norm.eps) };
+        let mut n = base.weight(&w).residual(&r);
+        if let Some(b) = &b {
+            n = n.bias(b);
+        }
+        n.forward_stacked(side.device(), &x, yh)
+    })
+}
+
 mod mixers;
 pub use mixers::{linear_attention, selective_scan, ssd, FeatureMap, LinearAttentionOptions, SelectiveScanOptions, SsdOptions};
 
@@ -717,6 +815,21 @@ forwards!(AttentionBackward: CustomOp3 "tessera-attention-backward", |op, side, 
 forwards!(RmsNorm: CustomOp2 "tessera-rms-norm", |op, side, s1, l1, s2, l2| {
     let (rows, hidden) = rows_and_hidden("rms_norm", (l1, s1.dtype()), &[("weight", l2, s2.dtype())])?;
     by_dtype!("rms_norm", s1.dtype(), rms_norm_run(op.eps, side, (s1, l1), (s2, l2), rows, hidden))
+});
+
+forwards!(AddRmsNorm: CustomOp3 "tessera-add-rms-norm", |op, side, s1, l1, s2, l2, s3, l3| {
+    let (rows, hidden) = residual_and_hidden("add_rms_norm", (l1, s1.dtype()), (l2, s2.dtype()), &[("weight", l3, s3.dtype())])?;
+    let norm = NormSpec { layer: false, eps: op.eps };
+    by_dtype!("add_rms_norm", s1.dtype(), add_norm_run(norm, side, [(s1, l1), (s2, l2), (s3, l3)], None, rows, hidden))
+});
+
+forwards!(AddLayerNorm: CustomOp3 "tessera-add-layer-norm", |op, side, s1, l1, s2, l2, s3, l3| {
+    let (bs, bl) = op.bias.storage_and_layout();
+    let params = [("weight", l3, s3.dtype()), ("bias", bl, op.bias.dtype())];
+    let (rows, hidden) = residual_and_hidden("add_layer_norm", (l1, s1.dtype()), (l2, s2.dtype()), &params)?;
+    let bias = (held(side, "bias", &bs)?, bl);
+    let norm = NormSpec { layer: true, eps: op.eps };
+    by_dtype!("add_layer_norm", s1.dtype(), add_norm_run(norm, side, [(s1, l1), (s2, l2), (s3, l3)], Some(bias), rows, hidden))
 });
 
 forwards!(LayerNorm: CustomOp3 "tessera-layer-norm", |op, side, s1, l1, s2, l2, s3, l3| {

@@ -13,7 +13,7 @@
 
 use crate::norm::NormElement;
 use crate::prelude::*;
-use tessera::{kernel, Device, Element, Error, Grid, Launch, Optional, OptionalMut, Result, ScalarArg, Tensor};
+use tessera::{kernel, Device, Element, Error, GlobalArgMut, Grid, Launch, Optional, OptionalMut, Result, ScalarArg, Tensor};
 
 /// The fused kernels of element type `dtype` (bf16, f16 or f32: every [`NormElement`]).
 fn fused_specs(dtype: tessera::DType) -> FusedSpecs {
@@ -79,8 +79,10 @@ pub const FUSED_ROW_IN_REGISTERS: usize = 12288;
 /// The widest row the fused backward's one-warpgroup kernels hold in registers (one row a
 /// block; to 2048, with the weight gradient's sums in registers too, wider in shared memory).
 /// Wider rows (to [`FUSED_BACKWARD_ROW_HALVES`]) take two warpgroups: the one-warpgroup tiles
-/// past 8192 columns spill (0.55–0.63× copy at 11008–12288, run 208).
-pub const FUSED_BACKWARD_ROW_IN_REGISTERS: usize = 8192;
+/// past 8192 columns spill (0.55–0.63× copy at 11008–12288, run 208), and at 8192 (233
+/// registers, two blocks an SM) they trail two warpgroups of 4096 (0.60 against 0.65× copy,
+/// H200, run 355).
+pub const FUSED_BACKWARD_ROW_IN_REGISTERS: usize = 7168;
 
 /// The widest row the fused backward's staged kernel takes on Hopper (`norm_backward_staged`,
 /// 16-bit; f32 to 6144): the ring of two rows of `h`, `dy` and `dres`, the weight and the
@@ -386,7 +388,7 @@ pub fn norm_backward_rows4(
 /// once a row into registers; the block's sums of `dy · x̂` and `dy` kept in shared memory,
 /// each thread adding into the columns its tiles hold (no barrier: no thread reads another's),
 /// and stored to its rows of `dw_part` and `db_part` at the end.
-#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [4096, 3072, 5120, 6144, 7168, 8192]))]
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [4096, 3072, 5120, 6144, 7168]))]
 pub fn norm_backward_rows(
     h: Global<T, 2>, dy: Global<T, 2>, dres: Global<T, 2>, w: Global<T, 1>, dh: Global<T, 2>, dx: Global<T, 2>, dw_part: Global<f32, 2>,
     db_part: Global<f32, 2>, eps: f32, layer: i32, has_w: i32, has_dres: i32, drop_p: f32, drop_scale: f32, seed_lo: i32, seed_hi: i32,
@@ -421,14 +423,14 @@ fn both_halves(sums: Smem<f32, 1, 1>, s: Tile<f32, 1, 1>, kind: i32, me: i32) ->
     sums.at(kind * 2).load() + sums.at(kind * 2 + 1).load()
 }
 
-/// `norm_backward_rows` for rows of 8193 to [`FUSED_BACKWARD_ROW_HALVES`] columns: two
+/// `norm_backward_rows` for rows of 7169 to [`FUSED_BACKWARD_ROW_HALVES`] columns: two
 /// warpgroups, each holding half of a row (`W` columns, a variant per width: the narrowest
 /// that holds half the row launched) in registers and its half of the block's sums for
 /// `dweight` and `dbias` in shared memory; the row's four sums (mean,
 /// variance, `Σ g·w·x̂`, `Σ g·w`) added across the halves through shared memory, one slot
 /// pair and a named barrier each (a slot is written again only two sums later, after the
 /// other warpgroup has passed the barrier between, so it has read it).
-#[kernel(warpgroups = 2, dtypes(T = [bf16, f16, f32]), tune(W = [8192, 7168, 6144, 5120]))]
+#[kernel(warpgroups = 2, dtypes(T = [bf16, f16, f32]), tune(W = [8192, 7168, 6144, 5120, 4096]))]
 pub fn norm_backward_halves(
     h: Global<T, 2>, dy: Global<T, 2>, dres: Global<T, 2>, w: Global<T, 1>, dh: Global<T, 2>, dx: Global<T, 2>, dw_part: Global<f32, 2>,
     db_part: Global<f32, 2>, eps: f32, layer: i32, has_w: i32, has_dres: i32, drop_p: f32, drop_scale: f32, seed_lo: i32, seed_hi: i32,
@@ -840,11 +842,33 @@ impl<'a, T: NormElement> Norm<'a, T> {
     pub fn forward(&self, device: &Device, x: &Tensor<T>, y: &mut Tensor<T>, h: Option<&mut Tensor<T>>) -> Result<()> {
         let op = self.op();
         let (m, n) = crate::check_2d(op, "x", x)?;
-        crate::check_row_width(op, "x", x, n)?;
         crate::check_shape(op, "y", y, &[m, n])?;
         if let Some(h) = &h {
             crate::check_shape(op, "h", h, &[m, n])?;
         }
+        self.launch_forward(device, x, y, &mut OptionalMut(h, 2))
+    }
+
+    /// As [`Norm::forward`] with `y` and `h` the two halves of one tensor `yh`, `[2, rows,
+    /// hidden]` (`yh[0]` the output, `yh[1]` the input the norm saw): one buffer for a caller
+    /// that hands back a single tensor (a candle op, say), written in the same one pass.
+    ///
+    /// # Errors
+    /// As [`Norm::forward`]'s, `yh` named for a shape that is not `[2, rows, hidden]`.
+    pub fn forward_stacked(&self, device: &Device, x: &Tensor<T>, yh: &mut Tensor<T>) -> Result<()> {
+        let op = self.op();
+        let (m, n) = crate::check_2d(op, "x", x)?;
+        crate::check_shape(op, "yh", yh, &[2, m, n])?;
+        let (mut parts, _guard) = tessera::split_outer(yh, device)?;
+        let (y, h) = parts.split_at_mut(1);
+        self.launch_forward(device, x, &mut y[0], &mut h[0])
+    }
+
+    /// [`Norm::forward`]'s launch, `y` and `h` checked to be `x`'s shape.
+    fn launch_forward(&self, device: &Device, x: &Tensor<T>, y: &mut impl GlobalArgMut<T>, h: &mut impl GlobalArgMut<T>) -> Result<()> {
+        let op = self.op();
+        let (m, n) = crate::check_2d(op, "x", x)?;
+        crate::check_row_width(op, "x", x, n)?;
         let group_rows = self.check(m, n)?;
         let (p, keep_scale, seed_lo, seed_hi, offset) = self.dropout_args()?;
         if m == 0 || n == 0 {
@@ -864,8 +888,7 @@ impl<'a, T: NormElement> Norm<'a, T> {
         let _g0 = l.global(0, x)?;
         let _g = ins.iter().enumerate().map(|(i, t)| l.global(1 + i, t)).collect::<Result<Vec<_>>>()?;
         let _g6 = l.global_mut(6, y)?;
-        let mut h = OptionalMut(h, 2);
-        let _g7 = l.global_mut(7, &mut h)?;
+        let _g7 = l.global_mut(7, h)?;
         let ahead = crate::norm::prefetch_ahead(device, rows_per_block);
         let scalars: [ScalarArg; 12] = [
             self.eps.into(),
@@ -959,6 +982,8 @@ impl<'a, T: NormElement> Norm<'a, T> {
             _ if n <= 4096 => 4,
             _ if n <= 6144 => 3,
             _ if n <= FUSED_BACKWARD_ROW_IN_REGISTERS => 2,
+            // (Two warpgroups of half rows to 4096, their sums in 64 KiB: two.)
+            _ if n <= 8192 => 2,
             // (Two warpgroups a block, their registers and 128 KiB of sums: one.)
             _ if n <= FUSED_BACKWARD_ROW_HALVES => 1,
             _ => 2,

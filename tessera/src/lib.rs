@@ -203,8 +203,9 @@ pub use fp8::{F8E4M3, F8E5M2};
 pub use half::{bf16, f16};
 pub use launch::{variant_of, Grid, Launch, ScalarArg};
 pub use tensor::{
-    contiguous_strides, global, global_mut, in_place, Absent, ArgGuard, BorrowedTensor, Counters, CudaGlobal, Element, GlobalArg,
-    GlobalArgMut, GlobalDesc, HostBuffer, InPlace, Optional, OptionalMut, Tensor, TensorView, TensorViewMut, Workspace, WorkspaceView,
+    contiguous_strides, global, global_mut, in_place, split_outer, Absent, ArgGuard, BorrowedTensor, Counters, CudaGlobal, Element,
+    GlobalArg, GlobalArgMut, GlobalDesc, HostBuffer, InPlace, Optional, OptionalMut, Part, Tensor, TensorView, TensorViewMut, Workspace,
+    WorkspaceView,
 };
 #[doc(hidden)]
 pub use tessera_macros::__resume;

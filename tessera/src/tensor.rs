@@ -580,6 +580,68 @@ impl<T: Element> GlobalArgMut<T> for CudaGlobal<&mut CudaSlice<T>> {
     }
 }
 
+/// One part of a tensor along its first axis (`t[i]`), written by a kernel beside the other
+/// parts: e.g. a norm's output and its residual sum as the two halves of one `[2, rows, hidden]`
+/// buffer. Made by [`split_outer`]; the guard it comes with orders the launch after the
+/// tensor's earlier uses, so keep it until the launch is queued. The parts share no element.
+#[derive(Clone, Debug)]
+pub struct Part(GlobalDesc);
+
+/// `t`'s parts along its first axis (`t[0]`, `t[1]`, …), each of rank one less, for one
+/// launch on `device` that writes them as separate parameters.
+///
+/// ```
+/// use tessera::{split_outer, Device, GlobalArg, Tensor};
+/// let dev = Device::cpu();
+/// let mut t = Tensor::<f32>::zeros(&dev, &[2, 3, 4])?;
+/// let (parts, _guard) = split_outer(&mut t, &dev)?;
+/// let (d, _) = parts[1].global_desc(&dev)?;
+/// assert_eq!((parts.len(), d.shape), (2, vec![3, 4]));
+/// # Ok::<(), tessera::Error>(())
+/// ```
+///
+/// # Errors
+/// [`Error::Tensor`] for a tensor of rank 0 or one whose parts overlap (a first axis of
+/// stride 0 over more than one part, as a broadcast gives); as [`GlobalArgMut::global_desc_mut`].
+pub fn split_outer<'a, T: Element>(t: &'a mut impl GlobalArgMut<T>, device: &'a Device) -> Result<(Vec<Part>, ArgGuard<'a>)> {
+    let (d, g) = t.global_desc_mut(device)?;
+    let (Some(&n), Some(&stride)) = (d.shape.first(), d.strides.first()) else {
+        return Err(Error::Tensor { what: "split_outer", expected: "a tensor of rank 1 or more".into(), found: "rank 0".into() });
+    };
+    let inner: usize = d.shape[1..].iter().zip(&d.strides[1..]).map(|(&e, &s)| e.saturating_sub(1) * s).sum::<usize>() + 1;
+    if n > 1 && stride < inner {
+        return Err(Error::Tensor {
+            what: "split_outer",
+            expected: format!("parts that do not overlap: a first-axis stride of at least {inner} elements"),
+            found: format!("shape {:?}, strides {:?}", d.shape, d.strides),
+        });
+    }
+    let size = std::mem::size_of::<T>() as u64;
+    let parts = (0..n)
+        .map(|i| {
+            Part(GlobalDesc {
+                ptr: d.ptr + (i * stride) as u64 * size,
+                shape: d.shape[1..].to_vec(),
+                strides: d.strides[1..].to_vec(),
+                ..d.clone()
+            })
+        })
+        .collect();
+    Ok((parts, g))
+}
+
+impl<T: Element> GlobalArg<T> for Part {
+    fn global_desc<'a>(&'a self, _device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)> {
+        Ok((self.0.clone(), ArgGuard(None)))
+    }
+}
+
+impl<T: Element> GlobalArgMut<T> for Part {
+    fn global_desc_mut<'a>(&'a mut self, _device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)> {
+        Ok((self.0.clone(), ArgGuard(None)))
+    }
+}
+
 /// One tensor passed to a kernel as two parameters, one read and one written: an update in
 /// place. Made by [`in_place`]; the guard it comes with orders the launch after the tensor's
 /// earlier uses, so keep it until the launch is queued.

@@ -644,9 +644,40 @@ impl Lowerer<'_> {
         // the swizzled column offset: one address a column, the rows as immediate offsets.
         let hoist = slots.iter().all(|sl| (sl.dr * rb) % 1024 == 0);
         let mut by_col: Vec<(u32, Reg)> = Vec::new();
+        // An unswizzled view's rows are contiguous: a thread's 16-byte runs (the layout's runs
+        // start on multiples of their length) store as one vector each, at immediate offsets
+        // from the thread's first element (as `view.load()` reads them).
+        let vec_len = (16 / es) as usize;
+        let vector =
+            matches!(es, 2 | 4) && v.ty.swizzle == 0 && (t.layout.run_len() as usize).is_multiple_of(vec_len) && rb.is_multiple_of(16);
+        let first = vector.then(|| {
+            let a = self.reg(RegClass::B32, "saddr");
+            self.op("add.u32", vec![R(a), R(v.addr), R(base)]);
+            a
+        });
         let mut i = 0;
         while i < slots.len() {
             let (dr, dc) = (slots[i].dr, slots[i].dc);
+            let run = i + vec_len <= slots.len()
+                && (dc as usize).is_multiple_of(vec_len)
+                && (1..vec_len).all(|j| slots[i + j].dr == dr && slots[i + j].dc == dc + j as u32);
+            if let (Some(a), true) = (first, run) {
+                let words: Vec<Reg> = if es == 4 {
+                    t.regs[i..i + 4].to_vec()
+                } else {
+                    (0..4)
+                        .map(|j| {
+                            let w = self.reg(RegClass::B32, "pack");
+                            self.op("mov.b32", vec![R(w), Operand::Vec(vec![t.regs[i + 2 * j], t.regs[i + 2 * j + 1]])]);
+                            w
+                        })
+                        .collect()
+                };
+                let at = Operand::Addr(a, i64::from(dr * rb + dc * es));
+                self.op_if(lr.owner, false, "st.shared.v4.b32", vec![at, Operand::Vec(words)]);
+                i += vec_len;
+                continue;
+            }
             let (addr, imm) = match by_col.iter().find(|(c, _)| hoist && *c == dc) {
                 Some(&(_, a)) => (a, dr * rb),
                 None => {
