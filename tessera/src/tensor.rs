@@ -595,7 +595,7 @@ pub struct Part(GlobalDesc);
 /// let dev = Device::cpu();
 /// let mut t = Tensor::<f32>::zeros(&dev, &[2, 3, 4])?;
 /// let (parts, _guard) = split_outer(&mut t, &dev)?;
-/// let (d, _) = parts[1].global_desc(&dev)?;
+/// let (d, _) = GlobalArg::<f32>::global_desc(&parts[1], &dev)?;
 /// assert_eq!((parts.len(), d.shape), (2, vec![3, 4]));
 /// # Ok::<(), tessera::Error>(())
 /// ```
@@ -630,18 +630,6 @@ pub fn split_outer<'a, T: Element>(t: &'a mut impl GlobalArgMut<T>, device: &'a 
     Ok((parts, g))
 }
 
-impl<T: Element> GlobalArg<T> for Part {
-    fn global_desc<'a>(&'a self, _device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)> {
-        Ok((self.0.clone(), ArgGuard(None)))
-    }
-}
-
-impl<T: Element> GlobalArgMut<T> for Part {
-    fn global_desc_mut<'a>(&'a mut self, _device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)> {
-        Ok((self.0.clone(), ArgGuard(None)))
-    }
-}
-
 /// One tensor passed to a kernel as two parameters, one read and one written: an update in
 /// place. Made by [`in_place`]; the guard it comes with orders the launch after the tensor's
 /// earlier uses, so keep it until the launch is queued.
@@ -661,17 +649,25 @@ pub fn in_place<'a, T: Element>(t: &'a mut impl GlobalArgMut<T>, device: &'a Dev
     Ok((InPlace(d), g))
 }
 
-impl<T: Element> GlobalArg<T> for InPlace {
-    fn global_desc<'a>(&'a self, _device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)> {
-        Ok((self.0.clone(), ArgGuard(None)))
-    }
+/// A descriptor taken once ([`Part`], [`InPlace`]) as a read and a written parameter: the
+/// guard that orders the launch came with it.
+macro_rules! desc_arg {
+    ($($t:ty),*) => {$(
+        impl<T: Element> GlobalArg<T> for $t {
+            fn global_desc<'a>(&'a self, _device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)> {
+                Ok((self.0.clone(), ArgGuard(None)))
+            }
+        }
+
+        impl<T: Element> GlobalArgMut<T> for $t {
+            fn global_desc_mut<'a>(&'a mut self, _device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)> {
+                Ok((self.0.clone(), ArgGuard(None)))
+            }
+        }
+    )*};
 }
 
-impl<T: Element> GlobalArgMut<T> for InPlace {
-    fn global_desc_mut<'a>(&'a mut self, _device: &'a Device) -> Result<(GlobalDesc, ArgGuard<'a>)> {
-        Ok((self.0.clone(), ArgGuard(None)))
-    }
-}
+desc_arg!(Part, InPlace);
 
 /// An empty tensor of some rank: stands in for an optional tensor parameter the kernel does
 /// not read (a flag tells it so). Every access to it is out of bounds, so a kernel that does
