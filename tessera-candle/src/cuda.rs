@@ -40,7 +40,7 @@ impl Side for Cuda {
         &self.device
     }
 
-    fn storage_of<'s>(name: &str, s: &'s candle_core::Storage) -> candle_core::Result<&'s CudaStorage> {
+    fn storage_of<'s>(&self, name: &str, s: &'s candle_core::Storage) -> candle_core::Result<&'s CudaStorage> {
         match s {
             candle_core::Storage::Cuda(c) => Ok(c),
             _ => candle_core::bail!("`{name}` must be on the GPU as the op's other tensors are"),

@@ -320,7 +320,7 @@ trait Side {
 
     /// candle's storage of this side inside `s` (another tensor an op reads beside its
     /// arguments), or a candle error naming `name`.
-    fn storage_of<'s>(name: &str, s: &'s candle_core::Storage) -> candle_core::Result<&'s Self::Storage>;
+    fn storage_of<'s>(&self, name: &str, s: &'s candle_core::Storage) -> candle_core::Result<&'s Self::Storage>;
 
     /// A kernel's result as candle storage (flat), and its length.
     fn wrap<T: Elem>(&self, t: tessera::Tensor<T>) -> candle_core::Result<(Self::Storage, usize)>;
@@ -356,7 +356,7 @@ impl Side for Cpu {
         interpreter()
     }
 
-    fn storage_of<'s>(name: &str, s: &'s candle_core::Storage) -> candle_core::Result<&'s CpuStorage> {
+    fn storage_of<'s>(&self, name: &str, s: &'s candle_core::Storage) -> candle_core::Result<&'s CpuStorage> {
         match s {
             candle_core::Storage::Cpu(c) => Ok(c),
             _ => bail!("`{name}` must be on the CPU as the op's other tensors are"),
@@ -621,7 +621,7 @@ fn attention_backward_run<T: Elem + AttentionElement, S: Side>(
     if dl.dims() != lq.dims() {
         bail!("{name}: `dout` must be q's shape {:?}, found {:?}", lq.dims(), dl.dims())
     }
-    let dout = side.input::<T>(name, "dout", S::storage_of("dout", &ds)?, dl, dl.dims())?;
+    let dout = side.input::<T>(name, "dout", side.storage_of("dout", &ds)?, dl, dl.dims())?;
     let (dev, cfg) = (side.device(), op.forward.config());
     let [b, s, h, _] = *lq.dims() else { bail!("{name}: `q` must be 4-D, found {:?}", lq.dims()) };
     let wrap = candle_core::Error::wrap;
@@ -652,8 +652,8 @@ fn scan_backward_run<T: Elem + ScanElement, S: Side>(
     let dy = side.input::<T>(name, "dy", s, l, l.dims())?;
     let (xs, xl) = op.x.storage_and_layout();
     let (ys, yl) = op.y.storage_and_layout();
-    let x = side.input::<T>(name, "x", S::storage_of("x", &xs)?, xl, l.dims())?;
-    let y = side.input::<T>(name, "y", S::storage_of("y", &ys)?, yl, l.dims())?;
+    let x = side.input::<T>(name, "x", side.storage_of("x", &xs)?, xl, l.dims())?;
+    let y = side.input::<T>(name, "y", side.storage_of("y", &ys)?, yl, l.dims())?;
     let dev = side.device();
     side.output(l.dims(), l.shape().clone(), |dx| match op.kind {
         ScanKind::Cumsum => tessera_kernels::cumsum_backward(dev, &dy, dx),
@@ -689,12 +689,6 @@ fn layer_norm_run<T: Elem + NormElement, S: Side>(
     let w = side.input::<T>("layer_norm", "weight", s2, l2, &[hidden])?;
     let b = side.input::<T>("layer_norm", "bias", s3, l3, &[hidden])?;
     side.output(&[rows, hidden], l1.shape().clone(), |y| tessera_kernels::layer_norm(side.device(), &x, Some(&w), Some(&b), eps, y))
-}
-
-/// The storage of a tensor an op holds beside its arguments, on `side` (a candle error naming
-/// it when it lies elsewhere).
-fn held<'s, S: Side>(_side: &S, name: &str, s: &'s candle_core::Storage) -> candle_core::Result<&'s S::Storage> {
-    S::storage_of(name, s)
 }
 
 /// Which fused norm an `add_*_norm` op runs.
@@ -827,7 +821,7 @@ forwards!(AddLayerNorm: CustomOp3 "tessera-add-layer-norm", |op, side, s1, l1, s
     let (bs, bl) = op.bias.storage_and_layout();
     let params = [("weight", l3, s3.dtype()), ("bias", bl, op.bias.dtype())];
     let (rows, hidden) = residual_and_hidden("add_layer_norm", (l1, s1.dtype()), (l2, s2.dtype()), &params)?;
-    let bias = (held(side, "bias", &bs)?, bl);
+    let bias = (side.storage_of("bias", &bs)?, bl);
     let norm = NormSpec { layer: true, eps: op.eps };
     by_dtype!("add_layer_norm", s1.dtype(), add_norm_run(norm, side, [(s1, l1), (s2, l2), (s3, l3)], Some(bias), rows, hidden))
 });

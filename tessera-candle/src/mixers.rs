@@ -192,7 +192,7 @@ fn read_locked<'a, T: Elem, S: Side>(
 where
     S::Storage: 'a,
 {
-    locks.iter().map(|(name, (st, lt))| Ok((*name, side.input::<T>(op, name, S::storage_of(name, st)?, lt, lt.dims())?))).collect()
+    locks.iter().map(|(name, (st, lt))| Ok((*name, side.input::<T>(op, name, side.storage_of(name, st)?, lt, lt.dims())?))).collect()
 }
 
 /// An op's inputs read from its packed storages, by name.

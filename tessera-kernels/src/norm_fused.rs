@@ -846,7 +846,7 @@ impl<'a, T: NormElement> Norm<'a, T> {
         if let Some(h) = &h {
             crate::check_shape(op, "h", h, &[m, n])?;
         }
-        self.launch_forward(device, x, y, &mut OptionalMut(h, 2))
+        self.launch_forward(device, x, (m, n), y, &mut OptionalMut(h, 2))
     }
 
     /// As [`Norm::forward`] with `y` and `h` the two halves of one tensor `yh`, `[2, rows,
@@ -861,13 +861,14 @@ impl<'a, T: NormElement> Norm<'a, T> {
         crate::check_shape(op, "yh", yh, &[2, m, n])?;
         let (mut parts, _guard) = tessera::split_outer(yh, device)?;
         let (y, h) = parts.split_at_mut(1);
-        self.launch_forward(device, x, &mut y[0], &mut h[0])
+        self.launch_forward(device, x, (m, n), &mut y[0], &mut h[0])
     }
 
-    /// [`Norm::forward`]'s launch, `y` and `h` checked to be `x`'s shape.
-    fn launch_forward(&self, device: &Device, x: &Tensor<T>, y: &mut impl GlobalArgMut<T>, h: &mut impl GlobalArgMut<T>) -> Result<()> {
+    /// [`Norm::forward`]'s launch: `x` checked to be `[m, n]`, `y` and `h` checked to be its shape.
+    fn launch_forward(
+        &self, device: &Device, x: &Tensor<T>, (m, n): (usize, usize), y: &mut impl GlobalArgMut<T>, h: &mut impl GlobalArgMut<T>,
+    ) -> Result<()> {
         let op = self.op();
-        let (m, n) = crate::check_2d(op, "x", x)?;
         crate::check_row_width(op, "x", x, n)?;
         let group_rows = self.check(m, n)?;
         let (p, keep_scale, seed_lo, seed_hi, offset) = self.dropout_args()?;
@@ -1043,7 +1044,7 @@ impl<'a, T: NormElement> Norm<'a, T> {
             && grads.dh.is_contiguous()
             && grads.dx.as_ref().is_none_or(|d| d.is_contiguous())
             && self.weight.is_none_or(|w| w.is_contiguous())
-            && std::env::var("TESSERA_NORM_BACKWARD").as_deref() == Ok("staged");
+            && staged_opt_in();
         let spec = specs.backward_staged[crate::norm::narrowest(specs.backward_staged, n)];
         (fits && device.target_for(spec) == Some(tessera::Target::Sm90a)).then_some(spec)
     }
@@ -1116,4 +1117,10 @@ fn sum_partials_into<T: Element>(
         }
     }
     Ok(())
+}
+
+/// Whether `TESSERA_NORM_BACKWARD=staged` asks for the staged norm backward (read once).
+fn staged_opt_in() -> bool {
+    static STAGED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *STAGED.get_or_init(|| std::env::var("TESSERA_NORM_BACKWARD").as_deref() == Ok("staged"))
 }

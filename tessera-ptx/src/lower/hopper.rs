@@ -21,7 +21,7 @@
 
 use super::{Lowerer, TileVal, Value};
 use crate::error::CompileError;
-use crate::layout::Layout;
+use crate::layout::{Layout, Slot};
 use crate::tirh::{Expr, ExprKind, SmemType, SourceLoc, Stmt, StmtKind, TileType, Type};
 use crate::tirt::{Inst, Operand, Reg, RegClass};
 
@@ -647,10 +647,8 @@ impl Lowerer<'_> {
         // An unswizzled view's rows are contiguous: a thread's 16-byte runs (the layout's runs
         // start on multiples of their length) store as one vector each, at immediate offsets
         // from the thread's first element (as `view.load()` reads them).
-        let vec_len = (16 / es) as usize;
-        let vector =
-            matches!(es, 2 | 4) && v.ty.swizzle == 0 && (t.layout.run_len() as usize).is_multiple_of(vec_len) && rb.is_multiple_of(16);
-        let first = vector.then(|| {
+        let vec_len = vector_len(&v.ty, t.layout, es);
+        let first = (vec_len > 0).then(|| {
             let a = self.reg(RegClass::B32, "saddr");
             self.op("add.u32", vec![R(a), R(v.addr), R(base)]);
             a
@@ -658,10 +656,7 @@ impl Lowerer<'_> {
         let mut i = 0;
         while i < slots.len() {
             let (dr, dc) = (slots[i].dr, slots[i].dc);
-            let run = i + vec_len <= slots.len()
-                && (dc as usize).is_multiple_of(vec_len)
-                && (1..vec_len).all(|j| slots[i + j].dr == dr && slots[i + j].dc == dc + j as u32);
-            if let (Some(a), true) = (first, run) {
+            if let (Some(a), true) = (first, vector_run(&slots, i, vec_len)) {
                 let words: Vec<Reg> = if es == 4 {
                     t.regs[i..i + 4].to_vec()
                 } else {
@@ -764,15 +759,10 @@ impl Lowerer<'_> {
         let mut regs = Vec::with_capacity(slots.len());
         // An unswizzled view's rows are contiguous: a thread's 16-byte runs (the layout's runs
         // start on multiples of their length) load as one vector each.
-        let vec_len = (16 / es) as usize;
-        let vector = v.ty.swizzle == 0 && (layout.run_len() as usize).is_multiple_of(vec_len) && v.ty.row_bytes().is_multiple_of(16);
+        let vec_len = vector_len(&v.ty, layout, es);
         let mut i = 0;
         while i < slots.len() {
-            let run = vector
-                && i + vec_len <= slots.len()
-                && (slots[i].dc as usize).is_multiple_of(vec_len)
-                && (1..vec_len).all(|j| slots[i + j].dr == slots[i].dr && slots[i + j].dc == slots[i].dc + j as u32);
-            if run {
+            if vector_run(&slots, i, vec_len) {
                 let off = self.reg(RegClass::B32, "loff");
                 let cb = self.reg(RegClass::B32, "lcol");
                 self.op("add.u32", vec![R(cb), R(lr.col), Imm(i64::from(slots[i].dc))]);
@@ -1298,4 +1288,22 @@ fn stmatrix_fragments(t: &TileVal) -> Option<Vec<[[Reg; 2]; 4]>> {
         }
     }
     Some(out)
+}
+
+/// The elements a 16-byte vector access of a shared view holds, or 0 where none applies: an
+/// unswizzled view (its rows contiguous) of 16-byte-multiple rows, 16- or 32-bit elements, and
+/// a layout whose runs are whole vectors (runs start on multiples of their length).
+fn vector_len(view: &SmemType, layout: Layout, es: u32) -> usize {
+    let len = (16 / es.max(1)) as usize;
+    let fits = matches!(es, 2 | 4) && view.swizzle == 0 && (layout.run_len() as usize).is_multiple_of(len) && view.row_bytes().is_multiple_of(16);
+    if fits { len } else { 0 }
+}
+
+/// Whether `slots[i..]` starts one vector of `len` elements ([`vector_len`]; 0: none): one
+/// row, consecutive columns from a multiple of `len`.
+fn vector_run(slots: &[Slot], i: usize, len: usize) -> bool {
+    len > 0
+        && i + len <= slots.len()
+        && (slots[i].dc as usize).is_multiple_of(len)
+        && (1..len).all(|j| slots[i + j].dr == slots[i].dr && slots[i + j].dc == slots[i].dc + j as u32)
 }
