@@ -245,6 +245,22 @@ fn bad_input_split_outer_overlapping_parts() {
 }
 
 #[test]
+fn bad_input_into_cudarc_as_another_size() {
+    let dev = Device::cpu();
+    let t: Tensor<f32> = rand_t(&dev, &[8]);
+    match t.into_cudarc_as::<u8>() {
+        Err(tessera::Error::Tensor { what, expected, found }) => {
+            assert_eq!(what, "Tensor::into_cudarc_as");
+            assert!(expected.contains("4 bytes") && found.contains("u8 of 1 bytes"), "{expected} / {found}");
+        }
+        other => panic!("expected a tensor error, got {:?}", other.map(|s| s.len())),
+    }
+    // One size: the interpreter's tensor has no CUDA buffer to hand out.
+    let t: Tensor<f32> = rand_t(&dev, &[8]);
+    assert!(matches!(t.into_cudarc_as::<u32>(), Err(tessera::Error::NotCuda { .. })));
+}
+
+#[test]
 fn bad_input_gemm_inner_dimensions() {
     let dev = Device::cpu();
     let a: Tensor<bf16> = rand_t(&dev, &[8, 16]);

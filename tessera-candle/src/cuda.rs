@@ -31,6 +31,11 @@ impl Cuda {
         };
         Ok(Cuda { candle, device })
     }
+
+    /// candle's device.
+    pub(crate) fn candle(&self) -> &CudaDevice {
+        &self.candle
+    }
 }
 
 impl Side for Cuda {

@@ -733,6 +733,8 @@ fn add_norm_run<T: Elem + NormElement, S: Side>(
 
 mod mixers;
 pub use mixers::{linear_attention, selective_scan, ssd, FeatureMap, LinearAttentionOptions, SelectiveScanOptions, SsdOptions};
+mod fp8;
+pub use fp8::{dequantize_fp8, quantize_fp8, DequantizeFp8, QuantizeFp8};
 
 forwards!(Rope: CustomOp1 "tessera-rope", |op, side, s, l| by_dtype!("rope", s.dtype(), rope_run(op, side, s, l)));
 

@@ -206,7 +206,20 @@ impl<T: Element> Tensor<T> {
     /// lives in another CUDA context than `device`'s stream; [`Error::NotCuda`] if `device` is
     /// the CPU interpreter.
     pub fn borrow_cudarc<'a>(device: &Device, buf: &'a CudaSlice<T>, offset: usize, shape: &[usize]) -> Result<BorrowedTensor<'a, T>> {
+        Self::borrow_cudarc_as(device, buf, offset, shape)
+    }
+
+    /// As [`Tensor::borrow_cudarc`] over a buffer of another element type `U` of `T`'s size,
+    /// its bits read as `T`'s: another crate's type for the same format (candle's
+    /// `float8::F8E4M3` as [`crate::F8E4M3`], say). `offset` and `shape` count elements.
+    ///
+    /// # Errors
+    /// As [`Tensor::borrow_cudarc`]'s; [`Error::Tensor`] if `U` is not `T`'s size.
+    pub fn borrow_cudarc_as<'a, U: DeviceRepr + bytemuck::Pod>(
+        device: &Device, buf: &'a CudaSlice<U>, offset: usize, shape: &[usize],
+    ) -> Result<BorrowedTensor<'a, T>> {
         let stream = device.stream()?;
+        same_size::<T, U>("Tensor::borrow_cudarc_as")?;
         if buf.stream().context().cu_ctx() != stream.context().cu_ctx() {
             return Err(Error::Tensor {
                 what: "Tensor::borrow_cudarc",
@@ -222,9 +235,10 @@ impl<T: Element> Tensor<T> {
             let (ptr, _record) = buf.device_ptr(stream);
             ptr
         };
-        // SAFETY: `ptr` is `buf`'s allocation of `buf.len()` elements of `T`, valid for `'a`;
-        // the tensor made of it never frees it (`BorrowedTensor`'s drop leaks it back) and is
-        // only ever handed out as `&Tensor<T>`, so nothing writes through it.
+        // SAFETY: `ptr` is `buf`'s allocation of `buf.len()` elements of `U`, which are as many
+        // of `T` (one size, and any bits are a valid `T`: both `Pod`), valid for `'a`; the
+        // tensor made of it never frees it (`BorrowedTensor`'s drop leaks it back) and is only
+        // ever handed out as `&Tensor<T>`, so nothing writes through it.
         let alias = unsafe { stream.upgrade_device_ptr::<T>(ptr, buf.len()) };
         let tensor = Tensor { buf: Storage::Cuda(alias), offset, shape: shape.to_vec(), strides, device: device.clone() };
         Ok(BorrowedTensor { tensor: std::mem::ManuallyDrop::new(tensor), _owner: std::marker::PhantomData })
@@ -239,6 +253,22 @@ impl<T: Element> Tensor<T> {
             Storage::Cuda(b) => Ok(b),
             Storage::Host(_) => Err(Error::NotCuda { what: "Tensor::into_cudarc" }),
         }
+    }
+
+    /// As [`Tensor::into_cudarc`], the buffer's elements as another type `U` of `T`'s size
+    /// (their bits as they are): a result handed to a library that names the format with a type
+    /// of its own (candle's `float8::F8E4M3` for [`crate::F8E4M3`], say).
+    ///
+    /// # Errors
+    /// As [`Tensor::into_cudarc`]'s; [`Error::Tensor`] if `U` is not `T`'s size.
+    pub fn into_cudarc_as<U: DeviceRepr + bytemuck::Pod>(self) -> Result<CudaSlice<U>> {
+        same_size::<T, U>("Tensor::into_cudarc_as")?;
+        let buf = self.into_cudarc()?;
+        let (len, stream) = (buf.len(), buf.stream().clone());
+        let ptr = buf.leak();
+        // SAFETY: `ptr` is the allocation `buf` owned (leaked, so freed only by the slice made
+        // here), `len` elements of `T`, as many of `U` (one size; any bits are a valid `U`).
+        Ok(unsafe { stream.upgrade_device_ptr::<U>(ptr, len) })
     }
 
     /// The shape.
@@ -839,4 +869,16 @@ impl<T: Element> Drop for BorrowedTensor<'_, T> {
             alias.leak();
         }
     }
+}
+
+/// `Ok` where `U` has `T`'s size (a buffer of one read as the other), else an error for `what`.
+fn same_size<T, U>(what: &'static str) -> Result<()> {
+    if std::mem::size_of::<T>() == std::mem::size_of::<U>() {
+        return Ok(());
+    }
+    Err(Error::Tensor {
+        what,
+        expected: format!("an element type of {} bytes ({})", std::mem::size_of::<T>(), std::any::type_name::<T>()),
+        found: format!("{} of {} bytes", std::any::type_name::<U>(), std::mem::size_of::<U>()),
+    })
 }

@@ -1295,8 +1295,13 @@ fn stmatrix_fragments(t: &TileVal) -> Option<Vec<[[Reg; 2]; 4]>> {
 /// a layout whose runs are whole vectors (runs start on multiples of their length).
 fn vector_len(view: &SmemType, layout: Layout, es: u32) -> usize {
     let len = (16 / es.max(1)) as usize;
-    let fits = matches!(es, 2 | 4) && view.swizzle == 0 && (layout.run_len() as usize).is_multiple_of(len) && view.row_bytes().is_multiple_of(16);
-    if fits { len } else { 0 }
+    let fits =
+        matches!(es, 2 | 4) && view.swizzle == 0 && (layout.run_len() as usize).is_multiple_of(len) && view.row_bytes().is_multiple_of(16);
+    if fits {
+        len
+    } else {
+        0
+    }
 }
 
 /// Whether `slots[i..]` starts one vector of `len` elements ([`vector_len`]; 0: none): one
