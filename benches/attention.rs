@@ -100,6 +100,9 @@ fn main() {
         .measurement_time(Duration::from_millis(800));
     let mut rng = Uniform::new();
     let mut rows = Vec::new();
+    // The JSON report (`target/tessera-bench/attention-<arch>.json`): each shape's rows as it is
+    // timed, with the kernels they launched.
+    let mut report = tessera::report::Report::new("attention", &dev);
     for &(b, h, s, d, causal) in &shapes {
         let shape = [b, h, s, d];
         let mut t = || Tensor::from_host(&dev, &rng.vec(b * h * s * d, bf16::from_f32), &shape).expect("input");
@@ -115,6 +118,7 @@ fn main() {
         // after both.
         let flop = 4.0 * (b * h * s * s * d) as f64 / if causal { 2.0 } else { 1.0 };
         let (mut base, mut mine, mut mine_lse) = (Vec::new(), Vec::new(), Vec::new());
+        report.skip_launches();
         for _ in 0..7 {
             base.push(match &mut cudnn {
                 Ok(c) => c.time((b, h, s, d, causal)),
@@ -125,6 +129,16 @@ fn main() {
             mine_lse.push(flop / tessera::testing::time_ms(&dev, 5, 30, &mut ours_lse).expect("timing") * 1e-9);
         }
         let base = base.into_iter().collect::<Result<Vec<f64>, String>>().map(median);
+        // Both passes ran in each round: each row's kernels are those of one more call of its
+        // own, untimed.
+        let record = |kernel: &str, tf: f64| record(kernel, &name, flop, tf, base.as_ref().ok().map(|v| ("cuDNN (torch)", *v)));
+        let (plain, with_lse) =
+            (record("attention forward", median(mine.clone())), record("attention forward + lse", median(mine_lse.clone())));
+        report.skip_launches();
+        ours();
+        report.push(&dev, plain);
+        ours_lse();
+        report.push(&dev, with_lse);
         rows.push((name.clone(), base, median(mine), median(mine_lse)));
         criterion.bench_function(&format!("tessera attention {name}"), |bch| {
             bch.iter_custom(|it| {
@@ -136,20 +150,10 @@ fn main() {
     println!("\nattention bf16 forward on {} (TFLOP/s; baseline: cuDNN through PyTorch, same run)", dev.name());
     println!("| shape | cuDNN | tessera | × cuDNN | with lse | × cuDNN |");
     println!("|---|---|---|---|---|---|");
-    // The JSON report (`target/tessera-bench/attention-<arch>.json`): this table's rows.
-    let mut report = tessera::report::Report::new("attention", &dev);
-    for ((name, base, ours, with_lse), &(b, h, s, d, causal)) in rows.iter().zip(&shapes) {
+    for (name, base, ours, with_lse) in &rows {
         match base {
             Ok(v) => println!("| {name} | {v:.0} | {ours:.0} | {:.2} | {with_lse:.0} | {:.2} |", ours / v, with_lse / v),
             Err(_) => println!("| {name} | — | {ours:.0} | — | {with_lse:.0} | — |"),
-        }
-        let flop = 4.0 * (b * h * s * s * d) as f64 / if causal { 2.0 } else { 1.0 };
-        for (kernel, tf) in [("attention forward", ours), ("attention forward + lse", with_lse)] {
-            let mut r = tessera::report::Record::new("attention", kernel, name, "bf16", flop / tf * 1e-9, "TFLOP/s", *tf);
-            if let Ok(v) = base {
-                r = r.against("cuDNN (torch)", *v);
-            }
-            report.push(&dev, r);
         }
     }
     common::write_report(&report);
@@ -265,6 +269,16 @@ fn tuned_vs_default(dev: &Device, rng: &mut Uniform) {
     Tuner::global().set_mode(TuneMode::Replay);
 }
 
+/// A bf16 attention row of the JSON report: `tf` TFLOP/s over `flop`, against `base` (its
+/// name and TFLOP/s) where there is one.
+fn record(kernel: &str, shape: &str, flop: f64, tf: f64, base: Option<(&str, f64)>) -> tessera::report::Record {
+    let r = tessera::report::Record::new("attention", kernel, shape, "bf16", flop / tf * 1e-9, "TFLOP/s", tf);
+    match base {
+        Some((name, v)) => r.against(name, v),
+        None => r,
+    }
+}
+
 /// The backward alone, beside cuDNN's in turn (seven rounds, the median of each): ours from a
 /// saved forward (`attention_with_lse`), the gradients allocated in each call as a training
 /// step would; FLOPs 2.5× the forward's (causal halved).
@@ -274,6 +288,9 @@ fn backward(dev: &Device, wide: bool) {
     println!("\nattention bf16 backward on {} (TFLOP/s; baseline: cuDNN through PyTorch, same run)", dev.name());
     println!("| shape | cuDNN | tessera | × cuDNN | deterministic | × cuDNN |");
     println!("|---|---|---|---|---|---|");
+    // The JSON report (`target/tessera-bench/attention_backward-<arch>.json`): both modes' rows,
+    // each with the kernels of one more call of its own.
+    let mut report = tessera::report::Report::new("attention_backward", dev);
     let (dims, lens) = dims_and_lengths(wide);
     for d in dims {
         for &s in lens {
@@ -300,14 +317,24 @@ fn backward(dev: &Device, wide: bool) {
                     mine_det.push(flop / tessera::testing::time_ms(dev, 3, 10, &mut ours_det).expect("timing") * 1e-9);
                 }
                 let name = format!("b{b} h{h} s{s} d{d}{}", if causal { " causal" } else { "" });
-                let (ours, det) = (median(mine), median(mine_det));
-                match base.into_iter().collect::<Result<Vec<f64>, String>>().map(median) {
-                    Ok(v) => println!("| {name} | {v:.0} | {ours:.0} | {:.2} | {det:.0} | {:.2} |", ours / v, det / v),
-                    Err(why) => println!("| {name} | — ({why}) | {ours:.0} | — | {det:.0} | — |"),
+                let (ours_tf, det_tf) = (median(mine), median(mine_det));
+                let base = base.into_iter().collect::<Result<Vec<f64>, String>>().map(median);
+                match &base {
+                    Ok(v) => println!("| {name} | {v:.0} | {ours_tf:.0} | {:.2} | {det_tf:.0} | {:.2} |", ours_tf / v, det_tf / v),
+                    Err(why) => println!("| {name} | — ({why}) | {ours_tf:.0} | — | {det_tf:.0} | — |"),
                 }
+                let record =
+                    |kernel: &str, tf: f64| record(kernel, &name, flop, tf, base.as_ref().ok().map(|v| ("cuDNN backward (torch)", *v)));
+                let (fast, deterministic) = (record("attention backward", ours_tf), record("attention backward (deterministic)", det_tf));
+                report.skip_launches();
+                ours();
+                report.push(dev, fast);
+                ours_det();
+                report.push(dev, deterministic);
             }
         }
     }
+    common::write_report(&report);
 }
 
 /// The modifiers beside the plain kernel, forward and backward: the ratio of their times on

@@ -68,6 +68,13 @@ fn main() {
         .measurement_time(Duration::from_secs(1));
     let mut rng = Uniform::new();
     let mut rows = Vec::new();
+    // The JSON report (`target/tessera-bench/gemm-<arch>.json`): each row of the main table as
+    // it is timed, with the kernels it launched.
+    let mut report = tessera::report::Report::new("gemm", &dev);
+    let record = |report: &mut tessera::report::Report, name: &str, flop: f64, t_cublas: f64, t_ours: f64| {
+        let record = tessera::report::Record::new("gemm", "gemm (C = A·Bᵀ)", name, "bf16", t_ours, "TFLOP/s", flop / t_ours * 1e-9);
+        report.push(&dev, record.against("cuBLAS", flop / t_cublas * 1e-9));
+    };
     for &(m, n, k) in shapes {
         let mut random = |len: usize| rng.vec(len, bf16::from_f32);
         let a = Tensor::from_host(&dev, &random(m * k), &[m, k]).expect("a");
@@ -85,7 +92,9 @@ fn main() {
         });
         let flop = 2.0 * m as f64 * n as f64 * k as f64;
         let iters = if flop > 1e12 { 10 } else { 50 };
+        report.skip_launches();
         let (t_cublas, t_ours) = time_pair(&dev, iters, &mut theirs, &mut ours);
+        record(&mut report, &name, flop, t_cublas, t_ours);
         // Both compute the same C: compare a few entries.
         let (x, y) = (c.to_host().expect("c"), dev.stream().expect("a CUDA stream").clone_dtoh(&c_raw).expect("c raw"));
         let diff = x.iter().zip(&y).take(4096).map(|(p, q)| (p.to_f32() - q.to_f32()).abs()).fold(0.0f32, f32::max);
@@ -103,7 +112,9 @@ fn main() {
         let mut ours = || tessera_kernels::gemm(&a, &b).b_layout(tessera_kernels::BLayout::KxN).run(&dev, &mut c).expect("gemm kn");
         let mut theirs = || unsafe { blas.gemm(cfg, &b_raw, &a_raw, &mut c_raw) }.expect("cublas");
         let flop = 2.0 * (m * n * k) as f64;
+        report.skip_launches();
         let (t_cublas, t_ours) = time_pair(&dev, 10, &mut theirs, &mut ours);
+        record(&mut report, &format!("{m}x{n}x{k} B:KxN"), flop, t_cublas, t_ours);
         let (x, y) = (c.to_host().expect("c"), dev.stream().expect("a CUDA stream").clone_dtoh(&c_raw).expect("c raw"));
         let diff = x.iter().zip(&y).take(4096).map(|(p, q)| (p.to_f32() - q.to_f32()).abs()).fold(0.0f32, f32::max);
         rows.push((format!("{m}x{n}x{k} B:KxN"), flop / t_cublas * 1e-9, flop / t_ours * 1e-9, diff));
@@ -152,13 +163,8 @@ fn main() {
 
     println!("\ngemm bf16 on {} (TFLOP/s)", dev.name());
     println!("{:<18} {:>9} {:>9} {:>7} {:>9}", "MxNxK", "cuBLAS", "tessera", "ratio", "max|dC|");
-    // The JSON report (`target/tessera-bench/gemm-<arch>.json`): the main table's rows.
-    let mut report = tessera::report::Report::new("gemm", &dev);
     for (name, cb, us, diff) in rows {
         println!("{name:<18} {cb:>9.0} {us:>9.0} {:>7.2} {diff:>9.3}", us / cb);
-        let flop = 2.0 * name.split('x').filter_map(|v| v.parse::<f64>().ok()).product::<f64>();
-        let record = tessera::report::Record::new("gemm", "gemm (C = A·Bᵀ)", &name, "bf16", flop / us * 1e-9, "TFLOP/s", us);
-        report.push(&dev, record.against("cuBLAS", cb));
     }
     common::write_report(&report);
     println!(
@@ -349,6 +355,9 @@ fn small_m(dev: &Device) {
     }
     let mut rng = Uniform::new();
     let mut rows = Vec::new();
+    // The JSON report (`target/tessera-bench/gemm_small_m-<arch>.json`): each shape's two
+    // timings, with the kernels of one more call of ours.
+    let mut report = tessera::report::Report::new("gemm_small_m", dev);
     let mut weights_of = (0, 0, Vec::new());
     for (m, n, k) in shapes {
         if (weights_of.0, weights_of.1) != (n, k) {
@@ -371,8 +380,15 @@ fn small_m(dev: &Device) {
         };
         let (t_cublas, t_ours) = time_pair(dev, 50, &mut theirs, &mut ours);
         let (g_cublas, g_ours) = (graph_ms(dev, &mut theirs), graph_ms(dev, &mut ours));
-        // Both on the same weights for the comparison.
-        tessera_kernels::gemm(&a, &bs[0].0).run(dev, &mut c).expect("gemm");
+        let flop = 2.0 * (m * n * k) as f64;
+        for (kernel, t_theirs, t_mine) in [("gemm small M (stream)", t_cublas, t_ours), ("gemm small M (graph)", g_cublas, g_ours)] {
+            let record =
+                tessera::report::Record::new("gemm", kernel, &format!("{m}x{n}x{k}"), "bf16", t_mine, "TFLOP/s", flop / t_mine * 1e-9);
+            report.skip_launches();
+            // Both on the same weights for the comparison.
+            tessera_kernels::gemm(&a, &bs[0].0).run(dev, &mut c).expect("gemm");
+            report.push(dev, record.against("cuBLAS", flop / t_theirs * 1e-9));
+        }
         unsafe { blas.gemm(cfg, &bs[0].1, &a_raw, &mut c_raw) }.expect("cublas");
         let (x, y) = (c.to_host().expect("c"), stream.clone_dtoh(&c_raw).expect("c raw"));
         let diff = x.iter().zip(&y).map(|(p, q)| (p.to_f32() - q.to_f32()).abs()).fold(0.0f32, f32::max);
@@ -396,6 +412,7 @@ fn small_m(dev: &Device) {
             gc / gu
         );
     }
+    common::write_report(&report);
 }
 
 /// `TESSERA_BENCH_GEMM=fp8`: the fp8 GEMM (e4m3 × e4m3 → bf16) beside `torch._scaled_mm`
@@ -420,6 +437,9 @@ fn fp8(dev: &Device, out: &str) {
     }
     let mut rng = Uniform::new();
     let (mut rows, mut plain) = (Vec::new(), Vec::new());
+    // The JSON report (`target/tessera-bench/gemm_fp8_<out>-<arch>.json`): a row for each
+    // scaling and accumulation, with the kernels its timing launched.
+    let mut report = tessera::report::Report::new(&format!("gemm_fp8_{out}"), dev);
     for &(m, n, k) in &shapes {
         let q = |x: f32| F8E4M3::from_f32(x * 8.0);
         let a = Tensor::from_host(dev, &rng.vec(m * k, q), &[m, k]).expect("a");
@@ -471,10 +491,21 @@ fn fp8(dev: &Device, out: &str) {
                 plain.push(format!("{m}x{n}x{k} {name}: fast {fw:.0} / {fo:.0}, promoted {pw:.0} / {po:.0}"));
             }
             let mut ours = |promote: bool| ours_amax(promote, true);
+            let record = |report: &mut tessera::report::Report, accumulation: &str, theirs: &Result<f64, String>, tf: f64| {
+                let kernel = format!("gemm fp8 → {out} ({name}, {accumulation})");
+                let r = tessera::report::Record::new("gemm", &kernel, &format!("{m}x{n}x{k}"), "e4m3", flop / tf * 1e-9, "TFLOP/s", tf);
+                report.push(dev, if let Ok(v) = theirs { r.against("torch._scaled_mm", *v) } else { r });
+            };
+            report.skip_launches();
             let (fast, fast_ours) =
                 if name == "block" { (Err("no fast accumulation".into()), f64::NAN) } else { (theirs(true), ours(false)) };
+            if name != "block" {
+                record(&mut report, "fast", &fast, fast_ours);
+            }
             let exact = theirs(false);
+            report.skip_launches();
             let exact_ours = ours(true);
+            record(&mut report, "promoted", &exact, exact_ours);
             rows.push((format!("{m}x{n}x{k}"), name, fast, fast_ours, exact, exact_ours));
         }
     }
@@ -493,6 +524,7 @@ fn fp8(dev: &Device, out: &str) {
             ratio(exact, *exact_ours)
         );
     }
+    common::write_report(&report);
     if out8 {
         println!("\nours into e4m3 with / without the amax, timed alternately (TFLOP/s):");
         for line in &plain {
@@ -576,6 +608,9 @@ fn grouped(dev: &Device, blas: &CudaBlas) {
     println!("| experts | sizes | cuBLAS dense | tessera grouped | × dense | torch _grouped_mm | × torch |");
     println!("|---|---|---|---|---|---|---|");
     let mut by_variant = Vec::new();
+    // The JSON report (`target/tessera-bench/gemm_grouped-<arch>.json`): bf16 and fp8 rows
+    // against torch's grouped kernels, each with the kernels of one more call of ours.
+    let mut report = tessera::report::Report::new("gemm_grouped", dev);
     let list = |var: &str, all: &str| std::env::var(var).unwrap_or_else(|_| all.to_string());
     let experts_list: Vec<usize> = list("TESSERA_BENCH_EXPERTS", "1,8,64,128").split(',').filter_map(|x| x.trim().parse().ok()).collect();
     let kinds = list("TESSERA_BENCH_SIZES", "routed,skewed,equal");
@@ -631,6 +666,15 @@ fn grouped(dev: &Device, blas: &CudaBlas) {
                 Err(e) => (format!("— ({e})"), "—".into()),
             };
             println!("| {experts} | {kind} | {dense:.0} | {ours_tf:.0} | {:.2} | {torch_tf} | {vs} |", ours_tf / dense);
+            let shape = format!("{experts} experts {kind}, {m}x{n}x{k}");
+            let record =
+                |report: &mut tessera::report::Report, kernel: &str, dtype: &str, ms: f64, theirs: (&str, &Result<f64, String>)| {
+                    let r = tessera::report::Record::new("gemm", kernel, &shape, dtype, ms, "TFLOP/s", flop / ms * 1e-9);
+                    report.push(dev, if let Ok(v) = theirs.1 { r.against(theirs.0, *v) } else { r });
+                };
+            report.skip_launches();
+            ours();
+            record(&mut report, "gemm grouped", "bf16", t_ours, ("torch _grouped_mm", &torch));
             // fp8 (e4m3, rowwise scales): ours fast and promoted, torch's `_scaled_grouped_mm`.
             let scaling = Fp8GroupedScaling::Rowwise { a: &sa, b: &sb };
             let fast = time_ms(dev, 2, 10, || {
@@ -638,6 +682,13 @@ fn grouped(dev: &Device, blas: &CudaBlas) {
             });
             let promoted = time_ms(dev, 2, 10, || gemm_fp8_grouped(&a8, &w8, &ends_t, scaling).run(dev, &mut c).expect("fp8 grouped"));
             let torch8 = py.as_mut().map_err(|e| e.clone()).and_then(|t| t.ask(&format!("{n} {k} {} fp8", csv.join(",")), 0));
+            for (kernel, ms, fast_acc) in
+                [("gemm fp8 grouped (rowwise, fast)", fast, true), ("gemm fp8 grouped (rowwise, promoted)", promoted, false)]
+            {
+                report.skip_launches();
+                gemm_fp8_grouped(&a8, &w8, &ends_t, scaling).fast_accumulation(fast_acc).run(dev, &mut c).expect("fp8 grouped");
+                record(&mut report, kernel, "e4m3", ms, ("torch _scaled_grouped_mm", &torch8));
+            }
             fp8_rows.push(format!(
                 "| {experts} | {kind} | {:.0} | {:.0} | {} |",
                 flop / fast * 1e-9,
@@ -656,6 +707,7 @@ fn grouped(dev: &Device, blas: &CudaBlas) {
             by_variant.push(format!("{experts} {kind} B K×N (default variant): {:.0}", flop / t * 1e-9));
         }
     }
+    common::write_report(&report);
     println!("\nEach variant (TFLOP/s): {}", by_variant.join("; "));
     println!("\nfp8 grouped (e4m3, rowwise scales, TFLOP/s)\n| experts | sizes | tessera fast | tessera promoted | torch _scaled_grouped_mm |\n|---|---|---|---|---|");
     for r in fp8_rows {
