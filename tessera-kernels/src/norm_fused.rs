@@ -24,7 +24,7 @@ fn fused_specs(dtype: tessera::DType) -> FusedSpecs {
                 row: $row::VARIANTS,
                 wide: &$wide::SPEC,
                 backward_rows4: $brows4::VARIANTS,
-                backward_row: &$brow::SPEC,
+                backward_row: $brow::VARIANTS,
                 backward_rows: $brows::VARIANTS,
                 backward_halves: $bhalves::VARIANTS,
                 backward_staged: $bstaged::VARIANTS,
@@ -77,7 +77,7 @@ fn fused_specs(dtype: tessera::DType) -> FusedSpecs {
 pub const FUSED_ROW_IN_REGISTERS: usize = 12288;
 
 /// The widest row the fused backward's one-warpgroup kernels hold in registers (one row a
-/// block; to 2048, with the weight gradient's sums in registers too, wider in shared memory).
+/// block; to 3072, with the weight gradient's sums in registers too, wider in shared memory).
 /// Wider rows (to [`FUSED_BACKWARD_ROW_HALVES`]) take two warpgroups: the one-warpgroup tiles
 /// past 8192 columns spill (0.55–0.63× copy at 11008–12288, run 208), and at 8192 (233
 /// registers, two blocks an SM) they trail two warpgroups of 4096 (0.60 against 0.65× copy,
@@ -96,8 +96,9 @@ pub const FUSED_BACKWARD_ROW_HALVES: usize = 16384;
 /// The widest row the fused backward's four-rows-a-block kernel takes (its widest tile).
 pub const FUSED_BACKWARD_ROWS4_MAX: usize = 1024;
 
-/// The widest row the fused backward's first kernel takes (its one tile).
-const FUSED_BACKWARD_ROW_NARROW: usize = 2048;
+/// The widest row the fused backward's row kernel takes (its widest tile: the weight's sums
+/// in registers).
+const FUSED_BACKWARD_ROW_NARROW: usize = 3072;
 
 /// The widest row the fused four-rows-per-block forward takes (its widest tile).
 const FUSED_ROWS4_MAX: usize = 2048;
@@ -319,29 +320,32 @@ fn store_row_grad<const R: usize, const W: usize, T>(
     }
 }
 
-/// The backward pass for rows of at most 2048 (four rows of state per thread: the row, `dy`
-/// and the two sums), striding over rows: each row's `dh` (and `dx`) from the
-/// norm's input `h` and `dy` (`normalized`, `store_row_grad`); each block's sums of `dy · x̂` and `dy` go to
-/// its row of `dw_part` and `db_part`.
-#[kernel(dtypes(T = [bf16, f16, f32]))]
+/// The backward pass for rows of at most [`FUSED_BACKWARD_ROW_NARROW`] (four rows of state per
+/// thread: the row, `dy` and the two sums; a variant per tile width `W`, the narrowest that
+/// holds the row), striding over rows: each row's `dh` (and `dx`) from the norm's input `h` and
+/// `dy` (`normalized`, `store_row_grad`); each block's sums of `dy · x̂` and `dy` go to its row
+/// of `dw_part` and `db_part`. The sums in registers beat [`norm_backward_rows`]' in shared
+/// memory to 3072 columns (H200, run 358: 2304 columns 0.54 → 0.76× copy, 3072 0.74 → 0.83×,
+/// plain RMS; fused 0.59 → 0.66×, 0.74 → 0.79×).
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [2048, 3072]))]
 pub fn norm_backward_row(
     h: Global<T, 2>, dy: Global<T, 2>, dres: Global<T, 2>, w: Global<T, 1>, dh: Global<T, 2>, dx: Global<T, 2>, dw_part: Global<f32, 2>,
     db_part: Global<f32, 2>, eps: f32, layer: i32, has_w: i32, has_dres: i32, drop_p: f32, drop_scale: f32, seed_lo: i32, seed_hi: i32,
     offset: i32,
 ) {
-    let mut dw = Tile::<f32, 1, 2048>::zeros();
-    let mut db = Tile::<f32, 1, 2048>::zeros();
+    let mut dw = Tile::<f32, 1, W>::zeros();
+    let mut db = Tile::<f32, 1, W>::zeros();
     let step = grid::dim_x();
     for r in (block::id_x()..h.dim(0)).step_by(step) {
         // The next row asked of L2 (runs 248–249: 1536 columns 0.68 → 0.82× copy, 2048 0.83 →
         // 0.90×); its residual gradient too below 2048 columns (there it lost: 0.90 → 0.80×).
-        h.prefetch::<Tile<T, 1, 2048>>([r + step, 0]);
-        dy.prefetch::<Tile<T, 1, 2048>>([r + step, 0]);
+        h.prefetch::<Tile<T, 1, W>>([r + step, 0]);
+        dy.prefetch::<Tile<T, 1, W>>([r + step, 0]);
         if has_dres == 1 && h.dim(1) < 2048 {
-            dres.prefetch::<Tile<T, 1, 2048>>([r + step, 0]);
+            dres.prefetch::<Tile<T, 1, W>>([r + step, 0]);
         }
-        let x = h.load::<Tile<T, 1, 2048>>([r, 0]).cast::<f32>();
-        let g = dy.load::<Tile<T, 1, 2048>>([r, 0]).cast::<f32>();
+        let x = h.load::<Tile<T, 1, W>>([r, 0]).cast::<f32>();
+        let g = dy.load::<Tile<T, 1, W>>([r, 0]).cast::<f32>();
         let (xhat, rstd) = normalized(x, h.dim(1), h.dim(1), eps, layer, |s, _| s);
         dw = dw + g * xhat;
         db = db + g;
@@ -383,12 +387,12 @@ pub fn norm_backward_rows4(
     db_part.store([block::id_x() * 4, 0], db);
 }
 
-/// `norm_backward_row` for rows of 2049 to [`FUSED_BACKWARD_ROW_IN_REGISTERS`] columns, a
+/// `norm_backward_row` for rows of 3073 to [`FUSED_BACKWARD_ROW_IN_REGISTERS`] columns, a
 /// variant per tile width `W` (the narrowest that holds the row launched): `h` and `dy` read
 /// once a row into registers; the block's sums of `dy · x̂` and `dy` kept in shared memory,
 /// each thread adding into the columns its tiles hold (no barrier: no thread reads another's),
 /// and stored to its rows of `dw_part` and `db_part` at the end.
-#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [4096, 3072, 5120, 6144, 7168]))]
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [4096, 5120, 6144, 7168]))]
 pub fn norm_backward_rows(
     h: Global<T, 2>, dy: Global<T, 2>, dres: Global<T, 2>, w: Global<T, 1>, dh: Global<T, 2>, dx: Global<T, 2>, dw_part: Global<f32, 2>,
     db_part: Global<f32, 2>, eps: f32, layer: i32, has_w: i32, has_dres: i32, drop_p: f32, drop_scale: f32, seed_lo: i32, seed_hi: i32,
@@ -739,7 +743,7 @@ pub struct FusedSpecs {
     pub row: &'static [&'static tessera::KernelSpec],
     pub wide: &'static tessera::KernelSpec,
     pub backward_rows4: &'static [&'static tessera::KernelSpec],
-    pub backward_row: &'static tessera::KernelSpec,
+    pub backward_row: &'static [&'static tessera::KernelSpec],
     pub backward_rows: &'static [&'static tessera::KernelSpec],
     pub backward_halves: &'static [&'static tessera::KernelSpec],
     pub backward_staged: &'static [&'static tessera::KernelSpec],
@@ -968,7 +972,7 @@ impl<'a, T: NormElement> Norm<'a, T> {
         let spec = if rows4 {
             specs.backward_rows4[crate::norm::narrowest(specs.backward_rows4, n)]
         } else if n <= FUSED_BACKWARD_ROW_NARROW {
-            specs.backward_row
+            specs.backward_row[crate::norm::narrowest(specs.backward_row, n)]
         } else if n <= FUSED_BACKWARD_ROW_IN_REGISTERS {
             specs.backward_rows[crate::norm::narrowest(specs.backward_rows, n)]
         } else if n <= FUSED_BACKWARD_ROW_HALVES {
@@ -1036,7 +1040,7 @@ impl<'a, T: NormElement> Norm<'a, T> {
         let es = T::DTYPE.size() as usize;
         let max = if es == 4 { 6144 } else { FUSED_BACKWARD_STAGED_MAX };
         let aligned = |t: &Tensor<T>| t.is_contiguous() && (t.offset() * es).is_multiple_of(16);
-        let fits = n > FUSED_BACKWARD_ROW_NARROW
+        let fits = n > 2048
             && n <= max
             && n.is_multiple_of(2)
             && (n / 2 * es).is_multiple_of(16)
