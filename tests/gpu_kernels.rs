@@ -720,8 +720,9 @@ fn fused_norm_case<T: tessera_kernels::NormElement>(dev: &Device, to: fn(f32) ->
     // (3, 2064), (4, 8192): the staged backward's widths (`TESSERA_NORM_BACKWARD=staged`), its
     // last box partly past the row and one not issued at 2064. (4, 8192), (9, 8193): the
     // two-warpgroup kernel's half rows of 4096 and 5120.
-    // (3, 4000): the row kernel's widest tile (its sums in registers, 16-bit rows to 4096).
-    let mut shapes = vec![(1, 1), (7, 129), (6, 1536), (3, 9000), (4, 8192), (3, 2064), (3, 4000), (72, 1024), (2, 12800)];
+    // (3, 4000), (3, 5000): the row kernel's widest tiles (its sums in registers; 16-bit rows to
+    // 4096, to 5120 in the plain backward).
+    let mut shapes = vec![(1, 1), (7, 129), (6, 1536), (3, 9000), (4, 8192), (3, 2064), (3, 4000), (3, 5000), (72, 1024), (2, 12800)];
     if !dev.is_cpu() {
         shapes.extend([(300, 8192), (60, 12288), (130, 16384), (1000, 2304), (2, 20000), (1000, 1536), (1002, 2048)]);
         shapes.extend([(1, 12289), (300, 13000), (40, 11000), (9, 8193)]);
@@ -791,6 +792,22 @@ fn fused_norm_case<T: tessera_kernels::NormElement>(dev: &Device, to: fn(f32) ->
             for (name, got, want) in [("dh", &dh, &dh_want), ("dx", &dx, &dx_want), ("dweight", &dw, &dw_want), ("dbias", &db, &db_want)] {
                 let err = rel_error(&wide64(&got.to_host().unwrap()), want);
                 assert!(err < tol, "{what}: {name} relative error {err}");
+            }
+            // The plain backward (no residual gradient, no dropout: the row kernel's widest
+            // tiles in 16 bits), against the same reference with a zero residual gradient (not
+            // for one column: its dh is zero up to rounding, so no relative error).
+            if n == 1 {
+                continue;
+            }
+            let plain = base.weight(&wt).bias(&bt);
+            let [mut dh, mut dw, mut db] = [[m, n].as_slice(), &[n], &[n]].map(|s| Tensor::full(dev, s, to(f32::NAN)).unwrap());
+            plain
+                .backward(dev, &ht, &dyt, None, NormGrads { dh: &mut dh, dx: None, dweight: Some(&mut dw), dbias: Some(&mut db) })
+                .unwrap();
+            let (dh_want, dw_want, db_want) = norm_backward_ref(layer, &wide64(&h), &wide64(&dy), &vec![0.0; m * n], n, &w64, 1e-5);
+            for (name, got, want) in [("dh", &dh, &dh_want), ("dweight", &dw, &dw_want), ("dbias", &db, &db_want)] {
+                let err = rel_error(&wide64(&got.to_host().unwrap()), want);
+                assert!(err < tol, "{what}, plain: {name} relative error {err}");
             }
             // The backward pass takes no scale and shift yet: an error naming them.
             let mut dh = Tensor::full(dev, &[m, n], to(f32::NAN)).unwrap();

@@ -97,8 +97,9 @@ pub const FUSED_BACKWARD_ROW_HALVES: usize = 16384;
 pub const FUSED_BACKWARD_ROWS4_MAX: usize = 1024;
 
 /// The widest row the fused backward's row kernel takes in 16 bits (its widest tile: the
-/// weight's sums in registers); f32 rows to 3072.
-const FUSED_BACKWARD_ROW_NARROW: usize = 4096;
+/// weight's sums in registers), without a residual gradient or dropout; with them 4096, f32
+/// rows to 3072.
+const FUSED_BACKWARD_ROW_NARROW: usize = 5120;
 
 /// The widest row the fused four-rows-per-block forward takes (its widest tile).
 const FUSED_ROWS4_MAX: usize = 2048;
@@ -327,7 +328,7 @@ fn store_row_grad<const R: usize, const W: usize, T>(
 /// of `dw_part` and `db_part`. The sums in registers beat [`norm_backward_rows`]' in shared
 /// memory to 4096 columns in 16 bits (H200, runs 358–359, plain RMS: 2304 columns 0.54 → 0.76×
 /// copy, 3072 0.74 → 0.83×, 4096 0.74 → 0.87×; fused 0.59 → 0.66×, 0.74 → 0.79×, 0.75 → 0.79×).
-#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [2048, 3072, 4096], only(T != f32 || W <= 3072)))]
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [2048, 3072, 4096, 5120], only(T != f32 || W <= 3072)))]
 pub fn norm_backward_row(
     h: Global<T, 2>, dy: Global<T, 2>, dres: Global<T, 2>, w: Global<T, 1>, dh: Global<T, 2>, dx: Global<T, 2>, dw_part: Global<f32, 2>,
     db_part: Global<f32, 2>, eps: f32, layer: i32, has_w: i32, has_dres: i32, drop_p: f32, drop_scale: f32, seed_lo: i32, seed_hi: i32,
@@ -387,7 +388,8 @@ pub fn norm_backward_rows4(
     db_part.store([block::id_x() * 4, 0], db);
 }
 
-/// `norm_backward_row` for rows of 4097 (f32: 3073) to [`FUSED_BACKWARD_ROW_IN_REGISTERS`] columns, a
+/// `norm_backward_row` for rows past the row kernel's (f32: 3072; 16 bits: 4096, or 5120 without a
+/// residual gradient or dropout) to [`FUSED_BACKWARD_ROW_IN_REGISTERS`] columns, a
 /// variant per tile width `W` (the narrowest that holds the row launched): `h` and `dy` read
 /// once a row into registers; the block's sums of `dy · x̂` and `dy` kept in shared memory,
 /// each thread adding into the columns its tiles hold (no barrier: no thread reads another's),
@@ -969,9 +971,18 @@ impl<'a, T: NormElement> Norm<'a, T> {
         // registers for the four-row kernel, 96 for the row kernel; 96–128 for the wider rows' tiles to 4096, 154–168 to 6144, 208–255
         // above; 250 for the chunked one), each summing into its own row of partials.
         let rows4 = n <= FUSED_BACKWARD_ROWS4_MAX;
-        // (f32 rows of 4096 in the row kernel take 200 registers: two blocks an SM.)
+        // The row kernel's widest rows: f32 to 3072 (its 4096 would take 200 registers, two
+        // blocks an SM); 16 bits to 4096, and to 5120 (234 registers, two blocks) where no
+        // residual gradient or dropout adds loads and stores to a row: with them two blocks an
+        // SM lost to the shared-memory sums' three (H200, run 360: plain 5120 0.73 → 0.80× copy,
+        // fused 0.72 → 0.69×).
         let wide_elements = T::DTYPE.size() == 4;
-        let narrow = if wide_elements { 3072 } else { FUSED_BACKWARD_ROW_NARROW };
+        let plain = dresidual.is_none() && p == 0.0;
+        let narrow = match () {
+            _ if wide_elements => 3072,
+            _ if plain => FUSED_BACKWARD_ROW_NARROW,
+            _ => 4096,
+        };
         let spec = if rows4 {
             specs.backward_rows4[crate::norm::narrowest(specs.backward_rows4, n)]
         } else if n <= narrow {
@@ -987,9 +998,13 @@ impl<'a, T: NormElement> Norm<'a, T> {
             // (Four rows a block: 96–200 registers a thread, three blocks an SM at 1024.)
             _ if rows4 => 3,
             // (The row kernel: 96–128 registers a thread to 3072 columns in 16 bits, four
-            // blocks an SM; 158 in f32 past 2048 and 168 at 4096 in 16 bits, three.)
+            // blocks an SM; 158 in f32 past 2048 and 168 at 4096 in 16 bits, three; 234 at
+            // 5120, two.)
             _ if n <= 2048 || (n <= 3072 && !wide_elements) => 4,
-            _ if n <= narrow => 3,
+            _ if n <= narrow && n <= 4096 => 3,
+            _ if n <= narrow => 2,
+            // (The shared-memory sums' kernel: 128 registers to 4096, four blocks.)
+            _ if n <= 4096 => 4,
             _ if n <= 6144 => 3,
             _ if n <= FUSED_BACKWARD_ROW_IN_REGISTERS => 2,
             // (Two warpgroups of half rows to 4096, their sums in 64 KiB: two.)
