@@ -3,7 +3,7 @@
 
 use crate::{contiguous, Elem, Input, Side};
 use candle_core::backend::{BackendDevice, BackendStorage};
-use candle_core::{CudaDevice, CudaStorage, Layout, Shape};
+use candle_core::{bail, CudaDevice, CudaStorage, Layout, Shape};
 use std::sync::{Arc, Mutex};
 
 /// A candle CUDA device's side: its stream as a Tessera [`tessera::Device`].
@@ -80,5 +80,30 @@ impl Side for Cuda {
         let mut y = tessera::Tensor::<T>::scratch(&self.device, dims).map_err(candle_core::Error::wrap)?;
         run(&mut y).map_err(candle_core::Error::wrap)?;
         Ok((T::wrap_cuda_slice(y.into_cudarc().map_err(candle_core::Error::wrap)?, self.candle.clone()), shape))
+    }
+
+    fn in_place<R>(
+        &self, op: &str, name: &str, s: &mut CudaStorage, l: &Layout, run: impl FnOnce(&mut tessera::Tensor<f32>) -> candle_core::Result<R>,
+    ) -> candle_core::Result<R> {
+        let (start, end) = contiguous(op, name, l)?;
+        if end > s.as_cuda_slice::<f32>()?.len() {
+            bail!("{op}: `{name}`'s layout reaches past its buffer")
+        }
+        let placeholder = self.candle.cuda_stream().null::<f32>().map_err(candle_core::Error::wrap)?;
+        // The buffer taken out of candle's storage for the kernel to own while it runs (an empty
+        // one stands in), and put back whatever the run gives.
+        let slice = std::mem::replace(s.as_cuda_slice_mut::<f32>()?, placeholder);
+        let len = slice.len();
+        let strides = tessera::contiguous_strides(l.dims());
+        let mut t = tessera::Tensor::from_cudarc(&self.device, slice, &[len])
+            .and_then(|t| t.restride(start, l.dims(), &strides))
+            .map_err(candle_core::Error::wrap)?;
+        let r = run(&mut t);
+        *s.as_cuda_slice_mut::<f32>()? = t.into_cudarc().map_err(candle_core::Error::wrap)?;
+        r
+    }
+
+    fn storage(s: CudaStorage) -> candle_core::Storage {
+        candle_core::Storage::Cuda(s)
     }
 }

@@ -8,7 +8,8 @@
 //! same kernels, the same f32 statistics, no GPU — so that a model's tests run anywhere.
 //! [`attention`], [`scan`], [`selective_scan`], [`ssd`] and [`linear_attention`] are
 //! registered with candle's autograd (their backwards run Tessera's); the other ops are for
-//! inference. candle's `cuda` feature builds candle's own kernels with nvcc: `scripts/cuda-toolkit.sh` provides one from NVIDIA's wheels where no
+//! inference, among them the decode steps [`selective_scan_step`] and [`linear_attention_step`]
+//! (candle in-place ops on the carried state). candle's `cuda` feature builds candle's own kernels with nvcc: `scripts/cuda-toolkit.sh` provides one from NVIDIA's wheels where no
 //! toolkit is installed. Without the feature a CUDA tensor is a candle error, never a panic.
 //!
 //! ```
@@ -336,6 +337,17 @@ trait Side {
     fn output<T: Elem>(
         &self, dims: &[usize], shape: Shape, run: impl FnOnce(&mut tessera::Tensor<T>) -> tessera::Result<()>,
     ) -> candle_core::Result<(Self::Storage, Shape)>;
+
+    /// `run` over the f32 storage `s` (laid out by `l`, contiguous) seen as a tensor of its
+    /// shape, which `run` changes in place (an op's destination, as candle's `InplaceOp1` hands
+    /// it; `op` and `name` say whose in the error).
+    fn in_place<R>(
+        &self, op: &str, name: &str, s: &mut Self::Storage, l: &Layout,
+        run: impl FnOnce(&mut tessera::Tensor<f32>) -> candle_core::Result<R>,
+    ) -> candle_core::Result<R>;
+
+    /// This side's storage as candle's storage of any device (to make a tensor of).
+    fn storage(s: Self::Storage) -> candle_core::Storage;
 }
 
 /// The interpreter's side.
@@ -387,6 +399,22 @@ impl Side for Cpu {
         let mut y = tessera::Tensor::<T>::scratch(interpreter(), dims).map_err(candle_core::Error::wrap)?;
         run(&mut y).map_err(candle_core::Error::wrap)?;
         Ok((T::to_cpu_storage_owned(y.to_host().map_err(candle_core::Error::wrap)?), shape))
+    }
+
+    fn in_place<R>(
+        &self, op: &str, name: &str, s: &mut CpuStorage, l: &Layout, run: impl FnOnce(&mut tessera::Tensor<f32>) -> candle_core::Result<R>,
+    ) -> candle_core::Result<R> {
+        let (start, end) = contiguous(op, name, l)?;
+        let CpuStorage::F32(data) = s else { bail!("{op}: `{name}` must be F32, found {:?}", s.dtype()) };
+        let wrap = candle_core::Error::wrap;
+        let mut t = tessera::Tensor::from_host(interpreter(), &data[start..end], l.dims()).map_err(wrap)?;
+        let r = run(&mut t)?;
+        data[start..end].copy_from_slice(&t.to_host().map_err(wrap)?);
+        Ok(r)
+    }
+
+    fn storage(s: CpuStorage) -> candle_core::Storage {
+        candle_core::Storage::Cpu(s)
     }
 }
 
@@ -449,6 +477,24 @@ macro_rules! forwards {
 
             #[cfg(feature = "cuda")]
             fn cuda_fwd(&self, $s: &candle_core::CudaStorage, $l: &Layout) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+                let ($this, $side) = (self, &Cuda::of($s)?);
+                $body
+            }
+        }
+    };
+    ($op:ident: InplaceOp1 $name:literal, |$this:ident, $side:ident, $s:ident, $l:ident| $body:expr) => {
+        impl candle_core::InplaceOp1 for $op {
+            fn name(&self) -> &'static str {
+                $name
+            }
+
+            fn cpu_fwd(&self, $s: &mut CpuStorage, $l: &Layout) -> candle_core::Result<()> {
+                let ($this, $side) = (self, &Cpu);
+                $body
+            }
+
+            #[cfg(feature = "cuda")]
+            fn cuda_fwd(&self, $s: &mut candle_core::CudaStorage, $l: &Layout) -> candle_core::Result<()> {
                 let ($this, $side) = (self, &Cuda::of($s)?);
                 $body
             }
@@ -732,7 +778,10 @@ fn add_norm_run<T: Elem + NormElement, S: Side>(
 }
 
 mod mixers;
-pub use mixers::{linear_attention, selective_scan, ssd, FeatureMap, LinearAttentionOptions, SelectiveScanOptions, SsdOptions};
+pub use mixers::{
+    linear_attention, linear_attention_step, selective_scan, selective_scan_step, ssd, FeatureMap, LinearAttentionOptions,
+    SelectiveScanOptions, SsdOptions,
+};
 mod fp8;
 pub use fp8::{dequantize_fp8, quantize_fp8, DequantizeFp8, QuantizeFp8};
 

@@ -117,6 +117,9 @@ enum Inputs {
 enum Handed<'a, S: Side> {
     Packed((&'a S::Storage, &'a Layout), (&'a S::Storage, &'a Layout)),
     First(&'a S::Storage, &'a Layout),
+    /// Nothing (inputs taken as given, the op applied in place to another tensor): every input
+    /// is read from its own storage.
+    Held,
 }
 
 /// A mixer's op over two packed tensors, and the same op over its inputs as given.
@@ -135,6 +138,12 @@ impl Inputs {
                 f32s: Packed::new(op, DType::F32, first.device(), f32s)?,
             });
         }
+        Inputs::given(op, first, own, f32s)
+    }
+
+    /// `own` (of `first`'s dtype, `first` among them, first) and `f32s` as given, each made
+    /// contiguous (a copy only of those that are not); none is differentiated.
+    fn given(op: &str, first: &Tensor, own: &[(&'static str, &Tensor)], f32s: &[(&'static str, &Tensor)]) -> candle_core::Result<Inputs> {
         check_parts(op, first.dtype(), first.device(), own)?;
         check_parts(op, DType::F32, first.device(), f32s)?;
         let given = |parts: &[(&'static str, &Tensor)]| -> candle_core::Result<Vec<(&'static str, Tensor)>> {
@@ -164,10 +173,14 @@ impl Inputs {
             (Inputs::Packed { own, f32s }, Handed::Packed((so, lo), (sf, lf))) => {
                 f(&Parts { op, own: own.read(side, op, so, lo)?, f32s: f32s.read(side, op, sf, lf)? })
             }
-            (Inputs::Given { own, f32s }, Handed::First(s, l)) => {
-                let (own_locks, f32_locks) = (lock(own.get(1..).unwrap_or_default()), lock(f32s));
+            (Inputs::Given { own, f32s }, handed @ (Handed::First(..) | Handed::Held)) => {
+                let (first, rest) = match handed {
+                    Handed::First(s, l) => (Some((s, l)), own.get(1..).unwrap_or_default()),
+                    _ => (None, &own[..]),
+                };
+                let (own_locks, f32_locks) = (lock(rest), lock(f32s));
                 let mut own_parts = Vec::with_capacity(own.len());
-                if let Some((name, _)) = own.first() {
+                if let (Some((s, l)), Some((name, _))) = (first, own.first()) {
                     own_parts.push((*name, side.input::<T>(op, name, s, l, l.dims())?));
                 }
                 own_parts.extend(read_locked::<T, S>(side, op, &own_locks)?);
@@ -627,3 +640,171 @@ packed_ops!(
 );
 
 packed_ops!(SsdOp, "tessera-ssd", SsdGiven, SsdBackward, "tessera-ssd-backward", [BF16 => half::bf16, F16 => half::f16], ssd_run, ssd_backward_run);
+
+/// One decode step of [`selective_scan`], the state carried: `state` (`[batch, channels,
+/// d_state]` f32, contiguous) is the state before the step and is updated in place to the state
+/// after it; the result is the step's `y` `[batch, channels, 1]`. The inputs are those of a scan
+/// of length 1 (`u`, `delta` and the gate `[batch, channels, 1]`, `b`, `c` `[batch, groups,
+/// d_state, 1]`) with the same options ([`SelectiveScan::run_step`](tessera_kernels::SelectiveScan::run_step):
+/// one launch reading and writing the state once).
+///
+/// No gradient: the step is for inference (candle's in-place ops are not differentiated); the
+/// inputs are read as given.
+///
+/// ```
+/// use candle_core::{Device, Tensor};
+/// let dev = Device::Cpu;
+/// let (batch, channels, states) = (1, 2, 16);
+/// let mut state = Tensor::zeros((batch, channels, states), candle_core::DType::F32, &dev)?;
+/// let a = Tensor::rand(-1f32, -0.1, (channels, states), &dev)?;
+/// for _token in 0..3 {
+///     let u = Tensor::randn(0f32, 1.0, (batch, channels, 1), &dev)?;
+///     let delta = (Tensor::rand(0f32, 1.0, (batch, channels, 1), &dev)? * 0.1)?;
+///     let b = Tensor::randn(0f32, 1.0, (batch, 1, states, 1), &dev)?;
+///     let c = Tensor::randn(0f32, 1.0, (batch, 1, states, 1), &dev)?;
+///     let y = tessera_candle::selective_scan_step(&state, &u, &delta, &a, &b, &c, &Default::default())?;
+///     assert_eq!(y.dims(), &[batch, channels, 1]);
+/// }
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+///
+/// # Errors
+/// As [`selective_scan`]'s, and a candle error where `state` is not f32, not contiguous, on
+/// another device than `u`, or shares its storage with an input.
+pub fn selective_scan_step(
+    state: &Tensor, u: &Tensor, delta: &Tensor, a: &Tensor, b: &Tensor, c: &Tensor, options: &SelectiveScanOptions<'_>,
+) -> candle_core::Result<Tensor> {
+    let mut own = vec![("u", u), ("delta", delta), ("b", b), ("c", c)];
+    own.extend(options.z.map(|z| ("z", z)));
+    let mut f32s = vec![("a", a)];
+    f32s.extend(options.d.map(|d| ("d", d)));
+    f32s.extend(options.delta_bias.map(|bias| ("delta_bias", bias)));
+    let inputs = Inputs::given("selective_scan_step", u, &own, &f32s)?;
+    let op = SelectiveScanStep { forward: SelectiveScanOp { inputs, softplus: options.delta_softplus }, y: StepOutput::new(u.dtype()) };
+    op.y.step(state, &op.forward.inputs, &op)
+}
+
+/// One decode step of [`linear_attention`], the state carried: `state` (`[batch, heads, dk,
+/// dv]` f32, contiguous) is the state before the step and is updated in place to the state after
+/// it; the result is the step's `o`, shaped as `v`. q, k, v (and the decay, `[batch, heads, 1]`)
+/// are those of a sequence of length 1, with the same options
+/// ([`LinearAttention::run_step`](tessera_kernels::LinearAttention::run_step): one launch reading
+/// and writing the state once).
+///
+/// No gradient: the step is for inference; the inputs are read as given.
+///
+/// # Errors
+/// As [`selective_scan_step`]'s.
+pub fn linear_attention_step(
+    state: &Tensor, q: &Tensor, k: &Tensor, v: &Tensor, options: &LinearAttentionOptions<'_>,
+) -> candle_core::Result<Tensor> {
+    let f32s: Vec<_> = options.decay.map(|g| ("decay", g)).into_iter().collect();
+    let inputs = Inputs::given("linear_attention_step", q, &[("q", q), ("k", k), ("v", v)], &f32s)?;
+    let op = LinearAttentionStep {
+        forward: LinearAttentionOp { inputs, scale: options.scale, feature: options.feature_map },
+        y: StepOutput::new(q.dtype()),
+    };
+    op.y.step(state, &op.forward.inputs, &op)
+}
+
+/// What a step op leaves beside the state it updates: its output, made by the op (candle's
+/// in-place op has no result), and the dtype of its inputs.
+struct StepOutput {
+    dtype: DType,
+    made: std::sync::Mutex<Option<(candle_core::Storage, Vec<usize>)>>,
+}
+
+impl StepOutput {
+    fn new(dtype: DType) -> StepOutput {
+        StepOutput { dtype, made: std::sync::Mutex::new(None) }
+    }
+
+    /// `op` applied in place to `state` (after checking it against `inputs`, those `op` reads),
+    /// and the output it made.
+    fn step(&self, state: &Tensor, inputs: &Inputs, op: &impl candle_core::InplaceOp1) -> candle_core::Result<Tensor> {
+        let name = op.name();
+        let Inputs::Given { own, f32s } = inputs else { bail!("{name}: a step's inputs are read as given") };
+        if state.dtype() != DType::F32 {
+            bail!("{name}: `state` must be F32, found {:?}", state.dtype())
+        }
+        if let Some((_, first)) = own.first() {
+            if !state.device().same_device(first.device()) {
+                bail!(
+                    "{name}: `state` must be on the inputs' device ({:?}), found {:?}",
+                    first.device().location(),
+                    state.device().location()
+                )
+            }
+        }
+        // The inputs are read-locked while the state is write-locked: one storage for both would
+        // wait on itself.
+        let at = storage_address(state);
+        if let Some((input, _)) = own.iter().chain(f32s).find(|(_, t)| storage_address(t) == at) {
+            bail!("{name}: `state` shares its storage with `{input}`; give the step a state of its own")
+        }
+        state.inplace_op1(op)?;
+        let made = self.made.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let Some((storage, dims)) = made else { bail!("{name}: the step made no output") };
+        Ok(Tensor::from_storage(storage, dims, candle_core::op::BackpropOp::none(), false))
+    }
+
+    /// The op's body on `side`: `step(parts, state, out)` over `inputs` (read from their
+    /// storages) with the state candle hands the op, `out` made shaped as input `like` and kept.
+    fn run<T: Elem, S: Side>(
+        &self, side: &S, name: &'static str, inputs: &Inputs, like: &str, (state, l): (&mut S::Storage, &Layout),
+        step: impl FnOnce(&Parts<'_, T>, &mut tessera::Tensor<f32>, &mut tessera::Tensor<T>) -> candle_core::Result<()>,
+    ) -> candle_core::Result<()> {
+        inputs.with_parts::<T, S, _>(side, name, Handed::Held, |p| {
+            let dims = p.get(like)?.shape().to_vec();
+            let out = side.in_place(name, "state", state, l, |h| {
+                let mut out = tessera::Tensor::<T>::scratch(side.device(), &dims).map_err(candle_core::Error::wrap)?;
+                step(p, h, &mut out)?;
+                Ok(out)
+            })?;
+            *self.made.lock().unwrap_or_else(|p| p.into_inner()) = Some((S::storage(side.wrap(out)?.0), dims));
+            Ok(())
+        })
+    }
+}
+
+/// Where `t`'s storage lies (one address for tensors sharing a storage).
+fn storage_address(t: &Tensor) -> usize {
+    let (storage, _) = t.storage_and_layout();
+    std::ptr::from_ref::<candle_core::Storage>(&storage).addr()
+}
+
+/// [`selective_scan_step`] as a candle in-place op over the state.
+struct SelectiveScanStep {
+    forward: SelectiveScanOp,
+    y: StepOutput,
+}
+
+fn selective_scan_step_run<T: Elem + SelectiveScanElement, S: Side>(
+    op: &SelectiveScanStep, side: &S, state: &mut S::Storage, l: &Layout,
+) -> candle_core::Result<()> {
+    op.y.run::<T, S>(side, "selective_scan_step", &op.forward.inputs, "u", (state, l), |p, h, y| {
+        op.forward.scan(p, side.device())?.run_step(h, y).map_err(candle_core::Error::wrap)
+    })
+}
+
+forwards!(SelectiveScanStep: InplaceOp1 "tessera-selective-scan-step", |op, side, s, l| {
+    among!("selective_scan_step", op.y.dtype, [BF16 => half::bf16, F32 => f32], selective_scan_step_run(op, side, s, l))
+});
+
+/// [`linear_attention_step`] as a candle in-place op over the state.
+struct LinearAttentionStep {
+    forward: LinearAttentionOp,
+    y: StepOutput,
+}
+
+fn linear_attention_step_run<T: Elem + LinearAttentionElement, S: Side>(
+    op: &LinearAttentionStep, side: &S, state: &mut S::Storage, l: &Layout,
+) -> candle_core::Result<()> {
+    op.y.run::<T, S>(side, "linear_attention_step", &op.forward.inputs, "v", (state, l), |p, h, o| {
+        op.forward.attention(p, side.device())?.run_step(h, o).map_err(candle_core::Error::wrap)
+    })
+}
+
+forwards!(LinearAttentionStep: InplaceOp1 "tessera-linear-attention-step", |op, side, s, l| {
+    among!("linear_attention_step", op.y.dtype, [BF16 => half::bf16, F16 => half::f16], linear_attention_step_run(op, side, s, l))
+});

@@ -27,9 +27,16 @@ struct Scan {
 type ScanInputs = [Vec<f64>; 8];
 
 /// `y` of the scan, sequentially in float64 from a zero state.
-fn scan_reference(s: Scan, [u, delta, b, c, z, a, d, bias]: &ScanInputs) -> Vec<f64> {
+fn scan_reference(s: Scan, x: &ScanInputs) -> Vec<f64> {
+    scan_reference_and_state(s, x).0
+}
+
+/// `y` of the scan and its last state `[batch, channels, d_state]`, sequentially in float64
+/// from a zero state.
+fn scan_reference_and_state(s: Scan, [u, delta, b, c, z, a, d, bias]: &ScanInputs) -> (Vec<f64>, Vec<f64>) {
     let (n, l) = (s.states, s.len);
     let mut y = vec![0.0; s.batch * s.channels * l];
+    let mut last = vec![0.0; s.batch * s.channels * n];
     for bi in 0..s.batch {
         for di in 0..s.channels {
             let gi = di / (s.channels / s.groups);
@@ -52,9 +59,10 @@ fn scan_reference(s: Scan, [u, delta, b, c, z, a, d, bias]: &ScanInputs) -> Vec<
                 }
                 y[row * l + t] = out;
             }
+            last[row * n..(row + 1) * n].copy_from_slice(&h);
         }
     }
-    y
+    (y, last)
 }
 
 #[test]
@@ -254,15 +262,25 @@ fn linear_attention_and_its_gradients_match_f64_reference() {
     }
 }
 
-fn linear_attention_matches(dev: &Device, c: Lin, dtype: DType) {
+/// Fresh q, k, v (of `dtype`) and decay (f32) tensors of `c`'s sizes with their values, and v's
+/// shape.
+fn lin_inputs(dev: &Device, c: Lin, dtype: DType) -> ([(Tensor, Vec<f64>); 4], [usize; 4]) {
     let (qd, vd, gd) = ([c.batch, c.seq, c.k_heads, c.dk], [c.batch, c.seq, c.heads, c.dv], [c.batch, c.heads, c.seq]);
     let n = |d: &[usize]| d.iter().product::<usize>();
-    let (q, qv) = tensor(dev, &random(n(&qd), 1.0), &qd, dtype);
-    let (k, kv) = tensor(dev, &random(n(&qd), 1.0), &qd, dtype);
-    let (v, vv) = tensor(dev, &random(n(&vd), 1.0), &vd, dtype);
     // Decays of 0.9–1 a step.
     let g: Vec<f32> = random(n(&gd), 0.05).into_iter().map(|x| x - 0.055).collect();
-    let (g, gv) = tensor(dev, &g, &gd, DType::F32);
+    let inputs = [
+        tensor(dev, &random(n(&qd), 1.0), &qd, dtype),
+        tensor(dev, &random(n(&qd), 1.0), &qd, dtype),
+        tensor(dev, &random(n(&vd), 1.0), &vd, dtype),
+        tensor(dev, &g, &gd, DType::F32),
+    ];
+    (inputs, vd)
+}
+
+fn linear_attention_matches(dev: &Device, c: Lin, dtype: DType) {
+    let ([(q, qv), (k, kv), (v, vv), (g, gv)], vd) = lin_inputs(dev, c, dtype);
+    let n = |d: &[usize]| d.iter().product::<usize>();
     let (q, k, v, g) =
         (Var::from_tensor(&q).unwrap(), Var::from_tensor(&k).unwrap(), Var::from_tensor(&v).unwrap(), Var::from_tensor(&g).unwrap());
     let opts = LinearAttentionOptions { scale: None, feature_map: c.feature, decay: c.decay.then_some(g.as_tensor()) };
@@ -440,4 +458,113 @@ fn ssd_matches(dev: &Device, batch: usize, len: usize, heads: usize, groups: usi
             assert!(err < 1e-2, "ssd {batch}x{len}x{heads} G{groups} {dtype:?}: d{name}[{h}] error {err} of its terms' sum");
         }
     }
+}
+
+/// The decode steps, token by token from a zero state carried in place: the scan's float64 `y`
+/// and last state, and the linear attention's `o`.
+#[test]
+fn decode_steps_match_the_f64_recurrence() {
+    for dev in common::devices() {
+        for (s, dtype, tol) in [
+            (Scan { batch: 2, channels: 3, groups: 1, states: 16, len: 5, extras: true }, DType::F32, 1e-4),
+            (Scan { batch: 1, channels: 4, groups: 2, states: 32, len: 4, extras: false }, DType::BF16, 2e-2),
+        ] {
+            selective_scan_steps_match(&dev, s, dtype, tol);
+        }
+        let c = |batch, seq, heads, k_heads, dk, dv, decay, feature| Lin { batch, seq, heads, k_heads, dk, dv, decay, feature };
+        linear_attention_steps_match(&dev, c(1, 5, 2, 1, 64, 64, true, FeatureMap::Identity), DType::BF16);
+        linear_attention_steps_match(&dev, c(2, 3, 1, 1, 64, 128, false, FeatureMap::EluPlusOne), DType::F16);
+    }
+}
+
+fn selective_scan_steps_match(dev: &Device, s: Scan, dtype: DType, tol: f64) {
+    let (bt, ch, n, l) = (s.batch, s.channels, s.states, s.len);
+    let (seq, bc) = ([bt, ch, l], [bt, s.groups, n, l]);
+    let delta: Vec<f32> = if s.extras { random(bt * ch * l, 1.0) } else { random(bt * ch * l, 0.2).into_iter().map(|x| x + 0.3).collect() };
+    let own = [
+        (&seq[..], random(bt * ch * l, 1.0)),
+        (&seq, delta),
+        (&bc, random(bt * s.groups * n * l, 1.0)),
+        (&bc, random(bt * s.groups * n * l, 1.0)),
+        (&seq, random(bt * ch * l, 2.0)),
+    ];
+    let f32s =
+        [(&[ch, n][..], random(ch * n, 0.7).into_iter().map(|x| x - 0.8).collect()), (&[ch], random(ch, 1.0)), (&[ch], random(ch, 0.5))];
+    let (mut t, mut x) = (Vec::new(), Vec::new());
+    for ((dims, v), dt) in own.iter().map(|p| (p, dtype)).chain(f32s.iter().map(|p| (p, DType::F32))) {
+        let (tensor, values) = tensor(dev, v, dims, dt);
+        t.push(tensor);
+        x.push(values);
+    }
+    let x: ScanInputs = x.try_into().unwrap();
+    let (want_y, want_state) = scan_reference_and_state(s, &x);
+    let state = Tensor::zeros((bt, ch, n), DType::F32, dev).unwrap();
+    let mut ys = Vec::new();
+    for step in 0..l {
+        let at = |i: usize| t[i].narrow(t[i].rank() - 1, step, 1).unwrap();
+        let (z, d, bias) = (at(4), &t[6], &t[7]);
+        let opts = SelectiveScanOptions {
+            z: s.extras.then_some(&z),
+            d: s.extras.then_some(d),
+            delta_bias: s.extras.then_some(bias),
+            delta_softplus: s.extras,
+        };
+        let y = tessera_candle::selective_scan_step(&state, &at(0), &at(1), &t[5], &at(2), &at(3), &opts).unwrap();
+        assert_eq!((y.dims(), y.dtype()), (&[bt, ch, 1][..], dtype));
+        ys.push(y);
+    }
+    let y = Tensor::cat(&ys, 2).unwrap();
+    let err = rel_error(&values(&y), &want_y);
+    assert!(err < tol, "{s:?} {dtype:?}: the steps' y relative error {err}");
+    let err = rel_error(&values(&state), &want_state);
+    assert!(err < tol, "{s:?} {dtype:?}: the last state's relative error {err}");
+}
+
+fn linear_attention_steps_match(dev: &Device, c: Lin, dtype: DType) {
+    let ([(q, qv), (k, kv), (v, vv), (g, gv)], _) = lin_inputs(dev, c, dtype);
+    let (want_o, _) = lin_reference(c, 1.0 / (c.dk as f64).sqrt(), &qv, &kv, &vv, c.decay.then_some(&gv[..]), None, &vv);
+    let state = Tensor::zeros((c.batch, c.heads, c.dk, c.dv), DType::F32, dev).unwrap();
+    let mut os = Vec::new();
+    for step in 0..c.seq {
+        let g_t = g.narrow(2, step, 1).unwrap();
+        let opts = LinearAttentionOptions { scale: None, feature_map: c.feature, decay: c.decay.then_some(&g_t) };
+        let at = |t: &Tensor| t.narrow(1, step, 1).unwrap();
+        let o = tessera_candle::linear_attention_step(&state, &at(&q), &at(&k), &at(&v), &opts).unwrap();
+        assert_eq!((o.dims(), o.dtype()), (&[c.batch, 1, c.heads, c.dv][..], dtype));
+        os.push(o);
+    }
+    let err = rel_error(&values(&Tensor::cat(&os, 1).unwrap()), &want_o);
+    assert!(err < 1e-2, "{c:?} {dtype:?}: the steps' o relative error {err}");
+}
+
+#[test]
+fn decode_steps_refuse_bad_state() {
+    let dev = Device::Cpu;
+    let t = |dims: &[usize], dtype| Tensor::ones(dims, dtype, &dev).unwrap();
+    let (u, b) = (t(&[1, 2, 1], DType::F32), t(&[1, 1, 16, 1], DType::F32));
+    let none = SelectiveScanOptions::default();
+    let msg = |r: candle_core::Result<Tensor>| r.map(|_| ()).unwrap_err().to_string();
+    let a = t(&[2, 16], DType::F32);
+    let e = msg(tessera_candle::selective_scan_step(&t(&[1, 2, 16], DType::BF16), &u, &u, &a, &b, &b, &none));
+    assert!(e.contains("`state` must be F32"), "{e}");
+    let e = msg(tessera_candle::selective_scan_step(&t(&[1, 2, 8], DType::F32), &u, &u, &a, &b, &b, &none));
+    assert!(e.contains("state"), "{e}");
+    let e = msg(tessera_candle::selective_scan_step(
+        &t(&[1, 2, 16], DType::F32),
+        &t(&[1, 2, 3], DType::F32),
+        &t(&[1, 2, 3], DType::F32),
+        &a,
+        &t(&[1, 1, 16, 3], DType::F32),
+        &t(&[1, 1, 16, 3], DType::F32),
+        &none,
+    ));
+    assert!(e.contains("one step"), "{e}");
+    // A state sharing a storage with `a`: refused, not a lock waiting on itself.
+    let both = t(&[2, 2, 16], DType::F32);
+    let (state, a) = (both.narrow(0, 0, 1).unwrap(), both.get(1).unwrap());
+    let e = msg(tessera_candle::selective_scan_step(&state, &u, &u, &a, &b, &b, &none));
+    assert!(e.contains("shares its storage with `a`"), "{e}");
+    let strided = t(&[1, 16, 2], DType::F32).transpose(1, 2).unwrap();
+    let e = msg(tessera_candle::selective_scan_step(&strided, &u, &u, &t(&[2, 16], DType::F32), &b, &b, &none));
+    assert!(e.contains("contiguous"), "{e}");
 }
