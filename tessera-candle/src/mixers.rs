@@ -655,7 +655,7 @@ packed_ops!(SsdOp, "tessera-ssd", SsdGiven, SsdBackward, "tessera-ssd-backward",
 /// use candle_core::{Device, Tensor};
 /// let dev = Device::Cpu;
 /// let (batch, channels, states) = (1, 2, 16);
-/// let mut state = Tensor::zeros((batch, channels, states), candle_core::DType::F32, &dev)?;
+/// let state = Tensor::zeros((batch, channels, states), candle_core::DType::F32, &dev)?;
 /// let a = Tensor::rand(-1f32, -0.1, (channels, states), &dev)?;
 /// for _token in 0..3 {
 ///     let u = Tensor::randn(0f32, 1.0, (batch, channels, 1), &dev)?;
