@@ -152,6 +152,14 @@ impl Inputs {
         Ok(Inputs::Given { own: given(own)?, f32s: given(f32s)? })
     }
 
+    /// The dtype of the inputs other than the f32 ones (f32 where there are none).
+    fn dtype(&self) -> DType {
+        match self {
+            Inputs::Packed { own, .. } => own.tensor.dtype(),
+            Inputs::Given { own, .. } => own.first().map_or(DType::F32, |(_, t)| t.dtype()),
+        }
+    }
+
     /// `op` (holding these inputs) applied: to the two packed tensors (with its backward), or
     /// to the first input (none needs a gradient).
     fn apply<C: CustomOp2 + Unpack + Send + Sync + 'static>(&self, op: C) -> candle_core::Result<Tensor> {
@@ -680,7 +688,7 @@ pub fn selective_scan_step(
     f32s.extend(options.d.map(|d| ("d", d)));
     f32s.extend(options.delta_bias.map(|bias| ("delta_bias", bias)));
     let inputs = Inputs::given("selective_scan_step", u, &own, &f32s)?;
-    let op = SelectiveScanStep { forward: SelectiveScanOp { inputs, softplus: options.delta_softplus }, y: StepOutput::new(u.dtype()) };
+    let op = SelectiveScanStep { forward: SelectiveScanOp { inputs, softplus: options.delta_softplus }, y: StepOutput::new() };
     op.y.step(state, &op.forward.inputs, &op)
 }
 
@@ -702,21 +710,20 @@ pub fn linear_attention_step(
     let inputs = Inputs::given("linear_attention_step", q, &[("q", q), ("k", k), ("v", v)], &f32s)?;
     let op = LinearAttentionStep {
         forward: LinearAttentionOp { inputs, scale: options.scale, feature: options.feature_map },
-        y: StepOutput::new(q.dtype()),
+        y: StepOutput::new(),
     };
     op.y.step(state, &op.forward.inputs, &op)
 }
 
 /// What a step op leaves beside the state it updates: its output, made by the op (candle's
-/// in-place op has no result), and the dtype of its inputs.
+/// in-place op has no result).
 struct StepOutput {
-    dtype: DType,
     made: std::sync::Mutex<Option<(candle_core::Storage, Vec<usize>)>>,
 }
 
 impl StepOutput {
-    fn new(dtype: DType) -> StepOutput {
-        StepOutput { dtype, made: std::sync::Mutex::new(None) }
+    fn new() -> StepOutput {
+        StepOutput { made: std::sync::Mutex::new(None) }
     }
 
     /// `op` applied in place to `state` (after checking it against `inputs`, those `op` reads),
@@ -724,18 +731,8 @@ impl StepOutput {
     fn step(&self, state: &Tensor, inputs: &Inputs, op: &impl candle_core::InplaceOp1) -> candle_core::Result<Tensor> {
         let name = op.name();
         let Inputs::Given { own, f32s } = inputs else { bail!("{name}: a step's inputs are read as given") };
-        if state.dtype() != DType::F32 {
-            bail!("{name}: `state` must be F32, found {:?}", state.dtype())
-        }
-        if let Some((_, first)) = own.first() {
-            if !state.device().same_device(first.device()) {
-                bail!(
-                    "{name}: `state` must be on the inputs' device ({:?}), found {:?}",
-                    first.device().location(),
-                    state.device().location()
-                )
-            }
-        }
+        let Some((_, first)) = own.first() else { bail!("{name}: no inputs") };
+        check_parts(name, DType::F32, first.device(), &[("state", state)])?;
         // The inputs are read-locked while the state is write-locked: one storage for both would
         // wait on itself.
         let at = storage_address(state);
@@ -773,38 +770,51 @@ fn storage_address(t: &Tensor) -> usize {
     std::ptr::from_ref::<candle_core::Storage>(&storage).addr()
 }
 
-/// [`selective_scan_step`] as a candle in-place op over the state.
-struct SelectiveScanStep {
-    forward: SelectiveScanOp,
-    y: StepOutput,
+/// The candle in-place op `$step` (over the state) of a mixer's decode step: `$forward` (the
+/// mixer's forward op, holding the inputs) and the output it makes, shaped as input `$like`, for
+/// the element types `$T`; `$run` runs the step (`$f` the forward op, `$p` its inputs' parts,
+/// `$device`, `$state` the state to update, `$out` the output to write).
+macro_rules! step_op {
+    (
+        $step:ident, $forward:ident, $name:literal, $fn_name:literal, $like:literal, $bound:path, [$($T:tt)*],
+        |$f:ident, $p:ident, $device:ident, $state:ident, $out:ident| $run:expr
+    ) => {
+        #[doc = concat!("[`", $fn_name, "`] as a candle in-place op over the state.")]
+        struct $step {
+            forward: $forward,
+            y: StepOutput,
+        }
+
+        forwards!($step: InplaceOp1 $name, |op, side, s, l| {
+            fn run<T: Elem + $bound, S: Side>(op: &$step, side: &S, state: &mut S::Storage, l: &Layout) -> candle_core::Result<()> {
+                op.y.run::<T, S>(side, $fn_name, &op.forward.inputs, $like, (state, l), |$p, $state, $out| {
+                    let ($f, $device) = (&op.forward, side.device());
+                    $run.map_err(candle_core::Error::wrap)
+                })
+            }
+            among!($fn_name, op.forward.inputs.dtype(), [$($T)*], run(op, side, s, l))
+        });
+    };
 }
 
-fn selective_scan_step_run<T: Elem + SelectiveScanElement, S: Side>(
-    op: &SelectiveScanStep, side: &S, state: &mut S::Storage, l: &Layout,
-) -> candle_core::Result<()> {
-    op.y.run::<T, S>(side, "selective_scan_step", &op.forward.inputs, "u", (state, l), |p, h, y| {
-        op.forward.scan(p, side.device())?.run_step(h, y).map_err(candle_core::Error::wrap)
-    })
-}
+step_op!(
+    SelectiveScanStep,
+    SelectiveScanOp,
+    "tessera-selective-scan-step",
+    "selective_scan_step",
+    "u",
+    SelectiveScanElement,
+    [BF16 => half::bf16, F32 => f32],
+    |f, p, device, h, y| f.scan(p, device)?.run_step(h, y)
+);
 
-forwards!(SelectiveScanStep: InplaceOp1 "tessera-selective-scan-step", |op, side, s, l| {
-    among!("selective_scan_step", op.y.dtype, [BF16 => half::bf16, F32 => f32], selective_scan_step_run(op, side, s, l))
-});
-
-/// [`linear_attention_step`] as a candle in-place op over the state.
-struct LinearAttentionStep {
-    forward: LinearAttentionOp,
-    y: StepOutput,
-}
-
-fn linear_attention_step_run<T: Elem + LinearAttentionElement, S: Side>(
-    op: &LinearAttentionStep, side: &S, state: &mut S::Storage, l: &Layout,
-) -> candle_core::Result<()> {
-    op.y.run::<T, S>(side, "linear_attention_step", &op.forward.inputs, "v", (state, l), |p, h, o| {
-        op.forward.attention(p, side.device())?.run_step(h, o).map_err(candle_core::Error::wrap)
-    })
-}
-
-forwards!(LinearAttentionStep: InplaceOp1 "tessera-linear-attention-step", |op, side, s, l| {
-    among!("linear_attention_step", op.y.dtype, [BF16 => half::bf16, F16 => half::f16], linear_attention_step_run(op, side, s, l))
-});
+step_op!(
+    LinearAttentionStep,
+    LinearAttentionOp,
+    "tessera-linear-attention-step",
+    "linear_attention_step",
+    "v",
+    LinearAttentionElement,
+    [BF16 => half::bf16, F16 => half::f16],
+    |f, p, device, h, o| f.attention(p, device)?.run_step(h, o)
+);
