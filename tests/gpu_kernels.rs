@@ -721,8 +721,23 @@ fn fused_norm_case<T: tessera_kernels::NormElement>(dev: &Device, to: fn(f32) ->
     // last box partly past the row and one not issued at 2064. (4, 8192), (9, 8193): the
     // two-warpgroup kernel's half rows of 4096 and 5120.
     // (3, 4000), (3, 5000): the row kernel's widest tiles (its sums in registers; 16-bit rows to
-    // 4096, to 5120 in the plain backward).
-    let mut shapes = vec![(1, 1), (7, 129), (6, 1536), (3, 9000), (4, 8192), (3, 2064), (3, 4000), (3, 5000), (72, 1024), (2, 12800)];
+    // 4096, to 5120 in the plain backward). (3, 2300), (3, 4600): the tiles of 2304 and 4608
+    // (runs of 2 and 4 columns a thread), the latter the shared-memory sums' kernel in the
+    // fused backward.
+    let mut shapes = vec![
+        (1, 1),
+        (7, 129),
+        (6, 1536),
+        (3, 9000),
+        (4, 8192),
+        (3, 2064),
+        (3, 4000),
+        (3, 5000),
+        (72, 1024),
+        (2, 12800),
+        (3, 2300),
+        (3, 4600),
+    ];
     if !dev.is_cpu() {
         shapes.extend([(300, 8192), (60, 12288), (130, 16384), (1000, 2304), (2, 20000), (1000, 1536), (1002, 2048)]);
         shapes.extend([(1, 12289), (300, 13000), (40, 11000), (9, 8193)]);

@@ -328,7 +328,7 @@ fn store_row_grad<const R: usize, const W: usize, T>(
 /// of `dw_part` and `db_part`. The sums in registers beat [`norm_backward_rows`]' in shared
 /// memory to 4096 columns in 16 bits (H200, runs 358–359, plain RMS: 2304 columns 0.54 → 0.76×
 /// copy, 3072 0.74 → 0.83×, 4096 0.74 → 0.87×; fused 0.59 → 0.66×, 0.74 → 0.79×, 0.75 → 0.79×).
-#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [2048, 3072, 4096, 5120], only(T != f32 || W <= 3072)))]
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [2048, 2304, 3072, 4096, 4608, 5120], only(T != f32 || W <= 3072)))]
 pub fn norm_backward_row(
     h: Global<T, 2>, dy: Global<T, 2>, dres: Global<T, 2>, w: Global<T, 1>, dh: Global<T, 2>, dx: Global<T, 2>, dw_part: Global<f32, 2>,
     db_part: Global<f32, 2>, eps: f32, layer: i32, has_w: i32, has_dres: i32, drop_p: f32, drop_scale: f32, seed_lo: i32, seed_hi: i32,
@@ -394,7 +394,7 @@ pub fn norm_backward_rows4(
 /// once a row into registers; the block's sums of `dy · x̂` and `dy` kept in shared memory,
 /// each thread adding into the columns its tiles hold (no barrier: no thread reads another's),
 /// and stored to its rows of `dw_part` and `db_part` at the end.
-#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [4096, 5120, 6144, 7168]))]
+#[kernel(dtypes(T = [bf16, f16, f32]), tune(W = [4096, 4608, 5120, 6144, 7168]))]
 pub fn norm_backward_rows(
     h: Global<T, 2>, dy: Global<T, 2>, dres: Global<T, 2>, w: Global<T, 1>, dh: Global<T, 2>, dx: Global<T, 2>, dw_part: Global<f32, 2>,
     db_part: Global<f32, 2>, eps: f32, layer: i32, has_w: i32, has_dres: i32, drop_p: f32, drop_scale: f32, seed_lo: i32, seed_hi: i32,
@@ -986,7 +986,10 @@ impl<'a, T: NormElement> Norm<'a, T> {
         let spec = if rows4 {
             specs.backward_rows4[crate::norm::narrowest(specs.backward_rows4, n)]
         } else if n <= narrow {
-            specs.backward_row[crate::norm::narrowest(specs.backward_row, n)]
+            // (Tiles of 2304 — runs of 2 columns a thread — only in the plain backward: H200,
+            // run 363, plain 0.76 → 0.83× copy, fused 0.65 → 0.46×; the fused takes 3072's.)
+            let fit = if plain || n <= 2048 { n } else { n.max(2305) };
+            specs.backward_row[crate::norm::narrowest(specs.backward_row, fit)]
         } else if n <= FUSED_BACKWARD_ROW_IN_REGISTERS {
             specs.backward_rows[crate::norm::narrowest(specs.backward_rows, n)]
         } else if n <= FUSED_BACKWARD_ROW_HALVES {
@@ -1003,8 +1006,8 @@ impl<'a, T: NormElement> Norm<'a, T> {
             _ if n <= 2048 || (n <= 3072 && !wide_elements) => 4,
             _ if n <= narrow && n <= 4096 => 3,
             _ if n <= narrow => 2,
-            // (The shared-memory sums' kernel: 128 registers to 4096, four blocks.)
-            _ if n <= 4096 => 4,
+            // (The shared-memory sums' kernel: 128 registers to 4608, four blocks.)
+            _ if n <= 4608 => 4,
             _ if n <= 6144 => 3,
             _ if n <= FUSED_BACKWARD_ROW_IN_REGISTERS => 2,
             // (Two warpgroups of half rows to 4096, their sums in 64 KiB: two.)

@@ -74,11 +74,28 @@ pub struct Slot {
 }
 
 impl Layout {
-    /// The canonical blocked layout of a `rows×cols` tile.
+    /// The canonical blocked layout of a `rows×cols` tile: runs of 8 columns a thread; where a
+    /// warp's lanes all lie along a row but the warps cannot split it (a width not a multiple
+    /// of 1024 in a row, so that warps would hold replicas), narrower runs (4, then 2) if those
+    /// let every warp hold columns of its own (a row of 2304 = 9 × 256: in runs of 2, 18 columns
+    /// a thread, where in runs of 8 one warp held it, 72 a thread).
     pub fn blocked(rows: u32, cols: u32) -> Layout {
-        let v = cols.min(8);
-        // Lanes along the columns: a power of two dividing the 8-column runs (all of them, up
-        // to 32, for a power-of-two width; 2 for 176 = 22 runs).
+        let wide = Layout::blocked_in_runs(rows, cols, cols.min(8));
+        if !wide.rows_replicated() || wide.lane_split(0).1 > 1 {
+            return wide;
+        }
+        [4, 2]
+            .into_iter()
+            .filter(|&v| v < cols.min(8))
+            .map(|v| Layout::blocked_in_runs(rows, cols, v))
+            .find(|l| !l.rows_replicated())
+            .unwrap_or(wide)
+    }
+
+    /// The blocked layout of a `rows×cols` tile in runs of `v` columns a thread.
+    fn blocked_in_runs(rows: u32, cols: u32, v: u32) -> Layout {
+        // Lanes along the columns: a power of two dividing the v-column runs (all of them, up
+        // to 32, for a power-of-two width; 2 for 176 = 22 runs of 8).
         let tc = (1 << (cols / v).trailing_zeros()).min(32);
         let tr = 32 / tc;
         let mut wr = (rows / tr).clamp(1, 4);
@@ -349,10 +366,14 @@ mod tests {
         // 5120 = 5 × 1024: four warps along the columns, five runs each.
         let l = Layout::blocked(1, 5120);
         assert_eq!((l.footprint_cols(), l.len()), (1024, 40));
-        // 2304 = 9 × 256: one warp along the columns, the other three hold replicas.
+        // 2304 = 9 × 256: in runs of 8 one warp along the columns, the other three replicas;
+        // in runs of 2 the four warps along the columns, 18 columns a thread.
         let l = Layout::blocked(1, 2304);
-        assert_eq!((l.footprint_cols(), l.footprint_rows(), l.len()), (256, 4, 72));
-        assert!(l.rows_replicated());
+        assert_eq!((l.footprint_cols(), l.footprint_rows(), l.len(), l.run_len()), (256, 1, 18, 2));
+        assert!(!l.rows_replicated());
+        // 4608 = 9 × 512: runs of 4.
+        let l = Layout::blocked(1, 4608);
+        assert_eq!((l.footprint_cols(), l.len(), l.run_len()), (512, 36, 4));
         // Four rows of 2304: a warp per row, nothing replicated.
         let l = Layout::blocked(4, 2304);
         assert_eq!((l.footprint_cols(), l.len(), l.rows_replicated()), (256, 72, false));
